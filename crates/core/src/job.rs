@@ -1,0 +1,197 @@
+//! Jobs: what runs, and the state machine every job follows.
+//!
+//! ```text
+//! queued ──► assigned ──► running ──► succeeded | failed | cancelled | timed_out | lost
+//!   │            │
+//!   │            └──► queued (agent never received it; safe to hand out again)
+//!   └──► cancelled | timed_out (queue timeout) | skipped (a dependency did not succeed)
+//! ```
+//! Every transition carries a human-readable reason. Terminal states never change.
+
+use crate::pipeline::Step;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Queued,
+    Assigned,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+    Lost,
+    Skipped,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 9] = [
+        JobState::Queued,
+        JobState::Assigned,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::TimedOut,
+        JobState::Lost,
+        JobState::Skipped,
+    ];
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, JobState::Queued | JobState::Assigned | JobState::Running)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Assigned => "assigned",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::TimedOut => "timed_out",
+            JobState::Lost => "lost",
+            JobState::Skipped => "skipped",
+        }
+    }
+
+    /// Whether `self → to` is a legal transition.
+    pub fn can_become(self, to: JobState) -> bool {
+        use JobState::*;
+        match (self, to) {
+            (Queued, Assigned | Cancelled | TimedOut | Skipped) => true,
+            (Assigned, Running | Queued | Succeeded | Failed | Cancelled | TimedOut | Lost) => true,
+            (Running, Succeeded | Failed | Cancelled | TimedOut | Lost) => true,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for JobState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        JobState::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| format!("unknown job state {s:?}"))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("job {job}: illegal transition {from} → {to}")]
+pub struct IllegalTransition {
+    pub job: String,
+    pub from: JobState,
+    pub to: JobState,
+}
+
+/// Check a transition, naming the job when it is illegal.
+pub fn transition(job: &str, from: JobState, to: JobState) -> Result<JobState, IllegalTransition> {
+    if from.can_become(to) {
+        Ok(to)
+    } else {
+        Err(IllegalTransition { job: job.to_string(), from, to })
+    }
+}
+
+/// How a finished process ended, as the agent saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    Exited { code: i32 },
+    Signalled { signal: i32 },
+    TimedOut { after_ms: u64 },
+    Cancelled { reason: String },
+    /// The job could not be started at all (bad working dir, missing shell, ...).
+    StartFailed { error: String },
+}
+
+impl Outcome {
+    /// The terminal state and reason this outcome gives a job.
+    pub fn verdict(&self) -> (JobState, String) {
+        match self {
+            Outcome::Exited { code: 0 } => (JobState::Succeeded, "exited with code 0".into()),
+            Outcome::Exited { code } => (JobState::Failed, format!("exited with code {code}")),
+            Outcome::Signalled { signal } => (JobState::Failed, format!("killed by signal {signal}")),
+            Outcome::TimedOut { after_ms } => (
+                JobState::TimedOut,
+                format!("exceeded its timeout of {}; the whole process tree was killed", crate::Duration::from_millis(*after_ms)),
+            ),
+            Outcome::Cancelled { reason } => (JobState::Cancelled, reason.clone()),
+            Outcome::StartFailed { error } => (JobState::Failed, format!("could not start: {error}")),
+        }
+    }
+}
+
+/// Which outcomes a retry policy retries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RetryOn {
+    Failed,
+    TimedOut,
+    Lost,
+}
+
+/// Whether a job that ended in `state` on attempt `attempt` (1-based) should run again.
+pub fn should_retry(step: &Step, state: JobState, attempt: u32) -> bool {
+    let on = match state {
+        JobState::Failed => RetryOn::Failed,
+        JobState::TimedOut => RetryOn::TimedOut,
+        JobState::Lost => RetryOn::Lost,
+        _ => return false,
+    };
+    attempt <= step.retry.count && step.retry.on.contains(&on)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use JobState::*;
+
+    #[test]
+    fn terminal_states_never_change() {
+        for from in JobState::ALL.into_iter().filter(|s| s.is_terminal()) {
+            for to in JobState::ALL {
+                assert!(!from.can_become(to), "{from} must not become {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn legal_paths() {
+        assert!(Queued.can_become(Assigned));
+        assert!(Assigned.can_become(Running));
+        assert!(Running.can_become(Succeeded));
+        assert!(Queued.can_become(Skipped));
+        assert!(Assigned.can_become(Queued));
+        assert!(!Running.can_become(Queued), "a started job must never be handed out again");
+        assert!(!Queued.can_become(Running));
+        assert!(!Queued.can_become(Lost));
+        let e = transition("j1", Running, Queued).unwrap_err();
+        assert_eq!(e.to_string(), "job j1: illegal transition running → queued");
+    }
+
+    #[test]
+    fn outcomes_give_reasons() {
+        assert_eq!(Outcome::Exited { code: 3 }.verdict(), (Failed, "exited with code 3".into()));
+        assert_eq!(Outcome::Exited { code: 0 }.verdict().0, Succeeded);
+        let (st, why) = Outcome::TimedOut { after_ms: 90_000 }.verdict();
+        assert_eq!(st, TimedOut);
+        assert!(why.contains("1m30s"), "{why}");
+    }
+
+    #[test]
+    fn state_names_round_trip() {
+        for s in JobState::ALL {
+            assert_eq!(s.as_str().parse::<JobState>().unwrap(), s);
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! gpuci-core: the rules of the product as pure functions over plain data.
+//!
+//! What lives here: the pipeline format (`.gpuci.yml`) and its validation, durations and
+//! quantities, the job state machine, GPU facts and requirements, and placement (which job
+//! goes to which host and which GPU UUIDs).
+//!
+//! What must not live here: I/O of any kind (files, sockets, clocks, environment), an async
+//! runtime, logging side effects. Callers hand in the current time and the observed state;
+//! functions hand back decisions. That keeps the core exhaustively testable.
+
+pub mod duration;
+pub mod gpu;
+pub mod job;
+pub mod pipeline;
+pub mod placement;
+pub mod quantity;
+
+pub use duration::Duration;

@@ -1,0 +1,154 @@
+//! The pipeline format, `.gpuci.yml`: typed, validated values.
+//!
+//! `parse` turns YAML text into a [`Pipeline`] or a list of [`PipelineError`]s, each naming
+//! `file:line:column`, the field, and what was expected. `schema` publishes a JSON Schema of
+//! the file format for editors. Nothing outside this module sees raw YAML.
+
+use crate::duration::Duration;
+use crate::gpu::GpuRequirements;
+use crate::job::RetryOn;
+use crate::quantity::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+mod parse;
+pub mod schema;
+
+pub use parse::{parse, PipelineError, PipelineErrors};
+
+/// The queue timeout a step gets when it names none.
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// A validated pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Pipeline {
+    /// Pipeline-wide environment, merged under each step's `env`.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub steps: Vec<Step>,
+}
+
+/// One validated step; each becomes a job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Step {
+    /// Unique within the pipeline; given, or `step-N` (1-based) when absent.
+    pub key: String,
+    #[serde(default)]
+    pub label: Option<String>,
+    /// Shell lines, run in order; the step fails at the first failing line.
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub timeout: Option<Duration>,
+    #[serde(default)]
+    pub queue_timeout: Option<Duration>,
+    /// Agent tags that must all match, e.g. `queue: cuda`.
+    #[serde(default)]
+    pub agents: BTreeMap<String, String>,
+    #[serde(default)]
+    pub depends_on: Vec<String>,
+    #[serde(default)]
+    pub retry: RetryPolicy,
+    #[serde(default)]
+    pub concurrency: Option<Concurrency>,
+    /// GPU count and properties (`gpus:` and `gpu:` in the file).
+    #[serde(default)]
+    pub gpu: GpuRequirements,
+    #[serde(default)]
+    pub resources: Resources,
+    #[serde(default)]
+    pub network: NetworkMode,
+    #[serde(default)]
+    pub sandbox: SandboxMode,
+    /// Container image; the step then needs an agent with a container runtime.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Names of secrets the job receives as environment variables.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// Paths (relative to the workspace) kept per repository between jobs.
+    #[serde(default)]
+    pub cache: Vec<String>,
+}
+
+impl Step {
+    /// The name people see: the label, else the key.
+    pub fn display_name(&self) -> &str {
+        self.label.as_deref().unwrap_or(&self.key)
+    }
+
+    pub fn effective_queue_timeout(&self) -> Duration {
+        self.queue_timeout.unwrap_or(DEFAULT_QUEUE_TIMEOUT)
+    }
+
+    /// A step with defaults, for tests and programmatic submission.
+    pub fn new(key: impl Into<String>, command: impl Into<String>) -> Step {
+        Step {
+            key: key.into(),
+            label: None,
+            command: vec![command.into()],
+            env: BTreeMap::new(),
+            timeout: None,
+            queue_timeout: None,
+            agents: BTreeMap::new(),
+            depends_on: Vec::new(),
+            retry: RetryPolicy::default(),
+            concurrency: None,
+            gpu: GpuRequirements::default(),
+            resources: Resources::default(),
+            network: NetworkMode::default(),
+            sandbox: SandboxMode::default(),
+            image: None,
+            secrets: Vec::new(),
+            cache: Vec::new(),
+        }
+    }
+}
+
+/// `retry: {count: 2, on: [lost]}`; the default retries nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RetryPolicy {
+    pub count: u32,
+    /// Outcomes that retry. Given a count but no `on`, only `lost` retries: a failing test
+    /// retried until green hides bugs, a vanished machine does not.
+    pub on: Vec<RetryOn>,
+}
+
+/// `concurrency: {group: deploy, cancel_in_progress: true}`: at most one job of a group runs
+/// at a time; with `cancel_in_progress` a newer job cancels the running one instead of waiting.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Concurrency {
+    pub group: String,
+    #[serde(default)]
+    pub cancel_in_progress: bool,
+}
+
+/// `resources: {memory: 8GiB, cpus: 2, pids: 512}`, enforced by the sandbox.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Resources {
+    #[serde(default)]
+    pub memory: Option<Bytes>,
+    /// Thousandths of a CPU (`cpus: 1.5` is 1500).
+    #[serde(default)]
+    pub cpu_millis: Option<u32>,
+    #[serde(default)]
+    pub pids: Option<u32>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    #[default]
+    Default,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxMode {
+    #[default]
+    Default,
+    /// Explicit opt-out; logged, and a pool can forbid it.
+    None,
+}
