@@ -1,0 +1,401 @@
+//! The REST API. Handlers validate input into typed values, ask the scheduler (or read the
+//! store), and answer JSON. Errors are `ErrorBody` with a 4xx/5xx status; nothing panics on
+//! input. The OpenAPI document is generated from these handlers' annotations.
+
+use crate::auth::{self, bearer};
+use crate::brain::{BrainError, Command};
+use crate::convert::{job_summary, pipeline_state};
+use crate::hub::Event;
+use crate::AppState;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use gpuci_core::job::JobState;
+use gpuci_protocol::agent::{RegisterRequest, RegisterResponse};
+use gpuci_protocol::api::*;
+use gpuci_protocol::{JobId, PipelineId};
+use gpuci_store::{AgentRecord, JobFilter, Store};
+use serde::Deserialize;
+use std::collections::HashMap;
+use tokio::sync::{broadcast, mpsc, oneshot};
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "gpuci coordinator API", description = "Submit pipelines, follow jobs and logs, inspect agents and GPUs."),
+    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, release_gpu, register_agent, server_info),
+    components(schemas(ErrorBody, PipelineErrorBody, LogEvent, WatchEvent)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+    }
+}
+
+pub struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, msg: impl Into<String>) -> Self {
+        ApiError { status, body: ErrorBody { error: msg.into(), pipeline_errors: Vec::new() } }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+impl From<BrainError> for ApiError {
+    fn from(e: BrainError) -> Self {
+        let status = match &e {
+            BrainError::JobNotFound(_) => StatusCode::NOT_FOUND,
+            BrainError::AlreadyFinished { .. } | BrainError::NotQuarantined(_) => StatusCode::CONFLICT,
+            BrainError::AgentRefused(_) => StatusCode::BAD_REQUEST,
+            BrainError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            BrainError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status.is_server_error() {
+            tracing::error!(error = %e, "request failed");
+        }
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl From<gpuci_store::StoreError> for ApiError {
+    fn from(e: gpuci_store::StoreError) -> Self {
+        tracing::error!(error = %e, "store error");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Send a command to the scheduler and wait for its answer.
+pub async fn ask<T>(st: &AppState, make: impl FnOnce(oneshot::Sender<Result<T, BrainError>>) -> Command) -> Result<T, BrainError> {
+    let (tx, rx) = oneshot::channel();
+    st.brain.send(make(tx)).await.map_err(|_| BrainError::ShuttingDown)?;
+    rx.await.map_err(|_| BrainError::ShuttingDown)?
+}
+
+/// Requests under `/api/v1` (but registration and the agent channel, which carry their own
+/// credentials) need the API token.
+pub async fn require_api_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    match bearer(req.headers()) {
+        Some(t) if st.api_token.matches(t) => next.run(req).await,
+        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API token").into_response(),
+        None => ApiError::new(StatusCode::UNAUTHORIZED, "missing API token (Authorization: Bearer <token>; see <data-dir>/api-token)").into_response(),
+    }
+}
+
+async fn agent_names(store: &dyn Store) -> HashMap<String, String> {
+    store.list_agents().await.map(|v| v.into_iter().map(|a| (a.id, a.name)).collect()).unwrap_or_default()
+}
+
+fn summarize(jobs: &[gpuci_store::JobRecord], names: &HashMap<String, String>) -> Vec<JobSummary> {
+    jobs.iter().map(|j| job_summary(j, j.agent_id.as_ref().and_then(|a| names.get(a).cloned()))).collect()
+}
+
+async fn pipeline_summary(st: &AppState, id: PipelineId) -> ApiResult<PipelineSummary> {
+    let p = st.store.get_pipeline(id).await?.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("pipeline {id} not found")))?;
+    let jobs = summarize(&st.store.pipeline_jobs(id).await?, &agent_names(st.store.as_ref()).await);
+    Ok(PipelineSummary { id: p.id, file_name: p.file_name, created_at_ms: p.created_at_ms, state: pipeline_state(&jobs), jobs })
+}
+
+/// Submit a pipeline file; every step becomes a queued job.
+#[utoipa::path(post, path = "/api/v1/pipelines", request_body = SubmitPipeline,
+    responses((status = 201, body = PipelineSummary), (status = 422, description = "the pipeline is invalid", body = ErrorBody), (status = 401, body = ErrorBody)))]
+pub async fn submit_pipeline(State(st): State<AppState>, body: Result<Json<SubmitPipeline>, axum::extract::rejection::JsonRejection>) -> ApiResult<(StatusCode, Json<PipelineSummary>)> {
+    let Json(req) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    if req.file_name.trim().is_empty() {
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "file_name must not be empty"));
+    }
+    let pipeline = gpuci_core::pipeline::parse(&req.file_name, &req.source).map_err(|errs| ApiError {
+        status: StatusCode::UNPROCESSABLE_ENTITY,
+        body: ErrorBody {
+            error: format!("{} is not a valid pipeline ({} error{})", req.file_name, errs.0.len(), if errs.0.len() == 1 { "" } else { "s" }),
+            pipeline_errors: errs
+                .0
+                .into_iter()
+                .map(|e| PipelineErrorBody { file: e.file, line: e.line, column: e.column, field: e.field, message: e.message })
+                .collect(),
+        },
+    })?;
+    let (p, _) = ask(&st, |reply| Command::Submit { file_name: req.file_name, source: req.source, pipeline, extra_env: req.env, reply }).await?;
+    Ok((StatusCode::CREATED, Json(pipeline_summary(&st, p.id).await?)))
+}
+
+/// A pipeline and all its jobs.
+#[utoipa::path(get, path = "/api/v1/pipelines/{id}", params(("id" = i64, Path)), responses((status = 200, body = PipelineSummary), (status = 404, body = ErrorBody)))]
+pub async fn get_pipeline(State(st): State<AppState>, Path(id): Path<PipelineId>) -> ApiResult<Json<PipelineSummary>> {
+    Ok(Json(pipeline_summary(&st, id).await?))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct JobsQuery {
+    /// Comma-separated states, e.g. `queued,running`.
+    pub state: Option<String>,
+    pub pipeline: Option<PipelineId>,
+    pub limit: Option<u32>,
+}
+
+/// Jobs, newest first.
+#[utoipa::path(get, path = "/api/v1/jobs", params(JobsQuery), responses((status = 200, body = Vec<JobSummary>), (status = 400, body = ErrorBody)))]
+pub async fn list_jobs(State(st): State<AppState>, q: Result<Query<JobsQuery>, axum::extract::rejection::QueryRejection>) -> ApiResult<Json<Vec<JobSummary>>> {
+    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let mut states = Vec::new();
+    for s in q.state.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
+        states.push(s.parse::<JobState>().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?);
+    }
+    let filter = JobFilter { states, pipeline: q.pipeline, limit: Some(q.limit.unwrap_or(100).min(10_000)) };
+    let jobs = st.store.list_jobs(&filter).await?;
+    Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref()).await)))
+}
+
+async fn load_job(st: &AppState, id: JobId) -> ApiResult<gpuci_store::JobRecord> {
+    st.store.get_job(id).await?.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("job {id} not found")))
+}
+
+/// One job, with its reason and telemetry.
+#[utoipa::path(get, path = "/api/v1/jobs/{id}", params(("id" = i64, Path)), responses((status = 200, body = JobSummary), (status = 404, body = ErrorBody)))]
+pub async fn get_job(State(st): State<AppState>, Path(id): Path<JobId>) -> ApiResult<Json<JobSummary>> {
+    let j = load_job(&st, id).await?;
+    Ok(Json(summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0)))
+}
+
+/// Cancel a job: a queued job ends at once; a running one when its agent has killed its process tree.
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", params(("id" = i64, Path)), request_body(content = CancelRequest, description = "optional reason"),
+    responses((status = 200, body = JobSummary), (status = 404, body = ErrorBody), (status = 409, description = "already finished", body = ErrorBody)))]
+pub async fn cancel_job(State(st): State<AppState>, Path(id): Path<JobId>, body: Option<Json<CancelRequest>>) -> ApiResult<Json<JobSummary>> {
+    let reason = body.and_then(|Json(b)| b.reason).unwrap_or_else(|| "cancelled by user".into());
+    let j = ask(&st, |reply| Command::Cancel { job: id, reason, reply }).await?;
+    Ok(Json(summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0)))
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct LogsQuery {
+    /// Keep the stream open until the job ends.
+    #[serde(default)]
+    pub follow: bool,
+    /// Only lines after this sequence number.
+    #[serde(default)]
+    pub after: i64,
+}
+
+fn ndjson(rx: mpsc::Receiver<Bytes>) -> Response {
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn line<T: serde::Serialize>(v: &T) -> Bytes {
+    let mut s = serde_json::to_vec(v).unwrap_or_default();
+    s.push(b'\n');
+    Bytes::from(s)
+}
+
+use futures::StreamExt;
+
+/// A job's log as NDJSON `LogEvent`s; with `follow`, live until the job ends.
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/logs", params(("id" = i64, Path), LogsQuery),
+    responses((status = 200, content_type = "application/x-ndjson", body = LogEvent), (status = 404, body = ErrorBody)))]
+pub async fn job_logs(State(st): State<AppState>, Path(id): Path<JobId>, q: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>) -> ApiResult<Response> {
+    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    load_job(&st, id).await?;
+    let mut events = st.hub.subscribe();
+    let (tx, rx) = mpsc::channel::<Bytes>(256);
+    tokio::spawn(async move {
+        let mut last = q.after;
+        loop {
+            // Catch up from the store.
+            loop {
+                let Ok(lines) = st.store.read_logs(id, last, 1000).await else { return };
+                let n = lines.len();
+                for l in lines {
+                    last = l.seq;
+                    if tx.send(line(&LogEvent::Line(l))).await.is_err() {
+                        return;
+                    }
+                }
+                if n < 1000 {
+                    break;
+                }
+            }
+            let Ok(Some(job)) = st.store.get_job(id).await else { return };
+            if job.state.is_terminal() || !q.follow {
+                if job.state.is_terminal() {
+                    let _ = tx.send(line(&LogEvent::End { state: job.state, reason: job.reason })).await;
+                }
+                return;
+            }
+            // Live: lines as they come; on the job's end or a lag, go back to the store.
+            loop {
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = st.shutdown.cancelled() => return,
+                    ev = events.recv() => match ev {
+                        Ok(Event::Log { job_id, line: l, .. }) if job_id == id && l.seq == last + 1 => {
+                            last = l.seq;
+                            if tx.send(line(&LogEvent::Line(l))).await.is_err() { return; }
+                        }
+                        Ok(Event::Log { job_id, line: l, .. }) if job_id == id && l.seq > last + 1 => break,
+                        Ok(Event::Job(j)) if j.id == id && j.state.is_terminal() => break,
+                        Ok(_) => {}
+                        Err(broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            }
+        }
+    });
+    Ok(ndjson(rx))
+}
+
+/// Follow a pipeline: its jobs' changes and log lines as NDJSON `WatchEvent`s, until it ends.
+#[utoipa::path(get, path = "/api/v1/pipelines/{id}/watch", params(("id" = i64, Path)),
+    responses((status = 200, content_type = "application/x-ndjson", body = WatchEvent), (status = 404, body = ErrorBody)))]
+pub async fn watch_pipeline(State(st): State<AppState>, Path(id): Path<PipelineId>) -> ApiResult<Response> {
+    let mut events = st.hub.subscribe();
+    let first = pipeline_summary(&st, id).await?;
+    let (tx, rx) = mpsc::channel::<Bytes>(1024);
+    tokio::spawn(async move {
+        let mut jobs: HashMap<JobId, JobSummary> = first.jobs.iter().map(|j| (j.id, j.clone())).collect();
+        let mut last_seq: HashMap<JobId, i64> = HashMap::new();
+        for j in &first.jobs {
+            if tx.send(line(&WatchEvent::Job(j.clone()))).await.is_err() {
+                return;
+            }
+        }
+        // Lines already written before we subscribed.
+        for j in &first.jobs {
+            if let Ok(lines) = st.store.read_logs(j.id, 0, 100_000).await {
+                for l in lines {
+                    last_seq.insert(j.id, l.seq);
+                    let _ = tx.send(line(&WatchEvent::Log { job_id: j.id, line: l })).await;
+                }
+            }
+        }
+        loop {
+            let all: Vec<JobSummary> = jobs.values().cloned().collect();
+            let state = pipeline_state(&all);
+            if state != "running" {
+                let _ = tx.send(line(&WatchEvent::Done { state })).await;
+                return;
+            }
+            let ev = tokio::select! {
+                _ = tx.closed() => return,
+                _ = st.shutdown.cancelled() => return,
+                ev = events.recv() => ev,
+            };
+            match ev {
+                Ok(Event::Job(j)) if j.pipeline_id == id => {
+                    jobs.insert(j.id, (*j).clone());
+                    if tx.send(line(&WatchEvent::Job(*j))).await.is_err() {
+                        return;
+                    }
+                }
+                Ok(Event::Log { job_id, pipeline_id, line: l }) if pipeline_id == id => {
+                    if l.seq > last_seq.get(&job_id).copied().unwrap_or(0) {
+                        last_seq.insert(job_id, l.seq);
+                        if tx.send(line(&WatchEvent::Log { job_id, line: l })).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    // Resynchronise from the store.
+                    if let Ok(fresh) = pipeline_summary(&st, id).await {
+                        for j in fresh.jobs {
+                            let since = last_seq.get(&j.id).copied().unwrap_or(0);
+                            if let Ok(lines) = st.store.read_logs(j.id, since, 100_000).await {
+                                for l in lines {
+                                    last_seq.insert(j.id, l.seq);
+                                    let _ = tx.send(line(&WatchEvent::Log { job_id: j.id, line: l })).await;
+                                }
+                            }
+                            let _ = tx.send(line(&WatchEvent::Job(j.clone()))).await;
+                            jobs.insert(j.id, j);
+                        }
+                    }
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+    Ok(ndjson(rx))
+}
+
+/// Agents with their GPUs, leases and quarantines.
+#[utoipa::path(get, path = "/api/v1/agents", responses((status = 200, body = Vec<AgentSummary>)))]
+pub async fn list_agents(State(st): State<AppState>) -> ApiResult<Json<Vec<AgentSummary>>> {
+    Ok(Json(ask(&st, |reply| Command::Agents { reply }).await?))
+}
+
+/// Return a quarantined GPU to service by hand.
+#[utoipa::path(post, path = "/api/v1/gpus/{uuid}/release", params(("uuid" = String, Path)),
+    responses((status = 204), (status = 409, description = "not quarantined", body = ErrorBody)))]
+pub async fn release_gpu(State(st): State<AppState>, Path(uuid): Path<String>) -> ApiResult<StatusCode> {
+    ask(&st, |reply| Command::ReleaseGpu { uuid, reply }).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Register an agent with the registration token; returns its own credential, once.
+#[utoipa::path(post, path = "/api/v1/agents/register", request_body = RegisterRequest,
+    responses((status = 201, body = RegisterResponse), (status = 401, body = ErrorBody), (status = 422, body = ErrorBody)))]
+pub async fn register_agent(
+    State(st): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: Result<Json<RegisterRequest>, axum::extract::rejection::JsonRejection>,
+) -> ApiResult<(StatusCode, Json<RegisterResponse>)> {
+    if !bearer(&headers).is_some_and(|t| st.registration_token.matches(t)) {
+        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing registration token"));
+    }
+    let Json(req) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let name = req.name.trim();
+    if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "agent name must be 1-128 printable characters"));
+    }
+    let id = uuid::Uuid::new_v4().to_string();
+    let credential = auth::generate("gpuci_agent");
+    st.store
+        .insert_agent(&AgentRecord {
+            id: id.clone(),
+            name: name.to_string(),
+            credential_hash: auth::hash(credential.expose()),
+            registered_at_ms: crate::brain::now_ms(),
+            last_seen_ms: None,
+            state: "disconnected".into(),
+            reason: "registered, not yet connected".into(),
+            hello_json: None,
+        })
+        .await?;
+    tracing::info!(agent = %id, name, "agent registered");
+    Ok((StatusCode::CREATED, Json(RegisterResponse { agent_id: id, credential: credential.expose().to_string() })))
+}
+
+/// Version of the server and of the agent protocol. Needs no token.
+#[utoipa::path(get, path = "/healthz", security(()), responses((status = 200, body = ServerInfo)))]
+pub async fn server_info() -> Json<ServerInfo> {
+    Json(ServerInfo { version: env!("CARGO_PKG_VERSION").into(), protocol: gpuci_protocol::PROTOCOL_VERSION })
+}
+
+pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -1,0 +1,916 @@
+//! The scheduler: the one task that owns live coordinator state and makes every decision.
+//!
+//! Handlers (REST, agent channel) validate their input and send a [`Command`]; the brain
+//! applies it, writes the outcome to the store, and only then acknowledges the caller or
+//! pushes to an agent. Periodic work (queue timeouts, lost agents) is a timer that sends
+//! [`Command::Tick`] into the same queue, so there is never a second writer.
+//!
+//! Dispatch is event-driven: every command that can free or add capacity or work runs a
+//! scheduling pass at once; nothing waits for the tick.
+
+use crate::hub::Hub;
+use gpuci_core::job::{should_retry, JobState, Outcome};
+use gpuci_core::pipeline::Pipeline;
+use gpuci_core::placement::{self, GpuSlot, GpuSlotState, HostView, Needs};
+use gpuci_protocol::agent::{Assignment, CoordinatorMessage, Forgotten, GpuHealth, Hello, JobFinished};
+use gpuci_protocol::api::{AgentSummary, GpuView};
+use gpuci_protocol::{JobId, PipelineId};
+use gpuci_store::{AgentUpdate, JobChange, JobRecord, NewJob, NewPipeline, PipelineRecord, Quarantine, Store, StoreError};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Timers of the coordinator. Tests shorten them.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// How often agents send a heartbeat.
+    pub heartbeat_interval: Duration,
+    /// An agent silent (or disconnected) this long is lost; its jobs end `lost`.
+    pub lost_after: Duration,
+    /// Period of the reaper timer (queue timeouts, lost agents).
+    pub tick: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing { heartbeat_interval: Duration::from_secs(5), lost_after: Duration::from_secs(30), tick: Duration::from_secs(1) }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrainError {
+    #[error("job {0} not found")]
+    JobNotFound(JobId),
+    #[error("job {job} is already {state}")]
+    AlreadyFinished { job: JobId, state: JobState },
+    #[error("GPU {0} is not quarantined")]
+    NotQuarantined(String),
+    #[error("agent refused: {0}")]
+    AgentRefused(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the coordinator is shutting down")]
+    ShuttingDown,
+}
+
+pub type Reply<T> = oneshot::Sender<Result<T, BrainError>>;
+
+/// A connection's outbound queue. Unbounded: the brain must never block on a slow agent; a
+/// dead connection is noticed by its reader and reported as `AgentDisconnected`.
+pub type AgentTx = mpsc::UnboundedSender<CoordinatorMessage>;
+
+pub enum Command {
+    Submit { file_name: String, source: String, pipeline: Pipeline, extra_env: BTreeMap<String, String>, reply: Reply<(PipelineRecord, Vec<JobRecord>)> },
+    Cancel { job: JobId, reason: String, reply: Reply<JobRecord> },
+    AgentConnected { agent_id: String, conn: u64, hello: Box<Hello>, tx: AgentTx, reply: Reply<()> },
+    AgentFinished { agent_id: String, conn: u64, finished: JobFinished },
+    AgentStarted { agent_id: String, conn: u64, job: JobId, started_at_ms: i64 },
+    AgentGpus { agent_id: String, conn: u64, gpus: Vec<gpuci_core::gpu::GpuInfo>, health: BTreeMap<String, GpuHealth> },
+    AgentSeen { agent_id: String, conn: u64 },
+    AgentDisconnected { agent_id: String, conn: u64 },
+    ReleaseGpu { uuid: String, reply: Reply<()> },
+    Agents { reply: Reply<Vec<AgentSummary>> },
+    Tick,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    Connected,
+    Disconnected,
+    Lost,
+}
+
+struct AgentState {
+    id: String,
+    name: String,
+    hostname: String,
+    tags: BTreeMap<String, String>,
+    slots: u32,
+    gpus: Vec<gpuci_core::gpu::GpuInfo>,
+    health: BTreeMap<String, GpuHealth>,
+    gpu_backend: String,
+    isolation: String,
+    container_runtime: Option<String>,
+    link: Link,
+    /// Current connection: its id and outbound queue.
+    conn: Option<(u64, AgentTx)>,
+    /// Last message received, or when it went away.
+    last_seen: Instant,
+    last_seen_ms: i64,
+    reason: String,
+}
+
+pub struct Brain {
+    store: Arc<dyn Store>,
+    hub: Arc<Hub>,
+    timing: Timing,
+    agents: BTreeMap<String, AgentState>,
+    /// Every job not in a terminal state.
+    active: BTreeMap<JobId, JobRecord>,
+    /// Latest attempt of each step: (pipeline, key) → (job, state).
+    steps: HashMap<(PipelineId, String), (JobId, JobState)>,
+    quarantine: BTreeMap<String, Quarantine>,
+    /// Reasons of cancels sent to agents and not yet confirmed.
+    cancelling: HashMap<JobId, String>,
+}
+
+impl Brain {
+    /// Load live state from the store. Agents start disconnected; they have `lost_after` from
+    /// now to come back before their jobs are declared lost.
+    pub async fn load(store: Arc<dyn Store>, hub: Arc<Hub>, timing: Timing) -> Result<Brain, StoreError> {
+        let mut brain = Brain {
+            store,
+            hub,
+            timing,
+            agents: BTreeMap::new(),
+            active: BTreeMap::new(),
+            steps: HashMap::new(),
+            quarantine: BTreeMap::new(),
+            cancelling: HashMap::new(),
+        };
+        let now = Instant::now();
+        for a in brain.store.list_agents().await? {
+            let hello: Option<Hello> = a.hello_json.as_deref().and_then(|h| serde_json::from_str(h).ok());
+            let lost = a.state == "lost";
+            brain.agents.insert(
+                a.id.clone(),
+                AgentState {
+                    id: a.id.clone(),
+                    name: a.name.clone(),
+                    hostname: hello.as_ref().map(|h| h.hostname.clone()).unwrap_or_default(),
+                    tags: hello.as_ref().map(|h| h.tags.clone()).unwrap_or_default(),
+                    slots: hello.as_ref().map_or(0, |h| h.slots),
+                    gpus: hello.as_ref().map(|h| h.gpus.clone()).unwrap_or_default(),
+                    health: BTreeMap::new(),
+                    gpu_backend: hello.as_ref().map(|h| h.gpu_backend.clone()).unwrap_or_default(),
+                    isolation: hello.as_ref().map(|h| h.isolation.clone()).unwrap_or_default(),
+                    container_runtime: hello.as_ref().and_then(|h| h.container_runtime.clone()),
+                    link: if lost { Link::Lost } else { Link::Disconnected },
+                    conn: None,
+                    last_seen: now,
+                    last_seen_ms: a.last_seen_ms.unwrap_or(0),
+                    reason: if lost { a.reason.clone() } else { "waiting for the agent to reconnect after a coordinator restart".into() },
+                },
+            );
+        }
+        for q in brain.store.quarantined().await? {
+            brain.quarantine.insert(q.gpu_uuid.clone(), q);
+        }
+        let active = brain.store.active_jobs().await?;
+        let pipelines: BTreeSet<PipelineId> = active.iter().map(|j| j.pipeline_id).collect();
+        for p in pipelines {
+            for j in brain.store.pipeline_jobs(p).await? {
+                brain.note_step(&j);
+            }
+        }
+        for j in active {
+            brain.active.insert(j.id, j);
+        }
+        Ok(brain)
+    }
+
+    /// Run until `shutdown`; then return, leaving durable state as it is.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<Command>, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.timing.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.schedule().await;
+        loop {
+            let cmd = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => Command::Tick,
+                c = rx.recv() => match c { Some(c) => c, None => break },
+            };
+            self.handle(cmd).await;
+        }
+        tracing::debug!("scheduler stopped");
+    }
+
+    async fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit { file_name, source, pipeline, extra_env, reply } => {
+                let r = self.submit(file_name, source, pipeline, extra_env).await;
+                let _ = reply.send(r);
+                self.schedule().await;
+            }
+            Command::Cancel { job, reason, reply } => {
+                let r = self.cancel(job, reason).await;
+                let _ = reply.send(r);
+                self.schedule().await;
+            }
+            Command::AgentConnected { agent_id, conn, hello, tx, reply } => {
+                let r = self.agent_connected(&agent_id, conn, *hello, tx).await;
+                let _ = reply.send(r);
+                self.schedule().await;
+            }
+            Command::AgentStarted { agent_id, conn, job, started_at_ms } => {
+                if self.is_current(&agent_id, conn) {
+                    self.touch(&agent_id);
+                    self.job_started(&agent_id, job, started_at_ms).await;
+                }
+            }
+            Command::AgentFinished { agent_id, conn, finished } => {
+                if self.is_current(&agent_id, conn) {
+                    self.touch(&agent_id);
+                    self.job_finished(&agent_id, finished).await;
+                    self.schedule().await;
+                }
+            }
+            Command::AgentGpus { agent_id, conn, gpus, health } => {
+                if self.is_current(&agent_id, conn) {
+                    self.touch(&agent_id);
+                    self.apply_gpus(&agent_id, gpus, health).await;
+                    self.schedule().await;
+                }
+            }
+            Command::AgentSeen { agent_id, conn } => {
+                if self.is_current(&agent_id, conn) {
+                    self.touch(&agent_id);
+                }
+            }
+            Command::AgentDisconnected { agent_id, conn } => {
+                if self.is_current(&agent_id, conn) {
+                    self.agent_disconnected(&agent_id, "connection closed").await;
+                }
+            }
+            Command::ReleaseGpu { uuid, reply } => {
+                let r = self.release_gpu(&uuid).await;
+                let _ = reply.send(r);
+                self.schedule().await;
+            }
+            Command::Agents { reply } => {
+                let _ = reply.send(Ok(self.agent_summaries()));
+            }
+            Command::Tick => {
+                self.reap().await;
+            }
+        }
+    }
+
+    fn is_current(&self, agent_id: &str, conn: u64) -> bool {
+        self.agents.get(agent_id).and_then(|a| a.conn.as_ref()).is_some_and(|(c, _)| *c == conn)
+    }
+
+    fn touch(&mut self, agent_id: &str) {
+        if let Some(a) = self.agents.get_mut(agent_id) {
+            a.last_seen = Instant::now();
+            a.last_seen_ms = now_ms();
+        }
+    }
+
+    fn note_step(&mut self, j: &JobRecord) {
+        let key = (j.pipeline_id, j.step.key.clone());
+        match self.steps.get(&key) {
+            Some((id, _)) if *id > j.id => {}
+            _ => {
+                self.steps.insert(key, (j.id, j.state));
+            }
+        }
+    }
+
+    fn publish(&mut self, j: &JobRecord) {
+        self.note_step(j);
+        if j.state.is_terminal() {
+            self.active.remove(&j.id);
+        } else {
+            self.active.insert(j.id, j.clone());
+        }
+        let agent_name = j.agent_id.as_ref().and_then(|id| self.agents.get(id)).map(|a| a.name.clone());
+        self.hub.job_changed(crate::convert::job_summary(j, agent_name));
+    }
+
+    fn send(&self, agent_id: &str, msg: CoordinatorMessage) -> bool {
+        match self.agents.get(agent_id).and_then(|a| a.conn.as_ref()) {
+            Some((_, tx)) => tx.send(msg).is_ok(),
+            None => false,
+        }
+    }
+
+    async fn submit(
+        &mut self,
+        file_name: String,
+        source: String,
+        pipeline: Pipeline,
+        extra_env: BTreeMap<String, String>,
+    ) -> Result<(PipelineRecord, Vec<JobRecord>), BrainError> {
+        let now = now_ms();
+        let jobs = pipeline
+            .steps
+            .iter()
+            .map(|step| {
+                let mut env = extra_env.clone();
+                env.extend(pipeline.env.clone());
+                env.extend(step.env.clone());
+                NewJob {
+                    pipeline_id: 0,
+                    step: step.clone(),
+                    env,
+                    state: JobState::Queued,
+                    reason: "queued".into(),
+                    attempt: 1,
+                    retry_of: None,
+                    created_at_ms: now,
+                }
+            })
+            .collect();
+        let (p, jobs) = self.store.create_pipeline(NewPipeline { file_name, source, created_at_ms: now }, jobs).await?;
+        for j in &jobs {
+            self.publish(j);
+        }
+        // A newer job of a concurrency group with cancel_in_progress cancels the older ones.
+        for j in &jobs {
+            let Some(c) = j.step.concurrency.as_ref().filter(|c| c.cancel_in_progress) else { continue };
+            let older: Vec<JobId> = self
+                .active
+                .values()
+                .filter(|o| o.pipeline_id != p.id && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group))
+                .map(|o| o.id)
+                .collect();
+            for o in older {
+                let why = format!("cancelled by job {} (pipeline {}) in concurrency group {:?}", j.id, p.id, c.group);
+                if let Err(e) = self.cancel(o, why).await {
+                    tracing::warn!(job = o, error = %e, "could not cancel job of concurrency group");
+                }
+            }
+        }
+        tracing::info!(pipeline = p.id, jobs = jobs.len(), file = %p.file_name, "pipeline submitted");
+        Ok((p, jobs))
+    }
+
+    async fn cancel(&mut self, id: JobId, reason: String) -> Result<JobRecord, BrainError> {
+        let Some(job) = self.active.get(&id).cloned() else {
+            return match self.store.get_job(id).await? {
+                Some(j) => Err(BrainError::AlreadyFinished { job: id, state: j.state }),
+                None => Err(BrainError::JobNotFound(id)),
+            };
+        };
+        match job.state {
+            JobState::Queued => {
+                let j = self.finish(&job, JobState::Cancelled, reason, None, None, Vec::new()).await?;
+                Ok(j)
+            }
+            _ => {
+                let agent = job.agent_id.clone().unwrap_or_default();
+                if self.send(&agent, CoordinatorMessage::Cancel { job_id: id, reason: reason.clone() }) {
+                    // The agent kills the process tree and reports; the job ends then.
+                    self.cancelling.insert(id, reason.clone());
+                    self.store.set_reason(id, &format!("cancelling: {reason}")).await?;
+                    let mut j = job.clone();
+                    j.reason = format!("cancelling: {reason}");
+                    self.publish(&j);
+                    Ok(j)
+                } else {
+                    // The agent is away; it is told to kill the job when it returns.
+                    let j = self.finish(&job, JobState::Cancelled, reason, None, None, Vec::new()).await?;
+                    Ok(j)
+                }
+            }
+        }
+    }
+
+    /// End a job, release its GPUs, quarantine failed ones, and queue a retry if the policy says so.
+    async fn finish(
+        &mut self,
+        job: &JobRecord,
+        state: JobState,
+        reason: String,
+        exit_code: Option<i32>,
+        telemetry: Option<gpuci_protocol::agent::JobTelemetry>,
+        quarantine: Vec<Quarantine>,
+    ) -> Result<JobRecord, BrainError> {
+        let now = now_ms();
+        let retry = should_retry(&job.step, state, job.attempt);
+        let reason = if retry { format!("{reason}; retrying (attempt {} of {})", job.attempt + 1, job.step.retry.count + 1) } else { reason };
+        let rec = self
+            .store
+            .update_job(
+                job.id,
+                &[JobState::Queued, JobState::Assigned, JobState::Running],
+                JobChange {
+                    state: Some(state),
+                    reason: Some(reason),
+                    finished_at_ms: Some(now),
+                    exit_code,
+                    telemetry,
+                    release_leases: true,
+                    quarantine: quarantine.clone(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        for q in quarantine {
+            tracing::warn!(gpu = %q.gpu_uuid, agent = %q.agent_id, reason = %q.reason, "GPU quarantined");
+            self.quarantine.insert(q.gpu_uuid.clone(), q);
+        }
+        self.cancelling.remove(&job.id);
+        self.publish(&rec);
+        tracing::info!(job = rec.id, state = %rec.state, reason = %rec.reason, "job finished");
+        if retry {
+            let next = self
+                .store
+                .insert_job(NewJob {
+                    pipeline_id: job.pipeline_id,
+                    step: job.step.clone(),
+                    env: job.env.clone(),
+                    state: JobState::Queued,
+                    reason: format!("retry of job {} ({state})", job.id),
+                    attempt: job.attempt + 1,
+                    retry_of: Some(job.id),
+                    created_at_ms: now,
+                })
+                .await?;
+            self.publish(&next);
+        }
+        Ok(rec)
+    }
+
+    async fn agent_connected(&mut self, agent_id: &str, conn: u64, hello: Hello, tx: AgentTx) -> Result<(), BrainError> {
+        if hello.protocol != gpuci_protocol::PROTOCOL_VERSION {
+            let why = format!("agent speaks protocol {}, coordinator speaks {}", hello.protocol, gpuci_protocol::PROTOCOL_VERSION);
+            let _ = tx.send(CoordinatorMessage::Refused { reason: why.clone() });
+            return Err(BrainError::AgentRefused(why));
+        }
+        let now = now_ms();
+        let hello_json = serde_json::to_string(&hello).ok();
+        let was_lost = self.agents.get(agent_id).is_some_and(|a| a.link == Link::Lost);
+        let name = self.agents.get(agent_id).map_or_else(|| hello.name.clone(), |a| a.name.clone());
+        let entry = AgentState {
+            id: agent_id.to_string(),
+            name,
+            hostname: hello.hostname.clone(),
+            tags: hello.tags.clone(),
+            slots: hello.slots,
+            gpus: hello.gpus.clone(),
+            health: BTreeMap::new(),
+            gpu_backend: hello.gpu_backend.clone(),
+            isolation: hello.isolation.clone(),
+            container_runtime: hello.container_runtime.clone(),
+            link: Link::Connected,
+            conn: Some((conn, tx.clone())),
+            last_seen: Instant::now(),
+            last_seen_ms: now,
+            reason: String::new(),
+        };
+        self.agents.insert(agent_id.to_string(), entry);
+        self.store
+            .update_agent(agent_id, AgentUpdate { state: Some("connected".into()), reason: Some(String::new()), last_seen_ms: Some(now), hello_json })
+            .await?;
+
+        // Reconcile what the agent says it has with what we recorded.
+        let mut forget = Vec::new();
+        let running: BTreeSet<JobId> = hello.running.iter().copied().collect();
+        let mut finished: BTreeMap<JobId, JobFinished> = hello.finished.into_iter().map(|f| (f.job_id, f)).collect();
+        let ours: Vec<JobRecord> = self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
+        for j in ours {
+            if let Some(f) = finished.remove(&j.id) {
+                self.job_finished(agent_id, f).await;
+            } else if running.contains(&j.id) {
+                if j.state == JobState::Assigned {
+                    self.job_started(agent_id, j.id, now).await;
+                }
+                if let Some(reason) = self.cancelling.get(&j.id).cloned() {
+                    self.send(agent_id, CoordinatorMessage::Cancel { job_id: j.id, reason });
+                }
+            } else if j.state == JobState::Assigned {
+                // Committed but never received: it never started, so it is safe to hand out again.
+                let rec = self
+                    .store
+                    .update_job(
+                        j.id,
+                        &[JobState::Assigned],
+                        JobChange {
+                            state: Some(JobState::Queued),
+                            reason: Some(format!("requeued: agent {} reconnected without having received it", hello.name)),
+                            clear_assignment: true,
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                self.publish(&rec);
+            } else {
+                let why = format!("agent {} restarted and no longer runs it", hello.name);
+                self.finish(&j, JobState::Lost, why, None, None, Vec::new()).await?;
+            }
+        }
+        // Jobs the agent still runs or holds results for that we already ended.
+        for id in running.iter().filter(|id| !self.active.contains_key(id)) {
+            let reason = self.ended_reason(*id, was_lost).await;
+            self.send(agent_id, CoordinatorMessage::Cancel { job_id: *id, reason: reason.clone() });
+            forget.push(Forgotten { job_id: *id, reason });
+        }
+        for (id, _) in finished {
+            let reason = self.ended_reason(id, was_lost).await;
+            self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
+            forget.push(Forgotten { job_id: id, reason });
+        }
+        for f in &forget {
+            tracing::info!(agent = agent_id, job = f.job_id, reason = %f.reason, "told agent what happened to its job");
+        }
+        self.send(
+            agent_id,
+            CoordinatorMessage::Welcome {
+                agent_id: agent_id.to_string(),
+                heartbeat_interval_ms: self.timing.heartbeat_interval.as_millis() as u64,
+                forget,
+            },
+        );
+        // Welcome must be the first message: re-send the cancels after it.
+        for id in running.iter().filter(|id| !self.active.contains_key(id)) {
+            let reason = self.ended_reason(*id, was_lost).await;
+            self.send(agent_id, CoordinatorMessage::Cancel { job_id: *id, reason });
+        }
+        tracing::info!(agent = agent_id, name = %hello.name, slots = hello.slots, gpus = hello.gpus.len(), "agent connected");
+        Ok(())
+    }
+
+    async fn ended_reason(&self, id: JobId, was_lost: bool) -> String {
+        match self.store.get_job(id).await {
+            Ok(Some(j)) => format!("job {id} already ended {}: {}", j.state, j.reason),
+            _ if was_lost => format!("job {id} was declared lost while this agent was away"),
+            _ => format!("job {id} is unknown to the coordinator"),
+        }
+    }
+
+    async fn job_started(&mut self, agent_id: &str, id: JobId, started_at_ms: i64) {
+        let Some(j) = self.active.get(&id) else { return };
+        if j.agent_id.as_deref() != Some(agent_id) || j.state != JobState::Assigned {
+            return;
+        }
+        let change = JobChange {
+            state: Some(JobState::Running),
+            reason: Some(format!("running on {}", self.agents.get(agent_id).map_or(agent_id, |a| a.name.as_str()))),
+            started_at_ms: Some(started_at_ms),
+            ..Default::default()
+        };
+        match self.store.update_job(id, &[JobState::Assigned], change).await {
+            Ok(rec) => self.publish(&rec),
+            Err(e) => tracing::error!(job = id, error = %e, "could not record job start"),
+        }
+    }
+
+    async fn job_finished(&mut self, agent_id: &str, f: JobFinished) {
+        let id = f.job_id;
+        let Some(job) = self.active.get(&id).cloned() else {
+            // Already ended (cancelled while away, or a duplicate): acknowledge so the agent forgets it.
+            self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
+            return;
+        };
+        if job.agent_id.as_deref() != Some(agent_id) {
+            tracing::warn!(job = id, agent = agent_id, "result from an agent the job is not assigned to; ignored");
+            self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
+            return;
+        }
+        let (mut state, mut reason) = f.outcome.verdict();
+        if let (Outcome::Cancelled { .. }, Some(why)) = (&f.outcome, self.cancelling.get(&id)) {
+            state = JobState::Cancelled;
+            reason = why.clone();
+        }
+        let exit_code = match f.outcome {
+            Outcome::Exited { code } => Some(code),
+            _ => None,
+        };
+        let now = now_ms();
+        let quarantine = f
+            .gpu_health
+            .iter()
+            .filter_map(|(uuid, h)| match h {
+                GpuHealth::Unhealthy { reason } => Some(Quarantine {
+                    gpu_uuid: uuid.clone(),
+                    agent_id: agent_id.to_string(),
+                    reason: format!("post-job check after job {id}: {reason}"),
+                    since_ms: now,
+                }),
+                GpuHealth::Healthy => None,
+            })
+            .collect();
+        match self.finish(&job, state, reason, exit_code, f.telemetry, quarantine).await {
+            Ok(_) => {
+                self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
+            }
+            Err(e) => tracing::error!(job = id, error = %e, "could not record job result; the agent will resend it"),
+        }
+    }
+
+    async fn apply_gpus(&mut self, agent_id: &str, gpus: Vec<gpuci_core::gpu::GpuInfo>, health: BTreeMap<String, GpuHealth>) {
+        let now = now_ms();
+        for (uuid, h) in &health {
+            if let GpuHealth::Unhealthy { reason } = h {
+                if !self.quarantine.contains_key(uuid) {
+                    let q = Quarantine { gpu_uuid: uuid.clone(), agent_id: agent_id.to_string(), reason: reason.clone(), since_ms: now };
+                    match self.store.quarantine_gpu(&q).await {
+                        Ok(()) => {
+                            tracing::warn!(gpu = %uuid, reason = %reason, "GPU quarantined by its agent's health check");
+                            self.quarantine.insert(uuid.clone(), q);
+                        }
+                        Err(e) => tracing::error!(gpu = %uuid, error = %e, "could not quarantine GPU"),
+                    }
+                }
+            }
+        }
+        if let Some(a) = self.agents.get_mut(agent_id) {
+            a.gpus = gpus;
+            a.health = health;
+        }
+    }
+
+    async fn release_gpu(&mut self, uuid: &str) -> Result<(), BrainError> {
+        if !self.store.release_quarantine(uuid).await? {
+            return Err(BrainError::NotQuarantined(uuid.to_string()));
+        }
+        self.quarantine.remove(uuid);
+        tracing::info!(gpu = uuid, "GPU released from quarantine by hand");
+        Ok(())
+    }
+
+    async fn agent_disconnected(&mut self, agent_id: &str, why: &str) {
+        if let Some(a) = self.agents.get_mut(agent_id) {
+            a.conn = None;
+            a.link = Link::Disconnected;
+            a.last_seen = Instant::now();
+            a.reason = format!("disconnected: {why}");
+        }
+        tracing::info!(agent = agent_id, why, "agent disconnected");
+        if let Err(e) = self
+            .store
+            .update_agent(agent_id, AgentUpdate { state: Some("disconnected".into()), reason: Some(why.to_string()), ..Default::default() })
+            .await
+        {
+            tracing::error!(agent = agent_id, error = %e, "could not record disconnect");
+        }
+    }
+
+    /// Timer work: queue timeouts, silent agents, lost agents.
+    async fn reap(&mut self) {
+        let now = Instant::now();
+        let now_wall = now_ms();
+        // Silent but connected → drop the connection; away too long → lost.
+        let ids: Vec<String> = self.agents.keys().cloned().collect();
+        let mut lost_any = false;
+        for id in ids {
+            let (link, age) = {
+                let a = &self.agents[&id];
+                (a.link, now.saturating_duration_since(a.last_seen))
+            };
+            if link == Link::Connected && age > self.timing.lost_after {
+                self.agent_disconnected(&id, "missed heartbeats").await;
+            }
+            let a = &self.agents[&id];
+            if a.link == Link::Disconnected && now.saturating_duration_since(a.last_seen) > self.timing.lost_after {
+                self.agent_lost(&id).await;
+                lost_any = true;
+            }
+        }
+        // Queue timeouts.
+        let expired: Vec<JobRecord> = self
+            .active
+            .values()
+            .filter(|j| j.state == JobState::Queued)
+            .filter(|j| now_wall - j.created_at_ms > j.step.effective_queue_timeout().as_millis() as i64)
+            .cloned()
+            .collect();
+        for j in &expired {
+            let why = format!("still queued after queue_timeout {}: {}", j.step.effective_queue_timeout(), j.reason);
+            if let Err(e) = self.finish(j, JobState::TimedOut, why, None, None, Vec::new()).await {
+                tracing::error!(job = j.id, error = %e, "could not time out job");
+            }
+        }
+        if lost_any || !expired.is_empty() {
+            self.schedule().await;
+        }
+    }
+
+    async fn agent_lost(&mut self, agent_id: &str) {
+        let (name, secs) = {
+            let a = self.agents.get_mut(agent_id).expect("agent exists");
+            a.link = Link::Lost;
+            let secs = (now_ms() - a.last_seen_ms).max(0) / 1000;
+            a.reason = format!("lost: no heartbeat for {secs}s");
+            (a.name.clone(), secs)
+        };
+        tracing::warn!(agent = agent_id, name = %name, "agent lost");
+        let _ = self
+            .store
+            .update_agent(agent_id, AgentUpdate { state: Some("lost".into()), reason: Some(format!("no heartbeat for {secs}s")), ..Default::default() })
+            .await;
+        let jobs: Vec<JobRecord> = self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
+        for j in jobs {
+            let why = match self.cancelling.get(&j.id) {
+                Some(r) => r.clone(),
+                None => format!("agent {name} stopped sending heartbeats (last seen {secs}s ago); the job's outcome is unknown"),
+            };
+            let state = if self.cancelling.contains_key(&j.id) { JobState::Cancelled } else { JobState::Lost };
+            if let Err(e) = self.finish(&j, state, why, None, None, Vec::new()).await {
+                tracing::error!(job = j.id, error = %e, "could not end job of lost agent");
+            }
+        }
+    }
+
+    /// Host views of connected agents, with GPU lease and quarantine state.
+    fn hosts(&self) -> (Vec<HostView>, Vec<String>) {
+        let leased: HashMap<&str, JobId> =
+            self.active.values().flat_map(|j| j.gpus.iter().map(move |g| (g.as_str(), j.id))).collect();
+        let mut ids = Vec::new();
+        let mut hosts = Vec::new();
+        for a in self.agents.values().filter(|a| a.link == Link::Connected) {
+            let busy = self.active.values().filter(|j| j.agent_id.as_deref() == Some(&a.id) && j.state != JobState::Queued).count() as u32;
+            let gpus = a
+                .gpus
+                .iter()
+                .map(|g| {
+                    let state = if let Some(q) = self.quarantine.get(&g.uuid) {
+                        GpuSlotState::Quarantined { reason: q.reason.clone() }
+                    } else if let Some(GpuHealth::Unhealthy { reason }) = a.health.get(&g.uuid) {
+                        GpuSlotState::Quarantined { reason: reason.clone() }
+                    } else if let Some(j) = leased.get(g.uuid.as_str()) {
+                        GpuSlotState::Leased { job_id: j.to_string() }
+                    } else {
+                        GpuSlotState::Free
+                    };
+                    GpuSlot { info: g.clone(), state }
+                })
+                .collect();
+            hosts.push(HostView {
+                agent_id: a.id.clone(),
+                name: a.name.clone(),
+                tags: a.tags.clone(),
+                free_slots: a.slots.saturating_sub(busy),
+                total_slots: a.slots,
+                container_runtime: a.container_runtime.is_some(),
+                gpus,
+            });
+            ids.push(a.id.clone());
+        }
+        (hosts, ids)
+    }
+
+    /// Why a queued job cannot start yet, if something other than capacity holds it back.
+    fn blocked(&self, j: &JobRecord) -> Option<Result<String, String>> {
+        for dep in &j.step.depends_on {
+            match self.steps.get(&(j.pipeline_id, dep.clone())) {
+                Some((_, JobState::Succeeded)) => {}
+                Some((id, st)) if st.is_terminal() => {
+                    return Some(Err(format!("dependency `{dep}` (job {id}) {st}; this step never ran")));
+                }
+                Some((id, st)) => return Some(Ok(format!("waiting for `{dep}` (job {id}, {st})"))),
+                None => return Some(Err(format!("dependency `{dep}` does not exist"))),
+            }
+        }
+        if let Some(c) = &j.step.concurrency {
+            if let Some(other) = self
+                .active
+                .values()
+                .find(|o| o.id != j.id && o.state != JobState::Queued && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group))
+            {
+                return Some(Ok(format!("waiting for job {} in concurrency group {:?}", other.id, c.group)));
+            }
+            if let Some(other) = self.active.values().find(|o| {
+                o.id < j.id && o.state == JobState::Queued && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group)
+            }) {
+                return Some(Ok(format!("waiting behind job {} in concurrency group {:?}", other.id, c.group)));
+            }
+        }
+        None
+    }
+
+    /// One scheduling pass: skip what can never run, place what fits, explain the rest.
+    async fn schedule(&mut self) {
+        // Skips cascade through depends_on; repeat until nothing changes.
+        loop {
+            let skips: Vec<(JobRecord, String)> = self
+                .active
+                .values()
+                .filter(|j| j.state == JobState::Queued)
+                .filter_map(|j| match self.blocked(j) {
+                    Some(Err(why)) => Some((j.clone(), why)),
+                    _ => None,
+                })
+                .collect();
+            if skips.is_empty() {
+                break;
+            }
+            for (j, why) in skips {
+                if let Err(e) = self.finish(&j, JobState::Skipped, why, None, None, Vec::new()).await {
+                    tracing::error!(job = j.id, error = %e, "could not skip job");
+                }
+            }
+        }
+        let (mut hosts, ids) = self.hosts();
+        let queued: Vec<JobRecord> = self.active.values().filter(|j| j.state == JobState::Queued).cloned().collect();
+        let mut placed_groups: BTreeSet<String> = BTreeSet::new();
+        for j in queued {
+            let why = match self.blocked(&j) {
+                Some(Ok(why)) | Some(Err(why)) => Some(why),
+                None => None,
+            };
+            let why = match (why, &j.step.concurrency) {
+                (None, Some(c)) if placed_groups.contains(&c.group) => Some(format!("waiting for another job in concurrency group {:?}", c.group)),
+                (w, _) => w,
+            };
+            if let Some(why) = why {
+                self.set_reason(&j, why).await;
+                continue;
+            }
+            let needs = Needs { tags: &j.step.agents, gpu: &j.step.gpu, container: j.step.image.is_some() };
+            match placement::place(&needs, &hosts) {
+                Ok(p) => {
+                    let agent_id = ids[p.host].clone();
+                    match self.store.assign_job(j.id, &agent_id, &p.gpus, now_ms()).await {
+                        Ok(rec) => {
+                            let h = &mut hosts[p.host];
+                            h.free_slots = h.free_slots.saturating_sub(1);
+                            for g in h.gpus.iter_mut().filter(|g| p.gpus.contains(&g.info.uuid)) {
+                                g.state = GpuSlotState::Leased { job_id: j.id.to_string() };
+                            }
+                            if let Some(c) = &rec.step.concurrency {
+                                placed_groups.insert(c.group.clone());
+                            }
+                            self.publish(&rec);
+                            let mut env = rec.env.clone();
+                            env.insert("GPUCI".into(), "true".into());
+                            env.insert("GPUCI_JOB_ID".into(), rec.id.to_string());
+                            env.insert("GPUCI_PIPELINE_ID".into(), rec.pipeline_id.to_string());
+                            env.insert("GPUCI_STEP_KEY".into(), rec.step.key.clone());
+                            env.insert("GPUCI_ATTEMPT".into(), rec.attempt.to_string());
+                            let msg = CoordinatorMessage::Assign(Box::new(Assignment {
+                                job_id: rec.id,
+                                pipeline_id: rec.pipeline_id,
+                                name: rec.step.display_name().to_string(),
+                                step: rec.step.clone(),
+                                env,
+                                gpus: rec.gpus.clone(),
+                            }));
+                            // If the send fails the connection is gone; the reconnect (or the
+                            // lost-agent reaper) settles the job.
+                            self.send(&agent_id, msg);
+                        }
+                        Err(e) => tracing::error!(job = j.id, error = %e, "could not assign job"),
+                    }
+                }
+                Err(u) => self.set_reason(&j, u.reason).await,
+            }
+        }
+    }
+
+    async fn set_reason(&mut self, j: &JobRecord, reason: String) {
+        if j.reason == reason {
+            return;
+        }
+        if let Err(e) = self.store.set_reason(j.id, &reason).await {
+            tracing::error!(job = j.id, error = %e, "could not record reason");
+            return;
+        }
+        let mut rec = j.clone();
+        rec.reason = reason;
+        self.publish(&rec);
+    }
+
+    fn agent_summaries(&self) -> Vec<AgentSummary> {
+        self.agents
+            .values()
+            .map(|a| {
+                let running: Vec<JobId> =
+                    self.active.values().filter(|j| j.agent_id.as_deref() == Some(&a.id)).map(|j| j.id).collect();
+                let gpus = a
+                    .gpus
+                    .iter()
+                    .map(|g| {
+                        let lease = self.active.values().find(|j| j.gpus.contains(&g.uuid));
+                        let q = self.quarantine.get(&g.uuid);
+                        GpuView {
+                            info: g.clone(),
+                            state: if q.is_some() { "quarantined" } else if lease.is_some() { "leased" } else { "free" }.into(),
+                            job_id: lease.map(|j| j.id),
+                            reason: q.map(|q| q.reason.clone()),
+                            health: a.health.get(&g.uuid).cloned(),
+                        }
+                    })
+                    .collect();
+                AgentSummary {
+                    id: a.id.clone(),
+                    name: a.name.clone(),
+                    hostname: a.hostname.clone(),
+                    state: match a.link {
+                        Link::Connected => "connected",
+                        Link::Disconnected => "disconnected",
+                        Link::Lost => "lost",
+                    }
+                    .into(),
+                    reason: a.reason.clone(),
+                    tags: a.tags.clone(),
+                    slots: a.slots,
+                    running,
+                    gpu_backend: a.gpu_backend.clone(),
+                    isolation: a.isolation.clone(),
+                    container_runtime: a.container_runtime.clone(),
+                    gpus,
+                    last_seen_ms: Some(a.last_seen_ms).filter(|t| *t > 0),
+                }
+            })
+            .collect()
+    }
+}

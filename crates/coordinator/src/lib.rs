@@ -1,0 +1,131 @@
+//! gpuci-coordinator: the server. REST API and the agent channel (axum), the scheduler that
+//! owns live state ([`brain`]), reapers for queue timeouts and lost agents, and the OpenAPI
+//! document.
+//!
+//! It must not run jobs or touch GPUs itself (agents do), and must not hold state outside the
+//! scheduler task and the store. Shutdown is handed in as a `CancellationToken`.
+
+pub mod api;
+pub mod auth;
+pub mod brain;
+mod channel;
+mod convert;
+pub mod hub;
+
+use anyhow::Context;
+use auth::Secret;
+use axum::routing::{get, post};
+use axum::Router;
+use gpuci_store::{SqliteStore, Store};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use brain::Timing;
+
+/// Where state lives.
+#[derive(Clone, Debug)]
+pub enum Database {
+    /// A SQLite file (the default: `<data-dir>/gpuci.db`).
+    Sqlite(PathBuf),
+    /// Private, in memory: gone at exit (`gpuci run`).
+    Memory,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Holds tokens (mode 0600) and, by default, the database.
+    pub data_dir: PathBuf,
+    pub database: Database,
+    pub timing: Timing,
+}
+
+impl Config {
+    pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Self {
+        let database = Database::Sqlite(data_dir.join("gpuci.db"));
+        Config { listen, data_dir, database, timing: Timing::default() }
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub brain: mpsc::Sender<brain::Command>,
+    pub hub: Arc<hub::Hub>,
+    pub api_token: Secret,
+    pub registration_token: Secret,
+    pub conn_seq: Arc<AtomicU64>,
+    pub shutdown: CancellationToken,
+}
+
+/// A started coordinator.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub url: String,
+    pub api_token: Secret,
+    pub registration_token: Secret,
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+pub fn router(st: AppState) -> Router {
+    let authed = Router::new()
+        .route("/api/v1/pipelines", post(api::submit_pipeline))
+        .route("/api/v1/pipelines/{id}", get(api::get_pipeline))
+        .route("/api/v1/pipelines/{id}/watch", get(api::watch_pipeline))
+        .route("/api/v1/jobs", get(api::list_jobs))
+        .route("/api/v1/jobs/{id}", get(api::get_job))
+        .route("/api/v1/jobs/{id}/cancel", post(api::cancel_job))
+        .route("/api/v1/jobs/{id}/logs", get(api::job_logs))
+        .route("/api/v1/agents", get(api::list_agents))
+        .route("/api/v1/gpus/{uuid}/release", post(api::release_gpu))
+        .route_layer(axum::middleware::from_fn_with_state(st.clone(), api::require_api_token));
+    Router::new()
+        .merge(authed)
+        .route("/api/v1/agents/register", post(api::register_agent))
+        .route("/api/v1/agents/connect", get(channel::connect))
+        .route("/api/v1/openapi.json", get(api::openapi_json))
+        .route("/healthz", get(api::server_info))
+        .fallback(|| async { api::ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such endpoint; see /api/v1/openapi.json") })
+        .with_state(st)
+}
+
+/// Open the store, load state, bind the listener and start serving. Returns once the server
+/// accepts connections.
+pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    let api_token = auth::load_or_create(&config.data_dir.join("api-token"), "gpuci_api").context("API token file")?;
+    let registration_token =
+        auth::load_or_create(&config.data_dir.join("registration-token"), "gpuci_reg").context("registration token file")?;
+    let store: Arc<dyn Store> = match &config.database {
+        Database::Sqlite(p) => Arc::new(SqliteStore::open(p).await.with_context(|| format!("opening database {}", p.display()))?),
+        Database::Memory => Arc::new(SqliteStore::in_memory().await?),
+    };
+    let hub = Arc::new(hub::Hub::new());
+    let brain = brain::Brain::load(store.clone(), hub.clone(), config.timing.clone()).await.context("loading state")?;
+    let (tx, rx) = mpsc::channel(4096);
+    let st = AppState {
+        store,
+        brain: tx,
+        hub,
+        api_token: api_token.clone(),
+        registration_token: registration_token.clone(),
+        conn_seq: Arc::new(AtomicU64::new(1)),
+        shutdown: shutdown.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let app = router(st);
+    let brain_task = tokio::spawn(brain.run(rx, shutdown.clone()));
+    let sd = shutdown.clone();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(async move { sd.cancelled().await }).await?;
+        let _ = brain_task.await;
+        Ok(())
+    });
+    tracing::info!(%addr, "coordinator listening");
+    Ok(Running { addr, url: format!("http://{addr}"), api_token, registration_token, task })
+}

@@ -1,0 +1,138 @@
+//! Messages on the agent channel (a WebSocket carrying one JSON object per text frame).
+//!
+//! The coordinator pushes work the moment it decides it; nothing on this channel is polled.
+
+use crate::JobId;
+use gpuci_core::gpu::GpuInfo;
+use gpuci_core::job::Outcome;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Body of `POST /api/v1/agents/register` (authorised by the registration token).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RegisterRequest {
+    pub name: String,
+}
+
+/// The agent's own credential; shown once, stored by the agent (mode 0600).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RegisterResponse {
+    pub agent_id: String,
+    pub credential: String,
+}
+
+/// A GPU's health as the agent last checked it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum GpuHealth {
+    Healthy,
+    Unhealthy { reason: String },
+}
+
+/// What the agent is and has. Sent first on every connection.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol: u32,
+    pub agent_version: String,
+    pub name: String,
+    pub hostname: String,
+    pub slots: u32,
+    pub tags: BTreeMap<String, String>,
+    pub gpus: Vec<GpuInfo>,
+    /// Where the GPU facts came from: `nvml`, `nvidia-smi`, `simulated`, `none: <why>`.
+    pub gpu_backend: String,
+    /// Which job isolation this agent applies: `bubblewrap`, `none`.
+    pub isolation: String,
+    pub container_runtime: Option<String>,
+    /// Jobs this agent is still running (after a reconnect).
+    pub running: Vec<JobId>,
+    /// Results not yet acknowledged by the coordinator (finished while disconnected).
+    pub finished: Vec<JobFinished>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentMessage {
+    Hello(Box<Hello>),
+    Heartbeat,
+    JobStarted { job_id: JobId, pid: u32, started_at_us: i64 },
+    Log { job_id: JobId, lines: Vec<LogChunk> },
+    JobFinished(JobFinished),
+    /// The agent's GPU inventory or health changed.
+    Gpus { gpus: Vec<GpuInfo>, health: BTreeMap<String, GpuHealth> },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+    /// Lines written by gpuci itself about the job (sandbox, GPU checks).
+    System,
+}
+
+/// One line of output with the time it was read (µs since the epoch).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogChunk {
+    pub ts_us: i64,
+    pub stream: Stream,
+    pub text: String,
+}
+
+/// GPU use over a job's life.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct JobTelemetry {
+    pub peak_memory_bytes: u64,
+    pub mean_utilization_pct: f64,
+    pub gpu_seconds: f64,
+    pub samples: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobFinished {
+    pub job_id: JobId,
+    pub outcome: Outcome,
+    pub finished_at_us: i64,
+    #[serde(default)]
+    pub telemetry: Option<JobTelemetry>,
+    /// Post-job GPU check per leased GPU.
+    #[serde(default)]
+    pub gpu_health: BTreeMap<String, GpuHealth>,
+}
+
+/// What the coordinator decided about a job the agent asked about.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Forgotten {
+    pub job_id: JobId,
+    pub reason: String,
+}
+
+/// Everything the agent needs to run a job.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Assignment {
+    pub job_id: JobId,
+    pub pipeline_id: i64,
+    pub name: String,
+    pub step: gpuci_core::pipeline::Step,
+    /// Environment after merging pipeline env, step env and gpuci's own variables.
+    pub env: BTreeMap<String, String>,
+    /// Leased GPU UUIDs; nothing else is visible to the job.
+    pub gpus: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CoordinatorMessage {
+    Welcome {
+        agent_id: String,
+        heartbeat_interval_ms: u64,
+        /// Jobs the agent reported that the coordinator has already ended, and why.
+        forget: Vec<Forgotten>,
+    },
+    Assign(Box<Assignment>),
+    Cancel { job_id: JobId, reason: String },
+    /// The job's result is durable; the agent may drop it.
+    Ack { job_id: JobId },
+    /// The connection is refused; the agent should not retry without a change.
+    Refused { reason: String },
+}

@@ -1,0 +1,137 @@
+//! Bodies of the REST API (`/api/v1/...`). The coordinator serves an OpenAPI document
+//! generated from these types at `/api/v1/openapi.json`.
+
+use crate::agent::{GpuHealth, JobTelemetry, Stream};
+use crate::{JobId, PipelineId};
+use gpuci_core::gpu::GpuInfo;
+use gpuci_core::job::JobState;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// `POST /api/v1/pipelines`: a pipeline file's text; the coordinator validates it again.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitPipeline {
+    /// Name shown in errors, e.g. `.gpuci.yml`.
+    pub file_name: String,
+    /// The YAML text.
+    pub source: String,
+    /// Extra environment for every step (lowest precedence).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A validation error with its position in the submitted file.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PipelineErrorBody {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub field: String,
+    pub message: String,
+}
+
+/// Every non-2xx answer.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pipeline_errors: Vec<PipelineErrorBody>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct JobSummary {
+    pub id: JobId,
+    pub pipeline_id: PipelineId,
+    pub step_key: String,
+    pub name: String,
+    pub state: JobState,
+    /// Why the job is in its state: why it waits, why it failed, who cancelled it.
+    pub reason: String,
+    pub attempt: u32,
+    pub agent_id: Option<String>,
+    pub agent_name: Option<String>,
+    /// Leased GPU UUIDs.
+    pub gpus: Vec<String>,
+    pub created_at_ms: i64,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub exit_code: Option<i32>,
+    pub telemetry: Option<JobTelemetry>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PipelineSummary {
+    pub id: PipelineId,
+    pub file_name: String,
+    pub created_at_ms: i64,
+    /// `running` while any job is not finished, else the worst outcome.
+    pub state: String,
+    pub jobs: Vec<JobSummary>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CancelRequest {
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// One stored log line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LogLine {
+    pub seq: i64,
+    pub ts_us: i64,
+    pub stream: Stream,
+    pub text: String,
+}
+
+/// One line of `GET /api/v1/jobs/{id}/logs` (NDJSON): a log line, or the end of the log.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum LogEvent {
+    Line(LogLine),
+    End { state: JobState, reason: String },
+}
+
+/// One line of `GET /api/v1/pipelines/{id}/watch` (NDJSON): a job changed.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WatchEvent {
+    Job(JobSummary),
+    Log { job_id: JobId, line: LogLine },
+    Done { state: String },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct GpuView {
+    pub info: GpuInfo,
+    /// `free`, `leased`, `quarantined`.
+    pub state: String,
+    pub job_id: Option<JobId>,
+    pub reason: Option<String>,
+    pub health: Option<GpuHealth>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AgentSummary {
+    pub id: String,
+    pub name: String,
+    pub hostname: String,
+    /// `connected`, `disconnected`, `lost`.
+    pub state: String,
+    pub reason: String,
+    pub tags: BTreeMap<String, String>,
+    pub slots: u32,
+    pub running: Vec<JobId>,
+    pub gpu_backend: String,
+    pub isolation: String,
+    pub container_runtime: Option<String>,
+    pub gpus: Vec<GpuView>,
+    pub last_seen_ms: Option<i64>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ServerInfo {
+    pub version: String,
+    pub protocol: u32,
+}

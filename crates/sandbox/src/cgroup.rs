@@ -1,0 +1,613 @@
+//! Job cgroups on v1 (one directory per controller) and v2 (one directory).
+//!
+//! Job cgroups live at `<agent's own cgroup>/gpuci/<job_id>` in each hierarchy, so limits that
+//! apply to the agent (a container's memory limit, a systemd slice) keep applying to its jobs.
+//! On v2 that needs a delegated subtree (systemd `Delegate=yes`) whose controllers can be enabled
+//! for `gpuci/`; when they cannot, asking for a limit fails with a clear error instead of running
+//! unlimited.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{self, ErrorKind};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use gpuci_core::pipeline::Resources;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::{CgroupKind, SandboxError};
+
+/// Directory under the agent's own cgroup that holds one cgroup per job.
+pub(crate) const GROUP: &str = "gpuci";
+const CPU_PERIOD_US: u64 = 100_000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Controller {
+    Memory,
+    Pids,
+    Cpu,
+    Freezer,
+    Devices,
+}
+
+impl Controller {
+    const ALL: [Controller; 5] = [
+        Self::Memory,
+        Self::Pids,
+        Self::Cpu,
+        Self::Freezer,
+        Self::Devices,
+    ];
+    fn name(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Pids => "pids",
+            Self::Cpu => "cpu",
+            Self::Freezer => "freezer",
+            Self::Devices => "devices",
+        }
+    }
+}
+
+/// Where the job cgroups of this process go: `base` is the agent's own cgroup in a hierarchy.
+#[derive(Clone, Debug)]
+pub(crate) enum Layout {
+    V1 { bases: Vec<(Controller, PathBuf)> },
+    V2 { base: PathBuf },
+}
+
+impl Layout {
+    pub(crate) fn kind(&self) -> CgroupKind {
+        match self {
+            Self::V1 { .. } => CgroupKind::V1,
+            Self::V2 { .. } => CgroupKind::V2,
+        }
+    }
+
+    /// The directories the agent must be able to write (create `gpuci/` in).
+    fn key_dirs(&self) -> Vec<&Path> {
+        match self {
+            Self::V1 { bases } => bases
+                .iter()
+                .filter(|(c, _)| matches!(c, Controller::Memory | Controller::Pids))
+                .map(|(_, p)| p.as_path())
+                .collect(),
+            Self::V2 { base } => vec![base.as_path()],
+        }
+    }
+
+    pub(crate) fn writable(&self) -> bool {
+        let dirs = self.key_dirs();
+        !dirs.is_empty()
+            && dirs.iter().all(|d| {
+                let g = d.join(GROUP);
+                let probe = if g.is_dir() { g } else { d.to_path_buf() };
+                nix::unistd::access(&probe, nix::unistd::AccessFlags::W_OK).is_ok()
+            })
+    }
+}
+
+/// The cgroup layout of this process, detected once from `/proc/self/mounts` and `/proc/self/cgroup`.
+pub(crate) fn layout() -> Option<&'static Layout> {
+    static LAYOUT: OnceLock<Option<Layout>> = OnceLock::new();
+    LAYOUT
+        .get_or_init(|| {
+            let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+            let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+            detect_layout(&mounts, &own, &|p| p.is_dir(), &|p| {
+                fs::read_to_string(p).ok()
+            })
+        })
+        .as_ref()
+}
+
+/// Pure part of the detection, testable with fake file contents.
+pub(crate) fn detect_layout(
+    mounts: &str,
+    own_cgroups: &str,
+    is_dir: &dyn Fn(&Path) -> bool,
+    read: &dyn Fn(&Path) -> Option<String>,
+) -> Option<Layout> {
+    let mut v1 = Vec::new();
+    let mut v2_mount = None;
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 4 {
+            continue;
+        }
+        let (mnt, fstype, opts) = (Path::new(f[1]), f[2], f[3]);
+        if fstype == "cgroup" {
+            for c in Controller::ALL {
+                if opts.split(',').any(|o| o == c.name()) && !v1.iter().any(|(k, _)| *k == c) {
+                    v1.push((c, mnt.to_path_buf()));
+                }
+            }
+        } else if fstype == "cgroup2" && v2_mount.is_none() {
+            v2_mount = Some(mnt.to_path_buf());
+        }
+    }
+    // `<id>:<controllers>:<path>` per hierarchy; v2 is `0::<path>`.
+    let own_path = |want: Option<&str>| -> String {
+        own_cgroups
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.splitn(3, ':');
+                let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+                let hit = match want {
+                    Some(w) => ctrls.split(',').any(|c| c == w),
+                    None => ctrls.is_empty(),
+                };
+                hit.then(|| path.to_string())
+            })
+            .next()
+            .unwrap_or_else(|| "/".to_string())
+    };
+    let base_of = |mnt: &Path, own: String| {
+        let nested = mnt.join(own.trim_start_matches('/'));
+        // Inside a cgroup namespace the mount may already be our own cgroup.
+        if is_dir(&nested) {
+            nested
+        } else {
+            mnt.to_path_buf()
+        }
+    };
+    if v1
+        .iter()
+        .any(|(c, _)| matches!(c, Controller::Memory | Controller::Pids))
+    {
+        let bases = v1
+            .into_iter()
+            .map(|(c, mnt)| (c, base_of(&mnt, own_path(Some(c.name())))))
+            .collect();
+        return Some(Layout::V1 { bases });
+    }
+    let mnt = v2_mount?;
+    // A hybrid system's `unified` mount has no controllers: not usable for limits.
+    let ctrls = read(&mnt.join("cgroup.controllers"))?;
+    if ctrls.split_whitespace().next().is_none() {
+        return None;
+    }
+    Some(Layout::V2 {
+        base: base_of(&mnt, own_path(None)),
+    })
+}
+
+/// One job's cgroup(s).
+#[derive(Debug)]
+pub(crate) struct JobCgroup {
+    job_id: String,
+    v2: bool,
+    /// v1: one directory per controller; v2: one entry with `Controller::Memory` as a placeholder.
+    dirs: Vec<(Controller, PathBuf)>,
+    memory_limit: Option<u64>,
+}
+
+fn write_file(job_id: &str, path: &Path, value: &str) -> Result<(), SandboxError> {
+    fs::write(path, value).map_err(|source| SandboxError::Cgroup {
+        job_id: job_id.to_string(),
+        op: format!("write {value:?} to"),
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read_counter(path: &Path, key: &str) -> Option<u64> {
+    let text = fs::read_to_string(path).ok()?;
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next()? == key).then(|| it.next()?.parse().ok())?
+    })
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn read_pids(path: &Path) -> Vec<i32> {
+    fs::read_to_string(path)
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+impl JobCgroup {
+    /// Creates the job's cgroup(s) and writes the limits. A leftover empty cgroup of the same
+    /// name (an agent crash) is replaced, so counters such as `oom_kill` start at zero.
+    pub(crate) fn create(
+        layout: &Layout,
+        job_id: &str,
+        resources: &Resources,
+        deny_devices: &[(u64, u64)],
+    ) -> Result<JobCgroup, SandboxError> {
+        let err = |op: &str, path: &Path, source: io::Error| SandboxError::Cgroup {
+            job_id: job_id.to_string(),
+            op: op.to_string(),
+            path: path.to_path_buf(),
+            source,
+        };
+        let dirs: Vec<(Controller, PathBuf)> = match layout {
+            Layout::V1 { bases } => bases
+                .iter()
+                .map(|(c, b)| (*c, b.join(GROUP).join(job_id)))
+                .collect(),
+            Layout::V2 { base } => {
+                // Enable controllers for gpuci/ and its children. Failing here is not fatal on
+                // its own: a limit that is asked for and cannot be written is.
+                let _ = fs::write(base.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                let group = base.join(GROUP);
+                fs::create_dir_all(&group).map_err(|e| err("mkdir", &group, e))?;
+                let _ = fs::write(group.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                vec![(Controller::Memory, group.join(job_id))]
+            }
+        };
+        let mut cg = JobCgroup {
+            job_id: job_id.to_string(),
+            v2: matches!(layout, Layout::V2 { .. }),
+            dirs: Vec::new(),
+            memory_limit: resources.memory.map(|b| b.0),
+        };
+        for (c, dir) in dirs {
+            if let Some(parent) = dir.parent() {
+                fs::create_dir_all(parent).map_err(|e| err("mkdir", parent, e))?;
+            }
+            match fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    let pids = read_pids(&dir.join("cgroup.procs"));
+                    if !pids.is_empty() {
+                        cg.remove_dirs();
+                        return Err(SandboxError::CgroupBusy {
+                            job_id: job_id.to_string(),
+                            path: dir,
+                            pids,
+                        });
+                    }
+                    remove_tree(&dir).map_err(|e| err("rmdir (stale)", &dir, e))?;
+                    fs::create_dir(&dir).map_err(|e| err("mkdir", &dir, e))?;
+                }
+                Err(e) => {
+                    cg.remove_dirs();
+                    return Err(err("mkdir", &dir, e));
+                }
+            }
+            cg.dirs.push((c, dir));
+        }
+        if let Err(e) = cg.apply(resources, deny_devices) {
+            cg.remove_dirs();
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    fn dir(&self, c: Controller) -> Option<&Path> {
+        if self.v2 {
+            return self.dirs.first().map(|(_, d)| d.as_path());
+        }
+        self.dirs
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map(|(_, d)| d.as_path())
+    }
+
+    fn apply(&self, r: &Resources, deny_devices: &[(u64, u64)]) -> Result<(), SandboxError> {
+        let id = &self.job_id;
+        let need = |c: Controller, file: &str| -> Result<PathBuf, SandboxError> {
+            let p = self.dir(c).map(|d| d.join(file)).filter(|p| p.exists());
+            p.ok_or_else(|| SandboxError::CgroupUnavailable {
+                job_id: id.clone(),
+                reason: format!(
+                    "{} limit requested but {file} does not exist (controller not enabled?)",
+                    c.name()
+                ),
+            })
+        };
+        if let Some(mem) = r.memory {
+            let v = mem.0.to_string();
+            if self.v2 {
+                write_file(id, &need(Controller::Memory, "memory.max")?, &v)?;
+                if let Some(d) = self.dir(Controller::Memory) {
+                    let swap = d.join("memory.swap.max");
+                    if swap.exists() {
+                        write_file(id, &swap, "0")?;
+                    }
+                }
+            } else {
+                write_file(id, &need(Controller::Memory, "memory.limit_in_bytes")?, &v)?;
+                // memsw = memory + swap; equal to the memory limit means no swap. Absent when
+                // the kernel runs without swap accounting.
+                if let Some(d) = self.dir(Controller::Memory) {
+                    let memsw = d.join("memory.memsw.limit_in_bytes");
+                    if memsw.exists() {
+                        write_file(id, &memsw, &v)?;
+                    }
+                }
+            }
+        }
+        if let Some(pids) = r.pids {
+            write_file(id, &need(Controller::Pids, "pids.max")?, &pids.to_string())?;
+        }
+        if let Some(millis) = r.cpu_millis {
+            let quota = (u64::from(millis) * CPU_PERIOD_US / 1000).max(1000);
+            if self.v2 {
+                write_file(
+                    id,
+                    &need(Controller::Cpu, "cpu.max")?,
+                    &format!("{quota} {CPU_PERIOD_US}"),
+                )?;
+            } else {
+                write_file(
+                    id,
+                    &need(Controller::Cpu, "cpu.cfs_period_us")?,
+                    &CPU_PERIOD_US.to_string(),
+                )?;
+                write_file(
+                    id,
+                    &need(Controller::Cpu, "cpu.cfs_quota_us")?,
+                    &quota.to_string(),
+                )?;
+            }
+        }
+        // v1 only (v2 needs BPF): non-leased GPU nodes stay unopenable even without bwrap.
+        if !self.v2 {
+            if let Some(d) = self.dir(Controller::Devices) {
+                for (major, minor) in deny_devices {
+                    write_file(
+                        id,
+                        &d.join("devices.deny"),
+                        &format!("c {major}:{minor} rwm"),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `cgroup.procs` files the child writes itself into before exec.
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs
+            .iter()
+            .map(|(_, d)| d.join("cgroup.procs"))
+            .collect()
+    }
+
+    /// Every process in any of the job's cgroups (including sub-cgroups a root job made).
+    pub(crate) fn pids(&self) -> Vec<i32> {
+        let mut all = BTreeSet::new();
+        for (_, d) in &self.dirs {
+            collect_pids(d, &mut all);
+        }
+        all.into_iter().collect()
+    }
+
+    /// SIGKILLs every process in the cgroup without racing against forks: v2 `cgroup.kill`, else
+    /// freeze, kill, thaw (v1 freezer / v2 `cgroup.freeze`), else kill repeatedly until empty
+    /// (the pids limit bounds how long a fork loop can keep up).
+    pub(crate) fn kill_all(&self) -> Result<(), SandboxError> {
+        if self.v2 {
+            if let Some(d) = self.dir(Controller::Memory) {
+                let k = d.join("cgroup.kill");
+                if k.exists() {
+                    return write_file(&self.job_id, &k, "1");
+                }
+                let freeze = d.join("cgroup.freeze");
+                if freeze.exists() {
+                    write_file(&self.job_id, &freeze, "1")?;
+                    wait_until(Duration::from_millis(500), || {
+                        read_counter(&d.join("cgroup.events"), "frozen") == Some(1)
+                    });
+                    self.kill_listed()?;
+                    return write_file(&self.job_id, &freeze, "0");
+                }
+            }
+        } else if let Some(d) = self.dir(Controller::Freezer) {
+            let state = d.join("freezer.state");
+            write_file(&self.job_id, &state, "FROZEN")?;
+            wait_until(Duration::from_millis(500), || {
+                fs::read_to_string(&state)
+                    .map(|s| s.trim() == "FROZEN")
+                    .unwrap_or(false)
+            });
+            // Frozen tasks take the SIGKILL when thawed.
+            let killed = self.kill_listed();
+            write_file(&self.job_id, &state, "THAWED")?;
+            return killed.map(|_| ());
+        }
+        for _ in 0..100 {
+            if self.kill_listed()? == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn kill_listed(&self) -> Result<usize, SandboxError> {
+        let pids = self.pids();
+        for &pid in &pids {
+            match kill(Pid::from_raw(pid), Signal::SIGKILL) {
+                Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+                Err(source) => {
+                    return Err(SandboxError::Kill {
+                        job_id: self.job_id.clone(),
+                        pid,
+                        source,
+                    })
+                }
+            }
+        }
+        Ok(pids.len())
+    }
+
+    /// Whether the kernel OOM killer killed a process of this job. Only v1 kernels older than
+    /// 4.13 lack the `oom_kill` counter; there `failcnt > 0` together with a SIGKILL is taken.
+    pub(crate) fn oom_killed(&self, died_of_sigkill: bool) -> bool {
+        let Some(d) = self.dir(Controller::Memory) else {
+            return false;
+        };
+        if self.v2 {
+            return read_counter(&d.join("memory.events"), "oom_kill").unwrap_or(0) > 0;
+        }
+        match read_counter(&d.join("memory.oom_control"), "oom_kill") {
+            Some(n) => n > 0,
+            None => died_of_sigkill && read_u64(&d.join("memory.failcnt")).unwrap_or(0) > 0,
+        }
+    }
+
+    pub(crate) fn memory_peak(&self) -> Option<u64> {
+        let d = self.dir(Controller::Memory)?;
+        read_u64(&d.join(if self.v2 {
+            "memory.peak"
+        } else {
+            "memory.max_usage_in_bytes"
+        }))
+    }
+
+    pub(crate) fn memory_limit(&self) -> Option<u64> {
+        self.memory_limit
+    }
+
+    /// Whether a fork failed because of the pids limit.
+    pub(crate) fn pids_limit_hit(&self) -> bool {
+        self.dir(Controller::Pids)
+            .and_then(|d| read_counter(&d.join("pids.events"), "max"))
+            .unwrap_or(0)
+            > 0
+    }
+
+    /// Removes the cgroup directories; fails with `EBUSY` while processes remain.
+    pub(crate) fn remove(&self) -> Result<(), SandboxError> {
+        for (_, d) in &self.dirs {
+            if d.exists() {
+                remove_tree(d).map_err(|source| SandboxError::Cgroup {
+                    job_id: self.job_id.clone(),
+                    op: "rmdir".to_string(),
+                    path: d.clone(),
+                    source,
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    fn remove_dirs(&self) {
+        for (_, d) in &self.dirs {
+            let _ = remove_tree(d);
+        }
+    }
+}
+
+fn collect_pids(dir: &Path, into: &mut BTreeSet<i32>) {
+    into.extend(read_pids(&dir.join("cgroup.procs")));
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                collect_pids(&e.path(), into);
+            }
+        }
+    }
+}
+
+/// cgroup directories are removed with rmdir, children first (their files cannot be unlinked).
+fn remove_tree(dir: &Path) -> io::Result<()> {
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_tree(&e.path())?;
+            }
+        }
+    }
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() && start.elapsed() < limit {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID_MOUNTS: &str = "\
+cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+cgroup /sys/fs/cgroup/cpuacct cgroup rw,relatime,cpuacct 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0
+cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+";
+    const HYBRID_OWN: &str = "8:pids:/\n6:freezer:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
+
+    #[test]
+    fn v1_nests_under_own_cgroup_per_controller() {
+        let l = detect_layout(HYBRID_MOUNTS, HYBRID_OWN, &|_| true, &|_| {
+            Some(String::new())
+        })
+        .expect("layout");
+        let Layout::V1 { bases } = l else {
+            panic!("expected v1")
+        };
+        let mem = bases
+            .iter()
+            .find(|(c, _)| *c == Controller::Memory)
+            .map(|(_, p)| p.clone());
+        assert_eq!(
+            mem,
+            Some(PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"))
+        );
+        let pids = bases
+            .iter()
+            .find(|(c, _)| *c == Controller::Pids)
+            .map(|(_, p)| p.clone());
+        assert_eq!(pids, Some(PathBuf::from("/sys/fs/cgroup/pids")));
+    }
+
+    #[test]
+    fn v1_falls_back_to_mount_when_own_path_is_not_visible() {
+        let l = detect_layout(HYBRID_MOUNTS, HYBRID_OWN, &|_| false, &|_| None).expect("layout");
+        let Layout::V1 { bases } = l else {
+            panic!("expected v1")
+        };
+        assert!(bases
+            .iter()
+            .any(|(_, p)| p == Path::new("/sys/fs/cgroup/memory")));
+    }
+
+    #[test]
+    fn pure_v2_uses_unified_path() {
+        let mounts = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n";
+        let own = "0::/system.slice/gpuci-agent.service\n";
+        let l = detect_layout(mounts, own, &|_| true, &|_| {
+            Some("cpu memory pids\n".into())
+        })
+        .expect("layout");
+        let Layout::V2 { base } = l else {
+            panic!("expected v2")
+        };
+        assert_eq!(
+            base,
+            PathBuf::from("/sys/fs/cgroup/system.slice/gpuci-agent.service")
+        );
+    }
+
+    #[test]
+    fn v2_without_controllers_is_unusable() {
+        let mounts = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
+        assert!(detect_layout(mounts, "0::/\n", &|_| true, &|_| Some("\n".into())).is_none());
+    }
+
+    #[test]
+    fn counters_parse() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("memory.oom_control");
+        fs::write(&p, "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n").expect("write");
+        assert_eq!(read_counter(&p, "oom_kill"), Some(3));
+        assert_eq!(read_counter(&p, "oom_kill_disable"), Some(0));
+        assert_eq!(read_counter(&p, "missing"), None);
+    }
+}

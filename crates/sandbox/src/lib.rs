@@ -1,0 +1,302 @@
+//! gpuci-sandbox: starts one CI job's process isolated, with limits, and kills its whole tree.
+//!
+//! This is the small privileged piece of the agent (it usually runs as root): namespaces through
+//! bubblewrap, cgroups, device nodes. It must stay small and auditable. It does not fetch code,
+//! stream logs, talk to the coordinator or decide policy (which isolation a pool allows, what a
+//! job's limits are): the agent does, and hands a [`SandboxSpec`] in.
+//!
+//! # Isolation
+//!
+//! [`Isolation::Bubblewrap`] (the default) runs `bwrap` with this mount plan, in this order:
+//!
+//! | # | inside the sandbox | how |
+//! |---|--------------------|-----|
+//! | 1 | `/usr`, `/opt` and, when they are real directories, `/bin /sbin /lib /lib32 /lib64 /libx32` | `--ro-bind` (when a merged-/usr host has them as symlinks: `--symlink` to the same target) |
+//! | 2 | an allow-list of `/etc` entries: passwd, group, hosts, resolv.conf, nsswitch.conf, ld.so.cache, ssl/, ca-certificates/, pki/, localtime, os-release, alternatives/, OpenCL/, vulkan/, nvidia/, ssh client config, ... (`plan::ETC_ALLOW`) | `--ro-bind` each that exists. Never `/etc` as a whole: `shadow`, ssh host keys, `/etc/gpuci` |
+//! | 3 | `/sys/devices/system/{cpu,node}`; with a GPU leased also `/sys/bus/pci`, `/sys/devices/pci*`, `/sys/module/nvidia` | `--ro-bind` (NVML, CUDA and CPU-topology code read these; the rest of sysfs is absent) |
+//! | 4 | `/proc` (of the new PID namespace), a minimal `/dev` (null, zero, full, random, urandom, tty, pts), `/dev/shm`, `/tmp`, `/var/tmp` | `--proc`, `--dev`, `--tmpfs` (fresh and empty per job; tmpfs pages count against the job's memory limit) |
+//! | 5 | each `hide_paths` entry that lies *inside* a bound directory (e.g. `/opt/gpuci/data`) | `--tmpfs` over a directory, `--ro-bind /dev/null` over a file; a hide path that *covers* a source in 1–3 drops that source |
+//! | 6 | the workspace, read-write, at the same path; it is the working directory | `--bind`, after 5 so a hidden ancestor (`/var/lib/gpuci`) does not hide it |
+//! | 7 | hide paths inside the workspace | as 5 |
+//! | 8 | the leased GPU nodes, and the common nvidia nodes (`nvidiactl`, `nvidia-uvm`, ...) only when a GPU is leased, at `/dev/<basename>` | `--dev-bind` each |
+//!
+//! Nothing else of the host exists inside: not `/`, `/home`, `/root`, `/run` (sockets of
+//! docker, systemd, the agent), `/var` (the agent's data dir, other jobs' workspaces), `/srv`,
+//! `/mnt`, `/media`. The root itself is a tmpfs bwrap builds.
+//!
+//! Besides the mounts: `--unshare-pid` (the job's pid 1 is bwrap's init; when the job's main
+//! process exits every process in the namespace dies, setsid'd daemons included),
+//! `--unshare-ipc --unshare-uts --unshare-cgroup-try`, `--unshare-net` when `network` is false
+//! (only a down loopback), `--hostname gpuci`, `--die-with-parent`, `--new-session` (no TIOCSTI
+//! onto a terminal), `--cap-drop ALL` (bwrap started by root keeps every capability otherwise;
+//! bwrap also sets `no_new_privs`), `--clearenv` and one `--setenv` per variable.
+//!
+//! All of those arguments reach bwrap through `--args <memfd>`, not its command line: the job's
+//! environment carries secrets, and `/proc/<pid>/cmdline` is world-readable. bwrap's own
+//! environment is empty, so nothing in the job's environment (`LD_PRELOAD`, ...) can act on the
+//! privileged bwrap process.
+//!
+//! Jobs run with the agent's uid. With a root agent that is uid 0 without capabilities on
+//! read-only, `nosuid,nodev` mounts; running jobs under a dedicated unprivileged uid is future work.
+//!
+//! [`Isolation::None`] is the explicit opt-out (the agent logs it; a pool can forbid it): the
+//! job runs on the host's file system, but still with only its own environment, in its own
+//! session and process group, and in cgroups.
+//!
+//! # Limits and tree kill
+//!
+//! When cgroups are writable ([`CgroupUse::Auto`] or [`CgroupUse::Required`]), each job gets
+//! `<agent's cgroup>/gpuci/<job_id>` in every v1 hierarchy it uses (memory, pids, cpu, freezer,
+//! devices) or once on v2. The child enters them itself between fork and exec (it writes "0"
+//! into pre-opened `cgroup.procs` files, see `child.rs`), so no process of the job ever runs
+//! outside them. Limits: memory (`memory.limit_in_bytes` + `memory.memsw.limit_in_bytes` / v2
+//! `memory.max` + `memory.swap.max = 0`), pids (`pids.max`), CPU (CFS quota over a 100 ms
+//! period). On v1 the devices controller also denies every host `/dev/nvidiaN` that is not
+//! leased, which holds even for `Isolation::None`.
+//!
+//! [`Sandbox::kill_tree`] kills without racing forks: v2 `cgroup.kill`; v1 freeze (freezer),
+//! SIGKILL every pid, thaw. Without cgroups it kills the process group and every process whose
+//! environment carries `GPUCI_JOB_ID=<id>` (see `procscan.rs` for what that misses).
+//!
+//! # Traps
+//!
+//! - `--die-with-parent` is a parent-death signal tied to the *thread* that spawned bwrap. Call
+//!   [`Sandbox::spawn`] from a long-lived thread (a tokio worker is fine, `spawn_blocking` is not:
+//!   its threads exit when idle, and the job would be killed with them).
+//! - [`Sandbox::spawn`] needs a tokio runtime (it returns tokio pipes).
+
+mod cgroup;
+mod child;
+mod error;
+mod plan;
+mod procscan;
+mod sandbox;
+
+pub mod container;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub use error::SandboxError;
+pub use gpuci_core::pipeline::Resources;
+pub use procscan::MARKER as JOB_ID_ENV;
+pub use sandbox::{ExitInfo, Sandbox};
+
+/// Which cgroup version the host offers for job limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CgroupKind {
+    V2,
+    V1,
+    None,
+}
+
+/// An installed bubblewrap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BubblewrapInfo {
+    pub path: PathBuf,
+    /// As `bwrap --version` prints it, e.g. "0.8.0".
+    pub version: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContainerEngine {
+    Podman,
+    Docker,
+}
+
+/// A container engine found on PATH.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerRuntime {
+    pub engine: ContainerEngine,
+    pub path: PathBuf,
+}
+
+/// What this host can do. Cheap: a few stats and one `bwrap --version`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    pub bubblewrap: Option<BubblewrapInfo>,
+    pub cgroup: CgroupKind,
+    /// Whether this process can create job cgroups (root, or a delegated subtree).
+    pub cgroup_writable: bool,
+    pub container_runtime: Option<ContainerRuntime>,
+    /// Whether unprivileged user namespaces are enabled (bwrap needs them when not run as root).
+    pub user_namespaces: bool,
+}
+
+/// Detects what the host offers. Called once at agent start and by `gpuci doctor`.
+pub fn detect() -> Capabilities {
+    let bubblewrap = find_program("bwrap").map(|path| {
+        let version = Command::new(&path)
+            .arg("--version")
+            .env_clear()
+            .output()
+            .ok()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .trim_start_matches("bubblewrap")
+                    .trim()
+                    .to_string()
+            })
+            .unwrap_or_default();
+        BubblewrapInfo { path, version }
+    });
+    let layout = cgroup::layout();
+    let container_runtime = find_program("podman")
+        .map(|path| ContainerRuntime {
+            engine: ContainerEngine::Podman,
+            path,
+        })
+        .or_else(|| {
+            find_program("docker").map(|path| ContainerRuntime {
+                engine: ContainerEngine::Docker,
+                path,
+            })
+        });
+    let read_num = |p: &str| {
+        fs::read_to_string(p)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
+    let user_namespaces = read_num("/proc/sys/user/max_user_namespaces").unwrap_or(0) > 0
+        && read_num("/proc/sys/kernel/unprivileged_userns_clone").unwrap_or(1) != 0;
+    Capabilities {
+        bubblewrap,
+        cgroup: layout.map(|l| l.kind()).unwrap_or(CgroupKind::None),
+        cgroup_writable: layout.is_some_and(|l| l.writable()),
+        container_runtime,
+        user_namespaces,
+    }
+}
+
+/// Looks a program up on the agent's PATH, then in the usual system directories.
+pub(crate) fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(
+            ["/usr/bin", "/bin", "/usr/local/bin", "/usr/sbin"]
+                .iter()
+                .map(PathBuf::from),
+        )
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    fs::metadata(p)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+/// How the job is isolated from the host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// Namespaces and the mount plan above, through bubblewrap.
+    #[default]
+    Bubblewrap,
+    /// Explicit opt-out (`sandbox: none`): host file system, still own env, session and cgroups.
+    None,
+}
+
+/// Whether to put the job in cgroups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CgroupUse {
+    /// Use them when writable; otherwise run without limits (logged when limits were asked for).
+    #[default]
+    Auto,
+    /// Fail to start when they are not usable (a pool that promises limits).
+    Required,
+    /// Do not use them (the agent's cgroups are managed by someone else).
+    Disabled,
+}
+
+/// Everything needed to start one job.
+#[derive(Clone, Debug)]
+pub struct SandboxSpec {
+    /// Names the cgroups and is set as `GPUCI_JOB_ID` in the job's environment. `[A-Za-z0-9._-]`.
+    pub job_id: String,
+    /// Created by the agent; writable; the job's working directory, at the same path inside.
+    pub workspace: PathBuf,
+    /// e.g. `["bash", "-eo", "pipefail", "-c", script]`; looked up on the job's `PATH`.
+    pub argv: Vec<String>,
+    /// The job's entire environment: nothing is inherited from the agent.
+    pub env: BTreeMap<String, String>,
+    pub isolation: Isolation,
+    /// false: own network namespace with only a down loopback.
+    pub network: bool,
+    /// The leased `/dev/nvidiaN` nodes: the only GPU nodes visible, at `/dev/<basename>`.
+    pub gpu_devices: Vec<PathBuf>,
+    /// `/dev/nvidiactl`, `/dev/nvidia-uvm`, ... where present; visible only with a GPU leased.
+    pub gpu_common_devices: Vec<PathBuf>,
+    /// Must not be visible at all (the agent's data dir, the workspaces root).
+    pub hide_paths: Vec<PathBuf>,
+    pub resources: Resources,
+    pub cgroups: CgroupUse,
+}
+
+impl SandboxSpec {
+    /// A spec with the defaults: bubblewrap, no network, no GPU, no limits, cgroups when usable.
+    pub fn new(
+        job_id: impl Into<String>,
+        workspace: impl Into<PathBuf>,
+        argv: Vec<String>,
+    ) -> Self {
+        Self {
+            job_id: job_id.into(),
+            workspace: workspace.into(),
+            argv,
+            env: BTreeMap::new(),
+            isolation: Isolation::Bubblewrap,
+            network: false,
+            gpu_devices: Vec::new(),
+            gpu_common_devices: Vec::new(),
+            hide_paths: Vec::new(),
+            resources: Resources::default(),
+            cgroups: CgroupUse::Auto,
+        }
+    }
+}
+
+pub(crate) fn validate_job_id(id: &str) -> Result<(), SandboxError> {
+    let bad = |reason| {
+        Err(SandboxError::InvalidJobId {
+            job_id: id.to_string(),
+            reason,
+        })
+    };
+    if id.is_empty() || id.len() > 128 {
+        return bad("must be 1 to 128 characters");
+    }
+    if id == "." || id == ".." {
+        return bad("must not be . or ..");
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return bad("only ASCII letters, digits, '.', '_' and '-' are allowed (it names a cgroup)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids_that_could_escape_the_cgroup_dir_are_rejected() {
+        for bad in ["", ".", "..", "../x", "a/b", "a b", "a\nb"] {
+            assert!(validate_job_id(bad).is_err(), "{bad:?}");
+        }
+        validate_job_id("job-42_a.b").expect("valid id");
+    }
+
+    #[test]
+    fn detect_does_not_panic() {
+        let caps = detect();
+        eprintln!("{caps:?}");
+    }
+}

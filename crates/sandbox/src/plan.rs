@@ -1,0 +1,408 @@
+//! The bubblewrap mount plan: a pure function from the spec and a view of the host's files to
+//! bwrap's arguments. The plan itself is documented in the crate header; keep the two in step.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use crate::{SandboxError, SandboxSpec};
+
+/// Host directories bound read-only (or recreated as the same symlink, for merged-/usr systems).
+pub(crate) const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
+];
+
+/// The only entries of `/etc` a job sees: name resolution, users, TLS roots, the dynamic
+/// linker's cache, time zone, OS identification, GPU/graphics vendor files. Everything else
+/// (`shadow`, `ssh/` host keys, `sudoers`, the agent's `/etc/gpuci/`, ...) stays invisible.
+/// Each entry is one bind mount (about 0.3 ms of start-up each), so the list holds what
+/// programs read at run time, not what only administration tools (ldconfig, login shells) read.
+pub(crate) const ETC_ALLOW: &[&str] = &[
+    "passwd",
+    "group",
+    "hosts",
+    "nsswitch.conf",
+    "resolv.conf",
+    "protocols",
+    "services",
+    "localtime",
+    "os-release",
+    "lsb-release",
+    "redhat-release",
+    "system-release",
+    "alpine-release",
+    "ld.so.cache",
+    "ld.so.preload",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "crypto-policies",
+    "gitconfig",
+    "pip.conf",
+    "ssh/ssh_config",
+    "ssh/ssh_config.d",
+    "ssh/ssh_known_hosts",
+    "OpenCL",
+    "vulkan",
+    "glvnd",
+    "nvidia",
+];
+
+/// sysfs parts CPU-topology code (PyTorch's cpuinfo, OpenMP, NUMA) reads. Always bound.
+pub(crate) const SYS_ALWAYS: &[&str] = &["/sys/devices/system/cpu", "/sys/devices/system/node"];
+
+/// What a path is on the host (not following a final symlink, except where noted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Missing,
+    Dir,
+    File,
+    Symlink(PathBuf),
+    /// A character device (followed through symlinks): major, minor.
+    CharDev(u64, u64),
+    Other,
+}
+
+/// The host's file system as the plan sees it; faked in tests.
+pub(crate) trait HostFs {
+    fn kind(&self, p: &Path) -> Kind;
+    /// Like `kind` but follows symlinks.
+    fn kind_follow(&self, p: &Path) -> Kind;
+    /// Entries of `/sys/devices` whose names start with `pci`.
+    fn pci_roots(&self) -> Vec<PathBuf>;
+}
+
+pub(crate) struct RealFs;
+
+fn kind_of(m: std::io::Result<fs::Metadata>, p: &Path) -> Kind {
+    match m {
+        Err(_) => Kind::Missing,
+        Ok(m) if m.file_type().is_symlink() => Kind::Symlink(fs::read_link(p).unwrap_or_default()),
+        Ok(m) if m.is_dir() => Kind::Dir,
+        Ok(m) if m.is_file() => Kind::File,
+        Ok(m) if m.file_type().is_char_device() => {
+            let rdev = m.rdev();
+            Kind::CharDev(nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev))
+        }
+        Ok(_) => Kind::Other,
+    }
+}
+
+impl HostFs for RealFs {
+    fn kind(&self, p: &Path) -> Kind {
+        kind_of(fs::symlink_metadata(p), p)
+    }
+    fn kind_follow(&self, p: &Path) -> Kind {
+        kind_of(fs::metadata(p), p)
+    }
+    fn pci_roots(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = fs::read_dir("/sys/devices")
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("pci"))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+fn push(args: &mut Vec<OsString>, items: &[&dyn AsRef<std::ffi::OsStr>]) {
+    args.extend(items.iter().map(|i| i.as_ref().to_os_string()));
+}
+
+/// bwrap's arguments (everything before `--`), the job's environment included.
+pub(crate) fn bwrap_args(
+    spec: &SandboxSpec,
+    env: &BTreeMap<String, String>,
+    host: &dyn HostFs,
+) -> Result<Vec<OsString>, SandboxError> {
+    let invalid = |reason: String| SandboxError::InvalidSpec {
+        job_id: spec.job_id.clone(),
+        reason,
+    };
+    let ws = &spec.workspace;
+    for h in &spec.hide_paths {
+        if !h.is_absolute() {
+            return Err(invalid(format!(
+                "hide path {} is not absolute",
+                h.display()
+            )));
+        }
+        if ws == h {
+            return Err(invalid(format!(
+                "hide path {} is the workspace itself",
+                h.display()
+            )));
+        }
+    }
+    // A source is dropped entirely when a hide path covers it.
+    let hidden = |src: &Path| spec.hide_paths.iter().any(|h| src.starts_with(h));
+
+    let mut a: Vec<OsString> = Vec::new();
+    // Read-only sources, for deciding which hide paths need covering.
+    let mut ro_sources: Vec<PathBuf> = Vec::new();
+
+    // 1. System directories.
+    for d in SYSTEM_DIRS {
+        let p = Path::new(d);
+        if hidden(p) {
+            continue;
+        }
+        match host.kind(p) {
+            Kind::Dir => {
+                push(&mut a, &[&"--ro-bind", &p, &p]);
+                ro_sources.push(p.to_path_buf());
+            }
+            Kind::Symlink(target) => push(&mut a, &[&"--symlink", &target, &p]),
+            _ => {}
+        }
+    }
+    // 2. The allow-listed part of /etc.
+    for e in ETC_ALLOW {
+        let p = Path::new("/etc").join(e);
+        if hidden(&p) || host.kind(&p) == Kind::Missing {
+            continue;
+        }
+        push(&mut a, &[&"--ro-bind", &p, &p]);
+        ro_sources.push(p);
+    }
+    // 3. sysfs: CPU topology always; the PCI tree NVML and CUDA read only with a GPU.
+    let mut sys: Vec<PathBuf> = SYS_ALWAYS.iter().map(PathBuf::from).collect();
+    if !spec.gpu_devices.is_empty() {
+        sys.push(PathBuf::from("/sys/bus/pci"));
+        sys.extend(host.pci_roots());
+        sys.push(PathBuf::from("/sys/module/nvidia"));
+    }
+    for p in sys {
+        if hidden(&p) || host.kind(&p) == Kind::Missing {
+            continue;
+        }
+        push(&mut a, &[&"--ro-bind", &p, &p]);
+        ro_sources.push(p);
+    }
+    // 4. Fresh kernel and scratch file systems.
+    push(
+        &mut a,
+        &[
+            &"--proc",
+            &"/proc",
+            &"--dev",
+            &"/dev",
+            &"--tmpfs",
+            &"/dev/shm",
+        ],
+    );
+    push(&mut a, &[&"--tmpfs", &"/tmp", &"--tmpfs", &"/var/tmp"]);
+
+    // 5. Hide paths that lie inside a read-only source: cover them.
+    let cover = |a: &mut Vec<OsString>, h: &Path| match host.kind(h) {
+        Kind::Dir => push(a, &[&"--tmpfs", &h]),
+        Kind::Missing => {}
+        _ => push(a, &[&"--ro-bind", &"/dev/null", &h]),
+    };
+    for h in &spec.hide_paths {
+        if ro_sources.iter().any(|s| h.starts_with(s) && h != s) {
+            cover(&mut a, h);
+        }
+    }
+    // 6. The workspace, after the covers so a hidden ancestor does not hide it; 7. hide paths
+    // inside the workspace.
+    push(&mut a, &[&"--bind", ws, ws]);
+    for h in &spec.hide_paths {
+        if h.starts_with(ws) && h != ws {
+            cover(&mut a, h);
+        }
+    }
+    // 8. Only the leased GPU nodes, plus the common nvidia nodes when any GPU is leased.
+    let mut dests = BTreeSet::new();
+    let device_err = |p: &Path, reason: &str| SandboxError::Device {
+        job_id: spec.job_id.clone(),
+        path: p.to_path_buf(),
+        reason: reason.to_string(),
+    };
+    let common: &[PathBuf] = if spec.gpu_devices.is_empty() {
+        &[]
+    } else {
+        &spec.gpu_common_devices
+    };
+    for (dev, required) in spec
+        .gpu_devices
+        .iter()
+        .map(|d| (d, true))
+        .chain(common.iter().map(|d| (d, false)))
+    {
+        match host.kind_follow(dev) {
+            Kind::CharDev(..) => {}
+            Kind::Missing if !required => continue,
+            Kind::Missing => return Err(device_err(dev, "leased device node does not exist")),
+            _ => return Err(device_err(dev, "not a character device")),
+        }
+        let name = dev
+            .file_name()
+            .ok_or_else(|| device_err(dev, "no file name"))?;
+        let dest = Path::new("/dev").join(name);
+        if !dests.insert(dest.clone()) {
+            return Err(device_err(dev, "two devices with the same name"));
+        }
+        push(&mut a, &[&"--dev-bind", dev, &dest]);
+    }
+    // 9. Namespaces and process attributes.
+    push(
+        &mut a,
+        &[
+            &"--unshare-pid",
+            &"--unshare-ipc",
+            &"--unshare-uts",
+            &"--unshare-cgroup-try",
+        ],
+    );
+    if !spec.network {
+        push(&mut a, &[&"--unshare-net"]);
+    }
+    push(
+        &mut a,
+        &[
+            &"--hostname",
+            &"gpuci",
+            &"--die-with-parent",
+            &"--new-session",
+        ],
+    );
+    // bwrap started by root keeps every capability in the sandbox unless told otherwise.
+    push(&mut a, &[&"--cap-drop", &"ALL", &"--chdir", ws]);
+    // 10. The environment: exactly the job's.
+    push(&mut a, &[&"--clearenv"]);
+    for (k, v) in env {
+        push(&mut a, &[&"--setenv", k, v]);
+    }
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuci_core::pipeline::Resources;
+
+    struct FakeFs(BTreeMap<PathBuf, Kind>);
+    impl HostFs for FakeFs {
+        fn kind(&self, p: &Path) -> Kind {
+            self.0.get(p).cloned().unwrap_or(Kind::Missing)
+        }
+        fn kind_follow(&self, p: &Path) -> Kind {
+            self.kind(p)
+        }
+        fn pci_roots(&self) -> Vec<PathBuf> {
+            vec![PathBuf::from("/sys/devices/pci0000:00")]
+        }
+    }
+
+    fn host() -> FakeFs {
+        let mut m = BTreeMap::new();
+        for (p, k) in [
+            ("/usr", Kind::Dir),
+            ("/bin", Kind::Symlink("usr/bin".into())),
+            ("/lib64", Kind::Symlink("usr/lib64".into())),
+            ("/opt", Kind::Dir),
+            ("/opt/gpuci", Kind::Dir),
+            ("/opt/gpuci/token", Kind::File),
+            ("/etc/passwd", Kind::File),
+            ("/etc/shadow", Kind::File),
+            ("/etc/ssl", Kind::Dir),
+            ("/sys/devices/system/cpu", Kind::Dir),
+            ("/sys/bus/pci", Kind::Dir),
+            ("/dev/nvidia0", Kind::CharDev(195, 0)),
+            ("/dev/nvidia1", Kind::CharDev(195, 1)),
+            ("/dev/nvidiactl", Kind::CharDev(195, 255)),
+        ] {
+            m.insert(PathBuf::from(p), k);
+        }
+        FakeFs(m)
+    }
+
+    fn spec() -> SandboxSpec {
+        SandboxSpec {
+            job_id: "j1".into(),
+            workspace: "/var/lib/gpuci/work/j1".into(),
+            argv: vec!["true".into()],
+            env: BTreeMap::new(),
+            isolation: crate::Isolation::Bubblewrap,
+            network: false,
+            gpu_devices: vec!["/dev/nvidia1".into()],
+            gpu_common_devices: vec!["/dev/nvidiactl".into(), "/dev/nvidia-uvm".into()],
+            hide_paths: vec!["/opt/gpuci".into(), "/var/lib/gpuci".into()],
+            resources: Resources::default(),
+            cgroups: crate::CgroupUse::Auto,
+        }
+    }
+
+    fn render(args: &[OsString]) -> String {
+        args.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn plan_binds_only_allowed_paths_in_order() {
+        let mut env = BTreeMap::new();
+        env.insert("GPUCI_JOB_ID".to_string(), "j1".to_string());
+        let s = render(&bwrap_args(&spec(), &env, &host()).expect("plan"));
+        assert_eq!(
+            s,
+            "--ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib64 /lib64 --ro-bind /opt /opt \
+             --ro-bind /etc/passwd /etc/passwd --ro-bind /etc/ssl /etc/ssl \
+             --ro-bind /sys/devices/system/cpu /sys/devices/system/cpu --ro-bind /sys/bus/pci /sys/bus/pci \
+             --proc /proc --dev /dev --tmpfs /dev/shm --tmpfs /tmp --tmpfs /var/tmp \
+             --tmpfs /opt/gpuci \
+             --bind /var/lib/gpuci/work/j1 /var/lib/gpuci/work/j1 \
+             --dev-bind /dev/nvidia1 /dev/nvidia1 --dev-bind /dev/nvidiactl /dev/nvidiactl \
+             --unshare-pid --unshare-ipc --unshare-uts --unshare-cgroup-try --unshare-net \
+             --hostname gpuci --die-with-parent --new-session --cap-drop ALL --chdir /var/lib/gpuci/work/j1 \
+             --clearenv --setenv GPUCI_JOB_ID j1"
+        );
+        assert!(!s.contains("shadow"));
+        assert!(!s.contains("nvidia0"));
+    }
+
+    #[test]
+    fn hide_path_covering_a_system_dir_drops_it() {
+        let mut sp = spec();
+        sp.hide_paths = vec!["/opt".into()];
+        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host()).expect("plan"));
+        assert!(!s.contains("/opt"), "{s}");
+    }
+
+    #[test]
+    fn hidden_file_is_covered_with_dev_null() {
+        let mut sp = spec();
+        sp.hide_paths = vec!["/opt/gpuci/token".into()];
+        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host()).expect("plan"));
+        assert!(s.contains("--ro-bind /dev/null /opt/gpuci/token"), "{s}");
+    }
+
+    #[test]
+    fn missing_leased_device_is_an_error_but_missing_common_is_not() {
+        let mut sp = spec();
+        sp.gpu_devices = vec!["/dev/nvidia7".into()];
+        let e = bwrap_args(&sp, &BTreeMap::new(), &host()).expect_err("missing device");
+        assert!(e.to_string().contains("/dev/nvidia7"), "{e}");
+    }
+
+    #[test]
+    fn no_gpu_means_no_nvidia_nodes_and_no_pci_tree() {
+        let mut sp = spec();
+        sp.gpu_devices.clear();
+        sp.network = true;
+        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host()).expect("plan"));
+        assert!(!s.contains("nvidia"), "{s}");
+        assert!(!s.contains("/sys/bus/pci"), "{s}");
+        assert!(!s.contains("--unshare-net"), "{s}");
+    }
+}

@@ -1,0 +1,423 @@
+//! One running job: spawn, wait, kill the tree, clean up.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Seek, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuci_core::quantity::Bytes;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::process::{Child, ChildStderr, ChildStdout, Command};
+
+use crate::cgroup::{self, JobCgroup};
+use crate::child::{self, ChildSetup};
+use crate::plan::{self, HostFs, Kind, RealFs};
+use crate::procscan::{self, MARKER};
+use crate::{find_program, validate_job_id, CgroupUse, Isolation, SandboxError, SandboxSpec};
+
+/// How long cleanup waits for the job's processes to be gone after SIGKILL.
+const CLEANUP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How a job ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// Exit code of the main process. Under bubblewrap a job killed by signal N shows as 128+N.
+    pub code: Option<i32>,
+    /// Signal that killed the main process (bwrap itself, under bubblewrap).
+    pub signal: Option<i32>,
+    /// The kernel OOM killer killed a process of the job (the cgroup's `oom_kill` counter).
+    pub oom_killed: bool,
+    /// A fork failed because of the pids limit.
+    pub pids_limit_hit: bool,
+    /// Peak memory of the job's cgroup, where the kernel reports it.
+    pub memory_peak: Option<Bytes>,
+    /// The memory limit that applied, for messages.
+    pub memory_limit: Option<Bytes>,
+}
+
+impl ExitInfo {
+    pub fn success(&self) -> bool {
+        self.code == Some(0) && !self.oom_killed
+    }
+}
+
+impl fmt::Display for ExitInfo {
+    /// The human reason: "out of memory (limit 8 GiB)", "exit code 2", "killed by signal 9".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.oom_killed {
+            return match self.memory_limit {
+                Some(l) => write!(f, "out of memory (limit {l})"),
+                None => write!(f, "out of memory"),
+            };
+        }
+        match (self.code, self.signal) {
+            (Some(c), _) => write!(f, "exit code {c}")?,
+            (None, Some(s)) => write!(f, "killed by signal {s}")?,
+            (None, None) => write!(f, "ended")?,
+        }
+        if self.pids_limit_hit {
+            write!(f, " (process limit reached)")?;
+        }
+        Ok(())
+    }
+}
+
+/// One running job. Call [`Sandbox::cleanup`] when done; dropping it only kills best-effort.
+#[derive(Debug)]
+pub struct Sandbox {
+    job_id: String,
+    child: Child,
+    pid: u32,
+    cgroup: Option<JobCgroup>,
+    exit: Option<ExitInfo>,
+    cleaned: bool,
+}
+
+impl Sandbox {
+    /// Starts the job. stdin is `/dev/null`; stdout and stderr are pipes.
+    pub fn spawn(spec: &SandboxSpec) -> Result<(Sandbox, ChildStdout, ChildStderr), SandboxError> {
+        let id = spec.job_id.as_str();
+        validate_job_id(id)?;
+        let invalid = |reason: &str| SandboxError::InvalidSpec {
+            job_id: id.to_string(),
+            reason: reason.to_string(),
+        };
+        if spec.argv.is_empty() {
+            return Err(invalid("argv is empty"));
+        }
+        let ws_err = |reason: &str| SandboxError::Workspace {
+            job_id: id.to_string(),
+            path: spec.workspace.clone(),
+            reason: reason.to_string(),
+        };
+        if !spec.workspace.is_absolute() {
+            return Err(ws_err("not an absolute path"));
+        }
+        if !spec.workspace.is_dir() {
+            return Err(ws_err("not a directory"));
+        }
+
+        let mut env: BTreeMap<String, String> = spec.env.clone();
+        env.insert(MARKER.to_string(), id.to_string());
+
+        let bwrap = match spec.isolation {
+            Isolation::Bubblewrap => {
+                Some(
+                    find_program("bwrap").ok_or_else(|| SandboxError::BubblewrapMissing {
+                        job_id: id.to_string(),
+                    })?,
+                )
+            }
+            Isolation::None => None,
+        };
+        let cgroup = create_cgroup(spec)?;
+
+        let result = (|| {
+            // Opened here, O_CLOEXEC; the child writes itself into them before exec.
+            let procs: Vec<File> = cgroup
+                .iter()
+                .flat_map(|c| c.procs_files())
+                .map(|p| {
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&p)
+                        .map_err(|source| SandboxError::Cgroup {
+                            job_id: id.to_string(),
+                            op: "open".to_string(),
+                            path: p.clone(),
+                            source,
+                        })
+                })
+                .collect::<Result<_, _>>()?;
+            let mut args_fd = None;
+            let mut cmd = match &bwrap {
+                Some(bwrap) => {
+                    let args = plan::bwrap_args(spec, &env, &RealFs)?;
+                    let fd = args_memfd(id, &args)?;
+                    let mut cmd = Command::new(bwrap);
+                    cmd.arg("--args")
+                        .arg(fd.as_raw_fd().to_string())
+                        .arg("--")
+                        .args(&spec.argv);
+                    // bwrap runs privileged: it gets no environment at all.
+                    cmd.env_clear();
+                    args_fd = Some(fd);
+                    cmd
+                }
+                None => {
+                    let mut cmd = Command::new(&spec.argv[0]);
+                    cmd.args(&spec.argv[1..])
+                        .env_clear()
+                        .envs(&env)
+                        .current_dir(&spec.workspace);
+                    cmd
+                }
+            };
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            child::install(
+                &mut cmd,
+                ChildSetup {
+                    cgroup_procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
+                    inherit: args_fd.iter().map(|f| f.as_raw_fd()).collect(),
+                },
+            );
+            let program = bwrap
+                .as_ref()
+                .map(|b| b.display().to_string())
+                .unwrap_or_else(|| spec.argv[0].clone());
+            let child = cmd.spawn().map_err(|source| SandboxError::Spawn {
+                job_id: id.to_string(),
+                program,
+                source,
+            })?;
+            // `procs` and `args_fd` close here: the child has its own copies.
+            Ok(child)
+        })();
+        let mut child = match result {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(cg) = &cgroup {
+                    let _ = cg.remove();
+                }
+                return Err(e);
+            }
+        };
+        let pid = child.id().unwrap_or(0);
+        let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+            unreachable!("stdout and stderr were set to piped")
+        };
+        tracing::debug!(job_id = id, pid, isolation = ?spec.isolation, cgroup = cgroup.is_some(), "job started");
+        let sandbox = Sandbox {
+            job_id: id.to_string(),
+            child,
+            pid,
+            cgroup,
+            exit: None,
+            cleaned: false,
+        };
+        Ok((sandbox, stdout, stderr))
+    }
+
+    /// Host pid of the job's main process (bwrap, under bubblewrap).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn job_id(&self) -> &str {
+        &self.job_id
+    }
+
+    /// Whether the job runs in its own cgroup (limits enforced, race-free tree kill).
+    pub fn has_cgroup(&self) -> bool {
+        self.cgroup.is_some()
+    }
+
+    /// Host pids of every live process of the job.
+    pub fn pids(&self) -> Vec<i32> {
+        match &self.cgroup {
+            Some(cg) => cg.pids(),
+            None => procscan::pids_with_marker(&self.job_id),
+        }
+    }
+
+    /// Waits for the main process to exit. Cancel-safe; later calls return the same result.
+    /// Processes the job left behind may still run: see [`Sandbox::cleanup`].
+    pub async fn wait(&mut self) -> Result<ExitInfo, SandboxError> {
+        if let Some(e) = &self.exit {
+            return Ok(e.clone());
+        }
+        let status = self
+            .child
+            .wait()
+            .await
+            .map_err(|source| SandboxError::Wait {
+                job_id: self.job_id.clone(),
+                pid: self.pid,
+                source,
+            })?;
+        let info = self.exit_info(status);
+        self.exit = Some(info.clone());
+        Ok(info)
+    }
+
+    fn exit_info(&self, status: ExitStatus) -> ExitInfo {
+        let sigkill =
+            status.signal() == Some(libc::SIGKILL) || status.code() == Some(128 + libc::SIGKILL);
+        let cg = self.cgroup.as_ref();
+        ExitInfo {
+            code: status.code(),
+            signal: status.signal(),
+            oom_killed: cg.is_some_and(|c| c.oom_killed(sigkill)),
+            pids_limit_hit: cg.is_some_and(|c| c.pids_limit_hit()),
+            memory_peak: cg.and_then(|c| c.memory_peak()).map(Bytes),
+            memory_limit: cg.and_then(|c| c.memory_limit()).map(Bytes),
+        }
+    }
+
+    /// SIGKILLs every process of the job, daemonised and setsid'd ones included. Idempotent.
+    pub fn kill_tree(&mut self) -> Result<(), SandboxError> {
+        if let Some(cg) = &self.cgroup {
+            cg.kill_all()?;
+        }
+        // The process group and the main process, only while it is unreaped: after that its pid
+        // (and so the group id) could belong to someone else.
+        if let Ok(None) = self.child.try_wait() {
+            let pid = self.pid as i32;
+            let _ = kill(Pid::from_raw(-pid), Signal::SIGKILL);
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        if self.cgroup.is_none() {
+            kill_marked(&self.job_id)?;
+        }
+        Ok(())
+    }
+
+    /// Makes sure no process of the job is left anywhere on the host, then removes its cgroup.
+    /// Call after [`Sandbox::wait`] (or to end a job early: it kills first).
+    pub async fn cleanup(mut self) -> Result<(), SandboxError> {
+        self.cleaned = true;
+        self.kill_tree()?;
+        let _ = self.child.wait().await;
+        let start = Instant::now();
+        loop {
+            // The marker scan runs even with a cgroup: a root job under `Isolation::None` could
+            // have moved itself out.
+            let mut left = self.cgroup.as_ref().map(|c| c.pids()).unwrap_or_default();
+            left.extend(procscan::pids_with_marker(&self.job_id));
+            if left.is_empty() {
+                break;
+            }
+            if start.elapsed() > CLEANUP_DEADLINE {
+                return Err(SandboxError::Leftover {
+                    job_id: self.job_id.clone(),
+                    pids: left,
+                    waited: start.elapsed(),
+                });
+            }
+            if let Some(cg) = &self.cgroup {
+                cg.kill_all()?;
+            }
+            kill_marked(&self.job_id)?;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        if let Some(cg) = &self.cgroup {
+            // A just-killed task can keep the cgroup busy for a moment after it left the procs list.
+            let mut tries = 0;
+            loop {
+                match cg.remove() {
+                    Ok(()) => break,
+                    Err(e) if tries < 200 => {
+                        tries += 1;
+                        tracing::trace!(error = %e, "cgroup not removable yet");
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if !self.cleaned {
+            tracing::warn!(job_id = %self.job_id, "sandbox dropped without cleanup; killing its processes");
+            let _ = self.kill_tree();
+        }
+    }
+}
+
+fn kill_marked(job_id: &str) -> Result<(), SandboxError> {
+    for pid in procscan::pids_with_marker(job_id) {
+        match kill(Pid::from_raw(pid), Signal::SIGKILL) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(source) => {
+                return Err(SandboxError::Kill {
+                    job_id: job_id.to_string(),
+                    pid,
+                    source,
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+fn create_cgroup(spec: &SandboxSpec) -> Result<Option<JobCgroup>, SandboxError> {
+    let id = &spec.job_id;
+    if spec.cgroups == CgroupUse::Disabled {
+        return Ok(None);
+    }
+    let usable = cgroup::layout().filter(|l| l.writable());
+    let Some(layout) = usable else {
+        if spec.cgroups == CgroupUse::Required {
+            return Err(SandboxError::CgroupUnavailable {
+                job_id: id.clone(),
+                reason: "no writable cgroup v1 or v2 hierarchy with memory/pids controllers"
+                    .to_string(),
+            });
+        }
+        let r = &spec.resources;
+        if r.memory.is_some() || r.pids.is_some() || r.cpu_millis.is_some() {
+            tracing::warn!(job_id = %id, "cgroups are not usable: memory, pids and cpu limits are NOT enforced");
+        }
+        return Ok(None);
+    };
+    let deny = non_leased_gpu_nodes(&spec.gpu_devices, &RealFs);
+    JobCgroup::create(layout, id, &spec.resources, &deny).map(Some)
+}
+
+/// (major, minor) of every host `/dev/nvidiaN` that is not leased: the devices cgroup denies them.
+fn non_leased_gpu_nodes(leased: &[std::path::PathBuf], host: &dyn HostFs) -> Vec<(u64, u64)> {
+    let leased: Vec<Kind> = leased.iter().map(|p| host.kind_follow(p)).collect();
+    let Ok(rd) = fs::read_dir("/dev") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let n = name.as_bytes();
+        if n.len() > 6 && n.starts_with(b"nvidia") && n[6..].iter().all(u8::is_ascii_digit) {
+            if let k @ Kind::CharDev(major, minor) =
+                host.kind_follow(&Path::new("/dev").join(&name))
+            {
+                if !leased.contains(&k) {
+                    out.push((major, minor));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// bwrap's arguments in a sealed-off memfd (NUL-separated), read by `--args FD`.
+fn args_memfd(job_id: &str, args: &[std::ffi::OsString]) -> Result<File, SandboxError> {
+    let err = |source| SandboxError::ArgsFd {
+        job_id: job_id.to_string(),
+        source,
+    };
+    let fd = nix::sys::memfd::memfd_create(
+        c"gpuci-bwrap-args",
+        nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+    )
+    .map_err(|e| err(e.into()))?;
+    let mut f = File::from(fd);
+    let mut buf = Vec::new();
+    for a in args {
+        buf.extend_from_slice(a.as_bytes());
+        buf.push(0);
+    }
+    f.write_all(&buf).map_err(err)?;
+    f.rewind().map_err(err)?;
+    Ok(f)
+}

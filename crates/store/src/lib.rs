@@ -1,0 +1,90 @@
+//! gpuci-store: everything gpuci must not forget — pipelines, jobs, logs, agents, GPU leases
+//! and quarantines — behind the [`Store`] trait.
+//!
+//! SQLite (WAL, `synchronous=FULL`) is the embedded default; a Postgres backend implements the
+//! same trait when several coordinators share the load, and the same test suite runs against
+//! both. Migrations live in files under `migrations/`.
+//!
+//! Rules: a write returns only once it is durable, so callers may acknowledge or push after
+//! it. State transitions are compare-and-set on the expected current state, so a stale writer
+//! cannot move a job backwards. This crate makes no decisions: it stores what the coordinator
+//! decided.
+
+mod records;
+mod sqlite;
+
+pub use records::*;
+pub use sqlite::SqliteStore;
+
+use async_trait::async_trait;
+use gpuci_core::job::JobState;
+use gpuci_protocol::agent::LogChunk;
+use gpuci_protocol::api::LogLine;
+use gpuci_protocol::{JobId, PipelineId};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("job {job}: expected state {expected}, found {found}")]
+    Conflict { job: JobId, expected: String, found: JobState },
+    #[error("job {0} not found")]
+    JobNotFound(JobId),
+    #[error("GPU {gpu} is already leased to job {holder}")]
+    GpuLeased { gpu: String, holder: JobId },
+    #[error("agent {0} not found")]
+    AgentNotFound(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+impl StoreError {
+    /// Whether retrying the same call may succeed (locks, I/O hiccups).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Db(e) => matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))
+                || e.as_database_error().is_some_and(|d| d.message().contains("locked") || d.message().contains("busy")),
+            _ => false,
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Create a pipeline and all its jobs (queued) in one transaction.
+    async fn create_pipeline(&self, p: NewPipeline, jobs: Vec<NewJob>) -> Result<(PipelineRecord, Vec<JobRecord>)>;
+    /// Add one job to an existing pipeline (a retry).
+    async fn insert_job(&self, job: NewJob) -> Result<JobRecord>;
+    /// queued → assigned, taking the GPU leases in the same transaction.
+    async fn assign_job(&self, id: JobId, agent_id: &str, gpus: &[String], now_ms: i64) -> Result<JobRecord>;
+    /// Move a job to another state if it is currently in one of `expect`; optionally release
+    /// its GPU leases and quarantine GPUs, all in one transaction.
+    async fn update_job(&self, id: JobId, expect: &[JobState], change: JobChange) -> Result<JobRecord>;
+    /// Change a job's reason without changing its state (why a queued job waits).
+    async fn set_reason(&self, id: JobId, reason: &str) -> Result<()>;
+    async fn get_job(&self, id: JobId) -> Result<Option<JobRecord>>;
+    async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>>;
+    /// Every job not in a terminal state, oldest first.
+    async fn active_jobs(&self) -> Result<Vec<JobRecord>>;
+    async fn pipeline_jobs(&self, pipeline: PipelineId) -> Result<Vec<JobRecord>>;
+    async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>>;
+    async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>>;
+
+    async fn append_logs(&self, job: JobId, lines: &[LogChunk]) -> Result<Vec<LogLine>>;
+    async fn read_logs(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<LogLine>>;
+
+    async fn insert_agent(&self, agent: &AgentRecord) -> Result<()>;
+    async fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>>;
+    async fn list_agents(&self) -> Result<Vec<AgentRecord>>;
+    async fn update_agent(&self, id: &str, update: AgentUpdate) -> Result<()>;
+
+    async fn leases(&self) -> Result<Vec<Lease>>;
+    async fn quarantined(&self) -> Result<Vec<Quarantine>>;
+    async fn quarantine_gpu(&self, q: &Quarantine) -> Result<()>;
+    /// Return a quarantined GPU to service. False if it was not quarantined.
+    async fn release_quarantine(&self, gpu_uuid: &str) -> Result<bool>;
+}

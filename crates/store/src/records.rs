@@ -1,0 +1,116 @@
+//! Rows as typed values.
+
+use gpuci_core::job::JobState;
+use gpuci_core::pipeline::Step;
+use gpuci_protocol::agent::JobTelemetry;
+use gpuci_protocol::{JobId, PipelineId};
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug)]
+pub struct NewPipeline {
+    pub file_name: String,
+    pub source: String,
+    pub created_at_ms: i64,
+}
+
+#[derive(Clone, Debug)]
+pub struct PipelineRecord {
+    pub id: PipelineId,
+    pub file_name: String,
+    pub source: String,
+    pub created_at_ms: i64,
+}
+
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    /// Ignored by `create_pipeline`, which sets it.
+    pub pipeline_id: PipelineId,
+    pub step: Step,
+    pub env: BTreeMap<String, String>,
+    pub state: JobState,
+    pub reason: String,
+    pub attempt: u32,
+    pub retry_of: Option<JobId>,
+    pub created_at_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobRecord {
+    pub id: JobId,
+    pub pipeline_id: PipelineId,
+    pub step: Step,
+    pub env: BTreeMap<String, String>,
+    pub state: JobState,
+    pub reason: String,
+    pub attempt: u32,
+    pub retry_of: Option<JobId>,
+    pub agent_id: Option<String>,
+    pub gpus: Vec<String>,
+    pub created_at_ms: i64,
+    pub assigned_at_ms: Option<i64>,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub exit_code: Option<i32>,
+    pub telemetry: Option<JobTelemetry>,
+}
+
+/// A state change. Fields left `None` keep their value.
+#[derive(Clone, Debug, Default)]
+pub struct JobChange {
+    pub state: Option<JobState>,
+    pub reason: Option<String>,
+    pub started_at_ms: Option<i64>,
+    pub finished_at_ms: Option<i64>,
+    pub exit_code: Option<i32>,
+    pub telemetry: Option<JobTelemetry>,
+    /// Back to queued: forget the agent and GPUs.
+    pub clear_assignment: bool,
+    /// Release every GPU lease this job holds.
+    pub release_leases: bool,
+    /// GPUs that failed their post-job check.
+    pub quarantine: Vec<Quarantine>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct JobFilter {
+    pub states: Vec<JobState>,
+    pub pipeline: Option<PipelineId>,
+    pub limit: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentRecord {
+    pub id: String,
+    pub name: String,
+    /// SHA-256 of the credential, hex. The credential itself is never stored.
+    pub credential_hash: String,
+    pub registered_at_ms: i64,
+    pub last_seen_ms: Option<i64>,
+    pub state: String,
+    pub reason: String,
+    pub hello_json: Option<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct AgentUpdate {
+    pub state: Option<String>,
+    pub reason: Option<String>,
+    pub last_seen_ms: Option<i64>,
+    pub hello_json: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub gpu_uuid: String,
+    pub agent_id: String,
+    pub job_id: JobId,
+    pub since_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantine {
+    pub gpu_uuid: String,
+    pub agent_id: String,
+    pub reason: String,
+    pub since_ms: i64,
+}

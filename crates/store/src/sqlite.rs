@@ -1,0 +1,439 @@
+//! The SQLite backend: one file in the data dir, WAL journal, `synchronous=FULL` so a commit
+//! has reached the disk before the call returns.
+
+use crate::*;
+use async_trait::async_trait;
+use gpuci_protocol::agent::Stream;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
+use sqlx::{Row, SqlitePool};
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+const JOB_COLUMNS: &str = "id, pipeline_id, step_json, env_json, state, reason, attempt, retry_of, agent_id, gpus_json, \
+     created_at_ms, assigned_at_ms, started_at_ms, finished_at_ms, exit_code, telemetry_json";
+
+impl SqliteStore {
+    /// Open (creating if needed) the database file and run pending migrations.
+    pub async fn open(path: &Path) -> Result<Self> {
+        let opts = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        Self::connect(opts, 4).await
+    }
+
+    /// A private in-memory database (tests, `gpuci run`).
+    pub async fn in_memory() -> Result<Self> {
+        let opts = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
+        // One connection: every connection to :memory: is a different database.
+        Self::connect(opts, 1).await
+    }
+
+    async fn connect(opts: SqliteConnectOptions, max: u32) -> Result<Self> {
+        let pool = SqlitePoolOptions::new().max_connections(max).connect_with(opts).await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    async fn job_in<'e, E: sqlx::SqliteExecutor<'e>>(exec: E, id: JobId) -> Result<Option<JobRecord>> {
+        let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(exec)
+            .await?;
+        row.map(|r| job_from_row(&r)).transpose()
+    }
+}
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {e}"))
+}
+
+fn job_from_row(r: &SqliteRow) -> Result<JobRecord> {
+    let state: String = r.get("state");
+    let telemetry: Option<String> = r.get("telemetry_json");
+    Ok(JobRecord {
+        id: r.get("id"),
+        pipeline_id: r.get("pipeline_id"),
+        step: serde_json::from_str(r.get("step_json")).map_err(|e| corrupt("step_json", e))?,
+        env: serde_json::from_str(r.get("env_json")).map_err(|e| corrupt("env_json", e))?,
+        state: state.parse().map_err(|e| corrupt("state", e))?,
+        reason: r.get("reason"),
+        attempt: r.get::<i64, _>("attempt").try_into().unwrap_or(1),
+        retry_of: r.get("retry_of"),
+        agent_id: r.get("agent_id"),
+        gpus: serde_json::from_str(r.get("gpus_json")).map_err(|e| corrupt("gpus_json", e))?,
+        created_at_ms: r.get("created_at_ms"),
+        assigned_at_ms: r.get("assigned_at_ms"),
+        started_at_ms: r.get("started_at_ms"),
+        finished_at_ms: r.get("finished_at_ms"),
+        exit_code: r.get("exit_code"),
+        telemetry: telemetry.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| corrupt("telemetry_json", e))?,
+    })
+}
+
+fn pipeline_from_row(r: &SqliteRow) -> PipelineRecord {
+    PipelineRecord { id: r.get("id"), file_name: r.get("file_name"), source: r.get("source"), created_at_ms: r.get("created_at_ms") }
+}
+
+fn agent_from_row(r: &SqliteRow) -> AgentRecord {
+    AgentRecord {
+        id: r.get("id"),
+        name: r.get("name"),
+        credential_hash: r.get("credential_hash"),
+        registered_at_ms: r.get("registered_at_ms"),
+        last_seen_ms: r.get("last_seen_ms"),
+        state: r.get("state"),
+        reason: r.get("reason"),
+        hello_json: r.get("hello_json"),
+    }
+}
+
+fn stream_str(s: Stream) -> &'static str {
+    match s {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+        Stream::System => "system",
+    }
+}
+
+fn stream_parse(s: &str) -> Stream {
+    match s {
+        "stderr" => Stream::Stderr,
+        "system" => Stream::System,
+        _ => Stream::Stdout,
+    }
+}
+
+async fn insert_job_in(conn: &mut sqlx::SqliteConnection, pipeline_id: PipelineId, j: &NewJob) -> Result<JobId> {
+    let step_json = serde_json::to_string(&j.step).map_err(|e| corrupt("step", e))?;
+    let env_json = serde_json::to_string(&j.env).map_err(|e| corrupt("env", e))?;
+    let id: i64 = sqlx::query(
+        "INSERT INTO jobs (pipeline_id, step_key, name, step_json, env_json, state, reason, attempt, retry_of, created_at_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+    )
+    .bind(pipeline_id)
+    .bind(&j.step.key)
+    .bind(j.step.display_name())
+    .bind(step_json)
+    .bind(env_json)
+    .bind(j.state.as_str())
+    .bind(&j.reason)
+    .bind(i64::from(j.attempt))
+    .bind(j.retry_of)
+    .bind(j.created_at_ms)
+    .fetch_one(&mut *conn)
+    .await?
+    .get(0);
+    Ok(id)
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_pipeline(&self, p: NewPipeline, jobs: Vec<NewJob>) -> Result<(PipelineRecord, Vec<JobRecord>)> {
+        let mut tx = self.pool.begin().await?;
+        let pid: i64 = sqlx::query("INSERT INTO pipelines (file_name, source, created_at_ms) VALUES (?, ?, ?) RETURNING id")
+            .bind(&p.file_name)
+            .bind(&p.source)
+            .bind(p.created_at_ms)
+            .fetch_one(&mut *tx)
+            .await?
+            .get(0);
+        let mut ids = Vec::with_capacity(jobs.len());
+        for j in &jobs {
+            ids.push(insert_job_in(&mut tx, pid, j).await?);
+        }
+        let mut records = Vec::with_capacity(ids.len());
+        for id in ids {
+            records.push(Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?);
+        }
+        tx.commit().await?;
+        Ok((PipelineRecord { id: pid, file_name: p.file_name, source: p.source, created_at_ms: p.created_at_ms }, records))
+    }
+
+    async fn insert_job(&self, job: NewJob) -> Result<JobRecord> {
+        let mut tx = self.pool.begin().await?;
+        let id = insert_job_in(&mut tx, job.pipeline_id, &job).await?;
+        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+
+    async fn assign_job(&self, id: JobId, agent_id: &str, gpus: &[String], now_ms: i64) -> Result<JobRecord> {
+        let mut tx = self.pool.begin().await?;
+        let cur = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        if cur.state != JobState::Queued {
+            return Err(StoreError::Conflict { job: id, expected: "queued".into(), found: cur.state });
+        }
+        for g in gpus {
+            let holder: Option<i64> = sqlx::query("SELECT job_id FROM gpu_leases WHERE gpu_uuid = ?")
+                .bind(g)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| r.get(0));
+            if let Some(holder) = holder {
+                return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
+            }
+            sqlx::query("INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) VALUES (?, ?, ?, ?)")
+                .bind(g)
+                .bind(agent_id)
+                .bind(id)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let gpus_json = serde_json::to_string(gpus).map_err(|e| corrupt("gpus", e))?;
+        sqlx::query("UPDATE jobs SET state = 'assigned', reason = ?, agent_id = ?, gpus_json = ?, assigned_at_ms = ? WHERE id = ?")
+            .bind(format!("assigned to agent {agent_id}"))
+            .bind(agent_id)
+            .bind(gpus_json)
+            .bind(now_ms)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+
+    async fn update_job(&self, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
+        let mut tx = self.pool.begin().await?;
+        let cur = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        if !expect.is_empty() && !expect.contains(&cur.state) {
+            let expected = expect.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|");
+            return Err(StoreError::Conflict { job: id, expected, found: cur.state });
+        }
+        let telemetry = c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
+        sqlx::query(
+            "UPDATE jobs SET state = COALESCE(?, state), reason = COALESCE(?, reason), \
+             started_at_ms = COALESCE(?, started_at_ms), finished_at_ms = COALESCE(?, finished_at_ms), \
+             exit_code = COALESCE(?, exit_code), telemetry_json = COALESCE(?, telemetry_json) WHERE id = ?",
+        )
+        .bind(c.state.map(JobState::as_str))
+        .bind(c.reason)
+        .bind(c.started_at_ms)
+        .bind(c.finished_at_ms)
+        .bind(c.exit_code)
+        .bind(telemetry)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        if c.clear_assignment {
+            sqlx::query("UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL WHERE id = ?")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if c.release_leases || c.clear_assignment {
+            sqlx::query("DELETE FROM gpu_leases WHERE job_id = ?").bind(id).execute(&mut *tx).await?;
+        }
+        for q in &c.quarantine {
+            sqlx::query(
+                "INSERT INTO gpu_quarantine (gpu_uuid, agent_id, reason, since_ms) VALUES (?, ?, ?, ?) \
+                 ON CONFLICT(gpu_uuid) DO UPDATE SET reason = excluded.reason, since_ms = excluded.since_ms",
+            )
+            .bind(&q.gpu_uuid)
+            .bind(&q.agent_id)
+            .bind(&q.reason)
+            .bind(q.since_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+
+    async fn set_reason(&self, id: JobId, reason: &str) -> Result<()> {
+        sqlx::query("UPDATE jobs SET reason = ? WHERE id = ?").bind(reason).bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn get_job(&self, id: JobId) -> Result<Option<JobRecord>> {
+        Self::job_in(&self.pool, id).await
+    }
+
+    async fn list_jobs(&self, f: &JobFilter) -> Result<Vec<JobRecord>> {
+        let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE 1=1");
+        if !f.states.is_empty() {
+            let list: Vec<String> = f.states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+            sql.push_str(&format!(" AND state IN ({})", list.join(",")));
+        }
+        if f.pipeline.is_some() {
+            sql.push_str(" AND pipeline_id = ?");
+        }
+        sql.push_str(" ORDER BY id DESC LIMIT ?");
+        let mut q = sqlx::query(&sql);
+        if let Some(p) = f.pipeline {
+            q = q.bind(p);
+        }
+        let rows = q.bind(i64::from(f.limit.unwrap_or(100))).fetch_all(&self.pool).await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn active_jobs(&self) -> Result<Vec<JobRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('queued', 'assigned', 'running') ORDER BY id"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn pipeline_jobs(&self, pipeline: PipelineId) -> Result<Vec<JobRecord>> {
+        let rows = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE pipeline_id = ? ORDER BY id"))
+            .bind(pipeline)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>> {
+        let row = sqlx::query("SELECT id, file_name, source, created_at_ms FROM pipelines WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(pipeline_from_row))
+    }
+
+    async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
+        let rows = sqlx::query("SELECT id, file_name, source, created_at_ms FROM pipelines ORDER BY id DESC LIMIT ?")
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(pipeline_from_row).collect())
+    }
+
+    async fn append_logs(&self, job: JobId, lines: &[LogChunk]) -> Result<Vec<LogLine>> {
+        if lines.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await?;
+        let last: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM job_logs WHERE job_id = ?")
+            .bind(job)
+            .fetch_one(&mut *tx)
+            .await?
+            .get(0);
+        let mut out = Vec::with_capacity(lines.len());
+        // Multi-row insert in batches keeps a burst of output to one round trip per 100 lines.
+        for (b, chunk) in lines.chunks(100).enumerate() {
+            let mut qb = sqlx::QueryBuilder::new("INSERT INTO job_logs (job_id, seq, ts_us, stream, text) ");
+            qb.push_values(chunk.iter().enumerate(), |mut row, (i, l)| {
+                let seq = last + (b * 100 + i) as i64 + 1;
+                row.push_bind(job).push_bind(seq).push_bind(l.ts_us).push_bind(stream_str(l.stream)).push_bind(l.text.clone());
+                out.push(LogLine { seq, ts_us: l.ts_us, stream: l.stream, text: l.text.clone() });
+            });
+            qb.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn read_logs(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<LogLine>> {
+        let rows = sqlx::query("SELECT seq, ts_us, stream, text FROM job_logs WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")
+            .bind(job)
+            .bind(after_seq)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| LogLine { seq: r.get("seq"), ts_us: r.get("ts_us"), stream: stream_parse(r.get("stream")), text: r.get("text") })
+            .collect())
+    }
+
+    async fn insert_agent(&self, a: &AgentRecord) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO agents (id, name, credential_hash, registered_at_ms, last_seen_ms, state, reason, hello_json) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&a.id)
+        .bind(&a.name)
+        .bind(&a.credential_hash)
+        .bind(a.registered_at_ms)
+        .bind(a.last_seen_ms)
+        .bind(&a.state)
+        .bind(&a.reason)
+        .bind(&a.hello_json)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>> {
+        let row = sqlx::query("SELECT * FROM agents WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        Ok(row.as_ref().map(agent_from_row))
+    }
+
+    async fn list_agents(&self) -> Result<Vec<AgentRecord>> {
+        let rows = sqlx::query("SELECT * FROM agents ORDER BY name, id").fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(agent_from_row).collect())
+    }
+
+    async fn update_agent(&self, id: &str, u: AgentUpdate) -> Result<()> {
+        let done = sqlx::query(
+            "UPDATE agents SET state = COALESCE(?, state), reason = COALESCE(?, reason), \
+             last_seen_ms = COALESCE(?, last_seen_ms), hello_json = COALESCE(?, hello_json) WHERE id = ?",
+        )
+        .bind(u.state)
+        .bind(u.reason)
+        .bind(u.last_seen_ms)
+        .bind(u.hello_json)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::AgentNotFound(id.to_string()));
+        }
+        Ok(())
+    }
+
+    async fn leases(&self) -> Result<Vec<Lease>> {
+        let rows = sqlx::query("SELECT gpu_uuid, agent_id, job_id, since_ms FROM gpu_leases ORDER BY gpu_uuid")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Lease { gpu_uuid: r.get(0), agent_id: r.get(1), job_id: r.get(2), since_ms: r.get(3) })
+            .collect())
+    }
+
+    async fn quarantined(&self) -> Result<Vec<Quarantine>> {
+        let rows = sqlx::query("SELECT gpu_uuid, agent_id, reason, since_ms FROM gpu_quarantine ORDER BY gpu_uuid")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Quarantine { gpu_uuid: r.get(0), agent_id: r.get(1), reason: r.get(2), since_ms: r.get(3) })
+            .collect())
+    }
+
+    async fn quarantine_gpu(&self, q: &Quarantine) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO gpu_quarantine (gpu_uuid, agent_id, reason, since_ms) VALUES (?, ?, ?, ?) \
+             ON CONFLICT(gpu_uuid) DO UPDATE SET reason = excluded.reason, since_ms = excluded.since_ms",
+        )
+        .bind(&q.gpu_uuid)
+        .bind(&q.agent_id)
+        .bind(&q.reason)
+        .bind(q.since_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn release_quarantine(&self, gpu_uuid: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM gpu_quarantine WHERE gpu_uuid = ?").bind(gpu_uuid).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+}
