@@ -110,7 +110,9 @@ pub enum Outcome {
     Signalled { signal: i32 },
     TimedOut { after_ms: u64 },
     Cancelled { reason: String },
-    /// The job could not be started at all (bad working dir, missing shell, ...).
+    /// The kernel's OOM killer ended the job at its memory limit.
+    OutOfMemory { limit: Option<crate::quantity::Bytes> },
+    /// The job could not be started at all (bad working dir, missing shell, unhealthy GPU).
     StartFailed { error: String },
 }
 
@@ -126,6 +128,8 @@ impl Outcome {
                 format!("exceeded its timeout of {}; the whole process tree was killed", crate::Duration::from_millis(*after_ms)),
             ),
             Outcome::Cancelled { reason } => (JobState::Cancelled, reason.clone()),
+            Outcome::OutOfMemory { limit: Some(l) } => (JobState::Failed, format!("out of memory (limit {l})")),
+            Outcome::OutOfMemory { limit: None } => (JobState::Failed, "out of memory".into()),
             Outcome::StartFailed { error } => (JobState::Failed, format!("could not start: {error}")),
         }
     }

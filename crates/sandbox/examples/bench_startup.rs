@@ -25,49 +25,27 @@ fn ms(d: Duration) -> String {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let runs: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(200);
+    let runs: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(200);
     let caps = detect();
     eprintln!("{caps:?}");
-    let ws = tempfile::Builder::new()
-        .prefix("gpuci-bench-")
-        .tempdir_in("/var/tmp")
-        .expect("tempdir");
+    let ws = tempfile::Builder::new().prefix("gpuci-bench-").tempdir_in("/var/tmp").expect("tempdir");
 
     // Interleaved: every round times each variant once, so all see the same machine load.
     let rows = [
-        (
-            "Isolation::None + cgroup",
-            Isolation::None,
-            CgroupUse::Required,
-        ),
-        (
-            "Bubblewrap + cgroup",
-            Isolation::Bubblewrap,
-            CgroupUse::Required,
-        ),
-        (
-            "Bubblewrap, no cgroup",
-            Isolation::Bubblewrap,
-            CgroupUse::Disabled,
-        ),
+        ("Isolation::None + cgroup", Isolation::None, CgroupUse::Required),
+        ("Bubblewrap + cgroup", Isolation::Bubblewrap, CgroupUse::Required),
+        ("Bubblewrap, no cgroup", Isolation::Bubblewrap, CgroupUse::Disabled),
     ];
     let mut bare = Vec::new();
     let mut start = vec![Vec::new(); rows.len()];
     let mut clean = vec![Vec::new(); rows.len()];
     for i in 0..runs {
         let t = Instant::now();
-        let status = tokio::process::Command::new("/usr/bin/true")
-            .status()
-            .await
-            .expect("true");
+        let status = tokio::process::Command::new("/usr/bin/true").status().await.expect("true");
         assert!(status.success());
         bare.push(t.elapsed());
         for (r, (name, isolation, cgroups)) in rows.iter().enumerate() {
-            let mut spec =
-                SandboxSpec::new(format!("bench-{r}-{i}"), ws.path(), vec!["true".into()]);
+            let mut spec = SandboxSpec::new(format!("bench-{r}-{i}"), ws.path(), vec!["true".into()]);
             spec.env.insert("PATH".into(), "/usr/bin:/bin".into());
             spec.isolation = *isolation;
             spec.cgroups = *cgroups;
@@ -93,12 +71,7 @@ async fn main() {
     }
     let bare_median = median(bare.clone());
     println!("runs: {runs}, interleaved");
-    println!(
-        "{:<34} median {:>9}  p90 {:>9}",
-        "bare spawn+wait of true",
-        ms(bare_median),
-        ms(p90(bare))
-    );
+    println!("{:<34} median {:>9}  p90 {:>9}", "bare spawn+wait of true", ms(bare_median), ms(p90(bare)));
     for (r, (name, _, _)) in rows.iter().enumerate() {
         if start[r].is_empty() {
             println!("{name}: skipped");

@@ -33,13 +33,7 @@ pub(crate) enum Controller {
 }
 
 impl Controller {
-    const ALL: [Controller; 5] = [
-        Self::Memory,
-        Self::Pids,
-        Self::Cpu,
-        Self::Freezer,
-        Self::Devices,
-    ];
+    const ALL: [Controller; 5] = [Self::Memory, Self::Pids, Self::Cpu, Self::Freezer, Self::Devices];
     fn name(self) -> &'static str {
         match self {
             Self::Memory => "memory",
@@ -96,9 +90,7 @@ pub(crate) fn layout() -> Option<&'static Layout> {
         .get_or_init(|| {
             let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
             let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-            detect_layout(&mounts, &own, &|p| p.is_dir(), &|p| {
-                fs::read_to_string(p).ok()
-            })
+            detect_layout(&mounts, &own, &|p| p.is_dir(), &|p| fs::read_to_string(p).ok())
         })
         .as_ref()
 }
@@ -153,25 +145,15 @@ pub(crate) fn detect_layout(
             mnt.to_path_buf()
         }
     };
-    if v1
-        .iter()
-        .any(|(c, _)| matches!(c, Controller::Memory | Controller::Pids))
-    {
-        let bases = v1
-            .into_iter()
-            .map(|(c, mnt)| (c, base_of(&mnt, own_path(Some(c.name())))))
-            .collect();
+    if v1.iter().any(|(c, _)| matches!(c, Controller::Memory | Controller::Pids)) {
+        let bases = v1.into_iter().map(|(c, mnt)| (c, base_of(&mnt, own_path(Some(c.name()))))).collect();
         return Some(Layout::V1 { bases });
     }
     let mnt = v2_mount?;
     // A hybrid system's `unified` mount has no controllers: not usable for limits.
     let ctrls = read(&mnt.join("cgroup.controllers"))?;
-    if ctrls.split_whitespace().next().is_none() {
-        return None;
-    }
-    Some(Layout::V2 {
-        base: base_of(&mnt, own_path(None)),
-    })
+    ctrls.split_whitespace().next()?;
+    Some(Layout::V2 { base: base_of(&mnt, own_path(None)) })
 }
 
 /// One job's cgroup(s).
@@ -206,9 +188,7 @@ fn read_u64(path: &Path) -> Option<u64> {
 }
 
 fn read_pids(path: &Path) -> Vec<i32> {
-    fs::read_to_string(path)
-        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
+    fs::read_to_string(path).map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect()).unwrap_or_default()
 }
 
 impl JobCgroup {
@@ -227,10 +207,7 @@ impl JobCgroup {
             source,
         };
         let dirs: Vec<(Controller, PathBuf)> = match layout {
-            Layout::V1 { bases } => bases
-                .iter()
-                .map(|(c, b)| (*c, b.join(GROUP).join(job_id)))
-                .collect(),
+            Layout::V1 { bases } => bases.iter().map(|(c, b)| (*c, b.join(GROUP).join(job_id))).collect(),
             Layout::V2 { base } => {
                 // Enable controllers for gpuci/ and its children. Failing here is not fatal on
                 // its own: a limit that is asked for and cannot be written is.
@@ -257,11 +234,7 @@ impl JobCgroup {
                     let pids = read_pids(&dir.join("cgroup.procs"));
                     if !pids.is_empty() {
                         cg.remove_dirs();
-                        return Err(SandboxError::CgroupBusy {
-                            job_id: job_id.to_string(),
-                            path: dir,
-                            pids,
-                        });
+                        return Err(SandboxError::CgroupBusy { job_id: job_id.to_string(), path: dir, pids });
                     }
                     remove_tree(&dir).map_err(|e| err("rmdir (stale)", &dir, e))?;
                     fs::create_dir(&dir).map_err(|e| err("mkdir", &dir, e))?;
@@ -284,10 +257,7 @@ impl JobCgroup {
         if self.v2 {
             return self.dirs.first().map(|(_, d)| d.as_path());
         }
-        self.dirs
-            .iter()
-            .find(|(k, _)| *k == c)
-            .map(|(_, d)| d.as_path())
+        self.dirs.iter().find(|(k, _)| *k == c).map(|(_, d)| d.as_path())
     }
 
     fn apply(&self, r: &Resources, deny_devices: &[(u64, u64)]) -> Result<(), SandboxError> {
@@ -296,10 +266,7 @@ impl JobCgroup {
             let p = self.dir(c).map(|d| d.join(file)).filter(|p| p.exists());
             p.ok_or_else(|| SandboxError::CgroupUnavailable {
                 job_id: id.clone(),
-                reason: format!(
-                    "{} limit requested but {file} does not exist (controller not enabled?)",
-                    c.name()
-                ),
+                reason: format!("{} limit requested but {file} does not exist (controller not enabled?)", c.name()),
             })
         };
         if let Some(mem) = r.memory {
@@ -330,33 +297,17 @@ impl JobCgroup {
         if let Some(millis) = r.cpu_millis {
             let quota = (u64::from(millis) * CPU_PERIOD_US / 1000).max(1000);
             if self.v2 {
-                write_file(
-                    id,
-                    &need(Controller::Cpu, "cpu.max")?,
-                    &format!("{quota} {CPU_PERIOD_US}"),
-                )?;
+                write_file(id, &need(Controller::Cpu, "cpu.max")?, &format!("{quota} {CPU_PERIOD_US}"))?;
             } else {
-                write_file(
-                    id,
-                    &need(Controller::Cpu, "cpu.cfs_period_us")?,
-                    &CPU_PERIOD_US.to_string(),
-                )?;
-                write_file(
-                    id,
-                    &need(Controller::Cpu, "cpu.cfs_quota_us")?,
-                    &quota.to_string(),
-                )?;
+                write_file(id, &need(Controller::Cpu, "cpu.cfs_period_us")?, &CPU_PERIOD_US.to_string())?;
+                write_file(id, &need(Controller::Cpu, "cpu.cfs_quota_us")?, &quota.to_string())?;
             }
         }
         // v1 only (v2 needs BPF): non-leased GPU nodes stay unopenable even without bwrap.
         if !self.v2 {
             if let Some(d) = self.dir(Controller::Devices) {
                 for (major, minor) in deny_devices {
-                    write_file(
-                        id,
-                        &d.join("devices.deny"),
-                        &format!("c {major}:{minor} rwm"),
-                    )?;
+                    write_file(id, &d.join("devices.deny"), &format!("c {major}:{minor} rwm"))?;
                 }
             }
         }
@@ -365,10 +316,7 @@ impl JobCgroup {
 
     /// The `cgroup.procs` files the child writes itself into before exec.
     pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs
-            .iter()
-            .map(|(_, d)| d.join("cgroup.procs"))
-            .collect()
+        self.dirs.iter().map(|(_, d)| d.join("cgroup.procs")).collect()
     }
 
     /// Every process in any of the job's cgroups (including sub-cgroups a root job made).
@@ -404,9 +352,7 @@ impl JobCgroup {
             let state = d.join("freezer.state");
             write_file(&self.job_id, &state, "FROZEN")?;
             wait_until(Duration::from_millis(500), || {
-                fs::read_to_string(&state)
-                    .map(|s| s.trim() == "FROZEN")
-                    .unwrap_or(false)
+                fs::read_to_string(&state).map(|s| s.trim() == "FROZEN").unwrap_or(false)
             });
             // Frozen tasks take the SIGKILL when thawed.
             let killed = self.kill_listed();
@@ -426,13 +372,7 @@ impl JobCgroup {
         for &pid in &pids {
             match kill(Pid::from_raw(pid), Signal::SIGKILL) {
                 Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-                Err(source) => {
-                    return Err(SandboxError::Kill {
-                        job_id: self.job_id.clone(),
-                        pid,
-                        source,
-                    })
-                }
+                Err(source) => return Err(SandboxError::Kill { job_id: self.job_id.clone(), pid, source }),
             }
         }
         Ok(pids.len())
@@ -455,11 +395,7 @@ impl JobCgroup {
 
     pub(crate) fn memory_peak(&self) -> Option<u64> {
         let d = self.dir(Controller::Memory)?;
-        read_u64(&d.join(if self.v2 {
-            "memory.peak"
-        } else {
-            "memory.max_usage_in_bytes"
-        }))
+        read_u64(&d.join(if self.v2 { "memory.peak" } else { "memory.max_usage_in_bytes" }))
     }
 
     pub(crate) fn memory_limit(&self) -> Option<u64> {
@@ -468,10 +404,7 @@ impl JobCgroup {
 
     /// Whether a fork failed because of the pids limit.
     pub(crate) fn pids_limit_hit(&self) -> bool {
-        self.dir(Controller::Pids)
-            .and_then(|d| read_counter(&d.join("pids.events"), "max"))
-            .unwrap_or(0)
-            > 0
+        self.dir(Controller::Pids).and_then(|d| read_counter(&d.join("pids.events"), "max")).unwrap_or(0) > 0
     }
 
     /// Removes the cgroup directories; fails with `EBUSY` while processes remain.
@@ -545,54 +478,28 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 
     #[test]
     fn v1_nests_under_own_cgroup_per_controller() {
-        let l = detect_layout(HYBRID_MOUNTS, HYBRID_OWN, &|_| true, &|_| {
-            Some(String::new())
-        })
-        .expect("layout");
-        let Layout::V1 { bases } = l else {
-            panic!("expected v1")
-        };
-        let mem = bases
-            .iter()
-            .find(|(c, _)| *c == Controller::Memory)
-            .map(|(_, p)| p.clone());
-        assert_eq!(
-            mem,
-            Some(PathBuf::from("/sys/fs/cgroup/memory/process_api/abc"))
-        );
-        let pids = bases
-            .iter()
-            .find(|(c, _)| *c == Controller::Pids)
-            .map(|(_, p)| p.clone());
+        let l = detect_layout(HYBRID_MOUNTS, HYBRID_OWN, &|_| true, &|_| Some(String::new())).expect("layout");
+        let Layout::V1 { bases } = l else { panic!("expected v1") };
+        let mem = bases.iter().find(|(c, _)| *c == Controller::Memory).map(|(_, p)| p.clone());
+        assert_eq!(mem, Some(PathBuf::from("/sys/fs/cgroup/memory/process_api/abc")));
+        let pids = bases.iter().find(|(c, _)| *c == Controller::Pids).map(|(_, p)| p.clone());
         assert_eq!(pids, Some(PathBuf::from("/sys/fs/cgroup/pids")));
     }
 
     #[test]
     fn v1_falls_back_to_mount_when_own_path_is_not_visible() {
         let l = detect_layout(HYBRID_MOUNTS, HYBRID_OWN, &|_| false, &|_| None).expect("layout");
-        let Layout::V1 { bases } = l else {
-            panic!("expected v1")
-        };
-        assert!(bases
-            .iter()
-            .any(|(_, p)| p == Path::new("/sys/fs/cgroup/memory")));
+        let Layout::V1 { bases } = l else { panic!("expected v1") };
+        assert!(bases.iter().any(|(_, p)| p == Path::new("/sys/fs/cgroup/memory")));
     }
 
     #[test]
     fn pure_v2_uses_unified_path() {
         let mounts = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n";
         let own = "0::/system.slice/gpuci-agent.service\n";
-        let l = detect_layout(mounts, own, &|_| true, &|_| {
-            Some("cpu memory pids\n".into())
-        })
-        .expect("layout");
-        let Layout::V2 { base } = l else {
-            panic!("expected v2")
-        };
-        assert_eq!(
-            base,
-            PathBuf::from("/sys/fs/cgroup/system.slice/gpuci-agent.service")
-        );
+        let l = detect_layout(mounts, own, &|_| true, &|_| Some("cpu memory pids\n".into())).expect("layout");
+        let Layout::V2 { base } = l else { panic!("expected v2") };
+        assert_eq!(base, PathBuf::from("/sys/fs/cgroup/system.slice/gpuci-agent.service"));
     }
 
     #[test]

@@ -22,10 +22,7 @@ pub(crate) struct ChildSetup {
 }
 
 pub(crate) fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
-    let ChildSetup {
-        cgroup_procs,
-        inherit,
-    } = setup;
+    let ChildSetup { cgroup_procs, inherit } = setup;
     // SAFETY: the closure runs in the forked child before exec. It only calls setsid, write and
     // fcntl(F_SETFD), which are async-signal-safe (POSIX.1-2008 §2.4.3), on descriptors that
     // the parent keeps open until `spawn` returns. It does not allocate (the Vecs were built in

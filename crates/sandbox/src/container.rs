@@ -1,1 +1,156 @@
-//! Placeholder; see below.
+//! `image:` jobs: the `podman run` / `docker run` command line for a [`SandboxSpec`].
+//!
+//! Only the argument vector is built here; the agent runs it (engines are not installed on every
+//! host, and the engine, not this crate, then owns namespaces and cgroups). The same rules as the
+//! bubblewrap sandbox apply: only the leased GPU nodes (`--device`), the workspace mounted at the
+//! same path and used as the working directory, no network unless asked, all capabilities
+//! dropped, `no-new-privileges`, the same memory (no swap), pids and CPU limits, and the job's
+//! environment only. The environment goes through an `--env-file` the caller writes with
+//! [`env_file_contents`] into a private (0600) file and deletes after start, because the engine
+//! client's command line is world-readable. The container is named `gpuci-<job_id>` and labelled
+//! `gpuci.job-id=<job_id>` so the agent can `kill`/`rm` it and a sweep can find orphans.
+//!
+//! Not done yet: CDI device names (`nvidia.com/gpu=<uuid>`) and the NVIDIA container toolkit's
+//! driver-library injection; with plain `--device` the image must bring matching user-space
+//! driver libraries.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::procscan::MARKER;
+use crate::{validate_job_id, ContainerRuntime, SandboxError, SandboxSpec};
+
+/// The name given to a job's container.
+pub fn container_name(job_id: &str) -> String {
+    format!("gpuci-{job_id}")
+}
+
+/// `KEY=VALUE` lines for `--env-file`, with the job-id marker added. Engines cannot represent
+/// newlines in env-file values, so such a value is an error rather than a silently cut one.
+pub fn env_file_contents(spec: &SandboxSpec) -> Result<String, SandboxError> {
+    let mut env: BTreeMap<&str, &str> = spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.insert(MARKER, &spec.job_id);
+    let mut out = String::new();
+    for (k, v) in env {
+        if k.is_empty() || k.contains(['=', '\n']) || v.contains('\n') {
+            return Err(SandboxError::InvalidSpec {
+                job_id: spec.job_id.clone(),
+                reason: format!("environment variable {k:?} cannot be passed to a container (newline or '=' in it)"),
+            });
+        }
+        out.push_str(k);
+        out.push('=');
+        out.push_str(v);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// The full argument vector (program first) that runs `spec.argv` in `image`.
+pub fn run_argv(
+    runtime: &ContainerRuntime,
+    image: &str,
+    spec: &SandboxSpec,
+    env_file: &Path,
+) -> Result<Vec<String>, SandboxError> {
+    validate_job_id(&spec.job_id)?;
+    let invalid = |reason: String| SandboxError::InvalidSpec { job_id: spec.job_id.clone(), reason };
+    if image.is_empty() || image.starts_with('-') {
+        return Err(invalid(format!("invalid image {image:?}")));
+    }
+    if spec.argv.is_empty() {
+        return Err(invalid("argv is empty".to_string()));
+    }
+    let ws = spec.workspace.to_str().ok_or_else(|| invalid("workspace path is not UTF-8".to_string()))?;
+    if ws.contains(',') || ws.contains(':') {
+        return Err(invalid(format!("workspace {ws} contains ':' or ',' which break --volume")));
+    }
+    let mut a: Vec<String> = vec![runtime.path.display().to_string(), "run".into(), "--rm".into()];
+    let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
+    let name = container_name(&spec.job_id);
+    let label = format!("gpuci.job-id={}", spec.job_id);
+    push(&["--name", &name, "--label", &label, "--init", "--pull=missing"]);
+    push(&["--cap-drop=ALL", "--security-opt=no-new-privileges", "--ipc=private"]);
+    if !spec.network {
+        push(&["--network=none"]);
+    }
+    if let Some(mem) = spec.resources.memory {
+        // memory-swap equal to memory: no swap.
+        push(&[&format!("--memory={}b", mem.0), &format!("--memory-swap={}b", mem.0)]);
+    }
+    if let Some(p) = spec.resources.pids {
+        push(&[&format!("--pids-limit={p}")]);
+    }
+    if let Some(m) = spec.resources.cpu_millis {
+        push(&[&format!("--cpus={}.{:03}", m / 1000, m % 1000)]);
+    }
+    if !spec.gpu_devices.is_empty() {
+        for d in spec.gpu_devices.iter().chain(&spec.gpu_common_devices) {
+            let src = d.to_str().ok_or_else(|| invalid(format!("device {} is not UTF-8", d.display())))?;
+            let name = d.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            push(&[&format!("--device={src}:/dev/{name}:rwm")]);
+        }
+    }
+    push(&[&format!("--volume={ws}:{ws}:rw"), &format!("--workdir={ws}")]);
+    push(&[&format!("--env-file={}", env_file.display()), "--", image]);
+    a.extend(spec.argv.iter().cloned());
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ContainerEngine, Resources};
+    use gpuci_core::quantity::Bytes;
+
+    fn spec() -> SandboxSpec {
+        let mut s =
+            SandboxSpec::new("j7", "/var/lib/gpuci/work/j7", vec!["bash".into(), "-c".into(), "nvidia-smi".into()]);
+        s.gpu_devices = vec!["/dev/nvidia1".into()];
+        s.gpu_common_devices = vec!["/dev/nvidiactl".into(), "/dev/nvidia-uvm".into()];
+        s.resources = Resources { memory: Some(Bytes::from_mib(8192)), cpu_millis: Some(1500), pids: Some(512) };
+        s.env.insert("TOKEN".into(), "secret".into());
+        s
+    }
+
+    #[test]
+    fn podman_argv_has_only_leased_devices_limits_and_no_env_values() {
+        let rt = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
+        let argv = run_argv(&rt, "ghcr.io/org/cuda:12", &spec(), Path::new("/run/gpuci/j7.env")).expect("argv");
+        assert_eq!(
+            argv.join(" "),
+            "/usr/bin/podman run --rm --name gpuci-j7 --label gpuci.job-id=j7 --init --pull=missing \
+             --cap-drop=ALL --security-opt=no-new-privileges --ipc=private --network=none \
+             --memory=8589934592b --memory-swap=8589934592b --pids-limit=512 --cpus=1.500 \
+             --device=/dev/nvidia1:/dev/nvidia1:rwm --device=/dev/nvidiactl:/dev/nvidiactl:rwm \
+             --device=/dev/nvidia-uvm:/dev/nvidia-uvm:rwm \
+             --volume=/var/lib/gpuci/work/j7:/var/lib/gpuci/work/j7:rw --workdir=/var/lib/gpuci/work/j7 \
+             --env-file=/run/gpuci/j7.env -- ghcr.io/org/cuda:12 bash -c nvidia-smi"
+        );
+        assert!(!argv.iter().any(|a| a.contains("secret")));
+    }
+
+    #[test]
+    fn no_gpu_no_devices_and_network_on() {
+        let rt = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
+        let mut s = spec();
+        s.gpu_devices.clear();
+        s.network = true;
+        let argv = run_argv(&rt, "python:3.12", &s, Path::new("/x.env")).expect("argv");
+        assert!(!argv.iter().any(|a| a.starts_with("--device") || a.starts_with("--network")), "{argv:?}");
+    }
+
+    #[test]
+    fn image_that_looks_like_a_flag_is_rejected() {
+        let rt = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
+        assert!(run_argv(&rt, "--privileged", &spec(), Path::new("/x.env")).is_err());
+    }
+
+    #[test]
+    fn env_file_has_marker_and_rejects_newlines() {
+        let mut s = spec();
+        assert_eq!(env_file_contents(&s).expect("env"), "GPUCI_JOB_ID=j7\nTOKEN=secret\n");
+        s.env.insert("BAD".into(), "a\nb".into());
+        assert!(env_file_contents(&s).is_err());
+    }
+}

@@ -8,10 +8,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("job {job_id:?}: invalid job id: {reason}")]
-    InvalidJobId {
-        job_id: String,
-        reason: &'static str,
-    },
+    InvalidJobId { job_id: String, reason: &'static str },
 
     #[error("job {job_id}: invalid sandbox spec: {reason}")]
     InvalidSpec { job_id: String, reason: String },
@@ -32,56 +29,28 @@ pub enum SandboxError {
     },
 
     #[error("job {job_id}: cgroup {} already holds running processes {pids:?} (a job with this id is still running?)", path.display())]
-    CgroupBusy {
-        job_id: String,
-        path: PathBuf,
-        pids: Vec<i32>,
-    },
+    CgroupBusy { job_id: String, path: PathBuf, pids: Vec<i32> },
 
     #[error("job {job_id}: device {}: {reason}", path.display())]
-    Device {
-        job_id: String,
-        path: PathBuf,
-        reason: String,
-    },
+    Device { job_id: String, path: PathBuf, reason: String },
 
     #[error("job {job_id}: workspace {}: {reason}", path.display())]
-    Workspace {
-        job_id: String,
-        path: PathBuf,
-        reason: String,
-    },
+    Workspace { job_id: String, path: PathBuf, reason: String },
 
     #[error("job {job_id}: passing sandbox arguments through a memfd: {source}")]
     ArgsFd { job_id: String, source: io::Error },
 
     #[error("job {job_id}: spawning {program}: {source}")]
-    Spawn {
-        job_id: String,
-        program: String,
-        source: io::Error,
-    },
+    Spawn { job_id: String, program: String, source: io::Error },
 
     #[error("job {job_id}: waitpid({pid}): {source}")]
-    Wait {
-        job_id: String,
-        pid: u32,
-        source: io::Error,
-    },
+    Wait { job_id: String, pid: u32, source: io::Error },
 
     #[error("job {job_id}: kill({pid}, SIGKILL): {source}")]
-    Kill {
-        job_id: String,
-        pid: i32,
-        source: nix::Error,
-    },
+    Kill { job_id: String, pid: i32, source: nix::Error },
 
     #[error("job {job_id}: {} process(es) still alive {waited:?} after SIGKILL: pids {pids:?}", pids.len())]
-    Leftover {
-        job_id: String,
-        pids: Vec<i32>,
-        waited: Duration,
-    },
+    Leftover { job_id: String, pids: Vec<i32>, waited: Duration },
 }
 
 impl SandboxError {

@@ -134,33 +134,15 @@ pub fn detect() -> Capabilities {
             .env_clear()
             .output()
             .ok()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .trim()
-                    .trim_start_matches("bubblewrap")
-                    .trim()
-                    .to_string()
-            })
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().trim_start_matches("bubblewrap").trim().to_string())
             .unwrap_or_default();
         BubblewrapInfo { path, version }
     });
     let layout = cgroup::layout();
     let container_runtime = find_program("podman")
-        .map(|path| ContainerRuntime {
-            engine: ContainerEngine::Podman,
-            path,
-        })
-        .or_else(|| {
-            find_program("docker").map(|path| ContainerRuntime {
-                engine: ContainerEngine::Docker,
-                path,
-            })
-        });
-    let read_num = |p: &str| {
-        fs::read_to_string(p)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-    };
+        .map(|path| ContainerRuntime { engine: ContainerEngine::Podman, path })
+        .or_else(|| find_program("docker").map(|path| ContainerRuntime { engine: ContainerEngine::Docker, path }));
+    let read_num = |p: &str| fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<u64>().ok());
     let user_namespaces = read_num("/proc/sys/user/max_user_namespaces").unwrap_or(0) > 0
         && read_num("/proc/sys/kernel/unprivileged_userns_clone").unwrap_or(1) != 0;
     Capabilities {
@@ -176,19 +158,13 @@ pub fn detect() -> Capabilities {
 pub(crate) fn find_program(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
-        .chain(
-            ["/usr/bin", "/bin", "/usr/local/bin", "/usr/sbin"]
-                .iter()
-                .map(PathBuf::from),
-        )
+        .chain(["/usr/bin", "/bin", "/usr/local/bin", "/usr/sbin"].iter().map(PathBuf::from))
         .map(|d| d.join(name))
         .find(|p| is_executable(p))
 }
 
 fn is_executable(p: &Path) -> bool {
-    fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
+    fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
 /// How the job is isolated from the host.
@@ -239,11 +215,7 @@ pub struct SandboxSpec {
 
 impl SandboxSpec {
     /// A spec with the defaults: bubblewrap, no network, no GPU, no limits, cgroups when usable.
-    pub fn new(
-        job_id: impl Into<String>,
-        workspace: impl Into<PathBuf>,
-        argv: Vec<String>,
-    ) -> Self {
+    pub fn new(job_id: impl Into<String>, workspace: impl Into<PathBuf>, argv: Vec<String>) -> Self {
         Self {
             job_id: job_id.into(),
             workspace: workspace.into(),
@@ -261,22 +233,14 @@ impl SandboxSpec {
 }
 
 pub(crate) fn validate_job_id(id: &str) -> Result<(), SandboxError> {
-    let bad = |reason| {
-        Err(SandboxError::InvalidJobId {
-            job_id: id.to_string(),
-            reason,
-        })
-    };
+    let bad = |reason| Err(SandboxError::InvalidJobId { job_id: id.to_string(), reason });
     if id.is_empty() || id.len() > 128 {
         return bad("must be 1 to 128 characters");
     }
     if id == "." || id == ".." {
         return bad("must not be . or ..");
     }
-    if !id
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    {
+    if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
         return bad("only ASCII letters, digits, '.', '_' and '-' are allowed (it names a cgroup)");
     }
     Ok(())

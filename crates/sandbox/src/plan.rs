@@ -10,9 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::{SandboxError, SandboxSpec};
 
 /// Host directories bound read-only (or recreated as the same symlink, for merged-/usr systems).
-pub(crate) const SYSTEM_DIRS: &[&str] = &[
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt",
-];
+pub(crate) const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt"];
 
 /// The only entries of `/etc` a job sees: name resolution, users, TLS roots, the dynamic
 /// linker's cache, time zone, OS identification, GPU/graphics vendor files. Everything else
@@ -102,10 +100,7 @@ impl HostFs for RealFs {
     fn pci_roots(&self) -> Vec<PathBuf> {
         let mut v: Vec<PathBuf> = fs::read_dir("/sys/devices")
             .map(|rd| {
-                rd.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("pci"))
-                    .map(|e| e.path())
-                    .collect()
+                rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("pci")).map(|e| e.path()).collect()
             })
             .unwrap_or_default();
         v.sort();
@@ -123,23 +118,14 @@ pub(crate) fn bwrap_args(
     env: &BTreeMap<String, String>,
     host: &dyn HostFs,
 ) -> Result<Vec<OsString>, SandboxError> {
-    let invalid = |reason: String| SandboxError::InvalidSpec {
-        job_id: spec.job_id.clone(),
-        reason,
-    };
+    let invalid = |reason: String| SandboxError::InvalidSpec { job_id: spec.job_id.clone(), reason };
     let ws = &spec.workspace;
     for h in &spec.hide_paths {
         if !h.is_absolute() {
-            return Err(invalid(format!(
-                "hide path {} is not absolute",
-                h.display()
-            )));
+            return Err(invalid(format!("hide path {} is not absolute", h.display())));
         }
         if ws == h {
-            return Err(invalid(format!(
-                "hide path {} is the workspace itself",
-                h.display()
-            )));
+            return Err(invalid(format!("hide path {} is the workspace itself", h.display())));
         }
     }
     // A source is dropped entirely when a hide path covers it.
@@ -188,17 +174,7 @@ pub(crate) fn bwrap_args(
         ro_sources.push(p);
     }
     // 4. Fresh kernel and scratch file systems.
-    push(
-        &mut a,
-        &[
-            &"--proc",
-            &"/proc",
-            &"--dev",
-            &"/dev",
-            &"--tmpfs",
-            &"/dev/shm",
-        ],
-    );
+    push(&mut a, &[&"--proc", &"/proc", &"--dev", &"/dev", &"--tmpfs", &"/dev/shm"]);
     push(&mut a, &[&"--tmpfs", &"/tmp", &"--tmpfs", &"/var/tmp"]);
 
     // 5. Hide paths that lie inside a read-only source: cover them.
@@ -227,26 +203,15 @@ pub(crate) fn bwrap_args(
         path: p.to_path_buf(),
         reason: reason.to_string(),
     };
-    let common: &[PathBuf] = if spec.gpu_devices.is_empty() {
-        &[]
-    } else {
-        &spec.gpu_common_devices
-    };
-    for (dev, required) in spec
-        .gpu_devices
-        .iter()
-        .map(|d| (d, true))
-        .chain(common.iter().map(|d| (d, false)))
-    {
+    let common: &[PathBuf] = if spec.gpu_devices.is_empty() { &[] } else { &spec.gpu_common_devices };
+    for (dev, required) in spec.gpu_devices.iter().map(|d| (d, true)).chain(common.iter().map(|d| (d, false))) {
         match host.kind_follow(dev) {
             Kind::CharDev(..) => {}
             Kind::Missing if !required => continue,
             Kind::Missing => return Err(device_err(dev, "leased device node does not exist")),
             _ => return Err(device_err(dev, "not a character device")),
         }
-        let name = dev
-            .file_name()
-            .ok_or_else(|| device_err(dev, "no file name"))?;
+        let name = dev.file_name().ok_or_else(|| device_err(dev, "no file name"))?;
         let dest = Path::new("/dev").join(name);
         if !dests.insert(dest.clone()) {
             return Err(device_err(dev, "two devices with the same name"));
@@ -254,27 +219,11 @@ pub(crate) fn bwrap_args(
         push(&mut a, &[&"--dev-bind", dev, &dest]);
     }
     // 9. Namespaces and process attributes.
-    push(
-        &mut a,
-        &[
-            &"--unshare-pid",
-            &"--unshare-ipc",
-            &"--unshare-uts",
-            &"--unshare-cgroup-try",
-        ],
-    );
+    push(&mut a, &[&"--unshare-pid", &"--unshare-ipc", &"--unshare-uts", &"--unshare-cgroup-try"]);
     if !spec.network {
         push(&mut a, &[&"--unshare-net"]);
     }
-    push(
-        &mut a,
-        &[
-            &"--hostname",
-            &"gpuci",
-            &"--die-with-parent",
-            &"--new-session",
-        ],
-    );
+    push(&mut a, &[&"--hostname", &"gpuci", &"--die-with-parent", &"--new-session"]);
     // bwrap started by root keeps every capability in the sandbox unless told otherwise.
     push(&mut a, &[&"--cap-drop", &"ALL", &"--chdir", ws]);
     // 10. The environment: exactly the job's.
@@ -343,10 +292,7 @@ mod tests {
     }
 
     fn render(args: &[OsString]) -> String {
-        args.iter()
-            .map(|a| a.to_string_lossy().into_owned())
-            .collect::<Vec<_>>()
-            .join(" ")
+        args.iter().map(|a| a.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ")
     }
 
     #[test]

@@ -85,10 +85,7 @@ impl Sandbox {
     pub fn spawn(spec: &SandboxSpec) -> Result<(Sandbox, ChildStdout, ChildStderr), SandboxError> {
         let id = spec.job_id.as_str();
         validate_job_id(id)?;
-        let invalid = |reason: &str| SandboxError::InvalidSpec {
-            job_id: id.to_string(),
-            reason: reason.to_string(),
-        };
+        let invalid = |reason: &str| SandboxError::InvalidSpec { job_id: id.to_string(), reason: reason.to_string() };
         if spec.argv.is_empty() {
             return Err(invalid("argv is empty"));
         }
@@ -109,11 +106,7 @@ impl Sandbox {
 
         let bwrap = match spec.isolation {
             Isolation::Bubblewrap => {
-                Some(
-                    find_program("bwrap").ok_or_else(|| SandboxError::BubblewrapMissing {
-                        job_id: id.to_string(),
-                    })?,
-                )
+                Some(find_program("bwrap").ok_or_else(|| SandboxError::BubblewrapMissing { job_id: id.to_string() })?)
             }
             Isolation::None => None,
         };
@@ -125,15 +118,12 @@ impl Sandbox {
                 .iter()
                 .flat_map(|c| c.procs_files())
                 .map(|p| {
-                    OpenOptions::new()
-                        .write(true)
-                        .open(&p)
-                        .map_err(|source| SandboxError::Cgroup {
-                            job_id: id.to_string(),
-                            op: "open".to_string(),
-                            path: p.clone(),
-                            source,
-                        })
+                    OpenOptions::new().write(true).open(&p).map_err(|source| SandboxError::Cgroup {
+                        job_id: id.to_string(),
+                        op: "open".to_string(),
+                        path: p.clone(),
+                        source,
+                    })
                 })
                 .collect::<Result<_, _>>()?;
             let mut args_fd = None;
@@ -142,10 +132,7 @@ impl Sandbox {
                     let args = plan::bwrap_args(spec, &env, &RealFs)?;
                     let fd = args_memfd(id, &args)?;
                     let mut cmd = Command::new(bwrap);
-                    cmd.arg("--args")
-                        .arg(fd.as_raw_fd().to_string())
-                        .arg("--")
-                        .args(&spec.argv);
+                    cmd.arg("--args").arg(fd.as_raw_fd().to_string()).arg("--").args(&spec.argv);
                     // bwrap runs privileged: it gets no environment at all.
                     cmd.env_clear();
                     args_fd = Some(fd);
@@ -153,16 +140,11 @@ impl Sandbox {
                 }
                 None => {
                     let mut cmd = Command::new(&spec.argv[0]);
-                    cmd.args(&spec.argv[1..])
-                        .env_clear()
-                        .envs(&env)
-                        .current_dir(&spec.workspace);
+                    cmd.args(&spec.argv[1..]).env_clear().envs(&env).current_dir(&spec.workspace);
                     cmd
                 }
             };
-            cmd.stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
+            cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
             child::install(
                 &mut cmd,
                 ChildSetup {
@@ -170,15 +152,9 @@ impl Sandbox {
                     inherit: args_fd.iter().map(|f| f.as_raw_fd()).collect(),
                 },
             );
-            let program = bwrap
-                .as_ref()
-                .map(|b| b.display().to_string())
-                .unwrap_or_else(|| spec.argv[0].clone());
-            let child = cmd.spawn().map_err(|source| SandboxError::Spawn {
-                job_id: id.to_string(),
-                program,
-                source,
-            })?;
+            let program = bwrap.as_ref().map(|b| b.display().to_string()).unwrap_or_else(|| spec.argv[0].clone());
+            let child =
+                cmd.spawn().map_err(|source| SandboxError::Spawn { job_id: id.to_string(), program, source })?;
             // `procs` and `args_fd` close here: the child has its own copies.
             Ok(child)
         })();
@@ -196,14 +172,7 @@ impl Sandbox {
             unreachable!("stdout and stderr were set to piped")
         };
         tracing::debug!(job_id = id, pid, isolation = ?spec.isolation, cgroup = cgroup.is_some(), "job started");
-        let sandbox = Sandbox {
-            job_id: id.to_string(),
-            child,
-            pid,
-            cgroup,
-            exit: None,
-            cleaned: false,
-        };
+        let sandbox = Sandbox { job_id: id.to_string(), child, pid, cgroup, exit: None, cleaned: false };
         Ok((sandbox, stdout, stderr))
     }
 
@@ -235,23 +204,18 @@ impl Sandbox {
         if let Some(e) = &self.exit {
             return Ok(e.clone());
         }
-        let status = self
-            .child
-            .wait()
-            .await
-            .map_err(|source| SandboxError::Wait {
-                job_id: self.job_id.clone(),
-                pid: self.pid,
-                source,
-            })?;
+        let status = self.child.wait().await.map_err(|source| SandboxError::Wait {
+            job_id: self.job_id.clone(),
+            pid: self.pid,
+            source,
+        })?;
         let info = self.exit_info(status);
         self.exit = Some(info.clone());
         Ok(info)
     }
 
     fn exit_info(&self, status: ExitStatus) -> ExitInfo {
-        let sigkill =
-            status.signal() == Some(libc::SIGKILL) || status.code() == Some(128 + libc::SIGKILL);
+        let sigkill = status.signal() == Some(libc::SIGKILL) || status.code() == Some(128 + libc::SIGKILL);
         let cg = self.cgroup.as_ref();
         ExitInfo {
             code: status.code(),
@@ -341,13 +305,7 @@ fn kill_marked(job_id: &str) -> Result<(), SandboxError> {
     for pid in procscan::pids_with_marker(job_id) {
         match kill(Pid::from_raw(pid), Signal::SIGKILL) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-            Err(source) => {
-                return Err(SandboxError::Kill {
-                    job_id: job_id.to_string(),
-                    pid,
-                    source,
-                })
-            }
+            Err(source) => return Err(SandboxError::Kill { job_id: job_id.to_string(), pid, source }),
         }
     }
     Ok(())
@@ -363,8 +321,7 @@ fn create_cgroup(spec: &SandboxSpec) -> Result<Option<JobCgroup>, SandboxError> 
         if spec.cgroups == CgroupUse::Required {
             return Err(SandboxError::CgroupUnavailable {
                 job_id: id.clone(),
-                reason: "no writable cgroup v1 or v2 hierarchy with memory/pids controllers"
-                    .to_string(),
+                reason: "no writable cgroup v1 or v2 hierarchy with memory/pids controllers".to_string(),
             });
         }
         let r = &spec.resources;
@@ -388,9 +345,7 @@ fn non_leased_gpu_nodes(leased: &[std::path::PathBuf], host: &dyn HostFs) -> Vec
         let name = e.file_name();
         let n = name.as_bytes();
         if n.len() > 6 && n.starts_with(b"nvidia") && n[6..].iter().all(u8::is_ascii_digit) {
-            if let k @ Kind::CharDev(major, minor) =
-                host.kind_follow(&Path::new("/dev").join(&name))
-            {
+            if let k @ Kind::CharDev(major, minor) = host.kind_follow(&Path::new("/dev").join(&name)) {
                 if !leased.contains(&k) {
                     out.push((major, minor));
                 }
@@ -402,15 +357,9 @@ fn non_leased_gpu_nodes(leased: &[std::path::PathBuf], host: &dyn HostFs) -> Vec
 
 /// bwrap's arguments in a sealed-off memfd (NUL-separated), read by `--args FD`.
 fn args_memfd(job_id: &str, args: &[std::ffi::OsString]) -> Result<File, SandboxError> {
-    let err = |source| SandboxError::ArgsFd {
-        job_id: job_id.to_string(),
-        source,
-    };
-    let fd = nix::sys::memfd::memfd_create(
-        c"gpuci-bwrap-args",
-        nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
-    )
-    .map_err(|e| err(e.into()))?;
+    let err = |source| SandboxError::ArgsFd { job_id: job_id.to_string(), source };
+    let fd = nix::sys::memfd::memfd_create(c"gpuci-bwrap-args", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
+        .map_err(|e| err(e.into()))?;
     let mut f = File::from(fd);
     let mut buf = Vec::new();
     for a in args {

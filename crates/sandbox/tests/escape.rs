@@ -19,10 +19,7 @@ struct Needs {
     bwrap: bool,
     cgroups: bool,
 }
-const ALL: Needs = Needs {
-    bwrap: true,
-    cgroups: true,
-};
+const ALL: Needs = Needs { bwrap: true, cgroups: true };
 
 fn ready(test: &str, needs: Needs) -> bool {
     let caps = detect();
@@ -49,32 +46,18 @@ fn ready(test: &str, needs: Needs) -> bool {
 
 fn job_id(name: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "test-{name}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("test-{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
 /// A workspaces root outside /tmp (which is a fresh tmpfs inside), with one workspace in it.
 fn workspaces() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("gpuci-ws-")
-        .tempdir_in("/var/tmp")
-        .expect("tempdir")
+    tempfile::Builder::new().prefix("gpuci-ws-").tempdir_in("/var/tmp").expect("tempdir")
 }
 
 fn spec(name: &str, ws: &Path, script: &str, isolation: Isolation) -> SandboxSpec {
-    let mut s = SandboxSpec::new(
-        job_id(name),
-        ws,
-        vec!["bash".into(), "-c".into(), script.into()],
-    );
+    let mut s = SandboxSpec::new(job_id(name), ws, vec!["bash".into(), "-c".into(), script.into()]);
     s.env = BTreeMap::from([
-        (
-            "PATH".to_string(),
-            "/usr/local/bin:/usr/bin:/bin".to_string(),
-        ),
+        ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
         ("HOME".to_string(), ws.display().to_string()),
     ]);
     s.isolation = isolation;
@@ -100,20 +83,12 @@ async fn run(spec: &SandboxSpec) -> Run {
     let (mut sb, mut so, mut se) = Sandbox::spawn(spec).expect("spawn");
     let (mut out, mut err) = (String::new(), String::new());
     let (exit, _, _) = tokio::time::timeout(Duration::from_secs(60), async {
-        tokio::join!(
-            sb.wait(),
-            so.read_to_string(&mut out),
-            se.read_to_string(&mut err)
-        )
+        tokio::join!(sb.wait(), so.read_to_string(&mut out), se.read_to_string(&mut err))
     })
     .await
     .expect("job did not finish within 60 s");
     sb.cleanup().await.expect("cleanup");
-    Run {
-        exit: exit.expect("wait"),
-        out,
-        err,
-    }
+    Run { exit: exit.expect("wait"), out, err }
 }
 
 /// Host pids whose environment holds `GPUCI_JOB_ID=<id>`, read independently of the crate.
@@ -125,9 +100,7 @@ fn host_pids_with_marker(id: &str) -> Vec<i32> {
         .filter_map(|e| {
             let pid: i32 = e.file_name().to_str()?.parse().ok()?;
             let env = fs::read(e.path().join("environ")).ok()?;
-            env.split(|b| *b == 0)
-                .any(|kv| kv == needle.as_bytes())
-                .then_some(pid)
+            env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()).then_some(pid)
         })
         .collect()
 }
@@ -140,41 +113,17 @@ async fn job_cannot_read_another_running_jobs_workspace() {
     let root = workspaces();
     let (wa, wb) = (mkws(root.path(), "a"), mkws(root.path(), "b"));
     fs::write(wa.join("secret.txt"), "A-SECRET").expect("write");
-    let a_spec = spec(
-        "ws-a",
-        &wa,
-        "cat secret.txt; sleep 30",
-        Isolation::Bubblewrap,
-    );
+    let a_spec = spec("ws-a", &wa, "cat secret.txt; sleep 30", Isolation::Bubblewrap);
     let (mut a, mut a_out, _a_err) = Sandbox::spawn(&a_spec).expect("spawn a");
     let mut buf = [0u8; 8];
-    a_out
-        .read_exact(&mut buf)
-        .await
-        .expect("A reads its own workspace (positive control)");
+    a_out.read_exact(&mut buf).await.expect("A reads its own workspace (positive control)");
     assert_eq!(&buf, b"A-SECRET");
 
-    let script = format!(
-        "cat {0}/secret.txt; ls {1}",
-        wa.display(),
-        root.path().display()
-    );
+    let script = format!("cat {0}/secret.txt; ls {1}", wa.display(), root.path().display());
     let b = run(&spec("ws-b", &wb, &script, Isolation::Bubblewrap)).await;
-    assert!(
-        !b.out.contains("A-SECRET"),
-        "job B read job A's workspace: {}",
-        b.out
-    );
-    assert!(
-        b.err.contains("No such file"),
-        "expected A's workspace to not exist for B: {}",
-        b.err
-    );
-    assert_eq!(
-        b.out.trim(),
-        "b",
-        "B sees only its own workspace in the workspaces root"
-    );
+    assert!(!b.out.contains("A-SECRET"), "job B read job A's workspace: {}", b.out);
+    assert!(b.err.contains("No such file"), "expected A's workspace to not exist for B: {}", b.err);
+    assert_eq!(b.out.trim(), "b", "B sees only its own workspace in the workspaces root");
     a.kill_tree().expect("kill a");
     a.cleanup().await.expect("cleanup a");
 }
@@ -188,16 +137,10 @@ async fn job_cannot_read_agent_tokens() {
     let ws = mkws(root.path(), "w");
     // Under a bound directory (/opt), hidden by hide_paths.
     fs::create_dir_all("/opt").expect("/opt");
-    let data = tempfile::Builder::new()
-        .prefix("gpuci-agent-")
-        .tempdir_in("/opt")
-        .expect("tempdir");
+    let data = tempfile::Builder::new().prefix("gpuci-agent-").tempdir_in("/opt").expect("tempdir");
     fs::write(data.path().join("token"), "TOKEN-IN-OPT").expect("write");
     // Under a directory that is simply not bound (/var/lib).
-    let lib = tempfile::Builder::new()
-        .prefix("gpuci-agent-")
-        .tempdir_in("/var/lib")
-        .expect("tempdir");
+    let lib = tempfile::Builder::new().prefix("gpuci-agent-").tempdir_in("/var/lib").expect("tempdir");
     fs::write(lib.path().join("token"), "TOKEN-IN-VARLIB").expect("write");
     let mut s = spec(
         "tokens",
@@ -211,32 +154,11 @@ async fn job_cannot_read_agent_tokens() {
     );
     s.hide_paths.push(data.path().to_path_buf());
     let r = run(&s).await;
-    assert!(
-        !r.out.contains("TOKEN-IN-OPT"),
-        "token under a hide path was readable: {}",
-        r.out
-    );
-    assert!(
-        !r.out.contains("TOKEN-IN-VARLIB"),
-        "token under an unbound dir was readable: {}",
-        r.out
-    );
-    assert!(
-        !r.out.contains("root:"),
-        "/etc/shadow was readable: {}",
-        r.out
-    );
-    assert!(
-        r.out.trim().is_empty(),
-        "the hidden dir must look empty: {:?}",
-        r.out
-    );
-    assert!(
-        r.err
-            .contains(&format!("{}/token: No such file", lib.path().display())),
-        "{}",
-        r.err
-    );
+    assert!(!r.out.contains("TOKEN-IN-OPT"), "token under a hide path was readable: {}", r.out);
+    assert!(!r.out.contains("TOKEN-IN-VARLIB"), "token under an unbound dir was readable: {}", r.out);
+    assert!(!r.out.contains("root:"), "/etc/shadow was readable: {}", r.out);
+    assert!(r.out.trim().is_empty(), "the hidden dir must look empty: {:?}", r.out);
+    assert!(r.err.contains(&format!("{}/token: No such file", lib.path().display())), "{}", r.err);
 }
 
 #[tokio::test]
@@ -247,19 +169,10 @@ async fn job_sees_only_its_leased_gpu_nodes() {
     use nix::sys::stat::{makedev, mknod, Mode, SFlag};
     let root = workspaces();
     let ws = mkws(root.path(), "w");
-    let dev = tempfile::Builder::new()
-        .prefix("gpuci-dev-")
-        .tempdir_in("/var/tmp")
-        .expect("tempdir");
+    let dev = tempfile::Builder::new().prefix("gpuci-dev-").tempdir_in("/var/tmp").expect("tempdir");
     for n in ["nvidia0", "nvidia1", "nvidia2", "nvidia3", "nvidiactl"] {
         // Like /dev/null: harmless to open.
-        mknod(
-            &dev.path().join(n),
-            SFlag::S_IFCHR,
-            Mode::from_bits_truncate(0o666),
-            makedev(1, 3),
-        )
-        .expect("mknod");
+        mknod(&dev.path().join(n), SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(1, 3)).expect("mknod");
     }
     let mut s = spec(
         "gpu",
@@ -272,12 +185,7 @@ async fn job_sees_only_its_leased_gpu_nodes() {
     s.gpu_common_devices = vec![dev.path().join("nvidiactl"), dev.path().join("nvidia-uvm")];
     let r = run(&s).await;
     let lines: Vec<&str> = r.out.lines().collect();
-    assert_eq!(
-        lines,
-        ["nvidia1", "nvidiactl", "wrote-leased", "done"],
-        "stderr: {}",
-        r.err
-    );
+    assert_eq!(lines, ["nvidia1", "nvidiactl", "wrote-leased", "done"], "stderr: {}", r.err);
 }
 
 #[tokio::test]
@@ -287,42 +195,24 @@ async fn job_cannot_signal_the_agent_or_another_job() {
     }
     let root = workspaces();
     let (wa, wb) = (mkws(root.path(), "a"), mkws(root.path(), "b"));
-    let (mut a, _ao, _ae) =
-        Sandbox::spawn(&spec("sig-a", &wa, "sleep 30", Isolation::Bubblewrap)).expect("spawn a");
+    let (mut a, _ao, _ae) = Sandbox::spawn(&spec("sig-a", &wa, "sleep 30", Isolation::Bubblewrap)).expect("spawn a");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let a_pids = a.pids();
     assert!(!a_pids.is_empty(), "job A has processes (positive control)");
     let me = std::process::id();
-    let mut script =
-        format!("kill -0 {me} && echo AGENT-VISIBLE; kill -TERM {me} && echo AGENT-SIGNALLED; ");
+    let mut script = format!("kill -0 {me} && echo AGENT-VISIBLE; kill -TERM {me} && echo AGENT-SIGNALLED; ");
     for p in &a_pids {
         script.push_str(&format!("kill -KILL {p} && echo JOB-A-KILLED; "));
     }
     script.push_str("true");
     let b = run(&spec("sig-b", &wb, &script, Isolation::Bubblewrap)).await;
-    assert!(
-        !b.out.contains("AGENT"),
-        "job signalled the agent: {}",
-        b.out
-    );
-    assert!(
-        !b.out.contains("JOB-A-KILLED"),
-        "job signalled another job: {}",
-        b.out
-    );
-    assert!(
-        b.err.contains("No such process"),
-        "expected the pids to be invisible: {}",
-        b.err
-    );
+    assert!(!b.out.contains("AGENT"), "job signalled the agent: {}", b.out);
+    assert!(!b.out.contains("JOB-A-KILLED"), "job signalled another job: {}", b.out);
+    assert!(b.err.contains("No such process"), "expected the pids to be invisible: {}", b.err);
     assert_eq!(a.pids(), a_pids, "job A is untouched");
     a.kill_tree().expect("kill");
     let exit = a.wait().await.expect("wait");
-    assert_eq!(
-        exit.signal,
-        Some(9),
-        "kill_tree ended A with SIGKILL: {exit:?}"
-    );
+    assert_eq!(exit.signal, Some(9), "kill_tree ended A with SIGKILL: {exit:?}");
     a.cleanup().await.expect("cleanup");
 }
 
@@ -330,23 +220,10 @@ async fn oom(isolation: Isolation) {
     let root = workspaces();
     let ws = mkws(root.path(), "w");
     // `tail` keeps the whole (newline-free) input in memory: 200 MiB against a 64 MiB limit.
-    let mut s = spec(
-        "oom",
-        &ws,
-        "head -c 200M /dev/zero | tail > /dev/null",
-        isolation,
-    );
-    s.resources = Resources {
-        memory: Some(Bytes::from_mib(64)),
-        cpu_millis: None,
-        pids: Some(64),
-    };
+    let mut s = spec("oom", &ws, "head -c 200M /dev/zero | tail > /dev/null", isolation);
+    s.resources = Resources { memory: Some(Bytes::from_mib(64)), cpu_millis: None, pids: Some(64) };
     let r = run(&s).await;
-    assert!(
-        r.exit.oom_killed,
-        "exceeding the memory limit was not detected as OOM: {:?} {}",
-        r.exit, r.err
-    );
+    assert!(r.exit.oom_killed, "exceeding the memory limit was not detected as OOM: {:?} {}", r.exit, r.err);
     assert!(!r.exit.success());
     assert_eq!(r.exit.to_string(), "out of memory (limit 64 MiB)");
     if let Some(peak) = r.exit.memory_peak {
@@ -363,13 +240,7 @@ async fn memory_limit_ends_in_oom_under_bubblewrap() {
 
 #[tokio::test]
 async fn memory_limit_ends_in_oom_without_isolation() {
-    if ready(
-        "oom_none",
-        Needs {
-            bwrap: false,
-            cgroups: true,
-        },
-    ) {
+    if ready("oom_none", Needs { bwrap: false, cgroups: true }) {
         oom(Isolation::None).await;
     }
 }
@@ -377,17 +248,8 @@ async fn memory_limit_ends_in_oom_without_isolation() {
 async fn fork_bomb(isolation: Isolation) {
     let root = workspaces();
     let ws = mkws(root.path(), "w");
-    let mut s = spec(
-        "bomb",
-        &ws,
-        "bomb() { bomb | bomb & }; bomb; sleep 3; exit 0",
-        isolation,
-    );
-    s.resources = Resources {
-        memory: Some(Bytes::from_mib(256)),
-        cpu_millis: Some(500),
-        pids: Some(64),
-    };
+    let mut s = spec("bomb", &ws, "bomb() { bomb | bomb & }; bomb; sleep 3; exit 0", isolation);
+    s.resources = Resources { memory: Some(Bytes::from_mib(256)), cpu_millis: Some(500), pids: Some(64) };
     let (mut sb, _o, _e) = Sandbox::spawn(&s).expect("spawn");
     let mut most = 0;
     for _ in 0..30 {
@@ -396,21 +258,11 @@ async fn fork_bomb(isolation: Isolation) {
     }
     assert!(most <= 64, "{most} processes despite pids: 64");
     sb.kill_tree().expect("kill_tree");
-    let exit = tokio::time::timeout(Duration::from_secs(20), sb.wait())
-        .await
-        .expect("ends after kill")
-        .expect("wait");
+    let exit = tokio::time::timeout(Duration::from_secs(20), sb.wait()).await.expect("ends after kill").expect("wait");
     assert!(exit.pids_limit_hit, "pids limit was never hit: {exit:?}");
     let id = s.job_id.clone();
-    tokio::time::timeout(Duration::from_secs(20), sb.cleanup())
-        .await
-        .expect("cleanup in time")
-        .expect("cleanup");
-    assert_eq!(
-        host_pids_with_marker(&id),
-        Vec::<i32>::new(),
-        "fork bomb processes survived"
-    );
+    tokio::time::timeout(Duration::from_secs(20), sb.cleanup()).await.expect("cleanup in time").expect("cleanup");
+    assert_eq!(host_pids_with_marker(&id), Vec::<i32>::new(), "fork bomb processes survived");
 }
 
 #[tokio::test]
@@ -422,13 +274,7 @@ async fn fork_bomb_is_stopped_by_pids_limit_under_bubblewrap() {
 
 #[tokio::test]
 async fn fork_bomb_is_stopped_by_pids_limit_without_isolation() {
-    if ready(
-        "fork_bomb_none",
-        Needs {
-            bwrap: false,
-            cgroups: true,
-        },
-    ) {
+    if ready("fork_bomb_none", Needs { bwrap: false, cgroups: true }) {
         fork_bomb(Isolation::None).await;
     }
 }
@@ -442,47 +288,25 @@ async fn leftover(isolation: Isolation, cgroups: CgroupUse) {
     s.cgroups = cgroups;
     let id = s.job_id.clone();
     let (mut sb, _o, _e) = Sandbox::spawn(&s).expect("spawn");
-    let exit = tokio::time::timeout(Duration::from_secs(20), sb.wait())
-        .await
-        .expect("exits")
-        .expect("wait");
+    let exit = tokio::time::timeout(Duration::from_secs(20), sb.wait()).await.expect("exits").expect("wait");
     assert_eq!(exit.code, Some(0), "{exit:?}");
     if isolation == Isolation::None {
-        assert!(
-            host_pids_with_marker(&id).len() >= 4,
-            "daemons are running before cleanup (positive control)"
-        );
+        assert!(host_pids_with_marker(&id).len() >= 4, "daemons are running before cleanup (positive control)");
     }
     sb.cleanup().await.expect("cleanup");
-    assert_eq!(
-        host_pids_with_marker(&id),
-        Vec::<i32>::new(),
-        "a background process of the job survived cleanup"
-    );
+    assert_eq!(host_pids_with_marker(&id), Vec::<i32>::new(), "a background process of the job survived cleanup");
 }
 
 #[tokio::test]
 async fn background_processes_do_not_survive_cleanup_with_cgroup() {
-    if ready(
-        "leftover_cgroup",
-        Needs {
-            bwrap: false,
-            cgroups: true,
-        },
-    ) {
+    if ready("leftover_cgroup", Needs { bwrap: false, cgroups: true }) {
         leftover(Isolation::None, CgroupUse::Required).await;
     }
 }
 
 #[tokio::test]
 async fn background_processes_do_not_survive_cleanup_without_cgroup() {
-    if ready(
-        "leftover_nocgroup",
-        Needs {
-            bwrap: false,
-            cgroups: false,
-        },
-    ) {
+    if ready("leftover_nocgroup", Needs { bwrap: false, cgroups: false }) {
         leftover(Isolation::None, CgroupUse::Disabled).await;
     }
 }
@@ -507,21 +331,9 @@ async fn agent_environment_does_not_leak() {
         let mut s = spec("env", &ws, "env", iso);
         s.env.insert("JOB_SECRET".into(), "job-secret-value".into());
         let r = run(&s).await;
-        assert!(
-            !r.out.contains("agent-secret"),
-            "{iso:?}: agent env leaked: {}",
-            r.out
-        );
-        assert!(
-            r.out.contains("JOB_SECRET=job-secret-value"),
-            "{iso:?}: {}",
-            r.out
-        );
-        assert!(
-            r.out.contains(&format!("GPUCI_JOB_ID={}", s.job_id)),
-            "{iso:?}: {}",
-            r.out
-        );
+        assert!(!r.out.contains("agent-secret"), "{iso:?}: agent env leaked: {}", r.out);
+        assert!(r.out.contains("JOB_SECRET=job-secret-value"), "{iso:?}: {}", r.out);
+        assert!(r.out.contains(&format!("GPUCI_JOB_ID={}", s.job_id)), "{iso:?}: {}", r.out);
     }
 }
 
@@ -532,14 +344,8 @@ async fn secrets_are_not_on_bwraps_command_line_and_caps_are_dropped() {
     }
     let root = workspaces();
     let ws = mkws(root.path(), "w");
-    let mut s = spec(
-        "cmdline",
-        &ws,
-        "grep CapEff /proc/self/status; sleep 2",
-        Isolation::Bubblewrap,
-    );
-    s.env
-        .insert("JOB_SECRET".into(), "s3cr3t-on-cmdline".into());
+    let mut s = spec("cmdline", &ws, "grep CapEff /proc/self/status; sleep 2", Isolation::Bubblewrap);
+    s.env.insert("JOB_SECRET".into(), "s3cr3t-on-cmdline".into());
     let (mut sb, mut so, _e) = Sandbox::spawn(&s).expect("spawn");
     let cmdline = fs::read(format!("/proc/{}/cmdline", sb.pid())).expect("cmdline");
     assert!(
@@ -548,11 +354,7 @@ async fn secrets_are_not_on_bwraps_command_line_and_caps_are_dropped() {
     );
     let mut out = String::new();
     so.read_to_string(&mut out).await.expect("read");
-    assert_eq!(
-        out.split_whitespace().last(),
-        Some("0000000000000000"),
-        "capabilities kept: {out}"
-    );
+    assert_eq!(out.split_whitespace().last(), Some("0000000000000000"), "capabilities kept: {out}");
     sb.wait().await.expect("wait");
     sb.cleanup().await.expect("cleanup");
 }
@@ -570,19 +372,11 @@ async fn network_none_cannot_reach_the_host() {
         format!("(echo hi > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo CONNECTED; cat /sys/class/net/*/operstate");
     let mut s = spec("net", &ws, &script, Isolation::Bubblewrap);
     let r = run(&s).await;
-    assert!(
-        !r.out.contains("CONNECTED"),
-        "network: none reached 127.0.0.1:{port}"
-    );
+    assert!(!r.out.contains("CONNECTED"), "network: none reached 127.0.0.1:{port}");
     assert!(!r.out.contains("up"), "host interfaces visible: {}", r.out);
     // Positive control: with network the same connect works.
     s.network = true;
     s.job_id = job_id("net-on");
     let r = run(&s).await;
-    assert!(
-        r.out.contains("CONNECTED"),
-        "control with network failed: {} {}",
-        r.out,
-        r.err
-    );
+    assert!(r.out.contains("CONNECTED"), "control with network failed: {} {}", r.out, r.err);
 }

@@ -1,0 +1,312 @@
+//! Running one job: GPU pre-check, sandbox, output lines, timeout and cancel, telemetry,
+//! post-job GPU check, cleanup. The result is a [`JobFinished`] the agent keeps until the
+//! coordinator acknowledges it.
+
+use gpuci_core::job::Outcome;
+use gpuci_gpu::{GpuBackend, HealthBaseline, HealthPolicy};
+use gpuci_protocol::agent::{Assignment, GpuHealth, JobFinished, JobTelemetry, LogChunk, Stream};
+use gpuci_protocol::JobId;
+use gpuci_sandbox::{Isolation, Sandbox, SandboxSpec};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
+/// What a job task reports to the agent loop, in order.
+#[derive(Debug)]
+pub enum JobEvent {
+    Started { job_id: JobId, pid: u32, at_us: i64 },
+    Log { job_id: JobId, chunk: LogChunk },
+    Finished(JobFinished),
+}
+
+/// Which isolation jobs get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IsolationPolicy {
+    /// Bubblewrap when installed, else none (logged on every job).
+    Auto,
+    /// Bubblewrap, or the job fails to start.
+    Bubblewrap,
+    /// No isolation for any job (explicit opt-out).
+    None,
+}
+
+/// Shared by all job tasks of an agent; read-only.
+pub struct JobContext {
+    pub work_root: PathBuf,
+    /// Hidden from every job: the agent's data dir (credential) and the workspaces root.
+    pub hide_paths: Vec<PathBuf>,
+    pub gpus: Arc<dyn GpuBackend>,
+    pub inventory: Vec<gpuci_core::gpu::GpuInfo>,
+    pub isolation: IsolationPolicy,
+    pub bubblewrap: bool,
+    pub health: HealthPolicy,
+    pub telemetry_period: Duration,
+}
+
+impl JobContext {
+    pub fn isolation_name(&self) -> &'static str {
+        match (self.isolation, self.bubblewrap) {
+            (IsolationPolicy::None, _) => "none",
+            (_, true) => "bubblewrap",
+            (IsolationPolicy::Bubblewrap, false) => "bubblewrap (missing)",
+            (IsolationPolicy::Auto, false) => "none",
+        }
+    }
+}
+
+struct Emitter {
+    job_id: JobId,
+    tx: mpsc::UnboundedSender<JobEvent>,
+}
+
+impl Emitter {
+    fn system(&self, text: impl Into<String>) {
+        self.line(Stream::System, text.into());
+    }
+    fn line(&self, stream: Stream, text: String) {
+        let _ = self.tx.send(JobEvent::Log { job_id: self.job_id, chunk: LogChunk { ts_us: now_us(), stream, text } });
+    }
+}
+
+/// Run one job to its end. Never panics; every failure becomes an [`Outcome`].
+pub async fn run_job(a: Assignment, ctx: Arc<JobContext>, tx: mpsc::UnboundedSender<JobEvent>, cancel: CancellationToken) {
+    let job_id = a.job_id;
+    let out = Emitter { job_id, tx: tx.clone() };
+    let mut gpu_health: BTreeMap<String, GpuHealth> = BTreeMap::new();
+    let (outcome, telemetry) = execute(&a, &ctx, &out, &cancel, &mut gpu_health).await;
+    // Post-job check of every leased GPU: leftovers killed, memory back to baseline.
+    for uuid in &a.gpus {
+        if gpu_health.contains_key(uuid) {
+            continue;
+        }
+        let h = post_check(&ctx, uuid, &out).await;
+        gpu_health.insert(uuid.clone(), h);
+    }
+    let _ = tx.send(JobEvent::Finished(JobFinished { job_id, outcome, finished_at_us: now_us(), telemetry, gpu_health }));
+}
+
+async fn post_check(ctx: &JobContext, uuid: &str, out: &Emitter) -> GpuHealth {
+    let backend = ctx.gpus.as_ref();
+    if let Ok(procs) = gpuci_gpu::leftover_processes(backend, uuid) {
+        for p in procs {
+            out.system(format!("killing process {} left on GPU {uuid}", p.pid));
+            // A pid that already exited fails harmlessly.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid as i32), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let baseline = HealthBaseline::capture(backend, uuid).unwrap_or_else(|_| HealthBaseline::from_counters(&Default::default()));
+    let r = gpuci_gpu::post_job_check(backend, uuid, &baseline, &ctx.health, &CancellationToken::new()).await;
+    match r.reason() {
+        None => GpuHealth::Healthy,
+        Some(reason) => {
+            out.system(format!("GPU {uuid} failed its post-job check: {reason}"));
+            GpuHealth::Unhealthy { reason }
+        }
+    }
+}
+
+async fn execute(
+    a: &Assignment,
+    ctx: &JobContext,
+    out: &Emitter,
+    cancel: &CancellationToken,
+    gpu_health: &mut BTreeMap<String, GpuHealth>,
+) -> (Outcome, Option<JobTelemetry>) {
+    let fail = |error: String| (Outcome::StartFailed { error }, None);
+    // Pre-job check: each leased GPU must answer and be idle and clean.
+    for uuid in &a.gpus {
+        let baseline = HealthBaseline::capture(ctx.gpus.as_ref(), uuid).unwrap_or_else(|_| HealthBaseline::from_counters(&Default::default()));
+        let r = gpuci_gpu::pre_job_check(ctx.gpus.as_ref(), uuid, &baseline, &ctx.health);
+        if let Some(reason) = r.reason() {
+            gpu_health.insert(uuid.clone(), GpuHealth::Unhealthy { reason: reason.clone() });
+            return fail(format!("GPU {uuid} failed its pre-job check: {reason}"));
+        }
+    }
+    let workspace = ctx.work_root.join(format!("job-{}", a.job_id));
+    let _ = std::fs::remove_dir_all(&workspace);
+    if let Err(e) = std::fs::create_dir_all(&workspace) {
+        return fail(format!("creating workspace {}: {e}", workspace.display()));
+    }
+    let result = execute_in(a, ctx, out, cancel, &workspace).await;
+    if let Err(e) = std::fs::remove_dir_all(&workspace) {
+        tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");
+    }
+    result
+}
+
+fn job_env(a: &Assignment, workspace: &std::path::Path) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    env.insert("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    env.insert("HOME".into(), workspace.display().to_string());
+    env.insert("LANG".into(), "C.UTF-8".into());
+    env.insert("TMPDIR".into(), "/tmp".into());
+    env.extend(a.env.clone());
+    env.insert("GPUCI_WORKSPACE".into(), workspace.display().to_string());
+    // The job sees exactly its leased GPUs, by UUID. An empty list hides every GPU from CUDA.
+    let uuids = a.gpus.join(",");
+    env.insert("CUDA_VISIBLE_DEVICES".into(), uuids.clone());
+    env.insert("NVIDIA_VISIBLE_DEVICES".into(), if a.gpus.is_empty() { "void".into() } else { uuids.clone() });
+    env.insert("GPUCI_GPUS".into(), uuids);
+    env
+}
+
+async fn execute_in(
+    a: &Assignment,
+    ctx: &JobContext,
+    out: &Emitter,
+    cancel: &CancellationToken,
+    workspace: &std::path::Path,
+) -> (Outcome, Option<JobTelemetry>) {
+    let step = &a.step;
+    let isolation = match (step.sandbox, ctx.isolation, ctx.bubblewrap) {
+        (gpuci_core::pipeline::SandboxMode::None, _, _) => {
+            out.system("sandbox disabled by the step (sandbox: none): the job runs on the host file system");
+            Isolation::None
+        }
+        (_, IsolationPolicy::None, _) => {
+            out.system("this agent runs jobs without isolation (--isolation none)");
+            Isolation::None
+        }
+        (_, _, true) => Isolation::Bubblewrap,
+        (_, IsolationPolicy::Bubblewrap, false) => {
+            return (Outcome::StartFailed { error: "bubblewrap is required by this agent but not installed".into() }, None)
+        }
+        (_, IsolationPolicy::Auto, false) => {
+            out.system("bubblewrap not installed: the job runs without isolation");
+            Isolation::None
+        }
+    };
+    let script = step.command.join("\n");
+    let mut spec = SandboxSpec::new(format!("job-{}", a.job_id), workspace, vec!["bash".into(), "-eo".into(), "pipefail".into(), "-c".into(), script]);
+    spec.env = job_env(a, workspace);
+    spec.isolation = isolation;
+    spec.network = step.network != gpuci_core::pipeline::NetworkMode::None;
+    spec.resources = step.resources.clone();
+    spec.hide_paths = ctx.hide_paths.clone();
+    for uuid in &a.gpus {
+        if let Some(g) = ctx.inventory.iter().find(|g| &g.uuid == uuid) {
+            let node = PathBuf::from(&g.device_node);
+            if node.exists() {
+                spec.gpu_devices.push(node);
+            }
+        }
+    }
+    if !spec.gpu_devices.is_empty() {
+        for common in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset"] {
+            if std::path::Path::new(common).exists() {
+                spec.gpu_common_devices.push(common.into());
+            }
+        }
+    }
+    let (mut sandbox, stdout, stderr) = match Sandbox::spawn(&spec) {
+        Ok(s) => s,
+        Err(e) => return (Outcome::StartFailed { error: e.to_string() }, None),
+    };
+    let _ = out.tx.send(JobEvent::Started { job_id: a.job_id, pid: sandbox.pid(), at_us: now_us() });
+
+    let readers = tokio::spawn(pump(out.job_id, out.tx.clone(), stdout, stderr));
+    let telemetry_cancel = CancellationToken::new();
+    let telemetry = (!a.gpus.is_empty()).then(|| {
+        tokio::spawn(gpuci_gpu::sample_loop(ctx.gpus.clone(), a.gpus.clone(), ctx.telemetry_period, telemetry_cancel.clone(), |_, _, _| {}))
+    });
+
+    let timeout = step.timeout.map(|d| d.as_std());
+    let sleep = async {
+        match timeout {
+            Some(d) => tokio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    enum End {
+        Exited(Result<gpuci_sandbox::ExitInfo, gpuci_sandbox::SandboxError>),
+        TimedOut,
+        Cancelled,
+    }
+    let end = tokio::select! {
+        r = sandbox.wait() => End::Exited(r),
+        _ = sleep => End::TimedOut,
+        _ = cancel.cancelled() => End::Cancelled,
+    };
+    let outcome = match end {
+        End::Exited(Ok(info)) if info.oom_killed => Outcome::OutOfMemory { limit: info.memory_limit },
+        End::Exited(Ok(info)) => match (info.code, info.signal) {
+            (Some(code), _) => Outcome::Exited { code },
+            (None, Some(signal)) => Outcome::Signalled { signal },
+            (None, None) => Outcome::Exited { code: -1 },
+        },
+        End::Exited(Err(e)) => Outcome::StartFailed { error: e.to_string() },
+        End::TimedOut => {
+            let ms = timeout.map_or(0, |d| d.as_millis() as u64);
+            out.system(format!("timeout of {} reached: killing the job's process tree", gpuci_core::Duration::from_millis(ms)));
+            let _ = sandbox.kill_tree();
+            let _ = sandbox.wait().await;
+            Outcome::TimedOut { after_ms: ms }
+        }
+        End::Cancelled => {
+            out.system("cancelled: killing the job's process tree");
+            let _ = sandbox.kill_tree();
+            let _ = sandbox.wait().await;
+            Outcome::Cancelled { reason: "cancelled".into() }
+        }
+    };
+    // Whatever the job left behind (daemons, setsid'd children) dies here.
+    if let Err(e) = sandbox.cleanup().await {
+        out.system(format!("cleanup: {e}"));
+    }
+    // Output may still be buffered in the pipes after the tree is gone; collect it.
+    let _ = tokio::time::timeout(Duration::from_secs(5), readers).await;
+    telemetry_cancel.cancel();
+    let telemetry = match telemetry {
+        Some(t) => t.await.ok().map(|s| JobTelemetry {
+            peak_memory_bytes: s.peak_memory.0,
+            mean_utilization_pct: s.mean_utilization_pct.unwrap_or(0.0),
+            gpu_seconds: s.gpu_seconds,
+            samples: s.samples,
+        }),
+        None => None,
+    };
+    (outcome, telemetry)
+}
+
+async fn pump(
+    job_id: JobId,
+    tx: mpsc::UnboundedSender<JobEvent>,
+    stdout: impl AsyncRead + Unpin + Send + 'static,
+    stderr: impl AsyncRead + Unpin + Send + 'static,
+) {
+    let a = tokio::spawn(lines(job_id, tx.clone(), Stream::Stdout, stdout));
+    let b = tokio::spawn(lines(job_id, tx, Stream::Stderr, stderr));
+    let _ = a.await;
+    let _ = b.await;
+}
+
+/// Forward output line by line. Lines are capped at 64 KiB so one runaway line cannot blow
+/// up memory; invalid UTF-8 is replaced, not dropped.
+async fn lines(job_id: JobId, tx: mpsc::UnboundedSender<JobEvent>, stream: Stream, r: impl AsyncRead + Unpin) {
+    let mut reader = BufReader::new(r);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    buf.pop();
+                }
+                buf.truncate(64 * 1024);
+                let text = String::from_utf8_lossy(&buf).into_owned();
+                if tx.send(JobEvent::Log { job_id, chunk: LogChunk { ts_us: now_us(), stream, text } }).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

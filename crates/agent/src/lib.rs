@@ -1,0 +1,330 @@
+//! gpuci-agent: the process on a GPU host. It registers once, keeps one WebSocket to the
+//! coordinator over which work is pushed, runs jobs in the sandbox on their leased GPUs,
+//! streams their output, and reports results — holding each result until the coordinator
+//! acknowledges it, so a coordinator restart loses nothing and runs nothing twice.
+//!
+//! It must not decide placement or hold scheduling state: it runs what it is assigned, on
+//! the GPUs it is told, and reports what happened. One task (the loop in [`run`]) owns the
+//! agent's state; job tasks only send it events.
+
+mod executor;
+pub mod identity;
+
+pub use executor::IsolationPolicy;
+
+use anyhow::{bail, Context};
+use executor::{JobContext, JobEvent};
+use futures::{SinkExt, StreamExt};
+use gpuci_protocol::agent::{AgentMessage, CoordinatorMessage, Hello, JobFinished, LogChunk};
+use gpuci_protocol::JobId;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Coordinator base URL, e.g. `http://127.0.0.1:8070`.
+    pub server: String,
+    pub registration_token: Option<String>,
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub slots: u32,
+    pub tags: BTreeMap<String, String>,
+    /// A simulated GPU inventory (`4xH100-80GB`), for tests and benchmarks.
+    pub simulate_gpus: Option<String>,
+    pub isolation: IsolationPolicy,
+    pub telemetry_period: Duration,
+    /// How long GPU memory may take to return to baseline after a job.
+    pub post_job_timeout: Duration,
+}
+
+impl Config {
+    pub fn new(server: impl Into<String>, data_dir: PathBuf) -> Self {
+        let host = hostname();
+        Config {
+            server: server.into().trim_end_matches('/').to_string(),
+            registration_token: None,
+            name: host,
+            data_dir,
+            slots: 4,
+            tags: BTreeMap::new(),
+            simulate_gpus: None,
+            isolation: IsolationPolicy::Auto,
+            telemetry_period: Duration::from_secs(1),
+            post_job_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+}
+
+/// What one connection's session ended with.
+enum SessionEnd {
+    Shutdown,
+    Disconnected(String),
+    Refused(String),
+}
+
+struct Agent {
+    config: Config,
+    ctx: Arc<JobContext>,
+    hello_base: Hello,
+    /// Jobs running now, with their cancel handles.
+    running: HashMap<JobId, CancellationToken>,
+    /// Results the coordinator has not acknowledged yet.
+    unacked: BTreeMap<JobId, JobFinished>,
+    /// Messages produced while disconnected (job starts, log lines), sent after the next hello.
+    backlog: Vec<AgentMessage>,
+    events_tx: mpsc::UnboundedSender<JobEvent>,
+    events_rx: mpsc::UnboundedReceiver<JobEvent>,
+}
+
+/// Cap on buffered lines while the coordinator is unreachable; older lines are dropped first.
+const BACKLOG_LIMIT: usize = 100_000;
+
+/// Run the agent until `shutdown`. Running jobs are cancelled on shutdown and their results
+/// reported if the coordinator is reachable.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
+    let identity = identity::load_or_register(&http, &config.data_dir, &config.server, &config.name, config.registration_token.as_deref()).await?;
+
+    let mut opts = gpuci_gpu::DetectOptions::new(config.name.clone());
+    opts.simulate = config.simulate_gpus.clone();
+    opts.simulated_device_dir = config.data_dir.join("sim-dev");
+    let detection = gpuci_gpu::detect(&opts).context("GPU inventory")?;
+    let inventory = detection.backend.inventory().unwrap_or_default();
+    let backend_name = match detection.no_gpu_reason() {
+        Some(why) => format!("none: {why}"),
+        None => format!("{:?}", detection.kind()).to_lowercase(),
+    };
+    let caps = gpuci_sandbox::detect();
+    let work_root = config.data_dir.join("work");
+    std::fs::create_dir_all(&work_root)?;
+    let health = gpuci_gpu::HealthPolicy { post_job_timeout: config.post_job_timeout, ..Default::default() };
+    let ctx = Arc::new(JobContext {
+        work_root: work_root.clone(),
+        hide_paths: vec![config.data_dir.clone()],
+        gpus: detection.backend.clone(),
+        inventory: inventory.clone(),
+        isolation: config.isolation,
+        bubblewrap: caps.bubblewrap.is_some(),
+        health,
+        telemetry_period: config.telemetry_period,
+    });
+    if config.isolation == IsolationPolicy::Bubblewrap && caps.bubblewrap.is_none() {
+        bail!("--isolation bubblewrap: bwrap is not installed (apt-get install bubblewrap)");
+    }
+    tracing::info!(gpus = inventory.len(), backend = %backend_name, isolation = ctx.isolation_name(), slots = config.slots, "agent ready");
+    let hello_base = Hello {
+        protocol: gpuci_protocol::PROTOCOL_VERSION,
+        agent_version: env!("CARGO_PKG_VERSION").into(),
+        name: config.name.clone(),
+        hostname: hostname(),
+        slots: config.slots,
+        tags: config.tags.clone(),
+        gpus: inventory,
+        gpu_backend: backend_name,
+        isolation: ctx.isolation_name().into(),
+        container_runtime: caps.container_runtime.as_ref().map(|r| format!("{:?}", r.engine).to_lowercase()),
+        running: Vec::new(),
+        finished: Vec::new(),
+    };
+    let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let mut agent =
+        Agent { config, ctx, hello_base, running: HashMap::new(), unacked: BTreeMap::new(), backlog: Vec::new(), events_tx, events_rx };
+    agent.run(identity, shutdown).await
+}
+
+impl Agent {
+    async fn run(&mut self, id: identity::Identity, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            match self.session(&id, &shutdown).await {
+                Ok(SessionEnd::Shutdown) => break,
+                Ok(SessionEnd::Refused(why)) => bail!("the coordinator refused this agent: {why}"),
+                Ok(SessionEnd::Disconnected(why)) => {
+                    tracing::warn!(why, "disconnected from coordinator; reconnecting");
+                    backoff = Duration::from_millis(100);
+                }
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), retry_in = ?backoff, "cannot reach coordinator"),
+            }
+            // Jittered exponential backoff, capped at 5 s; job events are still collected meanwhile.
+            let jitter = rand::random::<u64>() % (backoff.as_millis() as u64 / 2 + 1);
+            let wait = backoff + Duration::from_millis(jitter);
+            let deadline = tokio::time::Instant::now() + wait;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tokio::time::sleep_until(deadline) => break,
+                    Some(ev) = self.events_rx.recv() => self.on_event_offline(ev),
+                }
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+        // Shutting down: stop jobs; their results are lost with us unless sent in time.
+        for c in self.running.values() {
+            c.cancel();
+        }
+        Ok(())
+    }
+
+    fn on_event_offline(&mut self, ev: JobEvent) {
+        match ev {
+            JobEvent::Started { job_id, pid, at_us } => self.backlog.push(AgentMessage::JobStarted { job_id, pid, started_at_us: at_us }),
+            JobEvent::Log { job_id, chunk } => {
+                if self.backlog.len() >= BACKLOG_LIMIT {
+                    self.backlog.remove(0);
+                }
+                self.backlog.push(AgentMessage::Log { job_id, lines: vec![chunk] });
+            }
+            JobEvent::Finished(f) => {
+                self.running.remove(&f.job_id);
+                self.unacked.insert(f.job_id, f);
+            }
+        }
+    }
+
+    async fn session(&mut self, id: &identity::Identity, shutdown: &CancellationToken) -> anyhow::Result<SessionEnd> {
+        let url = format!("{}/api/v1/agents/connect", id.server.replacen("http", "ws", 1));
+        let mut req = url.as_str().into_client_request()?;
+        req.headers_mut().insert("authorization", format!("Bearer {}", id.credential).parse()?);
+        req.headers_mut().insert("x-gpuci-agent-id", id.agent_id.parse()?);
+        let (ws, _) = tokio::time::timeout(Duration::from_secs(10), tokio_tungstenite::connect_async(req))
+            .await
+            .context("connect timed out")?
+            .context("connecting")?;
+        let (mut sink, mut stream) = ws.split();
+        let mut hello = self.hello_base.clone();
+        hello.running = self.running.keys().copied().collect();
+        hello.finished = self.unacked.values().cloned().collect();
+        send(&mut sink, &AgentMessage::Hello(Box::new(hello))).await?;
+
+        // Welcome first.
+        let heartbeat = match tokio::time::timeout(Duration::from_secs(15), stream.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str::<CoordinatorMessage>(&t)? {
+                CoordinatorMessage::Welcome { heartbeat_interval_ms, forget, .. } => {
+                    for f in forget {
+                        tracing::warn!(job = f.job_id, reason = %f.reason, "coordinator ended a job while we were apart");
+                        self.unacked.remove(&f.job_id);
+                        if let Some(c) = self.running.get(&f.job_id) {
+                            c.cancel();
+                        }
+                    }
+                    Duration::from_millis(heartbeat_interval_ms.max(100))
+                }
+                CoordinatorMessage::Refused { reason } => return Ok(SessionEnd::Refused(reason)),
+                other => bail!("expected welcome, got {other:?}"),
+            },
+            Ok(Some(Ok(_))) => bail!("unexpected frame before welcome"),
+            Ok(Some(Err(e))) => return Err(e.into()),
+            Ok(None) => return Ok(SessionEnd::Disconnected("closed before welcome".into())),
+            Err(_) => bail!("no welcome within 15s"),
+        };
+        tracing::info!(server = %id.server, running = self.running.len(), "connected to coordinator");
+        for msg in std::mem::take(&mut self.backlog) {
+            send(&mut sink, &msg).await?;
+        }
+        let mut tick = tokio::time::interval(heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    let _ = sink.close().await;
+                    return Ok(SessionEnd::Shutdown);
+                }
+                _ = tick.tick() => send(&mut sink, &AgentMessage::Heartbeat).await?,
+                Some(ev) = self.events_rx.recv() => {
+                    // Drain what is ready and batch log lines per job: low latency when idle,
+                    // few frames under load.
+                    let mut batch = vec![ev];
+                    while batch.len() < 4096 {
+                        match self.events_rx.try_recv() { Ok(e) => batch.push(e), Err(_) => break }
+                    }
+                    let mut pending: Vec<(JobId, Vec<LogChunk>)> = Vec::new();
+                    for ev in batch {
+                        match ev {
+                            JobEvent::Log { job_id, chunk } => match pending.last_mut() {
+                                Some((j, lines)) if *j == job_id => lines.push(chunk),
+                                _ => pending.push((job_id, vec![chunk])),
+                            },
+                            other => {
+                                for (job_id, lines) in pending.drain(..) {
+                                    send(&mut sink, &AgentMessage::Log { job_id, lines }).await?;
+                                }
+                                match other {
+                                    JobEvent::Started { job_id, pid, at_us } => send(&mut sink, &AgentMessage::JobStarted { job_id, pid, started_at_us: at_us }).await?,
+                                    JobEvent::Finished(f) => {
+                                        self.running.remove(&f.job_id);
+                                        self.unacked.insert(f.job_id, f.clone());
+                                        send(&mut sink, &AgentMessage::JobFinished(f)).await?;
+                                    }
+                                    JobEvent::Log { .. } => {}
+                                }
+                            }
+                        }
+                    }
+                    for (job_id, lines) in pending {
+                        send(&mut sink, &AgentMessage::Log { job_id, lines }).await?;
+                    }
+                }
+                msg = stream.next() => match msg {
+                    Some(Ok(Message::Text(t))) => match serde_json::from_str::<CoordinatorMessage>(&t) {
+                        Ok(m) => if let Some(end) = self.on_message(m) { return Ok(end) },
+                        Err(e) => tracing::warn!(error = %e, "unreadable message from coordinator; ignored"),
+                    },
+                    Some(Ok(Message::Close(_))) | None => return Ok(SessionEnd::Disconnected("closed by coordinator".into())),
+                    Some(Err(e)) => return Ok(SessionEnd::Disconnected(e.to_string())),
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    }
+
+    fn on_message(&mut self, m: CoordinatorMessage) -> Option<SessionEnd> {
+        match m {
+            CoordinatorMessage::Assign(a) => {
+                if self.running.contains_key(&a.job_id) || self.unacked.contains_key(&a.job_id) {
+                    tracing::warn!(job = a.job_id, "assignment for a job this agent already has; ignored");
+                    return None;
+                }
+                tracing::info!(job = a.job_id, name = %a.name, gpus = ?a.gpus, "job assigned");
+                let cancel = CancellationToken::new();
+                self.running.insert(a.job_id, cancel.clone());
+                tokio::spawn(executor::run_job(*a, self.ctx.clone(), self.events_tx.clone(), cancel));
+            }
+            CoordinatorMessage::Cancel { job_id, reason } => {
+                if let Some(c) = self.running.get(&job_id) {
+                    tracing::info!(job = job_id, reason = %reason, "cancelling job");
+                    c.cancel();
+                }
+            }
+            CoordinatorMessage::Ack { job_id } => {
+                self.unacked.remove(&job_id);
+            }
+            CoordinatorMessage::Refused { reason } => return Some(SessionEnd::Refused(reason)),
+            CoordinatorMessage::Welcome { .. } => {}
+        }
+        None
+    }
+}
+
+async fn send<S>(sink: &mut S, msg: &AgentMessage) -> anyhow::Result<()>
+where
+    S: futures::Sink<Message> + Unpin,
+    S::Error: std::error::Error + Send + Sync + 'static,
+{
+    let text = serde_json::to_string(msg)?;
+    sink.send(Message::Text(text.into())).await?;
+    Ok(())
+}
