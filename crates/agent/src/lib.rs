@@ -73,7 +73,6 @@ enum SessionEnd {
 }
 
 struct Agent {
-    config: Config,
     ctx: Arc<JobContext>,
     hello_base: Hello,
     /// Jobs running now, with their cancel handles.
@@ -139,7 +138,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     };
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let mut agent =
-        Agent { config, ctx, hello_base, running: HashMap::new(), unacked: BTreeMap::new(), backlog: Vec::new(), events_tx, events_rx };
+        Agent { ctx, hello_base, running: HashMap::new(), unacked: BTreeMap::new(), backlog: Vec::new(), events_tx, events_rx };
     agent.run(identity, shutdown).await
 }
 

@@ -1,0 +1,304 @@
+//! Arguments, as clap types. Every flag that a deployment sets has an `env =`.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(name = "gpuci", version, about = "Self-hosted GPU CI: whole, healthy, isolated GPUs for CI jobs", propagate_version = true)]
+pub struct Cli {
+    /// More log output on stderr (-v, -vv).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only errors on stderr.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Coordinator and one local agent in one process, with an embedded SQLite store.
+    Up(UpArgs),
+    /// Run a pipeline on this machine now, with no server to set up; exits with its result.
+    Run(RunArgs),
+    /// The coordinator alone.
+    Server(ServerArgs),
+    /// An agent that connects to a coordinator and runs jobs.
+    Agent(AgentArgs),
+    /// Submit a pipeline file to a coordinator.
+    Submit(SubmitArgs),
+    /// List jobs, or show one.
+    Jobs(JobsArgs),
+    /// Print a job's log.
+    Logs(LogsArgs),
+    /// Cancel a job.
+    Cancel(CancelArgs),
+    /// List agents with their GPUs.
+    Agents(AgentsArgs),
+    /// GPU administration.
+    Gpu(GpuArgs),
+    /// Check this host as a GPU CI node.
+    Doctor(DoctorArgs),
+    /// Check a pipeline file without running it.
+    Validate(ValidateArgs),
+    /// Print the JSON Schema of the pipeline format.
+    Schema,
+    /// Benchmarks (see BENCHMARKS.md).
+    Bench(BenchArgs),
+}
+
+/// Where the API is and how to authenticate.
+#[derive(Args, Debug, Clone)]
+pub struct ClientArgs {
+    /// Coordinator URL.
+    #[arg(long, env = "GPUCI_SERVER", default_value = "http://127.0.0.1:8070", global = true)]
+    pub server: String,
+    /// API token; by default read from <data-dir>/api-token.
+    #[arg(long, env = "GPUCI_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// The coordinator's data dir (to find the API token on the same machine).
+    #[arg(long, env = "GPUCI_DATA_DIR", global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// Machine-readable output on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct LocalAgentArgs {
+    /// Simulated GPUs for the local agent, e.g. 4xH100-80GB (always shown as simulated).
+    #[arg(long, env = "GPUCI_SIMULATE_GPUS")]
+    pub simulate_gpus: Option<String>,
+    /// Jobs the local agent runs at once.
+    #[arg(long, default_value_t = 4)]
+    pub slots: u32,
+    /// Tags of the local agent, key=value (repeatable).
+    #[arg(long = "tag", value_parser = parse_tag)]
+    pub tags: Vec<(String, String)>,
+    /// Job isolation.
+    #[arg(long, value_enum, default_value_t = IsolationArg::Auto)]
+    pub isolation: IsolationArg,
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    #[arg(long, env = "GPUCI_LISTEN", default_value = "127.0.0.1:8070")]
+    pub listen: SocketAddr,
+    /// State, tokens and workspaces. Default: $XDG_DATA_HOME/gpuci or ~/.local/share/gpuci.
+    #[arg(long, env = "GPUCI_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub agent: LocalAgentArgs,
+    /// Pipelines to submit once up; their progress is shown. The server keeps running.
+    pub pipelines: Vec<PathBuf>,
+    /// Exit when the given pipelines have finished, with their result (for scripts and demos).
+    #[arg(long)]
+    pub exit_when_done: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The pipeline file.
+    #[arg(default_value = ".gpuci.yml")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub agent: LocalAgentArgs,
+    /// Events as NDJSON on stdout instead of human output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ServerArgs {
+    #[arg(long, env = "GPUCI_LISTEN", default_value = "127.0.0.1:8070")]
+    pub listen: SocketAddr,
+    #[arg(long, env = "GPUCI_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Agents silent this long are lost and their jobs end `lost`.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub lost_after: std::time::Duration,
+    /// How often agents send heartbeats.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub heartbeat: std::time::Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct AgentArgs {
+    #[arg(long, env = "GPUCI_SERVER")]
+    pub server: String,
+    /// Needed the first time only; afterwards the agent's own credential in its data dir is used.
+    #[arg(long, env = "GPUCI_REGISTRATION_TOKEN", hide_env_values = true)]
+    pub registration_token: Option<String>,
+    /// Read the registration token from this file.
+    #[arg(long, env = "GPUCI_REGISTRATION_TOKEN_FILE")]
+    pub registration_token_file: Option<PathBuf>,
+    /// Default: $XDG_DATA_HOME/gpuci-agent or ~/.local/share/gpuci-agent.
+    #[arg(long, env = "GPUCI_AGENT_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Default: the host name.
+    #[arg(long, env = "GPUCI_AGENT_NAME")]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub local: LocalAgentArgs,
+    /// How long GPU memory may take to return to baseline after a job before the GPU is quarantined.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub post_job_timeout: std::time::Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct SubmitArgs {
+    pub file: PathBuf,
+    /// Follow the pipeline until it ends; exit with its result.
+    #[arg(long)]
+    pub wait: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct JobsArgs {
+    #[command(subcommand)]
+    pub show: Option<JobsSub>,
+    /// Only these states (comma-separated), e.g. queued,running.
+    #[arg(long)]
+    pub state: Option<String>,
+    #[arg(long)]
+    pub pipeline: Option<i64>,
+    #[arg(long, default_value_t = 50)]
+    pub limit: u32,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JobsSub {
+    /// One job in full: reason, agent, GPUs, telemetry.
+    Show { id: i64 },
+}
+
+#[derive(Args, Debug)]
+pub struct LogsArgs {
+    pub job: i64,
+    /// Follow until the job ends.
+    #[arg(short, long)]
+    pub follow: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct CancelArgs {
+    pub job: i64,
+    #[arg(long)]
+    pub reason: Option<String>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct AgentsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct GpuArgs {
+    #[command(subcommand)]
+    pub command: GpuCommand,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GpuCommand {
+    /// Return a quarantined GPU to service.
+    Release { uuid: String },
+}
+
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Minimum NVIDIA driver version.
+    #[arg(long, default_value = "525")]
+    pub min_driver: String,
+    /// Minimum CUDA driver version.
+    #[arg(long)]
+    pub min_cuda: Option<String>,
+    /// Minimum compute capability, e.g. 7.0.
+    #[arg(long)]
+    pub min_compute_capability: Option<String>,
+    /// Extra probe, NAME=COMMAND (repeatable), e.g. torch='python3 -c "import torch; assert torch.cuda.is_available()"'.
+    #[arg(long = "probe", value_parser = parse_tag)]
+    pub probes: Vec<(String, String)>,
+    /// Check a simulated inventory instead of the real one.
+    #[arg(long)]
+    pub simulate_gpus: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ValidateArgs {
+    pub files: Vec<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Submit → process-start latency and throughput of trivial jobs on a warm local agent.
+    Dispatch {
+        #[arg(long, default_value_t = 1000)]
+        jobs: u32,
+        /// Jobs in flight at once for the throughput phase.
+        #[arg(long, default_value_t = 8)]
+        slots: u32,
+        #[arg(long, value_enum, default_value_t = IsolationArg::Auto)]
+        isolation: IsolationArg,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IsolationArg {
+    /// Bubblewrap when installed, else none.
+    Auto,
+    Bubblewrap,
+    None,
+}
+
+impl From<IsolationArg> for gpuci_agent::IsolationPolicy {
+    fn from(a: IsolationArg) -> Self {
+        match a {
+            IsolationArg::Auto => gpuci_agent::IsolationPolicy::Auto,
+            IsolationArg::Bubblewrap => gpuci_agent::IsolationPolicy::Bubblewrap,
+            IsolationArg::None => gpuci_agent::IsolationPolicy::None,
+        }
+    }
+}
+
+pub fn parse_tag(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {s:?}")),
+    }
+}
+
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    s.parse::<gpuci_core::Duration>().map(|d| d.as_std()).map_err(|e| e.to_string())
+}
+
+/// `$XDG_DATA_HOME/<name>` or `~/.local/share/<name>`.
+pub fn default_data_dir(name: &str) -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join(name);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".local/share").join(name)
+}

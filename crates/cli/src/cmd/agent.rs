@@ -1,0 +1,30 @@
+//! `gpuci agent --server URL`: run jobs for a coordinator.
+
+use crate::cli::{default_data_dir, AgentArgs};
+use crate::{CliError, CliResult};
+use tokio_util::sync::CancellationToken;
+
+pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
+    let data_dir = a.data_dir.unwrap_or_else(|| default_data_dir("gpuci-agent"));
+    let mut c = gpuci_agent::Config::new(a.server, data_dir);
+    c.registration_token = match (a.registration_token, a.registration_token_file) {
+        (Some(t), _) => Some(t),
+        (None, Some(f)) => Some(
+            std::fs::read_to_string(&f)
+                .map_err(|e| CliError::Input(format!("cannot read registration token file {}: {e}", f.display())))?
+                .trim()
+                .to_string(),
+        ),
+        (None, None) => None,
+    };
+    if let Some(n) = a.name {
+        c.name = n;
+    }
+    c.slots = a.local.slots;
+    c.tags = a.local.tags.into_iter().collect();
+    c.simulate_gpus = a.local.simulate_gpus;
+    c.isolation = a.local.isolation.into();
+    c.post_job_timeout = a.post_job_timeout;
+    gpuci_agent::run(c, shutdown).await?;
+    Ok(0)
+}

@@ -1,0 +1,41 @@
+//! `gpuci doctor`: is this host fit to be a GPU CI node? A pass/fail table with the fix for
+//! each failure; `--json`; exit 1 when a check fails. On a host without GPUs it says so and
+//! still checks the rest.
+
+use crate::cli::DoctorArgs;
+use crate::{CliError, CliResult};
+use gpuci_core::gpu::{ComputeCapability, Version};
+use gpuci_gpu::{doctor, doctor_passed, format_table, DetectOptions, DoctorOptions, Probe, SystemRunner};
+use std::sync::Arc;
+
+pub async fn run(a: DoctorArgs) -> CliResult {
+    let version = |s: &str, what: &str| Version::parse(s).ok_or_else(|| CliError::Input(format!("{what}: expected a version like 535 or 12.4, got {s:?}")));
+    let mut opts = DoctorOptions { min_driver: Some(version(&a.min_driver, "--min-driver")?), ..Default::default() };
+    if let Some(c) = &a.min_cuda {
+        opts.min_cuda = Some(version(c, "--min-cuda")?);
+    }
+    if let Some(cc) = &a.min_compute_capability {
+        let v = version(cc, "--min-compute-capability")?;
+        opts.min_compute_capability = Some(ComputeCapability { major: v.0[0], minor: v.0.get(1).copied().unwrap_or(0) });
+    }
+    opts.probes = a.probes.into_iter().map(|(name, command)| Probe { name, command }).collect();
+    let runner = Arc::new(SystemRunner);
+    let checks = tokio::task::spawn_blocking(move || {
+        let mut d = DetectOptions::new(gpuci_agent::hostname());
+        d.simulate = a.simulate_gpus;
+        d.runner = runner.clone();
+        let detection = gpuci_gpu::detect(&d).map_err(|e| CliError::Input(e.to_string()))?;
+        Ok::<_, CliError>(doctor(&opts, &detection, runner.as_ref()))
+    })
+    .await
+    .map_err(anyhow::Error::from)??;
+    let passed = doctor_passed(&checks);
+    if a.json {
+        let out = serde_json::json!({ "passed": passed, "checks": checks });
+        println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::from)?);
+    } else {
+        print!("{}", format_table(&checks));
+        eprintln!("{}", if passed { "doctor: this host can serve GPU CI jobs" } else { "doctor: some checks failed; see the fixes above" });
+    }
+    Ok(if passed { 0 } else { 1 })
+}

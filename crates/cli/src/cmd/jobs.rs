@@ -1,0 +1,84 @@
+//! `gpuci jobs`, `gpuci jobs show`, `gpuci logs`, `gpuci cancel`.
+
+use crate::cli::{CancelArgs, JobsArgs, JobsSub, LogsArgs};
+use crate::client::Client;
+use crate::render::{job_detail, jobs_table};
+use crate::CliResult;
+use gpuci_protocol::agent::Stream;
+use gpuci_protocol::api::LogEvent;
+use std::io::Write;
+
+fn print_json<T: serde::Serialize>(v: &T) -> CliResult<()> {
+    println!("{}", serde_json::to_string_pretty(v).map_err(anyhow::Error::from)?);
+    Ok(())
+}
+
+pub async fn jobs(a: JobsArgs) -> CliResult {
+    let c = Client::from_args(&a.client)?;
+    if let Some(JobsSub::Show { id }) = a.show {
+        let j = c.job(id).await?;
+        if a.client.json {
+            print_json(&j)?;
+        } else {
+            print!("{}", job_detail(&j));
+        }
+        return Ok(0);
+    }
+    let mut q = vec![format!("limit={}", a.limit)];
+    if let Some(s) = &a.state {
+        q.push(format!("state={s}"));
+    }
+    if let Some(p) = a.pipeline {
+        q.push(format!("pipeline={p}"));
+    }
+    let jobs = c.jobs(&q.join("&")).await?;
+    if a.client.json {
+        print_json(&jobs)?;
+    } else if jobs.is_empty() {
+        eprintln!("no jobs");
+    } else {
+        print!("{}", jobs_table(&jobs));
+    }
+    Ok(0)
+}
+
+pub async fn logs(a: LogsArgs) -> CliResult {
+    let c = Client::from_args(&a.client)?;
+    let mut end = None;
+    let json = a.client.json;
+    c.stream::<LogEvent>(&format!("/api/v1/jobs/{}/logs?follow={}", a.job, a.follow), |ev| {
+        if json {
+            if let Ok(s) = serde_json::to_string(&ev) {
+                println!("{s}");
+            }
+        }
+        match ev {
+            LogEvent::Line(l) if !json => {
+                let _ = match l.stream {
+                    Stream::Stderr => writeln!(std::io::stderr(), "{}", l.text),
+                    Stream::System => writeln!(std::io::stderr(), "# {}", l.text),
+                    Stream::Stdout => writeln!(std::io::stdout(), "{}", l.text),
+                };
+            }
+            LogEvent::End { state, reason } => end = Some((state, reason)),
+            _ => {}
+        }
+        true
+    })
+    .await?;
+    if let (Some((state, reason)), false) = (&end, json) {
+        eprintln!("job {} {state}: {reason}", a.job);
+    }
+    Ok(0)
+}
+
+pub async fn cancel(a: CancelArgs) -> CliResult {
+    let c = Client::from_args(&a.client)?;
+    let j = c.cancel(a.job, a.reason).await?;
+    if a.client.json {
+        print_json(&j)?;
+    } else {
+        eprintln!("job {} {}: {}", j.id, j.state, j.reason);
+    }
+    Ok(0)
+}

@@ -1,0 +1,126 @@
+//! One module per subcommand. Each returns an exit code or a [`CliError`].
+
+mod agent;
+mod bench;
+mod doctor;
+mod jobs;
+pub mod local;
+mod run;
+mod server;
+mod submit;
+mod up;
+
+use crate::cli::{Cli, Command, GpuCommand};
+use crate::client::Client;
+use crate::{render, CliError, CliResult};
+use gpuci_core::pipeline::Pipeline;
+use std::path::Path;
+use tokio_util::sync::CancellationToken;
+
+pub async fn dispatch(cli: Cli) -> u8 {
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let r = match cli.command {
+        Command::Up(a) => up::run(a, shutdown).await,
+        Command::Run(a) => run::run(a, shutdown).await,
+        Command::Server(a) => server::run(a, shutdown).await,
+        Command::Agent(a) => agent::run(a, shutdown).await,
+        Command::Submit(a) => submit::run(a).await,
+        Command::Jobs(a) => jobs::jobs(a).await,
+        Command::Logs(a) => jobs::logs(a).await,
+        Command::Cancel(a) => jobs::cancel(a).await,
+        Command::Agents(a) => agents(a).await,
+        Command::Gpu(a) => match a.command {
+            GpuCommand::Release { uuid } => gpu_release(&a.client, &uuid).await,
+        },
+        Command::Doctor(a) => doctor::run(a).await,
+        Command::Validate(a) => validate(a),
+        Command::Schema => {
+            println!("{}", serde_json::to_string_pretty(&gpuci_core::pipeline::schema::json_schema()).unwrap_or_default());
+            Ok(0)
+        }
+        Command::Bench(a) => bench::run(a).await,
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", format_error(&e));
+            e.exit_code()
+        }
+    }
+}
+
+fn format_error(e: &CliError) -> String {
+    match e {
+        CliError::Input(s) => s.clone(),
+        CliError::Other(e) => format!("{e:#}"),
+    }
+}
+
+/// SIGINT or SIGTERM: cancel, so every task stops taking work and returns.
+async fn cancel_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else { return };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    token.cancel();
+}
+
+/// Read and validate a pipeline file; errors name file:line:column.
+pub fn read_pipeline(path: &Path) -> CliResult<(String, Pipeline)> {
+    let text = std::fs::read_to_string(path).map_err(|e| CliError::Input(format!("cannot read {}: {e}", path.display())))?;
+    let name = path.display().to_string();
+    let p = gpuci_core::pipeline::parse(&name, &text).map_err(|e| CliError::Input(e.to_string()))?;
+    Ok((text, p))
+}
+
+fn validate(a: crate::cli::ValidateArgs) -> CliResult {
+    if a.files.is_empty() {
+        return Err(CliError::Input("name at least one pipeline file".into()));
+    }
+    let mut bad = 0;
+    let mut report = Vec::new();
+    for f in &a.files {
+        match read_pipeline(f) {
+            Ok((_, p)) => {
+                if !a.json {
+                    eprintln!("{}: ok ({} steps)", f.display(), p.steps.len());
+                }
+                report.push(serde_json::json!({"file": f, "ok": true, "steps": p.steps.len()}));
+            }
+            Err(e) => {
+                bad += 1;
+                if !a.json {
+                    eprintln!("{}", format_error(&e));
+                }
+                report.push(serde_json::json!({"file": f, "ok": false, "error": format_error(&e)}));
+            }
+        }
+    }
+    if a.json {
+        println!("{}", serde_json::Value::Array(report));
+    }
+    Ok(if bad > 0 { 2 } else { 0 })
+}
+
+async fn agents(a: crate::cli::AgentsArgs) -> CliResult {
+    let c = Client::from_args(&a.client)?;
+    let agents = c.agents().await?;
+    if a.client.json {
+        println!("{}", serde_json::to_string_pretty(&agents).map_err(anyhow::Error::from)?);
+    } else if agents.is_empty() {
+        eprintln!("no agents registered");
+    } else {
+        print!("{}", render::agents_table(&agents));
+    }
+    Ok(0)
+}
+
+async fn gpu_release(c: &crate::cli::ClientArgs, uuid: &str) -> CliResult {
+    Client::from_args(c)?.release_gpu(uuid).await?;
+    eprintln!("GPU {uuid} returned to service");
+    Ok(0)
+}

@@ -1,0 +1,17 @@
+//! `gpuci server`: the coordinator alone.
+
+use crate::cli::{default_data_dir, ServerArgs};
+use crate::CliResult;
+use gpuci_coordinator::{Config, Timing};
+use tokio_util::sync::CancellationToken;
+
+pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
+    let data_dir = a.data_dir.unwrap_or_else(|| default_data_dir("gpuci"));
+    let mut config = Config::new(a.listen, data_dir.clone());
+    config.timing = Timing { heartbeat_interval: a.heartbeat, lost_after: a.lost_after, ..Timing::default() };
+    let running = gpuci_coordinator::start(config, shutdown).await?;
+    println!("{}", running.url);
+    eprintln!("coordinator at {} (data dir {}; registration token in {})", running.url, data_dir.display(), data_dir.join("registration-token").display());
+    running.task.await.map_err(anyhow::Error::from)??;
+    Ok(0)
+}

@@ -1,0 +1,41 @@
+//! `gpuci submit FILE [--wait]`.
+
+use super::read_pipeline;
+use crate::cli::SubmitArgs;
+use crate::client::Client;
+use crate::render::{jobs_table, Progress};
+use crate::CliResult;
+use gpuci_protocol::api::{SubmitPipeline, WatchEvent};
+
+pub async fn run(a: SubmitArgs) -> CliResult {
+    let (source, _) = read_pipeline(&a.file)?;
+    let c = Client::from_args(&a.client)?;
+    let p = c.submit(&SubmitPipeline { file_name: a.file.display().to_string(), source, env: Default::default() }).await?;
+    if !a.wait {
+        if a.client.json {
+            println!("{}", serde_json::to_string_pretty(&p).map_err(anyhow::Error::from)?);
+        } else {
+            println!("{}", p.id);
+            eprint!("{}", jobs_table(&p.jobs));
+        }
+        return Ok(0);
+    }
+    eprintln!("pipeline {} submitted ({} jobs)", p.id, p.jobs.len());
+    let mut progress = Progress::new(&p.jobs);
+    let json = a.client.json;
+    c.stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
+        if json {
+            if let Ok(s) = serde_json::to_string(&ev) {
+                println!("{s}");
+            }
+            if let WatchEvent::Done { state } = &ev {
+                progress.final_state = Some(state.clone());
+            }
+        } else {
+            progress.on(ev);
+        }
+        progress.final_state.is_none()
+    })
+    .await?;
+    Ok(progress.exit_code())
+}

@@ -1,0 +1,223 @@
+//! Human output. Tables and progress for people; `--json` bypasses all of this.
+
+use gpuci_core::job::JobState;
+use gpuci_protocol::agent::Stream;
+use gpuci_protocol::api::{AgentSummary, JobSummary, WatchEvent};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+pub fn elapsed(ms: i64) -> String {
+    let d = Duration::from_millis(ms.max(0) as u64);
+    if d < Duration::from_secs(60) {
+        format!("{:.1}s", d.as_secs_f64())
+    } else {
+        gpuci_core::Duration(Duration::from_secs(d.as_secs())).to_string()
+    }
+}
+
+fn ago(ms: i64) -> String {
+    format!("{} ago", elapsed(now_ms() - ms))
+}
+
+/// Render rows as aligned columns.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let n = cells.len();
+        for (i, c) in cells.into_iter().enumerate() {
+            if i + 1 == n {
+                out.push_str(c);
+            } else {
+                let _ = write!(out, "{c:<w$}  ", w = widths[i]);
+            }
+        }
+        out.push('\n');
+    };
+    line(header.to_vec(), &mut out);
+    for r in rows {
+        line(r.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+pub fn jobs_table(jobs: &[JobSummary]) -> String {
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            let when = match (j.started_at_ms, j.finished_at_ms) {
+                (Some(s), Some(f)) => elapsed(f - s),
+                (Some(s), None) => format!("{} (running)", elapsed(now_ms() - s)),
+                (None, _) => ago(j.created_at_ms),
+            };
+            vec![
+                j.id.to_string(),
+                j.pipeline_id.to_string(),
+                j.name.clone(),
+                j.state.to_string(),
+                j.agent_name.clone().unwrap_or_else(|| "-".into()),
+                if j.gpus.is_empty() { "-".into() } else { j.gpus.len().to_string() },
+                when,
+                j.reason.clone(),
+            ]
+        })
+        .collect();
+    table(&["JOB", "PIPELINE", "STEP", "STATE", "AGENT", "GPUS", "TIME", "REASON"], &rows)
+}
+
+pub fn job_detail(j: &JobSummary) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "job {}  {} (pipeline {}, step `{}`, attempt {})", j.id, j.name, j.pipeline_id, j.step_key, j.attempt);
+    let _ = writeln!(s, "state:    {}", j.state);
+    let _ = writeln!(s, "reason:   {}", j.reason);
+    if let Some(a) = &j.agent_name {
+        let _ = writeln!(s, "agent:    {a}");
+    }
+    for g in &j.gpus {
+        let _ = writeln!(s, "gpu:      {g}");
+    }
+    if let Some(c) = j.exit_code {
+        let _ = writeln!(s, "exit:     {c}");
+    }
+    if let (Some(st), fin) = (j.started_at_ms, j.finished_at_ms) {
+        let _ = writeln!(s, "ran:      {}", elapsed(fin.unwrap_or_else(now_ms) - st));
+    }
+    if let Some(t) = &j.telemetry {
+        let _ = writeln!(
+            s,
+            "gpu use:  peak memory {}, mean utilisation {:.0}%, {:.1} GPU-seconds ({} samples)",
+            gpuci_core::quantity::Bytes(t.peak_memory_bytes),
+            t.mean_utilization_pct,
+            t.gpu_seconds,
+            t.samples
+        );
+    }
+    s
+}
+
+pub fn agents_table(agents: &[AgentSummary]) -> String {
+    let mut out = String::new();
+    let rows: Vec<Vec<String>> = agents
+        .iter()
+        .map(|a| {
+            let tags: Vec<String> = a.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            vec![
+                a.name.clone(),
+                a.state.clone(),
+                format!("{}/{}", a.running.len(), a.slots),
+                a.gpus.len().to_string(),
+                if tags.is_empty() { "-".into() } else { tags.join(",") },
+                a.isolation.clone(),
+                a.gpu_backend.clone(),
+                a.reason.clone(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&["AGENT", "STATE", "JOBS", "GPUS", "TAGS", "ISOLATION", "GPU SOURCE", "REASON"], &rows));
+    for a in agents.iter().filter(|a| !a.gpus.is_empty()) {
+        let _ = writeln!(out, "\n{} GPUs:", a.name);
+        let rows: Vec<Vec<String>> = a
+            .gpus
+            .iter()
+            .map(|g| {
+                let what = match (g.state.as_str(), g.job_id, &g.reason) {
+                    ("leased", Some(j), _) => format!("leased to job {j}"),
+                    ("quarantined", _, Some(r)) => format!("QUARANTINED: {r}"),
+                    (s, _, _) => s.to_string(),
+                };
+                vec![
+                    g.info.index.to_string(),
+                    g.info.uuid.clone(),
+                    format!("{}{}", g.info.name, if g.info.simulated { " (simulated)" } else { "" }),
+                    g.info.memory.to_string(),
+                    g.info.compute_capability.to_string(),
+                    what,
+                ]
+            })
+            .collect();
+        out.push_str(&table(&["  #", "UUID", "MODEL", "MEMORY", "CC", "STATE"], &rows));
+    }
+    out
+}
+
+/// Live pipeline progress: state changes on stderr, job output on stdout prefixed by step.
+pub struct Progress {
+    jobs: BTreeMap<i64, JobSummary>,
+    width: usize,
+    pub final_state: Option<String>,
+    started: std::time::Instant,
+}
+
+impl Progress {
+    pub fn new(jobs: &[JobSummary]) -> Self {
+        let width = jobs.iter().map(|j| j.step_key.len()).max().unwrap_or(4).min(24);
+        Progress { jobs: BTreeMap::new(), width, final_state: None, started: std::time::Instant::now() }
+    }
+
+    pub fn on(&mut self, ev: WatchEvent) {
+        let mut err = std::io::stderr().lock();
+        match ev {
+            WatchEvent::Job(j) => {
+                let prev = self.jobs.insert(j.id, j.clone());
+                let changed = prev.as_ref().is_none_or(|p| p.state != j.state);
+                if !changed {
+                    return;
+                }
+                let took = j.started_at_ms.map(|s| elapsed(j.finished_at_ms.unwrap_or_else(now_ms) - s)).unwrap_or_default();
+                let line = match j.state {
+                    JobState::Queued if prev.is_none() => return,
+                    JobState::Queued => format!("↻ {} requeued: {}", j.name, j.reason),
+                    JobState::Assigned => return,
+                    JobState::Running => {
+                        let gpus = if j.gpus.is_empty() { String::new() } else { format!(" on GPU {}", j.gpus.join(", ")) };
+                        format!("▶ {} (job {}) started on {}{gpus}", j.name, j.id, j.agent_name.clone().unwrap_or_default())
+                    }
+                    JobState::Succeeded => format!("✓ {} succeeded in {took}", j.name),
+                    JobState::Skipped => format!("- {} skipped: {}", j.name, j.reason),
+                    st => format!("✗ {} {st}{}: {}", j.name, if took.is_empty() { String::new() } else { format!(" after {took}") }, j.reason),
+                };
+                let _ = writeln!(err, "{line}");
+            }
+            WatchEvent::Log { job_id, line } => {
+                let key = self.jobs.get(&job_id).map(|j| j.step_key.clone()).unwrap_or_else(|| job_id.to_string());
+                let mark = match line.stream {
+                    Stream::System => "#",
+                    _ => "│",
+                };
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{key:>w$} {mark} {}", line.text, w = self.width);
+            }
+            WatchEvent::Done { state } => {
+                let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+                let mut latest: BTreeMap<&str, &JobSummary> = BTreeMap::new();
+                for j in self.jobs.values() {
+                    latest.insert(&j.step_key, j);
+                }
+                for j in latest.values() {
+                    *counts.entry(j.state.to_string()).or_default() += 1;
+                }
+                let parts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
+                let _ = writeln!(err, "pipeline {state} in {} ({})", elapsed(self.started.elapsed().as_millis() as i64), parts.join(", "));
+                self.final_state = Some(state);
+            }
+        }
+    }
+
+    pub fn exit_code(&self) -> u8 {
+        match self.final_state.as_deref() {
+            Some("succeeded") => 0,
+            _ => 1,
+        }
+    }
+}
