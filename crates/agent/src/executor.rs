@@ -40,6 +40,9 @@ pub enum IsolationPolicy {
 
 /// Shared by all job tasks of an agent; read-only.
 pub struct JobContext {
+    /// Makes sandbox names (cgroups, markers) unique per agent: two agents on one host, or
+    /// agents of two coordinators, both have a job 1.
+    pub sandbox_prefix: String,
     pub work_root: PathBuf,
     /// Hidden from every job: the agent's data dir (credential) and the workspaces root.
     pub hide_paths: Vec<PathBuf>,
@@ -77,7 +80,12 @@ impl Emitter {
 }
 
 /// Run one job to its end. Never panics; every failure becomes an [`Outcome`].
-pub async fn run_job(a: Assignment, ctx: Arc<JobContext>, tx: mpsc::UnboundedSender<JobEvent>, cancel: CancellationToken) {
+pub async fn run_job(
+    a: Assignment,
+    ctx: Arc<JobContext>,
+    tx: mpsc::UnboundedSender<JobEvent>,
+    cancel: CancellationToken,
+) {
     let job_id = a.job_id;
     let out = Emitter { job_id, tx: tx.clone() };
     let mut gpu_health: BTreeMap<String, GpuHealth> = BTreeMap::new();
@@ -90,7 +98,8 @@ pub async fn run_job(a: Assignment, ctx: Arc<JobContext>, tx: mpsc::UnboundedSen
         let h = post_check(&ctx, uuid, &out).await;
         gpu_health.insert(uuid.clone(), h);
     }
-    let _ = tx.send(JobEvent::Finished(JobFinished { job_id, outcome, finished_at_us: now_us(), telemetry, gpu_health }));
+    let _ =
+        tx.send(JobEvent::Finished(JobFinished { job_id, outcome, finished_at_us: now_us(), telemetry, gpu_health }));
 }
 
 async fn post_check(ctx: &JobContext, uuid: &str, out: &Emitter) -> GpuHealth {
@@ -102,7 +111,8 @@ async fn post_check(ctx: &JobContext, uuid: &str, out: &Emitter) -> GpuHealth {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid as i32), nix::sys::signal::Signal::SIGKILL);
         }
     }
-    let baseline = HealthBaseline::capture(backend, uuid).unwrap_or_else(|_| HealthBaseline::from_counters(&Default::default()));
+    let baseline =
+        HealthBaseline::capture(backend, uuid).unwrap_or_else(|_| HealthBaseline::from_counters(&Default::default()));
     let r = gpuci_gpu::post_job_check(backend, uuid, &baseline, &ctx.health, &CancellationToken::new()).await;
     match r.reason() {
         None => GpuHealth::Healthy,
@@ -123,7 +133,8 @@ async fn execute(
     let fail = |error: String| (Outcome::StartFailed { error }, None);
     // Pre-job check: each leased GPU must answer and be idle and clean.
     for uuid in &a.gpus {
-        let baseline = HealthBaseline::capture(ctx.gpus.as_ref(), uuid).unwrap_or_else(|_| HealthBaseline::from_counters(&Default::default()));
+        let baseline = HealthBaseline::capture(ctx.gpus.as_ref(), uuid)
+            .unwrap_or_else(|_| HealthBaseline::from_counters(&Default::default()));
         let r = gpuci_gpu::pre_job_check(ctx.gpus.as_ref(), uuid, &baseline, &ctx.health);
         if let Some(reason) = r.reason() {
             gpu_health.insert(uuid.clone(), GpuHealth::Unhealthy { reason: reason.clone() });
@@ -177,7 +188,10 @@ async fn execute_in(
         }
         (_, _, true) => Isolation::Bubblewrap,
         (_, IsolationPolicy::Bubblewrap, false) => {
-            return (Outcome::StartFailed { error: "bubblewrap is required by this agent but not installed".into() }, None)
+            return (
+                Outcome::StartFailed { error: "bubblewrap is required by this agent but not installed".into() },
+                None,
+            )
         }
         (_, IsolationPolicy::Auto, false) => {
             out.system("bubblewrap not installed: the job runs without isolation");
@@ -185,7 +199,11 @@ async fn execute_in(
         }
     };
     let script = step.command.join("\n");
-    let mut spec = SandboxSpec::new(format!("job-{}", a.job_id), workspace, vec!["bash".into(), "-eo".into(), "pipefail".into(), "-c".into(), script]);
+    let mut spec = SandboxSpec::new(
+        format!("{}-job-{}", ctx.sandbox_prefix, a.job_id),
+        workspace,
+        vec!["bash".into(), "-eo".into(), "pipefail".into(), "-c".into(), script],
+    );
     spec.env = job_env(a, workspace);
     spec.isolation = isolation;
     spec.network = step.network != gpuci_core::pipeline::NetworkMode::None;
@@ -215,7 +233,13 @@ async fn execute_in(
     let readers = tokio::spawn(pump(out.job_id, out.tx.clone(), stdout, stderr));
     let telemetry_cancel = CancellationToken::new();
     let telemetry = (!a.gpus.is_empty()).then(|| {
-        tokio::spawn(gpuci_gpu::sample_loop(ctx.gpus.clone(), a.gpus.clone(), ctx.telemetry_period, telemetry_cancel.clone(), |_, _, _| {}))
+        tokio::spawn(gpuci_gpu::sample_loop(
+            ctx.gpus.clone(),
+            a.gpus.clone(),
+            ctx.telemetry_period,
+            telemetry_cancel.clone(),
+            |_, _, _| {},
+        ))
     });
 
     let timeout = step.timeout.map(|d| d.as_std());
@@ -245,7 +269,10 @@ async fn execute_in(
         End::Exited(Err(e)) => Outcome::StartFailed { error: e.to_string() },
         End::TimedOut => {
             let ms = timeout.map_or(0, |d| d.as_millis() as u64);
-            out.system(format!("timeout of {} reached: killing the job's process tree", gpuci_core::Duration::from_millis(ms)));
+            out.system(format!(
+                "timeout of {} reached: killing the job's process tree",
+                gpuci_core::Duration::from_millis(ms)
+            ));
             let _ = sandbox.kill_tree();
             let _ = sandbox.wait().await;
             Outcome::TimedOut { after_ms: ms }

@@ -26,7 +26,7 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Config {
     /// Coordinator base URL, e.g. `http://127.0.0.1:8070`.
     pub server: String,
@@ -41,6 +41,8 @@ pub struct Config {
     pub telemetry_period: Duration,
     /// How long GPU memory may take to return to baseline after a job.
     pub post_job_timeout: Duration,
+    /// Use this GPU backend instead of detecting one (tests: a recording fake).
+    pub gpu_backend: Option<Arc<dyn gpuci_gpu::GpuBackend>>,
 }
 
 impl Config {
@@ -57,12 +59,15 @@ impl Config {
             isolation: IsolationPolicy::Auto,
             telemetry_period: Duration::from_secs(1),
             post_job_timeout: Duration::from_secs(30),
+            gpu_backend: None,
         }
     }
 }
 
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_else(|_| "localhost".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 /// What one connection's session ended with.
@@ -77,8 +82,8 @@ struct Agent {
     hello_base: Hello,
     /// Jobs running now, with their cancel handles.
     running: HashMap<JobId, CancellationToken>,
-    /// Results the coordinator has not acknowledged yet.
-    unacked: BTreeMap<JobId, JobFinished>,
+    /// Results the coordinator has not acknowledged yet, with when they were last sent.
+    unacked: BTreeMap<JobId, (JobFinished, std::time::Instant)>,
     /// Messages produced while disconnected (job starts, log lines), sent after the next hello.
     backlog: Vec<AgentMessage>,
     events_tx: mpsc::UnboundedSender<JobEvent>,
@@ -93,25 +98,45 @@ const BACKLOG_LIMIT: usize = 100_000;
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let identity = identity::load_or_register(&http, &config.data_dir, &config.server, &config.name, config.registration_token.as_deref()).await?;
+    let identity = identity::load_or_register(
+        &http,
+        &config.data_dir,
+        &config.server,
+        &config.name,
+        config.registration_token.as_deref(),
+    )
+    .await?;
 
     let mut opts = gpuci_gpu::DetectOptions::new(config.name.clone());
     opts.simulate = config.simulate_gpus.clone();
     opts.simulated_device_dir = config.data_dir.join("sim-dev");
-    let detection = gpuci_gpu::detect(&opts).context("GPU inventory")?;
-    let inventory = detection.backend.inventory().unwrap_or_default();
-    let backend_name = match detection.no_gpu_reason() {
-        Some(why) => format!("none: {why}"),
-        None => format!("{:?}", detection.kind()).to_lowercase(),
+    let (backend, backend_name) = match &config.gpu_backend {
+        Some(b) => (b.clone(), format!("{:?}", b.kind()).to_lowercase()),
+        None => {
+            let detection = gpuci_gpu::detect(&opts).context("GPU inventory")?;
+            let name = match detection.no_gpu_reason() {
+                Some(why) => format!("none: {why}"),
+                None => format!("{:?}", detection.kind()).to_lowercase(),
+            };
+            (detection.backend.clone(), name)
+        }
+    };
+    let inventory = match backend.inventory() {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::error!(error = %e, "GPU inventory failed; advertising no GPUs");
+            Vec::new()
+        }
     };
     let caps = gpuci_sandbox::detect();
     let work_root = config.data_dir.join("work");
     std::fs::create_dir_all(&work_root)?;
     let health = gpuci_gpu::HealthPolicy { post_job_timeout: config.post_job_timeout, ..Default::default() };
     let ctx = Arc::new(JobContext {
+        sandbox_prefix: identity.agent_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect(),
         work_root: work_root.clone(),
         hide_paths: vec![config.data_dir.clone()],
-        gpus: detection.backend.clone(),
+        gpus: backend.clone(),
         inventory: inventory.clone(),
         isolation: config.isolation,
         bubblewrap: caps.bubblewrap.is_some(),
@@ -137,8 +162,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         finished: Vec::new(),
     };
     let (events_tx, events_rx) = mpsc::unbounded_channel();
-    let mut agent =
-        Agent { ctx, hello_base, running: HashMap::new(), unacked: BTreeMap::new(), backlog: Vec::new(), events_tx, events_rx };
+    let mut agent = Agent {
+        ctx,
+        hello_base,
+        running: HashMap::new(),
+        unacked: BTreeMap::new(),
+        backlog: Vec::new(),
+        events_tx,
+        events_rx,
+    };
     agent.run(identity, shutdown).await
 }
 
@@ -180,7 +212,9 @@ impl Agent {
 
     fn on_event_offline(&mut self, ev: JobEvent) {
         match ev {
-            JobEvent::Started { job_id, pid, at_us } => self.backlog.push(AgentMessage::JobStarted { job_id, pid, started_at_us: at_us }),
+            JobEvent::Started { job_id, pid, at_us } => {
+                self.backlog.push(AgentMessage::JobStarted { job_id, pid, started_at_us: at_us })
+            }
             JobEvent::Log { job_id, chunk } => {
                 if self.backlog.len() >= BACKLOG_LIMIT {
                     self.backlog.remove(0);
@@ -189,7 +223,7 @@ impl Agent {
             }
             JobEvent::Finished(f) => {
                 self.running.remove(&f.job_id);
-                self.unacked.insert(f.job_id, f);
+                self.unacked.insert(f.job_id, (f, std::time::Instant::now()));
             }
         }
     }
@@ -206,7 +240,7 @@ impl Agent {
         let (mut sink, mut stream) = ws.split();
         let mut hello = self.hello_base.clone();
         hello.running = self.running.keys().copied().collect();
-        hello.finished = self.unacked.values().cloned().collect();
+        hello.finished = self.unacked.values().map(|(f, _)| f.clone()).collect();
         send(&mut sink, &AgentMessage::Hello(Box::new(hello))).await?;
 
         // Welcome first.
@@ -242,7 +276,17 @@ impl Agent {
                     let _ = sink.close().await;
                     return Ok(SessionEnd::Shutdown);
                 }
-                _ = tick.tick() => send(&mut sink, &AgentMessage::Heartbeat).await?,
+                _ = tick.tick() => {
+                    send(&mut sink, &AgentMessage::Heartbeat).await?;
+                    // A result the coordinator could not record (it answers with Ack once it
+                    // has) is sent again; recording is idempotent on its side.
+                    for (f, sent) in self.unacked.values_mut() {
+                        if sent.elapsed() > Duration::from_secs(5) {
+                            *sent = std::time::Instant::now();
+                            send(&mut sink, &AgentMessage::JobFinished(f.clone())).await?;
+                        }
+                    }
+                }
                 Some(ev) = self.events_rx.recv() => {
                     // Drain what is ready and batch log lines per job: low latency when idle,
                     // few frames under load.
@@ -265,7 +309,7 @@ impl Agent {
                                     JobEvent::Started { job_id, pid, at_us } => send(&mut sink, &AgentMessage::JobStarted { job_id, pid, started_at_us: at_us }).await?,
                                     JobEvent::Finished(f) => {
                                         self.running.remove(&f.job_id);
-                                        self.unacked.insert(f.job_id, f.clone());
+                                        self.unacked.insert(f.job_id, (f.clone(), std::time::Instant::now()));
                                         send(&mut sink, &AgentMessage::JobFinished(f)).await?;
                                     }
                                     JobEvent::Log { .. } => {}

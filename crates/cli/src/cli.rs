@@ -5,7 +5,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
-#[command(name = "gpuci", version, about = "Self-hosted GPU CI: whole, healthy, isolated GPUs for CI jobs", propagate_version = true)]
+#[command(
+    name = "gpuci",
+    version,
+    about = "Self-hosted GPU CI: whole, healthy, isolated GPUs for CI jobs",
+    propagate_version = true
+)]
 pub struct Cli {
     /// More log output on stderr (-v, -vv).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]

@@ -26,9 +26,12 @@ impl Client {
             None => {
                 let dir = a.data_dir.clone().unwrap_or_else(|| default_data_dir("gpuci"));
                 let path = dir.join("api-token");
-                std::fs::read_to_string(&path)
-                    .map(|s| s.trim().to_string())
-                    .map_err(|e| CliError::Input(format!("no API token: pass --token or GPUCI_TOKEN, or run on the coordinator's machine ({}: {e})", path.display())))?
+                std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|e| {
+                    CliError::Input(format!(
+                        "no API token: pass --token or GPUCI_TOKEN, or run on the coordinator's machine ({}: {e})",
+                        path.display()
+                    ))
+                })?
             }
         };
         Self::new(&a.server, &token)
@@ -47,8 +50,11 @@ impl Client {
         let body: Option<ErrorBody> = serde_json::from_str(&text).ok();
         let msg = match body {
             Some(b) if !b.pipeline_errors.is_empty() => {
-                let lines: Vec<String> =
-                    b.pipeline_errors.iter().map(|e| format!("{}:{}:{}: {}: {}", e.file, e.line, e.column, e.field, e.message)).collect();
+                let lines: Vec<String> = b
+                    .pipeline_errors
+                    .iter()
+                    .map(|e| format!("{}:{}:{}: {}: {}", e.file, e.line, e.column, e.field, e.message))
+                    .collect();
                 return Err(CliError::Input(format!("{}\n{}", b.error, lines.join("\n"))));
             }
             Some(b) => b.error,
@@ -61,13 +67,25 @@ impl Client {
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> CliResult<T> {
-        let resp = self.http.get(self.url(path)).bearer_auth(&self.token).send().await.with_context(|| format!("reaching {}", self.base))?;
+        let resp = self
+            .http
+            .get(self.url(path))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.base))?;
         Ok(Self::check(resp).await?.json().await?)
     }
 
     async fn post<B: serde::Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> CliResult<T> {
-        let resp =
-            self.http.post(self.url(path)).bearer_auth(&self.token).json(body).send().await.with_context(|| format!("reaching {}", self.base))?;
+        let resp = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.base))?;
         Ok(Self::check(resp).await?.json().await?)
     }
 
@@ -103,7 +121,13 @@ impl Client {
 
     /// Stream an NDJSON endpoint, calling `each` per item until it returns false or the stream ends.
     pub async fn stream<T: DeserializeOwned>(&self, path: &str, mut each: impl FnMut(T) -> bool) -> CliResult<()> {
-        let resp = self.http.get(self.url(path)).bearer_auth(&self.token).send().await.with_context(|| format!("reaching {}", self.base))?;
+        let resp = self
+            .http
+            .get(self.url(path))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.base))?;
         let mut body = Self::check(resp).await?.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         while let Some(chunk) = body.next().await {

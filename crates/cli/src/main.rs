@@ -8,8 +8,11 @@ use gpuci::cli::Cli;
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // `run` and the client commands print their own progress; server logs would drown it.
-    let chatty = matches!(cli.command, gpuci::cli::Command::Up(_) | gpuci::cli::Command::Server(_) | gpuci::cli::Command::Agent(_));
-    gpuci::logging::init(cli.verbose, cli.quiet || (!chatty && cli.verbose == 0));
+    let chatty = matches!(
+        cli.command,
+        gpuci::cli::Command::Up(_) | gpuci::cli::Command::Server(_) | gpuci::cli::Command::Agent(_)
+    );
+    gpuci::logging::init(cli.verbose, cli.quiet, chatty);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -78,7 +78,11 @@ pub fn jobs_table(jobs: &[JobSummary]) -> String {
 
 pub fn job_detail(j: &JobSummary) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "job {}  {} (pipeline {}, step `{}`, attempt {})", j.id, j.name, j.pipeline_id, j.step_key, j.attempt);
+    let _ = writeln!(
+        s,
+        "job {}  {} (pipeline {}, step `{}`, attempt {})",
+        j.id, j.name, j.pipeline_id, j.step_key, j.attempt
+    );
     let _ = writeln!(s, "state:    {}", j.state);
     let _ = writeln!(s, "reason:   {}", j.reason);
     if let Some(a) = &j.agent_name {
@@ -174,18 +178,30 @@ impl Progress {
                 if !changed {
                     return;
                 }
-                let took = j.started_at_ms.map(|s| elapsed(j.finished_at_ms.unwrap_or_else(now_ms) - s)).unwrap_or_default();
+                let took =
+                    j.started_at_ms.map(|s| elapsed(j.finished_at_ms.unwrap_or_else(now_ms) - s)).unwrap_or_default();
                 let line = match j.state {
                     JobState::Queued if prev.is_none() => return,
                     JobState::Queued => format!("↻ {} requeued: {}", j.name, j.reason),
                     JobState::Assigned => return,
                     JobState::Running => {
-                        let gpus = if j.gpus.is_empty() { String::new() } else { format!(" on GPU {}", j.gpus.join(", ")) };
-                        format!("▶ {} (job {}) started on {}{gpus}", j.name, j.id, j.agent_name.clone().unwrap_or_default())
+                        let gpus =
+                            if j.gpus.is_empty() { String::new() } else { format!(" on GPU {}", j.gpus.join(", ")) };
+                        format!(
+                            "▶ {} (job {}) started on {}{gpus}",
+                            j.name,
+                            j.id,
+                            j.agent_name.clone().unwrap_or_default()
+                        )
                     }
                     JobState::Succeeded => format!("✓ {} succeeded in {took}", j.name),
                     JobState::Skipped => format!("- {} skipped: {}", j.name, j.reason),
-                    st => format!("✗ {} {st}{}: {}", j.name, if took.is_empty() { String::new() } else { format!(" after {took}") }, j.reason),
+                    st => format!(
+                        "✗ {} {st}{}: {}",
+                        j.name,
+                        if took.is_empty() { String::new() } else { format!(" after {took}") },
+                        j.reason
+                    ),
                 };
                 let _ = writeln!(err, "{line}");
             }
@@ -208,7 +224,12 @@ impl Progress {
                     *counts.entry(j.state.to_string()).or_default() += 1;
                 }
                 let parts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
-                let _ = writeln!(err, "pipeline {state} in {} ({})", elapsed(self.started.elapsed().as_millis() as i64), parts.join(", "));
+                let _ = writeln!(
+                    err,
+                    "pipeline {state} in {} ({})",
+                    elapsed(self.started.elapsed().as_millis() as i64),
+                    parts.join(", ")
+                );
                 self.final_state = Some(state);
             }
         }

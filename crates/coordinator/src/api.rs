@@ -85,7 +85,10 @@ impl From<gpuci_store::StoreError> for ApiError {
 type ApiResult<T> = Result<T, ApiError>;
 
 /// Send a command to the scheduler and wait for its answer.
-pub async fn ask<T>(st: &AppState, make: impl FnOnce(oneshot::Sender<Result<T, BrainError>>) -> Command) -> Result<T, BrainError> {
+pub async fn ask<T>(
+    st: &AppState,
+    make: impl FnOnce(oneshot::Sender<Result<T, BrainError>>) -> Command,
+) -> Result<T, BrainError> {
     let (tx, rx) = oneshot::channel();
     st.brain.send(make(tx)).await.map_err(|_| BrainError::ShuttingDown)?;
     rx.await.map_err(|_| BrainError::ShuttingDown)?
@@ -97,7 +100,11 @@ pub async fn require_api_token(State(st): State<AppState>, req: Request, next: N
     match bearer(req.headers()) {
         Some(t) if st.api_token.matches(t) => next.run(req).await,
         Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API token").into_response(),
-        None => ApiError::new(StatusCode::UNAUTHORIZED, "missing API token (Authorization: Bearer <token>; see <data-dir>/api-token)").into_response(),
+        None => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing API token (Authorization: Bearer <token>; see <data-dir>/api-token)",
+        )
+        .into_response(),
     }
 }
 
@@ -110,15 +117,28 @@ fn summarize(jobs: &[gpuci_store::JobRecord], names: &HashMap<String, String>) -
 }
 
 async fn pipeline_summary(st: &AppState, id: PipelineId) -> ApiResult<PipelineSummary> {
-    let p = st.store.get_pipeline(id).await?.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("pipeline {id} not found")))?;
+    let p = st
+        .store
+        .get_pipeline(id)
+        .await?
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("pipeline {id} not found")))?;
     let jobs = summarize(&st.store.pipeline_jobs(id).await?, &agent_names(st.store.as_ref()).await);
-    Ok(PipelineSummary { id: p.id, file_name: p.file_name, created_at_ms: p.created_at_ms, state: pipeline_state(&jobs), jobs })
+    Ok(PipelineSummary {
+        id: p.id,
+        file_name: p.file_name,
+        created_at_ms: p.created_at_ms,
+        state: pipeline_state(&jobs),
+        jobs,
+    })
 }
 
 /// Submit a pipeline file; every step becomes a queued job.
 #[utoipa::path(post, path = "/api/v1/pipelines", request_body = SubmitPipeline,
     responses((status = 201, body = PipelineSummary), (status = 422, description = "the pipeline is invalid", body = ErrorBody), (status = 401, body = ErrorBody)))]
-pub async fn submit_pipeline(State(st): State<AppState>, body: Result<Json<SubmitPipeline>, axum::extract::rejection::JsonRejection>) -> ApiResult<(StatusCode, Json<PipelineSummary>)> {
+pub async fn submit_pipeline(
+    State(st): State<AppState>,
+    body: Result<Json<SubmitPipeline>, axum::extract::rejection::JsonRejection>,
+) -> ApiResult<(StatusCode, Json<PipelineSummary>)> {
     let Json(req) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     if req.file_name.trim().is_empty() {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "file_name must not be empty"));
@@ -126,15 +146,33 @@ pub async fn submit_pipeline(State(st): State<AppState>, body: Result<Json<Submi
     let pipeline = gpuci_core::pipeline::parse(&req.file_name, &req.source).map_err(|errs| ApiError {
         status: StatusCode::UNPROCESSABLE_ENTITY,
         body: ErrorBody {
-            error: format!("{} is not a valid pipeline ({} error{})", req.file_name, errs.0.len(), if errs.0.len() == 1 { "" } else { "s" }),
+            error: format!(
+                "{} is not a valid pipeline ({} error{})",
+                req.file_name,
+                errs.0.len(),
+                if errs.0.len() == 1 { "" } else { "s" }
+            ),
             pipeline_errors: errs
                 .0
                 .into_iter()
-                .map(|e| PipelineErrorBody { file: e.file, line: e.line, column: e.column, field: e.field, message: e.message })
+                .map(|e| PipelineErrorBody {
+                    file: e.file,
+                    line: e.line,
+                    column: e.column,
+                    field: e.field,
+                    message: e.message,
+                })
                 .collect(),
         },
     })?;
-    let (p, _) = ask(&st, |reply| Command::Submit { file_name: req.file_name, source: req.source, pipeline, extra_env: req.env, reply }).await?;
+    let (p, _) = ask(&st, |reply| Command::Submit {
+        file_name: req.file_name,
+        source: req.source,
+        pipeline,
+        extra_env: req.env,
+        reply,
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(pipeline_summary(&st, p.id).await?)))
 }
 
@@ -154,7 +192,10 @@ pub struct JobsQuery {
 
 /// Jobs, newest first.
 #[utoipa::path(get, path = "/api/v1/jobs", params(JobsQuery), responses((status = 200, body = Vec<JobSummary>), (status = 400, body = ErrorBody)))]
-pub async fn list_jobs(State(st): State<AppState>, q: Result<Query<JobsQuery>, axum::extract::rejection::QueryRejection>) -> ApiResult<Json<Vec<JobSummary>>> {
+pub async fn list_jobs(
+    State(st): State<AppState>,
+    q: Result<Query<JobsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<Vec<JobSummary>>> {
     let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let mut states = Vec::new();
     for s in q.state.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
@@ -179,7 +220,11 @@ pub async fn get_job(State(st): State<AppState>, Path(id): Path<JobId>) -> ApiRe
 /// Cancel a job: a queued job ends at once; a running one when its agent has killed its process tree.
 #[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", params(("id" = i64, Path)), request_body(content = CancelRequest, description = "optional reason"),
     responses((status = 200, body = JobSummary), (status = 404, body = ErrorBody), (status = 409, description = "already finished", body = ErrorBody)))]
-pub async fn cancel_job(State(st): State<AppState>, Path(id): Path<JobId>, body: Option<Json<CancelRequest>>) -> ApiResult<Json<JobSummary>> {
+pub async fn cancel_job(
+    State(st): State<AppState>,
+    Path(id): Path<JobId>,
+    body: Option<Json<CancelRequest>>,
+) -> ApiResult<Json<JobSummary>> {
     let reason = body.and_then(|Json(b)| b.reason).unwrap_or_else(|| "cancelled by user".into());
     let j = ask(&st, |reply| Command::Cancel { job: id, reason, reply }).await?;
     Ok(Json(summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0)))
@@ -215,7 +260,11 @@ use futures::StreamExt;
 /// A job's log as NDJSON `LogEvent`s; with `follow`, live until the job ends.
 #[utoipa::path(get, path = "/api/v1/jobs/{id}/logs", params(("id" = i64, Path), LogsQuery),
     responses((status = 200, content_type = "application/x-ndjson", body = LogEvent), (status = 404, body = ErrorBody)))]
-pub async fn job_logs(State(st): State<AppState>, Path(id): Path<JobId>, q: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>) -> ApiResult<Response> {
+pub async fn job_logs(
+    State(st): State<AppState>,
+    Path(id): Path<JobId>,
+    q: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Response> {
     let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     load_job(&st, id).await?;
     let mut events = st.hub.subscribe();

@@ -15,7 +15,9 @@ use gpuci_core::placement::{self, GpuSlot, GpuSlotState, HostView, Needs};
 use gpuci_protocol::agent::{Assignment, CoordinatorMessage, Forgotten, GpuHealth, Hello, JobFinished};
 use gpuci_protocol::api::{AgentSummary, GpuView};
 use gpuci_protocol::{JobId, PipelineId};
-use gpuci_store::{AgentUpdate, JobChange, JobRecord, NewJob, NewPipeline, PipelineRecord, Quarantine, Store, StoreError};
+use gpuci_store::{
+    AgentUpdate, JobChange, JobRecord, NewJob, NewPipeline, PipelineRecord, Quarantine, Store, StoreError,
+};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -39,7 +41,11 @@ pub struct Timing {
 
 impl Default for Timing {
     fn default() -> Self {
-        Timing { heartbeat_interval: Duration::from_secs(5), lost_after: Duration::from_secs(30), tick: Duration::from_secs(1) }
+        Timing {
+            heartbeat_interval: Duration::from_secs(5),
+            lost_after: Duration::from_secs(30),
+            tick: Duration::from_secs(1),
+        }
     }
 }
 
@@ -66,16 +72,57 @@ pub type Reply<T> = oneshot::Sender<Result<T, BrainError>>;
 pub type AgentTx = mpsc::UnboundedSender<CoordinatorMessage>;
 
 pub enum Command {
-    Submit { file_name: String, source: String, pipeline: Pipeline, extra_env: BTreeMap<String, String>, reply: Reply<(PipelineRecord, Vec<JobRecord>)> },
-    Cancel { job: JobId, reason: String, reply: Reply<JobRecord> },
-    AgentConnected { agent_id: String, conn: u64, hello: Box<Hello>, tx: AgentTx, reply: Reply<()> },
-    AgentFinished { agent_id: String, conn: u64, finished: JobFinished },
-    AgentStarted { agent_id: String, conn: u64, job: JobId, started_at_ms: i64 },
-    AgentGpus { agent_id: String, conn: u64, gpus: Vec<gpuci_core::gpu::GpuInfo>, health: BTreeMap<String, GpuHealth> },
-    AgentSeen { agent_id: String, conn: u64 },
-    AgentDisconnected { agent_id: String, conn: u64 },
-    ReleaseGpu { uuid: String, reply: Reply<()> },
-    Agents { reply: Reply<Vec<AgentSummary>> },
+    Submit {
+        file_name: String,
+        source: String,
+        pipeline: Pipeline,
+        extra_env: BTreeMap<String, String>,
+        reply: Reply<(PipelineRecord, Vec<JobRecord>)>,
+    },
+    Cancel {
+        job: JobId,
+        reason: String,
+        reply: Reply<JobRecord>,
+    },
+    AgentConnected {
+        agent_id: String,
+        conn: u64,
+        hello: Box<Hello>,
+        tx: AgentTx,
+        reply: Reply<()>,
+    },
+    AgentFinished {
+        agent_id: String,
+        conn: u64,
+        finished: JobFinished,
+    },
+    AgentStarted {
+        agent_id: String,
+        conn: u64,
+        job: JobId,
+        started_at_ms: i64,
+    },
+    AgentGpus {
+        agent_id: String,
+        conn: u64,
+        gpus: Vec<gpuci_core::gpu::GpuInfo>,
+        health: BTreeMap<String, GpuHealth>,
+    },
+    AgentSeen {
+        agent_id: String,
+        conn: u64,
+    },
+    AgentDisconnected {
+        agent_id: String,
+        conn: u64,
+    },
+    ReleaseGpu {
+        uuid: String,
+        reply: Reply<()>,
+    },
+    Agents {
+        reply: Reply<Vec<AgentSummary>>,
+    },
     Tick,
 }
 
@@ -155,7 +202,11 @@ impl Brain {
                     conn: None,
                     last_seen: now,
                     last_seen_ms: a.last_seen_ms.unwrap_or(0),
-                    reason: if lost { a.reason.clone() } else { "waiting for the agent to reconnect after a coordinator restart".into() },
+                    reason: if lost {
+                        a.reason.clone()
+                    } else {
+                        "waiting for the agent to reconnect after a coordinator restart".into()
+                    },
                 },
             );
         }
@@ -385,7 +436,11 @@ impl Brain {
     ) -> Result<JobRecord, BrainError> {
         let now = now_ms();
         let retry = should_retry(&job.step, state, job.attempt);
-        let reason = if retry { format!("{reason}; retrying (attempt {} of {})", job.attempt + 1, job.step.retry.count + 1) } else { reason };
+        let reason = if retry {
+            format!("{reason}; retrying (attempt {} of {})", job.attempt + 1, job.step.retry.count + 1)
+        } else {
+            reason
+        };
         let rec = self
             .store
             .update_job(
@@ -429,9 +484,19 @@ impl Brain {
         Ok(rec)
     }
 
-    async fn agent_connected(&mut self, agent_id: &str, conn: u64, hello: Hello, tx: AgentTx) -> Result<(), BrainError> {
+    async fn agent_connected(
+        &mut self,
+        agent_id: &str,
+        conn: u64,
+        hello: Hello,
+        tx: AgentTx,
+    ) -> Result<(), BrainError> {
         if hello.protocol != gpuci_protocol::PROTOCOL_VERSION {
-            let why = format!("agent speaks protocol {}, coordinator speaks {}", hello.protocol, gpuci_protocol::PROTOCOL_VERSION);
+            let why = format!(
+                "agent speaks protocol {}, coordinator speaks {}",
+                hello.protocol,
+                gpuci_protocol::PROTOCOL_VERSION
+            );
             let _ = tx.send(CoordinatorMessage::Refused { reason: why.clone() });
             return Err(BrainError::AgentRefused(why));
         }
@@ -458,14 +523,23 @@ impl Brain {
         };
         self.agents.insert(agent_id.to_string(), entry);
         self.store
-            .update_agent(agent_id, AgentUpdate { state: Some("connected".into()), reason: Some(String::new()), last_seen_ms: Some(now), hello_json })
+            .update_agent(
+                agent_id,
+                AgentUpdate {
+                    state: Some("connected".into()),
+                    reason: Some(String::new()),
+                    last_seen_ms: Some(now),
+                    hello_json,
+                },
+            )
             .await?;
 
         // Reconcile what the agent says it has with what we recorded.
         let mut forget = Vec::new();
         let running: BTreeSet<JobId> = hello.running.iter().copied().collect();
         let mut finished: BTreeMap<JobId, JobFinished> = hello.finished.into_iter().map(|f| (f.job_id, f)).collect();
-        let ours: Vec<JobRecord> = self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
+        let ours: Vec<JobRecord> =
+            self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
         for j in ours {
             if let Some(f) = finished.remove(&j.id) {
                 self.job_finished(agent_id, f).await;
@@ -485,7 +559,10 @@ impl Brain {
                         &[JobState::Assigned],
                         JobChange {
                             state: Some(JobState::Queued),
-                            reason: Some(format!("requeued: agent {} reconnected without having received it", hello.name)),
+                            reason: Some(format!(
+                                "requeued: agent {} reconnected without having received it",
+                                hello.name
+                            )),
                             clear_assignment: true,
                             ..Default::default()
                         },
@@ -596,12 +673,22 @@ impl Brain {
         }
     }
 
-    async fn apply_gpus(&mut self, agent_id: &str, gpus: Vec<gpuci_core::gpu::GpuInfo>, health: BTreeMap<String, GpuHealth>) {
+    async fn apply_gpus(
+        &mut self,
+        agent_id: &str,
+        gpus: Vec<gpuci_core::gpu::GpuInfo>,
+        health: BTreeMap<String, GpuHealth>,
+    ) {
         let now = now_ms();
         for (uuid, h) in &health {
             if let GpuHealth::Unhealthy { reason } = h {
                 if !self.quarantine.contains_key(uuid) {
-                    let q = Quarantine { gpu_uuid: uuid.clone(), agent_id: agent_id.to_string(), reason: reason.clone(), since_ms: now };
+                    let q = Quarantine {
+                        gpu_uuid: uuid.clone(),
+                        agent_id: agent_id.to_string(),
+                        reason: reason.clone(),
+                        since_ms: now,
+                    };
                     match self.store.quarantine_gpu(&q).await {
                         Ok(()) => {
                             tracing::warn!(gpu = %uuid, reason = %reason, "GPU quarantined by its agent's health check");
@@ -637,7 +724,10 @@ impl Brain {
         tracing::info!(agent = agent_id, why, "agent disconnected");
         if let Err(e) = self
             .store
-            .update_agent(agent_id, AgentUpdate { state: Some("disconnected".into()), reason: Some(why.to_string()), ..Default::default() })
+            .update_agent(
+                agent_id,
+                AgentUpdate { state: Some("disconnected".into()), reason: Some(why.to_string()), ..Default::default() },
+            )
             .await
         {
             tracing::error!(agent = agent_id, error = %e, "could not record disconnect");
@@ -695,13 +785,23 @@ impl Brain {
         tracing::warn!(agent = agent_id, name = %name, "agent lost");
         let _ = self
             .store
-            .update_agent(agent_id, AgentUpdate { state: Some("lost".into()), reason: Some(format!("no heartbeat for {secs}s")), ..Default::default() })
+            .update_agent(
+                agent_id,
+                AgentUpdate {
+                    state: Some("lost".into()),
+                    reason: Some(format!("no heartbeat for {secs}s")),
+                    ..Default::default()
+                },
+            )
             .await;
-        let jobs: Vec<JobRecord> = self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
+        let jobs: Vec<JobRecord> =
+            self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
         for j in jobs {
             let why = match self.cancelling.get(&j.id) {
                 Some(r) => r.clone(),
-                None => format!("agent {name} stopped sending heartbeats (last seen {secs}s ago); the job's outcome is unknown"),
+                None => format!(
+                    "agent {name} stopped sending heartbeats (last seen {secs}s ago); the job's outcome is unknown"
+                ),
             };
             let state = if self.cancelling.contains_key(&j.id) { JobState::Cancelled } else { JobState::Lost };
             if let Err(e) = self.finish(&j, state, why, None, None, Vec::new()).await {
@@ -717,7 +817,11 @@ impl Brain {
         let mut ids = Vec::new();
         let mut hosts = Vec::new();
         for a in self.agents.values().filter(|a| a.link == Link::Connected) {
-            let busy = self.active.values().filter(|j| j.agent_id.as_deref() == Some(&a.id) && j.state != JobState::Queued).count() as u32;
+            let busy = self
+                .active
+                .values()
+                .filter(|j| j.agent_id.as_deref() == Some(&a.id) && j.state != JobState::Queued)
+                .count() as u32;
             let gpus = a
                 .gpus
                 .iter()
@@ -761,15 +865,17 @@ impl Brain {
             }
         }
         if let Some(c) = &j.step.concurrency {
-            if let Some(other) = self
-                .active
-                .values()
-                .find(|o| o.id != j.id && o.state != JobState::Queued && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group))
-            {
+            if let Some(other) = self.active.values().find(|o| {
+                o.id != j.id
+                    && o.state != JobState::Queued
+                    && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group)
+            }) {
                 return Some(Ok(format!("waiting for job {} in concurrency group {:?}", other.id, c.group)));
             }
             if let Some(other) = self.active.values().find(|o| {
-                o.id < j.id && o.state == JobState::Queued && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group)
+                o.id < j.id
+                    && o.state == JobState::Queued
+                    && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group)
             }) {
                 return Some(Ok(format!("waiting behind job {} in concurrency group {:?}", other.id, c.group)));
             }
@@ -808,7 +914,9 @@ impl Brain {
                 None => None,
             };
             let why = match (why, &j.step.concurrency) {
-                (None, Some(c)) if placed_groups.contains(&c.group) => Some(format!("waiting for another job in concurrency group {:?}", c.group)),
+                (None, Some(c)) if placed_groups.contains(&c.group) => {
+                    Some(format!("waiting for another job in concurrency group {:?}", c.group))
+                }
                 (w, _) => w,
             };
             if let Some(why) = why {
@@ -883,7 +991,14 @@ impl Brain {
                         let q = self.quarantine.get(&g.uuid);
                         GpuView {
                             info: g.clone(),
-                            state: if q.is_some() { "quarantined" } else if lease.is_some() { "leased" } else { "free" }.into(),
+                            state: if q.is_some() {
+                                "quarantined"
+                            } else if lease.is_some() {
+                                "leased"
+                            } else {
+                                "free"
+                            }
+                            .into(),
                             job_id: lease.map(|j| j.id),
                             reason: q.map(|q| q.reason.clone()),
                             health: a.health.get(&g.uuid).cloned(),

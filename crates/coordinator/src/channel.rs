@@ -34,7 +34,8 @@ pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSock
     };
     // Same answer for unknown agent and wrong credential: don't tell which.
     if !known.is_some_and(|a| verify_hash(cred, &a.credential_hash)) {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "unknown agent or wrong credential; register again").into_response();
+        return ApiError::new(StatusCode::UNAUTHORIZED, "unknown agent or wrong credential; register again")
+            .into_response();
     }
     ws.max_message_size(64 << 20).on_upgrade(move |socket| serve(st, agent_id, socket))
 }
@@ -95,11 +96,18 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
         };
         let cmd = match msg {
             AgentMessage::Heartbeat => Some(Command::AgentSeen { agent_id: agent_id.clone(), conn }),
-            AgentMessage::JobStarted { job_id, started_at_us, .. } => {
-                Some(Command::AgentStarted { agent_id: agent_id.clone(), conn, job: job_id, started_at_ms: started_at_us / 1000 })
+            AgentMessage::JobStarted { job_id, started_at_us, .. } => Some(Command::AgentStarted {
+                agent_id: agent_id.clone(),
+                conn,
+                job: job_id,
+                started_at_ms: started_at_us / 1000,
+            }),
+            AgentMessage::JobFinished(finished) => {
+                Some(Command::AgentFinished { agent_id: agent_id.clone(), conn, finished })
             }
-            AgentMessage::JobFinished(finished) => Some(Command::AgentFinished { agent_id: agent_id.clone(), conn, finished }),
-            AgentMessage::Gpus { gpus, health } => Some(Command::AgentGpus { agent_id: agent_id.clone(), conn, gpus, health }),
+            AgentMessage::Gpus { gpus, health } => {
+                Some(Command::AgentGpus { agent_id: agent_id.clone(), conn, gpus, health })
+            }
             AgentMessage::Hello(_) => None,
             AgentMessage::Log { job_id, lines } => {
                 let pipeline = match pipelines.get(&job_id) {

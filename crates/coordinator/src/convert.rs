@@ -39,6 +39,7 @@ pub fn pipeline_state(jobs: &[JobSummary]) -> String {
     if latest.values().any(|j| !j.state.is_terminal()) {
         return "running".into();
     }
-    let worst = [Lost, TimedOut, Failed, Cancelled, Skipped].into_iter().find(|s| latest.values().any(|j| j.state == *s));
+    let worst =
+        [Lost, TimedOut, Failed, Cancelled, Skipped].into_iter().find(|s| latest.values().any(|j| j.state == *s));
     worst.map_or("succeeded".into(), |s| s.to_string())
 }

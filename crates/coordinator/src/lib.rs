@@ -89,19 +89,24 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/agents/connect", get(channel::connect))
         .route("/api/v1/openapi.json", get(api::openapi_json))
         .route("/healthz", get(api::server_info))
-        .fallback(|| async { api::ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such endpoint; see /api/v1/openapi.json") })
+        .fallback(|| async {
+            api::ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such endpoint; see /api/v1/openapi.json")
+        })
         .with_state(st)
 }
 
 /// Open the store, load state, bind the listener and start serving. Returns once the server
 /// accepts connections.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
     let api_token = auth::load_or_create(&config.data_dir.join("api-token"), "gpuci_api").context("API token file")?;
-    let registration_token =
-        auth::load_or_create(&config.data_dir.join("registration-token"), "gpuci_reg").context("registration token file")?;
+    let registration_token = auth::load_or_create(&config.data_dir.join("registration-token"), "gpuci_reg")
+        .context("registration token file")?;
     let store: Arc<dyn Store> = match &config.database {
-        Database::Sqlite(p) => Arc::new(SqliteStore::open(p).await.with_context(|| format!("opening database {}", p.display()))?),
+        Database::Sqlite(p) => {
+            Arc::new(SqliteStore::open(p).await.with_context(|| format!("opening database {}", p.display()))?)
+        }
         Database::Memory => Arc::new(SqliteStore::in_memory().await?),
     };
     let hub = Arc::new(hub::Hub::new());
@@ -116,7 +121,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         conn_seq: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
     };
-    let listener = tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
     let addr = listener.local_addr()?;
     let app = router(st);
     let brain_task = tokio::spawn(brain.run(rx, shutdown.clone()));

@@ -35,17 +35,11 @@ impl Rng {
 }
 
 fn tags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 fn ge<T>(value: T) -> Option<Constraint<T>> {
-    Some(Constraint {
-        op: CmpOp::Ge,
-        value,
-    })
+    Some(Constraint { op: CmpOp::Ge, value })
 }
 
 fn hosts(rng: &mut Rng) -> Vec<HostView> {
@@ -69,10 +63,7 @@ fn hosts(rng: &mut Rng) -> Vec<HostView> {
                         index: i,
                         name: model.into(),
                         memory: Bytes(gib << 30),
-                        compute_capability: ComputeCapability {
-                            major: cc.0,
-                            minor: cc.1,
-                        },
+                        compute_capability: ComputeCapability { major: cc.0, minor: cc.1 },
                         driver_version: Version(vec![550, 54, 15]),
                         cuda_driver_version: Some(Version(vec![12, 4])),
                         mig_enabled: Some(false),
@@ -110,11 +101,7 @@ struct Job {
 
 impl Job {
     fn needs(&self) -> Needs<'_> {
-        Needs {
-            tags: &self.tags,
-            gpu: &self.gpu,
-            container: self.container,
-        }
+        Needs { tags: &self.tags, gpu: &self.gpu, container: self.container }
     }
 }
 
@@ -127,10 +114,7 @@ fn jobs(rng: &mut Rng) -> Vec<Job> {
                 13..=16 => 2,
                 _ => 4,
             };
-            let mut gpu = GpuRequirements {
-                count,
-                ..Default::default()
-            };
+            let mut gpu = GpuRequirements { count, ..Default::default() };
             if count > 0 {
                 match rng.below(20) {
                     0..=2 => gpu.memory = ge(Bytes(40 << 30)),
@@ -159,13 +143,7 @@ fn jobs(rng: &mut Rng) -> Vec<Job> {
                 0 => {
                     t = tags(&[("queue", "rocm")]);
                 }
-                1 => {
-                    gpu = GpuRequirements {
-                        count: 1,
-                        model: Some("B200*".into()),
-                        ..Default::default()
-                    }
-                }
+                1 => gpu = GpuRequirements { count: 1, model: Some("B200*".into()), ..Default::default() },
                 2 => gpu.count = 8,
                 _ => {}
             }
@@ -185,11 +163,7 @@ fn jobs(rng: &mut Rng) -> Vec<Job> {
 /// the CPU. `None` where unavailable.
 fn on_cpu() -> Option<Duration> {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace()
-        .next()?
-        .parse()
-        .ok()
-        .map(Duration::from_nanos)
+    s.split_whitespace().next()?.parse().ok().map(Duration::from_nanos)
 }
 
 fn percentile(sorted: &[u32], p: f64) -> Duration {
@@ -227,10 +201,7 @@ fn main() {
     let timed = simulate(hosts.clone(), &jobs, true);
     let untimed = simulate(hosts, &jobs, false);
     let r = &timed;
-    println!(
-        "Cluster::new({HOSTS} hosts × {GPUS_PER_HOST} GPUs): {:.2?}",
-        r.build
-    );
+    println!("Cluster::new({HOSTS} hosts × {GPUS_PER_HOST} GPUs): {:.2?}", r.build);
     println!(
         "simulation: {} passes, {} placed, {} released, {} never placeable, peak {} running",
         r.passes,
@@ -311,8 +282,7 @@ fn simulate(hosts: Vec<HostView>, jobs: &[Job], time_each_call: bool) -> Run {
     let (mut running, mut peak_running) = (0usize, 0usize);
     let (mut placed_ns, mut unplaced_ns) = (Vec::with_capacity(jobs.len()), Vec::new());
     let (mut pass_time, mut release_time) = (Duration::ZERO, Duration::ZERO);
-    let (mut passes, mut placements, mut releases, mut reason_bytes) =
-        (0usize, 0usize, 0usize, 0usize);
+    let (mut passes, mut placements, mut releases, mut reason_bytes) = (0usize, 0usize, 0usize, 0usize);
     for tick in 0..MAX_TICKS {
         let due = std::mem::take(&mut ending[tick % RING]);
         let t = Instant::now();
@@ -355,9 +325,7 @@ fn simulate(hosts: Vec<HostView>, jobs: &[Job], time_each_call: bool) -> Run {
         }
     }
     let wall = start.elapsed();
-    let on_cpu = on_cpu()
-        .zip(cpu_start)
-        .map(|(end, start)| end.saturating_sub(start));
+    let on_cpu = on_cpu().zip(cpu_start).map(|(end, start)| end.saturating_sub(start));
     placed_ns.sort_unstable();
     unplaced_ns.sort_unstable();
     Run {

@@ -10,7 +10,20 @@ use std::cmp::Ordering;
 use std::fmt;
 
 /// CUDA compute capability, e.g. 9.0 for H100.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 pub struct ComputeCapability {
     pub major: u32,
     pub minor: u32,
@@ -112,7 +125,14 @@ impl CmpOp {
     /// (asking for "40GiB" means "at least 40GiB"), which is what people mean.
     pub fn split(s: &str) -> (CmpOp, &str) {
         let s = s.trim();
-        for (p, op) in [(">=", CmpOp::Ge), ("<=", CmpOp::Le), ("==", CmpOp::Eq), (">", CmpOp::Gt), ("<", CmpOp::Lt), ("=", CmpOp::Eq)] {
+        for (p, op) in [
+            (">=", CmpOp::Ge),
+            ("<=", CmpOp::Le),
+            ("==", CmpOp::Eq),
+            (">", CmpOp::Gt),
+            ("<", CmpOp::Lt),
+            ("=", CmpOp::Eq),
+        ] {
             if let Some(rest) = s.strip_prefix(p) {
                 return (op, rest.trim());
             }
@@ -141,7 +161,9 @@ impl<T: fmt::Display> fmt::Display for Constraint<T> {
 }
 
 /// What a job asks of its GPUs. `count == 0` means the job needs no GPU.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema,
+)]
 pub struct GpuRequirements {
     pub count: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -12,7 +12,20 @@ use crate::pipeline::Step;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
     Queued,
@@ -78,10 +91,7 @@ impl fmt::Display for JobState {
 impl std::str::FromStr for JobState {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        JobState::ALL
-            .into_iter()
-            .find(|st| st.as_str() == s)
-            .ok_or_else(|| format!("unknown job state {s:?}"))
+        JobState::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| format!("unknown job state {s:?}"))
     }
 }
 
@@ -106,14 +116,26 @@ pub fn transition(job: &str, from: JobState, to: JobState) -> Result<JobState, I
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Outcome {
-    Exited { code: i32 },
-    Signalled { signal: i32 },
-    TimedOut { after_ms: u64 },
-    Cancelled { reason: String },
+    Exited {
+        code: i32,
+    },
+    Signalled {
+        signal: i32,
+    },
+    TimedOut {
+        after_ms: u64,
+    },
+    Cancelled {
+        reason: String,
+    },
     /// The kernel's OOM killer ended the job at its memory limit.
-    OutOfMemory { limit: Option<crate::quantity::Bytes> },
+    OutOfMemory {
+        limit: Option<crate::quantity::Bytes>,
+    },
     /// The job could not be started at all (bad working dir, missing shell, unhealthy GPU).
-    StartFailed { error: String },
+    StartFailed {
+        error: String,
+    },
 }
 
 impl Outcome {
@@ -125,7 +147,10 @@ impl Outcome {
             Outcome::Signalled { signal } => (JobState::Failed, format!("killed by signal {signal}")),
             Outcome::TimedOut { after_ms } => (
                 JobState::TimedOut,
-                format!("exceeded its timeout of {}; the whole process tree was killed", crate::Duration::from_millis(*after_ms)),
+                format!(
+                    "exceeded its timeout of {}; the whole process tree was killed",
+                    crate::Duration::from_millis(*after_ms)
+                ),
             ),
             Outcome::Cancelled { reason } => (JobState::Cancelled, reason.clone()),
             Outcome::OutOfMemory { limit: Some(l) } => (JobState::Failed, format!("out of memory (limit {l})")),

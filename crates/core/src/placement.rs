@@ -90,10 +90,7 @@ pub struct Unplaceable {
 /// [`mismatch`] per GPU; a scheduler with many hosts uses [`Cluster`].
 pub fn place(needs: &Needs<'_>, hosts: &[HostView]) -> Result<Placement, Unplaceable> {
     let want = needs.gpu.count;
-    let mut tally = Tally {
-        connected: hosts.len(),
-        ..Tally::default()
-    };
+    let mut tally = Tally { connected: hosts.len(), ..Tally::default() };
     let mut best: Option<Key> = None;
     for (i, h) in hosts.iter().enumerate() {
         if !has_tags(h, needs.tags) {
@@ -131,18 +128,13 @@ pub fn place(needs: &Needs<'_>, hosts: &[HostView]) -> Result<Placement, Unplace
         let host = k.3 as usize;
         let h = &hosts[host];
         let picked = pick(h, want, |g| mismatch(needs.gpu, &h.gpus[g].info).is_none());
-        let gpus = picked
-            .iter()
-            .map(|&g| h.gpus[g].info.uuid.clone())
-            .collect();
+        let gpus = picked.iter().map(|&g| h.gpus[g].info.uuid.clone()).collect();
         return Ok(Placement { host, gpus });
     }
     if tally.connected > 0 && tally.tag_ok == 0 {
         tally.missing_tag = Some(missing_tag(needs.tags, hosts));
     }
-    Err(Unplaceable {
-        reason: tally.reason(needs),
-    })
+    Err(Unplaceable { reason: tally.reason(needs) })
 }
 
 /// How a host ranks for a job; smaller is better. The last field is the host index, so keys
@@ -165,25 +157,18 @@ fn has_tags(h: &HostView, tags: &BTreeMap<String, String>) -> bool {
 }
 
 fn count_free(h: &HostView) -> u32 {
-    h.gpus
-        .iter()
-        .filter(|g| g.state == GpuSlotState::Free)
-        .count() as u32
+    h.gpus.iter().filter(|g| g.state == GpuSlotState::Free).count() as u32
 }
 
 fn count_usable(h: &HostView) -> u32 {
-    h.gpus
-        .iter()
-        .filter(|g| !matches!(g.state, GpuSlotState::Quarantined { .. }))
-        .count() as u32
+    h.gpus.iter().filter(|g| !matches!(g.state, GpuSlotState::Quarantined { .. })).count() as u32
 }
 
 /// The positions (in `h.gpus`) of the `want` free matching GPUs with the lowest device
 /// index. The caller has checked that there are enough.
 fn pick(h: &HostView, want: u32, matches: impl Fn(usize) -> bool) -> Vec<usize> {
-    let mut free: Vec<usize> = (0..h.gpus.len())
-        .filter(|&g| h.gpus[g].state == GpuSlotState::Free && matches(g))
-        .collect();
+    let mut free: Vec<usize> =
+        (0..h.gpus.len()).filter(|&g| h.gpus[g].state == GpuSlotState::Free && matches(g)).collect();
     free.sort_by_key(|&g| (h.gpus[g].info.index, g));
     free.truncate(want as usize);
     free
@@ -253,19 +238,12 @@ impl Tally {
             return "no agent is connected".into();
         }
         if self.tag_ok == 0 {
-            return self
-                .missing_tag
-                .clone()
-                .unwrap_or_else(|| "no connected agent has the tags".into());
+            return self.missing_tag.clone().unwrap_or_else(|| "no connected agent has the tags".into());
         }
         let scope = if needs.tags.is_empty() {
             "connected agent".to_string()
         } else {
-            format!(
-                "agent with tag{} {}",
-                plural(needs.tags.len()),
-                tag_list(needs.tags)
-            )
+            format!("agent with tag{} {}", plural(needs.tags.len()), tag_list(needs.tags))
         };
         if self.runtime_ok == 0 {
             return format!("needs a container runtime; no {scope} has podman or docker");
@@ -284,18 +262,11 @@ impl Tally {
         }
         let matching = self.free + self.leased + self.quarantined;
         if matching == 0 {
-            let why = self
-                .mismatch
-                .as_deref()
-                .unwrap_or("none meets the requirement");
+            let why = self.mismatch.as_deref().unwrap_or("none meets the requirement");
             let on = if needs.tags.is_empty() {
                 String::new()
             } else {
-                format!(
-                    " on agents with tag{} {}",
-                    plural(needs.tags.len()),
-                    tag_list(needs.tags)
-                )
+                format!(" on agents with tag{} {}", plural(needs.tags.len()), tag_list(needs.tags))
             };
             return format!("{short}; no GPU matches{on}: {why}");
         }
@@ -316,23 +287,13 @@ impl Tally {
             };
         }
         if self.best_any >= want {
-            return format!(
-                "{what}; best host has {best} free, {q} matching {} quarantined",
-                are(q)
-            );
+            return format!("{what}; best host has {best} free, {q} matching {} quarantined", are(q));
         }
-        let spread = if matching >= want as usize {
-            " (a job's GPUs must be on one host)"
-        } else {
-            ""
-        };
+        let spread = if matching >= want as usize { " (a job's GPUs must be on one host)" } else { "" };
         if self.best_any == best {
             format!("{what}; best host has {best} free{spread}")
         } else {
-            format!(
-                "{what}; best host has {} matching, {best} free{spread}",
-                self.best_any
-            )
+            format!("{what}; best host has {} matching, {best} free{spread}", self.best_any)
         }
     }
 }
@@ -346,23 +307,12 @@ fn plural(n: usize) -> &'static str {
 }
 
 fn tag_list(tags: &BTreeMap<String, String>) -> String {
-    tags.iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    tags.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
 }
 
 /// "needs 2 GPUs with >=40 GiB, model H100*".
 fn with_constraints(short: &str, r: &GpuRequirements) -> String {
-    let GpuRequirements {
-        count: _,
-        memory,
-        compute_capability,
-        model,
-        driver,
-        cuda,
-        mig_profile,
-    } = r;
+    let GpuRequirements { count: _, memory, compute_capability, model, driver, cuda, mig_profile } = r;
     let mut parts = Vec::new();
     if let Some(c) = memory {
         parts.push(c.to_string());
@@ -404,15 +354,7 @@ fn missing_tag(tags: &BTreeMap<String, String>, hosts: &[HostView]) -> String {
 /// in full so that a new field in [`GpuRequirements`] fails to compile here instead of being
 /// silently ignored by the index.
 fn same_gpu_class(a: &GpuRequirements, b: &GpuRequirements) -> bool {
-    let GpuRequirements {
-        count: _,
-        memory,
-        compute_capability,
-        model,
-        driver,
-        cuda,
-        mig_profile,
-    } = a;
+    let GpuRequirements { count: _, memory, compute_capability, model, driver, cuda, mig_profile } = a;
     *memory == b.memory
         && *compute_capability == b.compute_capability
         && *model == b.model
@@ -459,36 +401,15 @@ impl Hasher for FxHasher {
     }
 }
 
-fn profile_hash(
-    tags: &BTreeMap<String, String>,
-    container: bool,
-    gpu: Option<&GpuRequirements>,
-) -> u64 {
+fn profile_hash(tags: &BTreeMap<String, String>, container: bool, gpu: Option<&GpuRequirements>) -> u64 {
     let mut s = FxHasher::default();
     tags.hash(&mut s);
     container.hash(&mut s);
     match gpu {
         None => 0u8.hash(&mut s),
         Some(r) => {
-            let GpuRequirements {
-                count: _,
-                memory,
-                compute_capability,
-                model,
-                driver,
-                cuda,
-                mig_profile,
-            } = r;
-            (
-                1u8,
-                memory,
-                compute_capability,
-                model,
-                driver,
-                cuda,
-                mig_profile,
-            )
-                .hash(&mut s);
+            let GpuRequirements { count: _, memory, compute_capability, model, driver, cuda, mig_profile } = r;
+            (1u8, memory, compute_capability, model, driver, cuda, mig_profile).hash(&mut s);
         }
     }
     s.finish()
@@ -629,12 +550,7 @@ impl Profile {
             best_free: top(&self.hist_free),
             best_usable: top(&self.hist_usable),
             best_any: top(&self.hist_any),
-            busy: self
-                .hist_busy
-                .iter()
-                .skip(want as usize)
-                .map(|&n| n as usize)
-                .sum(),
+            busy: self.hist_busy.iter().skip(want as usize).map(|&n| n as usize).sum(),
             mismatch: self.mismatch.clone(),
             missing_tag: self.missing_tag.clone(),
         }
@@ -671,11 +587,7 @@ impl Cluster {
     /// Add a host (an agent connected). Returns its index.
     pub fn push_host(&mut self, view: HostView) -> usize {
         let h = self.hosts.len();
-        let kinds = view
-            .gpus
-            .iter()
-            .map(|g| self.intern_kind(&g.info))
-            .collect();
+        let kinds = view.gpus.iter().map(|g| self.intern_kind(&g.info)).collect();
         self.hosts.push(view);
         self.gpu_kind.push(kinds);
         self.member_of.push(Vec::new());
@@ -692,11 +604,7 @@ impl Cluster {
         for p in 0..self.profiles.len() {
             self.detach(p, h);
         }
-        self.gpu_kind[h] = view
-            .gpus
-            .iter()
-            .map(|g| self.intern_kind(&g.info))
-            .collect();
+        self.gpu_kind[h] = view.gpus.iter().map(|g| self.intern_kind(&g.info)).collect();
         self.hosts[h] = view;
         for p in 0..self.profiles.len() {
             self.attach(p, h);
@@ -707,11 +615,7 @@ impl Cluster {
     /// Set the state of one GPU (quarantine it, bring it back). False if host `h` has no GPU
     /// with that UUID.
     pub fn set_gpu_state(&mut self, h: usize, uuid: &str, state: GpuSlotState) -> bool {
-        let Some(g) = self
-            .hosts
-            .get_mut(h)
-            .and_then(|v| v.gpus.iter_mut().find(|g| g.info.uuid == uuid))
-        else {
+        let Some(g) = self.hosts.get_mut(h).and_then(|v| v.gpus.iter_mut().find(|g| g.info.uuid == uuid)) else {
             return false;
         };
         g.state = state;
@@ -722,28 +626,19 @@ impl Cluster {
     /// Where the job would go now, without applying it.
     pub fn place(&mut self, needs: &Needs<'_>) -> Result<Placement, Unplaceable> {
         let (host, picked) = self.find(needs)?;
-        let gpus = picked
-            .iter()
-            .map(|&g| self.hosts[host].gpus[g].info.uuid.clone())
-            .collect();
+        let gpus = picked.iter().map(|&g| self.hosts[host].gpus[g].info.uuid.clone()).collect();
         Ok(Placement { host, gpus })
     }
 
     /// Place the job and apply it: its GPUs become `Leased { job_id }` and it takes a job
     /// slot on the host. The caller gives both back with [`Cluster::release`].
-    pub fn place_and_apply(
-        &mut self,
-        job_id: &str,
-        needs: &Needs<'_>,
-    ) -> Result<Placement, Unplaceable> {
+    pub fn place_and_apply(&mut self, job_id: &str, needs: &Needs<'_>) -> Result<Placement, Unplaceable> {
         let (host, picked) = self.find(needs)?;
         let view = &mut self.hosts[host];
         let mut gpus = Vec::with_capacity(picked.len());
         for g in picked {
             let slot = &mut view.gpus[g];
-            slot.state = GpuSlotState::Leased {
-                job_id: job_id.to_string(),
-            };
+            slot.state = GpuSlotState::Leased { job_id: job_id.to_string() };
             gpus.push(slot.info.uuid.clone());
         }
         view.free_slots -= 1;
@@ -761,9 +656,7 @@ impl Cluster {
         };
         let mut freed = 0;
         for g in &mut view.gpus {
-            if gpus.contains(&g.info.uuid)
-                && matches!(&g.state, GpuSlotState::Leased { job_id: j } if j == job_id)
-            {
+            if gpus.contains(&g.info.uuid) && matches!(&g.state, GpuSlotState::Leased { job_id: j } if j == job_id) {
                 g.state = GpuSlotState::Free;
                 freed += 1;
             }
@@ -787,20 +680,11 @@ impl Cluster {
         if let Some(k) = best {
             let h = k.3 as usize;
             let kinds = &self.gpu_kind[h];
-            return Ok((
-                h,
-                pick(&self.hosts[h], want, |g| profile.kind_ok[kinds[g] as usize]),
-            ));
+            return Ok((h, pick(&self.hosts[h], want, |g| profile.kind_ok[kinds[g] as usize])));
         }
         let version = profile.version;
-        if let Some((_, _, reason)) = profile
-            .reasons
-            .iter()
-            .find(|r| r.0 == want && r.1 == version)
-        {
-            return Err(Unplaceable {
-                reason: reason.clone(),
-            });
+        if let Some((_, _, reason)) = profile.reasons.iter().find(|r| r.0 == want && r.1 == version) {
+            return Err(Unplaceable { reason: reason.clone() });
         }
         let reason = profile.tally(self.hosts.len(), want).reason(needs);
         let cache = &mut self.profiles[p].reasons;
@@ -816,22 +700,12 @@ impl Cluster {
         let gpu = (needs.gpu.count > 0).then_some(needs.gpu);
         let hash = profile_hash(needs.tags, needs.container, gpu);
         if let Some(ids) = self.profile_ids.get(&hash) {
-            if let Some(&p) = ids
-                .iter()
-                .find(|&&p| self.profiles[p as usize].matches(needs))
-            {
+            if let Some(&p) = ids.iter().find(|&&p| self.profiles[p as usize].matches(needs)) {
                 return p as usize;
             }
         }
-        let gpu = gpu.map(|r| GpuRequirements {
-            count: 0,
-            ..r.clone()
-        });
-        let kind_ok = self
-            .kinds
-            .iter()
-            .map(|k| gpu.as_ref().is_none_or(|r| mismatch(r, k).is_none()))
-            .collect();
+        let gpu = gpu.map(|r| GpuRequirements { count: 0, ..r.clone() });
+        let kind_ok = self.kinds.iter().map(|k| gpu.as_ref().is_none_or(|r| mismatch(r, k).is_none())).collect();
         let p = self.profiles.len();
         self.profiles.push(Profile {
             tags: needs.tags.clone(),
@@ -869,8 +743,7 @@ impl Cluster {
         }
         let k = self.kinds.len() as u32;
         for p in &mut self.profiles {
-            p.kind_ok
-                .push(p.gpu.as_ref().is_none_or(|r| mismatch(r, &key).is_none()));
+            p.kind_ok.push(p.gpu.as_ref().is_none_or(|r| mismatch(r, &key).is_none()));
         }
         self.kinds.push(key.clone());
         self.kind_ids.insert(key, k);
@@ -883,11 +756,7 @@ impl Cluster {
         let view = &self.hosts[h];
         let slot = view.free_slots > 0;
         match &profile.gpu {
-            None => (
-                HostCount::default(),
-                slot,
-                cpu_key(h, view.free_slots, count_free(view), count_usable(view)),
-            ),
+            None => (HostCount::default(), slot, cpu_key(h, view.free_slots, count_free(view), count_usable(view))),
             Some(_) => {
                 let mut c = HostCount::default();
                 for (g, &k) in view.gpus.iter().zip(&self.gpu_kind[h]) {
@@ -895,11 +764,7 @@ impl Cluster {
                         c.add(&g.state);
                     }
                 }
-                (
-                    c,
-                    slot,
-                    gpu_key(h, view.free_slots, count_free(view), c.free),
-                )
+                (c, slot, gpu_key(h, view.free_slots, count_free(view), c.free))
             }
         }
     }
@@ -927,12 +792,7 @@ impl Cluster {
         if let Some(k) = key {
             profile.ready.insert(k);
         }
-        self.member_of[h].push(Membership {
-            profile: p as u32,
-            counts,
-            slot,
-            key,
-        });
+        self.member_of[h].push(Membership { profile: p as u32, counts, slot, key });
     }
 
     /// Undo [`Cluster::attach`]: host `h` as last accounted.
@@ -943,10 +803,7 @@ impl Cluster {
         }
         profile.tag_ok -= 1;
         profile.version += 1;
-        let Some(at) = self.member_of[h]
-            .iter()
-            .position(|m| m.profile as usize == p)
-        else {
+        let Some(at) = self.member_of[h].iter().position(|m| m.profile as usize == p) else {
             return;
         };
         let m = self.member_of[h].swap_remove(at);
@@ -970,10 +827,7 @@ impl Cluster {
             let profile = &mut self.profiles[m.profile as usize];
             let slot = view.free_slots > 0;
             let (counts, key) = match &profile.gpu {
-                None => (
-                    HostCount::default(),
-                    cpu_key(h, view.free_slots, host_free, host_usable),
-                ),
+                None => (HostCount::default(), cpu_key(h, view.free_slots, host_free, host_usable)),
                 Some(_) => {
                     let mut c = HostCount::default();
                     for (g, &k) in view.gpus.iter().zip(kinds) {
@@ -996,12 +850,7 @@ impl Cluster {
                     profile.ready.insert(k);
                 }
             }
-            *m = Membership {
-                profile: m.profile,
-                counts,
-                slot,
-                key,
-            };
+            *m = Membership { profile: m.profile, counts, slot, key };
         }
     }
 
@@ -1021,8 +870,7 @@ impl Cluster {
                 }
             }
         }
-        let missing = (profile.tag_ok == 0 && !self.hosts.is_empty())
-            .then(|| missing_tag(&profile.tags, &self.hosts));
+        let missing = (profile.tag_ok == 0 && !self.hosts.is_empty()).then(|| missing_tag(&profile.tags, &self.hosts));
         let profile = &mut self.profiles[p];
         profile.mismatch = example;
         profile.missing_tag = missing;

@@ -28,10 +28,7 @@ fn syntax_error_names_the_parsers_position() {
 #[test]
 fn syntax_error_tab_indentation() {
     let e = error("steps:\n\t- command: make\n");
-    assert!(
-        e.starts_with("ci.yml:2:2: (syntax): tabs disallowed"),
-        "{e}"
-    );
+    assert!(e.starts_with("ci.yml:2:2: (syntax): tabs disallowed"), "{e}");
 }
 
 #[test]
@@ -93,10 +90,7 @@ fn wrong_types() {
         error("steps:\n  - command: make\n    env: [A]\n"),
         "ci.yml:3:10: steps[0].env: expected a map of environment variables, got a list"
     );
-    assert_eq!(
-        error("steps: make\n"),
-        "ci.yml:1:8: steps: expected a list of steps, got a string (\"make\")"
-    );
+    assert_eq!(error("steps: make\n"), "ci.yml:1:8: steps: expected a list of steps, got a string (\"make\")");
     assert_eq!(
         error("steps:\n  - make\n"),
         "ci.yml:2:5: steps[0]: expected a map of step settings, got a string (\"make\")"
@@ -113,10 +107,7 @@ fn wrong_types() {
 
 #[test]
 fn root_must_be_a_map_or_a_list() {
-    assert_eq!(
-        error(""),
-        "ci.yml:1:1: (root): the file is empty; expected a map with `steps:` or a list of steps"
-    );
+    assert_eq!(error(""), "ci.yml:1:1: (root): the file is empty; expected a map with `steps:` or a list of steps");
     assert_eq!(
         error("# nothing\n"),
         "ci.yml:1:1: (root): the file is empty; expected a map with `steps:` or a list of steps"
@@ -125,10 +116,7 @@ fn root_must_be_a_map_or_a_list() {
         error("hello"),
         "ci.yml:1:1: (root): expected a map with `steps:` or a list of steps, got a string (\"hello\")"
     );
-    assert_eq!(
-        error("env: {A: b}\n"),
-        "ci.yml:1:1: steps: missing: a pipeline needs `steps:`, a list of steps"
-    );
+    assert_eq!(error("env: {A: b}\n"), "ci.yml:1:1: steps: missing: a pipeline needs `steps:`, a list of steps");
 }
 
 #[test]
@@ -141,10 +129,7 @@ fn missing_command() {
 
 #[test]
 fn empty_commands() {
-    assert_eq!(
-        error("steps:\n  - command: \"\"\n"),
-        "ci.yml:2:14: steps[0].command: a command must not be empty"
-    );
+    assert_eq!(error("steps:\n  - command: \"\"\n"), "ci.yml:2:14: steps[0].command: a command must not be empty");
     assert_eq!(
         error("steps:\n  - command: []\n"),
         "ci.yml:2:14: steps[0].command: expected at least one command, got an empty list"
@@ -157,14 +142,8 @@ fn empty_commands() {
 
 #[test]
 fn empty_steps() {
-    assert_eq!(
-        error("steps: []\n"),
-        "ci.yml:1:8: steps: expected at least one step, got an empty list"
-    );
-    assert_eq!(
-        error("steps:\n"),
-        "ci.yml:1:1: steps: expected a list of steps, got null"
-    );
+    assert_eq!(error("steps: []\n"), "ci.yml:1:8: steps: expected at least one step, got an empty list");
+    assert_eq!(error("steps:\n"), "ci.yml:1:1: steps: expected a list of steps, got null");
 }
 
 #[test]
@@ -229,16 +208,10 @@ steps:
     command: x
     depends_on: [b]
 ";
-    assert_eq!(
-        error(yaml),
-        "ci.yml:4:18: steps[0].depends_on[0]: dependency cycle: a -> c -> b -> a"
-    );
+    assert_eq!(error(yaml), "ci.yml:4:18: steps[0].depends_on[0]: dependency cycle: a -> c -> b -> a");
 
     let two = "steps:\n  - {key: a, command: x, depends_on: b}\n  - {key: b, command: x, depends_on: a}\n";
-    assert_eq!(
-        error(two),
-        "ci.yml:2:38: steps[0].depends_on: dependency cycle: a -> b -> a"
-    );
+    assert_eq!(error(two), "ci.yml:2:38: steps[0].depends_on: dependency cycle: a -> b -> a");
 }
 
 #[test]
@@ -413,10 +386,7 @@ fn multiple_documents_are_rejected() {
 #[test]
 fn tags_are_rejected_except_str() {
     let e = error("steps:\n  - command: !shell make\n");
-    assert!(
-        e.starts_with("ci.yml:2:21: (syntax): YAML tags are not supported here"),
-        "{e}"
-    );
+    assert!(e.starts_with("ci.yml:2:21: (syntax): YAML tags are not supported here"), "{e}");
     assert!(parse("ci.yml", "steps:\n  - command: a\n    label: !!str 12\n").is_ok());
 }
 
@@ -427,9 +397,7 @@ fn recursive_alias_and_alias_bombs() {
     let mut bomb = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
     for i in 1..10 {
         let p = i - 1;
-        bomb.push_str(&format!(
-            "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
-        ));
+        bomb.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"));
     }
     let e = error(&bomb);
     assert!(e.contains("more than 200000 nodes"), "{e}");
@@ -440,10 +408,7 @@ fn deep_nesting_is_an_error_not_a_crash() {
     let deep = format!("steps: {}{}\n", "[".repeat(10_000), "]".repeat(10_000));
     let e = error(&deep);
     // yaml-rust2 has its own, lower, limit; either is fine, as long as it is an error.
-    assert!(
-        e.contains("nested more than 64 levels deep") || e.contains("recursion limit exceeded"),
-        "{e}"
-    );
+    assert!(e.contains("nested more than 64 levels deep") || e.contains("recursion limit exceeded"), "{e}");
     let deep = format!("steps: {}{}\n", "[".repeat(70), "]".repeat(70));
     assert!(error(&deep).contains("nested more than 64 levels deep"));
 }

@@ -12,14 +12,8 @@ fn check(text: &str) {
     if let Err(e) = parse("fuzz.yml", text) {
         assert!(!e.0.is_empty(), "an Err must hold at least one error");
         let positions: Vec<(usize, usize)> = e.0.iter().map(|e| (e.line, e.column)).collect();
-        assert!(
-            positions.windows(2).all(|w| w[0] <= w[1]),
-            "errors not sorted: {positions:?}"
-        );
-        assert!(
-            positions.iter().all(|&(l, c)| l >= 1 && c >= 1),
-            "0-based position in {e}"
-        );
+        assert!(positions.windows(2).all(|w| w[0] <= w[1]), "errors not sorted: {positions:?}");
+        assert!(positions.iter().all(|&(l, c)| l >= 1 && c >= 1), "0-based position in {e}");
     }
 }
 
@@ -31,12 +25,7 @@ fn every_prefix_and_every_line_removed() {
         }
         let lines: Vec<&str> = text.lines().collect();
         for skip in 0..lines.len() {
-            let mangled: Vec<&str> = lines
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| *i != skip)
-                .map(|(_, l)| *l)
-                .collect();
+            let mangled: Vec<&str> = lines.iter().enumerate().filter(|(i, _)| *i != skip).map(|(_, l)| *l).collect();
             check(&mangled.join("\n"));
         }
     }
@@ -49,7 +38,12 @@ fn hostile_shapes() {
         "{".repeat(100_000),
         "- ".repeat(10_000),
         format!("steps:\n{}", "  - command: x\n".repeat(5_000)),
-        format!("steps:\n{}", (0..2_000).map(|i| format!("  - {{key: s{i}, command: x, depends_on: s{}}}\n", (i + 1) % 2_000)).collect::<String>()),
+        format!(
+            "steps:\n{}",
+            (0..2_000)
+                .map(|i| format!("  - {{key: s{i}, command: x, depends_on: s{}}}\n", (i + 1) % 2_000))
+                .collect::<String>()
+        ),
         "&a [*a]".into(),
         "*unknown".into(),
         "steps: !!binary aGVsbG8=".into(),
@@ -58,7 +52,8 @@ fn hostile_shapes() {
         "? [complex, key]\n: value\n".into(),
         "steps:\n  - {? {a: b} : c}\n".into(),
         "%YAML 1.2\n---\nsteps: []\n".into(),
-        "steps:\n  - command: x\n    gpu: {memory: \">=99999999999999999999TiB\", compute_capability: \"9999.9999\"}\n".into(),
+        "steps:\n  - command: x\n    gpu: {memory: \">=99999999999999999999TiB\", compute_capability: \"9999.9999\"}\n"
+            .into(),
         "steps:\n  - command: x\n    resources: {cpus: 1e300, pids: 99999999999999999999999}\n".into(),
         "steps:\n  - command: x\n    gpus: 0x7fffffffffffffffffff\n".into(),
     ];

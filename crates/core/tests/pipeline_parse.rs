@@ -3,9 +3,7 @@
 use gpuci_core::duration::Duration;
 use gpuci_core::gpu::{CmpOp, ComputeCapability, Constraint, GpuRequirements, Version};
 use gpuci_core::job::RetryOn;
-use gpuci_core::pipeline::{
-    parse, Concurrency, NetworkMode, Pipeline, Resources, RetryPolicy, SandboxMode, Step,
-};
+use gpuci_core::pipeline::{parse, Concurrency, NetworkMode, Pipeline, Resources, RetryPolicy, SandboxMode, Step};
 use gpuci_core::quantity::Bytes;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,28 +16,17 @@ fn ok(yaml: &str) -> Pipeline {
 }
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 fn repo_file(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
 }
 
 #[test]
 fn minimal_step_gets_defaults() {
     let p = ok("steps:\n  - command: make\n");
-    assert_eq!(
-        p,
-        Pipeline {
-            env: BTreeMap::new(),
-            steps: vec![Step::new("step-1", "make")]
-        }
-    );
+    assert_eq!(p, Pipeline { env: BTreeMap::new(), steps: vec![Step::new("step-1", "make")] });
 }
 
 #[test]
@@ -85,10 +72,7 @@ steps:
     cache: [.cache/pip, target]
 ";
     let p = ok(yaml);
-    assert_eq!(
-        p.env,
-        map(&[("FOO", "bar"), ("PORT", "8080"), ("DEBUG", "true")])
-    );
+    assert_eq!(p.env, map(&[("FOO", "bar"), ("PORT", "8080"), ("DEBUG", "true")]));
     let want = Step {
         key: "Train_2".into(),
         label: Some("Train".into()),
@@ -98,40 +82,18 @@ steps:
         queue_timeout: Some(Duration::from_secs(600)),
         agents: map(&[("queue", "cuda"), ("tier", "2")]),
         depends_on: vec!["build".into()],
-        retry: RetryPolicy {
-            count: 2,
-            on: vec![RetryOn::Lost, RetryOn::Failed, RetryOn::TimedOut],
-        },
-        concurrency: Some(Concurrency {
-            group: "deploy".into(),
-            cancel_in_progress: true,
-        }),
+        retry: RetryPolicy { count: 2, on: vec![RetryOn::Lost, RetryOn::Failed, RetryOn::TimedOut] },
+        concurrency: Some(Concurrency { group: "deploy".into(), cancel_in_progress: true }),
         gpu: GpuRequirements {
             count: 2,
-            memory: Some(Constraint {
-                op: CmpOp::Ge,
-                value: Bytes(40 << 30),
-            }),
-            compute_capability: Some(Constraint {
-                op: CmpOp::Ge,
-                value: ComputeCapability { major: 8, minor: 0 },
-            }),
+            memory: Some(Constraint { op: CmpOp::Ge, value: Bytes(40 << 30) }),
+            compute_capability: Some(Constraint { op: CmpOp::Ge, value: ComputeCapability { major: 8, minor: 0 } }),
             model: Some("H100*".into()),
-            driver: Some(Constraint {
-                op: CmpOp::Ge,
-                value: Version(vec![535]),
-            }),
-            cuda: Some(Constraint {
-                op: CmpOp::Ge,
-                value: Version(vec![12, 1]),
-            }),
+            driver: Some(Constraint { op: CmpOp::Ge, value: Version(vec![535]) }),
+            cuda: Some(Constraint { op: CmpOp::Ge, value: Version(vec![12, 1]) }),
             mig_profile: Some("1g.10gb".into()),
         },
-        resources: Resources {
-            memory: Some(Bytes(8 << 30)),
-            cpu_millis: Some(1500),
-            pids: Some(512),
-        },
+        resources: Resources { memory: Some(Bytes(8 << 30)), cpu_millis: Some(1500), pids: Some(512) },
         network: NetworkMode::None,
         sandbox: SandboxMode::None,
         image: Some("nvcr.io/nvidia/pytorch:24.05-py3".into()),
@@ -144,40 +106,16 @@ steps:
 #[test]
 fn retry_shorthand_and_defaults() {
     let p = ok("steps:\n  - command: a\n    retry: 2\n  - command: b\n    retry: {count: 3}\n  - command: c\n    retry: {count: 1, on: failed}\n  - command: d\n");
-    assert_eq!(
-        p.steps[0].retry,
-        RetryPolicy {
-            count: 2,
-            on: vec![RetryOn::Lost]
-        }
-    );
-    assert_eq!(
-        p.steps[1].retry,
-        RetryPolicy {
-            count: 3,
-            on: vec![RetryOn::Lost]
-        }
-    );
-    assert_eq!(
-        p.steps[2].retry,
-        RetryPolicy {
-            count: 1,
-            on: vec![RetryOn::Failed]
-        }
-    );
+    assert_eq!(p.steps[0].retry, RetryPolicy { count: 2, on: vec![RetryOn::Lost] });
+    assert_eq!(p.steps[1].retry, RetryPolicy { count: 3, on: vec![RetryOn::Lost] });
+    assert_eq!(p.steps[2].retry, RetryPolicy { count: 1, on: vec![RetryOn::Failed] });
     assert_eq!(p.steps[3].retry, RetryPolicy::default());
 }
 
 #[test]
 fn concurrency_shorthand() {
     let p = ok("steps:\n  - command: a\n    concurrency: deploy\n");
-    assert_eq!(
-        p.steps[0].concurrency,
-        Some(Concurrency {
-            group: "deploy".into(),
-            cancel_in_progress: false
-        })
-    );
+    assert_eq!(p.steps[0].concurrency, Some(Concurrency { group: "deploy".into(), cancel_in_progress: false }));
 }
 
 #[test]
@@ -185,56 +123,23 @@ fn gpu_without_gpus_means_one() {
     let p = ok("steps:\n  - command: a\n    gpu: {model: A100}\n  - command: b\n    gpus: 4\n  - command: c\n    gpus: 0\n  - command: d\n    gpus: 3\n    gpu: {memory: 80GB}\n");
     assert_eq!(p.steps[0].gpu.count, 1);
     assert_eq!(p.steps[0].gpu.model.as_deref(), Some("A100"));
-    assert_eq!(
-        p.steps[1].gpu,
-        GpuRequirements {
-            count: 4,
-            ..Default::default()
-        }
-    );
+    assert_eq!(p.steps[1].gpu, GpuRequirements { count: 4, ..Default::default() });
     assert_eq!(p.steps[2].gpu, GpuRequirements::default());
     assert_eq!(p.steps[3].gpu.count, 3);
-    assert_eq!(
-        p.steps[3].gpu.memory,
-        Some(Constraint {
-            op: CmpOp::Ge,
-            value: Bytes(80_000_000_000)
-        })
-    );
+    assert_eq!(p.steps[3].gpu.memory, Some(Constraint { op: CmpOp::Ge, value: Bytes(80_000_000_000) }));
 }
 
 #[test]
 fn constraint_operators() {
     let p = ok("steps:\n  - command: a\n    gpu: {memory: \"<= 24GiB\", compute_capability: \"==9.0\", driver: \">535.104.05\", cuda: \"<12.4\"}\n");
     let g = &p.steps[0].gpu;
-    assert_eq!(
-        g.memory,
-        Some(Constraint {
-            op: CmpOp::Le,
-            value: Bytes(24 << 30)
-        })
-    );
+    assert_eq!(g.memory, Some(Constraint { op: CmpOp::Le, value: Bytes(24 << 30) }));
     assert_eq!(
         g.compute_capability,
-        Some(Constraint {
-            op: CmpOp::Eq,
-            value: ComputeCapability { major: 9, minor: 0 }
-        })
+        Some(Constraint { op: CmpOp::Eq, value: ComputeCapability { major: 9, minor: 0 } })
     );
-    assert_eq!(
-        g.driver,
-        Some(Constraint {
-            op: CmpOp::Gt,
-            value: Version(vec![535, 104, 5])
-        })
-    );
-    assert_eq!(
-        g.cuda,
-        Some(Constraint {
-            op: CmpOp::Lt,
-            value: Version(vec![12, 4])
-        })
-    );
+    assert_eq!(g.driver, Some(Constraint { op: CmpOp::Gt, value: Version(vec![535, 104, 5]) }));
+    assert_eq!(g.cuda, Some(Constraint { op: CmpOp::Lt, value: Version(vec![12, 4]) }));
 }
 
 #[test]
@@ -273,10 +178,7 @@ fn hello_example_runs_without_gpus() {
     };
     let keys: Vec<&str> = p.steps.iter().map(|s| s.key.as_str()).collect();
     assert_eq!(keys, ["build", "test", "lint", "report"]);
-    assert!(p
-        .steps
-        .iter()
-        .all(|s| s.gpu.count == 0 && s.image.is_none()));
+    assert!(p.steps.iter().all(|s| s.gpu.count == 0 && s.image.is_none()));
     assert_eq!(p.steps[3].depends_on, ["test", "lint"]);
 }
 
@@ -295,8 +197,7 @@ fn gpu_example_parses() {
 
 #[test]
 fn fixture_with_every_field_parses() {
-    let path =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipelines/full.gpuci.yml");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipelines/full.gpuci.yml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     if let Err(e) = parse("full.gpuci.yml", &text) {
         panic!("{e}");

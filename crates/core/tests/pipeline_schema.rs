@@ -7,9 +7,7 @@ use std::path::PathBuf;
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn repo_file(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .join(path)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
 }
 
 const SCHEMA_FILE: &str = "docs/gpuci-pipeline.schema.json";
@@ -25,9 +23,7 @@ fn committed_schema_is_up_to_date() {
         }
         return;
     }
-    let committed: Option<Value> = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
+    let committed: Option<Value> = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok());
     assert!(
         committed.as_ref() == Some(&fresh),
         "{SCHEMA_FILE} is missing or out of date with pipeline::schema::json_schema().\n\
@@ -73,12 +69,7 @@ fn validate(root: &Value, schema: &Value, v: &Value, path: &str, problems: &mut 
         let name = r.trim_start_matches("#/definitions/");
         validate(root, &root["definitions"][name], v, path, problems);
     }
-    for sub in schema
-        .get("allOf")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for sub in schema.get("allOf").and_then(Value::as_array).into_iter().flatten() {
         validate(root, sub, v, path, problems);
     }
     for key in ["anyOf", "oneOf"] {
@@ -92,10 +83,7 @@ fn validate(root: &Value, schema: &Value, v: &Value, path: &str, problems: &mut 
                 })
                 .count();
             if passing == 0 || (key == "oneOf" && passing > 1) {
-                problems.push(format!(
-                    "{path}: {key} matched {passing} of {} alternatives",
-                    subs.len()
-                ));
+                problems.push(format!("{path}: {key} matched {passing} of {} alternatives", subs.len()));
             }
         }
     }
@@ -126,27 +114,15 @@ fn validate(root: &Value, schema: &Value, v: &Value, path: &str, problems: &mut 
         }
     }
     if let Some(n) = v.as_f64() {
-        if schema
-            .get("minimum")
-            .and_then(Value::as_f64)
-            .is_some_and(|m| n < m)
-        {
+        if schema.get("minimum").and_then(Value::as_f64).is_some_and(|m| n < m) {
             problems.push(format!("{path}: {n} is below the minimum"));
         }
-        if schema
-            .get("maximum")
-            .and_then(Value::as_f64)
-            .is_some_and(|m| n > m)
-        {
+        if schema.get("maximum").and_then(Value::as_f64).is_some_and(|m| n > m) {
             problems.push(format!("{path}: {n} is above the maximum"));
         }
     }
     if let Some(s) = v.as_str() {
-        if schema
-            .get("minLength")
-            .and_then(Value::as_u64)
-            .is_some_and(|m| (s.chars().count() as u64) < m)
-        {
+        if schema.get("minLength").and_then(Value::as_u64).is_some_and(|m| (s.chars().count() as u64) < m) {
             problems.push(format!("{path}: too short"));
         }
         if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
@@ -156,11 +132,7 @@ fn validate(root: &Value, schema: &Value, v: &Value, path: &str, problems: &mut 
         }
     }
     if let Some(items) = v.as_array() {
-        if schema
-            .get("minItems")
-            .and_then(Value::as_u64)
-            .is_some_and(|m| (items.len() as u64) < m)
-        {
+        if schema.get("minItems").and_then(Value::as_u64).is_some_and(|m| (items.len() as u64) < m) {
             problems.push(format!("{path}: too few items"));
         }
         if let Some(item_schema) = schema.get("items") {
@@ -171,12 +143,7 @@ fn validate(root: &Value, schema: &Value, v: &Value, path: &str, problems: &mut 
     }
     if let Some(obj) = v.as_object() {
         let props = schema.get("properties").and_then(Value::as_object);
-        for req in schema
-            .get("required")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for req in schema.get("required").and_then(Value::as_array).into_iter().flatten() {
             if let Some(r) = req.as_str() {
                 if !obj.contains_key(r) {
                     problems.push(format!("{path}: missing {r}"));
@@ -204,14 +171,11 @@ fn simple_pattern_matches(pattern: &str, s: &str) -> bool {
     match pattern {
         "^([0-9]+(ms|s|m|h|d))+$" => s.parse::<gpuci_core::Duration>().is_ok(),
         "^[A-Za-z0-9_-]{1,64}$" => {
-            (1..=64).contains(&s.len())
-                && s.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            (1..=64).contains(&s.len()) && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         }
         "^[A-Za-z_][A-Za-z0-9_]*$" => {
             let mut c = s.chars();
-            c.next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            c.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && c.all(|c| c.is_ascii_alphanumeric() || c == '_')
         }
         other => panic!("the test validator does not know the pattern {other}; teach it"),
@@ -227,25 +191,14 @@ fn problems(text: &str) -> Vec<String> {
 
 #[test]
 fn examples_and_fixtures_validate() {
-    for file in [
-        "examples/hello.gpuci.yml",
-        "examples/gpu.gpuci.yml",
-        "crates/core/tests/fixtures/pipelines/full.gpuci.yml",
-    ] {
-        let text =
-            std::fs::read_to_string(repo_file(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-        assert_eq!(
-            problems(&text),
-            Vec::<String>::new(),
-            "{file} does not validate against the schema"
-        );
+    for file in
+        ["examples/hello.gpuci.yml", "examples/gpu.gpuci.yml", "crates/core/tests/fixtures/pipelines/full.gpuci.yml"]
+    {
+        let text = std::fs::read_to_string(repo_file(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(problems(&text), Vec::<String>::new(), "{file} does not validate against the schema");
         assert!(parse(file, &text).is_ok(), "{file} does not parse");
     }
-    assert_eq!(
-        problems("- command: make\n"),
-        Vec::<String>::new(),
-        "the list shorthand"
-    );
+    assert_eq!(problems("- command: make\n"), Vec::<String>::new(), "the list shorthand");
 }
 
 #[test]
@@ -279,24 +232,15 @@ type Wrap = fn(&str) -> String;
 fn every_schema_key_is_known_to_the_parser() {
     let schema = json_schema();
     let props = |def: &str| -> Vec<String> {
-        schema["definitions"][def]["properties"]
-            .as_object()
-            .map(|o| o.keys().cloned().collect())
-            .unwrap_or_default()
+        schema["definitions"][def]["properties"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
     };
     let wrap: [(&str, Wrap); 6] = [
         ("RawPipeline", |k| format!("{k}: 1\n")),
         ("RawStep", |k| format!("steps:\n  - {k}: 1\n")),
-        ("RawRetryPolicy", |k| {
-            format!("steps:\n  - retry: {{{k}: 1}}\n")
-        }),
-        ("RawConcurrencySettings", |k| {
-            format!("steps:\n  - concurrency: {{{k}: 1}}\n")
-        }),
+        ("RawRetryPolicy", |k| format!("steps:\n  - retry: {{{k}: 1}}\n")),
+        ("RawConcurrencySettings", |k| format!("steps:\n  - concurrency: {{{k}: 1}}\n")),
         ("RawGpu", |k| format!("steps:\n  - gpu: {{{k}: 1}}\n")),
-        ("RawResources", |k| {
-            format!("steps:\n  - resources: {{{k}: 1}}\n")
-        }),
+        ("RawResources", |k| format!("steps:\n  - resources: {{{k}: 1}}\n")),
     ];
     for (def, make) in wrap {
         let keys = props(def);
@@ -304,10 +248,7 @@ fn every_schema_key_is_known_to_the_parser() {
         for k in keys {
             let yaml = make(&k);
             if let Err(e) = parse("ci.yml", &yaml) {
-                assert!(
-                    !e.to_string().contains("unknown key"),
-                    "{def}.{k} is in the schema but the parser says:\n{e}"
-                );
+                assert!(!e.to_string().contains("unknown key"), "{def}.{k} is in the schema but the parser says:\n{e}");
             }
         }
     }

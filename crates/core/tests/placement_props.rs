@@ -2,9 +2,7 @@
 //! releases. The indexed `Cluster` must agree with the reference `place` at every step, and
 //! every placement must obey the rules; an unplaceable answer must be true.
 
-use gpuci_core::gpu::{
-    mismatch, CmpOp, ComputeCapability, Constraint, GpuInfo, GpuRequirements, Version,
-};
+use gpuci_core::gpu::{mismatch, CmpOp, ComputeCapability, Constraint, GpuInfo, GpuRequirements, Version};
 use gpuci_core::placement::{place, Cluster, GpuSlot, GpuSlotState, HostView, Needs};
 use gpuci_core::quantity::Bytes;
 use proptest::prelude::*;
@@ -49,12 +47,7 @@ fn host_spec() -> impl Strategy<Value = HostSpec> {
         any::<bool>(),
         prop::collection::vec((0..MODELS.len(), 0u8..8), 0..6),
     )
-        .prop_map(|(tags, slots, container, gpus)| HostSpec {
-            tags,
-            slots,
-            container,
-            gpus,
-        })
+        .prop_map(|(tags, slots, container, gpus)| HostSpec { tags, slots, container, gpus })
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -79,11 +72,7 @@ fn build(specs: &[HostSpec]) -> Vec<HostView> {
         .map(|(h, s)| HostView {
             agent_id: format!("agent-{h}"),
             name: format!("host-{h}"),
-            tags: s
-                .tags
-                .iter()
-                .map(|&t| (TAGS[t].0.to_string(), TAGS[t].1.to_string()))
-                .collect(),
+            tags: s.tags.iter().map(|&t| (TAGS[t].0.to_string(), TAGS[t].1.to_string())).collect(),
             free_slots: s.slots,
             total_slots: s.slots,
             container_runtime: s.container,
@@ -99,10 +88,7 @@ fn build(specs: &[HostSpec]) -> Vec<HostView> {
                         index: (g as u32 * 7 + 3) % 11,
                         name: name.into(),
                         memory: Bytes(gib << 30),
-                        compute_capability: ComputeCapability {
-                            major: cc.0,
-                            minor: cc.1,
-                        },
+                        compute_capability: ComputeCapability { major: cc.0, minor: cc.1 },
                         driver_version: Version(vec![550]),
                         cuda_driver_version: Some(Version(vec![12, 4])),
                         mig_enabled: None,
@@ -114,12 +100,8 @@ fn build(specs: &[HostSpec]) -> Vec<HostView> {
                         simulated: true,
                     };
                     let state = match st {
-                        6 => GpuSlotState::Quarantined {
-                            reason: "test".into(),
-                        },
-                        7 => GpuSlotState::Leased {
-                            job_id: format!("old-{h}-{g}"),
-                        },
+                        6 => GpuSlotState::Quarantined { reason: "test".into() },
+                        7 => GpuSlotState::Leased { job_id: format!("old-{h}-{g}") },
                         _ => GpuSlotState::Free,
                     };
                     GpuSlot { info, state }
@@ -135,10 +117,7 @@ fn anything_fits(needs: &Needs<'_>, hosts: &[HostView]) -> bool {
         needs.tags.iter().all(|(k, v)| h.tags.get(k) == Some(v))
             && (!needs.container || h.container_runtime)
             && h.free_slots > 0
-            && h.gpus
-                .iter()
-                .filter(|g| g.state == GpuSlotState::Free && mismatch(needs.gpu, &g.info).is_none())
-                .count()
+            && h.gpus.iter().filter(|g| g.state == GpuSlotState::Free && mismatch(needs.gpu, &g.info).is_none()).count()
                 >= needs.gpu.count as usize
     })
 }
@@ -163,36 +142,18 @@ fn check(specs: Vec<HostSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 reference[host].free_slots += 1;
             }
-            Op::Place {
-                count,
-                memory,
-                cc,
-                model,
-                tags,
-                container,
-            } => {
+            Op::Place { count, memory, cc, model, tags, container } => {
                 let req = GpuRequirements {
                     count,
-                    memory: memory.map(|g| Constraint {
-                        op: CmpOp::Ge,
-                        value: Bytes(g << 30),
-                    }),
-                    compute_capability: cc.map(|(major, minor)| Constraint {
-                        op: CmpOp::Ge,
-                        value: ComputeCapability { major, minor },
-                    }),
+                    memory: memory.map(|g| Constraint { op: CmpOp::Ge, value: Bytes(g << 30) }),
+                    compute_capability: cc
+                        .map(|(major, minor)| Constraint { op: CmpOp::Ge, value: ComputeCapability { major, minor } }),
                     model: model.map(|m| GLOBS[m].to_string()),
                     ..Default::default()
                 };
-                let tags: BTreeMap<String, String> = tags
-                    .iter()
-                    .map(|&t| (TAGS[t].0.to_string(), TAGS[t].1.to_string()))
-                    .collect();
-                let needs = Needs {
-                    tags: &tags,
-                    gpu: &req,
-                    container,
-                };
+                let tags: BTreeMap<String, String> =
+                    tags.iter().map(|&t| (TAGS[t].0.to_string(), TAGS[t].1.to_string())).collect();
+                let needs = Needs { tags: &tags, gpu: &req, container };
                 let job = format!("job-{n}");
                 let expected = place(&needs, &reference);
                 let got = cluster.place_and_apply(&job, &needs);
@@ -217,17 +178,12 @@ fn check(specs: Vec<HostSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                         for uuid in &p.gpus {
                             // On the chosen host: a job never spans hosts.
                             let Some(g) = h.gpus.iter_mut().find(|g| &g.info.uuid == uuid) else {
-                                return Err(TestCaseError::fail(format!(
-                                    "GPU {uuid} is not on host {}",
-                                    p.host
-                                )));
+                                return Err(TestCaseError::fail(format!("GPU {uuid} is not on host {}", p.host)));
                             };
                             // Free before: never leased twice, never quarantined.
                             prop_assert_eq!(&g.state, &GpuSlotState::Free);
                             prop_assert!(mismatch(&req, &g.info).is_none());
-                            g.state = GpuSlotState::Leased {
-                                job_id: job.clone(),
-                            };
+                            g.state = GpuSlotState::Leased { job_id: job.clone() };
                         }
                         h.free_slots -= 1;
                         running.push((job, p.host, p.gpus));
@@ -235,11 +191,7 @@ fn check(specs: Vec<HostSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
         }
-        prop_assert_eq!(
-            cluster.hosts(),
-            &reference[..],
-            "cluster state drifted from the reference"
-        );
+        prop_assert_eq!(cluster.hosts(), &reference[..], "cluster state drifted from the reference");
     }
     Ok(())
 }

@@ -2,9 +2,7 @@
 //! reference `place` and the indexed `Cluster`, which must agree.
 
 use gpuci_core::gpu::{CmpOp, ComputeCapability, Constraint, GpuInfo, GpuRequirements, Version};
-use gpuci_core::placement::{
-    place, Cluster, GpuSlot, GpuSlotState, HostView, Needs, Placement, Unplaceable,
-};
+use gpuci_core::placement::{place, Cluster, GpuSlot, GpuSlotState, HostView, Needs, Placement, Unplaceable};
 use gpuci_core::quantity::Bytes;
 use std::collections::BTreeMap;
 
@@ -14,10 +12,7 @@ fn gpu(uuid: &str, index: u32, name: &str, gib: u64, cc: (u32, u32)) -> GpuInfo 
         index,
         name: name.into(),
         memory: Bytes(gib << 30),
-        compute_capability: ComputeCapability {
-            major: cc.0,
-            minor: cc.1,
-        },
+        compute_capability: ComputeCapability { major: cc.0, minor: cc.1 },
         driver_version: Version(vec![550, 54, 15]),
         cuda_driver_version: Some(Version(vec![12, 4])),
         mig_enabled: None,
@@ -31,73 +26,38 @@ fn gpu(uuid: &str, index: u32, name: &str, gib: u64, cc: (u32, u32)) -> GpuInfo 
 }
 
 fn h100(host: &str, n: u32) -> Vec<GpuInfo> {
-    (0..n)
-        .map(|i| {
-            gpu(
-                &format!("GPU-{host}-{i}"),
-                i,
-                "NVIDIA H100 80GB HBM3",
-                80,
-                (9, 0),
-            )
-        })
-        .collect()
+    (0..n).map(|i| gpu(&format!("GPU-{host}-{i}"), i, "NVIDIA H100 80GB HBM3", 80, (9, 0))).collect()
 }
 
 fn host(name: &str, tags: &[(&str, &str)], slots: u32, gpus: Vec<GpuInfo>) -> HostView {
     HostView {
         agent_id: format!("agent-{name}"),
         name: name.into(),
-        tags: tags
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         free_slots: slots,
         total_slots: slots,
         container_runtime: true,
-        gpus: gpus
-            .into_iter()
-            .map(|info| GpuSlot {
-                info,
-                state: GpuSlotState::Free,
-            })
-            .collect(),
+        gpus: gpus.into_iter().map(|info| GpuSlot { info, state: GpuSlotState::Free }).collect(),
     }
 }
 
 fn tags(t: &[(&str, &str)]) -> BTreeMap<String, String> {
-    t.iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    t.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
 }
 
 fn gpus(count: u32) -> GpuRequirements {
-    GpuRequirements {
-        count,
-        ..Default::default()
-    }
+    GpuRequirements { count, ..Default::default() }
 }
 
 fn at_least_gib(count: u32, gib: u64) -> GpuRequirements {
-    GpuRequirements {
-        count,
-        memory: Some(Constraint {
-            op: CmpOp::Ge,
-            value: Bytes(gib << 30),
-        }),
-        ..Default::default()
-    }
+    GpuRequirements { count, memory: Some(Constraint { op: CmpOp::Ge, value: Bytes(gib << 30) }), ..Default::default() }
 }
 
 /// Place with both implementations on the same state; they must agree exactly.
 fn both(needs: &Needs<'_>, hosts: &[HostView]) -> Result<Placement, Unplaceable> {
     let reference = place(needs, hosts);
     let mut cluster = Cluster::new(hosts.to_vec());
-    assert_eq!(
-        cluster.place(needs),
-        reference,
-        "Cluster and place disagree"
-    );
+    assert_eq!(cluster.place(needs), reference, "Cluster and place disagree");
     reference
 }
 
@@ -116,11 +76,7 @@ fn host_of(needs: &Needs<'_>, hosts: &[HostView]) -> usize {
 fn eight_one_gpu_jobs_on_a_four_gpu_host() {
     let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 4))]);
     let (t, r) = (tags(&[]), gpus(1));
-    let needs = Needs {
-        tags: &t,
-        gpu: &r,
-        container: false,
-    };
+    let needs = Needs { tags: &t, gpu: &r, container: false };
     let mut placed = Vec::new();
     for j in 0..8 {
         let job = format!("job-{j}");
@@ -129,10 +85,7 @@ fn eight_one_gpu_jobs_on_a_four_gpu_host() {
         assert_eq!(got, reference);
         match got {
             Ok(p) if j < 4 => placed.push((job, p)),
-            Err(u) if j >= 4 => assert_eq!(
-                u.reason,
-                "needs 1 GPU; 4 matching GPUs are leased to other jobs"
-            ),
+            Err(u) if j >= 4 => assert_eq!(u.reason, "needs 1 GPU; 4 matching GPUs are leased to other jobs"),
             other => panic!("job {j}: {other:?}"),
         }
     }
@@ -146,13 +99,8 @@ fn eight_one_gpu_jobs_on_a_four_gpu_host() {
         assert_eq!(cluster.release(p.host, job, &p.gpus), 1);
     }
     for j in 8..10 {
-        let p = cluster
-            .place_and_apply(&format!("job-{j}"), &needs)
-            .expect("fits after release");
-        assert!(
-            placed[..2].iter().any(|(_, q)| q.gpus == p.gpus),
-            "reuses a released GPU"
-        );
+        let p = cluster.place_and_apply(&format!("job-{j}"), &needs).expect("fits after release");
+        assert!(placed[..2].iter().any(|(_, q)| q.gpus == p.gpus), "reuses a released GPU");
     }
     assert!(cluster.place_and_apply("job-10", &needs).is_err());
 }
@@ -163,109 +111,46 @@ fn gpus_come_in_device_index_order() {
     g.reverse();
     let hosts = vec![host("a", &[], 4, g)];
     let (t, r) = (tags(&[]), gpus(2));
-    let p = both(
-        &Needs {
-            tags: &t,
-            gpu: &r,
-            container: false,
-        },
-        &hosts,
-    )
-    .expect("fits");
+    let p = both(&Needs { tags: &t, gpu: &r, container: false }, &hosts).expect("fits");
     assert_eq!(p.gpus, ["GPU-a-0", "GPU-a-1"]);
 }
 
 #[test]
 fn multi_gpu_job_never_spans_hosts() {
-    let hosts = vec![
-        host("a", &[], 4, h100("a", 1)),
-        host("b", &[], 4, h100("b", 1)),
-    ];
+    let hosts = vec![host("a", &[], 4, h100("a", 1)), host("b", &[], 4, h100("b", 1))];
     let t = tags(&[]);
     let r = gpus(2);
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &hosts
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
         "needs 2 GPUs; best host has 1 free (a job's GPUs must be on one host)"
     );
     let r = at_least_gib(2, 40);
-    let why = reason(
-        &Needs {
-            tags: &t,
-            gpu: &r,
-            container: false,
-        },
-        &hosts,
-    );
-    assert!(
-        why.starts_with("needs 2 GPUs with >=40 GiB; best host has 1 free"),
-        "{why}"
-    );
+    let why = reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts);
+    assert!(why.starts_with("needs 2 GPUs with >=40 GiB; best host has 1 free"), "{why}");
 
     // With a host that has enough, the job goes there, whole.
     let mut hosts = hosts;
     hosts.push(host("c", &[], 4, h100("c", 2)));
-    let p = both(
-        &Needs {
-            tags: &t,
-            gpu: &r,
-            container: false,
-        },
-        &hosts,
-    )
-    .expect("fits on c");
-    assert_eq!(
-        (p.host, p.gpus.as_slice()),
-        (2, &["GPU-c-0".to_string(), "GPU-c-1".to_string()][..])
-    );
+    let p = both(&Needs { tags: &t, gpu: &r, container: false }, &hosts).expect("fits on c");
+    assert_eq!((p.host, p.gpus.as_slice()), (2, &["GPU-c-0".to_string(), "GPU-c-1".to_string()][..]));
 }
 
 #[test]
 fn quarantined_gpu_is_never_leased() {
     let mut a = host("a", &[], 4, h100("a", 2));
-    a.gpus[0].state = GpuSlotState::Quarantined {
-        reason: "Xid 79".into(),
-    };
+    a.gpus[0].state = GpuSlotState::Quarantined { reason: "Xid 79".into() };
     let mut cluster = Cluster::new(vec![a]);
     let (t, r) = (tags(&[]), gpus(1));
-    let needs = Needs {
-        tags: &t,
-        gpu: &r,
-        container: false,
-    };
-    assert_eq!(
-        cluster
-            .place_and_apply("j1", &needs)
-            .expect("one healthy GPU")
-            .gpus,
-        ["GPU-a-1"]
-    );
-    let why = cluster
-        .place_and_apply("j2", &needs)
-        .expect_err("only the quarantined one is left")
-        .reason;
+    let needs = Needs { tags: &t, gpu: &r, container: false };
+    assert_eq!(cluster.place_and_apply("j1", &needs).expect("one healthy GPU").gpus, ["GPU-a-1"]);
+    let why = cluster.place_and_apply("j2", &needs).expect_err("only the quarantined one is left").reason;
     assert_eq!(why, "needs 1 GPU; 1 matching GPU is leased to other jobs");
 
     // Quarantining a leased GPU: its release does not make it free again.
-    assert!(cluster.set_gpu_state(
-        0,
-        "GPU-a-1",
-        GpuSlotState::Quarantined {
-            reason: "ECC".into()
-        }
-    ));
+    assert!(cluster.set_gpu_state(0, "GPU-a-1", GpuSlotState::Quarantined { reason: "ECC".into() }));
     assert_eq!(cluster.release(0, "j1", &["GPU-a-1".into()]), 0);
     assert_eq!(
-        cluster
-            .place_and_apply("j3", &needs)
-            .expect_err("all quarantined")
-            .reason,
+        cluster.place_and_apply("j3", &needs).expect_err("all quarantined").reason,
         "needs 1 GPU; 2 matching GPUs are quarantined"
     );
 }
@@ -274,20 +159,11 @@ fn quarantined_gpu_is_never_leased() {
 fn only_quarantined_gpus_match() {
     let mut a = host("a", &[], 4, h100("a", 4));
     for g in &mut a.gpus {
-        g.state = GpuSlotState::Quarantined {
-            reason: "memory held by a zombie process".into(),
-        };
+        g.state = GpuSlotState::Quarantined { reason: "memory held by a zombie process".into() };
     }
     let (t, r) = (tags(&[]), gpus(1));
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &[a]
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: false }, &[a]),
         "needs 1 GPU; 4 matching GPUs are quarantined"
     );
 }
@@ -295,41 +171,19 @@ fn only_quarantined_gpus_match() {
 #[test]
 fn quarantine_blocks_a_host_that_would_otherwise_fit() {
     let mut a = host("a", &[], 4, h100("a", 2));
-    a.gpus[1].state = GpuSlotState::Quarantined {
-        reason: "Xid 48".into(),
-    };
+    a.gpus[1].state = GpuSlotState::Quarantined { reason: "Xid 48".into() };
     let (t, r) = (tags(&[]), gpus(2));
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &[a]
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: false }, &[a]),
         "needs 2 GPUs; best host has 1 free, 1 matching GPU is quarantined"
     );
 }
 
 #[test]
 fn best_fit_leaves_the_fewest_stranded_gpus() {
-    let hosts = vec![
-        host("a", &[], 4, h100("a", 4)),
-        host("b", &[], 4, h100("b", 2)),
-    ];
+    let hosts = vec![host("a", &[], 4, h100("a", 4)), host("b", &[], 4, h100("b", 2))];
     let (t, r) = (tags(&[]), gpus(2));
-    assert_eq!(
-        host_of(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &hosts
-        ),
-        1
-    );
+    assert_eq!(host_of(&Needs { tags: &t, gpu: &r, container: false }, &hosts), 1);
 }
 
 #[test]
@@ -339,65 +193,27 @@ fn best_fit_counts_only_matching_gpus_then_all_free_gpus() {
     g.extend((2..4).map(|i| gpu(&format!("GPU-a-{i}"), i, "NVIDIA L4", 24, (8, 9))));
     let hosts = vec![host("a", &[], 4, g), host("b", &[], 4, h100("b", 2))];
     let t = tags(&[]);
-    let r = GpuRequirements {
-        count: 2,
-        model: Some("H100*".into()),
-        ..Default::default()
-    };
-    assert_eq!(
-        host_of(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &hosts
-        ),
-        1
-    );
+    let r = GpuRequirements { count: 2, model: Some("H100*".into()), ..Default::default() };
+    assert_eq!(host_of(&Needs { tags: &t, gpu: &r, container: false }, &hosts), 1);
     // Full tie: host order decides.
-    let hosts = vec![
-        host("a", &[], 4, h100("a", 2)),
-        host("b", &[], 4, h100("b", 2)),
-    ];
-    assert_eq!(
-        host_of(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &hosts
-        ),
-        0
-    );
+    let hosts = vec![host("a", &[], 4, h100("a", 2)), host("b", &[], 4, h100("b", 2))];
+    assert_eq!(host_of(&Needs { tags: &t, gpu: &r, container: false }, &hosts), 0);
 }
 
 #[test]
 fn cpu_job_prefers_hosts_without_free_gpus() {
     let t = tags(&[]);
     let r = gpus(0);
-    let needs = Needs {
-        tags: &t,
-        gpu: &r,
-        container: false,
-    };
+    let needs = Needs { tags: &t, gpu: &r, container: false };
     let mut busy_gpu = host("busy-gpu", &[], 4, h100("busy-gpu", 2));
     for g in &mut busy_gpu.gpus {
-        g.state = GpuSlotState::Leased {
-            job_id: "other".into(),
-        };
+        g.state = GpuSlotState::Leased { job_id: "other".into() };
     }
     let gpu_host = host("gpu", &[], 8, h100("gpu", 4));
     let cpu_small = host("cpu-small", &[], 2, vec![]);
     let cpu_big = host("cpu-big", &[], 6, vec![]);
     // CPU-only hosts first, the one with more free slots first.
-    let hosts = vec![
-        gpu_host.clone(),
-        busy_gpu.clone(),
-        cpu_small.clone(),
-        cpu_big,
-    ];
+    let hosts = vec![gpu_host.clone(), busy_gpu.clone(), cpu_small.clone(), cpu_big];
     assert_eq!(host_of(&needs, &hosts), 3);
     // A host whose GPUs are all leased before one with free GPUs.
     let hosts = vec![gpu_host.clone(), busy_gpu];
@@ -412,70 +228,26 @@ fn cpu_job_prefers_hosts_without_free_gpus() {
 fn zero_gpu_job_needs_only_a_slot_and_tags() {
     let hosts = vec![host("a", &[("queue", "cpu")], 1, vec![])];
     let (t, r) = (tags(&[("queue", "cpu")]), gpus(0));
-    let p = both(
-        &Needs {
-            tags: &t,
-            gpu: &r,
-            container: false,
-        },
-        &hosts,
-    )
-    .expect("fits");
-    assert_eq!(
-        p,
-        Placement {
-            host: 0,
-            gpus: vec![]
-        }
-    );
+    let p = both(&Needs { tags: &t, gpu: &r, container: false }, &hosts).expect("fits");
+    assert_eq!(p, Placement { host: 0, gpus: vec![] });
 }
 
 #[test]
 fn reason_no_agent_connected() {
     let (t, r) = (tags(&[]), gpus(1));
-    assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &[]
-        ),
-        "no agent is connected"
-    );
+    assert_eq!(reason(&Needs { tags: &t, gpu: &r, container: false }, &[]), "no agent is connected");
 }
 
 #[test]
 fn reason_missing_tag() {
-    let hosts = vec![
-        host("a", &[("queue", "big")], 4, h100("a", 4)),
-        host("b", &[("arch", "arm64")], 4, vec![]),
-    ];
+    let hosts = vec![host("a", &[("queue", "big")], 4, h100("a", 4)), host("b", &[("arch", "arm64")], 4, vec![])];
     let r = gpus(1);
     let t = tags(&[("queue", "cuda")]);
-    assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &hosts
-        ),
-        "no connected agent has tag queue=cuda"
-    );
+    assert_eq!(reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts), "no connected agent has tag queue=cuda");
     // Each tag exists, but not together.
     let t = tags(&[("queue", "big"), ("arch", "arm64")]);
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &hosts
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
         "no connected agent has all of the tags arch=arm64, queue=big"
     );
 }
@@ -488,85 +260,37 @@ fn reason_no_container_runtime() {
     b.container_runtime = true;
     let (t, r) = (tags(&[("queue", "cuda")]), gpus(1));
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: true
-            },
-            &[a.clone(), b]
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: true }, &[a.clone(), b]),
         "needs a container runtime; no agent with tag queue=cuda has podman or docker"
     );
     let t = tags(&[]);
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: true
-            },
-            &[a]
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: true }, &[a]),
         "needs a container runtime; no connected agent has podman or docker"
     );
 }
 
 #[test]
 fn reason_no_gpu_matches() {
-    let a = host(
-        "a",
-        &[],
-        4,
-        vec![gpu("GPU-a-0", 0, "NVIDIA A10", 24, (8, 6))],
-    );
+    let a = host("a", &[], 4, vec![gpu("GPU-a-0", 0, "NVIDIA A10", 24, (8, 6))]);
     let t = tags(&[]);
-    let r = GpuRequirements {
-        count: 1,
-        model: Some("H100*".into()),
-        ..Default::default()
-    };
+    let r = GpuRequirements { count: 1, model: Some("H100*".into()), ..Default::default() };
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            std::slice::from_ref(&a)
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: false }, std::slice::from_ref(&a)),
         "needs 1 GPU; no GPU matches: model \"NVIDIA A10\" (needs H100*)"
     );
     let r = at_least_gib(1, 40);
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &[a]
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: false }, &[a]),
         "needs 1 GPU; no GPU matches: memory 24 GiB (needs >=40 GiB)"
     );
     // The H100s are on another queue: say where we looked.
     let hosts = vec![
-        host(
-            "a",
-            &[("queue", "cuda")],
-            4,
-            vec![gpu("GPU-a-0", 0, "NVIDIA L4", 24, (8, 9))],
-        ),
+        host("a", &[("queue", "cuda")], 4, vec![gpu("GPU-a-0", 0, "NVIDIA L4", 24, (8, 9))]),
         host("b", &[("queue", "big")], 4, h100("b", 4)),
     ];
-    let (t, r) = (
-        tags(&[("queue", "cuda")]),
-        GpuRequirements {
-            count: 1,
-            model: Some("H100*".into()),
-            ..Default::default()
-        },
-    );
+    let (t, r) =
+        (tags(&[("queue", "cuda")]), GpuRequirements { count: 1, model: Some("H100*".into()), ..Default::default() });
     assert_eq!(
         reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
         "needs 1 GPU; no GPU matches on agents with tag queue=cuda: model \"NVIDIA L4\" (needs H100*)"
@@ -578,30 +302,15 @@ fn reason_no_gpu_at_all() {
     let hosts = vec![host("a", &[("queue", "cpu")], 4, vec![])];
     let (t, r) = (tags(&[("queue", "cpu")]), gpus(1));
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &hosts
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
         "needs 1 GPU; no agent with tag queue=cpu has a GPU"
     );
 }
 
 #[test]
 fn reason_all_agents_busy() {
-    let mut hosts: Vec<HostView> = (0..3)
-        .map(|i| {
-            host(
-                &format!("h{i}"),
-                &[("queue", "cuda")],
-                2,
-                h100(&format!("h{i}"), 4),
-            )
-        })
-        .collect();
+    let mut hosts: Vec<HostView> =
+        (0..3).map(|i| host(&format!("h{i}"), &[("queue", "cuda")], 2, h100(&format!("h{i}"), 4))).collect();
     for h in &mut hosts {
         h.free_slots = 0;
     }
@@ -609,26 +318,12 @@ fn reason_all_agents_busy() {
     for count in [0, 1, 4] {
         let r = gpus(count);
         assert_eq!(
-            reason(
-                &Needs {
-                    tags: &t,
-                    gpu: &r,
-                    container: false
-                },
-                &hosts
-            ),
+            reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
             "all 3 matching agents are busy (no free job slot)"
         );
     }
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &gpus(1),
-                container: false
-            },
-            &hosts[..1]
-        ),
+        reason(&Needs { tags: &t, gpu: &gpus(1), container: false }, &hosts[..1]),
         "the only matching agent is busy (no free job slot)"
     );
 }
@@ -637,25 +332,13 @@ fn reason_all_agents_busy() {
 fn reason_leased_to_other_jobs() {
     let mut a = host("a", &[], 4, h100("a", 2));
     for g in &mut a.gpus {
-        g.state = GpuSlotState::Leased {
-            job_id: "other".into(),
-        };
+        g.state = GpuSlotState::Leased { job_id: "other".into() };
     }
     let (t, r) = (tags(&[]), gpus(2));
-    let needs = Needs {
-        tags: &t,
-        gpu: &r,
-        container: false,
-    };
-    assert_eq!(
-        reason(&needs, &[a.clone()]),
-        "needs 2 GPUs; 2 matching GPUs are leased to other jobs"
-    );
+    let needs = Needs { tags: &t, gpu: &r, container: false };
+    assert_eq!(reason(&needs, &[a.clone()]), "needs 2 GPUs; 2 matching GPUs are leased to other jobs");
     a.gpus[0].state = GpuSlotState::Free;
-    assert_eq!(
-        reason(&needs, &[a]),
-        "needs 2 GPUs; best host has 1 free, 1 matching GPU is leased to other jobs"
-    );
+    assert_eq!(reason(&needs, &[a]), "needs 2 GPUs; best host has 1 free, 1 matching GPU is leased to other jobs");
 }
 
 #[test]
@@ -663,29 +346,13 @@ fn reason_host_too_small() {
     let hosts = vec![host("a", &[], 4, h100("a", 4))];
     let (t, r) = (tags(&[]), at_least_gib(8, 40));
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &hosts
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
         "needs 8 GPUs with >=40 GiB; best host has 4 free"
     );
     let mut hosts = hosts;
-    hosts[0].gpus[0].state = GpuSlotState::Leased {
-        job_id: "other".into(),
-    };
+    hosts[0].gpus[0].state = GpuSlotState::Leased { job_id: "other".into() };
     assert_eq!(
-        reason(
-            &Needs {
-                tags: &t,
-                gpu: &r,
-                container: false
-            },
-            &hosts
-        ),
+        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
         "needs 8 GPUs with >=40 GiB; best host has 4 matching, 3 free"
     );
 }
@@ -694,48 +361,25 @@ fn reason_host_too_small() {
 fn release_leaves_other_jobs_gpus_alone() {
     let mut cluster = Cluster::new(vec![host("a", &[], 4, h100("a", 2))]);
     let (t, r) = (tags(&[]), gpus(1));
-    let needs = Needs {
-        tags: &t,
-        gpu: &r,
-        container: false,
-    };
+    let needs = Needs { tags: &t, gpu: &r, container: false };
     let p1 = cluster.place_and_apply("j1", &needs).expect("fits");
     let p2 = cluster.place_and_apply("j2", &needs).expect("fits");
-    assert_eq!(
-        cluster.release(0, "j1", &p2.gpus),
-        0,
-        "j1 does not hold j2's GPU"
-    );
+    assert_eq!(cluster.release(0, "j1", &p2.gpus), 0, "j1 does not hold j2's GPU");
     assert_eq!(cluster.release(0, "j1", &p1.gpus), 1);
-    assert_eq!(
-        cluster.hosts()[0].gpus[1].state,
-        GpuSlotState::Leased {
-            job_id: "j2".into()
-        }
-    );
-    assert_eq!(
-        cluster.place_and_apply("j3", &needs).expect("fits").gpus,
-        p1.gpus
-    );
+    assert_eq!(cluster.hosts()[0].gpus[1].state, GpuSlotState::Leased { job_id: "j2".into() });
+    assert_eq!(cluster.place_and_apply("j3", &needs).expect("fits").gpus, p1.gpus);
 }
 
 #[test]
 fn cluster_follows_host_changes() {
     let mut cluster = Cluster::new(vec![host("a", &[("queue", "cuda")], 4, h100("a", 1))]);
     let (t, r) = (tags(&[("queue", "big")]), gpus(1));
-    let needs = Needs {
-        tags: &t,
-        gpu: &r,
-        container: false,
-    };
+    let needs = Needs { tags: &t, gpu: &r, container: false };
     assert!(cluster.place(&needs).is_err());
     let b = cluster.push_host(host("b", &[("queue", "big")], 4, h100("b", 1)));
     assert_eq!(cluster.place(&needs).expect("b fits").host, b);
     cluster.replace_host(b, host("b", &[("queue", "cuda")], 4, h100("b", 1)));
-    assert_eq!(
-        cluster.place(&needs).expect_err("b retagged").reason,
-        "no connected agent has tag queue=big"
-    );
+    assert_eq!(cluster.place(&needs).expect_err("b retagged").reason, "no connected agent has tag queue=big");
     cluster.replace_host(0, host("a", &[("queue", "big")], 4, h100("a", 1)));
     assert_eq!(cluster.place(&needs).expect("a retagged").host, 0);
     // The indexed cluster and the reference agree on the edited hosts.

@@ -10,8 +10,8 @@
 
 use gpuci_core::gpu::Version;
 use gpuci_gpu::{
-    detect, doctor, doctor_passed, format_table, pre_job_check, sample_loop, DetectOptions,
-    DoctorOptions, HealthBaseline, HealthPolicy, SystemRunner,
+    detect, doctor, doctor_passed, format_table, pre_job_check, sample_loop, DetectOptions, DoctorOptions,
+    HealthBaseline, HealthPolicy, SystemRunner,
 };
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -19,9 +19,8 @@ use tokio_util::sync::CancellationToken;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let host = std::fs::read_to_string("/etc/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into());
+    let host =
+        std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "localhost".into());
     let mut detect_opts = DetectOptions::new(host);
     let mut doctor_opts = DoctorOptions::default();
     let mut seconds = 2u64;
@@ -29,12 +28,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut value = || args.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
             "--simulate" => detect_opts.simulate = Some(value()?),
-            "--min-driver" => {
-                doctor_opts.min_driver = Some(Version::parse(&value()?).ok_or("bad --min-driver")?)
-            }
-            "--min-cuda" => {
-                doctor_opts.min_cuda = Some(Version::parse(&value()?).ok_or("bad --min-cuda")?)
-            }
+            "--min-driver" => doctor_opts.min_driver = Some(Version::parse(&value()?).ok_or("bad --min-driver")?),
+            "--min-cuda" => doctor_opts.min_cuda = Some(Version::parse(&value()?).ok_or("bad --min-cuda")?),
             "--seconds" => seconds = value()?.parse()?,
             other => return Err(format!("unknown argument {other}").into()),
         }
@@ -68,14 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         stop.cancel();
     });
     let uuids = gpus.iter().map(|g| g.uuid.clone()).collect();
-    let telemetry = sample_loop(
-        backend.clone(),
-        uuids,
-        Duration::from_millis(500),
-        cancel,
-        |_, _, _| {},
-    )
-    .await;
+    let telemetry = sample_loop(backend.clone(), uuids, Duration::from_millis(500), cancel, |_, _, _| {}).await;
 
     let report = serde_json::json!({
         "backend": detection.kind(),
@@ -88,13 +76,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let checks = doctor(&doctor_opts, &detection, &SystemRunner);
     eprint!("{}", format_table(&checks));
-    eprintln!(
-        "doctor: {}",
-        if doctor_passed(&checks) {
-            "passed"
-        } else {
-            "FAILED"
-        }
-    );
+    eprintln!("doctor: {}", if doctor_passed(&checks) { "passed" } else { "FAILED" });
     Ok(())
 }

@@ -76,19 +76,11 @@ pub struct HealthCounters {
 pub enum GpuError {
     /// The driver or tool did not answer (driver crashed, GPU fell off the bus, timeout).
     #[error("{backend} did not answer{}: {detail}", for_gpu(.uuid))]
-    NotAnswering {
-        backend: BackendKind,
-        uuid: Option<String>,
-        detail: String,
-    },
+    NotAnswering { backend: BackendKind, uuid: Option<String>, detail: String },
     #[error("no GPU with UUID {uuid} on this host")]
     UnknownGpu { uuid: String },
     #[error("cannot parse nvidia-smi {what}: {detail} (in {line:?})")]
-    Parse {
-        what: &'static str,
-        line: String,
-        detail: String,
-    },
+    Parse { what: &'static str, line: String, detail: String },
     #[error("invalid simulated GPU spec {spec:?}: {detail}")]
     SimSpec { spec: String, detail: String },
     #[error("no NVIDIA GPU found ({reason})")]
@@ -96,9 +88,7 @@ pub enum GpuError {
 }
 
 fn for_gpu(uuid: &Option<String>) -> String {
-    uuid.as_ref()
-        .map(|u| format!(" for {u}"))
-        .unwrap_or_default()
+    uuid.as_ref().map(|u| format!(" for {u}")).unwrap_or_default()
 }
 
 impl GpuError {

@@ -18,30 +18,18 @@ pub struct CommandOutput {
 
 impl CommandOutput {
     pub fn ok(stdout: impl Into<String>) -> Self {
-        CommandOutput {
-            status: Some(0),
-            stdout: stdout.into(),
-            stderr: String::new(),
-        }
+        CommandOutput { status: Some(0), stdout: stdout.into(), stderr: String::new() }
     }
     pub fn failed(code: i32, stdout: impl Into<String>, stderr: impl Into<String>) -> Self {
-        CommandOutput {
-            status: Some(code),
-            stdout: stdout.into(),
-            stderr: stderr.into(),
-        }
+        CommandOutput { status: Some(code), stdout: stdout.into(), stderr: stderr.into() }
     }
     pub fn success(&self) -> bool {
         self.status == Some(0)
     }
     /// The last `n` non-empty lines of stdout and stderr together, for error messages.
     pub fn tail(&self, n: usize) -> String {
-        let lines: Vec<&str> = self
-            .stdout
-            .lines()
-            .chain(self.stderr.lines())
-            .filter(|l| !l.trim().is_empty())
-            .collect();
+        let lines: Vec<&str> =
+            self.stdout.lines().chain(self.stderr.lines()).filter(|l| !l.trim().is_empty()).collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 }
@@ -58,12 +46,7 @@ pub enum CommandError {
 
 /// Runs a program with arguments (no shell) and waits at most `timeout`.
 pub trait CommandRunner: Send + Sync {
-    fn run(
-        &self,
-        program: &str,
-        args: &[&str],
-        timeout: Duration,
-    ) -> Result<CommandOutput, CommandError>;
+    fn run(&self, program: &str, args: &[&str], timeout: Duration) -> Result<CommandOutput, CommandError>;
 }
 
 /// Runs real processes. The timeout matters: `nvidia-smi` can hang for minutes on a GPU
@@ -72,20 +55,10 @@ pub trait CommandRunner: Send + Sync {
 pub struct SystemRunner;
 
 impl CommandRunner for SystemRunner {
-    fn run(
-        &self,
-        program: &str,
-        args: &[&str],
-        timeout: Duration,
-    ) -> Result<CommandOutput, CommandError> {
+    fn run(&self, program: &str, args: &[&str], timeout: Duration) -> Result<CommandOutput, CommandError> {
         let io = |e: std::io::Error| match e.kind() {
-            std::io::ErrorKind::NotFound => CommandError::NotFound {
-                program: program.to_string(),
-            },
-            _ => CommandError::Io {
-                program: program.to_string(),
-                detail: e.to_string(),
-            },
+            std::io::ErrorKind::NotFound => CommandError::NotFound { program: program.to_string() },
+            _ => CommandError::Io { program: program.to_string(), detail: e.to_string() },
         };
         let mut child = Command::new(program)
             .args(args)
@@ -105,18 +78,8 @@ impl CommandRunner for SystemRunner {
                 String::from_utf8_lossy(&buf).into_owned()
             })
         };
-        let out = drain(
-            child
-                .stdout
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        );
-        let err = drain(
-            child
-                .stderr
-                .take()
-                .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        );
+        let out = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+        let err = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
         let start = Instant::now();
         let status = loop {
             match child.try_wait().map_err(io)? {
@@ -124,10 +87,7 @@ impl CommandRunner for SystemRunner {
                 None if start.elapsed() >= timeout => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(CommandError::TimedOut {
-                        program: program.to_string(),
-                        after: timeout,
-                    });
+                    return Err(CommandError::TimedOut { program: program.to_string(), after: timeout });
                 }
                 None => std::thread::sleep(Duration::from_millis(10)),
             }
@@ -164,27 +124,15 @@ impl FakeRunner {
 }
 
 impl CommandRunner for FakeRunner {
-    fn run(
-        &self,
-        program: &str,
-        args: &[&str],
-        _timeout: Duration,
-    ) -> Result<CommandOutput, CommandError> {
-        let line = std::iter::once(program)
-            .chain(args.iter().copied())
-            .collect::<Vec<_>>()
-            .join(" ");
+    fn run(&self, program: &str, args: &[&str], _timeout: Duration) -> Result<CommandOutput, CommandError> {
+        let line = std::iter::once(program).chain(args.iter().copied()).collect::<Vec<_>>().join(" ");
         lock(&self.calls).push(line.clone());
         let answers = lock(&self.answers);
         answers
             .get(&line)
             .or_else(|| answers.get(program))
             .cloned()
-            .unwrap_or_else(|| {
-                Err(CommandError::NotFound {
-                    program: program.to_string(),
-                })
-            })
+            .unwrap_or_else(|| Err(CommandError::NotFound { program: program.to_string() }))
     }
 }
 
@@ -199,13 +147,7 @@ mod tests {
 
     #[test]
     fn system_runner_reports_exit_and_output() {
-        let out = SystemRunner
-            .run(
-                "sh",
-                &["-c", "echo hi; echo oops >&2; exit 3"],
-                Duration::from_secs(10),
-            )
-            .unwrap();
+        let out = SystemRunner.run("sh", &["-c", "echo hi; echo oops >&2; exit 3"], Duration::from_secs(10)).unwrap();
         assert_eq!(out.status, Some(3));
         assert_eq!(out.stdout.trim(), "hi");
         assert_eq!(out.tail(5), "hi\noops");
@@ -213,31 +155,21 @@ mod tests {
 
     #[test]
     fn system_runner_times_out() {
-        let err = SystemRunner
-            .run("sleep", &["5"], Duration::from_millis(100))
-            .unwrap_err();
+        let err = SystemRunner.run("sleep", &["5"], Duration::from_millis(100)).unwrap_err();
         assert!(matches!(err, CommandError::TimedOut { .. }), "{err}");
     }
 
     #[test]
     fn system_runner_not_found() {
-        let err = SystemRunner
-            .run("gpuci-no-such-program", &[], Duration::from_secs(1))
-            .unwrap_err();
+        let err = SystemRunner.run("gpuci-no-such-program", &[], Duration::from_secs(1)).unwrap_err();
         assert!(matches!(err, CommandError::NotFound { .. }));
     }
 
     #[test]
     fn fake_runner_matches_full_line_then_program() {
         let r = FakeRunner::new();
-        r.on("tool --version", Ok(CommandOutput::ok("1.0")))
-            .on("tool", Ok(CommandOutput::failed(1, "", "bad")));
-        assert_eq!(
-            r.run("tool", &["--version"], Duration::ZERO)
-                .unwrap()
-                .stdout,
-            "1.0"
-        );
+        r.on("tool --version", Ok(CommandOutput::ok("1.0"))).on("tool", Ok(CommandOutput::failed(1, "", "bad")));
+        assert_eq!(r.run("tool", &["--version"], Duration::ZERO).unwrap().stdout, "1.0");
         assert!(!r.run("tool", &["x"], Duration::ZERO).unwrap().success());
         assert!(r.run("other", &[], Duration::ZERO).is_err());
         assert_eq!(r.calls(), vec!["tool --version", "tool x", "other"]);

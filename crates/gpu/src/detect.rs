@@ -57,45 +57,27 @@ impl Detection {
 /// [`NoGpus`] with the reasons.
 pub fn detect(opts: &DetectOptions) -> Result<Detection, GpuError> {
     if let Some(spec) = &opts.simulate {
-        let sim =
-            SimulatedGpus::build(spec.parse()?, &opts.host, &opts.simulated_device_dir, None)?;
-        return Ok(Detection {
-            backend: Arc::new(sim),
-            fallback_reasons: Vec::new(),
-        });
+        let sim = SimulatedGpus::build(spec.parse()?, &opts.host, &opts.simulated_device_dir, None)?;
+        return Ok(Detection { backend: Arc::new(sim), fallback_reasons: Vec::new() });
     }
     let mut reasons = Vec::new();
     if opts.try_nvml {
         match NvmlBackend::init() {
-            Ok(nvml) => {
-                return Ok(Detection {
-                    backend: Arc::new(nvml),
-                    fallback_reasons: reasons,
-                })
-            }
+            Ok(nvml) => return Ok(Detection { backend: Arc::new(nvml), fallback_reasons: reasons }),
             Err(e) => reasons.push(format!("NVML: {}", strip_backend(&e))),
         }
     }
     let smi = NvidiaSmi::new(opts.runner.clone());
     match smi.inventory() {
         Ok(gpus) if !gpus.is_empty() => {
-            tracing::info!(
-                "NVML unavailable ({}); using nvidia-smi",
-                reasons.join("; ")
-            );
-            return Ok(Detection {
-                backend: Arc::new(smi),
-                fallback_reasons: reasons,
-            });
+            tracing::info!("NVML unavailable ({}); using nvidia-smi", reasons.join("; "));
+            return Ok(Detection { backend: Arc::new(smi), fallback_reasons: reasons });
         }
         Ok(_) => reasons.push("nvidia-smi: lists no GPU".to_string()),
         Err(e) => reasons.push(format!("nvidia-smi: {}", strip_backend(&e))),
     }
     let reason = reasons.join("; ");
-    Ok(Detection {
-        backend: Arc::new(NoGpus { reason }),
-        fallback_reasons: reasons,
-    })
+    Ok(Detection { backend: Arc::new(NoGpus { reason }), fallback_reasons: reasons })
 }
 
 /// `NVML did not answer: loading NVML: x` reads better as `NVML: loading NVML: x`.
@@ -114,9 +96,7 @@ pub struct NoGpus {
 
 impl NoGpus {
     fn err(&self, uuid: &str) -> GpuError {
-        GpuError::UnknownGpu {
-            uuid: uuid.to_string(),
-        }
+        GpuError::UnknownGpu { uuid: uuid.to_string() }
     }
 }
 
@@ -165,12 +145,7 @@ mod tests {
         assert_eq!(d.no_gpu_reason().unwrap(), "nvidia-smi: command not found");
         assert!(d.backend.inventory().unwrap().is_empty());
 
-        runner.on(
-            "nvidia-smi",
-            Ok(CommandOutput::ok(include_str!(
-                "../fixtures/h100-query-gpu.csv"
-            ))),
-        );
+        runner.on("nvidia-smi", Ok(CommandOutput::ok(include_str!("../fixtures/h100-query-gpu.csv"))));
         let d = detect(&o).unwrap();
         assert_eq!(d.kind(), BackendKind::NvidiaSmi);
         assert_eq!(d.no_gpu_reason(), None);

@@ -38,12 +38,7 @@ pub struct DoctorCheck {
 
 impl DoctorCheck {
     fn new(name: &str, status: CheckStatus, detail: impl Into<String>) -> Self {
-        DoctorCheck {
-            name: name.to_string(),
-            status,
-            detail: detail.into(),
-            fix: None,
-        }
+        DoctorCheck { name: name.to_string(), status, detail: detail.into(), fix: None }
     }
     fn fix(mut self, fix: impl Into<String>) -> Self {
         self.fix = Some(fix.into());
@@ -92,11 +87,7 @@ impl Default for DoctorOptions {
 
 /// Run every check. GPU facts come from `detection` (what the agent will use); commands
 /// from `runner`.
-pub fn doctor(
-    opts: &DoctorOptions,
-    detection: &Detection,
-    runner: &dyn CommandRunner,
-) -> Vec<DoctorCheck> {
+pub fn doctor(opts: &DoctorOptions, detection: &Detection, runner: &dyn CommandRunner) -> Vec<DoctorCheck> {
     let mut checks = Vec::new();
     let gpus = check_inventory(opts, detection, &mut checks);
     match &gpus {
@@ -106,11 +97,7 @@ pub fn doctor(
             checks.push(check_cuda(opts, gpus));
             checks.push(check_compute_capability(opts, gpus));
             checks.push(if simulated {
-                DoctorCheck::new(
-                    "gpu.nvidia_smi",
-                    CheckStatus::Skip,
-                    "simulated GPUs: nvidia-smi not consulted",
-                )
+                DoctorCheck::new("gpu.nvidia_smi", CheckStatus::Skip, "simulated GPUs: nvidia-smi not consulted")
             } else {
                 check_nvidia_smi(opts, runner)
             });
@@ -121,27 +108,15 @@ pub fn doctor(
             // Still ask nvidia-smi when hardware is there: its message is often the clue.
             let hardware = nvidia_hardware(opts).is_some();
             for name in ["gpu.driver", "gpu.cuda", "gpu.compute_capability"] {
-                checks.push(DoctorCheck::new(
-                    name,
-                    CheckStatus::Skip,
-                    "no NVIDIA GPU on this host",
-                ));
+                checks.push(DoctorCheck::new(name, CheckStatus::Skip, "no NVIDIA GPU on this host"));
             }
             checks.push(if hardware {
                 check_nvidia_smi(opts, runner)
             } else {
-                DoctorCheck::new(
-                    "gpu.nvidia_smi",
-                    CheckStatus::Skip,
-                    "no NVIDIA GPU on this host",
-                )
+                DoctorCheck::new("gpu.nvidia_smi", CheckStatus::Skip, "no NVIDIA GPU on this host")
             });
             for name in ["gpu.persistence_mode", "gpu.device_nodes"] {
-                checks.push(DoctorCheck::new(
-                    name,
-                    CheckStatus::Skip,
-                    "no NVIDIA GPU on this host",
-                ));
+                checks.push(DoctorCheck::new(name, CheckStatus::Skip, "no NVIDIA GPU on this host"));
             }
         }
     }
@@ -172,12 +147,7 @@ pub fn format_table(checks: &[DoctorCheck]) -> String {
             CheckStatus::Skip => "skip",
         };
         let mut lines = c.detail.lines();
-        let _ = writeln!(
-            out,
-            "{status}  {:width$}  {}",
-            c.name,
-            lines.next().unwrap_or_default()
-        );
+        let _ = writeln!(out, "{status}  {:width$}  {}", c.name, lines.next().unwrap_or_default());
         for l in lines {
             let _ = writeln!(out, "      {:width$}  {l}", "");
         }
@@ -195,10 +165,7 @@ fn nvidia_hardware(opts: &DoctorOptions) -> Option<String> {
         for e in entries.flatten() {
             let read = |f: &str| std::fs::read_to_string(e.path().join(f)).unwrap_or_default();
             if read("vendor").trim() == "0x10de" && read("class").trim().starts_with("0x03") {
-                return Some(format!(
-                    "NVIDIA PCI device {}",
-                    e.file_name().to_string_lossy()
-                ));
+                return Some(format!("NVIDIA PCI device {}", e.file_name().to_string_lossy()));
             }
         }
     }
@@ -214,18 +181,10 @@ fn summarize_models(gpus: &[GpuInfo]) -> String {
             None => groups.push((g.name.clone(), 1)),
         }
     }
-    groups
-        .iter()
-        .map(|(name, n)| format!("{n} × {name}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    groups.iter().map(|(name, n)| format!("{n} × {name}")).collect::<Vec<_>>().join(", ")
 }
 
-fn check_inventory(
-    opts: &DoctorOptions,
-    d: &Detection,
-    checks: &mut Vec<DoctorCheck>,
-) -> Option<Vec<GpuInfo>> {
+fn check_inventory(opts: &DoctorOptions, d: &Detection, checks: &mut Vec<DoctorCheck>) -> Option<Vec<GpuInfo>> {
     const NAME: &str = "gpu.inventory";
     let reason = d.no_gpu_reason();
     let gpus = match d.backend.inventory() {
@@ -241,12 +200,8 @@ fn check_inventory(
         }
         Err(e) => {
             checks.push(
-                DoctorCheck::new(
-                    NAME,
-                    CheckStatus::Fail,
-                    format!("reading the GPU inventory failed: {e}"),
-                )
-                .fix("look for NVRM/Xid lines in `sudo dmesg`; reload the NVIDIA driver or reboot"),
+                DoctorCheck::new(NAME, CheckStatus::Fail, format!("reading the GPU inventory failed: {e}"))
+                    .fix("look for NVRM/Xid lines in `sudo dmesg`; reload the NVIDIA driver or reboot"),
             );
             return None;
         }
@@ -256,11 +211,7 @@ fn check_inventory(
         let _ = write!(detail, " ({})", d.fallback_reasons.join("; "));
     }
     checks.push(if d.kind() == BackendKind::Simulated {
-        DoctorCheck::new(
-            NAME,
-            CheckStatus::Warn,
-            format!("SIMULATED, not real hardware: {detail}"),
-        )
+        DoctorCheck::new(NAME, CheckStatus::Warn, format!("SIMULATED, not real hardware: {detail}"))
     } else {
         DoctorCheck::new(NAME, CheckStatus::Pass, detail)
     });
@@ -273,12 +224,10 @@ fn check_driver(opts: &DoctorOptions, gpus: &[GpuInfo]) -> DoctorCheck {
         return DoctorCheck::new(NAME, CheckStatus::Skip, "no GPU");
     };
     match &opts.min_driver {
-        Some(min) if v < min => DoctorCheck::new(
-            NAME,
-            CheckStatus::Fail,
-            format!("driver {v} is older than the required {min}"),
-        )
-        .fix(format!("install NVIDIA driver {min} or newer")),
+        Some(min) if v < min => {
+            DoctorCheck::new(NAME, CheckStatus::Fail, format!("driver {v} is older than the required {min}"))
+                .fix(format!("install NVIDIA driver {min} or newer"))
+        }
         Some(min) => DoctorCheck::new(NAME, CheckStatus::Pass, format!("driver {v} (>= {min})")),
         None => DoctorCheck::new(NAME, CheckStatus::Pass, format!("driver {v}")),
     }
@@ -286,20 +235,14 @@ fn check_driver(opts: &DoctorOptions, gpus: &[GpuInfo]) -> DoctorCheck {
 
 fn check_cuda(opts: &DoctorOptions, gpus: &[GpuInfo]) -> DoctorCheck {
     const NAME: &str = "gpu.cuda";
-    let v = gpus
-        .iter()
-        .filter_map(|g| g.cuda_driver_version.as_ref())
-        .min();
-    let fix = |min: &Version| {
-        format!("the CUDA version comes with the driver: install a driver that supports CUDA {min}")
-    };
+    let v = gpus.iter().filter_map(|g| g.cuda_driver_version.as_ref()).min();
+    let fix =
+        |min: &Version| format!("the CUDA version comes with the driver: install a driver that supports CUDA {min}");
     match (v, &opts.min_cuda) {
-        (None, Some(min)) => DoctorCheck::new(
-            NAME,
-            CheckStatus::Fail,
-            format!("CUDA driver version unknown (required {min})"),
-        )
-        .fix(fix(min)),
+        (None, Some(min)) => {
+            DoctorCheck::new(NAME, CheckStatus::Fail, format!("CUDA driver version unknown (required {min})"))
+                .fix(fix(min))
+        }
         (None, None) => DoctorCheck::new(
             NAME,
             CheckStatus::Warn,
@@ -311,9 +254,7 @@ fn check_cuda(opts: &DoctorOptions, gpus: &[GpuInfo]) -> DoctorCheck {
             format!("driver supports CUDA {v}, older than the required {min}"),
         )
         .fix(fix(min)),
-        (Some(v), Some(min)) => {
-            DoctorCheck::new(NAME, CheckStatus::Pass, format!("CUDA {v} (>= {min})"))
-        }
+        (Some(v), Some(min)) => DoctorCheck::new(NAME, CheckStatus::Pass, format!("CUDA {v} (>= {min})")),
         (Some(v), None) => DoctorCheck::new(NAME, CheckStatus::Pass, format!("CUDA {v}")),
     }
 }
@@ -323,11 +264,7 @@ fn check_compute_capability(opts: &DoctorOptions, gpus: &[GpuInfo]) -> DoctorChe
     let mut caps: Vec<ComputeCapability> = gpus.iter().map(|g| g.compute_capability).collect();
     caps.sort();
     caps.dedup();
-    let list = caps
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = caps.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
     match opts.min_compute_capability {
         Some(min) => {
             let low: Vec<String> = gpus
@@ -338,12 +275,8 @@ fn check_compute_capability(opts: &DoctorOptions, gpus: &[GpuInfo]) -> DoctorChe
             if low.is_empty() {
                 DoctorCheck::new(NAME, CheckStatus::Pass, format!("{list} (>= {min})"))
             } else {
-                DoctorCheck::new(
-                    NAME,
-                    CheckStatus::Fail,
-                    format!("below the required {min}: {}", low.join(", ")),
-                )
-                .fix("lower min_compute_capability or move these GPUs to a pool that allows them")
+                DoctorCheck::new(NAME, CheckStatus::Fail, format!("below the required {min}: {}", low.join(", ")))
+                    .fix("lower min_compute_capability or move these GPUs to a pool that allows them")
             }
         }
         None => DoctorCheck::new(NAME, CheckStatus::Pass, list),
@@ -354,25 +287,17 @@ fn check_compute_capability(opts: &DoctorOptions, gpus: &[GpuInfo]) -> DoctorChe
 /// with a crashed driver, the query cannot.
 fn check_nvidia_smi(opts: &DoctorOptions, runner: &dyn CommandRunner) -> DoctorCheck {
     const NAME: &str = "gpu.nvidia_smi";
-    match runner.run(
-        "nvidia-smi",
-        &["--query-gpu=name", "--format=csv,noheader"],
-        opts.command_timeout,
-    ) {
+    match runner.run("nvidia-smi", &["--query-gpu=name", "--format=csv,noheader"], opts.command_timeout) {
         Ok(out) if out.success() && !out.stdout.trim().is_empty() => DoctorCheck::new(
             NAME,
             CheckStatus::Pass,
-            format!(
-                "lists {} GPU(s)",
-                out.stdout.lines().filter(|l| !l.trim().is_empty()).count()
-            ),
+            format!("lists {} GPU(s)", out.stdout.lines().filter(|l| !l.trim().is_empty()).count()),
         ),
         Ok(out) => {
-            let code = out
-                .status
-                .map_or("a signal".into(), |c| format!("exit code {c}"));
-            DoctorCheck::new(NAME, CheckStatus::Fail, format!("nvidia-smi query failed ({code}): {}", out.tail(5)))
-                .fix("the driver is not answering: look for NVRM/Xid lines in `sudo dmesg`; reload the driver or reboot")
+            let code = out.status.map_or("a signal".into(), |c| format!("exit code {c}"));
+            DoctorCheck::new(NAME, CheckStatus::Fail, format!("nvidia-smi query failed ({code}): {}", out.tail(5))).fix(
+                "the driver is not answering: look for NVRM/Xid lines in `sudo dmesg`; reload the driver or reboot",
+            )
         }
         Err(e) => DoctorCheck::new(NAME, CheckStatus::Fail, e.to_string())
             .fix("install the NVIDIA driver utilities (nvidia-smi) or fix PATH"),
@@ -381,14 +306,15 @@ fn check_nvidia_smi(opts: &DoctorOptions, runner: &dyn CommandRunner) -> DoctorC
 
 fn check_persistence(gpus: &[GpuInfo]) -> DoctorCheck {
     const NAME: &str = "gpu.persistence_mode";
-    let off: Vec<String> = gpus
-        .iter()
-        .filter(|g| g.persistence_mode == Some(false))
-        .map(|g| g.index.to_string())
-        .collect();
+    let off: Vec<String> =
+        gpus.iter().filter(|g| g.persistence_mode == Some(false)).map(|g| g.index.to_string()).collect();
     if !off.is_empty() {
-        return DoctorCheck::new(NAME, CheckStatus::Warn, format!("off on GPU {}: every job pays the driver start-up time", off.join(", ")))
-            .fix("enable nvidia-persistenced (systemctl enable --now nvidia-persistenced) or run `sudo nvidia-smi -pm 1`");
+        return DoctorCheck::new(
+            NAME,
+            CheckStatus::Warn,
+            format!("off on GPU {}: every job pays the driver start-up time", off.join(", ")),
+        )
+        .fix("enable nvidia-persistenced (systemctl enable --now nvidia-persistenced) or run `sudo nvidia-smi -pm 1`");
     }
     if gpus.iter().all(|g| g.persistence_mode.is_none()) {
         return DoctorCheck::new(NAME, CheckStatus::Skip, "persistence mode not reported");
@@ -409,9 +335,7 @@ fn check_device_nodes(opts: &DoctorOptions, gpus: &[GpuInfo], simulated: bool) -
     for n in &nodes {
         match std::fs::OpenOptions::new().read(true).write(true).open(n) {
             Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                missing.push(n.display().to_string())
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => missing.push(n.display().to_string()),
             Err(e) => denied.push(format!("{} ({e})", n.display())),
         }
     }
@@ -420,34 +344,24 @@ fn check_device_nodes(opts: &DoctorOptions, gpus: &[GpuInfo], simulated: bool) -
             .fix("load the modules and create the nodes: `sudo nvidia-modprobe -u -c=0` (nvidia-uvm is created on first CUDA use)");
     }
     if !denied.is_empty() {
-        return DoctorCheck::new(NAME, CheckStatus::Fail, format!("not readable and writable by this user: {}", denied.join(", ")))
-            .fix("add this user to the group that owns the nodes (see `ls -l /dev/nvidia*`), or fix the udev rule");
+        return DoctorCheck::new(
+            NAME,
+            CheckStatus::Fail,
+            format!("not readable and writable by this user: {}", denied.join(", ")),
+        )
+        .fix("add this user to the group that owns the nodes (see `ls -l /dev/nvidia*`), or fix the udev rule");
     }
-    DoctorCheck::new(
-        NAME,
-        CheckStatus::Pass,
-        format!("{} node(s) readable and writable", nodes.len()),
-    )
+    DoctorCheck::new(NAME, CheckStatus::Pass, format!("{} node(s) readable and writable", nodes.len()))
 }
 
 fn check_bubblewrap(opts: &DoctorOptions, runner: &dyn CommandRunner) -> DoctorCheck {
     const NAME: &str = "sandbox.bubblewrap";
     match runner.run("bwrap", &["--version"], opts.command_timeout) {
-        Ok(out) if out.success() => {
-            DoctorCheck::new(NAME, CheckStatus::Pass, out.stdout.trim().to_string())
-        }
-        Ok(out) => DoctorCheck::new(
-            NAME,
-            CheckStatus::Fail,
-            format!("bwrap --version failed: {}", out.tail(3)),
-        )
-        .fix("reinstall bubblewrap; check that unprivileged user namespaces are allowed"),
-        Err(e) => DoctorCheck::new(
-            NAME,
-            CheckStatus::Fail,
-            format!("{e}: jobs cannot be isolated"),
-        )
-        .fix("install bubblewrap (apt install bubblewrap / dnf install bubblewrap)"),
+        Ok(out) if out.success() => DoctorCheck::new(NAME, CheckStatus::Pass, out.stdout.trim().to_string()),
+        Ok(out) => DoctorCheck::new(NAME, CheckStatus::Fail, format!("bwrap --version failed: {}", out.tail(3)))
+            .fix("reinstall bubblewrap; check that unprivileged user namespaces are allowed"),
+        Err(e) => DoctorCheck::new(NAME, CheckStatus::Fail, format!("{e}: jobs cannot be isolated"))
+            .fix("install bubblewrap (apt install bubblewrap / dnf install bubblewrap)"),
     }
 }
 
@@ -456,42 +370,22 @@ fn check_cgroups(root: &Path) -> DoctorCheck {
     let wanted = ["memory", "pids"];
     if let Ok(controllers) = std::fs::read_to_string(root.join("cgroup.controllers")) {
         let have: Vec<&str> = controllers.split_whitespace().collect();
-        let missing: Vec<&str> = wanted
-            .iter()
-            .copied()
-            .filter(|w| !have.contains(w))
-            .collect();
+        let missing: Vec<&str> = wanted.iter().copied().filter(|w| !have.contains(w)).collect();
         return if missing.is_empty() {
-            DoctorCheck::new(
-                NAME,
-                CheckStatus::Pass,
-                format!("cgroup v2 at {} with memory, pids", root.display()),
-            )
+            DoctorCheck::new(NAME, CheckStatus::Pass, format!("cgroup v2 at {} with memory, pids", root.display()))
         } else {
             DoctorCheck::new(NAME, CheckStatus::Fail, format!("cgroup v2 at {} lacks the {} controller(s)", root.display(), missing.join(", ")))
                 .fix("enable the controllers (e.g. `echo +memory +pids > /sys/fs/cgroup/cgroup.subtree_control`) or delegate them to the agent's systemd unit (Delegate=yes)")
         };
     }
-    let missing: Vec<&str> = wanted
-        .iter()
-        .copied()
-        .filter(|w| !root.join(w).is_dir())
-        .collect();
+    let missing: Vec<&str> = wanted.iter().copied().filter(|w| !root.join(w).is_dir()).collect();
     if missing.is_empty() {
-        return DoctorCheck::new(
-            NAME,
-            CheckStatus::Pass,
-            format!("cgroup v1 at {} with memory, pids", root.display()),
-        );
+        return DoctorCheck::new(NAME, CheckStatus::Pass, format!("cgroup v1 at {} with memory, pids", root.display()));
     }
     DoctorCheck::new(
         NAME,
         CheckStatus::Fail,
-        format!(
-            "no cgroup {} controller under {}",
-            missing.join(", "),
-            root.display()
-        ),
+        format!("no cgroup {} controller under {}", missing.join(", "), root.display()),
     )
     .fix("mount cgroup2 at /sys/fs/cgroup (boot with systemd.unified_cgroup_hierarchy=1)")
 }
@@ -505,26 +399,16 @@ fn check_container_runtime(opts: &DoctorOptions, runner: &dyn CommandRunner) -> 
             }
         }
     }
-    DoctorCheck::new(
-        NAME,
-        CheckStatus::Warn,
-        "neither podman nor docker works: steps with `image:` cannot run here",
-    )
-    .fix("install podman (rootless) or docker")
+    DoctorCheck::new(NAME, CheckStatus::Warn, "neither podman nor docker works: steps with `image:` cannot run here")
+        .fix("install podman (rootless) or docker")
 }
 
 fn run_probe(opts: &DoctorOptions, runner: &dyn CommandRunner, p: &Probe) -> DoctorCheck {
     let name = format!("probe.{}", p.name);
     match runner.run("sh", &["-c", &p.command], opts.probe_timeout) {
-        Ok(out) if out.success() => DoctorCheck::new(
-            &name,
-            CheckStatus::Pass,
-            format!("`{}` exited 0", p.command),
-        ),
+        Ok(out) if out.success() => DoctorCheck::new(&name, CheckStatus::Pass, format!("`{}` exited 0", p.command)),
         Ok(out) => {
-            let code = out
-                .status
-                .map_or("was killed by a signal".into(), |c| format!("exited {c}"));
+            let code = out.status.map_or("was killed by a signal".into(), |c| format!("exited {c}"));
             let tail = out.tail(5);
             let detail = if tail.is_empty() {
                 format!("`{}` {code}", p.command)
@@ -557,21 +441,12 @@ mod tests {
         for d in ["dev", "cgroup", "pci"] {
             std::fs::create_dir(dir.path().join(d)).unwrap();
         }
-        std::fs::write(
-            dir.path().join("cgroup/cgroup.controllers"),
-            "cpuset cpu io memory hugetlb pids rdma misc\n",
-        )
-        .unwrap();
+        std::fs::write(dir.path().join("cgroup/cgroup.controllers"), "cpuset cpu io memory hugetlb pids rdma misc\n")
+            .unwrap();
         let runner = FakeRunner::new();
         runner
-            .on(
-                "bwrap --version",
-                Ok(CommandOutput::ok("bubblewrap 0.9.0\n")),
-            )
-            .on(
-                "podman --version",
-                Ok(CommandOutput::ok("podman version 4.9.3\n")),
-            );
+            .on("bwrap --version", Ok(CommandOutput::ok("bubblewrap 0.9.0\n")))
+            .on("podman --version", Ok(CommandOutput::ok("podman version 4.9.3\n")));
         Host { dir, runner }
     }
 
@@ -596,38 +471,26 @@ mod tests {
             for n in ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"] {
                 std::fs::write(dev.join(n), "").unwrap();
             }
-            let versions = Some((
-                Version::parse(driver).unwrap(),
-                Version::parse("12.2").unwrap(),
-            ));
+            let versions = Some((Version::parse(driver).unwrap(), Version::parse("12.2").unwrap()));
             let sim = SimulatedGpus::build("2xH100".parse().unwrap(), "h", &dev, versions).unwrap();
             // Through FakeGpus so doctor sees a real (non-simulated) backend kind.
             let gpus = sim.gpus().iter().cloned().map(|mut g| {
                 g.simulated = false;
                 g
             });
-            Detection {
-                backend: Arc::new(FakeGpus::new(gpus.collect())),
-                fallback_reasons: vec![],
-            }
+            Detection { backend: Arc::new(FakeGpus::new(gpus.collect())), fallback_reasons: vec![] }
         }
         fn status(&self, checks: &[DoctorCheck], name: &str) -> (CheckStatus, String) {
-            let c = checks
-                .iter()
-                .find(|c| c.name == name)
-                .unwrap_or_else(|| panic!("no check {name}"));
+            let c = checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no check {name}"));
             (c.status, c.detail.clone())
         }
     }
 
     fn no_gpus() -> Detection {
-        let reason = "NVML: loading NVML: libnvidia-ml.so: cannot open shared object file; nvidia-smi: command not found".to_string();
-        Detection {
-            backend: Arc::new(NoGpus {
-                reason: reason.clone(),
-            }),
-            fallback_reasons: vec![reason],
-        }
+        let reason =
+            "NVML: loading NVML: libnvidia-ml.so: cannot open shared object file; nvidia-smi: command not found"
+                .to_string();
+        Detection { backend: Arc::new(NoGpus { reason: reason.clone() }), fallback_reasons: vec![reason] }
     }
 
     #[test]
@@ -636,54 +499,29 @@ mod tests {
         let checks = doctor(&h.opts(), &no_gpus(), &h.runner);
         let (s, d) = h.status(&checks, "gpu.inventory");
         assert_eq!(s, CheckStatus::Skip);
-        assert!(
-            d.starts_with("no NVIDIA GPU on this host (NVML: loading NVML"),
-            "{d}"
-        );
+        assert!(d.starts_with("no NVIDIA GPU on this host (NVML: loading NVML"), "{d}");
         for name in ["gpu.driver", "gpu.nvidia_smi", "gpu.device_nodes"] {
             assert_eq!(h.status(&checks, name).0, CheckStatus::Skip, "{name}");
         }
-        assert_eq!(
-            h.status(&checks, "sandbox.bubblewrap"),
-            (CheckStatus::Pass, "bubblewrap 0.9.0".into())
-        );
+        assert_eq!(h.status(&checks, "sandbox.bubblewrap"), (CheckStatus::Pass, "bubblewrap 0.9.0".into()));
         assert_eq!(h.status(&checks, "sandbox.cgroups").0, CheckStatus::Pass);
-        assert_eq!(
-            h.status(&checks, "container.runtime").1,
-            "podman version 4.9.3"
-        );
+        assert_eq!(h.status(&checks, "container.runtime").1, "podman version 4.9.3");
         assert!(doctor_passed(&checks));
-        assert!(
-            !h.runner.calls().iter().any(|c| c.starts_with("nvidia-smi")),
-            "no GPU: nvidia-smi not run"
-        );
+        assert!(!h.runner.calls().iter().any(|c| c.starts_with("nvidia-smi")), "no GPU: nvidia-smi not run");
     }
 
     #[test]
     fn crashed_driver_fails() {
         let h = host();
         h.add_nvidia_pci();
-        h.runner.on(
-            "nvidia-smi",
-            Ok(CommandOutput::failed(
-                9,
-                include_str!("../fixtures/crashed-driver.txt"),
-                "",
-            )),
-        );
+        h.runner.on("nvidia-smi", Ok(CommandOutput::failed(9, include_str!("../fixtures/crashed-driver.txt"), "")));
         let checks = doctor(&h.opts(), &no_gpus(), &h.runner);
         let (s, d) = h.status(&checks, "gpu.inventory");
         assert_eq!(s, CheckStatus::Fail);
-        assert!(
-            d.starts_with("NVIDIA PCI device 0000:18:00.0, but no GPU answers"),
-            "{d}"
-        );
+        assert!(d.starts_with("NVIDIA PCI device 0000:18:00.0, but no GPU answers"), "{d}");
         let (s, d) = h.status(&checks, "gpu.nvidia_smi");
         assert_eq!(s, CheckStatus::Fail);
-        assert!(
-            d.contains("exit code 9") && d.contains("couldn't communicate with the NVIDIA driver"),
-            "{d}"
-        );
+        assert!(d.contains("exit code 9") && d.contains("couldn't communicate with the NVIDIA driver"), "{d}");
         assert!(!doctor_passed(&checks));
     }
 
@@ -692,29 +530,13 @@ mod tests {
         let h = host();
         h.runner.on(
             "nvidia-smi --query-gpu=name --format=csv,noheader",
-            Ok(CommandOutput::ok(
-                "NVIDIA H100 80GB HBM3\nNVIDIA H100 80GB HBM3\n",
-            )),
+            Ok(CommandOutput::ok("NVIDIA H100 80GB HBM3\nNVIDIA H100 80GB HBM3\n")),
         );
-        let opts = DoctorOptions {
-            min_driver: Version::parse("535"),
-            min_cuda: Version::parse("12.0"),
-            ..h.opts()
-        };
+        let opts = DoctorOptions { min_driver: Version::parse("535"), min_cuda: Version::parse("12.0"), ..h.opts() };
         let checks = doctor(&opts, &h.gpus("550.54.15"), &h.runner);
-        assert!(
-            checks.iter().all(|c| c.status == CheckStatus::Pass),
-            "{}",
-            format_table(&checks)
-        );
-        assert_eq!(
-            h.status(&checks, "gpu.inventory").1,
-            "2 × NVIDIA H100 80GB HBM3 via fake"
-        );
-        assert_eq!(
-            h.status(&checks, "gpu.device_nodes").1,
-            "4 node(s) readable and writable"
-        );
+        assert!(checks.iter().all(|c| c.status == CheckStatus::Pass), "{}", format_table(&checks));
+        assert_eq!(h.status(&checks, "gpu.inventory").1, "2 × NVIDIA H100 80GB HBM3 via fake");
+        assert_eq!(h.status(&checks, "gpu.device_nodes").1, "4 node(s) readable and writable");
     }
 
     #[test]
@@ -731,17 +553,11 @@ mod tests {
         // gpuci_core::gpu::Version keeps numbers, so "535.104.05" prints as "535.104.5".
         assert_eq!(
             (c.status, c.detail.as_str()),
-            (
-                CheckStatus::Fail,
-                "driver 535.104.5 is older than the required 550"
-            )
+            (CheckStatus::Fail, "driver 535.104.5 is older than the required 550")
         );
         assert_eq!(c.fix.as_deref(), Some("install NVIDIA driver 550 or newer"));
         assert_eq!(h.status(&checks, "gpu.cuda").0, CheckStatus::Fail);
-        assert_eq!(
-            h.status(&checks, "gpu.compute_capability").0,
-            CheckStatus::Pass
-        );
+        assert_eq!(h.status(&checks, "gpu.compute_capability").0, CheckStatus::Pass);
         assert!(!doctor_passed(&checks));
     }
 
@@ -751,23 +567,13 @@ mod tests {
         let long: String = (1..=20).map(|i| format!("line {i}\n")).collect();
         h.runner.on(
             "sh -c python -c 'import torch'",
-            Ok(CommandOutput::failed(
-                1,
-                long,
-                "ModuleNotFoundError: No module named 'torch'",
-            )),
+            Ok(CommandOutput::failed(1, long, "ModuleNotFoundError: No module named 'torch'")),
         );
         h.runner.on("sh -c true", Ok(CommandOutput::ok("")));
         let opts = DoctorOptions {
             probes: vec![
-                Probe {
-                    name: "torch".into(),
-                    command: "python -c 'import torch'".into(),
-                },
-                Probe {
-                    name: "ok".into(),
-                    command: "true".into(),
-                },
+                Probe { name: "torch".into(), command: "python -c 'import torch'".into() },
+                Probe { name: "ok".into(), command: "true".into() },
             ],
             ..h.opts()
         };
@@ -779,39 +585,21 @@ mod tests {
         assert!(!doctor_passed(&checks));
         let table = format_table(&checks);
         assert!(table.contains("FAIL  probe.torch"), "{table}");
-        assert!(
-            table.contains("        line 20") || table.contains("line 20"),
-            "{table}"
-        );
+        assert!(table.contains("        line 20") || table.contains("line 20"), "{table}");
     }
 
     #[test]
     fn missing_sandbox_pieces_and_device_nodes() {
         let h = host();
-        h.runner.on(
-            "bwrap --version",
-            Err(CommandError::NotFound {
-                program: "bwrap".into(),
-            }),
-        );
+        h.runner.on("bwrap --version", Err(CommandError::NotFound { program: "bwrap".into() }));
         std::fs::write(h.dir.path().join("cgroup/cgroup.controllers"), "cpu io\n").unwrap();
         let d = h.gpus("550.54.15");
         std::fs::remove_file(h.opts().dev_dir.join("nvidia-uvm")).unwrap();
         let checks = doctor(&h.opts(), &d, &h.runner);
         assert_eq!(h.status(&checks, "sandbox.bubblewrap").0, CheckStatus::Fail);
-        assert!(h
-            .status(&checks, "sandbox.cgroups")
-            .1
-            .contains("lacks the memory, pids controller(s)"));
-        assert!(h
-            .status(&checks, "gpu.device_nodes")
-            .1
-            .ends_with("dev/nvidia-uvm"));
-        assert_eq!(
-            h.status(&checks, "gpu.nvidia_smi").0,
-            CheckStatus::Fail,
-            "nvidia-smi missing on a GPU host"
-        );
+        assert!(h.status(&checks, "sandbox.cgroups").1.contains("lacks the memory, pids controller(s)"));
+        assert!(h.status(&checks, "gpu.device_nodes").1.ends_with("dev/nvidia-uvm"));
+        assert_eq!(h.status(&checks, "gpu.nvidia_smi").0, CheckStatus::Fail, "nvidia-smi missing on a GPU host");
     }
 
     #[test]
@@ -820,18 +608,12 @@ mod tests {
         let dev = h.opts().dev_dir;
         std::fs::write(dev.join("nvidia0"), "").unwrap();
         let sim = SimulatedGpus::build("1xL4".parse().unwrap(), "h", &dev, None).unwrap();
-        let d = Detection {
-            backend: Arc::new(sim),
-            fallback_reasons: vec![],
-        };
+        let d = Detection { backend: Arc::new(sim), fallback_reasons: vec![] };
         let checks = doctor(&h.opts(), &d, &h.runner);
         let (s, detail) = h.status(&checks, "gpu.inventory");
         assert_eq!(
             (s, detail.as_str()),
-            (
-                CheckStatus::Warn,
-                "SIMULATED, not real hardware: 1 × NVIDIA L4 via simulated"
-            )
+            (CheckStatus::Warn, "SIMULATED, not real hardware: 1 × NVIDIA L4 via simulated")
         );
         assert_eq!(h.status(&checks, "gpu.device_nodes").0, CheckStatus::Pass);
         assert_eq!(h.status(&checks, "gpu.nvidia_smi").0, CheckStatus::Skip);

@@ -58,45 +58,28 @@ pub(crate) struct StateTable {
 
 impl StateTable {
     pub(crate) fn new(kind: BackendKind, gpus: Vec<GpuInfo>) -> Self {
-        let state = gpus
-            .iter()
-            .map(|g| (g.uuid.clone(), FakeGpuState::default()))
-            .collect();
-        StateTable {
-            kind,
-            gpus,
-            state: Mutex::new(state),
-        }
+        let state = gpus.iter().map(|g| (g.uuid.clone(), FakeGpuState::default())).collect();
+        StateTable { kind, gpus, state: Mutex::new(state) }
     }
 
     pub(crate) fn gpus(&self) -> &[GpuInfo] {
         &self.gpus
     }
 
-    pub(crate) fn update(
-        &self,
-        uuid: &str,
-        f: impl FnOnce(&mut FakeGpuState),
-    ) -> Result<(), GpuError> {
+    pub(crate) fn update(&self, uuid: &str, f: impl FnOnce(&mut FakeGpuState)) -> Result<(), GpuError> {
         let mut state = lock(&self.state);
-        let s = state.get_mut(uuid).ok_or_else(|| GpuError::UnknownGpu {
-            uuid: uuid.to_string(),
-        })?;
+        let s = state.get_mut(uuid).ok_or_else(|| GpuError::UnknownGpu { uuid: uuid.to_string() })?;
         f(s);
         Ok(())
     }
 
     pub(crate) fn get(&self, uuid: &str) -> Result<FakeGpuState, GpuError> {
         let state = lock(&self.state);
-        let s = state.get(uuid).ok_or_else(|| GpuError::UnknownGpu {
-            uuid: uuid.to_string(),
-        })?;
+        let s = state.get(uuid).ok_or_else(|| GpuError::UnknownGpu { uuid: uuid.to_string() })?;
         match &s.not_answering {
-            Some(detail) => Err(GpuError::NotAnswering {
-                backend: self.kind,
-                uuid: Some(uuid.to_string()),
-                detail: detail.clone(),
-            }),
+            Some(detail) => {
+                Err(GpuError::NotAnswering { backend: self.kind, uuid: Some(uuid.to_string()), detail: detail.clone() })
+            }
             None => Ok(s.clone()),
         }
     }
@@ -131,12 +114,7 @@ impl StateTable {
 
     pub(crate) fn health_counters(&self, uuid: &str) -> Result<HealthCounters, GpuError> {
         let s = self.get(uuid)?;
-        let total = self
-            .gpus
-            .iter()
-            .find(|g| g.uuid == uuid)
-            .map(|g| g.memory)
-            .unwrap_or_default();
+        let total = self.gpus.iter().find(|g| g.uuid == uuid).map(|g| g.memory).unwrap_or_default();
         Ok(HealthCounters {
             xid_errors: Some(s.xid_errors),
             last_xid: s.last_xid,
@@ -178,10 +156,7 @@ pub struct FakeGpus {
 
 impl FakeGpus {
     pub fn new(gpus: Vec<GpuInfo>) -> Self {
-        FakeGpus {
-            table: StateTable::new(BackendKind::Fake, gpus),
-            calls: Mutex::new(Vec::new()),
-        }
+        FakeGpus { table: StateTable::new(BackendKind::Fake, gpus), calls: Mutex::new(Vec::new()) }
     }
 
     pub fn gpus(&self) -> &[GpuInfo] {
@@ -245,12 +220,7 @@ mod tests {
     use crate::SimulatedGpus;
 
     fn fake() -> FakeGpus {
-        FakeGpus::new(
-            SimulatedGpus::from_spec("2xA100-40GB", "h")
-                .unwrap()
-                .gpus()
-                .to_vec(),
-        )
+        FakeGpus::new(SimulatedGpus::from_spec("2xA100-40GB", "h").unwrap().gpus().to_vec())
     }
 
     #[test]
@@ -259,22 +229,12 @@ mod tests {
         let u = f.uuids()[1].clone();
         f.set(&u, |s| {
             s.memory_used = Bytes(3 << 30);
-            s.processes.push(GpuProcess {
-                pid: 42,
-                used_memory: None,
-            });
+            s.processes.push(GpuProcess { pid: 42, used_memory: None });
         });
         assert_eq!(f.sample(&u).unwrap().memory_used, Bytes(3 << 30));
         assert_eq!(f.processes(&u).unwrap()[0].pid, 42);
         assert_eq!(f.inventory().unwrap().len(), 2);
-        assert_eq!(
-            f.calls(),
-            vec![
-                FakeCall::Sample(u.clone()),
-                FakeCall::Processes(u.clone()),
-                FakeCall::Inventory
-            ]
-        );
+        assert_eq!(f.calls(), vec![FakeCall::Sample(u.clone()), FakeCall::Processes(u.clone()), FakeCall::Inventory]);
     }
 
     #[test]
@@ -285,9 +245,6 @@ mod tests {
         let e = f.health_counters(&u).unwrap_err();
         assert!(e.to_string().contains("GPU is lost"), "{e}");
         assert!(f.inventory().is_err());
-        assert!(matches!(
-            f.sample("GPU-nope"),
-            Err(GpuError::UnknownGpu { .. })
-        ));
+        assert!(matches!(f.sample("GPU-nope"), Err(GpuError::UnknownGpu { .. })));
     }
 }

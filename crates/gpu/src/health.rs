@@ -93,39 +93,16 @@ impl HealthBaseline {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum QuarantineReason {
-    NotAnswering {
-        detail: String,
-    },
-    Gone {
-        uuid: String,
-    },
-    ProcessesPresent {
-        pids: Vec<u32>,
-    },
-    MemoryInUse {
-        used: Bytes,
-        limit: Bytes,
-    },
-    MemoryNotReturned {
-        used: Bytes,
-        baseline: Bytes,
-        waited: Duration,
-    },
-    NewXid {
-        count: u64,
-        last: Option<u64>,
-    },
-    NewRetiredPages {
-        count: u64,
-    },
+    NotAnswering { detail: String },
+    Gone { uuid: String },
+    ProcessesPresent { pids: Vec<u32> },
+    MemoryInUse { used: Bytes, limit: Bytes },
+    MemoryNotReturned { used: Bytes, baseline: Bytes, waited: Duration },
+    NewXid { count: u64, last: Option<u64> },
+    NewRetiredPages { count: u64 },
     RetirementPending,
-    NewEccErrors {
-        count: u64,
-    },
-    TooHot {
-        temperature_c: u32,
-        limit_c: u32,
-    },
+    NewEccErrors { count: u64 },
+    TooHot { temperature_c: u32, limit_c: u32 },
 }
 
 fn plural(n: u64, one: &str, many: &str) -> String {
@@ -152,52 +129,30 @@ impl fmt::Display for QuarantineReason {
             MemoryInUse { used, limit } => {
                 write!(f, "memory used {used} with no job running (limit {limit})")
             }
-            MemoryNotReturned {
-                used,
-                baseline,
-                waited,
-            } => {
-                write!(
-                    f,
-                    "memory used {used} did not return to baseline {baseline} within {}s",
-                    waited.as_secs()
-                )
+            MemoryNotReturned { used, baseline, waited } => {
+                write!(f, "memory used {used} did not return to baseline {baseline} within {}s", waited.as_secs())
             }
             NewXid { count, last } => {
-                write!(
-                    f,
-                    "{} since last check",
-                    plural(*count, "new Xid error", "new Xid errors")
-                )?;
+                write!(f, "{} since last check", plural(*count, "new Xid error", "new Xid errors"))?;
                 match last {
                     Some(x) => write!(f, " (last: Xid {x})"),
                     None => Ok(()),
                 }
             }
-            NewRetiredPages { count } => write!(
-                f,
-                "{} since last check",
-                plural(*count, "new retired page", "new retired pages")
-            ),
+            NewRetiredPages { count } => {
+                write!(f, "{} since last check", plural(*count, "new retired page", "new retired pages"))
+            }
             RetirementPending => write!(f, "a page retirement is pending until the GPU is reset"),
             NewEccErrors { count } => {
                 write!(
                     f,
                     "{} since last check",
-                    plural(
-                        *count,
-                        "new uncorrectable ECC error",
-                        "new uncorrectable ECC errors"
-                    )
+                    plural(*count, "new uncorrectable ECC error", "new uncorrectable ECC errors")
                 )
             }
-            TooHot {
-                temperature_c,
-                limit_c,
-            } => write!(
-                f,
-                "temperature {temperature_c} °C is at or above the slowdown limit {limit_c} °C"
-            ),
+            TooHot { temperature_c, limit_c } => {
+                write!(f, "temperature {temperature_c} °C is at or above the slowdown limit {limit_c} °C")
+            }
         }
     }
 }
@@ -206,9 +161,7 @@ impl From<GpuError> for QuarantineReason {
     fn from(e: GpuError) -> Self {
         match e {
             GpuError::UnknownGpu { uuid } => QuarantineReason::Gone { uuid },
-            e => QuarantineReason::NotAnswering {
-                detail: e.to_string(),
-            },
+            e => QuarantineReason::NotAnswering { detail: e.to_string() },
         }
     }
 }
@@ -235,13 +188,9 @@ impl CheckResult {
     pub fn reason(&self) -> Option<String> {
         match self {
             CheckResult::Healthy => None,
-            CheckResult::Quarantine { reasons } => Some(
-                reasons
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-            ),
+            CheckResult::Quarantine { reasons } => {
+                Some(reasons.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+            }
         }
     }
 }
@@ -249,11 +198,7 @@ impl CheckResult {
 /// The counter rules, shared by both checks: new Xid / retired pages / uncorrectable ECC
 /// since the baseline, a pending retirement, temperature at the slowdown limit. A counter
 /// either side cannot read is skipped, never guessed.
-pub fn evaluate(
-    c: &HealthCounters,
-    baseline: &HealthBaseline,
-    policy: &HealthPolicy,
-) -> Vec<QuarantineReason> {
+pub fn evaluate(c: &HealthCounters, baseline: &HealthBaseline, policy: &HealthPolicy) -> Vec<QuarantineReason> {
     let new = |now: Option<u64>, then: Option<u64>| match (now, then) {
         (Some(n), Some(t)) if n > t => Some(n - t),
         (Some(n), None) if n > 0 => Some(n),
@@ -261,10 +206,7 @@ pub fn evaluate(
     };
     let mut reasons = Vec::new();
     if let Some(count) = new(c.xid_errors, baseline.xid_errors) {
-        reasons.push(QuarantineReason::NewXid {
-            count,
-            last: c.last_xid,
-        });
+        reasons.push(QuarantineReason::NewXid { count, last: c.last_xid });
     }
     if let Some(count) = new(c.retired_pages, baseline.retired_pages) {
         reasons.push(QuarantineReason::NewRetiredPages { count });
@@ -272,20 +214,12 @@ pub fn evaluate(
     if c.retired_pages_pending == Some(true) {
         reasons.push(QuarantineReason::RetirementPending);
     }
-    if let Some(count) = new(
-        c.ecc_uncorrectable_volatile,
-        baseline.ecc_uncorrectable_volatile,
-    ) {
+    if let Some(count) = new(c.ecc_uncorrectable_volatile, baseline.ecc_uncorrectable_volatile) {
         reasons.push(QuarantineReason::NewEccErrors { count });
     }
-    let limit_c = c
-        .slowdown_temperature_c
-        .unwrap_or(policy.fallback_max_temperature_c);
+    let limit_c = c.slowdown_temperature_c.unwrap_or(policy.fallback_max_temperature_c);
     if let Some(t) = c.temperature_c.filter(|&t| t >= limit_c) {
-        reasons.push(QuarantineReason::TooHot {
-            temperature_c: t,
-            limit_c,
-        });
+        reasons.push(QuarantineReason::TooHot { temperature_c: t, limit_c });
     }
     reasons
 }
@@ -316,20 +250,14 @@ pub fn pre_job_check(
     }
     let limit = policy.idle_memory_limit.bytes(counters.memory_total);
     if counters.memory_used > limit {
-        reasons.push(QuarantineReason::MemoryInUse {
-            used: counters.memory_used,
-            limit,
-        });
+        reasons.push(QuarantineReason::MemoryInUse { used: counters.memory_used, limit });
     }
     reasons.extend(evaluate(&counters, baseline, policy));
     CheckResult::from_reasons(reasons)
 }
 
 /// After a job: the compute processes still on the GPU, for the caller to kill.
-pub fn leftover_processes(
-    backend: &dyn GpuBackend,
-    uuid: &str,
-) -> Result<Vec<GpuProcess>, GpuError> {
+pub fn leftover_processes(backend: &dyn GpuBackend, uuid: &str) -> Result<Vec<GpuProcess>, GpuError> {
     backend.processes(uuid)
 }
 
@@ -346,17 +274,9 @@ pub async fn post_job_check(
 ) -> CheckResult {
     let start = tokio::time::Instant::now();
     let deadline = start + policy.post_job_timeout;
-    let target = Bytes(
-        baseline
-            .memory_used
-            .0
-            .saturating_add(policy.memory_tolerance.0),
-    );
+    let target = Bytes(baseline.memory_used.0.saturating_add(policy.memory_tolerance.0));
     loop {
-        let (counters, procs) = match backend
-            .health_counters(uuid)
-            .and_then(|c| Ok((c, backend.processes(uuid)?)))
-        {
+        let (counters, procs) = match backend.health_counters(uuid).and_then(|c| Ok((c, backend.processes(uuid)?))) {
             Ok(x) => x,
             Err(e) => return CheckResult::from_reasons(vec![e.into()]),
         };
@@ -392,12 +312,7 @@ mod tests {
     use std::sync::Arc;
 
     fn setup() -> (FakeGpus, String, HealthBaseline) {
-        let fake = FakeGpus::new(
-            SimulatedGpus::from_spec("2xH100", "h")
-                .unwrap()
-                .gpus()
-                .to_vec(),
-        );
+        let fake = FakeGpus::new(SimulatedGpus::from_spec("2xH100", "h").unwrap().gpus().to_vec());
         let uuid = fake.uuids()[0].clone();
         let baseline = HealthBaseline::capture(&fake, &uuid).unwrap();
         (fake, uuid, baseline)
@@ -406,10 +321,7 @@ mod tests {
     #[test]
     fn clean_gpu_is_healthy() {
         let (fake, uuid, base) = setup();
-        assert_eq!(
-            pre_job_check(&fake, &uuid, &base, &HealthPolicy::default()),
-            CheckResult::Healthy
-        );
+        assert_eq!(pre_job_check(&fake, &uuid, &base, &HealthPolicy::default()), CheckResult::Healthy);
     }
 
     #[test]
@@ -417,10 +329,7 @@ mod tests {
         let (fake, uuid, base) = setup();
         fake.set(&uuid, |s| {
             s.memory_used = Bytes(3 << 30);
-            s.processes.push(GpuProcess {
-                pid: 1234,
-                used_memory: Some(Bytes(3 << 30)),
-            });
+            s.processes.push(GpuProcess { pid: 1234, used_memory: Some(Bytes(3 << 30)) });
         });
         let r = pre_job_check(&fake, &uuid, &base, &HealthPolicy::default());
         assert_eq!(
@@ -433,10 +342,7 @@ mod tests {
     fn memory_limit_as_fraction() {
         let (fake, uuid, base) = setup();
         fake.set(&uuid, |s| s.memory_used = Bytes(3 << 30));
-        let policy = HealthPolicy {
-            idle_memory_limit: MemoryLimit::FractionOfTotal(0.05),
-            ..Default::default()
-        };
+        let policy = HealthPolicy { idle_memory_limit: MemoryLimit::FractionOfTotal(0.05), ..Default::default() };
         // 5% of an H100's 79.6 GiB is ~4 GiB, so 3 GiB passes.
         assert!(pre_job_check(&fake, &uuid, &base, &policy).is_healthy());
     }
@@ -451,9 +357,7 @@ mod tests {
             s.retired_pages = 3;
             s.retired_pages_pending = true;
         });
-        let r = pre_job_check(&fake, &uuid, &base, &HealthPolicy::default())
-            .reason()
-            .unwrap();
+        let r = pre_job_check(&fake, &uuid, &base, &HealthPolicy::default()).reason().unwrap();
         assert_eq!(
             r,
             "2 new Xid errors since last check (last: Xid 79); 3 new retired pages since last check; \
@@ -473,10 +377,7 @@ mod tests {
             s.slowdown_temperature_c = 87;
         });
         let r = pre_job_check(&fake, &uuid, &base, &HealthPolicy::default());
-        assert_eq!(
-            r.reason().unwrap(),
-            "temperature 88 °C is at or above the slowdown limit 87 °C"
-        );
+        assert_eq!(r.reason().unwrap(), "temperature 88 °C is at or above the slowdown limit 87 °C");
     }
 
     #[test]
@@ -484,15 +385,9 @@ mod tests {
         let (fake, uuid, base) = setup();
         fake.set(&uuid, |s| s.not_answering = Some("GPU is lost".into()));
         let r = pre_job_check(&fake, &uuid, &base, &HealthPolicy::default());
-        assert_eq!(
-            r.reason().unwrap(),
-            format!("fake did not answer for {uuid}: GPU is lost")
-        );
+        assert_eq!(r.reason().unwrap(), format!("fake did not answer for {uuid}: GPU is lost"));
         let r = pre_job_check(&fake, "GPU-gone", &base, &HealthPolicy::default());
-        assert_eq!(
-            r.reason().unwrap(),
-            "GPU GPU-gone is no longer visible on this host"
-        );
+        assert_eq!(r.reason().unwrap(), "GPU GPU-gone is no longer visible on this host");
     }
 
     #[tokio::test(start_paused = true)]
@@ -501,15 +396,9 @@ mod tests {
         let fake = Arc::new(fake);
         fake.set(&uuid, |s| {
             s.memory_used = Bytes(20 << 30);
-            s.processes.push(GpuProcess {
-                pid: 777,
-                used_memory: None,
-            });
+            s.processes.push(GpuProcess { pid: 777, used_memory: None });
         });
-        assert_eq!(
-            leftover_processes(fake.as_ref(), &uuid).unwrap()[0].pid,
-            777
-        );
+        assert_eq!(leftover_processes(fake.as_ref(), &uuid).unwrap()[0].pid, 777);
         // The caller kills 777; memory drains a little later.
         fake.set(&uuid, |s| s.processes.clear());
         let (f2, u2) = (fake.clone(), uuid.clone());
@@ -518,14 +407,7 @@ mod tests {
             f2.set(&u2, |s| s.memory_used = Bytes::from_mib(4));
         });
         let t0 = tokio::time::Instant::now();
-        let r = post_job_check(
-            fake.as_ref(),
-            &uuid,
-            &base,
-            &HealthPolicy::default(),
-            &CancellationToken::new(),
-        )
-        .await;
+        let r = post_job_check(fake.as_ref(), &uuid, &base, &HealthPolicy::default(), &CancellationToken::new()).await;
         assert_eq!(r, CheckResult::Healthy);
         assert!(t0.elapsed() >= Duration::from_secs(5) && t0.elapsed() < Duration::from_secs(6));
     }
@@ -534,69 +416,35 @@ mod tests {
     async fn post_job_gives_up_at_the_deadline() {
         let (fake, uuid, base) = setup();
         fake.set(&uuid, |s| s.memory_used = Bytes((31 << 30) / 10));
-        let base = HealthBaseline {
-            memory_used: Bytes(512 << 20),
-            ..base
-        };
-        let r = post_job_check(
-            &fake,
-            &uuid,
-            &base,
-            &HealthPolicy::default(),
-            &CancellationToken::new(),
-        )
-        .await;
-        assert_eq!(
-            r.reason().unwrap(),
-            "memory used 3.1 GiB did not return to baseline 512 MiB within 30s"
-        );
+        let base = HealthBaseline { memory_used: Bytes(512 << 20), ..base };
+        let r = post_job_check(&fake, &uuid, &base, &HealthPolicy::default(), &CancellationToken::new()).await;
+        assert_eq!(r.reason().unwrap(), "memory used 3.1 GiB did not return to baseline 512 MiB within 30s");
     }
 
     #[tokio::test(start_paused = true)]
     async fn post_job_reports_a_process_that_survived_the_kill() {
         let (fake, uuid, base) = setup();
-        fake.set(&uuid, |s| {
-            s.processes.push(GpuProcess {
-                pid: 1234,
-                used_memory: None,
-            })
-        });
+        fake.set(&uuid, |s| s.processes.push(GpuProcess { pid: 1234, used_memory: None }));
         let cancel = CancellationToken::new();
         cancel.cancel();
         let t0 = tokio::time::Instant::now();
         let r = post_job_check(&fake, &uuid, &base, &HealthPolicy::default(), &cancel).await;
         assert_eq!(r.reason().unwrap(), "process 1234 still holds the GPU");
-        assert_eq!(
-            t0.elapsed(),
-            Duration::ZERO,
-            "a cancelled check decides at once"
-        );
+        assert_eq!(t0.elapsed(), Duration::ZERO, "a cancelled check decides at once");
     }
 
     #[tokio::test(start_paused = true)]
     async fn post_job_xid_during_the_job_quarantines() {
         let (fake, uuid, base) = setup();
         fake.set(&uuid, |s| s.xid_errors += 1);
-        let r = post_job_check(
-            &fake,
-            &uuid,
-            &base,
-            &HealthPolicy::default(),
-            &CancellationToken::new(),
-        )
-        .await;
+        let r = post_job_check(&fake, &uuid, &base, &HealthPolicy::default(), &CancellationToken::new()).await;
         assert_eq!(r.reason().unwrap(), "1 new Xid error since last check");
     }
 
     #[test]
     fn reasons_serialize_with_a_kind_tag() {
-        let r = CheckResult::Quarantine {
-            reasons: vec![QuarantineReason::ProcessesPresent { pids: vec![1] }],
-        };
+        let r = CheckResult::Quarantine { reasons: vec![QuarantineReason::ProcessesPresent { pids: vec![1] }] };
         let j = serde_json::to_string(&r).unwrap();
-        assert_eq!(
-            j,
-            r#"{"result":"quarantine","reasons":[{"kind":"processes_present","pids":[1]}]}"#
-        );
+        assert_eq!(j, r#"{"result":"quarantine","reasons":[{"kind":"processes_present","pids":[1]}]}"#);
     }
 }

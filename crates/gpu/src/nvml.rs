@@ -54,11 +54,7 @@ impl Drop for NvmlBackend {
 }
 
 fn not_answering(uuid: Option<&str>, op: &str, e: NvmlError) -> GpuError {
-    GpuError::NotAnswering {
-        backend: BackendKind::Nvml,
-        uuid: uuid.map(str::to_string),
-        detail: format!("{op}: {e}"),
-    }
+    GpuError::NotAnswering { backend: BackendKind::Nvml, uuid: uuid.map(str::to_string), detail: format!("{op}: {e}") }
 }
 
 /// NVML's CUDA driver version integer (`12040`) as `12.4`.
@@ -69,9 +65,7 @@ pub fn cuda_version_from_int(v: i32) -> Version {
 
 /// The MIG profile from a MIG device name: `NVIDIA A100-SXM4-40GB MIG 1g.5gb` → `1g.5gb`.
 pub fn mig_profile_from_name(name: &str) -> String {
-    name.rsplit_once("MIG ")
-        .map(|(_, p)| p.trim().to_string())
-        .unwrap_or_else(|| name.to_string())
+    name.rsplit_once("MIG ").map(|(_, p)| p.trim().to_string()).unwrap_or_else(|| name.to_string())
 }
 
 impl NvmlBackend {
@@ -79,20 +73,15 @@ impl NvmlBackend {
     /// with a driver that does not answer; the error says which.
     pub fn init() -> Result<Self, GpuError> {
         let nvml = Arc::new(Nvml::init().map_err(|e| not_answering(None, "loading NVML", e))?);
-        let backend = NvmlBackend {
-            nvml,
-            xids: Arc::default(),
-            stop: Arc::new(AtomicBool::new(false)),
-        };
+        let backend = NvmlBackend { nvml, xids: Arc::default(), stop: Arc::new(AtomicBool::new(false)) };
         backend.start_xid_watch();
         Ok(backend)
     }
 
     fn start_xid_watch(&self) {
         let (nvml, xids, stop) = (self.nvml.clone(), self.xids.clone(), self.stop.clone());
-        let spawned = std::thread::Builder::new()
-            .name("gpuci-xid-watch".into())
-            .spawn(move || watch_xids(&nvml, &xids, &stop));
+        let spawned =
+            std::thread::Builder::new().name("gpuci-xid-watch".into()).spawn(move || watch_xids(&nvml, &xids, &stop));
         if let Err(e) = spawned {
             tracing::warn!("cannot start the Xid watcher, Xid errors will not be counted: {e}");
         }
@@ -100,51 +89,25 @@ impl NvmlBackend {
 
     fn device(&self, uuid: &str) -> Result<Device<'_>, GpuError> {
         self.nvml.device_by_uuid(uuid).map_err(|e| match e {
-            NvmlError::NotFound | NvmlError::InvalidArg => GpuError::UnknownGpu {
-                uuid: uuid.to_string(),
-            },
+            NvmlError::NotFound | NvmlError::InvalidArg => GpuError::UnknownGpu { uuid: uuid.to_string() },
             e => not_answering(Some(uuid), "looking up the device", e),
         })
     }
 
-    fn gpu_info(
-        &self,
-        d: &Device<'_>,
-        driver: &Version,
-        cuda: &Option<Version>,
-    ) -> Result<GpuInfo, GpuError> {
-        let uuid = d
-            .uuid()
-            .map_err(|e| not_answering(None, "reading the UUID", e))?;
+    fn gpu_info(&self, d: &Device<'_>, driver: &Version, cuda: &Option<Version>) -> Result<GpuInfo, GpuError> {
+        let uuid = d.uuid().map_err(|e| not_answering(None, "reading the UUID", e))?;
         let u = Some(uuid.as_str());
-        let index = d
-            .index()
-            .map_err(|e| not_answering(u, "reading the index", e))?;
-        let cc = d
-            .cuda_compute_capability()
-            .map_err(|e| not_answering(u, "reading the compute capability", e))?;
+        let index = d.index().map_err(|e| not_answering(u, "reading the index", e))?;
+        let cc = d.cuda_compute_capability().map_err(|e| not_answering(u, "reading the compute capability", e))?;
         let mig_enabled = d.mig_mode().ok().map(|m| m.current == MIG_ENABLED);
-        let mig_instances = if mig_enabled == Some(true) {
-            mig_instances(d)
-        } else {
-            Vec::new()
-        };
+        let mig_instances = if mig_enabled == Some(true) { mig_instances(d) } else { Vec::new() };
         // Device nodes follow the minor number, which need not equal the NVML index.
         let minor = d.minor_number().unwrap_or(index);
         Ok(GpuInfo {
             index,
-            name: d
-                .name()
-                .map_err(|e| not_answering(u, "reading the name", e))?,
-            memory: Bytes(
-                d.memory_info()
-                    .map_err(|e| not_answering(u, "reading memory", e))?
-                    .total,
-            ),
-            compute_capability: ComputeCapability {
-                major: cc.major.max(0) as u32,
-                minor: cc.minor.max(0) as u32,
-            },
+            name: d.name().map_err(|e| not_answering(u, "reading the name", e))?,
+            memory: Bytes(d.memory_info().map_err(|e| not_answering(u, "reading memory", e))?.total),
+            compute_capability: ComputeCapability { major: cc.major.max(0) as u32, minor: cc.minor.max(0) as u32 },
             driver_version: driver.clone(),
             cuda_driver_version: cuda.clone(),
             mig_enabled,
@@ -174,15 +137,8 @@ fn mig_instances(d: &Device<'_>) -> Vec<MigInstance> {
             }
         };
         if let (Ok(uuid), Ok(name)) = (mig.uuid(), mig.name()) {
-            let memory = mig
-                .memory_info()
-                .map(|m| Bytes(m.total))
-                .unwrap_or_default();
-            out.push(MigInstance {
-                uuid,
-                profile: mig_profile_from_name(&name),
-                memory,
-            });
+            let memory = mig.memory_info().map(|m| Bytes(m.total)).unwrap_or_default();
+            out.push(MigInstance { uuid, profile: mig_profile_from_name(&name), memory });
         }
     }
     out
@@ -203,10 +159,7 @@ fn watch_xids(nvml: &Nvml, xids: &Mutex<XidCounts>, stop: &AtomicBool) {
             continue;
         };
         let Ok(uuid) = d.uuid() else { continue };
-        if !d
-            .supported_event_types()
-            .is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR))
-        {
+        if !d.supported_event_types().is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR)) {
             tracing::info!("{uuid} cannot report Xid events; its Xid count stays unknown");
             continue;
         }
@@ -221,9 +174,7 @@ fn watch_xids(nvml: &Nvml, xids: &Mutex<XidCounts>, stop: &AtomicBool) {
                 tracing::warn!("{uuid}: cannot register for Xid events: {}", e.error);
                 match nvml.create_event_set() {
                     Ok(s) => s,
-                    Err(e) => {
-                        return tracing::warn!("Xid watcher: cannot create an NVML event set: {e}")
-                    }
+                    Err(e) => return tracing::warn!("Xid watcher: cannot create an NVML event set: {e}"),
                 }
             }
         };
@@ -239,10 +190,7 @@ fn watch_xids(nvml: &Nvml, xids: &Mutex<XidCounts>, stop: &AtomicBool) {
                     _ => None,
                 };
                 if let Ok(uuid) = ev.device.uuid() {
-                    tracing::warn!(
-                        "{uuid}: Xid {}",
-                        code.map_or("?".to_string(), |c| c.to_string())
-                    );
+                    tracing::warn!("{uuid}: Xid {}", code.map_or("?".to_string(), |c| c.to_string()));
                     let mut x = lock(xids);
                     let entry = x.by_uuid.entry(uuid).or_insert((0, None));
                     entry.0 += 1;
@@ -264,26 +212,14 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn inventory(&self) -> Result<Vec<GpuInfo>, GpuError> {
-        let n = self
-            .nvml
-            .device_count()
-            .map_err(|e| not_answering(None, "counting devices", e))?;
-        let driver_text = self
-            .nvml
-            .sys_driver_version()
-            .map_err(|e| not_answering(None, "reading the driver version", e))?;
+        let n = self.nvml.device_count().map_err(|e| not_answering(None, "counting devices", e))?;
+        let driver_text =
+            self.nvml.sys_driver_version().map_err(|e| not_answering(None, "reading the driver version", e))?;
         let driver = Version::parse(&driver_text).unwrap_or_else(|| Version(vec![0]));
-        let cuda = self
-            .nvml
-            .sys_cuda_driver_version()
-            .ok()
-            .map(cuda_version_from_int);
+        let cuda = self.nvml.sys_cuda_driver_version().ok().map(cuda_version_from_int);
         let mut gpus = Vec::with_capacity(n as usize);
         for i in 0..n {
-            let d = self
-                .nvml
-                .device_by_index(i)
-                .map_err(|e| not_answering(None, &format!("opening device {i}"), e))?;
+            let d = self.nvml.device_by_index(i).map_err(|e| not_answering(None, &format!("opening device {i}"), e))?;
             gpus.push(self.gpu_info(&d, &driver, &cuda)?);
         }
         gpus.sort_by_key(|g| g.index);
@@ -292,9 +228,7 @@ impl GpuBackend for NvmlBackend {
 
     fn sample(&self, uuid: &str) -> Result<GpuSample, GpuError> {
         let d = self.device(uuid)?;
-        let mem = d
-            .memory_info()
-            .map_err(|e| not_answering(Some(uuid), "reading memory", e))?;
+        let mem = d.memory_info().map_err(|e| not_answering(Some(uuid), "reading memory", e))?;
         Ok(GpuSample {
             utilization_pct: d.utilization_rates().ok().map(|u| u.gpu),
             memory_used: Bytes(mem.used),
@@ -305,16 +239,12 @@ impl GpuBackend for NvmlBackend {
 
     fn processes(&self, uuid: &str) -> Result<Vec<GpuProcess>, GpuError> {
         let d = self.device(uuid)?;
-        let mut procs = d
-            .running_compute_processes()
-            .map_err(|e| not_answering(Some(uuid), "listing compute processes", e))?;
+        let mut procs =
+            d.running_compute_processes().map_err(|e| not_answering(Some(uuid), "listing compute processes", e))?;
         // In MIG mode the processes live on the MIG devices; ask each one too.
         if d.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED) {
             for i in 0..d.mig_device_count().unwrap_or(0) {
-                if let Ok(p) = d
-                    .mig_device_by_index(i)
-                    .and_then(|m| m.running_compute_processes())
-                {
+                if let Ok(p) = d.mig_device_by_index(i).and_then(|m| m.running_compute_processes()) {
                     procs.extend(p);
                 }
             }
@@ -337,18 +267,14 @@ impl GpuBackend for NvmlBackend {
     fn health_counters(&self, uuid: &str) -> Result<HealthCounters, GpuError> {
         let d = self.device(uuid)?;
         // Memory is the one reading every GPU supports: if it fails, NVML is not answering.
-        let mem = d
-            .memory_info()
-            .map_err(|e| not_answering(Some(uuid), "reading memory", e))?;
+        let mem = d.memory_info().map_err(|e| not_answering(Some(uuid), "reading memory", e))?;
         let retired = |cause| d.retired_pages(cause).map(|p| p.len() as u64);
-        let retired_pages = match (
-            retired(RetirementCause::MultipleSingleBitEccErrors),
-            retired(RetirementCause::DoubleBitEccError),
-        ) {
-            (Ok(a), Ok(b)) => Some(a + b),
-            (Ok(a), Err(_)) | (Err(_), Ok(a)) => Some(a),
-            (Err(_), Err(_)) => None,
-        };
+        let retired_pages =
+            match (retired(RetirementCause::MultipleSingleBitEccErrors), retired(RetirementCause::DoubleBitEccError)) {
+                (Ok(a), Ok(b)) => Some(a + b),
+                (Ok(a), Err(_)) | (Err(_), Ok(a)) => Some(a),
+                (Err(_), Err(_)) => None,
+            };
         let (xid_errors, last_xid) = match lock(&self.xids).by_uuid.get(uuid) {
             Some(&(n, last)) => (Some(n), last),
             None => (None, None),
@@ -358,9 +284,7 @@ impl GpuBackend for NvmlBackend {
             last_xid,
             retired_pages,
             retired_pages_pending: d.are_pages_pending_retired().ok(),
-            ecc_uncorrectable_volatile: d
-                .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
-                .ok(),
+            ecc_uncorrectable_volatile: d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok(),
             temperature_c: d.temperature(TemperatureSensor::Gpu).ok(),
             slowdown_temperature_c: d.temperature_threshold(TemperatureThreshold::Slowdown).ok(),
             memory_used: Bytes(mem.used),
@@ -382,14 +306,8 @@ mod tests {
 
     #[test]
     fn mig_profile() {
-        assert_eq!(
-            mig_profile_from_name("NVIDIA A100-SXM4-40GB MIG 1g.5gb"),
-            "1g.5gb"
-        );
-        assert_eq!(
-            mig_profile_from_name("NVIDIA H100 80GB HBM3 MIG 3g.40gb"),
-            "3g.40gb"
-        );
+        assert_eq!(mig_profile_from_name("NVIDIA A100-SXM4-40GB MIG 1g.5gb"), "1g.5gb");
+        assert_eq!(mig_profile_from_name("NVIDIA H100 80GB HBM3 MIG 3g.40gb"), "3g.40gb");
     }
 
     /// On hosts without NVIDIA this must fail cleanly (no panic, no abort), with a reason.
@@ -397,10 +315,7 @@ mod tests {
     fn init_fails_cleanly_without_nvidia() {
         match NvmlBackend::init() {
             Ok(b) => assert_eq!(b.kind(), BackendKind::Nvml),
-            Err(e) => assert!(
-                e.to_string().contains("NVML did not answer: loading NVML"),
-                "{e}"
-            ),
+            Err(e) => assert!(e.to_string().contains("NVML did not answer: loading NVML"), "{e}"),
         }
     }
 }

@@ -29,10 +29,7 @@ pub struct NvidiaSmi {
 
 impl NvidiaSmi {
     pub fn new(runner: Arc<dyn CommandRunner>) -> Self {
-        NvidiaSmi {
-            runner,
-            timeout: Duration::from_secs(15),
-        }
+        NvidiaSmi { runner, timeout: Duration::from_secs(15) }
     }
 
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
@@ -50,9 +47,7 @@ impl NvidiaSmi {
             Ok(out) if out.success() => Ok(out.stdout),
             Ok(out) => Err(not_answering(failure_text(&out))),
             // "nvidia-smi did not answer: command not found" already names the program.
-            Err(CommandError::NotFound { .. }) => {
-                Err(not_answering("command not found".to_string()))
-            }
+            Err(CommandError::NotFound { .. }) => Err(not_answering("command not found".to_string())),
             Err(e) => Err(not_answering(e.to_string())),
         }
     }
@@ -61,26 +56,19 @@ impl NvidiaSmi {
         let query = format!("--query-gpu={fields}");
         let id = format!("--id={uuid}");
         let out = self.run(Some(uuid), &[&query, CSV, &id])?;
-        let line =
-            out.lines()
-                .find(|l| !l.trim().is_empty())
-                .ok_or_else(|| GpuError::UnknownGpu {
-                    uuid: uuid.to_string(),
-                })?;
+        let line = out
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .ok_or_else(|| GpuError::UnknownGpu { uuid: uuid.to_string() })?;
         let n = fields.split(',').count();
-        Ok(split_row(line, n, "query")?
-            .into_iter()
-            .map(|f| f.map(str::to_string))
-            .collect())
+        Ok(split_row(line, n, "query")?.into_iter().map(|f| f.map(str::to_string)).collect())
     }
 }
 
 /// The first lines of what a failed `nvidia-smi` said, for the person reading the reason.
 fn failure_text(out: &CommandOutput) -> String {
     let tail = out.tail(3);
-    let code = out
-        .status
-        .map_or("a signal".to_string(), |c| format!("exit code {c}"));
+    let code = out.status.map_or("a signal".to_string(), |c| format!("exit code {c}"));
     if tail.is_empty() {
         format!("nvidia-smi failed with {code}")
     } else {
@@ -124,15 +112,8 @@ impl GpuBackend for NvidiaSmi {
     }
 
     fn processes(&self, uuid: &str) -> Result<Vec<GpuProcess>, GpuError> {
-        let out = self.run(
-            Some(uuid),
-            &["--query-compute-apps=gpu_uuid,pid,used_memory", CSV],
-        )?;
-        Ok(parse_compute_apps(&out)?
-            .into_iter()
-            .filter(|(u, _)| u == uuid)
-            .map(|(_, p)| p)
-            .collect())
+        let out = self.run(Some(uuid), &["--query-compute-apps=gpu_uuid,pid,used_memory", CSV])?;
+        Ok(parse_compute_apps(&out)?.into_iter().filter(|(u, _)| u == uuid).map(|(_, p)| p).collect())
     }
 
     fn health_counters(&self, uuid: &str) -> Result<HealthCounters, GpuError> {
@@ -160,11 +141,7 @@ pub fn cell(s: &str) -> Option<&str> {
 
 /// Split one `--format=csv,noheader,nounits` row into `n` cells. nvidia-smi does not quote;
 /// no field we query can contain a comma.
-fn split_row<'a>(
-    line: &'a str,
-    n: usize,
-    what: &'static str,
-) -> Result<Vec<Option<&'a str>>, GpuError> {
+fn split_row<'a>(line: &'a str, n: usize, what: &'static str) -> Result<Vec<Option<&'a str>>, GpuError> {
     let cells: Vec<Option<&str>> = line.split(',').map(cell).collect();
     if cells.len() != n {
         return Err(GpuError::Parse {
@@ -193,11 +170,7 @@ fn num<T: std::str::FromStr>(
 }
 
 fn required<T>(v: Option<T>, field: &str, line: &str, what: &'static str) -> Result<T, GpuError> {
-    v.ok_or_else(|| GpuError::Parse {
-        what,
-        line: line.to_string(),
-        detail: format!("{field} is missing"),
-    })
+    v.ok_or_else(|| GpuError::Parse { what, line: line.to_string(), detail: format!("{field} is missing") })
 }
 
 fn enabled(v: Option<&str>) -> Option<bool> {
@@ -220,12 +193,7 @@ pub fn parse_inventory(csv: &str) -> Result<Vec<GpuInfo>, GpuError> {
         let cc = required(c[4], "compute_cap", line, W)?;
         let compute_capability = cc
             .split_once('.')
-            .and_then(|(a, b)| {
-                Some(ComputeCapability {
-                    major: a.parse().ok()?,
-                    minor: b.parse().ok()?,
-                })
-            })
+            .and_then(|(a, b)| Some(ComputeCapability { major: a.parse().ok()?, minor: b.parse().ok()? }))
             .ok_or_else(|| GpuError::Parse {
                 what: W,
                 line: line.to_string(),
@@ -236,12 +204,7 @@ pub fn parse_inventory(csv: &str) -> Result<Vec<GpuInfo>, GpuError> {
             uuid,
             index,
             name: required(c[2], "name", line, W)?.to_string(),
-            memory: Bytes::from_mib(required(
-                num(c[3], "memory.total", line, W)?,
-                "memory.total",
-                line,
-                W,
-            )?),
+            memory: Bytes::from_mib(required(num(c[3], "memory.total", line, W)?, "memory.total", line, W)?),
             compute_capability,
             driver_version: Version::parse(driver).ok_or_else(|| GpuError::Parse {
                 what: W,
@@ -278,14 +241,9 @@ pub fn apply_query_report(gpus: &mut [GpuInfo], report: &str) {
             for g in gpus.iter_mut() {
                 g.cuda_driver_version = Some(v.clone());
             }
-        } else if let Some(minor) =
-            report_value(line, "Minor Number").and_then(|v| v.parse::<u32>().ok())
-        {
+        } else if let Some(minor) = report_value(line, "Minor Number").and_then(|v| v.parse::<u32>().ok()) {
             let bus = current_bus.as_deref().unwrap_or_default();
-            if let Some(g) = gpus
-                .iter_mut()
-                .find(|g| g.pci_bus_id.to_ascii_lowercase() == bus)
-            {
+            if let Some(g) = gpus.iter_mut().find(|g| g.pci_bus_id.to_ascii_lowercase() == bus) {
                 g.device_node = format!("/dev/nvidia{minor}");
             }
         }
@@ -296,11 +254,8 @@ pub fn apply_query_report(gpus: &mut [GpuInfo], report: &str) {
 /// name (`3g.20gb` → 20 GB, counted as 20·10⁹ bytes so it never overstates what the slice
 /// has).
 pub fn parse_mig_list(text: &str) -> HashMap<String, Vec<MigInstance>> {
-    let uuid_in = |l: &str| {
-        l.split_once("(UUID: ")
-            .and_then(|(_, r)| r.split(')').next())
-            .map(|u| u.trim().to_string())
-    };
+    let uuid_in =
+        |l: &str| l.split_once("(UUID: ").and_then(|(_, r)| r.split(')').next()).map(|u| u.trim().to_string());
     let mut out: HashMap<String, Vec<MigInstance>> = HashMap::new();
     let mut parent: Option<String> = None;
     for line in text.lines() {
@@ -308,11 +263,7 @@ pub fn parse_mig_list(text: &str) -> HashMap<String, Vec<MigInstance>> {
         if t.starts_with("GPU ") {
             parent = uuid_in(t);
         } else if let (Some(rest), Some(p)) = (t.strip_prefix("MIG "), &parent) {
-            let profile = rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_string();
+            let profile = rest.split_whitespace().next().unwrap_or_default().to_string();
             if let Some(uuid) = uuid_in(t) {
                 out.entry(p.clone()).or_default().push(MigInstance {
                     memory: mig_profile_memory(&profile),
@@ -329,11 +280,7 @@ pub fn parse_mig_list(text: &str) -> HashMap<String, Vec<MigInstance>> {
 pub fn mig_profile_memory(profile: &str) -> Bytes {
     let gb = profile
         .split_once('.')
-        .map(|(_, m)| {
-            m.chars()
-                .take_while(char::is_ascii_digit)
-                .collect::<String>()
-        })
+        .map(|(_, m)| m.chars().take_while(char::is_ascii_digit).collect::<String>())
         .and_then(|d| d.parse::<u64>().ok())
         .unwrap_or(0);
     Bytes(gb * 1_000_000_000)
@@ -341,11 +288,7 @@ pub fn mig_profile_memory(profile: &str) -> Bytes {
 
 fn sample_from_fields(f: &[Option<String>]) -> Result<GpuSample, GpuError> {
     const W: &str = "sample";
-    let line = f
-        .iter()
-        .map(|c| c.as_deref().unwrap_or("[N/A]"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let line = f.iter().map(|c| c.as_deref().unwrap_or("[N/A]")).collect::<Vec<_>>().join(", ");
     let get = |i: usize| f.get(i).and_then(|c| c.as_deref());
     Ok(GpuSample {
         utilization_pct: num(get(0), "utilization.gpu", &line, W)?,
@@ -357,20 +300,13 @@ fn sample_from_fields(f: &[Option<String>]) -> Result<GpuSample, GpuError> {
 
 /// Parse one `--query-gpu=SAMPLE_FIELDS` row.
 pub fn parse_sample(line: &str) -> Result<GpuSample, GpuError> {
-    let f: Vec<Option<String>> = split_row(line, 4, "sample")?
-        .into_iter()
-        .map(|c| c.map(str::to_string))
-        .collect();
+    let f: Vec<Option<String>> = split_row(line, 4, "sample")?.into_iter().map(|c| c.map(str::to_string)).collect();
     sample_from_fields(&f)
 }
 
 fn health_from_fields(f: &[Option<String>]) -> Result<HealthCounters, GpuError> {
     const W: &str = "health";
-    let line = f
-        .iter()
-        .map(|c| c.as_deref().unwrap_or("[N/A]"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let line = f.iter().map(|c| c.as_deref().unwrap_or("[N/A]")).collect::<Vec<_>>().join(", ");
     let get = |i: usize| f.get(i).and_then(|c| c.as_deref());
     let sbe: Option<u64> = num(get(3), "retired_pages.sbe", &line, W)?;
     let dbe: Option<u64> = num(get(4), "retired_pages.dbe", &line, W)?;
@@ -392,10 +328,7 @@ fn health_from_fields(f: &[Option<String>]) -> Result<HealthCounters, GpuError> 
 
 /// Parse one `--query-gpu=HEALTH_FIELDS` row (the slowdown temperature comes separately).
 pub fn parse_health(line: &str) -> Result<HealthCounters, GpuError> {
-    let f: Vec<Option<String>> = split_row(line, 7, "health")?
-        .into_iter()
-        .map(|c| c.map(str::to_string))
-        .collect();
+    let f: Vec<Option<String>> = split_row(line, 7, "health")?.into_iter().map(|c| c.map(str::to_string)).collect();
     health_from_fields(&f)
 }
 
@@ -412,13 +345,7 @@ pub fn parse_compute_apps(csv: &str) -> Result<Vec<(String, GpuProcess)>, GpuErr
         let uuid = required(c[0], "gpu_uuid", line, W)?.to_string();
         let pid: u32 = required(num(c[1], "pid", line, W)?, "pid", line, W)?;
         let used: Option<u64> = num(c[2], "used_memory", line, W)?;
-        out.push((
-            uuid,
-            GpuProcess {
-                pid,
-                used_memory: used.map(Bytes::from_mib),
-            },
-        ));
+        out.push((uuid, GpuProcess { pid, used_memory: used.map(Bytes::from_mib) }));
     }
     Ok(out)
 }
@@ -455,15 +382,9 @@ mod tests {
         let g = &gpus[0];
         assert_eq!(g.name, "NVIDIA H100 80GB HBM3");
         assert_eq!(g.memory.mib(), 81_559);
-        assert_eq!(
-            g.compute_capability,
-            ComputeCapability { major: 9, minor: 0 }
-        );
+        assert_eq!(g.compute_capability, ComputeCapability { major: 9, minor: 0 });
         assert_eq!(g.driver_version, Version(vec![550, 54, 15]));
-        assert_eq!(
-            (g.persistence_mode, g.ecc_enabled, g.mig_enabled),
-            (Some(true), Some(true), Some(false))
-        );
+        assert_eq!((g.persistence_mode, g.ecc_enabled, g.mig_enabled), (Some(true), Some(true), Some(false)));
         assert_eq!(gpus[2].persistence_mode, Some(false));
         assert!(!g.simulated);
         assert_eq!(gpus[1].device_node, "/dev/nvidia1");
@@ -492,27 +413,17 @@ mod tests {
 
     #[test]
     fn rejects_malformed_rows_with_the_line() {
-        let e = parse_inventory("GPU-x, 0, NVIDIA H100, 81559")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("expected 10 fields, got 4") && e.contains("GPU-x"),
-            "{e}"
-        );
-        let e = parse_inventory(
-            "GPU-x, 0, NVIDIA H100, lots, 9.0, 550.54.15, 0:1:0.0, Enabled, Enabled, Disabled",
-        )
-        .unwrap_err();
+        let e = parse_inventory("GPU-x, 0, NVIDIA H100, 81559").unwrap_err().to_string();
+        assert!(e.contains("expected 10 fields, got 4") && e.contains("GPU-x"), "{e}");
+        let e = parse_inventory("GPU-x, 0, NVIDIA H100, lots, 9.0, 550.54.15, 0:1:0.0, Enabled, Enabled, Disabled")
+            .unwrap_err();
         assert!(e.to_string().contains("memory.total \"lots\""), "{e}");
     }
 
     #[test]
     fn parses_samples_with_missing_sensors() {
         let s = parse_sample("87, 40231, 612.44, 61").unwrap();
-        assert_eq!(
-            (s.utilization_pct, s.memory_used.mib(), s.temperature_c),
-            (Some(87), 40231, Some(61))
-        );
+        assert_eq!((s.utilization_pct, s.memory_used.mib(), s.temperature_c), (Some(87), 40231, Some(61)));
         assert_eq!(s.power_watts, Some(612.44));
         let s = parse_sample("[N/A], 0, [Not Supported], 30").unwrap();
         assert_eq!((s.utilization_pct, s.power_watts), (None, None));
@@ -522,22 +433,11 @@ mod tests {
     fn parses_health_rows_for_hopper_and_ampere() {
         // H100: page retirement is replaced by row remapping, so the fields are N/A.
         let h = parse_health("4, 81559, 33, [N/A], [N/A], [N/A], 0").unwrap();
-        assert_eq!(
-            (
-                h.retired_pages,
-                h.retired_pages_pending,
-                h.ecc_uncorrectable_volatile
-            ),
-            (None, None, Some(0))
-        );
+        assert_eq!((h.retired_pages, h.retired_pages_pending, h.ecc_uncorrectable_volatile), (None, None, Some(0)));
         assert_eq!(h.xid_errors, None);
         let a = parse_health("0, 40960, 30, 2, 1, Yes, 3").unwrap();
         assert_eq!(
-            (
-                a.retired_pages,
-                a.retired_pages_pending,
-                a.ecc_uncorrectable_volatile
-            ),
+            (a.retired_pages, a.retired_pages_pending, a.ecc_uncorrectable_volatile),
             (Some(3), Some(true), Some(3))
         );
         assert_eq!(parse_slowdown_temperature(A100_TEMP), Some(89));
@@ -548,47 +448,28 @@ mod tests {
     fn parses_compute_apps() {
         let apps = parse_compute_apps(APPS).unwrap();
         assert_eq!(apps.len(), 3);
-        assert_eq!(
-            apps[0].1,
-            GpuProcess {
-                pid: 18231,
-                used_memory: Some(Bytes::from_mib(40231))
-            }
-        );
+        assert_eq!(apps[0].1, GpuProcess { pid: 18231, used_memory: Some(Bytes::from_mib(40231)) });
         assert_eq!(apps[2].1.used_memory, None);
         assert!(parse_compute_apps("").unwrap().is_empty());
-        assert!(parse_compute_apps("No running processes found\n")
-            .unwrap()
-            .is_empty());
+        assert!(parse_compute_apps("No running processes found\n").unwrap().is_empty());
     }
 
     #[test]
     fn backend_runs_the_documented_commands() {
         let r = Arc::new(FakeRunner::new());
-        r.on(
-            &format!("nvidia-smi --query-gpu={INVENTORY_FIELDS} {CSV}"),
-            Ok(CommandOutput::ok(A100_CSV)),
-        )
-        .on("nvidia-smi -q", Ok(CommandOutput::ok(H100_Q)))
-        .on("nvidia-smi -L", Ok(CommandOutput::ok(A100_L)))
-        .on(
-            &format!("nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory {CSV}"),
-            Ok(CommandOutput::ok(APPS)),
-        );
+        r.on(&format!("nvidia-smi --query-gpu={INVENTORY_FIELDS} {CSV}"), Ok(CommandOutput::ok(A100_CSV)))
+            .on("nvidia-smi -q", Ok(CommandOutput::ok(H100_Q)))
+            .on("nvidia-smi -L", Ok(CommandOutput::ok(A100_L)))
+            .on(
+                &format!("nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory {CSV}"),
+                Ok(CommandOutput::ok(APPS)),
+            );
         let smi = NvidiaSmi::new(r.clone());
         let inv = smi.inventory().unwrap();
         assert_eq!(inv[0].mig_instances.len(), 3);
         assert_eq!(inv[0].cuda_driver_version, Some(Version(vec![12, 4])));
-        let procs = smi
-            .processes("GPU-4c2a7b3d-0e5f-8a21-9b3c-6d7e8f9a0b12")
-            .unwrap();
-        assert_eq!(
-            procs,
-            vec![GpuProcess {
-                pid: 19002,
-                used_memory: None
-            }]
-        );
+        let procs = smi.processes("GPU-4c2a7b3d-0e5f-8a21-9b3c-6d7e8f9a0b12").unwrap();
+        assert_eq!(procs, vec![GpuProcess { pid: 19002, used_memory: None }]);
     }
 
     #[test]
@@ -598,10 +479,6 @@ mod tests {
         let e = NvidiaSmi::new(r).inventory().unwrap_err();
         assert!(e.is_transient());
         let text = e.to_string();
-        assert!(
-            text.contains("exit code 9")
-                && text.contains("couldn't communicate with the NVIDIA driver"),
-            "{text}"
-        );
+        assert!(text.contains("exit code 9") && text.contains("couldn't communicate with the NVIDIA driver"), "{text}");
     }
 }

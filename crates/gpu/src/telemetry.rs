@@ -57,10 +57,7 @@ impl Telemetry {
     /// Telemetry for a job leasing `uuids`.
     pub fn new<S: Into<String>>(uuids: impl IntoIterator<Item = S>) -> Self {
         Telemetry {
-            per_gpu: uuids
-                .into_iter()
-                .map(|u| (u.into(), Acc::default()))
-                .collect(),
+            per_gpu: uuids.into_iter().map(|u| (u.into(), Acc::default())).collect(),
             last_at: Duration::ZERO,
             failed: 0,
         }
@@ -106,10 +103,7 @@ impl Telemetry {
                 max_power_watts: a.max_power,
             })
             .collect();
-        let (sum, n) = self
-            .per_gpu
-            .values()
-            .fold((0.0, 0u64), |(s, n), a| (s + a.util_sum, n + a.util_n));
+        let (sum, n) = self.per_gpu.values().fold((0.0, 0u64), |(s, n), a| (s + a.util_sum, n + a.util_n));
         TelemetrySummary {
             peak_memory: gpus.iter().map(|g| g.peak_memory).max().unwrap_or_default(),
             mean_utilization_pct: (n > 0).then(|| sum / n as f64),
@@ -142,9 +136,7 @@ pub async fn sample_loop(
         }
         let (b, u) = (backend.clone(), uuids.clone());
         let results = match tokio::task::spawn_blocking(move || {
-            u.iter()
-                .map(|id| (id.clone(), b.sample(id)))
-                .collect::<Vec<_>>()
+            u.iter().map(|id| (id.clone(), b.sample(id))).collect::<Vec<_>>()
         })
         .await
         {
@@ -201,11 +193,7 @@ mod tests {
         assert_eq!((sum.samples, sum.failed_samples), (3, 1));
         assert_eq!(sum.gpus[0].mean_utilization_pct, Some(50.0));
         assert_eq!(sum.gpus[1].peak_memory, Bytes(5 << 30));
-        assert_eq!(
-            t.summary(None).gpu_seconds,
-            2.0,
-            "falls back to the last sample's time"
-        );
+        assert_eq!(t.summary(None).gpu_seconds, 2.0, "falls back to the last sample's time");
     }
 
     #[test]
@@ -217,12 +205,7 @@ mod tests {
 
     #[tokio::test]
     async fn sampler_stops_on_cancel_and_summarises() {
-        let fake = Arc::new(FakeGpus::new(
-            SimulatedGpus::from_spec("2xL4", "h")
-                .unwrap()
-                .gpus()
-                .to_vec(),
-        ));
+        let fake = Arc::new(FakeGpus::new(SimulatedGpus::from_spec("2xL4", "h").unwrap().gpus().to_vec()));
         let uuids = fake.uuids();
         fake.set(&uuids[0], |st| {
             st.utilization_pct = 80;
@@ -235,14 +218,8 @@ mod tests {
             c2.cancel();
         });
         let mut seen = 0;
-        let sum = sample_loop(
-            fake.clone(),
-            uuids.clone(),
-            Duration::from_millis(10),
-            cancel,
-            |_, _, _| seen += 1,
-        )
-        .await;
+        let sum =
+            sample_loop(fake.clone(), uuids.clone(), Duration::from_millis(10), cancel, |_, _, _| seen += 1).await;
         assert!(sum.samples >= 4, "{sum:?}");
         assert_eq!(sum.samples, seen);
         assert_eq!(sum.peak_memory, Bytes(10 << 30));

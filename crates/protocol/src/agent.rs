@@ -55,11 +55,21 @@ pub struct Hello {
 pub enum AgentMessage {
     Hello(Box<Hello>),
     Heartbeat,
-    JobStarted { job_id: JobId, pid: u32, started_at_us: i64 },
-    Log { job_id: JobId, lines: Vec<LogChunk> },
+    JobStarted {
+        job_id: JobId,
+        pid: u32,
+        started_at_us: i64,
+    },
+    Log {
+        job_id: JobId,
+        lines: Vec<LogChunk>,
+    },
     JobFinished(JobFinished),
     /// The agent's GPU inventory or health changed.
-    Gpus { gpus: Vec<GpuInfo>, health: BTreeMap<String, GpuHealth> },
+    Gpus {
+        gpus: Vec<GpuInfo>,
+        health: BTreeMap<String, GpuHealth>,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -130,9 +140,16 @@ pub enum CoordinatorMessage {
         forget: Vec<Forgotten>,
     },
     Assign(Box<Assignment>),
-    Cancel { job_id: JobId, reason: String },
+    Cancel {
+        job_id: JobId,
+        reason: String,
+    },
     /// The job's result is durable; the agent may drop it.
-    Ack { job_id: JobId },
+    Ack {
+        job_id: JobId,
+    },
     /// The connection is refused; the agent should not retry without a change.
-    Refused { reason: String },
+    Refused {
+        reason: String,
+    },
 }

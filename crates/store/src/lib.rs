@@ -44,8 +44,11 @@ impl StoreError {
     /// Whether retrying the same call may succeed (locks, I/O hiccups).
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Db(e) => matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))
-                || e.as_database_error().is_some_and(|d| d.message().contains("locked") || d.message().contains("busy")),
+            StoreError::Db(e) => {
+                matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))
+                    || e.as_database_error()
+                        .is_some_and(|d| d.message().contains("locked") || d.message().contains("busy"))
+            }
             _ => false,
         }
     }

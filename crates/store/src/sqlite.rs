@@ -12,12 +12,18 @@ use std::time::Duration;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
+/// Writes go through one connection, reads through a small pool. SQLite allows one writer
+/// at a time; a second connection that upgrades a read transaction to a write one fails with
+/// SQLITE_BUSY at once (the busy timeout does not apply to that deadlock), so in-process
+/// writers queue on the single writer connection instead.
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    read: SqlitePool,
 }
 
-const JOB_COLUMNS: &str = "id, pipeline_id, step_json, env_json, state, reason, attempt, retry_of, agent_id, gpus_json, \
+const JOB_COLUMNS: &str =
+    "id, pipeline_id, step_json, env_json, state, reason, attempt, retry_of, agent_id, gpus_json, \
      created_at_ms, assigned_at_ms, started_at_ms, finished_at_ms, exit_code, telemetry_json";
 
 impl SqliteStore {
@@ -30,27 +36,24 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        Self::connect(opts, 4).await
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(opts.clone()).await?;
+        MIGRATOR.run(&pool).await?;
+        let read = SqlitePoolOptions::new().max_connections(4).connect_with(opts.read_only(true)).await?;
+        Ok(Self { pool, read })
     }
 
     /// A private in-memory database (tests, `gpuci run`).
     pub async fn in_memory() -> Result<Self> {
         let opts = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
         // One connection: every connection to :memory: is a different database.
-        Self::connect(opts, 1).await
-    }
-
-    async fn connect(opts: SqliteConnectOptions, max: u32) -> Result<Self> {
-        let pool = SqlitePoolOptions::new().max_connections(max).connect_with(opts).await?;
+        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(opts).await?;
         MIGRATOR.run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self { read: pool.clone(), pool })
     }
 
     async fn job_in<'e, E: sqlx::SqliteExecutor<'e>>(exec: E, id: JobId) -> Result<Option<JobRecord>> {
-        let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?"))
-            .bind(id)
-            .fetch_optional(exec)
-            .await?;
+        let row =
+            sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?")).bind(id).fetch_optional(exec).await?;
         row.map(|r| job_from_row(&r)).transpose()
     }
 }
@@ -83,7 +86,12 @@ fn job_from_row(r: &SqliteRow) -> Result<JobRecord> {
 }
 
 fn pipeline_from_row(r: &SqliteRow) -> PipelineRecord {
-    PipelineRecord { id: r.get("id"), file_name: r.get("file_name"), source: r.get("source"), created_at_ms: r.get("created_at_ms") }
+    PipelineRecord {
+        id: r.get("id"),
+        file_name: r.get("file_name"),
+        source: r.get("source"),
+        created_at_ms: r.get("created_at_ms"),
+    }
 }
 
 fn agent_from_row(r: &SqliteRow) -> AgentRecord {
@@ -142,13 +150,14 @@ async fn insert_job_in(conn: &mut sqlx::SqliteConnection, pipeline_id: PipelineI
 impl Store for SqliteStore {
     async fn create_pipeline(&self, p: NewPipeline, jobs: Vec<NewJob>) -> Result<(PipelineRecord, Vec<JobRecord>)> {
         let mut tx = self.pool.begin().await?;
-        let pid: i64 = sqlx::query("INSERT INTO pipelines (file_name, source, created_at_ms) VALUES (?, ?, ?) RETURNING id")
-            .bind(&p.file_name)
-            .bind(&p.source)
-            .bind(p.created_at_ms)
-            .fetch_one(&mut *tx)
-            .await?
-            .get(0);
+        let pid: i64 =
+            sqlx::query("INSERT INTO pipelines (file_name, source, created_at_ms) VALUES (?, ?, ?) RETURNING id")
+                .bind(&p.file_name)
+                .bind(&p.source)
+                .bind(p.created_at_ms)
+                .fetch_one(&mut *tx)
+                .await?
+                .get(0);
         let mut ids = Vec::with_capacity(jobs.len());
         for j in &jobs {
             ids.push(insert_job_in(&mut tx, pid, j).await?);
@@ -158,7 +167,10 @@ impl Store for SqliteStore {
             records.push(Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?);
         }
         tx.commit().await?;
-        Ok((PipelineRecord { id: pid, file_name: p.file_name, source: p.source, created_at_ms: p.created_at_ms }, records))
+        Ok((
+            PipelineRecord { id: pid, file_name: p.file_name, source: p.source, created_at_ms: p.created_at_ms },
+            records,
+        ))
     }
 
     async fn insert_job(&self, job: NewJob) -> Result<JobRecord> {
@@ -213,7 +225,8 @@ impl Store for SqliteStore {
             let expected = expect.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|");
             return Err(StoreError::Conflict { job: id, expected, found: cur.state });
         }
-        let telemetry = c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
+        let telemetry =
+            c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
         sqlx::query(
             "UPDATE jobs SET state = COALESCE(?, state), reason = COALESCE(?, reason), \
              started_at_ms = COALESCE(?, started_at_ms), finished_at_ms = COALESCE(?, finished_at_ms), \
@@ -260,7 +273,7 @@ impl Store for SqliteStore {
     }
 
     async fn get_job(&self, id: JobId) -> Result<Option<JobRecord>> {
-        Self::job_in(&self.pool, id).await
+        Self::job_in(&self.read, id).await
     }
 
     async fn list_jobs(&self, f: &JobFilter) -> Result<Vec<JobRecord>> {
@@ -277,7 +290,7 @@ impl Store for SqliteStore {
         if let Some(p) = f.pipeline {
             q = q.bind(p);
         }
-        let rows = q.bind(i64::from(f.limit.unwrap_or(100))).fetch_all(&self.pool).await?;
+        let rows = q.bind(i64::from(f.limit.unwrap_or(100))).fetch_all(&self.read).await?;
         rows.iter().map(job_from_row).collect()
     }
 
@@ -285,7 +298,7 @@ impl Store for SqliteStore {
         let rows = sqlx::query(&format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('queued', 'assigned', 'running') ORDER BY id"
         ))
-        .fetch_all(&self.pool)
+        .fetch_all(&self.read)
         .await?;
         rows.iter().map(job_from_row).collect()
     }
@@ -293,7 +306,7 @@ impl Store for SqliteStore {
     async fn pipeline_jobs(&self, pipeline: PipelineId) -> Result<Vec<JobRecord>> {
         let rows = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE pipeline_id = ? ORDER BY id"))
             .bind(pipeline)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.read)
             .await?;
         rows.iter().map(job_from_row).collect()
     }
@@ -301,7 +314,7 @@ impl Store for SqliteStore {
     async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>> {
         let row = sqlx::query("SELECT id, file_name, source, created_at_ms FROM pipelines WHERE id = ?")
             .bind(id)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.read)
             .await?;
         Ok(row.as_ref().map(pipeline_from_row))
     }
@@ -309,7 +322,7 @@ impl Store for SqliteStore {
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
         let rows = sqlx::query("SELECT id, file_name, source, created_at_ms FROM pipelines ORDER BY id DESC LIMIT ?")
             .bind(i64::from(limit))
-            .fetch_all(&self.pool)
+            .fetch_all(&self.read)
             .await?;
         Ok(rows.iter().map(pipeline_from_row).collect())
     }
@@ -330,7 +343,11 @@ impl Store for SqliteStore {
             let mut qb = sqlx::QueryBuilder::new("INSERT INTO job_logs (job_id, seq, ts_us, stream, text) ");
             qb.push_values(chunk.iter().enumerate(), |mut row, (i, l)| {
                 let seq = last + (b * 100 + i) as i64 + 1;
-                row.push_bind(job).push_bind(seq).push_bind(l.ts_us).push_bind(stream_str(l.stream)).push_bind(l.text.clone());
+                row.push_bind(job)
+                    .push_bind(seq)
+                    .push_bind(l.ts_us)
+                    .push_bind(stream_str(l.stream))
+                    .push_bind(l.text.clone());
                 out.push(LogLine { seq, ts_us: l.ts_us, stream: l.stream, text: l.text.clone() });
             });
             qb.build().execute(&mut *tx).await?;
@@ -340,15 +357,22 @@ impl Store for SqliteStore {
     }
 
     async fn read_logs(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<LogLine>> {
-        let rows = sqlx::query("SELECT seq, ts_us, stream, text FROM job_logs WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?")
-            .bind(job)
-            .bind(after_seq)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await?;
+        let rows = sqlx::query(
+            "SELECT seq, ts_us, stream, text FROM job_logs WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+        )
+        .bind(job)
+        .bind(after_seq)
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await?;
         Ok(rows
             .iter()
-            .map(|r| LogLine { seq: r.get("seq"), ts_us: r.get("ts_us"), stream: stream_parse(r.get("stream")), text: r.get("text") })
+            .map(|r| LogLine {
+                seq: r.get("seq"),
+                ts_us: r.get("ts_us"),
+                stream: stream_parse(r.get("stream")),
+                text: r.get("text"),
+            })
             .collect())
     }
 
@@ -371,12 +395,12 @@ impl Store for SqliteStore {
     }
 
     async fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>> {
-        let row = sqlx::query("SELECT * FROM agents WHERE id = ?").bind(id).fetch_optional(&self.pool).await?;
+        let row = sqlx::query("SELECT * FROM agents WHERE id = ?").bind(id).fetch_optional(&self.read).await?;
         Ok(row.as_ref().map(agent_from_row))
     }
 
     async fn list_agents(&self) -> Result<Vec<AgentRecord>> {
-        let rows = sqlx::query("SELECT * FROM agents ORDER BY name, id").fetch_all(&self.pool).await?;
+        let rows = sqlx::query("SELECT * FROM agents ORDER BY name, id").fetch_all(&self.read).await?;
         Ok(rows.iter().map(agent_from_row).collect())
     }
 
@@ -400,7 +424,7 @@ impl Store for SqliteStore {
 
     async fn leases(&self) -> Result<Vec<Lease>> {
         let rows = sqlx::query("SELECT gpu_uuid, agent_id, job_id, since_ms FROM gpu_leases ORDER BY gpu_uuid")
-            .fetch_all(&self.pool)
+            .fetch_all(&self.read)
             .await?;
         Ok(rows
             .iter()
@@ -410,7 +434,7 @@ impl Store for SqliteStore {
 
     async fn quarantined(&self) -> Result<Vec<Quarantine>> {
         let rows = sqlx::query("SELECT gpu_uuid, agent_id, reason, since_ms FROM gpu_quarantine ORDER BY gpu_uuid")
-            .fetch_all(&self.pool)
+            .fetch_all(&self.read)
             .await?;
         Ok(rows
             .iter()
@@ -433,7 +457,8 @@ impl Store for SqliteStore {
     }
 
     async fn release_quarantine(&self, gpu_uuid: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM gpu_quarantine WHERE gpu_uuid = ?").bind(gpu_uuid).execute(&self.pool).await?;
+        let done =
+            sqlx::query("DELETE FROM gpu_quarantine WHERE gpu_uuid = ?").bind(gpu_uuid).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
 }

@@ -23,7 +23,10 @@ fn new_job(key: &str) -> NewJob {
 async fn suite(s: &dyn Store) {
     // Pipelines and jobs are created together.
     let (p, jobs) = s
-        .create_pipeline(NewPipeline { file_name: "x.yml".into(), source: "steps: []".into(), created_at_ms: 1 }, vec![new_job("a"), new_job("b")])
+        .create_pipeline(
+            NewPipeline { file_name: "x.yml".into(), source: "steps: []".into(), created_at_ms: 1 },
+            vec![new_job("a"), new_job("b")],
+        )
         .await
         .unwrap();
     assert_eq!(jobs.len(), 2);
@@ -43,10 +46,17 @@ async fn suite(s: &dyn Store) {
     assert_eq!(s.leases().await.unwrap().len(), 2);
 
     // Compare-and-set on state.
-    let err = s.update_job(a, &[JobState::Queued], JobChange { state: Some(JobState::Running), ..Default::default() }).await.unwrap_err();
+    let err = s
+        .update_job(a, &[JobState::Queued], JobChange { state: Some(JobState::Running), ..Default::default() })
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::Conflict { found: JobState::Assigned, .. }));
     let r = s
-        .update_job(a, &[JobState::Assigned], JobChange { state: Some(JobState::Running), started_at_ms: Some(7), ..Default::default() })
+        .update_job(
+            a,
+            &[JobState::Assigned],
+            JobChange { state: Some(JobState::Running), started_at_ms: Some(7), ..Default::default() },
+        )
         .await
         .unwrap();
     assert_eq!((r.state, r.started_at_ms), (JobState::Running, Some(7)));
@@ -62,7 +72,12 @@ async fn suite(s: &dyn Store) {
                 exit_code: Some(1),
                 finished_at_ms: Some(9),
                 release_leases: true,
-                quarantine: vec![Quarantine { gpu_uuid: "GPU-2".into(), agent_id: "agent-1".into(), reason: "memory held".into(), since_ms: 9 }],
+                quarantine: vec![Quarantine {
+                    gpu_uuid: "GPU-2".into(),
+                    agent_id: "agent-1".into(),
+                    reason: "memory held".into(),
+                    since_ms: 9,
+                }],
                 ..Default::default()
             },
         )
@@ -79,7 +94,11 @@ async fn suite(s: &dyn Store) {
     // Requeue clears the assignment.
     s.assign_job(b, "agent-1", &["GPU-3".into()], 10).await.unwrap();
     let r = s
-        .update_job(b, &[JobState::Assigned], JobChange { state: Some(JobState::Queued), clear_assignment: true, ..Default::default() })
+        .update_job(
+            b,
+            &[JobState::Assigned],
+            JobChange { state: Some(JobState::Queued), clear_assignment: true, ..Default::default() },
+        )
         .await
         .unwrap();
     assert_eq!((r.agent_id.clone(), r.gpus.len()), (None, 0));
@@ -110,7 +129,12 @@ async fn suite(s: &dyn Store) {
         hello_json: None,
     };
     s.insert_agent(&rec).await.unwrap();
-    s.update_agent("agent-1", AgentUpdate { state: Some("connected".into()), last_seen_ms: Some(3), ..Default::default() }).await.unwrap();
+    s.update_agent(
+        "agent-1",
+        AgentUpdate { state: Some("connected".into()), last_seen_ms: Some(3), ..Default::default() },
+    )
+    .await
+    .unwrap();
     let got = s.get_agent("agent-1").await.unwrap().unwrap();
     assert_eq!((got.state.as_str(), got.last_seen_ms), ("connected", Some(3)));
     assert!(matches!(s.update_agent("nope", AgentUpdate::default()).await, Err(StoreError::AgentNotFound(_))));
@@ -135,7 +159,10 @@ async fn data_survives_reopen() {
     let id = {
         let s = SqliteStore::open(&path).await.unwrap();
         let (_, jobs) = s
-            .create_pipeline(NewPipeline { file_name: "x".into(), source: String::new(), created_at_ms: 1 }, vec![new_job("a")])
+            .create_pipeline(
+                NewPipeline { file_name: "x".into(), source: String::new(), created_at_ms: 1 },
+                vec![new_job("a")],
+            )
             .await
             .unwrap();
         jobs[0].id

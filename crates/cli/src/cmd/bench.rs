@@ -25,7 +25,15 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
     let shutdown = CancellationToken::new();
     let agent = LocalAgentArgs { simulate_gpus: None, slots, tags: Vec::new(), isolation };
     let db = Database::Sqlite(dir.path().join("gpuci.db"));
-    let local = local::start(dir.path(), "127.0.0.1:0".parse().expect("literal"), db, &agent, Timing::default(), shutdown.clone()).await?;
+    let local = local::start(
+        dir.path(),
+        "127.0.0.1:0".parse().expect("literal"),
+        db,
+        &agent,
+        Timing::default(),
+        shutdown.clone(),
+    )
+    .await?;
     let c = Client::new(&local.server.url, local.server.api_token.expose())?;
     local::wait_for_agent(&c).await?;
 
@@ -35,7 +43,9 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
     eprintln!("latency: {n} sequential jobs (isolation {isolation:?})");
     for i in 0..n + 20 {
         let t0 = now_us();
-        let p = c.submit(&SubmitPipeline { file_name: "bench.yml".into(), source: source.into(), env: Default::default() }).await?;
+        let p = c
+            .submit(&SubmitPipeline { file_name: "bench.yml".into(), source: source.into(), env: Default::default() })
+            .await?;
         let mut started: Option<i64> = None;
         let mut done = false;
         c.stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
@@ -57,7 +67,14 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
         }
     }
     let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
-    println!("submit → process start ({} jobs): p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms", hist.len(), ms(0.5), ms(0.9), ms(0.99), hist.max() as f64 / 1000.0);
+    println!(
+        "submit → process start ({} jobs): p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        hist.len(),
+        ms(0.5),
+        ms(0.9),
+        ms(0.99),
+        hist.max() as f64 / 1000.0
+    );
 
     // Throughput: one pipeline of n independent trivial steps, `slots` at a time.
     let mut yaml = String::from("steps:\n");
@@ -65,7 +82,8 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
         yaml.push_str(&format!("  - key: s{i}\n    command: \"true\"\n"));
     }
     let t0 = std::time::Instant::now();
-    let p = c.submit(&SubmitPipeline { file_name: "throughput.yml".into(), source: yaml, env: Default::default() }).await?;
+    let p =
+        c.submit(&SubmitPipeline { file_name: "throughput.yml".into(), source: yaml, env: Default::default() }).await?;
     let mut state = String::new();
     c.stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
         if let WatchEvent::Done { state: s } = ev {
@@ -76,7 +94,10 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
     })
     .await?;
     let secs = t0.elapsed().as_secs_f64();
-    println!("throughput: {n} trivial jobs in {secs:.2} s = {:.0} jobs/s with {slots} slots ({state})", f64::from(n) / secs);
+    println!(
+        "throughput: {n} trivial jobs in {secs:.2} s = {:.0} jobs/s with {slots} slots ({state})",
+        f64::from(n) / secs
+    );
     shutdown.cancel();
     let _ = local.agent.await;
     let _ = local.server.task.await;

@@ -9,14 +9,18 @@ use gpuci_gpu::{doctor, doctor_passed, format_table, DetectOptions, DoctorOption
 use std::sync::Arc;
 
 pub async fn run(a: DoctorArgs) -> CliResult {
-    let version = |s: &str, what: &str| Version::parse(s).ok_or_else(|| CliError::Input(format!("{what}: expected a version like 535 or 12.4, got {s:?}")));
+    let version = |s: &str, what: &str| {
+        Version::parse(s)
+            .ok_or_else(|| CliError::Input(format!("{what}: expected a version like 535 or 12.4, got {s:?}")))
+    };
     let mut opts = DoctorOptions { min_driver: Some(version(&a.min_driver, "--min-driver")?), ..Default::default() };
     if let Some(c) = &a.min_cuda {
         opts.min_cuda = Some(version(c, "--min-cuda")?);
     }
     if let Some(cc) = &a.min_compute_capability {
         let v = version(cc, "--min-compute-capability")?;
-        opts.min_compute_capability = Some(ComputeCapability { major: v.0[0], minor: v.0.get(1).copied().unwrap_or(0) });
+        opts.min_compute_capability =
+            Some(ComputeCapability { major: v.0[0], minor: v.0.get(1).copied().unwrap_or(0) });
     }
     opts.probes = a.probes.into_iter().map(|(name, command)| Probe { name, command }).collect();
     let runner = Arc::new(SystemRunner);
@@ -35,7 +39,14 @@ pub async fn run(a: DoctorArgs) -> CliResult {
         println!("{}", serde_json::to_string_pretty(&out).map_err(anyhow::Error::from)?);
     } else {
         print!("{}", format_table(&checks));
-        eprintln!("{}", if passed { "doctor: this host can serve GPU CI jobs" } else { "doctor: some checks failed; see the fixes above" });
+        eprintln!(
+            "{}",
+            if passed {
+                "doctor: this host can serve GPU CI jobs"
+            } else {
+                "doctor: some checks failed; see the fixes above"
+            }
+        );
     }
     Ok(if passed { 0 } else { 1 })
 }

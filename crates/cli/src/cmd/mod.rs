@@ -36,7 +36,10 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Doctor(a) => doctor::run(a).await,
         Command::Validate(a) => validate(a),
         Command::Schema => {
-            println!("{}", serde_json::to_string_pretty(&gpuci_core::pipeline::schema::json_schema()).unwrap_or_default());
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&gpuci_core::pipeline::schema::json_schema()).unwrap_or_default()
+            );
             Ok(0)
         }
         Command::Bench(a) => bench::run(a).await,
@@ -60,7 +63,9 @@ fn format_error(e: &CliError) -> String {
 /// SIGINT or SIGTERM: cancel, so every task stops taking work and returns.
 async fn cancel_on_signal(token: CancellationToken) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else { return };
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        return;
+    };
     tokio::select! {
         _ = int.recv() => {}
         _ = term.recv() => {}
@@ -71,7 +76,8 @@ async fn cancel_on_signal(token: CancellationToken) {
 
 /// Read and validate a pipeline file; errors name file:line:column.
 pub fn read_pipeline(path: &Path) -> CliResult<(String, Pipeline)> {
-    let text = std::fs::read_to_string(path).map_err(|e| CliError::Input(format!("cannot read {}: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| CliError::Input(format!("cannot read {}: {e}", path.display())))?;
     let name = path.display().to_string();
     let p = gpuci_core::pipeline::parse(&name, &text).map_err(|e| CliError::Input(e.to_string()))?;
     Ok((text, p))

@@ -14,17 +14,27 @@ pub async fn run(a: RunArgs, shutdown: CancellationToken) -> CliResult {
     let (source, _) = read_pipeline(&a.file)?;
     let dir = tempfile::Builder::new().prefix("gpuci-run-").tempdir()?;
     let inner = shutdown.child_token();
-    let local = local::start(dir.path(), "127.0.0.1:0".parse().expect("literal"), Database::Memory, &a.agent, Timing::default(), inner.clone()).await?;
+    let local = local::start(
+        dir.path(),
+        "127.0.0.1:0".parse().expect("literal"),
+        Database::Memory,
+        &a.agent,
+        Timing::default(),
+        inner.clone(),
+    )
+    .await?;
     let client = Client::new(&local.server.url, local.server.api_token.expose())?;
     local::wait_for_agent(&client).await?;
-    let p = client.submit(&SubmitPipeline { file_name: a.file.display().to_string(), source, env: Default::default() }).await?;
+    let p = client
+        .submit(&SubmitPipeline { file_name: a.file.display().to_string(), source, env: Default::default() })
+        .await?;
     if !a.json {
         eprintln!("running {} ({} steps) on this machine", a.file.display(), p.jobs.len());
     }
     let mut progress = Progress::new(&p.jobs);
     let json = a.json;
     let path = format!("/api/v1/pipelines/{}/watch", p.id);
-        let watch = client.stream::<WatchEvent>(&path, |ev| {
+    let watch = client.stream::<WatchEvent>(&path, |ev| {
         if json {
             if let Ok(s) = serde_json::to_string(&ev) {
                 println!("{s}");

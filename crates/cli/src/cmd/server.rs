@@ -11,7 +11,12 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
     config.timing = Timing { heartbeat_interval: a.heartbeat, lost_after: a.lost_after, ..Timing::default() };
     let running = gpuci_coordinator::start(config, shutdown).await?;
     println!("{}", running.url);
-    eprintln!("coordinator at {} (data dir {}; registration token in {})", running.url, data_dir.display(), data_dir.join("registration-token").display());
+    eprintln!(
+        "coordinator at {} (data dir {}; registration token in {})",
+        running.url,
+        data_dir.display(),
+        data_dir.join("registration-token").display()
+    );
     running.task.await.map_err(anyhow::Error::from)??;
     Ok(0)
 }

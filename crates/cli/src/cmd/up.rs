@@ -18,19 +18,29 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
     }
     let data_dir = a.data_dir.clone().unwrap_or_else(|| default_data_dir("gpuci"));
     let db = data_dir.join("gpuci.db");
-    let local = local::start(&data_dir, a.listen, Database::Sqlite(db.clone()), &a.agent, Timing::default(), shutdown.clone()).await?;
+    let local =
+        local::start(&data_dir, a.listen, Database::Sqlite(db.clone()), &a.agent, Timing::default(), shutdown.clone())
+            .await?;
     let url = local.server.url.clone();
     println!("{url}");
     eprintln!("gpuci is up at {url}");
     eprintln!("  data:   {} (database {})", data_dir.display(), db.display());
-    eprintln!("  token:  {} (for the CLI: --data-dir {} or GPUCI_TOKEN)", data_dir.join("api-token").display(), data_dir.display());
-    eprintln!("  agents: gpuci agent --server {url} --registration-token-file {}", data_dir.join("registration-token").display());
+    eprintln!(
+        "  token:  {} (for the CLI: --data-dir {} or GPUCI_TOKEN)",
+        data_dir.join("api-token").display(),
+        data_dir.display()
+    );
+    eprintln!(
+        "  agents: gpuci agent --server {url} --registration-token-file {}",
+        data_dir.join("registration-token").display()
+    );
     eprintln!("  try:    gpuci jobs --server {url} --data-dir {}", data_dir.display());
     let client = Client::new(&url, local.server.api_token.expose())?;
     local::wait_for_agent(&client).await?;
     let mut result = 0u8;
     for (file_name, source) in pipelines {
-        let p = client.submit(&SubmitPipeline { file_name: file_name.clone(), source, env: Default::default() }).await?;
+        let p =
+            client.submit(&SubmitPipeline { file_name: file_name.clone(), source, env: Default::default() }).await?;
         eprintln!("submitted {file_name} as pipeline {} ({} jobs)", p.id, p.jobs.len());
         let mut progress = Progress::new(&p.jobs);
         let path = format!("/api/v1/pipelines/{}/watch", p.id);

@@ -85,14 +85,7 @@ pub(crate) const STEP_KEYS: &[&str] = &[
 ];
 pub(crate) const RETRY_KEYS: &[&str] = &["count", "on"];
 pub(crate) const CONCURRENCY_KEYS: &[&str] = &["group", "cancel_in_progress"];
-pub(crate) const GPU_KEYS: &[&str] = &[
-    "memory",
-    "compute_capability",
-    "model",
-    "driver",
-    "cuda",
-    "mig",
-];
+pub(crate) const GPU_KEYS: &[&str] = &["memory", "compute_capability", "model", "driver", "cuda", "mig"];
 pub(crate) const RESOURCES_KEYS: &[&str] = &["memory", "cpus", "pids"];
 
 /// Most GPUs one step may ask for; no host has more, and a typo like `gpus: 100` should fail
@@ -108,10 +101,7 @@ const MAX_NODES: usize = 200_000;
 
 /// Parse and validate a pipeline file. `file` is only used in error messages.
 pub fn parse(file: &str, text: &str) -> Result<Pipeline, PipelineErrors> {
-    let mut cx = Ctx {
-        file,
-        errors: Vec::new(),
-    };
+    let mut cx = Ctx { file, errors: Vec::new() };
     let pipeline = match build_tree(text) {
         Ok(root) => cx.pipeline(root.as_ref()),
         Err(e) => {
@@ -140,10 +130,7 @@ impl Pos {
 
     fn of(m: &Marker) -> Pos {
         // yaml-rust2 lines are 1-based, columns 0-based.
-        Pos {
-            line: m.line().max(1),
-            column: m.col() + 1,
-        }
+        Pos { line: m.line().max(1), column: m.col() + 1 }
     }
 }
 
@@ -208,12 +195,7 @@ impl Node {
         match &self.value {
             Value::Scalar(..) => 1,
             Value::Seq(items) => 1 + items.iter().map(Node::size).sum::<usize>(),
-            Value::Map(entries) => {
-                1 + entries
-                    .iter()
-                    .map(|(k, v)| k.size() + v.size())
-                    .sum::<usize>()
-            }
+            Value::Map(entries) => 1 + entries.iter().map(|(k, v)| k.size() + v.size()).sum::<usize>(),
         }
     }
 }
@@ -234,8 +216,9 @@ fn resolve_plain(t: &str) -> Kind {
     match t {
         "" | "~" | "null" | "Null" | "NULL" => return Kind::Null,
         "true" | "True" | "TRUE" | "false" | "False" | "FALSE" => return Kind::Bool,
-        ".inf" | ".Inf" | ".INF" | "+.inf" | "-.inf" | "+.Inf" | "-.Inf" | ".nan" | ".NaN"
-        | ".NAN" => return Kind::Float,
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "-.inf" | "+.Inf" | "-.Inf" | ".nan" | ".NaN" | ".NAN" => {
+            return Kind::Float
+        }
         _ => {}
     }
     let unsigned = t.strip_prefix(['-', '+']).unwrap_or(t);
@@ -252,9 +235,7 @@ fn resolve_plain(t: &str) -> Kind {
             return Kind::Int;
         }
     }
-    let numeric_chars = t
-        .bytes()
-        .all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b));
+    let numeric_chars = t.bytes().all(|b| b.is_ascii_digit() || b"+-.eE".contains(&b));
     if numeric_chars && t.bytes().any(|b| b.is_ascii_digit()) && t.parse::<f64>().is_ok() {
         return Kind::Float;
     }
@@ -285,25 +266,12 @@ struct Fatal {
 }
 
 fn fatal(pos: Pos, message: impl Into<String>) -> Fatal {
-    Fatal {
-        pos,
-        field: "(syntax)",
-        message: message.into(),
-    }
+    Fatal { pos, field: "(syntax)", message: message.into() }
 }
 
 enum Frame {
-    Seq {
-        pos: Pos,
-        anchor: usize,
-        items: Vec<Node>,
-    },
-    Map {
-        pos: Pos,
-        anchor: usize,
-        entries: Vec<(Node, Node)>,
-        key: Option<Node>,
-    },
+    Seq { pos: Pos, anchor: usize, items: Vec<Node> },
+    Map { pos: Pos, anchor: usize, entries: Vec<(Node, Node)>, key: Option<Node> },
 }
 
 #[derive(Default)]
@@ -318,10 +286,7 @@ struct Builder {
 impl Builder {
     fn open(&mut self, frame: Frame, pos: Pos) -> Result<(), Fatal> {
         if self.stack.len() >= MAX_DEPTH {
-            return Err(fatal(
-                pos,
-                format!("nested more than {MAX_DEPTH} levels deep"),
-            ));
+            return Err(fatal(pos, format!("nested more than {MAX_DEPTH} levels deep")));
         }
         self.stack.push(frame);
         Ok(())
@@ -339,10 +304,7 @@ impl Builder {
     fn count(&mut self, pos: Pos, n: usize) -> Result<(), Fatal> {
         self.nodes = self.nodes.saturating_add(n);
         if self.nodes > MAX_NODES {
-            return Err(fatal(
-                pos,
-                format!("the document has more than {MAX_NODES} nodes (after expanding aliases)"),
-            ));
+            return Err(fatal(pos, format!("the document has more than {MAX_NODES} nodes (after expanding aliases)")));
         }
         Ok(())
     }
@@ -372,19 +334,8 @@ impl Builder {
 
     fn close(&mut self, pos: Pos) -> Result<(), Fatal> {
         let (node, anchor) = match self.stack.pop() {
-            Some(Frame::Seq { pos, anchor, items }) => (
-                Node {
-                    pos,
-                    value: Value::Seq(items),
-                },
-                anchor,
-            ),
-            Some(Frame::Map {
-                pos,
-                anchor,
-                mut entries,
-                ..
-            }) => {
+            Some(Frame::Seq { pos, anchor, items }) => (Node { pos, value: Value::Seq(items) }, anchor),
+            Some(Frame::Map { pos, anchor, mut entries, .. }) => {
                 // A block mapping's start event is marked at its first `:`; people look for
                 // the first key.
                 let pos = entries.first().map_or(pos, |(k, _)| pos.min(k.pos));
@@ -395,13 +346,7 @@ impl Builder {
                         v.pos = k.pos;
                     }
                 }
-                (
-                    Node {
-                        pos,
-                        value: Value::Map(merge_keys(entries)),
-                    },
-                    anchor,
-                )
+                (Node { pos, value: Value::Map(merge_keys(entries)) }, anchor)
             }
             None => return Err(fatal(pos, "unbalanced YAML structure")),
         };
@@ -430,13 +375,8 @@ fn merge_keys(entries: Vec<(Node, Node)>) -> Vec<(Node, Node)> {
     if !entries.iter().any(|(k, v)| is_merge_key(k) && mergeable(v)) {
         return entries;
     }
-    let (merges, mut own): (Vec<_>, Vec<_>) = entries
-        .into_iter()
-        .partition(|(k, v)| is_merge_key(k) && mergeable(v));
-    let mut present: Vec<String> = own
-        .iter()
-        .filter_map(|(k, _)| k.scalar_text().map(str::to_string))
-        .collect();
+    let (merges, mut own): (Vec<_>, Vec<_>) = entries.into_iter().partition(|(k, v)| is_merge_key(k) && mergeable(v));
+    let mut present: Vec<String> = own.iter().filter_map(|(k, _)| k.scalar_text().map(str::to_string)).collect();
     for (_, v) in merges {
         let maps = match v.value {
             Value::Map(m) => vec![m],
@@ -465,18 +405,8 @@ fn merge_keys(entries: Vec<(Node, Node)>) -> Vec<(Node, Node)> {
 fn check_tag(tag: &Option<Tag>, allowed: &str, pos: Pos) -> Result<bool, Fatal> {
     match tag {
         None => Ok(false),
-        Some(t)
-            if (t.handle == "tag:yaml.org,2002:" || t.handle == "!!") && t.suffix == allowed =>
-        {
-            Ok(true)
-        }
-        Some(t) => Err(fatal(
-            pos,
-            format!(
-                "YAML tags are not supported here (found `{}{}`)",
-                t.handle, t.suffix
-            ),
-        )),
+        Some(t) if (t.handle == "tag:yaml.org,2002:" || t.handle == "!!") && t.suffix == allowed => Ok(true),
+        Some(t) => Err(fatal(pos, format!("YAML tags are not supported here (found `{}{}`)", t.handle, t.suffix))),
     }
 }
 
@@ -485,9 +415,7 @@ fn build_tree(text: &str) -> Result<Option<Node>, Fatal> {
     let mut b = Builder::default();
     let mut documents = 0;
     loop {
-        let (event, mark) = parser
-            .next_token()
-            .map_err(|e| fatal(Pos::of(e.marker()), e.info()))?;
+        let (event, mark) = parser.next_token().map_err(|e| fatal(Pos::of(e.marker()), e.info()))?;
         let pos = Pos::of(&mark);
         match event {
             Event::StreamEnd => break,
@@ -498,51 +426,25 @@ fn build_tree(text: &str) -> Result<Option<Node>, Fatal> {
                     return Err(Fatal {
                         pos,
                         field: "(root)",
-                        message: "found a second YAML document; a pipeline file holds exactly one"
-                            .into(),
+                        message: "found a second YAML document; a pipeline file holds exactly one".into(),
                     });
                 }
             }
             Event::Alias(id) => b.alias(id, pos)?,
             Event::Scalar(text, style, anchor, tag) => {
                 let forced_str = check_tag(&tag, "str", pos)?;
-                let kind = if forced_str || style != TScalarStyle::Plain {
-                    Kind::Str
-                } else {
-                    resolve_plain(&text)
-                };
-                b.complete(
-                    Node {
-                        pos,
-                        value: Value::Scalar(kind, text),
-                    },
-                    anchor,
-                )?;
+                let kind = if forced_str || style != TScalarStyle::Plain { Kind::Str } else { resolve_plain(&text) };
+                b.complete(Node { pos, value: Value::Scalar(kind, text) }, anchor)?;
             }
             Event::SequenceStart(anchor, tag) => {
                 check_tag(&tag, "seq", pos)?;
                 b.count(pos, 1)?;
-                b.open(
-                    Frame::Seq {
-                        pos,
-                        anchor,
-                        items: Vec::new(),
-                    },
-                    pos,
-                )?;
+                b.open(Frame::Seq { pos, anchor, items: Vec::new() }, pos)?;
             }
             Event::MappingStart(anchor, tag) => {
                 check_tag(&tag, "map", pos)?;
                 b.count(pos, 1)?;
-                b.open(
-                    Frame::Map {
-                        pos,
-                        anchor,
-                        entries: Vec::new(),
-                        key: None,
-                    },
-                    pos,
-                )?;
+                b.open(Frame::Map { pos, anchor, entries: Vec::new(), key: None }, pos)?;
             }
             Event::SequenceEnd | Event::MappingEnd => b.close(pos)?,
         }
@@ -585,16 +487,12 @@ fn one_of(options: &[&str]) -> String {
 
 fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 fn is_step_key(s: &str) -> bool {
-    !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// A map's entries after key checks: `(name, key position, value)`.
@@ -649,11 +547,7 @@ impl Ctx<'_> {
             };
             if let Some((_, first, _)) = fields.iter().find(|(n, _, _)| *n == name) {
                 let first = *first;
-                self.err(
-                    k.pos,
-                    join(path, name),
-                    format!("duplicate key `{name}` (first set at {first})"),
-                );
+                self.err(k.pos, join(path, name), format!("duplicate key `{name}` (first set at {first})"));
                 continue;
             }
             fields.push((name, k.pos, v));
@@ -662,13 +556,7 @@ impl Ctx<'_> {
     }
 
     /// `map` plus a check that every key is one of `allowed`.
-    fn record<'n>(
-        &mut self,
-        node: &'n Node,
-        path: &str,
-        expected: &str,
-        allowed: &[&str],
-    ) -> Option<Fields<'n>> {
+    fn record<'n>(&mut self, node: &'n Node, path: &str, expected: &str, allowed: &[&str]) -> Option<Fields<'n>> {
         let fields = self.map(node, path, expected)?;
         let mut known = Vec::with_capacity(fields.len());
         for (name, pos, v) in fields {
@@ -678,23 +566,12 @@ impl Ctx<'_> {
                 self.err(
                     pos,
                     join(path, name),
-                    format!(
-                        "a merge key takes a map or a list of maps (`<<: *defaults`), got {}",
-                        v.describe()
-                    ),
+                    format!("a merge key takes a map or a list of maps (`<<: *defaults`), got {}", v.describe()),
                 );
             } else if let Some(s) = suggest(name, allowed.iter().copied()) {
-                self.err(
-                    pos,
-                    join(path, name),
-                    format!("unknown key `{name}`, did you mean `{s}`?"),
-                );
+                self.err(pos, join(path, name), format!("unknown key `{name}`, did you mean `{s}`?"));
             } else {
-                self.err(
-                    pos,
-                    join(path, name),
-                    format!("unknown key `{name}`; expected one of: {}", one_of(allowed)),
-                );
+                self.err(pos, join(path, name), format!("unknown key `{name}`; expected one of: {}", one_of(allowed)));
             }
         }
         Some(known)
@@ -748,11 +625,7 @@ impl Ctx<'_> {
         match (&node.value, int_value(node)) {
             (_, Some(n)) if (lo..=hi).contains(&n) => Some(n),
             (Value::Scalar(Kind::Int, t), _) => {
-                self.err(
-                    node.pos,
-                    path,
-                    format!("expected {what} from {lo} to {hi}, got {t}"),
-                );
+                self.err(node.pos, path, format!("expected {what} from {lo} to {hi}, got {t}"));
                 None
             }
             _ => {
@@ -799,12 +672,8 @@ impl Ctx<'_> {
     fn duration(&mut self, node: &Node, path: &str) -> Option<Duration> {
         const EXPECTED: &str = "expected a duration like 90s, 30m, 1h30m";
         let parsed = match &node.value {
-            Value::Scalar(Kind::Str, t) => t
-                .parse::<Duration>()
-                .map_err(|_| format!("{EXPECTED}, got {}", quoted(t))),
-            Value::Scalar(Kind::Int, t) => Err(format!(
-                "{EXPECTED}, got {t} (add a unit: ms, s, m, h or d)"
-            )),
+            Value::Scalar(Kind::Str, t) => t.parse::<Duration>().map_err(|_| format!("{EXPECTED}, got {}", quoted(t))),
+            Value::Scalar(Kind::Int, t) => Err(format!("{EXPECTED}, got {t} (add a unit: ms, s, m, h or d)")),
             _ => Err(format!("{EXPECTED}, got {}", node.describe())),
         };
         match parsed {
@@ -841,20 +710,13 @@ impl Ctx<'_> {
     fn pipeline(&mut self, root: Option<&Node>) -> Option<Pipeline> {
         const EXPECTED: &str = "a map with `steps:` or a list of steps";
         let Some(root) = root else {
-            self.err(
-                Pos::START,
-                "(root)",
-                format!("the file is empty; expected {EXPECTED}"),
-            );
+            self.err(Pos::START, "(root)", format!("the file is empty; expected {EXPECTED}"));
             return None;
         };
         match &root.value {
             Value::Seq(_) => {
                 let steps = self.steps(root, "steps")?;
-                Some(Pipeline {
-                    env: BTreeMap::new(),
-                    steps,
-                })
+                Some(Pipeline { env: BTreeMap::new(), steps })
             }
             Value::Map(_) => {
                 let fields = self.record(root, "", EXPECTED, TOP_KEYS)?;
@@ -872,23 +734,12 @@ impl Ctx<'_> {
                     }
                 }
                 if !saw_steps {
-                    self.err(
-                        root.pos,
-                        "steps",
-                        "missing: a pipeline needs `steps:`, a list of steps",
-                    );
+                    self.err(root.pos, "steps", "missing: a pipeline needs `steps:`, a list of steps");
                 }
-                Some(Pipeline {
-                    env: env?,
-                    steps: steps?,
-                })
+                Some(Pipeline { env: env?, steps: steps? })
             }
             Value::Scalar(Kind::Null, _) => {
-                self.err(
-                    root.pos,
-                    "(root)",
-                    format!("the file is empty; expected {EXPECTED}"),
-                );
+                self.err(root.pos, "(root)", format!("the file is empty; expected {EXPECTED}"));
                 None
             }
             _ => {
@@ -904,7 +755,14 @@ impl Ctx<'_> {
         for (name, pos, v) in fields {
             let p = join(path, name);
             if !is_env_name(name) {
-                self.err(pos, &p, format!("invalid variable name {}: expected letters, digits and `_`, not starting with a digit", quoted(name)));
+                self.err(
+                    pos,
+                    &p,
+                    format!(
+                        "invalid variable name {}: expected letters, digits and `_`, not starting with a digit",
+                        quoted(name)
+                    ),
+                );
                 continue;
             }
             if let Some(value) = self.text(v, &p) {
@@ -920,11 +778,7 @@ impl Ctx<'_> {
             return None;
         };
         if items.is_empty() {
-            self.err(
-                node.pos,
-                path,
-                "expected at least one step, got an empty list",
-            );
+            self.err(node.pos, path, "expected at least one step, got an empty list");
             return None;
         }
         // Steps with errors still take part in the cross-step checks, so that one run reports
@@ -949,13 +803,7 @@ impl Ctx<'_> {
         let fields = self.record(node, path, "a map of step settings", STEP_KEYS)?;
         let mut step = Step::new(format!("step-{}", i + 1), String::new());
         step.command.clear();
-        let mut draft = Draft {
-            index: i,
-            step: Step::new("", ""),
-            pos: node.pos,
-            key_pos: None,
-            deps: Vec::new(),
-        };
+        let mut draft = Draft { index: i, step: Step::new("", ""), pos: node.pos, key_pos: None, deps: Vec::new() };
         let mut ok = true;
         let mut have_command = false;
         let mut gpus_field: Option<(&Node, Option<u32>)> = None;
@@ -983,29 +831,17 @@ impl Ctx<'_> {
                 "retry" => self.retry(v, p).map(|r| step.retry = r),
                 "concurrency" => self.concurrency(v, p).map(|c| step.concurrency = Some(c)),
                 "gpus" => {
-                    let n = self
-                        .int_in(v, p, 0, MAX_GPUS, "a GPU count")
-                        .and_then(|n| u32::try_from(n).ok());
+                    let n = self.int_in(v, p, 0, MAX_GPUS, "a GPU count").and_then(|n| u32::try_from(n).ok());
                     gpus_field = Some((v, n));
                     n.map(|_| ())
                 }
-                "gpu" => self
-                    .gpu(v, p)
-                    .map(|(g, any)| gpu_field = Some((v.pos, g, any))),
+                "gpu" => self.gpu(v, p).map(|(g, any)| gpu_field = Some((v.pos, g, any))),
                 "resources" => self.resources(v, p).map(|r| step.resources = r),
                 "network" => self.choice(v, p, &["default", "none"]).map(|n| {
-                    step.network = if n == "none" {
-                        NetworkMode::None
-                    } else {
-                        NetworkMode::Default
-                    };
+                    step.network = if n == "none" { NetworkMode::None } else { NetworkMode::Default };
                 }),
                 "sandbox" => self.choice(v, p, &["default", "none"]).map(|n| {
-                    step.sandbox = if n == "none" {
-                        SandboxMode::None
-                    } else {
-                        SandboxMode::Default
-                    };
+                    step.sandbox = if n == "none" { SandboxMode::None } else { SandboxMode::Default };
                 }),
                 "image" => self.image(v, p).map(|img| step.image = Some(img)),
                 "secrets" => self.secrets(v, p).map(|s| step.secrets = s),
@@ -1016,18 +852,11 @@ impl Ctx<'_> {
         }
 
         if !have_command {
-            self.err(
-                node.pos,
-                join(path, "command"),
-                "missing: every step needs a `command`",
-            );
+            self.err(node.pos, join(path, "command"), "missing: every step needs a `command`");
             ok = false;
         }
         // `gpu:` alone means one GPU with those properties; `gpus: 0` with properties is a contradiction.
-        let mut gpu = gpu_field
-            .as_ref()
-            .map(|(_, g, _)| g.clone())
-            .unwrap_or_default();
+        let mut gpu = gpu_field.as_ref().map(|(_, g, _)| g.clone()).unwrap_or_default();
         let any_property = gpu_field.as_ref().is_some_and(|(_, _, any)| *any);
         match gpus_field {
             Some((gpus_node, Some(0))) if any_property => {
@@ -1052,22 +881,11 @@ impl Ctx<'_> {
     fn step_key(&mut self, node: &Node, path: &str) -> Option<String> {
         let key = self.word(node, path, "a step key")?;
         if !is_step_key(&key) {
-            self.err(
-                node.pos,
-                path,
-                format!(
-                    "invalid step key {}: use letters, digits, `-` and `_`",
-                    quoted(&key)
-                ),
-            );
+            self.err(node.pos, path, format!("invalid step key {}: use letters, digits, `-` and `_`", quoted(&key)));
             return None;
         }
         if key.len() > MAX_KEY_LEN {
-            self.err(
-                node.pos,
-                path,
-                format!("step key is longer than {MAX_KEY_LEN} characters"),
-            );
+            self.err(node.pos, path, format!("step key is longer than {MAX_KEY_LEN} characters"));
             return None;
         }
         Some(key)
@@ -1076,11 +894,7 @@ impl Ctx<'_> {
     fn command(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {
         let lines = self.strings(node, path)?;
         if matches!(node.value, Value::Seq(ref items) if items.is_empty()) {
-            self.err(
-                node.pos,
-                path,
-                "expected at least one command, got an empty list",
-            );
+            self.err(node.pos, path, "expected at least one command, got an empty list");
             return None;
         }
         let mut ok = true;
@@ -1121,22 +935,13 @@ impl Ctx<'_> {
 
     fn retry(&mut self, node: &Node, path: &str) -> Option<RetryPolicy> {
         let count_of = |cx: &mut Self, v: &Node, p: &str| {
-            cx.int_in(v, p, 0, MAX_RETRIES, "a retry count")
-                .and_then(|n| u32::try_from(n).ok())
+            cx.int_in(v, p, 0, MAX_RETRIES, "a retry count").and_then(|n| u32::try_from(n).ok())
         };
         if matches!(node.value, Value::Scalar(Kind::Int, _)) {
             let count = count_of(self, node, path)?;
-            return Some(RetryPolicy {
-                count,
-                on: vec![RetryOn::Lost],
-            });
+            return Some(RetryPolicy { count, on: vec![RetryOn::Lost] });
         }
-        let fields = self.record(
-            node,
-            path,
-            "a retry count or a map like {count: 2, on: [lost]}",
-            RETRY_KEYS,
-        )?;
+        let fields = self.record(node, path, "a retry count or a map like {count: 2, on: [lost]}", RETRY_KEYS)?;
         let mut count = None;
         let mut on = Some(vec![RetryOn::Lost]);
         let mut saw_count = false;
@@ -1152,30 +957,16 @@ impl Ctx<'_> {
             }
         }
         if !saw_count {
-            self.err(
-                node.pos,
-                join(path, "count"),
-                "missing: say how many times to retry, e.g. `count: 2`",
-            );
+            self.err(node.pos, join(path, "count"), "missing: say how many times to retry, e.g. `count: 2`");
         }
-        Some(RetryPolicy {
-            count: count?,
-            on: on?,
-        })
+        Some(RetryPolicy { count: count?, on: on? })
     }
 
     fn retry_on(&mut self, node: &Node, path: &str) -> Option<Vec<RetryOn>> {
         const NAMES: &[&str] = &["failed", "timed_out", "lost"];
         let items = self.strings(node, path)?;
         if items.is_empty() && matches!(node.value, Value::Seq(_)) {
-            self.err(
-                node.pos,
-                path,
-                format!(
-                    "expected at least one of {}, got an empty list",
-                    one_of(NAMES)
-                ),
-            );
+            self.err(node.pos, path, format!("expected at least one of {}, got an empty list", one_of(NAMES)));
             return None;
         }
         let mut out = Vec::new();
@@ -1189,15 +980,7 @@ impl Ctx<'_> {
                     let hint = suggest(&s, NAMES.iter().copied())
                         .map(|h| format!(", did you mean `{h}`?"))
                         .unwrap_or_default();
-                    self.err(
-                        pos,
-                        p,
-                        format!(
-                            "expected one of {}, got {}{hint}",
-                            one_of(NAMES),
-                            quoted(&s)
-                        ),
-                    );
+                    self.err(pos, p, format!("expected one of {}, got {}{hint}", one_of(NAMES), quoted(&s)));
                     ok = false;
                     continue;
                 }
@@ -1215,10 +998,7 @@ impl Ctx<'_> {
     fn concurrency(&mut self, node: &Node, path: &str) -> Option<Concurrency> {
         if node.str().is_some() {
             let group = self.word(node, path, "a concurrency group")?;
-            return Some(Concurrency {
-                group,
-                cancel_in_progress: false,
-            });
+            return Some(Concurrency { group, cancel_in_progress: false });
         }
         let fields = self.record(
             node,
@@ -1241,31 +1021,23 @@ impl Ctx<'_> {
             }
         }
         if !saw_group {
-            self.err(
-                node.pos,
-                join(path, "group"),
-                "missing: name the concurrency group, e.g. `group: deploy`",
-            );
+            self.err(node.pos, join(path, "group"), "missing: name the concurrency group, e.g. `group: deploy`");
         }
-        Some(Concurrency {
-            group: group?,
-            cancel_in_progress: cancel?,
-        })
+        Some(Concurrency { group: group?, cancel_in_progress: cancel? })
     }
 
     /// `gpu:`; the bool says whether any property was set.
     fn gpu(&mut self, node: &Node, path: &str) -> Option<(GpuRequirements, bool)> {
         if int_value(node).is_some() {
             let n = node.scalar_text().unwrap_or_default();
-            self.err(node.pos, path, format!("expected a map of GPU properties, got a number ({n}); for a GPU count write `gpus: {n}`"));
+            self.err(
+                node.pos,
+                path,
+                format!("expected a map of GPU properties, got a number ({n}); for a GPU count write `gpus: {n}`"),
+            );
             return None;
         }
-        let fields = self.record(
-            node,
-            path,
-            "a map of GPU properties, like {memory: \">=40GiB\"}",
-            GPU_KEYS,
-        )?;
+        let fields = self.record(node, path, "a map of GPU properties, like {memory: \">=40GiB\"}", GPU_KEYS)?;
         let mut g = GpuRequirements::default();
         let mut ok = true;
         let any = !fields.is_empty();
@@ -1275,48 +1047,24 @@ impl Ctx<'_> {
             let good = match name {
                 "memory" => self
                     .constraint(v, p, "a memory constraint like \">=40GiB\"", |s| {
-                        s.parse::<Bytes>().ok().filter(|b| {
-                            b.0 > 0 && !s.bytes().all(|c| c.is_ascii_digit() || c == b'.')
-                        })
+                        s.parse::<Bytes>()
+                            .ok()
+                            .filter(|b| b.0 > 0 && !s.bytes().all(|c| c.is_ascii_digit() || c == b'.'))
                     })
                     .map(|c| g.memory = Some(c)),
                 "compute_capability" => self
-                    .constraint(
-                        v,
-                        p,
-                        "a compute capability constraint like \">=8.0\"",
-                        parse_compute_capability,
-                    )
+                    .constraint(v, p, "a compute capability constraint like \">=8.0\"", parse_compute_capability)
                     .map(|c| g.compute_capability = Some(c)),
                 "driver" => self
-                    .constraint(
-                        v,
-                        p,
-                        "a driver version constraint like \">=535\" or \">=535.104\"",
-                        Version::parse,
-                    )
+                    .constraint(v, p, "a driver version constraint like \">=535\" or \">=535.104\"", Version::parse)
                     .map(|c| g.driver = Some(c)),
                 "cuda" => self
-                    .constraint(
-                        v,
-                        p,
-                        "a CUDA version constraint like \">=12.1\"",
-                        Version::parse,
-                    )
+                    .constraint(v, p, "a CUDA version constraint like \">=12.1\"", Version::parse)
                     .map(|c| g.cuda = Some(c)),
-                "model" => self
-                    .word(v, p, "a model pattern")
-                    .map(|m| g.model = Some(m)),
+                "model" => self.word(v, p, "a model pattern").map(|m| g.model = Some(m)),
                 "mig" => self.word(v, p, "a MIG profile").and_then(|m| {
                     if m.chars().any(char::is_whitespace) {
-                        self.err(
-                            v.pos,
-                            p,
-                            format!(
-                                "expected a MIG profile like \"1g.10gb\", got {}",
-                                quoted(&m)
-                            ),
-                        );
+                        self.err(v.pos, p, format!("expected a MIG profile like \"1g.10gb\", got {}", quoted(&m)));
                         None
                     } else {
                         g.mig_profile = Some(m);
@@ -1350,47 +1098,34 @@ impl Ctx<'_> {
         match parse_value(rest) {
             Some(value) => Some(Constraint { op, value }),
             None => {
-                self.err(
-                    node.pos,
-                    path,
-                    format!("expected {expected}, got {}", quoted(text)),
-                );
+                self.err(node.pos, path, format!("expected {expected}, got {}", quoted(text)));
                 None
             }
         }
     }
 
     fn resources(&mut self, node: &Node, path: &str) -> Option<Resources> {
-        let fields = self.record(
-            node,
-            path,
-            "a map like {memory: 8GiB, cpus: 2, pids: 512}",
-            RESOURCES_KEYS,
-        )?;
+        let fields = self.record(node, path, "a map like {memory: 8GiB, cpus: 2, pids: 512}", RESOURCES_KEYS)?;
         let mut r = Resources::default();
         let mut ok = true;
         for (name, _, v) in fields {
             let p = join(path, name);
             let p = p.as_str();
             let good = match name {
-                "memory" => match v.scalar_text().filter(|_| {
-                    matches!(
-                        v.value,
-                        Value::Scalar(Kind::Str | Kind::Int | Kind::Float, _)
-                    )
-                }) {
-                    Some(t) => self
-                        .size(t, v, p, "expected a size like 8GiB or 512MiB")
-                        .map(|b| r.memory = Some(b)),
+                "memory" => match v
+                    .scalar_text()
+                    .filter(|_| matches!(v.value, Value::Scalar(Kind::Str | Kind::Int | Kind::Float, _)))
+                {
+                    Some(t) => self.size(t, v, p, "expected a size like 8GiB or 512MiB").map(|b| r.memory = Some(b)),
                     None => {
                         self.type_err(v, p, "a size like 8GiB or 512MiB");
                         None
                     }
                 },
                 "cpus" => self.cpus(v, p).map(|m| r.cpu_millis = Some(m)),
-                "pids" => self
-                    .int_in(v, p, 1, i64::from(u32::MAX), "a process limit")
-                    .map(|n| r.pids = u32::try_from(n).ok()),
+                "pids" => {
+                    self.int_in(v, p, 1, i64::from(u32::MAX), "a process limit").map(|n| r.pids = u32::try_from(n).ok())
+                }
                 _ => Some(()),
             };
             ok &= good.is_some();
@@ -1401,45 +1136,29 @@ impl Ctx<'_> {
     fn cpus(&mut self, node: &Node, path: &str) -> Option<u32> {
         const EXPECTED: &str = "expected a number of CPUs greater than 0, like 2 or 1.5";
         let n = match &node.value {
-            Value::Scalar(Kind::Int | Kind::Float, t) => t
-                .parse::<f64>()
-                .ok()
-                .or_else(|| int_value(node).map(|n| n as f64)),
+            Value::Scalar(Kind::Int | Kind::Float, t) => {
+                t.parse::<f64>().ok().or_else(|| int_value(node).map(|n| n as f64))
+            }
             _ => None,
         };
-        let millis = n
-            .filter(|x| x.is_finite() && *x > 0.0)
-            .map(|x| (x * 1000.0).round());
+        let millis = n.filter(|x| x.is_finite() && *x > 0.0).map(|x| (x * 1000.0).round());
         match millis {
             Some(m) if m >= 1.0 && m <= f64::from(u32::MAX) => Some(m as u32),
             _ => {
-                self.err(
-                    node.pos,
-                    path,
-                    format!("{EXPECTED}, got {}", node.describe()),
-                );
+                self.err(node.pos, path, format!("{EXPECTED}, got {}", node.describe()));
                 None
             }
         }
     }
 
-    fn choice(
-        &mut self,
-        node: &Node,
-        path: &str,
-        options: &[&'static str],
-    ) -> Option<&'static str> {
+    fn choice(&mut self, node: &Node, path: &str, options: &[&'static str]) -> Option<&'static str> {
         if let Some(s) = node.str() {
             if let Some(o) = options.iter().find(|o| **o == s) {
                 return Some(o);
             }
         }
         let got = node.describe();
-        self.err(
-            node.pos,
-            path,
-            format!("expected one of {}, got {got}", one_of(options)),
-        );
+        self.err(node.pos, path, format!("expected one of {}, got {got}", one_of(options)));
         None
     }
 
@@ -1449,10 +1168,7 @@ impl Ctx<'_> {
             self.err(
                 node.pos,
                 path,
-                format!(
-                    "expected an image reference like \"ubuntu:24.04\", got {}",
-                    quoted(&image)
-                ),
+                format!("expected an image reference like \"ubuntu:24.04\", got {}", quoted(&image)),
             );
             return None;
         }
@@ -1465,7 +1181,11 @@ impl Ctx<'_> {
         let mut ok = true;
         for (s, pos, p) in items {
             if !is_env_name(&s) {
-                self.err(pos, p, format!("invalid secret name {}: expected an environment variable name like HF_TOKEN", quoted(&s)));
+                self.err(
+                    pos,
+                    p,
+                    format!("invalid secret name {}: expected an environment variable name like HF_TOKEN", quoted(&s)),
+                );
                 ok = false;
             } else if out.contains(&s) {
                 self.err(pos, p, format!("`{s}` is listed twice"));
@@ -1517,10 +1237,7 @@ impl Ctx<'_> {
             let f = &drafts[first];
             let first_desc = match f.key_pos {
                 Some(p) => format!("{path}[{}] at {p}", f.index),
-                None => format!(
-                    "{path}[{}], which has no key and is named `{key}` by default",
-                    f.index
-                ),
+                None => format!("{path}[{}], which has no key and is named `{key}` by default", f.index),
             };
             match d.key_pos {
                 Some(p) => self.err(p, format!("{path}[{}].key", d.index), format!("duplicate step key `{key}` (first used by {first_desc})")),
@@ -1574,11 +1291,7 @@ impl Ctx<'_> {
                 continue;
             };
             let names: Vec<&str> = cycle.iter().map(|&k| keys[k]).collect();
-            self.err(
-                *pos,
-                p.clone(),
-                format!("dependency cycle: {}", names.join(" -> ")),
-            );
+            self.err(*pos, p.clone(), format!("dependency cycle: {}", names.join(" -> ")));
         }
     }
 }
@@ -1615,11 +1328,7 @@ fn find_cycles(edges: &[Vec<(usize, Pos, String)>]) -> Vec<Vec<usize>> {
                     Color::Grey => {
                         let from = stack.iter().position(|(s, _)| *s == v).unwrap_or(0);
                         let mut cycle: Vec<usize> = stack[from..].iter().map(|(s, _)| *s).collect();
-                        let min = cycle
-                            .iter()
-                            .enumerate()
-                            .min_by_key(|(_, s)| **s)
-                            .map_or(0, |(i, _)| i);
+                        let min = cycle.iter().enumerate().min_by_key(|(_, s)| **s).map_or(0, |(i, _)| i);
                         cycle.rotate_left(min);
                         cycle.push(cycle[0]);
                         if !cycles.contains(&cycle) {
@@ -1643,8 +1352,5 @@ fn parse_compute_capability(s: &str) -> Option<ComputeCapability> {
     if !digits(major) || !digits(minor) {
         return None;
     }
-    Some(ComputeCapability {
-        major: major.parse().ok()?,
-        minor: minor.parse().ok()?,
-    })
+    Some(ComputeCapability { major: major.parse().ok()?, minor: minor.parse().ok()? })
 }

@@ -220,8 +220,7 @@ pub fn json_schema() -> serde_json::Value {
     // Draft-07 is what editors (the YAML language server) understand best. An absent key is
     // how a YAML file says "not given"; `null` is not accepted by the parser, so the schema
     // does not offer it either.
-    let settings =
-        schemars::gen::SchemaSettings::draft07().with(|s| s.option_add_null_type = false);
+    let settings = schemars::gen::SchemaSettings::draft07().with(|s| s.option_add_null_type = false);
     let schema = settings.into_generator().into_root_schema_for::<RawFile>();
     let mut value = serde_json::to_value(schema).unwrap_or_default();
     if let Some(obj) = value.as_object_mut() {
@@ -263,11 +262,7 @@ mod tests {
             ("RawGpu", parse::GPU_KEYS),
             ("RawResources", parse::RESOURCES_KEYS),
         ] {
-            assert_eq!(
-                properties(&schema, def),
-                set(keys),
-                "{def} differs from the parser's keys"
-            );
+            assert_eq!(properties(&schema, def), set(keys), "{def} differs from the parser's keys");
         }
     }
 
@@ -276,11 +271,7 @@ mod tests {
         let schema = json_schema();
         for (name, def) in schema["definitions"].as_object().into_iter().flatten() {
             if def.get("properties").is_some() {
-                assert_eq!(
-                    def["additionalProperties"],
-                    serde_json::json!(false),
-                    "{name} allows unknown keys"
-                );
+                assert_eq!(def["additionalProperties"], serde_json::json!(false), "{name} allows unknown keys");
             }
         }
     }
@@ -289,14 +280,8 @@ mod tests {
     fn limits_match_the_parser() {
         let schema = json_schema();
         let step = &schema["definitions"]["RawStep"]["properties"];
-        assert_eq!(
-            step["gpus"]["maximum"],
-            serde_json::json!(parse::MAX_GPUS as f64)
-        );
+        assert_eq!(step["gpus"]["maximum"], serde_json::json!(parse::MAX_GPUS as f64));
         let retry = &schema["definitions"]["RawRetryPolicy"]["properties"]["count"];
-        assert_eq!(
-            retry["maximum"],
-            serde_json::json!(parse::MAX_RETRIES as f64)
-        );
+        assert_eq!(retry["maximum"], serde_json::json!(parse::MAX_RETRIES as f64));
     }
 }

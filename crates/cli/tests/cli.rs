@@ -1,0 +1,68 @@
+//! The `gpuci` command line as a user runs it.
+
+mod common;
+
+use common::BIN;
+use std::process::Command;
+
+fn gpuci(args: &[&str]) -> std::process::Output {
+    Command::new(BIN).args(args).output().expect("run gpuci")
+}
+
+#[test]
+fn run_executes_the_example_pipeline_and_exits_with_its_result() {
+    let dir = common::tempdir();
+    let file = dir.path().join("ok.yml");
+    std::fs::write(
+        &file,
+        "steps:\n  - key: a\n    command: echo alpha\n  - key: b\n    depends_on: a\n    command: echo beta\n",
+    )
+    .unwrap();
+    let out = gpuci(&["run", file.to_str().unwrap(), "--isolation", common::isolation()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("a │ alpha") && stdout.contains("b │ beta"), "{stdout}");
+    assert!(stderr.contains("✓ a succeeded") && stderr.contains("pipeline succeeded"), "{stderr}");
+
+    std::fs::write(&file, "steps:\n  - key: a\n    command: exit 4\n").unwrap();
+    let out = gpuci(&["run", file.to_str().unwrap(), "--isolation", common::isolation()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exited with code 4"));
+}
+
+#[test]
+fn run_rejects_a_broken_pipeline_with_file_line_column_and_exit_2() {
+    let dir = common::tempdir();
+    let file = dir.path().join("bad.yml");
+    std::fs::write(&file, "steps:\n  - key: a\n    comand: echo\n").unwrap();
+    let out = gpuci(&["run", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.yml:3:5: steps[0].comand: unknown key `comand`, did you mean `command`?"), "{stderr}");
+    let out = gpuci(&["run", "/nonexistent/x.yml"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn validate_and_schema() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+    let out = gpuci(&["validate", &format!("{root}/hello.gpuci.yml"), &format!("{root}/gpu.gpuci.yml")]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = gpuci(&["schema"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("schema is JSON");
+    assert!(v["definitions"]["RawPipeline"]["properties"]["steps"].is_object(), "{v}");
+}
+
+#[test]
+fn doctor_on_a_host_without_gpus_says_so_and_checks_the_rest() {
+    let out = gpuci(&["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor --json");
+    let checks = v["checks"].as_array().unwrap();
+    assert!(checks.iter().any(|c| c["name"] == "sandbox.bubblewrap"));
+    if !std::path::Path::new("/dev/nvidiactl").exists() {
+        let inv = checks.iter().find(|c| c["name"] == "gpu.inventory").unwrap();
+        assert_eq!(inv["status"], "skip", "{inv}");
+    }
+    assert_eq!(out.status.success(), v["passed"].as_bool().unwrap());
+}

@@ -1,0 +1,271 @@
+//! The test harness: real `gpuci server` and `gpuci agent` processes on 127.0.0.1 with temp
+//! data dirs, and a small API client. Deadlines here bound how long a test waits for an
+//! outcome; they never assert speed.
+#![allow(dead_code)]
+
+use gpuci_protocol::api::{AgentSummary, JobSummary, PipelineSummary, SubmitPipeline};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_gpuci");
+
+pub fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("gpuci-test-").tempdir().expect("tempdir")
+}
+
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+    pub data_dir: PathBuf,
+    pub token: String,
+    pub args: Vec<String>,
+}
+
+impl Server {
+    /// Start a coordinator with short timers (heartbeat 200ms, lost after `lost_after`).
+    pub fn start(data_dir: &Path, lost_after: &str) -> Server {
+        Self::start_on(
+            data_dir,
+            "127.0.0.1:0",
+            vec!["--heartbeat".into(), "200ms".into(), "--lost-after".into(), lost_after.into()],
+        )
+    }
+
+    pub fn start_on(data_dir: &Path, listen: &str, args: Vec<String>) -> Server {
+        let mut child = Command::new(BIN)
+            .arg("server")
+            .arg("--listen")
+            .arg(listen)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn gpuci server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read url");
+        let url = line.trim().to_string();
+        assert!(url.starts_with("http://127.0.0.1:"), "server printed {url:?}");
+        let token = std::fs::read_to_string(data_dir.join("api-token")).expect("api token").trim().to_string();
+        Server { child, url, data_dir: data_dir.to_path_buf(), token, args }
+    }
+
+    pub fn registration_token(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("registration-token"))
+            .expect("registration token")
+            .trim()
+            .to_string()
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// kill -9, then start again on the same address with the same data dir.
+    pub fn restart_hard(&mut self) {
+        self.kill9();
+        let listen = self.url.trim_start_matches("http://").to_string();
+        let next = Server::start_on(&self.data_dir, &listen, self.args.clone());
+        // The old process is already dead; dropping it only reaps again.
+        drop(std::mem::replace(self, next));
+    }
+
+    pub fn api(&self) -> Api {
+        Api::new(&self.url, &self.token)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Agent {
+    pub child: Child,
+    pub data_dir: PathBuf,
+}
+
+impl Agent {
+    pub fn start(server: &Server, data_dir: &Path, name: &str, extra: &[&str]) -> Agent {
+        let child = Command::new(BIN)
+            .arg("agent")
+            .arg("--server")
+            .arg(&server.url)
+            .arg("--registration-token")
+            .arg(server.registration_token())
+            .arg("--data-dir")
+            .arg(data_dir)
+            .arg("--name")
+            .arg(name)
+            .args(extra)
+            .env("GPUCI_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn gpuci agent");
+        Agent { child, data_dir: data_dir.to_path_buf() }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub struct Api {
+    http: reqwest::blocking::Client,
+    pub url: String,
+    token: String,
+}
+
+impl Api {
+    pub fn new(url: &str, token: &str) -> Api {
+        Api {
+            http: reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().expect("client"),
+            url: url.into(),
+            token: token.into(),
+        }
+    }
+
+    pub fn submit(&self, yaml: &str) -> PipelineSummary {
+        let r = self
+            .http
+            .post(format!("{}/api/v1/pipelines", self.url))
+            .bearer_auth(&self.token)
+            .json(&SubmitPipeline { file_name: "test.yml".into(), source: yaml.into(), env: Default::default() })
+            .send()
+            .expect("submit");
+        assert_eq!(r.status(), 201, "submit failed: {}", r.text().unwrap_or_default());
+        r.json().expect("pipeline json")
+    }
+
+    pub fn job(&self, id: i64) -> JobSummary {
+        self.get(&format!("/api/v1/jobs/{id}"))
+    }
+
+    pub fn pipeline(&self, id: i64) -> PipelineSummary {
+        self.get(&format!("/api/v1/pipelines/{id}"))
+    }
+
+    pub fn agents(&self) -> Vec<AgentSummary> {
+        self.get("/api/v1/agents")
+    }
+
+    pub fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> T {
+        let r = self.http.get(format!("{}{path}", self.url)).bearer_auth(&self.token).send().expect("get");
+        assert!(r.status().is_success(), "GET {path}: {}", r.status());
+        r.json().expect("json")
+    }
+
+    pub fn raw(&self) -> &reqwest::blocking::Client {
+        &self.http
+    }
+
+    pub fn cancel(&self, id: i64) -> JobSummary {
+        let r = self
+            .http
+            .post(format!("{}/api/v1/jobs/{id}/cancel", self.url))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({}))
+            .send()
+            .expect("cancel");
+        assert!(r.status().is_success(), "cancel: {}", r.status());
+        r.json().expect("json")
+    }
+
+    /// The job's whole log as text (stdout and stderr lines).
+    pub fn log_text(&self, id: i64) -> String {
+        let r =
+            self.http.get(format!("{}/api/v1/jobs/{id}/logs", self.url)).bearer_auth(&self.token).send().expect("logs");
+        let body = r.text().expect("body");
+        let mut out = String::new();
+        for line in body.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("ndjson");
+            if v["type"] == "line" && v["stream"] != "system" {
+                out.push_str(v["text"].as_str().unwrap_or_default());
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Wait until `pred` holds for the job, or panic with its last state.
+    pub fn wait_job(&self, id: i64, what: &str, limit: Duration, pred: impl Fn(&JobSummary) -> bool) -> JobSummary {
+        let t0 = Instant::now();
+        loop {
+            let j = self.job(id);
+            if pred(&j) {
+                return j;
+            }
+            if t0.elapsed() > limit {
+                panic!("job {id} never became {what}: {j:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn wait_pipeline(&self, id: i64, limit: Duration) -> PipelineSummary {
+        let t0 = Instant::now();
+        loop {
+            let p = self.pipeline(id);
+            if p.state != "running" {
+                return p;
+            }
+            if t0.elapsed() > limit {
+                panic!("pipeline {id} did not finish: {p:#?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn wait_agents(&self, n: usize, limit: Duration) {
+        let t0 = Instant::now();
+        while self.agents().iter().filter(|a| a.state == "connected").count() < n {
+            assert!(t0.elapsed() < limit, "{n} agents did not connect: {:#?}", self.agents());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Processes whose command line contains `marker`.
+pub fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(marker) {
+                found.push(format!("{}: {cmd}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}
+
+pub fn wait_until(what: &str, limit: Duration, f: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Isolation for agents in tests: bubblewrap needs root and bwrap; CI has both.
+pub fn isolation() -> &'static str {
+    if std::path::Path::new("/usr/bin/bwrap").exists() {
+        "auto"
+    } else {
+        "none"
+    }
+}
