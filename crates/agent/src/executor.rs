@@ -3,6 +3,7 @@
 //! coordinator acknowledges it.
 
 use gpuci_core::job::Outcome;
+use gpuci_core::mask::Masker;
 use gpuci_gpu::{GpuBackend, HealthBaseline, HealthPolicy};
 use gpuci_protocol::agent::{Assignment, GpuHealth, JobFinished, JobTelemetry, LogChunk, Stream};
 use gpuci_protocol::JobId;
@@ -11,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -47,10 +48,17 @@ pub struct JobContext {
     /// Hidden from every job: the agent's data dir (credential) and the workspaces root.
     pub hide_paths: Vec<PathBuf>,
     pub gpus: Arc<dyn GpuBackend>,
-    pub inventory: Vec<gpuci_core::gpu::GpuInfo>,
+    /// The latest inventory; the agent loop replaces it when it changes.
+    pub inventory: std::sync::RwLock<Vec<gpuci_core::gpu::GpuInfo>>,
     pub isolation: IsolationPolicy,
     pub bubblewrap: bool,
+    /// A container engine that answered `info`; only then does the agent advertise it.
+    pub container_runtime: Option<gpuci_sandbox::ContainerRuntime>,
     pub health: HealthPolicy,
+    /// Per GPU: its idle memory and error counters when the agent started (or when an
+    /// operator last released it). "No new Xid since the last check" compares with this, and
+    /// memory must return to this idle level after a job.
+    pub baselines: std::sync::Mutex<std::collections::HashMap<String, HealthBaseline>>,
     pub telemetry_period: Duration,
 }
 
@@ -68,6 +76,7 @@ impl JobContext {
 struct Emitter {
     job_id: JobId,
     tx: mpsc::UnboundedSender<JobEvent>,
+    mask: Arc<Masker>,
 }
 
 impl Emitter {
@@ -75,6 +84,7 @@ impl Emitter {
         self.line(Stream::System, text.into());
     }
     fn line(&self, stream: Stream, text: String) {
+        let text = self.mask.mask(&text);
         let _ = self.tx.send(JobEvent::Log { job_id: self.job_id, chunk: LogChunk { ts_us: now_us(), stream, text } });
     }
 }
@@ -87,7 +97,8 @@ pub async fn run_job(
     cancel: CancellationToken,
 ) {
     let job_id = a.job_id;
-    let out = Emitter { job_id, tx: tx.clone() };
+    let mask = Arc::new(Masker::new(a.secrets.0.values().map(String::as_str)));
+    let out = Emitter { job_id, tx: tx.clone(), mask };
     let mut gpu_health: BTreeMap<String, GpuHealth> = BTreeMap::new();
     let (outcome, telemetry) = execute(&a, &ctx, &out, &cancel, &mut gpu_health).await;
     // Post-job check of every leased GPU: leftovers killed, memory back to baseline.
@@ -102,23 +113,40 @@ pub async fn run_job(
         tx.send(JobEvent::Finished(JobFinished { job_id, outcome, finished_at_us: now_us(), telemetry, gpu_health }));
 }
 
+/// The GPU's baseline, captured now if the agent has none yet.
+pub fn baseline(ctx: &JobContext, uuid: &str) -> HealthBaseline {
+    let mut map = ctx.baselines.lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(uuid.to_string())
+        .or_insert_with(|| {
+            HealthBaseline::capture(ctx.gpus.as_ref(), uuid)
+                .unwrap_or_else(|_| HealthBaseline::from_counters(&Default::default()))
+        })
+        .clone()
+}
+
 async fn post_check(ctx: &JobContext, uuid: &str, out: &Emitter) -> GpuHealth {
     let backend = ctx.gpus.as_ref();
     if let Ok(procs) = gpuci_gpu::leftover_processes(backend, uuid) {
+        let me = std::process::id();
         for p in procs {
-            out.system(format!("killing process {} left on GPU {uuid}", p.pid));
+            // pid 0/1, our own, or one that does not fit a pid_t would signal far more than
+            // a leftover process (a process group, init, the agent): never.
+            let Ok(pid) = i32::try_from(p.pid) else { continue };
+            if pid <= 1 || p.pid == me {
+                continue;
+            }
+            out.system(format!("killing process {pid} left on GPU {uuid}"));
             // A pid that already exited fails harmlessly.
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid as i32), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
-    let baseline =
-        HealthBaseline::capture(backend, uuid).unwrap_or_else(|_| HealthBaseline::from_counters(&Default::default()));
-    let r = gpuci_gpu::post_job_check(backend, uuid, &baseline, &ctx.health, &CancellationToken::new()).await;
+    let base = baseline(ctx, uuid);
+    let r = gpuci_gpu::post_job_check(backend, uuid, &base, &ctx.health, &CancellationToken::new()).await;
     match r.reason() {
         None => GpuHealth::Healthy,
         Some(reason) => {
             out.system(format!("GPU {uuid} failed its post-job check: {reason}"));
-            GpuHealth::Unhealthy { reason }
+            GpuHealth::Unhealthy { reason: format!("post-job check: {reason}") }
         }
     }
 }
@@ -133,11 +161,11 @@ async fn execute(
     let fail = |error: String| (Outcome::StartFailed { error }, None);
     // Pre-job check: each leased GPU must answer and be idle and clean.
     for uuid in &a.gpus {
-        let baseline = HealthBaseline::capture(ctx.gpus.as_ref(), uuid)
-            .unwrap_or_else(|_| HealthBaseline::from_counters(&Default::default()));
-        let r = gpuci_gpu::pre_job_check(ctx.gpus.as_ref(), uuid, &baseline, &ctx.health);
+        let base = baseline(ctx, uuid);
+        let r = gpuci_gpu::pre_job_check(ctx.gpus.as_ref(), uuid, &base, &ctx.health);
         if let Some(reason) = r.reason() {
-            gpu_health.insert(uuid.clone(), GpuHealth::Unhealthy { reason: reason.clone() });
+            out.system(format!("GPU {uuid} failed its pre-job check: {reason}"));
+            gpu_health.insert(uuid.clone(), GpuHealth::Unhealthy { reason: format!("pre-job check: {reason}") });
             return fail(format!("GPU {uuid} failed its pre-job check: {reason}"));
         }
     }
@@ -160,6 +188,7 @@ fn job_env(a: &Assignment, workspace: &std::path::Path) -> BTreeMap<String, Stri
     env.insert("LANG".into(), "C.UTF-8".into());
     env.insert("TMPDIR".into(), "/tmp".into());
     env.extend(a.env.clone());
+    env.extend(a.secrets.0.clone());
     env.insert("GPUCI_WORKSPACE".into(), workspace.display().to_string());
     // The job sees exactly its leased GPUs, by UUID. An empty list hides every GPU from CUDA.
     let uuids = a.gpus.join(",");
@@ -209,11 +238,14 @@ async fn execute_in(
     spec.network = step.network != gpuci_core::pipeline::NetworkMode::None;
     spec.resources = step.resources.clone();
     spec.hide_paths = ctx.hide_paths.clone();
-    for uuid in &a.gpus {
-        if let Some(g) = ctx.inventory.iter().find(|g| &g.uuid == uuid) {
-            let node = PathBuf::from(&g.device_node);
-            if node.exists() {
-                spec.gpu_devices.push(node);
+    {
+        let inventory = ctx.inventory.read().unwrap_or_else(|e| e.into_inner());
+        for uuid in &a.gpus {
+            if let Some(g) = inventory.iter().find(|g| &g.uuid == uuid) {
+                let node = PathBuf::from(&g.device_node);
+                if node.exists() {
+                    spec.gpu_devices.push(node);
+                }
             }
         }
     }
@@ -224,13 +256,49 @@ async fn execute_in(
             }
         }
     }
+    // `image:` steps run in the container engine, which then owns namespaces and limits;
+    // the engine's client runs in a plain sandbox so its process tree is still ours to kill.
+    let mut container: Option<(gpuci_sandbox::ContainerRuntime, String, PathBuf)> = None;
+    if let Some(image) = &step.image {
+        let Some(rt) = ctx.container_runtime.clone() else {
+            return (
+                Outcome::StartFailed {
+                    error: "the step names an image but this agent has no container runtime".into(),
+                },
+                None,
+            );
+        };
+        let env_file = ctx.work_root.join(format!(".env-{}", spec.job_id));
+        let written = gpuci_sandbox::container::env_file_contents(&spec).map_err(|e| e.to_string()).and_then(|text| {
+            write_private(&env_file, &text).map_err(|e| format!("writing {}: {e}", env_file.display()))
+        });
+        if let Err(error) = written {
+            return (Outcome::StartFailed { error }, None);
+        }
+        let argv = match gpuci_sandbox::container::run_argv(&rt, image, &spec, &env_file) {
+            Ok(a) => a,
+            Err(e) => return (Outcome::StartFailed { error: e.to_string() }, None),
+        };
+        out.system(format!("running in container image {image} ({:?})", rt.engine));
+        let name = gpuci_sandbox::container::container_name(&spec.job_id);
+        spec.argv = argv;
+        spec.isolation = Isolation::None;
+        spec.env = BTreeMap::from([
+            ("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()),
+            ("HOME".to_string(), workspace.display().to_string()),
+        ]);
+        spec.gpu_devices.clear();
+        spec.gpu_common_devices.clear();
+        spec.resources = Default::default();
+        container = Some((rt, name, env_file));
+    }
     let (mut sandbox, stdout, stderr) = match Sandbox::spawn(&spec) {
         Ok(s) => s,
         Err(e) => return (Outcome::StartFailed { error: e.to_string() }, None),
     };
     let _ = out.tx.send(JobEvent::Started { job_id: a.job_id, pid: sandbox.pid(), at_us: now_us() });
 
-    let readers = tokio::spawn(pump(out.job_id, out.tx.clone(), stdout, stderr));
+    let readers = tokio::spawn(pump(out.job_id, out.tx.clone(), out.mask.clone(), stdout, stderr));
     let telemetry_cancel = CancellationToken::new();
     let telemetry = (!a.gpus.is_empty()).then(|| {
         tokio::spawn(gpuci_gpu::sample_loop(
@@ -284,6 +352,11 @@ async fn execute_in(
             Outcome::Cancelled { reason: "cancelled".into() }
         }
     };
+    if let Some((rt, name, env_file)) = &container {
+        // Killing the engine's client does not stop the container; remove it by name.
+        let _ = tokio::process::Command::new(&rt.path).args(["rm", "-f", name.as_str()]).output().await;
+        let _ = std::fs::remove_file(env_file);
+    }
     // Whatever the job left behind (daemons, setsid'd children) dies here.
     if let Err(e) = sandbox.cleanup().await {
         out.system(format!("cleanup: {e}"));
@@ -303,33 +376,48 @@ async fn execute_in(
     (outcome, telemetry)
 }
 
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())
+}
+
 async fn pump(
     job_id: JobId,
     tx: mpsc::UnboundedSender<JobEvent>,
+    mask: Arc<Masker>,
     stdout: impl AsyncRead + Unpin + Send + 'static,
     stderr: impl AsyncRead + Unpin + Send + 'static,
 ) {
-    let a = tokio::spawn(lines(job_id, tx.clone(), Stream::Stdout, stdout));
-    let b = tokio::spawn(lines(job_id, tx, Stream::Stderr, stderr));
+    let a = tokio::spawn(lines(job_id, tx.clone(), mask.clone(), Stream::Stdout, stdout));
+    let b = tokio::spawn(lines(job_id, tx, mask, Stream::Stderr, stderr));
     let _ = a.await;
     let _ = b.await;
 }
 
-/// Forward output line by line. Lines are capped at 64 KiB so one runaway line cannot blow
-/// up memory; invalid UTF-8 is replaced, not dropped.
-async fn lines(job_id: JobId, tx: mpsc::UnboundedSender<JobEvent>, stream: Stream, r: impl AsyncRead + Unpin) {
+/// Forward output line by line, secrets masked. A line is complete before it is masked, so a
+/// secret written in several pieces is still caught. Lines are capped at 64 KiB so one
+/// runaway line cannot blow up memory; invalid UTF-8 is replaced, not dropped.
+async fn lines(
+    job_id: JobId,
+    tx: mpsc::UnboundedSender<JobEvent>,
+    mask: Arc<Masker>,
+    stream: Stream,
+    r: impl AsyncRead + Unpin,
+) {
     let mut reader = BufReader::new(r);
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
+        // At most 64 KiB per line: a longer run without a newline continues as the next line.
+        match (&mut reader).take(64 * 1024).read_until(b'\n', &mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(_) => {
                 while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                     buf.pop();
                 }
-                buf.truncate(64 * 1024);
-                let text = String::from_utf8_lossy(&buf).into_owned();
+                let text = mask.mask(&String::from_utf8_lossy(&buf));
                 if tx.send(JobEvent::Log { job_id, chunk: LogChunk { ts_us: now_us(), stream, text } }).is_err() {
                     return;
                 }

@@ -90,6 +90,9 @@ struct Agent {
     events_rx: mpsc::UnboundedReceiver<JobEvent>,
 }
 
+/// How often the agent re-reads its GPU inventory and reports a change.
+const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
+
 /// Cap on buffered lines while the coordinator is unreachable; older lines are dropped first.
 const BACKLOG_LIMIT: usize = 100_000;
 
@@ -129,6 +132,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
     };
     let caps = gpuci_sandbox::detect();
+    let container_runtime = match &caps.container_runtime {
+        Some(rt) => match engine_answers(rt).await {
+            Ok(()) => Some(rt.clone()),
+            Err(why) => {
+                tracing::warn!(engine = %rt.path.display(), why, "container engine found but not usable; not advertising containers");
+                None
+            }
+        },
+        None => None,
+    };
     let work_root = config.data_dir.join("work");
     std::fs::create_dir_all(&work_root)?;
     let health = gpuci_gpu::HealthPolicy { post_job_timeout: config.post_job_timeout, ..Default::default() };
@@ -137,12 +150,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         work_root: work_root.clone(),
         hide_paths: vec![config.data_dir.clone()],
         gpus: backend.clone(),
-        inventory: inventory.clone(),
+        inventory: std::sync::RwLock::new(inventory.clone()),
         isolation: config.isolation,
         bubblewrap: caps.bubblewrap.is_some(),
+        container_runtime: container_runtime.clone(),
         health,
+        baselines: std::sync::Mutex::new(Default::default()),
         telemetry_period: config.telemetry_period,
     });
+    // Baselines are taken now, while the GPUs are idle.
+    for g in ctx.inventory.read().unwrap_or_else(|e| e.into_inner()).iter() {
+        executor::baseline(&ctx, &g.uuid);
+    }
     if config.isolation == IsolationPolicy::Bubblewrap && caps.bubblewrap.is_none() {
         bail!("--isolation bubblewrap: bwrap is not installed (apt-get install bubblewrap)");
     }
@@ -157,7 +176,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         gpus: inventory,
         gpu_backend: backend_name,
         isolation: ctx.isolation_name().into(),
-        container_runtime: caps.container_runtime.as_ref().map(|r| format!("{:?}", r.engine).to_lowercase()),
+        container_runtime: container_runtime.as_ref().map(|r| format!("{:?}", r.engine).to_lowercase()),
         running: Vec::new(),
         finished: Vec::new(),
     };
@@ -233,10 +252,13 @@ impl Agent {
         let mut req = url.as_str().into_client_request()?;
         req.headers_mut().insert("authorization", format!("Bearer {}", id.credential).parse()?);
         req.headers_mut().insert("x-gpuci-agent-id", id.agent_id.parse()?);
-        let (ws, _) = tokio::time::timeout(Duration::from_secs(10), tokio_tungstenite::connect_async(req))
-            .await
-            .context("connect timed out")?
-            .context("connecting")?;
+        let (ws, _) = tokio::time::timeout(
+            Duration::from_secs(10),
+            tokio_tungstenite::connect_async_with_config(req, None, true),
+        )
+        .await
+        .context("connect timed out")?
+        .context("connecting")?;
         let (mut sink, mut stream) = ws.split();
         let mut hello = self.hello_base.clone();
         hello.running = self.running.keys().copied().collect();
@@ -270,11 +292,26 @@ impl Agent {
         }
         let mut tick = tokio::time::interval(heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Reconciliation of the GPU inventory (a GPU fell off the bus, MIG was reconfigured).
+        let mut refresh = tokio::time::interval(INVENTORY_REFRESH);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        refresh.tick().await;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
                     let _ = sink.close().await;
                     return Ok(SessionEnd::Shutdown);
+                }
+                _ = refresh.tick() => {
+                    let backend = self.ctx.gpus.clone();
+                    if let Ok(Ok(now)) = tokio::task::spawn_blocking(move || backend.inventory()).await {
+                        if now != self.hello_base.gpus {
+                            tracing::info!(before = self.hello_base.gpus.len(), after = now.len(), "GPU inventory changed");
+                            self.hello_base.gpus = now.clone();
+                            *self.ctx.inventory.write().unwrap_or_else(|e| e.into_inner()) = now.clone();
+                            send(&mut sink, &AgentMessage::Gpus { gpus: now, health: BTreeMap::new() }).await?;
+                        }
+                    }
                 }
                 _ = tick.tick() => {
                     send(&mut sink, &AgentMessage::Heartbeat).await?;
@@ -356,9 +393,30 @@ impl Agent {
                 self.unacked.remove(&job_id);
             }
             CoordinatorMessage::Refused { reason } => return Some(SessionEnd::Refused(reason)),
+            CoordinatorMessage::GpuReleased { uuid } => {
+                tracing::info!(gpu = %uuid, "GPU returned to service; taking a new health baseline");
+                self.ctx.baselines.lock().unwrap_or_else(|e| e.into_inner()).remove(&uuid);
+                executor::baseline(&self.ctx, &uuid);
+            }
             CoordinatorMessage::Welcome { .. } => {}
         }
         None
+    }
+}
+
+/// A container CLI without a reachable engine (docker without dockerd) must not be advertised.
+async fn engine_answers(rt: &gpuci_sandbox::ContainerRuntime) -> Result<(), String> {
+    let run = tokio::process::Command::new(&rt.path)
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(Duration::from_secs(10), run).await {
+        Ok(Ok(o)) if o.status.success() => Ok(()),
+        Ok(Ok(o)) => {
+            Err(String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("engine did not answer").to_string())
+        }
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("`info` did not answer within 10s".into()),
     }
 }
 

@@ -44,6 +44,8 @@ pub enum Command {
     Agents(AgentsArgs),
     /// GPU administration.
     Gpu(GpuArgs),
+    /// Secrets that steps receive by name (`secrets: [HF_TOKEN]`); values are masked in logs.
+    Secret(SecretArgs),
     /// Check this host as a GPU CI node.
     Doctor(DoctorArgs),
     /// Check a pipeline file without running it.
@@ -220,6 +222,24 @@ pub struct GpuArgs {
 pub enum GpuCommand {
     /// Return a quarantined GPU to service.
     Release { uuid: String },
+}
+
+#[derive(Args, Debug)]
+pub struct SecretArgs {
+    #[command(subcommand)]
+    pub command: SecretCommand,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SecretCommand {
+    /// Set a secret; the value is read from standard input (never from the command line).
+    Set { name: String },
+    /// List secret names.
+    List,
+    /// Delete a secret.
+    Rm { name: String },
 }
 
 #[derive(Args, Debug)]

@@ -119,6 +119,33 @@ impl Client {
         Ok(())
     }
 
+    pub async fn set_secret(&self, name: &str, value: &str) -> CliResult<()> {
+        let resp = self
+            .http
+            .put(self.url(&format!("/api/v1/secrets/{name}")))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({ "value": value }))
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.base))?;
+        Self::check(resp).await?;
+        Ok(())
+    }
+    pub async fn delete_secret(&self, name: &str) -> CliResult<()> {
+        let resp = self
+            .http
+            .delete(self.url(&format!("/api/v1/secrets/{name}")))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.base))?;
+        Self::check(resp).await?;
+        Ok(())
+    }
+    pub async fn secrets(&self) -> CliResult<Vec<serde_json::Value>> {
+        self.get("/api/v1/secrets").await
+    }
+
     /// Stream an NDJSON endpoint, calling `each` per item until it returns false or the stream ends.
     pub async fn stream<T: DeserializeOwned>(&self, path: &str, mut each: impl FnMut(T) -> bool) -> CliResult<()> {
         let resp = self

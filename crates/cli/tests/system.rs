@@ -174,7 +174,12 @@ fn an_agent_killed_with_sigkill_has_its_job_end_lost_with_the_reason() {
     let agents = api.agents();
     assert_eq!(agents[0].state, "lost");
     // With the agent dead, the sandbox died with it: nothing is left running.
-    wait_until("the lost jobs' processes to be gone", Duration::from_secs(15), || processes_with("300333").is_empty());
+    wait_until_or(
+        "the lost jobs' processes to be gone",
+        Duration::from_secs(15),
+        || processes_with("300333").is_empty(),
+        || format!("{:#?}", processes_with("300333")),
+    );
     // The agent comes back: the retry runs on it.
     let _agent = Agent::start(&server, &dir.path().join("agent"), "doomed", &["--isolation", isolation()]);
     api.wait_job(again.id, "running again", T, |j| j.state == JobState::Running);
@@ -232,4 +237,130 @@ fn the_api_answers_bad_requests_with_4xx_and_a_message() {
         let mode = std::fs::metadata(server.data_dir.join(f)).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "{f}");
     }
+}
+
+#[test]
+fn an_agent_that_was_frozen_past_lost_after_is_told_its_jobs_ended_and_kills_them() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "2s");
+    let agent = Agent::start(&server, &dir.path().join("agent"), "sleepy", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: a\n    command: sleep 3004441\n");
+    let id = p.jobs[0].id;
+    api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+    // Freeze the agent (a network partition, a stuck host): it stops sending heartbeats.
+    let pid = nix::unistd::Pid::from_raw(agent.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let j = api.wait_job(id, "lost", T, |j| j.state.is_terminal());
+    assert_eq!(j.state, JobState::Lost);
+    assert!(!processes_with("3004441").is_empty(), "the job still runs on the frozen host");
+    // It wakes up: the coordinator tells it the job ended, and the agent kills it.
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    wait_until("the agent to kill the job it was told about", T, || processes_with("3004441").is_empty());
+    api.wait_agents(1, T);
+    assert_eq!(api.job(id).state, JobState::Lost, "a lost job stays lost");
+}
+
+#[test]
+fn concurrency_group_runs_one_at_a_time_and_cancel_in_progress_cancels_the_older_run() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--slots", "4", "--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    // Same group, no cancel: the second waits for the first.
+    let one = api.submit("steps:\n  - key: d\n    concurrency: deploy\n    command: sleep 1\n");
+    let two = api.submit("steps:\n  - key: d\n    concurrency: deploy\n    command: echo second\n");
+    api.wait_job(one.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+    let waiting = api.wait_job(two.jobs[0].id, "waiting", T, |j| j.reason.contains("concurrency group"));
+    assert_eq!(waiting.state, JobState::Queued, "{}", waiting.reason);
+    let a = api.wait_job(one.jobs[0].id, "done", T, |j| j.state.is_terminal());
+    let b = api.wait_job(two.jobs[0].id, "done", T, |j| j.state.is_terminal());
+    assert_eq!((a.state, b.state), (JobState::Succeeded, JobState::Succeeded));
+    assert!(b.started_at_ms.unwrap() >= a.finished_at_ms.unwrap(), "never both at once");
+    // cancel_in_progress: a newer run cancels the older one.
+    let g = "steps:\n  - key: d\n    concurrency: {group: pr-7, cancel_in_progress: true}\n    command: sleep 30\n";
+    let old = api.submit(g);
+    api.wait_job(old.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+    let new = api.submit(g);
+    let o = api.wait_job(old.jobs[0].id, "cancelled", T, |j| j.state.is_terminal());
+    assert_eq!(o.state, JobState::Cancelled);
+    assert!(o.reason.contains(&format!("cancelled by job {}", new.jobs[0].id)), "{}", o.reason);
+    api.wait_job(new.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+}
+
+#[test]
+fn retry_on_failed_creates_a_new_attempt_that_can_succeed() {
+    let dir = tempdir();
+    let marker = dir.path().join("marker");
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    // Fails the first time (no marker yet), succeeds the second.
+    let yaml = format!(
+        "steps:\n  - key: flaky\n    sandbox: none\n    retry: {{count: 2, on: [failed]}}\n    command: \"if [ -e {m} ]; then echo ok; else touch {m}; exit 1; fi\"\n",
+        m = marker.display()
+    );
+    let p = api.submit(&yaml);
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{:#?}", done.jobs);
+    assert_eq!(done.jobs.len(), 2);
+    assert_eq!(done.jobs[0].state, JobState::Failed);
+    assert!(done.jobs[0].reason.contains("retrying (attempt 2 of 3)"), "{}", done.jobs[0].reason);
+    assert_eq!((done.jobs[1].attempt, done.jobs[1].state), (2, JobState::Succeeded));
+}
+
+#[test]
+fn secrets_reach_the_job_and_are_masked_in_its_log_even_when_written_in_pieces() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let value = "hf_Sup3rS3cretValue42";
+    let r = api
+        .raw()
+        .put(format!("{}/api/v1/secrets/HF_TOKEN", api.url))
+        .bearer_auth(&server.token)
+        .json(&serde_json::json!({"value": value}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    // Listing shows names, never values.
+    let listed =
+        api.raw().get(format!("{}/api/v1/secrets", api.url)).bearer_auth(&server.token).send().unwrap().text().unwrap();
+    assert!(listed.contains("HF_TOKEN") && !listed.contains(value), "{listed}");
+    let p = api.submit(
+        r#"
+steps:
+  - key: uses
+    secrets: [HF_TOKEN]
+    command:
+      - echo "token=$HF_TOKEN"
+      - printf '%s' "${HF_TOKEN:0:6}"; sleep 0.3; printf '%s\n' "${HF_TOKEN:6}"
+      - echo "$HF_TOKEN" >&2
+      - test "$HF_TOKEN" = hf_Sup3rS3cretValue42
+  - key: missing
+    secrets: [NOT_SET]
+    command: echo never
+"#,
+    );
+    let done = api.wait_pipeline(p.id, T);
+    let uses = &done.jobs[0];
+    assert_eq!(uses.state, JobState::Succeeded, "{}", uses.reason);
+    let log = api
+        .raw()
+        .get(format!("{}/api/v1/jobs/{}/logs", api.url, uses.id))
+        .bearer_auth(&server.token)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(!log.contains("Sup3rS3cret"), "secret leaked into the log: {log}");
+    assert_eq!(api.log_text(uses.id), "token=***\n***\n***\n");
+    let missing = &done.jobs[1];
+    assert_eq!(missing.state, JobState::Failed);
+    assert_eq!(missing.reason, "secret `NOT_SET` is not set (gpuci secret set NOT_SET)");
 }

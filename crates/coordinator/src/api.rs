@@ -8,8 +8,10 @@ use crate::convert::{job_summary, pipeline_state};
 use crate::hub::Event;
 use crate::AppState;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{header, StatusCode};
+use axum::extract::rejection::{BytesRejection, JsonRejection};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -18,28 +20,135 @@ use gpuci_protocol::agent::{RegisterRequest, RegisterResponse};
 use gpuci_protocol::api::*;
 use gpuci_protocol::{JobId, PipelineId};
 use gpuci_store::{AgentRecord, JobFilter, Store};
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "gpuci coordinator API", description = "Submit pipelines, follow jobs and logs, inspect agents and GPUs."),
-    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, release_gpu, register_agent, server_info),
+    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, release_gpu, register_agent, agent_channel, server_info, openapi_json),
     components(schemas(ErrorBody, PipelineErrorBody, LogEvent, WatchEvent)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
 pub struct ApiDoc;
 
+/// Completes the document: the secrets endpoints (`crate::secrets`, documented there) go in
+/// first so that they, too, get the security schemes and 401 answers of [`document_auth`].
 struct BearerAuth;
 impl utoipa::Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)));
+        openapi.merge(crate::secrets::SecretsDoc::openapi());
+        document_auth(openapi);
     }
+}
+
+/// Add the security schemes, and the 401 answer to every operation that needs the API token
+/// (those that do not declare their own `security`). Idempotent; call it again on a document
+/// that other `OpenApi` docs were merged into, so that their operations get it too.
+pub fn document_auth(openapi: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let components = openapi.components.get_or_insert_with(Default::default);
+    let bearer = |desc: &str| {
+        let mut h = Http::new(HttpAuthScheme::Bearer);
+        h.description = Some(desc.into());
+        SecurityScheme::Http(h)
+    };
+    components.add_security_scheme("bearer", bearer("The API token (`<data-dir>/api-token`)."));
+    components.add_security_scheme(
+        "registration_token",
+        bearer("The registration token (`<data-dir>/registration-token`); only for registering agents."),
+    );
+    components.add_security_scheme(
+        "agent_credential",
+        bearer("An agent's own credential, as returned by `POST /api/v1/agents/register`."),
+    );
+    let unauthorized = ResponseBuilder::new()
+        .description("missing or invalid API token")
+        .content("application/json", ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build())
+        .build();
+    for item in openapi.paths.paths.values_mut() {
+        let ops = [&mut item.get, &mut item.post, &mut item.put, &mut item.delete, &mut item.patch];
+        for op in ops.into_iter().flatten() {
+            if op.security.is_none() {
+                op.responses.responses.entry("401".into()).or_insert_with(|| unauthorized.clone().into());
+            }
+        }
+    }
+}
+
+/// `Path`, answering a segment that does not parse (an id that is not an integer, or beyond
+/// i64) with a JSON 400 instead of axum's plain-text one.
+pub struct ApiPath<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiPath<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(ApiPath(v)),
+            Err(e) => Err(ApiError::new(client_or_server(e.status()), e.body_text())),
+        }
+    }
+}
+
+/// `Query`, answering a malformed query string with a JSON 400.
+pub struct ApiQuery<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for ApiQuery<T>
+where
+    T: DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(v)) => Ok(ApiQuery(v)),
+            Err(e) => Err(ApiError::new(client_or_server(e.status()), e.body_text())),
+        }
+    }
+}
+
+/// `Json`, answering any unreadable body (no JSON content type, bad syntax, wrong types,
+/// unknown fields) with a JSON 400, or 413 when it is too large.
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(e) => Err(json_rejection(e)),
+        }
+    }
+}
+
+/// A user's mistake is a 400 (413 for a body over the limit); an extractor that cannot work at
+/// all (a route/handler mismatch) stays a 500.
+fn client_or_server(status: StatusCode) -> StatusCode {
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => status,
+        s if s.is_server_error() => s,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+fn json_rejection(e: JsonRejection) -> ApiError {
+    ApiError::new(client_or_server(e.status()), e.body_text())
 }
 
 pub struct ApiError {
@@ -134,15 +243,19 @@ async fn pipeline_summary(st: &AppState, id: PipelineId) -> ApiResult<PipelineSu
 
 /// Submit a pipeline file; every step becomes a queued job.
 #[utoipa::path(post, path = "/api/v1/pipelines", request_body = SubmitPipeline,
-    responses((status = 201, body = PipelineSummary), (status = 422, description = "the pipeline is invalid", body = ErrorBody), (status = 401, body = ErrorBody)))]
+    responses((status = 201, body = PipelineSummary),
+        (status = 400, description = "the body is not a `SubmitPipeline` in JSON", body = ErrorBody),
+        (status = 413, description = "the body is too large", body = ErrorBody),
+        (status = 422, description = "the pipeline is invalid", body = ErrorBody),
+        (status = 503, description = "the server is shutting down", body = ErrorBody)))]
 pub async fn submit_pipeline(
     State(st): State<AppState>,
-    body: Result<Json<SubmitPipeline>, axum::extract::rejection::JsonRejection>,
+    ApiJson(req): ApiJson<SubmitPipeline>,
 ) -> ApiResult<(StatusCode, Json<PipelineSummary>)> {
-    let Json(req) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     if req.file_name.trim().is_empty() {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "file_name must not be empty"));
     }
+    check_extra_env(&req.env)?;
     let pipeline = gpuci_core::pipeline::parse(&req.file_name, &req.source).map_err(|errs| ApiError {
         status: StatusCode::UNPROCESSABLE_ENTITY,
         body: ErrorBody {
@@ -176,27 +289,62 @@ pub async fn submit_pipeline(
     Ok((StatusCode::CREATED, Json(pipeline_summary(&st, p.id).await?)))
 }
 
+/// The extra environment of a submission: names as in a pipeline's `env`, values without NUL.
+fn check_extra_env(env: &BTreeMap<String, String>) -> ApiResult<()> {
+    for (name, value) in env {
+        let mut chars = name.chars();
+        let valid_name = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid_name {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
+                    "env: invalid variable name {name:?}: expected letters, digits and `_`, not starting with a digit"
+                ),
+            ));
+        }
+        if value.contains('\0') {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("env: {name} contains a NUL character"),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A pipeline and all its jobs.
-#[utoipa::path(get, path = "/api/v1/pipelines/{id}", params(("id" = i64, Path)), responses((status = 200, body = PipelineSummary), (status = 404, body = ErrorBody)))]
-pub async fn get_pipeline(State(st): State<AppState>, Path(id): Path<PipelineId>) -> ApiResult<Json<PipelineSummary>> {
+#[utoipa::path(get, path = "/api/v1/pipelines/{id}", params(("id" = i64, Path, description = "pipeline id")),
+    responses((status = 200, body = PipelineSummary),
+        (status = 400, description = "the id is not an integer", body = ErrorBody),
+        (status = 404, description = "no such pipeline", body = ErrorBody)))]
+pub async fn get_pipeline(
+    State(st): State<AppState>,
+    ApiPath(id): ApiPath<PipelineId>,
+) -> ApiResult<Json<PipelineSummary>> {
     Ok(Json(pipeline_summary(&st, id).await?))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct JobsQuery {
     /// Comma-separated states, e.g. `queued,running`.
     pub state: Option<String>,
+    /// Only the jobs of this pipeline.
+    #[param(value_type = Option<i64>)]
     pub pipeline: Option<PipelineId>,
+    /// At most this many (default 100, at most 10000).
     pub limit: Option<u32>,
 }
 
 /// Jobs, newest first.
-#[utoipa::path(get, path = "/api/v1/jobs", params(JobsQuery), responses((status = 200, body = Vec<JobSummary>), (status = 400, body = ErrorBody)))]
+#[utoipa::path(get, path = "/api/v1/jobs", params(JobsQuery),
+    responses((status = 200, body = Vec<JobSummary>),
+        (status = 400, description = "a malformed query, or an unknown state", body = ErrorBody)))]
 pub async fn list_jobs(
     State(st): State<AppState>,
-    q: Result<Query<JobsQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(q): ApiQuery<JobsQuery>,
 ) -> ApiResult<Json<Vec<JobSummary>>> {
-    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     let mut states = Vec::new();
     for s in q.state.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
         states.push(s.parse::<JobState>().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?);
@@ -211,26 +359,57 @@ async fn load_job(st: &AppState, id: JobId) -> ApiResult<gpuci_store::JobRecord>
 }
 
 /// One job, with its reason and telemetry.
-#[utoipa::path(get, path = "/api/v1/jobs/{id}", params(("id" = i64, Path)), responses((status = 200, body = JobSummary), (status = 404, body = ErrorBody)))]
-pub async fn get_job(State(st): State<AppState>, Path(id): Path<JobId>) -> ApiResult<Json<JobSummary>> {
+#[utoipa::path(get, path = "/api/v1/jobs/{id}", params(("id" = i64, Path, description = "job id")),
+    responses((status = 200, body = JobSummary),
+        (status = 400, description = "the id is not an integer", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody)))]
+pub async fn get_job(State(st): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<JobSummary>> {
     let j = load_job(&st, id).await?;
     Ok(Json(summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0)))
 }
 
 /// Cancel a job: a queued job ends at once; a running one when its agent has killed its process tree.
-#[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", params(("id" = i64, Path)), request_body(content = CancelRequest, description = "optional reason"),
-    responses((status = 200, body = JobSummary), (status = 404, body = ErrorBody), (status = 409, description = "already finished", body = ErrorBody)))]
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", params(("id" = i64, Path, description = "job id")),
+    request_body(content = Option<CancelRequest>, description = "optional; without a body (or a `reason`) the reason is `cancelled by user`"),
+    responses((status = 200, body = JobSummary),
+        (status = 400, description = "the id is not an integer, or the body is not a `CancelRequest` in JSON", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody),
+        (status = 409, description = "already finished", body = ErrorBody),
+        (status = 503, description = "the server is shutting down", body = ErrorBody)))]
 pub async fn cancel_job(
     State(st): State<AppState>,
-    Path(id): Path<JobId>,
-    body: Option<Json<CancelRequest>>,
+    ApiPath(id): ApiPath<JobId>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<JobSummary>> {
-    let reason = body.and_then(|Json(b)| b.reason).unwrap_or_else(|| "cancelled by user".into());
+    let body = body.map_err(|e| ApiError::new(client_or_server(e.status()), e.body_text()))?;
+    let req = if body.iter().all(u8::is_ascii_whitespace) {
+        // No body at all (with or without a content type): the default reason.
+        None
+    } else {
+        let json = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(is_json_content_type);
+        if !json {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "Expected request with `Content-Type: application/json`",
+            ));
+        }
+        // `null` is as good as no body.
+        Json::<Option<CancelRequest>>::from_bytes(&body).map_err(json_rejection)?.0
+    };
+    let reason = req.and_then(|b| b.reason).unwrap_or_else(|| "cancelled by user".into());
     let j = ask(&st, |reply| Command::Cancel { job: id, reason, reply }).await?;
     Ok(Json(summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0)))
 }
 
+/// `application/json`, or `application/<anything>+json`, with any parameters.
+fn is_json_content_type(v: &str) -> bool {
+    let mime = v.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+}
+
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct LogsQuery {
     /// Keep the stream open until the job ends.
     #[serde(default)]
@@ -258,14 +437,15 @@ fn line<T: serde::Serialize>(v: &T) -> Bytes {
 use futures::StreamExt;
 
 /// A job's log as NDJSON `LogEvent`s; with `follow`, live until the job ends.
-#[utoipa::path(get, path = "/api/v1/jobs/{id}/logs", params(("id" = i64, Path), LogsQuery),
-    responses((status = 200, content_type = "application/x-ndjson", body = LogEvent), (status = 404, body = ErrorBody)))]
+#[utoipa::path(get, path = "/api/v1/jobs/{id}/logs", params(("id" = i64, Path, description = "job id"), LogsQuery),
+    responses((status = 200, description = "one `LogEvent` per line", content_type = "application/x-ndjson", body = LogEvent),
+        (status = 400, description = "the id is not an integer, or a malformed query", body = ErrorBody),
+        (status = 404, description = "no such job", body = ErrorBody)))]
 pub async fn job_logs(
     State(st): State<AppState>,
-    Path(id): Path<JobId>,
-    q: Result<Query<LogsQuery>, axum::extract::rejection::QueryRejection>,
+    ApiPath(id): ApiPath<JobId>,
+    ApiQuery(q): ApiQuery<LogsQuery>,
 ) -> ApiResult<Response> {
-    let Query(q) = q.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     load_job(&st, id).await?;
     let mut events = st.hub.subscribe();
     let (tx, rx) = mpsc::channel::<Bytes>(256);
@@ -317,9 +497,11 @@ pub async fn job_logs(
 }
 
 /// Follow a pipeline: its jobs' changes and log lines as NDJSON `WatchEvent`s, until it ends.
-#[utoipa::path(get, path = "/api/v1/pipelines/{id}/watch", params(("id" = i64, Path)),
-    responses((status = 200, content_type = "application/x-ndjson", body = WatchEvent), (status = 404, body = ErrorBody)))]
-pub async fn watch_pipeline(State(st): State<AppState>, Path(id): Path<PipelineId>) -> ApiResult<Response> {
+#[utoipa::path(get, path = "/api/v1/pipelines/{id}/watch", params(("id" = i64, Path, description = "pipeline id")),
+    responses((status = 200, description = "one `WatchEvent` per line; the last is `done`", content_type = "application/x-ndjson", body = WatchEvent),
+        (status = 400, description = "the id is not an integer", body = ErrorBody),
+        (status = 404, description = "no such pipeline", body = ErrorBody)))]
+pub async fn watch_pipeline(State(st): State<AppState>, ApiPath(id): ApiPath<PipelineId>) -> ApiResult<Response> {
     let mut events = st.hub.subscribe();
     let first = pipeline_summary(&st, id).await?;
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
@@ -392,31 +574,40 @@ pub async fn watch_pipeline(State(st): State<AppState>, Path(id): Path<PipelineI
 }
 
 /// Agents with their GPUs, leases and quarantines.
-#[utoipa::path(get, path = "/api/v1/agents", responses((status = 200, body = Vec<AgentSummary>)))]
+#[utoipa::path(get, path = "/api/v1/agents",
+    responses((status = 200, body = Vec<AgentSummary>),
+        (status = 503, description = "the server is shutting down", body = ErrorBody)))]
 pub async fn list_agents(State(st): State<AppState>) -> ApiResult<Json<Vec<AgentSummary>>> {
     Ok(Json(ask(&st, |reply| Command::Agents { reply }).await?))
 }
 
 /// Return a quarantined GPU to service by hand.
-#[utoipa::path(post, path = "/api/v1/gpus/{uuid}/release", params(("uuid" = String, Path)),
-    responses((status = 204), (status = 409, description = "not quarantined", body = ErrorBody)))]
-pub async fn release_gpu(State(st): State<AppState>, Path(uuid): Path<String>) -> ApiResult<StatusCode> {
+#[utoipa::path(post, path = "/api/v1/gpus/{uuid}/release", params(("uuid" = String, Path, description = "the GPU's UUID")),
+    responses((status = 204, description = "released"),
+        (status = 400, description = "the path is not valid UTF-8", body = ErrorBody),
+        (status = 409, description = "not quarantined (or not known)", body = ErrorBody),
+        (status = 503, description = "the server is shutting down", body = ErrorBody)))]
+pub async fn release_gpu(State(st): State<AppState>, ApiPath(uuid): ApiPath<String>) -> ApiResult<StatusCode> {
     ask(&st, |reply| Command::ReleaseGpu { uuid, reply }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// Register an agent with the registration token; returns its own credential, once.
-#[utoipa::path(post, path = "/api/v1/agents/register", request_body = RegisterRequest,
-    responses((status = 201, body = RegisterResponse), (status = 401, body = ErrorBody), (status = 422, body = ErrorBody)))]
+#[utoipa::path(post, path = "/api/v1/agents/register", request_body = RegisterRequest, security(("registration_token" = [])),
+    responses((status = 201, body = RegisterResponse),
+        (status = 400, description = "the body is not a `RegisterRequest` in JSON", body = ErrorBody),
+        (status = 401, description = "missing or invalid registration token", body = ErrorBody),
+        (status = 413, description = "the body is too large", body = ErrorBody),
+        (status = 422, description = "an invalid agent name", body = ErrorBody)))]
 pub async fn register_agent(
     State(st): State<AppState>,
-    headers: axum::http::HeaderMap,
-    body: Result<Json<RegisterRequest>, axum::extract::rejection::JsonRejection>,
+    headers: HeaderMap,
+    body: Result<Json<RegisterRequest>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<RegisterResponse>)> {
     if !bearer(&headers).is_some_and(|t| st.registration_token.matches(t)) {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing registration token"));
     }
-    let Json(req) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let Json(req) = body.map_err(json_rejection)?;
     let name = req.name.trim();
     if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "agent name must be 1-128 printable characters"));
@@ -439,12 +630,27 @@ pub async fn register_agent(
     Ok((StatusCode::CREATED, Json(RegisterResponse { agent_id: id, credential: credential.expose().to_string() })))
 }
 
+/// The agent channel: a WebSocket carrying the agent protocol (`gpuci_protocol::agent`). Only
+/// documented here; the handler is `channel::connect`.
+#[utoipa::path(get, path = "/api/v1/agents/connect", security(("agent_credential" = [])),
+    params(("x-gpuci-agent-id" = String, Header, description = "the agent's id, as returned by registration")),
+    responses((status = 101, description = "switched to the WebSocket agent protocol"),
+        (status = 400, description = "not a WebSocket upgrade (plain text), or no agent id",
+            content((ErrorBody = "application/json"), (String = "text/plain"))),
+        (status = 401, description = "unknown agent or wrong credential", body = ErrorBody),
+        (status = 426, description = "the connection cannot be upgraded", content_type = "text/plain", body = String)))]
+#[allow(dead_code)]
+fn agent_channel() {}
+
 /// Version of the server and of the agent protocol. Needs no token.
 #[utoipa::path(get, path = "/healthz", security(()), responses((status = 200, body = ServerInfo)))]
 pub async fn server_info() -> Json<ServerInfo> {
     Json(ServerInfo { version: env!("CARGO_PKG_VERSION").into(), protocol: gpuci_protocol::PROTOCOL_VERSION })
 }
 
+/// This document. Needs no token.
+#[utoipa::path(get, path = "/api/v1/openapi.json", security(()),
+    responses((status = 200, description = "the OpenAPI 3.1 document of this API", body = Object)))]
 pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }

@@ -165,6 +165,10 @@ pub struct Brain {
     quarantine: BTreeMap<String, Quarantine>,
     /// Reasons of cancels sent to agents and not yet confirmed.
     cancelling: HashMap<JobId, String>,
+    /// When each queued job became ready to place (dependencies done, its concurrency group
+    /// free). The queue timeout counts from here: waiting for a dependency is not waiting
+    /// for capacity. In memory only: after a restart the clock starts again.
+    ready_since: HashMap<JobId, i64>,
 }
 
 impl Brain {
@@ -180,6 +184,7 @@ impl Brain {
             steps: HashMap::new(),
             quarantine: BTreeMap::new(),
             cancelling: HashMap::new(),
+            ready_since: HashMap::new(),
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -435,7 +440,10 @@ impl Brain {
         quarantine: Vec<Quarantine>,
     ) -> Result<JobRecord, BrainError> {
         let now = now_ms();
-        let retry = should_retry(&job.step, state, job.attempt);
+        self.ready_since.remove(&job.id);
+        // A job that never left the queue (queue timeout) did not fail; retrying it would
+        // only wait again.
+        let retry = job.state != JobState::Queued && should_retry(&job.step, state, job.attempt);
         let reason = if retry {
             format!("{reason}; retrying (attempt {} of {})", job.attempt + 1, job.step.retry.count + 1)
         } else {
@@ -534,10 +542,36 @@ impl Brain {
             )
             .await?;
 
-        // Reconcile what the agent says it has with what we recorded.
-        let mut forget = Vec::new();
+        // What the agent runs or holds results for that we already ended: it is told in the
+        // welcome, which must be the first message on the connection.
         let running: BTreeSet<JobId> = hello.running.iter().copied().collect();
         let mut finished: BTreeMap<JobId, JobFinished> = hello.finished.into_iter().map(|f| (f.job_id, f)).collect();
+        let mut forget = Vec::new();
+        for id in running.iter().chain(finished.keys()).filter(|id| !self.active.contains_key(id)) {
+            let reason = self.ended_reason(*id, was_lost).await;
+            forget.push(Forgotten { job_id: *id, reason });
+        }
+        for f in &forget {
+            tracing::info!(agent = agent_id, job = f.job_id, reason = %f.reason, "told agent what happened to its job");
+        }
+        self.send(
+            agent_id,
+            CoordinatorMessage::Welcome {
+                agent_id: agent_id.to_string(),
+                heartbeat_interval_ms: self.timing.heartbeat_interval.as_millis() as u64,
+                forget: forget.clone(),
+            },
+        );
+        for f in forget {
+            if running.contains(&f.job_id) {
+                self.send(agent_id, CoordinatorMessage::Cancel { job_id: f.job_id, reason: f.reason });
+            } else {
+                self.send(agent_id, CoordinatorMessage::Ack { job_id: f.job_id });
+            }
+            finished.remove(&f.job_id);
+        }
+
+        // Reconcile what the agent says it has with what we recorded.
         let ours: Vec<JobRecord> =
             self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
         for j in ours {
@@ -573,33 +607,6 @@ impl Brain {
                 let why = format!("agent {} restarted and no longer runs it", hello.name);
                 self.finish(&j, JobState::Lost, why, None, None, Vec::new()).await?;
             }
-        }
-        // Jobs the agent still runs or holds results for that we already ended.
-        for id in running.iter().filter(|id| !self.active.contains_key(id)) {
-            let reason = self.ended_reason(*id, was_lost).await;
-            self.send(agent_id, CoordinatorMessage::Cancel { job_id: *id, reason: reason.clone() });
-            forget.push(Forgotten { job_id: *id, reason });
-        }
-        for (id, _) in finished {
-            let reason = self.ended_reason(id, was_lost).await;
-            self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
-            forget.push(Forgotten { job_id: id, reason });
-        }
-        for f in &forget {
-            tracing::info!(agent = agent_id, job = f.job_id, reason = %f.reason, "told agent what happened to its job");
-        }
-        self.send(
-            agent_id,
-            CoordinatorMessage::Welcome {
-                agent_id: agent_id.to_string(),
-                heartbeat_interval_ms: self.timing.heartbeat_interval.as_millis() as u64,
-                forget,
-            },
-        );
-        // Welcome must be the first message: re-send the cancels after it.
-        for id in running.iter().filter(|id| !self.active.contains_key(id)) {
-            let reason = self.ended_reason(*id, was_lost).await;
-            self.send(agent_id, CoordinatorMessage::Cancel { job_id: *id, reason });
         }
         tracing::info!(agent = agent_id, name = %hello.name, slots = hello.slots, gpus = hello.gpus.len(), "agent connected");
         Ok(())
@@ -652,19 +659,45 @@ impl Brain {
             _ => None,
         };
         let now = now_ms();
-        let quarantine = f
+        let quarantine: Vec<Quarantine> = f
             .gpu_health
             .iter()
             .filter_map(|(uuid, h)| match h {
                 GpuHealth::Unhealthy { reason } => Some(Quarantine {
                     gpu_uuid: uuid.clone(),
                     agent_id: agent_id.to_string(),
-                    reason: format!("post-job check after job {id}: {reason}"),
+                    reason: format!("job {id}: {reason}"),
                     since_ms: now,
                 }),
                 GpuHealth::Healthy => None,
             })
             .collect();
+        // The job never started because a leased GPU failed its pre-job check: that is the
+        // GPU's fault, not the job's. Quarantine the GPU and put the job back in the queue.
+        if job.state == JobState::Assigned && matches!(f.outcome, Outcome::StartFailed { .. }) && !quarantine.is_empty()
+        {
+            let gpus: Vec<String> = quarantine.iter().map(|q: &Quarantine| q.gpu_uuid.clone()).collect();
+            let why = format!("requeued: GPU {} failed its health check and was quarantined", gpus.join(", "));
+            let change = JobChange {
+                state: Some(JobState::Queued),
+                reason: Some(why),
+                clear_assignment: true,
+                quarantine: quarantine.clone(),
+                ..Default::default()
+            };
+            match self.store.update_job(id, &[JobState::Assigned], change).await {
+                Ok(rec) => {
+                    for q in quarantine {
+                        tracing::warn!(gpu = %q.gpu_uuid, reason = %q.reason, "GPU quarantined");
+                        self.quarantine.insert(q.gpu_uuid.clone(), q);
+                    }
+                    self.publish(&rec);
+                    self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
+                }
+                Err(e) => tracing::error!(job = id, error = %e, "could not requeue job"),
+            }
+            return;
+        }
         match self.finish(&job, state, reason, exit_code, f.telemetry, quarantine).await {
             Ok(_) => {
                 self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
@@ -711,6 +744,15 @@ impl Brain {
         }
         self.quarantine.remove(uuid);
         tracing::info!(gpu = uuid, "GPU released from quarantine by hand");
+        // Its agent takes the GPU's current error counters as the new baseline; otherwise the
+        // error that quarantined it would quarantine it again at the next check.
+        let owner = self.agents.values().find(|a| a.gpus.iter().any(|g| g.uuid == uuid)).map(|a| a.id.clone());
+        if let Some(owner) = owner {
+            if let Some(a) = self.agents.get_mut(&owner) {
+                a.health.remove(uuid);
+            }
+            self.send(&owner, CoordinatorMessage::GpuReleased { uuid: uuid.to_string() });
+        }
         Ok(())
     }
 
@@ -760,7 +802,11 @@ impl Brain {
             .active
             .values()
             .filter(|j| j.state == JobState::Queued)
-            .filter(|j| now_wall - j.created_at_ms > j.step.effective_queue_timeout().as_millis() as i64)
+            .filter(|j| {
+                self.ready_since
+                    .get(&j.id)
+                    .is_some_and(|t| now_wall - t > j.step.effective_queue_timeout().as_millis() as i64)
+            })
             .cloned()
             .collect();
         for j in &expired {
@@ -920,7 +966,29 @@ impl Brain {
                 (w, _) => w,
             };
             if let Some(why) = why {
+                self.ready_since.remove(&j.id);
                 self.set_reason(&j, why).await;
+                continue;
+            }
+            self.ready_since.entry(j.id).or_insert_with(now_ms);
+            // A secret the step names must exist; otherwise the job could only fail later,
+            // on a GPU, after waiting its turn.
+            let secrets = if j.step.secrets.is_empty() {
+                BTreeMap::new()
+            } else {
+                match self.store.secret_values(&j.step.secrets).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::error!(job = j.id, error = %e, "could not read secrets");
+                        continue;
+                    }
+                }
+            };
+            if let Some(missing) = j.step.secrets.iter().find(|n| !secrets.contains_key(*n)) {
+                let why = format!("secret `{missing}` is not set (gpuci secret set {missing})");
+                if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
+                    tracing::error!(job = j.id, error = %e, "could not fail job");
+                }
                 continue;
             }
             let needs = Needs { tags: &j.step.agents, gpu: &j.step.gpu, container: j.step.image.is_some() };
@@ -951,6 +1019,7 @@ impl Brain {
                                 step: rec.step.clone(),
                                 env,
                                 gpus: rec.gpus.clone(),
+                                secrets: gpuci_protocol::agent::SecretValues(secrets),
                             }));
                             // If the send fails the connection is gone; the reconnect (or the
                             // lost-agent reaper) settles the job.

@@ -11,6 +11,7 @@ pub mod brain;
 mod channel;
 mod convert;
 pub mod hub;
+pub mod secrets;
 
 use anyhow::Context;
 use auth::Secret;
@@ -82,17 +83,31 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/jobs/{id}/logs", get(api::job_logs))
         .route("/api/v1/agents", get(api::list_agents))
         .route("/api/v1/gpus/{uuid}/release", post(api::release_gpu))
+        .route("/api/v1/secrets", get(secrets::list_secrets))
+        .route("/api/v1/secrets/{name}", axum::routing::put(secrets::set_secret).delete(secrets::delete_secret))
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), api::require_api_token));
     Router::new()
         .merge(authed)
         .route("/api/v1/agents/register", post(api::register_agent))
         .route("/api/v1/agents/connect", get(channel::connect))
-        .route("/api/v1/openapi.json", get(api::openapi_json))
+        .route("/api/v1/openapi.json", get(openapi_json))
         .route("/healthz", get(api::server_info))
         .fallback(|| async {
             api::ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such endpoint; see /api/v1/openapi.json")
         })
         .with_state(st)
+}
+
+/// The OpenAPI document of every endpoint.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    use utoipa::OpenApi;
+    let mut doc = api::ApiDoc::openapi();
+    doc.merge(secrets::SecretsDoc::openapi());
+    doc
+}
+
+async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
+    axum::Json(openapi())
 }
 
 /// Open the store, load state, bind the listener and start serving. Returns once the server
@@ -128,6 +143,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let brain_task = tokio::spawn(brain.run(rx, shutdown.clone()));
     let sd = shutdown.clone();
     let task = tokio::spawn(async move {
+        // No Nagle: an assignment is one small frame that must leave now, not after the
+        // peer's delayed ACK (40 ms on Linux).
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, app).with_graceful_shutdown(async move { sd.cancelled().await }).await?;
         let _ = brain_task.await;
         Ok(())

@@ -11,6 +11,7 @@
 pub mod duration;
 pub mod gpu;
 pub mod job;
+pub mod mask;
 pub mod pipeline;
 pub mod placement;
 pub mod quantity;

@@ -128,6 +128,20 @@ pub struct Assignment {
     pub env: BTreeMap<String, String>,
     /// Leased GPU UUIDs; nothing else is visible to the job.
     pub gpus: Vec<String>,
+    /// Values of the step's `secrets:`, given to the job as environment variables and masked
+    /// in its output.
+    #[serde(default)]
+    pub secrets: SecretValues,
+}
+
+/// Secret values by name. Debug output shows names only.
+#[derive(Clone, Default, Serialize, Deserialize)]
+pub struct SecretValues(pub BTreeMap<String, String>);
+
+impl std::fmt::Debug for SecretValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.0.keys().map(|k| format!("{k}=***"))).finish()
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -151,5 +165,9 @@ pub enum CoordinatorMessage {
     /// The connection is refused; the agent should not retry without a change.
     Refused {
         reason: String,
+    },
+    /// An operator returned this GPU to service: take its current counters as the baseline.
+    GpuReleased {
+        uuid: String,
     },
 }

@@ -149,7 +149,7 @@ mod tests {
     #[test]
     fn env_file_has_marker_and_rejects_newlines() {
         let mut s = spec();
-        assert_eq!(env_file_contents(&s).expect("env"), "GPUCI_JOB_ID=j7\nTOKEN=secret\n");
+        assert_eq!(env_file_contents(&s).expect("env"), "GPUCI_SANDBOX_ID=j7\nTOKEN=secret\n");
         s.env.insert("BAD".into(), "a\nb".into());
         assert!(env_file_contents(&s).is_err());
     }

@@ -56,7 +56,7 @@
 //!
 //! [`Sandbox::kill_tree`] kills without racing forks: v2 `cgroup.kill`; v1 freeze (freezer),
 //! SIGKILL every pid, thaw. Without cgroups it kills the process group and every process whose
-//! environment carries `GPUCI_JOB_ID=<id>` (see `procscan.rs` for what that misses).
+//! environment carries `GPUCI_SANDBOX_ID=<id>` (see `procscan.rs` for what that misses).
 //!
 //! # Traps
 //!
@@ -192,7 +192,7 @@ pub enum CgroupUse {
 /// Everything needed to start one job.
 #[derive(Clone, Debug)]
 pub struct SandboxSpec {
-    /// Names the cgroups and is set as `GPUCI_JOB_ID` in the job's environment. `[A-Za-z0-9._-]`.
+    /// Names the cgroups and is set as `GPUCI_SANDBOX_ID` in the job's environment. `[A-Za-z0-9._-]`.
     pub job_id: String,
     /// Created by the agent; writable; the job's working directory, at the same path inside.
     pub workspace: PathBuf,

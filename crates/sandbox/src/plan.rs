@@ -298,7 +298,7 @@ mod tests {
     #[test]
     fn plan_binds_only_allowed_paths_in_order() {
         let mut env = BTreeMap::new();
-        env.insert("GPUCI_JOB_ID".to_string(), "j1".to_string());
+        env.insert("GPUCI_SANDBOX_ID".to_string(), "j1".to_string());
         let s = render(&bwrap_args(&spec(), &env, &host()).expect("plan"));
         assert_eq!(
             s,
@@ -311,7 +311,7 @@ mod tests {
              --dev-bind /dev/nvidia1 /dev/nvidia1 --dev-bind /dev/nvidiactl /dev/nvidiactl \
              --unshare-pid --unshare-ipc --unshare-uts --unshare-cgroup-try --unshare-net \
              --hostname gpuci --die-with-parent --new-session --cap-drop ALL --chdir /var/lib/gpuci/work/j1 \
-             --clearenv --setenv GPUCI_JOB_ID j1"
+             --clearenv --setenv GPUCI_SANDBOX_ID j1"
         );
         assert!(!s.contains("shadow"));
         assert!(!s.contains("nvidia0"));

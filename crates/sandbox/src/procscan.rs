@@ -1,13 +1,13 @@
 //! Finding a job's processes without cgroups: every process started by the sandbox carries
-//! `GPUCI_JOB_ID=<id>` in its initial environment, and a daemonised grandchild keeps it. A
+//! `GPUCI_SANDBOX_ID=<id>` in its initial environment, and a daemonised grandchild keeps it. A
 //! process that execs itself with a scrubbed environment escapes this scan; that is why the
 //! scan is the fallback and cgroups (or bwrap's PID namespace) are the real mechanism.
 
 use std::fs;
 
-pub const MARKER: &str = "GPUCI_JOB_ID";
+pub const MARKER: &str = "GPUCI_SANDBOX_ID";
 
-/// Pids of live processes whose environment holds `GPUCI_JOB_ID=<job_id>`.
+/// Pids of live processes whose environment holds `GPUCI_SANDBOX_ID=<job_id>`.
 pub(crate) fn pids_with_marker(job_id: &str) -> Vec<i32> {
     let needle = format!("{MARKER}={job_id}");
     let me = std::process::id() as i32;

@@ -91,9 +91,9 @@ async fn run(spec: &SandboxSpec) -> Run {
     Run { exit: exit.expect("wait"), out, err }
 }
 
-/// Host pids whose environment holds `GPUCI_JOB_ID=<id>`, read independently of the crate.
+/// Host pids whose environment holds `GPUCI_SANDBOX_ID=<id>`, read independently of the crate.
 fn host_pids_with_marker(id: &str) -> Vec<i32> {
-    let needle = format!("GPUCI_JOB_ID={id}");
+    let needle = format!("GPUCI_SANDBOX_ID={id}");
     fs::read_dir("/proc")
         .expect("/proc")
         .flatten()
@@ -333,7 +333,7 @@ async fn agent_environment_does_not_leak() {
         let r = run(&s).await;
         assert!(!r.out.contains("agent-secret"), "{iso:?}: agent env leaked: {}", r.out);
         assert!(r.out.contains("JOB_SECRET=job-secret-value"), "{iso:?}: {}", r.out);
-        assert!(r.out.contains(&format!("GPUCI_JOB_ID={}", s.job_id)), "{iso:?}: {}", r.out);
+        assert!(r.out.contains(&format!("GPUCI_SANDBOX_ID={}", s.job_id)), "{iso:?}: {}", r.out);
     }
 }
 

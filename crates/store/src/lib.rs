@@ -90,4 +90,12 @@ pub trait Store: Send + Sync + 'static {
     async fn quarantine_gpu(&self, q: &Quarantine) -> Result<()>;
     /// Return a quarantined GPU to service. False if it was not quarantined.
     async fn release_quarantine(&self, gpu_uuid: &str) -> Result<bool>;
+
+    async fn set_secret(&self, name: &str, value: &str, now_ms: i64) -> Result<()>;
+    /// False if there was no such secret.
+    async fn delete_secret(&self, name: &str) -> Result<bool>;
+    /// Names and update times; never values.
+    async fn secret_names(&self) -> Result<Vec<(String, i64)>>;
+    /// Values of the named secrets that exist.
+    async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>>;
 }

@@ -461,4 +461,39 @@ impl Store for SqliteStore {
             sqlx::query("DELETE FROM gpu_quarantine WHERE gpu_uuid = ?").bind(gpu_uuid).execute(&self.pool).await?;
         Ok(done.rows_affected() > 0)
     }
+
+    async fn set_secret(&self, name: &str, value: &str, now_ms: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO secrets (name, value, updated_at_ms) VALUES (?, ?, ?) \
+             ON CONFLICT(name) DO UPDATE SET value = excluded.value, updated_at_ms = excluded.updated_at_ms",
+        )
+        .bind(name)
+        .bind(value)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM secrets WHERE name = ?").bind(name).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn secret_names(&self) -> Result<Vec<(String, i64)>> {
+        let rows = sqlx::query("SELECT name, updated_at_ms FROM secrets ORDER BY name").fetch_all(&self.read).await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>> {
+        let mut out = std::collections::BTreeMap::new();
+        for n in names {
+            let row =
+                sqlx::query("SELECT value FROM secrets WHERE name = ?").bind(n).fetch_optional(&self.read).await?;
+            if let Some(r) = row {
+                out.insert(n.clone(), r.get(0));
+            }
+        }
+        Ok(out)
+    }
 }

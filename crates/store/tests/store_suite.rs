@@ -138,6 +138,16 @@ async fn suite(s: &dyn Store) {
     let got = s.get_agent("agent-1").await.unwrap().unwrap();
     assert_eq!((got.state.as_str(), got.last_seen_ms), ("connected", Some(3)));
     assert!(matches!(s.update_agent("nope", AgentUpdate::default()).await, Err(StoreError::AgentNotFound(_))));
+
+    // Secrets: names are listed, values only fetched by name.
+    s.set_secret("HF_TOKEN", "v1", 1).await.unwrap();
+    s.set_secret("HF_TOKEN", "v2", 2).await.unwrap();
+    assert_eq!(s.secret_names().await.unwrap(), vec![("HF_TOKEN".to_string(), 2)]);
+    let v = s.secret_values(&["HF_TOKEN".into(), "MISSING".into()]).await.unwrap();
+    assert_eq!(v.len(), 1);
+    assert_eq!(v["HF_TOKEN"], "v2");
+    assert!(s.delete_secret("HF_TOKEN").await.unwrap());
+    assert!(!s.delete_secret("HF_TOKEN").await.unwrap());
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ mod server;
 mod submit;
 mod up;
 
-use crate::cli::{Cli, Command, GpuCommand};
+use crate::cli::{Cli, Command, GpuCommand, SecretCommand};
 use crate::client::Client;
 use crate::{render, CliError, CliResult};
 use gpuci_core::pipeline::Pipeline;
@@ -33,6 +33,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Gpu(a) => match a.command {
             GpuCommand::Release { uuid } => gpu_release(&a.client, &uuid).await,
         },
+        Command::Secret(a) => secret(a).await,
         Command::Doctor(a) => doctor::run(a).await,
         Command::Validate(a) => validate(a),
         Command::Schema => {
@@ -121,6 +122,36 @@ async fn agents(a: crate::cli::AgentsArgs) -> CliResult {
         eprintln!("no agents registered");
     } else {
         print!("{}", render::agents_table(&agents));
+    }
+    Ok(0)
+}
+
+async fn secret(a: crate::cli::SecretArgs) -> CliResult {
+    let c = Client::from_args(&a.client)?;
+    match a.command {
+        SecretCommand::Set { name } => {
+            use std::io::Read;
+            let mut value = String::new();
+            std::io::stdin().read_to_string(&mut value)?;
+            // One trailing newline comes from `echo` or a terminal, not from the secret.
+            let value = value.strip_suffix('\n').unwrap_or(&value);
+            c.set_secret(&name, value).await?;
+            eprintln!("secret {name} set");
+        }
+        SecretCommand::List => {
+            let list = c.secrets().await?;
+            if a.client.json {
+                println!("{}", serde_json::Value::Array(list));
+            } else {
+                for s in list {
+                    println!("{}", s["name"].as_str().unwrap_or_default());
+                }
+            }
+        }
+        SecretCommand::Rm { name } => {
+            c.delete_secret(&name).await?;
+            eprintln!("secret {name} deleted");
+        }
     }
     Ok(0)
 }

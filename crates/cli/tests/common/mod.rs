@@ -253,6 +253,14 @@ pub fn processes_with(marker: &str) -> Vec<String> {
     found
 }
 
+pub fn wait_until_or(what: &str, limit: Duration, f: impl Fn() -> bool, explain: impl Fn() -> String) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}: {}", explain());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn wait_until(what: &str, limit: Duration, f: impl Fn() -> bool) {
     let t0 = Instant::now();
     while !f() {
