@@ -951,7 +951,10 @@ impl Brain {
                 }
             }
         }
-        let (mut hosts, ids) = self.hosts();
+        let (hosts, ids) = self.hosts();
+        // The indexed cluster answers each job without scanning every host; it is rebuilt per
+        // pass from live state, so it can never drift from it.
+        let mut cluster = placement::Cluster::new(hosts);
         let queued: Vec<JobRecord> = self.active.values().filter(|j| j.state == JobState::Queued).cloned().collect();
         let mut placed_groups: BTreeSet<String> = BTreeSet::new();
         for j in queued {
@@ -992,16 +995,13 @@ impl Brain {
                 continue;
             }
             let needs = Needs { tags: &j.step.agents, gpu: &j.step.gpu, container: j.step.image.is_some() };
-            match placement::place(&needs, &hosts) {
+            // Applied to this pass's view at once; if the commit below fails the GPUs only
+            // look taken until the next pass.
+            match cluster.place_and_apply(&j.id.to_string(), &needs) {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
                     match self.store.assign_job(j.id, &agent_id, &p.gpus, now_ms()).await {
                         Ok(rec) => {
-                            let h = &mut hosts[p.host];
-                            h.free_slots = h.free_slots.saturating_sub(1);
-                            for g in h.gpus.iter_mut().filter(|g| p.gpus.contains(&g.info.uuid)) {
-                                g.state = GpuSlotState::Leased { job_id: j.id.to_string() };
-                            }
                             if let Some(c) = &rec.step.concurrency {
                                 placed_groups.insert(c.group.clone());
                             }
