@@ -60,6 +60,8 @@ pub struct JobContext {
     /// memory must return to this idle level after a job.
     pub baselines: std::sync::Mutex<std::collections::HashMap<String, HealthBaseline>>,
     pub telemetry_period: Duration,
+    /// Where workspace uploads come from (and are cached); `None`: a job with an upload fails.
+    pub uploads: Option<crate::workspace::UploadSource>,
 }
 
 impl JobContext {
@@ -174,11 +176,41 @@ async fn execute(
     if let Err(e) = std::fs::create_dir_all(&workspace) {
         return fail(format!("creating workspace {}: {e}", workspace.display()));
     }
+    if let Some(id) = &a.workspace_upload {
+        if let Err(error) = fill_workspace(id, ctx, out, &workspace).await {
+            out.system(format!("workspace: {error}"));
+            let _ = std::fs::remove_dir_all(&workspace);
+            return fail(format!("workspace: {error}"));
+        }
+    }
     let result = execute_in(a, ctx, out, cancel, &workspace).await;
     if let Err(e) = std::fs::remove_dir_all(&workspace) {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");
     }
     result
+}
+
+/// Unpack upload `id` (downloaded, or from the cache) into the new, empty workspace.
+async fn fill_workspace(
+    id: &str,
+    ctx: &JobContext,
+    out: &Emitter,
+    workspace: &std::path::Path,
+) -> Result<(), crate::workspace::WorkspaceError> {
+    let short = id.get(..12).unwrap_or(id);
+    let Some(source) = &ctx.uploads else {
+        return Err(crate::workspace::WorkspaceError::Download {
+            id: id.to_string(),
+            reason: "this agent has no coordinator to download uploads from".into(),
+        });
+    };
+    let archive = source.fetch(id).await?;
+    let (id2, ws) = (id.to_string(), workspace.to_path_buf());
+    let files = tokio::task::spawn_blocking(move || crate::workspace::unpack(&id2, &archive, &ws))
+        .await
+        .map_err(|e| crate::workspace::WorkspaceError::Unpack { id: id.to_string(), reason: e.to_string() })??;
+    out.system(format!("workspace: {files} files from upload {short}"));
+    Ok(())
 }
 
 fn job_env(a: &Assignment, workspace: &std::path::Path) -> BTreeMap<String, String> {

@@ -9,6 +9,7 @@
 
 mod executor;
 pub mod identity;
+pub mod workspace;
 
 pub use executor::IsolationPolicy;
 
@@ -157,6 +158,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         health,
         baselines: std::sync::Mutex::new(Default::default()),
         telemetry_period: config.telemetry_period,
+        uploads: Some(
+            workspace::UploadSource::new(
+                &identity.server,
+                &identity.agent_id,
+                &identity.credential,
+                config.data_dir.join("uploads"),
+            )
+            .context("HTTP client for uploads")?,
+        ),
     });
     // Baselines are taken now, while the GPUs are idle.
     for g in ctx.inventory.read().unwrap_or_else(|e| e.into_inner()).iter() {

@@ -103,6 +103,8 @@ pub struct UpArgs {
     /// Exit when the given pipelines have finished, with their result (for scripts and demos).
     #[arg(long)]
     pub exit_when_done: bool,
+    #[command(flatten)]
+    pub upload: UploadArgs,
 }
 
 #[derive(Args, Debug)]
@@ -115,6 +117,20 @@ pub struct RunArgs {
     /// Events as NDJSON on stdout instead of human output.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub upload: UploadArgs,
+}
+
+/// Which files a pipeline's jobs start with in their workspace.
+#[derive(Args, Debug, Clone, Default)]
+pub struct UploadArgs {
+    /// Start jobs in an empty workspace: upload no files.
+    #[arg(long, conflicts_with = "upload")]
+    pub no_upload: bool,
+    /// Upload this directory as the workspace (in a git work tree: the files git does not
+    /// ignore). Default: the git work tree holding the pipeline file, else its directory.
+    #[arg(long, value_name = "DIR")]
+    pub upload: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -160,6 +176,8 @@ pub struct SubmitArgs {
     /// Follow the pipeline until it ends; exit with its result.
     #[arg(long)]
     pub wait: bool,
+    #[command(flatten)]
+    pub upload: UploadArgs,
     #[command(flatten)]
     pub client: ClientArgs,
 }

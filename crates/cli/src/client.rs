@@ -170,3 +170,171 @@ impl Client {
         Ok(())
     }
 }
+
+/// The largest upload the coordinator accepts.
+pub const MAX_UPLOAD_BYTES: u64 = 512 << 20;
+
+/// A workspace packed for upload: a gzip'ed tar in a temporary file.
+pub struct PackedWorkspace {
+    pub root: std::path::PathBuf,
+    pub files: usize,
+    pub bytes: u64,
+    archive: tempfile::NamedTempFile,
+}
+
+/// Which directory a pipeline's workspace is made of: `upload` if given, else the git work tree
+/// holding `pipeline_file`, else the file's directory. `None` with `--no-upload`.
+pub fn workspace_root(pipeline_file: &std::path::Path, a: &crate::cli::UploadArgs) -> Option<std::path::PathBuf> {
+    if a.no_upload {
+        return None;
+    }
+    if let Some(dir) = &a.upload {
+        return Some(dir.clone());
+    }
+    let dir = match pipeline_file.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    Some(git_toplevel(&dir).unwrap_or(dir))
+}
+
+fn git_toplevel(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["rev-parse", "--show-toplevel"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let top = String::from_utf8(out.stdout).ok()?;
+    (out.status.success() && !top.trim().is_empty()).then(|| std::path::PathBuf::from(top.trim_end_matches('\n')))
+}
+
+/// The files under `root` to upload, relative to it: what git lists (tracked, and untracked but
+/// not ignored) in a git work tree, else every file, skipping `.git`.
+fn workspace_files(root: &std::path::Path) -> CliResult<Vec<std::path::PathBuf>> {
+    use std::path::PathBuf;
+    if git_toplevel(root).is_some() {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"])
+            .output()
+            .with_context(|| format!("running git ls-files in {}", root.display()))?;
+        if !out.status.success() {
+            return Err(CliError::Other(anyhow::anyhow!(
+                "git ls-files in {}: {}",
+                root.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        let mut files: Vec<PathBuf> = Vec::new();
+        for name in out.stdout.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+            use std::os::unix::ffi::OsStrExt;
+            let rel = PathBuf::from(std::ffi::OsStr::from_bytes(name));
+            // Deleted but still in the index, or a submodule (a directory): not uploaded.
+            match std::fs::symlink_metadata(root.join(&rel)) {
+                Ok(m) if !m.is_dir() => files.push(rel),
+                _ => {}
+            }
+        }
+        files.sort();
+        files.dedup();
+        return Ok(files);
+    }
+    let mut files = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        let entries = std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
+        for e in entries {
+            let e = e.with_context(|| format!("reading {}", dir.display()))?;
+            let name = rel.join(e.file_name());
+            let kind = e.file_type().with_context(|| format!("reading {}", root.join(&name).display()))?;
+            if kind.is_dir() {
+                if e.file_name() != ".git" {
+                    stack.push(name);
+                }
+            } else if kind.is_file() || kind.is_symlink() {
+                files.push(name);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Pack the files of `root` into a gzip'ed tar, modes kept (executable or not), owners and times
+/// not: the same files make the same archive, and so the same upload id.
+pub fn pack_workspace(root: &std::path::Path) -> CliResult<PackedWorkspace> {
+    let meta =
+        std::fs::metadata(root).map_err(|e| CliError::Input(format!("cannot upload {}: {e}", root.display())))?;
+    if !meta.is_dir() {
+        return Err(CliError::Input(format!("cannot upload {}: not a directory", root.display())));
+    }
+    let files = workspace_files(root)?;
+    let archive = tempfile::Builder::new().prefix("gpuci-upload-").suffix(".tar.gz").tempfile()?;
+    let gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(archive.reopen()?), flate2::Compression::default());
+    let mut tar = tar::Builder::new(gz);
+    tar.mode(tar::HeaderMode::Deterministic);
+    tar.follow_symlinks(false);
+    for rel in &files {
+        tar.append_path_with_name(root.join(rel), rel)
+            .with_context(|| format!("packing {}", root.join(rel).display()))?;
+    }
+    let gz = tar.into_inner().context("packing the workspace")?;
+    let mut out = gz.finish().context("packing the workspace")?;
+    std::io::Write::flush(&mut out)?;
+    drop(out);
+    let bytes = archive.as_file().metadata()?.len();
+    if bytes > MAX_UPLOAD_BYTES {
+        return Err(CliError::Input(format!(
+            "{}: {} files make {:.1} MiB compressed, more than the {} MiB an upload may have; \
+             choose a smaller directory (--upload DIR) or --no-upload",
+            root.display(),
+            files.len(),
+            bytes as f64 / (1 << 20) as f64,
+            MAX_UPLOAD_BYTES >> 20
+        )));
+    }
+    Ok(PackedWorkspace { root: root.to_path_buf(), files: files.len(), bytes, archive })
+}
+
+impl Client {
+    /// Upload a packed workspace; returns its id.
+    pub async fn upload(&self, w: &PackedWorkspace) -> CliResult<UploadInfo> {
+        let file = tokio::fs::File::open(w.archive.path()).await?;
+        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+        let resp = self
+            .http
+            .post(self.url("/api/v1/uploads"))
+            .bearer_auth(&self.token)
+            .header(reqwest::header::CONTENT_TYPE, "application/gzip")
+            .header(reqwest::header::CONTENT_LENGTH, w.bytes)
+            .body(body)
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.base))?;
+        Ok(Self::check(resp).await?.json().await?)
+    }
+
+    /// Pack and upload the workspace of `pipeline_file` (see [`workspace_root`]), telling on
+    /// stderr what goes up. `None` with `--no-upload`.
+    pub async fn upload_workspace(
+        &self,
+        pipeline_file: &std::path::Path,
+        a: &crate::cli::UploadArgs,
+    ) -> CliResult<Option<String>> {
+        let Some(root) = workspace_root(pipeline_file, a) else { return Ok(None) };
+        let packed = tokio::task::spawn_blocking(move || pack_workspace(&root))
+            .await
+            .map_err(|e| CliError::Other(anyhow::anyhow!("packing the workspace: {e}")))??;
+        eprintln!(
+            "uploading {} files ({:.1} MiB) from {}",
+            packed.files,
+            packed.bytes as f64 / (1 << 20) as f64,
+            packed.root.display()
+        );
+        Ok(Some(self.upload(&packed).await?.id))
+    }
+}

@@ -364,3 +364,33 @@ steps:
     assert_eq!(missing.state, JobState::Failed);
     assert_eq!(missing.reason, "secret `NOT_SET` is not set (gpuci secret set NOT_SET)");
 }
+
+#[test]
+fn a_job_over_its_memory_limit_fails_with_out_of_memory_and_a_fork_bomb_is_contained() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit(
+        r#"
+steps:
+  - key: hog
+    resources: {memory: 64MiB}
+    command: python3 -c "b = bytearray(300 * 1024 * 1024); print(len(b))"
+  - key: bomb
+    resources: {pids: 32, memory: 256MiB}
+    timeout: 20s
+    command: "f() { f | f & }; f; sleep 2; echo survived"
+"#,
+    );
+    let done = api.wait_pipeline(p.id, T);
+    let hog = &done.jobs[0];
+    assert_eq!(hog.state, JobState::Failed, "{}", hog.reason);
+    assert_eq!(hog.reason, "out of memory (limit 64 MiB)");
+    // The fork bomb hits the pids limit; the machine (and this test) carry on, and nothing of
+    // it is left afterwards.
+    let bomb = &done.jobs[1];
+    assert!(bomb.state.is_terminal(), "{bomb:?}");
+    wait_until("the fork bomb's processes to be gone", Duration::from_secs(20), || processes_with("f | f").is_empty());
+}

@@ -36,12 +36,14 @@ use utoipa::OpenApi;
 )]
 pub struct ApiDoc;
 
-/// Completes the document: the secrets endpoints (`crate::secrets`, documented there) go in
+/// Completes the document: the secrets and uploads endpoints (`crate::secrets`,
+/// `crate::uploads`, documented there) go in
 /// first so that they, too, get the security schemes and 401 answers of [`document_auth`].
 struct BearerAuth;
 impl utoipa::Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         openapi.merge(crate::secrets::SecretsDoc::openapi());
+        openapi.merge(crate::uploads::UploadsDoc::openapi());
         document_auth(openapi);
     }
 }
@@ -246,7 +248,7 @@ async fn pipeline_summary(st: &AppState, id: PipelineId) -> ApiResult<PipelineSu
     responses((status = 201, body = PipelineSummary),
         (status = 400, description = "the body is not a `SubmitPipeline` in JSON", body = ErrorBody),
         (status = 413, description = "the body is too large", body = ErrorBody),
-        (status = 422, description = "the pipeline is invalid", body = ErrorBody),
+        (status = 422, description = "the pipeline is invalid, or its `workspace_upload` is not stored", body = ErrorBody),
         (status = 503, description = "the server is shutting down", body = ErrorBody)))]
 pub async fn submit_pipeline(
     State(st): State<AppState>,
@@ -256,6 +258,14 @@ pub async fn submit_pipeline(
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "file_name must not be empty"));
     }
     check_extra_env(&req.env)?;
+    if let Some(id) = &req.workspace_upload {
+        if !st.uploads.exists(id) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("workspace_upload: no upload {id:?} (POST /api/v1/uploads first)"),
+            ));
+        }
+    }
     let pipeline = gpuci_core::pipeline::parse(&req.file_name, &req.source).map_err(|errs| ApiError {
         status: StatusCode::UNPROCESSABLE_ENTITY,
         body: ErrorBody {
@@ -283,6 +293,7 @@ pub async fn submit_pipeline(
         source: req.source,
         pipeline,
         extra_env: req.env,
+        workspace_upload: req.workspace_upload,
         reply,
     })
     .await?;

@@ -77,6 +77,8 @@ pub enum Command {
         source: String,
         pipeline: Pipeline,
         extra_env: BTreeMap<String, String>,
+        /// The id of an upload the caller checked exists.
+        workspace_upload: Option<String>,
         reply: Reply<(PipelineRecord, Vec<JobRecord>)>,
     },
     Cancel {
@@ -249,8 +251,8 @@ impl Brain {
 
     async fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { file_name, source, pipeline, extra_env, reply } => {
-                let r = self.submit(file_name, source, pipeline, extra_env).await;
+            Command::Submit { file_name, source, pipeline, extra_env, workspace_upload, reply } => {
+                let r = self.submit(file_name, source, pipeline, extra_env, workspace_upload).await;
                 let _ = reply.send(r);
                 self.schedule().await;
             }
@@ -353,6 +355,7 @@ impl Brain {
         source: String,
         pipeline: Pipeline,
         extra_env: BTreeMap<String, String>,
+        workspace_upload: Option<String>,
     ) -> Result<(PipelineRecord, Vec<JobRecord>), BrainError> {
         let now = now_ms();
         let jobs = pipeline
@@ -374,7 +377,10 @@ impl Brain {
                 }
             })
             .collect();
-        let (p, jobs) = self.store.create_pipeline(NewPipeline { file_name, source, created_at_ms: now }, jobs).await?;
+        let (p, jobs) = self
+            .store
+            .create_pipeline(NewPipeline { file_name, source, workspace_upload, created_at_ms: now }, jobs)
+            .await?;
         for j in &jobs {
             self.publish(j);
         }
@@ -994,6 +1000,13 @@ impl Brain {
                 }
                 continue;
             }
+            let workspace_upload = match self.store.get_pipeline(j.pipeline_id).await {
+                Ok(p) => p.and_then(|p| p.workspace_upload),
+                Err(e) => {
+                    tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
+                    continue;
+                }
+            };
             let needs = Needs { tags: &j.step.agents, gpu: &j.step.gpu, container: j.step.image.is_some() };
             // Applied to this pass's view at once; if the commit below fails the GPUs only
             // look taken until the next pass.
@@ -1020,6 +1033,7 @@ impl Brain {
                                 env,
                                 gpus: rec.gpus.clone(),
                                 secrets: gpuci_protocol::agent::SecretValues(secrets),
+                                workspace_upload: workspace_upload.clone(),
                             }));
                             // If the send fails the connection is gone; the reconnect (or the
                             // lost-agent reaper) settles the job.

@@ -12,6 +12,7 @@ mod channel;
 mod convert;
 pub mod hub;
 pub mod secrets;
+pub mod uploads;
 
 use anyhow::Context;
 use auth::Secret;
@@ -61,6 +62,8 @@ pub struct AppState {
     pub registration_token: Secret,
     pub conn_seq: Arc<AtomicU64>,
     pub shutdown: CancellationToken,
+    /// Workspace uploads: `<data-dir>/uploads`.
+    pub uploads: uploads::Uploads,
 }
 
 /// A started coordinator.
@@ -84,12 +87,14 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/agents", get(api::list_agents))
         .route("/api/v1/gpus/{uuid}/release", post(api::release_gpu))
         .route("/api/v1/secrets", get(secrets::list_secrets))
+        .route("/api/v1/uploads", post(uploads::create_upload))
         .route("/api/v1/secrets/{name}", axum::routing::put(secrets::set_secret).delete(secrets::delete_secret))
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), api::require_api_token));
     Router::new()
         .merge(authed)
         .route("/api/v1/agents/register", post(api::register_agent))
         .route("/api/v1/agents/connect", get(channel::connect))
+        .route("/api/v1/uploads/{id}", get(uploads::get_upload))
         .route("/api/v1/openapi.json", get(openapi_json))
         .route("/healthz", get(api::server_info))
         .fallback(|| async {
@@ -135,6 +140,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         registration_token: registration_token.clone(),
         conn_seq: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
+        uploads: uploads::Uploads::new(config.data_dir.join("uploads")),
     };
     let listener =
         tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;

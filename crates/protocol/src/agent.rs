@@ -132,6 +132,10 @@ pub struct Assignment {
     /// in its output.
     #[serde(default)]
     pub secrets: SecretValues,
+    /// The id (sha256 hex) of the upload (`GET /api/v1/uploads/{id}`, a gzip'ed tar) the job's
+    /// workspace starts from; none: an empty workspace.
+    #[serde(default)]
+    pub workspace_upload: Option<String>,
 }
 
 /// Secret values by name. Debug output shows names only.

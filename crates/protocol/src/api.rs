@@ -19,6 +19,9 @@ pub struct SubmitPipeline {
     /// Extra environment for every step (lowest precedence).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The id of an upload (`POST /api/v1/uploads`) every job's workspace starts from.
+    #[serde(default)]
+    pub workspace_upload: Option<String>,
 }
 
 /// A validation error with its position in the submitted file.
@@ -134,4 +137,12 @@ pub struct AgentSummary {
 pub struct ServerInfo {
     pub version: String,
     pub protocol: u32,
+}
+
+/// `POST /api/v1/uploads`: the stored upload, named by the sha256 of its bytes.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UploadInfo {
+    /// The sha256 of the gzip'ed tar, in lowercase hex.
+    pub id: String,
+    pub bytes: u64,
 }

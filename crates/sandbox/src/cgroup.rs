@@ -207,7 +207,19 @@ impl JobCgroup {
             source,
         };
         let dirs: Vec<(Controller, PathBuf)> = match layout {
-            Layout::V1 { bases } => bases.iter().map(|(c, b)| (*c, b.join(GROUP).join(job_id))).collect(),
+            // Only the hierarchies this job needs: memory and pids (limits, OOM and fork-limit
+            // reporting), freezer (race-free tree kill); cpu only with a CPU limit and devices
+            // only when there are GPU nodes to deny. Each directory is a mkdir plus a
+            // cgroup.procs write at start and an rmdir at cleanup.
+            Layout::V1 { bases } => bases
+                .iter()
+                .filter(|(c, _)| match c {
+                    Controller::Memory | Controller::Pids | Controller::Freezer => true,
+                    Controller::Cpu => resources.cpu_millis.is_some(),
+                    Controller::Devices => !deny_devices.is_empty(),
+                })
+                .map(|(c, b)| (*c, b.join(GROUP).join(job_id)))
+                .collect(),
             Layout::V2 { base } => {
                 // Enable controllers for gpuci/ and its children. Failing here is not fatal on
                 // its own: a limit that is asked for and cannot be written is.

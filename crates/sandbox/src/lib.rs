@@ -12,7 +12,7 @@
 //! | # | inside the sandbox | how |
 //! |---|--------------------|-----|
 //! | 1 | `/usr`, `/opt` and, when they are real directories, `/bin /sbin /lib /lib32 /lib64 /libx32` | `--ro-bind` (when a merged-/usr host has them as symlinks: `--symlink` to the same target) |
-//! | 2 | an allow-list of `/etc` entries: passwd, group, hosts, resolv.conf, nsswitch.conf, ld.so.cache, ssl/, ca-certificates/, pki/, localtime, os-release, alternatives/, OpenCL/, vulkan/, nvidia/, ssh client config, ... (`plan::ETC_ALLOW`) | `--ro-bind` each that exists. Never `/etc` as a whole: `shadow`, ssh host keys, `/etc/gpuci` |
+//! | 2 | an allow-list of `/etc` entries: passwd, group, hosts, resolv.conf, nsswitch.conf, ld.so.cache, ssl/, ca-certificates/, pki/, localtime, os-release, alternatives/, OpenCL/, vulkan/, nvidia/, ssh client config, ... (`plan::ETC_ALLOW`) | the allow-listed *files* are copies in one prepared read-only view directory (`/run/gpuci-sandbox/etc.<pid>.<gen>`, rebuilt when a source's stat changes; see `etcview.rs` for where and why it is safe) bound onto `/etc` with one `--ro-bind`; the allow-listed *directories* are `--ro-bind`ed live on top of it. Without a view (agent not root, `/run` not writable, a hide path inside `/etc`): `--ro-bind` each entry that exists. Never `/etc` as a whole: `shadow`, ssh host keys, `/etc/gpuci` |
 //! | 3 | `/sys/devices/system/{cpu,node}`; with a GPU leased also `/sys/bus/pci`, `/sys/devices/pci*`, `/sys/module/nvidia` | `--ro-bind` (NVML, CUDA and CPU-topology code read these; the rest of sysfs is absent) |
 //! | 4 | `/proc` (of the new PID namespace), a minimal `/dev` (null, zero, full, random, urandom, tty, pts), `/dev/shm`, `/tmp`, `/var/tmp` | `--proc`, `--dev`, `--tmpfs` (fresh and empty per job; tmpfs pages count against the job's memory limit) |
 //! | 5 | each `hide_paths` entry that lies *inside* a bound directory (e.g. `/opt/gpuci/data`) | `--tmpfs` over a directory, `--ro-bind /dev/null` over a file; a hide path that *covers* a source in 1–3 drops that source |
@@ -46,13 +46,20 @@
 //! # Limits and tree kill
 //!
 //! When cgroups are writable ([`CgroupUse::Auto`] or [`CgroupUse::Required`]), each job gets
-//! `<agent's cgroup>/gpuci/<job_id>` in every v1 hierarchy it uses (memory, pids, cpu, freezer,
-//! devices) or once on v2. The child enters them itself between fork and exec (it writes "0"
+//! `<agent's cgroup>/gpuci/<job_id>` in the v1 hierarchies it needs (memory, pids, freezer always;
+//! cpu only with a CPU limit; devices only when there are host GPU nodes to deny) or once on v2. The child enters them itself between fork and exec (it writes "0"
 //! into pre-opened `cgroup.procs` files, see `child.rs`), so no process of the job ever runs
 //! outside them. Limits: memory (`memory.limit_in_bytes` + `memory.memsw.limit_in_bytes` / v2
 //! `memory.max` + `memory.swap.max = 0`), pids (`pids.max`), CPU (CFS quota over a 100 ms
 //! period). On v1 the devices controller also denies every host `/dev/nvidiaN` that is not
 //! leased, which holds even for `Isolation::None`.
+//!
+//! Start-up cost on v1: the first write into a `cgroup.procs` file takes the kernel's
+//! `cgroup_threadgroup_rwsem` for writing, which waits for an RCU grace period (12–16 ms measured
+//! on a 2-core VM, HZ=250) unless a migration happened within the last grace period or the host
+//! enabled `favordynmods` on a cgroup mount (`mount -o remount,favordynmods` on the cgroup2 mount,
+//! also the hybrid `unified` one; kernel ≥ 6.1). That is a host-wide trade-off (slightly slower
+//! fork/exit) for the administrator to make, so this crate does not flip it; see BENCHMARKS.md.
 //!
 //! [`Sandbox::kill_tree`] kills without racing forks: v2 `cgroup.kill`; v1 freeze (freezer),
 //! SIGKILL every pid, thaw. Without cgroups it kills the process group and every process whose
@@ -68,6 +75,7 @@
 mod cgroup;
 mod child;
 mod error;
+mod etcview;
 mod plan;
 mod procscan;
 mod sandbox;

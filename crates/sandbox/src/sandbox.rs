@@ -9,6 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gpuci_core::quantity::Bytes;
@@ -18,6 +19,7 @@ use tokio::process::{Child, ChildStderr, ChildStdout, Command};
 
 use crate::cgroup::{self, JobCgroup};
 use crate::child::{self, ChildSetup};
+use crate::etcview::{self, EtcView};
 use crate::plan::{self, HostFs, Kind, RealFs};
 use crate::procscan::{self, MARKER};
 use crate::{find_program, validate_job_id, CgroupUse, Isolation, SandboxError, SandboxSpec};
@@ -76,6 +78,9 @@ pub struct Sandbox {
     child: Child,
     pid: u32,
     cgroup: Option<JobCgroup>,
+    /// The `/etc` view generation bwrap binds: kept (not removed) until the job is gone.
+    #[allow(dead_code)]
+    etc_view: Option<Arc<EtcView>>,
     exit: Option<ExitInfo>,
     cleaned: bool,
 }
@@ -127,9 +132,12 @@ impl Sandbox {
                 })
                 .collect::<Result<_, _>>()?;
             let mut args_fd = None;
+            let mut etc_view = None;
             let mut cmd = match &bwrap {
                 Some(bwrap) => {
-                    let args = plan::bwrap_args(spec, &env, &RealFs)?;
+                    etc_view = etcview::current();
+                    let view = etc_view.as_deref().map(|v| plan::EtcPlan { dir: &v.dir, binds: &v.binds });
+                    let args = plan::bwrap_args(spec, &env, &RealFs, view)?;
                     let fd = args_memfd(id, &args)?;
                     let mut cmd = Command::new(bwrap);
                     cmd.arg("--args").arg(fd.as_raw_fd().to_string()).arg("--").args(&spec.argv);
@@ -156,9 +164,9 @@ impl Sandbox {
             let child =
                 cmd.spawn().map_err(|source| SandboxError::Spawn { job_id: id.to_string(), program, source })?;
             // `procs` and `args_fd` close here: the child has its own copies.
-            Ok(child)
+            Ok((child, etc_view))
         })();
-        let mut child = match result {
+        let (mut child, etc_view) = match result {
             Ok(c) => c,
             Err(e) => {
                 if let Some(cg) = &cgroup {
@@ -172,7 +180,7 @@ impl Sandbox {
             unreachable!("stdout and stderr were set to piped")
         };
         tracing::debug!(job_id = id, pid, isolation = ?spec.isolation, cgroup = cgroup.is_some(), "job started");
-        let sandbox = Sandbox { job_id: id.to_string(), child, pid, cgroup, exit: None, cleaned: false };
+        let sandbox = Sandbox { job_id: id.to_string(), child, pid, cgroup, etc_view, exit: None, cleaned: false };
         Ok((sandbox, stdout, stderr))
     }
 

@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 pub struct NewPipeline {
     pub file_name: String,
     pub source: String,
+    /// The id (sha256) of the workspace upload every job starts from, if any.
+    pub workspace_upload: Option<String>,
     pub created_at_ms: i64,
 }
 
@@ -18,6 +20,8 @@ pub struct PipelineRecord {
     pub id: PipelineId,
     pub file_name: String,
     pub source: String,
+    /// The id (sha256) of the workspace upload every job starts from, if any.
+    pub workspace_upload: Option<String>,
     pub created_at_ms: i64,
 }
 

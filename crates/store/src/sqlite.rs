@@ -90,6 +90,7 @@ fn pipeline_from_row(r: &SqliteRow) -> PipelineRecord {
         id: r.get("id"),
         file_name: r.get("file_name"),
         source: r.get("source"),
+        workspace_upload: r.get("workspace_upload"),
         created_at_ms: r.get("created_at_ms"),
     }
 }
@@ -151,9 +152,12 @@ impl Store for SqliteStore {
     async fn create_pipeline(&self, p: NewPipeline, jobs: Vec<NewJob>) -> Result<(PipelineRecord, Vec<JobRecord>)> {
         let mut tx = self.pool.begin().await?;
         let pid: i64 =
-            sqlx::query("INSERT INTO pipelines (file_name, source, created_at_ms) VALUES (?, ?, ?) RETURNING id")
+            sqlx::query(
+                "INSERT INTO pipelines (file_name, source, workspace_upload, created_at_ms) VALUES (?, ?, ?, ?) RETURNING id",
+            )
                 .bind(&p.file_name)
                 .bind(&p.source)
+                .bind(&p.workspace_upload)
                 .bind(p.created_at_ms)
                 .fetch_one(&mut *tx)
                 .await?
@@ -168,7 +172,13 @@ impl Store for SqliteStore {
         }
         tx.commit().await?;
         Ok((
-            PipelineRecord { id: pid, file_name: p.file_name, source: p.source, created_at_ms: p.created_at_ms },
+            PipelineRecord {
+                id: pid,
+                file_name: p.file_name,
+                source: p.source,
+                workspace_upload: p.workspace_upload,
+                created_at_ms: p.created_at_ms,
+            },
             records,
         ))
     }
@@ -312,18 +322,21 @@ impl Store for SqliteStore {
     }
 
     async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>> {
-        let row = sqlx::query("SELECT id, file_name, source, created_at_ms FROM pipelines WHERE id = ?")
-            .bind(id)
-            .fetch_optional(&self.read)
-            .await?;
+        let row =
+            sqlx::query("SELECT id, file_name, source, workspace_upload, created_at_ms FROM pipelines WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&self.read)
+                .await?;
         Ok(row.as_ref().map(pipeline_from_row))
     }
 
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
-        let rows = sqlx::query("SELECT id, file_name, source, created_at_ms FROM pipelines ORDER BY id DESC LIMIT ?")
-            .bind(i64::from(limit))
-            .fetch_all(&self.read)
-            .await?;
+        let rows = sqlx::query(
+            "SELECT id, file_name, source, workspace_upload, created_at_ms FROM pipelines ORDER BY id DESC LIMIT ?",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await?;
         Ok(rows.iter().map(pipeline_from_row).collect())
     }
 

@@ -24,7 +24,12 @@ async fn suite(s: &dyn Store) {
     // Pipelines and jobs are created together.
     let (p, jobs) = s
         .create_pipeline(
-            NewPipeline { file_name: "x.yml".into(), source: "steps: []".into(), created_at_ms: 1 },
+            NewPipeline {
+                file_name: "x.yml".into(),
+                source: "steps: []".into(),
+                workspace_upload: None,
+                created_at_ms: 1,
+            },
             vec![new_job("a"), new_job("b")],
         )
         .await
@@ -34,6 +39,25 @@ async fn suite(s: &dyn Store) {
     assert_eq!(jobs[0].step.key, "a");
     assert_eq!(jobs[0].env["A"], "1");
     let (a, b) = (jobs[0].id, jobs[1].id);
+    assert_eq!(s.get_pipeline(p.id).await.unwrap().unwrap().workspace_upload, None);
+
+    // A pipeline keeps the workspace upload it was submitted with.
+    let upload = "ab".repeat(32);
+    let (with_upload, _) = s
+        .create_pipeline(
+            NewPipeline {
+                file_name: "u.yml".into(),
+                source: "steps: []".into(),
+                workspace_upload: Some(upload.clone()),
+                created_at_ms: 1,
+            },
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(with_upload.workspace_upload.as_deref(), Some(upload.as_str()));
+    let read = s.get_pipeline(with_upload.id).await.unwrap().unwrap();
+    assert_eq!(read.workspace_upload.as_deref(), Some(upload.as_str()));
 
     // Assignment takes leases atomically; a leased GPU cannot be leased again.
     let ja = s.assign_job(a, "agent-1", &["GPU-1".into(), "GPU-2".into()], 5).await.unwrap();
@@ -170,7 +194,7 @@ async fn data_survives_reopen() {
         let s = SqliteStore::open(&path).await.unwrap();
         let (_, jobs) = s
             .create_pipeline(
-                NewPipeline { file_name: "x".into(), source: String::new(), created_at_ms: 1 },
+                NewPipeline { file_name: "x".into(), source: String::new(), workspace_upload: None, created_at_ms: 1 },
                 vec![new_job("a")],
             )
             .await

@@ -44,7 +44,12 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
     for i in 0..n + 20 {
         let t0 = now_us();
         let p = c
-            .submit(&SubmitPipeline { file_name: "bench.yml".into(), source: source.into(), env: Default::default() })
+            .submit(&SubmitPipeline {
+                file_name: "bench.yml".into(),
+                source: source.into(),
+                env: Default::default(),
+                workspace_upload: None,
+            })
             .await?;
         let mut started: Option<i64> = None;
         let mut done = false;
@@ -82,8 +87,14 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
         yaml.push_str(&format!("  - key: s{i}\n    command: \"true\"\n"));
     }
     let t0 = std::time::Instant::now();
-    let p =
-        c.submit(&SubmitPipeline { file_name: "throughput.yml".into(), source: yaml, env: Default::default() }).await?;
+    let p = c
+        .submit(&SubmitPipeline {
+            file_name: "throughput.yml".into(),
+            source: yaml,
+            env: Default::default(),
+            workspace_upload: None,
+        })
+        .await?;
     let mut state = String::new();
     c.stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
         if let WatchEvent::Done { state: s } = ev {

@@ -25,8 +25,14 @@ pub async fn run(a: RunArgs, shutdown: CancellationToken) -> CliResult {
     .await?;
     let client = Client::new(&local.server.url, local.server.api_token.expose())?;
     local::wait_for_agent(&client).await?;
+    let workspace_upload = client.upload_workspace(&a.file, &a.upload).await?;
     let p = client
-        .submit(&SubmitPipeline { file_name: a.file.display().to_string(), source, env: Default::default() })
+        .submit(&SubmitPipeline {
+            file_name: a.file.display().to_string(),
+            source,
+            env: Default::default(),
+            workspace_upload,
+        })
         .await?;
     if !a.json {
         eprintln!("running {} ({} steps) on this machine", a.file.display(), p.jobs.len());

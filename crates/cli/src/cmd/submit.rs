@@ -10,8 +10,15 @@ use gpuci_protocol::api::{SubmitPipeline, WatchEvent};
 pub async fn run(a: SubmitArgs) -> CliResult {
     let (source, _) = read_pipeline(&a.file)?;
     let c = Client::from_args(&a.client)?;
-    let p =
-        c.submit(&SubmitPipeline { file_name: a.file.display().to_string(), source, env: Default::default() }).await?;
+    let workspace_upload = c.upload_workspace(&a.file, &a.upload).await?;
+    let p = c
+        .submit(&SubmitPipeline {
+            file_name: a.file.display().to_string(),
+            source,
+            env: Default::default(),
+            workspace_upload,
+        })
+        .await?;
     if !a.wait {
         if a.client.json {
             println!("{}", serde_json::to_string_pretty(&p).map_err(anyhow::Error::from)?);

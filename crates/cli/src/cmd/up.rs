@@ -14,7 +14,7 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
     let mut pipelines = Vec::new();
     for f in &a.pipelines {
         let (source, _) = read_pipeline(f)?;
-        pipelines.push((f.display().to_string(), source));
+        pipelines.push((f.display().to_string(), f.clone(), source));
     }
     let data_dir = a.data_dir.clone().unwrap_or_else(|| default_data_dir("gpuci"));
     let db = data_dir.join("gpuci.db");
@@ -38,9 +38,11 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
     let client = Client::new(&url, local.server.api_token.expose())?;
     local::wait_for_agent(&client).await?;
     let mut result = 0u8;
-    for (file_name, source) in pipelines {
-        let p =
-            client.submit(&SubmitPipeline { file_name: file_name.clone(), source, env: Default::default() }).await?;
+    for (file_name, path, source) in pipelines {
+        let workspace_upload = client.upload_workspace(&path, &a.upload).await?;
+        let p = client
+            .submit(&SubmitPipeline { file_name: file_name.clone(), source, env: Default::default(), workspace_upload })
+            .await?;
         eprintln!("submitted {file_name} as pipeline {} ({} jobs)", p.id, p.jobs.len());
         let mut progress = Progress::new(&p.jobs);
         let path = format!("/api/v1/pipelines/{}/watch", p.id);

@@ -144,7 +144,12 @@ impl Api {
             .http
             .post(format!("{}/api/v1/pipelines", self.url))
             .bearer_auth(&self.token)
-            .json(&SubmitPipeline { file_name: "test.yml".into(), source: yaml.into(), env: Default::default() })
+            .json(&SubmitPipeline {
+                file_name: "test.yml".into(),
+                source: yaml.into(),
+                env: Default::default(),
+                workspace_upload: None,
+            })
             .send()
             .expect("submit");
         assert_eq!(r.status(), 201, "submit failed: {}", r.text().unwrap_or_default());

@@ -1,0 +1,211 @@
+//! `/api/v1/uploads`: the files a job's workspace starts from. A client (`gpuci submit`) posts
+//! a gzip'ed tar; it is stored content-addressed as `<data-dir>/uploads/<sha256>.tar.gz`
+//! (written to a temporary file, synced, renamed: a reader never sees half a file, and the
+//! same content is stored once). A pipeline names it by id (`SubmitPipeline::workspace_upload`)
+//! and each agent downloads it with its own credential before running a job.
+//!
+//! The coordinator does not look inside the archive; agents unpack it, refusing entries that
+//! would land outside the workspace.
+
+use crate::api::{ApiError, ApiPath};
+use crate::auth::{bearer, verify_hash};
+use crate::channel::AGENT_ID_HEADER;
+use crate::AppState;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt;
+use gpuci_protocol::api::{ErrorBody, UploadInfo};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use tokio::io::AsyncWriteExt;
+
+/// The largest upload accepted.
+pub const MAX_UPLOAD_BYTES: u64 = 512 << 20;
+
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(create_upload, get_upload), components(schemas(UploadInfo)))]
+pub struct UploadsDoc;
+
+/// Where uploads live: `<data-dir>/uploads`.
+#[derive(Clone, Debug)]
+pub struct Uploads {
+    dir: PathBuf,
+}
+
+impl Uploads {
+    pub fn new(dir: PathBuf) -> Self {
+        Uploads { dir }
+    }
+
+    /// The file of upload `id`; `None` when `id` is not a sha256 in lowercase hex.
+    pub fn path(&self, id: &str) -> Option<PathBuf> {
+        valid_id(id).then(|| self.dir.join(format!("{id}.tar.gz")))
+    }
+
+    /// Whether upload `id` is stored.
+    pub fn exists(&self, id: &str) -> bool {
+        self.path(id).is_some_and(|p| p.is_file())
+    }
+}
+
+/// A sha256 in lowercase hex: 64 characters of `0-9a-f`.
+pub fn valid_id(id: &str) -> bool {
+    id.len() == 64 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn is_gzip_content_type(v: &str) -> bool {
+    let mime = v.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    mime == "application/gzip" || mime == "application/x-gzip"
+}
+
+/// Store a workspace upload: a gzip'ed tar of the files every job of a pipeline starts from.
+/// The id is the sha256 of the bytes; posting the same bytes again answers the same id.
+#[utoipa::path(post, path = "/api/v1/uploads",
+    request_body(content = Vec<u8>, content_type = "application/gzip", description = "a gzip'ed tar, at most 512 MiB"),
+    responses((status = 201, body = UploadInfo),
+        (status = 400, description = "the body is empty or not gzip data", body = ErrorBody),
+        (status = 413, description = "the body is larger than 512 MiB", body = ErrorBody),
+        (status = 415, description = "the content type is not `application/gzip`", body = ErrorBody)))]
+pub async fn create_upload(
+    State(st): State<AppState>,
+    req: Request,
+) -> Result<(StatusCode, Json<UploadInfo>), ApiError> {
+    let headers = req.headers();
+    if !headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(is_gzip_content_type) {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "expected `Content-Type: application/gzip` (a gzip'ed tar)",
+        ));
+    }
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the upload is larger than {} MiB; upload fewer files (gpuci submit --upload DIR)",
+                MAX_UPLOAD_BYTES >> 20
+            ),
+        )
+    };
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_UPLOAD_BYTES) {
+        return Err(too_large());
+    }
+    let dir = &st.uploads.dir;
+    let server_error = |what: &str, e: std::io::Error| {
+        tracing::error!(error = %e, dir = %dir.display(), "{what}");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e}"))
+    };
+    tokio::fs::create_dir_all(dir).await.map_err(|e| server_error("creating the uploads directory", e))?;
+    let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4()));
+    // Removes the temporary file on every early return.
+    let guard = TempFile(tmp.clone());
+    let mut file = tokio::fs::File::create(&tmp).await.map_err(|e| server_error("creating an upload file", e))?;
+    let mut hasher = Sha256::new();
+    let mut bytes: u64 = 0;
+    let mut head: Vec<u8> = Vec::with_capacity(2);
+    let mut stream = req.into_body().into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("reading the upload: {e}")))?;
+        bytes += chunk.len() as u64;
+        if bytes > MAX_UPLOAD_BYTES {
+            return Err(too_large());
+        }
+        if head.len() < 2 {
+            head.extend(chunk.iter().take(2 - head.len()).copied());
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.map_err(|e| server_error("writing an upload", e))?;
+    }
+    if head != [0x1f, 0x8b] {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "the upload is not gzip data (expected a .tar.gz)"));
+    }
+    file.sync_all().await.map_err(|e| server_error("syncing an upload", e))?;
+    drop(file);
+    let id = hex::encode(hasher.finalize());
+    let path = dir.join(format!("{id}.tar.gz"));
+    if !path.is_file() {
+        tokio::fs::rename(&tmp, &path).await.map_err(|e| server_error("storing an upload", e))?;
+        sync_dir(dir).await;
+        tracing::info!(upload = %id, bytes, "upload stored");
+    }
+    drop(guard);
+    Ok((StatusCode::CREATED, Json(UploadInfo { id, bytes })))
+}
+
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+async fn sync_dir(dir: &Path) {
+    let dir = dir.to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || std::fs::File::open(dir).and_then(|d| d.sync_all())).await;
+}
+
+/// Whether the request carries the API token, or (with `x-gpuci-agent-id`) the credential of
+/// that agent — checked as the agent channel checks it.
+async fn authorized(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(offered) = bearer(headers) else {
+        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "missing API token or agent credential"));
+    };
+    if let Some(agent_id) = headers.get(AGENT_ID_HEADER).and_then(|v| v.to_str().ok()) {
+        let known = st.store.get_agent(agent_id).await?;
+        if known.is_some_and(|a| verify_hash(offered, &a.credential_hash)) {
+            return Ok(());
+        }
+        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unknown agent or wrong credential"));
+    }
+    if st.api_token.matches(offered) {
+        Ok(())
+    } else {
+        Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid API token"))
+    }
+}
+
+/// Download an upload (a gzip'ed tar). With the API token, or as an agent: its credential and
+/// the `x-gpuci-agent-id` header.
+#[utoipa::path(get, path = "/api/v1/uploads/{id}",
+    security(("bearer" = []), ("agent_credential" = [])),
+    params(("id" = String, Path, description = "the upload's id: its sha256 in lowercase hex"),
+        ("x-gpuci-agent-id" = Option<String>, Header, description = "with an agent credential: the agent's id")),
+    responses((status = 200, description = "the upload", content_type = "application/gzip", body = Vec<u8>),
+        (status = 400, description = "the id is not a sha256 in lowercase hex", body = ErrorBody),
+        (status = 401, description = "missing or invalid API token or agent credential", body = ErrorBody),
+        (status = 404, description = "no such upload", body = ErrorBody)))]
+pub async fn get_upload(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    authorized(&st, &headers).await?;
+    let Some(path) = st.uploads.path(&id) else {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "an upload id is a sha256 in lowercase hex (64 characters)",
+        ));
+    };
+    let file = match tokio::fs::File::open(&path).await {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ApiError::new(StatusCode::NOT_FOUND, format!("upload {id} not found")))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, path = %path.display(), "could not open an upload");
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("opening upload {id}: {e}")));
+        }
+    };
+    let len = file.metadata().await.map(|m| m.len()).ok();
+    let mut r = Response::builder().header(header::CONTENT_TYPE, "application/gzip");
+    if let Some(len) = len {
+        r = r.header(header::CONTENT_LENGTH, len);
+    }
+    Ok(r.body(Body::from_stream(tokio_util::io::ReaderStream::new(file)))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+}
