@@ -1,0 +1,56 @@
+//! The agent channel's JSON is a contract between versions of coordinator and agent: these
+//! tests pin its shape. Changing one means bumping PROTOCOL_VERSION.
+
+use gpuci_core::job::Outcome;
+use gpuci_protocol::agent::*;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+#[test]
+fn coordinator_messages_have_a_stable_shape() {
+    let m = CoordinatorMessage::Cancel { job_id: 7, reason: "cancelled by user".into() };
+    assert_eq!(
+        serde_json::to_value(&m).unwrap(),
+        json!({"type": "cancel", "job_id": 7, "reason": "cancelled by user"})
+    );
+    let m = CoordinatorMessage::Ack { job_id: 3 };
+    assert_eq!(serde_json::to_value(&m).unwrap(), json!({"type": "ack", "job_id": 3}));
+    let m = CoordinatorMessage::GpuReleased { uuid: "GPU-1".into() };
+    assert_eq!(serde_json::to_value(&m).unwrap(), json!({"type": "gpu_released", "uuid": "GPU-1"}));
+}
+
+#[test]
+fn agent_messages_round_trip() {
+    let f = JobFinished {
+        job_id: 9,
+        outcome: Outcome::Exited { code: 2 },
+        finished_at_us: 1,
+        telemetry: None,
+        gpu_health: BTreeMap::from([("GPU-1".to_string(), GpuHealth::Unhealthy { reason: "xid".into() })]),
+    };
+    let v = serde_json::to_value(AgentMessage::JobFinished(f.clone())).unwrap();
+    assert_eq!(v["type"], "job_finished");
+    assert_eq!(v["outcome"], json!({"kind": "exited", "code": 2}));
+    assert_eq!(v["gpu_health"]["GPU-1"], json!({"status": "unhealthy", "reason": "xid"}));
+    match serde_json::from_value::<AgentMessage>(v).unwrap() {
+        AgentMessage::JobFinished(back) => assert_eq!(back, f),
+        other => panic!("{other:?}"),
+    }
+    // Older agents omit the optional fields.
+    let old =
+        json!({"type": "job_finished", "job_id": 1, "outcome": {"kind": "exited", "code": 0}, "finished_at_us": 5});
+    assert!(matches!(serde_json::from_value::<AgentMessage>(old).unwrap(), AgentMessage::JobFinished(_)));
+}
+
+#[test]
+fn secret_values_never_show_in_debug_output() {
+    let s = SecretValues(BTreeMap::from([("HF_TOKEN".to_string(), "hf_very_secret".to_string())]));
+    let dbg = format!("{s:?}");
+    assert!(dbg.contains("HF_TOKEN") && !dbg.contains("hf_very_secret"), "{dbg}");
+}
+
+#[test]
+fn unknown_messages_are_errors_not_panics() {
+    assert!(serde_json::from_str::<CoordinatorMessage>(r#"{"type": "reboot"}"#).is_err());
+    assert!(serde_json::from_str::<AgentMessage>("not json").is_err());
+}
