@@ -1,4 +1,5 @@
 //! The `gpuci` command line as a user runs it.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! content type and body — is what the document says. Malformed requests never get a 5xx.
 //! (`scripts/api-fuzz.sh` runs schemathesis for a deeper, slower search; this test is the
 //! bounded version that CI runs.)
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 mod common;
 

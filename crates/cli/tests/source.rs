@@ -1,6 +1,7 @@
 //! A job starts in a workspace holding its source: what `gpuci submit` uploaded
 //! (`POST /api/v1/uploads`), downloaded by the agent with its own credential and unpacked
 //! safely. Real server and agent processes, as in `system.rs`.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 mod common;
 

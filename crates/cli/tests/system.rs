@@ -1,4 +1,5 @@
 //! Whole-system tests: a real coordinator process and real agent processes on 127.0.0.1.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 mod common;
 

@@ -73,12 +73,12 @@ impl JobState {
     /// Whether `self → to` is a legal transition.
     pub fn can_become(self, to: JobState) -> bool {
         use JobState::*;
-        match (self, to) {
-            (Queued, Assigned | Cancelled | TimedOut | Skipped) => true,
-            (Assigned, Running | Queued | Succeeded | Failed | Cancelled | TimedOut | Lost) => true,
-            (Running, Succeeded | Failed | Cancelled | TimedOut | Lost) => true,
-            _ => false,
-        }
+        matches!(
+            (self, to),
+            (Queued, Assigned | Cancelled | TimedOut | Skipped)
+                | (Assigned, Running | Queued | Succeeded | Failed | Cancelled | TimedOut | Lost)
+                | (Running, Succeeded | Failed | Cancelled | TimedOut | Lost)
+        )
     }
 }
 

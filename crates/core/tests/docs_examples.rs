@@ -11,6 +11,7 @@
 //! Also checked: every key of the format (from the JSON Schema, which a test in `schema.rs`
 //! keeps equal to the parser's key lists) is mentioned in `docs/pipelines.md`, and every top-level
 //! and step key has a heading there.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use gpuci_core::pipeline::{parse, schema::json_schema};
 use std::path::PathBuf;

@@ -1,5 +1,6 @@
 //! Every error path of the `.gpuci.yml` parser. The exact texts are the product's UX: change
 //! them on purpose, not by accident.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use gpuci_core::pipeline::{parse, PipelineErrors};
 

@@ -1,4 +1,5 @@
 //! Pipelines that parse, and what they parse to.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use gpuci_core::duration::Duration;
 use gpuci_core::gpu::{CmpOp, ComputeCapability, Constraint, GpuRequirements, Version};

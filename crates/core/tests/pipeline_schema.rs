@@ -1,5 +1,6 @@
 //! The published JSON Schema: up to date on disk, accepts the examples, rejects what the
 //! parser rejects for shape, and names every key the parser accepts.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use gpuci_core::pipeline::{parse, schema::json_schema};
 use serde_json::{json, Value};

@@ -1,6 +1,7 @@
 //! Property tests for placement: random hosts, GPUs and a random sequence of placements and
 //! releases. The indexed `Cluster` must agree with the reference `place` at every step, and
 //! every placement must obey the rules; an unplaceable answer must be true.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use gpuci_core::gpu::{mismatch, CmpOp, ComputeCapability, Constraint, GpuInfo, GpuRequirements, Version};
 use gpuci_core::placement::{place, Cluster, GpuSlot, GpuSlotState, HostView, Needs};

@@ -1,5 +1,6 @@
 //! Placement rules, one test per rule and per reason. Every check goes through both the
 //! reference `place` and the indexed `Cluster`, which must agree.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use gpuci_core::gpu::{CmpOp, ComputeCapability, Constraint, GpuInfo, GpuRequirements, Version};
 use gpuci_core::placement::{place, Cluster, GpuSlot, GpuSlotState, HostView, Needs, Placement, Unplaceable};

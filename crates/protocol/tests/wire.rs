@@ -1,5 +1,6 @@
 //! The agent channel's JSON is a contract between versions of coordinator and agent: these
 //! tests pin its shape. Changing one means bumping PROTOCOL_VERSION.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use gpuci_core::job::Outcome;
 use gpuci_protocol::agent::*;

@@ -147,6 +147,21 @@ async fn insert_job_in(conn: &mut sqlx::SqliteConnection, pipeline_id: PipelineI
     Ok(id)
 }
 
+/// Quarantine a GPU, or refresh the reason of one already quarantined.
+async fn upsert_quarantine<'e, E: sqlx::SqliteExecutor<'e>>(exec: E, q: &Quarantine) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO gpu_quarantine (gpu_uuid, agent_id, reason, since_ms) VALUES (?, ?, ?, ?) \
+         ON CONFLICT(gpu_uuid) DO UPDATE SET reason = excluded.reason, since_ms = excluded.since_ms",
+    )
+    .bind(&q.gpu_uuid)
+    .bind(&q.agent_id)
+    .bind(&q.reason)
+    .bind(q.since_ms)
+    .execute(exec)
+    .await?;
+    Ok(())
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn create_pipeline(&self, p: NewPipeline, jobs: Vec<NewJob>) -> Result<(PipelineRecord, Vec<JobRecord>)> {
@@ -261,16 +276,7 @@ impl Store for SqliteStore {
             sqlx::query("DELETE FROM gpu_leases WHERE job_id = ?").bind(id).execute(&mut *tx).await?;
         }
         for q in &c.quarantine {
-            sqlx::query(
-                "INSERT INTO gpu_quarantine (gpu_uuid, agent_id, reason, since_ms) VALUES (?, ?, ?, ?) \
-                 ON CONFLICT(gpu_uuid) DO UPDATE SET reason = excluded.reason, since_ms = excluded.since_ms",
-            )
-            .bind(&q.gpu_uuid)
-            .bind(&q.agent_id)
-            .bind(&q.reason)
-            .bind(q.since_ms)
-            .execute(&mut *tx)
-            .await?;
+            upsert_quarantine(&mut *tx, q).await?;
         }
         let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
         tx.commit().await?;
@@ -456,17 +462,7 @@ impl Store for SqliteStore {
     }
 
     async fn quarantine_gpu(&self, q: &Quarantine) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO gpu_quarantine (gpu_uuid, agent_id, reason, since_ms) VALUES (?, ?, ?, ?) \
-             ON CONFLICT(gpu_uuid) DO UPDATE SET reason = excluded.reason, since_ms = excluded.since_ms",
-        )
-        .bind(&q.gpu_uuid)
-        .bind(&q.agent_id)
-        .bind(&q.reason)
-        .bind(q.since_ms)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        upsert_quarantine(&self.pool, q).await
     }
 
     async fn release_quarantine(&self, gpu_uuid: &str) -> Result<bool> {

@@ -1,5 +1,6 @@
 //! The store test suite. Every backend runs the same checks; today that is SQLite (a file in
 //! a temp dir, WAL, as in production, plus the in-memory variant).
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use gpuci_core::job::JobState;
 use gpuci_core::pipeline::Step;

@@ -75,6 +75,29 @@ async fn cancel_on_signal(token: CancellationToken) {
     token.cancel();
 }
 
+/// Follow a pipeline until it ends: human progress, or `--json` events on stdout. Returns
+/// the exit code its result gives.
+pub async fn follow(client: &Client, p: &gpuci_protocol::api::PipelineSummary, json: bool) -> CliResult {
+    use gpuci_protocol::api::WatchEvent;
+    let mut progress = render::Progress::new(&p.jobs);
+    client
+        .stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
+            if json {
+                if let Ok(s) = serde_json::to_string(&ev) {
+                    println!("{s}");
+                }
+                if let WatchEvent::Done { state } = &ev {
+                    progress.final_state = Some(state.clone());
+                }
+            } else {
+                progress.on(ev);
+            }
+            progress.final_state.is_none()
+        })
+        .await?;
+    Ok(progress.exit_code())
+}
+
 /// Read and validate a pipeline file; errors name file:line:column.
 pub fn read_pipeline(path: &Path) -> CliResult<(String, Pipeline)> {
     let text =

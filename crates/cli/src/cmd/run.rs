@@ -4,10 +4,9 @@
 use super::{local, read_pipeline};
 use crate::cli::RunArgs;
 use crate::client::Client;
-use crate::render::Progress;
 use crate::CliResult;
 use gpuci_coordinator::{Database, Timing};
-use gpuci_protocol::api::{SubmitPipeline, WatchEvent};
+use gpuci_protocol::api::SubmitPipeline;
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(a: RunArgs, shutdown: CancellationToken) -> CliResult {
@@ -37,24 +36,15 @@ pub async fn run(a: RunArgs, shutdown: CancellationToken) -> CliResult {
     if !a.json {
         eprintln!("running {} ({} steps) on this machine", a.file.display(), p.jobs.len());
     }
-    let mut progress = Progress::new(&p.jobs);
-    let json = a.json;
-    let path = format!("/api/v1/pipelines/{}/watch", p.id);
-    let watch = client.stream::<WatchEvent>(&path, |ev| {
-        if json {
-            if let Ok(s) = serde_json::to_string(&ev) {
-                println!("{s}");
-            }
-            if let WatchEvent::Done { state } = &ev {
-                progress.final_state = Some(state.clone());
-            }
-        } else {
-            progress.on(ev);
-        }
-        progress.final_state.is_none()
-    });
+    let watch = super::follow(&client, &p, a.json);
     tokio::select! {
-        r = watch => r?,
+        r = watch => {
+            let code = r?;
+            inner.cancel();
+            let _ = local.agent.await;
+            let _ = local.server.task.await;
+            Ok(code)
+        }
         _ = shutdown.cancelled() => {
             eprintln!("interrupted: cancelling the pipeline's jobs");
             for j in client.pipeline(p.id).await?.jobs.iter().filter(|j| !j.state.is_terminal()) {
@@ -63,11 +53,7 @@ pub async fn run(a: RunArgs, shutdown: CancellationToken) -> CliResult {
             // Give the agent a moment to kill process trees and report.
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             inner.cancel();
-            return Ok(130);
+            Ok(130)
         }
     }
-    inner.cancel();
-    let _ = local.agent.await;
-    let _ = local.server.task.await;
-    Ok(progress.exit_code())
 }

@@ -3,9 +3,9 @@
 use super::read_pipeline;
 use crate::cli::SubmitArgs;
 use crate::client::Client;
-use crate::render::{jobs_table, Progress};
+use crate::render::jobs_table;
 use crate::CliResult;
-use gpuci_protocol::api::{SubmitPipeline, WatchEvent};
+use gpuci_protocol::api::SubmitPipeline;
 
 pub async fn run(a: SubmitArgs) -> CliResult {
     let (source, _) = read_pipeline(&a.file)?;
@@ -29,21 +29,5 @@ pub async fn run(a: SubmitArgs) -> CliResult {
         return Ok(0);
     }
     eprintln!("pipeline {} submitted ({} jobs)", p.id, p.jobs.len());
-    let mut progress = Progress::new(&p.jobs);
-    let json = a.client.json;
-    c.stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
-        if json {
-            if let Ok(s) = serde_json::to_string(&ev) {
-                println!("{s}");
-            }
-            if let WatchEvent::Done { state } = &ev {
-                progress.final_state = Some(state.clone());
-            }
-        } else {
-            progress.on(ev);
-        }
-        progress.final_state.is_none()
-    })
-    .await?;
-    Ok(progress.exit_code())
+    super::follow(&c, &p, a.client.json).await
 }

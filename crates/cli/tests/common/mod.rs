@@ -1,6 +1,7 @@
 //! The test harness: real `gpuci server` and `gpuci agent` processes on 127.0.0.1 with temp
 //! data dirs, and a small API client. Deadlines here bound how long a test waits for an
 //! outcome; they never assert speed.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 #![allow(dead_code)]
 
 use gpuci_protocol::api::{AgentSummary, JobSummary, PipelineSummary, SubmitPipeline};
