@@ -3,6 +3,7 @@
 //! They need root, bubblewrap and writable cgroups. When something is missing they skip with a
 //! message, except under `CI=true`, where a skipped security test would be a silent hole: there
 //! they fail.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::collections::BTreeMap;
 use std::fs;
