@@ -168,6 +168,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             .context("HTTP client for uploads")?,
         ),
     });
+    // Whatever an earlier run of this agent left (it may have died with SIGKILL) goes first.
+    let prefix = format!("{}-", ctx.sandbox_prefix);
+    let swept = tokio::task::spawn_blocking(move || gpuci_sandbox::sweep(&prefix)).await.unwrap_or_default();
+    if swept != gpuci_sandbox::SweepReport::default() {
+        tracing::warn!(
+            processes = swept.processes_killed,
+            cgroups = swept.cgroups_removed,
+            "killed what an earlier run of this agent left behind"
+        );
+    }
     // Baselines are taken now, while the GPUs are idle.
     for g in ctx.inventory.read().unwrap_or_else(|e| e.into_inner()).iter() {
         executor::baseline(&ctx, &g.uuid);

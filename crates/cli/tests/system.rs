@@ -174,15 +174,15 @@ fn an_agent_killed_with_sigkill_has_its_job_end_lost_with_the_reason() {
     assert_eq!(again.state, JobState::Queued);
     let agents = api.agents();
     assert_eq!(agents[0].state, "lost");
-    // With the agent dead, the sandbox died with it: nothing is left running.
+    // The agent comes back; whatever its dead predecessor left running (bwrap's die-with-parent
+    // normally takes it along) is swept before it runs anything, and the retry runs on it.
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "doomed", &["--isolation", isolation()]);
     wait_until_or(
         "the lost jobs' processes to be gone",
         Duration::from_secs(15),
-        || processes_with("300333").is_empty(),
-        || format!("{:#?}", processes_with("300333")),
+        || processes_with("3003331").is_empty(),
+        || format!("{:#?}", processes_with("3003331")),
     );
-    // The agent comes back: the retry runs on it.
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "doomed", &["--isolation", isolation()]);
     api.wait_job(again.id, "running again", T, |j| j.state == JobState::Running);
 }
 
@@ -394,4 +394,27 @@ steps:
     let bomb = &done.jobs[1];
     assert!(bomb.state.is_terminal(), "{bomb:?}");
     wait_until("the fork bomb's processes to be gone", Duration::from_secs(20), || processes_with("f | f").is_empty());
+}
+
+#[test]
+fn a_restarted_agent_sweeps_the_jobs_its_killed_predecessor_left_running() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "2s");
+    // No bubblewrap, so nothing dies with the agent: only the sweep can clean up.
+    let mut agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", "none"]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: a\n    command: [\"setsid sleep 3005551 &\", sleep 3005552]\n");
+    api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+    wait_until("both processes", T, || processes_with("300555").len() >= 2);
+    agent.kill9();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!processes_with("300555").is_empty(), "without a sandbox the job outlives a killed agent");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", "none"]);
+    wait_until_or(
+        "the sweep",
+        T,
+        || processes_with("300555").is_empty(),
+        || format!("{:#?}", processes_with("300555")),
+    );
 }

@@ -434,6 +434,26 @@ impl JobCgroup {
         Ok(())
     }
 
+    /// The job cgroups a previous run left behind whose names start with `prefix` (an agent
+    /// killed with SIGKILL cleans up nothing).
+    pub(crate) fn leftovers(layout: &Layout, prefix: &str) -> Vec<JobCgroup> {
+        let (bases, v2): (Vec<(Controller, PathBuf)>, bool) = match layout {
+            Layout::V1 { bases } => (bases.clone(), false),
+            Layout::V2 { base } => (vec![(Controller::Memory, base.clone())], true),
+        };
+        let mut by_job: std::collections::BTreeMap<String, Vec<(Controller, PathBuf)>> = Default::default();
+        for (c, base) in bases {
+            let Ok(rd) = fs::read_dir(base.join(GROUP)) else { continue };
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with(prefix) && e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                    by_job.entry(name).or_default().push((c, e.path()));
+                }
+            }
+        }
+        by_job.into_iter().map(|(job_id, dirs)| JobCgroup { job_id, v2, dirs, memory_limit: None }).collect()
+    }
+
     fn remove_dirs(&self) {
         for (_, d) in &self.dirs {
             let _ = remove_tree(d);

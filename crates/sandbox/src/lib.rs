@@ -175,6 +175,45 @@ fn is_executable(p: &Path) -> bool {
     fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
+/// What [`sweep`] found and removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub processes_killed: usize,
+    pub cgroups_removed: usize,
+}
+
+/// Kill and remove what an earlier run of the same agent left behind: every job cgroup whose
+/// name starts with `prefix` (its processes killed without racing forks, then removed) and
+/// every process whose sandbox id starts with `prefix`. An agent killed with SIGKILL cleans up
+/// nothing itself; bwrap's `--die-with-parent` usually takes its jobs along, but not a job
+/// whose sandbox was still being set up, nor jobs run without bubblewrap. Call it at start-up,
+/// before running anything, with the agent's own prefix so other agents' jobs are untouched.
+pub fn sweep(prefix: &str) -> SweepReport {
+    let mut report = SweepReport::default();
+    if prefix.is_empty() {
+        return report;
+    }
+    if let Some(layout) = cgroup::layout() {
+        for cg in cgroup::JobCgroup::leftovers(layout, prefix) {
+            report.processes_killed += cg.pids().len();
+            let _ = cg.kill_all();
+            for _ in 0..50 {
+                if cg.remove().is_ok() {
+                    report.cgroups_removed += 1;
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+    for pid in procscan::pids_with_marker_prefix(prefix) {
+        if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok() {
+            report.processes_killed += 1;
+        }
+    }
+    report
+}
+
 /// How the job is isolated from the host.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Isolation {

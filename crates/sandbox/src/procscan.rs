@@ -9,7 +9,16 @@ pub const MARKER: &str = "GPUCI_SANDBOX_ID";
 
 /// Pids of live processes whose environment holds `GPUCI_SANDBOX_ID=<job_id>`.
 pub(crate) fn pids_with_marker(job_id: &str) -> Vec<i32> {
-    let needle = format!("{MARKER}={job_id}");
+    pids_where(|value| value == job_id.as_bytes())
+}
+
+/// Pids of live processes whose sandbox id starts with `prefix`.
+pub(crate) fn pids_with_marker_prefix(prefix: &str) -> Vec<i32> {
+    pids_where(|value| value.starts_with(prefix.as_bytes()))
+}
+
+fn pids_where(matches: impl Fn(&[u8]) -> bool) -> Vec<i32> {
+    let key = format!("{MARKER}=");
     let me = std::process::id() as i32;
     let Ok(rd) = fs::read_dir("/proc") else {
         return Vec::new();
@@ -26,7 +35,7 @@ pub(crate) fn pids_with_marker(job_id: &str) -> Vec<i32> {
         let Ok(env) = fs::read(e.path().join("environ")) else {
             continue;
         };
-        if env.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()) {
+        if env.split(|b| *b == 0).any(|kv| kv.strip_prefix(key.as_bytes()).is_some_and(&matches)) {
             out.push(pid);
         }
     }
