@@ -418,3 +418,27 @@ fn a_restarted_agent_sweeps_the_jobs_its_killed_predecessor_left_running() {
         || format!("{:#?}", processes_with("300555")),
     );
 }
+
+#[test]
+fn a_sandboxed_job_cannot_read_the_agents_credential_or_host_keys() {
+    if isolation() != "bubblewrap" {
+        return;
+    }
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let agent_dir = dir.path().join("agent");
+    let _agent = Agent::start(&server, &agent_dir, "a1", &["--isolation", "bubblewrap"]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let cred = agent_dir.join("agent.json");
+    assert!(cred.exists());
+    let yaml = format!(
+        "steps:\n  - key: peek\n    command:\n      - \"if cat {cred} 2>/dev/null; then echo LEAK-CRED; fi\"\n      - \"if ls -A /etc/ssl/private 2>/dev/null | grep -q .; then echo LEAK-KEYS; fi\"\n      - \"if cat /etc/shadow 2>/dev/null; then echo LEAK-SHADOW; fi\"\n      - \"if ls {server_dir} 2>/dev/null; then echo LEAK-SERVER; fi\"\n      - echo looked\n",
+        cred = cred.display(),
+        server_dir = server.data_dir.display()
+    );
+    let p = api.submit(&yaml);
+    let j = api.wait_job(p.jobs[0].id, "done", T, |j| j.state.is_terminal());
+    assert_eq!(j.state, JobState::Succeeded, "{}", j.reason);
+    assert_eq!(api.log_text(j.id), "looked\n");
+}

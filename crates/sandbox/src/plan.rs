@@ -19,6 +19,9 @@ pub(crate) const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib
 /// bind mount (about 0.15–0.4 ms of start-up each), as is every entry when there is no view. So
 /// the list holds what programs read at run time, not what only administration tools (ldconfig,
 /// login shells) read.
+/// Directories under allowed /etc entries that hold private keys; hidden by a tmpfs.
+const ETC_SECRET_DIRS: &[&str] = &["/etc/ssl/private", "/etc/pki/tls/private"];
+
 pub(crate) const ETC_ALLOW: &[&str] = &[
     "passwd",
     "group",
@@ -179,6 +182,13 @@ pub(crate) fn bwrap_args(
         }
         push(&mut a, &[&"--ro-bind", &p, &p]);
         ro_sources.push(p);
+    }
+    // Private keys inside an allowed /etc directory (the host's TLS keys under ssl/) are
+    // covered by an empty tmpfs: a root job could read them through the bind otherwise.
+    for p in ETC_SECRET_DIRS.iter().map(Path::new) {
+        if host.kind(p) == Kind::Dir {
+            push(&mut a, &[&"--tmpfs", &p]);
+        }
     }
     // 3. sysfs: CPU topology always; the PCI tree NVML and CUDA read only with a GPU.
     let mut sys: Vec<PathBuf> = SYS_ALWAYS.iter().map(PathBuf::from).collect();
