@@ -442,3 +442,23 @@ fn a_sandboxed_job_cannot_read_the_agents_credential_or_host_keys() {
     assert_eq!(j.state, JobState::Succeeded, "{}", j.reason);
     assert_eq!(api.log_text(j.id), "looked\n");
 }
+
+#[test]
+fn an_agent_never_runs_more_jobs_than_its_slots() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--slots", "2", "--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let mut yaml = String::from("steps:\n");
+    for i in 0..6 {
+        yaml.push_str(&format!("  - key: s{i}\n    command: sleep 0.3\n"));
+    }
+    let done = api.wait_pipeline(api.submit(&yaml).id, T);
+    assert_eq!(done.state, "succeeded");
+    let spans: Vec<(i64, i64)> = done.jobs.iter().map(|j| (j.started_at_ms.unwrap(), j.finished_at_ms.unwrap())).collect();
+    for (s, _) in &spans {
+        let at_once = spans.iter().filter(|(a, b)| a <= s && s < b).count();
+        assert!(at_once <= 2, "{at_once} jobs ran at once on a 2-slot agent: {spans:?}");
+    }
+}

@@ -1000,19 +1000,21 @@ impl Brain {
                 }
                 continue;
             }
-            let workspace_upload = match self.store.get_pipeline(j.pipeline_id).await {
-                Ok(p) => p.and_then(|p| p.workspace_upload),
-                Err(e) => {
-                    tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
-                    continue;
-                }
-            };
             let needs = Needs { tags: &j.step.agents, gpu: &j.step.gpu, container: j.step.image.is_some() };
             // Applied to this pass's view at once; if the commit below fails the GPUs only
             // look taken until the next pass.
             match cluster.place_and_apply(&j.id.to_string(), &needs) {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
+                    tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
+                    let workspace_upload = match self.store.get_pipeline(j.pipeline_id).await {
+                        Ok(p) => p.and_then(|p| p.workspace_upload),
+                        Err(e) => {
+                            tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
+                            continue;
+                        }
+                    };
+
                     match self.store.assign_job(j.id, &agent_id, &p.gpus, now_ms()).await {
                         Ok(rec) => {
                             if let Some(c) = &rec.step.concurrency {
