@@ -456,7 +456,8 @@ fn an_agent_never_runs_more_jobs_than_its_slots() {
     }
     let done = api.wait_pipeline(api.submit(&yaml).id, T);
     assert_eq!(done.state, "succeeded");
-    let spans: Vec<(i64, i64)> = done.jobs.iter().map(|j| (j.started_at_ms.unwrap(), j.finished_at_ms.unwrap())).collect();
+    let spans: Vec<(i64, i64)> =
+        done.jobs.iter().map(|j| (j.started_at_ms.unwrap(), j.finished_at_ms.unwrap())).collect();
     for (s, _) in &spans {
         let at_once = spans.iter().filter(|(a, b)| a <= s && s < b).count();
         assert!(at_once <= 2, "{at_once} jobs ran at once on a 2-slot agent: {spans:?}");
