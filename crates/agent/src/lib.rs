@@ -153,7 +153,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         gpus: backend.clone(),
         inventory: std::sync::RwLock::new(inventory.clone()),
         isolation: config.isolation,
-        bubblewrap: caps.bubblewrap.is_some(),
+        // bwrap needs root or unprivileged user namespaces; without either it is as good as absent.
+        bubblewrap: caps.bubblewrap.is_some() && (nix::unistd::geteuid().is_root() || caps.user_namespaces),
         container_runtime: container_runtime.clone(),
         health,
         baselines: std::sync::Mutex::new(Default::default()),
@@ -182,8 +183,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     for g in ctx.inventory.read().unwrap_or_else(|e| e.into_inner()).iter() {
         executor::baseline(&ctx, &g.uuid);
     }
-    if config.isolation == IsolationPolicy::Bubblewrap && caps.bubblewrap.is_none() {
-        bail!("--isolation bubblewrap: bwrap is not installed (apt-get install bubblewrap)");
+    if config.isolation == IsolationPolicy::Bubblewrap && !ctx.bubblewrap {
+        bail!("--isolation bubblewrap: bwrap is not installed (apt-get install bubblewrap), or it cannot work here (not root and unprivileged user namespaces are off)");
     }
     tracing::info!(gpus = inventory.len(), backend = %backend_name, isolation = ctx.isolation_name(), slots = config.slots, "agent ready");
     let hello_base = Hello {
