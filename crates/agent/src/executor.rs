@@ -51,6 +51,7 @@ pub struct JobContext {
     /// The latest inventory; the agent loop replaces it when it changes.
     pub inventory: std::sync::RwLock<Vec<gpuci_core::gpu::GpuInfo>>,
     pub isolation: IsolationPolicy,
+    pub allow_unsandboxed: bool,
     pub bubblewrap: bool,
     /// A container engine that answered `info`; only then does the agent advertise it.
     pub container_runtime: Option<gpuci_sandbox::ContainerRuntime>,
@@ -239,6 +240,12 @@ async fn execute_in(
 ) -> (Outcome, Option<JobTelemetry>) {
     let step = &a.step;
     let isolation = match (step.sandbox, ctx.isolation, ctx.bubblewrap) {
+        (gpuci_core::pipeline::SandboxMode::None, _, _) if !ctx.allow_unsandboxed => {
+            return (
+                Outcome::StartFailed { error: "this agent forbids `sandbox: none` (--forbid-unsandboxed)".into() },
+                None,
+            );
+        }
         (gpuci_core::pipeline::SandboxMode::None, _, _) => {
             out.system("sandbox disabled by the step (sandbox: none): the job runs on the host file system");
             Isolation::None

@@ -39,6 +39,9 @@ pub struct Config {
     /// A simulated GPU inventory (`4xH100-80GB`), for tests and benchmarks.
     pub simulate_gpus: Option<String>,
     pub isolation: IsolationPolicy,
+    /// Whether steps may opt out of the sandbox (`sandbox: none`); a pool running untrusted
+    /// code forbids it.
+    pub allow_unsandboxed: bool,
     pub telemetry_period: Duration,
     /// How long GPU memory may take to return to baseline after a job.
     pub post_job_timeout: Duration,
@@ -58,6 +61,7 @@ impl Config {
             tags: BTreeMap::new(),
             simulate_gpus: None,
             isolation: IsolationPolicy::Auto,
+            allow_unsandboxed: true,
             telemetry_period: Duration::from_secs(1),
             post_job_timeout: Duration::from_secs(30),
             gpu_backend: None,
@@ -153,6 +157,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         gpus: backend.clone(),
         inventory: std::sync::RwLock::new(inventory.clone()),
         isolation: config.isolation,
+        allow_unsandboxed: config.allow_unsandboxed,
         // bwrap needs root or unprivileged user namespaces; without either it is as good as absent.
         bubblewrap: caps.bubblewrap.is_some() && (nix::unistd::geteuid().is_root() || caps.user_namespaces),
         container_runtime: container_runtime.clone(),
@@ -193,7 +198,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         name: config.name.clone(),
         hostname: hostname(),
         slots: config.slots,
-        tags: config.tags.clone(),
+        tags: {
+            let mut t = config.tags.clone();
+            let v = if config.allow_unsandboxed { "allowed" } else { "forbidden" };
+            t.insert(gpuci_protocol::agent::UNSANDBOXED_TAG.to_string(), v.to_string());
+            t
+        },
         gpus: inventory,
         gpu_backend: backend_name,
         isolation: ctx.isolation_name().into(),

@@ -165,6 +165,9 @@ pub struct AgentArgs {
     pub name: Option<String>,
     #[command(flatten)]
     pub local: LocalAgentArgs,
+    /// Refuse steps that opt out of the sandbox (`sandbox: none`): for agents that run untrusted code.
+    #[arg(long, env = "GPUCI_FORBID_UNSANDBOXED")]
+    pub forbid_unsandboxed: bool,
     /// How long GPU memory may take to return to baseline after a job before the GPU is quarantined.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub post_job_timeout: std::time::Duration,

@@ -463,3 +463,24 @@ fn an_agent_never_runs_more_jobs_than_its_slots() {
         assert!(at_once <= 2, "{at_once} jobs ran at once on a 2-slot agent: {spans:?}");
     }
 }
+
+#[test]
+fn an_agent_that_forbids_unsandboxed_steps_never_runs_one() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(
+        &server,
+        &dir.path().join("agent"),
+        "strict",
+        &["--forbid-unsandboxed", "--isolation", isolation()],
+    );
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: host\n    sandbox: none\n    queue_timeout: 2s\n    command: echo on-the-host\n  - key: boxed\n    command: echo boxed\n");
+    let done = api.wait_pipeline(p.id, T);
+    let (host, boxed) = (&done.jobs[0], &done.jobs[1]);
+    assert_eq!(boxed.state, JobState::Succeeded);
+    assert_eq!(host.state, JobState::TimedOut);
+    assert!(host.reason.contains("needs an agent that allows `sandbox: none`"), "{}", host.reason);
+    assert!(host.started_at_ms.is_none());
+}

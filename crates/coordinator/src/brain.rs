@@ -12,7 +12,9 @@ use crate::hub::Hub;
 use gpuci_core::job::{should_retry, JobState, Outcome};
 use gpuci_core::pipeline::Pipeline;
 use gpuci_core::placement::{self, GpuSlot, GpuSlotState, HostView, Needs};
-use gpuci_protocol::agent::{Assignment, CoordinatorMessage, Forgotten, GpuHealth, Hello, JobFinished};
+use gpuci_protocol::agent::{
+    Assignment, CoordinatorMessage, Forgotten, GpuHealth, Hello, JobFinished, UNSANDBOXED_TAG,
+};
 use gpuci_protocol::api::{AgentSummary, GpuView};
 use gpuci_protocol::{JobId, PipelineId};
 use gpuci_store::{
@@ -1000,7 +1002,16 @@ impl Brain {
                 }
                 continue;
             }
-            let needs = Needs { tags: &j.step.agents, gpu: &j.step.gpu, container: j.step.image.is_some() };
+            // `sandbox: none` runs only where the agent allows it.
+            let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
+            let tags = if unsandboxed {
+                let mut t = j.step.agents.clone();
+                t.insert(UNSANDBOXED_TAG.to_string(), "allowed".to_string());
+                std::borrow::Cow::Owned(t)
+            } else {
+                std::borrow::Cow::Borrowed(&j.step.agents)
+            };
+            let needs = Needs { tags: &tags, gpu: &j.step.gpu, container: j.step.image.is_some() };
             // Applied to this pass's view at once; if the commit below fails the GPUs only
             // look taken until the next pass.
             match cluster.place_and_apply(&j.id.to_string(), &needs) {
@@ -1044,7 +1055,15 @@ impl Brain {
                         Err(e) => tracing::error!(job = j.id, error = %e, "could not assign job"),
                     }
                 }
-                Err(u) => self.set_reason(&j, u.reason).await,
+                Err(u) => {
+                    let reason = if unsandboxed && u.reason.contains(UNSANDBOXED_TAG) {
+                        "needs an agent that allows `sandbox: none`; every matching agent forbids it (--forbid-unsandboxed)"
+                            .to_string()
+                    } else {
+                        u.reason
+                    };
+                    self.set_reason(&j, reason).await
+                }
             }
         }
     }

@@ -8,6 +8,9 @@ use gpuci_core::job::Outcome;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// Tag every agent advertises, `allowed` or `forbidden`: whether it runs `sandbox: none` steps.
+pub const UNSANDBOXED_TAG: &str = "gpuci.unsandboxed";
+
 /// Body of `POST /api/v1/agents/register` (authorised by the registration token).
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RegisterRequest {

@@ -24,6 +24,7 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     c.tags = a.local.tags.into_iter().collect();
     c.simulate_gpus = a.local.simulate_gpus;
     c.isolation = a.local.isolation.into();
+    c.allow_unsandboxed = !a.forbid_unsandboxed;
     c.post_job_timeout = a.post_job_timeout;
     gpuci_agent::run(c, shutdown).await?;
     Ok(0)
