@@ -338,3 +338,22 @@ impl Client {
         Ok(Some(self.upload(&packed).await?.id))
     }
 }
+
+/// The repository a pipeline file belongs to, as caches are keyed: its git `origin` URL, else
+/// the work tree's path; none outside git.
+pub fn repository_of(file: &std::path::Path) -> Option<String> {
+    let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|s| !s.is_empty())
+    };
+    git(&["config", "--get", "remote.origin.url"]).or_else(|| git(&["rev-parse", "--show-toplevel"]))
+}

@@ -484,3 +484,31 @@ fn an_agent_that_forbids_unsandboxed_steps_never_runs_one() {
     assert!(host.reason.contains("needs an agent that allows `sandbox: none`"), "{}", host.reason);
     assert!(host.started_at_ms.is_none());
 }
+
+#[test]
+fn cache_paths_are_kept_per_repository_between_jobs() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let submit = |repo: &str, command: &str| {
+        let source = format!("steps:\n  - key: c\n    cache: [.cache/data]\n    command: {command:?}\n");
+        let r = api
+            .raw()
+            .post(format!("{}/api/v1/pipelines", api.url))
+            .bearer_auth(&server.token)
+            .json(&serde_json::json!({"file_name": "c.yml", "source": source, "repository": repo}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let p: gpuci_protocol::api::PipelineSummary = r.json().unwrap();
+        let done = api.wait_pipeline(p.id, T);
+        assert_eq!(done.state, "succeeded", "{:#?}", done.jobs);
+        api.log_text(done.jobs[0].id)
+    };
+    submit("git@example.invalid:org/a.git", "mkdir -p .cache/data && echo kept > .cache/data/x");
+    assert_eq!(submit("git@example.invalid:org/a.git", "cat .cache/data/x"), "kept\n");
+    // Another repository never sees it.
+    assert_eq!(submit("git@example.invalid:org/b.git", "test ! -e .cache/data/x && echo clean"), "clean\n");
+}

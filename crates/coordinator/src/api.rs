@@ -258,6 +258,14 @@ pub async fn submit_pipeline(
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "file_name must not be empty"));
     }
     check_extra_env(&req.env)?;
+    if let Some(r) = &req.repository {
+        if r.is_empty() || r.len() > 1024 || r.chars().any(char::is_control) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "repository must be 1-1024 printable characters",
+            ));
+        }
+    }
     if let Some(id) = &req.workspace_upload {
         if !st.uploads.exists(id) {
             return Err(ApiError::new(
@@ -294,6 +302,7 @@ pub async fn submit_pipeline(
         pipeline,
         extra_env: req.env,
         workspace_upload: req.workspace_upload,
+        repository: req.repository,
         reply,
     })
     .await?;

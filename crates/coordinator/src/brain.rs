@@ -81,6 +81,7 @@ pub enum Command {
         extra_env: BTreeMap<String, String>,
         /// The id of an upload the caller checked exists.
         workspace_upload: Option<String>,
+        repository: Option<String>,
         reply: Reply<(PipelineRecord, Vec<JobRecord>)>,
     },
     Cancel {
@@ -253,8 +254,8 @@ impl Brain {
 
     async fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { file_name, source, pipeline, extra_env, workspace_upload, reply } => {
-                let r = self.submit(file_name, source, pipeline, extra_env, workspace_upload).await;
+            Command::Submit { file_name, source, pipeline, extra_env, workspace_upload, repository, reply } => {
+                let r = self.submit(file_name, source, pipeline, extra_env, workspace_upload, repository).await;
                 let _ = reply.send(r);
                 self.schedule().await;
             }
@@ -358,6 +359,7 @@ impl Brain {
         pipeline: Pipeline,
         extra_env: BTreeMap<String, String>,
         workspace_upload: Option<String>,
+        repository: Option<String>,
     ) -> Result<(PipelineRecord, Vec<JobRecord>), BrainError> {
         let now = now_ms();
         let jobs = pipeline
@@ -381,7 +383,7 @@ impl Brain {
             .collect();
         let (p, jobs) = self
             .store
-            .create_pipeline(NewPipeline { file_name, source, workspace_upload, created_at_ms: now }, jobs)
+            .create_pipeline(NewPipeline { file_name, source, workspace_upload, repository, created_at_ms: now }, jobs)
             .await?;
         for j in &jobs {
             self.publish(j);
@@ -1018,8 +1020,9 @@ impl Brain {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
                     tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
-                    let workspace_upload = match self.store.get_pipeline(j.pipeline_id).await {
-                        Ok(p) => p.and_then(|p| p.workspace_upload),
+                    let (workspace_upload, repository) = match self.store.get_pipeline(j.pipeline_id).await {
+                        Ok(Some(p)) => (p.workspace_upload, p.repository),
+                        Ok(None) => (None, None),
                         Err(e) => {
                             tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
                             continue;
@@ -1047,6 +1050,12 @@ impl Brain {
                                 gpus: rec.gpus.clone(),
                                 secrets: gpuci_protocol::agent::SecretValues(secrets),
                                 workspace_upload: workspace_upload.clone(),
+                                // Caches are per repository; the key is a hash so paths and
+                                // URLs never reach the agent's file names.
+                                cache_key: repository
+                                    .as_deref()
+                                    .filter(|_| !rec.step.cache.is_empty())
+                                    .map(|r| crate::auth::hash(r)[..16].to_string()),
                             }));
                             // If the send fails the connection is gone; the reconnect (or the
                             // lost-agent reaper) settles the job.

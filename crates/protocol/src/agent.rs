@@ -139,6 +139,9 @@ pub struct Assignment {
     /// workspace starts from; none: an empty workspace.
     #[serde(default)]
     pub workspace_upload: Option<String>,
+    /// Names the agent's cache of the step's `cache:` paths (one per repository); none: no cache.
+    #[serde(default)]
+    pub cache_key: Option<String>,
 }
 
 /// Secret values by name. Debug output shows names only.

@@ -22,6 +22,10 @@ pub struct SubmitPipeline {
     /// The id of an upload (`POST /api/v1/uploads`) every job's workspace starts from.
     #[serde(default)]
     pub workspace_upload: Option<String>,
+    /// Where the pipeline comes from (a git remote URL or a work tree path); steps' `cache:`
+    /// paths are kept per repository.
+    #[serde(default)]
+    pub repository: Option<String>,
 }
 
 /// A validation error with its position in the submitted file.

@@ -12,6 +12,8 @@ pub struct NewPipeline {
     pub source: String,
     /// The id (sha256) of the workspace upload every job starts from, if any.
     pub workspace_upload: Option<String>,
+    /// The repository the pipeline came from, if known (cache key).
+    pub repository: Option<String>,
     pub created_at_ms: i64,
 }
 
@@ -22,6 +24,8 @@ pub struct PipelineRecord {
     pub source: String,
     /// The id (sha256) of the workspace upload every job starts from, if any.
     pub workspace_upload: Option<String>,
+    /// The repository the pipeline came from, if known (cache key).
+    pub repository: Option<String>,
     pub created_at_ms: i64,
 }
 

@@ -91,6 +91,7 @@ fn pipeline_from_row(r: &SqliteRow) -> PipelineRecord {
         file_name: r.get("file_name"),
         source: r.get("source"),
         workspace_upload: r.get("workspace_upload"),
+        repository: r.get("repository"),
         created_at_ms: r.get("created_at_ms"),
     }
 }
@@ -168,11 +169,12 @@ impl Store for SqliteStore {
         let mut tx = self.pool.begin().await?;
         let pid: i64 =
             sqlx::query(
-                "INSERT INTO pipelines (file_name, source, workspace_upload, created_at_ms) VALUES (?, ?, ?, ?) RETURNING id",
+                "INSERT INTO pipelines (file_name, source, workspace_upload, repository, created_at_ms) VALUES (?, ?, ?, ?, ?) RETURNING id",
             )
                 .bind(&p.file_name)
                 .bind(&p.source)
                 .bind(&p.workspace_upload)
+                .bind(&p.repository)
                 .bind(p.created_at_ms)
                 .fetch_one(&mut *tx)
                 .await?
@@ -192,6 +194,7 @@ impl Store for SqliteStore {
                 file_name: p.file_name,
                 source: p.source,
                 workspace_upload: p.workspace_upload,
+                repository: p.repository,
                 created_at_ms: p.created_at_ms,
             },
             records,
@@ -328,17 +331,18 @@ impl Store for SqliteStore {
     }
 
     async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>> {
-        let row =
-            sqlx::query("SELECT id, file_name, source, workspace_upload, created_at_ms FROM pipelines WHERE id = ?")
-                .bind(id)
-                .fetch_optional(&self.read)
-                .await?;
+        let row = sqlx::query(
+            "SELECT id, file_name, source, workspace_upload, repository, created_at_ms FROM pipelines WHERE id = ?",
+        )
+        .bind(id)
+        .fetch_optional(&self.read)
+        .await?;
         Ok(row.as_ref().map(pipeline_from_row))
     }
 
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
         let rows = sqlx::query(
-            "SELECT id, file_name, source, workspace_upload, created_at_ms FROM pipelines ORDER BY id DESC LIMIT ?",
+            "SELECT id, file_name, source, workspace_upload, repository, created_at_ms FROM pipelines ORDER BY id DESC LIMIT ?",
         )
         .bind(i64::from(limit))
         .fetch_all(&self.read)

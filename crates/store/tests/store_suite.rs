@@ -29,6 +29,7 @@ async fn suite(s: &dyn Store) {
                 file_name: "x.yml".into(),
                 source: "steps: []".into(),
                 workspace_upload: None,
+                repository: None,
                 created_at_ms: 1,
             },
             vec![new_job("a"), new_job("b")],
@@ -50,6 +51,7 @@ async fn suite(s: &dyn Store) {
                 file_name: "u.yml".into(),
                 source: "steps: []".into(),
                 workspace_upload: Some(upload.clone()),
+                repository: Some("git@example.invalid:org/a.git".into()),
                 created_at_ms: 1,
             },
             vec![],
@@ -57,6 +59,8 @@ async fn suite(s: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(with_upload.workspace_upload.as_deref(), Some(upload.as_str()));
+    let again = s.get_pipeline(with_upload.id).await.unwrap().unwrap();
+    assert_eq!(again.repository.as_deref(), Some("git@example.invalid:org/a.git"));
     let read = s.get_pipeline(with_upload.id).await.unwrap().unwrap();
     assert_eq!(read.workspace_upload.as_deref(), Some(upload.as_str()));
 
@@ -195,7 +199,13 @@ async fn data_survives_reopen() {
         let s = SqliteStore::open(&path).await.unwrap();
         let (_, jobs) = s
             .create_pipeline(
-                NewPipeline { file_name: "x".into(), source: String::new(), workspace_upload: None, created_at_ms: 1 },
+                NewPipeline {
+                    file_name: "x".into(),
+                    source: String::new(),
+                    workspace_upload: None,
+                    repository: Some("repo".into()),
+                    created_at_ms: 1,
+                },
                 vec![new_job("a")],
             )
             .await

@@ -49,6 +49,7 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
                 source: source.into(),
                 env: Default::default(),
                 workspace_upload: None,
+                repository: None,
             })
             .await?;
         let mut started: Option<i64> = None;
@@ -93,6 +94,7 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
             source: yaml,
             env: Default::default(),
             workspace_upload: None,
+            repository: None,
         })
         .await?;
     let mut state = String::new();

@@ -31,6 +31,7 @@ pub async fn run(a: RunArgs, shutdown: CancellationToken) -> CliResult {
             source,
             env: Default::default(),
             workspace_upload,
+            repository: crate::client::repository_of(&a.file),
         })
         .await?;
     if !a.json {

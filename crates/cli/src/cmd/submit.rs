@@ -17,6 +17,7 @@ pub async fn run(a: SubmitArgs) -> CliResult {
             source,
             env: Default::default(),
             workspace_upload,
+            repository: crate::client::repository_of(&a.file),
         })
         .await?;
     if !a.wait {

@@ -41,7 +41,13 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
     for (file_name, path, source) in pipelines {
         let workspace_upload = client.upload_workspace(&path, &a.upload).await?;
         let p = client
-            .submit(&SubmitPipeline { file_name: file_name.clone(), source, env: Default::default(), workspace_upload })
+            .submit(&SubmitPipeline {
+                file_name: file_name.clone(),
+                source,
+                env: Default::default(),
+                workspace_upload,
+                repository: crate::client::repository_of(&path),
+            })
             .await?;
         eprintln!("submitted {file_name} as pipeline {} ({} jobs)", p.id, p.jobs.len());
         let mut progress = Progress::new(&p.jobs);

@@ -150,6 +150,7 @@ impl Api {
                 source: yaml.into(),
                 env: Default::default(),
                 workspace_upload: None,
+                repository: None,
             })
             .send()
             .expect("submit");
