@@ -320,6 +320,24 @@ impl Client {
 
     /// Pack and upload the workspace of `pipeline_file` (see [`workspace_root`]), telling on
     /// stderr what goes up. `None` with `--no-upload`.
+    /// Upload the pipeline's work tree (unless told not to) and submit the pipeline with it.
+    pub async fn submit_file(
+        &self,
+        file: &std::path::Path,
+        source: String,
+        upload: &crate::cli::UploadArgs,
+    ) -> CliResult<PipelineSummary> {
+        let workspace_upload = self.upload_workspace(file, upload).await?;
+        self.submit(&SubmitPipeline {
+            file_name: file.display().to_string(),
+            source,
+            env: Default::default(),
+            workspace_upload,
+            repository: repository_of(file),
+        })
+        .await
+    }
+
     pub async fn upload_workspace(
         &self,
         pipeline_file: &std::path::Path,

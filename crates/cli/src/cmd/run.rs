@@ -6,7 +6,6 @@ use crate::cli::RunArgs;
 use crate::client::Client;
 use crate::CliResult;
 use gpuci_coordinator::{Database, Timing};
-use gpuci_protocol::api::SubmitPipeline;
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(a: RunArgs, shutdown: CancellationToken) -> CliResult {
@@ -24,16 +23,7 @@ pub async fn run(a: RunArgs, shutdown: CancellationToken) -> CliResult {
     .await?;
     let client = Client::new(&local.server.url, local.server.api_token.expose())?;
     local::wait_for_agent(&client).await?;
-    let workspace_upload = client.upload_workspace(&a.file, &a.upload).await?;
-    let p = client
-        .submit(&SubmitPipeline {
-            file_name: a.file.display().to_string(),
-            source,
-            env: Default::default(),
-            workspace_upload,
-            repository: crate::client::repository_of(&a.file),
-        })
-        .await?;
+    let p = client.submit_file(&a.file, source, &a.upload).await?;
     if !a.json {
         eprintln!("running {} ({} steps) on this machine", a.file.display(), p.jobs.len());
     }

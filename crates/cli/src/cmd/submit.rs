@@ -5,21 +5,11 @@ use crate::cli::SubmitArgs;
 use crate::client::Client;
 use crate::render::jobs_table;
 use crate::CliResult;
-use gpuci_protocol::api::SubmitPipeline;
 
 pub async fn run(a: SubmitArgs) -> CliResult {
     let (source, _) = read_pipeline(&a.file)?;
     let c = Client::from_args(&a.client)?;
-    let workspace_upload = c.upload_workspace(&a.file, &a.upload).await?;
-    let p = c
-        .submit(&SubmitPipeline {
-            file_name: a.file.display().to_string(),
-            source,
-            env: Default::default(),
-            workspace_upload,
-            repository: crate::client::repository_of(&a.file),
-        })
-        .await?;
+    let p = c.submit_file(&a.file, source, &a.upload).await?;
     if !a.wait {
         if a.client.json {
             println!("{}", serde_json::to_string_pretty(&p).map_err(anyhow::Error::from)?);

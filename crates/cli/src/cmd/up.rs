@@ -6,7 +6,7 @@ use crate::client::Client;
 use crate::render::Progress;
 use crate::CliResult;
 use gpuci_coordinator::{Database, Timing};
-use gpuci_protocol::api::{SubmitPipeline, WatchEvent};
+use gpuci_protocol::api::WatchEvent;
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
@@ -39,16 +39,7 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
     local::wait_for_agent(&client).await?;
     let mut result = 0u8;
     for (file_name, path, source) in pipelines {
-        let workspace_upload = client.upload_workspace(&path, &a.upload).await?;
-        let p = client
-            .submit(&SubmitPipeline {
-                file_name: file_name.clone(),
-                source,
-                env: Default::default(),
-                workspace_upload,
-                repository: crate::client::repository_of(&path),
-            })
-            .await?;
+        let p = client.submit_file(&path, source, &a.upload).await?;
         eprintln!("submitted {file_name} as pipeline {} ({} jobs)", p.id, p.jobs.len());
         let mut progress = Progress::new(&p.jobs);
         let path = format!("/api/v1/pipelines/{}/watch", p.id);
