@@ -512,3 +512,22 @@ fn cache_paths_are_kept_per_repository_between_jobs() {
     // Another repository never sees it.
     assert_eq!(submit("git@example.invalid:org/b.git", "test ! -e .cache/data/x && echo clean"), "clean\n");
 }
+
+#[test]
+fn an_image_step_waits_for_an_agent_with_a_working_container_engine() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    // A docker CLI without a daemon (as on this machine) is not a runtime: not advertised.
+    if api.agents()[0].container_runtime.is_some() {
+        eprintln!("this host has a working container engine; the waiting case cannot be shown here");
+        return;
+    }
+    let p = api.submit("steps:\n  - key: boxed\n    image: debian:12\n    queue_timeout: 2s\n    command: echo hi\n");
+    let j = api.wait_job(p.jobs[0].id, "timed out", T, |j| j.state.is_terminal());
+    assert_eq!(j.state, JobState::TimedOut);
+    assert!(j.reason.contains("needs a container runtime"), "{}", j.reason);
+    assert!(j.started_at_ms.is_none(), "an image step never falls back to the host");
+}
