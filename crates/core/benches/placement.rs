@@ -64,8 +64,8 @@ fn hosts(rng: &mut Rng) -> Vec<HostView> {
                         name: model.into(),
                         memory: Bytes(gib << 30),
                         compute_capability: ComputeCapability { major: cc.0, minor: cc.1 },
-                        driver_version: Version(vec![550, 54, 15]),
-                        cuda_driver_version: Some(Version(vec![12, 4])),
+                        driver_version: Version::new(vec![550, 54, 15]),
+                        cuda_driver_version: Some(Version::new(vec![12, 4])),
                         mig_enabled: Some(false),
                         mig_instances: vec![],
                         ecc_enabled: Some(true),
@@ -125,7 +125,7 @@ fn jobs(rng: &mut Rng) -> Vec<Job> {
                         gpu.memory = ge(Bytes(80 << 30));
                         gpu.compute_capability = ge(ComputeCapability { major: 9, minor: 0 });
                     }
-                    10 => gpu.cuda = ge(Version(vec![12, 2])),
+                    10 => gpu.cuda = ge(Version::new(vec![12, 2])),
                     _ => {}
                 }
             }

@@ -36,16 +36,38 @@ impl fmt::Display for ComputeCapability {
 }
 
 /// A dotted version (driver `535.104.05`, CUDA `12.4`). Compared numerically, part by part;
-/// a missing part counts as 0, so `12.4` == `12.4.0`.
-#[derive(Clone, Debug, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
-pub struct Version(pub Vec<u32>);
+/// a missing part counts as 0, so `12.4` == `12.4.0`. Shown as it was written: drivers number
+/// their parts with leading zeros (`535.104.05`), which the numbers alone would lose.
+/// On the wire and in the API it is that text.
+#[derive(Clone, Debug)]
+pub struct Version {
+    parts: Vec<u32>,
+    text: String,
+}
 
 impl Version {
+    /// A version from its numeric parts, shown as `a.b.c`.
+    pub fn new(parts: Vec<u32>) -> Version {
+        let text = parts.iter().map(u32::to_string).collect::<Vec<_>>().join(".");
+        Version { parts, text }
+    }
+
+    pub fn parse(s: &str) -> Option<Version> {
+        let s = s.trim();
+        let parts: Option<Vec<u32>> = s.split('.').map(|p| p.parse().ok()).collect();
+        parts.filter(|p| !p.is_empty()).map(|parts| Version { parts, text: s.to_string() })
+    }
+
+    pub fn parts(&self) -> &[u32] {
+        &self.parts
+    }
+
     fn significant(&self) -> &[u32] {
-        let n = self.0.iter().rposition(|&p| p != 0).map_or(0, |i| i + 1);
-        &self.0[..n]
+        let n = self.parts.iter().rposition(|&p| p != 0).map_or(0, |i| i + 1);
+        &self.parts[..n]
     }
 }
+
 impl PartialEq for Version {
     fn eq(&self, other: &Self) -> bool {
         self.significant() == other.significant()
@@ -58,19 +80,12 @@ impl std::hash::Hash for Version {
     }
 }
 
-impl Version {
-    pub fn parse(s: &str) -> Option<Version> {
-        let parts: Option<Vec<u32>> = s.trim().split('.').map(|p| p.parse().ok()).collect();
-        parts.filter(|p| !p.is_empty()).map(Version)
-    }
-}
-
 impl Ord for Version {
     fn cmp(&self, other: &Self) -> Ordering {
-        let n = self.0.len().max(other.0.len());
+        let n = self.parts.len().max(other.parts.len());
         for i in 0..n {
-            let a = self.0.get(i).copied().unwrap_or(0);
-            let b = other.0.get(i).copied().unwrap_or(0);
+            let a = self.parts.get(i).copied().unwrap_or(0);
+            let b = other.parts.get(i).copied().unwrap_or(0);
             match a.cmp(&b) {
                 Ordering::Equal => continue,
                 o => return o,
@@ -86,10 +101,53 @@ impl PartialOrd for Version {
 }
 impl fmt::Display for Version {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts: Vec<String> = self.0.iter().map(u32::to_string).collect();
-        f.write_str(&parts.join("."))
+        f.write_str(&self.text)
     }
 }
+
+impl Serialize for Version {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for Version {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Version::parse(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("invalid version {s:?}: expected e.g. 535.104.05")))
+    }
+}
+
+impl schemars::JsonSchema for Version {
+    fn schema_name() -> String {
+        "Version".into()
+    }
+    fn json_schema(_: &mut schemars::gen::SchemaGenerator) -> schemars::schema::Schema {
+        schemars::schema::SchemaObject {
+            instance_type: Some(schemars::schema::InstanceType::String.into()),
+            string: Some(Box::new(schemars::schema::StringValidation {
+                pattern: Some(VERSION_PATTERN.into()),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+        .into()
+    }
+}
+
+const VERSION_PATTERN: &str = "^[0-9]+(\\.[0-9]+)*$";
+
+impl utoipa::PartialSchema for Version {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .pattern(Some(VERSION_PATTERN))
+            .description(Some("A dotted version such as 535.104.05 or 12.4"))
+            .into()
+    }
+}
+impl utoipa::ToSchema for Version {}
 
 /// A comparison operator in a requirement such as `">=40GiB"`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema, utoipa::ToSchema)]
@@ -300,6 +358,10 @@ mod tests {
         assert!(v("12.10") > v("12.4"));
         assert_eq!(v("12.4"), v("12.4.0"));
         assert!(Version::parse("12.x").is_none());
+        assert_eq!(v("535.104.05").to_string(), "535.104.05", "shown as written");
+        assert_eq!(serde_json::to_string(&v("535.104.05")).unwrap(), "\"535.104.05\"");
+        assert_eq!(serde_json::from_str::<Version>("\"12.4\"").unwrap(), v("12.4"));
+        assert!(serde_json::from_str::<Version>("\"x\"").is_err());
     }
 
     #[test]

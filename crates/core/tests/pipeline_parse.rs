@@ -90,8 +90,8 @@ steps:
             memory: Some(Constraint { op: CmpOp::Ge, value: Bytes(40 << 30) }),
             compute_capability: Some(Constraint { op: CmpOp::Ge, value: ComputeCapability { major: 8, minor: 0 } }),
             model: Some("H100*".into()),
-            driver: Some(Constraint { op: CmpOp::Ge, value: Version(vec![535]) }),
-            cuda: Some(Constraint { op: CmpOp::Ge, value: Version(vec![12, 1]) }),
+            driver: Some(Constraint { op: CmpOp::Ge, value: Version::new(vec![535]) }),
+            cuda: Some(Constraint { op: CmpOp::Ge, value: Version::new(vec![12, 1]) }),
             mig_profile: Some("1g.10gb".into()),
         },
         resources: Resources { memory: Some(Bytes(8 << 30)), cpu_millis: Some(1500), pids: Some(512) },
@@ -139,8 +139,8 @@ fn constraint_operators() {
         g.compute_capability,
         Some(Constraint { op: CmpOp::Eq, value: ComputeCapability { major: 9, minor: 0 } })
     );
-    assert_eq!(g.driver, Some(Constraint { op: CmpOp::Gt, value: Version(vec![535, 104, 5]) }));
-    assert_eq!(g.cuda, Some(Constraint { op: CmpOp::Lt, value: Version(vec![12, 4]) }));
+    assert_eq!(g.driver, Some(Constraint { op: CmpOp::Gt, value: Version::new(vec![535, 104, 5]) }));
+    assert_eq!(g.cuda, Some(Constraint { op: CmpOp::Lt, value: Version::new(vec![12, 4]) }));
 }
 
 #[test]

@@ -599,10 +599,10 @@ mod tests {
         };
         let checks = doctor(&opts, &h.gpus("535.104.05"), &h.runner);
         let c = checks.iter().find(|c| c.name == "gpu.driver").unwrap();
-        // gpuci_core::gpu::Version keeps numbers, so "535.104.05" prints as "535.104.5".
+        // Shown as the driver writes it, leading zeros included.
         assert_eq!(
             (c.status, c.detail.as_str()),
-            (CheckStatus::Fail, "driver 535.104.5 is older than the required 550")
+            (CheckStatus::Fail, "driver 535.104.05 is older than the required 550")
         );
         assert_eq!(c.fix.as_deref(), Some("install NVIDIA driver 550 or newer"));
         assert_eq!(h.status(&checks, "gpu.cuda").0, CheckStatus::Fail);

@@ -60,7 +60,7 @@ fn not_answering(uuid: Option<&str>, op: &str, e: NvmlError) -> GpuError {
 /// NVML's CUDA driver version integer (`12040`) as `12.4`.
 pub fn cuda_version_from_int(v: i32) -> Version {
     let v = v.max(0) as u32;
-    Version(vec![v / 1000, (v % 1000) / 10])
+    Version::new(vec![v / 1000, (v % 1000) / 10])
 }
 
 /// The MIG profile from a MIG device name: `NVIDIA A100-SXM4-40GB MIG 1g.5gb` → `1g.5gb`.
@@ -215,7 +215,7 @@ impl GpuBackend for NvmlBackend {
         let n = self.nvml.device_count().map_err(|e| not_answering(None, "counting devices", e))?;
         let driver_text =
             self.nvml.sys_driver_version().map_err(|e| not_answering(None, "reading the driver version", e))?;
-        let driver = Version::parse(&driver_text).unwrap_or_else(|| Version(vec![0]));
+        let driver = Version::parse(&driver_text).unwrap_or_else(|| Version::new(vec![0]));
         let cuda = self.nvml.sys_cuda_driver_version().ok().map(cuda_version_from_int);
         let mut gpus = Vec::with_capacity(n as usize);
         for i in 0..n {
@@ -299,8 +299,8 @@ mod tests {
 
     #[test]
     fn cuda_version_integer() {
-        assert_eq!(cuda_version_from_int(12040), Version(vec![12, 4]));
-        assert_eq!(cuda_version_from_int(11080), Version(vec![11, 8]));
+        assert_eq!(cuda_version_from_int(12040), Version::new(vec![12, 4]));
+        assert_eq!(cuda_version_from_int(11080), Version::new(vec![11, 8]));
         assert_eq!(cuda_version_from_int(12020).to_string(), "12.2");
     }
 

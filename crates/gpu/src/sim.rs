@@ -162,7 +162,7 @@ impl SimulatedGpus {
         device_dir: &Path,
         versions: Option<(Version, Version)>,
     ) -> Result<Self, GpuError> {
-        let (driver, cuda) = versions.unwrap_or_else(|| (Version(vec![550, 54, 15]), Version(vec![12, 4])));
+        let (driver, cuda) = versions.unwrap_or_else(|| (Version::new(vec![550, 54, 15]), Version::new(vec![12, 4])));
         let mut gpus = Vec::new();
         for g in &spec.groups {
             let model = MODELS.iter().find(|m| m.key == g.model).ok_or_else(|| GpuError::SimSpec {

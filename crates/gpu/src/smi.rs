@@ -383,14 +383,14 @@ mod tests {
         assert_eq!(g.name, "NVIDIA H100 80GB HBM3");
         assert_eq!(g.memory.mib(), 81_559);
         assert_eq!(g.compute_capability, ComputeCapability { major: 9, minor: 0 });
-        assert_eq!(g.driver_version, Version(vec![550, 54, 15]));
+        assert_eq!(g.driver_version, Version::new(vec![550, 54, 15]));
         assert_eq!((g.persistence_mode, g.ecc_enabled, g.mig_enabled), (Some(true), Some(true), Some(false)));
         assert_eq!(gpus[2].persistence_mode, Some(false));
         assert!(!g.simulated);
         assert_eq!(gpus[1].device_node, "/dev/nvidia1");
 
         apply_query_report(&mut gpus, H100_Q);
-        assert_eq!(gpus[0].cuda_driver_version, Some(Version(vec![12, 4])));
+        assert_eq!(gpus[0].cuda_driver_version, Some(Version::new(vec![12, 4])));
         // Minor numbers differ from indices on this host: the device node must follow them.
         assert_eq!(gpus[0].device_node, "/dev/nvidia4");
         assert_eq!(gpus[3].device_node, "/dev/nvidia7");
@@ -467,7 +467,7 @@ mod tests {
         let smi = NvidiaSmi::new(r.clone());
         let inv = smi.inventory().unwrap();
         assert_eq!(inv[0].mig_instances.len(), 3);
-        assert_eq!(inv[0].cuda_driver_version, Some(Version(vec![12, 4])));
+        assert_eq!(inv[0].cuda_driver_version, Some(Version::new(vec![12, 4])));
         let procs = smi.processes("GPU-4c2a7b3d-0e5f-8a21-9b3c-6d7e8f9a0b12").unwrap();
         assert_eq!(procs, vec![GpuProcess { pid: 19002, used_memory: None }]);
     }

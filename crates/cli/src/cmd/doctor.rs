@@ -20,7 +20,7 @@ pub async fn run(a: DoctorArgs) -> CliResult {
     if let Some(cc) = &a.min_compute_capability {
         let v = version(cc, "--min-compute-capability")?;
         opts.min_compute_capability =
-            Some(ComputeCapability { major: v.0[0], minor: v.0.get(1).copied().unwrap_or(0) });
+            Some(ComputeCapability { major: v.parts()[0], minor: v.parts().get(1).copied().unwrap_or(0) });
     }
     opts.probes = a.probes.into_iter().map(|(name, command)| Probe { name, command }).collect();
     let runner = Arc::new(SystemRunner);
