@@ -1,0 +1,24 @@
+//! gpuci-github: the edge between gpuci and GitHub.
+//!
+//! What it is for:
+//! - [`webhook`]: verifying `X-Hub-Signature-256` over the raw body and turning the handful of webhook
+//!   events gpuci reacts to into typed values ([`Event`]), so nothing deeper sees raw JSON;
+//! - [`auth`]: GitHub App authentication (app JWT, RS256) with secrets that never print;
+//! - [`client`]: a small REST client for the operations gpuci needs (installation tokens, JIT runner
+//!   configs), with a configurable base URL for GitHub Enterprise Server and for tests.
+//!
+//! What it must not do: make scheduling or policy decisions (which pool serves a job, whether a PR is
+//! approved, when to cancel), or touch the store. It reports what GitHub said; the coordinator decides.
+
+pub mod auth;
+pub mod client;
+pub mod event;
+pub mod webhook;
+
+pub use auth::{AppCredentials, AuthError, Secret};
+pub use client::{ApiError, Client, JitConfig, JitRunnerSpec};
+pub use event::{
+    parse_event, AuthorAssociation, Event, PullRequestAction, PullRequestEvent, PushEvent, Repository,
+    WorkflowJobAction, WorkflowJobEvent,
+};
+pub use webhook::{verify_signature, WebhookError, SIGNATURE_HEADER};
