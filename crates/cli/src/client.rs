@@ -107,40 +107,22 @@ impl Client {
     pub async fn agents(&self) -> CliResult<Vec<AgentSummary>> {
         self.get("/api/v1/agents").await
     }
-    pub async fn release_gpu(&self, uuid: &str) -> CliResult<()> {
-        let resp = self
-            .http
-            .post(self.url(&format!("/api/v1/gpus/{uuid}/release")))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
+    /// Send a request that answers with no body; a non-2xx becomes the server's error message.
+    async fn send_no_content(&self, req: reqwest::RequestBuilder) -> CliResult<()> {
+        let resp = req.bearer_auth(&self.token).send().await.with_context(|| format!("reaching {}", self.base))?;
         Self::check(resp).await?;
         Ok(())
     }
-
+    pub async fn release_gpu(&self, uuid: &str) -> CliResult<()> {
+        self.send_no_content(self.http.post(self.url(&format!("/api/v1/gpus/{uuid}/release")))).await
+    }
     pub async fn set_secret(&self, name: &str, value: &str) -> CliResult<()> {
-        let resp = self
-            .http
-            .put(self.url(&format!("/api/v1/secrets/{name}")))
-            .bearer_auth(&self.token)
-            .json(&serde_json::json!({ "value": value }))
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
-        Self::check(resp).await?;
-        Ok(())
+        let req =
+            self.http.put(self.url(&format!("/api/v1/secrets/{name}"))).json(&serde_json::json!({ "value": value }));
+        self.send_no_content(req).await
     }
     pub async fn delete_secret(&self, name: &str) -> CliResult<()> {
-        let resp = self
-            .http
-            .delete(self.url(&format!("/api/v1/secrets/{name}")))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
-        Self::check(resp).await?;
-        Ok(())
+        self.send_no_content(self.http.delete(self.url(&format!("/api/v1/secrets/{name}")))).await
     }
     pub async fn secrets(&self) -> CliResult<Vec<serde_json::Value>> {
         self.get("/api/v1/secrets").await

@@ -11,11 +11,7 @@ const T: Duration = Duration::from_secs(60);
 
 #[test]
 fn multi_step_pipeline_runs_in_dependency_order_and_skips_after_failure() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--slots", "4", "--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--slots", "4", "--isolation", isolation()]);
     let p = api.submit(
         r#"
 steps:
@@ -53,11 +49,7 @@ steps:
 
 #[test]
 fn cancelling_a_running_job_kills_its_whole_process_tree() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
     let p = api.submit(
         r#"
 steps:
@@ -85,11 +77,7 @@ steps:
 
 #[test]
 fn a_job_over_its_timeout_ends_timed_out_and_leaves_nothing_behind() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
     let p = api.submit("steps:\n  - key: slow\n    timeout: 1s\n    command: [\"sleep 3002991 &\", sleep 3002992]\n");
     let j = api.wait_job(p.jobs[0].id, "finished", T, |j| j.state.is_terminal());
     assert_eq!(j.state, JobState::TimedOut);
@@ -99,12 +87,7 @@ fn a_job_over_its_timeout_ends_timed_out_and_leaves_nothing_behind() {
 
 #[test]
 fn an_unplaceable_job_says_why_and_times_out_in_the_queue() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent =
-        Agent::start(&server, &dir.path().join("agent"), "a1", &["--tag", "queue=cpu", "--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--tag", "queue=cpu", "--isolation", isolation()]);
     let p =
         api.submit("steps:\n  - key: k\n    agents: {queue: cuda}\n    queue_timeout: 2s\n    command: echo never\n");
     let id = p.jobs[0].id;
@@ -153,11 +136,7 @@ fn coordinator_killed_and_restarted_mid_run_loses_nothing_and_runs_nothing_twice
 
 #[test]
 fn an_agent_killed_with_sigkill_has_its_job_end_lost_with_the_reason() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "2s");
-    let mut agent = Agent::start(&server, &dir.path().join("agent"), "doomed", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (dir, server, mut agent, api) = one_agent("2s", "doomed", &["--isolation", isolation()]);
     let p = api.submit("steps:\n  - key: a\n    command: sleep 3003331\n  - key: b\n    retry: {count: 1, on: [lost]}\n    command: sleep 3003332\n");
     for j in &p.jobs {
         api.wait_job(j.id, "running", T, |j| j.state == JobState::Running);
@@ -242,11 +221,7 @@ fn the_api_answers_bad_requests_with_4xx_and_a_message() {
 
 #[test]
 fn an_agent_that_was_frozen_past_lost_after_is_told_its_jobs_ended_and_kills_them() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "2s");
-    let agent = Agent::start(&server, &dir.path().join("agent"), "sleepy", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, _server, agent, api) = one_agent("2s", "sleepy", &["--isolation", isolation()]);
     let p = api.submit("steps:\n  - key: a\n    command: sleep 3004441\n");
     let id = p.jobs[0].id;
     api.wait_job(id, "running", T, |j| j.state == JobState::Running);
@@ -265,11 +240,7 @@ fn an_agent_that_was_frozen_past_lost_after_is_told_its_jobs_ended_and_kills_the
 
 #[test]
 fn concurrency_group_runs_one_at_a_time_and_cancel_in_progress_cancels_the_older_run() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--slots", "4", "--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--slots", "4", "--isolation", isolation()]);
     // Same group, no cancel: the second waits for the first.
     let one = api.submit("steps:\n  - key: d\n    concurrency: deploy\n    command: sleep 1\n");
     let two = api.submit("steps:\n  - key: d\n    concurrency: deploy\n    command: echo second\n");
@@ -315,11 +286,7 @@ fn retry_on_failed_creates_a_new_attempt_that_can_succeed() {
 
 #[test]
 fn secrets_reach_the_job_and_are_masked_in_its_log_even_when_written_in_pieces() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
     let value = "hf_Sup3rS3cretValue42";
     let r = api
         .raw()
@@ -368,11 +335,7 @@ steps:
 
 #[test]
 fn a_job_over_its_memory_limit_fails_with_out_of_memory_and_a_fork_bomb_is_contained() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
     let p = api.submit(
         r#"
 steps:
@@ -445,11 +408,7 @@ fn a_sandboxed_job_cannot_read_the_agents_credential_or_host_keys() {
 
 #[test]
 fn an_agent_never_runs_more_jobs_than_its_slots() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--slots", "2", "--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--slots", "2", "--isolation", isolation()]);
     let mut yaml = String::from("steps:\n");
     for i in 0..6 {
         yaml.push_str(&format!("  - key: s{i}\n    command: sleep 0.3\n"));
@@ -487,11 +446,7 @@ fn an_agent_that_forbids_unsandboxed_steps_never_runs_one() {
 
 #[test]
 fn cache_paths_are_kept_per_repository_between_jobs() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
     let submit = |repo: &str, command: &str| {
         let source = format!("steps:\n  - key: c\n    cache: [.cache/data]\n    command: {command:?}\n");
         let r = api
@@ -515,11 +470,7 @@ fn cache_paths_are_kept_per_repository_between_jobs() {
 
 #[test]
 fn an_image_step_waits_for_an_agent_with_a_working_container_engine() {
-    let dir = tempdir();
-    let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
     // A docker CLI without a daemon (as on this machine) is not a runtime: not advertised.
     if api.agents()[0].container_runtime.is_some() {
         eprintln!("this host has a working container engine; the waiting case cannot be shown here");

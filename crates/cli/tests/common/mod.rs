@@ -260,6 +260,17 @@ pub fn processes_with(marker: &str) -> Vec<String> {
     found
 }
 
+/// A coordinator (agents lost after `lost_after`) and one connected agent started with
+/// `args`, in a fresh temp dir: the set-up most system tests share.
+pub fn one_agent(lost_after: &str, name: &str, args: &[&str]) -> (tempfile::TempDir, Server, Agent, Api) {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), lost_after);
+    let agent = Agent::start(&server, &dir.path().join("agent"), name, args);
+    let api = server.api();
+    api.wait_agents(1, Duration::from_secs(60));
+    (dir, server, agent, api)
+}
+
 pub fn wait_until_or(what: &str, limit: Duration, f: impl Fn() -> bool, explain: impl Fn() -> String) {
     let t0 = Instant::now();
     while !f() {
