@@ -345,6 +345,20 @@ async fn execute_in(
     spec.network = step.network != gpuci_core::pipeline::NetworkMode::None;
     spec.resources = step.resources.clone();
     spec.hide_paths = ctx.hide_paths.clone();
+    if let Some(dir) = &a.runner_dir {
+        // The runner writes beside its files; give it a writable view of the install, not the install.
+        let runner = if isolation == Isolation::Bubblewrap {
+            let dest = workspace.join("runner");
+            if let Err(e) = std::fs::create_dir_all(&dest) {
+                return (Outcome::StartFailed { error: format!("creating {}: {e}", dest.display()) }, None);
+            }
+            spec.tool_views.push(gpuci_sandbox::ToolView { source: dir.into(), dest: dest.clone() });
+            dest
+        } else {
+            PathBuf::from(dir)
+        };
+        spec.env.insert("GPUCI_RUNNER_DIR".into(), runner.display().to_string());
+    }
     {
         let inventory = ctx.inventory.read().unwrap_or_else(|e| e.into_inner());
         for uuid in &a.gpus {
@@ -375,6 +389,8 @@ async fn execute_in(
                 None,
             );
         };
+        // Images without bash (busybox, alpine) run the script with `sh -e` instead.
+        spec.argv = gpuci_sandbox::container::shell_argv(&step.command.join("\n"));
         let env_file = ctx.work_root.join(format!(".env-{}", spec.job_id));
         let written = gpuci_sandbox::container::env_file_contents(&spec).map_err(|e| e.to_string()).and_then(|text| {
             write_private(&env_file, &text).map_err(|e| format!("writing {}: {e}", env_file.display()))

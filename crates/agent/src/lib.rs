@@ -437,10 +437,7 @@ impl Agent {
 
 /// A container CLI without a reachable engine (docker without dockerd) must not be advertised.
 async fn engine_answers(rt: &gpuci_sandbox::ContainerRuntime) -> Result<(), String> {
-    let run = tokio::process::Command::new(&rt.path)
-        .args(["info", "--format", "{{.ServerVersion}}"])
-        .kill_on_drop(true)
-        .output();
+    let run = tokio::process::Command::new(&rt.path).args(rt.engine.info_args()).kill_on_drop(true).output();
     match tokio::time::timeout(Duration::from_secs(10), run).await {
         Ok(Ok(o)) if o.status.success() => Ok(()),
         Ok(Ok(o)) => {

@@ -331,9 +331,12 @@ mod tests {
         assert_eq!(std::fs::read_to_string(ws.join("up")).unwrap(), "hi\n");
     }
 
+    /// Adds one crafted entry to an archive.
+    type AddEntry = Box<dyn Fn(&mut tar::Builder<flate2::write::GzEncoder<Vec<u8>>>)>;
+
     #[test]
     fn escapes_are_refused() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut tar::Builder<flate2::write::GzEncoder<Vec<u8>>>)>)> = vec![
+        let cases: Vec<(&str, AddEntry)> = vec![
             (
                 "dotdot",
                 Box::new(|b| {

@@ -145,6 +145,10 @@ pub struct ServerArgs {
     /// How often agents send heartbeats.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub heartbeat: std::time::Duration,
+    /// The server's config file (TOML; the `[github]` section: App, webhook secret, runner
+    /// pools). See docs/github.md.
+    #[arg(long, env = "GPUCI_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -44,6 +44,7 @@ impl utoipa::Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         openapi.merge(crate::secrets::SecretsDoc::openapi());
         openapi.merge(crate::uploads::UploadsDoc::openapi());
+        openapi.merge(crate::github::api::GithubApiDoc::openapi());
         document_auth(openapi);
     }
 }
@@ -68,6 +69,15 @@ pub fn document_auth(openapi: &mut utoipa::openapi::OpenApi) {
     components.add_security_scheme(
         "agent_credential",
         bearer("An agent's own credential, as returned by `POST /api/v1/agents/register`."),
+    );
+    components.add_security_scheme(
+        "github_signature",
+        SecurityScheme::ApiKey(utoipa::openapi::security::ApiKey::Header(
+            utoipa::openapi::security::ApiKeyValue::with_description(
+                "X-Hub-Signature-256",
+                "`sha256=` and the hex HMAC-SHA256 of the raw body with the GitHub webhook secret.",
+            ),
+        )),
     );
     let unauthorized = ResponseBuilder::new()
         .description("missing or invalid API token")
@@ -297,12 +307,15 @@ pub async fn submit_pipeline(
         },
     })?;
     let (p, _) = ask(&st, |reply| Command::Submit {
-        file_name: req.file_name,
-        source: req.source,
-        pipeline,
-        extra_env: req.env,
-        workspace_upload: req.workspace_upload,
-        repository: req.repository,
+        sub: Box::new(crate::brain::Submission {
+            file_name: req.file_name,
+            source: req.source,
+            pipeline,
+            extra_env: req.env,
+            workspace_upload: req.workspace_upload,
+            repository: req.repository,
+            origin: None,
+        }),
         reply,
     })
     .await?;

@@ -9,6 +9,7 @@
 //! scheduling pass at once; nothing waits for the tick.
 
 use crate::hub::Hub;
+use crate::origin::{Origin, RunnerOrigin};
 use gpuci_core::job::{should_retry, JobState, Outcome};
 use gpuci_core::pipeline::Pipeline;
 use gpuci_core::placement::{self, GpuSlot, GpuSlotState, HostView, Needs};
@@ -67,6 +68,37 @@ pub enum BrainError {
     ShuttingDown,
 }
 
+/// Registers just-in-time Actions runners with GitHub. Called when a runner job has been
+/// placed and its GPUs leased; the answer comes back as [`Command::RunnerRegistered`], so the
+/// scheduler never waits on GitHub.
+#[async_trait::async_trait]
+pub trait RunnerRegistrar: Send + Sync + 'static {
+    async fn register(&self, job: JobId, agent_id: &str, origin: &RunnerOrigin) -> Result<RunnerGrant, String>;
+}
+
+/// A registered runner: its name and its JIT config (a credential: given to the job as a secret).
+#[derive(Clone)]
+pub struct RunnerGrant {
+    pub runner_name: String,
+    pub jit_config: String,
+}
+
+/// A pipeline to create.
+pub struct Submission {
+    pub file_name: String,
+    pub source: String,
+    pub pipeline: Pipeline,
+    pub extra_env: BTreeMap<String, String>,
+    /// The id of an upload the caller checked exists.
+    pub workspace_upload: Option<String>,
+    pub repository: Option<String>,
+    /// An [`Origin`](crate::origin::Origin) as JSON.
+    pub origin: Option<String>,
+}
+
+/// The secret environment variable that carries a runner job's JIT config.
+pub const JIT_CONFIG_ENV: &str = "GPUCI_JITCONFIG";
+
 pub type Reply<T> = oneshot::Sender<Result<T, BrainError>>;
 
 /// A connection's outbound queue. Unbounded: the brain must never block on a slow agent; a
@@ -75,14 +107,13 @@ pub type AgentTx = mpsc::UnboundedSender<CoordinatorMessage>;
 
 pub enum Command {
     Submit {
-        file_name: String,
-        source: String,
-        pipeline: Pipeline,
-        extra_env: BTreeMap<String, String>,
-        /// The id of an upload the caller checked exists.
-        workspace_upload: Option<String>,
-        repository: Option<String>,
+        sub: Box<Submission>,
         reply: Reply<(PipelineRecord, Vec<JobRecord>)>,
+    },
+    /// The answer to a runner registration started when an Actions runner job was placed.
+    RunnerRegistered {
+        job: JobId,
+        result: Result<RunnerGrant, String>,
     },
     Cancel {
         job: JobId,
@@ -174,6 +205,10 @@ pub struct Brain {
     /// free). The queue timeout counts from here: waiting for a dependency is not waiting
     /// for capacity. In memory only: after a restart the clock starts again.
     ready_since: HashMap<JobId, i64>,
+    /// Registers Actions runners (when GitHub is configured) and the queue its answers come back on.
+    registrar: Option<(Arc<dyn RunnerRegistrar>, mpsc::Sender<Command>)>,
+    /// Placed runner jobs whose registration is in flight: their assignments, not yet sent.
+    registering: HashMap<JobId, Assignment>,
 }
 
 impl Brain {
@@ -190,6 +225,8 @@ impl Brain {
             quarantine: BTreeMap::new(),
             cancelling: HashMap::new(),
             ready_since: HashMap::new(),
+            registrar: None,
+            registering: HashMap::new(),
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -236,6 +273,12 @@ impl Brain {
         Ok(brain)
     }
 
+    /// Register Actions runners through `registrar`; `tx` is the queue [`Brain::run`] reads.
+    pub fn with_registrar(mut self, registrar: Arc<dyn RunnerRegistrar>, tx: mpsc::Sender<Command>) -> Self {
+        self.registrar = Some((registrar, tx));
+        self
+    }
+
     /// Run until `shutdown`; then return, leaving durable state as it is.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Command>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.timing.tick);
@@ -254,9 +297,13 @@ impl Brain {
 
     async fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Submit { file_name, source, pipeline, extra_env, workspace_upload, repository, reply } => {
-                let r = self.submit(file_name, source, pipeline, extra_env, workspace_upload, repository).await;
+            Command::Submit { sub, reply } => {
+                let r = self.submit(*sub).await;
                 let _ = reply.send(r);
+                self.schedule().await;
+            }
+            Command::RunnerRegistered { job, result } => {
+                self.runner_registered(job, result).await;
                 self.schedule().await;
             }
             Command::Cancel { job, reason, reply } => {
@@ -352,15 +399,8 @@ impl Brain {
         }
     }
 
-    async fn submit(
-        &mut self,
-        file_name: String,
-        source: String,
-        pipeline: Pipeline,
-        extra_env: BTreeMap<String, String>,
-        workspace_upload: Option<String>,
-        repository: Option<String>,
-    ) -> Result<(PipelineRecord, Vec<JobRecord>), BrainError> {
+    async fn submit(&mut self, sub: Submission) -> Result<(PipelineRecord, Vec<JobRecord>), BrainError> {
+        let Submission { file_name, source, pipeline, extra_env, workspace_upload, repository, origin } = sub;
         let now = now_ms();
         let jobs = pipeline
             .steps
@@ -383,7 +423,10 @@ impl Brain {
             .collect();
         let (p, jobs) = self
             .store
-            .create_pipeline(NewPipeline { file_name, source, workspace_upload, repository, created_at_ms: now }, jobs)
+            .create_pipeline(
+                NewPipeline { file_name, source, workspace_upload, repository, origin, created_at_ms: now },
+                jobs,
+            )
             .await?;
         for j in &jobs {
             self.publish(j);
@@ -417,6 +460,12 @@ impl Brain {
         };
         match job.state {
             JobState::Queued => {
+                let j = self.finish(&job, JobState::Cancelled, reason, None, None, Vec::new()).await?;
+                Ok(j)
+            }
+            _ if self.registering.remove(&id).is_some() => {
+                // Never sent to the agent: nothing runs yet. The runner GitHub may have
+                // registered meanwhile is removed by the GitHub integration when the job ends.
                 let j = self.finish(&job, JobState::Cancelled, reason, None, None, Vec::new()).await?;
                 Ok(j)
             }
@@ -997,6 +1046,27 @@ impl Brain {
                     }
                 }
             };
+            if !j.step.secrets.is_empty() {
+                let origin = match self.store.get_pipeline(j.pipeline_id).await {
+                    Ok(p) => p.and_then(|p| Origin::parse(p.origin.as_deref())),
+                    Err(e) => {
+                        tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
+                        continue;
+                    }
+                };
+                if let Some(Origin::Github(g)) = origin.filter(|o| matches!(o, Origin::Github(g) if !g.secrets)) {
+                    let why = format!(
+                        "secrets are not given to pull requests from forks ({} #{}); the step names {}",
+                        g.repository,
+                        g.pr.unwrap_or(0),
+                        j.step.secrets.join(", ")
+                    );
+                    if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
+                        tracing::error!(job = j.id, error = %e, "could not fail job");
+                    }
+                    continue;
+                }
+            }
             if let Some(missing) = j.step.secrets.iter().find(|n| !secrets.contains_key(*n)) {
                 let why = format!("secret `{missing}` is not set (gpuci secret set {missing})");
                 if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
@@ -1020,9 +1090,12 @@ impl Brain {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
                     tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
-                    let (workspace_upload, repository) = match self.store.get_pipeline(j.pipeline_id).await {
-                        Ok(Some(p)) => (p.workspace_upload, p.repository),
-                        Ok(None) => (None, None),
+                    let (workspace_upload, repository, origin) = match self.store.get_pipeline(j.pipeline_id).await {
+                        Ok(Some(p)) => {
+                            let origin = Origin::parse(p.origin.as_deref());
+                            (p.workspace_upload, p.repository, origin)
+                        }
+                        Ok(None) => (None, None, None),
                         Err(e) => {
                             tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
                             continue;
@@ -1041,7 +1114,11 @@ impl Brain {
                             env.insert("GPUCI_PIPELINE_ID".into(), rec.pipeline_id.to_string());
                             env.insert("GPUCI_STEP_KEY".into(), rec.step.key.clone());
                             env.insert("GPUCI_ATTEMPT".into(), rec.attempt.to_string());
-                            let msg = CoordinatorMessage::Assign(Box::new(Assignment {
+                            let runner = match origin {
+                                Some(Origin::ActionsRunner(r)) => Some(r),
+                                _ => None,
+                            };
+                            let assignment = Assignment {
                                 job_id: rec.id,
                                 pipeline_id: rec.pipeline_id,
                                 name: rec.step.display_name().to_string(),
@@ -1056,10 +1133,35 @@ impl Brain {
                                     .as_deref()
                                     .filter(|_| !rec.step.cache.is_empty())
                                     .map(|r| crate::auth::hash(r)[..16].to_string()),
-                            }));
-                            // If the send fails the connection is gone; the reconnect (or the
-                            // lost-agent reaper) settles the job.
-                            self.send(&agent_id, msg);
+                                runner_dir: runner.as_ref().map(|r| r.install_dir.clone()),
+                            };
+                            match (runner, &self.registrar) {
+                                (None, _) => {
+                                    // If the send fails the connection is gone; the reconnect (or
+                                    // the lost-agent reaper) settles the job.
+                                    self.send(&agent_id, CoordinatorMessage::Assign(Box::new(assignment)));
+                                }
+                                (Some(r), Some((registrar, tx))) => {
+                                    // The GPUs are leased; register the runner without holding up
+                                    // the scheduler, and send the assignment when GitHub answers.
+                                    self.registering.insert(rec.id, assignment);
+                                    let (registrar, tx, job, agent) =
+                                        (registrar.clone(), tx.clone(), rec.id, agent_id.clone());
+                                    tokio::spawn(async move {
+                                        let result = registrar.register(job, &agent, &r).await;
+                                        let _ = tx.send(Command::RunnerRegistered { job, result }).await;
+                                    });
+                                }
+                                (Some(_), None) => {
+                                    let why = "an Actions runner job, but GitHub is not configured on this coordinator"
+                                        .to_string();
+                                    if let Err(e) =
+                                        self.finish(&rec, JobState::Failed, why, None, None, Vec::new()).await
+                                    {
+                                        tracing::error!(job = rec.id, error = %e, "could not fail job");
+                                    }
+                                }
+                            }
                         }
                         Err(e) => tracing::error!(job = j.id, error = %e, "could not assign job"),
                     }
@@ -1072,6 +1174,29 @@ impl Brain {
                         u.reason
                     };
                     self.set_reason(&j, reason).await
+                }
+            }
+        }
+    }
+
+    async fn runner_registered(&mut self, id: JobId, result: Result<RunnerGrant, String>) {
+        let Some(mut assignment) = self.registering.remove(&id) else {
+            // Cancelled or requeued meanwhile.
+            return;
+        };
+        let Some(job) = self.active.get(&id).filter(|j| j.state == JobState::Assigned).cloned() else { return };
+        match result {
+            Ok(grant) => {
+                tracing::info!(job = id, runner = %grant.runner_name, "runner registered");
+                assignment.secrets.0.insert(JIT_CONFIG_ENV.to_string(), grant.jit_config);
+                assignment.env.insert("GPUCI_RUNNER_NAME".into(), grant.runner_name);
+                let agent = job.agent_id.clone().unwrap_or_default();
+                self.send(&agent, CoordinatorMessage::Assign(Box::new(assignment)));
+            }
+            Err(e) => {
+                let why = format!("could not register an Actions runner with GitHub: {e}");
+                if let Err(e) = self.finish(&job, JobState::Failed, why, None, None, Vec::new()).await {
+                    tracing::error!(job = id, error = %e, "could not fail job");
                 }
             }
         }

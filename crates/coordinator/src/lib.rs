@@ -10,7 +10,9 @@ pub mod auth;
 pub mod brain;
 mod channel;
 mod convert;
+pub mod github;
 pub mod hub;
+pub mod origin;
 pub mod secrets;
 pub mod uploads;
 
@@ -44,12 +46,14 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub database: Database,
     pub timing: Timing,
+    /// The `[github]` section of the config file, with its secrets read.
+    pub github: Option<Arc<github::GithubConfig>>,
 }
 
 impl Config {
     pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Self {
         let database = Database::Sqlite(data_dir.join("gpuci.db"));
-        Config { listen, data_dir, database, timing: Timing::default() }
+        Config { listen, data_dir, database, timing: Timing::default(), github: None }
     }
 }
 
@@ -64,6 +68,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Workspace uploads: `<data-dir>/uploads`.
     pub uploads: uploads::Uploads,
+    /// Set when GitHub is configured: what the webhook endpoint needs.
+    pub github: Option<github::Handle>,
 }
 
 /// A started coordinator.
@@ -76,6 +82,7 @@ pub struct Running {
 }
 
 pub fn router(st: AppState) -> Router {
+    let webhook_limit = axum::extract::DefaultBodyLimit::max(github::webhook::MAX_PAYLOAD_BYTES);
     let authed = Router::new()
         .route("/api/v1/pipelines", post(api::submit_pipeline))
         .route("/api/v1/pipelines/{id}", get(api::get_pipeline))
@@ -85,6 +92,7 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/jobs/{id}/cancel", post(api::cancel_job))
         .route("/api/v1/jobs/{id}/logs", get(api::job_logs))
         .route("/api/v1/agents", get(api::list_agents))
+        .route("/api/v1/github/jobs", get(github::api::list_github_jobs))
         .route("/api/v1/gpus/{uuid}/release", post(api::release_gpu))
         .route("/api/v1/secrets", get(secrets::list_secrets))
         .route("/api/v1/uploads", post(uploads::create_upload))
@@ -96,6 +104,7 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/agents/connect", get(channel::connect))
         .route("/api/v1/uploads/{id}", get(uploads::get_upload))
         .route("/api/v1/openapi.json", get(openapi_json))
+        .route("/api/v1/github/webhook", post(github::webhook::receive).layer(webhook_limit))
         .route("/healthz", get(api::server_info))
         .fallback(|| async {
             api::ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such endpoint; see /api/v1/openapi.json")
@@ -108,6 +117,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     use utoipa::OpenApi;
     let mut doc = api::ApiDoc::openapi();
     doc.merge(secrets::SecretsDoc::openapi());
+    doc.merge(github::webhook::WebhookDoc::openapi());
     doc
 }
 
@@ -130,8 +140,33 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         Database::Memory => Arc::new(SqliteStore::in_memory().await?),
     };
     let hub = Arc::new(hub::Hub::new());
-    let brain = brain::Brain::load(store.clone(), hub.clone(), config.timing.clone()).await.context("loading state")?;
+    let mut brain =
+        brain::Brain::load(store.clone(), hub.clone(), config.timing.clone()).await.context("loading state")?;
     let (tx, rx) = mpsc::channel(4096);
+    let uploads = uploads::Uploads::new(config.data_dir.join("uploads"));
+    let listener =
+        tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let github = match &config.github {
+        None => None,
+        Some(gh) => {
+            let client = Arc::new(gpuci_github::Client::new(gh.api_url.clone(), gh.credentials.clone()));
+            brain = brain.with_registrar(
+                Arc::new(github::Registrar { client: client.clone(), store: store.clone() }),
+                tx.clone(),
+            );
+            let deps = github::service::Deps {
+                store: store.clone(),
+                brain: tx.clone(),
+                hub: hub.clone(),
+                uploads: uploads.clone(),
+                public_url: format!("http://{addr}"),
+                tick: config.timing.tick.min(std::time::Duration::from_millis(500)),
+            };
+            tracing::info!(api = %gh.api_url, pools = gh.pools.len(), repositories = gh.repositories.len(), "GitHub integration on");
+            Some(github::start(gh.clone(), client, deps, shutdown.clone()))
+        }
+    };
     let st = AppState {
         store,
         brain: tx,
@@ -140,11 +175,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         registration_token: registration_token.clone(),
         conn_seq: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
-        uploads: uploads::Uploads::new(config.data_dir.join("uploads")),
+        uploads,
+        github,
     };
-    let listener =
-        tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
-    let addr = listener.local_addr()?;
     let app = router(st);
     let brain_task = tokio::spawn(brain.run(rx, shutdown.clone()));
     let sd = shutdown.clone();

@@ -49,6 +49,30 @@ impl Uploads {
     pub fn exists(&self, id: &str) -> bool {
         self.path(id).is_some_and(|p| p.is_file())
     }
+
+    /// Store an archive the coordinator made itself (a repository at a commit); returns its id.
+    pub async fn put(&self, bytes: Vec<u8>) -> std::io::Result<String> {
+        let dir = self.dir.clone();
+        tokio::task::spawn_blocking(move || {
+            use std::io::Write;
+            std::fs::create_dir_all(&dir)?;
+            let id = hex::encode(Sha256::digest(&bytes));
+            let path = dir.join(format!("{id}.tar.gz"));
+            if !path.is_file() {
+                let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4()));
+                let guard = TempFile(tmp.clone());
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(&bytes)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, &path)?;
+                drop(guard);
+                std::fs::File::open(&dir)?.sync_all()?;
+            }
+            Ok(id)
+        })
+        .await
+        .map_err(std::io::Error::other)?
+    }
 }
 
 /// A sha256 in lowercase hex: 64 characters of `0-9a-f`.

@@ -107,6 +107,8 @@ pub struct PullRequestEvent {
     /// `fork: true` on both sides but runs no outside code.
     pub from_fork: bool,
     pub installation_id: Option<u64>,
+    /// Who caused the event (on `labeled`: who added the label).
+    pub sender: Option<String>,
 }
 
 /// A `push` event.
@@ -157,6 +159,7 @@ pub fn parse_event(event_name: &str, delivery_id: &str, body: &[u8]) -> Result<E
                 base_repository,
                 author_association: p.pull_request.author_association,
                 label: p.label.map(|l| l.name),
+                sender: p.sender.map(|s| s.login),
                 from_fork,
                 installation_id: p.installation.map(|i| i.id),
             })
@@ -240,6 +243,8 @@ mod wire {
         pub number: u64,
         pub pull_request: PullRequest,
         pub label: Option<Label>,
+        #[serde(default)]
+        pub sender: Option<Owner>,
         pub installation: Option<Installation>,
     }
 

@@ -425,8 +425,9 @@ fn check_container_runtime(opts: &DoctorOptions, runner: &dyn CommandRunner) -> 
     // The engine must answer, not just its client: a docker CLI without a daemon cannot run a
     // container, and the agent does not advertise one.
     let mut found_cli: Option<(&str, String)> = None;
-    for rt in ["podman", "docker"] {
-        match runner.run(rt, &["info", "--format", "{{.ServerVersion}}"], opts.command_timeout) {
+    // podman's `info` has no `.ServerVersion`: that template fails even when podman works.
+    for (rt, field) in [("podman", "{{.Version.Version}}"), ("docker", "{{.ServerVersion}}")] {
+        match runner.run(rt, &["info", "--format", field], opts.command_timeout) {
             Ok(out) if out.success() => {
                 return DoctorCheck::new(NAME, CheckStatus::Pass, format!("{rt} {} answers", out.stdout.trim()));
             }
@@ -492,7 +493,7 @@ mod tests {
         let runner = FakeRunner::new();
         runner
             .on("bwrap --version", Ok(CommandOutput::ok("bubblewrap 0.9.0\n")))
-            .on("podman info --format {{.ServerVersion}}", Ok(CommandOutput::ok("4.9.3\n")));
+            .on("podman info --format {{.Version.Version}}", Ok(CommandOutput::ok("4.9.3\n")));
         Host { dir, runner }
     }
 

@@ -142,6 +142,11 @@ pub struct Assignment {
     /// Names the agent's cache of the step's `cache:` paths (one per repository); none: no cache.
     #[serde(default)]
     pub cache_key: Option<String>,
+    /// Actions runner jobs: the runner's install directory on the agent's host. The job sees
+    /// it at `$GPUCI_RUNNER_DIR` (`<workspace>/runner`): its files read-only, the directory
+    /// writable for the runner's `_diag` and `_work`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runner_dir: Option<String>,
 }
 
 /// Secret values by name. Debug output shows names only.

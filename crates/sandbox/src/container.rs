@@ -10,6 +10,17 @@
 //! client's command line is world-readable. The container is named `gpuci-<job_id>` and labelled
 //! `gpuci.job-id=<job_id>` so the agent can `kill`/`rm` it and a sweep can find orphans.
 //!
+//! The step runs as `bash -eo pipefail -c SCRIPT` when the image has bash, else (busybox,
+//! alpine) as `sh -e -c SCRIPT` with a note on stderr: see [`shell_argv`].
+//!
+//! Host set-up the engine itself may need (found running podman 4.3 as root in a VM without
+//! `CAP_SYS_RESOURCE` on hybrid cgroups): crun refuses hybrid cgroups while a controller (e.g.
+//! `hugetlb`) is still on the cgroup2 `unified` mount (mount it as v1:
+//! `mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb`), and root podman raises
+//! `RLIMIT_NOFILE`/`RLIMIT_NPROC` to values such a host cannot grant (set `default_ulimits` under
+//! `[containers]` in a `/etc/containers/containers.conf.d/*.conf` to limits the host allows).
+//! Neither is passed on the command line here: on an ordinary host the engine's defaults work.
+//!
 //! Not done yet: CDI device names (`nvidia.com/gpu=<uuid>`) and the NVIDIA container toolkit's
 //! driver-library injection; with plain `--device` the image must bring matching user-space
 //! driver libraries.
@@ -44,6 +55,16 @@ pub fn env_file_contents(spec: &SandboxSpec) -> Result<String, SandboxError> {
         out.push('\n');
     }
     Ok(out)
+}
+
+/// Run `script` with bash (`-eo pipefail`) when the image has it, else with `sh -e`, saying so
+/// on stderr. Whether an image has bash cannot be known before it runs, and a bare
+/// "executable file `bash` not found" from the runtime would fail every busybox/alpine step.
+pub fn shell_argv(script: &str) -> Vec<String> {
+    const PICK: &str = "if command -v bash >/dev/null 2>&1; then exec bash -eo pipefail -c \"$1\"; fi; \
+        echo 'gpuci: bash is not in this image; running the step with sh -e (no pipefail)' >&2; \
+        exec sh -e -c \"$1\"";
+    ["sh", "-c", PICK, "gpuci-step", script].iter().map(|s| s.to_string()).collect()
 }
 
 /// The full argument vector (program first) that runs `spec.argv` in `image`.
@@ -138,6 +159,34 @@ mod tests {
         s.network = true;
         let argv = run_argv(&rt, "python:3.12", &s, Path::new("/x.env")).expect("argv");
         assert!(!argv.iter().any(|a| a.starts_with("--device") || a.starts_with("--network")), "{argv:?}");
+    }
+
+    #[test]
+    fn shell_argv_uses_bash_when_present_else_sh() {
+        let run = |path: &str| {
+            let argv = shell_argv("echo start; false | true; echo after-pipe");
+            let out = std::process::Command::new("/bin/sh")
+                .args(&argv[1..])
+                .env_clear()
+                .env("PATH", path)
+                .output()
+                .expect("run sh");
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        };
+        if Path::new("/bin/bash").exists() {
+            // bash with pipefail: the failing pipe ends the script.
+            assert_eq!(run("/bin:/usr/bin"), (Some(1), "start\n".to_string(), String::new()));
+        }
+        // No bash on PATH: sh -e runs it (no pipefail) and says so.
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::os::unix::fs::symlink("/bin/sh", dir.path().join("sh")).expect("symlink");
+        let (code, stdout, stderr) = run(dir.path().to_str().expect("utf-8"));
+        assert_eq!((code, stdout.as_str()), (Some(0), "start\nafter-pipe\n"));
+        assert!(stderr.contains("bash is not in this image"), "{stderr}");
     }
 
     #[test]

@@ -115,6 +115,18 @@ pub enum ContainerEngine {
     Docker,
 }
 
+impl ContainerEngine {
+    /// Arguments for `info` that succeed only when the engine itself answers (not just its
+    /// client) and print its version. The two engines name the field differently: podman has
+    /// no `.ServerVersion`, and its `info` fails on that template.
+    pub fn info_args(self) -> [&'static str; 3] {
+        match self {
+            ContainerEngine::Podman => ["info", "--format", "{{.Version.Version}}"],
+            ContainerEngine::Docker => ["info", "--format", "{{.ServerVersion}}"],
+        }
+    }
+}
+
 /// A container engine found on PATH.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ContainerRuntime {
@@ -258,6 +270,17 @@ pub struct SandboxSpec {
     pub hide_paths: Vec<PathBuf>,
     pub resources: Resources,
     pub cgroups: CgroupUse,
+    /// Host directories (an Actions runner install) shown read-only inside the workspace.
+    pub tool_views: Vec<ToolView>,
+}
+
+/// The top-level entries of `source` bound read-only into `dest`, a directory inside the
+/// workspace that stays writable: a tool can write beside its files (the Actions runner's
+/// `_diag` and `_work`) and the host's copy is never changed. Bubblewrap only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolView {
+    pub source: PathBuf,
+    pub dest: PathBuf,
 }
 
 impl SandboxSpec {
@@ -275,6 +298,7 @@ impl SandboxSpec {
             hide_paths: Vec::new(),
             resources: Resources::default(),
             cgroups: CgroupUse::Auto,
+            tool_views: Vec::new(),
         }
     }
 }

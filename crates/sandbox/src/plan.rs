@@ -77,6 +77,8 @@ pub(crate) trait HostFs {
     fn kind_follow(&self, p: &Path) -> Kind;
     /// Entries of `/sys/devices` whose names start with `pci`.
     fn pci_roots(&self) -> Vec<PathBuf>;
+    /// Names in a directory, sorted; empty when it cannot be read.
+    fn list_dir(&self, p: &Path) -> Vec<OsString>;
 }
 
 pub(crate) struct RealFs;
@@ -108,6 +110,12 @@ impl HostFs for RealFs {
                 rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("pci")).map(|e| e.path()).collect()
             })
             .unwrap_or_default();
+        v.sort();
+        v
+    }
+    fn list_dir(&self, p: &Path) -> Vec<OsString> {
+        let mut v: Vec<OsString> =
+            fs::read_dir(p).map(|rd| rd.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
         v.sort();
         v
     }
@@ -227,6 +235,27 @@ pub(crate) fn bwrap_args(
             cover(&mut a, h);
         }
     }
+    // 7b. Tool views: the top-level entries of a host directory (an Actions runner install)
+    // appear read-only inside a writable directory of the workspace, so the tool can write
+    // beside its files (`_diag`, `_work`) while the host's copy stays untouched.
+    for v in &spec.tool_views {
+        if !v.source.is_absolute() || !v.dest.starts_with(ws) || &v.dest == ws {
+            return Err(invalid(format!(
+                "tool view {} -> {}: the source must be absolute and the destination inside the workspace",
+                v.source.display(),
+                v.dest.display()
+            )));
+        }
+        if hidden(&v.source) {
+            return Err(invalid(format!("tool directory {} is hidden from jobs", v.source.display())));
+        }
+        if host.kind_follow(&v.source) != Kind::Dir {
+            return Err(invalid(format!("tool directory {} does not exist", v.source.display())));
+        }
+        for name in host.list_dir(&v.source) {
+            push(&mut a, &[&"--ro-bind", &v.source.join(&name), &v.dest.join(&name)]);
+        }
+    }
     // 8. Only the leased GPU nodes, plus the common nvidia nodes when any GPU is leased.
     let mut dests = BTreeSet::new();
     let device_err = |p: &Path, reason: &str| SandboxError::Device {
@@ -281,6 +310,13 @@ mod tests {
         fn pci_roots(&self) -> Vec<PathBuf> {
             vec![PathBuf::from("/sys/devices/pci0000:00")]
         }
+        fn list_dir(&self, p: &Path) -> Vec<OsString> {
+            self.0
+                .keys()
+                .filter(|k| k.parent() == Some(p))
+                .filter_map(|k| k.file_name().map(|n| n.to_os_string()))
+                .collect()
+        }
     }
 
     fn host() -> FakeFs {
@@ -319,7 +355,36 @@ mod tests {
             hide_paths: vec!["/opt/gpuci".into(), "/var/lib/gpuci".into()],
             resources: Resources::default(),
             cgroups: crate::CgroupUse::Auto,
+            tool_views: Vec::new(),
         }
+    }
+
+    #[test]
+    fn tool_view_binds_each_entry_read_only_inside_the_workspace() {
+        let mut fs = host();
+        for (p, k) in [
+            ("/opt/actions-runner", Kind::Dir),
+            ("/opt/actions-runner/run.sh", Kind::File),
+            ("/opt/actions-runner/bin", Kind::Dir),
+        ] {
+            fs.0.insert(PathBuf::from(p), k);
+        }
+        let mut sp = spec();
+        sp.tool_views.push(crate::ToolView {
+            source: "/opt/actions-runner".into(),
+            dest: "/var/lib/gpuci/work/j1/runner".into(),
+        });
+        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &fs, None).expect("plan"));
+        assert!(s.contains("--ro-bind /opt/actions-runner/bin /var/lib/gpuci/work/j1/runner/bin"), "{s}");
+        assert!(s.contains("--ro-bind /opt/actions-runner/run.sh /var/lib/gpuci/work/j1/runner/run.sh"), "{s}");
+        // After the workspace bind, or the workspace would cover them.
+        assert!(s.find("--bind /var/lib/gpuci/work/j1 ").unwrap() < s.find("runner/bin").unwrap());
+
+        sp.tool_views[0].dest = "/elsewhere".into();
+        assert!(bwrap_args(&sp, &BTreeMap::new(), &fs, None).is_err(), "destination outside the workspace");
+        sp.tool_views[0] = crate::ToolView { source: "/opt/missing".into(), dest: "/var/lib/gpuci/work/j1/r".into() };
+        let e = bwrap_args(&sp, &BTreeMap::new(), &fs, None).expect_err("missing source");
+        assert!(e.to_string().contains("does not exist"), "{e}");
     }
 
     fn render(args: &[OsString]) -> String {

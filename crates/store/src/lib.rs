@@ -98,4 +98,22 @@ pub trait Store: Send + Sync + 'static {
     async fn secret_names(&self) -> Result<Vec<(String, i64)>>;
     /// Values of the named secrets that exist.
     async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>>;
+
+    // GitHub integration.
+    /// Remember a webhook delivery; false when it was already recorded (a redelivery).
+    async fn record_delivery(&self, delivery: &str, event: &str, now_ms: i64) -> Result<bool>;
+    /// Insert a workflow job record unless one with its id exists; false when it did.
+    async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool>;
+    async fn put_github_job(&self, job: &GithubJobRecord) -> Result<()>;
+    async fn get_github_job(&self, id: i64) -> Result<Option<GithubJobRecord>>;
+    /// Newest first; only `queued` and `in_progress` ones when `active_only`.
+    async fn github_jobs(&self, active_only: bool, limit: u32) -> Result<Vec<GithubJobRecord>>;
+    async fn put_runner(&self, runner: &RunnerRecord) -> Result<()>;
+    async fn get_runner(&self, name: &str) -> Result<Option<RunnerRecord>>;
+    /// Runners not yet `done` or `removed` when `active_only`.
+    async fn runners(&self, active_only: bool) -> Result<Vec<RunnerRecord>>;
+    async fn put_approval(&self, approval: &ApprovalRecord) -> Result<()>;
+    async fn get_approval(&self, repository: &str, pr: i64, head_sha: &str) -> Result<Option<ApprovalRecord>>;
+    async fn set_check_run(&self, job: JobId, check_run_id: i64) -> Result<()>;
+    async fn get_check_run(&self, job: JobId) -> Result<Option<i64>>;
 }

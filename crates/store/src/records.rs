@@ -14,6 +14,9 @@ pub struct NewPipeline {
     pub workspace_upload: Option<String>,
     /// The repository the pipeline came from, if known (cache key).
     pub repository: Option<String>,
+    /// Where the pipeline came from (a GitHub event, an Actions runner job), as the
+    /// coordinator's JSON; `None` for pipelines submitted directly.
+    pub origin: Option<String>,
     pub created_at_ms: i64,
 }
 
@@ -26,6 +29,9 @@ pub struct PipelineRecord {
     pub workspace_upload: Option<String>,
     /// The repository the pipeline came from, if known (cache key).
     pub repository: Option<String>,
+    /// Where the pipeline came from (a GitHub event, an Actions runner job), as the
+    /// coordinator's JSON; `None` for pipelines submitted directly.
+    pub origin: Option<String>,
     pub created_at_ms: i64,
 }
 
@@ -121,4 +127,56 @@ pub struct Quarantine {
     pub agent_id: String,
     pub reason: String,
     pub since_ms: i64,
+}
+
+/// A GitHub workflow job that matched a runner pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GithubJobRecord {
+    /// GitHub's workflow job id.
+    pub id: i64,
+    /// `owner/name`.
+    pub repository: String,
+    pub run_id: i64,
+    pub name: String,
+    pub labels: Vec<String>,
+    pub pool: String,
+    /// `queued`, `in_progress`, `completed`, or `cancelled` (by gpuci, with the reason).
+    pub state: String,
+    /// The runner job gpuci queued for it.
+    pub runner_job_id: Option<JobId>,
+    /// The runner that actually ran it (from `in_progress`).
+    pub runner_name: Option<String>,
+    pub reason: String,
+    pub queued_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// A just-in-time runner: one per runner job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunnerRecord {
+    pub name: String,
+    /// The gpuci job that runs it.
+    pub job_id: JobId,
+    pub pool: String,
+    pub repository: String,
+    /// Set when registered at the organisation level.
+    pub org: Option<String>,
+    /// GitHub's runner id, once registered.
+    pub runner_id: Option<i64>,
+    /// The workflow job it took, once GitHub says so.
+    pub github_job_id: Option<i64>,
+    /// `queued` (waiting for GPUs), `registered`, `busy`, `done`, `removed`.
+    pub state: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+}
+
+/// A maintainer's approval of one pull request head SHA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApprovalRecord {
+    pub repository: String,
+    pub pr: i64,
+    pub head_sha: String,
+    pub approved_by: String,
+    pub approved_at_ms: i64,
 }

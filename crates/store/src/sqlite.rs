@@ -5,7 +5,7 @@ use crate::*;
 use async_trait::async_trait;
 use gpuci_protocol::agent::Stream;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
-use sqlx::{Row, SqlitePool};
+use sqlx::{Row, Sqlite, SqlitePool};
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
@@ -92,8 +92,65 @@ fn pipeline_from_row(r: &SqliteRow) -> PipelineRecord {
         source: r.get("source"),
         workspace_upload: r.get("workspace_upload"),
         repository: r.get("repository"),
+        origin: r.get("origin"),
         created_at_ms: r.get("created_at_ms"),
     }
+}
+
+fn github_job_from_row(r: &SqliteRow) -> Result<GithubJobRecord> {
+    let labels: String = r.get("labels");
+    Ok(GithubJobRecord {
+        id: r.get("id"),
+        repository: r.get("repository"),
+        run_id: r.get("run_id"),
+        name: r.get("name"),
+        labels: serde_json::from_str(&labels).map_err(|e| corrupt("github_jobs.labels", e))?,
+        pool: r.get("pool"),
+        state: r.get("state"),
+        runner_job_id: r.get("runner_job_id"),
+        runner_name: r.get("runner_name"),
+        reason: r.get("reason"),
+        queued_at_ms: r.get("queued_at_ms"),
+        updated_at_ms: r.get("updated_at_ms"),
+    })
+}
+
+fn runner_from_row(r: &SqliteRow) -> RunnerRecord {
+    RunnerRecord {
+        name: r.get("name"),
+        job_id: r.get("job_id"),
+        pool: r.get("pool"),
+        repository: r.get("repository"),
+        org: r.get("org"),
+        runner_id: r.get("runner_id"),
+        github_job_id: r.get("github_job_id"),
+        state: r.get("state"),
+        created_at_ms: r.get("created_at_ms"),
+        updated_at_ms: r.get("updated_at_ms"),
+    }
+}
+
+const GITHUB_JOB_COLUMNS: &str = "id, repository, run_id, name, labels, pool, state, runner_job_id, runner_name, reason, queued_at_ms, updated_at_ms";
+const RUNNER_COLUMNS: &str =
+    "name, job_id, pool, repository, org, runner_id, github_job_id, state, created_at_ms, updated_at_ms";
+
+fn bind_github_job<'q>(
+    q: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    j: &'q GithubJobRecord,
+) -> Result<sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>> {
+    let labels = serde_json::to_string(&j.labels).map_err(|e| corrupt("github_jobs.labels", e))?;
+    Ok(q.bind(j.id)
+        .bind(&j.repository)
+        .bind(j.run_id)
+        .bind(&j.name)
+        .bind(labels)
+        .bind(&j.pool)
+        .bind(&j.state)
+        .bind(j.runner_job_id)
+        .bind(&j.runner_name)
+        .bind(&j.reason)
+        .bind(j.queued_at_ms)
+        .bind(j.updated_at_ms))
 }
 
 fn agent_from_row(r: &SqliteRow) -> AgentRecord {
@@ -169,12 +226,13 @@ impl Store for SqliteStore {
         let mut tx = self.pool.begin().await?;
         let pid: i64 =
             sqlx::query(
-                "INSERT INTO pipelines (file_name, source, workspace_upload, repository, created_at_ms) VALUES (?, ?, ?, ?, ?) RETURNING id",
+                "INSERT INTO pipelines (file_name, source, workspace_upload, repository, origin, created_at_ms) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
             )
                 .bind(&p.file_name)
                 .bind(&p.source)
                 .bind(&p.workspace_upload)
                 .bind(&p.repository)
+                .bind(&p.origin)
                 .bind(p.created_at_ms)
                 .fetch_one(&mut *tx)
                 .await?
@@ -195,6 +253,7 @@ impl Store for SqliteStore {
                 source: p.source,
                 workspace_upload: p.workspace_upload,
                 repository: p.repository,
+                origin: p.origin,
                 created_at_ms: p.created_at_ms,
             },
             records,
@@ -332,7 +391,7 @@ impl Store for SqliteStore {
 
     async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>> {
         let row = sqlx::query(
-            "SELECT id, file_name, source, workspace_upload, repository, created_at_ms FROM pipelines WHERE id = ?",
+            "SELECT id, file_name, source, workspace_upload, repository, origin, created_at_ms FROM pipelines WHERE id = ?",
         )
         .bind(id)
         .fetch_optional(&self.read)
@@ -342,7 +401,7 @@ impl Store for SqliteStore {
 
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
         let rows = sqlx::query(
-            "SELECT id, file_name, source, workspace_upload, repository, created_at_ms FROM pipelines ORDER BY id DESC LIMIT ?",
+            "SELECT id, file_name, source, workspace_upload, repository, origin, created_at_ms FROM pipelines ORDER BY id DESC LIMIT ?",
         )
         .bind(i64::from(limit))
         .fetch_all(&self.read)
@@ -496,6 +555,131 @@ impl Store for SqliteStore {
     async fn secret_names(&self) -> Result<Vec<(String, i64)>> {
         let rows = sqlx::query("SELECT name, updated_at_ms FROM secrets ORDER BY name").fetch_all(&self.read).await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn record_delivery(&self, delivery: &str, event: &str, now_ms: i64) -> Result<bool> {
+        let done = sqlx::query(
+            "INSERT INTO github_deliveries (delivery, event, received_at_ms) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+        )
+        .bind(delivery)
+        .bind(event)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool> {
+        let sql = format!(
+            "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+        );
+        let done = bind_github_job(sqlx::query(&sql), job)?.execute(&self.pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn put_github_job(&self, job: &GithubJobRecord) -> Result<()> {
+        let sql = format!(
+            "INSERT OR REPLACE INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        );
+        bind_github_job(sqlx::query(&sql), job)?.execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn get_github_job(&self, id: i64) -> Result<Option<GithubJobRecord>> {
+        let sql = format!("SELECT {GITHUB_JOB_COLUMNS} FROM github_jobs WHERE id = ?");
+        let row = sqlx::query(&sql).bind(id).fetch_optional(&self.read).await?;
+        row.as_ref().map(github_job_from_row).transpose()
+    }
+
+    async fn github_jobs(&self, active_only: bool, limit: u32) -> Result<Vec<GithubJobRecord>> {
+        let filter = if active_only { "WHERE state IN ('queued', 'in_progress')" } else { "" };
+        let sql = format!(
+            "SELECT {GITHUB_JOB_COLUMNS} FROM github_jobs {filter} ORDER BY queued_at_ms DESC, id DESC LIMIT ?"
+        );
+        let rows = sqlx::query(&sql).bind(i64::from(limit)).fetch_all(&self.read).await?;
+        rows.iter().map(github_job_from_row).collect()
+    }
+
+    async fn put_runner(&self, r: &RunnerRecord) -> Result<()> {
+        let sql =
+            format!("INSERT OR REPLACE INTO github_runners ({RUNNER_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+        sqlx::query(&sql)
+            .bind(&r.name)
+            .bind(r.job_id)
+            .bind(&r.pool)
+            .bind(&r.repository)
+            .bind(&r.org)
+            .bind(r.runner_id)
+            .bind(r.github_job_id)
+            .bind(&r.state)
+            .bind(r.created_at_ms)
+            .bind(r.updated_at_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn get_runner(&self, name: &str) -> Result<Option<RunnerRecord>> {
+        let sql = format!("SELECT {RUNNER_COLUMNS} FROM github_runners WHERE name = ?");
+        let row = sqlx::query(&sql).bind(name).fetch_optional(&self.read).await?;
+        Ok(row.as_ref().map(runner_from_row))
+    }
+
+    async fn runners(&self, active_only: bool) -> Result<Vec<RunnerRecord>> {
+        let filter = if active_only { "WHERE state NOT IN ('done', 'removed')" } else { "" };
+        let sql = format!("SELECT {RUNNER_COLUMNS} FROM github_runners {filter} ORDER BY created_at_ms, name");
+        let rows = sqlx::query(&sql).fetch_all(&self.read).await?;
+        Ok(rows.iter().map(runner_from_row).collect())
+    }
+
+    async fn put_approval(&self, a: &ApprovalRecord) -> Result<()> {
+        sqlx::query(
+            "INSERT OR REPLACE INTO github_approvals (repository, pr, head_sha, approved_by, approved_at_ms) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&a.repository)
+        .bind(a.pr)
+        .bind(&a.head_sha)
+        .bind(&a.approved_by)
+        .bind(a.approved_at_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_approval(&self, repository: &str, pr: i64, head_sha: &str) -> Result<Option<ApprovalRecord>> {
+        let row = sqlx::query(
+            "SELECT repository, pr, head_sha, approved_by, approved_at_ms FROM github_approvals \
+             WHERE repository = ? AND pr = ? AND head_sha = ?",
+        )
+        .bind(repository)
+        .bind(pr)
+        .bind(head_sha)
+        .fetch_optional(&self.read)
+        .await?;
+        Ok(row.map(|r| ApprovalRecord {
+            repository: r.get(0),
+            pr: r.get(1),
+            head_sha: r.get(2),
+            approved_by: r.get(3),
+            approved_at_ms: r.get(4),
+        }))
+    }
+
+    async fn set_check_run(&self, job: JobId, check_run_id: i64) -> Result<()> {
+        sqlx::query("INSERT OR REPLACE INTO github_checks (job_id, check_run_id) VALUES (?, ?)")
+            .bind(job)
+            .bind(check_run_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn get_check_run(&self, job: JobId) -> Result<Option<i64>> {
+        let row = sqlx::query("SELECT check_run_id FROM github_checks WHERE job_id = ?")
+            .bind(job)
+            .fetch_optional(&self.read)
+            .await?;
+        Ok(row.map(|r| r.get(0)))
     }
 
     async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>> {

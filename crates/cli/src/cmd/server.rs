@@ -1,7 +1,7 @@
 //! `gpuci server`: the coordinator alone.
 
 use crate::cli::{default_data_dir, ServerArgs};
-use crate::CliResult;
+use crate::{CliError, CliResult};
 use gpuci_coordinator::{Config, Timing};
 use tokio_util::sync::CancellationToken;
 
@@ -9,6 +9,16 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
     let data_dir = a.data_dir.unwrap_or_else(|| default_data_dir("gpuci"));
     let mut config = Config::new(a.listen, data_dir.clone());
     config.timing = Timing { heartbeat_interval: a.heartbeat, lost_after: a.lost_after, ..Timing::default() };
+    if let Some(path) = &a.config {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::Input(format!("reading config file {}: {e}", path.display())))?;
+        let file = gpuci_coordinator::github::config::parse(&path.display().to_string(), &text)
+            .map_err(|e| CliError::Input(e.to_string()))?;
+        if let Some(gh) = file.github {
+            let resolved = gh.resolve().map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
+            config.github = Some(std::sync::Arc::new(resolved));
+        }
+    }
     let running = gpuci_coordinator::start(config, shutdown).await?;
     println!("{}", running.url);
     eprintln!(

@@ -1,0 +1,370 @@
+//! GitHub integration, end to end: a real `gpuci server` (with a `[github]` config) and
+//! `gpuci agent` (simulated GPUs, bubblewrap), against the GitHub API test server from
+//! `gpuci-github-testserver`, which checks every request gpuci sends (and every response it
+//! gives) against GitHub's published REST description, sends signed webhooks, and provides a
+//! stand-in for the Actions runner's `run.sh` that registers with its JIT config, takes one
+//! job, runs it and exits.
+
+// A failed unwrap in a test is the test failing, with the value in the message.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use gpuci_core::job::JobState;
+use gpuci_github_testserver::{install_fake_runner, Options, TestGitHub};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+const REPO: &str = "octo/gpu";
+const APP_ID: u64 = 4711;
+const SECRET: &str = "webhook-secret-for-tests";
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../github/tests/fixtures").join(name)
+}
+
+/// A coordinator configured for the test GitHub, one agent with 2 simulated H100s, the
+/// runner stand-in installed, and the test GitHub's webhooks pointed at the coordinator.
+struct Setup {
+    rt: tokio::runtime::Runtime,
+    gh: TestGitHub,
+    _dir: tempfile::TempDir,
+    server: Server,
+    _agent: Agent,
+    api: Api,
+}
+
+impl Setup {
+    /// `pool` is extra TOML for the one pool (`[[github.pool]]` named `gpu`, labels `gpu`).
+    fn new(pool: &str, reconcile: &str, before_server: impl FnOnce(&tokio::runtime::Runtime, &TestGitHub)) -> Setup {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let gh = rt.block_on(TestGitHub::start(Options {
+            webhook_secret: SECRET.into(),
+            app_id: APP_ID,
+            app_public_key_pem: Some(std::fs::read_to_string(fixture("test-app-key.pub.pem")).unwrap()),
+            ..Options::default()
+        }));
+        gh.add_repo(REPO, 31);
+        before_server(&rt, &gh);
+        let dir = tempdir();
+        let runner_dir = dir.path().join("actions-runner");
+        install_fake_runner(&runner_dir).unwrap();
+        let secret_file = dir.path().join("webhook-secret");
+        std::fs::write(&secret_file, SECRET).unwrap();
+        let config = dir.path().join("gpuci-server.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[github]
+api_url = "{api}"
+app_id = {APP_ID}
+private_key_file = "{key}"
+webhook_secret_file = "{secret}"
+reconcile_interval = "{reconcile}"
+repositories = ["{REPO}"]
+
+[[github.pool]]
+name = "gpu"
+labels = ["gpu"]
+repositories = ["{REPO}"]
+install_dir = "{runner}"
+{pool}
+"#,
+                api = gh.url,
+                key = fixture("test-app-key.pem").display(),
+                secret = secret_file.display(),
+                runner = runner_dir.display(),
+            ),
+        )
+        .unwrap();
+        let server = Server::start_on(
+            &dir.path().join("server"),
+            "127.0.0.1:0",
+            vec![
+                "--heartbeat".into(),
+                "200ms".into(),
+                "--lost-after".into(),
+                "30s".into(),
+                "--config".into(),
+                config.display().to_string(),
+            ],
+        );
+        gh.set_webhook_url(&format!("{}/api/v1/github/webhook", server.url));
+        let agent = Agent::start(
+            &server,
+            &dir.path().join("agent"),
+            "gpu-host",
+            &["--simulate-gpus", "2xH100-80GB", "--slots", "4", "--isolation", isolation()],
+        );
+        let api = server.api();
+        api.wait_agents(1, T);
+        Setup { rt, gh, _dir: dir, server, _agent: agent, api }
+    }
+
+    fn github_jobs(&self) -> Vec<Value> {
+        self.api.get("/api/v1/github/jobs")
+    }
+
+    fn jobs(&self) -> Vec<gpuci_protocol::api::JobSummary> {
+        self.api.get("/api/v1/jobs")
+    }
+
+    /// Every request gpuci sent, and every response the test server gave, followed GitHub's
+    /// published description.
+    fn assert_spec_clean(&self) {
+        let errors = self.gh.validation_errors();
+        assert!(errors.is_empty(), "requests or responses off GitHub's description: {errors:#?}");
+    }
+}
+
+fn wait_gh_job(s: &Setup, job_id: u64, what: &str, pred: impl Fn(&gpuci_github_testserver::JobView) -> bool) {
+    wait_until_or(
+        what,
+        T,
+        || s.gh.job(job_id).is_some_and(|j| pred(&j)),
+        || format!("GitHub job: {:?}\ngpuci: {:#?}\nrecords: {:#?}", s.gh.job(job_id), s.jobs(), s.github_jobs()),
+    );
+}
+
+#[test]
+fn webhooks_are_verified_and_unmatched_labels_are_ignored() {
+    let s = Setup::new("", "1h", |_, _| {});
+    let body = br#"{"action":"queued"}"#;
+    let (code, text) = s.rt.block_on(s.gh.send_raw("workflow_job", body, None, "d-unsigned"));
+    assert_eq!(code, 401, "unsigned: {text}");
+    let forged = format!("sha256={}", "0".repeat(64));
+    let (code, text) = s.rt.block_on(s.gh.send_raw("workflow_job", body, Some(&forged), "d-forged"));
+    assert_eq!(code, 401, "forged: {text}");
+    let good = gpuci_github_testserver::sign_webhook(SECRET, b"{not json");
+    let (code, text) = s.rt.block_on(s.gh.send_raw("workflow_job", b"{not json", Some(&good), "d-bad"));
+    assert_eq!(code, 400, "unparseable: {text}");
+    let (code, text) = s.rt.block_on(s.gh.send_event("star", json!({"action": "created"})));
+    assert_eq!(code, 202, "{text}");
+    assert!(text.contains("ignored"), "{text}");
+
+    // A job for GitHub-hosted runners, and one with a label the pool lacks: not ours.
+    let hosted = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["ubuntu-latest"], "true", true));
+    let other = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu", "a100"], "true", true));
+    assert_eq!((hosted.status, other.status), (202, 202));
+    // A matching job after them is handled, so by the time it has a record the others were seen.
+    let ours = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo ours", true));
+    wait_gh_job(&s, ours.job_id, "the matching job to complete", |j| j.status == "completed");
+    let records = s.github_jobs();
+    assert_eq!(records.len(), 1, "only the matching job is recorded: {records:#?}");
+    assert_eq!(records[0]["id"], json!(ours.job_id));
+    assert_eq!(s.gh.job(hosted.job_id).unwrap().status, "queued", "left to GitHub's own runners");
+    assert_eq!(s.gh.job(other.job_id).unwrap().status, "queued");
+    assert_eq!(s.gh.runners().len(), 1, "{:#?}", s.gh.runners());
+    s.assert_spec_clean();
+}
+
+#[test]
+fn queued_job_runs_on_a_fresh_runner_with_a_leased_gpu_and_a_redelivery_adds_nothing() {
+    let s = Setup::new("max_runners = 2", "1h", |_, _| {});
+    let script = "echo \"gpus=$CUDA_VISIBLE_DEVICES\"; ls /dev | grep -c '^nvidia[0-9]' || true";
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], script, true));
+    assert_eq!(q.status, 202);
+    assert_eq!(s.rt.block_on(s.gh.redeliver(&q.delivery)), 200, "a redelivery is acknowledged");
+    assert_eq!(s.rt.block_on(s.gh.redeliver(&q.delivery)), 200);
+    wait_gh_job(&s, q.job_id, "the workflow job to succeed", |j| j.conclusion.as_deref() == Some("success"));
+
+    let runners = s.gh.runners();
+    assert_eq!(runners.len(), 1, "one runner, however many deliveries: {runners:#?}");
+    assert_eq!(runners[0].labels, vec!["self-hosted".to_string(), "gpu".to_string()]);
+    assert_eq!(runners[0].jobs_taken, 1);
+    assert_eq!(s.gh.job(q.job_id).unwrap().runner_name.as_deref(), Some(runners[0].name.as_str()));
+
+    let runner_jobs: Vec<_> = s.jobs().into_iter().collect();
+    assert_eq!(runner_jobs.len(), 1, "{runner_jobs:#?}");
+    let job = s.api.wait_job(runner_jobs[0].id, "runner job to finish", T, |j| j.state.is_terminal());
+    assert_eq!(job.state, JobState::Succeeded, "{job:#?}");
+    assert_eq!(job.gpus.len(), 1, "the runner ran on one leased GPU");
+    let log = s.api.log_text(job.id);
+    assert!(log.contains("Running job"), "{log}");
+    assert!(log.contains(&format!("gpus={}", job.gpus[0])), "the job saw exactly its leased GPU: {log}");
+    assert!(!log.contains(&s.server.registration_token()), "{log}");
+
+    let records = s.github_jobs();
+    wait_until("the record to complete", T, || s.github_jobs()[0]["state"] == json!("completed"));
+    assert_eq!(records[0]["runner_name"], json!(runners[0].name));
+    // The GPU is free again for the next runner.
+    wait_until("GPUs free", T, || s.api.agents()[0].gpus.iter().all(|g| g.state == "free"));
+    s.assert_spec_clean();
+}
+
+#[test]
+fn a_job_waiting_past_its_queue_timeout_is_cancelled_on_github_with_the_reason() {
+    // No agent has an A100: the runner job can never be placed.
+    let s = Setup::new("gpu_model = \"A100*\"\nqueue_timeout = \"2s\"", "1h", |_, _| {});
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "true", true));
+    wait_until_or("the run to be cancelled", T, || s.gh.run_cancelled(q.run_id), || format!("{:#?}", s.github_jobs()));
+    wait_until("the record to say why", T, || s.github_jobs()[0]["state"] == json!("cancelled"));
+    let record = &s.github_jobs()[0];
+    let reason = record["reason"].as_str().unwrap();
+    assert!(reason.contains("no GPU runner after"), "{reason}");
+    assert!(reason.contains("A100"), "the scheduler's reason is kept: {reason}");
+    let job = s.api.wait_job(record["runner_job_id"].as_i64().unwrap_or(0).max(1), "runner job ends", T, |j| {
+        j.state.is_terminal()
+    });
+    assert_eq!(job.state, JobState::Cancelled, "{job:#?}");
+    assert!(s.gh.runners().is_empty(), "no runner was ever registered");
+    s.assert_spec_clean();
+}
+
+#[test]
+fn a_webhook_missed_while_the_coordinator_was_down_is_recovered_by_reconciliation() {
+    let mut missed = None;
+    let s = Setup::new("", "1s", |rt, gh| {
+        missed = Some(rt.block_on(gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo recovered", false)));
+    });
+    let q = missed.unwrap();
+    assert_eq!(q.status, 0, "no webhook was sent");
+    wait_gh_job(&s, q.job_id, "the missed job to run", |j| j.conclusion.as_deref() == Some("success"));
+    assert_eq!(s.gh.runners().len(), 1);
+    s.assert_spec_clean();
+}
+
+#[test]
+fn a_runner_that_never_gets_a_job_is_removed_and_its_gpu_freed() {
+    // GitHub says a job is queued, but by the time the runner asks there is none for it (another
+    // runner took it, it was re-run elsewhere): the runner would wait forever.
+    let s = Setup::new("forks = \"allow\"\nidle_timeout = \"2s\"\nqueue_timeout = \"1h\"", "1h", |_, _| {});
+    let payload = json!({
+        "action": "queued",
+        "workflow_job": {
+            "id": 900001, "run_id": 800001, "name": "phantom", "status": "queued", "conclusion": null,
+            "labels": ["self-hosted", "gpu"], "runner_id": null, "runner_name": null,
+            "runner_group_id": null, "runner_group_name": null, "head_sha": "0123456789abcdef0123456789abcdef01234567",
+            "workflow_name": "ci", "head_branch": "main"
+        },
+        "repository": {"id": 1, "name": "gpu", "full_name": REPO, "owner": {"login": "octo"}, "private": false},
+        "sender": {"login": "octo"},
+        "installation": {"id": 31}
+    });
+    let (code, text) = s.rt.block_on(s.gh.send_event("workflow_job", payload));
+    assert_eq!(code, 202, "{text}");
+    wait_until_or(
+        "the idle runner to be deregistered",
+        T,
+        || s.gh.runners().first().is_some_and(|r| r.deleted),
+        || format!("{:#?}\n{:#?}", s.gh.runners(), s.jobs()),
+    );
+    let job = s.api.wait_job(s.jobs()[0].id, "the runner job to end", T, |j| j.state.is_terminal());
+    assert_eq!(job.state, JobState::Cancelled, "{job:#?}");
+    assert!(job.reason.contains("took no job"), "{}", job.reason);
+    wait_until("GPUs free", T, || s.api.agents()[0].gpus.iter().all(|g| g.state == "free"));
+    s.assert_spec_clean();
+}
+
+const PIPELINE: &str = "steps:\n  - key: build\n    command: echo built\n  - key: publish\n    command: echo \"token=$TOKEN\"\n    secrets: [TOKEN]\n";
+
+fn check_run<'a>(runs: &'a [Value], name: &str, sha: &str) -> Option<&'a Value> {
+    runs.iter().find(|r| r["name"] == json!(name) && r["head_sha"] == json!(sha))
+}
+
+#[test]
+fn fork_pull_request_waits_for_approval_per_sha_and_never_sees_a_secret() {
+    let (sha1, sha2) = ("1111111111111111111111111111111111111111", "2222222222222222222222222222222222222222");
+    let s = Setup::new("", "1h", |_, gh| {
+        gh.set_tree(REPO, sha1, &[(".gpuci.yml", PIPELINE), ("README.md", "fork change 1\n")]);
+        gh.set_tree(REPO, sha2, &[(".gpuci.yml", PIPELINE), ("README.md", "fork change 2\n")]);
+        gh.add_collaborator(REPO, "maintainer", "write");
+    });
+    s.api
+        .raw()
+        .put(format!("{}/api/v1/secrets/TOKEN", s.server.url))
+        .bearer_auth(&s.server.token)
+        .json(&json!({"value": "s3cr3t-value"}))
+        .send()
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+
+    assert_eq!(s.rt.block_on(s.gh.open_pull_request(REPO, 7, sha1, true, "mallory", "NONE")), 202);
+    wait_until_or(
+        "a pending 'waiting for approval' check",
+        T,
+        || check_run(&s.gh.check_runs(REPO), "gpuci", sha1).is_some(),
+        || format!("{:#?}", s.gh.check_runs(REPO)),
+    );
+    let runs = s.gh.check_runs(REPO);
+    let waiting = check_run(&runs, "gpuci", sha1).unwrap();
+    assert_eq!(waiting["status"], json!("queued"), "never green while waiting: {waiting:#}");
+    assert!(waiting["output"]["title"].as_str().unwrap().contains("waiting for approval"), "{waiting:#}");
+    assert!(s.jobs().is_empty(), "nothing runs before approval");
+
+    // The author labels their own PR: not an approval.
+    assert_eq!(s.rt.block_on(s.gh.add_label(REPO, 7, "run-gpu-ci", "mallory")), 202);
+    // A maintainer approves: the pipeline runs for sha1 and the label is spent.
+    assert_eq!(s.rt.block_on(s.gh.add_label(REPO, 7, "run-gpu-ci", "maintainer")), 202);
+    wait_until_or("the approved pipeline's jobs", T, || s.jobs().len() == 2, || format!("{:#?}", s.jobs()));
+    for j in s.jobs() {
+        s.api.wait_job(j.id, "job ends", T, |j| j.state.is_terminal());
+    }
+    let jobs = s.jobs();
+    let build = jobs.iter().find(|j| j.step_key == "build").unwrap();
+    let publish = jobs.iter().find(|j| j.step_key == "publish").unwrap();
+    assert_eq!(build.state, JobState::Succeeded, "{build:#?}");
+    assert_eq!(publish.state, JobState::Failed, "{publish:#?}");
+    assert!(publish.reason.contains("not given to pull requests from forks"), "{}", publish.reason);
+    for j in &jobs {
+        assert!(!s.api.log_text(j.id).contains("s3cr3t"), "job {} saw the secret", j.id);
+    }
+    assert!(s.gh.labels(REPO, 7).is_empty(), "gpuci removes the approval label once it starts the run");
+    wait_until_or(
+        "check runs for both jobs to complete",
+        T,
+        || {
+            let runs = s.gh.check_runs(REPO);
+            ["gpuci / build", "gpuci / publish"]
+                .iter()
+                .all(|n| check_run(&runs, n, sha1).is_some_and(|r| r["status"] == json!("completed")))
+        },
+        || format!("{:#?}", s.gh.check_runs(REPO)),
+    );
+    let runs = s.gh.check_runs(REPO);
+    assert_eq!(check_run(&runs, "gpuci / build", sha1).unwrap()["conclusion"], json!("success"));
+    assert_eq!(check_run(&runs, "gpuci / publish", sha1).unwrap()["conclusion"], json!("failure"));
+
+    // A new push to the approved PR: not approved.
+    assert_eq!(s.rt.block_on(s.gh.push_to_pull_request(REPO, 7, sha2)), 202);
+    wait_until_or(
+        "sha2 to wait for approval",
+        T,
+        || check_run(&s.gh.check_runs(REPO), "gpuci", sha2).is_some(),
+        || format!("{:#?}", s.gh.check_runs(REPO)),
+    );
+    assert_eq!(s.jobs().len(), 2, "the new head SHA did not run");
+    s.assert_spec_clean();
+}
+
+#[test]
+fn a_push_runs_the_commits_pipeline_from_its_tarball_and_reports_check_runs() {
+    let sha = "3333333333333333333333333333333333333333";
+    let pipeline =
+        "steps:\n  - key: test\n    command: cat src/version.txt && test \"$GITHUB_SHA\" = \"$(cat src/sha.txt)\"\n";
+    let s = Setup::new("", "1h", |_, gh| {
+        gh.set_tree(REPO, sha, &[(".gpuci.yml", pipeline), ("src/version.txt", "v1.2.3\n"), ("src/sha.txt", sha)]);
+    });
+    assert_eq!(s.rt.block_on(s.gh.push(REPO, "main", sha)), 202);
+    wait_until_or("the pipeline's job", T, || s.jobs().len() == 1, || format!("{:#?}", s.jobs()));
+    let job = s.api.wait_job(s.jobs()[0].id, "job ends", T, |j| j.state.is_terminal());
+    assert_eq!(job.state, JobState::Succeeded, "{job:#?}\n{}", s.api.log_text(job.id));
+    assert!(s.api.log_text(job.id).contains("v1.2.3"), "the workspace is the repository at the commit");
+    wait_until_or(
+        "a successful check run",
+        T,
+        || check_run(&s.gh.check_runs(REPO), "gpuci / test", sha).is_some_and(|r| r["conclusion"] == json!("success")),
+        || format!("{:#?}", s.gh.check_runs(REPO)),
+    );
+    let run = s.gh.check_runs(REPO).into_iter().find(|r| r["name"] == json!("gpuci / test")).unwrap();
+    assert!(run["details_url"].as_str().unwrap().ends_with(&format!("/api/v1/jobs/{}/logs", job.id)), "{run:#}");
+    s.assert_spec_clean();
+}
+
+#[allow(dead_code)]
+fn unused(_: &Path) {}

@@ -1,0 +1,149 @@
+//! Results back to GitHub: one check run (GitHub App) or commit status (token) per gpuci job,
+//! plus the pipeline-level "gpuci" entry for an invalid file or a pull request waiting for
+//! approval. Runs as its own task with an ordered queue, so a slow GitHub delays reports, not
+//! scheduling, and a job's updates arrive in the order they happened.
+
+use super::config::Report;
+use gpuci_core::job::JobState;
+use gpuci_github::{
+    CheckOutput, CheckRunUpdate, CheckStatus, Client, CommitStatus, Conclusion, NewCheckRun, Repo, StatusState,
+};
+use gpuci_protocol::JobId;
+use gpuci_store::Store;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// One thing to tell GitHub about a commit.
+#[derive(Clone, Debug)]
+pub enum Item {
+    /// A gpuci job's state.
+    Job { repo: Repo, sha: String, job: JobId, name: String, key: String, state: JobState, reason: String },
+    /// The pipeline as a whole: `pending` (waiting for approval) or `failure` (invalid file, or
+    /// gpuci could not start it).
+    Pipeline { repo: Repo, sha: String, pending: bool, title: String, summary: String },
+}
+
+pub struct Reporter {
+    pub client: Arc<Client>,
+    pub store: Arc<dyn Store>,
+    pub mode: Report,
+    pub public_url: String,
+}
+
+const PIPELINE_CONTEXT: &str = "gpuci";
+
+impl Reporter {
+    pub async fn run(self, mut rx: mpsc::UnboundedReceiver<Item>, shutdown: CancellationToken) {
+        loop {
+            let item = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                i = rx.recv() => match i { Some(i) => i, None => break },
+            };
+            // A few tries for transient trouble; a report that still fails is logged, never
+            // allowed to hold up the ones behind it for long.
+            for attempt in 0..3u32 {
+                match self.send(&item).await {
+                    Ok(()) => break,
+                    Err(e) if e.is_transient() && attempt < 2 => {
+                        tokio::time::sleep(std::time::Duration::from_millis(500 << attempt)).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, ?item, "could not report to GitHub");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    fn logs_url(&self, job: JobId) -> String {
+        format!("{}/api/v1/jobs/{job}/logs", self.public_url)
+    }
+
+    async fn send(&self, item: &Item) -> Result<(), gpuci_github::ApiError> {
+        match (item, self.mode) {
+            (Item::Job { repo, sha, job, name, key, state, reason }, Report::Checks) => {
+                let (status, conclusion) = check_state(*state);
+                let output = CheckOutput { title: state.to_string(), summary: reason.clone() };
+                match self.store.get_check_run(*job).await.ok().flatten() {
+                    Some(id) => {
+                        let update = CheckRunUpdate {
+                            status: Some(status),
+                            conclusion,
+                            details_url: Some(self.logs_url(*job)),
+                            output: Some(output),
+                        };
+                        self.client.update_check_run(repo, id as u64, &update).await
+                    }
+                    None => {
+                        let run = NewCheckRun {
+                            name: format!("gpuci / {name}"),
+                            head_sha: sha.clone(),
+                            status,
+                            conclusion,
+                            details_url: Some(self.logs_url(*job)),
+                            external_id: Some(format!("{job}:{key}")),
+                            output: Some(output),
+                        };
+                        let id = self.client.create_check_run(repo, &run).await?;
+                        if let Err(e) = self.store.set_check_run(*job, id as i64).await {
+                            tracing::warn!(job, error = %e, "could not record the check run id");
+                        }
+                        Ok(())
+                    }
+                }
+            }
+            (Item::Job { repo, sha, job, key, state, reason, .. }, Report::Statuses) => {
+                let status = CommitStatus {
+                    state: status_state(*state),
+                    context: format!("{PIPELINE_CONTEXT}/{key}"),
+                    target_url: Some(self.logs_url(*job)),
+                    description: Some(format!("{state}: {reason}")),
+                };
+                self.client.create_status(repo, sha, &status).await
+            }
+            (Item::Pipeline { repo, sha, pending, title, summary }, Report::Checks) => {
+                let run = NewCheckRun {
+                    name: PIPELINE_CONTEXT.into(),
+                    head_sha: sha.clone(),
+                    status: if *pending { CheckStatus::Queued } else { CheckStatus::Completed },
+                    conclusion: (!*pending).then_some(Conclusion::Failure),
+                    details_url: None,
+                    external_id: None,
+                    output: Some(CheckOutput { title: title.clone(), summary: summary.clone() }),
+                };
+                self.client.create_check_run(repo, &run).await.map(|_| ())
+            }
+            (Item::Pipeline { repo, sha, pending, title, .. }, Report::Statuses) => {
+                let status = CommitStatus {
+                    state: if *pending { StatusState::Pending } else { StatusState::Failure },
+                    context: PIPELINE_CONTEXT.into(),
+                    target_url: None,
+                    description: Some(title.clone()),
+                };
+                self.client.create_status(repo, sha, &status).await
+            }
+        }
+    }
+}
+
+fn check_state(s: JobState) -> (CheckStatus, Option<Conclusion>) {
+    match s {
+        JobState::Queued => (CheckStatus::Queued, None),
+        JobState::Assigned | JobState::Running => (CheckStatus::InProgress, None),
+        JobState::Succeeded => (CheckStatus::Completed, Some(Conclusion::Success)),
+        JobState::Failed | JobState::Lost => (CheckStatus::Completed, Some(Conclusion::Failure)),
+        JobState::Cancelled => (CheckStatus::Completed, Some(Conclusion::Cancelled)),
+        JobState::TimedOut => (CheckStatus::Completed, Some(Conclusion::TimedOut)),
+        JobState::Skipped => (CheckStatus::Completed, Some(Conclusion::Skipped)),
+    }
+}
+
+fn status_state(s: JobState) -> StatusState {
+    match s {
+        JobState::Queued | JobState::Assigned | JobState::Running => StatusState::Pending,
+        JobState::Succeeded | JobState::Skipped => StatusState::Success,
+        JobState::Failed | JobState::Lost | JobState::Cancelled | JobState::TimedOut => StatusState::Failure,
+    }
+}

@@ -1,0 +1,81 @@
+//! `POST /api/v1/github/webhook`: GitHub's deliveries. The signature is checked over the raw
+//! body before anything is parsed; a forged or unsigned delivery (401) and an unparseable one
+//! (400) change nothing. A redelivery (same `X-GitHub-Delivery`) is acknowledged and ignored.
+
+use super::Inbound;
+use crate::api::ApiError;
+use crate::AppState;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use gpuci_github::{parse_event, verify_signature, Event, SIGNATURE_HEADER};
+use gpuci_protocol::api::ErrorBody;
+use serde::{Deserialize, Serialize};
+
+/// GitHub caps webhook payloads at 25 MB.
+pub const MAX_PAYLOAD_BYTES: usize = 25 << 20;
+
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WebhookReply {
+    /// `accepted`, `ignored` or `duplicate`.
+    pub status: String,
+    pub detail: String,
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(receive), components(schemas(WebhookReply)))]
+pub struct WebhookDoc;
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Receive a GitHub webhook delivery (`ping`, `workflow_job`, `pull_request`, `push`; other
+/// events are acknowledged and ignored).
+#[utoipa::path(post, path = "/api/v1/github/webhook", security(("github_signature" = [])),
+    request_body(content = serde_json::Value, content_type = "application/json", description = "GitHub's payload, signed with the webhook secret"),
+    params(("X-GitHub-Event" = String, Header, description = "the event name"),
+        ("X-GitHub-Delivery" = String, Header, description = "the delivery's unique id"),
+        ("X-Hub-Signature-256" = String, Header, description = "sha256=HMAC of the body")),
+    responses((status = 200, description = "a redelivery of a delivery already handled", body = WebhookReply),
+        (status = 202, description = "accepted, or ignored (an event gpuci does not act on)", body = WebhookReply),
+        (status = 400, description = "missing headers or an unparseable payload", body = ErrorBody),
+        (status = 401, description = "missing or wrong signature", body = ErrorBody),
+        (status = 404, description = "GitHub is not configured on this coordinator", body = ErrorBody)))]
+pub async fn receive(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<WebhookReply>), ApiError> {
+    let Some(gh) = &st.github else {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "GitHub is not configured on this coordinator"));
+    };
+    verify_signature(gh.webhook_secret.expose().as_bytes(), &body, header(&headers, SIGNATURE_HEADER))
+        .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()))?;
+    let event_name = header(&headers, "x-github-event")
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing X-GitHub-Event header"))?;
+    let delivery = header(&headers, "x-github-delivery")
+        .filter(|d| !d.is_empty() && d.len() <= 128)
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing or invalid X-GitHub-Delivery header"))?;
+    let event =
+        parse_event(event_name, delivery, &body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+    let reply = |status: StatusCode, s: &str, detail: String| (status, Json(WebhookReply { status: s.into(), detail }));
+    match &event {
+        Event::Ignored { name } => {
+            return Ok(reply(StatusCode::ACCEPTED, "ignored", format!("gpuci does not act on `{name}` events")))
+        }
+        Event::Ping => return Ok(reply(StatusCode::ACCEPTED, "accepted", "pong".into())),
+        _ => {}
+    }
+    if !st.store.record_delivery(delivery, event_name, crate::brain::now_ms()).await? {
+        tracing::info!(%delivery, event = event_name, "webhook redelivery ignored");
+        return Ok(reply(StatusCode::OK, "duplicate", format!("delivery {delivery} was already handled")));
+    }
+    tracing::debug!(%delivery, event = event_name, "webhook accepted");
+    gh.inbound
+        .send(Inbound::Event(event))
+        .await
+        .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the coordinator is shutting down"))?;
+    Ok(reply(StatusCode::ACCEPTED, "accepted", format!("{event_name} delivery {delivery}")))
+}
