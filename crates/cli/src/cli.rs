@@ -42,6 +42,8 @@ pub enum Command {
     Cancel(CancelArgs),
     /// List agents with their GPUs.
     Agents(AgentsArgs),
+    /// GitHub workflow jobs gpuci serves with runners: state and reason of each.
+    Github(GithubArgs),
     /// GPU administration.
     Gpu(GpuArgs),
     /// Secrets that steps receive by name (`secrets: [HF_TOKEN]`); values are masked in logs.
@@ -233,6 +235,26 @@ pub struct CancelArgs {
 pub struct AgentsArgs {
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct GithubArgs {
+    #[command(subcommand)]
+    pub command: GithubCommand,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum GithubCommand {
+    /// Workflow jobs that matched a runner pool, newest first, with why each waits or was cancelled.
+    Jobs {
+        /// Only jobs still queued or in progress.
+        #[arg(long)]
+        active: bool,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
 }
 
 #[derive(Args, Debug)]

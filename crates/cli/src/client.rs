@@ -66,7 +66,7 @@ impl Client {
         Err(CliError::Other(anyhow::anyhow!("{msg} ({status})")))
     }
 
-    async fn get<T: DeserializeOwned>(&self, path: &str) -> CliResult<T> {
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> CliResult<T> {
         let resp = self
             .http
             .get(self.url(path))

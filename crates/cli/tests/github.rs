@@ -14,7 +14,7 @@ use common::*;
 use gpuci_core::job::JobState;
 use gpuci_github_testserver::{install_fake_runner, Options, TestGitHub};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
@@ -212,6 +212,13 @@ fn a_job_waiting_past_its_queue_timeout_is_cancelled_on_github_with_the_reason()
     });
     assert_eq!(job.state, JobState::Cancelled, "{job:#?}");
     assert!(s.gh.runners().is_empty(), "no runner was ever registered");
+    // The reason is shown where people look.
+    let out = std::process::Command::new(BIN)
+        .args(["github", "jobs", "--server", &s.server.url, "--token", &s.server.token])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && table.contains("cancelled") && table.contains("no GPU runner after"), "{table}");
     s.assert_spec_clean();
 }
 
@@ -365,6 +372,3 @@ fn a_push_runs_the_commits_pipeline_from_its_tarball_and_reports_check_runs() {
     assert!(run["details_url"].as_str().unwrap().ends_with(&format!("/api/v1/jobs/{}/logs", job.id)), "{run:#}");
     s.assert_spec_clean();
 }
-
-#[allow(dead_code)]
-fn unused(_: &Path) {}

@@ -74,6 +74,8 @@ pub enum BrainError {
 #[async_trait::async_trait]
 pub trait RunnerRegistrar: Send + Sync + 'static {
     async fn register(&self, job: JobId, agent_id: &str, origin: &RunnerOrigin) -> Result<RunnerGrant, String>;
+    /// A registration whose job was cancelled or requeued meanwhile: remove the runner.
+    async fn discard(&self, grant: RunnerGrant);
 }
 
 /// A registered runner: its name and its JIT config (a credential: given to the job as a secret).
@@ -113,6 +115,8 @@ pub enum Command {
     /// The answer to a runner registration started when an Actions runner job was placed.
     RunnerRegistered {
         job: JobId,
+        /// Which placement asked: a requeued and re-placed job registers again.
+        placement: u64,
         result: Result<RunnerGrant, String>,
     },
     Cancel {
@@ -208,7 +212,8 @@ pub struct Brain {
     /// Registers Actions runners (when GitHub is configured) and the queue its answers come back on.
     registrar: Option<(Arc<dyn RunnerRegistrar>, mpsc::Sender<Command>)>,
     /// Placed runner jobs whose registration is in flight: their assignments, not yet sent.
-    registering: HashMap<JobId, Assignment>,
+    registering: HashMap<JobId, (u64, Assignment)>,
+    placements: u64,
 }
 
 impl Brain {
@@ -227,6 +232,7 @@ impl Brain {
             ready_since: HashMap::new(),
             registrar: None,
             registering: HashMap::new(),
+            placements: 0,
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -302,8 +308,8 @@ impl Brain {
                 let _ = reply.send(r);
                 self.schedule().await;
             }
-            Command::RunnerRegistered { job, result } => {
-                self.runner_registered(job, result).await;
+            Command::RunnerRegistered { job, placement, result } => {
+                self.runner_registered(job, placement, result).await;
                 self.schedule().await;
             }
             Command::Cancel { job, reason, reply } => {
@@ -1144,12 +1150,14 @@ impl Brain {
                                 (Some(r), Some((registrar, tx))) => {
                                     // The GPUs are leased; register the runner without holding up
                                     // the scheduler, and send the assignment when GitHub answers.
-                                    self.registering.insert(rec.id, assignment);
+                                    self.placements += 1;
+                                    let placement = self.placements;
+                                    self.registering.insert(rec.id, (placement, assignment));
                                     let (registrar, tx, job, agent) =
                                         (registrar.clone(), tx.clone(), rec.id, agent_id.clone());
                                     tokio::spawn(async move {
                                         let result = registrar.register(job, &agent, &r).await;
-                                        let _ = tx.send(Command::RunnerRegistered { job, result }).await;
+                                        let _ = tx.send(Command::RunnerRegistered { job, placement, result }).await;
                                     });
                                 }
                                 (Some(_), None) => {
@@ -1179,12 +1187,18 @@ impl Brain {
         }
     }
 
-    async fn runner_registered(&mut self, id: JobId, result: Result<RunnerGrant, String>) {
-        let Some(mut assignment) = self.registering.remove(&id) else {
-            // Cancelled or requeued meanwhile.
+    async fn runner_registered(&mut self, id: JobId, placement: u64, result: Result<RunnerGrant, String>) {
+        let current = self.registering.get(&id).is_some_and(|(p, _)| *p == placement);
+        let job = self.active.get(&id).filter(|j| j.state == JobState::Assigned).cloned();
+        let (Some(job), true) = (job, current) else {
+            // Cancelled, or requeued (and perhaps placed again) meanwhile: this runner is not needed.
+            if let (Ok(grant), Some((registrar, _))) = (result, &self.registrar) {
+                let registrar = registrar.clone();
+                tokio::spawn(async move { registrar.discard(grant).await });
+            }
             return;
         };
-        let Some(job) = self.active.get(&id).filter(|j| j.state == JobState::Assigned).cloned() else { return };
+        let Some((_, mut assignment)) = self.registering.remove(&id) else { return };
         match result {
             Ok(grant) => {
                 tracing::info!(job = id, runner = %grant.runner_name, "runner registered");

@@ -477,6 +477,7 @@ fn generate_jitconfig(st: &mut State, ctx: &Ctx<'_>, scope: Scope) -> Reply {
         jobs_taken: 0,
         online: false,
         current_job: None,
+        first_acquire_at: None,
     };
     let config = base64::engine::general_purpose::STANDARD.encode(format!("{} {}", st.base_url, runner.id));
     let body = json!({ "runner": st.runner_json(&runner), "encoded_jit_config": config });
@@ -885,6 +886,7 @@ async fn acquire(inner: &Inner, id: u64) -> (u16, String) {
                 return (410, "runner was deleted\n".into());
             }
             st.runners[idx].online = true;
+            st.runners[idx].first_acquire_at.get_or_insert_with(std::time::SystemTime::now);
             if let Some(job_id) = st.runners[idx].current_job {
                 // A retried acquire after a lost answer gets the same job again.
                 if let Some(j) = st.jobs.get(&job_id) {

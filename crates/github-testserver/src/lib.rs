@@ -101,6 +101,10 @@ pub struct RunnerView {
     pub repo: String,
     pub deleted: bool,
     pub jobs_taken: u32,
+    /// Wall-clock time of the runner's first `/_test/runners/{id}/acquire` call: its process was
+    /// running and made its first request to "GitHub". `None` until then. For latency measurements
+    /// against gpuci's own wall-clock timestamps (same host).
+    pub first_acquire_at: Option<std::time::SystemTime>,
 }
 
 /// One API request the server answered (the fake runner's `/_test/` calls are not recorded).

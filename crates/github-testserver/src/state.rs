@@ -165,6 +165,8 @@ pub(crate) struct Runner {
     pub jobs_taken: u32,
     pub online: bool,
     pub current_job: Option<u64>,
+    /// When the runner first called `/_test/runners/{id}/acquire`.
+    pub first_acquire_at: Option<std::time::SystemTime>,
 }
 
 impl Runner {
@@ -177,6 +179,7 @@ impl Runner {
             repo: self.scope.as_string(),
             deleted: self.deleted,
             jobs_taken: self.jobs_taken,
+            first_acquire_at: self.first_acquire_at,
         }
     }
 

@@ -30,6 +30,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Logs(a) => jobs::logs(a).await,
         Command::Cancel(a) => jobs::cancel(a).await,
         Command::Agents(a) => agents(a).await,
+        Command::Github(a) => github(a).await,
         Command::Gpu(a) => match a.command {
             GpuCommand::Release { uuid } => gpu_release(&a.client, &uuid).await,
         },
@@ -146,6 +147,41 @@ async fn agents(a: crate::cli::AgentsArgs) -> CliResult {
     } else {
         print!("{}", render::agents_table(&agents));
     }
+    Ok(0)
+}
+
+async fn github(a: crate::cli::GithubArgs) -> CliResult {
+    let c = Client::from_args(&a.client)?;
+    let crate::cli::GithubCommand::Jobs { active, limit } = a.command;
+    let jobs: Vec<serde_json::Value> = c.get(&format!("/api/v1/github/jobs?active={active}&limit={limit}")).await?;
+    if a.client.json {
+        println!("{}", serde_json::Value::Array(jobs));
+        return Ok(0);
+    }
+    if jobs.is_empty() {
+        eprintln!("no GitHub workflow jobs (is [github] configured, with a pool serving their labels?)");
+        return Ok(0);
+    }
+    let text = |v: &serde_json::Value| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+    let rows: Vec<Vec<String>> = jobs
+        .iter()
+        .map(|j| {
+            vec![
+                text(&j["id"]),
+                text(&j["repository"]),
+                text(&j["name"]),
+                text(&j["pool"]),
+                text(&j["state"]),
+                j["runner_job_id"].as_i64().map_or("-".into(), |i| i.to_string()),
+                render::elapsed(j["queued_at_ms"].as_i64().unwrap_or(0)),
+                text(&j["reason"]),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        render::table(&["JOB", "REPOSITORY", "NAME", "POOL", "STATE", "RUNNER JOB", "QUEUED", "REASON"], &rows)
+    );
     Ok(0)
 }
 

@@ -84,6 +84,23 @@ impl RunnerRegistrar for Registrar {
             }
         }
     }
+
+    async fn discard(&self, grant: RunnerGrant) {
+        let Ok(Some(mut record)) = self.store.get_runner(&grant.runner_name).await else { return };
+        if let Some(id) = record.runner_id {
+            let result = match (&record.org, Repo::parse(&record.repository)) {
+                (Some(org), _) => self.client.delete_org_runner(org, id as u64).await,
+                (None, Some(repo)) => self.client.delete_runner(&repo, id as u64).await,
+                (None, None) => Ok(()),
+            };
+            if let Err(e) = result {
+                tracing::warn!(runner = %record.name, error = %e, "could not remove an unneeded runner");
+            }
+        }
+        record.state = "removed".into();
+        record.updated_at_ms = brain::now_ms();
+        let _ = self.store.put_runner(&record).await;
+    }
 }
 
 /// What the webhook handler hands the service.

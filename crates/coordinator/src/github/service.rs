@@ -658,6 +658,10 @@ impl Service {
         if let Some(o) = self.origins.get(&pipeline) {
             return o.clone();
         }
+        // A cache, not a record: bounded so a long-lived coordinator does not grow it forever.
+        if self.origins.len() > 100_000 {
+            self.origins.clear();
+        }
         let o = match self.store.get_pipeline(pipeline).await {
             Ok(Some(PipelineRecord { origin, .. })) => Origin::parse(origin.as_deref()),
             _ => None,
