@@ -322,6 +322,10 @@ fn fork_pull_request_waits_for_approval_per_sha_and_never_sees_a_secret() {
         assert!(!s.api.log_text(j.id).contains("s3cr3t"), "job {} saw the secret", j.id);
     }
     assert!(s.gh.labels(REPO, 7).is_empty(), "gpuci removes the approval label once it starts the run");
+    let runs = s.gh.check_runs(REPO);
+    let approved = runs.iter().rev().find(|r| r["name"] == json!("gpuci") && r["head_sha"] == json!(sha1)).unwrap();
+    assert_eq!(approved["conclusion"], json!("success"), "approval settles the waiting entry: {approved:#}");
+    assert!(approved["output"]["title"].as_str().unwrap().contains("approved by maintainer"), "{approved:#}");
     wait_until_or(
         "check runs for both jobs to complete",
         T,

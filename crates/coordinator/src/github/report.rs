@@ -19,9 +19,17 @@ use tokio_util::sync::CancellationToken;
 pub enum Item {
     /// A gpuci job's state.
     Job { repo: Repo, sha: String, job: JobId, name: String, key: String, state: JobState, reason: String },
-    /// The pipeline as a whole: `pending` (waiting for approval) or `failure` (invalid file, or
-    /// gpuci could not start it).
-    Pipeline { repo: Repo, sha: String, pending: bool, title: String, summary: String },
+    /// The pipeline as a whole: waiting for approval, approved (its jobs report on their own),
+    /// or failed (an invalid file, or gpuci could not start it).
+    Pipeline { repo: Repo, sha: String, state: PipelineReport, title: String, summary: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PipelineReport {
+    /// Pending, never green.
+    WaitingForApproval,
+    Approved,
+    Failed,
 }
 
 pub struct Reporter {
@@ -103,21 +111,30 @@ impl Reporter {
                 };
                 self.client.create_status(repo, sha, &status).await
             }
-            (Item::Pipeline { repo, sha, pending, title, summary }, Report::Checks) => {
+            (Item::Pipeline { repo, sha, state, title, summary }, Report::Checks) => {
+                let (status, conclusion) = match state {
+                    PipelineReport::WaitingForApproval => (CheckStatus::Queued, None),
+                    PipelineReport::Approved => (CheckStatus::Completed, Some(Conclusion::Success)),
+                    PipelineReport::Failed => (CheckStatus::Completed, Some(Conclusion::Failure)),
+                };
                 let run = NewCheckRun {
                     name: PIPELINE_CONTEXT.into(),
                     head_sha: sha.clone(),
-                    status: if *pending { CheckStatus::Queued } else { CheckStatus::Completed },
-                    conclusion: (!*pending).then_some(Conclusion::Failure),
+                    status,
+                    conclusion,
                     details_url: None,
                     external_id: None,
                     output: Some(CheckOutput { title: title.clone(), summary: summary.clone() }),
                 };
                 self.client.create_check_run(repo, &run).await.map(|_| ())
             }
-            (Item::Pipeline { repo, sha, pending, title, .. }, Report::Statuses) => {
+            (Item::Pipeline { repo, sha, state, title, .. }, Report::Statuses) => {
                 let status = CommitStatus {
-                    state: if *pending { StatusState::Pending } else { StatusState::Failure },
+                    state: match state {
+                        PipelineReport::WaitingForApproval => StatusState::Pending,
+                        PipelineReport::Approved => StatusState::Success,
+                        PipelineReport::Failed => StatusState::Failure,
+                    },
                     context: PIPELINE_CONTEXT.into(),
                     target_url: None,
                     description: Some(title.clone()),

@@ -14,7 +14,7 @@
 //!   outsiders wait for a maintainer's approval label, which covers one head SHA.
 
 use super::config::{match_pool, ForkPolicy, GithubConfig, NoPool, Pool};
-use super::report::{Item, Reporter};
+use super::report::{Item, PipelineReport, Reporter};
 use super::{Inbound, InboundTx};
 use crate::brain::{self, BrainError, Command};
 use crate::hub::{Event as HubEvent, Hub};
@@ -752,7 +752,7 @@ impl Service {
                         let _ = self.report.send(Item::Pipeline {
                             repo,
                             sha: p.head_sha.clone(),
-                            pending: true,
+                            state: PipelineReport::WaitingForApproval,
                             title: format!(
                                 "waiting for approval: a maintainer adds the `{label}` label to run commit {}",
                                 short(&p.head_sha)
@@ -800,6 +800,13 @@ impl Service {
                 }
                 if !already {
                     tracing::info!(repository = %repository, pr = p.number, sha = %p.head_sha, %sender, "pull request approved");
+                    let _ = self.report.send(Item::Pipeline {
+                        repo: repo.clone(),
+                        sha: p.head_sha.clone(),
+                        state: PipelineReport::Approved,
+                        title: format!("approved by {sender} for commit {}", short(&p.head_sha)),
+                        summary: format!("{sender} added the `{label}` label. The jobs report as `gpuci / <step>`."),
+                    });
                     self.run_pipeline(origin, None).await;
                 }
             }
@@ -813,7 +820,7 @@ impl Service {
         let fail = |title: String, summary: String| Item::Pipeline {
             repo: repo.clone(),
             sha: origin.sha.clone(),
-            pending: false,
+            state: PipelineReport::Failed,
             title,
             summary,
         };
