@@ -40,11 +40,22 @@ struct Setup {
 impl Setup {
     /// `pool` is extra TOML for the one pool (`[[github.pool]]` named `gpu`, labels `gpu`).
     fn new(pool: &str, reconcile: &str, before_server: impl FnOnce(&tokio::runtime::Runtime, &TestGitHub)) -> Setup {
+        Setup::with_auth(pool, reconcile, None, before_server)
+    }
+
+    /// With `token`, gpuci authenticates with that personal access token instead of the App.
+    fn with_auth(
+        pool: &str,
+        reconcile: &str,
+        token: Option<&str>,
+        before_server: impl FnOnce(&tokio::runtime::Runtime, &TestGitHub),
+    ) -> Setup {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let gh = rt.block_on(TestGitHub::start(Options {
             webhook_secret: SECRET.into(),
             app_id: APP_ID,
             app_public_key_pem: Some(std::fs::read_to_string(fixture("test-app-key.pub.pem")).unwrap()),
+            personal_token: token.map(str::to_string),
             ..Options::default()
         }));
         gh.add_repo(REPO, 31);
@@ -54,6 +65,14 @@ impl Setup {
         install_fake_runner(&runner_dir).unwrap();
         let secret_file = dir.path().join("webhook-secret");
         std::fs::write(&secret_file, SECRET).unwrap();
+        let auth = match token {
+            None => format!("app_id = {APP_ID}\nprivate_key_file = \"{}\"", fixture("test-app-key.pem").display()),
+            Some(t) => {
+                let f = dir.path().join("github-token");
+                std::fs::write(&f, format!("{t}\n")).unwrap();
+                format!("token_file = \"{}\"", f.display())
+            }
+        };
         let config = dir.path().join("gpuci-server.toml");
         std::fs::write(
             &config,
@@ -61,8 +80,7 @@ impl Setup {
                 r#"
 [github]
 api_url = "{api}"
-app_id = {APP_ID}
-private_key_file = "{key}"
+{auth}
 webhook_secret_file = "{secret}"
 reconcile_interval = "{reconcile}"
 repositories = ["{REPO}"]
@@ -75,7 +93,6 @@ install_dir = "{runner}"
 {pool}
 "#,
                 api = gh.url,
-                key = fixture("test-app-key.pem").display(),
                 secret = secret_file.display(),
                 runner = runner_dir.display(),
             ),
@@ -374,5 +391,77 @@ fn a_push_runs_the_commits_pipeline_from_its_tarball_and_reports_check_runs() {
     );
     let run = s.gh.check_runs(REPO).into_iter().find(|r| r["name"] == json!("gpuci / test")).unwrap();
     assert!(run["details_url"].as_str().unwrap().ends_with(&format!("/api/v1/jobs/{}/logs", job.id)), "{run:#}");
+    s.assert_spec_clean();
+}
+
+#[test]
+fn more_jobs_than_runners_all_run_one_runner_each_and_none_is_left_registered() {
+    // Two runners at a time for four jobs: a runner takes whichever matching job is oldest, so
+    // runners end up serving jobs other than the one they were queued for.
+    let s = Setup::new("max_runners = 2\nforks = \"allow\"", "1h", |_, _| {});
+    let queued: Vec<_> = (0..4)
+        .map(|i| s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], &format!("echo job {i}"), true)))
+        .collect();
+    for q in &queued {
+        wait_gh_job(&s, q.job_id, "every job to succeed", |j| j.conclusion.as_deref() == Some("success"));
+    }
+    let runners = s.gh.runners();
+    assert_eq!(runners.len(), 4, "one runner per job: {runners:#?}");
+    assert!(runners.iter().all(|r| r.jobs_taken == 1 && r.deleted), "each took one job and is gone: {runners:#?}");
+    let names: std::collections::BTreeSet<_> =
+        queued.iter().map(|q| s.gh.job(q.job_id).unwrap().runner_name.unwrap()).collect();
+    assert_eq!(names.len(), 4, "four different runners ran the four jobs");
+    wait_until_or(
+        "every record completed with its runner",
+        T,
+        || s.github_jobs().iter().all(|r| r["state"] == json!("completed") && r["runner_name"].is_string()),
+        || format!("{:#?}", s.github_jobs()),
+    );
+    // Never more than two runner jobs at once: their running intervals overlap at most pairwise.
+    let jobs = s.jobs();
+    assert_eq!(jobs.len(), 4, "{jobs:#?}");
+    for j in &jobs {
+        let at = j.started_at_ms.unwrap();
+        let running =
+            jobs.iter().filter(|o| o.started_at_ms.unwrap() <= at && o.finished_at_ms.is_none_or(|f| f > at)).count();
+        assert!(running <= 2, "{running} runners at {at}: {jobs:#?}");
+    }
+    s.assert_spec_clean();
+}
+
+#[test]
+fn with_a_personal_token_results_go_back_as_commit_statuses() {
+    let sha = "4444444444444444444444444444444444444444";
+    let s = Setup::with_auth("forks = \"allow\"", "1h", Some("ghp_test_personal_token"), |_, gh| {
+        gh.set_tree(REPO, sha, &[(".gpuci.yml", "steps:\n  - key: unit\n    command: echo ok\n")]);
+    });
+    // Runners work with a token too.
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo via-pat", true));
+    wait_gh_job(&s, q.job_id, "the job to succeed", |j| j.conclusion.as_deref() == Some("success"));
+    assert_eq!(s.rt.block_on(s.gh.push(REPO, "main", sha)), 202);
+    wait_until_or(
+        "a success status",
+        T,
+        || {
+            s.gh.statuses(REPO, sha)
+                .iter()
+                .any(|st| st["context"] == json!("gpuci/unit") && st["state"] == json!("success"))
+        },
+        || format!("{:#?}", s.gh.statuses(REPO, sha)),
+    );
+    assert!(s.gh.check_runs(REPO).is_empty(), "no check runs without an App");
+    assert!(s.gh.requests().iter().all(|r| !r.path.contains("/access_tokens")), "a token needs no installation tokens");
+    s.assert_spec_clean();
+}
+
+#[test]
+fn an_org_pool_registers_runners_with_the_organisation() {
+    let s = Setup::new("org = \"octo\"\nrunner_group_id = 1\nforks = \"allow\"", "1h", |_, _| {});
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo org", true));
+    wait_gh_job(&s, q.job_id, "the job to succeed", |j| j.conclusion.as_deref() == Some("success"));
+    let runners = s.gh.runners();
+    assert_eq!(runners.len(), 1, "{runners:#?}");
+    assert_eq!(runners[0].repo, "octo", "registered at the organisation: {runners:#?}");
+    assert!(s.gh.requests().iter().any(|r| r.path == "/orgs/octo/actions/runners/generate-jitconfig"));
     s.assert_spec_clean();
 }
