@@ -465,3 +465,24 @@ fn an_org_pool_registers_runners_with_the_organisation() {
     assert!(s.gh.requests().iter().any(|r| r.path == "/orgs/octo/actions/runners/generate-jitconfig"));
     s.assert_spec_clean();
 }
+
+#[test]
+fn a_coordinator_killed_while_a_runner_works_settles_everything_after_restart() {
+    let mut s = Setup::new("forks = \"allow\"", "1s", |_, _| {});
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "sleep 2; echo done", true));
+    wait_gh_job(&s, q.job_id, "the runner to take the job", |j| j.status == "in_progress");
+    s.server.restart_hard();
+    // The `completed` webhook is sent while the coordinator is down, or just after it is back.
+    wait_gh_job(&s, q.job_id, "the job to succeed on GitHub", |j| j.conclusion.as_deref() == Some("success"));
+    wait_until_or(
+        "the record to complete",
+        T,
+        || s.github_jobs().first().is_some_and(|r| r["state"] == json!("completed")),
+        || format!("{:#?}", s.github_jobs()),
+    );
+    let job = s.api.wait_job(s.jobs()[0].id, "the runner job to end", T, |j| j.state.is_terminal());
+    assert_eq!(job.state, JobState::Succeeded, "{job:#?}");
+    assert_eq!(s.gh.runners().len(), 1, "no second runner: {:#?}", s.gh.runners());
+    wait_until("GPUs free", T, || s.api.agents()[0].gpus.iter().all(|g| g.state == "free"));
+    s.assert_spec_clean();
+}
