@@ -9,10 +9,15 @@
 //! free again), so every figure is latency, not queueing. Each job's script is `true`.
 //!
 //! Per job, from the wall clock just before the test server sends the webhook (t0):
-//! - "process started": the runner job's `started_at_ms` in gpuci (the agent's sandbox spawn of
-//!   the runner's `run.sh`), minus t0. Millisecond resolution (gpuci stores ms, truncated).
+//! - "process spawned": the runner job's `started_at_ms` in gpuci, minus t0: the agent's
+//!   `Sandbox::spawn` returned, i.e. bwrap was exec'd inside the job's cgroups (before its mounts).
+//!   Millisecond resolution (gpuci stores ms, truncated).
+//! - "run.sh running": the runner's `run.sh` printed `$EPOCHREALTIME` as its first act (the bench
+//!   adds that line to the installed stand-in; a bash builtin), minus t0: bwrap's set-up done and
+//!   bash started, as in `gpuci bench dispatch`.
 //! - "first GitHub request": the runner stand-in's first `acquire` call to the test server, minus t0
-//!   (the runner process is up and talking to "GitHub").
+//!   (its process is up and talking to "GitHub"; includes the stand-in's own `base64`, `date`,
+//!   `mkdir` and `curl` processes).
 //! - "webhook answered": the 202 reply to the delivery (the delivery record is durable by then).
 //!
 //! Run both fork policies: `forks = "deny"` (the default; one more GitHub API round trip to check
@@ -42,6 +47,7 @@ const REPO: &str = "octo/gpu";
 const APP_ID: u64 = 4711;
 const SECRET: &str = "webhook-secret-for-bench";
 const LIMIT: Duration = Duration::from_secs(60);
+const MARK: &str = "gpuci-bench-start ";
 const POLL: Duration = Duration::from_millis(5);
 
 struct Args {
@@ -136,6 +142,18 @@ impl Api {
         }
         Ok(r.json()?)
     }
+
+    /// The wall-clock ms `run.sh` printed as its first line, from the job's log.
+    fn run_sh_start_ms(&self, job: i64) -> Result<f64> {
+        let r = self.http.get(format!("{}/api/v1/jobs/{job}/logs", self.url)).bearer_auth(&self.token).send()?;
+        for line in r.text()?.lines() {
+            let v: Value = serde_json::from_str(line)?;
+            if let Some(t) = v["text"].as_str().and_then(|t| t.trim().strip_prefix(MARK)) {
+                return Ok(t.parse::<f64>().with_context(|| format!("{MARK}{t}"))? * 1000.0);
+            }
+        }
+        bail!("job {job}: no {MARK:?} line in the log")
+    }
 }
 
 /// Test GitHub, coordinator and one agent, as in `crates/cli/tests/github.rs`.
@@ -161,6 +179,12 @@ impl Setup {
         let dir = tempfile::Builder::new().prefix("gpuci-bench-github-").tempdir()?;
         let runner_dir = dir.path().join("actions-runner");
         install_fake_runner(&runner_dir)?;
+        // The stand-in's first act prints the time (a bash builtin, no extra process), as
+        // `gpuci bench dispatch` does: "run.sh is running".
+        let run_sh = runner_dir.join("run.sh");
+        let text = std::fs::read_to_string(&run_sh)?;
+        let (shebang, rest) = text.split_once('\n').context("run.sh is empty")?;
+        std::fs::write(&run_sh, format!("{shebang}\necho \"{MARK}$EPOCHREALTIME\"\n{rest}"))?;
         let secret_file = dir.path().join("webhook-secret");
         std::fs::write(&secret_file, SECRET)?;
         let config = dir.path().join("gpuci-server.toml");
@@ -230,8 +254,8 @@ forks = "{forks}"
     }
 
     /// Queues one workflow job (webhook sent), waits until it has run and the host is idle again,
-    /// and returns (process started, first GitHub request, webhook answered) in ms after t0.
-    fn one(&self) -> Result<(f64, f64, f64)> {
+    /// and returns ms after t0.
+    fn one(&self) -> Result<Sample> {
         let t0_wall = SystemTime::now();
         let t0 = Instant::now();
         let q = self.rt.block_on(self.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "true", true));
@@ -262,9 +286,22 @@ forks = "{forks}"
         let started_ms = job.started_at_ms.context("runner job without started_at_ms")? as f64;
         let runner = self.gh.runners().into_iter().find(|r| r.name == runner_name).context("runner not registered")?;
         let first = runner.first_acquire_at.context("runner never called acquire")?;
+        let run_sh = self.api.run_sh_start_ms(runner_job)?;
         let t0_ms = wall_ms(t0_wall);
-        Ok((started_ms - t0_ms, wall_ms(first) - t0_ms, answered))
+        Ok(Sample { spawned: started_ms - t0_ms, run_sh: run_sh - t0_ms, first: wall_ms(first) - t0_ms, answered })
     }
+}
+
+/// One job's figures, ms after t0.
+struct Sample {
+    /// gpuci's `started_at_ms`: the agent's sandbox spawn returned (bwrap exec'd in the job's cgroups).
+    spawned: f64,
+    /// `run.sh`'s first line ran (bwrap's set-up done, bash started).
+    run_sh: f64,
+    /// The runner stand-in's first request to the test GitHub (`acquire`).
+    first: f64,
+    /// The webhook's 202 reply.
+    answered: f64,
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -298,14 +335,11 @@ fn run(args: &Args, forks: &str) -> Result<()> {
     for _ in 0..args.warmup {
         setup.one().with_context(|| format!("warm-up; logs in {}", logs.display()))?;
     }
-    let (mut started, mut first, mut answered) = (Vec::new(), Vec::new(), Vec::new());
+    let mut samples = Vec::with_capacity(args.jobs);
     let load_before = loadavg();
     let t = Instant::now();
     for i in 0..args.jobs {
-        let (s, f, a) = setup.one().with_context(|| format!("job {i}; logs in {}", logs.display()))?;
-        started.push(s);
-        first.push(f);
-        answered.push(a);
+        samples.push(setup.one().with_context(|| format!("job {i}; logs in {}", logs.display()))?);
     }
     println!(
         "forks = \"{forks}\", isolation {}: {} jobs one at a time ({} warm-up not counted), {:.1} s, load average {} → {}",
@@ -316,9 +350,11 @@ fn run(args: &Args, forks: &str) -> Result<()> {
         load_before,
         loadavg()
     );
-    println!("  {}", summary("process started", started));
-    println!("  {}", summary("first GitHub request", first));
-    println!("  {}", summary("webhook answered", answered));
+    let col = |f: fn(&Sample) -> f64| samples.iter().map(f).collect::<Vec<_>>();
+    println!("  {}", summary("process spawned", col(|s| s.spawned)));
+    println!("  {}", summary("run.sh running", col(|s| s.run_sh)));
+    println!("  {}", summary("first GitHub request", col(|s| s.first)));
+    println!("  {}", summary("webhook answered", col(|s| s.answered)));
     let errors = setup.gh.validation_errors();
     if !errors.is_empty() {
         println!("  test server validation problems: {errors:#?}");
