@@ -181,7 +181,27 @@ fn plain_relative(path: &Path) -> bool {
 
 /// Unpack the gzip'ed tar `archive` of upload `id` into the existing, empty directory `dest`.
 /// Returns how many files (not directories or links) it wrote.
+/// How much one upload may unpack to: a small gzip stream can expand without bound (a "zip
+/// bomb"), and the workspace shares the agent's disk.
+#[derive(Clone, Copy, Debug)]
+pub struct UnpackLimits {
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+impl Default for UnpackLimits {
+    fn default() -> Self {
+        UnpackLimits { bytes: 16 << 30, entries: 2_000_000 }
+    }
+}
+
 pub fn unpack(id: &str, archive: &Path, dest: &Path) -> Result<usize, WorkspaceError> {
+    unpack_limited(id, archive, dest, UnpackLimits::default())
+}
+
+/// [`unpack`], refusing an archive whose entries add up to more than `limits`; the check is
+/// made from each header before its data is written.
+pub fn unpack_limited(id: &str, archive: &Path, dest: &Path, limits: UnpackLimits) -> Result<usize, WorkspaceError> {
     let unpack_err = |reason: String| WorkspaceError::Unpack { id: id.into(), reason };
     let refused = |entry: &Path, reason: &str| WorkspaceError::Refused {
         id: id.into(),
@@ -196,8 +216,18 @@ pub fn unpack(id: &str, archive: &Path, dest: &Path) -> Result<usize, WorkspaceE
     tar.set_unpack_xattrs(false);
     tar.set_overwrite(true);
     let mut files = 0;
+    let (mut bytes, mut entries) = (0u64, 0u64);
     for entry in tar.entries().map_err(|e| unpack_err(e.to_string()))? {
         let mut entry = entry.map_err(|e| unpack_err(e.to_string()))?;
+        bytes = bytes.saturating_add(entry.size());
+        entries += 1;
+        if bytes > limits.bytes || entries > limits.entries {
+            return Err(unpack_err(format!(
+                "the upload unpacks to more than {} MiB or {} entries; refused",
+                limits.bytes >> 20,
+                limits.entries
+            )));
+        }
         let path = entry.path().map_err(|e| unpack_err(format!("an entry's path: {e}")))?.into_owned();
         use tar::EntryType as T;
         let kind = entry.header().entry_type();
@@ -309,6 +339,25 @@ mod tests {
 
     fn run(dir: &tempfile_free::Dir) -> Result<usize, WorkspaceError> {
         unpack("x", &dir.0.join("a.tar.gz"), &dir.0.join("ws"))
+    }
+
+    #[test]
+    fn an_archive_larger_than_the_limits_is_refused_before_it_is_written() {
+        let dir = archive(|b| {
+            for i in 0..3 {
+                let data = vec![b'x'; 1000];
+                let mut h = header(tar::EntryType::Regular, data.len() as u64, 0o644);
+                b.append_data(&mut h, format!("f{i}"), &data[..]).unwrap();
+            }
+        });
+        let ws = dir.0.join("ws");
+        let limits = UnpackLimits { bytes: 2500, entries: 100 };
+        let e = unpack_limited("x", &dir.0.join("a.tar.gz"), &ws, limits).unwrap_err();
+        assert!(e.to_string().contains("unpacks to more than"), "{e}");
+        assert!(!ws.join("f2").exists(), "the entry over the limit was not written");
+        let limits = UnpackLimits { bytes: 1 << 20, entries: 2 };
+        assert!(unpack_limited("x", &dir.0.join("a.tar.gz"), &ws, limits).is_err(), "too many entries");
+        assert_eq!(run(&dir).unwrap(), 3, "within the default limits");
     }
 
     #[test]
