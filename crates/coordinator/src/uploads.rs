@@ -67,6 +67,8 @@ impl Uploads {
                 std::fs::rename(&tmp, &path)?;
                 drop(guard);
                 std::fs::File::open(&dir)?.sync_all()?;
+            } else {
+                touch(&path);
             }
             Ok(id)
         })
@@ -155,9 +157,80 @@ pub async fn create_upload(
         tokio::fs::rename(&tmp, &path).await.map_err(|e| server_error("storing an upload", e))?;
         sync_dir(dir).await;
         tracing::info!(upload = %id, bytes, "upload stored");
+    } else {
+        // Used again: the collector counts age from the last use.
+        touch(&path);
     }
     drop(guard);
     Ok((StatusCode::CREATED, Json(UploadInfo { id, bytes })))
+}
+
+/// Mark an upload as just used.
+fn touch(path: &Path) {
+    if let Ok(f) = std::fs::File::options().write(true).open(path) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
+impl Uploads {
+    /// Delete uploads last used more than `older_than` ago that no unfinished job needs
+    /// (`keep`), and temporary files left by an interrupted upload. Returns how many went.
+    pub fn collect_garbage(&self, keep: &std::collections::HashSet<String>, older_than: std::time::Duration) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
+        let now = std::time::SystemTime::now();
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name.strip_suffix(".tar.gz");
+            let ours = name.starts_with(".tmp-") || id.is_some_and(valid_id);
+            if !ours || id.is_some_and(|id| keep.contains(id)) {
+                continue;
+            }
+            let age = e.metadata().and_then(|m| m.modified()).ok().and_then(|m| now.duration_since(m).ok());
+            if age.is_some_and(|a| a > older_than) && std::fs::remove_file(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            tracing::info!(removed, "old uploads removed");
+        }
+        removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_is_old_and_unneeded_uploads_and_stale_temporary_files() {
+        let dir = std::env::temp_dir().join(format!("gpuci-uploads-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let u = Uploads::new(dir.clone());
+        let id = |c: char| c.to_string().repeat(64);
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(10 * 86_400);
+        for (name, aged) in [
+            (format!("{}.tar.gz", id('a')), true),  // old, unneeded: goes
+            (format!("{}.tar.gz", id('b')), true),  // old, needed by a queued job: stays
+            (format!("{}.tar.gz", id('c')), false), // recent: stays
+            (".tmp-123".to_string(), true),         // interrupted upload: goes
+            ("notes.txt".to_string(), true),        // not ours: stays
+        ] {
+            let p = dir.join(&name);
+            std::fs::write(&p, b"x").unwrap();
+            if aged {
+                std::fs::File::options().write(true).open(&p).unwrap().set_modified(old).unwrap();
+            }
+        }
+        let keep = std::collections::HashSet::from([id('b')]);
+        assert_eq!(u.collect_garbage(&keep, std::time::Duration::from_secs(7 * 86_400)), 2);
+        assert!(!u.exists(&id('a')) && u.exists(&id('b')) && u.exists(&id('c')));
+        assert!(dir.join("notes.txt").exists() && !dir.join(".tmp-123").exists());
+        // Using an upload again makes it recent.
+        touch(&dir.join(format!("{}.tar.gz", id('b'))));
+        assert_eq!(u.collect_garbage(&std::collections::HashSet::new(), std::time::Duration::from_secs(86_400)), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 struct TempFile(PathBuf);
