@@ -486,3 +486,43 @@ fn a_coordinator_killed_while_a_runner_works_settles_everything_after_restart() 
     wait_until("GPUs free", T, || s.api.agents()[0].gpus.iter().all(|g| g.state == "free"));
     s.assert_spec_clean();
 }
+
+#[test]
+fn a_new_push_to_a_pull_request_cancels_its_previous_run() {
+    let (sha1, sha2) = ("5555555555555555555555555555555555555555", "6666666666666666666666666666666666666666");
+    let slow = "steps:\n  - key: test\n    command: sleep 30\n";
+    let s = Setup::new("", "1h", |_, gh| {
+        gh.set_tree(REPO, sha1, &[(".gpuci.yml", slow)]);
+        gh.set_tree(REPO, sha2, &[(".gpuci.yml", "steps:\n  - key: test\n    command: echo second\n")]);
+    });
+    // A collaborator's pull request from a branch of the repository runs without approval.
+    assert_eq!(s.rt.block_on(s.gh.open_pull_request(REPO, 9, sha1, false, "octo", "COLLABORATOR")), 202);
+    wait_until_or(
+        "the first run to start",
+        T,
+        || s.jobs().first().is_some_and(|j| j.state == JobState::Running),
+        || format!("{:#?}", s.jobs()),
+    );
+    let first = s.jobs()[0].id;
+    assert_eq!(s.rt.block_on(s.gh.push_to_pull_request(REPO, 9, sha2)), 202);
+    let old = s.api.wait_job(first, "the superseded job to end", T, |j| j.state.is_terminal());
+    assert_eq!(old.state, JobState::Cancelled, "{old:#?}");
+    assert!(old.reason.contains("concurrency group"), "{}", old.reason);
+    wait_until_or(
+        "the new run to succeed",
+        T,
+        || s.jobs().iter().any(|j| j.id != first && j.state == JobState::Succeeded),
+        || format!("{:#?}", s.jobs()),
+    );
+    wait_until_or(
+        "check runs: first cancelled, second green",
+        T,
+        || {
+            let runs = s.gh.check_runs(REPO);
+            check_run(&runs, "gpuci / test", sha1).is_some_and(|r| r["conclusion"] == json!("cancelled"))
+                && check_run(&runs, "gpuci / test", sha2).is_some_and(|r| r["conclusion"] == json!("success"))
+        },
+        || format!("{:#?}", s.gh.check_runs(REPO)),
+    );
+    s.assert_spec_clean();
+}

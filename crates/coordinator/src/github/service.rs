@@ -836,7 +836,7 @@ impl Service {
             }
         };
         let text = String::from_utf8_lossy(&bytes).into_owned();
-        let pipeline = match gpuci_core::pipeline::parse(&file, &text) {
+        let mut pipeline = match gpuci_core::pipeline::parse(&file, &text) {
             Ok(p) => p,
             Err(errors) => {
                 let summary = errors.to_string();
@@ -863,6 +863,9 @@ impl Service {
                 return;
             }
         };
+        if let Some(pr) = origin.pr {
+            supersede_per_pull_request(&mut pipeline, &origin.repository, pr);
+        }
         let mut env = BTreeMap::from([
             ("GITHUB_REPOSITORY".to_string(), origin.repository.clone()),
             ("GITHUB_SHA".to_string(), origin.sha.clone()),
@@ -902,6 +905,18 @@ impl Service {
                 let _ = self.report.send(fail("gpuci could not start the pipeline".into(), e.to_string()));
             }
         }
+    }
+}
+
+/// A new run of a pull request cancels the unfinished jobs of its previous run, step by step
+/// (a concurrency group per pull request and step, newest wins), unless a step names its own
+/// concurrency group.
+fn supersede_per_pull_request(pipeline: &mut Pipeline, repository: &str, pr: u64) {
+    for step in pipeline.steps.iter_mut().filter(|s| s.concurrency.is_none()) {
+        step.concurrency = Some(gpuci_core::pipeline::Concurrency {
+            group: format!("github:{}#{pr}/{}", repository.to_ascii_lowercase(), step.key),
+            cancel_in_progress: true,
+        });
     }
 }
 
