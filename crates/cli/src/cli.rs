@@ -151,6 +151,10 @@ pub struct ServerArgs {
     /// pools). See docs/github.md.
     #[arg(long, env = "GPUCI_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Keep state in Postgres at this URL (`postgres://user:password@host:5432/gpuci`).
+    /// Default: the SQLite file `gpuci.db` in the data dir.
+    #[arg(long, env = "GPUCI_DATABASE_URL", hide_env_values = true)]
+    pub database: Option<String>,
 }
 
 #[derive(Args, Debug)]

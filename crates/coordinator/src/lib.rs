@@ -20,7 +20,7 @@ use anyhow::Context;
 use auth::Secret;
 use axum::routing::{get, post};
 use axum::Router;
-use gpuci_store::{SqliteStore, Store};
+use gpuci_store::{PostgresStore, SqliteStore, Store};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -31,12 +31,25 @@ use tokio_util::sync::CancellationToken;
 pub use brain::Timing;
 
 /// Where state lives.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum Database {
     /// A SQLite file (the default: `<data-dir>/gpuci.db`).
     Sqlite(PathBuf),
+    /// A Postgres URL (`postgres://user:password@host/db`), for coordinators sharing one
+    /// database. It may hold a password: Debug and messages show it redacted.
+    Postgres(String),
     /// Private, in memory: gone at exit (`gpuci run`).
     Memory,
+}
+
+impl std::fmt::Debug for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Database::Sqlite(p) => f.debug_tuple("Sqlite").field(p).finish(),
+            Database::Postgres(url) => f.debug_tuple("Postgres").field(&gpuci_store::redact_url(url)).finish(),
+            Database::Memory => f.write_str("Memory"),
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -46,6 +59,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub database: Database,
     pub timing: Timing,
+    /// Uploads unused this long, and needed by no unfinished job, are deleted.
+    pub upload_retention: std::time::Duration,
     /// The `[github]` section of the config file, with its secrets read.
     pub github: Option<Arc<github::GithubConfig>>,
 }
@@ -53,7 +68,14 @@ pub struct Config {
 impl Config {
     pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Self {
         let database = Database::Sqlite(data_dir.join("gpuci.db"));
-        Config { listen, data_dir, database, timing: Timing::default(), github: None }
+        Config {
+            listen,
+            data_dir,
+            database,
+            timing: Timing::default(),
+            upload_retention: DEFAULT_UPLOAD_RETENTION,
+            github: None,
+        }
     }
 }
 
@@ -70,6 +92,35 @@ pub struct AppState {
     pub uploads: uploads::Uploads,
     /// Set when GitHub is configured: what the webhook endpoint needs.
     pub github: Option<github::Handle>,
+}
+
+pub const DEFAULT_UPLOAD_RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
+
+/// Hourly (and at start): delete uploads no unfinished job needs that were last used longer
+/// than `retention` ago.
+async fn collect_uploads(
+    store: Arc<dyn Store>,
+    uploads: uploads::Uploads,
+    retention: std::time::Duration,
+    shutdown: CancellationToken,
+) {
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let Ok(active) = store.active_jobs().await else { continue };
+        let mut keep = std::collections::HashSet::new();
+        let pipelines: std::collections::BTreeSet<i64> = active.iter().map(|j| j.pipeline_id).collect();
+        for p in pipelines {
+            if let Ok(Some(p)) = store.get_pipeline(p).await {
+                keep.extend(p.workspace_upload);
+            }
+        }
+        let u = uploads.clone();
+        let _ = tokio::task::spawn_blocking(move || u.collect_garbage(&keep, retention)).await;
+    }
 }
 
 /// A started coordinator.
@@ -137,6 +188,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         Database::Sqlite(p) => {
             Arc::new(SqliteStore::open(p).await.with_context(|| format!("opening database {}", p.display()))?)
         }
+        Database::Postgres(url) => Arc::new(
+            PostgresStore::connect(url)
+                .await
+                .with_context(|| format!("opening database {}", gpuci_store::redact_url(url)))?,
+        ),
         Database::Memory => Arc::new(SqliteStore::in_memory().await?),
     };
     let hub = Arc::new(hub::Hub::new());
@@ -178,6 +234,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         uploads,
         github,
     };
+    tokio::spawn(collect_uploads(st.store.clone(), st.uploads.clone(), config.upload_retention, shutdown.clone()));
     let app = router(st);
     let brain_task = tokio::spawn(brain.run(rx, shutdown.clone()));
     let sd = shutdown.clone();

@@ -1,18 +1,22 @@
 //! gpuci-store: everything gpuci must not forget — pipelines, jobs, logs, agents, GPU leases
 //! and quarantines — behind the [`Store`] trait.
 //!
-//! SQLite (WAL, `synchronous=FULL`) is the embedded default; a Postgres backend implements the
-//! same trait when several coordinators share the load, and the same test suite runs against
-//! both. Migrations live in files under `migrations/`.
+//! Two backends implement it: [`SqliteStore`] (WAL, `synchronous=FULL`), the embedded default,
+//! and [`PostgresStore`] (`synchronous_commit=on`, row locks and constraints instead of a single
+//! writer) for when several coordinators share the load. The same test suite runs against both,
+//! Postgres as a real throwaway server. Migrations live in files under `migrations/sqlite/` and
+//! `migrations/postgres/`; the two schemas must end up the same.
 //!
 //! Rules: a write returns only once it is durable, so callers may acknowledge or push after
 //! it. State transitions are compare-and-set on the expected current state, so a stale writer
 //! cannot move a job backwards. This crate makes no decisions: it stores what the coordinator
 //! decided.
 
+mod postgres;
 mod records;
 mod sqlite;
 
+pub use postgres::{redact_url, PostgresStore};
 pub use records::*;
 pub use sqlite::SqliteStore;
 
@@ -41,13 +45,18 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Whether retrying the same call may succeed (locks, I/O hiccups).
+    /// Whether retrying the same call may succeed (locks, I/O hiccups, Postgres serialization
+    /// failures and deadlocks).
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Db(e) => {
                 matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))
-                    || e.as_database_error()
-                        .is_some_and(|d| d.message().contains("locked") || d.message().contains("busy"))
+                    || e.as_database_error().is_some_and(|d| {
+                        // SQLSTATE 40001 serialization_failure, 40P01 deadlock_detected.
+                        matches!(d.code().as_deref(), Some("40001" | "40P01"))
+                            || d.message().contains("locked")
+                            || d.message().contains("busy")
+                    })
             }
             _ => false,
         }

@@ -2,12 +2,21 @@
 
 use crate::cli::{default_data_dir, ServerArgs};
 use crate::{CliError, CliResult};
-use gpuci_coordinator::{Config, Timing};
+use gpuci_coordinator::{Config, Database, Timing};
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
     let data_dir = a.data_dir.unwrap_or_else(|| default_data_dir("gpuci"));
     let mut config = Config::new(a.listen, data_dir.clone());
+    if let Some(url) = &a.database {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            // Not echoed: it may hold a password.
+            return Err(CliError::Input(
+                "--database: expected a postgres:// URL (leave it out for SQLite in the data dir)".into(),
+            ));
+        }
+        config.database = Database::Postgres(url.clone());
+    }
     config.timing = Timing { heartbeat_interval: a.heartbeat, lost_after: a.lost_after, ..Timing::default() };
     if let Some(path) = &a.config {
         let text = std::fs::read_to_string(path)

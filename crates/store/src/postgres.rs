@@ -1,0 +1,786 @@
+//! The Postgres backend, for when several coordinators share one database. Same schema (in
+//! `migrations/postgres/`), same JSON columns and same semantics as [`SqliteStore`].
+//!
+//! Durability: every connection sets `synchronous_commit = on`, so a commit has reached the
+//! server's WAL on disk before a call returns, whatever the server's default.
+//!
+//! Concurrency: SQLite gets atomic read-modify-write from its single writer connection. Here
+//! many connections (and many coordinators) write at once under READ COMMITTED, so every
+//! read-modify-write either locks the row it decides on (`SELECT ... FOR UPDATE` on the job)
+//! or lets a constraint decide (the primary key of `gpu_leases`). Each such place says which.
+//!
+//! [`SqliteStore`]: crate::SqliteStore
+
+use crate::*;
+use async_trait::async_trait;
+use gpuci_protocol::agent::Stream;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::{Postgres, Row};
+use std::str::FromStr;
+use std::time::Duration;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// A pool of connections to one Postgres database.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+const JOB_COLUMNS: &str =
+    "id, pipeline_id, step_json, env_json, state, reason, attempt, retry_of, agent_id, gpus_json, \
+     created_at_ms, assigned_at_ms, started_at_ms, finished_at_ms, exit_code, telemetry_json";
+const PIPELINE_COLUMNS: &str = "id, file_name, source, workspace_upload, repository, origin, created_at_ms";
+const GITHUB_JOB_COLUMNS: &str = "id, repository, run_id, name, labels, pool, state, runner_job_id, runner_name, reason, queued_at_ms, updated_at_ms";
+const RUNNER_COLUMNS: &str =
+    "name, job_id, pool, repository, org, runner_id, github_job_id, state, created_at_ms, updated_at_ms";
+
+impl PostgresStore {
+    /// Connect to `url` (`postgres://user:password@host:port/database`) and run pending
+    /// migrations. Migrations take Postgres's advisory lock, so coordinators starting together
+    /// apply them once.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let opts = PgConnectOptions::from_str(url)?.application_name("gpuci").options([("synchronous_commit", "on")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(opts)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self { pool })
+    }
+
+    async fn job_in<'e, E: sqlx::PgExecutor<'e>>(exec: E, id: JobId) -> Result<Option<JobRecord>> {
+        let row =
+            sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(exec).await?;
+        row.map(|r| job_from_row(&r)).transpose()
+    }
+
+    /// The job, with its row locked until the transaction ends: concurrent transitions of the
+    /// same job (from this or another coordinator) queue here, so the state compared below is
+    /// the state the update replaces.
+    async fn job_for_update(conn: &mut sqlx::PgConnection, id: JobId) -> Result<JobRecord> {
+        let row = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1 FOR UPDATE"))
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        row.map(|r| job_from_row(&r)).transpose()?.ok_or(StoreError::JobNotFound(id))
+    }
+}
+
+/// `url` with its password replaced by `***`, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else { return url.to_string() };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else { return url.to_string() };
+    let Some(colon) = authority[..at].find(':') else { return url.to_string() };
+    format!("{}{}:***{}", &url[..scheme_end], &authority[..colon], &rest[at..])
+}
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {e}"))
+}
+
+fn job_from_row(r: &PgRow) -> Result<JobRecord> {
+    let state: String = r.get("state");
+    let telemetry: Option<String> = r.get("telemetry_json");
+    Ok(JobRecord {
+        id: r.get("id"),
+        pipeline_id: r.get("pipeline_id"),
+        step: serde_json::from_str(r.get("step_json")).map_err(|e| corrupt("step_json", e))?,
+        env: serde_json::from_str(r.get("env_json")).map_err(|e| corrupt("env_json", e))?,
+        state: state.parse().map_err(|e| corrupt("state", e))?,
+        reason: r.get("reason"),
+        attempt: r.get::<i64, _>("attempt").try_into().unwrap_or(1),
+        retry_of: r.get("retry_of"),
+        agent_id: r.get("agent_id"),
+        gpus: serde_json::from_str(r.get("gpus_json")).map_err(|e| corrupt("gpus_json", e))?,
+        created_at_ms: r.get("created_at_ms"),
+        assigned_at_ms: r.get("assigned_at_ms"),
+        started_at_ms: r.get("started_at_ms"),
+        finished_at_ms: r.get("finished_at_ms"),
+        exit_code: r.get("exit_code"),
+        telemetry: telemetry.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| corrupt("telemetry_json", e))?,
+    })
+}
+
+fn pipeline_from_row(r: &PgRow) -> PipelineRecord {
+    PipelineRecord {
+        id: r.get("id"),
+        file_name: r.get("file_name"),
+        source: r.get("source"),
+        workspace_upload: r.get("workspace_upload"),
+        repository: r.get("repository"),
+        origin: r.get("origin"),
+        created_at_ms: r.get("created_at_ms"),
+    }
+}
+
+fn github_job_from_row(r: &PgRow) -> Result<GithubJobRecord> {
+    let labels: String = r.get("labels");
+    Ok(GithubJobRecord {
+        id: r.get("id"),
+        repository: r.get("repository"),
+        run_id: r.get("run_id"),
+        name: r.get("name"),
+        labels: serde_json::from_str(&labels).map_err(|e| corrupt("github_jobs.labels", e))?,
+        pool: r.get("pool"),
+        state: r.get("state"),
+        runner_job_id: r.get("runner_job_id"),
+        runner_name: r.get("runner_name"),
+        reason: r.get("reason"),
+        queued_at_ms: r.get("queued_at_ms"),
+        updated_at_ms: r.get("updated_at_ms"),
+    })
+}
+
+fn runner_from_row(r: &PgRow) -> RunnerRecord {
+    RunnerRecord {
+        name: r.get("name"),
+        job_id: r.get("job_id"),
+        pool: r.get("pool"),
+        repository: r.get("repository"),
+        org: r.get("org"),
+        runner_id: r.get("runner_id"),
+        github_job_id: r.get("github_job_id"),
+        state: r.get("state"),
+        created_at_ms: r.get("created_at_ms"),
+        updated_at_ms: r.get("updated_at_ms"),
+    }
+}
+
+fn agent_from_row(r: &PgRow) -> AgentRecord {
+    AgentRecord {
+        id: r.get("id"),
+        name: r.get("name"),
+        credential_hash: r.get("credential_hash"),
+        registered_at_ms: r.get("registered_at_ms"),
+        last_seen_ms: r.get("last_seen_ms"),
+        state: r.get("state"),
+        reason: r.get("reason"),
+        hello_json: r.get("hello_json"),
+    }
+}
+
+fn bind_github_job<'q>(
+    q: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    j: &'q GithubJobRecord,
+) -> Result<sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>> {
+    let labels = serde_json::to_string(&j.labels).map_err(|e| corrupt("github_jobs.labels", e))?;
+    Ok(q.bind(j.id)
+        .bind(&j.repository)
+        .bind(j.run_id)
+        .bind(&j.name)
+        .bind(labels)
+        .bind(&j.pool)
+        .bind(&j.state)
+        .bind(j.runner_job_id)
+        .bind(&j.runner_name)
+        .bind(&j.reason)
+        .bind(j.queued_at_ms)
+        .bind(j.updated_at_ms))
+}
+
+fn stream_str(s: Stream) -> &'static str {
+    match s {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+        Stream::System => "system",
+    }
+}
+
+fn stream_parse(s: &str) -> Stream {
+    match s {
+        "stderr" => Stream::Stderr,
+        "system" => Stream::System,
+        _ => Stream::Stdout,
+    }
+}
+
+async fn insert_job_in(conn: &mut sqlx::PgConnection, pipeline_id: PipelineId, j: &NewJob) -> Result<JobId> {
+    let step_json = serde_json::to_string(&j.step).map_err(|e| corrupt("step", e))?;
+    let env_json = serde_json::to_string(&j.env).map_err(|e| corrupt("env", e))?;
+    let id: i64 = sqlx::query(
+        "INSERT INTO jobs (pipeline_id, step_key, name, step_json, env_json, state, reason, attempt, retry_of, created_at_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) RETURNING id",
+    )
+    .bind(pipeline_id)
+    .bind(&j.step.key)
+    .bind(j.step.display_name())
+    .bind(step_json)
+    .bind(env_json)
+    .bind(j.state.as_str())
+    .bind(&j.reason)
+    .bind(i64::from(j.attempt))
+    .bind(j.retry_of)
+    .bind(j.created_at_ms)
+    .fetch_one(&mut *conn)
+    .await?
+    .get(0);
+    Ok(id)
+}
+
+async fn lease_holder(conn: &mut sqlx::PgConnection, gpu: &str) -> Result<Option<JobId>> {
+    let row = sqlx::query("SELECT job_id FROM gpu_leases WHERE gpu_uuid = $1").bind(gpu).fetch_optional(conn).await?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// Quarantine a GPU, or refresh the reason of one already quarantined. A single statement:
+/// `ON CONFLICT` makes it atomic against a concurrent quarantine of the same GPU.
+async fn upsert_quarantine<'e, E: sqlx::PgExecutor<'e>>(exec: E, q: &Quarantine) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO gpu_quarantine (gpu_uuid, agent_id, reason, since_ms) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (gpu_uuid) DO UPDATE SET reason = EXCLUDED.reason, since_ms = EXCLUDED.since_ms",
+    )
+    .bind(&q.gpu_uuid)
+    .bind(&q.agent_id)
+    .bind(&q.reason)
+    .bind(q.since_ms)
+    .execute(exec)
+    .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn create_pipeline(&self, p: NewPipeline, jobs: Vec<NewJob>) -> Result<(PipelineRecord, Vec<JobRecord>)> {
+        let mut tx = self.pool.begin().await?;
+        let pid: i64 = sqlx::query(
+            "INSERT INTO pipelines (file_name, source, workspace_upload, repository, origin, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        )
+        .bind(&p.file_name)
+        .bind(&p.source)
+        .bind(&p.workspace_upload)
+        .bind(&p.repository)
+        .bind(&p.origin)
+        .bind(p.created_at_ms)
+        .fetch_one(&mut *tx)
+        .await?
+        .get(0);
+        let mut ids = Vec::with_capacity(jobs.len());
+        for j in &jobs {
+            ids.push(insert_job_in(&mut tx, pid, j).await?);
+        }
+        let mut records = Vec::with_capacity(ids.len());
+        for id in ids {
+            records.push(Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?);
+        }
+        tx.commit().await?;
+        Ok((
+            PipelineRecord {
+                id: pid,
+                file_name: p.file_name,
+                source: p.source,
+                workspace_upload: p.workspace_upload,
+                repository: p.repository,
+                origin: p.origin,
+                created_at_ms: p.created_at_ms,
+            },
+            records,
+        ))
+    }
+
+    async fn insert_job(&self, job: NewJob) -> Result<JobRecord> {
+        let mut tx = self.pool.begin().await?;
+        let id = insert_job_in(&mut tx, job.pipeline_id, &job).await?;
+        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+
+    async fn assign_job(&self, id: JobId, agent_id: &str, gpus: &[String], now_ms: i64) -> Result<JobRecord> {
+        let mut tx = self.pool.begin().await?;
+        // The job row lock makes queued → assigned a compare-and-set: a second assignment of
+        // the same job waits here and then finds it no longer queued.
+        let cur = Self::job_for_update(&mut tx, id).await?;
+        if cur.state != JobState::Queued {
+            return Err(StoreError::Conflict { job: id, expected: "queued".into(), found: cur.state });
+        }
+        // Leases already held: the same error, naming the same GPU, as SQLite.
+        for g in gpus {
+            if let Some(holder) = lease_holder(&mut tx, g).await? {
+                return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
+            }
+        }
+        // Take them in sorted order, so two assignments racing for overlapping GPUs wait on
+        // each other instead of deadlocking.
+        let mut sorted: Vec<&String> = gpus.iter().collect();
+        sorted.sort();
+        for g in sorted {
+            // The primary key on gpu_uuid decides who gets a GPU, not the look-up above: an
+            // insert racing another transaction's uncommitted lease of the same GPU waits for
+            // it, then does nothing if that one committed. Returning early drops `tx`, which
+            // rolls back the leases already taken.
+            loop {
+                let inserted = sqlx::query(
+                    "INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (gpu_uuid) DO NOTHING",
+                )
+                .bind(g)
+                .bind(agent_id)
+                .bind(id)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if inserted == 1 {
+                    break;
+                }
+                if let Some(holder) = lease_holder(&mut tx, g).await? {
+                    return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
+                }
+                // Released between the insert and the look-up: try again.
+            }
+        }
+        let gpus_json = serde_json::to_string(gpus).map_err(|e| corrupt("gpus", e))?;
+        sqlx::query(
+            "UPDATE jobs SET state = 'assigned', reason = $1, agent_id = $2, gpus_json = $3, assigned_at_ms = $4 \
+             WHERE id = $5",
+        )
+        .bind(format!("assigned to agent {agent_id}"))
+        .bind(agent_id)
+        .bind(gpus_json)
+        .bind(now_ms)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+
+    async fn update_job(&self, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
+        let mut tx = self.pool.begin().await?;
+        // Locked until commit: the state checked is the state replaced (compare-and-set).
+        let cur = Self::job_for_update(&mut tx, id).await?;
+        if !expect.is_empty() && !expect.contains(&cur.state) {
+            let expected = expect.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|");
+            return Err(StoreError::Conflict { job: id, expected, found: cur.state });
+        }
+        let telemetry =
+            c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
+        sqlx::query(
+            "UPDATE jobs SET state = COALESCE($1, state), reason = COALESCE($2, reason), \
+             started_at_ms = COALESCE($3, started_at_ms), finished_at_ms = COALESCE($4, finished_at_ms), \
+             exit_code = COALESCE($5, exit_code), telemetry_json = COALESCE($6, telemetry_json) WHERE id = $7",
+        )
+        .bind(c.state.map(JobState::as_str))
+        .bind(c.reason)
+        .bind(c.started_at_ms)
+        .bind(c.finished_at_ms)
+        .bind(c.exit_code)
+        .bind(telemetry)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+        if c.clear_assignment {
+            sqlx::query("UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if c.release_leases || c.clear_assignment {
+            sqlx::query("DELETE FROM gpu_leases WHERE job_id = $1").bind(id).execute(&mut *tx).await?;
+        }
+        for q in &c.quarantine {
+            upsert_quarantine(&mut *tx, q).await?;
+        }
+        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+
+    async fn set_reason(&self, id: JobId, reason: &str) -> Result<()> {
+        sqlx::query("UPDATE jobs SET reason = $1 WHERE id = $2").bind(reason).bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn get_job(&self, id: JobId) -> Result<Option<JobRecord>> {
+        Self::job_in(&self.pool, id).await
+    }
+
+    async fn list_jobs(&self, f: &JobFilter) -> Result<Vec<JobRecord>> {
+        let states: Vec<&str> = f.states.iter().map(|s| s.as_str()).collect();
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs \
+             WHERE (cardinality($1::TEXT[]) = 0 OR state = ANY($1)) AND ($2::BIGINT IS NULL OR pipeline_id = $2) \
+             ORDER BY id DESC LIMIT $3"
+        ))
+        .bind(states)
+        .bind(f.pipeline)
+        .bind(i64::from(f.limit.unwrap_or(100)))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn active_jobs(&self) -> Result<Vec<JobRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('queued', 'assigned', 'running') ORDER BY id"
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn pipeline_jobs(&self, pipeline: PipelineId) -> Result<Vec<JobRecord>> {
+        let rows = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE pipeline_id = $1 ORDER BY id"))
+            .bind(pipeline)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>> {
+        let row = sqlx::query(&format!("SELECT {PIPELINE_COLUMNS} FROM pipelines WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(pipeline_from_row))
+    }
+
+    async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
+        let rows = sqlx::query(&format!("SELECT {PIPELINE_COLUMNS} FROM pipelines ORDER BY id DESC LIMIT $1"))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(pipeline_from_row).collect())
+    }
+
+    async fn append_logs(&self, job: JobId, lines: &[LogChunk]) -> Result<Vec<LogLine>> {
+        if lines.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await?;
+        // Sequence numbers are MAX(seq) + 1..: two appends to the same job must not read the
+        // same MAX. Locking the job's row serialises them (per job; other jobs' logs don't
+        // wait). With no such job nothing is locked and the insert below fails on the foreign
+        // key, as in SQLite.
+        sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE").bind(job).execute(&mut *tx).await?;
+        let last: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM job_logs WHERE job_id = $1")
+            .bind(job)
+            .fetch_one(&mut *tx)
+            .await?
+            .get(0);
+        let mut out = Vec::with_capacity(lines.len());
+        // Multi-row insert in batches keeps a burst of output to one round trip per 100 lines.
+        for (b, chunk) in lines.chunks(100).enumerate() {
+            let mut qb = sqlx::QueryBuilder::new("INSERT INTO job_logs (job_id, seq, ts_us, stream, text) ");
+            qb.push_values(chunk.iter().enumerate(), |mut row, (i, l)| {
+                let seq = last + (b * 100 + i) as i64 + 1;
+                row.push_bind(job)
+                    .push_bind(seq)
+                    .push_bind(l.ts_us)
+                    .push_bind(stream_str(l.stream))
+                    .push_bind(l.text.clone());
+                out.push(LogLine { seq, ts_us: l.ts_us, stream: l.stream, text: l.text.clone() });
+            });
+            qb.build().execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn read_logs(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<LogLine>> {
+        let rows = sqlx::query(
+            "SELECT seq, ts_us, stream, text FROM job_logs WHERE job_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(job)
+        .bind(after_seq)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| LogLine {
+                seq: r.get("seq"),
+                ts_us: r.get("ts_us"),
+                stream: stream_parse(r.get("stream")),
+                text: r.get("text"),
+            })
+            .collect())
+    }
+
+    async fn insert_agent(&self, a: &AgentRecord) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO agents (id, name, credential_hash, registered_at_ms, last_seen_ms, state, reason, hello_json) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&a.id)
+        .bind(&a.name)
+        .bind(&a.credential_hash)
+        .bind(a.registered_at_ms)
+        .bind(a.last_seen_ms)
+        .bind(&a.state)
+        .bind(&a.reason)
+        .bind(&a.hello_json)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>> {
+        let row = sqlx::query("SELECT * FROM agents WHERE id = $1").bind(id).fetch_optional(&self.pool).await?;
+        Ok(row.as_ref().map(agent_from_row))
+    }
+
+    async fn list_agents(&self) -> Result<Vec<AgentRecord>> {
+        // COLLATE "C": byte order, as SQLite's default BINARY collation sorts.
+        let rows = sqlx::query(r#"SELECT * FROM agents ORDER BY name COLLATE "C", id COLLATE "C""#)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(agent_from_row).collect())
+    }
+
+    async fn update_agent(&self, id: &str, u: AgentUpdate) -> Result<()> {
+        let done = sqlx::query(
+            "UPDATE agents SET state = COALESCE($1, state), reason = COALESCE($2, reason), \
+             last_seen_ms = COALESCE($3, last_seen_ms), hello_json = COALESCE($4, hello_json) WHERE id = $5",
+        )
+        .bind(u.state)
+        .bind(u.reason)
+        .bind(u.last_seen_ms)
+        .bind(u.hello_json)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::AgentNotFound(id.to_string()));
+        }
+        Ok(())
+    }
+
+    async fn leases(&self) -> Result<Vec<Lease>> {
+        let rows =
+            sqlx::query(r#"SELECT gpu_uuid, agent_id, job_id, since_ms FROM gpu_leases ORDER BY gpu_uuid COLLATE "C""#)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Lease { gpu_uuid: r.get(0), agent_id: r.get(1), job_id: r.get(2), since_ms: r.get(3) })
+            .collect())
+    }
+
+    async fn quarantined(&self) -> Result<Vec<Quarantine>> {
+        let rows = sqlx::query(
+            r#"SELECT gpu_uuid, agent_id, reason, since_ms FROM gpu_quarantine ORDER BY gpu_uuid COLLATE "C""#,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Quarantine { gpu_uuid: r.get(0), agent_id: r.get(1), reason: r.get(2), since_ms: r.get(3) })
+            .collect())
+    }
+
+    async fn quarantine_gpu(&self, q: &Quarantine) -> Result<()> {
+        upsert_quarantine(&self.pool, q).await
+    }
+
+    async fn release_quarantine(&self, gpu_uuid: &str) -> Result<bool> {
+        let done =
+            sqlx::query("DELETE FROM gpu_quarantine WHERE gpu_uuid = $1").bind(gpu_uuid).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn set_secret(&self, name: &str, value: &str, now_ms: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO secrets (name, value, updated_at_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value, updated_at_ms = EXCLUDED.updated_at_ms",
+        )
+        .bind(name)
+        .bind(value)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn delete_secret(&self, name: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM secrets WHERE name = $1").bind(name).execute(&self.pool).await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn secret_names(&self) -> Result<Vec<(String, i64)>> {
+        let rows = sqlx::query(r#"SELECT name, updated_at_ms FROM secrets ORDER BY name COLLATE "C""#)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>> {
+        let rows = sqlx::query("SELECT name, value FROM secrets WHERE name = ANY($1)")
+            .bind(names)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn record_delivery(&self, delivery: &str, event: &str, now_ms: i64) -> Result<bool> {
+        let done = sqlx::query(
+            "INSERT INTO github_deliveries (delivery, event, received_at_ms) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        )
+        .bind(delivery)
+        .bind(event)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool> {
+        let sql = format!(
+            "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+             ON CONFLICT DO NOTHING"
+        );
+        let done = bind_github_job(sqlx::query(&sql), job)?.execute(&self.pool).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn put_github_job(&self, job: &GithubJobRecord) -> Result<()> {
+        // SQLite's INSERT OR REPLACE: the primary key is the only unique constraint here.
+        let sql = format!(
+            "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+             ON CONFLICT (id) DO UPDATE SET repository = EXCLUDED.repository, run_id = EXCLUDED.run_id, \
+             name = EXCLUDED.name, labels = EXCLUDED.labels, pool = EXCLUDED.pool, state = EXCLUDED.state, \
+             runner_job_id = EXCLUDED.runner_job_id, runner_name = EXCLUDED.runner_name, reason = EXCLUDED.reason, \
+             queued_at_ms = EXCLUDED.queued_at_ms, updated_at_ms = EXCLUDED.updated_at_ms"
+        );
+        bind_github_job(sqlx::query(&sql), job)?.execute(&self.pool).await?;
+        Ok(())
+    }
+
+    async fn get_github_job(&self, id: i64) -> Result<Option<GithubJobRecord>> {
+        let sql = format!("SELECT {GITHUB_JOB_COLUMNS} FROM github_jobs WHERE id = $1");
+        let row = sqlx::query(&sql).bind(id).fetch_optional(&self.pool).await?;
+        row.as_ref().map(github_job_from_row).transpose()
+    }
+
+    async fn github_jobs(&self, active_only: bool, limit: u32) -> Result<Vec<GithubJobRecord>> {
+        let filter = if active_only { "WHERE state IN ('queued', 'in_progress')" } else { "" };
+        let sql = format!(
+            "SELECT {GITHUB_JOB_COLUMNS} FROM github_jobs {filter} ORDER BY queued_at_ms DESC, id DESC LIMIT $1"
+        );
+        let rows = sqlx::query(&sql).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+        rows.iter().map(github_job_from_row).collect()
+    }
+
+    async fn put_runner(&self, r: &RunnerRecord) -> Result<()> {
+        // SQLite's INSERT OR REPLACE removes every row the new one conflicts with, on the name
+        // or on the unique job_id. Same here: drop a row holding this job under another name,
+        // then upsert by name, in one transaction.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM github_runners WHERE job_id = $1 AND name <> $2")
+            .bind(r.job_id)
+            .bind(&r.name)
+            .execute(&mut *tx)
+            .await?;
+        let sql = format!(
+            "INSERT INTO github_runners ({RUNNER_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT (name) DO UPDATE SET job_id = EXCLUDED.job_id, pool = EXCLUDED.pool, \
+             repository = EXCLUDED.repository, org = EXCLUDED.org, runner_id = EXCLUDED.runner_id, \
+             github_job_id = EXCLUDED.github_job_id, state = EXCLUDED.state, \
+             created_at_ms = EXCLUDED.created_at_ms, updated_at_ms = EXCLUDED.updated_at_ms"
+        );
+        sqlx::query(&sql)
+            .bind(&r.name)
+            .bind(r.job_id)
+            .bind(&r.pool)
+            .bind(&r.repository)
+            .bind(&r.org)
+            .bind(r.runner_id)
+            .bind(r.github_job_id)
+            .bind(&r.state)
+            .bind(r.created_at_ms)
+            .bind(r.updated_at_ms)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn get_runner(&self, name: &str) -> Result<Option<RunnerRecord>> {
+        let sql = format!("SELECT {RUNNER_COLUMNS} FROM github_runners WHERE name = $1");
+        let row = sqlx::query(&sql).bind(name).fetch_optional(&self.pool).await?;
+        Ok(row.as_ref().map(runner_from_row))
+    }
+
+    async fn runners(&self, active_only: bool) -> Result<Vec<RunnerRecord>> {
+        let filter = if active_only { "WHERE state NOT IN ('done', 'removed')" } else { "" };
+        let sql =
+            format!(r#"SELECT {RUNNER_COLUMNS} FROM github_runners {filter} ORDER BY created_at_ms, name COLLATE "C""#);
+        let rows = sqlx::query(&sql).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(runner_from_row).collect())
+    }
+
+    async fn put_approval(&self, a: &ApprovalRecord) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO github_approvals (repository, pr, head_sha, approved_by, approved_at_ms) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (repository, pr, head_sha) DO UPDATE SET \
+             approved_by = EXCLUDED.approved_by, approved_at_ms = EXCLUDED.approved_at_ms",
+        )
+        .bind(&a.repository)
+        .bind(a.pr)
+        .bind(&a.head_sha)
+        .bind(&a.approved_by)
+        .bind(a.approved_at_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_approval(&self, repository: &str, pr: i64, head_sha: &str) -> Result<Option<ApprovalRecord>> {
+        let row = sqlx::query(
+            "SELECT repository, pr, head_sha, approved_by, approved_at_ms FROM github_approvals \
+             WHERE repository = $1 AND pr = $2 AND head_sha = $3",
+        )
+        .bind(repository)
+        .bind(pr)
+        .bind(head_sha)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| ApprovalRecord {
+            repository: r.get(0),
+            pr: r.get(1),
+            head_sha: r.get(2),
+            approved_by: r.get(3),
+            approved_at_ms: r.get(4),
+        }))
+    }
+
+    async fn set_check_run(&self, job: JobId, check_run_id: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO github_checks (job_id, check_run_id) VALUES ($1, $2) \
+             ON CONFLICT (job_id) DO UPDATE SET check_run_id = EXCLUDED.check_run_id",
+        )
+        .bind(job)
+        .bind(check_run_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_check_run(&self, job: JobId) -> Result<Option<i64>> {
+        let row = sqlx::query("SELECT check_run_id FROM github_checks WHERE job_id = $1")
+            .bind(job)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.get(0)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redact_url_hides_only_the_password() {
+        assert_eq!(redact_url("postgres://gpuci:s3cr%40t@db:5432/gpuci"), "postgres://gpuci:***@db:5432/gpuci");
+        assert_eq!(redact_url("postgres://gpuci@db/gpuci"), "postgres://gpuci@db/gpuci");
+        assert_eq!(redact_url("postgres://db/gpuci?user=a"), "postgres://db/gpuci?user=a");
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}
