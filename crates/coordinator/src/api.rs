@@ -210,9 +210,7 @@ pub async fn ask<T>(
     st: &AppState,
     make: impl FnOnce(oneshot::Sender<Result<T, BrainError>>) -> Command,
 ) -> Result<T, BrainError> {
-    let (tx, rx) = oneshot::channel();
-    st.brain.send(make(tx)).await.map_err(|_| BrainError::ShuttingDown)?;
-    rx.await.map_err(|_| BrainError::ShuttingDown)?
+    crate::brain::ask(&st.brain, make).await
 }
 
 /// Requests under `/api/v1` (but registration and the agent channel, which carry their own

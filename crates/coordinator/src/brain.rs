@@ -103,6 +103,13 @@ pub const JIT_CONFIG_ENV: &str = "GPUCI_JITCONFIG";
 
 pub type Reply<T> = oneshot::Sender<Result<T, BrainError>>;
 
+/// Send the scheduler a command made with a reply channel and wait for the answer.
+pub async fn ask<T>(tx: &mpsc::Sender<Command>, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, BrainError> {
+    let (reply, rx) = oneshot::channel();
+    tx.send(make(reply)).await.map_err(|_| BrainError::ShuttingDown)?;
+    rx.await.map_err(|_| BrainError::ShuttingDown)?
+}
+
 /// A connection's outbound queue. Unbounded: the brain must never block on a slow agent; a
 /// dead connection is noticed by its reader and reported as `AgentDisconnected`.
 pub type AgentTx = mpsc::UnboundedSender<CoordinatorMessage>;

@@ -14,6 +14,7 @@
 
 mod postgres;
 mod records;
+mod rows;
 mod sqlite;
 
 pub use postgres::{redact_url, PostgresStore};

@@ -1,14 +1,16 @@
 //! The SQLite backend: one file in the data dir, WAL journal, `synchronous=FULL` so a commit
 //! has reached the disk before the call returns.
 
+use crate::rows::*;
 use crate::*;
 use async_trait::async_trait;
-use gpuci_protocol::agent::Stream;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous};
 use sqlx::{Row, Sqlite, SqlitePool};
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
+
+crate::rows::row_mappers!(SqliteRow);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -21,10 +23,6 @@ pub struct SqliteStore {
     pool: SqlitePool,
     read: SqlitePool,
 }
-
-const JOB_COLUMNS: &str =
-    "id, pipeline_id, step_json, env_json, state, reason, attempt, retry_of, agent_id, gpus_json, \
-     created_at_ms, assigned_at_ms, started_at_ms, finished_at_ms, exit_code, telemetry_json";
 
 impl SqliteStore {
     /// Open (creating if needed) the database file and run pending migrations.
@@ -58,82 +56,6 @@ impl SqliteStore {
     }
 }
 
-fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {e}"))
-}
-
-fn job_from_row(r: &SqliteRow) -> Result<JobRecord> {
-    let state: String = r.get("state");
-    let telemetry: Option<String> = r.get("telemetry_json");
-    Ok(JobRecord {
-        id: r.get("id"),
-        pipeline_id: r.get("pipeline_id"),
-        step: serde_json::from_str(r.get("step_json")).map_err(|e| corrupt("step_json", e))?,
-        env: serde_json::from_str(r.get("env_json")).map_err(|e| corrupt("env_json", e))?,
-        state: state.parse().map_err(|e| corrupt("state", e))?,
-        reason: r.get("reason"),
-        attempt: r.get::<i64, _>("attempt").try_into().unwrap_or(1),
-        retry_of: r.get("retry_of"),
-        agent_id: r.get("agent_id"),
-        gpus: serde_json::from_str(r.get("gpus_json")).map_err(|e| corrupt("gpus_json", e))?,
-        created_at_ms: r.get("created_at_ms"),
-        assigned_at_ms: r.get("assigned_at_ms"),
-        started_at_ms: r.get("started_at_ms"),
-        finished_at_ms: r.get("finished_at_ms"),
-        exit_code: r.get("exit_code"),
-        telemetry: telemetry.map(|t| serde_json::from_str(&t)).transpose().map_err(|e| corrupt("telemetry_json", e))?,
-    })
-}
-
-fn pipeline_from_row(r: &SqliteRow) -> PipelineRecord {
-    PipelineRecord {
-        id: r.get("id"),
-        file_name: r.get("file_name"),
-        source: r.get("source"),
-        workspace_upload: r.get("workspace_upload"),
-        repository: r.get("repository"),
-        origin: r.get("origin"),
-        created_at_ms: r.get("created_at_ms"),
-    }
-}
-
-fn github_job_from_row(r: &SqliteRow) -> Result<GithubJobRecord> {
-    let labels: String = r.get("labels");
-    Ok(GithubJobRecord {
-        id: r.get("id"),
-        repository: r.get("repository"),
-        run_id: r.get("run_id"),
-        name: r.get("name"),
-        labels: serde_json::from_str(&labels).map_err(|e| corrupt("github_jobs.labels", e))?,
-        pool: r.get("pool"),
-        state: r.get("state"),
-        runner_job_id: r.get("runner_job_id"),
-        runner_name: r.get("runner_name"),
-        reason: r.get("reason"),
-        queued_at_ms: r.get("queued_at_ms"),
-        updated_at_ms: r.get("updated_at_ms"),
-    })
-}
-
-fn runner_from_row(r: &SqliteRow) -> RunnerRecord {
-    RunnerRecord {
-        name: r.get("name"),
-        job_id: r.get("job_id"),
-        pool: r.get("pool"),
-        repository: r.get("repository"),
-        org: r.get("org"),
-        runner_id: r.get("runner_id"),
-        github_job_id: r.get("github_job_id"),
-        state: r.get("state"),
-        created_at_ms: r.get("created_at_ms"),
-        updated_at_ms: r.get("updated_at_ms"),
-    }
-}
-
-const GITHUB_JOB_COLUMNS: &str = "id, repository, run_id, name, labels, pool, state, runner_job_id, runner_name, reason, queued_at_ms, updated_at_ms";
-const RUNNER_COLUMNS: &str =
-    "name, job_id, pool, repository, org, runner_id, github_job_id, state, created_at_ms, updated_at_ms";
-
 fn bind_github_job<'q>(
     q: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
     j: &'q GithubJobRecord,
@@ -151,35 +73,6 @@ fn bind_github_job<'q>(
         .bind(&j.reason)
         .bind(j.queued_at_ms)
         .bind(j.updated_at_ms))
-}
-
-fn agent_from_row(r: &SqliteRow) -> AgentRecord {
-    AgentRecord {
-        id: r.get("id"),
-        name: r.get("name"),
-        credential_hash: r.get("credential_hash"),
-        registered_at_ms: r.get("registered_at_ms"),
-        last_seen_ms: r.get("last_seen_ms"),
-        state: r.get("state"),
-        reason: r.get("reason"),
-        hello_json: r.get("hello_json"),
-    }
-}
-
-fn stream_str(s: Stream) -> &'static str {
-    match s {
-        Stream::Stdout => "stdout",
-        Stream::Stderr => "stderr",
-        Stream::System => "system",
-    }
-}
-
-fn stream_parse(s: &str) -> Stream {
-    match s {
-        "stderr" => Stream::Stderr,
-        "system" => Stream::System,
-        _ => Stream::Stdout,
-    }
 }
 
 async fn insert_job_in(conn: &mut sqlx::SqliteConnection, pipeline_id: PipelineId, j: &NewJob) -> Result<JobId> {
@@ -390,22 +283,18 @@ impl Store for SqliteStore {
     }
 
     async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>> {
-        let row = sqlx::query(
-            "SELECT id, file_name, source, workspace_upload, repository, origin, created_at_ms FROM pipelines WHERE id = ?",
-        )
-        .bind(id)
-        .fetch_optional(&self.read)
-        .await?;
+        let row = sqlx::query(&format!("SELECT {PIPELINE_COLUMNS} FROM pipelines WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.read)
+            .await?;
         Ok(row.as_ref().map(pipeline_from_row))
     }
 
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
-        let rows = sqlx::query(
-            "SELECT id, file_name, source, workspace_upload, repository, origin, created_at_ms FROM pipelines ORDER BY id DESC LIMIT ?",
-        )
-        .bind(i64::from(limit))
-        .fetch_all(&self.read)
-        .await?;
+        let rows = sqlx::query(&format!("SELECT {PIPELINE_COLUMNS} FROM pipelines ORDER BY id DESC LIMIT ?"))
+            .bind(i64::from(limit))
+            .fetch_all(&self.read)
+            .await?;
         Ok(rows.iter().map(pipeline_from_row).collect())
     }
 

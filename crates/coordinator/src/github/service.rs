@@ -32,7 +32,7 @@ use gpuci_store::{ApprovalRecord, GithubJobRecord, PipelineRecord, Store};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// What the webhook handler needs.
@@ -159,13 +159,8 @@ impl Service {
 
     // ---- the scheduler ----
 
-    async fn ask<T>(
-        &self,
-        make: impl FnOnce(oneshot::Sender<Result<T, BrainError>>) -> Command,
-    ) -> Result<T, BrainError> {
-        let (tx, rx) = oneshot::channel();
-        self.brain.send(make(tx)).await.map_err(|_| BrainError::ShuttingDown)?;
-        rx.await.map_err(|_| BrainError::ShuttingDown)?
+    async fn ask<T>(&self, make: impl FnOnce(brain::Reply<T>) -> Command) -> Result<T, BrainError> {
+        brain::ask(&self.brain, make).await
     }
 
     async fn cancel_job(&self, job: JobId, reason: String) {
