@@ -146,7 +146,8 @@ fn an_agent_killed_with_sigkill_has_its_job_end_lost_with_the_reason() {
     assert_eq!(a.state, JobState::Lost);
     assert!(a.reason.contains("agent doomed stopped sending heartbeats"), "{}", a.reason);
     // The step with `retry: on: [lost]` is queued again as a new attempt.
-    let b = api.job(p.jobs[1].id);
+    // The reaper ends the agent's jobs one after the other: wait for this one too.
+    let b = api.wait_job(p.jobs[1].id, "lost", T, |j| j.state.is_terminal());
     assert_eq!(b.state, JobState::Lost);
     assert!(b.reason.contains("retrying (attempt 2 of 2)"), "{}", b.reason);
     let again = api.pipeline(p.id).jobs.into_iter().find(|j| j.step_key == "b" && j.attempt == 2).expect("retry job");
