@@ -1,8 +1,8 @@
 //! gpuci-core: the rules of the product as pure functions over plain data.
 //!
 //! What lives here: the pipeline format (`.gpuci.yml`) and its validation, durations and
-//! quantities, the job state machine, GPU facts and requirements, and placement (which job
-//! goes to which host and which GPU UUIDs).
+//! quantities, the job state machine, job output as text (escaping, secret masking), GPU
+//! facts and requirements, and placement (which job goes to which host and which GPU UUIDs).
 //!
 //! What must not live here: I/O of any kind (files, sockets, clocks, environment), an async
 //! runtime, logging side effects. Callers hand in the current time and the observed state;
@@ -15,5 +15,6 @@ pub mod mask;
 pub mod pipeline;
 pub mod placement;
 pub mod quantity;
+pub mod text;
 
 pub use duration::Duration;
