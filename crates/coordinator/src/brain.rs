@@ -202,6 +202,8 @@ struct AgentState {
 
 pub struct Brain {
     store: Arc<dyn Store>,
+    /// Opens the sealed secret values the store hands back.
+    secrets_key: Arc<gpuci_store::SecretsKey>,
     hub: Arc<Hub>,
     timing: Timing,
     agents: BTreeMap<String, AgentState>,
@@ -226,9 +228,15 @@ pub struct Brain {
 impl Brain {
     /// Load live state from the store. Agents start disconnected; they have `lost_after` from
     /// now to come back before their jobs are declared lost.
-    pub async fn load(store: Arc<dyn Store>, hub: Arc<Hub>, timing: Timing) -> Result<Brain, StoreError> {
+    pub async fn load(
+        store: Arc<dyn Store>,
+        hub: Arc<Hub>,
+        timing: Timing,
+        secrets_key: Arc<gpuci_store::SecretsKey>,
+    ) -> Result<Brain, StoreError> {
         let mut brain = Brain {
             store,
+            secrets_key,
             hub,
             timing,
             agents: BTreeMap::new(),
@@ -1051,10 +1059,22 @@ impl Brain {
             let secrets = if j.step.secrets.is_empty() {
                 BTreeMap::new()
             } else {
-                match self.store.secret_values(&j.step.secrets).await {
-                    Ok(v) => v,
+                let opened = match self.store.secret_values(&j.step.secrets).await {
+                    Ok(v) => v
+                        .into_iter()
+                        .map(|(name, sealed)| self.secrets_key.open(&name, &sealed).map(|v| (name, v)))
+                        .collect::<Result<BTreeMap<_, _>, _>>(),
                     Err(e) => {
                         tracing::error!(job = j.id, error = %e, "could not read secrets");
+                        continue;
+                    }
+                };
+                match opened {
+                    Ok(v) => v,
+                    Err(e) => {
+                        // Start-up checked every row's key; a row written since by a
+                        // coordinator with another key lands here. The job waits, saying why.
+                        self.set_reason(&j, format!("waiting: {e}")).await;
                         continue;
                     }
                 }

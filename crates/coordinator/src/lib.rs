@@ -10,11 +10,13 @@ pub mod auth;
 pub mod brain;
 mod channel;
 mod convert;
+pub mod datadir;
 pub mod github;
 pub mod hub;
 pub mod origin;
 pub mod secrets;
 pub mod uploads;
+pub mod vault;
 
 use anyhow::Context;
 use auth::Secret;
@@ -55,7 +57,7 @@ impl std::fmt::Debug for Database {
 #[derive(Clone, Debug)]
 pub struct Config {
     pub listen: SocketAddr,
-    /// Holds tokens (mode 0600) and, by default, the database.
+    /// Holds tokens, the secrets key and, by default, the database: 0700, files 0600.
     pub data_dir: PathBuf,
     pub database: Database,
     pub timing: Timing,
@@ -63,9 +65,36 @@ pub struct Config {
     pub upload_retention: std::time::Duration,
     /// The `[github]` section of the config file, with its secrets read.
     pub github: Option<Arc<github::GithubConfig>>,
+    /// The key secret values are sealed with; default `<data-dir>/secrets.key`.
+    pub secrets_key_file: Option<PathBuf>,
+    /// Files read at start that hold credentials (the config file, the GitHub App key, the
+    /// webhook secret): hidden from jobs of an agent in the same process.
+    pub credential_files: Vec<PathBuf>,
 }
 
 impl Config {
+    pub fn secrets_key_source(&self) -> vault::KeySource {
+        match (&self.database, &self.secrets_key_file) {
+            (_, Some(p)) => vault::KeySource::File(p.clone()),
+            (Database::Memory, None) => vault::KeySource::Ephemeral,
+            _ => vault::KeySource::File(self.data_dir.join("secrets.key")),
+        }
+    }
+
+    /// Every path on this host that holds this coordinator's credentials or state: what a
+    /// job on the same host must never see (an agent in the same process hides them all).
+    pub fn private_paths(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.data_dir.clone()];
+        if let Database::Sqlite(db) = &self.database {
+            paths.push(db.clone());
+        }
+        if let vault::KeySource::File(k) = self.secrets_key_source() {
+            paths.push(k);
+        }
+        paths.extend(self.credential_files.iter().cloned());
+        paths
+    }
+
     pub fn new(listen: SocketAddr, data_dir: PathBuf) -> Self {
         let database = Database::Sqlite(data_dir.join("gpuci.db"));
         Config {
@@ -75,6 +104,8 @@ impl Config {
             timing: Timing::default(),
             upload_retention: DEFAULT_UPLOAD_RETENTION,
             github: None,
+            secrets_key_file: None,
+            credential_files: Vec::new(),
         }
     }
 }
@@ -86,6 +117,8 @@ pub struct AppState {
     pub hub: Arc<hub::Hub>,
     pub api_token: Secret,
     pub registration_token: Secret,
+    /// Seals secret values before they are stored ([`vault`]).
+    pub secrets_key: Arc<gpuci_store::SecretsKey>,
     pub conn_seq: Arc<AtomicU64>,
     pub shutdown: CancellationToken,
     /// Workspace uploads: `<data-dir>/uploads`.
@@ -93,6 +126,7 @@ pub struct AppState {
     /// Set when GitHub is configured: what the webhook endpoint needs.
     pub github: Option<github::Handle>,
 }
+
 
 pub const DEFAULT_UPLOAD_RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
 
@@ -179,8 +213,15 @@ async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
 /// Open the store, load state, bind the listener and start serving. Returns once the server
 /// accepts connections.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating data dir {}", config.data_dir.display()))?;
+    datadir::prepare(&config.data_dir)?;
+    if let Database::Sqlite(db) = &config.database {
+        // The default lies in the data dir (already done); a database elsewhere gets the same.
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = db.clone().into_os_string();
+            p.push(suffix);
+            datadir::restrict(std::path::Path::new(&p))?;
+        }
+    }
     let api_token = auth::load_or_create(&config.data_dir.join("api-token"), "gpuci_api").context("API token file")?;
     let registration_token = auth::load_or_create(&config.data_dir.join("registration-token"), "gpuci_reg")
         .context("registration token file")?;
@@ -195,9 +236,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         ),
         Database::Memory => Arc::new(SqliteStore::in_memory().await?),
     };
+    let secrets_key = Arc::new(vault::unlock(store.as_ref(), &config.secrets_key_source()).await?);
     let hub = Arc::new(hub::Hub::new());
-    let mut brain =
-        brain::Brain::load(store.clone(), hub.clone(), config.timing.clone()).await.context("loading state")?;
+    let mut brain = brain::Brain::load(store.clone(), hub.clone(), config.timing.clone(), secrets_key.clone())
+        .await
+        .context("loading state")?;
     let (tx, rx) = mpsc::channel(4096);
     let uploads = uploads::Uploads::new(config.data_dir.join("uploads"));
     let listener =
@@ -229,6 +272,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         hub,
         api_token: api_token.clone(),
         registration_token: registration_token.clone(),
+        secrets_key,
         conn_seq: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
         uploads,

@@ -1,6 +1,7 @@
 //! `/api/v1/secrets`: set, list (names only) and delete the secrets steps ask for by name.
 //! Values go in and never come out through the API; jobs get them as environment variables
-//! and their output is masked.
+//! and their output is masked. Values are stored sealed under the coordinator's secrets key
+//! ([`crate::vault`]).
 
 use crate::api::ApiError;
 use crate::AppState;
@@ -53,7 +54,8 @@ pub async fn set_secret(
     if b.value.is_empty() {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "secret value must not be empty"));
     }
-    st.store.set_secret(&name, &b.value, crate::brain::now_ms()).await?;
+    // Sealed here, before the store sees it: the database never holds a value it could reveal.
+    st.store.set_secret(&name, &st.secrets_key.seal(&name, &b.value), crate::brain::now_ms()).await?;
     tracing::info!(secret = %name, "secret set");
     Ok(StatusCode::NO_CONTENT)
 }

@@ -11,14 +11,19 @@
 //! it. State transitions are compare-and-set on the expected current state, so a stale writer
 //! cannot move a job backwards. This crate makes no decisions: it stores what the coordinator
 //! decided.
+//!
+//! Secret values are stored sealed (ChaCha20-Poly1305, see `sealing.rs`) under a key the
+//! database never holds; the coordinator keeps the key, seals and opens.
 
 mod postgres;
 mod records;
 mod rows;
+mod sealing;
 mod sqlite;
 
 pub use postgres::{redact_url, PostgresStore};
 pub use records::*;
+pub use sealing::{seal_plaintext_secrets, sealed_with, SealError, SecretsAtRest, SecretsKey, KEY_LEN};
 pub use sqlite::SqliteStore;
 
 use async_trait::async_trait;
@@ -89,6 +94,8 @@ pub trait Store: Send + Sync + 'static {
 
     async fn append_logs(&self, job: JobId, lines: &[LogChunk]) -> Result<Vec<LogLine>>;
     async fn read_logs(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<LogLine>>;
+    /// Size of a job's stored log: bytes of text plus one per line (its newline).
+    async fn log_size(&self, job: JobId) -> Result<u64>;
 
     async fn insert_agent(&self, agent: &AgentRecord) -> Result<()>;
     async fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>>;
@@ -101,12 +108,17 @@ pub trait Store: Send + Sync + 'static {
     /// Return a quarantined GPU to service. False if it was not quarantined.
     async fn release_quarantine(&self, gpu_uuid: &str) -> Result<bool>;
 
+    /// Secret values are stored as given: the coordinator hands in sealed text (see
+    /// [`SecretsKey::seal`]) and opens what [`Store::secret_values`] returns.
     async fn set_secret(&self, name: &str, value: &str, now_ms: i64) -> Result<()>;
     /// False if there was no such secret.
     async fn delete_secret(&self, name: &str) -> Result<bool>;
     /// Names and update times; never values.
     async fn secret_names(&self) -> Result<Vec<(String, i64)>>;
-    /// Values of the named secrets that exist.
+    /// Rewrite storage so content that was replaced or deleted leaves no copy in the
+    /// database's files (after plain-text secrets were sealed).
+    async fn purge_freed_space(&self) -> Result<()>;
+    /// Stored values (sealed text) of the named secrets that exist.
     async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>>;
 
     // GitHub integration.

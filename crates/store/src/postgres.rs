@@ -397,6 +397,16 @@ impl Store for PostgresStore {
             .collect())
     }
 
+    async fn log_size(&self, job: JobId) -> Result<u64> {
+        let n: i64 =
+            sqlx::query("SELECT COALESCE(SUM(octet_length(text) + 1), 0)::BIGINT FROM job_logs WHERE job_id = $1")
+                .bind(job)
+                .fetch_one(&self.pool)
+                .await?
+                .get(0);
+        Ok(n.max(0) as u64)
+    }
+
     async fn insert_agent(&self, a: &AgentRecord) -> Result<()> {
         sqlx::query(
             "INSERT INTO agents (id, name, credential_hash, registered_at_ms, last_seen_ms, state, reason, hello_json) \
@@ -502,6 +512,13 @@ impl Store for PostgresStore {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn purge_freed_space(&self) -> Result<()> {
+        // Rewrites the table, so replaced row versions are gone from its files. Postgres' own
+        // WAL segments and base backups keep them until they are recycled.
+        sqlx::query("VACUUM FULL secrets").execute(&self.pool).await?;
+        Ok(())
     }
 
     async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>> {

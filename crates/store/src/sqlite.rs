@@ -26,13 +26,20 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Open (creating if needed) the database file and run pending migrations.
+    ///
+    /// A new file is created here with mode 0600 before SQLite opens it: SQLite creates the
+    /// `-wal` and `-shm` files with the main file's mode, so all three stay private whatever
+    /// the umask. `secure_delete` zeroes what a write frees, so a replaced value (a secret
+    /// sealed after being stored in plain text) leaves no copy in free pages.
     pub async fn open(path: &Path) -> Result<Self> {
+        create_private(path).map_err(|e| StoreError::Db(sqlx::Error::Io(e)))?;
         let opts = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
+            .pragma("secure_delete", "ON")
             .busy_timeout(Duration::from_secs(10));
         let pool = SqlitePoolOptions::new().max_connections(1).connect_with(opts.clone()).await?;
         MIGRATOR.run(&pool).await?;
@@ -53,6 +60,17 @@ impl SqliteStore {
         let row =
             sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?")).bind(id).fetch_optional(exec).await?;
         row.map(|r| job_from_row(&r)).transpose()
+    }
+}
+
+/// Create `path` empty with mode 0600 unless it exists (set explicitly: the umask only ever
+/// removes bits, and a umask of 0277 would leave a file SQLite cannot write).
+fn create_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(f) => f.set_permissions(std::fs::Permissions::from_mode(0o600)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -347,6 +365,16 @@ impl Store for SqliteStore {
             .collect())
     }
 
+    async fn log_size(&self, job: JobId) -> Result<u64> {
+        let n: i64 =
+            sqlx::query("SELECT COALESCE(SUM(LENGTH(CAST(text AS BLOB)) + 1), 0) FROM job_logs WHERE job_id = ?")
+                .bind(job)
+                .fetch_one(&self.read)
+                .await?
+                .get(0);
+        Ok(n.max(0) as u64)
+    }
+
     async fn insert_agent(&self, a: &AgentRecord) -> Result<()> {
         sqlx::query(
             "INSERT INTO agents (id, name, credential_hash, registered_at_ms, last_seen_ms, state, reason, hello_json) \
@@ -444,6 +472,14 @@ impl Store for SqliteStore {
     async fn secret_names(&self) -> Result<Vec<(String, i64)>> {
         let rows = sqlx::query("SELECT name, updated_at_ms FROM secrets ORDER BY name").fetch_all(&self.read).await?;
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn purge_freed_space(&self) -> Result<()> {
+        // VACUUM rewrites the file without free pages; the checkpoint then empties the WAL,
+        // which still holds the pages as they were before.
+        sqlx::query("VACUUM").execute(&self.pool).await?;
+        sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.pool).await?;
+        Ok(())
     }
 
     async fn record_delivery(&self, delivery: &str, event: &str, now_ms: i64) -> Result<bool> {

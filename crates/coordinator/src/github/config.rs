@@ -398,6 +398,15 @@ fn read_secret(what: &str, file: Option<&Path>, env: Option<&str>) -> Result<Sec
 }
 
 impl GithubFile {
+    /// The files this section reads credentials from (App key, webhook secret, token).
+    pub fn secret_files(&self) -> Vec<&Path> {
+        [&self.webhook_secret_file, &self.private_key_file, &self.token_file]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
+            .collect()
+    }
+
     /// Read the secrets it names and resolve the pools.
     pub fn resolve(&self) -> Result<GithubConfig, ConfigError> {
         let webhook_secret =
