@@ -2,8 +2,14 @@
 //!
 //! Kept in one small module so it can be audited on its own. The closure may only make
 //! async-signal-safe calls (the parent may be multi-threaded, so after `fork` the child holds a
-//! copy of locks other threads held): `setsid(2)`, `write(2)` and `fcntl(2)` on file descriptors
-//! the parent opened beforehand. No allocation, no locking, no formatting.
+//! copy of locks other threads held): `setsid(2)`, `write(2)`, `fcntl(2)`, `setns(2)`,
+//! `setgroups(2)`, `setresgid(2)` and `setresuid(2)`, on file descriptors the parent opened
+//! beforehand. No allocation, no locking, no formatting.
+//!
+//! Order matters, and is the privilege model in miniature: everything that needs root
+//! (entering the job's cgroups, joining the slot's network namespace) happens first; then the
+//! child drops every group, its gid and its uid — real, effective and saved, so there is no way
+//! back — and only then execs bwrap, which runs as the job's unprivileged uid.
 
 #![allow(unsafe_code)]
 
@@ -19,14 +25,20 @@ pub(crate) struct ChildSetup {
     /// Descriptors the exec'd program must inherit (the bwrap `--args` memfd). They are O_CLOEXEC
     /// in the parent so concurrently spawned children never see them; only this child clears it.
     pub inherit: Vec<RawFd>,
+    /// A network namespace to join (the slot's), as root, before dropping privileges.
+    pub netns: Option<RawFd>,
+    /// The unprivileged (uid, gid) the job runs as; `None`: the agent's own.
+    pub user: Option<(u32, u32)>,
 }
 
 pub(crate) fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
-    let ChildSetup { cgroup_procs, inherit } = setup;
-    // SAFETY: the closure runs in the forked child before exec. It only calls setsid, write and
-    // fcntl(F_SETFD), which are async-signal-safe (POSIX.1-2008 §2.4.3), on descriptors that
-    // the parent keeps open until `spawn` returns. It does not allocate (the Vecs were built in
-    // the parent and are only iterated) and `io::Error::last_os_error` just reads errno.
+    let ChildSetup { cgroup_procs, inherit, netns, user } = setup;
+    // SAFETY: the closure runs in the forked child before exec. It only calls setsid, write,
+    // fcntl(F_SETFD), setns, setgroups, setresgid and setresuid — plain system calls, safe after
+    // fork (POSIX.1-2008 §2.4.3 lists the first three; the others take no locks in libc) — on
+    // descriptors that the parent keeps open until `spawn` returns. It does not allocate (the
+    // Vecs were built in the parent and are only iterated) and `io::Error::last_os_error` just
+    // reads errno.
     unsafe {
         cmd.pre_exec(move || {
             // Own session and process group: the job never shares the agent's terminal or
@@ -42,6 +54,58 @@ pub(crate) fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
             }
             for &fd in &inherit {
                 if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(fd) = netns {
+                if libc::setns(fd, libc::CLONE_NEWNET) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some((uid, gid)) = user {
+                // Groups first (needs CAP_SETGID), then gid, then uid (after which nothing
+                // privileged is possible any more). Each must succeed: a half-dropped child
+                // must never exec the job.
+                if libc::setgroups(0, std::ptr::null()) == -1
+                    || libc::setresgid(gid, gid, gid) == -1
+                    || libc::setresuid(uid, uid, uid) == -1
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Pre-exec for a slot network's holder: become `uid`/`gid`, then create a user and a network
+/// namespace and map root inside to `uid`/`gid` outside. The map lines are built by the caller
+/// (no formatting after fork); the proc paths are static.
+pub(crate) fn install_namespace_holder(cmd: &mut std::process::Command, uid: u32, gid: u32, uid_map: Vec<u8>, gid_map: Vec<u8>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the forked child before exec; only setgroups, setresgid, setresuid,
+    // unshare, open, write and close, all plain system calls on memory prepared by the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(0, std::ptr::null()) == -1
+                || libc::setresgid(gid, gid, gid) == -1
+                || libc::setresuid(uid, uid, uid) == -1
+                || libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) == -1
+            {
+                return Err(io::Error::last_os_error());
+            }
+            for (path, data) in [
+                (c"/proc/self/setgroups", &b"deny"[..]),
+                (c"/proc/self/uid_map", &uid_map[..]),
+                (c"/proc/self/gid_map", &gid_map[..]),
+            ] {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd == -1 {
+                    return Err(io::Error::last_os_error());
+                }
+                let n = libc::write(fd, data.as_ptr().cast(), data.len());
+                libc::close(fd);
+                if n != data.len() as isize {
                     return Err(io::Error::last_os_error());
                 }
             }

@@ -92,8 +92,15 @@ pub fn run_argv(
     let label = format!("gpuci.job-id={}", spec.job_id);
     push(&["--name", &name, "--label", &label, "--init", "--pull=missing"]);
     push(&["--cap-drop=ALL", "--security-opt=no-new-privileges", "--ipc=private"]);
-    if !spec.network {
-        push(&["--network=none"]);
+    match spec.network {
+        crate::Network::None => push(&["--network=none"]),
+        // The engine's own network namespace per container (it cannot join a slot's).
+        crate::Network::Namespace(_) => {}
+        crate::Network::Host => push(&["--network=host"]),
+    }
+    if let Some(u) = spec.user {
+        // The job's process is the job user in the container too, never root.
+        push(&[&format!("--user={}:{}", u.uid, u.gid)]);
     }
     if let Some(mem) = spec.resources.memory {
         // memory-swap equal to memory: no swap.
@@ -156,7 +163,7 @@ mod tests {
         let rt = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
         let mut s = spec();
         s.gpu_devices.clear();
-        s.network = true;
+        s.network = crate::Network::Namespace(std::sync::Arc::new(std::fs::File::open("/dev/null").unwrap().into()));
         let argv = run_argv(&rt, "python:3.12", &s, Path::new("/x.env")).expect("argv");
         assert!(!argv.iter().any(|a| a.starts_with("--device") || a.starts_with("--network")), "{argv:?}");
     }

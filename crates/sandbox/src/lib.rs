@@ -77,8 +77,10 @@ mod child;
 mod error;
 mod etcview;
 mod plan;
+mod netns;
 mod procscan;
 mod sandbox;
+mod seccomp;
 
 pub mod container;
 
@@ -86,12 +88,16 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::os::fd::OwnedFd;
 use std::process::Command;
+use std::sync::Arc;
 
 pub use error::SandboxError;
 pub use gpuci_core::pipeline::Resources;
 pub use procscan::MARKER as JOB_ID_ENV;
+pub use netns::{NetworkError, SlotNetwork};
 pub use sandbox::{ExitInfo, Sandbox};
+pub use seccomp::SeccompError;
 
 /// Which cgroup version the host offers for job limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,6 +193,20 @@ fn is_executable(p: &Path) -> bool {
     fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
+/// Makes `user` the owner of `path` and everything under it, never following a symlink (a
+/// job's files are the job's; the agent, as root, must not be led out of the tree). Called on
+/// a workspace after it was filled and before the job starts.
+pub fn give_to(path: &Path, user: JobUser) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid))?;
+    let meta = fs::symlink_metadata(path)?;
+    if meta.is_dir() {
+        for entry in fs::read_dir(path)? {
+            give_to(&entry?.path(), user)?;
+        }
+    }
+    Ok(())
+}
+
 /// What [`sweep`] found and removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SweepReport {
@@ -236,6 +256,26 @@ pub enum Isolation {
     None,
 }
 
+/// The job's network.
+#[derive(Clone, Debug, Default)]
+pub enum Network {
+    /// Its own network namespace with only a loopback: nothing reachable, not even the host.
+    #[default]
+    None,
+    /// Join this network namespace (a slot's, see [`SlotNetwork`]) before dropping privileges.
+    /// It is owned by a user namespace the job is not in, so the job holds no capability in it.
+    Namespace(Arc<OwnedFd>),
+    /// The host's network namespace: host loopback services, abstract sockets, everything.
+    Host,
+}
+
+/// An unprivileged host uid and gid for a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobUser {
+    pub uid: u32,
+    pub gid: u32,
+}
+
 /// Whether to put the job in cgroups.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CgroupUse {
@@ -260,8 +300,13 @@ pub struct SandboxSpec {
     /// The job's entire environment: nothing is inherited from the agent.
     pub env: BTreeMap<String, String>,
     pub isolation: Isolation,
-    /// false: own network namespace with only a down loopback.
-    pub network: bool,
+    pub network: Network,
+    /// The unprivileged uid/gid the job runs as (the agent must be root to switch to it).
+    /// `None`: the agent's own uid — only for an agent that is not root itself.
+    pub user: Option<JobUser>,
+    /// Size of each of the job's scratch tmpfs mounts (`/tmp`, `/var/tmp`, `/dev/shm`); `None`:
+    /// the kernel's default, half the host's memory. Their pages count against the memory limit.
+    pub scratch_size: Option<u64>,
     /// The leased `/dev/nvidiaN` nodes: the only GPU nodes visible, at `/dev/<basename>`.
     pub gpu_devices: Vec<PathBuf>,
     /// `/dev/nvidiactl`, `/dev/nvidia-uvm`, ... where present; visible only with a GPU leased.
@@ -292,7 +337,9 @@ impl SandboxSpec {
             argv,
             env: BTreeMap::new(),
             isolation: Isolation::Bubblewrap,
-            network: false,
+            network: Network::None,
+            user: None,
+            scratch_size: None,
             gpu_devices: Vec::new(),
             gpu_common_devices: Vec::new(),
             hide_paths: Vec::new(),

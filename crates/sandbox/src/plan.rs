@@ -132,12 +132,23 @@ pub(crate) struct EtcPlan<'a> {
     pub(crate) binds: &'a [PathBuf],
 }
 
+/// Descriptors the spawner prepared (memfds) that bwrap reads.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FdArgs {
+    /// Seccomp programs, one `--add-seccomp-fd` each.
+    pub(crate) seccomp: Vec<i32>,
+    /// `/etc/passwd` and `/etc/group` with the job user's entry added.
+    pub(crate) passwd: Option<i32>,
+    pub(crate) group: Option<i32>,
+}
+
 /// bwrap's arguments (everything before `--`), the job's environment included.
 pub(crate) fn bwrap_args(
     spec: &SandboxSpec,
     env: &BTreeMap<String, String>,
     host: &dyn HostFs,
     etc_view: Option<EtcPlan<'_>>,
+    fds: &FdArgs,
 ) -> Result<Vec<OsString>, SandboxError> {
     let invalid = |reason: String| SandboxError::InvalidSpec { job_id: spec.job_id.clone(), reason };
     let ws = &spec.workspace;
@@ -198,6 +209,13 @@ pub(crate) fn bwrap_args(
             push(&mut a, &[&"--tmpfs", &p]);
         }
     }
+    // The job user's own passwd/group entries (tools look their uid up: ssh, Node's
+    // os.userInfo(), "I have no name!" prompts), over the host's copies.
+    for (fd, dest) in [(fds.passwd, "/etc/passwd"), (fds.group, "/etc/group")] {
+        if let Some(fd) = fd {
+            push(&mut a, &[&"--perms", &"0644", &"--ro-bind-data", &fd.to_string(), &dest]);
+        }
+    }
     // 3. sysfs: CPU topology always; the PCI tree NVML and CUDA read only with a GPU.
     let mut sys: Vec<PathBuf> = SYS_ALWAYS.iter().map(PathBuf::from).collect();
     if !spec.gpu_devices.is_empty() {
@@ -212,9 +230,14 @@ pub(crate) fn bwrap_args(
         push(&mut a, &[&"--ro-bind", &p, &p]);
         ro_sources.push(p);
     }
-    // 4. Fresh kernel and scratch file systems.
-    push(&mut a, &[&"--proc", &"/proc", &"--dev", &"/dev", &"--tmpfs", &"/dev/shm"]);
-    push(&mut a, &[&"--tmpfs", &"/tmp", &"--tmpfs", &"/var/tmp"]);
+    // 4. Fresh kernel and scratch file systems, sized when the spec says so.
+    push(&mut a, &[&"--proc", &"/proc", &"--dev", &"/dev"]);
+    for scratch in ["/dev/shm", "/tmp", "/var/tmp"] {
+        if let Some(size) = spec.scratch_size {
+            push(&mut a, &[&"--size", &size.to_string()]);
+        }
+        push(&mut a, &[&"--tmpfs", &scratch]);
+    }
 
     // 5. Hide paths that lie inside a read-only source: cover them.
     let cover = |a: &mut Vec<OsString>, h: &Path| match host.kind(h) {
@@ -279,9 +302,19 @@ pub(crate) fn bwrap_args(
         push(&mut a, &[&"--dev-bind", dev, &dest]);
     }
     // 9. Namespaces and process attributes.
+    if spec.user.is_some() {
+        // bwrap runs as the job's uid (dropped to by the spawner): it needs its own user
+        // namespace, which maps that uid to itself and nothing else.
+        push(&mut a, &[&"--unshare-user"]);
+    }
     push(&mut a, &[&"--unshare-pid", &"--unshare-ipc", &"--unshare-uts", &"--unshare-cgroup-try"]);
-    if !spec.network {
-        push(&mut a, &[&"--unshare-net"]);
+    match spec.network {
+        // A slot's namespace was joined before bwrap started; the host's is kept.
+        crate::Network::Namespace(_) | crate::Network::Host => {}
+        crate::Network::None => push(&mut a, &[&"--unshare-net"]),
+    }
+    for fd in &fds.seccomp {
+        push(&mut a, &[&"--add-seccomp-fd", &fd.to_string()]);
     }
     push(&mut a, &[&"--hostname", &"gpuci", &"--die-with-parent", &"--new-session"]);
     // bwrap started by root keeps every capability in the sandbox unless told otherwise.
@@ -349,7 +382,9 @@ mod tests {
             argv: vec!["true".into()],
             env: BTreeMap::new(),
             isolation: crate::Isolation::Bubblewrap,
-            network: false,
+            network: crate::Network::None,
+            user: None,
+            scratch_size: None,
             gpu_devices: vec!["/dev/nvidia1".into()],
             gpu_common_devices: vec!["/dev/nvidiactl".into(), "/dev/nvidia-uvm".into()],
             hide_paths: vec!["/opt/gpuci".into(), "/var/lib/gpuci".into()],
@@ -374,16 +409,16 @@ mod tests {
             source: "/opt/actions-runner".into(),
             dest: "/var/lib/gpuci/work/j1/runner".into(),
         });
-        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &fs, None).expect("plan"));
+        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &fs, None, &FdArgs::default()).expect("plan"));
         assert!(s.contains("--ro-bind /opt/actions-runner/bin /var/lib/gpuci/work/j1/runner/bin"), "{s}");
         assert!(s.contains("--ro-bind /opt/actions-runner/run.sh /var/lib/gpuci/work/j1/runner/run.sh"), "{s}");
         // After the workspace bind, or the workspace would cover them.
         assert!(s.find("--bind /var/lib/gpuci/work/j1 ").unwrap() < s.find("runner/bin").unwrap());
 
         sp.tool_views[0].dest = "/elsewhere".into();
-        assert!(bwrap_args(&sp, &BTreeMap::new(), &fs, None).is_err(), "destination outside the workspace");
+        assert!(bwrap_args(&sp, &BTreeMap::new(), &fs, None, &FdArgs::default()).is_err(), "destination outside the workspace");
         sp.tool_views[0] = crate::ToolView { source: "/opt/missing".into(), dest: "/var/lib/gpuci/work/j1/r".into() };
-        let e = bwrap_args(&sp, &BTreeMap::new(), &fs, None).expect_err("missing source");
+        let e = bwrap_args(&sp, &BTreeMap::new(), &fs, None, &FdArgs::default()).expect_err("missing source");
         assert!(e.to_string().contains("does not exist"), "{e}");
     }
 
@@ -395,7 +430,7 @@ mod tests {
     fn plan_binds_only_allowed_paths_in_order() {
         let mut env = BTreeMap::new();
         env.insert("GPUCI_SANDBOX_ID".to_string(), "j1".to_string());
-        let s = render(&bwrap_args(&spec(), &env, &host(), None).expect("plan"));
+        let s = render(&bwrap_args(&spec(), &env, &host(), None, &FdArgs::default()).expect("plan"));
         assert_eq!(
             s,
             "--ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib64 /lib64 --ro-bind /opt /opt \
@@ -414,10 +449,27 @@ mod tests {
     }
 
     #[test]
+    fn job_user_gets_a_user_namespace_seccomp_and_sized_scratch() {
+        let mut sp = spec();
+        sp.user = Some(crate::JobUser { uid: 1500000001, gid: 1500000001 });
+        sp.scratch_size = Some(1 << 30);
+        let fds = FdArgs { seccomp: vec![7, 8], passwd: Some(9), group: None };
+        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host(), None, &fds).expect("plan"));
+        assert!(s.contains("--unshare-user --unshare-pid"), "{s}");
+        assert!(s.contains("--add-seccomp-fd 7 --add-seccomp-fd 8"), "{s}");
+        assert!(s.contains("--perms 0644 --ro-bind-data 9 /etc/passwd"), "{s}");
+        for t in ["/dev/shm", "/tmp", "/var/tmp"] {
+            assert!(s.contains(&format!("--size 1073741824 --tmpfs {t} ")), "{t}: {s}");
+        }
+        // The passwd entry goes over the /etc binds, not under them.
+        assert!(s.find("--ro-bind /etc/passwd").unwrap() < s.find("--ro-bind-data 9").unwrap());
+    }
+
+    #[test]
     fn hide_path_covering_a_system_dir_drops_it() {
         let mut sp = spec();
         sp.hide_paths = vec!["/opt".into()];
-        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host(), None).expect("plan"));
+        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host(), None, &FdArgs::default()).expect("plan"));
         assert!(!s.contains("/opt"), "{s}");
     }
 
@@ -425,7 +477,7 @@ mod tests {
     fn hidden_file_is_covered_with_dev_null() {
         let mut sp = spec();
         sp.hide_paths = vec!["/opt/gpuci/token".into()];
-        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host(), None).expect("plan"));
+        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host(), None, &FdArgs::default()).expect("plan"));
         assert!(s.contains("--ro-bind /dev/null /opt/gpuci/token"), "{s}");
     }
 
@@ -433,7 +485,7 @@ mod tests {
     fn missing_leased_device_is_an_error_but_missing_common_is_not() {
         let mut sp = spec();
         sp.gpu_devices = vec!["/dev/nvidia7".into()];
-        let e = bwrap_args(&sp, &BTreeMap::new(), &host(), None).expect_err("missing device");
+        let e = bwrap_args(&sp, &BTreeMap::new(), &host(), None, &FdArgs::default()).expect_err("missing device");
         assert!(e.to_string().contains("/dev/nvidia7"), "{e}");
     }
 
@@ -441,8 +493,8 @@ mod tests {
     fn no_gpu_means_no_nvidia_nodes_and_no_pci_tree() {
         let mut sp = spec();
         sp.gpu_devices.clear();
-        sp.network = true;
-        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host(), None).expect("plan"));
+        sp.network = crate::Network::Host;
+        let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host(), None, &FdArgs::default()).expect("plan"));
         assert!(!s.contains("nvidia"), "{s}");
         assert!(!s.contains("/sys/bus/pci"), "{s}");
         assert!(!s.contains("--unshare-net"), "{s}");
@@ -452,7 +504,7 @@ mod tests {
     fn etc_view_replaces_the_per_entry_binds() {
         let binds = vec![PathBuf::from("/etc/ssl")];
         let view = EtcPlan { dir: Path::new("/run/gpuci-sandbox/etc.1.0"), binds: &binds };
-        let s = render(&bwrap_args(&spec(), &BTreeMap::new(), &host(), Some(view)).expect("plan"));
+        let s = render(&bwrap_args(&spec(), &BTreeMap::new(), &host(), Some(view), &FdArgs::default()).expect("plan"));
         assert!(
             s.contains("--ro-bind /opt /opt --ro-bind /run/gpuci-sandbox/etc.1.0 /etc --ro-bind /etc/ssl /etc/ssl --ro-bind /sys/"),
             "{s}"
@@ -467,7 +519,7 @@ mod tests {
             let mut sp = spec();
             sp.hide_paths = vec![hide.into()];
             let view = EtcPlan { dir: Path::new("/run/gpuci-sandbox/etc.1.0"), binds: &binds };
-            let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host(), Some(view)).expect("plan"));
+            let s = render(&bwrap_args(&sp, &BTreeMap::new(), &host(), Some(view), &FdArgs::default()).expect("plan"));
             assert!(!s.contains("/run/gpuci-sandbox"), "{hide}: {s}");
         }
     }

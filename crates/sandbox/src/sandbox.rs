@@ -78,6 +78,8 @@ pub struct Sandbox {
     child: Child,
     pid: u32,
     cgroup: Option<JobCgroup>,
+    /// The job's private GPU device nodes (see [`private_devices`]); removed at cleanup.
+    private_dev: Option<std::path::PathBuf>,
     /// The `/etc` view generation bwrap binds: kept (not removed) until the job is gone.
     #[allow(dead_code)]
     etc_view: Option<Arc<EtcView>>,
@@ -108,6 +110,22 @@ impl Sandbox {
 
         let mut env: BTreeMap<String, String> = spec.env.clone();
         env.insert(MARKER.to_string(), id.to_string());
+        let root = nix::unistd::geteuid().is_root();
+        if root && spec.user.is_none() && spec.isolation == Isolation::Bubblewrap {
+            // The privilege model: the agent may be root, the job never is.
+            return Err(invalid("the agent runs as root but no unprivileged job user was given; jobs never run as root"));
+        }
+        if spec.user.is_some_and(|u| u.uid == 0 || u.gid == 0) {
+            return Err(invalid("the job user must not be root"));
+        }
+        if spec.user.is_some() && !root {
+            return Err(invalid("switching to a job user needs a root agent"));
+        }
+        if let crate::Network::Namespace(_) = spec.network {
+            if !root {
+                return Err(invalid("joining a slot's network namespace needs a root agent"));
+            }
+        }
 
         let bwrap = match spec.isolation {
             Isolation::Bubblewrap => {
@@ -115,7 +133,32 @@ impl Sandbox {
             }
             Isolation::None => None,
         };
-        let cgroup = create_cgroup(spec)?;
+        // Leased GPU nodes become private nodes owned by the job user (see `private_devices`).
+        let mut owned_spec;
+        let mut private_dev = None;
+        let spec = match spec.user {
+            Some(user) if !spec.gpu_devices.is_empty() => {
+                let (dir, leased, common) = private_devices(spec, user)?;
+                owned_spec = spec.clone();
+                owned_spec.gpu_devices = leased;
+                owned_spec.gpu_common_devices = common;
+                private_dev = Some(dir);
+                &owned_spec
+            }
+            _ => spec,
+        };
+        let remove_private = |dir: &Option<std::path::PathBuf>| {
+            if let Some(d) = dir {
+                let _ = fs::remove_dir_all(d);
+            }
+        };
+        let cgroup = match create_cgroup(spec) {
+            Ok(c) => c,
+            Err(e) => {
+                remove_private(&private_dev);
+                return Err(e);
+            }
+        };
 
         let result = (|| {
             // Opened here, O_CLOEXEC; the child writes itself into them before exec.
@@ -131,19 +174,37 @@ impl Sandbox {
                     })
                 })
                 .collect::<Result<_, _>>()?;
-            let mut args_fd = None;
+            // Descriptors bwrap reads: its arguments, the seccomp programs, passwd/group.
+            let mut inherit: Vec<File> = Vec::new();
             let mut etc_view = None;
             let mut cmd = match &bwrap {
                 Some(bwrap) => {
                     etc_view = etcview::current();
                     let view = etc_view.as_deref().map(|v| plan::EtcPlan { dir: &v.dir, binds: &v.binds });
-                    let args = plan::bwrap_args(spec, &env, &RealFs, view)?;
+                    let memfd_err = |source| SandboxError::ArgsFd { job_id: id.to_string(), source };
+                    let mut fds = plan::FdArgs::default();
+                    for f in crate::seccomp::memfds().map_err(memfd_err)? {
+                        fds.seccomp.push(f.as_raw_fd());
+                        inherit.push(f);
+                    }
+                    if let Some(user) = spec.user {
+                        let view_dir = etc_view.as_deref().map(|v| v.dir.as_path());
+                        let (passwd, group) = account_files(user, &spec.workspace, view_dir);
+                        for (text, slot) in [(passwd, &mut fds.passwd), (group, &mut fds.group)] {
+                            if let Some(text) = text {
+                                let f = data_memfd(text.as_bytes()).map_err(memfd_err)?;
+                                *slot = Some(f.as_raw_fd());
+                                inherit.push(f);
+                            }
+                        }
+                    }
+                    let args = plan::bwrap_args(spec, &env, &RealFs, view, &fds)?;
                     let fd = args_memfd(id, &args)?;
                     let mut cmd = Command::new(bwrap);
                     cmd.arg("--args").arg(fd.as_raw_fd().to_string()).arg("--").args(&spec.argv);
-                    // bwrap runs privileged: it gets no environment at all.
+                    // bwrap gets no environment at all: nothing of the job's acts on it.
                     cmd.env_clear();
-                    args_fd = Some(fd);
+                    inherit.push(fd);
                     cmd
                 }
                 None => {
@@ -157,13 +218,18 @@ impl Sandbox {
                 &mut cmd,
                 ChildSetup {
                     cgroup_procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
-                    inherit: args_fd.iter().map(|f| f.as_raw_fd()).collect(),
+                    inherit: inherit.iter().map(|f| f.as_raw_fd()).collect(),
+                    netns: match &spec.network {
+                        crate::Network::Namespace(fd) => Some(fd.as_raw_fd()),
+                        _ => None,
+                    },
+                    user: spec.user.map(|u| (u.uid, u.gid)),
                 },
             );
             let program = bwrap.as_ref().map(|b| b.display().to_string()).unwrap_or_else(|| spec.argv[0].clone());
             let child =
                 cmd.spawn().map_err(|source| SandboxError::Spawn { job_id: id.to_string(), program, source })?;
-            // `procs` and `args_fd` close here: the child has its own copies.
+            // `procs` and `inherit` close here: the child has its own copies.
             Ok((child, etc_view))
         })();
         let (mut child, etc_view) = match result {
@@ -172,6 +238,7 @@ impl Sandbox {
                 if let Some(cg) = &cgroup {
                     let _ = cg.remove();
                 }
+                remove_private(&private_dev);
                 return Err(e);
             }
         };
@@ -180,7 +247,8 @@ impl Sandbox {
             unreachable!("stdout and stderr were set to piped")
         };
         tracing::debug!(job_id = id, pid, isolation = ?spec.isolation, cgroup = cgroup.is_some(), "job started");
-        let sandbox = Sandbox { job_id: id.to_string(), child, pid, cgroup, etc_view, exit: None, cleaned: false };
+        let sandbox =
+            Sandbox { job_id: id.to_string(), child, pid, cgroup, private_dev, etc_view, exit: None, cleaned: false };
         Ok((sandbox, stdout, stderr))
     }
 
@@ -281,6 +349,9 @@ impl Sandbox {
             kill_marked(&self.job_id)?;
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        if let Some(dir) = self.private_dev.take() {
+            let _ = fs::remove_dir_all(dir);
+        }
         if let Some(cg) = &self.cgroup {
             // A just-killed task can keep the cgroup busy for a moment after it left the procs list.
             let mut tries = 0;
@@ -376,5 +447,86 @@ fn args_memfd(job_id: &str, args: &[std::ffi::OsString]) -> Result<File, Sandbox
     }
     f.write_all(&buf).map_err(err)?;
     f.rewind().map_err(err)?;
+    Ok(f)
+}
+
+/// The job's own copies of its GPU device nodes: same device numbers, owner the job user, mode
+/// 0600, in `<workspaces root>/.dev-<job id>/` (0700, the job user's). So the GPU is
+/// accessible to that uid for the lease only, whatever the host node's mode (0666 on most
+/// NVIDIA hosts, 0660 root:video on some), and no host node's owner or mode is ever changed.
+/// The devices cgroup still denies every GPU that is not leased.
+fn private_devices(
+    spec: &SandboxSpec,
+    user: crate::JobUser,
+) -> Result<(std::path::PathBuf, Vec<std::path::PathBuf>, Vec<std::path::PathBuf>), SandboxError> {
+    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    use std::os::unix::fs::{chown, DirBuilderExt};
+    let id = &spec.job_id;
+    let parent = spec.workspace.parent().unwrap_or(Path::new("/"));
+    let dir = parent.join(format!(".dev-{id}"));
+    let dev_err = |path: &Path, reason: String| SandboxError::Device { job_id: id.clone(), path: path.to_path_buf(), reason };
+    let _ = fs::remove_dir_all(&dir);
+    fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| dev_err(&dir, format!("mkdir: {e}")))?;
+    chown(&dir, Some(user.uid), Some(user.gid)).map_err(|e| dev_err(&dir, format!("chown: {e}")))?;
+    let copy = |nodes: &[std::path::PathBuf], required: bool| -> Result<Vec<std::path::PathBuf>, SandboxError> {
+        let mut out = Vec::new();
+        for node in nodes {
+            let (major, minor) = match RealFs.kind_follow(node) {
+                Kind::CharDev(major, minor) => (major, minor),
+                Kind::Missing if !required => continue,
+                _ => return Err(dev_err(node, "not a character device".into())),
+            };
+            let name = node.file_name().ok_or_else(|| dev_err(node, "no file name".into()))?;
+            let private = dir.join(name);
+            mknod(&private, SFlag::S_IFCHR, Mode::from_bits_truncate(0o600), makedev(major, minor))
+                .map_err(|e| dev_err(&private, format!("mknod: {e}")))?;
+            chown(&private, Some(user.uid), Some(user.gid)).map_err(|e| dev_err(&private, format!("chown: {e}")))?;
+            out.push(private);
+        }
+        Ok(out)
+    };
+    let result = copy(&spec.gpu_devices, true).and_then(|l| Ok((l, copy(&spec.gpu_common_devices, false)?)));
+    match result {
+        Ok((leased, common)) => Ok((dir, leased, common)),
+        Err(e) => {
+            let _ = fs::remove_dir_all(&dir);
+            Err(e)
+        }
+    }
+}
+
+/// `/etc/passwd` and `/etc/group` as the job sees them: the host's (or the view's) plus an
+/// entry `gpuci-job` for the job's uid/gid when the host has none, home = the workspace.
+fn account_files(
+    user: crate::JobUser,
+    workspace: &Path,
+    view: Option<&Path>,
+) -> (Option<String>, Option<String>) {
+    let read = |name: &str| {
+        view.and_then(|v| fs::read_to_string(v.join(name)).ok()).or_else(|| fs::read_to_string(Path::new("/etc").join(name)).ok())
+    };
+    let has_id = |text: &str, id: u32| text.lines().any(|l| l.split(':').nth(2) == Some(id.to_string().as_str()));
+    let passwd = read("passwd").filter(|t| !has_id(t, user.uid)).map(|mut t| {
+        if !t.is_empty() && !t.ends_with('\n') {
+            t.push('\n');
+        }
+        t.push_str(&format!("gpuci-job:x:{}:{}:gpuci job:{}:/bin/sh\n", user.uid, user.gid, workspace.display()));
+        t
+    });
+    let group = read("group").filter(|t| !has_id(t, user.gid)).map(|mut t| {
+        if !t.is_empty() && !t.ends_with('\n') {
+            t.push('\n');
+        }
+        t.push_str(&format!("gpuci-job:x:{}:\n", user.gid));
+        t
+    });
+    (passwd, group)
+}
+
+fn data_memfd(data: &[u8]) -> std::io::Result<File> {
+    let fd = nix::sys::memfd::memfd_create(c"gpuci-bwrap-data", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
+    let mut f = File::from(fd);
+    f.write_all(data)?;
+    f.rewind()?;
     Ok(f)
 }

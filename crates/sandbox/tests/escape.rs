@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use gpuci_core::quantity::Bytes;
-use gpuci_sandbox::{detect, CgroupUse, ExitInfo, Isolation, Resources, Sandbox, SandboxSpec};
+use gpuci_sandbox::{detect, CgroupUse, ExitInfo, Isolation, JobUser, Resources, Sandbox, SandboxSpec};
 use tokio::io::AsyncReadExt;
 
 #[derive(Clone, Copy)]
@@ -50,9 +50,21 @@ fn job_id(name: &str) -> String {
     format!("test-{name}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
-/// A workspaces root outside /tmp (which is a fresh tmpfs inside), with one workspace in it.
+/// A workspaces root outside /tmp (which is a fresh tmpfs inside), laid out as the agent's:
+/// traversable (0711) but not listable, so the job's bwrap (running as the job's uid) reaches
+/// its own workspace and nothing else.
 fn workspaces() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("gpuci-ws-").tempdir_in("/var/tmp").expect("tempdir")
+    let d = tempfile::Builder::new().prefix("gpuci-ws-").tempdir_in("/var/tmp").expect("tempdir");
+    fs::set_permissions(d.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).expect("chmod");
+    d
+}
+
+/// A fresh unprivileged uid (= gid) per workspace, as the agent gives one per slot; no account
+/// on the host has it.
+fn test_user() -> JobUser {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let uid = 1_610_000_000 + (std::process::id() % 100_000) * 64 + N.fetch_add(1, Ordering::Relaxed) % 64;
+    JobUser { uid, gid: uid }
 }
 
 fn spec(name: &str, ws: &Path, script: &str, isolation: Isolation) -> SandboxSpec {
@@ -65,12 +77,23 @@ fn spec(name: &str, ws: &Path, script: &str, isolation: Isolation) -> SandboxSpe
     if let Some(root) = ws.parent() {
         s.hide_paths.push(root.to_path_buf());
     }
+    // The workspace's owner is the job user (mkws gives each its own).
+    let uid = std::os::unix::fs::MetadataExt::uid(&fs::metadata(ws).expect("workspace"));
+    if uid != 0 {
+        s.user = Some(JobUser { uid, gid: std::os::unix::fs::MetadataExt::gid(&fs::metadata(ws).expect("workspace")) });
+    }
     s
 }
 
 fn mkws(root: &Path, name: &str) -> PathBuf {
+    mkws_as(root, name, test_user())
+}
+
+fn mkws_as(root: &Path, name: &str, user: JobUser) -> PathBuf {
     let p = root.join(name);
     fs::create_dir(&p).expect("mkdir workspace");
+    std::os::unix::fs::chown(&p, Some(user.uid), Some(user.gid)).expect("chown workspace");
+    fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
     p
 }
 
@@ -376,8 +399,114 @@ async fn network_none_cannot_reach_the_host() {
     assert!(!r.out.contains("CONNECTED"), "network: none reached 127.0.0.1:{port}");
     assert!(!r.out.contains("up"), "host interfaces visible: {}", r.out);
     // Positive control: with network the same connect works.
-    s.network = true;
+    s.network = gpuci_sandbox::Network::Host;
     s.job_id = job_id("net-on");
     let r = run(&s).await;
     assert!(r.out.contains("CONNECTED"), "control with network failed: {} {}", r.out, r.err);
+}
+
+// ---- The hostile-job suite (issue 9): each test is one attack that must fail. ----
+
+/// A raw syscall from perl (in every Debian base system): prints `r=<ret> errno=<n>`.
+#[cfg(target_arch = "x86_64")]
+fn syscall_probe(name: &str, nr: u64, args: &str) -> String {
+    format!("perl -e '$r = syscall({nr}{args}); print \"{name} r=$r errno=\", $!+0, \"\\n\"'; ")
+}
+
+#[tokio::test]
+async fn job_is_unprivileged_and_cannot_set_the_host_core_pattern() {
+    // The attack that got host root: core_pattern piped to a workspace script, run by the
+    // kernel as root outside every namespace.
+    if !ready("core_pattern", ALL) {
+        return;
+    }
+    let before = fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap();
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    let script = "id -u; grep CapEff /proc/self/status; \
+                  echo '|/bin/sh -c id' > /proc/sys/kernel/core_pattern && echo WROTE-CORE-PATTERN; \
+                  echo 1 > /proc/sys/kernel/sysrq && echo WROTE-SYSRQ; true";
+    let s = spec("corepat", &ws, script, Isolation::Bubblewrap);
+    let want_uid = s.user.expect("a job user").uid;
+    let r = run(&s).await;
+    assert_eq!(r.out.lines().next(), Some(want_uid.to_string().as_str()), "job must run as its own uid: {}", r.out);
+    assert!(r.out.contains("CapEff:\t0000000000000000"), "capabilities: {}", r.out);
+    assert!(!r.out.contains("WROTE"), "a kernel knob was written: {}", r.out);
+    assert_eq!(fs::read_to_string("/proc/sys/kernel/core_pattern").unwrap(), before, "host core_pattern changed");
+}
+
+#[tokio::test]
+async fn job_cannot_make_a_user_namespace_to_lift_its_limits() {
+    // The attack: unshare -Ur gives every capability in a new user namespace; with them the
+    // job mounted its v1 memory/pids cgroups and wrote `max`.
+    if !ready("userns", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    let script = "unshare -Ur true && echo USERNS-OK; \
+                  unshare -Urm sh -c 'mount -t tmpfs x /mnt' && echo MOUNT-OK; \
+                  mkdir -p m && mount -t cgroup -o memory cgroup m && echo CGROUP-MOUNTED; \
+                  python3 -c 'import os; os.unshare(os.CLONE_NEWUSER); print(\"PY-USERNS-OK\")' 2>/dev/null; \
+                  cat /proc/self/cgroup >/dev/null; true";
+    let mut s = spec("userns", &ws, script, Isolation::Bubblewrap);
+    s.resources.memory = Some(Bytes(256 << 20));
+    s.resources.pids = Some(64);
+    let r = run(&s).await;
+    for bad in ["USERNS-OK", "MOUNT-OK", "CGROUP-MOUNTED", "PY-USERNS-OK"] {
+        assert!(!r.out.contains(bad), "{bad}: {}\n{}", r.out, r.err);
+    }
+    // And the limit holds: 512 MiB under a 256 MiB limit ends in the OOM killer.
+    let mut s = spec("userns-oom", &ws, "python3 -c 'b = bytearray(512 << 20); print(\"ALLOCATED\")'", Isolation::Bubblewrap);
+    s.resources.memory = Some(Bytes(256 << 20));
+    let r = run(&s).await;
+    assert!(!r.out.contains("ALLOCATED") && r.exit.oom_killed, "memory limit did not hold: {:?} {}", r.exit, r.out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[tokio::test]
+async fn job_cannot_reach_kernel_keyrings_bpf_perf_or_new_namespaces() {
+    if !ready("seccomp", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    // x86_64 numbers: keyctl 250 (KEYCTL_GET_KEYRING_ID of the user keyring, create), add_key
+    // 248, bpf 321, perf_event_open 298, userfaultfd 323, io_uring_setup 425, clone3 435,
+    // x32 keyctl 0x40000000+250; unshare 272 (CLONE_NEWUSER = 0x10000000), mount 165.
+    let script = [
+        syscall_probe("keyctl", 250, ", 0, -4, 1"),
+        syscall_probe("add_key", 248, ", (my $t = \"user\"), (my $d = \"k\"), (my $v = \"v\"), 1, -4"),
+        syscall_probe("bpf", 321, ", 0, 0, 0"),
+        syscall_probe("perf", 298, ", 0, 0, -1, -1, 0"),
+        syscall_probe("uffd", 323, ", 0"),
+        syscall_probe("iouring", 425, ", 1, 0"),
+        syscall_probe("clone3", 435, ", 0, 0"),
+        syscall_probe("x32keyctl", 0x4000_0000 + 250, ", 0, -4, 1"),
+        syscall_probe("unshare_user", 272, ", 0x10000000"),
+        syscall_probe("mount", 165, ", (my $s = \"none\"), (my $t = \"/tmp\"), (my $f = \"tmpfs\"), 0, 0"),
+        // Positive control: an ordinary call still works.
+        syscall_probe("getpid", 39, ""),
+    ]
+    .concat();
+    let r = run(&spec("seccomp", &ws, &script, Isolation::Bubblewrap)).await;
+    let line = |name: &str| r.out.lines().find(|l| l.starts_with(&format!("{name} "))).unwrap_or_default().to_string();
+    for (name, errno) in [
+        ("keyctl", libc::EPERM),
+        ("add_key", libc::EPERM),
+        ("bpf", libc::EPERM),
+        ("perf", libc::EPERM),
+        ("uffd", libc::EPERM),
+        ("iouring", libc::EPERM),
+        ("unshare_user", libc::EPERM),
+        ("mount", libc::EPERM),
+        ("clone3", libc::ENOSYS),
+        ("x32keyctl", libc::ENOSYS),
+    ] {
+        assert_eq!(line(name), format!("{name} r=-1 errno={errno}"), "{name} was not denied: {}\n{}", r.out, r.err);
+    }
+    assert!(line("getpid").starts_with("getpid r=") && !line("getpid").contains("r=-1"), "control: {}", r.out);
+    // Ordinary work still runs: threads (clone without CLONE_NEWUSER) and a compiler-like fork/exec.
+    let r = run(&spec("seccomp-ok", &ws, "python3 -c 'import threading; t = threading.Thread(target=print, args=(\"THREAD\",)); t.start(); t.join()'; sh -c 'echo CHILD'", Isolation::Bubblewrap)).await;
+    assert!(r.out.contains("THREAD") && r.out.contains("CHILD"), "ordinary work broke: {} {}", r.out, r.err);
 }

@@ -1,0 +1,152 @@
+//! A job slot's network: a network namespace with egress through user-mode networking
+//! (`pasta`, from the passt project), made once per slot when the agent starts and joined by
+//! each job of that slot.
+//!
+//! Why per slot and not per job: attaching pasta costs 8–70 ms on a 2-core VM, more than the
+//! rest of a job's start-up; a slot runs one job at a time and every process of a job is
+//! killed before the next starts, so listening sockets and abstract sockets do not carry over.
+//!
+//! How it is built, and why the job cannot change it:
+//! - a *holder* process (`sleep infinity`) runs as the slot network's own uid (not a job's)
+//!   in a new user namespace, which owns a new network namespace;
+//! - `pasta --runas <that uid> <holder pid>` joins them, creates the tap interface, copies the
+//!   host's addresses and routes into it (`--config-net`) and forwards the job's connections
+//!   out through ordinary sockets of its own. `--no-map-gw` keeps the gateway address from
+//!   reaching the host; `-t none -u none` forwards nothing in; `-T`/`-U` forward exactly the
+//!   host ports the operator allows (a package mirror or GitHub Enterprise on the agent's host)
+//!   and nothing else of the host's loopback;
+//! - a job's child joins the namespace as root (`setns`) and then drops to the job's uid;
+//!   bwrap then makes the job's own user namespace, a sibling of the holder's. The network
+//!   namespace's owner is a user namespace the job is not in, so the job holds no capability
+//!   over it: it cannot add addresses, change routes or sysctls, or bring the tap down. The
+//!   host's abstract unix sockets belong to the host's network namespace and are out of reach.
+//!
+//! What it does not stop: connections to the host's *non-loopback* addresses leave through
+//! pasta like any other egress, so a service on the agent's host bound to `0.0.0.0` is
+//! reachable as it is from the network. Bind such services to loopback, or filter them.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use crate::JobUser;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("pasta (from the passt package) is not installed: jobs cannot get a network namespace with egress (apt-get install passt), or run them with `network: none`")]
+    PastaMissing,
+    #[error("starting the network namespace holder for uid {uid}: {source}")]
+    Holder { uid: u32, source: std::io::Error },
+    #[error("pasta for uid {uid} failed: {message}")]
+    Pasta { uid: u32, message: String },
+}
+
+/// One slot's network namespace and its pasta. Dropping it ends both.
+#[derive(Debug)]
+pub struct SlotNetwork {
+    owner: JobUser,
+    holder: Child,
+    netns: Arc<OwnedFd>,
+}
+
+impl SlotNetwork {
+    /// Creates the namespace as `owner` (a uid no job runs as) and attaches pasta, allowing
+    /// the job TCP connections to exactly `host_ports` on the host's loopback.
+    pub fn start(owner: JobUser, host_ports: &[u16]) -> Result<SlotNetwork, NetworkError> {
+        let pasta = crate::find_program("pasta").ok_or(NetworkError::PastaMissing)?;
+        let sleep = crate::find_program("sleep").unwrap_or_else(|| PathBuf::from("/bin/sleep"));
+        let holder_err = |source| NetworkError::Holder { uid: owner.uid, source };
+        // What an earlier agent left for this uid (it may have died with SIGKILL).
+        kill_processes_of(owner.uid);
+        let mut cmd = Command::new(sleep);
+        cmd.arg("infinity").env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        crate::child::install_namespace_holder(
+            &mut cmd,
+            owner.uid,
+            owner.gid,
+            format!("0 {} 1", owner.uid).into_bytes(),
+            format!("0 {} 1", owner.gid).into_bytes(),
+        );
+        let mut holder = cmd.spawn().map_err(holder_err)?;
+        // The namespaces exist once spawn returned: the child made them before it exec'd.
+        let netns = match File::open(format!("/proc/{}/ns/net", holder.id())) {
+            Ok(f) => Arc::new(OwnedFd::from(f)),
+            Err(e) => {
+                let _ = holder.kill();
+                let _ = holder.wait();
+                return Err(holder_err(e));
+            }
+        };
+        let forward =
+            if host_ports.is_empty() { "none".to_string() } else { host_ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",") };
+        let out = Command::new(pasta)
+            .args(["--config-net", "--no-map-gw", "-t", "none", "-u", "none", "-T", &forward, "-U", "none", "-q"])
+            .arg("--runas")
+            .arg(format!("{}:{}", owner.uid, owner.gid))
+            .arg(holder.id().to_string())
+            .env_clear()
+            .stdin(Stdio::null())
+            .output();
+        let failed = |message: String| {
+            kill_processes_of(owner.uid);
+            NetworkError::Pasta { uid: owner.uid, message }
+        };
+        match out {
+            // pasta forks into the background once the namespace is configured.
+            Ok(o) if o.status.success() => Ok(SlotNetwork { owner, holder, netns }),
+            Ok(o) => {
+                let _ = holder.kill();
+                let _ = holder.wait();
+                let text = String::from_utf8_lossy(&o.stderr);
+                // Debian's pasta also complains that it cannot reach syslog; keep the rest.
+                let why: Vec<&str> = text.lines().filter(|l| !l.contains("syslog") && !l.trim().is_empty()).collect();
+                Err(failed(format!("{} ({})", why.join("; "), o.status)))
+            }
+            Err(e) => {
+                let _ = holder.kill();
+                let _ = holder.wait();
+                Err(failed(e.to_string()))
+            }
+        }
+    }
+
+    /// The namespace, for [`crate::Network::Namespace`].
+    pub fn namespace(&self) -> Arc<OwnedFd> {
+        self.netns.clone()
+    }
+
+    pub fn owner(&self) -> JobUser {
+        self.owner
+    }
+}
+
+impl Drop for SlotNetwork {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
+        kill_processes_of(self.owner.uid);
+    }
+}
+
+/// SIGKILLs every process whose real uid is `uid` (the holder and pasta; that uid is
+/// gpuci's alone, `doctor` checks no account uses it).
+fn kill_processes_of(uid: u32) {
+    if uid == 0 {
+        return;
+    }
+    let Ok(rd) = std::fs::read_dir("/proc") else { return };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { continue };
+        let real_uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u32>().ok());
+        if real_uid == Some(uid) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+}
