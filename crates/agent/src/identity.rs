@@ -1,5 +1,10 @@
 //! The agent's identity: registered once with the registration token, then a per-agent
 //! credential kept in `<data-dir>/agent.json` (mode 0600).
+//!
+//! The data dir holding it is made private (0700) before the credential is read or written,
+//! and a looser data dir or credential file left by an older gpuci is tightened with a
+//! warning. Jobs never see the data dir at all (the sandbox hides it); the modes matter for
+//! other users of the host and for jobs that run unsandboxed.
 
 use anyhow::{bail, Context};
 use gpuci_protocol::agent::{RegisterRequest, RegisterResponse};
@@ -30,6 +35,8 @@ pub async fn load_or_register(
     registration_token: Option<&str>,
 ) -> anyhow::Result<Identity> {
     let path = data_dir.join("agent.json");
+    make_private(data_dir, true)?;
+    make_private(&path, false)?;
     if let Ok(text) = std::fs::read_to_string(&path) {
         let id: Identity = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
         if id.server == server {
@@ -59,6 +66,34 @@ pub async fn load_or_register(
     Ok(id)
 }
 
+/// Take the group and other bits off the data dir (creating it) or the credential file
+/// (0755 → 0700, 0644 → 0600), with a warning when that changed an existing one.
+fn make_private(path: &Path, dir: bool) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if dir {
+        std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))?;
+    }
+    // A data dir with nothing in it was made just now (by the agent, with the umask's mode):
+    // making it private is no news.
+    let fresh = dir && std::fs::read_dir(path).map(|mut d| d.next().is_none()).unwrap_or(false);
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading the mode of {}", path.display())),
+    };
+    let was = meta.permissions().mode() & 0o7777;
+    let now = was & !0o077;
+    if now != was {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(now))
+            .with_context(|| format!("setting mode {now:o} on {}", path.display()))?;
+        if !fresh {
+            tracing::warn!(path = %path.display(), was = %format!("{was:04o}"), now = %format!("{now:04o}"),
+                "tightened permissions: this holds the agent's credential and was open to other users");
+        }
+    }
+    Ok(())
+}
+
 fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(d) = path.parent() {
@@ -66,6 +101,8 @@ fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
     }
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    // Explicitly: `mode` above is filtered by the umask, and a reused tmp file keeps its mode.
+    f.set_permissions(<std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o600))?;
     f.write_all(contents.as_bytes())?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;

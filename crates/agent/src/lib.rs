@@ -47,6 +47,9 @@ pub struct Config {
     pub post_job_timeout: Duration,
     /// Use this GPU backend instead of detecting one (tests: a recording fake).
     pub gpu_backend: Option<Arc<dyn gpuci_gpu::GpuBackend>>,
+    /// Absolute paths jobs must not see besides the data dir: other credentials on the host
+    /// (`--hide`), the coordinator's data dir and key files when it runs in this process.
+    pub hide: Vec<PathBuf>,
 }
 
 impl Config {
@@ -65,6 +68,7 @@ impl Config {
             telemetry_period: Duration::from_secs(1),
             post_job_timeout: Duration::from_secs(30),
             gpu_backend: None,
+            hide: Vec::new(),
         }
     }
 }
@@ -153,7 +157,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let ctx = Arc::new(JobContext {
         sandbox_prefix: identity.agent_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect(),
         work_root: work_root.clone(),
-        hide_paths: vec![config.data_dir.clone()],
+        hide_paths: std::iter::once(config.data_dir.clone()).chain(config.hide.iter().cloned()).collect(),
         gpus: backend.clone(),
         inventory: std::sync::RwLock::new(inventory.clone()),
         isolation: config.isolation,

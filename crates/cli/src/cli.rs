@@ -105,6 +105,11 @@ pub struct UpArgs {
     /// Exit when the given pipelines have finished, with their result (for scripts and demos).
     #[arg(long)]
     pub exit_when_done: bool,
+    /// The key secret values are sealed with at rest (32 raw bytes or 64 hex digits), kept
+    /// apart from the database. Created (mode 0600) when absent and no sealed value exists.
+    /// Coordinators sharing a database share it. Default: `secrets.key` in the data dir.
+    #[arg(long, env = "GPUCI_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub upload: UploadArgs,
 }
@@ -155,6 +160,11 @@ pub struct ServerArgs {
     /// Default: the SQLite file `gpuci.db` in the data dir.
     #[arg(long, env = "GPUCI_DATABASE_URL", hide_env_values = true)]
     pub database: Option<String>,
+    /// The key secret values are sealed with at rest (32 raw bytes or 64 hex digits), kept
+    /// apart from the database. Created (mode 0600) when absent and no sealed value exists.
+    /// Coordinators sharing a database share it. Default: `secrets.key` in the data dir.
+    #[arg(long, env = "GPUCI_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -178,6 +188,11 @@ pub struct AgentArgs {
     /// Refuse steps that opt out of the sandbox (`sandbox: none`): for agents that run untrusted code.
     #[arg(long, env = "GPUCI_FORBID_UNSANDBOXED")]
     pub forbid_unsandboxed: bool,
+    /// A path jobs must not see (repeatable; colon-separated in the variable): other
+    /// credentials on this host. The agent's data dir and registration token file are always
+    /// hidden, also inside directories the sandbox shows (/usr, /opt, /etc).
+    #[arg(long = "hide", value_name = "PATH", env = "GPUCI_AGENT_HIDE", value_delimiter = ':')]
+    pub hide: Vec<PathBuf>,
     /// How long GPU memory may take to return to baseline after a job before the GPU is quarantined.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub post_job_timeout: std::time::Duration,

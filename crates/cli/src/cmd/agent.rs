@@ -6,7 +6,16 @@ use tokio_util::sync::CancellationToken;
 
 pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     let data_dir = a.data_dir.unwrap_or_else(|| default_data_dir("gpuci-agent"));
+    // Absolute: the data dir is hidden from jobs, and the sandbox hides absolute paths only.
+    let data_dir = std::path::absolute(&data_dir)?;
     let mut c = gpuci_agent::Config::new(a.server, data_dir);
+    // Jobs must not see the registration token file either, nor what the operator names.
+    let mut hide = a.hide.clone();
+    if let Some(f) = &a.registration_token_file {
+        gpuci_coordinator::datadir::warn_if_exposed(f, "the registration token file");
+        hide.push(f.clone());
+    }
+    c.hide = super::local::hidden_forms(&hide);
     c.registration_token = match (a.registration_token, a.registration_token_file) {
         (Some(t), _) => Some(t),
         (None, Some(f)) => Some(

@@ -2,11 +2,41 @@
 //! each failure; `--json`; exit 1 when a check fails. On a host without GPUs it says so and
 //! still checks the rest.
 
-use crate::cli::DoctorArgs;
+use crate::cli::{default_data_dir, DoctorArgs};
 use crate::{CliError, CliResult};
 use gpuci_core::gpu::{ComputeCapability, Version};
 use gpuci_gpu::{doctor, doctor_passed, format_table, DetectOptions, DoctorOptions, Probe, SystemRunner};
 use std::sync::Arc;
+
+/// The coordinator's and the agent's data dirs (from the environment, else the defaults),
+/// where they exist: they hold tokens, credentials and the database, and must be 0700.
+fn data_dir_checks() -> Vec<gpuci_gpu::DoctorCheck> {
+    let dir = |var: &str, name: &str| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|| default_data_dir(name))
+    };
+    let mut out = Vec::new();
+    for (check, path) in [
+        ("files.data_dir", dir("GPUCI_DATA_DIR", "gpuci")),
+        ("files.agent_data_dir", dir("GPUCI_AGENT_DATA_DIR", "gpuci-agent")),
+    ] {
+        if !path.is_dir() {
+            continue;
+        }
+        let (status, detail, fix) = match gpuci_coordinator::datadir::exposed(&path) {
+            None => (gpuci_gpu::CheckStatus::Pass, format!("{} is private to its owner", path.display()), None),
+            Some(bits) => (
+                gpuci_gpu::CheckStatus::Warn,
+                format!("{} holds credentials but group/other have access (bits {bits:03o})", path.display()),
+                Some(format!("chmod 700 {} (gpuci also does this when it next starts)", path.display())),
+            ),
+        };
+        out.push(gpuci_gpu::DoctorCheck { name: check.into(), status, detail, fix });
+    }
+    out
+}
 
 pub async fn run(a: DoctorArgs) -> CliResult {
     let version = |s: &str, what: &str| {
@@ -33,6 +63,8 @@ pub async fn run(a: DoctorArgs) -> CliResult {
     })
     .await
     .map_err(anyhow::Error::from)??;
+    let mut checks = checks;
+    checks.extend(data_dir_checks());
     let passed = doctor_passed(&checks);
     if a.json {
         let out = serde_json::json!({ "passed": passed, "checks": checks });

@@ -4,7 +4,7 @@ use crate::cli::LocalAgentArgs;
 use anyhow::Context;
 use gpuci_coordinator::{Config, Database, Running, Timing};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
 
 pub struct Local {
@@ -20,9 +20,28 @@ pub async fn start(
     timing: Timing,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Local> {
+    start_configured(data_dir, listen, database, agent, timing, |_| {}, shutdown).await
+}
+
+/// [`start`], with a last say on the coordinator's config (`gpuci up`'s key file).
+///
+/// The agent's jobs run on the host this coordinator keeps its tokens, database and keys on:
+/// every one of those paths ([`Config::private_paths`]) is hidden from them, also where it
+/// lies inside a directory the sandbox shows (`gpuci up --data-dir /opt/gpuci`).
+pub async fn start_configured(
+    data_dir: &Path,
+    listen: SocketAddr,
+    database: Database,
+    agent: &LocalAgentArgs,
+    timing: Timing,
+    configure: impl FnOnce(&mut Config),
+    shutdown: CancellationToken,
+) -> anyhow::Result<Local> {
     let mut config = Config::new(listen, data_dir.to_path_buf());
     config.database = database;
     config.timing = timing;
+    configure(&mut config);
+    let private = config.private_paths();
     let server = gpuci_coordinator::start(config, shutdown.clone()).await?;
     let mut ac = gpuci_agent::Config::new(server.url.clone(), data_dir.join("agent"));
     ac.registration_token = Some(server.registration_token.expose().to_string());
@@ -31,8 +50,24 @@ pub async fn start(
     ac.simulate_gpus = agent.simulate_gpus.clone();
     ac.isolation = agent.isolation.into();
     ac.name = format!("{} (local)", gpuci_agent::hostname());
+    ac.hide = hidden_forms(&private);
     let agent = tokio::spawn(gpuci_agent::run(ac, shutdown));
     Ok(Local { server, agent })
+}
+
+/// Each path as the sandbox must hide it: absolute, and also its real location when a
+/// symlink leads there (a job could reach the target through another bound path).
+pub fn hidden_forms(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in paths {
+        let forms = [std::path::absolute(p).ok(), std::fs::canonicalize(p).ok()];
+        for f in forms.into_iter().flatten() {
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+    }
+    out
 }
 
 /// Wait until the local agent is connected, so the first job does not wait for it.

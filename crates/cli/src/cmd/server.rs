@@ -3,11 +3,13 @@
 use crate::cli::{default_data_dir, ServerArgs};
 use crate::{CliError, CliResult};
 use gpuci_coordinator::{Config, Database, Timing};
+use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
     let data_dir = a.data_dir.unwrap_or_else(|| default_data_dir("gpuci"));
     let mut config = Config::new(a.listen, data_dir.clone());
+    config.secrets_key_file = a.secrets_key_file.clone();
     if let Some(url) = &a.database {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             // Not echoed: it may hold a password.
@@ -23,6 +25,16 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
             .map_err(|e| CliError::Input(format!("reading config file {}: {e}", path.display())))?;
         let file = gpuci_coordinator::github::config::parse(&path.display().to_string(), &text)
             .map_err(|e| CliError::Input(e.to_string()))?;
+        // Files naming or holding credentials: said so when others can read them, and kept
+        // from jobs of an agent in this process.
+        let mut credential_files = vec![path.clone()];
+        if let Some(gh) = &file.github {
+            credential_files.extend(gh.secret_files().into_iter().map(Path::to_path_buf));
+        }
+        for f in &credential_files {
+            gpuci_coordinator::datadir::warn_if_exposed(f, "this config or key file");
+        }
+        config.credential_files = credential_files;
         if let Some(gh) = file.github {
             let resolved = gh.resolve().map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
             config.github = Some(std::sync::Arc::new(resolved));

@@ -17,14 +17,27 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
         pipelines.push((f.display().to_string(), f.clone(), source));
     }
     let data_dir = a.data_dir.clone().unwrap_or_else(|| default_data_dir("gpuci"));
+    // Absolute: the sandbox hides paths only as absolute ones (a relative data dir would be
+    // refused as a hide path, failing every job).
+    let data_dir = std::path::absolute(&data_dir)?;
     let db = data_dir.join("gpuci.db");
-    let local =
-        local::start(&data_dir, a.listen, Database::Sqlite(db.clone()), &a.agent, Timing::default(), shutdown.clone())
-            .await?;
+    let key_file = a.secrets_key_file.as_deref().map(std::path::absolute).transpose()?;
+    let key_shown = key_file.clone().unwrap_or_else(|| data_dir.join("secrets.key"));
+    let local = local::start_configured(
+        &data_dir,
+        a.listen,
+        Database::Sqlite(db.clone()),
+        &a.agent,
+        Timing::default(),
+        |c| c.secrets_key_file = key_file,
+        shutdown.clone(),
+    )
+    .await?;
     let url = local.server.url.clone();
     println!("{url}");
     eprintln!("gpuci is up at {url}");
     eprintln!("  data:   {} (database {})", data_dir.display(), db.display());
+    eprintln!("  key:    {} (seals secret values; back it up apart from the database)", key_shown.display());
     eprintln!(
         "  token:  {} (for the CLI: --data-dir {} or GPUCI_TOKEN)",
         data_dir.join("api-token").display(),
