@@ -84,12 +84,16 @@ pub(crate) fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
 pub(crate) fn install_namespace_holder(cmd: &mut std::process::Command, uid: u32, gid: u32, uid_map: Vec<u8>, gid_map: Vec<u8>) {
     use std::os::unix::process::CommandExt;
     // SAFETY: runs in the forked child before exec; only setgroups, setresgid, setresuid,
-    // unshare, open, write and close, all plain system calls on memory prepared by the parent.
+    // prctl, unshare, open, write and close, all plain system calls on memory prepared by the parent.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setgroups(0, std::ptr::null()) == -1
                 || libc::setresgid(gid, gid, gid) == -1
                 || libc::setresuid(uid, uid, uid) == -1
+                // A uid change makes the process non-dumpable, and its /proc/self files then
+                // belong to root: the maps below could not be written. It is this uid's own
+                // process from here on, so it may be dumpable again.
+                || libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) == -1
                 || libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) == -1
             {
                 return Err(io::Error::last_os_error());

@@ -510,3 +510,68 @@ async fn job_cannot_reach_kernel_keyrings_bpf_perf_or_new_namespaces() {
     let r = run(&spec("seccomp-ok", &ws, "python3 -c 'import threading; t = threading.Thread(target=print, args=(\"THREAD\",)); t.start(); t.join()'; sh -c 'echo CHILD'", Isolation::Bubblewrap)).await;
     assert!(r.out.contains("THREAD") && r.out.contains("CHILD"), "ordinary work broke: {} {}", r.out, r.err);
 }
+
+fn pasta_ready(test: &str) -> bool {
+    let tun_ok = fs::metadata("/dev/net/tun").map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o006 == 0o006);
+    let pasta = ["/usr/bin/pasta", "/usr/local/bin/pasta"].iter().any(|p| Path::new(p).exists());
+    if pasta && *tun_ok.as_ref().unwrap_or(&false) {
+        return true;
+    }
+    let msg = format!("{test}: needs pasta (apt-get install passt) and /dev/net/tun mode 0666 (found {tun_ok:?})");
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{msg} (CI=true: security tests must not be skipped)");
+    }
+    eprintln!("SKIP {msg}");
+    false
+}
+
+#[tokio::test]
+async fn slot_network_reaches_the_outside_but_not_the_host_or_other_slots() {
+    // The attack: with the host's network a job reached another job's 127.0.0.1 listener and
+    // abstract socket, every host loopback service, and host abstract sockets (peer uid 0).
+    if !ready("slot_network", ALL) || !pasta_ready("slot_network") {
+        return;
+    }
+    use std::os::linux::net::SocketAddrExt;
+    let private = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let allowed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (private_port, allowed_port) = (private.local_addr().unwrap().port(), allowed.local_addr().unwrap().port());
+    let abstract_name = format!("gpuci-test-{}", std::process::id());
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).unwrap();
+    let _abstract = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+
+    let slot_a = gpuci_sandbox::SlotNetwork::start(test_user(), &[allowed_port]).expect("slot network a");
+    let slot_b = gpuci_sandbox::SlotNetwork::start(test_user(), &[]).expect("slot network b");
+    let root = workspaces();
+    // A job in slot B listens on its own loopback.
+    let wb = mkws(root.path(), "b");
+    let mut sb_spec = spec("slot-b", &wb, "python3 -c 'import socket,time; s=socket.socket(); s.bind((\"127.0.0.1\", 47011)); s.listen(); print(\"LISTENING\", flush=True); time.sleep(30)'", Isolation::Bubblewrap);
+    sb_spec.network = gpuci_sandbox::Network::Namespace(slot_b.namespace());
+    let (mut job_b, mut b_out, _b_err) = Sandbox::spawn(&sb_spec).expect("spawn b");
+    let mut buf = [0u8; 9];
+    b_out.read_exact(&mut buf).await.expect("job b listens (positive control)");
+
+    let wa = mkws(root.path(), "a");
+    let script = format!(
+        "try() {{ timeout 5 bash -c \"echo hi > /dev/tcp/127.0.0.1/$1\" 2>/dev/null && echo \"REACHED-$2\"; }}; \
+         try {private_port} HOST-LOOPBACK; try {allowed_port} ALLOWED; try 47011 OTHER-SLOT; \
+         python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.connect(\"\\0{abstract_name}\"); print(\"REACHED-HOST-ABSTRACT\")' 2>/dev/null; \
+         ip addr add 10.99.0.1/32 dev lo 2>/dev/null && echo CHANGED-ADDRESSES; \
+         ip link set lo down 2>/dev/null && echo CHANGED-LINK; \
+         ip -o link | grep -v ' lo:' | grep -q UP && echo HAS-EGRESS-INTERFACE; true"
+    );
+    let mut s = spec("slot-a", &wa, &script, Isolation::Bubblewrap);
+    s.network = gpuci_sandbox::Network::Namespace(slot_a.namespace());
+    let r = run(&s).await;
+    assert!(r.out.contains("REACHED-ALLOWED"), "positive control: the allowed host port must be reachable: {} {}", r.out, r.err);
+    assert!(r.out.contains("HAS-EGRESS-INTERFACE"), "no egress interface: {} {}", r.out, r.err);
+    // (The gateway address is not probed: under --no-map-gw it is the real gateway, off this
+    // machine, and tests send nothing beyond loopback.)
+    for bad in ["REACHED-HOST-LOOPBACK", "REACHED-OTHER-SLOT", "REACHED-HOST-ABSTRACT", "CHANGED-ADDRESSES", "CHANGED-LINK"] {
+        assert!(!r.out.contains(bad), "{bad}: {}\n{}", r.out, r.err);
+    }
+    job_b.kill_tree().unwrap();
+    let _ = job_b.wait().await;
+    job_b.cleanup().await.unwrap();
+    drop((slot_a, slot_b));
+}
