@@ -63,6 +63,8 @@ pub struct JobContext {
     pub telemetry_period: Duration,
     /// Where workspace uploads come from (and are cached); `None`: a job with an upload fails.
     pub uploads: Option<crate::workspace::UploadSource>,
+    /// The steps' `cache:` trees, by scope (`<data-dir>/cache/`).
+    pub caches: Arc<crate::cache::CacheStore>,
 }
 
 impl JobContext {
@@ -184,78 +186,44 @@ async fn execute(
             return fail(format!("workspace: {error}"));
         }
     }
-    let cache = a.cache_key.as_ref().map(|k| ctx.work_root.with_file_name("cache").join(k));
-    if let Some(dir) = &cache {
-        restore_cache(dir, &a.step.cache, &workspace, out);
-    }
+    restore_cache(a, ctx, &workspace, out).await;
     let result = execute_in(a, ctx, out, cancel, &workspace).await;
-    if let Some(dir) = &cache {
-        save_cache(dir, &a.step.cache, &workspace, out);
-    }
+    save_cache(a, ctx, &workspace, out).await;
     if let Err(e) = std::fs::remove_dir_all(&workspace) {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");
     }
     result
 }
 
-/// Whether `rel` inside `root` is reached without following a symlink anywhere on the way. A
-/// job owns its workspace and could point `.cache` at `/etc`; the agent (often root) must
-/// never move what such a link points to.
-fn plain_path(root: &std::path::Path, rel: &str) -> Option<PathBuf> {
-    let mut p = root.to_path_buf();
-    for part in std::path::Path::new(rel).components() {
-        match part {
-            std::path::Component::Normal(c) => p.push(c),
-            _ => return None,
-        }
-        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
-            return None;
-        }
+/// Bring the step's cached paths into the new workspace from the caches its scope may read
+/// (`crate::cache` carries out what the coordinator decided). Off the async threads: a
+/// restore from another scope copies the tree.
+async fn restore_cache(a: &Assignment, ctx: &JobContext, workspace: &std::path::Path, out: &Emitter) {
+    if a.step.cache.is_empty() || a.cache.is_none() {
+        return;
     }
-    Some(p)
-}
-
-/// Move the repository's cached paths into the new workspace. Caches are per repository and
-/// taken by the job that starts first: two jobs of one repository at once do not share one
-/// (the second starts without it), so neither sees the other's half-written files.
-fn restore_cache(dir: &std::path::Path, paths: &[String], workspace: &std::path::Path, out: &Emitter) {
-    for rel in paths {
-        let (Some(from), Some(to)) = (plain_path(dir, rel), plain_path(workspace, rel)) else { continue };
-        if !from.exists() {
-            out.system(format!("cache: {rel} is empty (first run, or another job has it)"));
-            continue;
-        }
-        if let Some(parent) = to.parent() {
-            let _ = std::fs::create_dir_all(parent);
-        }
-        match std::fs::rename(&from, &to) {
-            Ok(()) => out.system(format!("cache: restored {rel}")),
-            Err(e) => out.system(format!("cache: could not restore {rel}: {e}")),
-        }
+    let (store, scope, paths) = (ctx.caches.clone(), a.cache.clone(), a.step.cache.clone());
+    let ws = workspace.to_path_buf();
+    let lines = tokio::task::spawn_blocking(move || store.restore(&scope, &paths, &ws))
+        .await
+        .unwrap_or_else(|e| vec![format!("cache: restore failed: {e}")]);
+    for line in lines {
+        out.system(line);
     }
 }
 
-/// Keep the job's cached paths for the next job of the repository.
-fn save_cache(dir: &std::path::Path, paths: &[String], workspace: &std::path::Path, out: &Emitter) {
-    for rel in paths {
-        let Some(from) = plain_path(workspace, rel) else {
-            out.system(format!("cache: not saving {rel}: a symlink is on its path"));
-            continue;
-        };
-        let Some(to) = plain_path(dir, rel) else { continue };
-        if std::fs::symlink_metadata(&from).is_err() {
-            continue;
-        }
-        if to.exists() {
-            let _ = std::fs::remove_dir_all(&to).or_else(|_| std::fs::remove_file(&to));
-        }
-        if let Some(parent) = to.parent() {
-            let _ = std::fs::create_dir_all(parent);
-        }
-        match std::fs::rename(&from, &to) {
-            Ok(()) => out.system(format!("cache: saved {rel}")),
-            Err(e) => out.system(format!("cache: could not save {rel}: {e}")),
-        }
+/// Keep the job's cached paths under its scope's save key (none: the job only reads).
+async fn save_cache(a: &Assignment, ctx: &JobContext, workspace: &std::path::Path, out: &Emitter) {
+    if a.step.cache.is_empty() || a.cache.is_none() {
+        return;
+    }
+    let (store, scope, paths) = (ctx.caches.clone(), a.cache.clone(), a.step.cache.clone());
+    let ws = workspace.to_path_buf();
+    let lines = tokio::task::spawn_blocking(move || store.save(&scope, &paths, &ws))
+        .await
+        .unwrap_or_else(|e| vec![format!("cache: save failed: {e}")]);
+    for line in lines {
+        out.system(line);
     }
 }
 
@@ -551,7 +519,7 @@ async fn lines(
 
 #[cfg(test)]
 mod tests {
-    use super::plain_path;
+    use crate::cache::plain_path;
 
     #[test]
     fn cache_paths_through_a_symlink_are_refused() {

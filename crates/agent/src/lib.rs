@@ -7,6 +7,7 @@
 //! the GPUs it is told, and reports what happened. One task (the loop in [`run`]) owns the
 //! agent's state; job tasks only send it events.
 
+pub mod cache;
 mod executor;
 pub mod identity;
 pub mod workspace;
@@ -47,6 +48,8 @@ pub struct Config {
     pub post_job_timeout: Duration,
     /// Use this GPU backend instead of detecting one (tests: a recording fake).
     pub gpu_backend: Option<Arc<dyn gpuci_gpu::GpuBackend>>,
+    /// Size limits of the steps' `cache:` store.
+    pub cache_limits: cache::CacheLimits,
     /// Absolute paths jobs must not see besides the data dir: other credentials on the host
     /// (`--hide`), the coordinator's data dir and key files when it runs in this process.
     pub hide: Vec<PathBuf>,
@@ -68,6 +71,7 @@ impl Config {
             telemetry_period: Duration::from_secs(1),
             post_job_timeout: Duration::from_secs(30),
             gpu_backend: None,
+            cache_limits: cache::CacheLimits::default(),
             hide: Vec::new(),
         }
     }
@@ -168,6 +172,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         health,
         baselines: std::sync::Mutex::new(Default::default()),
         telemetry_period: config.telemetry_period,
+        caches: Arc::new(cache::CacheStore::open(config.data_dir.join("cache"), config.cache_limits)),
         uploads: Some(
             workspace::UploadSource::new(
                 &identity.server,

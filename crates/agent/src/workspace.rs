@@ -2,12 +2,17 @@
 //! (with this agent's credential), keep it in a small cache under `<data-dir>/uploads/` (named
 //! by its sha256, checked before every use), and unpack it into the workspace.
 //!
-//! Unpacking refuses, and fails the job on, any entry that could write or point outside the
-//! workspace: absolute paths and `..` components, symlinks whose target leaves the workspace
-//! (checked as written, and again on the link as created, so a chain of links cannot escape
-//! either), hard links to anything but a file already unpacked, and device files or FIFOs.
-//! Ownership, set-id bits and extended attributes from the archive are not kept; the
-//! executable bit is.
+//! Unpacking guarantees that, whatever the order of the entries, nothing is written outside the
+//! workspace and no link is left in it that leads outside. It refuses, and fails the job on
+//! (naming the entry and why): absolute paths and `..` components; an entry whose way passes
+//! through a symlink (nothing is ever written through a link); an entry that would replace a
+//! symlink, or a directory with something else (or the other way round); symlinks whose target
+//! is absolute or climbs out from where the link is, and — checked once all entries are down,
+//! because a later entry can change where an earlier link leads — any symlink whose target,
+//! walked through the links it meets, leads outside; hard links to anything but a plain file
+//! already unpacked and reached without links (never to a symlink: the new name would read
+//! the link's relative target from another directory); device files and FIFOs. Ownership,
+//! set-id bits and extended attributes from the archive are not kept; the permission bits are.
 
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
@@ -179,8 +184,6 @@ fn plain_relative(path: &Path) -> bool {
         && path.components().any(|c| matches!(c, Component::Normal(_)))
 }
 
-/// Unpack the gzip'ed tar `archive` of upload `id` into the existing, empty directory `dest`.
-/// Returns how many files (not directories or links) it wrote.
 /// How much one upload may unpack to: a small gzip stream can expand without bound (a "zip
 /// bomb"), and the workspace shares the agent's disk.
 #[derive(Clone, Copy, Debug)]
@@ -195,117 +198,290 @@ impl Default for UnpackLimits {
     }
 }
 
+/// Unpack the gzip'ed tar `archive` of upload `id` into the existing, empty directory `dest`.
+/// Returns how many files (not directories or links) it wrote.
 pub fn unpack(id: &str, archive: &Path, dest: &Path) -> Result<usize, WorkspaceError> {
     unpack_limited(id, archive, dest, UnpackLimits::default())
 }
 
 /// [`unpack`], refusing an archive whose entries add up to more than `limits`; the check is
 /// made from each header before its data is written.
+///
+/// The archive is written by this function alone, entry by entry, never through a link:
+/// every directory on an entry's path is checked with `symlink_metadata` (made if missing),
+/// and files are created with `O_NOFOLLOW | O_EXCL`. Nothing else writes the workspace until
+/// the job starts, so a check holds until the write it guards. Links are judged twice: each
+/// symlink's target as written (relative, not climbing out of the workspace from where the
+/// link is), and every symlink again once the whole archive is down, by walking its target
+/// through the links it meets — only then are all links known, in whatever order they came.
 pub fn unpack_limited(id: &str, archive: &Path, dest: &Path, limits: UnpackLimits) -> Result<usize, WorkspaceError> {
     let unpack_err = |reason: String| WorkspaceError::Unpack { id: id.into(), reason };
-    let refused = |entry: &Path, reason: &str| WorkspaceError::Refused {
+    let refused = |entry: &Path, reason: String| WorkspaceError::Refused {
         id: id.into(),
         entry: entry.display().to_string(),
-        reason: reason.into(),
+        reason,
     };
     let root = std::fs::canonicalize(dest).map_err(|e| unpack_err(format!("workspace {}: {e}", dest.display())))?;
     let file = std::fs::File::open(archive).map_err(|e| unpack_err(format!("{}: {e}", archive.display())))?;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(std::io::BufReader::new(file)));
-    tar.set_preserve_permissions(false);
-    tar.set_preserve_ownerships(false);
-    tar.set_unpack_xattrs(false);
-    tar.set_overwrite(true);
     let mut files = 0;
     let (mut bytes, mut entries) = (0u64, 0u64);
-    for entry in tar.entries().map_err(|e| unpack_err(e.to_string()))? {
-        let mut entry = entry.map_err(|e| unpack_err(e.to_string()))?;
-        bytes = bytes.saturating_add(entry.size());
-        entries += 1;
-        if bytes > limits.bytes || entries > limits.entries {
-            return Err(unpack_err(format!(
-                "the upload unpacks to more than {} MiB or {} entries; refused",
-                limits.bytes >> 20,
-                limits.entries
-            )));
-        }
-        let path = entry.path().map_err(|e| unpack_err(format!("an entry's path: {e}")))?.into_owned();
-        use tar::EntryType as T;
-        let kind = entry.header().entry_type();
-        if matches!(kind, T::XGlobalHeader | T::XHeader | T::GNULongName | T::GNULongLink) {
-            continue;
-        }
-        if path.components().all(|c| c == Component::CurDir) {
-            continue; // `./`: the workspace itself
-        }
-        if !plain_relative(&path) {
-            return Err(refused(&path, "the path is absolute or contains `..`"));
-        }
-        match kind {
-            T::Regular | T::Continuous | T::Directory => {}
-            T::Symlink => {
-                let target = entry
-                    .link_name()
-                    .map_err(|e| unpack_err(format!("{}: link target: {e}", path.display())))?
-                    .ok_or_else(|| refused(&path, "a symlink without a target"))?
-                    .into_owned();
-                let parent = path.parent().unwrap_or(Path::new(""));
-                if target.is_absolute() || normalize(&parent.join(&target)).is_none() {
-                    return Err(refused(
-                        &path,
-                        &format!("the symlink points outside the workspace ({})", target.display()),
-                    ));
-                }
+    // Symlinks made, in order: checked once more at the end.
+    let mut links: Vec<PathBuf> = Vec::new();
+    let written = (|| -> Result<(), WorkspaceError> {
+        for entry in tar.entries().map_err(|e| unpack_err(e.to_string()))? {
+            let mut entry = entry.map_err(|e| unpack_err(e.to_string()))?;
+            bytes = bytes.saturating_add(entry.size());
+            entries += 1;
+            if bytes > limits.bytes || entries > limits.entries {
+                return Err(unpack_err(format!(
+                    "the upload unpacks to more than {} MiB or {} entries; refused",
+                    limits.bytes >> 20,
+                    limits.entries
+                )));
             }
-            T::Link => {
-                let target = entry
-                    .link_name()
-                    .map_err(|e| unpack_err(format!("{}: link target: {e}", path.display())))?
-                    .ok_or_else(|| refused(&path, "a hard link without a target"))?
-                    .into_owned();
-                if !plain_relative(&target) {
-                    return Err(refused(
-                        &path,
-                        &format!("the hard link points outside the workspace ({})", target.display()),
-                    ));
-                }
-                // Only to a file this archive already wrote, reached without leaving the workspace.
-                let real = std::fs::canonicalize(root.join(&target)).ok();
-                let inside_file = real.as_ref().is_some_and(|r| r.starts_with(&root) && r.is_file());
-                if !inside_file {
-                    return Err(refused(
-                        &path,
-                        &format!("the hard link's target {} is not a file in the workspace", target.display()),
-                    ));
-                }
+            let raw = entry.path().map_err(|e| unpack_err(format!("an entry's path: {e}")))?.into_owned();
+            use tar::EntryType as T;
+            let kind = entry.header().entry_type();
+            if matches!(kind, T::XGlobalHeader | T::XHeader | T::GNULongName | T::GNULongLink) {
+                continue;
             }
-            other => {
-                return Err(refused(&path, &format!("{other:?} entries (devices, FIFOs, ...) are not allowed")));
+            if raw.components().all(|c| c == Component::CurDir) {
+                continue; // `./`: the workspace itself
             }
-        }
-        // `unpack_in` refuses to write through a directory that resolves outside `root`.
-        let written = entry.unpack_in(&root).map_err(|e| unpack_err(format!("{}: {e}", path.display())))?;
-        if !written {
-            return Err(refused(&path, "it would be written outside the workspace"));
-        }
-        if kind == T::Symlink {
-            // The link as created (its directory may itself be reached through links).
-            let link = root.join(&path);
-            let escapes = match std::fs::canonicalize(&link) {
-                Ok(real) => !real.starts_with(&root),
-                // Dangling: allowed only while what it names could not leave the workspace later.
-                Err(_) => std::fs::read_link(&link)
-                    .map_or(true, |t| t.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))),
+            if !plain_relative(&raw) {
+                return Err(refused(&raw, "the path is absolute or contains `..`".into()));
+            }
+            // Only plain names from here on: `a/./b/` is `a/b`.
+            let path: PathBuf = raw.components().filter(|c| matches!(c, Component::Normal(_))).collect();
+            let io = |e: std::io::Error| unpack_err(format!("{}: {e}", path.display()));
+            let target = match kind {
+                T::Symlink | T::Link => Some(
+                    entry
+                        .link_name()
+                        .map_err(|e| unpack_err(format!("{}: link target: {e}", path.display())))?
+                        .ok_or_else(|| refused(&path, "a link without a target".into()))?
+                        .into_owned(),
+                ),
+                _ => None,
             };
-            if escapes {
-                let _ = std::fs::remove_file(&link);
-                return Err(refused(&path, "the symlink points outside the workspace"));
+            match kind {
+                T::Regular | T::Continuous | T::Directory | T::Symlink | T::Link => {}
+                other => {
+                    return Err(refused(&path, format!("{other:?} entries (devices, FIFOs, ...) are not allowed")))
+                }
+            }
+            make_parents(&root, &path).map_err(|why| refused(&path, why))?;
+            let full = root.join(&path);
+            let existing = std::fs::symlink_metadata(&full).ok().map(|m| m.file_type());
+            let replaced = |what: &str| {
+                let had = match existing {
+                    Some(t) if t.is_symlink() => "a symlink",
+                    Some(t) if t.is_dir() => "a directory",
+                    _ => "a file",
+                };
+                refused(&path, format!("it would replace {had} of the same name with {what}"))
+            };
+            let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
+            match kind {
+                T::Directory => match existing {
+                    None => {
+                        use std::os::unix::fs::DirBuilderExt;
+                        std::fs::DirBuilder::new().mode(mode | 0o700).create(&full).map_err(io)?;
+                    }
+                    Some(t) if t.is_dir() => {}
+                    Some(_) => return Err(replaced("a directory")),
+                },
+                T::Regular | T::Continuous => {
+                    match existing {
+                        None => {}
+                        // A later copy of the same file wins, as with tar(1).
+                        Some(t) if t.is_file() => std::fs::remove_file(&full).map_err(io)?,
+                        Some(_) => return Err(replaced("a file")),
+                    }
+                    let mut out = create_new(&full, mode).map_err(io)?;
+                    // The archive's bits exactly (not narrowed by the agent's umask), set-id never.
+                    out.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode)).map_err(io)?;
+                    std::io::copy(&mut entry, &mut out).map_err(io)?;
+                    if let Ok(mtime) = entry.header().mtime() {
+                        let _ = out.set_modified(std::time::UNIX_EPOCH + Duration::from_secs(mtime));
+                    }
+                    files += 1;
+                }
+                T::Symlink => {
+                    let target = target.unwrap_or_default();
+                    let parent = path.parent().unwrap_or(Path::new(""));
+                    if target.as_os_str().is_empty()
+                        || target.is_absolute()
+                        || normalize(&parent.join(&target)).is_none()
+                    {
+                        return Err(refused(
+                            &path,
+                            format!("the symlink points outside the workspace ({})", target.display()),
+                        ));
+                    }
+                    if existing.is_some() {
+                        return Err(replaced("a symlink"));
+                    }
+                    std::os::unix::fs::symlink(&target, &full).map_err(io)?;
+                    links.push(path.clone());
+                }
+                _ => {
+                    // A hard link: to a regular file this archive already wrote, reached by plain
+                    // directories. Never to a symlink: the copy would read its relative target
+                    // from another directory.
+                    let target = target.unwrap_or_default();
+                    if !plain_relative(&target) {
+                        return Err(refused(
+                            &path,
+                            format!("the hard link points outside the workspace ({})", target.display()),
+                        ));
+                    }
+                    let to = plain_dirs(&root, &target)
+                        .filter(|t| std::fs::symlink_metadata(t).is_ok_and(|m| m.file_type().is_file()))
+                        .ok_or_else(|| {
+                            refused(
+                                &path,
+                                format!(
+                                    "the hard link's target {} is not a file in the workspace reached without links",
+                                    target.display()
+                                ),
+                            )
+                        })?;
+                    match existing {
+                        None => {}
+                        Some(t) if t.is_file() => std::fs::remove_file(&full).map_err(io)?,
+                        Some(_) => return Err(replaced("a hard link")),
+                    }
+                    std::fs::hard_link(&to, &full).map_err(io)?;
+                    files += 1;
+                }
             }
         }
-        if matches!(kind, T::Regular | T::Continuous | T::Link) {
-            files += 1;
+        Ok(())
+    })();
+    // Also when an entry was refused half-way: the links made so far may lead out together.
+    // All are judged first, then those leading out are removed, so none is left behind.
+    let escaping: Vec<(&PathBuf, String)> =
+        links.iter().filter_map(|l| link_stays_inside(&root, l).err().map(|why| (l, why))).collect();
+    for (link, _) in &escaping {
+        let _ = std::fs::remove_file(root.join(link));
+    }
+    written?;
+    match escaping.into_iter().next() {
+        Some((link, why)) => Err(refused(link, why)),
+        None => Ok(files),
+    }
+}
+
+/// Make the directories above `rel` inside `root`, refusing to pass through anything but a
+/// directory: an earlier entry may have put a symlink there.
+fn make_parents(root: &Path, rel: &Path) -> Result<(), String> {
+    let mut p = root.to_path_buf();
+    let Some(parent) = rel.parent() else { return Ok(()) };
+    for c in parent.components() {
+        p.push(c);
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => {}
+            Ok(m) if m.file_type().is_symlink() => {
+                let shown = p.strip_prefix(root).unwrap_or(&p).display().to_string();
+                return Err(format!("`{shown}` on its path is a symlink; nothing is written through a link"));
+            }
+            Ok(_) => {
+                let shown = p.strip_prefix(root).unwrap_or(&p).display().to_string();
+                return Err(format!("`{shown}` on its path is not a directory"));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new().mode(0o755).create(&p).map_err(|e| format!("making its directory: {e}"))?;
+            }
+            Err(e) => return Err(e.to_string()),
         }
     }
-    Ok(files)
+    Ok(())
+}
+
+/// `root/rel` if every directory above it exists and is a directory, not a link.
+fn plain_dirs(root: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut p = root.to_path_buf();
+    for c in rel.parent()?.components() {
+        match c {
+            Component::Normal(n) => p.push(n),
+            Component::CurDir => continue,
+            _ => return None,
+        }
+        if !std::fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+            return None;
+        }
+    }
+    Some(p.join(rel.file_name()?))
+}
+
+/// A new file, never through a link and never an existing one.
+fn create_new(path: &Path, mode: u32) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+        .open(path)
+}
+
+/// Whether the symlink `link` (relative to `root`) leads somewhere inside `root` when
+/// followed, worked out without following anything: its target is walked component by
+/// component with `symlink_metadata`, reading each link it meets the way the kernel would.
+/// A target that dangles is judged by its text from the first missing component on. Shared
+/// by uploads and the cache (a cached tree is the `root` there).
+pub(crate) fn link_stays_inside(root: &Path, link: &Path) -> Result<(), String> {
+    /// As Linux's limit on links followed in one lookup.
+    const MAX_HOPS: u32 = 40;
+    let start = std::fs::read_link(root.join(link)).map_err(|e| format!("reading the link: {e}"))?;
+    let shown = start.display().to_string();
+    let mut at: Vec<std::ffi::OsString> = match link.parent() {
+        Some(p) => p.components().map(|c| c.as_os_str().to_os_string()).collect(),
+        None => Vec::new(),
+    };
+    let mut pending: std::collections::VecDeque<PathBuf> =
+        start.components().map(|c| PathBuf::from(c.as_os_str())).collect();
+    let (mut hops, mut dangling) = (0, false);
+    while let Some(c) = pending.pop_front() {
+        match c.components().next() {
+            None | Some(Component::CurDir) => {}
+            Some(Component::RootDir | Component::Prefix(_)) => {
+                return Err(format!("the symlink's target {shown} leads to an absolute path"));
+            }
+            Some(Component::ParentDir) => {
+                if at.pop().is_none() {
+                    return Err(format!("the symlink's target {shown} leads outside the workspace"));
+                }
+            }
+            Some(Component::Normal(name)) => {
+                let here: PathBuf = root.join(at.iter().collect::<PathBuf>()).join(name);
+                at.push(name.to_os_string());
+                if dangling {
+                    continue;
+                }
+                match std::fs::symlink_metadata(&here) {
+                    Ok(m) if m.file_type().is_symlink() => {
+                        hops += 1;
+                        if hops > MAX_HOPS {
+                            return Err(format!("the symlink's target {shown} is a loop of links"));
+                        }
+                        at.pop();
+                        let next = std::fs::read_link(&here).map_err(|e| format!("reading a link on its way: {e}"))?;
+                        for c in next.components().rev() {
+                            pending.push_front(PathBuf::from(c.as_os_str()));
+                        }
+                    }
+                    Ok(m) if m.is_dir() => {}
+                    // A file or a missing name: nothing below it exists now.
+                    _ => dangling = true,
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -441,6 +617,198 @@ mod tests {
             assert!(matches!(r, Err(WorkspaceError::Refused { .. })), "{what}: {r:?}");
             assert!(!dir.0.join("escape").exists() && !dir.0.join("out").exists(), "{what}");
         }
+    }
+
+    /// Every symlink under `ws` resolves inside it (or dangles); nothing was made next to it.
+    fn assert_contained(dir: &tempfile_free::Dir, what: &str) {
+        if let Some(problem) = escape(dir) {
+            panic!("{what}: {problem}");
+        }
+    }
+
+    /// What leads or lies outside the workspace, if anything.
+    fn escape(dir: &tempfile_free::Dir) -> Option<String> {
+        let ws = dir.0.join("ws");
+        let root = std::fs::canonicalize(&ws).unwrap();
+        fn walk(p: &Path, root: &Path) -> Option<String> {
+            for e in std::fs::read_dir(p).unwrap() {
+                let e = e.unwrap();
+                let m = std::fs::symlink_metadata(e.path()).unwrap();
+                if m.file_type().is_symlink() {
+                    match std::fs::canonicalize(e.path()) {
+                        Ok(real) if !real.starts_with(root) => {
+                            return Some(format!("{} resolves to {}", e.path().display(), real.display()))
+                        }
+                        _ => {}
+                    }
+                } else if m.is_dir() {
+                    if let Some(p) = walk(&e.path(), root) {
+                        return Some(p);
+                    }
+                }
+            }
+            None
+        }
+        let mut beside: Vec<_> = std::fs::read_dir(&dir.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+        beside.sort();
+        if beside != ["a.tar.gz", "ws"] {
+            return Some(format!("written next to the workspace: {beside:?}"));
+        }
+        walk(&ws, &root)
+    }
+
+    fn symlink(b: &mut tar::Builder<flate2::write::GzEncoder<Vec<u8>>>, path: &str, target: &str) {
+        let mut h = header(tar::EntryType::Symlink, 0, 0o777);
+        b.append_link(&mut h, path, target).unwrap();
+    }
+
+    fn file(b: &mut tar::Builder<flate2::write::GzEncoder<Vec<u8>>>, path: &str, data: &str) {
+        let mut h = header(tar::EntryType::Regular, data.len() as u64, 0o644);
+        b.append_data(&mut h, path, data.as_bytes()).unwrap();
+    }
+
+    fn hard_link(b: &mut tar::Builder<flate2::write::GzEncoder<Vec<u8>>>, path: &str, target: &str) {
+        let mut h = header(tar::EntryType::Link, 0, 0o644);
+        h.set_path(path).unwrap();
+        h.set_link_name_literal(target).unwrap();
+        h.set_cksum();
+        b.append(&h, &b""[..]).unwrap();
+    }
+
+    fn dir_entry(b: &mut tar::Builder<flate2::write::GzEncoder<Vec<u8>>>, path: &str) {
+        let mut h = header(tar::EntryType::Directory, 0, 0o755);
+        b.append_data(&mut h, path, &b""[..]).unwrap();
+    }
+
+    /// Issue 9, upload relink chains: entries that are harmless one by one but, in this order,
+    /// leave a link in the workspace that leads out of it (or write through one).
+    #[test]
+    fn relink_chains_are_refused_whatever_the_order_of_entries() {
+        let cases: Vec<(&str, &str, AddEntry)> = vec![
+            (
+                "a symlink re-pointed further out after a link through it was checked",
+                "b",
+                Box::new(|b| {
+                    dir_entry(b, "c");
+                    symlink(b, "b", "c");
+                    symlink(b, "x", "b/..");
+                    symlink(b, "b", ".");
+                }),
+            ),
+            (
+                "a link through a symlink made later",
+                "x",
+                Box::new(|b| {
+                    symlink(b, "x", "b/..");
+                    symlink(b, "b", ".");
+                }),
+            ),
+            (
+                "a hard link to a symlink (its relative target read from another directory)",
+                "h",
+                Box::new(|b| {
+                    file(b, "f", "data");
+                    dir_entry(b, "d");
+                    symlink(b, "d/l", "../f");
+                    hard_link(b, "h", "d/l");
+                }),
+            ),
+            (
+                "a hard link through a symlinked directory",
+                "h",
+                Box::new(|b| {
+                    dir_entry(b, "d");
+                    file(b, "d/f", "data");
+                    symlink(b, "s", "d");
+                    hard_link(b, "h", "s/f");
+                }),
+            ),
+            (
+                "a file written through a symlink to a directory",
+                "s/new",
+                Box::new(|b| {
+                    dir_entry(b, "d");
+                    symlink(b, "s", "d");
+                    file(b, "s/new", "x");
+                }),
+            ),
+            (
+                "a file replacing a symlink",
+                "s",
+                Box::new(|b| {
+                    file(b, "f", "x");
+                    symlink(b, "s", "f");
+                    file(b, "s", "y");
+                }),
+            ),
+            (
+                "a directory replacing a symlink",
+                "s",
+                Box::new(|b| {
+                    dir_entry(b, "d");
+                    symlink(b, "s", "d");
+                    dir_entry(b, "s");
+                }),
+            ),
+            (
+                "a symlink replacing a directory",
+                "d",
+                Box::new(|b| {
+                    dir_entry(b, "d");
+                    symlink(b, "d", ".");
+                }),
+            ),
+            (
+                "a symlink loop",
+                "a",
+                Box::new(|b| {
+                    symlink(b, "a", "b");
+                    symlink(b, "b", "a/x");
+                }),
+            ),
+        ];
+        let mut wrong = Vec::new();
+        for (what, entry, build) in cases {
+            let dir = archive(|b| build(b));
+            match run(&dir) {
+                Err(WorkspaceError::Refused { entry: e, .. }) if e == entry => {}
+                other => wrong.push(format!("{what}: expected entry {entry:?} refused, got {other:?}")),
+            }
+            if let Some(problem) = escape(&dir) {
+                wrong.push(format!("{what}: {problem}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    #[test]
+    fn duplicate_files_and_directories_replace_their_own_kind() {
+        let dir = archive(|b| {
+            dir_entry(b, "d");
+            file(b, "d/f", "old");
+            dir_entry(b, "d");
+            file(b, "d/f", "new");
+            symlink(b, "d/up", "../d/./f");
+            hard_link(b, "d/h", "d/f");
+        });
+        assert_eq!(run(&dir).expect("unpack"), 3);
+        let ws = dir.0.join("ws");
+        assert_eq!(std::fs::read_to_string(ws.join("d/f")).unwrap(), "new");
+        assert_eq!(std::fs::read_to_string(ws.join("d/up")).unwrap(), "new");
+        assert_eq!(std::fs::read_to_string(ws.join("d/h")).unwrap(), "new");
+        assert_contained(&dir, "plain archive");
+    }
+
+    #[test]
+    fn set_uid_bits_are_not_unpacked() {
+        let dir = archive(|b| {
+            let mut h = header(tar::EntryType::Regular, 2, 0o6755);
+            b.append_data(&mut h, "suid", &b"x\n"[..]).unwrap();
+        });
+        run(&dir).expect("unpack");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.0.join("ws/suid")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7000, 0, "{mode:o}");
     }
 
     /// A temporary directory without the tempfile crate (not a dependency of this crate).

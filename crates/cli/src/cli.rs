@@ -196,6 +196,13 @@ pub struct AgentArgs {
     /// How long GPU memory may take to return to baseline after a job before the GPU is quarantined.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub post_job_timeout: std::time::Duration,
+    /// Largest cache one job may save (all its `cache:` paths); a bigger one is not saved and
+    /// the job's log says so.
+    #[arg(long, env = "GPUCI_CACHE_MAX_ENTRY_SIZE", default_value = "10GiB")]
+    pub cache_max_entry_size: gpuci_core::quantity::Bytes,
+    /// All caches on this agent together; past it the least recently used are removed.
+    #[arg(long, env = "GPUCI_CACHE_MAX_TOTAL", default_value = "50GiB")]
+    pub cache_max_total: gpuci_core::quantity::Bytes,
 }
 
 #[derive(Args, Debug)]

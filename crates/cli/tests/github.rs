@@ -526,3 +526,48 @@ fn a_new_push_to_a_pull_request_cancels_its_previous_run() {
     );
     s.assert_spec_clean();
 }
+
+/// Issue 9, cache poisoning: a fork's pull request shared the push pipelines' cache, so a
+/// script it planted there ran in the next trusted push. It may read main's cache, never write it.
+#[test]
+fn cache_poisoning_a_fork_pull_request_cannot_plant_files_for_later_pushes() {
+    let (base, fork, later) = (
+        "7777777777777777777777777777777777777777",
+        "8888888888888888888888888888888888888888",
+        "9999999999999999999999999999999999999999",
+    );
+    let step = |command: &str| format!("steps:\n  - key: test\n    cache: [cache]\n    command: {command:?}\n");
+    let (on_main, in_fork, next_push) = (
+        step("mkdir -p cache && echo from-main > cache/base.txt"),
+        step("cat cache/base.txt && echo 'echo pwned' > cache/evil.sh && (chmod 4755 cache/evil.sh || true)"),
+        step("cat cache/base.txt && test ! -e cache/evil.sh && echo no-planted-script"),
+    );
+    let s = Setup::new("", "1h", |_, gh| {
+        gh.set_tree(REPO, base, &[(".gpuci.yml", on_main.as_str())]);
+        gh.set_tree(REPO, fork, &[(".gpuci.yml", in_fork.as_str())]);
+        gh.set_tree(REPO, later, &[(".gpuci.yml", next_push.as_str())]);
+        gh.add_collaborator(REPO, "maintainer", "write");
+    });
+    let run = |count: usize, what: &str| {
+        wait_until_or(what, T, || s.jobs().len() == count, || format!("{:#?}", s.jobs()));
+        let id = s.jobs().iter().map(|j| j.id).max().unwrap();
+        let job = s.api.wait_job(id, what, T, |j| j.state.is_terminal());
+        let log = s.api.log_text(id);
+        assert_eq!(job.state, JobState::Succeeded, "{what}: {job:#?}\n{log}");
+        log
+    };
+
+    assert_eq!(s.rt.block_on(s.gh.push(REPO, "main", base)), 202);
+    run(1, "the push to main fills main's cache");
+
+    assert_eq!(s.rt.block_on(s.gh.open_pull_request(REPO, 11, fork, true, "mallory", "NONE")), 202);
+    assert_eq!(s.rt.block_on(s.gh.add_label(REPO, 11, "run-gpu-ci", "maintainer")), 202);
+    let log = run(2, "the approved fork pull request");
+    assert!(log.contains("from-main"), "a pull request reads its base branch's cache:\n{log}");
+
+    assert_eq!(s.rt.block_on(s.gh.push(REPO, "main", later)), 202);
+    let log = run(3, "the next push to main");
+    assert!(log.contains("from-main"), "main's own cache is still there:\n{log}");
+    assert!(log.contains("no-planted-script"), "{log}");
+    s.assert_spec_clean();
+}

@@ -1123,12 +1123,20 @@ impl Brain {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
                     tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
-                    let (workspace_upload, repository, origin) = match self.store.get_pipeline(j.pipeline_id).await {
+                    let (workspace_upload, cache, origin) = match self.store.get_pipeline(j.pipeline_id).await {
                         Ok(Some(p)) => {
                             let origin = Origin::parse(p.origin.as_deref());
-                            (p.workspace_upload, p.repository, origin)
+                            // Caches by repository and trust class: what may be restored and
+                            // where the job saves is the core's rule (`cache::scope`).
+                            let cache = match (&p.repository, Origin::cache_origin(p.origin.as_deref())) {
+                                (Some(repository), Some(o)) if !j.step.cache.is_empty() => {
+                                    gpuci_core::cache::scope(repository, &o)
+                                }
+                                _ => gpuci_core::cache::CacheScope::none(),
+                            };
+                            (p.workspace_upload, cache, origin)
                         }
-                        Ok(None) => (None, None, None),
+                        Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None),
                         Err(e) => {
                             tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
                             continue;
@@ -1160,12 +1168,7 @@ impl Brain {
                                 gpus: rec.gpus.clone(),
                                 secrets: gpuci_protocol::agent::SecretValues(secrets),
                                 workspace_upload: workspace_upload.clone(),
-                                // Caches are per repository; the key is a hash so paths and
-                                // URLs never reach the agent's file names.
-                                cache_key: repository
-                                    .as_deref()
-                                    .filter(|_| !rec.step.cache.is_empty())
-                                    .map(|r| crate::auth::hash(r)[..16].to_string()),
+                                cache,
                                 runner_dir: runner.as_ref().map(|r| r.install_dir.clone()),
                             };
                             match (runner, &self.registrar) {

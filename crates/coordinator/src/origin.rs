@@ -2,6 +2,7 @@
 //! request, or an Actions runner job queued for a GitHub workflow job. The scheduler reads it
 //! to decide what a job may have (secrets) and what placing it involves (registering a runner).
 
+use gpuci_core::cache::CacheOrigin;
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +38,20 @@ pub struct GithubOrigin {
     pub pr: Option<u64>,
     /// Whether the steps may have the secrets they name. False for pull requests from forks.
     pub secrets: bool,
+    /// Pushes: the full ref pushed (`refs/heads/main`). Caches are kept per ref.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+    /// Pull requests: the branch it merges into; it may read that branch's cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_branch: Option<String>,
+    /// The repository's default branch: every push and pull request may read its cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_branch: Option<String>,
+    /// Pull requests: from a branch of the repository itself, by an owner, member or
+    /// collaborator. Its caches are trusted; any other pull request's are not, approved or
+    /// not. Records written before this field read as untrusted.
+    #[serde(default)]
+    pub trusted: bool,
 }
 
 impl Origin {
@@ -53,5 +68,64 @@ impl Origin {
 
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// What caches care about, for a pipeline whose stored origin is `json` (`None`: submitted
+    /// through the API). An origin that cannot be read gets `None`: no cache at all, rather
+    /// than a guess at its trust.
+    pub fn cache_origin(json: Option<&str>) -> Option<CacheOrigin> {
+        let Some(json) = json else { return Some(CacheOrigin::Direct) };
+        Some(match Origin::parse(Some(json))? {
+            Origin::ActionsRunner(_) => CacheOrigin::ActionsRunner,
+            Origin::Github(g) if g.event == "push" => {
+                CacheOrigin::Push { git_ref: g.git_ref, default_branch: g.default_branch }
+            }
+            Origin::Github(g) => match g.pr {
+                Some(number) => CacheOrigin::PullRequest {
+                    number,
+                    base_branch: g.base_branch,
+                    default_branch: g.default_branch,
+                    trusted: g.trusted,
+                },
+                // Neither a push nor a pull request: nothing says whom to trust.
+                None => return None,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_origins_come_from_the_stored_origin() {
+        assert_eq!(Origin::cache_origin(None), Some(CacheOrigin::Direct), "submitted through the API");
+        let push = Origin::Github(GithubOrigin {
+            repository: "octo/gpu".into(),
+            sha: "1".repeat(40),
+            event: "push".into(),
+            pr: None,
+            secrets: true,
+            git_ref: Some("refs/heads/dev".into()),
+            base_branch: None,
+            default_branch: Some("main".into()),
+            trusted: true,
+        });
+        assert_eq!(
+            Origin::cache_origin(Some(&push.to_json())),
+            Some(CacheOrigin::Push { git_ref: Some("refs/heads/dev".into()), default_branch: Some("main".into()) })
+        );
+        assert_eq!(Origin::cache_origin(Some("{not json")), None, "unreadable: no cache, not a guess");
+    }
+
+    #[test]
+    fn pull_requests_recorded_before_trust_was_stored_read_as_untrusted() {
+        let old =
+            r#"{"kind":"github","repository":"octo/gpu","sha":"abc","event":"pull_request","pr":4,"secrets":true}"#;
+        assert_eq!(
+            Origin::cache_origin(Some(old)),
+            Some(CacheOrigin::PullRequest { number: 4, base_branch: None, default_branch: None, trusted: false })
+        );
     }
 }

@@ -109,6 +109,10 @@ pub struct PullRequestEvent {
     pub installation_id: Option<u64>,
     /// Who caused the event (on `labeled`: who added the label).
     pub sender: Option<String>,
+    /// The branch the pull request merges into (`main`).
+    pub base_ref: Option<String>,
+    /// The base repository's default branch (`main`).
+    pub default_branch: Option<String>,
 }
 
 /// A `push` event.
@@ -121,6 +125,8 @@ pub struct PushEvent {
     pub deleted: bool,
     pub repository: Repository,
     pub installation_id: Option<u64>,
+    /// The repository's default branch (`main`).
+    pub default_branch: Option<String>,
 }
 
 /// Parses a delivery whose signature has already been verified.
@@ -148,6 +154,8 @@ pub fn parse_event(event_name: &str, delivery_id: &str, body: &[u8]) -> Result<E
         }
         "pull_request" => {
             let p: wire::PullRequestPayload = decode(event_name, delivery_id, body)?;
+            let default_branch = p.pull_request.base.repo.default_branch.clone();
+            let base_ref = p.pull_request.base.git_ref;
             let base_repository: Repository = p.pull_request.base.repo.into();
             let head_repo_full_name = p.pull_request.head.repo.map(|r| r.full_name);
             let from_fork = head_repo_full_name.as_deref() != Some(base_repository.full_name.as_str());
@@ -162,6 +170,8 @@ pub fn parse_event(event_name: &str, delivery_id: &str, body: &[u8]) -> Result<E
                 sender: p.sender.map(|s| s.login),
                 from_fork,
                 installation_id: p.installation.map(|i| i.id),
+                base_ref,
+                default_branch,
             })
         }
         "push" => {
@@ -170,6 +180,7 @@ pub fn parse_event(event_name: &str, delivery_id: &str, body: &[u8]) -> Result<E
                 git_ref: p.git_ref,
                 after: p.after,
                 deleted: p.deleted,
+                default_branch: p.repository.default_branch.clone(),
                 repository: p.repository.into(),
                 installation_id: p.installation.map(|i| i.id),
             })
@@ -209,6 +220,8 @@ mod wire {
         pub full_name: String,
         pub name: String,
         pub owner: Owner,
+        #[serde(default)]
+        pub default_branch: Option<String>,
     }
 
     impl From<Repository> for super::Repository {
@@ -269,6 +282,8 @@ mod wire {
     #[derive(Deserialize)]
     pub struct Base {
         pub repo: Repository,
+        #[serde(default, rename = "ref")]
+        pub git_ref: Option<String>,
     }
 
     #[derive(Deserialize)]

@@ -103,6 +103,7 @@ fn pull_request_from_a_fork() {
     assert_eq!(pr.author_association, AuthorAssociation::FirstTimeContributor);
     assert_eq!(pr.label, None);
     assert!(pr.from_fork);
+    assert_eq!(pr.base_ref.as_deref(), Some("main"), "its base branch: caches it may read");
 }
 
 #[test]

@@ -139,9 +139,12 @@ pub struct Assignment {
     /// workspace starts from; none: an empty workspace.
     #[serde(default)]
     pub workspace_upload: Option<String>,
-    /// Names the agent's cache of the step's `cache:` paths (one per repository); none: no cache.
-    #[serde(default)]
-    pub cache_key: Option<String>,
+    /// Which caches of the step's `cache:` paths the job starts from and where it saves its
+    /// own, decided by the pipeline's origin (`gpuci_core::cache::scope`); empty: no cache.
+    /// (An older coordinator's `cache_key`, one trusted cache per repository, is ignored:
+    /// such a job runs without a cache rather than share one across trust classes.)
+    #[serde(default, skip_serializing_if = "gpuci_core::cache::CacheScope::is_none")]
+    pub cache: gpuci_core::cache::CacheScope,
     /// Actions runner jobs: the runner's install directory on the agent's host. The job sees
     /// it at `$GPUCI_RUNNER_DIR` (`<workspace>/runner`): its files read-only, the directory
     /// writable for the runner's `_diag` and `_work`.

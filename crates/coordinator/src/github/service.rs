@@ -711,6 +711,10 @@ impl Service {
             event: "push".into(),
             pr: None,
             secrets: true,
+            git_ref: Some(p.git_ref.clone()),
+            base_branch: None,
+            default_branch: p.default_branch.clone(),
+            trusted: true,
         };
         self.run_pipeline(origin, Some(p.git_ref.clone())).await;
     }
@@ -733,6 +737,11 @@ impl Service {
             pr: Some(p.number),
             // Code from a fork never sees secrets, approved or not.
             secrets: !p.from_fork,
+            git_ref: None,
+            base_branch: p.base_ref.clone(),
+            default_branch: p.default_branch.clone(),
+            // Nor do its caches reach a trusted job: approval lets it run, not write for others.
+            trusted,
         };
         let label = self.cfg.approval_label.clone();
         match p.action {

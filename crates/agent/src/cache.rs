@@ -1,0 +1,618 @@
+//! The agent's store of steps' `cache:` trees, under `<data-dir>/cache/`.
+//!
+//! Which caches a job restores and where its own goes is decided by the coordinator
+//! (`gpuci_core::cache::scope`, by the pipeline's origin); this module only carries it out:
+//!
+//! - **Restore**: each cached path comes from the first key of the scope that has it. From
+//!   the job's own save key it is *moved* (cheap, and two jobs of one scope at once never
+//!   share half-written files: the second starts without it); from any other key (a base
+//!   branch's cache read by a pull request) it is *copied*, so the reader cannot change it.
+//! - **Save**: only to the save key; a read-only scope saves nothing. The tree is moved out
+//!   of the workspace into a staging directory no job can reach, then cleaned before it
+//!   becomes the cache: set-uid/set-gid/sticky bits are stripped, files with other hard
+//!   links are replaced by a copy (so a chmod never touches a file outside the tree), symlinks
+//!   that lead outside the cached path are dropped, and anything that is not a regular file,
+//!   directory or symlink (devices, FIFOs, sockets) makes that path not saved at all.
+//! - **Limits**: a job's cache over [`CacheLimits::entry`] is not saved (the job's log says
+//!   so); after each save, least recently used caches are evicted until the store is under
+//!   [`CacheLimits::total`].
+//!
+//! The agent is often root and the trees were made by hostile jobs: nothing here follows a
+//! link a job made. Paths are checked with `symlink_metadata` ([`plain_path`]), files are
+//! opened with `O_NOFOLLOW`, links are read, never resolved by the kernel. Cache directories
+//! are named by a hash of their key, so no repository or branch name becomes a path.
+
+use gpuci_core::cache::{CacheKey, CacheScope};
+use gpuci_core::quantity::Bytes;
+use sha2::{Digest, Sha256};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+/// Size limits of the store (agent settings, `gpuci agent --cache-max-entry-size` and
+/// `--cache-max-total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// What one job may save (all its `cache:` paths together). Default 10 GiB.
+    pub entry: Bytes,
+    /// All caches together; least recently used go first. Default 50 GiB.
+    pub total: Bytes,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        CacheLimits { entry: Bytes(10 * Bytes::GIB), total: Bytes(50 * Bytes::GIB) }
+    }
+}
+
+/// The cache directory of one agent. Operations hold one lock: a save, its eviction and a
+/// restore never interleave.
+#[derive(Debug)]
+pub struct CacheStore {
+    root: PathBuf,
+    limits: CacheLimits,
+    lock: std::sync::Mutex<()>,
+}
+
+/// Length of a cache directory's name (hex of the key's sha256, shortened).
+const NAME_LEN: usize = 32;
+
+impl CacheStore {
+    /// The store at `root`. What a crash left half-done (staging directories) and caches
+    /// named as older versions named them (per repository only, not per trust class: they
+    /// must never be restored) are removed.
+    pub fn open(root: PathBuf, limits: CacheLimits) -> Self {
+        if let Ok(dir) = std::fs::read_dir(&root) {
+            for e in dir.flatten() {
+                let name = e.file_name();
+                if !is_entry_name(&name.to_string_lossy()) {
+                    tracing::info!(path = %e.path().display(), "removing a leftover or old-format cache directory");
+                    let _ = remove_any(&e.path());
+                }
+            }
+        }
+        CacheStore { root, limits, lock: std::sync::Mutex::new(()) }
+    }
+
+    fn dir(&self, key: &CacheKey) -> PathBuf {
+        let hash = hex::encode(Sha256::digest(key.identity().as_bytes()));
+        self.root.join(&hash[..NAME_LEN])
+    }
+
+    fn locked(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bring `paths` (relative to the workspace) from the scope's caches into `workspace`.
+    /// Returns lines for the job's log.
+    pub fn restore(&self, scope: &CacheScope, paths: &[String], workspace: &Path) -> Vec<String> {
+        let _held = self.locked();
+        let mut log = Vec::new();
+        for rel in paths {
+            let Some(to) = plain_path(workspace, rel) else {
+                log.push(format!("cache: not restoring {rel}: a symlink is on its path in the workspace"));
+                continue;
+            };
+            if let Ok(m) = std::fs::symlink_metadata(&to) {
+                // An empty directory from the upload is fine to replace; anything else is the job's own.
+                if !(m.is_dir() && std::fs::remove_dir(&to).is_ok()) {
+                    log.push(format!("cache: not restoring {rel}: the workspace already has it"));
+                    continue;
+                }
+            }
+            let found = scope.restore.iter().find_map(|key| {
+                let from = plain_path(&self.dir(key), rel)?;
+                std::fs::symlink_metadata(&from).ok().map(|_| (key, from))
+            });
+            let Some((key, from)) = found else {
+                log.push(format!("cache: {rel} is empty (first run, or another job has it)"));
+                continue;
+            };
+            if let Some(parent) = to.parent() {
+                // Every existing directory on the way was checked by `plain_path`, and
+                // nothing else writes the workspace before the job starts.
+                let _ = std::fs::create_dir_all(parent);
+            }
+            let own = scope.save.as_ref() == Some(key);
+            let result = if own { std::fs::rename(&from, &to) } else { copy_tree(&from, &to) };
+            touch(&self.dir(key));
+            match result {
+                Ok(()) if own => log.push(format!("cache: restored {rel} from {key}")),
+                Ok(()) => log.push(format!("cache: restored {rel} from {key}, read-only: this job saves elsewhere")),
+                Err(e) => {
+                    let _ = remove_any(&to);
+                    log.push(format!("cache: could not restore {rel} from {key}: {e}"));
+                }
+            }
+        }
+        log
+    }
+
+    /// Keep `paths` of `workspace` under the scope's save key. Returns lines for the job's log.
+    pub fn save(&self, scope: &CacheScope, paths: &[String], workspace: &Path) -> Vec<String> {
+        let mut log = Vec::new();
+        let Some(key) = &scope.save else {
+            if !scope.restore.is_empty() {
+                log.push("cache: not saved: jobs of this pipeline only read caches".to_string());
+            }
+            return log;
+        };
+        let _held = self.locked();
+        let staging = self.root.join(format!(".staging-{:016x}", rand::random::<u64>()));
+        if let Err(e) = std::fs::create_dir_all(&staging) {
+            log.push(format!("cache: could not save: {}: {e}", staging.display()));
+            return log;
+        }
+        let mut staged: Vec<(&String, PathBuf)> = Vec::new();
+        let mut total = 0u64;
+        for (i, rel) in paths.iter().enumerate() {
+            let Some(from) = plain_path(workspace, rel) else {
+                log.push(format!("cache: not saving {rel}: a symlink is on its path"));
+                continue;
+            };
+            if std::fs::symlink_metadata(&from).is_err() {
+                continue;
+            }
+            let tree = staging.join(i.to_string());
+            if let Err(e) = std::fs::rename(&from, &tree) {
+                log.push(format!("cache: could not save {rel}: {e}"));
+                continue;
+            }
+            let mut clean = Cleaned::default();
+            match clean.walk(&tree, Path::new("")) {
+                Ok(()) => {
+                    for link in &clean.dropped {
+                        log.push(format!(
+                            "cache: {rel}: dropped the symlink {} (it leads outside {rel})",
+                            link.display()
+                        ));
+                    }
+                    total = total.saturating_add(clean.bytes);
+                    staged.push((rel, tree));
+                }
+                Err(why) => log.push(format!("cache: not saving {rel}: {why}")),
+            }
+        }
+        if total > self.limits.entry.0 {
+            log.push(format!(
+                "cache: not saved: {} is over this agent's limit of {} per cache (--cache-max-entry-size)",
+                Bytes(total),
+                self.limits.entry
+            ));
+            staged.clear();
+        }
+        let dir = self.dir(key);
+        for (i, (rel, tree)) in staged.iter().enumerate() {
+            let _ = std::fs::create_dir_all(&dir);
+            let Some(to) = plain_path(&dir, rel) else {
+                log.push(format!("cache: not saving {rel}: another cached path holds a symlink on its way"));
+                continue;
+            };
+            if std::fs::symlink_metadata(&to).is_ok() {
+                let _ = std::fs::rename(&to, staging.join(format!("old-{i}")));
+            }
+            if let Some(parent) = to.parent() {
+                let _ = std::fs::create_dir_all(parent);
+            }
+            match std::fs::rename(tree, &to) {
+                Ok(()) => log.push(format!("cache: saved {rel} to {key}")),
+                Err(e) => log.push(format!("cache: could not save {rel}: {e}")),
+            }
+        }
+        let _ = remove_any(&staging);
+        if dir.exists() {
+            touch(&dir);
+        }
+        self.evict(&dir);
+        log
+    }
+
+    /// Remove least recently used caches (by their directory's modification time, set on
+    /// every restore and save) until all fit in [`CacheLimits::total`]; `keep` stays.
+    fn evict(&self, keep: &Path) {
+        let Ok(dir) = std::fs::read_dir(&self.root) else { return };
+        let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = dir
+            .flatten()
+            .filter(|e| is_entry_name(&e.file_name().to_string_lossy()))
+            .filter_map(|e| {
+                let m = std::fs::symlink_metadata(e.path()).ok()?;
+                Some((m.modified().ok()?, tree_bytes(&e.path()), e.path()))
+            })
+            .collect();
+        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        entries.sort();
+        for (_, bytes, path) in entries {
+            if total <= self.limits.total.0 {
+                break;
+            }
+            if path == keep {
+                continue;
+            }
+            tracing::info!(path = %path.display(), size = %Bytes(bytes), limit = %self.limits.total, "evicting the least recently used cache");
+            if remove_any(&path).is_ok() {
+                total -= bytes;
+            }
+        }
+    }
+}
+
+fn is_entry_name(name: &str) -> bool {
+    name.len() == NAME_LEN && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Whether `rel` inside `root` is reached without following a symlink anywhere on the way. A
+/// job owns its workspace and could point `.cache` at `/etc`; the agent (often root) must
+/// never move what such a link points to.
+pub(crate) fn plain_path(root: &Path, rel: &str) -> Option<PathBuf> {
+    let mut p = root.to_path_buf();
+    for part in Path::new(rel).components() {
+        match part {
+            Component::Normal(c) => p.push(c),
+            _ => return None,
+        }
+        if std::fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+            return None;
+        }
+    }
+    Some(p)
+}
+
+/// What cleaning a staged tree found.
+#[derive(Default)]
+struct Cleaned {
+    bytes: u64,
+    /// Symlinks removed because they lead outside the tree (relative to the tree).
+    dropped: Vec<PathBuf>,
+}
+
+impl Cleaned {
+    /// Clean `tree/rel` and what is below it; `Err` names what cannot be cached.
+    fn walk(&mut self, tree: &Path, rel: &Path) -> Result<(), String> {
+        let p = tree.join(rel);
+        let shown = || if rel.as_os_str().is_empty() { ".".to_string() } else { rel.display().to_string() };
+        let m = std::fs::symlink_metadata(&p).map_err(|e| format!("{}: {e}", shown()))?;
+        let t = m.file_type();
+        if t.is_symlink() {
+            if crate::workspace::link_stays_inside(tree, rel).is_err() {
+                std::fs::remove_file(&p).map_err(|e| format!("{}: {e}", shown()))?;
+                self.dropped.push(rel.to_path_buf());
+            }
+        } else if t.is_dir() {
+            chmod_plain(&p, m.mode() & 0o777, true).map_err(|e| format!("{}: {e}", shown()))?;
+            let children = std::fs::read_dir(&p).map_err(|e| format!("{}: {e}", shown()))?;
+            for c in children {
+                let c = c.map_err(|e| format!("{}: {e}", shown()))?;
+                self.walk(tree, &rel.join(c.file_name()))?;
+            }
+        } else if t.is_file() {
+            self.bytes = self.bytes.saturating_add(m.len());
+            if m.nlink() > 1 {
+                // Another name for this file may live outside the tree: never chmod it, keep a copy.
+                let copy = p.with_file_name(format!(".gpuci-copy-{:016x}", rand::random::<u64>()));
+                copy_file(&p, &copy, m.mode() & 0o777)
+                    .and_then(|()| std::fs::rename(&copy, &p))
+                    .map_err(|e| format!("{}: {e}", shown()))?;
+            } else {
+                chmod_plain(&p, m.mode() & 0o777, false).map_err(|e| format!("{}: {e}", shown()))?;
+            }
+        } else {
+            return Err(format!(
+                "{} is a device, FIFO or socket; a cache keeps only files, directories and symlinks",
+                shown()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Set `mode` on the file or directory at `p` without following a link there.
+fn chmod_plain(p: &Path, mode: u32, dir: bool) -> std::io::Result<()> {
+    let mut flags = nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC | nix::libc::O_NONBLOCK;
+    if dir {
+        flags |= nix::libc::O_DIRECTORY;
+    }
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(flags).open(p)?;
+    let m = f.metadata()?;
+    if m.is_dir() != dir || !(m.is_dir() || m.is_file()) {
+        return Err(std::io::Error::other("changed while it was cleaned"));
+    }
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+}
+
+/// A new file `to` with `from`'s content; `from` is not followed if it is a link.
+fn copy_file(from: &Path, to: &Path, mode: u32) -> std::io::Result<()> {
+    let nofollow = nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC;
+    let mut src = std::fs::OpenOptions::new().read(true).custom_flags(nofollow | nix::libc::O_NONBLOCK).open(from)?;
+    if !src.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let mut dst =
+        std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).custom_flags(nofollow).open(to)?;
+    std::io::copy(&mut src, &mut dst)?;
+    Ok(())
+}
+
+/// Copy the tree at `from` to the new path `to`: directories and files are made anew (no
+/// set-id bits), symlinks copied as links (their targets as text, never followed).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    let m = std::fs::symlink_metadata(from)?;
+    let t = m.file_type();
+    if t.is_symlink() {
+        std::os::unix::fs::symlink(std::fs::read_link(from)?, to)
+    } else if t.is_dir() {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(m.mode() & 0o777 | 0o700).create(to)?;
+        for c in std::fs::read_dir(from)? {
+            let c = c?;
+            copy_tree(&c.path(), &to.join(c.file_name()))?;
+        }
+        Ok(())
+    } else if t.is_file() {
+        copy_file(from, to, m.mode() & 0o777)
+    } else {
+        Ok(()) // never saved; nothing to copy
+    }
+}
+
+/// Bytes of the regular files below `p`, links not followed.
+fn tree_bytes(p: &Path) -> u64 {
+    let Ok(m) = std::fs::symlink_metadata(p) else { return 0 };
+    if m.is_dir() {
+        std::fs::read_dir(p).map_or(0, |d| d.flatten().map(|c| tree_bytes(&c.path())).sum())
+    } else if m.is_file() {
+        m.len()
+    } else {
+        0
+    }
+}
+
+/// Mark a cache as used now (the least recently used go first).
+fn touch(dir: &Path) {
+    if let Ok(f) =
+        std::fs::OpenOptions::new().read(true).custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_NOFOLLOW).open(dir)
+    {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
+/// Remove a file, link or tree (`remove_dir_all` does not follow links).
+fn remove_any(p: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
+        Ok(_) => std::fs::remove_file(p),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuci_core::cache::{scope, CacheOrigin};
+
+    /// A temporary directory without the tempfile crate (not a dependency of this crate).
+    struct Dir(PathBuf);
+    impl Dir {
+        fn new() -> Self {
+            let p = std::env::temp_dir().join(format!("gpuci-cache-test-{:016x}", rand::random::<u64>()));
+            std::fs::create_dir_all(&p).expect("tempdir");
+            Dir(p)
+        }
+        /// A fresh, empty workspace.
+        fn workspace(&self, name: &str) -> PathBuf {
+            let w = self.0.join(name);
+            std::fs::create_dir_all(&w).unwrap();
+            w
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const REPO: &str = "github.com/octo/gpu";
+
+    fn store(d: &Dir, limits: CacheLimits) -> CacheStore {
+        CacheStore::open(d.0.join("cache"), limits)
+    }
+
+    fn push(branch: &str) -> CacheScope {
+        scope(
+            REPO,
+            &CacheOrigin::Push { git_ref: Some(format!("refs/heads/{branch}")), default_branch: Some("main".into()) },
+        )
+    }
+
+    fn fork_pr(number: u64) -> CacheScope {
+        scope(
+            REPO,
+            &CacheOrigin::PullRequest {
+                number,
+                base_branch: Some("main".into()),
+                default_branch: Some("main".into()),
+                trusted: false,
+            },
+        )
+    }
+
+    fn write(path: &Path, text: &str, mode: u32) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    fn paths() -> Vec<String> {
+        vec!["cache".to_string()]
+    }
+
+    #[test]
+    fn a_fork_pull_request_reads_main_by_copy_and_its_writes_never_reach_main() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits::default());
+        let ws = d.workspace("push-1");
+        write(&ws.join("cache/base.txt"), "from main", 0o644);
+        s.save(&push("main"), &paths(), &ws);
+
+        let ws = d.workspace("pr-1");
+        let log = s.restore(&fork_pr(7), &paths(), &ws);
+        assert!(log.iter().any(|l| l.contains("read-only")), "{log:?}");
+        assert_eq!(std::fs::read_to_string(ws.join("cache/base.txt")).unwrap(), "from main");
+        write(&ws.join("cache/evil.sh"), "echo pwned", 0o755);
+        std::fs::write(ws.join("cache/base.txt"), "changed by the fork").unwrap();
+        let log = s.save(&fork_pr(7), &paths(), &ws);
+        assert!(log.iter().any(|l| l.contains("saved cache to pull/7 (untrusted)")), "{log:?}");
+
+        let ws = d.workspace("push-2");
+        s.restore(&push("main"), &paths(), &ws);
+        assert_eq!(std::fs::read_to_string(ws.join("cache/base.txt")).unwrap(), "from main");
+        assert!(!ws.join("cache/evil.sh").exists(), "the fork's file reached a push");
+
+        let ws = d.workspace("pr-2");
+        s.restore(&fork_pr(7), &paths(), &ws);
+        assert!(ws.join("cache/evil.sh").exists(), "the pull request keeps its own cache");
+        let ws = d.workspace("other-pr");
+        s.restore(&fork_pr(8), &paths(), &ws);
+        assert!(!ws.join("cache/evil.sh").exists(), "another pull request never sees it");
+    }
+
+    #[test]
+    fn a_read_only_scope_saves_nothing() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits::default());
+        let ws = d.workspace("w");
+        write(&ws.join("cache/x"), "x", 0o644);
+        let read_only = scope(REPO, &CacheOrigin::Push { git_ref: None, default_branch: Some("main".into()) });
+        let log = s.save(&read_only, &paths(), &ws);
+        assert!(log.iter().any(|l| l.contains("only read")), "{log:?}");
+        assert!(ws.join("cache/x").exists(), "left where it was");
+    }
+
+    #[test]
+    fn saving_strips_set_id_bits() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits::default());
+        let ws = d.workspace("w1");
+        write(&ws.join("cache/evil.sh"), "#!/bin/sh\n", 0o6755);
+        std::fs::create_dir_all(ws.join("cache/dir")).unwrap();
+        std::fs::set_permissions(ws.join("cache/dir"), std::fs::Permissions::from_mode(0o3777)).unwrap();
+        s.save(&push("main"), &paths(), &ws);
+        // On the host disk, in the store, not only once restored.
+        let stored = s.dir(push("main").save.as_ref().unwrap());
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode();
+        assert_eq!(mode(&stored.join("cache/evil.sh")) & 0o7777, 0o755);
+        assert_eq!(mode(&stored.join("cache/dir")) & 0o7000, 0);
+        let ws = d.workspace("w2");
+        s.restore(&push("main"), &paths(), &ws);
+        assert_eq!(mode(&ws.join("cache/evil.sh")) & 0o7777, 0o755);
+    }
+
+    #[test]
+    fn a_hard_linked_file_is_copied_so_its_other_name_is_untouched() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits::default());
+        let outside = d.0.join("host-binary");
+        write(&outside, "host", 0o4755);
+        let ws = d.workspace("w");
+        std::fs::create_dir_all(ws.join("cache")).unwrap();
+        std::fs::hard_link(&outside, ws.join("cache/link")).unwrap();
+        s.save(&push("main"), &paths(), &ws);
+        assert_eq!(std::fs::metadata(&outside).unwrap().mode() & 0o7777, 0o4755, "the host's file kept its mode");
+        let stored = s.dir(push("main").save.as_ref().unwrap()).join("cache/link");
+        let m = std::fs::metadata(&stored).unwrap();
+        assert_eq!((m.nlink(), m.mode() & 0o7000), (1, 0));
+        assert_eq!(std::fs::read_to_string(stored).unwrap(), "host");
+    }
+
+    #[test]
+    fn symlinks_leading_out_of_the_cached_tree_are_dropped() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits::default());
+        let ws = d.workspace("w");
+        write(&ws.join("cache/f"), "f", 0o644);
+        write(&ws.join("secret"), "beside the cache", 0o644);
+        let link = |target: &str, name: &str| std::os::unix::fs::symlink(target, ws.join("cache").join(name)).unwrap();
+        link("f", "inside");
+        link("/etc/shadow", "absolute");
+        link("../secret", "up");
+        link(".", "here");
+        link("here/..", "chain");
+        let log = s.save(&push("main"), &paths(), &ws);
+        let ws = d.workspace("w2");
+        s.restore(&push("main"), &paths(), &ws);
+        let present = |n: &str| std::fs::symlink_metadata(ws.join("cache").join(n)).is_ok();
+        assert!(present("inside") && present("here"), "{log:?}");
+        for dropped in ["absolute", "up", "chain"] {
+            assert!(!present(dropped), "{dropped}: {log:?}");
+            assert!(log.iter().any(|l| l.contains(&format!("dropped the symlink {dropped} "))), "{log:?}");
+        }
+    }
+
+    #[test]
+    fn devices_fifos_and_sockets_are_not_cached() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits::default());
+        let ws = d.workspace("w");
+        write(&ws.join("cache/ok"), "ok", 0o644);
+        nix::unistd::mkfifo(&ws.join("cache/pipe"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let log = s.save(&push("main"), &paths(), &ws);
+        assert!(log.iter().any(|l| l.contains("not saving cache: pipe is a device, FIFO or socket")), "{log:?}");
+        let ws = d.workspace("w2");
+        s.restore(&push("main"), &paths(), &ws);
+        assert!(!ws.join("cache").exists());
+    }
+
+    #[test]
+    fn a_cache_over_the_entry_limit_is_not_saved_and_the_log_says_so() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits { entry: Bytes(1000), total: Bytes(1 << 30) });
+        let ws = d.workspace("w");
+        write(&ws.join("cache/big"), &"x".repeat(1001), 0o644);
+        let log = s.save(&push("main"), &paths(), &ws);
+        assert!(
+            log.iter().any(|l| l.contains("over this agent's limit") && l.contains("--cache-max-entry-size")),
+            "{log:?}"
+        );
+        let ws = d.workspace("w2");
+        let log = s.restore(&push("main"), &paths(), &ws);
+        assert!(log.iter().any(|l| l.contains("is empty")), "{log:?}");
+    }
+
+    #[test]
+    fn the_least_recently_used_caches_go_first_past_the_total_limit() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits { entry: Bytes(1 << 20), total: Bytes(2500) });
+        let save = |branch: &str| {
+            let ws = d.workspace(&format!("ws-{branch}"));
+            write(&ws.join("cache/data"), &"x".repeat(1000), 0o644);
+            s.save(&push(branch), &paths(), &ws);
+        };
+        let age = |branch: &str, secs: u64| {
+            let dir = s.dir(push(branch).save.as_ref().unwrap());
+            let f = std::fs::File::open(dir).unwrap();
+            f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(secs)).unwrap();
+        };
+        save("a");
+        age("a", 300);
+        save("b");
+        age("b", 200);
+        save("c");
+        let exists = |branch: &str| s.dir(push(branch).save.as_ref().unwrap()).exists();
+        assert!(!exists("a"), "3 × 1000 bytes is over 2500: the oldest goes");
+        assert!(exists("b") && exists("c"));
+        age("c", 300);
+        age("b", 100); // b used after c
+        save("d");
+        assert!(!exists("c"), "the least recently used goes, not the first made");
+        assert!(exists("b") && exists("d"));
+    }
+
+    #[test]
+    fn leftovers_and_old_per_repository_caches_are_removed_on_open() {
+        let d = Dir::new();
+        let root = d.0.join("cache");
+        write(&root.join("0123456789abcdef/cache/evil.sh"), "old format", 0o4755);
+        write(&root.join(".staging-1/0/x"), "crash", 0o644);
+        let s = store(&d, CacheLimits::default());
+        assert_eq!(std::fs::read_dir(&s.root).unwrap().count(), 0);
+    }
+}
