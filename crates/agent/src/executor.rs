@@ -13,20 +13,42 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 pub fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
 }
 
-/// What a job task reports to the agent loop, in order.
+/// What a job task reports to the agent loop, in order, on one channel (so a job's last lines
+/// always come before its result).
+///
+/// The channel has no length limit, yet the job's output in it is bounded: each line of job
+/// output holds `held`, its size in the job's in-flight budget ([`JOB_IN_FLIGHT_BYTES`]), until
+/// the agent loop has sent it on or put it into its (byte-bounded) backlog. A job that writes
+/// faster than the agent forwards waits on its own pipe. gpuci's own lines and the job's start
+/// and result hold nothing: they are few, and must never be lost or wait behind job output.
 #[derive(Debug)]
 pub enum JobEvent {
     Started { job_id: JobId, pid: u32, at_us: i64 },
-    Log { job_id: JobId, chunk: LogChunk },
+    Log { job_id: JobId, chunk: LogChunk, held: Option<OwnedSemaphorePermit> },
     Finished(JobFinished),
 }
+
+/// Bytes of one job's output on their way from its pipes to the coordinator (queued for the
+/// agent loop, or in the batch it is sending). Counted as text plus [`LINE_OVERHEAD`], so a
+/// flood of empty lines is bounded as well as a few long ones.
+pub const JOB_IN_FLIGHT_BYTES: usize = 1024 * 1024;
+/// What one queued line costs beyond its text (the event, the string's allocation).
+pub const LINE_OVERHEAD: usize = 64;
+/// The longest line forwarded; a longer run without a newline continues as the next line.
+const LINE_CUT: usize = 64 * 1024;
+/// The most of a cut line held back for the next piece, so no secret straddles the cut
+/// (see `Masker::cut`).
+const MAX_CARRY: usize = 16 * 1024;
+
+/// Default of the agent's per-job log cap (`--max-log-bytes`).
+pub const DEFAULT_MAX_LOG_BYTES: u64 = 100 * 1024 * 1024;
 
 /// Which isolation jobs get.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +85,9 @@ pub struct JobContext {
     pub telemetry_period: Duration,
     /// Where workspace uploads come from (and are cached); `None`: a job with an upload fails.
     pub uploads: Option<crate::workspace::UploadSource>,
+    /// Per-job cap on stored output (bytes of text, a newline counted as one); past it the
+    /// output is read and discarded.
+    pub max_log_bytes: u64,
     /// The steps' `cache:` trees, by scope (`<data-dir>/cache/`).
     pub caches: Arc<crate::cache::CacheStore>,
 }
@@ -78,19 +103,78 @@ impl JobContext {
     }
 }
 
+/// Where a job's lines go: gpuci's own lines at once, the job's output through its log cap
+/// and its in-flight budget.
+#[derive(Clone)]
 struct Emitter {
     job_id: JobId,
     tx: mpsc::UnboundedSender<JobEvent>,
     mask: Arc<Masker>,
+    /// The job's in-flight budget ([`JOB_IN_FLIGHT_BYTES`]).
+    budget: Arc<Semaphore>,
+    cap: Arc<std::sync::Mutex<LogCap>>,
+}
+
+/// How much of the job's output was kept, against its cap.
+#[derive(Debug, Default)]
+struct LogCap {
+    limit: u64,
+    bytes: u64,
+    lines: u64,
+    cut: bool,
 }
 
 impl Emitter {
-    fn system(&self, text: impl Into<String>) {
-        self.line(Stream::System, text.into());
+    fn new(job_id: JobId, tx: mpsc::UnboundedSender<JobEvent>, mask: Arc<Masker>, max_log_bytes: u64) -> Emitter {
+        Emitter {
+            job_id,
+            tx,
+            mask,
+            budget: Arc::new(Semaphore::new(JOB_IN_FLIGHT_BYTES)),
+            cap: Arc::new(std::sync::Mutex::new(LogCap { limit: max_log_bytes, ..Default::default() })),
+        }
     }
-    fn line(&self, stream: Stream, text: String) {
-        let text = self.mask.mask(&text);
-        let _ = self.tx.send(JobEvent::Log { job_id: self.job_id, chunk: LogChunk { ts_us: now_us(), stream, text } });
+
+    fn system(&self, text: impl Into<String>) {
+        let text = self.mask.mask(&text.into());
+        let chunk = LogChunk { ts_us: now_us(), stream: Stream::System, text };
+        let _ = self.tx.send(JobEvent::Log { job_id: self.job_id, chunk, held: None });
+    }
+
+    fn is_cut(&self) -> bool {
+        self.cap.lock().unwrap_or_else(|e| e.into_inner()).cut
+    }
+
+    /// One line of the job's output, already masked. Waits while the job's in-flight budget is
+    /// spent (backpressure on the job's pipe). False: stop forwarding (cut, or agent gone).
+    async fn output(&self, stream: Stream, text: String) -> bool {
+        let size = text.len() as u64 + 1;
+        let notice = {
+            let mut cap = self.cap.lock().unwrap_or_else(|e| e.into_inner());
+            if cap.cut {
+                return false;
+            }
+            if cap.bytes + size > cap.limit {
+                cap.cut = true;
+                Some(format!(
+                    "log cut: the job's output reached this agent's limit of {} bytes per job (--max-log-bytes) \
+                     after {} bytes in {} lines; the rest of its output is read and discarded while the job runs",
+                    cap.limit, cap.bytes, cap.lines
+                ))
+            } else {
+                cap.bytes += size;
+                cap.lines += 1;
+                None
+            }
+        };
+        if let Some(notice) = notice {
+            self.system(notice);
+            return false;
+        }
+        let weight = (text.len() + LINE_OVERHEAD).min(JOB_IN_FLIGHT_BYTES) as u32;
+        let Ok(held) = self.budget.clone().acquire_many_owned(weight).await else { return false };
+        let chunk = LogChunk { ts_us: now_us(), stream, text };
+        self.tx.send(JobEvent::Log { job_id: self.job_id, chunk, held: Some(held) }).is_ok()
     }
 }
 
@@ -103,7 +187,7 @@ pub async fn run_job(
 ) {
     let job_id = a.job_id;
     let mask = Arc::new(Masker::new(a.secrets.0.values().map(String::as_str)));
-    let out = Emitter { job_id, tx: tx.clone(), mask };
+    let out = Emitter::new(job_id, tx.clone(), mask, ctx.max_log_bytes);
     let mut gpu_health: BTreeMap<String, GpuHealth> = BTreeMap::new();
     let (outcome, telemetry) = execute(&a, &ctx, &out, &cancel, &mut gpu_health).await;
     // Post-job check of every leased GPU: leftovers killed, memory back to baseline.
@@ -389,7 +473,7 @@ async fn execute_in(
     };
     let _ = out.tx.send(JobEvent::Started { job_id: a.job_id, pid: sandbox.pid(), at_us: now_us() });
 
-    let readers = tokio::spawn(pump(out.job_id, out.tx.clone(), out.mask.clone(), stdout, stderr));
+    let readers = tokio::spawn(pump(out.clone(), stdout, stderr));
     let telemetry_cancel = CancellationToken::new();
     let telemetry = (!a.gpus.is_empty()).then(|| {
         tokio::spawn(gpuci_gpu::sample_loop(
@@ -475,45 +559,239 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 }
 
 async fn pump(
-    job_id: JobId,
-    tx: mpsc::UnboundedSender<JobEvent>,
-    mask: Arc<Masker>,
+    out: Emitter,
     stdout: impl AsyncRead + Unpin + Send + 'static,
     stderr: impl AsyncRead + Unpin + Send + 'static,
 ) {
-    let a = tokio::spawn(lines(job_id, tx.clone(), mask.clone(), Stream::Stdout, stdout));
-    let b = tokio::spawn(lines(job_id, tx, mask, Stream::Stderr, stderr));
+    let a = tokio::spawn(lines(out.clone(), Stream::Stdout, stdout));
+    let b = tokio::spawn(lines(out, Stream::Stderr, stderr));
     let _ = a.await;
     let _ = b.await;
 }
 
-/// Forward output line by line, secrets masked. A line is complete before it is masked, so a
-/// secret written in several pieces is still caught. Lines are capped at 64 KiB so one
-/// runaway line cannot blow up memory; invalid UTF-8 is replaced, not dropped.
-async fn lines(
-    job_id: JobId,
-    tx: mpsc::UnboundedSender<JobEvent>,
-    mask: Arc<Masker>,
-    stream: Stream,
-    r: impl AsyncRead + Unpin,
-) {
+/// Forward output line by line, secrets masked, never faster than the agent sends it on. A
+/// line is complete before it is masked, so a secret written in several pieces is still caught.
+/// Lines are cut at [`LINE_CUT`] so one runaway line cannot blow up memory; the cut keeps back
+/// a tail for the next piece so a secret across it is still masked. Invalid UTF-8 is replaced,
+/// not dropped. Past the log cap the pipe is still drained, so the job never blocks on it.
+async fn lines(out: Emitter, stream: Stream, r: impl AsyncRead + Unpin) {
     let mut reader = BufReader::new(r);
-    let mut buf = Vec::new();
+    let mut line: Vec<u8> = Vec::new();
     loop {
-        buf.clear();
-        // At most 64 KiB per line: a longer run without a newline continues as the next line.
-        match (&mut reader).take(64 * 1024).read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {
-                while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                    buf.pop();
+        if out.is_cut() {
+            return discard(reader).await;
+        }
+        let room = LINE_CUT.saturating_sub(line.len()).max(1) as u64;
+        let text = match (&mut reader).take(room).read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) if line.is_empty() => return,
+            Ok(0) | Err(_) => {
+                let text = out.mask.mask(&String::from_utf8_lossy(&line));
+                out.output(stream, text).await;
+                return;
+            }
+            Ok(_) if line.last() == Some(&b'\n') => {
+                while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    line.pop();
                 }
-                let text = mask.mask(&String::from_utf8_lossy(&buf));
-                if tx.send(JobEvent::Log { job_id, chunk: LogChunk { ts_us: now_us(), stream, text } }).is_err() {
-                    return;
+                let text = out.mask.mask(&String::from_utf8_lossy(&line));
+                line.clear();
+                text
+            }
+            Ok(_) if line.len() >= LINE_CUT => {
+                let whole = complete_utf8(&line);
+                let (now, carry) = out.mask.cut(&String::from_utf8_lossy(&line[..whole]), MAX_CARRY);
+                line.drain(..whole);
+                line.splice(0..0, carry.into_bytes());
+                if now.is_empty() {
+                    continue;
                 }
+                now
+            }
+            // End of input without a newline; the next read says so.
+            Ok(_) => continue,
+        };
+        if !out.output(stream, text).await {
+            if out.is_cut() {
+                return discard(reader).await;
+            }
+            return;
+        }
+    }
+}
+
+/// Read to the end and throw it away: past the cap the job must not block on a full pipe.
+async fn discard(mut r: impl AsyncRead + Unpin) {
+    let mut buf = vec![0u8; 64 * 1024];
+    while matches!(r.read(&mut buf).await, Ok(n) if n > 0) {}
+}
+
+/// How much of `bytes` is whole UTF-8 characters: a character split by a cut waits for the
+/// next piece instead of becoming two replacement characters.
+fn complete_utf8(bytes: &[u8]) -> usize {
+    let n = bytes.len();
+    for back in 1..=3.min(n) {
+        let b = bytes[n - back];
+        if b & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back for its lead byte
+        }
+        let width = match b {
+            0xF0..=0xF7 => 4,
+            0xE0..=0xEF => 3,
+            0xC0..=0xDF => 2,
+            _ => 1,
+        };
+        return if width > back { n - back } else { n };
+    }
+    n
+}
+
+#[cfg(test)]
+mod output_tests {
+    //! The job's pipes to the agent loop: bounded, capped, masked across cuts.
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    fn emitter(secrets: &[&str], max_log_bytes: u64) -> (Emitter, mpsc::UnboundedReceiver<JobEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Emitter::new(1, tx, Arc::new(Masker::new(secrets.iter().copied())), max_log_bytes), rx)
+    }
+
+    /// Everything queued now: (stream, text) per line.
+    fn queued(rx: &mut mpsc::UnboundedReceiver<JobEvent>) -> Vec<(Stream, String)> {
+        let mut out = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            if let JobEvent::Log { chunk, .. } = ev {
+                out.push((chunk.stream, chunk.text));
             }
         }
+        out
+    }
+
+    /// A job that writes `total` bytes into a pipe; returns how far it got.
+    fn job_writing(total: usize, line: &'static [u8]) -> (tokio::io::DuplexStream, tokio::task::JoinHandle<usize>) {
+        let (pipe, mut job) = tokio::io::duplex(64 * 1024);
+        let writer = tokio::spawn(async move {
+            let mut written = 0;
+            while written < total {
+                if job.write_all(line).await.is_err() {
+                    break;
+                }
+                written += line.len();
+            }
+            written
+        });
+        (pipe, writer)
+    }
+
+    async fn settle() {
+        for _ in 0..10_000 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_job_writing_faster_than_the_agent_forwards_waits_on_its_pipe() {
+        let (out, mut rx) = emitter(&[], DEFAULT_MAX_LOG_BYTES);
+        let (pipe, writer) = job_writing(4_000_000 * 2, b"x\n");
+        let reader = tokio::spawn(lines(out.clone(), Stream::Stdout, pipe));
+        // Nobody forwards: the queue fills to the job's budget and the job stops on its pipe.
+        settle().await;
+        let lines_queued = rx.len();
+        assert!(!writer.is_finished(), "the job wrote everything although nothing was forwarded");
+        assert!(
+            lines_queued * (1 + LINE_OVERHEAD) <= JOB_IN_FLIGHT_BYTES,
+            "{lines_queued} lines queued: more than the in-flight budget of {JOB_IN_FLIGHT_BYTES} bytes"
+        );
+        // Forwarding (and so giving back the budget) lets the job go on to its end.
+        let mut received = 0;
+        while let Some(ev) = rx.recv().await {
+            if let JobEvent::Log { .. } = ev {
+                received += 1;
+            }
+            assert!(rx.len() * (1 + LINE_OVERHEAD) <= JOB_IN_FLIGHT_BYTES);
+            if received == 4_000_000 {
+                break;
+            }
+        }
+        assert_eq!(writer.await.unwrap(), 8_000_000);
+        reader.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn output_past_the_cap_is_drained_and_the_log_ends_with_one_notice() {
+        let (out, mut rx) = emitter(&[], 10_000);
+        let (pipe, writer) = job_writing(1_000_000, b"0123456789abcdefghi\n");
+        let reader = tokio::spawn(lines(out.clone(), Stream::Stdout, pipe));
+        let mut log = Vec::new();
+        while !reader.is_finished() {
+            log.extend(queued(&mut rx));
+            tokio::task::yield_now().await;
+        }
+        log.extend(queued(&mut rx));
+        assert_eq!(writer.await.unwrap(), 1_000_000, "the job must be able to write all its output");
+        let job_bytes: usize = log.iter().filter(|(s, _)| *s == Stream::Stdout).map(|(_, t)| t.len() + 1).sum();
+        assert!(job_bytes <= 10_000, "{job_bytes} bytes kept past the cap");
+        assert_eq!(job_bytes, 10_000, "lines up to the cap are kept");
+        let (stream, notice) = log.last().unwrap();
+        assert_eq!(*stream, Stream::System);
+        assert!(
+            notice.starts_with("log cut:") && notice.contains("10000 bytes") && notice.contains("500 lines"),
+            "{notice}"
+        );
+        assert_eq!(log.iter().filter(|(s, _)| *s == Stream::System).count(), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_secret_across_the_line_cut_is_masked() {
+        for shift in 0..12 {
+            let (out, mut rx) = emitter(&["S3CRET-value"], DEFAULT_MAX_LOG_BYTES);
+            let (pipe, mut job) = tokio::io::duplex(256 * 1024);
+            let reader = tokio::spawn(lines(out, Stream::Stdout, pipe));
+            let mut text = "x".repeat(LINE_CUT - shift).into_bytes();
+            text.extend_from_slice(b"S3CRET-value and \xc3\xa9\xe2\x82\xac more\n");
+            job.write_all(&text).await.unwrap();
+            drop(job);
+            reader.await.unwrap();
+            let log: String = queued(&mut rx).into_iter().map(|(_, t)| t).collect();
+            assert!(!log.contains("S3CRET-value"), "secret leaked with the cut {shift} bytes before it");
+            assert!(log.contains("*** and é€ more"), "{}", &log[log.len() - 40..]);
+            assert!(!log.contains('\u{fffd}'), "a character was split by the cut");
+        }
+    }
+
+    #[test]
+    fn whole_utf8_characters() {
+        assert_eq!(complete_utf8(b"abc"), 3);
+        assert_eq!(complete_utf8("é".as_bytes()), 2);
+        assert_eq!(complete_utf8(&"€".as_bytes()[..2]), 0);
+        assert_eq!(complete_utf8(&b"ab\xf0\x9f\x98"[..]), 2);
+        assert_eq!(complete_utf8(b"ab\xff"), 3);
+    }
+}
+
+#[cfg(test)]
+mod isolation_tests {
+    use super::*;
+    use gpuci_core::pipeline::SandboxMode;
+
+    #[test]
+    fn nothing_runs_unsandboxed_without_the_agents_consent_and_a_trusted_origin() {
+        // Default steps with a working bubblewrap: always sandboxed.
+        assert_eq!(decide_isolation(SandboxMode::Default, IsolationPolicy::Auto, true, false, false).unwrap().0, Isolation::Bubblewrap);
+        // No bubblewrap: refused unless allowed, and then only for trusted origins.
+        assert!(decide_isolation(SandboxMode::Default, IsolationPolicy::Auto, false, false, true).is_err());
+        assert!(decide_isolation(SandboxMode::Default, IsolationPolicy::Auto, false, true, false).is_err());
+        let (iso, note) = decide_isolation(SandboxMode::Default, IsolationPolicy::Auto, false, true, true).unwrap();
+        assert_eq!(iso, Isolation::None);
+        assert!(note.unwrap().contains("WITHOUT the sandbox"));
+        // sandbox: none, with bubblewrap present: same rules.
+        assert!(decide_isolation(SandboxMode::None, IsolationPolicy::Auto, true, false, true).is_err());
+        let e = decide_isolation(SandboxMode::None, IsolationPolicy::Auto, true, true, false).unwrap_err();
+        assert!(e.contains("never run outside the sandbox"), "{e}");
+        assert_eq!(decide_isolation(SandboxMode::None, IsolationPolicy::Auto, true, true, true).unwrap().0, Isolation::None);
+        // --isolation none is the same opt-out, agent-wide.
+        assert!(decide_isolation(SandboxMode::Default, IsolationPolicy::None, true, true, false).is_err());
     }
 }
 

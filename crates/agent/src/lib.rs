@@ -8,11 +8,12 @@
 //! agent's state; job tasks only send it events.
 
 pub mod cache;
+mod backlog;
 mod executor;
 pub mod identity;
 pub mod workspace;
 
-pub use executor::IsolationPolicy;
+pub use executor::{IsolationPolicy, DEFAULT_MAX_LOG_BYTES};
 
 use anyhow::{bail, Context};
 use executor::{JobContext, JobEvent};
@@ -48,6 +49,9 @@ pub struct Config {
     pub post_job_timeout: Duration,
     /// Use this GPU backend instead of detecting one (tests: a recording fake).
     pub gpu_backend: Option<Arc<dyn gpuci_gpu::GpuBackend>>,
+    /// Per-job cap on the output kept in the log (bytes, a newline counted as one); past it
+    /// the job keeps running and its output is discarded, with a line saying so.
+    pub max_log_bytes: u64,
     /// Size limits of the steps' `cache:` store.
     pub cache_limits: cache::CacheLimits,
     /// Absolute paths jobs must not see besides the data dir: other credentials on the host
@@ -71,6 +75,7 @@ impl Config {
             telemetry_period: Duration::from_secs(1),
             post_job_timeout: Duration::from_secs(30),
             gpu_backend: None,
+            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
             cache_limits: cache::CacheLimits::default(),
             hide: Vec::new(),
         }
@@ -98,7 +103,7 @@ struct Agent {
     /// Results the coordinator has not acknowledged yet, with when they were last sent.
     unacked: BTreeMap<JobId, (JobFinished, std::time::Instant)>,
     /// Messages produced while disconnected (job starts, log lines), sent after the next hello.
-    backlog: Vec<AgentMessage>,
+    backlog: backlog::Backlog,
     events_tx: mpsc::UnboundedSender<JobEvent>,
     events_rx: mpsc::UnboundedReceiver<JobEvent>,
 }
@@ -106,8 +111,9 @@ struct Agent {
 /// How often the agent re-reads its GPU inventory and reports a change.
 const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
 
-/// Cap on buffered lines while the coordinator is unreachable; older lines are dropped first.
-const BACKLOG_LIMIT: usize = 100_000;
+/// Cap on job output kept while the coordinator is unreachable (bytes, see [`backlog`]);
+/// older lines are dropped first, and the log says how many.
+const BACKLOG_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Run the agent until `shutdown`. Running jobs are cancelled on shutdown and their results
 /// reported if the coordinator is reachable.
@@ -172,6 +178,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         health,
         baselines: std::sync::Mutex::new(Default::default()),
         telemetry_period: config.telemetry_period,
+        max_log_bytes: config.max_log_bytes,
         caches: Arc::new(cache::CacheStore::open(config.data_dir.join("cache"), config.cache_limits)),
         uploads: Some(
             workspace::UploadSource::new(
@@ -226,7 +233,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         hello_base,
         running: HashMap::new(),
         unacked: BTreeMap::new(),
-        backlog: Vec::new(),
+        backlog: backlog::Backlog::new(BACKLOG_LIMIT),
         events_tx,
         events_rx,
     };
@@ -272,14 +279,10 @@ impl Agent {
     fn on_event_offline(&mut self, ev: JobEvent) {
         match ev {
             JobEvent::Started { job_id, pid, at_us } => {
-                self.backlog.push(AgentMessage::JobStarted { job_id, pid, started_at_us: at_us })
+                self.backlog.started(AgentMessage::JobStarted { job_id, pid, started_at_us: at_us })
             }
-            JobEvent::Log { job_id, chunk } => {
-                if self.backlog.len() >= BACKLOG_LIMIT {
-                    self.backlog.remove(0);
-                }
-                self.backlog.push(AgentMessage::Log { job_id, lines: vec![chunk] });
-            }
+            // The line's in-flight budget is given back here: the backlog bounds it from now on.
+            JobEvent::Log { job_id, chunk, held: _ } => self.backlog.line(job_id, chunk),
             JobEvent::Finished(f) => {
                 self.running.remove(&f.job_id);
                 self.unacked.insert(f.job_id, (f, std::time::Instant::now()));
@@ -327,7 +330,7 @@ impl Agent {
             Err(_) => bail!("no welcome within 15s"),
         };
         tracing::info!(server = %id.server, running = self.running.len(), "connected to coordinator");
-        for msg in std::mem::take(&mut self.backlog) {
+        for msg in self.backlog.take() {
             send(&mut sink, &msg).await?;
         }
         let mut tick = tokio::time::interval(heartbeat);
@@ -372,12 +375,18 @@ impl Agent {
                         match self.events_rx.try_recv() { Ok(e) => batch.push(e), Err(_) => break }
                     }
                     let mut pending: Vec<(JobId, Vec<LogChunk>)> = Vec::new();
+                    // Job output's budget is given back once the batch is sent (dropped at the
+                    // end of this block): what is in flight stays bounded while the socket is slow.
+                    let mut held = Vec::new();
                     for ev in batch {
                         match ev {
-                            JobEvent::Log { job_id, chunk } => match pending.last_mut() {
-                                Some((j, lines)) if *j == job_id => lines.push(chunk),
-                                _ => pending.push((job_id, vec![chunk])),
-                            },
+                            JobEvent::Log { job_id, chunk, held: h } => {
+                                held.extend(h);
+                                match pending.last_mut() {
+                                    Some((j, lines)) if *j == job_id => lines.push(chunk),
+                                    _ => pending.push((job_id, vec![chunk])),
+                                }
+                            }
                             other => {
                                 for (job_id, lines) in pending.drain(..) {
                                     send(&mut sink, &AgentMessage::Log { job_id, lines }).await?;

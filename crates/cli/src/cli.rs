@@ -89,6 +89,10 @@ pub struct LocalAgentArgs {
     /// Job isolation.
     #[arg(long, value_enum, default_value_t = IsolationArg::Auto)]
     pub isolation: IsolationArg,
+    /// Per-job cap on the log kept: past it the job keeps running, the rest of its output is
+    /// read and discarded, and the log ends with a gpuci line saying where and why it was cut.
+    #[arg(long, env = "GPUCI_MAX_LOG_BYTES", default_value = "100MiB", value_parser = parse_bytes)]
+    pub max_log_bytes: u64,
 }
 
 #[derive(Args, Debug)]
@@ -160,6 +164,10 @@ pub struct ServerArgs {
     /// Default: the SQLite file `gpuci.db` in the data dir.
     #[arg(long, env = "GPUCI_DATABASE_URL", hide_env_values = true)]
     pub database: Option<String>,
+    /// The most log stored per job, whatever an agent sends (agents cut at their own
+    /// --max-log-bytes, 100MiB by default; this leaves room for gpuci's own lines).
+    #[arg(long, env = "GPUCI_SERVER_MAX_LOG_BYTES", default_value = "101MiB", value_parser = parse_bytes)]
+    pub max_log_bytes: u64,
     /// The key secret values are sealed with at rest (32 raw bytes or 64 hex digits), kept
     /// apart from the database. Created (mode 0600) when absent and no sealed value exists.
     /// Coordinators sharing a database share it. Default: `secrets.key` in the data dir.
@@ -238,6 +246,12 @@ pub enum JobsSub {
     Show { id: i64 },
 }
 
+/// Each line starts with a column only gpuci writes: `│` before the job's output (stdout
+/// lines on stdout, stderr lines on stderr), `#` before gpuci's own lines about the job
+/// (sandbox, cache, GPU checks, log cut; on stderr). The job's text is shown with control
+/// characters made visible (ESC as `\x1b`, `\r` as `\x0d`, a bidi override as `\u{202e}`),
+/// so it can neither act on the terminal nor start a line of its own. `--json` gives the exact
+/// text.
 #[derive(Args, Debug)]
 pub struct LogsArgs {
     pub job: i64,
@@ -386,6 +400,10 @@ pub fn parse_tag(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
         _ => Err(format!("expected KEY=VALUE, got {s:?}")),
     }
+}
+
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    s.parse::<gpuci_core::quantity::Bytes>().map(|b| b.0).map_err(|e| e.to_string())
 }
 
 pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {

@@ -12,6 +12,13 @@ pub fn init(verbose: u8, quiet: bool, chatty: bool) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUCI_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ =
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    // Colour codes only for a terminal: in a file or a CI log they are noise (and a reader of
+    // such a log must not have to trust escape sequences in it).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .with_target(false)
+        .try_init();
 }

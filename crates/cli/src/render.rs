@@ -1,6 +1,12 @@
 //! Human output. Tables and progress for people; `--json` bypasses all of this.
+//!
+//! Everything a job or a pipeline file can choose (its output, step names, reasons that quote
+//! it) is printed through [`gpuci_core::text::escape`], so it cannot act on the terminal, and
+//! every log line starts with a column gpuci writes ([`log_mark`]), so the job's text cannot
+//! pass for gpuci's own lines.
 
 use gpuci_core::job::JobState;
+use gpuci_core::text::escape;
 use gpuci_protocol::agent::Stream;
 use gpuci_protocol::api::{AgentSummary, JobSummary, WatchEvent};
 use std::collections::BTreeMap;
@@ -25,8 +31,24 @@ fn ago(ms: i64) -> String {
     format!("{} ago", elapsed(now_ms() - ms))
 }
 
-/// Render rows as aligned columns.
+/// The column before a log line: `│` for the job's output, `#` for gpuci's own lines. The
+/// job's text follows it, escaped, so a job printing `# ...` shows as `│ # ...`.
+pub fn log_mark(stream: Stream) -> &'static str {
+    match stream {
+        Stream::System => "#",
+        Stream::Stdout | Stream::Stderr => "│",
+    }
+}
+
+/// A log line as `gpuci logs` prints it.
+pub fn log_line(stream: Stream, text: &str) -> String {
+    format!("{} {}", log_mark(stream), escape(text))
+}
+
+/// Render rows as aligned columns (cells escaped: names and reasons come from pipelines).
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows.iter().map(|r| r.iter().map(|c| escape(c).into_owned()).collect()).collect();
+    let rows = &rows;
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -81,12 +103,16 @@ pub fn job_detail(j: &JobSummary) -> String {
     let _ = writeln!(
         s,
         "job {}  {} (pipeline {}, step `{}`, attempt {})",
-        j.id, j.name, j.pipeline_id, j.step_key, j.attempt
+        j.id,
+        escape(&j.name),
+        j.pipeline_id,
+        escape(&j.step_key),
+        j.attempt
     );
     let _ = writeln!(s, "state:    {}", j.state);
-    let _ = writeln!(s, "reason:   {}", j.reason);
+    let _ = writeln!(s, "reason:   {}", escape(&j.reason));
     if let Some(a) = &j.agent_name {
-        let _ = writeln!(s, "agent:    {a}");
+        let _ = writeln!(s, "agent:    {}", escape(a));
     }
     for g in &j.gpus {
         let _ = writeln!(s, "gpu:      {g}");
@@ -203,16 +229,12 @@ impl Progress {
                         j.reason
                     ),
                 };
-                let _ = writeln!(err, "{line}");
+                let _ = writeln!(err, "{}", escape(&line));
             }
             WatchEvent::Log { job_id, line } => {
                 let key = self.jobs.get(&job_id).map(|j| j.step_key.clone()).unwrap_or_else(|| job_id.to_string());
-                let mark = match line.stream {
-                    Stream::System => "#",
-                    _ => "│",
-                };
                 let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{key:>w$} {mark} {}", line.text, w = self.width);
+                let _ = writeln!(out, "{:>w$} {}", escape(&key), log_line(line.stream, &line.text), w = self.width);
             }
             WatchEvent::Done { state } => {
                 let mut counts: BTreeMap<String, usize> = BTreeMap::new();

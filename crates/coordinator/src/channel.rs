@@ -12,7 +12,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::{SinkExt, StreamExt};
-use gpuci_protocol::agent::{AgentMessage, CoordinatorMessage};
+use gpuci_protocol::agent::{AgentMessage, CoordinatorMessage, LogChunk, Stream};
 use gpuci_protocol::JobId;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -75,7 +75,8 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
         return;
     }
 
-    let mut pipelines: HashMap<JobId, Option<i64>> = HashMap::new();
+    // Per job this agent writes to: its log so far, or None when the job is not its own.
+    let mut logs: HashMap<JobId, Option<JobLog>> = HashMap::new();
     let mut last_seen_sent = Instant::now();
     loop {
         let msg = tokio::select! {
@@ -110,19 +111,25 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
             }
             AgentMessage::Hello(_) => None,
             AgentMessage::Log { job_id, lines } => {
-                let pipeline = match pipelines.get(&job_id) {
-                    Some(p) => *p,
-                    None => {
-                        // Only the agent a job is assigned to may write its log.
-                        let p = match st.store.get_job(job_id).await {
-                            Ok(Some(j)) if j.agent_id.as_deref() == Some(agent_id.as_str()) => Some(j.pipeline_id),
-                            _ => None,
-                        };
-                        pipelines.insert(job_id, p);
-                        p
-                    }
-                };
-                if let Some(pipeline_id) = pipeline {
+                if !logs.contains_key(&job_id) {
+                    // Only the agent a job is assigned to may write its log.
+                    let log = match st.store.get_job(job_id).await {
+                        Ok(Some(j)) if j.agent_id.as_deref() == Some(agent_id.as_str()) => {
+                            match st.store.log_size(job_id).await {
+                                Ok(stored) => Some(JobLog::new(j.pipeline_id, stored, st.max_log_bytes)),
+                                Err(e) => {
+                                    tracing::error!(job = job_id, error = %e, "could not read the log's size");
+                                    None
+                                }
+                            }
+                        }
+                        _ => None,
+                    };
+                    logs.insert(job_id, log);
+                }
+                if let Some(Some(log)) = logs.get_mut(&job_id) {
+                    let pipeline_id = log.pipeline_id;
+                    let lines = log.admit(lines, st.max_log_bytes);
                     match st.store.append_logs(job_id, &lines).await {
                         Ok(stored) => {
                             for l in stored {
@@ -151,9 +158,72 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
     writer.abort();
 }
 
+/// A job's log as one connection writes it: how much is stored, against the coordinator's cap.
+#[derive(Debug)]
+struct JobLog {
+    pipeline_id: i64,
+    stored: u64,
+    cut: bool,
+}
+
+impl JobLog {
+    fn new(pipeline_id: i64, stored: u64, cap: u64) -> JobLog {
+        // A log at its cap already ends with the notice: don't write another.
+        JobLog { pipeline_id, stored, cut: stored >= cap }
+    }
+
+    /// The lines to store: those that fit under `cap`; at the first that does not, one gpuci
+    /// line saying where and why the log was cut, and nothing after it.
+    fn admit(&mut self, lines: Vec<LogChunk>, cap: u64) -> Vec<LogChunk> {
+        if self.cut {
+            return Vec::new();
+        }
+        let mut keep = Vec::with_capacity(lines.len());
+        for l in lines {
+            let size = l.text.len() as u64 + 1;
+            if self.stored + size > cap {
+                self.cut = true;
+                let text = format!(
+                    "log cut by the coordinator: this job's log reached its limit of {cap} bytes per job \
+                     (gpuci server --max-log-bytes) after {} bytes; later lines are not stored",
+                    self.stored
+                );
+                keep.push(LogChunk { ts_us: l.ts_us, stream: Stream::System, text });
+                break;
+            }
+            self.stored += size;
+            keep.push(l);
+        }
+        keep
+    }
+}
+
 async fn refuse(sink: &mut futures::stream::SplitSink<WebSocket, Message>, reason: &str) {
     if let Ok(t) = serde_json::to_string(&CoordinatorMessage::Refused { reason: reason.to_string() }) {
         let _ = sink.send(Message::Text(t.into())).await;
     }
     let _ = sink.close().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(text: &str) -> LogChunk {
+        LogChunk { ts_us: 1, stream: Stream::Stdout, text: text.into() }
+    }
+
+    #[test]
+    fn an_agent_cannot_store_more_than_the_cap() {
+        let mut log = JobLog::new(1, 0, 100);
+        let first = log.admit((0..9).map(|_| line("123456789")).collect(), 100);
+        assert_eq!(first.len(), 9);
+        let second = log.admit((0..1000).map(|_| line("123456789")).collect(), 100);
+        assert_eq!(second.len(), 2, "one more line fits, then the notice: {second:?}");
+        assert_eq!(second[1].stream, Stream::System);
+        assert!(second[1].text.contains("limit of 100 bytes") && second[1].text.contains("after 100 bytes"));
+        assert!(log.admit(vec![line("more")], 100).is_empty(), "nothing after the cut");
+        // A reconnecting agent finds the log at its cap: nothing more, no second notice.
+        assert!(JobLog::new(1, 100, 100).admit(vec![line("x")], 100).is_empty());
+    }
 }

@@ -70,6 +70,13 @@ pub struct Config {
     /// Files read at start that hold credentials (the config file, the GitHub App key, the
     /// webhook secret): hidden from jobs of an agent in the same process.
     pub credential_files: Vec<PathBuf>,
+    /// An agent in this process keeps its data dir, and so the jobs' workspaces, inside the
+    /// data dir (`gpuci up`): the data dir is 0711 so job users can pass through it.
+    pub agent_inside: bool,
+    /// The most log this coordinator stores per job (bytes of text, a newline counted as one),
+    /// whatever an agent sends: agents cut a job's log at their own cap; this one is defence in
+    /// depth against an agent that does not.
+    pub max_log_bytes: u64,
 }
 
 impl Config {
@@ -106,6 +113,8 @@ impl Config {
             github: None,
             secrets_key_file: None,
             credential_files: Vec::new(),
+            agent_inside: false,
+            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
         }
     }
 }
@@ -125,8 +134,12 @@ pub struct AppState {
     pub uploads: uploads::Uploads,
     /// Set when GitHub is configured: what the webhook endpoint needs.
     pub github: Option<github::Handle>,
+    /// Per-job cap on stored log ([`Config::max_log_bytes`]).
+    pub max_log_bytes: u64,
 }
 
+/// Default per-job log cap: the agents' default (100 MiB) and room for gpuci's own lines.
+pub const DEFAULT_MAX_LOG_BYTES: u64 = 101 * 1024 * 1024;
 
 pub const DEFAULT_UPLOAD_RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
 
@@ -213,7 +226,7 @@ async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
 /// Open the store, load state, bind the listener and start serving. Returns once the server
 /// accepts connections.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    datadir::prepare(&config.data_dir)?;
+    datadir::prepare(&config.data_dir, config.agent_inside)?;
     if let Database::Sqlite(db) = &config.database {
         // The default lies in the data dir (already done); a database elsewhere gets the same.
         for suffix in ["", "-wal", "-shm"] {
@@ -277,6 +290,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown: shutdown.clone(),
         uploads,
         github,
+        max_log_bytes: config.max_log_bytes,
     };
     tokio::spawn(collect_uploads(st.store.clone(), st.uploads.clone(), config.upload_retention, shutdown.clone()));
     let app = router(st);

@@ -35,6 +35,7 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     c.isolation = a.local.isolation.into();
     c.allow_unsandboxed = !a.forbid_unsandboxed;
     c.post_job_timeout = a.post_job_timeout;
+    c.max_log_bytes = a.local.max_log_bytes;
     c.cache_limits = gpuci_agent::cache::CacheLimits { entry: a.cache_max_entry_size, total: a.cache_max_total };
     gpuci_agent::run(c, shutdown).await?;
     Ok(0)

@@ -23,7 +23,14 @@ pub async fn run(a: BenchArgs) -> CliResult {
 async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
     let dir = tempfile::Builder::new().prefix("gpuci-bench-").tempdir()?;
     let shutdown = CancellationToken::new();
-    let agent = LocalAgentArgs { simulate_gpus: None, slots, tags: Vec::new(), isolation };
+    let agent = LocalAgentArgs {
+        simulate_gpus: None,
+        slots,
+        tags: Vec::new(),
+        isolation,
+        max_log_bytes: gpuci_agent::DEFAULT_MAX_LOG_BYTES,
+        jobs: crate::cli::JobArgs { job_pids: gpuci_agent::DEFAULT_JOB_PIDS, ..Default::default() },
+    };
     let db = Database::Sqlite(dir.path().join("gpuci.db"));
     let local = local::start(
         dir.path(),

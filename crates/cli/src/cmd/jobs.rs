@@ -2,7 +2,7 @@
 
 use crate::cli::{CancelArgs, JobsArgs, JobsSub, LogsArgs};
 use crate::client::Client;
-use crate::render::{job_detail, jobs_table};
+use crate::render::{job_detail, jobs_table, log_line};
 use crate::CliResult;
 use gpuci_protocol::agent::Stream;
 use gpuci_protocol::api::LogEvent;
@@ -53,11 +53,12 @@ pub async fn logs(a: LogsArgs) -> CliResult {
             }
         }
         match ev {
+            // Escaped, after a column only gpuci writes (see `gpuci logs --help`).
             LogEvent::Line(l) if !json => {
+                let text = log_line(l.stream, &l.text);
                 let _ = match l.stream {
-                    Stream::Stderr => writeln!(std::io::stderr(), "{}", l.text),
-                    Stream::System => writeln!(std::io::stderr(), "# {}", l.text),
-                    Stream::Stdout => writeln!(std::io::stdout(), "{}", l.text),
+                    Stream::Stderr | Stream::System => writeln!(std::io::stderr(), "{text}"),
+                    Stream::Stdout => writeln!(std::io::stdout(), "{text}"),
                 };
             }
             LogEvent::End { state, reason } => end = Some((state, reason)),
@@ -67,7 +68,7 @@ pub async fn logs(a: LogsArgs) -> CliResult {
     })
     .await?;
     if let (Some((state, reason)), false) = (&end, json) {
-        eprintln!("job {} {state}: {reason}", a.job);
+        eprintln!("job {} {state}: {}", a.job, gpuci_core::text::escape(reason));
     }
     Ok(0)
 }
@@ -78,7 +79,7 @@ pub async fn cancel(a: CancelArgs) -> CliResult {
     if a.client.json {
         print_json(&j)?;
     } else {
-        eprintln!("job {} {}: {}", j.id, j.state, j.reason);
+        eprintln!("job {} {}: {}", j.id, j.state, gpuci_core::text::escape(&j.reason));
     }
     Ok(0)
 }

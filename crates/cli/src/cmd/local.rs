@@ -40,6 +40,9 @@ pub async fn start_configured(
     let mut config = Config::new(listen, data_dir.to_path_buf());
     config.database = database;
     config.timing = timing;
+    // The coordinator's own cap sits above the agent's: room for the agent's cut notice.
+    config.max_log_bytes = agent.max_log_bytes.saturating_add(1024 * 1024);
+    config.agent_inside = true;
     configure(&mut config);
     let private = config.private_paths();
     let server = gpuci_coordinator::start(config, shutdown.clone()).await?;
@@ -49,6 +52,8 @@ pub async fn start_configured(
     ac.tags = agent.tags.iter().cloned().collect();
     ac.simulate_gpus = agent.simulate_gpus.clone();
     ac.isolation = agent.isolation.into();
+    ac.max_log_bytes = agent.max_log_bytes;
+    agent.jobs.apply(&mut ac);
     ac.name = format!("{} (local)", gpuci_agent::hostname());
     ac.hide = hidden_forms(&private);
     let agent = tokio::spawn(gpuci_agent::run(ac, shutdown));

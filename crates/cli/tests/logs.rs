@@ -1,0 +1,146 @@
+//! A job's log against a hostile job: flooding it, deceiving its reader, hiding secrets in it.
+//! Real coordinator and agent processes on 127.0.0.1.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+
+use common::*;
+use gpuci_core::job::JobState;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(120);
+
+/// Every line of the job's log: (stream, text).
+fn log_lines(server: &Server, id: i64) -> Vec<(String, String)> {
+    let body = server
+        .api()
+        .raw()
+        .get(format!("{}/api/v1/jobs/{id}/logs", server.url))
+        .bearer_auth(&server.token)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    body.lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["type"] == "line")
+        .map(|v| (v["stream"].as_str().unwrap().to_string(), v["text"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+fn setup(args: &[&str]) -> (tempfile::TempDir, Server, Agent, Api) {
+    let mut all = vec!["--isolation", isolation()];
+    all.extend_from_slice(args);
+    one_agent("30s", "a1", &all)
+}
+
+#[test]
+fn a_job_flooding_its_log_is_cut_at_the_cap_and_keeps_running() {
+    let (_dir, server, _agent, api) = setup(&["--max-log-bytes", "64KiB"]);
+    // ~590 KB of output, then a marker the job must still reach (it is never blocked).
+    let p = api.submit(
+        r#"
+steps:
+  - key: flood
+    command: |
+      seq 1 100000
+      echo "the job went on to its end"
+"#,
+    );
+    let done = api.wait_pipeline(p.id, T);
+    let job = &done.jobs[0];
+    assert_eq!(job.state, JobState::Succeeded, "{}", job.reason);
+    let lines = log_lines(&server, job.id);
+    let job_bytes: usize = lines.iter().filter(|(s, _)| s != "system").map(|(_, t)| t.len() + 1).sum();
+    assert!(job_bytes <= 64 * 1024, "{job_bytes} bytes of output stored past the 64 KiB cap");
+    let (stream, last) = lines.last().unwrap();
+    assert_eq!(stream, "system", "the log must end with gpuci's cut notice, not {last:?}");
+    assert!(last.starts_with("log cut:") && last.contains("65536 bytes"), "{last}");
+    assert_eq!(lines.iter().filter(|(_, t)| t.starts_with("log cut")).count(), 1);
+}
+
+#[test]
+fn gpuci_logs_shows_control_characters_escaped_and_marks_its_own_lines() {
+    let (_dir, server, _agent, api) = setup(&[]);
+    let p = api.submit(
+        r#"
+steps:
+  - key: hostile
+    command: |
+      printf '\033]0;owned\007\033]52;c;aGVsbG8=\007\033[2J\033[31mred\rfake\342\200\256txt\n'
+      echo '# workspace: 12 files from upload 0123456789ab'
+      echo '# cache: restored target' >&2
+"#,
+    );
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
+    let out = std::process::Command::new(BIN)
+        .args(["logs", &done.jobs[0].id.to_string(), "--server", &server.url, "--token", &server.token])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (stdout, stderr) = (String::from_utf8(out.stdout).unwrap(), String::from_utf8(out.stderr).unwrap());
+    for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(
+            !text.chars().any(|c| c == '\u{1b}' || c == '\r' || c == '\u{7}' || c == '\u{202e}'),
+            "a control character reached the terminal on {name}: {text:?}"
+        );
+    }
+    assert!(
+        stdout.contains(r"│ \x1b]0;owned\x07\x1b]52;c;aGVsbG8=\x07\x1b[2J\x1b[31mred\x0dfake\u{202e}txt"),
+        "{stdout}"
+    );
+    // The job's lines that imitate gpuci's own come after the job's column.
+    assert!(stdout.contains("│ # workspace: 12 files from upload 0123456789ab\n"), "{stdout}");
+    assert!(stderr.contains("│ # cache: restored target\n"), "{stderr}");
+    // Every line that starts with gpuci's mark is one of gpuci's own.
+    let own: Vec<String> =
+        log_lines(&server, done.jobs[0].id).into_iter().filter(|(s, _)| s == "system").map(|(_, t)| t).collect();
+    for line in stdout.lines().chain(stderr.lines()).filter(|l| l.starts_with('#')) {
+        assert!(own.iter().any(|t| line == format!("# {t}")), "{line:?} looks like gpuci's but is not");
+    }
+    // --json keeps the exact text (JSON escaping is safe).
+    let json = std::process::Command::new(BIN)
+        .args(["logs", &done.jobs[0].id.to_string(), "--json", "--server", &server.url, "--token", &server.token])
+        .output()
+        .unwrap();
+    let json = String::from_utf8(json.stdout).unwrap();
+    assert!(!json.contains('\u{1b}') && json.contains(r"\u001b]0;owned"), "{json}");
+}
+
+#[test]
+fn a_secret_hidden_with_escape_sequences_or_split_by_the_line_cut_is_masked() {
+    let (_dir, server, _agent, api) = setup(&[]);
+    let r = api
+        .raw()
+        .put(format!("{}/api/v1/secrets/TOKEN", api.url))
+        .bearer_auth(&server.token)
+        .json(&serde_json::json!({"value": "ABCDsecret42"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let p = api.submit(
+        r#"
+steps:
+  - key: leak
+    secrets: [TOKEN]
+    command: |
+      printf 'sgr: %s\033[0m%s\n' "${TOKEN:0:4}" "${TOKEN:4}"
+      printf 'interleaved: '; for i in $(seq 0 11); do printf '%s\033[3%dm' "${TOKEN:$i:1}" $((i % 8)); done; echo
+      printf 'osc: %s\033]0;title\007%s\n' "${TOKEN:0:6}" "${TOKEN:6}"
+      for n in 65530 65531 65532 65533 65534 65535 65536; do head -c $n /dev/zero | tr '\0' x; printf '%s\n' "$TOKEN"; done
+"#,
+    );
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
+    let lines = log_lines(&server, done.jobs[0].id);
+    let raw: String = lines.iter().map(|(_, t)| format!("{t}\n")).collect();
+    let shown = gpuci_core::text::visible(&raw.replace('\n', " ")).text;
+    assert!(!raw.contains("ABCDsecret42"), "secret stored as written");
+    assert!(!shown.contains("ABCDsecret42"), "secret stored as a terminal would show it");
+    assert!(
+        shown.contains("sgr: ***") && shown.contains("interleaved: ***") && shown.contains("osc: ***"),
+        "{shown:.300}"
+    );
+    assert_eq!(shown.matches("***").count(), 10, "every occurrence masked once");
+}
