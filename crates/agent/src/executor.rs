@@ -9,6 +9,7 @@ use gpuci_protocol::agent::{Assignment, GpuHealth, JobFinished, JobTelemetry, Lo
 use gpuci_protocol::JobId;
 use gpuci_sandbox::{Isolation, Sandbox, SandboxSpec};
 use std::collections::BTreeMap;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -61,6 +62,25 @@ pub enum IsolationPolicy {
     None,
 }
 
+/// The network of `network: default` steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobNetwork {
+    /// The slot's own network namespace, egress through pasta (root agents).
+    Slot,
+    /// The host's network (`--job-network host`: an explicit choice of the operator).
+    Host,
+    /// No network at all.
+    None,
+}
+
+/// Per-slot limits for steps that set none (`--job-memory`, `--job-pids`, `--job-cpus`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotDefaults {
+    pub memory: Option<gpuci_core::quantity::Bytes>,
+    pub pids: Option<u32>,
+    pub cpu_millis: Option<u32>,
+}
+
 /// Shared by all job tasks of an agent; read-only.
 pub struct JobContext {
     /// Makes sandbox names (cgroups, markers) unique per agent: two agents on one host, or
@@ -73,8 +93,18 @@ pub struct JobContext {
     /// The latest inventory; the agent loop replaces it when it changes.
     pub inventory: std::sync::RwLock<Vec<gpuci_core::gpu::GpuInfo>>,
     pub isolation: IsolationPolicy,
+    /// Whether jobs may run outside the sandbox at all (`--allow-unsandboxed`): steps with
+    /// `sandbox: none`, and every job when bubblewrap cannot work here. Never for an
+    /// untrusted origin (`Assignment::trusted`).
     pub allow_unsandboxed: bool,
     pub bubblewrap: bool,
+    /// A root agent's job slots (uid and network each); `None`: the agent is not root and
+    /// jobs run as its own uid inside a user namespace.
+    pub slots: Option<Arc<crate::slots::Slots>>,
+    /// What `network: default` steps get.
+    pub default_network: JobNetwork,
+    /// Limits for steps that give none, and the size of each scratch tmpfs.
+    pub defaults: SlotDefaults,
     /// A container engine that answered `info`; only then does the agent advertise it.
     pub container_runtime: Option<gpuci_sandbox::ContainerRuntime>,
     pub health: HealthPolicy,
@@ -85,22 +115,14 @@ pub struct JobContext {
     pub telemetry_period: Duration,
     /// Where workspace uploads come from (and are cached); `None`: a job with an upload fails.
     pub uploads: Option<crate::workspace::UploadSource>,
+    /// The steps' `cache:` trees, by scope (`<data-dir>/cache/`).
+    pub caches: Arc<crate::cache::CacheStore>,
     /// Per-job cap on stored output (bytes of text, a newline counted as one); past it the
     /// output is read and discarded.
     pub max_log_bytes: u64,
-    /// The steps' `cache:` trees, by scope (`<data-dir>/cache/`).
-    pub caches: Arc<crate::cache::CacheStore>,
 }
 
 impl JobContext {
-    pub fn isolation_name(&self) -> &'static str {
-        match (self.isolation, self.bubblewrap) {
-            (IsolationPolicy::None, _) => "none",
-            (_, true) => "bubblewrap",
-            (IsolationPolicy::Bubblewrap, false) => "bubblewrap (missing)",
-            (IsolationPolicy::Auto, false) => "none",
-        }
-    }
 }
 
 /// Where a job's lines go: gpuci's own lines at once, the job's output through its log cap
@@ -258,9 +280,17 @@ async fn execute(
             return fail(format!("GPU {uuid} failed its pre-job check: {reason}"));
         }
     }
+    // The slot's uid and network, held until the workspace is gone.
+    let slot = match &ctx.slots {
+        Some(slots) => match slots.take() {
+            Some(s) => Some(s),
+            None => return fail("every job slot of this agent is busy".into()),
+        },
+        None => None,
+    };
     let workspace = ctx.work_root.join(format!("job-{}", a.job_id));
     let _ = std::fs::remove_dir_all(&workspace);
-    if let Err(e) = std::fs::create_dir_all(&workspace) {
+    if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&workspace) {
         return fail(format!("creating workspace {}: {e}", workspace.display()));
     }
     if let Some(id) = &a.workspace_upload {
@@ -271,7 +301,16 @@ async fn execute(
         }
     }
     restore_cache(a, ctx, &workspace, out).await;
-    let result = execute_in(a, ctx, out, cancel, &workspace).await;
+    if let Some(slot) = &slot {
+        // Everything in the workspace is the job's: the upload, the restored caches.
+        let (ws, user) = (workspace.clone(), slot.user());
+        let given = tokio::task::spawn_blocking(move || gpuci_sandbox::give_to(&ws, user)).await;
+        if let Err(e) = given.map_err(|e| std::io::Error::other(e.to_string())).and_then(|r| r) {
+            let _ = std::fs::remove_dir_all(&workspace);
+            return fail(format!("giving workspace {} to the job user: {e}", workspace.display()));
+        }
+    }
+    let result = execute_in(a, ctx, out, cancel, &workspace, slot.as_ref()).await;
     save_cache(a, ctx, &workspace, out).await;
     if let Err(e) = std::fs::remove_dir_all(&workspace) {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");
@@ -357,34 +396,17 @@ async fn execute_in(
     out: &Emitter,
     cancel: &CancellationToken,
     workspace: &std::path::Path,
+    slot: Option<&crate::slots::SlotGuard>,
 ) -> (Outcome, Option<JobTelemetry>) {
     let step = &a.step;
-    let isolation = match (step.sandbox, ctx.isolation, ctx.bubblewrap) {
-        (gpuci_core::pipeline::SandboxMode::None, _, _) if !ctx.allow_unsandboxed => {
-            return (
-                Outcome::StartFailed { error: "this agent forbids `sandbox: none` (--forbid-unsandboxed)".into() },
-                None,
-            );
+    let isolation = match decide_isolation(step.sandbox, ctx.isolation, ctx.bubblewrap, ctx.allow_unsandboxed, a.trusted) {
+        Ok((isolation, note)) => {
+            if let Some(note) = note {
+                out.system(note);
+            }
+            isolation
         }
-        (gpuci_core::pipeline::SandboxMode::None, _, _) => {
-            out.system("sandbox disabled by the step (sandbox: none): the job runs on the host file system");
-            Isolation::None
-        }
-        (_, IsolationPolicy::None, _) => {
-            out.system("this agent runs jobs without isolation (--isolation none)");
-            Isolation::None
-        }
-        (_, _, true) => Isolation::Bubblewrap,
-        (_, IsolationPolicy::Bubblewrap, false) => {
-            return (
-                Outcome::StartFailed { error: "bubblewrap is required by this agent but not installed".into() },
-                None,
-            )
-        }
-        (_, IsolationPolicy::Auto, false) => {
-            out.system("bubblewrap not installed: the job runs without isolation");
-            Isolation::None
-        }
+        Err(error) => return (Outcome::StartFailed { error }, None),
     };
     let script = step.command.join("\n");
     let mut spec = SandboxSpec::new(
@@ -394,8 +416,24 @@ async fn execute_in(
     );
     spec.env = job_env(a, workspace);
     spec.isolation = isolation;
-    spec.network = step.network != gpuci_core::pipeline::NetworkMode::None;
+    spec.user = slot.map(|s| s.user());
+    spec.network = match (step.network, ctx.default_network, slot.and_then(|s| s.network())) {
+        (gpuci_core::pipeline::NetworkMode::None, _, _) | (_, JobNetwork::None, _) => gpuci_sandbox::Network::None,
+        (_, JobNetwork::Host, _) => gpuci_sandbox::Network::Host,
+        (_, JobNetwork::Slot, Some(net)) => gpuci_sandbox::Network::Namespace(net.namespace()),
+        (_, JobNetwork::Slot, None) => {
+            // Not root, or the slot networks could not be made: no silent host network.
+            out.system("network: this agent has no network namespace with egress for jobs (see gpuci doctor); the job has no network");
+            gpuci_sandbox::Network::None
+        }
+    };
     spec.resources = step.resources.clone();
+    let r = &mut spec.resources;
+    r.memory = r.memory.or(ctx.defaults.memory);
+    r.pids = r.pids.or(ctx.defaults.pids);
+    r.cpu_millis = r.cpu_millis.or(ctx.defaults.cpu_millis);
+    // Scratch tmpfs pages count against the memory limit; no single one may be larger.
+    spec.scratch_size = spec.resources.memory.map(|m| m.0);
     spec.hide_paths = ctx.hide_paths.clone();
     if let Some(dir) = &a.runner_dir {
         // The runner writes beside its files; give it a writable view of the install, not the install.
@@ -465,6 +503,11 @@ async fn execute_in(
         spec.gpu_devices.clear();
         spec.gpu_common_devices.clear();
         spec.resources = Default::default();
+        // The engine's client is gpuci's own process (rootful podman needs root); the job's
+        // process in the container runs as the job user (`--user`, from the spec above).
+        spec.user = None;
+        spec.network = gpuci_sandbox::Network::Host;
+        spec.scratch_size = None;
         container = Some((rt, name, env_file));
     }
     let (mut sandbox, stdout, stderr) = match Sandbox::spawn(&spec) {
@@ -809,5 +852,37 @@ mod tests {
         assert_eq!(plain_path(&root, "evil/ssl"), None, "a path through a symlink must not be moved");
         assert_eq!(plain_path(&root, "../x"), None);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+}
+
+/// Which isolation a job gets, and a note for its log; `Err`: it must not start, and why.
+/// The rules (issue 9's "no silent fallback"):
+/// - outside the sandbox only on an agent started with `--allow-unsandboxed`, and only for a
+///   trusted origin (`gpuci_core::trust`): never a fork's or an outsider's pull request, never
+///   an Actions runner job;
+/// - a step that opts out (`sandbox: none`) and an agent without a working bubblewrap are the
+///   two ways to get there, and both are said in the job's log.
+pub(crate) fn decide_isolation(
+    step: gpuci_core::pipeline::SandboxMode,
+    policy: IsolationPolicy,
+    bubblewrap: bool,
+    allow_unsandboxed: bool,
+    trusted: bool,
+) -> Result<(Isolation, Option<String>), String> {
+    use gpuci_core::pipeline::SandboxMode;
+    let unsandboxed = |why: &str| -> Result<(Isolation, Option<String>), String> {
+        if !allow_unsandboxed {
+            return Err(format!("{why}, and this agent runs nothing outside the sandbox (start it with --allow-unsandboxed to allow that for trusted pipelines)"));
+        }
+        if !trusted {
+            return Err(format!("{why}; jobs from pull requests of forks or outside contributors, and Actions runner jobs, never run outside the sandbox"));
+        }
+        Ok((Isolation::None, Some(format!("{why}: the job runs WITHOUT the sandbox, on the host file system"))))
+    };
+    match (step, policy, bubblewrap) {
+        (SandboxMode::None, _, _) => unsandboxed("the step opts out of the sandbox (sandbox: none)"),
+        (_, IsolationPolicy::None, _) => unsandboxed("this agent runs jobs without isolation (--isolation none)"),
+        (_, _, true) => Ok((Isolation::Bubblewrap, None)),
+        (_, _, false) => unsandboxed("bubblewrap is not installed or cannot work on this host"),
     }
 }

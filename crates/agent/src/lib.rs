@@ -7,13 +7,17 @@
 //! the GPUs it is told, and reports what happened. One task (the loop in [`run`]) owns the
 //! agent's state; job tasks only send it events.
 
-pub mod cache;
 mod backlog;
+pub mod cache;
 mod executor;
 pub mod identity;
+pub mod slots;
 pub mod workspace;
 
-pub use executor::{IsolationPolicy, DEFAULT_MAX_LOG_BYTES};
+pub use executor::{IsolationPolicy, JobNetwork, SlotDefaults, DEFAULT_MAX_LOG_BYTES};
+
+/// Default `--job-pids`: enough for parallel builds and test runners, not for a fork bomb.
+pub const DEFAULT_JOB_PIDS: u32 = 4096;
 
 use anyhow::{bail, Context};
 use executor::{JobContext, JobEvent};
@@ -49,14 +53,22 @@ pub struct Config {
     pub post_job_timeout: Duration,
     /// Use this GPU backend instead of detecting one (tests: a recording fake).
     pub gpu_backend: Option<Arc<dyn gpuci_gpu::GpuBackend>>,
-    /// Per-job cap on the output kept in the log (bytes, a newline counted as one); past it
-    /// the job keeps running and its output is discarded, with a line saying so.
-    pub max_log_bytes: u64,
-    /// Size limits of the steps' `cache:` store.
-    pub cache_limits: cache::CacheLimits,
     /// Absolute paths jobs must not see besides the data dir: other credentials on the host
     /// (`--hide`), the coordinator's data dir and key files when it runs in this process.
     pub hide: Vec<PathBuf>,
+    /// Size limits of the steps' `cache:` store.
+    pub cache_limits: cache::CacheLimits,
+    /// Host uids for jobs (`--job-uids`, see `slots`); used when the agent is root.
+    pub job_uids: (u32, u32),
+    /// What `network: default` steps get.
+    pub job_network: executor::JobNetwork,
+    /// TCP ports on the host's loopback that jobs in slot networks may connect to.
+    pub job_host_ports: Vec<u16>,
+    /// Limits for steps that set none; `memory: None` means the host's memory split by slots.
+    pub job_defaults: executor::SlotDefaults,
+    /// Per-job cap on the output kept in the log (bytes, a newline counted as one); past it
+    /// the job keeps running and its output is discarded, with a line saying so.
+    pub max_log_bytes: u64,
 }
 
 impl Config {
@@ -71,13 +83,17 @@ impl Config {
             tags: BTreeMap::new(),
             simulate_gpus: None,
             isolation: IsolationPolicy::Auto,
-            allow_unsandboxed: true,
+            allow_unsandboxed: false,
             telemetry_period: Duration::from_secs(1),
             post_job_timeout: Duration::from_secs(30),
             gpu_backend: None,
-            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
-            cache_limits: cache::CacheLimits::default(),
             hide: Vec::new(),
+            cache_limits: cache::CacheLimits::default(),
+            max_log_bytes: DEFAULT_MAX_LOG_BYTES,
+            job_uids: slots::DEFAULT_JOB_UIDS,
+            job_network: executor::JobNetwork::Slot,
+            job_host_ports: Vec::new(),
+            job_defaults: executor::SlotDefaults { memory: None, pids: Some(DEFAULT_JOB_PIDS), cpu_millis: None },
         }
     }
 }
@@ -161,19 +177,63 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         },
         None => None,
     };
-    let work_root = config.data_dir.join("work");
+    let root = nix::unistd::geteuid().is_root();
+    let slots = if root { Some(make_slots(&config).await?) } else { None };
+    let agent_tag: String = identity.agent_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect();
+    let work_root = if slots.is_some() { root_work_dir(&config.data_dir, &agent_tag)? } else { config.data_dir.join("work") };
     std::fs::create_dir_all(&work_root)?;
+    let bwrap_problem = if caps.bubblewrap.is_none() {
+        Some("bubblewrap is not installed (apt-get install bubblewrap)".to_string())
+    } else if !caps.user_namespaces {
+        Some("user namespaces are off for unprivileged users (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone)".to_string())
+    } else {
+        probe_bubblewrap(slots.as_ref(), &work_root).await.err()
+    };
+    if config.isolation == IsolationPolicy::None && !config.allow_unsandboxed {
+        bail!("--isolation none runs jobs outside the sandbox: add --allow-unsandboxed to mean it");
+    }
+    let isolation_desc = match (&bwrap_problem, config.isolation, &slots) {
+        (_, IsolationPolicy::None, _) => "none (--isolation none, --allow-unsandboxed)".to_string(),
+        (None, _, Some(_)) => format!(
+            "bubblewrap; jobs as uids {}+ (one per slot), seccomp, {}",
+            config.job_uids.0,
+            match config.job_network {
+                executor::JobNetwork::Slot => "a network namespace per slot",
+                executor::JobNetwork::Host => "the HOST network (--job-network host)",
+                executor::JobNetwork::None => "no network",
+            }
+        ),
+        (None, _, None) => format!(
+            "bubblewrap; agent not root: jobs as the agent's uid {} in a user namespace, seccomp, no network egress",
+            nix::unistd::geteuid()
+        ),
+        (Some(why), _, _) if config.allow_unsandboxed => format!("none: {why} (--allow-unsandboxed: trusted jobs run unsandboxed)"),
+        (Some(why), _, _) => format!("unavailable: {why}; this agent takes no jobs (or start it with --allow-unsandboxed)"),
+    };
+    // An agent that cannot sandbox and may not run unsandboxed offers no slots at all.
+    let takes_jobs = bwrap_problem.is_none() || config.allow_unsandboxed;
+    if let Some(why) = &bwrap_problem {
+        tracing::error!(why, allow_unsandboxed = config.allow_unsandboxed, "no working sandbox");
+    }
+    let mut job_defaults = config.job_defaults;
+    if job_defaults.memory.is_none() {
+        job_defaults.memory = host_memory().map(|m| gpuci_core::quantity::Bytes(m / u64::from(config.slots.max(1))));
+    }
     let health = gpuci_gpu::HealthPolicy { post_job_timeout: config.post_job_timeout, ..Default::default() };
     let ctx = Arc::new(JobContext {
         sandbox_prefix: identity.agent_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect(),
         work_root: work_root.clone(),
-        hide_paths: std::iter::once(config.data_dir.clone()).chain(config.hide.iter().cloned()).collect(),
+        hide_paths: [config.data_dir.clone(), work_root.clone()].into_iter().chain(config.hide.iter().cloned()).collect(),
         gpus: backend.clone(),
         inventory: std::sync::RwLock::new(inventory.clone()),
         isolation: config.isolation,
         allow_unsandboxed: config.allow_unsandboxed,
-        // bwrap needs root or unprivileged user namespaces; without either it is as good as absent.
-        bubblewrap: caps.bubblewrap.is_some() && (nix::unistd::geteuid().is_root() || caps.user_namespaces),
+        // bwrap runs as the job's uid in a user namespace, also under a root agent: without
+        // user namespaces it is as good as absent. `probe_bubblewrap` below makes sure.
+        bubblewrap: bwrap_problem.is_none(),
+        default_network: config.job_network,
+        defaults: job_defaults,
+        slots: slots.clone(),
         container_runtime: container_runtime.clone(),
         health,
         baselines: std::sync::Mutex::new(Default::default()),
@@ -204,16 +264,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     for g in ctx.inventory.read().unwrap_or_else(|e| e.into_inner()).iter() {
         executor::baseline(&ctx, &g.uuid);
     }
-    if config.isolation == IsolationPolicy::Bubblewrap && !ctx.bubblewrap {
-        bail!("--isolation bubblewrap: bwrap is not installed (apt-get install bubblewrap), or it cannot work here (not root and unprivileged user namespaces are off)");
+    if let (IsolationPolicy::Bubblewrap, Some(why)) = (config.isolation, &bwrap_problem) {
+        bail!("--isolation bubblewrap: {why}");
     }
-    tracing::info!(gpus = inventory.len(), backend = %backend_name, isolation = ctx.isolation_name(), slots = config.slots, "agent ready");
+    tracing::info!(gpus = inventory.len(), backend = %backend_name, isolation = %isolation_desc, slots = config.slots, "agent ready");
     let hello_base = Hello {
         protocol: gpuci_protocol::PROTOCOL_VERSION,
         agent_version: env!("CARGO_PKG_VERSION").into(),
         name: config.name.clone(),
         hostname: hostname(),
-        slots: config.slots,
+        slots: if takes_jobs { config.slots } else { 0 },
         tags: {
             let mut t = config.tags.clone();
             let v = if config.allow_unsandboxed { "allowed" } else { "forbidden" };
@@ -222,7 +282,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         },
         gpus: inventory,
         gpu_backend: backend_name,
-        isolation: ctx.isolation_name().into(),
+        isolation: isolation_desc.clone(),
         container_runtime: container_runtime.as_ref().map(|r| format!("{:?}", r.engine).to_lowercase()),
         running: Vec::new(),
         finished: Vec::new(),
@@ -474,4 +534,109 @@ where
     let text = serde_json::to_string(msg)?;
     sink.send(Message::Text(text.into())).await?;
     Ok(())
+}
+
+/// A root agent's slots: uids checked against the host's accounts, and a network namespace
+/// per slot when steps get the slot network by default.
+async fn make_slots(config: &Config) -> anyhow::Result<Arc<slots::Slots>> {
+    let ids = slots::users_for(config.job_uids, config.slots).map_err(anyhow::Error::msg)?;
+    if let Ok(passwd) = std::fs::read_to_string("/etc/passwd") {
+        let (lo, hi) = (config.job_uids.0, config.job_uids.0 + 2 * config.slots);
+        if let Some(line) = passwd.lines().find(|l| l.split(':').nth(2).and_then(|u| u.parse::<u32>().ok()).is_some_and(|u| (lo..hi).contains(&u))) {
+            bail!("--job-uids {lo}-{}: the account {:?} has a uid in that range; jobs need uids no account uses", hi - 1, line.split(':').next().unwrap_or(""));
+        }
+    }
+    let mut networks = Vec::new();
+    for s in &ids {
+        if config.job_network != executor::JobNetwork::Slot {
+            networks.push(None);
+            continue;
+        }
+        let (owner, ports) = (s.network, config.job_host_ports.clone());
+        let net = tokio::task::spawn_blocking(move || gpuci_sandbox::SlotNetwork::start(owner, &ports)).await?;
+        match net {
+            Ok(n) => networks.push(Some(n)),
+            Err(e) => {
+                // No silent host network: such jobs get none, and say so (executor).
+                tracing::error!(error = %e, "no network namespace with egress for job slots: `network: default` steps get no network (see gpuci doctor)");
+                networks.clear();
+                networks.extend(ids.iter().map(|_| None));
+                break;
+            }
+        }
+    }
+    let (first, last) = (ids.first().map(|s| s.job.uid), ids.last().map(|s| s.network.uid));
+    tracing::info!(slots = ids.len(), uids = ?(first, last), networks = networks.iter().filter(|n| n.is_some()).count(), "job slots ready");
+    Ok(slots::Slots::new(ids.iter().map(|s| s.job).collect(), networks))
+}
+
+/// Total memory of the host (`MemTotal` in /proc/meminfo), bytes.
+fn host_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Starts `true` in a real sandbox, as a slot's job user when there are slots: bubblewrap is
+/// only counted as working when this works (a kernel or LSM that refuses user namespaces to
+/// unprivileged uids, for one, fails here and not at the first job).
+async fn probe_bubblewrap(slots: Option<&Arc<slots::Slots>>, work_root: &std::path::Path) -> Result<(), String> {
+    let dir = work_root.join(format!(".probe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let guard = slots.and_then(|s| s.take());
+    let result = async {
+        let mut spec = gpuci_sandbox::SandboxSpec::new(format!("probe-{}", std::process::id()), &dir, vec!["true".into()]);
+        spec.env.insert("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into());
+        spec.cgroups = gpuci_sandbox::CgroupUse::Disabled;
+        if let Some(g) = &guard {
+            spec.user = Some(g.user());
+            gpuci_sandbox::give_to(&dir, g.user()).map_err(|e| format!("chown {}: {e}", dir.display()))?;
+        }
+        let (mut sb, mut out, mut err) = gpuci_sandbox::Sandbox::spawn(&spec).map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut err, &mut text).await;
+        let mut sink = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut out, &mut sink).await;
+        let exit = sb.wait().await.map_err(|e| e.to_string())?;
+        let _ = sb.cleanup().await;
+        match exit.code {
+            Some(0) => Ok(()),
+            _ => Err(format!("bwrap as the job user failed ({exit}): {}", text.trim())),
+        }
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// Where a root agent keeps job workspaces. A job's bwrap runs as the job's uid and must
+/// reach its workspace (`<root>/job-N`, 0700, the job user's), so every directory above it
+/// must let other uids pass (`o+x`) without letting them list (`<root>` is 0711). The data
+/// dir's `work` when that holds (the data dir itself is then made 0711: everything in it is
+/// 0600/0700 of its own); else (a data dir under `/root` or inside the coordinator's 0700
+/// data dir, as with `gpuci up`) `/var/lib/gpuci/work/<agent>`.
+fn root_work_dir(data_dir: &std::path::Path, agent_tag: &str) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let passable = |d: &std::path::Path| std::fs::metadata(d).is_ok_and(|m| m.mode() & 0o001 != 0);
+    let dir = if data_dir.parent().is_some_and(|p| p.ancestors().all(passable)) {
+        std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o711))
+            .with_context(|| format!("setting mode 0711 on {}", data_dir.display()))?;
+        data_dir.join("work")
+    } else {
+        let base = std::path::Path::new("/var/lib/gpuci/work");
+        std::fs::DirBuilder::new().recursive(true).mode(0o711).create(base).with_context(|| format!("creating {}", base.display()))?;
+        for d in [std::path::Path::new("/var/lib/gpuci"), base] {
+            let m = std::fs::symlink_metadata(d)?;
+            if !m.is_dir() || m.uid() != 0 {
+                bail!("{} must be a directory owned by root (it is not): refusing to keep job workspaces there", d.display());
+            }
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))?;
+        }
+        base.join(agent_tag)
+    };
+    std::fs::DirBuilder::new().recursive(true).mode(0o711).create(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
+    tracing::info!(dir = %dir.display(), "job workspaces");
+    Ok(dir)
 }

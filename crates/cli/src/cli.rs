@@ -93,6 +93,83 @@ pub struct LocalAgentArgs {
     /// read and discarded, and the log ends with a gpuci line saying where and why it was cut.
     #[arg(long, env = "GPUCI_MAX_LOG_BYTES", default_value = "100MiB", value_parser = parse_bytes)]
     pub max_log_bytes: u64,
+    #[command(flatten)]
+    pub jobs: JobArgs,
+}
+
+/// How the agent confines jobs (see docs/sandbox.md).
+#[derive(Args, Debug, Clone, Default)]
+pub struct JobArgs {
+    /// Let trusted jobs run outside the sandbox: steps with `sandbox: none`, and every job
+    /// when bubblewrap cannot work on this host. Without it such jobs fail, and an agent
+    /// without a working sandbox takes no jobs. Jobs from forks, outside contributors and
+    /// Actions runners never run unsandboxed.
+    #[arg(long, env = "GPUCI_ALLOW_UNSANDBOXED")]
+    pub allow_unsandboxed: bool,
+    /// Host uids (and gids) for jobs of a root agent, START-END: two per slot (the job's and
+    /// its network's); no account may use them. Default 1500000000-1500000255.
+    #[arg(long, env = "GPUCI_JOB_UIDS", value_parser = parse_uid_range)]
+    pub job_uids: Option<(u32, u32)>,
+    /// What `network: default` steps get: `slot` (a network namespace per slot with egress
+    /// through pasta; nothing of the host's loopback), `host` (the host's network: other
+    /// jobs' and the host's loopback services), or `none`.
+    #[arg(long, env = "GPUCI_JOB_NETWORK", value_enum, default_value_t = JobNetworkArg::Slot)]
+    pub job_network: JobNetworkArg,
+    /// A TCP port on the host's loopback that jobs may connect to at 127.0.0.1:PORT
+    /// (repeatable): a package mirror, a GitHub Enterprise Server on this host. Nothing else
+    /// of the host's loopback is reachable.
+    #[arg(long = "job-host-port", env = "GPUCI_JOB_HOST_PORTS", value_delimiter = ',')]
+    pub job_host_ports: Vec<u16>,
+    /// Memory limit of a job whose step sets none. Default: the host's memory / slots.
+    #[arg(long, env = "GPUCI_JOB_MEMORY", value_parser = parse_bytes)]
+    pub job_memory: Option<u64>,
+    /// Process limit of a job whose step sets none.
+    #[arg(long, env = "GPUCI_JOB_PIDS", default_value_t = gpuci_agent::DEFAULT_JOB_PIDS)]
+    pub job_pids: u32,
+    /// CPU limit of a job whose step sets none, in CPUs (1.5). Default: none.
+    #[arg(long, env = "GPUCI_JOB_CPUS", value_parser = parse_cpus)]
+    pub job_cpus: Option<u32>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum JobNetworkArg {
+    #[default]
+    Slot,
+    Host,
+    None,
+}
+
+impl JobArgs {
+    /// Applies these settings to an agent's config.
+    pub fn apply(&self, c: &mut gpuci_agent::Config) {
+        c.allow_unsandboxed = self.allow_unsandboxed;
+        if let Some(r) = self.job_uids {
+            c.job_uids = r;
+        }
+        c.job_network = match self.job_network {
+            JobNetworkArg::Slot => gpuci_agent::JobNetwork::Slot,
+            JobNetworkArg::Host => gpuci_agent::JobNetwork::Host,
+            JobNetworkArg::None => gpuci_agent::JobNetwork::None,
+        };
+        c.job_host_ports = self.job_host_ports.clone();
+        c.job_defaults = gpuci_agent::SlotDefaults {
+            memory: self.job_memory.map(gpuci_core::quantity::Bytes),
+            pids: Some(self.job_pids),
+            cpu_millis: self.job_cpus,
+        };
+    }
+}
+
+pub fn parse_uid_range(s: &str) -> Result<(u32, u32), String> {
+    gpuci_agent::slots::parse_uid_range(s)
+}
+
+pub fn parse_cpus(s: &str) -> Result<u32, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    if !(v > 0.0 && v <= 4096.0) {
+        return Err(format!("{s:?}: expected a number of CPUs, e.g. 1.5"));
+    }
+    Ok((v * 1000.0).round() as u32)
 }
 
 #[derive(Args, Debug)]
@@ -164,15 +241,15 @@ pub struct ServerArgs {
     /// Default: the SQLite file `gpuci.db` in the data dir.
     #[arg(long, env = "GPUCI_DATABASE_URL", hide_env_values = true)]
     pub database: Option<String>,
-    /// The most log stored per job, whatever an agent sends (agents cut at their own
-    /// --max-log-bytes, 100MiB by default; this leaves room for gpuci's own lines).
-    #[arg(long, env = "GPUCI_SERVER_MAX_LOG_BYTES", default_value = "101MiB", value_parser = parse_bytes)]
-    pub max_log_bytes: u64,
     /// The key secret values are sealed with at rest (32 raw bytes or 64 hex digits), kept
     /// apart from the database. Created (mode 0600) when absent and no sealed value exists.
     /// Coordinators sharing a database share it. Default: `secrets.key` in the data dir.
     #[arg(long, env = "GPUCI_SECRETS_KEY_FILE")]
     pub secrets_key_file: Option<PathBuf>,
+    /// The most log stored per job, whatever an agent sends (agents cut at their own
+    /// --max-log-bytes, 100MiB by default; this leaves room for gpuci's own lines).
+    #[arg(long, env = "GPUCI_SERVER_MAX_LOG_BYTES", default_value = "101MiB", value_parser = parse_bytes)]
+    pub max_log_bytes: u64,
 }
 
 #[derive(Args, Debug)]
@@ -193,8 +270,9 @@ pub struct AgentArgs {
     pub name: Option<String>,
     #[command(flatten)]
     pub local: LocalAgentArgs,
-    /// Refuse steps that opt out of the sandbox (`sandbox: none`): for agents that run untrusted code.
-    #[arg(long, env = "GPUCI_FORBID_UNSANDBOXED")]
+    /// Accepted for old scripts: refusing `sandbox: none` is now the default (see
+    /// --allow-unsandboxed).
+    #[arg(long, hide = true, conflicts_with = "allow_unsandboxed")]
     pub forbid_unsandboxed: bool,
     /// A path jobs must not see (repeatable; colon-separated in the variable): other
     /// credentials on this host. The agent's data dir and registration token file are always

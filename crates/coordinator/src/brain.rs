@@ -1123,7 +1123,7 @@ impl Brain {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
                     tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
-                    let (workspace_upload, cache, origin) = match self.store.get_pipeline(j.pipeline_id).await {
+                    let (workspace_upload, cache, origin, trusted) = match self.store.get_pipeline(j.pipeline_id).await {
                         Ok(Some(p)) => {
                             let origin = Origin::parse(p.origin.as_deref());
                             // Caches by repository and trust class: what may be restored and
@@ -1134,9 +1134,12 @@ impl Brain {
                                 }
                                 _ => gpuci_core::cache::CacheScope::none(),
                             };
-                            (p.workspace_upload, cache, origin)
+                            let trusted = gpuci_core::trust::may_run_unsandboxed(
+                                Origin::cache_origin(p.origin.as_deref()).as_ref(),
+                            );
+                            (p.workspace_upload, cache, origin, trusted)
                         }
-                        Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None),
+                        Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false),
                         Err(e) => {
                             tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
                             continue;
@@ -1170,6 +1173,7 @@ impl Brain {
                                 workspace_upload: workspace_upload.clone(),
                                 cache,
                                 runner_dir: runner.as_ref().map(|r| r.install_dir.clone()),
+                                trusted,
                             };
                             match (runner, &self.registrar) {
                                 (None, _) => {

@@ -18,5 +18,6 @@ pub mod pipeline;
 pub mod placement;
 pub mod quantity;
 pub mod text;
+pub mod trust;
 
 pub use duration::Duration;

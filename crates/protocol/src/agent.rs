@@ -150,6 +150,11 @@ pub struct Assignment {
     /// writable for the runner's `_diag` and `_work`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runner_dir: Option<String>,
+    /// The job's origin may run outside the sandbox (`gpuci_core::trust`): only then does an
+    /// agent started with `--allow-unsandboxed` run it so. Absent (an older coordinator):
+    /// not trusted.
+    #[serde(default)]
+    pub trusted: bool,
 }
 
 /// Secret values by name. Debug output shows names only.

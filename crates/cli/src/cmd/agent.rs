@@ -33,7 +33,7 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     c.tags = a.local.tags.into_iter().collect();
     c.simulate_gpus = a.local.simulate_gpus;
     c.isolation = a.local.isolation.into();
-    c.allow_unsandboxed = !a.forbid_unsandboxed;
+    a.local.jobs.apply(&mut c);
     c.post_job_timeout = a.post_job_timeout;
     c.max_log_bytes = a.local.max_log_bytes;
     c.cache_limits = gpuci_agent::cache::CacheLimits { entry: a.cache_max_entry_size, total: a.cache_max_total };

@@ -1,0 +1,139 @@
+//! Job slots: the unprivileged identity and network each running job gets.
+//!
+//! A root agent is given a range of host uids no account uses (`--job-uids START-END`,
+//! default [`DEFAULT_JOB_UIDS`]). Slot `i` runs its jobs as `START + 2i` and its network
+//! namespace is owned by `START + 2i + 1` (its holder and `pasta` run as that uid; gids are
+//! the same numbers). A job is the only process of its uid while it runs, so it cannot
+//! signal, trace or read another job's processes, and every file it leaves is its own. The
+//! network uid is not the job's: the kernel gives the owner of a network namespace's user
+//! namespace write access to that namespace's `net.*` sysctls, which a job could otherwise
+//! change for the next job of its slot.
+//!
+//! One owner: the pool below is shared by job tasks, which take a slot for a job's whole run
+//! (workspace set-up to cleanup) and give it back by dropping the guard.
+
+use std::sync::{Arc, Mutex};
+
+use gpuci_sandbox::{JobUser, SlotNetwork};
+
+/// Default `--job-uids`: high enough to miss the usual account and `/etc/subuid` ranges
+/// (100000–165535 for the first user, 65536 per user after it), 256 uids.
+pub const DEFAULT_JOB_UIDS: (u32, u32) = (1_500_000_000, 1_500_000_255);
+
+/// Parses `START-END` (inclusive).
+pub fn parse_uid_range(s: &str) -> Result<(u32, u32), String> {
+    let (a, b) = s.split_once('-').ok_or_else(|| format!("{s:?}: expected START-END, e.g. 200000-200063"))?;
+    let start: u32 = a.trim().parse().map_err(|e| format!("{s:?}: start {a:?}: {e}"))?;
+    let end: u32 = b.trim().parse().map_err(|e| format!("{s:?}: end {b:?}: {e}"))?;
+    if start == 0 || end < start {
+        return Err(format!("{s:?}: need 0 < START <= END"));
+    }
+    if end == u32::MAX {
+        return Err(format!("{s:?}: {end} is the kernel's invalid uid"));
+    }
+    Ok((start, end))
+}
+
+/// One slot's identities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotIds {
+    /// The job's uid and gid.
+    pub job: JobUser,
+    /// Owner of the slot's network namespace.
+    pub network: JobUser,
+}
+
+/// Each slot's uids, from the range.
+pub fn users_for(range: (u32, u32), slots: u32) -> Result<Vec<SlotIds>, String> {
+    let have = u64::from(range.1 - range.0) + 1;
+    if have < 2 * u64::from(slots) {
+        return Err(format!(
+            "--job-uids {}-{} has {have} uids; {slots} slots need {} (two per slot: the job's and its network's)",
+            range.0,
+            range.1,
+            2 * slots
+        ));
+    }
+    let user = |uid| JobUser { uid, gid: uid };
+    Ok((0..slots).map(|i| SlotIds { job: user(range.0 + 2 * i), network: user(range.0 + 2 * i + 1) }).collect())
+}
+
+/// The slots of a root agent.
+#[derive(Debug)]
+pub struct Slots {
+    users: Vec<JobUser>,
+    /// Per slot: its network namespace, when the agent made them.
+    networks: Vec<Option<SlotNetwork>>,
+    free: Mutex<Vec<usize>>,
+}
+
+impl Slots {
+    pub fn new(users: Vec<JobUser>, networks: Vec<Option<SlotNetwork>>) -> Arc<Slots> {
+        let free = (0..users.len()).rev().collect();
+        Arc::new(Slots { users, networks, free: Mutex::new(free) })
+    }
+
+    /// A free slot, or `None` when every slot is running a job (the coordinator places no
+    /// more jobs than slots, so this is a bug or a race with a job still cleaning up).
+    pub fn take(self: &Arc<Self>) -> Option<SlotGuard> {
+        let index = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+        Some(SlotGuard { slots: self.clone(), index })
+    }
+}
+
+/// A slot held for one job; given back on drop.
+#[derive(Debug)]
+pub struct SlotGuard {
+    slots: Arc<Slots>,
+    index: usize,
+}
+
+impl SlotGuard {
+    pub fn user(&self) -> JobUser {
+        self.slots.users[self.index]
+    }
+
+    pub fn network(&self) -> Option<&SlotNetwork> {
+        self.slots.networks.get(self.index).and_then(Option::as_ref)
+    }
+
+    pub fn index(&self) -> usize {
+        self.index
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.slots.free.lock().unwrap_or_else(|e| e.into_inner()).push(self.index);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_parse_and_give_one_network_owner_and_one_uid_per_slot() {
+        assert_eq!(parse_uid_range("200000-200063"), Ok((200000, 200063)));
+        for bad in ["", "5", "0-10", "10-5", "a-b", "1-4294967295"] {
+            assert!(parse_uid_range(bad).is_err(), "{bad}");
+        }
+        let ids = users_for((200000, 200007), 4).expect("8 uids for 4 slots");
+        assert_eq!(ids.iter().map(|s| s.job.uid).collect::<Vec<_>>(), vec![200000, 200002, 200004, 200006]);
+        assert_eq!(ids.iter().map(|s| s.network.uid).collect::<Vec<_>>(), vec![200001, 200003, 200005, 200007]);
+        assert!(users_for((200000, 200006), 4).is_err(), "7 uids are one short for 4 slots");
+    }
+
+    #[test]
+    fn a_slot_is_held_by_one_job_at_a_time() {
+        let ids = users_for((300000, 300003), 2).expect("range");
+        let slots = Slots::new(ids.iter().map(|s| s.job).collect(), vec![None, None]);
+        let a = slots.take().expect("first");
+        let b = slots.take().expect("second");
+        assert_ne!(a.user(), b.user());
+        assert!(slots.take().is_none(), "both slots are held");
+        let uid = a.user().uid;
+        drop(a);
+        assert_eq!(slots.take().map(|g| g.user().uid), Some(uid), "given back on drop");
+    }
+}
