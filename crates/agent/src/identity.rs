@@ -66,8 +66,8 @@ pub async fn load_or_register(
     Ok(id)
 }
 
-/// Take the group and other bits off the data dir (creating it) or the credential file
-/// (0755 → 0700, 0644 → 0600), with a warning when that changed an existing one.
+/// Take the group and other read/write bits off the data dir (creating it) or the credential
+/// file (0755 → 0711, 0644 → 0600), with a warning when that changed an existing one.
 fn make_private(path: &Path, dir: bool) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if dir {
@@ -82,7 +82,9 @@ fn make_private(path: &Path, dir: bool) -> anyhow::Result<()> {
         Err(e) => return Err(e).with_context(|| format!("reading the mode of {}", path.display())),
     };
     let was = meta.permissions().mode() & 0o7777;
-    let now = was & !0o077;
+    // A directory keeps its search bits: with job users, the data dir is 0711 so they can
+    // pass through to their workspaces (never list or read).
+    let now = if dir { was & !0o066 } else { was & !0o077 };
     if now != was {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(now))
             .with_context(|| format!("setting mode {now:o} on {}", path.display()))?;

@@ -23,22 +23,50 @@ pub enum DataDirError {
 pub const PRIVATE_FILES: &[&str] =
     &["api-token", "registration-token", "secrets.key", "gpuci.db", "gpuci.db-wal", "gpuci.db-shm"];
 
-/// Create the data dir (0700) or tighten it and the private files in it.
-pub fn prepare(dir: &Path) -> Result<(), DataDirError> {
+/// Directories in the data dir: private like the files.
+pub const PRIVATE_DIRS: &[&str] = &["uploads"];
+
+/// Create the data dir (0700, or 0711 when `traversable`) or tighten it and the private files
+/// and directories in it.
+pub fn prepare(dir: &Path, traversable: bool) -> Result<(), DataDirError> {
+    let mode = if traversable { 0o711 } else { 0o700 };
+    let set = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+            .map_err(|source| DataDirError::Mode { path: p.to_path_buf(), mode, source })
+    };
     if !dir.exists() {
         std::fs::create_dir_all(dir).map_err(|source| DataDirError::Dir { path: dir.to_path_buf(), source })?;
         // New: private from the start, no news to report.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(|source| DataDirError::Mode {
-            path: dir.to_path_buf(),
-            mode: 0o700,
-            source,
-        })?;
+        set(dir, mode)?;
     }
-    restrict(dir)?;
+    let was = mode_of(dir);
+    let now = (was & !0o077) | (mode & 0o011);
+    if now != was {
+        set(dir, now)?;
+        if was & 0o066 != 0 {
+            tracing::warn!(path = %dir.display(), was = %format!("{was:04o}"), now = %format!("{now:04o}"),
+                "tightened permissions: this holds credentials and was open to other users");
+        } else {
+            tracing::info!(path = %dir.display(), was = %format!("{was:04o}"), now = %format!("{now:04o}"),
+                "data dir mode set (0711 when job users must pass through to workspaces below it)");
+        }
+    }
+    for d in PRIVATE_DIRS {
+        let p = dir.join(d);
+        if !p.exists() {
+            std::fs::create_dir_all(&p).map_err(|source| DataDirError::Dir { path: p.clone(), source })?;
+            set(&p, 0o700)?;
+        }
+        restrict(&p)?;
+    }
     for f in PRIVATE_FILES {
         restrict(&dir.join(f))?;
     }
     Ok(())
+}
+
+fn mode_of(p: &Path) -> u32 {
+    std::fs::metadata(p).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0)
 }
 
 /// Remove the group and other bits of `path` if it exists (0644 → 0600, 0755 → 0700), with a
@@ -70,9 +98,10 @@ pub fn restrict(path: &Path) -> Result<(), DataDirError> {
     Ok(())
 }
 
-/// The group/other permission bits of `path` when any are set (None when private or absent).
+/// The group/other read or write bits of `path` when any are set (None when private or
+/// absent; search-only `x`, 0711, lets others pass through, not list or read).
 pub fn exposed(path: &Path) -> Option<u32> {
-    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o077;
+    let mode = std::fs::metadata(path).ok()?.permissions().mode() & 0o066;
     (mode != 0).then_some(mode)
 }
 
@@ -125,7 +154,7 @@ mod tests {
             std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o644))
                 .unwrap_or_else(|e| panic!("{e}"));
         }
-        prepare(&dir).unwrap_or_else(|e| panic!("{e}"));
+        prepare(&dir, false).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(mode(&dir), 0o700);
         for f in ["api-token", "gpuci.db", "gpuci.db-wal"] {
             assert_eq!(mode(&dir.join(f)), 0o600, "{f}");
@@ -140,8 +169,13 @@ mod tests {
     fn new_data_dirs_are_private_whatever_the_umask() {
         let root = tempdir();
         let dir = root.join("a/b");
-        prepare(&dir).unwrap_or_else(|e| panic!("{e}"));
+        prepare(&dir, false).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("uploads")), 0o700);
+        // A local agent's workspaces below: job users pass through, never list.
+        prepare(&dir, true).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(mode(&dir), 0o711);
+        assert_eq!(exposed(&dir), None);
         create_private(&dir.join("secrets.key"), b"k").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(mode(&dir.join("secrets.key")), 0o600);
         assert!(create_private(&dir.join("secrets.key"), b"other").is_err(), "an existing file is never replaced");

@@ -99,6 +99,10 @@ impl Config {
             paths.push(k);
         }
         paths.extend(self.credential_files.iter().cloned());
+        // What lies in the data dir is hidden with it (a separate cover inside the covered
+        // dir would show up there as an empty /dev/null).
+        let data_dir = self.data_dir.clone();
+        paths.retain(|p| p == &data_dir || !p.starts_with(&data_dir));
         paths
     }
 

@@ -55,7 +55,7 @@ pub async fn start_configured(
     ac.max_log_bytes = agent.max_log_bytes;
     agent.jobs.apply(&mut ac);
     ac.name = format!("{} (local)", gpuci_agent::hostname());
-    //TMP ac.hide = hidden_forms(&private);
+    ac.hide = hidden_forms(&private);
     let agent = tokio::spawn(gpuci_agent::run(ac, shutdown));
     Ok(Local { server, agent })
 }
