@@ -439,7 +439,9 @@ async fn execute_in(
         // The runner writes beside its files; give it a writable view of the install, not the install.
         let runner = if isolation == Isolation::Bubblewrap {
             let dest = workspace.join("runner");
-            if let Err(e) = std::fs::create_dir_all(&dest) {
+            let made = std::fs::create_dir_all(&dest)
+                .and_then(|()| slot.map_or(Ok(()), |s| gpuci_sandbox::give_to(&dest, s.user())));
+            if let Err(e) = made {
                 return (Outcome::StartFailed { error: format!("creating {}: {e}", dest.display()) }, None);
             }
             spec.tool_views.push(gpuci_sandbox::ToolView { source: dir.into(), dest: dest.clone() });

@@ -58,8 +58,9 @@ pub struct Config {
     pub hide: Vec<PathBuf>,
     /// Size limits of the steps' `cache:` store.
     pub cache_limits: cache::CacheLimits,
-    /// Host uids for jobs (`--job-uids`, see `slots`); used when the agent is root.
-    pub job_uids: (u32, u32),
+    /// Host uids for jobs (`--job-uids`, see `slots`); used when the agent is root. `None`:
+    /// the first default block no other agent on this host holds.
+    pub job_uids: Option<(u32, u32)>,
     /// What `network: default` steps get.
     pub job_network: executor::JobNetwork,
     /// TCP ports on the host's loopback that jobs in slot networks may connect to.
@@ -90,7 +91,7 @@ impl Config {
             hide: Vec::new(),
             cache_limits: cache::CacheLimits::default(),
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
-            job_uids: slots::DEFAULT_JOB_UIDS,
+            job_uids: None,
             job_network: executor::JobNetwork::Slot,
             job_host_ports: Vec::new(),
             job_defaults: executor::SlotDefaults { memory: None, pids: Some(DEFAULT_JOB_PIDS), cpu_millis: None },
@@ -194,9 +195,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     }
     let isolation_desc = match (&bwrap_problem, config.isolation, &slots) {
         (_, IsolationPolicy::None, _) => "none (--isolation none, --allow-unsandboxed)".to_string(),
-        (None, _, Some(_)) => format!(
+        (None, _, Some(s)) => format!(
             "bubblewrap; jobs as uids {}+ (one per slot), seccomp, {}",
-            config.job_uids.0,
+            s.first_uid(),
             match config.job_network {
                 executor::JobNetwork::Slot => "a network namespace per slot",
                 executor::JobNetwork::Host => "the HOST network (--job-network host)",
@@ -539,9 +540,10 @@ where
 /// A root agent's slots: uids checked against the host's accounts, and a network namespace
 /// per slot when steps get the slot network by default.
 async fn make_slots(config: &Config) -> anyhow::Result<Arc<slots::Slots>> {
-    let ids = slots::users_for(config.job_uids, config.slots).map_err(anyhow::Error::msg)?;
+    let lease = slots::lease(config.job_uids, config.slots).map_err(anyhow::Error::msg)?;
+    let ids = slots::users_for(lease.range, config.slots).map_err(anyhow::Error::msg)?;
     if let Ok(passwd) = std::fs::read_to_string("/etc/passwd") {
-        let (lo, hi) = (config.job_uids.0, config.job_uids.0 + 2 * config.slots);
+        let (lo, hi) = (lease.range.0, lease.range.0 + 2 * config.slots);
         if let Some(line) = passwd.lines().find(|l| l.split(':').nth(2).and_then(|u| u.parse::<u32>().ok()).is_some_and(|u| (lo..hi).contains(&u))) {
             bail!("--job-uids {lo}-{}: the account {:?} has a uid in that range; jobs need uids no account uses", hi - 1, line.split(':').next().unwrap_or(""));
         }
@@ -567,7 +569,7 @@ async fn make_slots(config: &Config) -> anyhow::Result<Arc<slots::Slots>> {
     }
     let (first, last) = (ids.first().map(|s| s.job.uid), ids.last().map(|s| s.network.uid));
     tracing::info!(slots = ids.len(), uids = ?(first, last), networks = networks.iter().filter(|n| n.is_some()).count(), "job slots ready");
-    Ok(slots::Slots::new(ids.iter().map(|s| s.job).collect(), networks))
+    Ok(slots::Slots::new(Some(lease), ids.iter().map(|s| s.job).collect(), networks))
 }
 
 /// Total memory of the host (`MemTotal` in /proc/meminfo), bytes.

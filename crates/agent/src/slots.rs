@@ -16,9 +16,70 @@ use std::sync::{Arc, Mutex};
 
 use gpuci_sandbox::{JobUser, SlotNetwork};
 
-/// Default `--job-uids`: high enough to miss the usual account and `/etc/subuid` ranges
-/// (100000–165535 for the first user, 65536 per user after it), 256 uids.
-pub const DEFAULT_JOB_UIDS: (u32, u32) = (1_500_000_000, 1_500_000_255);
+/// Where default job uids come from: high enough to miss the usual account and `/etc/subuid`
+/// ranges (100000–165535 for the first user, 65536 per user after it). Each agent leases one
+/// block of [`BLOCK`] uids from here (the first free one; see [`lease`]); the first block is
+/// what `gpuci doctor` checks against the host's accounts.
+pub const DEFAULT_JOB_UIDS: (u32, u32) = (1_500_000_000, 1_500_000_000 + BLOCK - 1);
+/// uids per default block: 128 slots.
+pub const BLOCK: u32 = 256;
+/// Default blocks tried before giving up (agents on one host).
+const BLOCKS: u32 = 1024;
+/// Lock files, one per leased block, held (`flock`) for the agent's life.
+const LOCK_DIR: &str = "/run/gpuci-sandbox/uids";
+
+/// A held lease on a uid range: no other agent on this host uses these uids while it lives.
+/// Two agents with one range would run jobs as the same uids and kill each other's slot
+/// networks (an agent clears what a dead predecessor left on its uids at start).
+#[derive(Debug)]
+pub struct UidLease {
+    pub range: (u32, u32),
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// Leases `explicit` (`--job-uids`), or else the first free default block.
+pub fn lease(explicit: Option<(u32, u32)>, slots: u32) -> Result<UidLease, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(LOCK_DIR)
+        .map_err(|e| format!("creating {LOCK_DIR}: {e}"))?;
+    let try_lock = |start: u32| -> Result<Option<nix::fcntl::Flock<std::fs::File>>, String> {
+        let path = format!("{LOCK_DIR}/{start}.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("opening {path}: {e}"))?;
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(l) => Ok(Some(l)),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(format!("locking {path}: {e}")),
+        }
+    };
+    if let Some(range) = explicit {
+        users_for(range, slots)?;
+        return match try_lock(range.0)? {
+            Some(lock) => Ok(UidLease { range, _lock: lock }),
+            None => Err(format!(
+                "--job-uids {}-{}: another agent on this host holds these uids; give each agent its own range",
+                range.0, range.1
+            )),
+        };
+    }
+    if 2 * slots > BLOCK {
+        return Err(format!("{slots} slots need {} uids, more than a default block of {BLOCK}: give --job-uids", 2 * slots));
+    }
+    for i in 0..BLOCKS {
+        let start = DEFAULT_JOB_UIDS.0 + i * BLOCK;
+        if let Some(lock) = try_lock(start)? {
+            return Ok(UidLease { range: (start, start + BLOCK - 1), _lock: lock });
+        }
+    }
+    Err(format!("all {BLOCKS} default blocks of job uids are held by other agents: give --job-uids"))
+}
 
 /// Parses `START-END` (inclusive).
 pub fn parse_uid_range(s: &str) -> Result<(u32, u32), String> {
@@ -61,6 +122,8 @@ pub fn users_for(range: (u32, u32), slots: u32) -> Result<Vec<SlotIds>, String> 
 /// The slots of a root agent.
 #[derive(Debug)]
 pub struct Slots {
+    /// Held while the slots exist.
+    _lease: Option<UidLease>,
     users: Vec<JobUser>,
     /// Per slot: its network namespace, when the agent made them.
     networks: Vec<Option<SlotNetwork>>,
@@ -68,9 +131,14 @@ pub struct Slots {
 }
 
 impl Slots {
-    pub fn new(users: Vec<JobUser>, networks: Vec<Option<SlotNetwork>>) -> Arc<Slots> {
+    pub fn new(lease: Option<UidLease>, users: Vec<JobUser>, networks: Vec<Option<SlotNetwork>>) -> Arc<Slots> {
         let free = (0..users.len()).rev().collect();
-        Arc::new(Slots { users, networks, free: Mutex::new(free) })
+        Arc::new(Slots { _lease: lease, users, networks, free: Mutex::new(free) })
+    }
+
+    /// The first slot's job uid.
+    pub fn first_uid(&self) -> u32 {
+        self.users.first().map_or(0, |u| u.uid)
     }
 
     /// A free slot, or `None` when every slot is running a job (the coordinator places no
@@ -113,6 +181,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn two_agents_never_lease_the_same_uids() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP: leases live in /run (root)");
+            return;
+        }
+        let a = lease(None, 4).expect("a block");
+        let b = lease(None, 4).expect("another block");
+        assert_ne!(a.range, b.range, "a second agent got the first one's uids");
+        let e = lease(Some(a.range), 4).expect_err("an explicit range someone holds");
+        assert!(e.contains("another agent"), "{e}");
+        let start = a.range.0;
+        drop(a);
+        assert!(lease(Some((start, start + 7)), 4).is_ok(), "free again once its agent is gone");
+    }
+
+    #[test]
     fn ranges_parse_and_give_one_network_owner_and_one_uid_per_slot() {
         assert_eq!(parse_uid_range("200000-200063"), Ok((200000, 200063)));
         for bad in ["", "5", "0-10", "10-5", "a-b", "1-4294967295"] {
@@ -127,7 +211,7 @@ mod tests {
     #[test]
     fn a_slot_is_held_by_one_job_at_a_time() {
         let ids = users_for((300000, 300003), 2).expect("range");
-        let slots = Slots::new(ids.iter().map(|s| s.job).collect(), vec![None, None]);
+        let slots = Slots::new(None, ids.iter().map(|s| s.job).collect(), vec![None, None]);
         let a = slots.take().expect("first");
         let b = slots.take().expect("second");
         assert_ne!(a.user(), b.user());

@@ -101,13 +101,15 @@ pub struct LocalAgentArgs {
 #[derive(Args, Debug, Clone, Default)]
 pub struct JobArgs {
     /// Let trusted jobs run outside the sandbox: steps with `sandbox: none`, and every job
-    /// when bubblewrap cannot work on this host. Without it such jobs fail, and an agent
-    /// without a working sandbox takes no jobs. Jobs from forks, outside contributors and
+    /// when bubblewrap cannot work on this host. Without it such steps are not placed here
+    /// (they wait, with the reason, until their queue timeout), and an agent without a
+    /// working sandbox takes no jobs. Jobs from forks, outside contributors and
     /// Actions runners never run unsandboxed.
     #[arg(long, env = "GPUCI_ALLOW_UNSANDBOXED")]
     pub allow_unsandboxed: bool,
     /// Host uids (and gids) for jobs of a root agent, START-END: two per slot (the job's and
-    /// its network's); no account may use them. Default 1500000000-1500000255.
+    /// its network's); no account may use them, nor another agent. Default: the first block
+    /// of 256 from 1500000000 that no other agent on this host holds.
     #[arg(long, env = "GPUCI_JOB_UIDS", value_parser = parse_uid_range)]
     pub job_uids: Option<(u32, u32)>,
     /// What `network: default` steps get: `slot` (a network namespace per slot with egress
@@ -143,9 +145,7 @@ impl JobArgs {
     /// Applies these settings to an agent's config.
     pub fn apply(&self, c: &mut gpuci_agent::Config) {
         c.allow_unsandboxed = self.allow_unsandboxed;
-        if let Some(r) = self.job_uids {
-            c.job_uids = r;
-        }
+        c.job_uids = self.job_uids;
         c.job_network = match self.job_network {
             JobNetworkArg::Slot => gpuci_agent::JobNetwork::Slot,
             JobNetworkArg::Host => gpuci_agent::JobNetwork::Host,

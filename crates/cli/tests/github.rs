@@ -61,6 +61,9 @@ impl Setup {
         gh.add_repo(REPO, 31);
         before_server(&rt, &gh);
         let dir = tempdir();
+        // Runner jobs run as a slot's unprivileged uid: the install must be on a path other
+        // users may pass through, as a real install_dir is (/opt/actions-runner).
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
         let runner_dir = dir.path().join("actions-runner");
         install_fake_runner(&runner_dir).unwrap();
         let secret_file = dir.path().join("webhook-secret");
@@ -115,7 +118,18 @@ install_dir = "{runner}"
             &server,
             &dir.path().join("agent"),
             "gpu-host",
-            &["--simulate-gpus", "2xH100-80GB", "--slots", "4", "--isolation", isolation()],
+            &[
+                "--simulate-gpus",
+                "2xH100-80GB",
+                "--slots",
+                "4",
+                "--isolation",
+                isolation(),
+                // The test GitHub lives on this host's loopback, like a GitHub Enterprise
+                // Server on the agent host: the one port jobs may reach there.
+                "--job-host-port",
+                gh.url.rsplit(':').next().unwrap().trim_end_matches('/'),
+            ],
         );
         let api = server.api();
         api.wait_agents(1, T);

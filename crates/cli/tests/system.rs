@@ -106,10 +106,14 @@ fn an_unplaceable_job_says_why_and_times_out_in_the_queue() {
 #[test]
 fn coordinator_killed_and_restarted_mid_run_loses_nothing_and_runs_nothing_twice() {
     let dir = tempdir();
-    let ledger = dir.path().join("ledger");
-    std::fs::create_dir_all(&ledger).unwrap();
+    let ledger = shared_dir(&dir, "ledger");
     let mut server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--slots", "3", "--isolation", isolation()]);
+    let _agent = Agent::start(
+        &server,
+        &dir.path().join("agent"),
+        "a1",
+        &["--slots", "3", "--isolation", isolation(), "--allow-unsandboxed"],
+    );
     let api = server.api();
     api.wait_agents(1, T);
     // Each run appends to a ledger outside the sandbox (sandbox: none) so double runs show.
@@ -266,9 +270,10 @@ fn concurrency_group_runs_one_at_a_time_and_cancel_in_progress_cancels_the_older
 #[test]
 fn retry_on_failed_creates_a_new_attempt_that_can_succeed() {
     let dir = tempdir();
-    let marker = dir.path().join("marker");
+    let marker = shared_dir(&dir, "m").join("marker");
     let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let _agent =
+        Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation(), "--allow-unsandboxed"]);
     let api = server.api();
     api.wait_agents(1, T);
     // Fails the first time (no marker yet), succeeds the second.
@@ -425,15 +430,11 @@ fn an_agent_never_runs_more_jobs_than_its_slots() {
 }
 
 #[test]
-fn an_agent_that_forbids_unsandboxed_steps_never_runs_one() {
+fn an_agent_runs_no_unsandboxed_step_unless_started_with_allow_unsandboxed() {
+    // The default: no flag needed to refuse `sandbox: none` (issue 9: it was allowed).
     let dir = tempdir();
     let server = Server::start(&dir.path().join("server"), "30s");
-    let _agent = Agent::start(
-        &server,
-        &dir.path().join("agent"),
-        "strict",
-        &["--forbid-unsandboxed", "--isolation", isolation()],
-    );
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "strict", &["--isolation", isolation()]);
     let api = server.api();
     api.wait_agents(1, T);
     let p = api.submit("steps:\n  - key: host\n    sandbox: none\n    queue_timeout: 2s\n    command: echo on-the-host\n  - key: boxed\n    command: echo boxed\n");
@@ -482,4 +483,15 @@ fn an_image_step_waits_for_an_agent_with_a_working_container_engine() {
     assert_eq!(j.state, JobState::TimedOut);
     assert!(j.reason.contains("needs a container runtime"), "{}", j.reason);
     assert!(j.started_at_ms.is_none(), "an image step never falls back to the host");
+}
+
+/// A directory jobs running `sandbox: none` as a slot's unprivileged uid can write: the test's
+/// temp dir made passable (0711), the directory itself open to all.
+fn shared_dir(dir: &tempfile::TempDir, name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let p = dir.path().join(name);
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    p
 }

@@ -1209,12 +1209,23 @@ impl Brain {
                     }
                 }
                 Err(u) => {
-                    let reason = if unsandboxed && u.reason.contains(UNSANDBOXED_TAG) {
-                        "needs an agent that allows `sandbox: none`; every matching agent forbids it (--forbid-unsandboxed)"
+                    let mut reason = if unsandboxed && u.reason.contains(UNSANDBOXED_TAG) {
+                        "needs an agent that allows `sandbox: none`; every matching agent refuses it (start one with --allow-unsandboxed)"
                             .to_string()
                     } else {
                         u.reason
                     };
+                    // An agent without a working sandbox offers no slots; say why, or the job
+                    // would only read "no free job slot".
+                    let refusing: Vec<String> = self
+                        .agents
+                        .values()
+                        .filter(|a| a.conn.is_some() && a.isolation.starts_with("unavailable"))
+                        .map(|a| format!("agent {} takes no jobs: {}", a.name, a.isolation))
+                        .collect();
+                    if !refusing.is_empty() {
+                        reason = format!("{reason} ({})", refusing.join("; "));
+                    }
                     self.set_reason(&j, reason).await
                 }
             }

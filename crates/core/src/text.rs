@@ -44,6 +44,16 @@ fn is_invisible_format(c: char) -> bool {
         | '\u{2066}'..='\u{2069}'   // LRI, RLI, FSI, PDI
         | '\u{FEFF}'                // zero-width no-break space (BOM)
         | '\u{E0000}'..='\u{E007F}' // tag characters (invisible ASCII)
+        | '\u{00AD}'                // soft hyphen
+        | '\u{034F}'                // combining grapheme joiner
+        | '\u{115F}'..='\u{1160}'   // Hangul fillers
+        | '\u{17B4}'..='\u{17B5}'   // Khmer inherent vowels
+        | '\u{180B}'..='\u{180F}'   // Mongolian variation selectors, vowel separator
+        | '\u{206A}'..='\u{206F}'   // deprecated format characters
+        | '\u{3164}'                // Hangul filler
+        | '\u{FE00}'..='\u{FE0F}'   // variation selectors
+        | '\u{FFA0}'                // halfwidth Hangul filler
+        | '\u{E0100}'..='\u{E01EF}' // variation selectors supplement
     )
 }
 
@@ -100,7 +110,7 @@ pub fn visible(line: &str) -> Visible {
             '\u{1b}' => match it.peek().map(|&(_, n)| n) {
                 Some('[') => {
                     it.next();
-                    skip_csi(&mut it)
+                    skip_csi(&mut it, &mut v)
                 }
                 Some(']' | 'P' | 'X' | '^' | '_') => {
                     it.next();
@@ -117,7 +127,7 @@ pub fn visible(line: &str) -> Visible {
                 Some(_) => true,
                 None => false,
             },
-            '\u{9b}' => skip_csi(&mut it),
+            '\u{9b}' => skip_csi(&mut it, &mut v),
             '\u{90}' | '\u{98}' | '\u{9d}' | '\u{9e}' | '\u{9f}' => skip_string(&mut it),
             '\u{8}' => {
                 if let Some(last) = v.text.pop() {
@@ -144,7 +154,7 @@ type Chars<'a> = std::iter::Peekable<std::str::CharIndices<'a>>;
 
 /// Parameters and intermediates up to the final byte; another control character ends it too.
 /// False: the line ended first.
-fn skip_csi(it: &mut Chars<'_>) -> bool {
+fn skip_csi(it: &mut Chars<'_>, v: &mut Visible) -> bool {
     while let Some(&(_, c)) = it.peek() {
         match c {
             ' '..='?' => {
@@ -153,6 +163,19 @@ fn skip_csi(it: &mut Chars<'_>) -> bool {
             '@'..='~' => {
                 it.next();
                 return true;
+            }
+            // A terminal executes a C0 control met inside a sequence and carries on with the
+            // sequence (ECMA-48 / xterm); ESC, CAN and SUB end it. A backspace there still
+            // takes back the character before: `AB\e[\bmBC` shows `ABC`.
+            '\u{1b}' | '\u{18}' | '\u{1a}' => return true,
+            '\u{8}' => {
+                it.next();
+                if let Some(last) = v.text.pop() {
+                    v.origin.truncate(v.origin.len() - last.len_utf8());
+                }
+            }
+            '\u{0}'..='\u{1f}' | '\u{7f}' => {
+                it.next();
             }
             _ => return true,
         }
@@ -211,6 +234,17 @@ mod tests {
         assert_eq!(visible("ok\u{1b}]0;ti").open, Some(2));
         assert_eq!(visible("ok\u{1b}").open, Some(2));
         assert_eq!(visible("ok\u{1b}[1m").open, None);
+    }
+
+    #[test]
+    fn controls_inside_a_sequence_do_not_end_it() {
+        // Found by an outside attack: each of these shows "topsecret" on a terminal.
+        assert_eq!(visible("tops\u{1b}[\u{7}mecret").text, "topsecret");
+        assert_eq!(visible("tops\u{1b}[\u{0}mecret").text, "topsecret");
+        assert_eq!(visible("tops\u{1b}[\u{8}msecret").text, "topsecret");
+        for c in ['\u{34f}', '\u{fe0f}', '\u{ad}', '\u{206a}', '\u{180e}'] {
+            assert_eq!(visible(&format!("tops{c}ecret")).text, "topsecret", "{:x}", c as u32);
+        }
     }
 
     fn hostile() -> impl Strategy<Value = String> {

@@ -12,6 +12,12 @@ const RUN_SH: &str = r#"#!/usr/bin/env bash
 # job (GET {url}/_test/jobs/{job}/status says "completed") is killed, as the real runner does.
 set -u
 
+# Like the real runner (run-helper.sh): it will not run as root unless told to, and exits 0.
+if [ "$(id -u)" = 0 ] && [ -z "${RUNNER_ALLOW_RUNASROOT:-}" ]; then
+  echo "Must not run interactively with sudo" >&2
+  exit 0
+fi
+
 dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 jitconfig=""
 while [ $# -gt 0 ]; do

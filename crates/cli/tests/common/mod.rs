@@ -105,6 +105,9 @@ impl Agent {
             .arg("--name")
             .arg(name)
             .args(extra)
+            // Without bubblewrap (a developer's machine; never CI) jobs can only run
+            // unsandboxed, which an agent does only when told.
+            .args(extra.windows(2).any(|w| w == ["--isolation", "none"]).then_some("--allow-unsandboxed"))
             .env("GPUCI_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
