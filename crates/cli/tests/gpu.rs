@@ -82,7 +82,9 @@ fn one_gpu_jobs_get_distinct_gpus_and_queue_while_all_are_leased() {
         let jobs = api.pipeline(p.id).jobs;
         let active = jobs.iter().filter(|j| matches!(j.state, JobState::Assigned | JobState::Running)).count();
         let queued = jobs.iter().filter(|j| j.state == JobState::Queued).count();
-        active == 4 && queued == 4
+        // The reason is set by the scheduler's pass just after the state shows.
+        let explained = jobs.iter().filter(|j| j.state == JobState::Queued).all(|j| j.reason != "queued");
+        active == 4 && queued == 4 && explained
     });
     let jobs = api.pipeline(p.id).jobs;
     let queued: Vec<&JobSummary> = jobs.iter().filter(|j| j.state == JobState::Queued).collect();

@@ -575,6 +575,8 @@ async fn fake_runner_takes_runs_and_completes_a_queued_job() {
     let config = register_runner(&gh, "runner-a", &["gpu", "linux"]).await;
     let child = tokio::process::Command::new(dir.path().join("run.sh"))
         .args(["--jitconfig", &config])
+        // These tests run the stand-in directly, maybe as root: allowed as the real one allows it.
+        .env("RUNNER_ALLOW_RUNASROOT", "1")
         .current_dir(dir.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -616,6 +618,8 @@ async fn fake_runner_takes_runs_and_completes_a_queued_job() {
     // The runner is gone: a second run.sh with the same config is told so and exits 1.
     let status = tokio::process::Command::new(dir.path().join("run.sh"))
         .args(["--jitconfig", &config])
+        // These tests run the stand-in directly, maybe as root: allowed as the real one allows it.
+        .env("RUNNER_ALLOW_RUNASROOT", "1")
         .stdout(std::process::Stdio::null())
         .status()
         .await
@@ -638,6 +642,8 @@ async fn cancelling_a_run_stops_the_fake_runners_job() {
     let config = register_runner(&gh, "runner-b", &["gpu"]).await;
     let child = tokio::process::Command::new(dir.path().join("run.sh"))
         .args(["--jitconfig", &config])
+        // These tests run the stand-in directly, maybe as root: allowed as the real one allows it.
+        .env("RUNNER_ALLOW_RUNASROOT", "1")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -681,4 +687,30 @@ async fn without_the_reference_validation_is_off_and_everything_still_works() {
     assert_eq!(r.status(), 200);
     assert!(gh.validation_errors().is_empty());
     assert_eq!(gh.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn the_stand_in_refuses_root_like_the_real_runner() {
+    if !nix_is_root() {
+        eprintln!("SKIP: needs root to see the refusal");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    install_fake_runner(dir.path()).expect("install");
+    let out = tokio::process::Command::new(dir.path().join("run.sh"))
+        .args(["--jitconfig", "eA=="])
+        .env_remove("RUNNER_ALLOW_RUNASROOT")
+        .output()
+        .await
+        .expect("run.sh");
+    // actions/runner's run-helper.sh: a message and exit 0, without taking a job.
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Must not run interactively with sudo"));
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)).map(|u| u == "0"))
+        .unwrap_or(false)
 }
