@@ -122,8 +122,7 @@ pub struct JobContext {
     pub max_log_bytes: u64,
 }
 
-impl JobContext {
-}
+impl JobContext {}
 
 /// Where a job's lines go: gpuci's own lines at once, the job's output through its log cap
 /// and its in-flight budget.
@@ -399,15 +398,16 @@ async fn execute_in(
     slot: Option<&crate::slots::SlotGuard>,
 ) -> (Outcome, Option<JobTelemetry>) {
     let step = &a.step;
-    let isolation = match decide_isolation(step.sandbox, ctx.isolation, ctx.bubblewrap, ctx.allow_unsandboxed, a.trusted) {
-        Ok((isolation, note)) => {
-            if let Some(note) = note {
-                out.system(note);
+    let isolation =
+        match decide_isolation(step.sandbox, ctx.isolation, ctx.bubblewrap, ctx.allow_unsandboxed, a.trusted) {
+            Ok((isolation, note)) => {
+                if let Some(note) = note {
+                    out.system(note);
+                }
+                isolation
             }
-            isolation
-        }
-        Err(error) => return (Outcome::StartFailed { error }, None),
-    };
+            Err(error) => return (Outcome::StartFailed { error }, None),
+        };
     let script = step.command.join("\n");
     let mut spec = SandboxSpec::new(
         format!("{}-job-{}", ctx.sandbox_prefix, a.job_id),
@@ -823,7 +823,10 @@ mod isolation_tests {
     #[test]
     fn nothing_runs_unsandboxed_without_the_agents_consent_and_a_trusted_origin() {
         // Default steps with a working bubblewrap: always sandboxed.
-        assert_eq!(decide_isolation(SandboxMode::Default, IsolationPolicy::Auto, true, false, false).unwrap().0, Isolation::Bubblewrap);
+        assert_eq!(
+            decide_isolation(SandboxMode::Default, IsolationPolicy::Auto, true, false, false).unwrap().0,
+            Isolation::Bubblewrap
+        );
         // No bubblewrap: refused unless allowed, and then only for trusted origins.
         assert!(decide_isolation(SandboxMode::Default, IsolationPolicy::Auto, false, false, true).is_err());
         assert!(decide_isolation(SandboxMode::Default, IsolationPolicy::Auto, false, true, false).is_err());
@@ -834,7 +837,10 @@ mod isolation_tests {
         assert!(decide_isolation(SandboxMode::None, IsolationPolicy::Auto, true, false, true).is_err());
         let e = decide_isolation(SandboxMode::None, IsolationPolicy::Auto, true, true, false).unwrap_err();
         assert!(e.contains("never run outside the sandbox"), "{e}");
-        assert_eq!(decide_isolation(SandboxMode::None, IsolationPolicy::Auto, true, true, true).unwrap().0, Isolation::None);
+        assert_eq!(
+            decide_isolation(SandboxMode::None, IsolationPolicy::Auto, true, true, true).unwrap().0,
+            Isolation::None
+        );
         // --isolation none is the same opt-out, agent-wide.
         assert!(decide_isolation(SandboxMode::Default, IsolationPolicy::None, true, true, false).is_err());
     }

@@ -181,7 +181,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let root = nix::unistd::geteuid().is_root();
     let slots = if root { Some(make_slots(&config).await?) } else { None };
     let agent_tag: String = identity.agent_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect();
-    let work_root = if slots.is_some() { root_work_dir(&config.data_dir, &agent_tag)? } else { config.data_dir.join("work") };
+    let work_root =
+        if slots.is_some() { root_work_dir(&config.data_dir, &agent_tag)? } else { config.data_dir.join("work") };
     std::fs::create_dir_all(&work_root)?;
     let bwrap_problem = if caps.bubblewrap.is_none() {
         Some("bubblewrap is not installed (apt-get install bubblewrap)".to_string())
@@ -208,8 +209,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             "bubblewrap; agent not root: jobs as the agent's uid {} in a user namespace, seccomp, no network egress",
             nix::unistd::geteuid()
         ),
-        (Some(why), _, _) if config.allow_unsandboxed => format!("none: {why} (--allow-unsandboxed: trusted jobs run unsandboxed)"),
-        (Some(why), _, _) => format!("unavailable: {why}; this agent takes no jobs (or start it with --allow-unsandboxed)"),
+        (Some(why), _, _) if config.allow_unsandboxed => {
+            format!("none: {why} (--allow-unsandboxed: trusted jobs run unsandboxed)")
+        }
+        (Some(why), _, _) => {
+            format!("unavailable: {why}; this agent takes no jobs (or start it with --allow-unsandboxed)")
+        }
     };
     // An agent that cannot sandbox and may not run unsandboxed offers no slots at all.
     let takes_jobs = bwrap_problem.is_none() || config.allow_unsandboxed;
@@ -224,7 +229,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let ctx = Arc::new(JobContext {
         sandbox_prefix: identity.agent_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect(),
         work_root: work_root.clone(),
-        hide_paths: [config.data_dir.clone(), work_root.clone()].into_iter().chain(config.hide.iter().cloned()).collect(),
+        hide_paths: [config.data_dir.clone(), work_root.clone()]
+            .into_iter()
+            .chain(config.hide.iter().cloned())
+            .collect(),
         gpus: backend.clone(),
         inventory: std::sync::RwLock::new(inventory.clone()),
         isolation: config.isolation,
@@ -544,8 +552,15 @@ async fn make_slots(config: &Config) -> anyhow::Result<Arc<slots::Slots>> {
     let ids = slots::users_for(lease.range, config.slots).map_err(anyhow::Error::msg)?;
     if let Ok(passwd) = std::fs::read_to_string("/etc/passwd") {
         let (lo, hi) = (lease.range.0, lease.range.0 + 2 * config.slots);
-        if let Some(line) = passwd.lines().find(|l| l.split(':').nth(2).and_then(|u| u.parse::<u32>().ok()).is_some_and(|u| (lo..hi).contains(&u))) {
-            bail!("--job-uids {lo}-{}: the account {:?} has a uid in that range; jobs need uids no account uses", hi - 1, line.split(':').next().unwrap_or(""));
+        if let Some(line) = passwd
+            .lines()
+            .find(|l| l.split(':').nth(2).and_then(|u| u.parse::<u32>().ok()).is_some_and(|u| (lo..hi).contains(&u)))
+        {
+            bail!(
+                "--job-uids {lo}-{}: the account {:?} has a uid in that range; jobs need uids no account uses",
+                hi - 1,
+                line.split(':').next().unwrap_or("")
+            );
         }
     }
     let mut networks = Vec::new();
@@ -575,7 +590,8 @@ async fn make_slots(config: &Config) -> anyhow::Result<Arc<slots::Slots>> {
 /// Total memory of the host (`MemTotal` in /proc/meminfo), bytes.
 fn host_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kib: u64 =
+        text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kib * 1024)
 }
 
@@ -588,7 +604,8 @@ async fn probe_bubblewrap(slots: Option<&Arc<slots::Slots>>, work_root: &std::pa
     std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let guard = slots.and_then(|s| s.take());
     let result = async {
-        let mut spec = gpuci_sandbox::SandboxSpec::new(format!("probe-{}", std::process::id()), &dir, vec!["true".into()]);
+        let mut spec =
+            gpuci_sandbox::SandboxSpec::new(format!("probe-{}", std::process::id()), &dir, vec!["true".into()]);
         spec.env.insert("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into());
         spec.cgroups = gpuci_sandbox::CgroupUse::Disabled;
         if let Some(g) = &guard {
@@ -627,17 +644,28 @@ fn root_work_dir(data_dir: &std::path::Path, agent_tag: &str) -> anyhow::Result<
         data_dir.join("work")
     } else {
         let base = std::path::Path::new("/var/lib/gpuci/work");
-        std::fs::DirBuilder::new().recursive(true).mode(0o711).create(base).with_context(|| format!("creating {}", base.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(base)
+            .with_context(|| format!("creating {}", base.display()))?;
         for d in [std::path::Path::new("/var/lib/gpuci"), base] {
             let m = std::fs::symlink_metadata(d)?;
             if !m.is_dir() || m.uid() != 0 {
-                bail!("{} must be a directory owned by root (it is not): refusing to keep job workspaces there", d.display());
+                bail!(
+                    "{} must be a directory owned by root (it is not): refusing to keep job workspaces there",
+                    d.display()
+                );
             }
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o711))?;
         }
         base.join(agent_tag)
     };
-    std::fs::DirBuilder::new().recursive(true).mode(0o711).create(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(&dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
     tracing::info!(dir = %dir.display(), "job workspaces");
     Ok(dir)

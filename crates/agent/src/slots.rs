@@ -70,7 +70,10 @@ pub fn lease(explicit: Option<(u32, u32)>, slots: u32) -> Result<UidLease, Strin
         };
     }
     if 2 * slots > BLOCK {
-        return Err(format!("{slots} slots need {} uids, more than a default block of {BLOCK}: give --job-uids", 2 * slots));
+        return Err(format!(
+            "{slots} slots need {} uids, more than a default block of {BLOCK}: give --job-uids",
+            2 * slots
+        ));
     }
     for i in 0..BLOCKS {
         let start = DEFAULT_JOB_UIDS.0 + i * BLOCK;

@@ -1123,7 +1123,8 @@ impl Brain {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
                     tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
-                    let (workspace_upload, cache, origin, trusted) = match self.store.get_pipeline(j.pipeline_id).await {
+                    let (workspace_upload, cache, origin, trusted) = match self.store.get_pipeline(j.pipeline_id).await
+                    {
                         Ok(Some(p)) => {
                             let origin = Origin::parse(p.origin.as_deref());
                             // Caches by repository and trust class: what may be restored and

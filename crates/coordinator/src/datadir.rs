@@ -31,8 +31,11 @@ pub const PRIVATE_DIRS: &[&str] = &["uploads"];
 pub fn prepare(dir: &Path, traversable: bool) -> Result<(), DataDirError> {
     let mode = if traversable { 0o711 } else { 0o700 };
     let set = |p: &Path, mode: u32| {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
-            .map_err(|source| DataDirError::Mode { path: p.to_path_buf(), mode, source })
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(|source| DataDirError::Mode {
+            path: p.to_path_buf(),
+            mode,
+            source,
+        })
     };
     if !dir.exists() {
         std::fs::create_dir_all(dir).map_err(|source| DataDirError::Dir { path: dir.to_path_buf(), source })?;

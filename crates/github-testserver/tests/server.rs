@@ -711,6 +711,8 @@ async fn the_stand_in_refuses_root_like_the_real_runner() {
 fn nix_is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)).map(|u| u == "0"))
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().nth(1)).map(|u| u == "0")
+        })
         .unwrap_or(false)
 }

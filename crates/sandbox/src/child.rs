@@ -81,7 +81,13 @@ pub(crate) fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
 /// Pre-exec for a slot network's holder: become `uid`/`gid`, then create a user and a network
 /// namespace and map root inside to `uid`/`gid` outside. The map lines are built by the caller
 /// (no formatting after fork); the proc paths are static.
-pub(crate) fn install_namespace_holder(cmd: &mut std::process::Command, uid: u32, gid: u32, uid_map: Vec<u8>, gid_map: Vec<u8>) {
+pub(crate) fn install_namespace_holder(
+    cmd: &mut std::process::Command,
+    uid: u32,
+    gid: u32,
+    uid_map: Vec<u8>,
+    gid_map: Vec<u8>,
+) {
     use std::os::unix::process::CommandExt;
     // SAFETY: runs in the forked child before exec; only setgroups, setresgid, setresuid,
     // prctl, unshare, open, write and close, all plain system calls on memory prepared by the parent.

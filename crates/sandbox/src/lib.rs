@@ -76,8 +76,8 @@ mod cgroup;
 mod child;
 mod error;
 mod etcview;
-mod plan;
 mod netns;
+mod plan;
 mod procscan;
 mod sandbox;
 mod seccomp;
@@ -86,16 +86,16 @@ pub mod container;
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::os::fd::OwnedFd;
 use std::process::Command;
 use std::sync::Arc;
 
 pub use error::SandboxError;
 pub use gpuci_core::pipeline::Resources;
-pub use procscan::MARKER as JOB_ID_ENV;
 pub use netns::{NetworkError, SlotNetwork};
+pub use procscan::MARKER as JOB_ID_ENV;
 pub use sandbox::{ExitInfo, Sandbox};
 pub use seccomp::SeccompError;
 

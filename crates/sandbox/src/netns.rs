@@ -79,8 +79,11 @@ impl SlotNetwork {
                 return Err(holder_err(e));
             }
         };
-        let forward =
-            if host_ports.is_empty() { "none".to_string() } else { host_ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",") };
+        let forward = if host_ports.is_empty() {
+            "none".to_string()
+        } else {
+            host_ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",")
+        };
         let out = Command::new(pasta)
             .args(["--config-net", "--no-map-gw", "-t", "none", "-u", "none", "-T", &forward, "-U", "none", "-q"])
             .arg("--runas")

@@ -416,7 +416,10 @@ mod tests {
         assert!(s.find("--bind /var/lib/gpuci/work/j1 ").unwrap() < s.find("runner/bin").unwrap());
 
         sp.tool_views[0].dest = "/elsewhere".into();
-        assert!(bwrap_args(&sp, &BTreeMap::new(), &fs, None, &FdArgs::default()).is_err(), "destination outside the workspace");
+        assert!(
+            bwrap_args(&sp, &BTreeMap::new(), &fs, None, &FdArgs::default()).is_err(),
+            "destination outside the workspace"
+        );
         sp.tool_views[0] = crate::ToolView { source: "/opt/missing".into(), dest: "/var/lib/gpuci/work/j1/r".into() };
         let e = bwrap_args(&sp, &BTreeMap::new(), &fs, None, &FdArgs::default()).expect_err("missing source");
         assert!(e.to_string().contains("does not exist"), "{e}");

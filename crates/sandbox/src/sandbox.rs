@@ -113,7 +113,9 @@ impl Sandbox {
         let root = nix::unistd::geteuid().is_root();
         if root && spec.user.is_none() && spec.isolation == Isolation::Bubblewrap {
             // The privilege model: the agent may be root, the job never is.
-            return Err(invalid("the agent runs as root but no unprivileged job user was given; jobs never run as root"));
+            return Err(invalid(
+                "the agent runs as root but no unprivileged job user was given; jobs never run as root",
+            ));
         }
         if spec.user.is_some_and(|u| u.uid == 0 || u.gid == 0) {
             return Err(invalid("the job user must not be root"));
@@ -464,7 +466,8 @@ fn private_devices(
     let id = &spec.job_id;
     let parent = spec.workspace.parent().unwrap_or(Path::new("/"));
     let dir = parent.join(format!(".dev-{id}"));
-    let dev_err = |path: &Path, reason: String| SandboxError::Device { job_id: id.clone(), path: path.to_path_buf(), reason };
+    let dev_err =
+        |path: &Path, reason: String| SandboxError::Device { job_id: id.clone(), path: path.to_path_buf(), reason };
     let _ = fs::remove_dir_all(&dir);
     fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| dev_err(&dir, format!("mkdir: {e}")))?;
     chown(&dir, Some(user.uid), Some(user.gid)).map_err(|e| dev_err(&dir, format!("chown: {e}")))?;
@@ -497,13 +500,10 @@ fn private_devices(
 
 /// `/etc/passwd` and `/etc/group` as the job sees them: the host's (or the view's) plus an
 /// entry `gpuci-job` for the job's uid/gid when the host has none, home = the workspace.
-fn account_files(
-    user: crate::JobUser,
-    workspace: &Path,
-    view: Option<&Path>,
-) -> (Option<String>, Option<String>) {
+fn account_files(user: crate::JobUser, workspace: &Path, view: Option<&Path>) -> (Option<String>, Option<String>) {
     let read = |name: &str| {
-        view.and_then(|v| fs::read_to_string(v.join(name)).ok()).or_else(|| fs::read_to_string(Path::new("/etc").join(name)).ok())
+        view.and_then(|v| fs::read_to_string(v.join(name)).ok())
+            .or_else(|| fs::read_to_string(Path::new("/etc").join(name)).ok())
     };
     let has_id = |text: &str, id: u32| text.lines().any(|l| l.split(':').nth(2) == Some(id.to_string().as_str()));
     let passwd = read("passwd").filter(|t| !has_id(t, user.uid)).map(|mut t| {

@@ -100,7 +100,12 @@ fn denied_program() -> Result<BpfProgram, SeccompError> {
     let arch = std::env::consts::ARCH.try_into().map_err(|_| SeccompError::Arch(std::env::consts::ARCH))?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
     let flag_set = |arg: u8, flag: u64| -> Result<SeccompRule, SeccompError> {
-        Ok(SeccompRule::new(vec![SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), flag)?])?)
+        Ok(SeccompRule::new(vec![SeccompCondition::new(
+            arg,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(flag),
+            flag,
+        )?])?)
     };
     let arg_is = |arg: u8, value: u64| -> Result<SeccompRule, SeccompError> {
         // ioctl request numbers are 32-bit; the upper half of the register may hold garbage.
@@ -185,7 +190,10 @@ mod tests {
         // Every path of the hand-written program ends in a return within bounds.
         for (i, ins) in e.iter().enumerate() {
             if ins.code & 0x07 == 0x05 {
-                assert!(i + 1 + (ins.jt as usize) < e.len() && i + 1 + (ins.jf as usize) < e.len(), "jump out of bounds at {i}");
+                assert!(
+                    i + 1 + (ins.jt as usize) < e.len() && i + 1 + (ins.jf as usize) < e.len(),
+                    "jump out of bounds at {i}"
+                );
             }
         }
         assert_eq!(e.last().map(|i| i.code), Some(BPF_RET_K));

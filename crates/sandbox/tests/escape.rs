@@ -457,7 +457,8 @@ async fn job_cannot_make_a_user_namespace_to_lift_its_limits() {
         assert!(!r.out.contains(bad), "{bad}: {}\n{}", r.out, r.err);
     }
     // And the limit holds: 512 MiB under a 256 MiB limit ends in the OOM killer.
-    let mut s = spec("userns-oom", &ws, "python3 -c 'b = bytearray(512 << 20); print(\"ALLOCATED\")'", Isolation::Bubblewrap);
+    let mut s =
+        spec("userns-oom", &ws, "python3 -c 'b = bytearray(512 << 20); print(\"ALLOCATED\")'", Isolation::Bubblewrap);
     s.resources.memory = Some(Bytes(256 << 20));
     let r = run(&s).await;
     assert!(!r.out.contains("ALLOCATED") && r.exit.oom_killed, "memory limit did not hold: {:?} {}", r.exit, r.out);
@@ -512,7 +513,8 @@ async fn job_cannot_reach_kernel_keyrings_bpf_perf_or_new_namespaces() {
 }
 
 fn pasta_ready(test: &str) -> bool {
-    let tun_ok = fs::metadata("/dev/net/tun").map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o006 == 0o006);
+    let tun_ok = fs::metadata("/dev/net/tun")
+        .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o006 == 0o006);
     let pasta = ["/usr/bin/pasta", "/usr/local/bin/pasta"].iter().any(|p| Path::new(p).exists());
     if pasta && *tun_ok.as_ref().unwrap_or(&false) {
         return true;
@@ -563,11 +565,18 @@ async fn slot_network_reaches_the_outside_but_not_the_host_or_other_slots() {
     let mut s = spec("slot-a", &wa, &script, Isolation::Bubblewrap);
     s.network = gpuci_sandbox::Network::Namespace(slot_a.namespace());
     let r = run(&s).await;
-    assert!(r.out.contains("REACHED-ALLOWED"), "positive control: the allowed host port must be reachable: {} {}", r.out, r.err);
+    assert!(
+        r.out.contains("REACHED-ALLOWED"),
+        "positive control: the allowed host port must be reachable: {} {}",
+        r.out,
+        r.err
+    );
     assert!(r.out.contains("HAS-EGRESS-INTERFACE"), "no egress interface: {} {}", r.out, r.err);
     // (The gateway address is not probed: under --no-map-gw it is the real gateway, off this
     // machine, and tests send nothing beyond loopback.)
-    for bad in ["REACHED-HOST-LOOPBACK", "REACHED-OTHER-SLOT", "REACHED-HOST-ABSTRACT", "CHANGED-ADDRESSES", "CHANGED-LINK"] {
+    for bad in
+        ["REACHED-HOST-LOOPBACK", "REACHED-OTHER-SLOT", "REACHED-HOST-ABSTRACT", "CHANGED-ADDRESSES", "CHANGED-LINK"]
+    {
         assert!(!r.out.contains(bad), "{bad}: {}\n{}", r.out, r.err);
     }
     job_b.kill_tree().unwrap();

@@ -88,19 +88,32 @@ pub async fn run(a: DoctorArgs) -> CliResult {
 /// uses, user namespaces for unprivileged uids, and pasta for the slots' networks.
 fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
     use gpuci_gpu::{CheckStatus, DoctorCheck};
-    let check = |name: &str, status, detail: String, fix: Option<String>| DoctorCheck { name: name.into(), status, detail, fix };
+    let check = |name: &str, status, detail: String, fix: Option<String>| DoctorCheck {
+        name: name.into(),
+        status,
+        detail,
+        fix,
+    };
     let mut out = Vec::new();
     let read_num = |p: &str| std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<u64>().ok());
     let userns = read_num("/proc/sys/user/max_user_namespaces").unwrap_or(0) > 0
         && read_num("/proc/sys/kernel/unprivileged_userns_clone").unwrap_or(1) != 0;
     out.push(if userns {
-        check("sandbox.user_namespaces", CheckStatus::Pass, "unprivileged uids may create user namespaces (each job's bwrap runs as the job's uid)".into(), None)
+        check(
+            "sandbox.user_namespaces",
+            CheckStatus::Pass,
+            "unprivileged uids may create user namespaces (each job's bwrap runs as the job's uid)".into(),
+            None,
+        )
     } else {
         check(
             "sandbox.user_namespaces",
             CheckStatus::Fail,
             "unprivileged user namespaces are off: bwrap cannot run as a job's uid, and the agent takes no jobs".into(),
-            Some("sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where it exists)".into()),
+            Some(
+                "sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where it exists)"
+                    .into(),
+            ),
         )
     });
     if nix::unistd::geteuid().is_root() {
@@ -117,17 +130,43 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
         out.push(check(
             "sandbox.job_uids",
             CheckStatus::Warn,
-            format!("not root: jobs will run as this uid ({}) inside a user namespace, with no network egress", nix::unistd::geteuid()),
+            format!(
+                "not root: jobs will run as this uid ({}) inside a user namespace, with no network egress",
+                nix::unistd::geteuid()
+            ),
             Some("run the agent as root: each slot then gets its own unprivileged uid and network namespace".into()),
         ));
     }
-    let pasta = ["/usr/bin/pasta", "/usr/local/bin/pasta", "/bin/pasta"].iter().any(|p| std::path::Path::new(p).exists());
-    let tun = std::fs::metadata("/dev/net/tun").map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777);
+    let pasta =
+        ["/usr/bin/pasta", "/usr/local/bin/pasta", "/bin/pasta"].iter().any(|p| std::path::Path::new(p).exists());
+    let tun =
+        std::fs::metadata("/dev/net/tun").map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777);
     out.push(match (pasta, &tun) {
-        (true, Ok(mode)) if mode & 0o006 == 0o006 => check("sandbox.network", CheckStatus::Pass, "pasta and /dev/net/tun: each slot gets a network namespace with egress and no view of the host's loopback".into(), None),
-        (false, _) => check("sandbox.network", CheckStatus::Fail, "pasta is not installed: `network: default` steps would get no network".into(), Some("apt-get install passt".into())),
-        (true, Ok(mode)) => check("sandbox.network", CheckStatus::Fail, format!("/dev/net/tun is mode {mode:03o}: pasta, running as a slot's unprivileged uid, cannot open it"), Some("chmod 0666 /dev/net/tun (Debian's udev rule does this; minimal VMs and containers lack it)".into())),
-        (true, Err(e)) => check("sandbox.network", CheckStatus::Fail, format!("/dev/net/tun: {e}"), Some("load the tun module (modprobe tun)".into())),
+        (true, Ok(mode)) if mode & 0o006 == 0o006 => check(
+            "sandbox.network",
+            CheckStatus::Pass,
+            "pasta and /dev/net/tun: each slot gets a network namespace with egress and no view of the host's loopback"
+                .into(),
+            None,
+        ),
+        (false, _) => check(
+            "sandbox.network",
+            CheckStatus::Fail,
+            "pasta is not installed: `network: default` steps would get no network".into(),
+            Some("apt-get install passt".into()),
+        ),
+        (true, Ok(mode)) => check(
+            "sandbox.network",
+            CheckStatus::Fail,
+            format!("/dev/net/tun is mode {mode:03o}: pasta, running as a slot's unprivileged uid, cannot open it"),
+            Some("chmod 0666 /dev/net/tun (Debian's udev rule does this; minimal VMs and containers lack it)".into()),
+        ),
+        (true, Err(e)) => check(
+            "sandbox.network",
+            CheckStatus::Fail,
+            format!("/dev/net/tun: {e}"),
+            Some("load the tun module (modprobe tun)".into()),
+        ),
     });
     out
 }
