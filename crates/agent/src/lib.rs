@@ -550,18 +550,9 @@ where
 async fn make_slots(config: &Config) -> anyhow::Result<Arc<slots::Slots>> {
     let lease = slots::lease(config.job_uids, config.slots).map_err(anyhow::Error::msg)?;
     let ids = slots::users_for(lease.range, config.slots).map_err(anyhow::Error::msg)?;
-    if let Ok(passwd) = std::fs::read_to_string("/etc/passwd") {
-        let (lo, hi) = (lease.range.0, lease.range.0 + 2 * config.slots);
-        if let Some(line) = passwd
-            .lines()
-            .find(|l| l.split(':').nth(2).and_then(|u| u.parse::<u32>().ok()).is_some_and(|u| (lo..hi).contains(&u)))
-        {
-            bail!(
-                "--job-uids {lo}-{}: the account {:?} has a uid in that range; jobs need uids no account uses",
-                hi - 1,
-                line.split(':').next().unwrap_or("")
-            );
-        }
+    let (lo, hi) = (lease.range.0, lease.range.0 + 2 * config.slots - 1);
+    if let Some(name) = slots::account_in(lo, hi) {
+        bail!("--job-uids {lo}-{hi}: the account {name:?} has a uid in that range; jobs need uids no account uses");
     }
     let mut networks = Vec::new();
     for s in &ids {

@@ -98,6 +98,18 @@ pub fn parse_uid_range(s: &str) -> Result<(u32, u32), String> {
     Ok((start, end))
 }
 
+/// The name of an account in `/etc/passwd` whose uid lies in `lo..=hi`: such uids cannot
+/// be job uids (the job would be that account). Read by the agent at start and by doctor.
+pub fn account_in(lo: u32, hi: u32) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let mut f = l.split(':');
+        let name = f.next()?;
+        let uid: u32 = f.nth(1)?.parse().ok()?;
+        (lo..=hi).contains(&uid).then(|| name.to_string())
+    })
+}
+
 /// One slot's identities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotIds {

@@ -148,8 +148,10 @@ pub struct Capabilities {
     /// Whether this process can create job cgroups (root, or a delegated subtree).
     pub cgroup_writable: bool,
     pub container_runtime: Option<ContainerRuntime>,
-    /// Whether unprivileged user namespaces are enabled (bwrap needs them when not run as root).
+    /// Whether unprivileged user namespaces are enabled (bwrap runs as the job's uid in one).
     pub user_namespaces: bool,
+    /// `pasta`, for the slots' networks ([`SlotNetwork`]).
+    pub pasta: Option<PathBuf>,
 }
 
 /// Detects what the host offers. Called once at agent start and by `gpuci doctor`.
@@ -177,6 +179,7 @@ pub fn detect() -> Capabilities {
         cgroup_writable: layout.is_some_and(|l| l.writable()),
         container_runtime,
         user_namespaces,
+        pasta: find_program("pasta"),
     }
 }
 

@@ -95,10 +95,8 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
         fix,
     };
     let mut out = Vec::new();
-    let read_num = |p: &str| std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<u64>().ok());
-    let userns = read_num("/proc/sys/user/max_user_namespaces").unwrap_or(0) > 0
-        && read_num("/proc/sys/kernel/unprivileged_userns_clone").unwrap_or(1) != 0;
-    out.push(if userns {
+    let caps = gpuci_sandbox::detect();
+    out.push(if caps.user_namespaces {
         check(
             "sandbox.user_namespaces",
             CheckStatus::Pass,
@@ -118,10 +116,7 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
     });
     if nix::unistd::geteuid().is_root() {
         let (lo, hi) = gpuci_agent::slots::DEFAULT_JOB_UIDS;
-        let used = std::fs::read_to_string("/etc/passwd").unwrap_or_default().lines().find_map(|l| {
-            let uid: u32 = l.split(':').nth(2)?.parse().ok()?;
-            (lo..=hi).contains(&uid).then(|| l.split(':').next().unwrap_or("").to_string())
-        });
+        let used = gpuci_agent::slots::account_in(lo, hi);
         out.push(match used {
             None => check("sandbox.job_uids", CheckStatus::Pass, format!("uids {lo}-{hi} (the default --job-uids) belong to no account: jobs run as one of them per slot, never as root"), None),
             Some(name) => check("sandbox.job_uids", CheckStatus::Fail, format!("account {name:?} has a uid in {lo}-{hi}, the default --job-uids"), Some("start the agent with --job-uids START-END over uids no account uses (two per slot)".into())),
@@ -137,8 +132,7 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
             Some("run the agent as root: each slot then gets its own unprivileged uid and network namespace".into()),
         ));
     }
-    let pasta =
-        ["/usr/bin/pasta", "/usr/local/bin/pasta", "/bin/pasta"].iter().any(|p| std::path::Path::new(p).exists());
+    let pasta = caps.pasta.is_some();
     let tun =
         std::fs::metadata("/dev/net/tun").map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777);
     out.push(match (pasta, &tun) {
