@@ -729,11 +729,7 @@ impl Brain {
             self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
             return;
         }
-        let (mut state, mut reason) = f.outcome.verdict();
-        if let (Outcome::Cancelled { .. }, Some(why)) = (&f.outcome, self.cancelling.get(&id)) {
-            state = JobState::Cancelled;
-            reason = why.clone();
-        }
+        let (state, reason) = f.outcome.verdict_after_cancel(self.cancelling.get(&id).map(String::as_str));
         let exit_code = match f.outcome {
             Outcome::Exited { code } => Some(code),
             _ => None,

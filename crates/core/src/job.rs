@@ -158,6 +158,21 @@ impl Outcome {
             Outcome::StartFailed { error } => (JobState::Failed, format!("could not start: {error}")),
         }
     }
+
+    /// The verdict when gpuci had asked for the job to be cancelled (`cancelling` is why) before
+    /// this outcome arrived. A job that ended badly meanwhile ended because of, or racing, the
+    /// cancel (a runner that sees its registration removed exits 1): it is cancelled, with the
+    /// cancel's reason and what it did. One that succeeded first keeps its success.
+    pub fn verdict_after_cancel(&self, cancelling: Option<&str>) -> (JobState, String) {
+        let (state, reason) = self.verdict();
+        match cancelling {
+            Some(why) if state != JobState::Succeeded => match self {
+                Outcome::Cancelled { .. } => (JobState::Cancelled, why.to_string()),
+                _ => (JobState::Cancelled, format!("{why} (it {reason} before it was stopped)")),
+            },
+            _ => (state, reason),
+        }
+    }
 }
 
 /// Which outcomes a retry policy retries.
@@ -184,6 +199,18 @@ pub fn should_retry(step: &Step, state: JobState, attempt: u32) -> bool {
 mod tests {
     use super::*;
     use JobState::*;
+
+    #[test]
+    fn a_job_that_fails_while_being_cancelled_is_cancelled_but_a_success_stands() {
+        let why = Some("the runner took no job within 2s (idle_timeout); removed");
+        let (state, reason) = Outcome::Exited { code: 1 }.verdict_after_cancel(why);
+        assert_eq!(state, Cancelled);
+        assert!(reason.starts_with("the runner took no job") && reason.contains("exited with code 1"), "{reason}");
+        let (state, reason) = Outcome::Cancelled { reason: "killed".into() }.verdict_after_cancel(why);
+        assert_eq!((state, reason.as_str()), (Cancelled, why.unwrap()));
+        assert_eq!(Outcome::Exited { code: 0 }.verdict_after_cancel(why).0, Succeeded);
+        assert_eq!(Outcome::Exited { code: 1 }.verdict_after_cancel(None).0, Failed);
+    }
 
     #[test]
     fn terminal_states_never_change() {

@@ -526,11 +526,13 @@ impl Service {
             }
             let why = format!("the runner took no job within {} (idle_timeout); removed", fmt_duration(idle));
             tracing::info!(runner = %runner.name, job = runner.job_id, "{why}");
+            // Cancel first: the runner exits on its own once it sees itself removed, and that
+            // exit must read as this cancel, not as a failure.
+            self.cancel_job(runner.job_id, why).await;
             self.deregister(&runner).await;
             runner.state = "removed".into();
             runner.updated_at_ms = now;
             let _ = self.store.put_runner(&runner).await;
-            self.cancel_job(runner.job_id, why).await;
             self.recheck_served(runner.job_id).await;
         }
     }
