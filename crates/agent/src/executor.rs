@@ -26,7 +26,7 @@ pub fn now_us() -> i64 {
 ///
 /// The channel has no length limit, yet the job's output in it is bounded: each line of job
 /// output holds `held`, its size in the job's in-flight budget ([`JOB_IN_FLIGHT_BYTES`]), until
-/// the agent loop has sent it on or put it into its (byte-bounded) backlog. A job that writes
+/// the agent loop has put it into its (byte-bounded) outbox. A job that writes
 /// faster than the agent forwards waits on its own pipe. gpuci's own lines and the job's start
 /// and result hold nothing: they are few, and must never be lost or wait behind job output.
 #[derive(Debug)]
@@ -219,8 +219,15 @@ pub async fn run_job(
         let h = post_check(&ctx, uuid, &out).await;
         gpu_health.insert(uuid.clone(), h);
     }
-    let _ =
-        tx.send(JobEvent::Finished(JobFinished { job_id, outcome, finished_at_us: now_us(), telemetry, gpu_health }));
+    // The start time is filled in by the agent loop, which saw the start.
+    let _ = tx.send(JobEvent::Finished(JobFinished {
+        job_id,
+        outcome,
+        finished_at_us: now_us(),
+        started_at_us: None,
+        telemetry,
+        gpu_health,
+    }));
 }
 
 /// The GPU's baseline, captured now if the agent has none yet.

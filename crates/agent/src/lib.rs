@@ -7,10 +7,11 @@
 //! the GPUs it is told, and reports what happened. One task (the loop in [`run`]) owns the
 //! agent's state; job tasks only send it events.
 
-mod backlog;
 pub mod cache;
 mod executor;
 pub mod identity;
+pub mod journal;
+pub mod outbox;
 pub mod slots;
 pub mod workspace;
 
@@ -24,7 +25,8 @@ use executor::{JobContext, JobEvent};
 use futures::{SinkExt, StreamExt};
 use gpuci_protocol::agent::{AgentMessage, CoordinatorMessage, Hello, JobFinished, LogChunk};
 use gpuci_protocol::JobId;
-use std::collections::{BTreeMap, HashMap};
+use journal::{Journal, Record};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,10 +119,14 @@ struct Agent {
     hello_base: Hello,
     /// Jobs running now, with their cancel handles.
     running: HashMap<JobId, CancellationToken>,
-    /// Results the coordinator has not acknowledged yet, with when they were last sent.
-    unacked: BTreeMap<JobId, (JobFinished, std::time::Instant)>,
-    /// Messages produced while disconnected (job starts, log lines), sent after the next hello.
-    backlog: backlog::Backlog,
+    /// Every job received and not yet acknowledged as finished (the hello's `running`).
+    holds: BTreeSet<JobId>,
+    /// Start times of running jobs, for their results.
+    started_at: HashMap<JobId, i64>,
+    /// What must survive this process: assignments received, starts, results.
+    journal: Journal,
+    /// Job events until the coordinator acknowledges them.
+    outbox: outbox::Outbox,
     events_tx: mpsc::UnboundedSender<JobEvent>,
     events_rx: mpsc::UnboundedReceiver<JobEvent>,
 }
@@ -128,9 +134,12 @@ struct Agent {
 /// How often the agent re-reads its GPU inventory and reports a change.
 const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
 
-/// Cap on job output kept while the coordinator is unreachable (bytes, see [`backlog`]);
+/// Cap on job output kept until the coordinator acknowledges it (bytes, see [`outbox`]);
 /// older lines are dropped first, and the log says how many.
-const BACKLOG_LIMIT: usize = 16 * 1024 * 1024;
+const OUTBOX_LIMIT: usize = 16 * 1024 * 1024;
+
+/// The journal is started again when nothing is held and it is over this size.
+const JOURNAL_COMPACT_BYTES: u64 = 1 << 20;
 
 /// Run the agent until `shutdown`. Running jobs are cancelled on shutdown and their results
 /// reported if the coordinator is reachable.
@@ -294,15 +303,34 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         isolation: isolation_desc.clone(),
         container_runtime: container_runtime.as_ref().map(|r| format!("{:?}", r.engine).to_lowercase()),
         running: Vec::new(),
-        finished: Vec::new(),
     };
+    // What an earlier run of this agent still owes the coordinator (its jobs died with it;
+    // the sweep above killed what was left of them).
+    let now = executor::now_us();
+    let mut owed = BTreeMap::new();
+    let (journal, _) = Journal::open(&config.data_dir.join("journal"), |records| {
+        owed = journal::recover(records, now);
+        journal::records_for(&owed)
+    })
+    .with_context(|| format!("opening the journal in {}", config.data_dir.display()))?;
+    let mut outbox = outbox::Outbox::new(OUTBOX_LIMIT);
+    let mut holds = BTreeSet::new();
+    for (job_id, events) in owed {
+        tracing::warn!(job = job_id, "a job of an earlier run of this agent; reporting how it ended");
+        holds.insert(job_id);
+        for e in events {
+            outbox.push(e);
+        }
+    }
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let mut agent = Agent {
         ctx,
         hello_base,
         running: HashMap::new(),
-        unacked: BTreeMap::new(),
-        backlog: backlog::Backlog::new(BACKLOG_LIMIT),
+        holds,
+        started_at: HashMap::new(),
+        journal,
+        outbox,
         events_tx,
         events_rx,
     };
@@ -333,7 +361,7 @@ impl Agent {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep_until(deadline) => break,
-                    Some(ev) = self.events_rx.recv() => self.on_event_offline(ev),
+                    Some(ev) = self.events_rx.recv() => self.drain_events(ev),
                 }
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
@@ -345,16 +373,72 @@ impl Agent {
         Ok(())
     }
 
-    fn on_event_offline(&mut self, ev: JobEvent) {
+    /// Take in one event from a job task: journal what must survive us, queue it for the
+    /// coordinator. `lines` collects consecutive log lines of one job, to go as one event.
+    fn on_event(&mut self, ev: JobEvent, lines: &mut Option<(JobId, Vec<LogChunk>)>) {
+        // The line's in-flight budget is given back here: the outbox bounds it from now on.
+        if let JobEvent::Log { job_id, chunk, held } = ev {
+            drop(held);
+            match lines {
+                Some((j, batch)) if *j == job_id && batch.len() < LINES_PER_EVENT => batch.push(chunk),
+                _ => {
+                    self.flush_lines(lines);
+                    *lines = Some((job_id, vec![chunk]));
+                }
+            }
+            return;
+        }
+        self.flush_lines(lines);
         match ev {
             JobEvent::Started { job_id, pid, at_us } => {
-                self.backlog.started(AgentMessage::JobStarted { job_id, pid, started_at_us: at_us })
+                self.started_at.insert(job_id, at_us);
+                self.journal_write(&Record::Started { job_id, pid, started_at_us: at_us }, false);
+                self.outbox.push(gpuci_protocol::agent::JobEvent::Started { job_id, pid, started_at_us: at_us });
             }
-            // The line's in-flight budget is given back here: the backlog bounds it from now on.
-            JobEvent::Log { job_id, chunk, held: _ } => self.backlog.line(job_id, chunk),
-            JobEvent::Finished(f) => {
+            JobEvent::Finished(mut f) => {
                 self.running.remove(&f.job_id);
-                self.unacked.insert(f.job_id, (f, std::time::Instant::now()));
+                f.started_at_us = f.started_at_us.or(self.started_at.remove(&f.job_id));
+                self.journal_write(&Record::Finished(f.clone()), true);
+                self.outbox.push(gpuci_protocol::agent::JobEvent::Finished(f));
+            }
+            JobEvent::Log { .. } => {}
+        }
+    }
+
+    fn flush_lines(&mut self, lines: &mut Option<(JobId, Vec<LogChunk>)>) {
+        if let Some((job_id, batch)) = lines.take() {
+            self.outbox.push_lines(job_id, batch);
+        }
+    }
+
+    fn journal_write(&mut self, r: &Record, sync: bool) {
+        if let Err(e) = self.journal.write(r, sync) {
+            tracing::error!(error = %e, record = ?r, "could not write the agent's journal: if this agent dies now, the coordinator may not learn how this job ended");
+        }
+    }
+
+    /// Everything job tasks have reported so far goes into the outbox.
+    fn drain_events(&mut self, first: JobEvent) {
+        let mut lines = None;
+        self.on_event(first, &mut lines);
+        for _ in 0..4096 {
+            match self.events_rx.try_recv() {
+                Ok(e) => self.on_event(e, &mut lines),
+                Err(_) => break,
+            }
+        }
+        self.flush_lines(&mut lines);
+    }
+
+    /// The coordinator committed every event up to `upto`.
+    fn acked(&mut self, upto: u64) {
+        for job_id in self.outbox.ack(upto) {
+            self.holds.remove(&job_id);
+            self.journal_write(&Record::Done { job_id }, false);
+        }
+        if self.holds.is_empty() {
+            if let Err(e) = self.journal.truncate_if_over(JOURNAL_COMPACT_BYTES) {
+                tracing::warn!(error = %e, "could not empty the journal");
             }
         }
     }
@@ -373,9 +457,10 @@ impl Agent {
         .context("connecting")?;
         let (mut sink, mut stream) = ws.split();
         let mut hello = self.hello_base.clone();
-        hello.running = self.running.keys().copied().collect();
-        hello.finished = self.unacked.values().map(|(f, _)| f.clone()).collect();
+        hello.running = self.holds.iter().copied().collect();
         send(&mut sink, &AgentMessage::Hello(Box::new(hello))).await?;
+        // A new connection: everything not acknowledged goes again.
+        self.outbox.rewind();
 
         // Welcome first.
         let heartbeat = match tokio::time::timeout(Duration::from_secs(15), stream.next()).await {
@@ -383,7 +468,7 @@ impl Agent {
                 CoordinatorMessage::Welcome { heartbeat_interval_ms, forget, .. } => {
                     for f in forget {
                         tracing::warn!(job = f.job_id, reason = %f.reason, "coordinator ended a job while we were apart");
-                        self.unacked.remove(&f.job_id);
+                        // Its result (when it comes) is acknowledged like any other.
                         if let Some(c) = self.running.get(&f.job_id) {
                             c.cancel();
                         }
@@ -399,9 +484,7 @@ impl Agent {
             Err(_) => bail!("no welcome within 15s"),
         };
         tracing::info!(server = %id.server, running = self.running.len(), "connected to coordinator");
-        for msg in self.backlog.take() {
-            send(&mut sink, &msg).await?;
-        }
+        self.send_outbox(&mut sink).await?;
         let mut tick = tokio::time::interval(heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Reconciliation of the GPU inventory (a GPU fell off the bus, MIG was reconfigured).
@@ -427,54 +510,11 @@ impl Agent {
                 }
                 _ = tick.tick() => {
                     send(&mut sink, &AgentMessage::Heartbeat).await?;
-                    // A result the coordinator could not record (it answers with Ack once it
-                    // has) is sent again; recording is idempotent on its side.
-                    for (f, sent) in self.unacked.values_mut() {
-                        if sent.elapsed() > Duration::from_secs(5) {
-                            *sent = std::time::Instant::now();
-                            send(&mut sink, &AgentMessage::JobFinished(f.clone())).await?;
-                        }
-                    }
                 }
                 Some(ev) = self.events_rx.recv() => {
-                    // Drain what is ready and batch log lines per job: low latency when idle,
-                    // few frames under load.
-                    let mut batch = vec![ev];
-                    while batch.len() < 4096 {
-                        match self.events_rx.try_recv() { Ok(e) => batch.push(e), Err(_) => break }
-                    }
-                    let mut pending: Vec<(JobId, Vec<LogChunk>)> = Vec::new();
-                    // Job output's budget is given back once the batch is sent (dropped at the
-                    // end of this block): what is in flight stays bounded while the socket is slow.
-                    let mut held = Vec::new();
-                    for ev in batch {
-                        match ev {
-                            JobEvent::Log { job_id, chunk, held: h } => {
-                                held.extend(h);
-                                match pending.last_mut() {
-                                    Some((j, lines)) if *j == job_id => lines.push(chunk),
-                                    _ => pending.push((job_id, vec![chunk])),
-                                }
-                            }
-                            other => {
-                                for (job_id, lines) in pending.drain(..) {
-                                    send(&mut sink, &AgentMessage::Log { job_id, lines }).await?;
-                                }
-                                match other {
-                                    JobEvent::Started { job_id, pid, at_us } => send(&mut sink, &AgentMessage::JobStarted { job_id, pid, started_at_us: at_us }).await?,
-                                    JobEvent::Finished(f) => {
-                                        self.running.remove(&f.job_id);
-                                        self.unacked.insert(f.job_id, (f.clone(), std::time::Instant::now()));
-                                        send(&mut sink, &AgentMessage::JobFinished(f)).await?;
-                                    }
-                                    JobEvent::Log { .. } => {}
-                                }
-                            }
-                        }
-                    }
-                    for (job_id, lines) in pending {
-                        send(&mut sink, &AgentMessage::Log { job_id, lines }).await?;
-                    }
+                    // Drain what is ready: low latency when idle, few frames under load.
+                    self.drain_events(ev);
+                    self.send_outbox(&mut sink).await?;
                 }
                 msg = stream.next() => match msg {
                     Some(Ok(Message::Text(t))) => match serde_json::from_str::<CoordinatorMessage>(&t) {
@@ -492,11 +532,27 @@ impl Agent {
     fn on_message(&mut self, m: CoordinatorMessage) -> Option<SessionEnd> {
         match m {
             CoordinatorMessage::Assign(a) => {
-                if self.running.contains_key(&a.job_id) || self.unacked.contains_key(&a.job_id) {
+                if self.holds.contains(&a.job_id) {
                     tracing::warn!(job = a.job_id, "assignment for a job this agent already has; ignored");
                     return None;
                 }
                 tracing::info!(job = a.job_id, name = %a.name, gpus = ?a.gpus, "job assigned");
+                self.holds.insert(a.job_id);
+                // On disk before anything of the job starts: a job the journal does not name
+                // never ran here, which is what lets the coordinator hand it out again.
+                if let Err(e) = self.journal.write(&Record::Received { job_id: a.job_id }, true) {
+                    tracing::error!(job = a.job_id, error = %e, "could not journal the assignment; not running it");
+                    let error = format!("the agent could not record the assignment in its journal: {e}");
+                    let _ = self.events_tx.send(JobEvent::Finished(JobFinished {
+                        job_id: a.job_id,
+                        outcome: gpuci_core::job::Outcome::StartFailed { error },
+                        finished_at_us: executor::now_us(),
+                        started_at_us: None,
+                        telemetry: None,
+                        gpu_health: BTreeMap::new(),
+                    }));
+                    return None;
+                }
                 let cancel = CancellationToken::new();
                 self.running.insert(a.job_id, cancel.clone());
                 tokio::spawn(executor::run_job(*a, self.ctx.clone(), self.events_tx.clone(), cancel));
@@ -507,9 +563,7 @@ impl Agent {
                     c.cancel();
                 }
             }
-            CoordinatorMessage::Ack { job_id } => {
-                self.unacked.remove(&job_id);
-            }
+            CoordinatorMessage::Acked { upto } => self.acked(upto),
             CoordinatorMessage::Refused { reason } => return Some(SessionEnd::Refused(reason)),
             CoordinatorMessage::GpuReleased { uuid } => {
                 tracing::info!(gpu = %uuid, "GPU returned to service; taking a new health baseline");
@@ -534,6 +588,29 @@ async fn engine_answers(rt: &gpuci_sandbox::ContainerRuntime) -> Result<(), Stri
         Err(_) => Err("`info` did not answer within 10s".into()),
     }
 }
+
+impl Agent {
+    /// Send what the outbox has not sent on this connection, then flush once.
+    async fn send_outbox<S>(&mut self, sink: &mut S) -> anyhow::Result<()>
+    where
+        S: futures::Sink<Message> + Unpin,
+        S::Error: std::error::Error + Send + Sync + 'static,
+    {
+        let events = self.outbox.to_send();
+        if events.is_empty() {
+            return Ok(());
+        }
+        for (n, event) in events {
+            let text = serde_json::to_string(&AgentMessage::Event { n, event })?;
+            sink.feed(Message::Text(text.into())).await?;
+        }
+        sink.flush().await?;
+        Ok(())
+    }
+}
+
+/// Lines per log event.
+const LINES_PER_EVENT: usize = 1000;
 
 async fn send<S>(sink: &mut S, msg: &AgentMessage) -> anyhow::Result<()>
 where

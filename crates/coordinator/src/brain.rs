@@ -98,6 +98,42 @@ pub struct Submission {
     pub origin: Option<String>,
 }
 
+/// What to do with an agent's jobs when it connects: [`reconcile`]'s answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Ours and held by the agent: its events (start, output, result) will follow.
+    pub keep: Vec<JobId>,
+    /// Held by the agent but not (or no longer) ours: it is told why and stops them.
+    pub forget: Vec<JobId>,
+    /// Assigned to it, never received: back to the queue.
+    pub requeue: Vec<JobId>,
+    /// Running on it by our record, unknown to it: ended `lost`.
+    pub lost: Vec<JobId>,
+}
+
+/// Settle an agent's jobs on connect. `ours`: the active jobs assigned to it, with their
+/// state; `holds`: the jobs it holds (its journal: received and not yet acknowledged as
+/// finished). The agent journals an assignment before starting it, so a job it does not hold
+/// never started there and may be handed out again; one we had recorded as running, it must
+/// have lost (its data dir was replaced).
+pub fn reconcile(ours: &[(JobId, JobState)], holds: &[JobId]) -> Reconciled {
+    let held: BTreeSet<JobId> = holds.iter().copied().collect();
+    let mine: BTreeSet<JobId> = ours.iter().map(|(id, _)| *id).collect();
+    let mut r = Reconciled { forget: held.difference(&mine).copied().collect(), ..Default::default() };
+    for (id, state) in ours {
+        match (held.contains(id), state) {
+            (true, _) => r.keep.push(*id),
+            (false, JobState::Assigned) => r.requeue.push(*id),
+            (false, _) => r.lost.push(*id),
+        }
+    }
+    r
+}
+
+/// Why an event from a connection the agent has since replaced is not applied (the agent
+/// sends it again on its current one).
+const STALE: &str = "from an earlier connection of this agent";
+
 /// The secret environment variable that carries a runner job's JIT config.
 pub const JIT_CONFIG_ENV: &str = "GPUCI_JITCONFIG";
 
@@ -138,16 +174,21 @@ pub enum Command {
         tx: AgentTx,
         reply: Reply<()>,
     },
+    /// A job's result. Answered once committed (or known to be already); an error means the
+    /// agent must send it again later.
     AgentFinished {
         agent_id: String,
         conn: u64,
         finished: JobFinished,
+        reply: oneshot::Sender<Result<(), String>>,
     },
+    /// A job's process started. Answered like `AgentFinished`.
     AgentStarted {
         agent_id: String,
         conn: u64,
         job: JobId,
         started_at_ms: i64,
+        reply: oneshot::Sender<Result<(), String>>,
     },
     AgentGpus {
         agent_id: String,
@@ -337,18 +378,24 @@ impl Brain {
                 let _ = reply.send(r);
                 self.schedule().await;
             }
-            Command::AgentStarted { agent_id, conn, job, started_at_ms } => {
-                if self.is_current(&agent_id, conn) {
+            Command::AgentStarted { agent_id, conn, job, started_at_ms, reply } => {
+                let r = if self.is_current(&agent_id, conn) {
                     self.touch(&agent_id);
-                    self.job_started(&agent_id, job, started_at_ms).await;
-                }
+                    self.job_started(&agent_id, job, started_at_ms).await
+                } else {
+                    Err(STALE.into())
+                };
+                let _ = reply.send(r);
             }
-            Command::AgentFinished { agent_id, conn, finished } => {
-                if self.is_current(&agent_id, conn) {
+            Command::AgentFinished { agent_id, conn, finished, reply } => {
+                let r = if self.is_current(&agent_id, conn) {
                     self.touch(&agent_id);
-                    self.job_finished(&agent_id, finished).await;
-                    self.schedule().await;
-                }
+                    self.job_finished(&agent_id, finished).await
+                } else {
+                    Err(STALE.into())
+                };
+                let _ = reply.send(r);
+                self.schedule().await;
             }
             Command::AgentGpus { agent_id, conn, gpus, health } => {
                 if self.is_current(&agent_id, conn) {
@@ -364,7 +411,7 @@ impl Brain {
             }
             Command::AgentDisconnected { agent_id, conn } => {
                 if self.is_current(&agent_id, conn) {
-                    self.agent_disconnected(&agent_id, "connection closed").await;
+                    self.agent_disconnected(&agent_id, "connection closed", false).await;
                 }
             }
             Command::ReleaseGpu { uuid, reply } => {
@@ -622,17 +669,17 @@ impl Brain {
             )
             .await?;
 
-        // What the agent runs or holds results for that we already ended: it is told in the
-        // welcome, which must be the first message on the connection.
-        let running: BTreeSet<JobId> = hello.running.iter().copied().collect();
-        let mut finished: BTreeMap<JobId, JobFinished> = hello.finished.into_iter().map(|f| (f.job_id, f)).collect();
+        // Settle what the agent holds against what we recorded (`reconcile`, pure). The
+        // welcome, the first message on the connection, names what it holds that we ended.
+        let ours: Vec<(JobId, JobState)> =
+            self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).map(|j| (j.id, j.state)).collect();
+        let holds: Vec<JobId> = hello.running.clone();
+        let plan = reconcile(&ours, &holds);
         let mut forget = Vec::new();
-        for id in running.iter().chain(finished.keys()).filter(|id| !self.active.contains_key(id)) {
+        for id in &plan.forget {
             let reason = self.ended_reason(*id, was_lost).await;
+            tracing::info!(agent = agent_id, job = id, reason = %reason, "told agent what happened to its job");
             forget.push(Forgotten { job_id: *id, reason });
-        }
-        for f in &forget {
-            tracing::info!(agent = agent_id, job = f.job_id, reason = %f.reason, "told agent what happened to its job");
         }
         self.send(
             agent_id,
@@ -643,50 +690,40 @@ impl Brain {
             },
         );
         for f in forget {
-            if running.contains(&f.job_id) {
-                self.send(agent_id, CoordinatorMessage::Cancel { job_id: f.job_id, reason: f.reason });
-            } else {
-                self.send(agent_id, CoordinatorMessage::Ack { job_id: f.job_id });
-            }
-            finished.remove(&f.job_id);
+            self.send(agent_id, CoordinatorMessage::Cancel { job_id: f.job_id, reason: f.reason });
         }
-
-        // Reconcile what the agent says it has with what we recorded.
-        let ours: Vec<JobRecord> =
-            self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
-        for j in ours {
-            if let Some(f) = finished.remove(&j.id) {
-                self.job_finished(agent_id, f).await;
-            } else if running.contains(&j.id) {
-                if j.state == JobState::Assigned {
-                    self.job_started(agent_id, j.id, now).await;
-                }
-                if let Some(reason) = self.cancelling.get(&j.id).cloned() {
-                    self.send(agent_id, CoordinatorMessage::Cancel { job_id: j.id, reason });
-                }
-            } else if j.state == JobState::Assigned {
-                // Committed but never received: it never started, so it is safe to hand out again.
-                let rec = self
-                    .store
-                    .update_job(
-                        j.id,
-                        &[JobState::Assigned],
-                        JobChange {
-                            state: Some(JobState::Queued),
-                            reason: Some(format!(
-                                "requeued: agent {} reconnected without having received it",
-                                hello.name
-                            )),
-                            clear_assignment: true,
-                            ..Default::default()
-                        },
-                    )
-                    .await?;
-                self.publish(&rec);
-            } else {
-                let why = format!("agent {} restarted and no longer runs it", hello.name);
-                self.finish(&j, JobState::Lost, why, None, None, Vec::new()).await?;
+        for id in plan.keep {
+            if let Some(reason) = self.cancelling.get(&id).cloned() {
+                self.send(agent_id, CoordinatorMessage::Cancel { job_id: id, reason });
             }
+        }
+        for id in plan.requeue {
+            // Never received (the agent journals an assignment before starting it), so it never
+            // ran: safe to hand out again.
+            let rec = self
+                .store
+                .update_job(
+                    id,
+                    &[JobState::Assigned],
+                    JobChange {
+                        state: Some(JobState::Queued),
+                        reason: Some(format!("requeued: agent {} reconnected without having received it", hello.name)),
+                        clear_assignment: true,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            self.publish(&rec);
+        }
+        for id in plan.lost {
+            let Some(j) = self.active.get(&id).cloned() else { continue };
+            let why = format!(
+                "agent {} came back without any record of this job (its data dir was lost or replaced); \
+                 the job's outcome and any output not yet received are unknown",
+                hello.name
+            );
+            self.note_in_log(&j, format!("output may be missing from here on: {why}")).await;
+            self.finish(&j, JobState::Lost, why, None, None, Vec::new()).await?;
         }
         tracing::info!(agent = agent_id, name = %hello.name, slots = hello.slots, gpus = hello.gpus.len(), "agent connected");
         Ok(())
@@ -700,10 +737,12 @@ impl Brain {
         }
     }
 
-    async fn job_started(&mut self, agent_id: &str, id: JobId, started_at_ms: i64) {
-        let Some(j) = self.active.get(&id) else { return };
+    /// Record a start. Idempotent: a start already recorded, or of a job that has ended or is
+    /// not this agent's, changes nothing.
+    async fn job_started(&mut self, agent_id: &str, id: JobId, started_at_ms: i64) -> Result<(), String> {
+        let Some(j) = self.active.get(&id) else { return Ok(()) };
         if j.agent_id.as_deref() != Some(agent_id) || j.state != JobState::Assigned {
-            return;
+            return Ok(());
         }
         let change = JobChange {
             state: Some(JobState::Running),
@@ -712,22 +751,32 @@ impl Brain {
             ..Default::default()
         };
         match self.store.update_job(id, &[JobState::Assigned], change).await {
-            Ok(rec) => self.publish(&rec),
-            Err(e) => tracing::error!(job = id, error = %e, "could not record job start"),
+            Ok(rec) => {
+                self.publish(&rec);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(job = id, error = %e, "could not record job start; the agent will send it again");
+                Err(format!("recording the start of job {id}: {e}"))
+            }
         }
     }
 
-    async fn job_finished(&mut self, agent_id: &str, f: JobFinished) {
+    /// Record a result. Idempotent: a result for a job already ended (cancelled while the
+    /// agent was away, or sent twice) or not this agent's changes nothing.
+    async fn job_finished(&mut self, agent_id: &str, f: JobFinished) -> Result<(), String> {
         let id = f.job_id;
-        let Some(job) = self.active.get(&id).cloned() else {
-            // Already ended (cancelled while away, or a duplicate): acknowledge so the agent forgets it.
-            self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
-            return;
-        };
+        let Some(mut job) = self.active.get(&id).cloned() else { return Ok(()) };
         if job.agent_id.as_deref() != Some(agent_id) {
             tracing::warn!(job = id, agent = agent_id, "result from an agent the job is not assigned to; ignored");
-            self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
-            return;
+            return Ok(());
+        }
+        // Every job that ran has its start time, even when the start event went missing.
+        if job.state == JobState::Assigned {
+            if let Some(at) = f.started_at_us {
+                self.job_started(agent_id, id, at / 1000).await?;
+                job = self.active.get(&id).cloned().unwrap_or(job);
+            }
         }
         let (state, reason) = f.outcome.verdict_after_cancel(self.cancelling.get(&id).map(String::as_str));
         let exit_code = match f.outcome {
@@ -761,24 +810,48 @@ impl Brain {
                 quarantine: quarantine.clone(),
                 ..Default::default()
             };
-            match self.store.update_job(id, &[JobState::Assigned], change).await {
+            return match self.store.update_job(id, &[JobState::Assigned], change).await {
                 Ok(rec) => {
                     for q in quarantine {
                         tracing::warn!(gpu = %q.gpu_uuid, reason = %q.reason, "GPU quarantined");
                         self.quarantine.insert(q.gpu_uuid.clone(), q);
                     }
                     self.publish(&rec);
-                    self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
+                    Ok(())
                 }
-                Err(e) => tracing::error!(job = id, error = %e, "could not requeue job"),
-            }
-            return;
+                Err(e) => {
+                    tracing::error!(job = id, error = %e, "could not requeue job; the agent will send its result again");
+                    Err(format!("requeueing job {id}: {e}"))
+                }
+            };
+        }
+        if let Outcome::Lost { reason } = &f.outcome {
+            // The log says where its output may stop short, not just the job's reason.
+            self.note_in_log(&job, format!("output may be missing from here on: {reason}")).await;
         }
         match self.finish(&job, state, reason, exit_code, f.telemetry, quarantine).await {
-            Ok(_) => {
-                self.send(agent_id, CoordinatorMessage::Ack { job_id: id });
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::error!(job = id, error = %e, "could not record job result; the agent will send it again");
+                Err(format!("recording the result of job {id}: {e}"))
             }
-            Err(e) => tracing::error!(job = id, error = %e, "could not record job result; the agent will resend it"),
+        }
+    }
+
+    /// Append a gpuci line to a job's log (after whatever is stored).
+    async fn note_in_log(&self, job: &JobRecord, text: String) {
+        let line = gpuci_protocol::agent::LogChunk {
+            ts_us: now_ms() * 1000,
+            stream: gpuci_protocol::agent::Stream::System,
+            text,
+        };
+        match self.store.append_logs(job.id, None, &[line]).await {
+            Ok(stored) => {
+                for l in stored {
+                    self.hub.log(job.id, job.pipeline_id, l);
+                }
+            }
+            Err(e) => tracing::warn!(job = job.id, error = %e, "could not add a line to the job's log"),
         }
     }
 
@@ -832,11 +905,16 @@ impl Brain {
         Ok(())
     }
 
-    async fn agent_disconnected(&mut self, agent_id: &str, why: &str) {
+    /// The agent's connection is gone (`silent`: we dropped it for missed heartbeats, so we
+    /// last heard from it at `last_seen`, not now). `lost_after` counts from the last time
+    /// we heard from it.
+    async fn agent_disconnected(&mut self, agent_id: &str, why: &str, silent: bool) {
         if let Some(a) = self.agents.get_mut(agent_id) {
             a.conn = None;
             a.link = Link::Disconnected;
-            a.last_seen = Instant::now();
+            if !silent {
+                a.last_seen = Instant::now();
+            }
             a.reason = format!("disconnected: {why}");
         }
         tracing::info!(agent = agent_id, why, "agent disconnected");
@@ -865,7 +943,8 @@ impl Brain {
                 (a.link, now.saturating_duration_since(a.last_seen))
             };
             if link == Link::Connected && age > self.timing.lost_after {
-                self.agent_disconnected(&id, "missed heartbeats").await;
+                // Silent for `lost_after`: that is lost, now, not after another `lost_after`.
+                self.agent_disconnected(&id, "missed heartbeats", true).await;
             }
             let a = &self.agents[&id];
             if a.link == Link::Disconnected && now.saturating_duration_since(a.last_seen) > self.timing.lost_after {
@@ -926,6 +1005,9 @@ impl Brain {
                 ),
             };
             let state = if self.cancelling.contains_key(&j.id) { JobState::Cancelled } else { JobState::Lost };
+            if state == JobState::Lost {
+                self.note_in_log(&j, format!("output may be missing from here on: {why}")).await;
+            }
             if let Err(e) = self.finish(&j, state, why, None, None, Vec::new()).await {
                 tracing::error!(job = j.id, error = %e, "could not end job of lost agent");
             }

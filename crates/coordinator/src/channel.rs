@@ -1,7 +1,13 @@
 //! The agent channel: one WebSocket per agent. The first frame must be `Hello`; after it the
-//! coordinator pushes `Assign`/`Cancel`/`Ack`, and the agent sends heartbeats, job events and
-//! log lines. Log lines are stored here (in order, before any later message of the same
-//! connection is handled) so a job's end is never seen before its last line.
+//! coordinator pushes `Assign`/`Cancel`/`Acked`, and the agent sends heartbeats and numbered
+//! job events (starts, log lines, results).
+//!
+//! Events are applied in the order they arrive, each before the next is read: log lines are
+//! stored here, starts and results go to the scheduler, which answers once it has committed
+//! them. Only then is the event acknowledged (`Acked { upto: n }`). When one cannot be
+//! committed (the database fails, the disk is full) the connection is closed without that
+//! acknowledgement: the agent reconnects after a backoff and sends it again. So a job's end is
+//! never seen before its last line, and nothing the agent was told is stored is not.
 
 use crate::api::ApiError;
 use crate::auth::{bearer, verify_hash};
@@ -12,7 +18,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures::{SinkExt, StreamExt};
-use gpuci_protocol::agent::{AgentMessage, CoordinatorMessage, LogChunk, Stream};
+use gpuci_protocol::agent::{AgentMessage, CoordinatorMessage, JobEvent, LogChunk, Stream};
 use gpuci_protocol::JobId;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -54,6 +60,9 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
         _ => return,
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<CoordinatorMessage>();
+    // Acknowledgements share the brain's queue without keeping it open: when the brain drops
+    // the connection (missed heartbeats) the writer must end and close the socket.
+    let acks = tx.downgrade();
     let (reply, answer) = oneshot::channel();
     if st.brain.send(Command::AgentConnected { agent_id: agent_id.clone(), conn, hello, tx, reply }).await.is_err() {
         return;
@@ -97,49 +106,42 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
         };
         let cmd = match msg {
             AgentMessage::Heartbeat => Some(Command::AgentSeen { agent_id: agent_id.clone(), conn }),
-            AgentMessage::JobStarted { job_id, started_at_us, .. } => Some(Command::AgentStarted {
-                agent_id: agent_id.clone(),
-                conn,
-                job: job_id,
-                started_at_ms: started_at_us / 1000,
-            }),
-            AgentMessage::JobFinished(finished) => {
-                Some(Command::AgentFinished { agent_id: agent_id.clone(), conn, finished })
-            }
             AgentMessage::Gpus { gpus, health } => {
                 Some(Command::AgentGpus { agent_id: agent_id.clone(), conn, gpus, health })
             }
             AgentMessage::Hello(_) => None,
-            AgentMessage::Log { job_id, lines } => {
-                if !logs.contains_key(&job_id) {
-                    // Only the agent a job is assigned to may write its log.
-                    let log = match st.store.get_job(job_id).await {
-                        Ok(Some(j)) if j.agent_id.as_deref() == Some(agent_id.as_str()) => {
-                            match st.store.log_size(job_id).await {
-                                Ok(stored) => Some(JobLog::new(j.pipeline_id, stored, st.max_log_bytes)),
-                                Err(e) => {
-                                    tracing::error!(job = job_id, error = %e, "could not read the log's size");
-                                    None
-                                }
-                            }
-                        }
-                        _ => None,
-                    };
-                    logs.insert(job_id, log);
-                }
-                if let Some(Some(log)) = logs.get_mut(&job_id) {
-                    let pipeline_id = log.pipeline_id;
-                    let lines = log.admit(lines, st.max_log_bytes);
-                    match st.store.append_logs(job_id, &lines).await {
-                        Ok(stored) => {
-                            for l in stored {
-                                st.hub.log(job_id, pipeline_id, l);
-                            }
-                        }
-                        Err(e) => tracing::error!(job = job_id, error = %e, "could not store log lines"),
+            AgentMessage::Event { n, event } => {
+                let applied = match event {
+                    JobEvent::Log { job_id, first_seq, lines } => {
+                        store_lines(&st, &agent_id, &mut logs, job_id, first_seq, lines).await
                     }
-                } else {
-                    tracing::warn!(agent = %agent_id, job = job_id, "log lines for a job not assigned to this agent; dropped");
+                    JobEvent::Started { job_id, started_at_us, .. } => {
+                        let (reply, answer) = oneshot::channel();
+                        let cmd = Command::AgentStarted {
+                            agent_id: agent_id.clone(),
+                            conn,
+                            job: job_id,
+                            started_at_ms: started_at_us / 1000,
+                            reply,
+                        };
+                        ask(&st, cmd, answer).await
+                    }
+                    JobEvent::Finished(finished) => {
+                        let (reply, answer) = oneshot::channel();
+                        ask(&st, Command::AgentFinished { agent_id: agent_id.clone(), conn, finished, reply }, answer)
+                            .await
+                    }
+                };
+                if let Err(why) = applied {
+                    // Not acknowledged: the agent sends it again after reconnecting.
+                    tracing::warn!(agent = %agent_id, event = n, why, "could not apply an agent's event; closing its connection so it sends it again later");
+                    break;
+                }
+                match acks.upgrade() {
+                    Some(tx) => {
+                        let _ = tx.send(CoordinatorMessage::Acked { upto: n });
+                    }
+                    None => break,
                 }
                 // Output counts as a sign of life; tell the brain at most once a second.
                 (last_seen_sent.elapsed() > Duration::from_secs(1)).then(|| {
@@ -158,28 +160,94 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
     writer.abort();
 }
 
+/// Ask the scheduler to apply an event; `Err` when it could not commit it (or is gone).
+async fn ask(st: &AppState, cmd: Command, answer: oneshot::Receiver<Result<(), String>>) -> Result<(), String> {
+    st.brain.send(cmd).await.map_err(|_| "the coordinator is shutting down".to_string())?;
+    answer.await.map_err(|_| "the coordinator is shutting down".to_string())?
+}
+
+/// Store a job's numbered lines, once each, under the coordinator's cap. Lines of a job that
+/// is not this agent's are dropped (and acknowledged: sending them again changes nothing).
+async fn store_lines(
+    st: &AppState,
+    agent_id: &str,
+    logs: &mut HashMap<JobId, Option<JobLog>>,
+    job_id: JobId,
+    first_seq: u64,
+    lines: Vec<LogChunk>,
+) -> Result<(), String> {
+    if !logs.contains_key(&job_id) {
+        // Only the agent a job is assigned to may write its log.
+        let log = match st.store.get_job(job_id).await.map_err(|e| e.to_string())? {
+            Some(j) if j.agent_id.as_deref() == Some(agent_id) => {
+                let (stored, last_seq) = st.store.log_extent(job_id).await.map_err(|e| e.to_string())?;
+                Some(JobLog::new(j.pipeline_id, stored, last_seq, st.max_log_bytes))
+            }
+            _ => None,
+        };
+        logs.insert(job_id, log);
+    }
+    let Some(Some(log)) = logs.get_mut(&job_id) else {
+        tracing::warn!(agent = %agent_id, job = job_id, "log lines for a job not assigned to this agent; dropped");
+        return Ok(());
+    };
+    let pipeline_id = log.pipeline_id;
+    let (first, lines) = log.admit(first_seq as i64, lines, st.max_log_bytes);
+    if lines.is_empty() {
+        return Ok(());
+    }
+    match st.store.append_logs(job_id, Some(first), &lines).await {
+        Ok(stored) => {
+            log.stored_through(&stored);
+            for l in stored {
+                st.hub.log(job_id, pipeline_id, l);
+            }
+            Ok(())
+        }
+        Err(e) => {
+            // What this connection counted is not known to be stored: count again next time.
+            logs.remove(&job_id);
+            Err(format!("storing log lines of job {job_id}: {e}"))
+        }
+    }
+}
+
 /// A job's log as one connection writes it: how much is stored, against the coordinator's cap.
 #[derive(Debug)]
 struct JobLog {
     pipeline_id: i64,
+    /// Bytes stored.
     stored: u64,
+    /// Highest line number stored.
+    last_seq: i64,
     cut: bool,
 }
 
 impl JobLog {
-    fn new(pipeline_id: i64, stored: u64, cap: u64) -> JobLog {
+    fn new(pipeline_id: i64, stored: u64, last_seq: i64, cap: u64) -> JobLog {
         // A log at its cap already ends with the notice: don't write another.
-        JobLog { pipeline_id, stored, cut: stored >= cap }
+        JobLog { pipeline_id, stored, last_seq, cut: stored >= cap }
     }
 
-    /// The lines to store: those that fit under `cap`; at the first that does not, one gpuci
-    /// line saying where and why the log was cut, and nothing after it.
-    fn admit(&mut self, lines: Vec<LogChunk>, cap: u64) -> Vec<LogChunk> {
+    /// Count lines the store has taken.
+    fn stored_through(&mut self, stored: &[gpuci_protocol::api::LogLine]) {
+        if let Some(l) = stored.last() {
+            self.last_seq = self.last_seq.max(l.seq);
+        }
+    }
+
+    /// The lines to store, numbered from `first_seq`: those not stored before that fit under
+    /// `cap`; at the first that does not, one gpuci line saying where and why the log was
+    /// cut (in its place), and nothing after it. Returns the first one's number and the lines.
+    fn admit(&mut self, first_seq: i64, lines: Vec<LogChunk>, cap: u64) -> (i64, Vec<LogChunk>) {
+        // Sent before (a resend after a reconnect): already stored and counted.
+        let skip = usize::try_from(self.last_seq + 1 - first_seq).unwrap_or(0).min(lines.len());
+        let first = first_seq + skip as i64;
         if self.cut {
-            return Vec::new();
+            return (first, Vec::new());
         }
         let mut keep = Vec::with_capacity(lines.len());
-        for l in lines {
+        for l in lines.into_iter().skip(skip) {
             let size = l.text.len() as u64 + 1;
             if self.stored + size > cap {
                 self.cut = true;
@@ -194,7 +262,7 @@ impl JobLog {
             self.stored += size;
             keep.push(l);
         }
-        keep
+        (first, keep)
     }
 }
 
@@ -215,15 +283,26 @@ mod tests {
 
     #[test]
     fn an_agent_cannot_store_more_than_the_cap() {
-        let mut log = JobLog::new(1, 0, 100);
-        let first = log.admit((0..9).map(|_| line("123456789")).collect(), 100);
-        assert_eq!(first.len(), 9);
-        let second = log.admit((0..1000).map(|_| line("123456789")).collect(), 100);
-        assert_eq!(second.len(), 2, "one more line fits, then the notice: {second:?}");
+        let mut log = JobLog::new(1, 0, 0, 100);
+        let (at, first) = log.admit(1, (0..9).map(|_| line("123456789")).collect(), 100);
+        assert_eq!((at, first.len()), (1, 9));
+        log.last_seq = 9;
+        let (at, second) = log.admit(10, (0..1000).map(|_| line("123456789")).collect(), 100);
+        assert_eq!((at, second.len()), (10, 2), "one more line fits, then the notice: {second:?}");
         assert_eq!(second[1].stream, Stream::System);
         assert!(second[1].text.contains("limit of 100 bytes") && second[1].text.contains("after 100 bytes"));
-        assert!(log.admit(vec![line("more")], 100).is_empty(), "nothing after the cut");
+        assert!(log.admit(1010, vec![line("more")], 100).1.is_empty(), "nothing after the cut");
         // A reconnecting agent finds the log at its cap: nothing more, no second notice.
-        assert!(JobLog::new(1, 100, 100).admit(vec![line("x")], 100).is_empty());
+        assert!(JobLog::new(1, 100, 11, 100).admit(12, vec![line("x")], 100).1.is_empty());
+    }
+
+    #[test]
+    fn lines_sent_again_are_neither_stored_nor_counted_twice() {
+        let mut log = JobLog::new(1, 20, 2, 100);
+        let (at, lines) = log.admit(1, vec![line("123456789"), line("123456789"), line("new")], 100);
+        assert_eq!(at, 3);
+        assert_eq!(lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(), ["new"]);
+        assert_eq!(log.stored, 24);
+        assert!(log.admit(1, vec![line("a")], 100).1.is_empty());
     }
 }

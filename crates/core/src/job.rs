@@ -136,6 +136,12 @@ pub enum Outcome {
     StartFailed {
         error: String,
     },
+    /// Its agent stopped (killed, crashed, host rebooted) while the job ran: the process died
+    /// with it, and output it had not sent yet is gone. Reported by the agent's next run from
+    /// its journal.
+    Lost {
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -156,6 +162,7 @@ impl Outcome {
             Outcome::OutOfMemory { limit: Some(l) } => (JobState::Failed, format!("out of memory (limit {l})")),
             Outcome::OutOfMemory { limit: None } => (JobState::Failed, "out of memory".into()),
             Outcome::StartFailed { error } => (JobState::Failed, format!("could not start: {error}")),
+            Outcome::Lost { reason } => (JobState::Lost, reason.clone()),
         }
     }
 

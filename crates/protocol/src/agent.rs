@@ -1,6 +1,13 @@
 //! Messages on the agent channel (a WebSocket carrying one JSON object per text frame).
 //!
 //! The coordinator pushes work the moment it decides it; nothing on this channel is polled.
+//!
+//! Delivery (docs/architecture.md, "The agent protocol"): every job event the agent sends is
+//! numbered (`Event { n }`) and kept until the coordinator's `Acked { upto }` covers it, which
+//! the coordinator sends only after the event's effect is committed. After a reconnect the
+//! agent sends every unacknowledged event again, in order; the coordinator applies each
+//! idempotently (a start is a compare-and-set, a result ends an active job once, a log line is
+//! stored only if its per-job `seq` is new). So each event takes effect exactly once.
 
 use crate::JobId;
 use gpuci_core::gpu::GpuInfo;
@@ -47,10 +54,11 @@ pub struct Hello {
     /// Which job isolation this agent applies: `bubblewrap`, `none`.
     pub isolation: String,
     pub container_runtime: Option<String>,
-    /// Jobs this agent is still running (after a reconnect).
+    /// Every job this agent holds: assigned to it and recorded in its journal, whose result
+    /// the coordinator has not acknowledged yet (running, finished, or died with an earlier
+    /// run of the agent). A job assigned to the agent and not in this list was never
+    /// received: the agent journals an assignment before it starts anything.
     pub running: Vec<JobId>,
-    /// Results not yet acknowledged by the coordinator (finished while disconnected).
-    pub finished: Vec<JobFinished>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -58,21 +66,46 @@ pub struct Hello {
 pub enum AgentMessage {
     Hello(Box<Hello>),
     Heartbeat,
-    JobStarted {
-        job_id: JobId,
-        pid: u32,
-        started_at_us: i64,
+    /// A job event, numbered by the agent (`n` increases by one per event within one run of
+    /// the agent). Re-sent after a reconnect until an `Acked` covers it.
+    Event {
+        n: u64,
+        event: JobEvent,
     },
-    Log {
-        job_id: JobId,
-        lines: Vec<LogChunk>,
-    },
-    JobFinished(JobFinished),
     /// The agent's GPU inventory or health changed.
     Gpus {
         gpus: Vec<GpuInfo>,
         health: BTreeMap<String, GpuHealth>,
     },
+}
+
+/// What happened to a job, in the order it happened.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum JobEvent {
+    Started {
+        job_id: JobId,
+        pid: u32,
+        started_at_us: i64,
+    },
+    /// Consecutive lines of the job's log: the first is line `first_seq` (from 1), the next
+    /// `first_seq + 1`, and so on. A gap before `first_seq` is explained by a gpuci line in
+    /// it (the agent dropped lines while the coordinator was unreachable).
+    Log {
+        job_id: JobId,
+        first_seq: u64,
+        lines: Vec<LogChunk>,
+    },
+    Finished(JobFinished),
+}
+
+impl JobEvent {
+    pub fn job_id(&self) -> JobId {
+        match self {
+            JobEvent::Started { job_id, .. } | JobEvent::Log { job_id, .. } => *job_id,
+            JobEvent::Finished(f) => f.job_id,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -106,6 +139,9 @@ pub struct JobFinished {
     pub job_id: JobId,
     pub outcome: Outcome,
     pub finished_at_us: i64,
+    /// When its process started, if it did: a result also records the start it followed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_us: Option<i64>,
     #[serde(default)]
     pub telemetry: Option<JobTelemetry>,
     /// Post-job GPU check per leased GPU.
@@ -181,9 +217,10 @@ pub enum CoordinatorMessage {
         job_id: JobId,
         reason: String,
     },
-    /// The job's result is durable; the agent may drop it.
-    Ack {
-        job_id: JobId,
+    /// Every event numbered up to `upto` on this connection's agent run has taken effect
+    /// and is committed; the agent may drop them.
+    Acked {
+        upto: u64,
     },
     /// The connection is refused; the agent should not retry without a change.
     Refused {

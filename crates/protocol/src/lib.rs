@@ -9,7 +9,9 @@ pub mod agent;
 pub mod api;
 
 /// Version of the agent channel. The coordinator refuses agents that speak another one.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2: numbered job events acknowledged cumulatively (`Event`/`Acked`), log lines numbered per
+/// job, `Hello::running` lists every job the agent holds.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Job ids are small integers people can type (`gpuci logs 42`).
 pub type JobId = i64;

@@ -14,8 +14,8 @@ fn coordinator_messages_have_a_stable_shape() {
         serde_json::to_value(&m).unwrap(),
         json!({"type": "cancel", "job_id": 7, "reason": "cancelled by user"})
     );
-    let m = CoordinatorMessage::Ack { job_id: 3 };
-    assert_eq!(serde_json::to_value(&m).unwrap(), json!({"type": "ack", "job_id": 3}));
+    let m = CoordinatorMessage::Acked { upto: 3 };
+    assert_eq!(serde_json::to_value(&m).unwrap(), json!({"type": "acked", "upto": 3}));
     let m = CoordinatorMessage::GpuReleased { uuid: "GPU-1".into() };
     assert_eq!(serde_json::to_value(&m).unwrap(), json!({"type": "gpu_released", "uuid": "GPU-1"}));
 }
@@ -26,21 +26,40 @@ fn agent_messages_round_trip() {
         job_id: 9,
         outcome: Outcome::Exited { code: 2 },
         finished_at_us: 1,
+        started_at_us: Some(0),
         telemetry: None,
         gpu_health: BTreeMap::from([("GPU-1".to_string(), GpuHealth::Unhealthy { reason: "xid".into() })]),
     };
-    let v = serde_json::to_value(AgentMessage::JobFinished(f.clone())).unwrap();
-    assert_eq!(v["type"], "job_finished");
-    assert_eq!(v["outcome"], json!({"kind": "exited", "code": 2}));
-    assert_eq!(v["gpu_health"]["GPU-1"], json!({"status": "unhealthy", "reason": "xid"}));
+    let v = serde_json::to_value(AgentMessage::Event { n: 4, event: JobEvent::Finished(f.clone()) }).unwrap();
+    assert_eq!(v["type"], "event");
+    assert_eq!(v["n"], 4);
+    assert_eq!(v["event"]["kind"], "finished");
+    assert_eq!(v["event"]["outcome"], json!({"kind": "exited", "code": 2}));
+    assert_eq!(v["event"]["gpu_health"]["GPU-1"], json!({"status": "unhealthy", "reason": "xid"}));
     match serde_json::from_value::<AgentMessage>(v).unwrap() {
-        AgentMessage::JobFinished(back) => assert_eq!(back, f),
+        AgentMessage::Event { n: 4, event: JobEvent::Finished(back) } => assert_eq!(back, f),
         other => panic!("{other:?}"),
     }
-    // Older agents omit the optional fields.
-    let old =
-        json!({"type": "job_finished", "job_id": 1, "outcome": {"kind": "exited", "code": 0}, "finished_at_us": 5});
-    assert!(matches!(serde_json::from_value::<AgentMessage>(old).unwrap(), AgentMessage::JobFinished(_)));
+    // The optional fields may be left out.
+    let short = json!({"type": "event", "n": 1, "event": {"kind": "finished", "job_id": 1,
+        "outcome": {"kind": "exited", "code": 0}, "finished_at_us": 5}});
+    assert!(matches!(
+        serde_json::from_value::<AgentMessage>(short).unwrap(),
+        AgentMessage::Event { event: JobEvent::Finished(JobFinished { started_at_us: None, .. }), .. }
+    ));
+    let log = AgentMessage::Event {
+        n: 5,
+        event: JobEvent::Log {
+            job_id: 2,
+            first_seq: 7,
+            lines: vec![LogChunk { ts_us: 1, stream: Stream::Stdout, text: "x".into() }],
+        },
+    };
+    assert_eq!(
+        serde_json::to_value(&log).unwrap(),
+        json!({"type": "event", "n": 5, "event": {"kind": "log", "job_id": 2, "first_seq": 7,
+            "lines": [{"ts_us": 1, "stream": "stdout", "text": "x"}]}})
+    );
 }
 
 #[test]

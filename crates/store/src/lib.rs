@@ -92,10 +92,16 @@ pub trait Store: Send + Sync + 'static {
     async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>>;
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>>;
 
-    async fn append_logs(&self, job: JobId, lines: &[LogChunk]) -> Result<Vec<LogLine>>;
+    /// Store lines of a job's log. `first_seq`: the writer numbered them (the agent: line
+    /// `first_seq + i`), and any already stored (seq not above the highest stored) is skipped,
+    /// so a resend stores nothing twice; a number past the highest + 1 leaves a gap, which
+    /// the writer explains with a line of its own. `None`: numbered after the highest stored.
+    /// Returns the lines stored.
+    async fn append_logs(&self, job: JobId, first_seq: Option<i64>, lines: &[LogChunk]) -> Result<Vec<LogLine>>;
     async fn read_logs(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<LogLine>>;
-    /// Size of a job's stored log: bytes of text plus one per line (its newline).
-    async fn log_size(&self, job: JobId) -> Result<u64>;
+    /// A job's stored log: its size (bytes of text plus one per line, its newline) and its
+    /// highest line number (0: none).
+    async fn log_extent(&self, job: JobId) -> Result<(u64, i64)>;
 
     async fn insert_agent(&self, agent: &AgentRecord) -> Result<()>;
     async fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>>;

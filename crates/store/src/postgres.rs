@@ -343,7 +343,7 @@ impl Store for PostgresStore {
         Ok(rows.iter().map(pipeline_from_row).collect())
     }
 
-    async fn append_logs(&self, job: JobId, lines: &[LogChunk]) -> Result<Vec<LogLine>> {
+    async fn append_logs(&self, job: JobId, first_seq: Option<i64>, lines: &[LogChunk]) -> Result<Vec<LogLine>> {
         if lines.is_empty() {
             return Ok(Vec::new());
         }
@@ -358,12 +358,16 @@ impl Store for PostgresStore {
             .fetch_one(&mut *tx)
             .await?
             .get(0);
+        // Numbered by the writer: lines stored before (a resend) are skipped. Else after the last.
+        let first = first_seq.unwrap_or(last + 1);
+        let skip = usize::try_from((last + 1 - first).max(0)).unwrap_or(usize::MAX).min(lines.len());
+        let (first, lines) = (first + skip as i64, &lines[skip..]);
         let mut out = Vec::with_capacity(lines.len());
         // Multi-row insert in batches keeps a burst of output to one round trip per 100 lines.
         for (b, chunk) in lines.chunks(100).enumerate() {
             let mut qb = sqlx::QueryBuilder::new("INSERT INTO job_logs (job_id, seq, ts_us, stream, text) ");
             qb.push_values(chunk.iter().enumerate(), |mut row, (i, l)| {
-                let seq = last + (b * 100 + i) as i64 + 1;
+                let seq = first + (b * 100 + i) as i64;
                 row.push_bind(job)
                     .push_bind(seq)
                     .push_bind(l.ts_us)
@@ -397,14 +401,13 @@ impl Store for PostgresStore {
             .collect())
     }
 
-    async fn log_size(&self, job: JobId) -> Result<u64> {
-        let n: i64 =
-            sqlx::query("SELECT COALESCE(SUM(octet_length(text) + 1), 0)::BIGINT FROM job_logs WHERE job_id = $1")
-                .bind(job)
-                .fetch_one(&self.pool)
-                .await?
-                .get(0);
-        Ok(n.max(0) as u64)
+    async fn log_extent(&self, job: JobId) -> Result<(u64, i64)> {
+        let row = sqlx::query("SELECT COALESCE(SUM(octet_length(text) + 1), 0)::BIGINT, COALESCE(MAX(seq), 0)::BIGINT FROM job_logs WHERE job_id = $1")
+            .bind(job)
+            .fetch_one(&self.pool)
+            .await?;
+        let (bytes, last): (i64, i64) = (row.get(0), row.get(1));
+        Ok((bytes.max(0) as u64, last))
     }
 
     async fn insert_agent(&self, a: &AgentRecord) -> Result<()> {

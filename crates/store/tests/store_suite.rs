@@ -146,11 +146,23 @@ async fn suite(s: &dyn Store) {
 
     // Logs get consecutive sequence numbers across appends.
     let chunk = |t: &str| LogChunk { ts_us: 1, stream: Stream::Stdout, text: t.into() };
-    let first = s.append_logs(a, &(0..150).map(|i| chunk(&format!("l{i}"))).collect::<Vec<_>>()).await.unwrap();
+    let first = s.append_logs(a, None, &(0..150).map(|i| chunk(&format!("l{i}"))).collect::<Vec<_>>()).await.unwrap();
     assert_eq!(first.last().unwrap().seq, 150);
-    s.append_logs(a, &[chunk("tail")]).await.unwrap();
+    s.append_logs(a, None, &[chunk("tail")]).await.unwrap();
     let tail = s.read_logs(a, 149, 10).await.unwrap();
     assert_eq!(tail.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(), vec!["l149", "tail"]);
+
+    // Lines numbered by their writer (the agent) are stored once however often they are sent.
+    let lines = |from: usize, to: usize| (from..=to).map(|i| chunk(&format!("b{i}"))).collect::<Vec<_>>();
+    assert_eq!(s.append_logs(b, Some(1), &lines(1, 3)).await.unwrap().len(), 3);
+    let again = s.append_logs(b, Some(2), &lines(2, 5)).await.unwrap();
+    assert_eq!(again.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![4, 5], "a resend adds only what is new");
+    assert!(s.append_logs(b, Some(1), &lines(1, 5)).await.unwrap().is_empty());
+    // A numbered gap stays a gap (the writer says why in a line of its own).
+    s.append_logs(b, Some(9), &lines(9, 9)).await.unwrap();
+    let all = s.read_logs(b, 0, 100).await.unwrap();
+    assert_eq!(all.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5, 9]);
+    assert_eq!(all.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(), vec!["b1", "b2", "b3", "b4", "b5", "b9"]);
 
     // Agents.
     let rec = AgentRecord {
@@ -335,7 +347,9 @@ async fn postgres_data_survives_crash_and_reconnect() {
             )
             .await
             .unwrap();
-        s.append_logs(jobs[0].id, &[LogChunk { ts_us: 1, stream: Stream::Stderr, text: "kept".into() }]).await.unwrap();
+        s.append_logs(jobs[0].id, None, &[LogChunk { ts_us: 1, stream: Stream::Stderr, text: "kept".into() }])
+            .await
+            .unwrap();
         jobs[0].id
     };
     server.crash_and_restart();
@@ -375,7 +389,7 @@ async fn postgres_store_is_correct_under_concurrent_writers() {
             for _ in 0..5 {
                 let lines: Vec<LogChunk> =
                     (0..3).map(|_| LogChunk { ts_us: 1, stream: Stream::Stdout, text: format!("t{t}") }).collect();
-                s.append_logs(log_job, &lines).await.unwrap();
+                s.append_logs(log_job, None, &lines).await.unwrap();
             }
         }));
     }
