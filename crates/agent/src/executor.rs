@@ -225,6 +225,7 @@ pub async fn run_job(
         outcome,
         finished_at_us: now_us(),
         started_at_us: None,
+        lines: None,
         telemetry,
         gpu_health,
     }));

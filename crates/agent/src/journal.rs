@@ -26,15 +26,27 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "record", rename_all = "snake_case")]
 pub enum Record {
-    Received { job_id: JobId },
-    Started { job_id: JobId, pid: u32, started_at_us: i64 },
+    Received {
+        job_id: JobId,
+        /// When it arrived: the start time of a job the agent died while starting.
+        #[serde(default)]
+        at_us: i64,
+    },
+    Started {
+        job_id: JobId,
+        pid: u32,
+        started_at_us: i64,
+    },
     Finished(JobFinished),
-    Done { job_id: JobId },
+    Done {
+        job_id: JobId,
+    },
 }
 
 /// One job as the journal knows it.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Known {
+    received_at_us: i64,
     started: Option<(u32, i64)>,
     finished: Option<JobFinished>,
 }
@@ -45,8 +57,8 @@ pub fn recover(records: &[Record], now_us: i64) -> BTreeMap<JobId, Vec<JobEvent>
     let mut jobs: BTreeMap<JobId, Known> = BTreeMap::new();
     for r in records {
         match r {
-            Record::Received { job_id } => {
-                jobs.entry(*job_id).or_default();
+            Record::Received { job_id, at_us } => {
+                jobs.entry(*job_id).or_default().received_at_us = *at_us;
             }
             Record::Started { job_id, pid, started_at_us } => {
                 if let Some(k) = jobs.get_mut(job_id) {
@@ -77,11 +89,15 @@ pub fn recover(records: &[Record], now_us: i64) -> BTreeMap<JobId, Vec<JobEvent>
                          job's processes died with it, and output it had not sent yet is lost"
                             .into()
                     } else {
-                        "the agent stopped while starting the job (killed, crashed or its host restarted)".into()
+                        "the agent stopped while starting the job (killed, crashed or its host restarted); \
+                         whether its process started is unknown, and if it did it died with the agent"
+                            .into()
                     },
                 },
                 finished_at_us: now_us,
-                started_at_us: k.started.map(|(_, at)| at),
+                // It may have started after it arrived: count that as its start.
+                started_at_us: Some(k.started.map_or(k.received_at_us, |(_, at)| at)),
+                lines: None,
                 telemetry: None,
                 gpu_health: BTreeMap::new(),
             });
@@ -178,7 +194,15 @@ impl Mode0600 for OpenOptions {
 pub fn records_for(owed: &BTreeMap<JobId, Vec<JobEvent>>) -> Vec<Record> {
     let mut out = Vec::new();
     for (job_id, events) in owed {
-        out.push(Record::Received { job_id: *job_id });
+        let at_us = events
+            .iter()
+            .find_map(|e| match e {
+                JobEvent::Started { started_at_us, .. } => Some(*started_at_us),
+                JobEvent::Finished(f) => f.started_at_us,
+                JobEvent::Log { .. } => None,
+            })
+            .unwrap_or(0);
+        out.push(Record::Received { job_id: *job_id, at_us });
         for e in events {
             match e {
                 JobEvent::Started { job_id, pid, started_at_us } => {
@@ -203,6 +227,7 @@ mod tests {
             outcome: Outcome::Exited { code },
             finished_at_us: 5,
             started_at_us: Some(2),
+            lines: None,
             telemetry: None,
             gpu_health: BTreeMap::new(),
         }
@@ -211,16 +236,16 @@ mod tests {
     #[test]
     fn a_job_running_when_the_agent_died_is_owed_as_lost_with_its_start() {
         let records = vec![
-            Record::Received { job_id: 1 },
+            Record::Received { job_id: 1, at_us: 1 },
             Record::Started { job_id: 1, pid: 10, started_at_us: 2 },
-            Record::Received { job_id: 2 },
+            Record::Received { job_id: 2, at_us: 1 },
             Record::Started { job_id: 2, pid: 11, started_at_us: 3 },
             Record::Finished(fin(2, 0)),
-            Record::Received { job_id: 3 },
+            Record::Received { job_id: 3, at_us: 1 },
             Record::Started { job_id: 3, pid: 12, started_at_us: 4 },
             Record::Finished(fin(3, 1)),
             Record::Done { job_id: 3 },
-            Record::Received { job_id: 4 },
+            Record::Received { job_id: 4, at_us: 7 },
         ];
         let owed = recover(&records, 99);
         assert_eq!(owed.keys().copied().collect::<Vec<_>>(), [1, 2, 4], "3 was acknowledged");
@@ -228,8 +253,11 @@ mod tests {
         assert!(matches!(&lost.outcome, Outcome::Lost { reason } if reason.contains("died with it")));
         assert_eq!(lost.started_at_us, Some(2), "the start is kept");
         assert_eq!(owed[&2][1], JobEvent::Finished(fin(2, 0)), "a recorded result is sent as it was");
-        assert_eq!(owed[&4].len(), 1, "never started: only the result");
-        assert!(matches!(&owed[&4][0], JobEvent::Finished(f) if f.started_at_us.is_none()));
+        assert_eq!(owed[&4].len(), 1, "no start seen: only the result");
+        assert!(
+            matches!(&owed[&4][0], JobEvent::Finished(f) if f.started_at_us == Some(7)),
+            "it may have started: its arrival counts as its start"
+        );
         // Rewriting the journal with what is owed recovers the same thing again.
         assert_eq!(recover(&records_for(&owed), 99), owed);
     }
@@ -240,7 +268,7 @@ mod tests {
         let path = dir.path().join("journal");
         let (mut j, old) = Journal::open(&path, |_| Vec::new()).unwrap();
         assert!(old.is_empty());
-        j.write(&Record::Received { job_id: 5 }, true).unwrap();
+        j.write(&Record::Received { job_id: 5, at_us: 1 }, true).unwrap();
         j.write(&Record::Started { job_id: 5, pid: 1, started_at_us: 1 }, false).unwrap();
         drop(j);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
@@ -249,7 +277,7 @@ mod tests {
         let (_, read) = Journal::open(&path, |r| r[..1].to_vec()).unwrap();
         assert_eq!(read.len(), 2);
         let (_, again) = Journal::open(&path, |r| r.to_vec()).unwrap();
-        assert_eq!(again, vec![Record::Received { job_id: 5 }]);
+        assert_eq!(again, vec![Record::Received { job_id: 5, at_us: 1 }]);
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     }

@@ -398,6 +398,7 @@ impl Agent {
             JobEvent::Finished(mut f) => {
                 self.running.remove(&f.job_id);
                 f.started_at_us = f.started_at_us.or(self.started_at.remove(&f.job_id));
+                f.lines = Some(self.outbox.lines_of(f.job_id));
                 self.journal_write(&Record::Finished(f.clone()), true);
                 self.outbox.push(gpuci_protocol::agent::JobEvent::Finished(f));
             }
@@ -540,7 +541,9 @@ impl Agent {
                 self.holds.insert(a.job_id);
                 // On disk before anything of the job starts: a job the journal does not name
                 // never ran here, which is what lets the coordinator hand it out again.
-                if let Err(e) = self.journal.write(&Record::Received { job_id: a.job_id }, true) {
+                if let Err(e) =
+                    self.journal.write(&Record::Received { job_id: a.job_id, at_us: executor::now_us() }, true)
+                {
                     tracing::error!(job = a.job_id, error = %e, "could not journal the assignment; not running it");
                     let error = format!("the agent could not record the assignment in its journal: {e}");
                     let _ = self.events_tx.send(JobEvent::Finished(JobFinished {
@@ -548,6 +551,7 @@ impl Agent {
                         outcome: gpuci_core::job::Outcome::StartFailed { error },
                         finished_at_us: executor::now_us(),
                         started_at_us: None,
+                        lines: None,
                         telemetry: None,
                         gpu_health: BTreeMap::new(),
                     }));

@@ -5,9 +5,10 @@
 //! lines get their per-job line number (`seq`, from 1) here too, so the coordinator can store
 //! each line once whatever it receives twice.
 //!
-//! Bounded: job output beyond `limit` bytes (while the coordinator is unreachable or slow to
-//! acknowledge) is dropped oldest first, and where it was the log gets one gpuci line saying
-//! how many lines went. Starts and results are never dropped (one each per job).
+//! Bounded: past `limit` bytes of job output (while the coordinator is unreachable or slow to
+//! acknowledge) the oldest lines of the job holding the most are dropped — a job flooding its
+//! log loses its own lines, not its neighbours' — and where they were the log gets one gpuci
+//! line saying how many went. Starts and results are never dropped (one each per job).
 //!
 //! Pure state: no I/O, no clock; the agent's loop owns it and does the sending.
 
@@ -25,8 +26,9 @@ pub struct Outbox {
     /// Events up to this number were sent on the current connection.
     sent_upto: u64,
     entries: VecDeque<Entry>,
-    /// Bytes of job output in `entries`.
+    /// Bytes of job output in `entries`, in all and per job.
     bytes: usize,
+    bytes_of: BTreeMap<JobId, usize>,
     /// Per job: number of its next log line.
     next_seq: BTreeMap<JobId, u64>,
 }
@@ -57,7 +59,20 @@ fn cost(lines: &[LogChunk]) -> usize {
 impl Outbox {
     /// An outbox that keeps at most `limit` bytes of job output.
     pub fn new(limit: usize) -> Outbox {
-        Outbox { limit, next_n: 1, sent_upto: 0, entries: VecDeque::new(), bytes: 0, next_seq: BTreeMap::new() }
+        Outbox {
+            limit,
+            next_n: 1,
+            sent_upto: 0,
+            entries: VecDeque::new(),
+            bytes: 0,
+            bytes_of: BTreeMap::new(),
+            next_seq: BTreeMap::new(),
+        }
+    }
+
+    /// How many lines of a job have been numbered.
+    pub fn lines_of(&self, job_id: JobId) -> u64 {
+        self.next_seq.get(&job_id).map_or(0, |n| n - 1)
     }
 
     /// Add a start or a result. Returns its number.
@@ -78,7 +93,7 @@ impl Outbox {
         let next = self.next_seq.entry(job_id).or_insert(1);
         let first_seq = *next;
         *next += lines.len() as u64;
-        self.bytes += cost(&lines);
+        self.count(job_id, cost(&lines) as isize);
         self.add(Body::Event(JobEvent::Log { job_id, first_seq, lines }));
         self.shed();
     }
@@ -90,29 +105,41 @@ impl Outbox {
         n
     }
 
-    /// Drop the oldest job output until under the limit; the newest batch always stays.
+    fn count(&mut self, job_id: JobId, delta: isize) {
+        self.bytes = self.bytes.saturating_add_signed(delta);
+        let b = self.bytes_of.entry(job_id).or_default();
+        *b = b.saturating_add_signed(delta);
+        if *b == 0 {
+            self.bytes_of.remove(&job_id);
+        }
+    }
+
+    /// While over the limit, drop the oldest lines of the job holding the most output.
     fn shed(&mut self) {
         while self.bytes > self.limit {
-            let newest = self.entries.len().saturating_sub(1);
-            let Some(i) =
-                self.entries.iter().take(newest).position(|e| matches!(e.body, Body::Event(JobEvent::Log { .. })))
+            let Some((&job, _)) = self.bytes_of.iter().max_by_key(|(_, b)| **b) else { break };
+            let Some(i) = self
+                .entries
+                .iter()
+                .position(|e| matches!(&e.body, Body::Event(JobEvent::Log { job_id, .. }) if *job_id == job))
             else {
                 break;
             };
-            let Body::Event(JobEvent::Log { job_id, first_seq, lines }) = std::mem::replace(
-                &mut self.entries[i].body,
-                Body::Event(JobEvent::Started { job_id: 0, pid: 0, started_at_us: 0 }),
-            ) else {
+            let placeholder = Body::Event(JobEvent::Started { job_id: 0, pid: 0, started_at_us: 0 });
+            let Body::Event(JobEvent::Log { job_id, first_seq, lines }) =
+                std::mem::replace(&mut self.entries[i].body, placeholder)
+            else {
                 unreachable!("position() matched a log entry")
             };
-            self.bytes -= cost(&lines);
+            self.count(job_id, -(cost(&lines) as isize));
             let last_seq = first_seq + lines.len() as u64 - 1;
             let text_bytes: u64 = lines.iter().map(|l| l.text.len() as u64 + 1).sum();
             let first_ts_us = lines.first().map_or(0, |l| l.ts_us);
             // Extend this job's notice right before it, if it has not been sent yet.
+            let sent_upto = self.sent_upto;
             let merged = self.entries.iter_mut().take(i).rev().find_map(|e| match &mut e.body {
                 Body::Dropped { job_id: j, last_seq: l, bytes, .. }
-                    if *j == job_id && *l + 1 == first_seq && e.n > self.sent_upto =>
+                    if *j == job_id && *l + 1 == first_seq && e.n > sent_upto =>
                 {
                     *l = last_seq;
                     *bytes += text_bytes;
@@ -151,7 +178,7 @@ impl Outbox {
         while self.entries.front().is_some_and(|e| e.n <= upto) {
             let Some(e) = self.entries.pop_front() else { break };
             match e.body {
-                Body::Event(JobEvent::Log { lines, .. }) => self.bytes -= cost(&lines),
+                Body::Event(JobEvent::Log { job_id, lines, .. }) => self.count(job_id, -(cost(&lines) as isize)),
                 Body::Event(JobEvent::Finished(f)) => done.push(f.job_id),
                 _ => {}
             }
@@ -209,6 +236,7 @@ mod tests {
             outcome: Outcome::Exited { code: 0 },
             finished_at_us: 2,
             started_at_us: Some(1),
+            lines: None,
             telemetry: None,
             gpu_health: Default::default(),
         })
@@ -261,6 +289,27 @@ mod tests {
         }
         assert_eq!(expect, 10_001);
         assert!(matches!(sent.last().unwrap().1, JobEvent::Finished(_)), "the result is never dropped");
+    }
+
+    #[test]
+    fn a_flooding_job_loses_its_own_lines_not_its_neighbours() {
+        let mut o = Outbox::new(100_000);
+        o.push_lines(2, vec![line("quiet 1")]);
+        for i in 0..10_000 {
+            o.push_lines(1, vec![line(&format!("flood {i:0>50}"))]);
+        }
+        o.push_lines(2, vec![line("quiet 2")]);
+        let quiet: Vec<String> = o
+            .to_send()
+            .into_iter()
+            .filter_map(|(_, e)| match e {
+                JobEvent::Log { job_id: 2, lines, .. } => Some(lines.into_iter().map(|l| l.text)),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(quiet, ["quiet 1", "quiet 2"]);
+        assert!(o.bytes() <= 100_000);
     }
 
     #[test]

@@ -127,6 +127,10 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
                         ask(&st, cmd, answer).await
                     }
                     JobEvent::Finished(finished) => {
+                        if let Err(why) = note_lost_lines(&st, &agent_id, &mut logs, &finished).await {
+                            tracing::warn!(agent = %agent_id, event = n, why, "closing the connection; the agent sends it again");
+                            break;
+                        }
                         let (reply, answer) = oneshot::channel();
                         ask(&st, Command::AgentFinished { agent_id: agent_id.clone(), conn, finished, reply }, answer)
                             .await
@@ -210,6 +214,52 @@ async fn store_lines(
             Err(format!("storing log lines of job {job_id}: {e}"))
         }
     }
+}
+
+/// A result says how many lines the job printed; any the log does not have by now died with
+/// the agent before it could send them (it journals results, not output). The log says so,
+/// where they would have been, instead of ending short in silence.
+async fn note_lost_lines(
+    st: &AppState,
+    agent_id: &str,
+    logs: &mut HashMap<JobId, Option<JobLog>>,
+    f: &gpuci_protocol::agent::JobFinished,
+) -> Result<(), String> {
+    let Some(printed) = f.lines else { return Ok(()) };
+    let missing_from = match logs.get(&f.job_id) {
+        Some(Some(log)) if log.cut => return Ok(()),
+        Some(Some(log)) => log.last_seq + 1,
+        Some(None) => return Ok(()),
+        None => match st.store.get_job(f.job_id).await.map_err(|e| e.to_string())? {
+            Some(j) if j.agent_id.as_deref() == Some(agent_id) && !j.state.is_terminal() => {
+                let (stored, last_seq) = st.store.log_extent(f.job_id).await.map_err(|e| e.to_string())?;
+                if stored >= st.max_log_bytes {
+                    return Ok(());
+                }
+                last_seq + 1
+            }
+            _ => return Ok(()),
+        },
+    };
+    if missing_from > printed as i64 {
+        return Ok(());
+    }
+    let text = format!(
+        "lines {missing_from}-{printed} of this job's output were lost: its agent stopped (killed or crashed) \
+         before it could send them"
+    );
+    let line = LogChunk { ts_us: f.finished_at_us, stream: Stream::System, text };
+    tracing::warn!(job = f.job_id, lines = printed as i64 - missing_from + 1, "job output lost with its agent");
+    let stored = st.store.append_logs(f.job_id, Some(missing_from), &[line]).await.map_err(|e| e.to_string())?;
+    if let Some(Some(log)) = logs.get_mut(&f.job_id) {
+        log.stored_through(&stored);
+    }
+    if let Ok(Some(j)) = st.store.get_job(f.job_id).await {
+        for l in stored {
+            st.hub.log(f.job_id, j.pipeline_id, l);
+        }
+    }
+    Ok(())
 }
 
 /// A job's log as one connection writes it: how much is stored, against the coordinator's cap.

@@ -142,6 +142,11 @@ pub struct JobFinished {
     /// When its process started, if it did: a result also records the start it followed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at_us: Option<i64>,
+    /// How many log lines the agent numbered for the job. Lines the coordinator does not have
+    /// by the time it gets the result were lost with the agent (it died before sending them),
+    /// and the log says so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lines: Option<u64>,
     #[serde(default)]
     pub telemetry: Option<JobTelemetry>,
     /// Post-job GPU check per leased GPU.

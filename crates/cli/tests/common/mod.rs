@@ -211,6 +211,18 @@ impl Api {
         out
     }
 
+    /// gpuci's own lines in a job's log (stream `system`).
+    pub fn log_system(&self, id: i64) -> Vec<String> {
+        let r =
+            self.http.get(format!("{}/api/v1/jobs/{id}/logs", self.url)).bearer_auth(&self.token).send().expect("logs");
+        let body = r.text().expect("body");
+        body.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["type"] == "line" && v["stream"] == "system")
+            .map(|v| v["text"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
     /// Wait until `pred` holds for the job, or panic with its last state.
     pub fn wait_job(&self, id: i64, what: &str, limit: Duration, pred: impl Fn(&JobSummary) -> bool) -> JobSummary {
         let t0 = Instant::now();

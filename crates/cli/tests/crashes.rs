@@ -1,0 +1,143 @@
+//! Exactly once under crashes, one defect at a time (issue #10): an agent killed just after
+//! its jobs started, the coordinator killed while results and output are on their way, an
+//! agent frozen past `lost_after`. Real processes, SIGKILL, a ledger outside gpuci.
+//! (`chaos.rs` does the same at random, at scale; `protocol_model.rs` checks the protocol's
+//! interleavings.)
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+
+use common::*;
+use gpuci_core::job::JobState;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(60);
+
+/// A directory every uid may write (jobs run as unprivileged uids), under a 0711 temp dir.
+fn shared(dir: &tempfile::TempDir, name: &str) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let p = dir.path().join(name);
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    p
+}
+
+/// How often each job id appears in the ledger.
+fn starts(ledger: &std::path::Path) -> BTreeMap<i64, u32> {
+    let mut n = BTreeMap::new();
+    for l in std::fs::read_to_string(ledger).unwrap_or_default().lines() {
+        if let Ok(id) = l.trim().parse::<i64>() {
+            *n.entry(id).or_default() += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn an_agent_killed_just_after_its_jobs_started_runs_none_of_them_again() {
+    let dir = tempdir();
+    let ledger = shared(&dir, "ledger").join("started");
+    // Every job (each its own uid) appends to it.
+    std::fs::write(&ledger, "").unwrap();
+    std::fs::set_permissions(&ledger, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let args = ["--slots", "16", "--isolation", isolation(), "--allow-unsandboxed"];
+    let mut agent = Agent::start(&server, &dir.path().join("agent"), "a1", &args);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let mut yaml = String::from("steps:\n");
+    for i in 0..16 {
+        yaml.push_str(&format!(
+            "  - key: s{i}\n    sandbox: none\n    command: \"echo $GPUCI_JOB_ID >> {}; sleep 1\"\n",
+            ledger.display()
+        ));
+    }
+    let p = api.submit(&yaml);
+    // Killed when half have started: some of their starts have not reached the coordinator.
+    wait_until("8 jobs to start", T, || starts(&ledger).len() >= 8);
+    agent.kill9();
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &args);
+    let done = api.wait_pipeline(p.id, Duration::from_secs(120));
+    let ran = starts(&ledger);
+    for (id, n) in &ran {
+        assert_eq!(*n, 1, "job {id} started {n} times: {:#?}", done.jobs);
+    }
+    assert_eq!(done.jobs.len(), 16, "no retry was asked for: {:#?}", done.jobs);
+    for j in &done.jobs {
+        assert!(j.state.is_terminal(), "{j:#?}");
+        if ran.contains_key(&j.id) {
+            assert!(j.started_at_ms.is_some(), "job {} ran and has no start time: {j:#?}", j.id);
+        }
+        match j.state {
+            JobState::Succeeded => assert!(ran.contains_key(&j.id)),
+            JobState::Lost => assert!(j.reason.contains("agent stopped"), "{}", j.reason),
+            _ => panic!("{j:#?}"),
+        }
+    }
+    wait_until("no job holds a slot", T, || api.agents()[0].running.is_empty());
+}
+
+#[test]
+fn the_coordinator_killed_while_results_and_output_are_on_their_way_loses_neither() {
+    let dir = tempdir();
+    let mut server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--slots", "9", "--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    // One job floods its log while eight short ones print numbered lines and end.
+    let mut yaml = String::from(
+        "steps:\n  - key: flood\n    command: \"head -c 20000000 /dev/zero | tr '\\\\0' x | fold -w 1000\"\n",
+    );
+    for i in 0..8 {
+        yaml.push_str(&format!("  - key: s{i}\n    command: \"seq 1 3000 | sed 's/^/line /'\"\n"));
+    }
+    let p = api.submit(&yaml);
+    wait_until("the flood to be under way", T, || {
+        api.pipeline(p.id).jobs.iter().filter(|j| j.state == JobState::Running).count() >= 2
+    });
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300));
+        server.restart_hard();
+    }
+    let api = server.api();
+    let done = api.wait_pipeline(p.id, Duration::from_secs(180));
+    for j in &done.jobs {
+        assert_eq!(j.state, JobState::Succeeded, "{j:#?}");
+        assert!(j.started_at_ms.is_some(), "{j:#?}");
+    }
+    let want: Vec<String> = (1..=3000).map(|i| format!("line {i}")).collect();
+    for j in done.jobs.iter().filter(|j| j.step_key.starts_with('s')) {
+        let log = api.log_text(j.id);
+        let got: Vec<&str> = log.lines().filter(|l| l.starts_with("line ")).collect();
+        let first_wrong = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert!(
+            got.len() == want.len() && first_wrong.is_none(),
+            "job {}: {} of {} lines, first out of place at {first_wrong:?}; its gpuci lines: {:?}",
+            j.id,
+            got.len(),
+            want.len(),
+            api.log_system(j.id)
+        );
+    }
+    wait_until("no job holds a slot", T, || api.agents()[0].running.is_empty());
+}
+
+#[test]
+fn a_frozen_agent_is_lost_after_lost_after_not_twice_that() {
+    let (_dir, _server, agent, api) = one_agent("3s", "frozen", &["--isolation", isolation()]);
+    let p = api.submit("steps:\n  - key: a\n    command: sleep 3007771\n");
+    let id = p.jobs[0].id;
+    api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+    let pid = nix::unistd::Pid::from_raw(agent.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let j = api.wait_job(id, "lost", T, |j| j.state.is_terminal());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    assert_eq!(j.state, JobState::Lost, "{j:#?}");
+    // "… stopped sending heartbeats (last seen Ns ago)": N is lost_after (3s), give or take
+    // the 1s reaper tick; before the fix it was twice lost_after.
+    let secs: u64 = j.reason.split("last seen ").nth(1).and_then(|r| r.split('s').next()?.parse().ok()).unwrap();
+    assert!(secs < 6, "declared lost {secs}s after the last heartbeat, lost_after is 3s: {}", j.reason);
+    wait_until("the agent to kill the job it was told about", T, || processes_with("3007771").is_empty());
+}
