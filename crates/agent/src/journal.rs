@@ -162,15 +162,38 @@ impl Journal {
         Ok(())
     }
 
-    /// Start the file again, empty (nothing is held): keeps it from growing forever.
-    pub fn truncate_if_over(&mut self, bytes: u64) -> std::io::Result<()> {
-        if self.file.metadata()?.len() > bytes {
-            self.file.set_len(0)?;
-            self.file.sync_all()?;
-            tracing::debug!(path = %self.path.display(), "journal emptied");
+    /// Past `bytes`, rewrite the file with only the records of jobs not `done` (as at start),
+    /// so a busy agent's journal stays small.
+    pub fn compact_if_over(&mut self, bytes: u64) -> std::io::Result<()> {
+        if self.file.metadata()?.len() <= bytes {
+            return Ok(());
         }
+        let (fresh, _) = Journal::open(&self.path, live_records)?;
+        *self = fresh;
         Ok(())
     }
+}
+
+/// The records of jobs not yet `done`, in their order.
+pub fn live_records(records: &[Record]) -> Vec<Record> {
+    let done: std::collections::BTreeSet<JobId> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Done { job_id } => Some(*job_id),
+            _ => None,
+        })
+        .collect();
+    records
+        .iter()
+        .filter(|r| {
+            let id = match r {
+                Record::Received { job_id, .. } | Record::Started { job_id, .. } | Record::Done { job_id } => *job_id,
+                Record::Finished(f) => f.job_id,
+            };
+            !done.contains(&id)
+        })
+        .cloned()
+        .collect()
 }
 
 fn line_of(r: &Record) -> Vec<u8> {
@@ -260,6 +283,26 @@ mod tests {
         );
         // Rewriting the journal with what is owed recovers the same thing again.
         assert_eq!(recover(&records_for(&owed), 99), owed);
+    }
+
+    #[test]
+    fn compaction_keeps_exactly_the_jobs_not_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        let (mut j, _) = Journal::open(&path, |_| Vec::new()).unwrap();
+        for id in 0..2000 {
+            j.write(&Record::Received { job_id: id, at_us: 1 }, false).unwrap();
+            j.write(&Record::Started { job_id: id, pid: 1, started_at_us: 2 }, false).unwrap();
+            if id != 1500 {
+                j.write(&Record::Finished(fin(id, 0)), false).unwrap();
+                j.write(&Record::Done { job_id: id }, false).unwrap();
+            }
+            j.compact_if_over(16 << 10).unwrap();
+            assert!(std::fs::metadata(&path).unwrap().len() < 20 << 10);
+        }
+        let (_, left) = Journal::open(&path, |r| r.to_vec()).unwrap();
+        let owed = recover(&left, 9);
+        assert_eq!(owed.keys().copied().collect::<Vec<_>>(), [1500], "only the job still running is owed");
     }
 
     #[test]

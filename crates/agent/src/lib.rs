@@ -138,8 +138,8 @@ const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
 /// older lines are dropped first, and the log says how many.
 const OUTBOX_LIMIT: usize = 16 * 1024 * 1024;
 
-/// The journal is started again when nothing is held and it is over this size.
-const JOURNAL_COMPACT_BYTES: u64 = 1 << 20;
+/// Past this size the journal is rewritten with only the jobs still held.
+const JOURNAL_COMPACT_BYTES: u64 = 4 << 20;
 
 /// Run the agent until `shutdown`. Running jobs are cancelled on shutdown and their results
 /// reported if the coordinator is reachable.
@@ -437,10 +437,8 @@ impl Agent {
             self.holds.remove(&job_id);
             self.journal_write(&Record::Done { job_id }, false);
         }
-        if self.holds.is_empty() {
-            if let Err(e) = self.journal.truncate_if_over(JOURNAL_COMPACT_BYTES) {
-                tracing::warn!(error = %e, "could not empty the journal");
-            }
+        if let Err(e) = self.journal.compact_if_over(JOURNAL_COMPACT_BYTES) {
+            tracing::warn!(error = %e, "could not compact the journal");
         }
     }
 
