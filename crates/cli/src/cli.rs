@@ -250,6 +250,12 @@ pub struct ServerArgs {
     /// --max-log-bytes, 100MiB by default; this leaves room for gpuci's own lines).
     #[arg(long, env = "GPUCI_SERVER_MAX_LOG_BYTES", default_value = "101MiB", value_parser = parse_bytes)]
     pub max_log_bytes: u64,
+    /// Start over with a new, empty database although the data dir was used before and its
+    /// `gpuci.db` is missing or empty (refused without this flag: restore it from a backup
+    /// instead). Registered agents must register again. A database that holds data is never
+    /// replaced; use it once, not in a service file.
+    #[arg(long)]
+    pub new_database: bool,
 }
 
 #[derive(Args, Debug)]
@@ -424,6 +430,11 @@ pub struct DoctorArgs {
     /// Check a simulated inventory instead of the real one.
     #[arg(long)]
     pub simulate_gpus: Option<String>,
+    /// The Actions runner install that GitHub runner pools use on this host (their
+    /// `install_dir`): checked to be there and usable by the unprivileged uids jobs run as.
+    /// Default: /opt/actions-runner when it exists.
+    #[arg(long, env = "GPUCI_RUNNER_INSTALL_DIR")]
+    pub runner_dir: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }

@@ -12,7 +12,7 @@ mod common;
 
 use common::*;
 use gpuci_core::job::JobState;
-use gpuci_github_testserver::{install_fake_runner, Options, TestGitHub};
+use gpuci_github_testserver::{install_fake_runner, install_runner_that_exits, Fault, FaultKind, Options, TestGitHub};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -24,6 +24,18 @@ const SECRET: &str = "webhook-secret-for-tests";
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../github/tests/fixtures").join(name)
+}
+
+/// What is installed at the pool's `install_dir`.
+#[derive(Clone, Copy)]
+enum Runner {
+    /// The stand-in that takes one job, runs it and exits.
+    TakesAJob,
+    /// A `run.sh` that prints this on stderr and exits 0 without asking for a job, as the real
+    /// runner does when it will not run as root.
+    ExitsAtOnce(&'static str),
+    /// Nothing: `install_dir` does not exist on the agent's host.
+    NotInstalled,
 }
 
 /// A coordinator configured for the test GitHub, one agent with 2 simulated H100s, the
@@ -50,6 +62,20 @@ impl Setup {
         token: Option<&str>,
         before_server: impl FnOnce(&tokio::runtime::Runtime, &TestGitHub),
     ) -> Setup {
+        Setup::build(pool, reconcile, token, Runner::TakesAJob, before_server)
+    }
+
+    fn with_runner(pool: &str, runner: Runner) -> Setup {
+        Setup::build(pool, "1h", None, runner, |_, _| {})
+    }
+
+    fn build(
+        pool: &str,
+        reconcile: &str,
+        token: Option<&str>,
+        runner: Runner,
+        before_server: impl FnOnce(&tokio::runtime::Runtime, &TestGitHub),
+    ) -> Setup {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let gh = rt.block_on(TestGitHub::start(Options {
             webhook_secret: SECRET.into(),
@@ -65,7 +91,11 @@ impl Setup {
         // users may pass through, as a real install_dir is (/opt/actions-runner).
         std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
         let runner_dir = dir.path().join("actions-runner");
-        install_fake_runner(&runner_dir).unwrap();
+        match runner {
+            Runner::TakesAJob => install_fake_runner(&runner_dir).unwrap(),
+            Runner::ExitsAtOnce(message) => install_runner_that_exits(&runner_dir, 0, message).unwrap(),
+            Runner::NotInstalled => {}
+        }
         let secret_file = dir.path().join("webhook-secret");
         std::fs::write(&secret_file, SECRET).unwrap();
         let auth = match token {
@@ -584,4 +614,190 @@ fn cache_poisoning_a_fork_pull_request_cannot_plant_files_for_later_pushes() {
     assert!(log.contains("from-main"), "main's own cache is still there:\n{log}");
     assert!(log.contains("no-planted-script"), "{log}");
     s.assert_spec_clean();
+}
+
+/// The record of GitHub workflow job `id`, once gpuci has one.
+fn record(s: &Setup, id: u64) -> Option<Value> {
+    s.github_jobs().into_iter().find(|r| r["id"] == json!(id))
+}
+
+fn reason_of(s: &Setup, id: u64) -> String {
+    record(s, id).and_then(|r| r["reason"].as_str().map(str::to_string)).unwrap_or_default()
+}
+
+/// Issue 10, item 4: GitHub revoked the installation token gpuci had cached. The call that
+/// got 401 was never retried with a new token, the queued job whose fork check failed was
+/// dropped, and every call failed until the cache thought the token expired (up to an hour).
+#[test]
+fn regression_issue_10_a_revoked_installation_token_is_replaced_and_the_next_job_runs() {
+    let s = Setup::new("", "1h", |_, _| {});
+    let first = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo first", true));
+    wait_gh_job(&s, first.job_id, "the first job to succeed", |j| j.conclusion.as_deref() == Some("success"));
+    let issued = s.gh.tokens_issued();
+
+    s.gh.revoke_installation_tokens();
+    let second = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo second", true));
+    wait_gh_job(&s, second.job_id, "the job after the revocation to succeed", |j| {
+        j.conclusion.as_deref() == Some("success")
+    });
+    assert!(s.gh.tokens_issued() > issued, "a fresh token was minted");
+    let refused: Vec<_> = s.gh.requests().into_iter().filter(|r| r.status == 401).collect();
+    assert!(!refused.is_empty(), "the revoked token was refused at least once: {:#?}", s.gh.requests());
+    assert_eq!(s.gh.runners().len(), 2, "one runner per job: {:#?}", s.gh.runners());
+    s.assert_spec_clean();
+}
+
+/// Issue 10, item 4: a fork check that fails (GitHub answering 503 for a while) no longer
+/// drops the queued job: its record says what failed, and it runs once GitHub answers.
+#[test]
+fn regression_issue_10_a_failed_fork_check_keeps_the_job_and_it_runs_once_github_answers() {
+    let s = Setup::new("runner_backoff = \"1s\"", "1h", |_, gh| {
+        gh.inject(Fault::new("GET", "/actions/runs", FaultKind::Status(503)));
+    });
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo kept", true));
+    assert_eq!(q.status, 202);
+    wait_until_or(
+        "the record to say the check failed",
+        T,
+        || {
+            let reason = reason_of(&s, q.job_id);
+            reason.contains("could not ask GitHub whether the run comes from a fork") && reason.contains("503")
+        },
+        || format!("{:#?}", s.github_jobs()),
+    );
+    assert_eq!(record(&s, q.job_id).unwrap()["state"], json!("queued"));
+    assert!(s.gh.runners().is_empty(), "no runner before the check passes");
+    assert!(s.jobs().is_empty(), "no runner job before the check passes: {:#?}", s.jobs());
+
+    s.gh.clear_faults();
+    wait_gh_job(&s, q.job_id, "the kept job to succeed", |j| j.conclusion.as_deref() == Some("success"));
+    let runners = s.gh.runners();
+    assert_eq!(runners.len(), 1, "{runners:#?}");
+    assert_eq!(runners[0].jobs_taken, 1, "the job ran once");
+    s.assert_spec_clean();
+}
+
+/// Issue 10, item 4: server errors and a secondary rate limit on the way are retried (the
+/// rate limit after GitHub's `retry-after`), the job runs once, and GitHub's rate-limit
+/// figures show on `GET /api/v1/github/jobs`.
+#[test]
+fn server_errors_and_a_secondary_rate_limit_are_retried_and_the_job_runs_once() {
+    let s = Setup::new("", "1h", |_, gh| {
+        // The fork check (reconciliation lists runs too, without `head_sha`).
+        gh.inject(Fault::new("GET", "/actions/runs?head_sha=", FaultKind::Status(502)).times(2));
+        let limited = FaultKind::SecondaryRateLimit { retry_after: 1 };
+        gh.inject(Fault::new("POST", "/actions/runners/generate-jitconfig", limited).times(1));
+    });
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo retried", true));
+    wait_gh_job(&s, q.job_id, "the job to succeed", |j| j.conclusion.as_deref() == Some("success"));
+    let statuses = |part: &str, query: &str| -> Vec<u16> {
+        let requests = s.gh.requests().into_iter();
+        requests.filter(|r| r.path.ends_with(part) && r.query.starts_with(query)).map(|r| r.status).collect()
+    };
+    let check = statuses("/actions/runs", "head_sha=");
+    assert_eq!(check, vec![502, 502, 200], "the fork check got through on its third try");
+    assert_eq!(statuses("/generate-jitconfig", ""), vec![403, 201], "the registration waited out the rate limit");
+    let runners = s.gh.runners();
+    assert_eq!((runners.len(), runners[0].jobs_taken), (1, 1), "{runners:#?}");
+    assert_eq!(s.jobs().len(), 1, "one runner job: {:#?}", s.jobs());
+
+    let r =
+        s.api.raw().get(format!("{}/api/v1/github/jobs", s.server.url)).bearer_auth(&s.server.token).send().unwrap();
+    let header = |n: &str| r.headers().get(n).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    assert_eq!(header("x-gpuci-github-ratelimit-limit"), "5000");
+    let remaining: u64 = header("x-gpuci-github-ratelimit-remaining").parse().unwrap();
+    assert!(remaining < 5000, "{remaining}");
+    assert!(header("x-gpuci-github-ratelimit-credential").starts_with("installation "), "{:?}", r.headers());
+    s.assert_spec_clean();
+}
+
+const ROOT_REFUSAL: &str = "Must not run interactively with sudo";
+
+/// Issue 10, item 8: a runner whose run.sh exits 0 without taking a job (the real runner
+/// refusing to run as root) was replaced at once, forever: one queued job made 87 JIT
+/// registrations in 10 s. Now the next runner waits longer after each such exit, and from
+/// the third the record says so, with the runner's last stderr line.
+#[test]
+fn regression_issue_10_a_runner_that_exits_without_a_job_is_retried_with_backoff_and_the_reason_says_so() {
+    let s = Setup::with_runner("runner_backoff = \"2s\"\nforks = \"allow\"", Runner::ExitsAtOnce(ROOT_REFUSAL));
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo never", true));
+    let expected = format!("runner exited 3 times without taking a job: exit 0, '{ROOT_REFUSAL}'");
+    wait_until_or(
+        "the record to name the exits",
+        T,
+        || reason_of(&s, q.job_id).contains(&expected),
+        || format!("{:#?}\nregistrations: {}", s.github_jobs(), s.gh.runners().len()),
+    );
+    // After the third exit the next runner is at least 6 s away: three registrations, a
+    // fourth at most if this test was slow to look.
+    let runners = s.gh.runners();
+    assert!((3..=4).contains(&runners.len()), "registrations stayed bounded: {runners:#?}");
+    assert!(runners.iter().filter(|r| r.deleted).count() >= 3, "each runner that exited was removed: {runners:#?}");
+    assert!(runners.iter().all(|r| r.jobs_taken == 0));
+    assert_eq!(s.gh.job(q.job_id).unwrap().status, "queued", "the workflow job is still GitHub's to give");
+    let record = record(&s, q.job_id).unwrap();
+    assert_eq!(record["state"], json!("queued"));
+    // The runner jobs themselves ended as the runner did.
+    let ended = s.jobs().into_iter().filter(|j| j.state == JobState::Succeeded).count();
+    assert!(ended >= 3, "{:#?}", s.jobs());
+    s.assert_spec_clean();
+}
+
+/// Issue 10, item 8, the other way to get there: no runner installed at `install_dir`.
+#[test]
+fn regression_issue_10_a_runner_that_is_not_installed_is_retried_with_backoff() {
+    let s = Setup::with_runner("runner_backoff = \"2s\"\nforks = \"allow\"", Runner::NotInstalled);
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "echo never", true));
+    wait_until_or(
+        "the record to name the exits",
+        T,
+        || reason_of(&s, q.job_id).contains("runner exited 3 times without taking a job"),
+        || format!("{:#?}\n{:#?}\nregistrations: {}", s.github_jobs(), s.jobs(), s.gh.runners().len()),
+    );
+    let runners = s.gh.runners();
+    assert!(runners.len() <= 4, "registrations stayed bounded: {runners:#?}");
+    eprintln!("reason: {}", reason_of(&s, q.job_id));
+    s.assert_spec_clean();
+}
+
+/// `gpuci doctor` on an agent host checks the Actions runner install for the unprivileged uid
+/// jobs run as: a runner unpacked under a private directory cannot start, and says so.
+#[test]
+fn doctor_checks_that_the_job_user_can_run_the_runner_install() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempdir();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let good = dir.path().join("actions-runner");
+    install_fake_runner(&good).unwrap();
+    let private = dir.path().join("home");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    install_fake_runner(&private.join("actions-runner")).unwrap();
+
+    let runner_checks = |path: &std::path::Path| -> Vec<(String, String, String)> {
+        let out = std::process::Command::new(BIN)
+            .args(["doctor", "--json", "--simulate-gpus", "1xH100-80GB", "--runner-dir"])
+            .arg(path)
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("doctor --json: {e}\n{}", String::from_utf8_lossy(&out.stderr)));
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["name"].as_str().is_some_and(|n| n.starts_with("runner.")))
+            .map(|c| {
+                (c["name"].as_str().unwrap().into(), c["status"].as_str().unwrap().into(), c["detail"].to_string())
+            })
+            .collect()
+    };
+    let ok = runner_checks(&good);
+    assert_eq!(ok.iter().map(|c| c.1.as_str()).collect::<Vec<_>>(), vec!["pass", "pass"], "{ok:#?}");
+    let closed = runner_checks(&private.join("actions-runner"));
+    let job_user = closed.iter().find(|c| c.0 == "runner.job_user").unwrap();
+    assert_eq!(job_user.1, "fail", "{closed:#?}");
+    assert!(job_user.2.contains("not searchable by other users"), "{closed:#?}");
+    let missing = runner_checks(&dir.path().join("nowhere"));
+    assert_eq!(missing[0].1, "fail", "{missing:#?}");
 }

@@ -187,7 +187,8 @@ impl From<BrainError> for ApiError {
             BrainError::AlreadyFinished { .. } | BrainError::NotQuarantined(_) => StatusCode::CONFLICT,
             BrainError::AgentRefused(_) => StatusCode::BAD_REQUEST,
             BrainError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            BrainError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            // Commands change state: what failed is storing the change.
+            BrainError::Store(e) => return ApiError::store(e, "could not store this"),
         };
         if status.is_server_error() {
             tracing::error!(error = %e, "request failed");
@@ -198,8 +199,26 @@ impl From<BrainError> for ApiError {
 
 impl From<gpuci_store::StoreError> for ApiError {
     fn from(e: gpuci_store::StoreError) -> Self {
-        tracing::error!(error = %e, "store error");
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+        ApiError::store(&e, "could not use its database")
+    }
+}
+
+impl ApiError {
+    /// A store error: 503 with the database's reason when the database cannot do it now (a
+    /// full disk, an I/O error, a lost connection): nothing was stored and the same request
+    /// may succeed later; anything else is a 500. `doing`: what the coordinator could not
+    /// do, after "the coordinator".
+    pub fn store(e: &gpuci_store::StoreError, doing: &str) -> Self {
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "request refused: the database cannot take it now");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the coordinator {doing}: {}; try again later", e.reason()),
+            )
+        } else {
+            tracing::error!(error = %e, "request failed");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the coordinator {doing}: {e}"))
+        }
     }
 }
 
@@ -257,7 +276,7 @@ async fn pipeline_summary(st: &AppState, id: PipelineId) -> ApiResult<PipelineSu
         (status = 400, description = "the body is not a `SubmitPipeline` in JSON", body = ErrorBody),
         (status = 413, description = "the body is too large", body = ErrorBody),
         (status = 422, description = "the pipeline is invalid, or its `workspace_upload` is not stored", body = ErrorBody),
-        (status = 503, description = "the server is shutting down", body = ErrorBody)))]
+        (status = 503, description = "the server is shutting down, or its database cannot store this now (a full disk); try again later", body = ErrorBody)))]
 pub async fn submit_pipeline(
     State(st): State<AppState>,
     ApiJson(req): ApiJson<SubmitPipeline>,
@@ -406,7 +425,7 @@ pub async fn get_job(State(st): State<AppState>, ApiPath(id): ApiPath<JobId>) ->
         (status = 400, description = "the id is not an integer, or the body is not a `CancelRequest` in JSON", body = ErrorBody),
         (status = 404, description = "no such job", body = ErrorBody),
         (status = 409, description = "already finished", body = ErrorBody),
-        (status = 503, description = "the server is shutting down", body = ErrorBody)))]
+        (status = 503, description = "the server is shutting down, or its database cannot store this now (a full disk); try again later", body = ErrorBody)))]
 pub async fn cancel_job(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<JobId>,
@@ -617,7 +636,7 @@ pub async fn list_agents(State(st): State<AppState>) -> ApiResult<Json<Vec<Agent
     responses((status = 204, description = "released"),
         (status = 400, description = "the path is not valid UTF-8", body = ErrorBody),
         (status = 409, description = "not quarantined (or not known)", body = ErrorBody),
-        (status = 503, description = "the server is shutting down", body = ErrorBody)))]
+        (status = 503, description = "the server is shutting down, or its database cannot store this now (a full disk); try again later", body = ErrorBody)))]
 pub async fn release_gpu(State(st): State<AppState>, ApiPath(uuid): ApiPath<String>) -> ApiResult<StatusCode> {
     ask(&st, |reply| Command::ReleaseGpu { uuid, reply }).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -629,7 +648,8 @@ pub async fn release_gpu(State(st): State<AppState>, ApiPath(uuid): ApiPath<Stri
         (status = 400, description = "the body is not a `RegisterRequest` in JSON", body = ErrorBody),
         (status = 401, description = "missing or invalid registration token", body = ErrorBody),
         (status = 413, description = "the body is too large", body = ErrorBody),
-        (status = 422, description = "an invalid agent name", body = ErrorBody)))]
+        (status = 422, description = "an invalid agent name", body = ErrorBody),
+        (status = 503, description = "the database cannot store this now (a full disk); try again later", body = ErrorBody)))]
 pub async fn register_agent(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -656,7 +676,8 @@ pub async fn register_agent(
             reason: "registered, not yet connected".into(),
             hello_json: None,
         })
-        .await?;
+        .await
+        .map_err(|e| ApiError::store(&e, "could not store this"))?;
     tracing::info!(agent = %id, name, "agent registered");
     Ok((StatusCode::CREATED, Json(RegisterResponse { agent_id: id, credential: credential.expose().to_string() })))
 }

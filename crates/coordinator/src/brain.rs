@@ -539,10 +539,14 @@ impl Brain {
             }
             _ => {
                 let agent = job.agent_id.clone().unwrap_or_default();
-                if self.send(&agent, CoordinatorMessage::Cancel { job_id: id, reason: reason.clone() }) {
+                let connected = self.agents.get(&agent).is_some_and(|a| a.conn.is_some());
+                if connected {
+                    // Stored first: a cancel the caller is told failed (503) is not sent.
+                    self.store.set_reason(id, &format!("cancelling: {reason}")).await?;
+                }
+                if connected && self.send(&agent, CoordinatorMessage::Cancel { job_id: id, reason: reason.clone() }) {
                     // The agent kills the process tree and reports; the job ends then.
                     self.cancelling.insert(id, reason.clone());
-                    self.store.set_reason(id, &format!("cancelling: {reason}")).await?;
                     let mut j = job.clone();
                     j.reason = format!("cancelling: {reason}");
                     self.publish(&j);
@@ -567,7 +571,6 @@ impl Brain {
         quarantine: Vec<Quarantine>,
     ) -> Result<JobRecord, BrainError> {
         let now = now_ms();
-        self.ready_since.remove(&job.id);
         // A job that never left the queue (queue timeout) did not fail; retrying it would
         // only wait again.
         let retry = job.state != JobState::Queued && should_retry(&job.step, state, job.attempt);
@@ -576,23 +579,37 @@ impl Brain {
         } else {
             reason
         };
-        let rec = self
-            .store
-            .update_job(
-                job.id,
-                &[JobState::Queued, JobState::Assigned, JobState::Running],
-                JobChange {
-                    state: Some(state),
-                    reason: Some(reason),
-                    finished_at_ms: Some(now),
-                    exit_code,
-                    telemetry,
-                    release_leases: true,
-                    quarantine: quarantine.clone(),
-                    ..Default::default()
-                },
-            )
-            .await?;
+        let expect = [JobState::Queued, JobState::Assigned, JobState::Running];
+        let change = JobChange {
+            state: Some(state),
+            reason: Some(reason),
+            finished_at_ms: Some(now),
+            exit_code,
+            telemetry,
+            release_leases: true,
+            quarantine: quarantine.clone(),
+            ..Default::default()
+        };
+        // The end and its retry are one commit: were the retry a second write, a failure
+        // between the two would leave a job ended without the retry its policy promised.
+        // Nothing below (memory, watchers, the log) changes until it is stored.
+        let (rec, next) = if retry {
+            let next = NewJob {
+                pipeline_id: job.pipeline_id,
+                step: job.step.clone(),
+                env: job.env.clone(),
+                state: JobState::Queued,
+                reason: format!("retry of job {} ({state})", job.id),
+                attempt: job.attempt + 1,
+                retry_of: Some(job.id),
+                created_at_ms: now,
+            };
+            let (rec, next) = self.store.update_job_and_insert(job.id, &expect, change, next).await?;
+            (rec, Some(next))
+        } else {
+            (self.store.update_job(job.id, &expect, change).await?, None)
+        };
+        self.ready_since.remove(&job.id);
         for q in quarantine {
             tracing::warn!(gpu = %q.gpu_uuid, agent = %q.agent_id, reason = %q.reason, "GPU quarantined");
             self.quarantine.insert(q.gpu_uuid.clone(), q);
@@ -600,20 +617,7 @@ impl Brain {
         self.cancelling.remove(&job.id);
         self.publish(&rec);
         tracing::info!(job = rec.id, state = %rec.state, reason = %rec.reason, "job finished");
-        if retry {
-            let next = self
-                .store
-                .insert_job(NewJob {
-                    pipeline_id: job.pipeline_id,
-                    step: job.step.clone(),
-                    env: job.env.clone(),
-                    state: JobState::Queued,
-                    reason: format!("retry of job {} ({state})", job.id),
-                    attempt: job.attempt + 1,
-                    retry_of: Some(job.id),
-                    created_at_ms: now,
-                })
-                .await?;
+        if let Some(next) = next {
             self.publish(&next);
         }
         Ok(rec)
@@ -639,6 +643,18 @@ impl Brain {
         let hello_json = serde_json::to_string(&hello).ok();
         let was_lost = self.agents.get(agent_id).is_some_and(|a| a.link == Link::Lost);
         let name = self.agents.get(agent_id).map_or_else(|| hello.name.clone(), |a| a.name.clone());
+        // Stored first: an agent we could not record as connected is not taken as connected.
+        self.store
+            .update_agent(
+                agent_id,
+                AgentUpdate {
+                    state: Some("connected".into()),
+                    reason: Some(String::new()),
+                    last_seen_ms: Some(now),
+                    hello_json,
+                },
+            )
+            .await?;
         let entry = AgentState {
             id: agent_id.to_string(),
             name,
@@ -657,17 +673,6 @@ impl Brain {
             reason: String::new(),
         };
         self.agents.insert(agent_id.to_string(), entry);
-        self.store
-            .update_agent(
-                agent_id,
-                AgentUpdate {
-                    state: Some("connected".into()),
-                    reason: Some(String::new()),
-                    last_seen_ms: Some(now),
-                    hello_json,
-                },
-            )
-            .await?;
 
         // Settle what the agent holds against what we recorded (`reconcile`, pure). The
         // welcome, the first message on the connection, names what it holds that we ended.

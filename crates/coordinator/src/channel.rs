@@ -79,8 +79,14 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
         let _ = sink.close().await;
     });
     if !accepted {
-        // The brain queued a Refused message; let the writer deliver it.
-        let _ = tokio::time::timeout(Duration::from_secs(2), writer).await;
+        // Refused (the brain queued why), or the brain could not record the connection (the
+        // database failed): let the writer deliver what it has, then close, so the agent
+        // retries after its backoff instead of waiting for a welcome.
+        let mut writer = writer;
+        if tokio::time::timeout(Duration::from_secs(2), &mut writer).await.is_err() {
+            writer.abort();
+        }
+        let _ = st.brain.send(Command::AgentDisconnected { agent_id, conn }).await;
         return;
     }
 

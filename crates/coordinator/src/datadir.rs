@@ -11,12 +11,26 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+/// The I/O error is part of the message and deliberately not a `source`: a chain printer
+/// (`{:#}`) would print it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum DataDirError {
-    #[error("data dir {path}: {source}")]
-    Dir { path: PathBuf, source: std::io::Error },
-    #[error("{path}: setting mode {mode:o}: {source}")]
-    Mode { path: PathBuf, mode: u32, source: std::io::Error },
+    #[error("data dir {path}: {error}")]
+    Dir { path: PathBuf, error: std::io::Error },
+    #[error("{path}: setting mode {mode:o}: {error}")]
+    Mode { path: PathBuf, mode: u32, error: std::io::Error },
+    #[error(
+        "database {path} is {what}, but this data dir was used before (found {found}); starting would \
+         create a new, empty database: pipelines, jobs, registered agents and secrets would be gone \
+         and agents would be refused{wal}. Restore {path} from a backup, or pass --new-database to \
+         start over with an empty database on purpose"
+    )]
+    DatabaseGone { path: PathBuf, what: &'static str, found: String, wal: String },
+    #[error(
+        "--new-database: {path} already holds a database ({bytes} bytes) and is never replaced; \
+         leave the flag out to use it, or move the file away first"
+    )]
+    DatabaseExists { path: PathBuf, bytes: u64 },
 }
 
 /// Files in the data dir that hold credentials or secret values.
@@ -31,14 +45,14 @@ pub const PRIVATE_DIRS: &[&str] = &["uploads"];
 pub fn prepare(dir: &Path, traversable: bool) -> Result<(), DataDirError> {
     let mode = if traversable { 0o711 } else { 0o700 };
     let set = |p: &Path, mode: u32| {
-        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(|source| DataDirError::Mode {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).map_err(|error| DataDirError::Mode {
             path: p.to_path_buf(),
             mode,
-            source,
+            error,
         })
     };
     if !dir.exists() {
-        std::fs::create_dir_all(dir).map_err(|source| DataDirError::Dir { path: dir.to_path_buf(), source })?;
+        std::fs::create_dir_all(dir).map_err(|error| DataDirError::Dir { path: dir.to_path_buf(), error })?;
         // New: private from the start, no news to report.
         set(dir, mode)?;
     }
@@ -57,7 +71,7 @@ pub fn prepare(dir: &Path, traversable: bool) -> Result<(), DataDirError> {
     for d in PRIVATE_DIRS {
         let p = dir.join(d);
         if !p.exists() {
-            std::fs::create_dir_all(&p).map_err(|source| DataDirError::Dir { path: p.clone(), source })?;
+            std::fs::create_dir_all(&p).map_err(|error| DataDirError::Dir { path: p.clone(), error })?;
             set(&p, 0o700)?;
         }
         restrict(&p)?;
@@ -66,6 +80,60 @@ pub fn prepare(dir: &Path, traversable: bool) -> Result<(), DataDirError> {
         restrict(&dir.join(f))?;
     }
     Ok(())
+}
+
+/// Files a coordinator writes into its data dir only once its database is open (the secrets
+/// key; SQLite's own `-wal` and `-shm`, left by a crash): finding one shows the dir was used
+/// before. The token files are no sign: an operator may write them before the first start.
+const SIGNS_OF_USE: &[&str] = &["secrets.key", "gpuci.db-wal", "gpuci.db-shm"];
+
+/// Refuse to open a SQLite database `db` that is missing or empty (0 bytes) in a data dir
+/// that was used before, unless the operator asked for a new one (`new_database`). SQLite
+/// would quietly make a new, empty database of it (and throw away a `-wal` beside an empty
+/// file): every job and agent gone, and agents retrying forever with a credential nobody
+/// knows. A new database is never made over one that holds data.
+pub fn check_database(dir: &Path, db: &Path, new_database: bool) -> Result<(), DataDirError> {
+    let size = match std::fs::metadata(db) {
+        Ok(m) => Some(m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(error) => return Err(DataDirError::Dir { path: db.to_path_buf(), error }),
+    };
+    match (size, new_database) {
+        (Some(bytes), true) if bytes > 0 => Err(DataDirError::DatabaseExists { path: db.to_path_buf(), bytes }),
+        (Some(bytes), false) if bytes > 0 => Ok(()),
+        (_, true) => {
+            tracing::warn!(path = %db.display(), "starting a new, empty database (--new-database)");
+            Ok(())
+        }
+        (size, false) => {
+            let mut found: Vec<String> =
+                SIGNS_OF_USE.iter().filter(|f| dir.join(f).exists()).map(|f| f.to_string()).collect();
+            let uploads = std::fs::read_dir(dir.join("uploads")).map(|d| d.count()).unwrap_or(0);
+            if uploads > 0 {
+                found.push(format!("{uploads} upload(s)"));
+            }
+            if found.is_empty() {
+                // A new data dir: its database is made now.
+                return Ok(());
+            }
+            let mut wal = db.as_os_str().to_owned();
+            wal.push("-wal");
+            let wal = match std::fs::metadata(&wal) {
+                Ok(m) if m.len() > 0 => format!(
+                    "; {} ({} bytes) lies beside it and may hold the latest changes: keep a copy",
+                    Path::new(&wal).display(),
+                    m.len()
+                ),
+                _ => String::new(),
+            };
+            Err(DataDirError::DatabaseGone {
+                path: db.to_path_buf(),
+                what: if size.is_some() { "empty (0 bytes)" } else { "missing" },
+                found: found.join(", "),
+                wal,
+            })
+        }
+    }
 }
 
 fn mode_of(p: &Path) -> u32 {
@@ -78,7 +146,7 @@ pub fn restrict(path: &Path) -> Result<(), DataDirError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => return Err(DataDirError::Dir { path: path.to_path_buf(), source }),
+        Err(error) => return Err(DataDirError::Dir { path: path.to_path_buf(), error }),
     };
     if meta.file_type().is_symlink() {
         // The mode of a link means nothing; its target is tightened where it lives.
@@ -90,10 +158,10 @@ pub fn restrict(path: &Path) -> Result<(), DataDirError> {
     let was = meta.permissions().mode() & 0o7777;
     let now = was & !0o077;
     if now != was {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(now)).map_err(|source| DataDirError::Mode {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(now)).map_err(|error| DataDirError::Mode {
             path: path.to_path_buf(),
             mode: now,
-            source,
+            error,
         })?;
         tracing::warn!(path = %path.display(), was = %format!("{was:04o}"), now = %format!("{now:04o}"),
             "tightened permissions: this holds credentials and was open to other users");
@@ -183,6 +251,36 @@ mod tests {
         assert_eq!(mode(&dir.join("secrets.key")), 0o600);
         assert!(create_private(&dir.join("secrets.key"), b"other").is_err(), "an existing file is never replaced");
         assert_eq!(std::fs::read(dir.join("secrets.key")).unwrap_or_default(), b"k");
+        let _ = std::fs::remove_dir_all(root);
+    }
+
+    #[test]
+    fn a_used_data_dir_without_its_database_is_refused_unless_a_new_one_is_asked_for() {
+        let root = tempdir();
+        let dir = root.join("data");
+        let db = dir.join("gpuci.db");
+        prepare(&dir, false).unwrap_or_else(|e| panic!("{e}"));
+        // New: nothing shows it was used, so the database is made.
+        check_database(&dir, &db, false).unwrap_or_else(|e| panic!("{e}"));
+        // Tokens an operator wrote before the first start are no sign of an earlier database.
+        std::fs::write(dir.join("registration-token"), "t").unwrap_or_else(|e| panic!("{e}"));
+        check_database(&dir, &db, false).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.join("secrets.key"), "k").unwrap_or_else(|e| panic!("{e}"));
+
+        let missing = check_database(&dir, &db, false).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(missing.contains("is missing") && missing.contains("(found secrets.key)"), "{missing}");
+        assert!(missing.contains("--new-database"), "{missing}");
+
+        std::fs::write(&db, "").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.join("gpuci.db-wal"), "w").unwrap_or_else(|e| panic!("{e}"));
+        let empty = check_database(&dir, &db, false).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(empty.contains("is empty (0 bytes)") && empty.contains("gpuci.db-wal (1 bytes)"), "{empty}");
+
+        check_database(&dir, &db, true).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&db, "data").unwrap_or_else(|e| panic!("{e}"));
+        check_database(&dir, &db, false).unwrap_or_else(|e| panic!("{e}"));
+        let kept = check_database(&dir, &db, true).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(kept.contains("already holds a database (4 bytes)"), "{kept}");
         let _ = std::fs::remove_dir_all(root);
     }
 }

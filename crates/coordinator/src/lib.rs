@@ -77,6 +77,10 @@ pub struct Config {
     /// whatever an agent sends: agents cut a job's log at their own cap; this one is defence in
     /// depth against an agent that does not.
     pub max_log_bytes: u64,
+    /// Start a new, empty SQLite database although the data dir was used before (its
+    /// database file is missing or empty). Without it that is refused
+    /// ([`datadir::check_database`]); with it, a database that holds data is still never replaced.
+    pub new_database: bool,
 }
 
 impl Config {
@@ -119,6 +123,7 @@ impl Config {
             credential_files: Vec::new(),
             agent_inside: false,
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
+            new_database: false,
         }
     }
 }
@@ -232,6 +237,9 @@ async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     datadir::prepare(&config.data_dir, config.agent_inside)?;
     if let Database::Sqlite(db) = &config.database {
+        // Before anything new is written: the tokens made below would hide that this dir
+        // was used before.
+        datadir::check_database(&config.data_dir, db, config.new_database)?;
         // The default lies in the data dir (already done); a database elsewhere gets the same.
         for suffix in ["", "-wal", "-shm"] {
             let mut p = db.clone().into_os_string();
@@ -243,9 +251,17 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let registration_token = auth::load_or_create(&config.data_dir.join("registration-token"), "gpuci_reg")
         .context("registration token file")?;
     let store: Arc<dyn Store> = match &config.database {
-        Database::Sqlite(p) => {
-            Arc::new(SqliteStore::open(p).await.with_context(|| format!("opening database {}", p.display()))?)
-        }
+        Database::Sqlite(p) => match SqliteStore::open(p).await {
+            Ok(s) => Arc::new(s),
+            Err(e) if e.is_damaged() => anyhow::bail!(
+                "opening database {}: {e}: the file is damaged or is not a gpuci database; restore it from a \
+                 backup, or move it (and any {}-wal beside it) away and start with --new-database to begin an \
+                 empty one",
+                p.display(),
+                p.display()
+            ),
+            Err(e) => return Err(e).with_context(|| format!("opening database {}", p.display())),
+        },
         Database::Postgres(url) => Arc::new(
             PostgresStore::connect(url)
                 .await

@@ -8,7 +8,12 @@
 //! API request and every response it sends is checked against GitHub's published description
 //! (`shared/reference/github/github-openapi-gpuci-subset.json`) and the problems are collected in
 //! [`TestGitHub::validation_errors`]. [`install_fake_runner`] writes a runner stand-in that takes
-//! and runs queued jobs through the server.
+//! and runs queued jobs through the server; [`install_runner_that_exits`] one that exits at once.
+//!
+//! GitHub's bad moments on demand: [`TestGitHub::inject`] answers chosen requests with a 5xx, a
+//! secondary rate limit (`retry-after`) or an exhausted rate limit; installation tokens can be
+//! revoked or expired early (401 `Bad credentials`). Every API answer carries GitHub's
+//! `x-ratelimit-*` headers, counted per credential.
 //!
 //! What it must not do: run in production or be reachable beyond loopback (it binds `127.0.0.1` only
 //! and has no real security: tokens are guessable, the runner protocol is unauthenticated); talk to
@@ -34,7 +39,7 @@ use crate::hooks::{lock, Outgoing};
 use crate::state::{now, Job, Pull, Repo, Run, State};
 
 pub use crate::hooks::sign as sign_webhook;
-pub use crate::runner::install_fake_runner;
+pub use crate::runner::{install_fake_runner, install_runner_that_exits};
 
 /// How a [`TestGitHub`] behaves.
 #[derive(Debug, Clone)]
@@ -117,6 +122,52 @@ pub struct Recorded {
     /// The JSON body; `Null` when empty, a string when not JSON.
     pub body: Value,
     pub status: u16,
+    /// When it arrived.
+    pub at: std::time::SystemTime,
+}
+
+/// An answer the server gives instead of the real one, to see how gpuci copes with GitHub
+/// having a bad moment. It is recorded and validated like any answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    /// Only requests with this method (`GET`, `POST`, ...); `None`: any.
+    pub method: Option<String>,
+    /// Only requests whose path, with `?` and the query after it, contains this.
+    pub path_contains: String,
+    pub kind: FaultKind,
+    /// How many requests get it; `None`: every one until [`TestGitHub::clear_faults`].
+    pub times: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FaultKind {
+    /// This status (a 5xx; or 401, as for a token GitHub refuses), with GitHub's error body.
+    Status(u16),
+    /// GitHub's secondary rate limit: 403 with `retry-after` (seconds).
+    SecondaryRateLimit { retry_after: u64 },
+    /// 429 with `retry-after` (seconds).
+    TooManyRequests { retry_after: u64 },
+    /// The primary rate limit used up: 403, `x-ratelimit-remaining: 0`, reset in this many seconds.
+    RateLimitExhausted { reset_in: u64 },
+}
+
+impl Fault {
+    /// `kind` for every `method` request whose path (and `?query`) contains `path_contains`, until
+    /// cleared.
+    pub fn new(method: &str, path_contains: &str, kind: FaultKind) -> Fault {
+        Fault { method: Some(method.to_owned()), path_contains: path_contains.to_owned(), kind, times: None }
+    }
+
+    /// Only for the next `n` matching requests.
+    pub fn times(mut self, n: u32) -> Fault {
+        self.times = Some(n.max(1));
+        self
+    }
+
+    pub(crate) fn matches(&self, method: &str, path_and_query: &str) -> bool {
+        self.method.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(method))
+            && path_and_query.contains(&self.path_contains)
+    }
 }
 
 /// A running test server. Dropping it stops the server and the webhook sender.
@@ -474,6 +525,37 @@ impl TestGitHub {
     /// The PR's current labels.
     pub fn labels(&self, repo: &str, number: u64) -> Vec<String> {
         self.state().repo(repo).and_then(|r| r.pulls.get(&number)).map(|p| p.labels.clone()).unwrap_or_default()
+    }
+
+    /// From now on, requests matching `fault` get its answer instead of the real one.
+    pub fn inject(&self, fault: Fault) {
+        self.state().faults.push(fault);
+    }
+
+    /// Every request gets its real answer again.
+    pub fn clear_faults(&self) {
+        self.state().faults.clear();
+    }
+
+    /// Revokes every installation token issued so far, as GitHub does when an App's permissions
+    /// change or a token is revoked through the API: requests carrying one get 401
+    /// `Bad credentials`. New tokens work.
+    pub fn revoke_installation_tokens(&self) {
+        self.state().tokens.clear();
+    }
+
+    /// Makes every installation token issued so far expire now, whatever `expires_at` said:
+    /// requests carrying one get 401 `Bad credentials`. New tokens work.
+    pub fn expire_installation_tokens(&self) {
+        let past = now() - time::Duration::seconds(1);
+        for t in self.state().tokens.values_mut() {
+            t.expires_at = past;
+        }
+    }
+
+    /// Installation tokens issued so far (`POST .../access_tokens` answered 201).
+    pub fn tokens_issued(&self) -> u64 {
+        self.state().ids.token
     }
 
     /// Every API request answered so far, oldest first.

@@ -159,6 +159,19 @@ pub fn install_fake_runner(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Like [`install_fake_runner`], but its `run.sh` prints `message` on stderr and exits with `code`
+/// without asking for a job, the way the real runner does when it will not run as root (exit 0,
+/// `Must not run interactively with sudo`) or cannot start at all.
+pub fn install_runner_that_exits(dir: &Path, code: u8, message: &str) -> std::io::Result<()> {
+    install_fake_runner(dir)?;
+    let quoted = message.replace('\'', r"'\''");
+    let run_sh = format!(
+        "#!/usr/bin/env bash\n# Stand-in for an Actions runner that exits without taking a job.\n\
+         echo 'Starting the runner'\nprintf '%s\\n' '{quoted}' >&2\nexit {code}\n"
+    );
+    write_executable(&dir.join("run.sh"), &run_sh)
+}
+
 fn write_executable(path: &Path, content: &str) -> std::io::Result<()> {
     std::fs::write(path, content)?;
     #[cfg(unix)]

@@ -197,6 +197,15 @@ pub(crate) struct Token {
     pub expires_at: OffsetDateTime,
 }
 
+/// GitHub's primary rate limit for a credential: requests left in the current hour.
+pub(crate) const RATE_LIMIT: u64 = 5000;
+
+/// Requests one credential made in the current rate-limit window.
+pub(crate) struct RateWindow {
+    pub reset: i64,
+    pub used: u64,
+}
+
 pub(crate) struct Delivery {
     pub event: String,
     pub body: Vec<u8>,
@@ -234,6 +243,10 @@ pub(crate) struct State {
     pub delivery_log: Vec<(String, String, u16)>,
     pub requests: Vec<Recorded>,
     pub validation_errors: Vec<String>,
+    /// Answers to give instead of the real ones ([`crate::Fault`]), in the order injected.
+    pub faults: Vec<crate::Fault>,
+    /// Credential (`installation N`, `token`, `app`) → its rate-limit window.
+    pub rate_windows: HashMap<String, RateWindow>,
 }
 
 impl State {
@@ -265,6 +278,8 @@ impl State {
             delivery_log: Vec::new(),
             requests: Vec::new(),
             validation_errors: Vec::new(),
+            faults: Vec::new(),
+            rate_windows: HashMap::new(),
         }
     }
 

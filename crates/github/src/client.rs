@@ -3,8 +3,20 @@
 //!
 //! Two kinds of credentials: a GitHub App (app JWT → per-installation tokens, found per repository or
 //! organisation and cached) or a personal access token for a single repository.
+//!
+//! Failures that may pass are tried again here, so callers see only those that did not:
+//! - a 401 on an installation token (GitHub revoked it, or it expired before the cache thought) drops
+//!   the cached token and sends the request once more with a fresh one;
+//! - rate limits (429, or 403 with `retry-after` or an exhausted `x-ratelimit-remaining`) wait as long
+//!   as GitHub asks, when that is at most [`RetryPolicy::max_wait`]; a longer wait is the caller's;
+//! - 5xx answers and timeouts are retried with exponential backoff and jitter, but only for requests
+//!   that may safely arrive twice (not a POST that creates something: a runner registered twice, a
+//!   second check run); a connection that was never made is retried for every request.
+//!
+//! The rate-limit figures of every answer (`x-ratelimit-*`) are kept per credential and resource, for
+//! [`Client::rate_limits`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use reqwest::header::HeaderMap;
@@ -32,6 +44,129 @@ const PER_PAGE: u32 = 100;
 const MAX_PAGES: u32 = 10;
 /// GitHub rejects commit status descriptions longer than this (in characters).
 const STATUS_DESCRIPTION_MAX_CHARS: usize = 140;
+/// How long a tarball download may take, start to end (512 MiB over a slow link).
+const TARBALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How the client tries again after an answer that may change: see the module header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Tries per request, the first included; at least 1.
+    pub attempts: u32,
+    /// The pause after the first failure. Each later one doubles, up to `max_backoff`; half of
+    /// each pause is random, so clients that failed together do not come back together.
+    pub base: std::time::Duration,
+    pub max_backoff: std::time::Duration,
+    /// The longest wait GitHub may ask for (`retry-after`, or until `x-ratelimit-reset` when none is
+    /// left) that the client sits out. Asked for longer, it returns the error at once: the caller
+    /// (a single task that others wait behind) keeps the work and tries later.
+    pub max_wait: std::time::Duration,
+    /// The most one request may take, answer included.
+    pub timeout: std::time::Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 4,
+            base: std::time::Duration::from_millis(500),
+            max_backoff: std::time::Duration::from_secs(8),
+            max_wait: std::time::Duration::from_secs(20),
+            timeout: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
+/// The pause before try `failed + 1`, after `failed` tries failed, or `None`: give up now. `asked`
+/// is what GitHub asked for (a `retry-after`, or the time to `x-ratelimit-reset`); `jitter` is a
+/// random number in `[0, 1)`. GitHub's wait is honoured in full (never shortened by jitter).
+pub fn retry_pause(
+    policy: &RetryPolicy,
+    failed: u32,
+    asked: Option<std::time::Duration>,
+    jitter: f64,
+) -> Option<std::time::Duration> {
+    if failed == 0 || failed >= policy.attempts {
+        return None;
+    }
+    let jitter = jitter.clamp(0.0, 1.0);
+    match asked {
+        Some(wait) if wait > policy.max_wait => None,
+        // A little more than asked: GitHub counts whole seconds.
+        Some(wait) => Some(wait + std::time::Duration::from_millis(50).mul_f64(1.0 + jitter)),
+        None => {
+            let doubled = policy.base.saturating_mul(1u32 << (failed - 1).min(16));
+            let pause = doubled.min(policy.max_backoff);
+            Some(pause / 2 + (pause / 2).mul_f64(jitter))
+        }
+    }
+}
+
+/// What GitHub asked the client to wait, from an answer's headers: `retry-after` (seconds), else,
+/// when `x-ratelimit-remaining` is 0, the time until `x-ratelimit-reset` (Unix seconds; at least 1 s,
+/// so a reset in the past, by a skewed clock, still waits a little).
+fn asked_wait(headers: &HeaderMap, now_unix: i64) -> Option<std::time::Duration> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    if let Some(seconds) = header("retry-after").and_then(|v| v.parse::<u64>().ok()) {
+        return Some(std::time::Duration::from_secs(seconds));
+    }
+    if header("x-ratelimit-remaining") == Some("0") {
+        let reset = header("x-ratelimit-reset")?.parse::<i64>().ok()?;
+        return Some(std::time::Duration::from_secs((reset - now_unix).max(1) as u64));
+    }
+    None
+}
+
+/// A random number in `[0, 1)` for jitter. Not for secrets: it spreads retries, nothing more.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Whether a request may arrive twice without harm: reads, deletes and updates, and the two POSTs
+/// that create nothing lasting (a token, a cancel). A POST that registers a runner or creates a check
+/// run is not retried after a 5xx or a timeout: GitHub may have done it.
+fn repeatable(method: &Method, operation: &str) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::PATCH)
+        || operation == "cancel workflow run"
+        || operation == "create installation access token"
+}
+
+/// GitHub's rate-limit figures from the latest answer for one credential and resource.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RateLimit {
+    /// Whose limit: `app` (the App's JWT), `installation <id>`, or `token` (a personal access token).
+    pub credential: String,
+    /// `x-ratelimit-resource`: `core` for the REST API.
+    pub resource: String,
+    /// `x-ratelimit-limit`: requests per window.
+    pub limit: u64,
+    /// `x-ratelimit-remaining`.
+    pub remaining: u64,
+    /// `x-ratelimit-used`, when sent.
+    pub used: Option<u64>,
+    /// `x-ratelimit-reset`: when the window resets, Unix seconds.
+    pub reset: i64,
+    /// When the answer came, Unix seconds.
+    pub observed_at: i64,
+}
+
+impl RateLimit {
+    fn from_headers(credential: &str, headers: &HeaderMap, now_unix: i64) -> Option<RateLimit> {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+        let number = |name: &str| header(name).and_then(|v| v.parse::<u64>().ok());
+        Some(RateLimit {
+            credential: credential.to_owned(),
+            resource: header("x-ratelimit-resource").unwrap_or("core").to_owned(),
+            limit: number("x-ratelimit-limit")?,
+            remaining: number("x-ratelimit-remaining")?,
+            used: number("x-ratelimit-used"),
+            reset: header("x-ratelimit-reset").and_then(|v| v.parse().ok()).unwrap_or(0),
+            observed_at: now_unix,
+        })
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -92,10 +227,23 @@ struct CachedToken {
     expires_at: OffsetDateTime,
 }
 
+/// Whom a request acts as; the bearer is found (and refreshed after a 401) per try.
 #[derive(Clone, Copy)]
 enum Auth<'a> {
+    /// The App itself (its JWT, minted per request).
     AppJwt,
-    Token(&'a Secret),
+    /// The installation of this repository, or the personal access token.
+    Repo(&'a Repo),
+    /// The installation of this organisation, or the personal access token.
+    Org(&'a str),
+}
+
+/// A bearer for one try, and the installation it belongs to (to drop it after a 401).
+struct Bearer {
+    value: String,
+    installation: Option<u64>,
+    /// For the rate-limit figures.
+    credential: String,
 }
 
 /// A response that arrived, whatever its status.
@@ -112,9 +260,7 @@ impl Reply {
         if self.status.is_success() {
             return Ok(self);
         }
-        let remaining_zero = self.headers.get("x-ratelimit-remaining").is_some_and(|v| v.as_bytes() == b"0");
-        let rate_limited = self.status == StatusCode::TOO_MANY_REQUESTS
-            || (self.status == StatusCode::FORBIDDEN && (remaining_zero || self.headers.contains_key("retry-after")));
+        let rate_limited = is_rate_limited(self.status, &self.headers);
         // GitHub's error bodies are short JSON messages; cap them so a proxy's HTML page stays readable.
         let body: String = String::from_utf8_lossy(&self.body).chars().take(500).collect();
         Err(ApiError::Status { operation: self.operation, status: self.status, rate_limited, body })
@@ -147,6 +293,9 @@ pub struct Client {
     http: reqwest::Client,
     base_url: String,
     credentials: Credentials,
+    retry: RetryPolicy,
+    /// (credential, resource) → the latest figures.
+    rate_limits: std::sync::Mutex<BTreeMap<(String, String), RateLimit>>,
     /// Installation id → token.
     tokens: Mutex<HashMap<u64, CachedToken>>,
     repo_installations: Mutex<HashMap<Repo, u64>>,
@@ -168,18 +317,44 @@ impl Client {
     /// test server's address.
     pub fn new(base_url: impl Into<String>, credentials: Credentials) -> Self {
         let base_url = base_url.into().trim_end_matches('/').to_owned();
+        // A connection GitHub never accepts must not hold a caller for the whole request timeout.
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
         Self {
-            http: reqwest::Client::new(),
+            http,
             base_url,
             credentials,
+            retry: RetryPolicy::default(),
+            rate_limits: std::sync::Mutex::new(BTreeMap::new()),
             tokens: Mutex::new(HashMap::new()),
             repo_installations: Mutex::new(HashMap::new()),
             org_installations: Mutex::new(HashMap::new()),
         }
     }
 
+    /// The same client with another retry policy (tests use short pauses).
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = RetryPolicy { attempts: policy.attempts.max(1), ..policy };
+        self
+    }
+
     pub fn is_app(&self) -> bool {
         matches!(self.credentials, Credentials::App(_))
+    }
+
+    /// GitHub's rate-limit figures as of the latest answer, per credential and resource.
+    pub fn rate_limits(&self) -> Vec<RateLimit> {
+        self.rate_limits.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    /// Drops `token` from the cache (GitHub refused it), unless another request already replaced it.
+    async fn forget_token(&self, installation_id: u64, token: &str) {
+        let mut tokens = self.tokens.lock().await;
+        if tokens.get(&installation_id).is_some_and(|c| c.token.expose() == token) {
+            tokens.remove(&installation_id);
+        }
     }
 
     /// An installation access token, from the cache while it has more than 5 minutes left.
@@ -199,7 +374,7 @@ impl Client {
         }
         let path = format!("/app/installations/{installation_id}/access_tokens");
         let resp: wire::InstallationToken = self
-            .call(OP, Method::POST, &path, &[], Auth::AppJwt, Some(&serde_json::json!({})))
+            .send(OP, Method::POST, &path, &[], Auth::AppJwt, Some(&serde_json::json!({})))
             .await?
             .success()?
             .json()?;
@@ -211,16 +386,21 @@ impl Client {
     /// Token for calls on `repo`: App → installation of the repo (GET /repos/{owner}/{repo}/installation,
     /// id cached per repo) then the cached installation token; Token → the PAT.
     pub async fn repo_token(&self, repo: &Repo) -> Result<Secret, ApiError> {
+        self.repo_token_of(repo).await.map(|(token, _)| token)
+    }
+
+    /// [`Client::repo_token`] and the installation it belongs to (`None`: the personal token).
+    async fn repo_token_of(&self, repo: &Repo) -> Result<(Secret, Option<u64>), ApiError> {
         const OP: &str = "get repository installation";
         if let Credentials::Token(pat) = &self.credentials {
-            return Ok(pat.clone());
+            return Ok((pat.clone(), None));
         }
         let cached = self.repo_installations.lock().await.get(repo).copied();
         let installation_id = match cached {
             Some(id) => id,
             None => {
                 let path = repo_path(OP, repo, &["installation"])?;
-                let reply = self.call(OP, Method::GET, &path, &[], Auth::AppJwt, NO_BODY).await?;
+                let reply = self.send(OP, Method::GET, &path, &[], Auth::AppJwt, NO_BODY).await?;
                 if reply.status == StatusCode::NOT_FOUND {
                     return Err(ApiError::NotInstalled { target: repo.full_name() });
                 }
@@ -229,7 +409,7 @@ impl Client {
                 installation.id
             }
         };
-        let token = self.installation_token(installation_id).await;
+        let token = self.installation_token(installation_id).await.map(|t| (t, Some(installation_id)));
         if token.as_ref().is_err_and(|e| e.is_status(StatusCode::NOT_FOUND)) {
             // The app was uninstalled (and perhaps reinstalled under a new id): look it up afresh next time.
             self.repo_installations.lock().await.remove(repo);
@@ -239,10 +419,10 @@ impl Client {
 
     /// Token for calls on organisation `org`: App → the installation whose account is `org` (from
     /// GET /app/installations, cached); Token → the PAT.
-    async fn org_token(&self, org: &str) -> Result<Secret, ApiError> {
+    async fn org_token(&self, org: &str) -> Result<(Secret, Option<u64>), ApiError> {
         const OP: &str = "list app installations";
         if let Credentials::Token(pat) = &self.credentials {
-            return Ok(pat.clone());
+            return Ok((pat.clone(), None));
         }
         let key = org.to_ascii_lowercase();
         let cached = self.org_installations.lock().await.get(&key).copied();
@@ -260,7 +440,7 @@ impl Client {
                 *known.get(&key).ok_or_else(|| ApiError::NotInstalled { target: org.to_owned() })?
             }
         };
-        let token = self.installation_token(installation_id).await;
+        let token = self.installation_token(installation_id).await.map(|t| (t, Some(installation_id)));
         if token.as_ref().is_err_and(|e| e.is_status(StatusCode::NOT_FOUND)) {
             self.org_installations.lock().await.remove(&key);
         }
@@ -271,9 +451,8 @@ impl Client {
     pub async fn generate_jitconfig(&self, repo: &Repo, spec: &JitRunnerSpec) -> Result<JitConfig, ApiError> {
         const OP: &str = "generate JIT runner config";
         let path = repo_path(OP, repo, &["actions", "runners", "generate-jitconfig"])?;
-        let token = self.repo_token(repo).await?;
         let resp: wire::JitConfigResponse =
-            self.call(OP, Method::POST, &path, &[], Auth::Token(&token), Some(spec)).await?.success()?.json()?;
+            self.send(OP, Method::POST, &path, &[], Auth::Repo(repo), Some(spec)).await?.success()?.json()?;
         Ok(jit_config(resp))
     }
 
@@ -281,9 +460,8 @@ impl Client {
     pub async fn generate_org_jitconfig(&self, org: &str, spec: &JitRunnerSpec) -> Result<JitConfig, ApiError> {
         const OP: &str = "generate organization JIT runner config";
         let path = org_path(OP, org, &["actions", "runners", "generate-jitconfig"])?;
-        let token = self.org_token(org).await?;
         let resp: wire::JitConfigResponse =
-            self.call(OP, Method::POST, &path, &[], Auth::Token(&token), Some(spec)).await?.success()?.json()?;
+            self.send(OP, Method::POST, &path, &[], Auth::Org(org), Some(spec)).await?.success()?.json()?;
         Ok(jit_config(resp))
     }
 
@@ -291,8 +469,7 @@ impl Client {
     pub async fn delete_runner(&self, repo: &Repo, runner_id: u64) -> Result<(), ApiError> {
         const OP: &str = "delete repository runner";
         let path = repo_path(OP, repo, &["actions", "runners", &runner_id.to_string()])?;
-        let token = self.repo_token(repo).await?;
-        let reply = self.call(OP, Method::DELETE, &path, &[], Auth::Token(&token), NO_BODY).await?;
+        let reply = self.send(OP, Method::DELETE, &path, &[], Auth::Repo(repo), NO_BODY).await?;
         if reply.status != StatusCode::NOT_FOUND {
             reply.success()?;
         }
@@ -303,8 +480,7 @@ impl Client {
     pub async fn delete_org_runner(&self, org: &str, runner_id: u64) -> Result<(), ApiError> {
         const OP: &str = "delete organization runner";
         let path = org_path(OP, org, &["actions", "runners", &runner_id.to_string()])?;
-        let token = self.org_token(org).await?;
-        let reply = self.call(OP, Method::DELETE, &path, &[], Auth::Token(&token), NO_BODY).await?;
+        let reply = self.send(OP, Method::DELETE, &path, &[], Auth::Org(org), NO_BODY).await?;
         if reply.status != StatusCode::NOT_FOUND {
             reply.success()?;
         }
@@ -315,16 +491,14 @@ impl Client {
     pub async fn list_runners(&self, repo: &Repo) -> Result<Vec<Runner>, ApiError> {
         const OP: &str = "list repository runners";
         let path = repo_path(OP, repo, &["actions", "runners"])?;
-        let token = self.repo_token(repo).await?;
-        self.paginate(OP, &path, Vec::new(), Auth::Token(&token), |page: wire::RunnerPage| page.runners).await
+        self.paginate(OP, &path, Vec::new(), Auth::Repo(repo), |page: wire::RunnerPage| page.runners).await
     }
 
     /// Cancels a workflow run; one that already finished (409) counts as cancelled.
     pub async fn cancel_run(&self, repo: &Repo, run_id: u64) -> Result<(), ApiError> {
         const OP: &str = "cancel workflow run";
         let path = repo_path(OP, repo, &["actions", "runs", &run_id.to_string(), "cancel"])?;
-        let token = self.repo_token(repo).await?;
-        let reply = self.call(OP, Method::POST, &path, &[], Auth::Token(&token), NO_BODY).await?;
+        let reply = self.send(OP, Method::POST, &path, &[], Auth::Repo(repo), NO_BODY).await?;
         if reply.status != StatusCode::CONFLICT {
             reply.success()?;
         }
@@ -347,8 +521,7 @@ impl Client {
         if let Some(head_sha) = head_sha {
             query.push(("head_sha", head_sha.to_owned()));
         }
-        let token = self.repo_token(repo).await?;
-        self.paginate(OP, &path, query, Auth::Token(&token), |page: wire::RunPage| {
+        self.paginate(OP, &path, query, Auth::Repo(repo), |page: wire::RunPage| {
             page.workflow_runs.into_iter().map(WorkflowRun::from).collect()
         })
         .await
@@ -358,8 +531,7 @@ impl Client {
     pub async fn list_run_jobs(&self, repo: &Repo, run_id: u64) -> Result<Vec<WorkflowJob>, ApiError> {
         const OP: &str = "list workflow run jobs";
         let path = repo_path(OP, repo, &["actions", "runs", &run_id.to_string(), "jobs"])?;
-        let token = self.repo_token(repo).await?;
-        self.paginate(OP, &path, Vec::new(), Auth::Token(&token), |page: wire::JobPage| {
+        self.paginate(OP, &path, Vec::new(), Auth::Repo(repo), |page: wire::JobPage| {
             page.jobs.into_iter().map(WorkflowJob::from).collect()
         })
         .await
@@ -368,9 +540,8 @@ impl Client {
     pub async fn get_job(&self, repo: &Repo, job_id: u64) -> Result<WorkflowJob, ApiError> {
         const OP: &str = "get workflow job";
         let path = repo_path(OP, repo, &["actions", "jobs", &job_id.to_string()])?;
-        let token = self.repo_token(repo).await?;
         let job: wire::WorkflowJob =
-            self.call(OP, Method::GET, &path, &[], Auth::Token(&token), NO_BODY).await?.success()?.json()?;
+            self.send(OP, Method::GET, &path, &[], Auth::Repo(repo), NO_BODY).await?.success()?.json()?;
         Ok(job.into())
     }
 
@@ -383,9 +554,8 @@ impl Client {
             return Err(ApiError::AppOnly { operation: OP });
         }
         let path = repo_path(OP, repo, &["check-runs"])?;
-        let token = self.repo_token(repo).await?;
         let created: wire::CheckRun =
-            self.call(OP, Method::POST, &path, &[], Auth::Token(&token), Some(run)).await?.success()?.json()?;
+            self.send(OP, Method::POST, &path, &[], Auth::Repo(repo), Some(run)).await?.success()?.json()?;
         Ok(created.id)
     }
 
@@ -401,8 +571,7 @@ impl Client {
             return Err(ApiError::AppOnly { operation: OP });
         }
         let path = repo_path(OP, repo, &["check-runs", &check_run_id.to_string()])?;
-        let token = self.repo_token(repo).await?;
-        self.call(OP, Method::PATCH, &path, &[], Auth::Token(&token), Some(update)).await?.success()?;
+        self.send(OP, Method::PATCH, &path, &[], Auth::Repo(repo), Some(update)).await?.success()?;
         Ok(())
     }
 
@@ -417,8 +586,7 @@ impl Client {
                 *description = description.chars().take(STATUS_DESCRIPTION_MAX_CHARS - 1).chain(['…']).collect();
             }
         }
-        let token = self.repo_token(repo).await?;
-        self.call(OP, Method::POST, &path, &[], Auth::Token(&token), Some(&status)).await?.success()?;
+        self.send(OP, Method::POST, &path, &[], Auth::Repo(repo), Some(&status)).await?.success()?;
         Ok(())
     }
 
@@ -426,8 +594,7 @@ impl Client {
     pub async fn remove_label(&self, repo: &Repo, issue_number: u64, label: &str) -> Result<(), ApiError> {
         const OP: &str = "remove label";
         let path = repo_path(OP, repo, &["issues", &issue_number.to_string(), "labels", label])?;
-        let token = self.repo_token(repo).await?;
-        let reply = self.call(OP, Method::DELETE, &path, &[], Auth::Token(&token), NO_BODY).await?;
+        let reply = self.send(OP, Method::DELETE, &path, &[], Auth::Repo(repo), NO_BODY).await?;
         if reply.status != StatusCode::NOT_FOUND {
             reply.success()?;
         }
@@ -438,8 +605,7 @@ impl Client {
     pub async fn collaborator_permission(&self, repo: &Repo, username: &str) -> Result<Permission, ApiError> {
         const OP: &str = "get collaborator permission";
         let path = repo_path(OP, repo, &["collaborators", username, "permission"])?;
-        let token = self.repo_token(repo).await?;
-        let reply = self.call(OP, Method::GET, &path, &[], Auth::Token(&token), NO_BODY).await?;
+        let reply = self.send(OP, Method::GET, &path, &[], Auth::Repo(repo), NO_BODY).await?;
         if reply.status == StatusCode::NOT_FOUND {
             return Ok(Permission::None);
         }
@@ -457,9 +623,8 @@ impl Client {
         let mut segments = vec!["contents"];
         segments.extend(&file_segments);
         let url_path = repo_path(OP, repo, &segments)?;
-        let token = self.repo_token(repo).await?;
         let query = [("ref", git_ref.to_owned())];
-        let reply = self.call(OP, Method::GET, &url_path, &query, Auth::Token(&token), NO_BODY).await?;
+        let reply = self.send(OP, Method::GET, &url_path, &query, Auth::Repo(repo), NO_BODY).await?;
         if reply.status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
@@ -493,10 +658,9 @@ impl Client {
         let mut segments = vec!["tarball"];
         segments.extend(git_ref.split('/'));
         let path = repo_path(OP, repo, &segments)?;
-        let token = self.repo_token(repo).await?;
         let too_large = ApiError::TooLarge { operation: OP, limit: max_bytes };
         let transport = |source| ApiError::Transport { operation: OP, source };
-        let mut resp = self.request(Method::GET, &path, &[], token.expose()).send().await.map_err(transport)?;
+        let mut resp = self.exchange(OP, Method::GET, &path, &[], Auth::Repo(repo), NO_BODY, TARBALL_TIMEOUT).await?;
         if !resp.status().is_success() {
             let (status, headers) = (resp.status(), resp.headers().clone());
             let body = resp.bytes().await.map_err(transport)?.to_vec();
@@ -533,7 +697,7 @@ impl Client {
             if let Some(last) = query.last_mut() {
                 last.1 = page.to_string();
             }
-            let reply = self.call(operation, Method::GET, path, &query, auth, NO_BODY).await?.success()?;
+            let reply = self.send(operation, Method::GET, path, &query, auth, NO_BODY).await?.success()?;
             let batch = items(reply.json()?);
             let done = batch.is_empty() || !reply.has_next_page();
             all.extend(batch);
@@ -558,9 +722,29 @@ impl Client {
         req
     }
 
-    /// Sends one request and reads the whole response. Only transport failures are errors here; the
-    /// caller decides which statuses are fine (see [`Reply::success`]).
-    async fn call<B: Serialize + ?Sized>(
+    /// The bearer for one try: a fresh App JWT, or the installation's cached token.
+    async fn bearer(&self, operation: &'static str, auth: Auth<'_>) -> Result<Bearer, ApiError> {
+        let (token, installation) = match auth {
+            Auth::AppJwt => {
+                let Credentials::App(app) = &self.credentials else { return Err(ApiError::AppOnly { operation }) };
+                let value = app.app_jwt(OffsetDateTime::now_utc())?;
+                return Ok(Bearer { value, installation: None, credential: "app".into() });
+            }
+            // Boxed: finding the token sends requests of its own (as the App), through here.
+            Auth::Repo(repo) => Box::pin(self.repo_token_of(repo)).await?,
+            Auth::Org(org) => Box::pin(self.org_token(org)).await?,
+        };
+        let credential = match installation {
+            Some(id) => format!("installation {id}"),
+            None => "token".into(),
+        };
+        Ok(Bearer { value: token.expose().to_owned(), installation, credential })
+    }
+
+    /// Sends one request and reads the whole answer, trying again as the module header says. Only
+    /// transport failures are errors here; the caller decides which statuses are fine (see
+    /// [`Reply::success`]).
+    async fn send<B: Serialize + ?Sized>(
         &self,
         operation: &'static str,
         method: Method,
@@ -569,21 +753,87 @@ impl Client {
         auth: Auth<'_>,
         body: Option<&B>,
     ) -> Result<Reply, ApiError> {
-        let bearer = match (auth, &self.credentials) {
-            (Auth::AppJwt, Credentials::App(app)) => app.app_jwt(OffsetDateTime::now_utc())?,
-            (Auth::AppJwt, Credentials::Token(_)) => return Err(ApiError::AppOnly { operation }),
-            (Auth::Token(token), _) => token.expose().to_owned(),
-        };
-        let mut req = self.request(method, path, query, &bearer);
-        if let Some(body) = body {
-            req = req.json(body);
-        }
-        let transport = |source| ApiError::Transport { operation, source };
-        let resp = req.send().await.map_err(transport)?;
+        let resp = self.exchange(operation, method, path, query, auth, body, self.retry.timeout).await?;
         let (status, headers) = (resp.status(), resp.headers().clone());
-        let body = resp.bytes().await.map_err(transport)?.to_vec();
+        let body = resp.bytes().await.map_err(|source| ApiError::Transport { operation, source })?.to_vec();
         Ok(Reply { operation, status, headers, body })
     }
+
+    /// The retry loop: sends until an answer is final and returns it unread (a tarball streams).
+    #[allow(clippy::too_many_arguments)]
+    async fn exchange<B: Serialize + ?Sized>(
+        &self,
+        operation: &'static str,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        auth: Auth<'_>,
+        body: Option<&B>,
+        timeout: std::time::Duration,
+    ) -> Result<reqwest::Response, ApiError> {
+        let repeatable = repeatable(&method, operation);
+        let mut refreshed = false;
+        let mut failed = 0;
+        loop {
+            let bearer = self.bearer(operation, auth).await?;
+            let mut req = self.request(method.clone(), path, query, &bearer.value).timeout(timeout);
+            if let Some(body) = body {
+                req = req.json(body);
+            }
+            let result = req.send().await;
+            let now = OffsetDateTime::now_utc().unix_timestamp();
+            let asked = match &result {
+                Ok(resp) => {
+                    let status = resp.status();
+                    if let Some(limit) = RateLimit::from_headers(&bearer.credential, resp.headers(), now) {
+                        let mut limits = self.rate_limits.lock().unwrap_or_else(|e| e.into_inner());
+                        limits.insert((limit.credential.clone(), limit.resource.clone()), limit);
+                    }
+                    if status == StatusCode::UNAUTHORIZED {
+                        // GitHub revoked the installation token, or it expired before the cache
+                        // thought: drop it and try once with a fresh one. A 401 on the App's own JWT
+                        // or on a personal token will not pass by retrying.
+                        match bearer.installation {
+                            Some(id) if !refreshed => {
+                                self.forget_token(id, &bearer.value).await;
+                                refreshed = true;
+                                continue;
+                            }
+                            _ => None,
+                        }
+                    } else if is_rate_limited(status, resp.headers()) {
+                        // Without a hint GitHub says to wait at least a minute (secondary limits).
+                        Some(asked_wait(resp.headers(), now).unwrap_or(std::time::Duration::from_secs(60)))
+                    } else if status.is_server_error() && repeatable {
+                        // A 503 may say when to come back.
+                        asked_wait(resp.headers(), now).or(Some(std::time::Duration::ZERO))
+                    } else {
+                        None
+                    }
+                }
+                // A connection never made carried nothing: any request may go again.
+                Err(e) if e.is_connect() || repeatable => Some(std::time::Duration::ZERO),
+                Err(_) => None,
+            };
+            let Some(asked) = asked else {
+                return result.map_err(|source| ApiError::Transport { operation, source });
+            };
+            failed += 1;
+            let asked = (!asked.is_zero()).then_some(asked);
+            match retry_pause(&self.retry, failed, asked, jitter()) {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => return result.map_err(|source| ApiError::Transport { operation, source }),
+            }
+        }
+    }
+}
+
+/// GitHub saying "slow down" (429, or 403 with an exhausted rate limit or a `retry-after`), as
+/// opposed to a 403 for missing permissions.
+fn is_rate_limited(status: StatusCode, headers: &HeaderMap) -> bool {
+    let remaining_zero = headers.get("x-ratelimit-remaining").is_some_and(|v| v.as_bytes() == b"0");
+    status == StatusCode::TOO_MANY_REQUESTS
+        || (status == StatusCode::FORBIDDEN && (remaining_zero || headers.contains_key("retry-after")))
 }
 
 fn jit_config(resp: wire::JitConfigResponse) -> JitConfig {
@@ -682,6 +932,118 @@ mod tests {
         assert_eq!(decode_base64("+/+/").as_deref(), Some(&[0xfb, 0xff, 0xbf][..]));
         for bad in ["YQ=", "Y===", "YQ==YQ==", "YQ!=", "YW\u{e9}="] {
             assert_eq!(decode_base64(bad), None, "{bad:?}");
+        }
+    }
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            attempts: 4,
+            base: std::time::Duration::from_secs(1),
+            max_backoff: std::time::Duration::from_secs(3),
+            max_wait: std::time::Duration::from_secs(20),
+            timeout: std::time::Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_with_half_of_it_random() {
+        let p = policy();
+        let secs = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
+        // Without jitter the lower half, with the most jitter the whole pause.
+        assert_eq!(secs(retry_pause(&p, 1, None, 0.0)), Some(0.5));
+        assert_eq!(secs(retry_pause(&p, 2, None, 0.0)), Some(1.0));
+        assert_eq!(secs(retry_pause(&p, 3, None, 0.0)), Some(1.5), "capped at 3 s");
+        for failed in 1..4 {
+            for jitter in [0.0, 0.3, 0.999, 7.0, -1.0] {
+                let pause = retry_pause(&p, failed, None, jitter).expect("a retry is left");
+                let full = (p.base * (1 << (failed - 1))).min(p.max_backoff);
+                assert!(pause >= full / 2 && pause <= full, "{failed} {jitter}: {pause:?}");
+            }
+        }
+        assert_eq!(retry_pause(&p, 4, None, 0.5), None, "four tries in all");
+        assert_eq!(retry_pause(&p, 0, None, 0.5), None);
+        // Huge failure counts neither overflow nor exceed the cap (attempts permitting).
+        let many = RetryPolicy { attempts: u32::MAX, ..p };
+        assert!(retry_pause(&many, 1000, None, 0.9).is_some_and(|d| d <= many.max_backoff));
+    }
+
+    #[test]
+    fn githubs_wait_is_honoured_in_full_or_left_to_the_caller() {
+        let p = policy();
+        let wait = std::time::Duration::from_secs(5);
+        for jitter in [0.0, 0.5, 0.999] {
+            let pause = retry_pause(&p, 1, Some(wait), jitter).expect("retry");
+            assert!(pause >= wait && pause <= wait + std::time::Duration::from_millis(100), "{pause:?}");
+        }
+        assert_eq!(retry_pause(&p, 1, Some(std::time::Duration::from_secs(21)), 0.0), None, "longer than max_wait");
+        assert_eq!(retry_pause(&p, 4, Some(wait), 0.0), None, "out of tries");
+    }
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, v.parse().expect("header value"));
+        }
+        h
+    }
+
+    #[test]
+    fn the_wait_github_asks_for_comes_from_retry_after_or_the_reset() {
+        let now = 1_700_000_000;
+        let secs = std::time::Duration::from_secs;
+        assert_eq!(asked_wait(&headers(&[("retry-after", "30")]), now), Some(secs(30)));
+        let exhausted = headers(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1700000042")]);
+        assert_eq!(asked_wait(&exhausted, now), Some(secs(42)));
+        let past = headers(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1699999000")]);
+        assert_eq!(asked_wait(&past, now), Some(secs(1)), "a reset in the past still waits a moment");
+        let left = headers(&[("x-ratelimit-remaining", "12"), ("x-ratelimit-reset", "1700000042")]);
+        assert_eq!(asked_wait(&left, now), None);
+        assert_eq!(asked_wait(&headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]), now), None);
+        assert!(is_rate_limited(StatusCode::FORBIDDEN, &headers(&[("retry-after", "1")])));
+        assert!(is_rate_limited(StatusCode::FORBIDDEN, &exhausted));
+        assert!(is_rate_limited(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new()));
+        assert!(!is_rate_limited(StatusCode::FORBIDDEN, &left), "a 403 for a missing permission");
+    }
+
+    #[test]
+    fn rate_limit_figures_are_read_from_the_headers() {
+        let h = headers(&[
+            ("x-ratelimit-limit", "5000"),
+            ("x-ratelimit-remaining", "4987"),
+            ("x-ratelimit-used", "13"),
+            ("x-ratelimit-reset", "1700003600"),
+            ("x-ratelimit-resource", "core"),
+        ]);
+        let limit = RateLimit::from_headers("installation 7", &h, 1_700_000_000).expect("figures");
+        assert_eq!(
+            limit,
+            RateLimit {
+                credential: "installation 7".into(),
+                resource: "core".into(),
+                limit: 5000,
+                remaining: 4987,
+                used: Some(13),
+                reset: 1_700_003_600,
+                observed_at: 1_700_000_000,
+            }
+        );
+        assert_eq!(RateLimit::from_headers("app", &HeaderMap::new(), 0), None, "no figures, nothing kept");
+    }
+
+    #[test]
+    fn only_requests_that_may_arrive_twice_are_retried_after_a_5xx() {
+        assert!(repeatable(&Method::GET, "get workflow job"));
+        assert!(repeatable(&Method::DELETE, "delete repository runner"));
+        assert!(repeatable(&Method::POST, "cancel workflow run"));
+        assert!(!repeatable(&Method::POST, "generate JIT runner config"));
+        assert!(!repeatable(&Method::POST, "create check run"));
+    }
+
+    #[test]
+    fn jitter_is_in_range() {
+        for _ in 0..100 {
+            let j = jitter();
+            assert!((0.0..1.0).contains(&j), "{j}");
         }
     }
 

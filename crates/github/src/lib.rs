@@ -18,7 +18,7 @@ pub mod types;
 pub mod webhook;
 
 pub use auth::{AppCredentials, AuthError, Secret};
-pub use client::{ApiError, Client, Credentials};
+pub use client::{retry_pause, ApiError, Client, Credentials, RateLimit, RetryPolicy};
 pub use event::{
     parse_event, AuthorAssociation, Event, PullRequestAction, PullRequestEvent, PushEvent, Repository,
     WorkflowJobAction, WorkflowJobEvent,

@@ -15,7 +15,7 @@ use axum::routing::{delete, get, patch, post};
 use axum::{Json, Router};
 use gpuci_github::{
     ApiError, AppCredentials, CheckOutput, CheckRunUpdate, CheckStatus, Client, CommitStatus, Conclusion, Credentials,
-    JitRunnerSpec, NewCheckRun, Permission, Repo, Secret, StatusState,
+    JitRunnerSpec, NewCheckRun, Permission, Repo, RetryPolicy, Secret, StatusState,
 };
 use serde_json::{json, Value};
 use time::format_description::well_known::Rfc3339;
@@ -457,13 +457,20 @@ fn fixture(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// One quick retry, and no sitting out GitHub's waits: these tests are about what each answer
+/// means (`crates/github-testserver/tests/faults.rs` covers the retries).
+fn quick_retry() -> RetryPolicy {
+    let ms = std::time::Duration::from_millis;
+    RetryPolicy { attempts: 2, base: ms(1), max_backoff: ms(1), max_wait: ms(0), timeout: ms(10_000) }
+}
+
 fn app_client(base_url: &str) -> Client {
     let app = AppCredentials::new(APP_ID, &Secret::new(fixture("test-app-key.pem"))).expect("test key");
-    Client::new(base_url, Credentials::App(app))
+    Client::new(base_url, Credentials::App(app)).with_retry(quick_retry())
 }
 
 fn pat_client(base_url: &str) -> Client {
-    Client::new(base_url, Credentials::Token(Secret::new(PAT)))
+    Client::new(base_url, Credentials::Token(Secret::new(PAT))).with_retry(quick_retry())
 }
 
 fn kernels() -> Repo {

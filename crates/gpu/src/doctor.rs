@@ -468,6 +468,191 @@ fn run_probe(opts: &DoctorOptions, runner: &dyn CommandRunner, p: &Probe) -> Doc
     }
 }
 
+/// Where pools install the Actions runner unless they name another `install_dir`.
+pub const DEFAULT_RUNNER_DIR: &str = "/opt/actions-runner";
+
+/// The Actions runner install at `dir`, for runner jobs. The agent runs every job as an
+/// unprivileged uid of its own (1500000000 and up), which owns nothing on the host and is in
+/// none of its groups: only the *other* permission bits count for it. So every directory on
+/// the way to the install must let others pass (`o+x`), the install be readable and
+/// searchable by others, and `run.sh` and `config.sh` (and `bin/Runner.Listener`, which
+/// `run.sh` starts) readable and executable by others. An install others may write is a
+/// warning: a job, or any user of the host, could change the runner the next job runs.
+///
+/// Without this, a runner that cannot start exits at once and its job waits for the next,
+/// which the coordinator spaces out but cannot make work.
+pub fn check_runner_install(dir: &Path) -> Vec<DoctorCheck> {
+    use std::os::unix::fs::PermissionsExt;
+    let shown = dir.display();
+    let mode = |p: &Path| std::fs::metadata(p).map(|m| (m.is_dir(), m.permissions().mode() & 0o7777));
+    let install = match mode(dir) {
+        Ok((true, _)) => {
+            let missing: Vec<&str> = ["run.sh", "config.sh"].into_iter().filter(|f| !dir.join(f).is_file()).collect();
+            if missing.is_empty() {
+                DoctorCheck::new("runner.install", CheckStatus::Pass, format!("Actions runner at {shown}"))
+            } else {
+                DoctorCheck::new(
+                    "runner.install",
+                    CheckStatus::Fail,
+                    format!("{shown} has no {}: not an Actions runner install", missing.join(" or ")),
+                )
+                .fix(format!("unpack the actions-runner release (github.com/actions/runner) into {shown}"))
+            }
+        }
+        Ok((false, _)) => DoctorCheck::new("runner.install", CheckStatus::Fail, format!("{shown} is not a directory"))
+            .fix("unpack the actions-runner release into a directory and name it in the pool's install_dir"),
+        Err(e) => DoctorCheck::new("runner.install", CheckStatus::Fail, format!("{shown}: {e}")).fix(format!(
+            "unpack the actions-runner release (github.com/actions/runner) into {shown}, or set the pool's install_dir"
+        )),
+    };
+    if install.status != CheckStatus::Pass {
+        let skipped = DoctorCheck::new("runner.job_user", CheckStatus::Skip, "no runner install to check");
+        return vec![install, skipped];
+    }
+    // What a uid that is neither owner nor in the group may do: the "other" bits.
+    let mut problems = Vec::new();
+    let mut fixes = Vec::new();
+    for ancestor in dir.ancestors().skip(1) {
+        match mode(ancestor) {
+            Ok((_, m)) if m & 0o001 == 0 => {
+                problems.push(format!("{} is not searchable by other users (mode {m:03o})", ancestor.display()));
+                fixes.push(format!("chmod o+x {}", ancestor.display()));
+            }
+            Ok(_) => {}
+            Err(e) => problems.push(format!("{}: {e}", ancestor.display())),
+        }
+    }
+    let mut writable = Vec::new();
+    let mut entries = vec![(dir.to_path_buf(), true)];
+    entries.extend(["run.sh", "config.sh", "bin/Runner.Listener"].iter().map(|f| (dir.join(f), false)));
+    let mut closed = false;
+    for (path, is_dir) in entries {
+        let Ok((_, m)) = mode(&path) else { continue };
+        if m & 0o005 != 0o005 {
+            let what = if is_dir { "readable and searchable" } else { "readable and executable" };
+            problems.push(format!("{} is not {what} by other users (mode {m:03o})", path.display()));
+            closed = true;
+        }
+        if m & 0o022 != 0 {
+            writable.push(path.display().to_string());
+        }
+    }
+    if closed {
+        // `X`: directories and what is already executable by someone, not every data file.
+        fixes.push(format!("chmod -R o+rX {shown}"));
+    }
+    let check = if !problems.is_empty() {
+        DoctorCheck::new(
+            "runner.job_user",
+            CheckStatus::Fail,
+            format!(
+                "jobs run as unprivileged uids (1500000000 and up) and cannot start the runner: {}",
+                problems.join("; ")
+            ),
+        )
+        .fix(fixes.join(" && "))
+    } else if !writable.is_empty() {
+        DoctorCheck::new(
+            "runner.job_user",
+            CheckStatus::Warn,
+            format!(
+                "jobs can start the runner, but group or other users may write {}: they could change the runner the next job runs",
+                writable.join(", ")
+            ),
+        )
+        .fix(format!("chmod -R go-w {shown}"))
+    } else {
+        DoctorCheck::new(
+            "runner.job_user",
+            CheckStatus::Pass,
+            "jobs (unprivileged uids) can reach and run run.sh and config.sh; only their owner may change them",
+        )
+    };
+    vec![install, check]
+}
+
+#[cfg(test)]
+mod runner_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(p: &Path, mode: u32) {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    /// A runner install under a temp dir that others may pass through, as /opt is.
+    fn install() -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        chmod(tmp.path(), 0o755);
+        let dir = tmp.path().join("actions-runner");
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        for f in ["run.sh", "config.sh", "bin/Runner.Listener"] {
+            std::fs::write(dir.join(f), "#!/bin/sh\n").unwrap();
+            chmod(&dir.join(f), 0o755);
+        }
+        chmod(&dir, 0o755);
+        (tmp, dir)
+    }
+
+    fn status(checks: &[DoctorCheck], name: &str) -> (CheckStatus, String, Option<String>) {
+        let c = checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no {name}: {checks:#?}"));
+        (c.status, c.detail.clone(), c.fix.clone())
+    }
+
+    #[test]
+    fn a_good_install_passes() {
+        let (_tmp, dir) = install();
+        let checks = check_runner_install(&dir);
+        assert_eq!(status(&checks, "runner.install").0, CheckStatus::Pass, "{checks:#?}");
+        assert_eq!(status(&checks, "runner.job_user").0, CheckStatus::Pass, "{checks:#?}");
+    }
+
+    #[test]
+    fn a_missing_install_or_run_sh_fails_with_the_fix() {
+        let tmp = tempfile::tempdir().unwrap();
+        let checks = check_runner_install(&tmp.path().join("nope"));
+        let (s, detail, fix) = status(&checks, "runner.install");
+        assert_eq!(s, CheckStatus::Fail);
+        assert!(detail.contains("nope") && fix.unwrap().contains("actions-runner"), "{detail}");
+        assert_eq!(status(&checks, "runner.job_user").0, CheckStatus::Skip);
+
+        let (_tmp, dir) = install();
+        std::fs::remove_file(dir.join("run.sh")).unwrap();
+        let (s, detail, _) = status(&check_runner_install(&dir), "runner.install");
+        assert_eq!(s, CheckStatus::Fail);
+        assert!(detail.contains("no run.sh"), "{detail}");
+    }
+
+    #[test]
+    fn an_install_the_job_user_cannot_reach_or_run_fails() {
+        // The home-directory mistake: unpacked under a 0700 directory.
+        let (tmp, dir) = install();
+        chmod(tmp.path(), 0o700);
+        let (s, detail, fix) = status(&check_runner_install(&dir), "runner.job_user");
+        assert_eq!(s, CheckStatus::Fail, "{detail}");
+        assert!(detail.contains("not searchable by other users (mode 700)"), "{detail}");
+        assert_eq!(fix.unwrap(), format!("chmod o+x {}", tmp.path().display()));
+        chmod(tmp.path(), 0o755);
+
+        // run.sh executable by its owner only.
+        chmod(&dir.join("run.sh"), 0o744);
+        let (s, detail, fix) = status(&check_runner_install(&dir), "runner.job_user");
+        assert_eq!(s, CheckStatus::Fail, "{detail}");
+        assert!(detail.contains("run.sh is not readable and executable by other users (mode 744)"), "{detail}");
+        assert!(fix.unwrap().contains("chmod -R o+rX"));
+    }
+
+    #[test]
+    fn an_install_others_may_write_is_a_warning() {
+        let (_tmp, dir) = install();
+        chmod(&dir.join("run.sh"), 0o777);
+        let (s, detail, fix) = status(&check_runner_install(&dir), "runner.job_user");
+        assert_eq!(s, CheckStatus::Warn, "{detail}");
+        assert!(detail.contains("run.sh"), "{detail}");
+        assert!(fix.unwrap().contains("go-w"));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

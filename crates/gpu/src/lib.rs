@@ -35,7 +35,10 @@ pub mod telemetry;
 pub use backend::{BackendKind, GpuBackend, GpuError, GpuProcess, GpuSample, HealthCounters};
 pub use command::{CommandError, CommandOutput, CommandRunner, FakeRunner, SystemRunner};
 pub use detect::{detect, DetectOptions, Detection, NoGpus};
-pub use doctor::{doctor, doctor_passed, format_table, CheckStatus, DoctorCheck, DoctorOptions, Probe};
+pub use doctor::{
+    check_runner_install, doctor, doctor_passed, format_table, CheckStatus, DoctorCheck, DoctorOptions, Probe,
+    DEFAULT_RUNNER_DIR,
+};
 pub use fake::{FakeCall, FakeGpuState, FakeGpus};
 pub use health::{
     leftover_processes, post_job_check, pre_job_check, CheckResult, HealthBaseline, HealthPolicy, MemoryLimit,

@@ -32,6 +32,9 @@ use gpuci_protocol::agent::LogChunk;
 use gpuci_protocol::api::LogLine;
 use gpuci_protocol::{JobId, PipelineId};
 
+/// Database errors print the database's own words once: a `StoreError` never exposes the
+/// `sqlx` error as its source, because `sqlx`'s own `Display` already includes its inner
+/// error, and a chain printer (`{:#}`) would repeat the same sentence at every layer.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("job {job}: expected state {expected}, found {found}")]
@@ -44,27 +47,143 @@ pub enum StoreError {
     AgentNotFound(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
-    #[error("database: {0}")]
-    Db(#[from] sqlx::Error),
+    #[error("database: {}", describe(.0))]
+    Db(sqlx::Error),
     #[error("migration: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(sqlx::migrate::MigrateError),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        StoreError::Db(e)
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        match e {
+            // A database error while migrating is a database error (a full disk, a damaged
+            // file), and is classified like one.
+            sqlx::migrate::MigrateError::Execute(e) => StoreError::Db(e),
+            e => StoreError::Migrate(e),
+        }
+    }
+}
+
+/// Which database answered and its code for the failure: SQLite's extended result code, or
+/// Postgres's SQLSTATE.
+enum DbCode<'a> {
+    Sqlite(i32),
+    Postgres(&'a str),
+}
+
+fn db_code(e: &sqlx::Error) -> Option<(DbCode<'_>, &str)> {
+    let d = e.as_database_error()?;
+    if let Some(pg) = d.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+        return Some((DbCode::Postgres(pg.code()), pg.message()));
+    }
+    let code = d.code()?.parse().ok()?;
+    Some((DbCode::Sqlite(code), d.message()))
+}
+
+// SQLite primary result codes (the low byte of an extended one).
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
+const SQLITE_NOMEM: i32 = 7;
+const SQLITE_READONLY: i32 = 8;
+const SQLITE_IOERR: i32 = 10;
+const SQLITE_CORRUPT: i32 = 11;
+const SQLITE_FULL: i32 = 13;
+const SQLITE_CANTOPEN: i32 = 14;
+const SQLITE_NOTADB: i32 = 26;
+
+fn describe(e: &sqlx::Error) -> String {
+    match db_code(e) {
+        Some((DbCode::Sqlite(code), msg)) => format!("{msg} (SQLite code {code})"),
+        Some((DbCode::Postgres(code), msg)) => format!("{msg} (SQLSTATE {code})"),
+        None => e.to_string(),
+    }
 }
 
 impl StoreError {
     /// Whether retrying the same call may succeed (locks, I/O hiccups, Postgres serialization
     /// failures and deadlocks).
     pub fn is_transient(&self) -> bool {
+        let StoreError::Db(e) = self else { return false };
+        if matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) {
+            return true;
+        }
+        match db_code(e) {
+            Some((DbCode::Sqlite(code), _)) => matches!(code & 0xff, SQLITE_BUSY | SQLITE_LOCKED),
+            // 40001 serialization_failure, 40P01 deadlock_detected, 55P03 lock_not_available.
+            Some((DbCode::Postgres(code), _)) => matches!(code, "40001" | "40P01" | "55P03"),
+            None => false,
+        }
+    }
+
+    /// Whether the database could not do this now through no fault of the request: a full
+    /// disk, an I/O error, no memory, a read-only or unreachable database, a server shutting
+    /// down, a lock not given up in time. Nothing was stored; the caller answers "try again
+    /// later" (HTTP 503) and may retry. A damaged database ([`StoreError::is_damaged`]) is
+    /// not one: waiting does not mend it.
+    pub fn is_unavailable(&self) -> bool {
+        let StoreError::Db(e) = self else { return false };
+        match e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => return true,
+            _ => {}
+        }
+        match db_code(e) {
+            Some((DbCode::Sqlite(code), _)) => matches!(
+                code & 0xff,
+                SQLITE_BUSY
+                    | SQLITE_LOCKED
+                    | SQLITE_NOMEM
+                    | SQLITE_READONLY
+                    | SQLITE_IOERR
+                    | SQLITE_FULL
+                    | SQLITE_CANTOPEN
+            ),
+            // Classes 08 connection exception, 53 insufficient resources (53100 disk_full),
+            // 57P0x the server shutting down or starting, 58 system error (58030 io_error);
+            // 25006 a read-only (standby) server; serialization failures and deadlocks.
+            Some((DbCode::Postgres(code), _)) => {
+                code.starts_with("08")
+                    || code.starts_with("53")
+                    || code.starts_with("57P")
+                    || code.starts_with("58")
+                    || matches!(code, "25006" | "40001" | "40P01" | "55P03")
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the stored data cannot be read as a gpuci database: a damaged file, a file
+    /// that is not a database, rows that do not decode.
+    pub fn is_damaged(&self) -> bool {
         match self {
+            StoreError::Corrupt(_) => true,
             StoreError::Db(e) => {
-                matches!(e, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))
-                    || e.as_database_error().is_some_and(|d| {
-                        // SQLSTATE 40001 serialization_failure, 40P01 deadlock_detected.
-                        matches!(d.code().as_deref(), Some("40001" | "40P01"))
-                            || d.message().contains("locked")
-                            || d.message().contains("busy")
-                    })
+                matches!(db_code(e), Some((DbCode::Sqlite(code), _)) if matches!(code & 0xff, SQLITE_CORRUPT | SQLITE_NOTADB))
+                    // Postgres: XX001 data_corrupted, XX002 index_corrupted.
+                    || matches!(db_code(e), Some((DbCode::Postgres("XX001" | "XX002"), _)))
             }
             _ => false,
+        }
+    }
+
+    /// What went wrong in the database's own words (`database or disk is full`), without
+    /// codes: for a person, after what the caller was doing.
+    pub fn reason(&self) -> String {
+        match self {
+            StoreError::Db(e) => match db_code(e) {
+                Some((_, msg)) => msg.to_string(),
+                None => e.to_string(),
+            },
+            e => e.to_string(),
         }
     }
 }
@@ -82,6 +201,15 @@ pub trait Store: Send + Sync + 'static {
     /// Move a job to another state if it is currently in one of `expect`; optionally release
     /// its GPU leases and quarantine GPUs, all in one transaction.
     async fn update_job(&self, id: JobId, expect: &[JobState], change: JobChange) -> Result<JobRecord>;
+    /// [`Store::update_job`] and, in the same transaction, insert `then` (a job's retry): a
+    /// job never ends without the retry its policy asked for, even when the second write fails.
+    async fn update_job_and_insert(
+        &self,
+        id: JobId,
+        expect: &[JobState],
+        change: JobChange,
+        then: NewJob,
+    ) -> Result<(JobRecord, JobRecord)>;
     /// Change a job's reason without changing its state (why a queued job waits).
     async fn set_reason(&self, id: JobId, reason: &str) -> Result<()>;
     async fn get_job(&self, id: JobId) -> Result<Option<JobRecord>>;

@@ -89,7 +89,11 @@ fn bind_github_job<'q>(
         .bind(&j.runner_name)
         .bind(&j.reason)
         .bind(j.queued_at_ms)
-        .bind(j.updated_at_ms))
+        .bind(j.updated_at_ms)
+        .bind(i64::from(j.runner_exits))
+        .bind(&j.last_runner_exit)
+        .bind(i64::from(j.check_failures))
+        .bind(j.retry_at_ms))
 }
 
 async fn insert_job_in(conn: &mut sqlx::PgConnection, pipeline_id: PipelineId, j: &NewJob) -> Result<JobId> {
@@ -134,6 +138,44 @@ async fn upsert_quarantine<'e, E: sqlx::PgExecutor<'e>>(exec: E, q: &Quarantine)
     .execute(exec)
     .await?;
     Ok(())
+}
+
+/// The change of [`Store::update_job`], inside the caller's transaction.
+async fn update_job_in(tx: &mut sqlx::PgConnection, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
+    // Locked until commit: the state checked is the state replaced (compare-and-set).
+    let cur = PostgresStore::job_for_update(&mut *tx, id).await?;
+    if !expect.is_empty() && !expect.contains(&cur.state) {
+        let expected = expect.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|");
+        return Err(StoreError::Conflict { job: id, expected, found: cur.state });
+    }
+    let telemetry = c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
+    sqlx::query(
+        "UPDATE jobs SET state = COALESCE($1, state), reason = COALESCE($2, reason), \
+         started_at_ms = COALESCE($3, started_at_ms), finished_at_ms = COALESCE($4, finished_at_ms), \
+         exit_code = COALESCE($5, exit_code), telemetry_json = COALESCE($6, telemetry_json) WHERE id = $7",
+    )
+    .bind(c.state.map(JobState::as_str))
+    .bind(c.reason)
+    .bind(c.started_at_ms)
+    .bind(c.finished_at_ms)
+    .bind(c.exit_code)
+    .bind(telemetry)
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    if c.clear_assignment {
+        sqlx::query("UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    if c.release_leases || c.clear_assignment {
+        sqlx::query("DELETE FROM gpu_leases WHERE job_id = $1").bind(id).execute(&mut *tx).await?;
+    }
+    for q in &c.quarantine {
+        upsert_quarantine(&mut *tx, q).await?;
+    }
+    PostgresStore::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))
 }
 
 #[async_trait]
@@ -247,43 +289,24 @@ impl Store for PostgresStore {
 
     async fn update_job(&self, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
         let mut tx = self.pool.begin().await?;
-        // Locked until commit: the state checked is the state replaced (compare-and-set).
-        let cur = Self::job_for_update(&mut tx, id).await?;
-        if !expect.is_empty() && !expect.contains(&cur.state) {
-            let expected = expect.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|");
-            return Err(StoreError::Conflict { job: id, expected, found: cur.state });
-        }
-        let telemetry =
-            c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
-        sqlx::query(
-            "UPDATE jobs SET state = COALESCE($1, state), reason = COALESCE($2, reason), \
-             started_at_ms = COALESCE($3, started_at_ms), finished_at_ms = COALESCE($4, finished_at_ms), \
-             exit_code = COALESCE($5, exit_code), telemetry_json = COALESCE($6, telemetry_json) WHERE id = $7",
-        )
-        .bind(c.state.map(JobState::as_str))
-        .bind(c.reason)
-        .bind(c.started_at_ms)
-        .bind(c.finished_at_ms)
-        .bind(c.exit_code)
-        .bind(telemetry)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        if c.clear_assignment {
-            sqlx::query("UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL WHERE id = $1")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if c.release_leases || c.clear_assignment {
-            sqlx::query("DELETE FROM gpu_leases WHERE job_id = $1").bind(id).execute(&mut *tx).await?;
-        }
-        for q in &c.quarantine {
-            upsert_quarantine(&mut *tx, q).await?;
-        }
-        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        let rec = update_job_in(&mut tx, id, expect, c).await?;
         tx.commit().await?;
         Ok(rec)
+    }
+
+    async fn update_job_and_insert(
+        &self,
+        id: JobId,
+        expect: &[JobState],
+        c: JobChange,
+        then: NewJob,
+    ) -> Result<(JobRecord, JobRecord)> {
+        let mut tx = self.pool.begin().await?;
+        let rec = update_job_in(&mut tx, id, expect, c).await?;
+        let next = insert_job_in(&mut tx, then.pipeline_id, &then).await?;
+        let next = Self::job_in(&mut *tx, next).await?.ok_or(StoreError::JobNotFound(next))?;
+        tx.commit().await?;
+        Ok((rec, next))
     }
 
     async fn set_reason(&self, id: JobId, reason: &str) -> Result<()> {
@@ -546,7 +569,7 @@ impl Store for PostgresStore {
 
     async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool> {
         let sql = format!(
-            "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+            "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              ON CONFLICT DO NOTHING"
         );
         let done = bind_github_job(sqlx::query(&sql), job)?.execute(&self.pool).await?;
@@ -556,11 +579,13 @@ impl Store for PostgresStore {
     async fn put_github_job(&self, job: &GithubJobRecord) -> Result<()> {
         // SQLite's INSERT OR REPLACE: the primary key is the only unique constraint here.
         let sql = format!(
-            "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+            "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
              ON CONFLICT (id) DO UPDATE SET repository = EXCLUDED.repository, run_id = EXCLUDED.run_id, \
              name = EXCLUDED.name, labels = EXCLUDED.labels, pool = EXCLUDED.pool, state = EXCLUDED.state, \
              runner_job_id = EXCLUDED.runner_job_id, runner_name = EXCLUDED.runner_name, reason = EXCLUDED.reason, \
-             queued_at_ms = EXCLUDED.queued_at_ms, updated_at_ms = EXCLUDED.updated_at_ms"
+             queued_at_ms = EXCLUDED.queued_at_ms, updated_at_ms = EXCLUDED.updated_at_ms, \
+             runner_exits = EXCLUDED.runner_exits, last_runner_exit = EXCLUDED.last_runner_exit, \
+             check_failures = EXCLUDED.check_failures, retry_at_ms = EXCLUDED.retry_at_ms"
         );
         bind_github_job(sqlx::query(&sql), job)?.execute(&self.pool).await?;
         Ok(())

@@ -149,6 +149,15 @@ pub struct GithubJobRecord {
     pub reason: String,
     pub queued_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Runners in a row that exited without taking this job; the backoff counts them.
+    pub runner_exits: u32,
+    /// How the last of them ended, e.g. `exit 0, 'Must not run interactively with sudo'`.
+    pub last_runner_exit: Option<String>,
+    /// Failed attempts to ask GitHub about this job (whether its run comes from a fork). Above
+    /// 0 the check is still owed, and no runner is started until it passes.
+    pub check_failures: u32,
+    /// No runner (or check) is started for this job before this time.
+    pub retry_at_ms: Option<i64>,
 }
 
 /// A just-in-time runner: one per runner job.

@@ -9,7 +9,8 @@ pub(crate) const JOB_COLUMNS: &str =
     "id, pipeline_id, step_json, env_json, state, reason, attempt, retry_of, agent_id, gpus_json, \
      created_at_ms, assigned_at_ms, started_at_ms, finished_at_ms, exit_code, telemetry_json";
 pub(crate) const PIPELINE_COLUMNS: &str = "id, file_name, source, workspace_upload, repository, origin, created_at_ms";
-pub(crate) const GITHUB_JOB_COLUMNS: &str = "id, repository, run_id, name, labels, pool, state, runner_job_id, runner_name, reason, queued_at_ms, updated_at_ms";
+pub(crate) const GITHUB_JOB_COLUMNS: &str = "id, repository, run_id, name, labels, pool, state, runner_job_id, runner_name, reason, queued_at_ms, updated_at_ms, \
+     runner_exits, last_runner_exit, check_failures, retry_at_ms";
 pub(crate) const RUNNER_COLUMNS: &str =
     "name, job_id, pool, repository, org, runner_id, github_job_id, state, created_at_ms, updated_at_ms";
 
@@ -90,6 +91,10 @@ macro_rules! row_mappers {
                 reason: r.get("reason"),
                 queued_at_ms: r.get("queued_at_ms"),
                 updated_at_ms: r.get("updated_at_ms"),
+                runner_exits: r.get::<i64, _>("runner_exits").clamp(0, i64::from(u32::MAX)) as u32,
+                last_runner_exit: r.get("last_runner_exit"),
+                check_failures: r.get::<i64, _>("check_failures").clamp(0, i64::from(u32::MAX)) as u32,
+                retry_at_ms: r.get("retry_at_ms"),
             })
         }
 

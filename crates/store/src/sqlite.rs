@@ -1,5 +1,7 @@
 //! The SQLite backend: one file in the data dir, WAL journal, `synchronous=FULL` so a commit
-//! has reached the disk before the call returns.
+//! has reached the disk before the call returns. A write that fails (a full disk, an I/O
+//! error) returns the error and costs the writer connection: it is replaced before the next
+//! write, so no later write can return Ok without being committed (see `fit_for_next_write`).
 
 use crate::rows::*;
 use crate::*;
@@ -41,7 +43,11 @@ impl SqliteStore {
             .foreign_keys(true)
             .pragma("secure_delete", "ON")
             .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(opts.clone()).await?;
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .after_release(|conn, _| fit_for_next_write(conn))
+            .connect_with(opts.clone())
+            .await?;
         MIGRATOR.run(&pool).await?;
         let read = SqlitePoolOptions::new().max_connections(4).connect_with(opts.read_only(true)).await?;
         Ok(Self { pool, read })
@@ -61,6 +67,40 @@ impl SqliteStore {
             sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?")).bind(id).fetch_optional(exec).await?;
         row.map(|r| job_from_row(&r)).transpose()
     }
+}
+
+/// Whether the writer connection, back from a write, may take the next one; if not, the pool
+/// closes it (SQLite rolls back whatever it still holds) and opens a fresh one for the next
+/// write.
+///
+/// This is what keeps "a write returns only once it is durable" true after a failed commit.
+/// When a COMMIT fails with SQLITE_FULL or SQLITE_IOERR, SQLite rolls the whole transaction
+/// back, but sqlx (0.8) still counts it as open: its ROLLBACK then fails, the count stays
+/// at 1, and its next `begin()` issues `SAVEPOINT` instead of `BEGIN`. The first such
+/// savepoint whose `RELEASE` fails leaves SQLite inside a transaction for good, and from then
+/// on every `commit()` only releases a nested savepoint: it returns Ok, the caller
+/// acknowledges, and nothing reaches the file (readers never see it; a restart loses it).
+/// Measured on a full tmpfs: after the disk filled and space returned, "pipeline submitted"
+/// and "job finished" were logged while the API still showed neither.
+fn fit_for_next_write(
+    conn: &mut sqlx::SqliteConnection,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = sqlx::Result<bool>> + Send + '_>> {
+    use sqlx::{Connection, Executor};
+    Box::pin(async move {
+        // sqlx's count, then SQLite's own view (BEGIN fails inside a transaction).
+        let clean = !conn.is_in_transaction()
+            && match conn.execute("BEGIN").await {
+                Ok(_) => conn.execute("ROLLBACK").await.is_ok(),
+                Err(_) => false,
+            };
+        if !clean {
+            tracing::warn!(
+                "a write failed inside a transaction (a full disk or an I/O error?); \
+                 the database connection is replaced so no later write is left uncommitted"
+            );
+        }
+        Ok(clean)
+    })
 }
 
 /// Create `path` empty with mode 0600 unless it exists (set explicitly: the umask only ever
@@ -90,7 +130,11 @@ fn bind_github_job<'q>(
         .bind(&j.runner_name)
         .bind(&j.reason)
         .bind(j.queued_at_ms)
-        .bind(j.updated_at_ms))
+        .bind(j.updated_at_ms)
+        .bind(i64::from(j.runner_exits))
+        .bind(&j.last_runner_exit)
+        .bind(i64::from(j.check_failures))
+        .bind(j.retry_at_ms))
 }
 
 async fn insert_job_in(conn: &mut sqlx::SqliteConnection, pipeline_id: PipelineId, j: &NewJob) -> Result<JobId> {
@@ -129,6 +173,48 @@ async fn upsert_quarantine<'e, E: sqlx::SqliteExecutor<'e>>(exec: E, q: &Quarant
     .execute(exec)
     .await?;
     Ok(())
+}
+
+/// The change of [`Store::update_job`], inside the caller's transaction.
+async fn update_job_in(
+    tx: &mut sqlx::SqliteConnection,
+    id: JobId,
+    expect: &[JobState],
+    c: JobChange,
+) -> Result<JobRecord> {
+    let cur = SqliteStore::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+    if !expect.is_empty() && !expect.contains(&cur.state) {
+        let expected = expect.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|");
+        return Err(StoreError::Conflict { job: id, expected, found: cur.state });
+    }
+    let telemetry = c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
+    sqlx::query(
+        "UPDATE jobs SET state = COALESCE(?, state), reason = COALESCE(?, reason), \
+         started_at_ms = COALESCE(?, started_at_ms), finished_at_ms = COALESCE(?, finished_at_ms), \
+         exit_code = COALESCE(?, exit_code), telemetry_json = COALESCE(?, telemetry_json) WHERE id = ?",
+    )
+    .bind(c.state.map(JobState::as_str))
+    .bind(c.reason)
+    .bind(c.started_at_ms)
+    .bind(c.finished_at_ms)
+    .bind(c.exit_code)
+    .bind(telemetry)
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    if c.clear_assignment {
+        sqlx::query("UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL WHERE id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    if c.release_leases || c.clear_assignment {
+        sqlx::query("DELETE FROM gpu_leases WHERE job_id = ?").bind(id).execute(&mut *tx).await?;
+    }
+    for q in &c.quarantine {
+        upsert_quarantine(&mut *tx, q).await?;
+    }
+    SqliteStore::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))
 }
 
 #[async_trait]
@@ -218,42 +304,24 @@ impl Store for SqliteStore {
 
     async fn update_job(&self, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
         let mut tx = self.pool.begin().await?;
-        let cur = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
-        if !expect.is_empty() && !expect.contains(&cur.state) {
-            let expected = expect.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|");
-            return Err(StoreError::Conflict { job: id, expected, found: cur.state });
-        }
-        let telemetry =
-            c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
-        sqlx::query(
-            "UPDATE jobs SET state = COALESCE(?, state), reason = COALESCE(?, reason), \
-             started_at_ms = COALESCE(?, started_at_ms), finished_at_ms = COALESCE(?, finished_at_ms), \
-             exit_code = COALESCE(?, exit_code), telemetry_json = COALESCE(?, telemetry_json) WHERE id = ?",
-        )
-        .bind(c.state.map(JobState::as_str))
-        .bind(c.reason)
-        .bind(c.started_at_ms)
-        .bind(c.finished_at_ms)
-        .bind(c.exit_code)
-        .bind(telemetry)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        if c.clear_assignment {
-            sqlx::query("UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL WHERE id = ?")
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if c.release_leases || c.clear_assignment {
-            sqlx::query("DELETE FROM gpu_leases WHERE job_id = ?").bind(id).execute(&mut *tx).await?;
-        }
-        for q in &c.quarantine {
-            upsert_quarantine(&mut *tx, q).await?;
-        }
-        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        let rec = update_job_in(&mut tx, id, expect, c).await?;
         tx.commit().await?;
         Ok(rec)
+    }
+
+    async fn update_job_and_insert(
+        &self,
+        id: JobId,
+        expect: &[JobState],
+        c: JobChange,
+        then: NewJob,
+    ) -> Result<(JobRecord, JobRecord)> {
+        let mut tx = self.pool.begin().await?;
+        let rec = update_job_in(&mut tx, id, expect, c).await?;
+        let next = insert_job_in(&mut tx, then.pipeline_id, &then).await?;
+        let next = Self::job_in(&mut *tx, next).await?.ok_or(StoreError::JobNotFound(next))?;
+        tx.commit().await?;
+        Ok((rec, next))
     }
 
     async fn set_reason(&self, id: JobId, reason: &str) -> Result<()> {
@@ -499,7 +567,7 @@ impl Store for SqliteStore {
 
     async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool> {
         let sql = format!(
-            "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+            "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
         );
         let done = bind_github_job(sqlx::query(&sql), job)?.execute(&self.pool).await?;
         Ok(done.rows_affected() == 1)
@@ -507,7 +575,7 @@ impl Store for SqliteStore {
 
     async fn put_github_job(&self, job: &GithubJobRecord) -> Result<()> {
         let sql = format!(
-            "INSERT OR REPLACE INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            "INSERT OR REPLACE INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
         );
         bind_github_job(sqlx::query(&sql), job)?.execute(&self.pool).await?;
         Ok(())
@@ -620,5 +688,171 @@ impl Store for SqliteStore {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+    use super::*;
+    use gpuci_core::pipeline::Step;
+    use std::io::Write;
+    use std::path::PathBuf;
+
+    /// A small tmpfs of its own, so a test can fill the disk under the database. Mounting
+    /// needs root: under CI (`CI=true`) a test that cannot mount fails; elsewhere it is
+    /// skipped with a note.
+    struct SmallDisk {
+        dir: tempfile::TempDir,
+    }
+
+    impl SmallDisk {
+        fn mount(size: &str) -> Option<SmallDisk> {
+            let dir = tempfile::Builder::new().prefix("gpuci-small-disk-").tempdir().unwrap();
+            let out = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+                .arg(dir.path())
+                .output();
+            match out {
+                Ok(o) if o.status.success() => Some(SmallDisk { dir }),
+                other => {
+                    let why = match other {
+                        Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    assert!(
+                        std::env::var("CI").as_deref() != Ok("true"),
+                        "CI=true but a tmpfs cannot be mounted ({why}); these tests run as root"
+                    );
+                    eprintln!("note: skipped: cannot mount a small tmpfs ({why}); run as root to fill a disk");
+                    None
+                }
+            }
+        }
+
+        fn path(&self) -> &Path {
+            self.dir.path()
+        }
+
+        /// Write a file until the disk is full; returns it (remove it to free the space).
+        fn fill(&self) -> PathBuf {
+            let path = self.path().join("filler");
+            let mut f = std::fs::File::create(&path).unwrap();
+            for chunk in [64 * 1024, 512, 1] {
+                let buf = vec![0u8; chunk];
+                while f.write_all(&buf).is_ok() {}
+            }
+            let _ = f.sync_all();
+            path
+        }
+    }
+
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(self.dir.path()).status();
+        }
+    }
+
+    fn pipeline(name: &str) -> NewPipeline {
+        NewPipeline {
+            file_name: name.into(),
+            source: "steps: []".into(),
+            workspace_upload: None,
+            repository: None,
+            origin: None,
+            created_at_ms: 1,
+        }
+    }
+
+    fn job(key: &str) -> NewJob {
+        NewJob {
+            pipeline_id: 0,
+            step: Step::new(key, "true"),
+            env: Default::default(),
+            state: JobState::Queued,
+            reason: "queued".into(),
+            attempt: 1,
+            retry_of: None,
+            created_at_ms: 1,
+        }
+    }
+
+    /// Regression (issue 10, item 3): after a commit failed on a full disk, sqlx kept counting
+    /// the transaction SQLite had rolled back, and every later "commit" returned Ok without
+    /// reaching the file, also once space was back.
+    #[tokio::test]
+    async fn after_a_full_disk_every_write_that_returns_ok_is_durable() {
+        let Some(disk) = SmallDisk::mount("2m") else { return };
+        let path = disk.path().join("gpuci.db");
+        let s = SqliteStore::open(&path).await.unwrap();
+        let (before, _) = s.create_pipeline(pipeline("before.yml"), vec![job("a")]).await.unwrap();
+
+        let filler = disk.fill();
+        for i in 0..3 {
+            let e = s.create_pipeline(pipeline("full.yml"), vec![job("a")]).await.unwrap_err();
+            assert!(e.is_unavailable(), "attempt {i}: {e}");
+            assert_eq!(e.reason(), "database or disk is full", "attempt {i}");
+            assert!(e.to_string().contains("(SQLite code 13)"), "{e}");
+        }
+        std::fs::remove_file(filler).unwrap();
+
+        // Space is back: the same store writes again, and what it says it stored is there.
+        let (after, jobs) = s.create_pipeline(pipeline("after.yml"), vec![job("a")]).await.unwrap();
+        assert!(
+            s.get_pipeline(after.id).await.unwrap().is_some(),
+            "pipeline {} was acknowledged but is not stored",
+            after.id
+        );
+        let done = JobChange {
+            state: Some(JobState::Succeeded),
+            reason: Some("exited with code 0".into()),
+            finished_at_ms: Some(2),
+            ..Default::default()
+        };
+        s.update_job(jobs[0].id, &[JobState::Queued], done).await.unwrap();
+        assert_eq!(s.get_job(jobs[0].id).await.unwrap().unwrap().state, JobState::Succeeded);
+        drop(s);
+
+        let s = SqliteStore::open(&path).await.unwrap();
+        let names: Vec<String> = s.list_pipelines(10).await.unwrap().into_iter().map(|p| p.file_name).collect();
+        assert_eq!(names, ["after.yml", "before.yml"]);
+        assert!(s.get_pipeline(before.id).await.unwrap().is_some());
+        assert_eq!(s.get_job(jobs[0].id).await.unwrap().unwrap().state, JobState::Succeeded);
+    }
+
+    /// A job's end and its retry are one write: when it fails, neither is stored.
+    #[tokio::test]
+    async fn a_job_ends_with_its_retry_or_not_at_all() {
+        let Some(disk) = SmallDisk::mount("2m") else { return };
+        let s = SqliteStore::open(&disk.path().join("gpuci.db")).await.unwrap();
+        let (_, jobs) = s.create_pipeline(pipeline("p.yml"), vec![job("a")]).await.unwrap();
+        let failed =
+            || JobChange { state: Some(JobState::Failed), reason: Some("exit 1".into()), ..Default::default() };
+        let retry = NewJob { pipeline_id: jobs[0].pipeline_id, attempt: 2, retry_of: Some(jobs[0].id), ..job("a") };
+
+        let filler = disk.fill();
+        let e = s.update_job_and_insert(jobs[0].id, &[JobState::Queued], failed(), retry.clone()).await.unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        std::fs::remove_file(filler).unwrap();
+        let all = s.pipeline_jobs(jobs[0].pipeline_id).await.unwrap();
+        assert_eq!((all.len(), all[0].state), (1, JobState::Queued), "{all:?}");
+
+        let (ended, next) = s.update_job_and_insert(jobs[0].id, &[JobState::Queued], failed(), retry).await.unwrap();
+        assert_eq!((ended.state, next.state, next.retry_of), (JobState::Failed, JobState::Queued, Some(ended.id)));
+        assert_eq!(s.pipeline_jobs(jobs[0].pipeline_id).await.unwrap().len(), 2);
+    }
+
+    /// A file that is not a database says so once, and is recognised as damaged.
+    #[tokio::test]
+    async fn a_damaged_file_is_refused_and_said_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gpuci.db");
+        std::fs::write(&path, vec![0x5a; 8192]).unwrap();
+        let Err(e) = SqliteStore::open(&path).await else { panic!("a damaged file opened") };
+        assert!(e.is_damaged() && !e.is_unavailable(), "{e}");
+        let text = e.to_string();
+        assert_eq!(text.matches("file is not a database").count(), 1, "{text}");
+        assert!(std::error::Error::source(&e).is_none(), "the chain would repeat it: {text}");
     }
 }

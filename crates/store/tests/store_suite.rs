@@ -217,11 +217,22 @@ async fn github_suite(s: &dyn Store) {
         reason: "queued".into(),
         queued_at_ms: 10,
         updated_at_ms: 10,
+        runner_exits: 0,
+        last_runner_exit: None,
+        check_failures: 0,
+        retry_at_ms: None,
     };
     assert!(s.insert_github_job(&job).await.unwrap());
     let mut twice = job.clone();
     twice.name = "other".into();
     assert!(!s.insert_github_job(&twice).await.unwrap());
+    assert_eq!(s.get_github_job(77).await.unwrap().unwrap(), job);
+    // The backoff state survives a restart: it is in the record.
+    job.runner_exits = 3;
+    job.last_runner_exit = Some("exit 0, 'Must not run interactively with sudo'".into());
+    job.check_failures = 2;
+    job.retry_at_ms = Some(12_345);
+    s.put_github_job(&job).await.unwrap();
     assert_eq!(s.get_github_job(77).await.unwrap().unwrap(), job);
     job.state = "completed".into();
     job.runner_name = Some("gpuci-1".into());

@@ -53,6 +53,7 @@ pub async fn run(a: DoctorArgs) -> CliResult {
             Some(ComputeCapability { major: v.parts()[0], minor: v.parts().get(1).copied().unwrap_or(0) });
     }
     opts.probes = a.probes.into_iter().map(|(name, command)| Probe { name, command }).collect();
+    let runner_checks = runner_install_checks(a.runner_dir.as_deref());
     let runner = Arc::new(SystemRunner);
     let checks = tokio::task::spawn_blocking(move || {
         let mut d = DetectOptions::new(gpuci_agent::hostname());
@@ -66,6 +67,7 @@ pub async fn run(a: DoctorArgs) -> CliResult {
     let mut checks = checks;
     checks.extend(data_dir_checks());
     checks.extend(job_isolation_checks());
+    checks.extend(runner_checks);
     let passed = doctor_passed(&checks);
     if a.json {
         let out = serde_json::json!({ "passed": passed, "checks": checks });
@@ -82,6 +84,25 @@ pub async fn run(a: DoctorArgs) -> CliResult {
         );
     }
     Ok(if passed { 0 } else { 1 })
+}
+
+/// The Actions runner install GitHub runner pools use here: the one named, else the pools'
+/// default when it exists. A host with neither serves no runner pool, which is fine.
+fn runner_install_checks(named: Option<&std::path::Path>) -> Vec<gpuci_gpu::DoctorCheck> {
+    let default = std::path::Path::new(gpuci_gpu::DEFAULT_RUNNER_DIR);
+    match named {
+        Some(dir) => gpuci_gpu::check_runner_install(dir),
+        None if default.exists() => gpuci_gpu::check_runner_install(default),
+        None => vec![gpuci_gpu::DoctorCheck {
+            name: "runner.install".into(),
+            status: gpuci_gpu::CheckStatus::Skip,
+            detail: format!(
+                "no Actions runner at {} and none named (--runner-dir): this host serves no GitHub runner pool",
+                default.display()
+            ),
+            fix: None,
+        }],
+    }
 }
 
 /// What the privilege model needs on this host (docs/sandbox.md): a uid range no account

@@ -20,6 +20,7 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
         config.database = Database::Postgres(url.clone());
     }
     config.max_log_bytes = a.max_log_bytes;
+    config.new_database = a.new_database;
     config.timing = Timing { heartbeat_interval: a.heartbeat, lost_after: a.lost_after, ..Timing::default() };
     if let Some(path) = &a.config {
         let text = std::fs::read_to_string(path)

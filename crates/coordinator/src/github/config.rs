@@ -117,6 +117,10 @@ pub struct PoolFile {
     /// Where the Actions runner is installed on the agents' hosts.
     #[serde(default = "default_install_dir")]
     pub install_dir: String,
+    /// After a runner exits without taking its job, the pause before the next one; it doubles
+    /// with each such exit in a row, up to 5 minutes (see `backoff`).
+    #[serde(default = "default_runner_backoff")]
+    pub runner_backoff: Parsed<Duration>,
 }
 
 /// A value written as a string and parsed with its `FromStr`, so a bad value is reported at
@@ -216,6 +220,9 @@ fn default_job_timeout() -> Parsed<Duration> {
 }
 fn default_install_dir() -> String {
     "/opt/actions-runner".into()
+}
+fn default_runner_backoff() -> Parsed<Duration> {
+    Parsed(Duration::from_str("10s").unwrap_or_default())
 }
 
 /// A config error with where it is.
@@ -331,6 +338,8 @@ pub struct Pool {
     pub idle_timeout: std::time::Duration,
     pub job_timeout: Duration,
     pub install_dir: String,
+    /// The first pause after a runner exits without taking its job.
+    pub runner_backoff: std::time::Duration,
 }
 
 impl Pool {
@@ -447,6 +456,7 @@ impl GithubFile {
                 idle_timeout: p.idle_timeout.0.as_std(),
                 job_timeout: p.job_timeout.0,
                 install_dir: p.install_dir.clone(),
+                runner_backoff: p.runner_backoff.0.as_std(),
             })
             .collect();
         Ok(GithubConfig {
@@ -496,6 +506,7 @@ queue_timeout = "20m"
         assert_eq!(p.forks, ForkPolicy::Deny);
         assert_eq!(p.queue_timeout.0.as_std(), std::time::Duration::from_secs(1200));
         assert_eq!(p.install_dir, "/opt/actions-runner");
+        assert_eq!(p.runner_backoff.0.as_std(), std::time::Duration::from_secs(10));
     }
 
     #[test]
@@ -547,6 +558,7 @@ queue_timeout = "20m"
             idle_timeout: std::time::Duration::from_secs(1),
             job_timeout: Duration::from_str("1h").unwrap_or_default(),
             install_dir: "/opt/actions-runner".into(),
+            runner_backoff: std::time::Duration::from_secs(10),
         }
     }
 

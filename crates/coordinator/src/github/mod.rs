@@ -8,6 +8,7 @@
 //! go out through the reporter's queue in order.
 
 pub mod api;
+pub mod backoff;
 pub mod config;
 mod report;
 pub mod service;

@@ -8,11 +8,15 @@
 //! - a record still queued past its pool's `queue_timeout` has its run cancelled on GitHub,
 //!   with the reason kept; a runner that took no job within `idle_timeout` is removed and its
 //!   GPUs freed; a runner that ends without a job is deregistered;
+//! - a runner that exits without taking its job is replaced after a growing pause, and a
+//!   failed question to GitHub keeps the job and asks again later ([`backoff`](super::backoff)
+//!   decides both; the state is in the record, so a restart does not reset it);
 //! - reconciliation asks GitHub for queued jobs of the known repositories at start-up and
 //!   every `reconcile_interval`, so a webhook missed while gpuci was down is not lost;
 //! - `push` and `pull_request` run the commit's `.gpuci.yml`; pull requests from forks or
 //!   outsiders wait for a maintainer's approval label, which covers one head SHA.
 
+use super::backoff::{self, Exits, Next, RunnerEnd};
 use super::config::{match_pool, ForkPolicy, GithubConfig, NoPool, Pool};
 use super::report::{Item, PipelineReport, Reporter};
 use super::{Inbound, InboundTx};
@@ -35,11 +39,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// What the webhook handler needs.
+/// What the webhook handler and the GitHub API endpoints need.
 #[derive(Clone)]
 pub struct Handle {
     pub webhook_secret: Secret,
     pub(crate) inbound: InboundTx,
+    /// For its rate-limit figures.
+    pub(crate) client: Arc<Client>,
 }
 
 /// The largest repository tarball gpuci downloads for a pipeline.
@@ -69,7 +75,7 @@ pub fn start(cfg: Arc<GithubConfig>, client: Arc<Client>, deps: Deps, shutdown: 
         public_url: cfg.public_url.clone().unwrap_or_else(|| deps.public_url.clone()),
     };
     tokio::spawn(reporter.run(report_rx, shutdown.clone()));
-    let handle = Handle { webhook_secret: cfg.webhook_secret.clone(), inbound: tx };
+    let handle = Handle { webhook_secret: cfg.webhook_secret.clone(), inbound: tx, client: client.clone() };
     let events = deps.hub.subscribe();
     let service = Service {
         cfg,
@@ -81,6 +87,7 @@ pub fn start(cfg: Arc<GithubConfig>, client: Arc<Client>, deps: Deps, shutdown: 
         report: report_tx,
         origins: HashMap::new(),
         reported: HashMap::new(),
+        rate_warned: HashMap::new(),
     };
     tokio::spawn(service.run(rx, events, shutdown));
     handle
@@ -98,6 +105,8 @@ struct Service {
     origins: HashMap<PipelineId, Option<Origin>>,
     /// The last state reported per job, so GitHub hears of changes only.
     reported: HashMap<JobId, JobState>,
+    /// (credential, resource) → the reset of the rate-limit window already warned about.
+    rate_warned: HashMap<(String, String), i64>,
 }
 
 /// A queued workflow job, from a webhook or from reconciliation.
@@ -227,21 +236,14 @@ impl Service {
             reason: "waiting for a runner".into(),
             queued_at_ms: now,
             updated_at_ms: now,
+            runner_exits: 0,
+            last_runner_exit: None,
+            check_failures: 0,
+            retry_at_ms: None,
         };
         if pool.forks == ForkPolicy::Deny {
-            match self.run_is_from_fork(&q).await {
-                Ok(false) => {}
-                Ok(true) => {
-                    record.state = "refused".into();
-                    record.reason =
-                        format!("pool {} does not run jobs of workflow runs from forks (forks = \"deny\")", pool.name);
-                    tracing::info!(job = q.id, repository = %q.repository, "workflow job from a fork refused");
-                }
-                Err(e) => {
-                    // Not recorded: the next reconciliation tries again.
-                    return tracing::warn!(job = q.id, error = %e, "could not tell whether the run comes from a fork");
-                }
-            }
+            // A failed check keeps the job: recorded, no runner until a later check passes.
+            self.apply_fork_check(&mut record, &pool, q.head_sha.clone()).await;
         }
         match self.store.insert_github_job(&record).await {
             Ok(true) => {
@@ -253,11 +255,46 @@ impl Service {
         self.fill_pool(&pool).await;
     }
 
-    async fn run_is_from_fork(&self, q: &Queued) -> Result<bool, String> {
-        let repo = Repo::parse(&q.repository).ok_or("bad repository name")?;
-        let runs = self.client.list_runs(&repo, None, Some(&q.head_sha)).await.map_err(|e| e.to_string())?;
-        let run = runs.iter().find(|r| r.id == q.run_id).ok_or_else(|| format!("run {} not found", q.run_id))?;
-        Ok(run.head_repository_full_name.as_deref().is_none_or(|h| !h.eq_ignore_ascii_case(&q.repository)))
+    async fn run_is_from_fork(&self, repository: &str, run_id: u64, head_sha: Option<&str>) -> Result<bool, String> {
+        let repo = Repo::parse(repository).ok_or("bad repository name")?;
+        let runs = self.client.list_runs(&repo, None, head_sha).await.map_err(|e| e.to_string())?;
+        let run = runs.iter().find(|r| r.id == run_id).ok_or_else(|| format!("run {run_id} not found"))?;
+        Ok(run.head_repository_full_name.as_deref().is_none_or(|h| !h.eq_ignore_ascii_case(repository)))
+    }
+
+    /// Asks whether `r`'s run comes from a fork and sets the record from the answer: refused, or
+    /// free to get a runner, or (the question failed) kept with the error and a time to ask
+    /// again. `head_sha` narrows the listing when known (a record does not keep it).
+    async fn apply_fork_check(&self, r: &mut GithubJobRecord, pool: &Pool, head_sha: String) {
+        let head_sha = (!head_sha.is_empty()).then_some(head_sha);
+        let now = brain::now_ms();
+        match self.run_is_from_fork(&r.repository, r.run_id as u64, head_sha.as_deref()).await {
+            Ok(false) => {
+                if r.check_failures > 0 {
+                    r.reason = "waiting for a runner".into();
+                }
+                r.check_failures = 0;
+                r.retry_at_ms = None;
+            }
+            Ok(true) => {
+                r.state = "refused".into();
+                r.reason =
+                    format!("pool {} does not run jobs of workflow runs from forks (forks = \"deny\")", pool.name);
+                r.check_failures = 0;
+                r.retry_at_ms = None;
+                tracing::info!(job = r.id, repository = %r.repository, "workflow job from a fork refused");
+            }
+            Err(e) => {
+                r.check_failures = r.check_failures.saturating_add(1);
+                let policy = backoff::Policy::new(pool.runner_backoff);
+                let (at, reason) = backoff::check_failed(&policy, r.check_failures, &e, now, rand::random());
+                r.retry_at_ms = Some(at);
+                r.reason = reason;
+                tracing::warn!(job = r.id, error = %e, tries = r.check_failures,
+                    "could not tell whether the run comes from a fork; the job is kept and asked about again");
+            }
+        }
+        r.updated_at_ms = now;
     }
 
     /// Queue runner jobs for the pool's oldest waiting records while it has room.
@@ -268,14 +305,28 @@ impl Service {
         };
         let mine: Vec<GithubJobRecord> = records.into_iter().filter(|r| r.pool == pool.name).collect();
         let mut live = mine.iter().filter(|r| r.runner_job_id.is_some()).count() as u32;
-        let mut waiting: Vec<GithubJobRecord> =
-            mine.into_iter().filter(|r| r.state == "queued" && r.runner_job_id.is_none()).collect();
+        let now = brain::now_ms();
+        // Not those whose check is owed or whose backoff is not over: they keep their reason.
+        let mut waiting: Vec<GithubJobRecord> = mine
+            .into_iter()
+            .filter(|r| r.state == "queued" && r.runner_job_id.is_none())
+            .filter(|r| r.check_failures == 0 && r.retry_at_ms.is_none_or(|at| at <= now))
+            .collect();
         waiting.sort_by_key(|r| (r.queued_at_ms, r.id));
+        let policy = backoff::Policy::new(pool.runner_backoff);
         for mut r in waiting {
             if live >= pool.max_runners {
-                let why = format!("waiting: pool {} runs at most {} runners at a time", pool.name, pool.max_runners);
-                if r.reason != why {
+                let mut why =
+                    format!("waiting: pool {} runs at most {} runners at a time", pool.name, pool.max_runners);
+                let exits = Exits { count: r.runner_exits, last: r.last_runner_exit.clone() };
+                if let Some(s) = backoff::summary(&policy, &exits) {
+                    why = format!("{why}; {s}");
+                }
+                // A pause that is over waits for room like the rest: the next runner to end
+                // fills the pool, so the tick need not keep trying.
+                if r.reason != why || r.retry_at_ms.is_some() {
                     r.reason = why;
+                    r.retry_at_ms = None;
                     r.updated_at_ms = brain::now_ms();
                     let _ = self.store.put_github_job(&r).await;
                 }
@@ -285,7 +336,9 @@ impl Service {
                 Ok(job) => {
                     live += 1;
                     r.runner_job_id = Some(job);
-                    r.reason = format!("runner job {job} queued");
+                    r.retry_at_ms = None;
+                    let exits = Exits { count: r.runner_exits, last: r.last_runner_exit.clone() };
+                    r.reason = backoff::queued_reason(&policy, job, &exits);
                     r.updated_at_ms = brain::now_ms();
                     if let Err(e) = self.store.put_github_job(&r).await {
                         tracing::error!(error = %e, "could not record the runner job");
@@ -420,7 +473,9 @@ impl Service {
     /// and let the pool queue the next.
     async fn runner_job_ended(&mut self, j: &JobSummary, origin: &RunnerOrigin) {
         let now = brain::now_ms();
-        if let Some(mut runner) = self.runner_of_job(j.id).await.filter(|r| r.state != "done" && r.state != "removed") {
+        let runner = self.runner_of_job(j.id).await;
+        let took_job = runner.as_ref().is_some_and(|r| r.github_job_id.is_some());
+        if let Some(mut runner) = runner.filter(|r| r.state != "done" && r.state != "removed") {
             if runner.github_job_id.is_none() {
                 self.deregister(&runner).await;
                 runner.state = "removed".into();
@@ -440,7 +495,35 @@ impl Service {
             }
             r.runner_job_id = None;
             if r.state == "queued" {
-                r.reason = format!("runner job {} ended ({}): {}; waiting for another runner", j.id, j.state, j.reason);
+                let end = RunnerEnd {
+                    job: j.id,
+                    state: j.state,
+                    reason: j.reason.clone(),
+                    exit_code: j.exit_code,
+                    started: j.started_at_ms.is_some(),
+                    last_line: self.last_output_line(j.id).await,
+                    took_job,
+                };
+                let policy = self
+                    .pool(&origin.pool)
+                    .map_or(backoff::Policy::new(Duration::from_secs(10)), |p| backoff::Policy::new(p.runner_backoff));
+                let prior = Exits { count: r.runner_exits, last: r.last_runner_exit.clone() };
+                match backoff::after_runner(&policy, &prior, &end, now, rand::random()) {
+                    Next::Now { reason } => r.reason = reason,
+                    Next::Wait { exits, retry_at_ms, reason } => {
+                        tracing::warn!(
+                            job = r.id,
+                            runner_job = j.id,
+                            exits = exits.count,
+                            last = exits.last.as_deref().unwrap_or_default(),
+                            "the runner exited without taking the job; the next one waits"
+                        );
+                        r.runner_exits = exits.count;
+                        r.last_runner_exit = exits.last;
+                        r.retry_at_ms = Some(retry_at_ms);
+                        r.reason = reason;
+                    }
+                }
             }
             r.updated_at_ms = now;
             let _ = self.store.put_github_job(&r).await;
@@ -448,6 +531,30 @@ impl Service {
         if let Some(pool) = self.pool(&origin.pool).cloned() {
             self.fill_pool(&pool).await;
         }
+    }
+
+    /// The last line a runner job wrote: its last stderr line, else its last stdout line
+    /// (gpuci's own lines are not the runner's). Read forwards in pages: a runner that exits
+    /// without a job writes little, and a long log is read only this far.
+    async fn last_output_line(&self, job: JobId) -> Option<String> {
+        use gpuci_protocol::agent::Stream;
+        const PAGE: u32 = 1000;
+        let (mut after, mut stderr, mut stdout) = (0, None, None);
+        for _ in 0..20 {
+            let lines = self.store.read_logs(job, after, PAGE).await.ok()?;
+            for l in lines.iter().filter(|l| !l.text.trim().is_empty()) {
+                match l.stream {
+                    Stream::Stderr => stderr = Some(l.text.clone()),
+                    Stream::Stdout => stdout = Some(l.text.clone()),
+                    Stream::System => {}
+                }
+            }
+            match lines.last() {
+                Some(last) if lines.len() == PAGE as usize => after = last.seq,
+                _ => break,
+            }
+        }
+        stderr.or(stdout)
     }
 
     async fn deregister(&self, runner: &gpuci_store::RunnerRecord) {
@@ -500,20 +607,55 @@ impl Service {
         let now = brain::now_ms();
         // Queue timeouts.
         let active = self.store.github_jobs(true, 100_000).await.unwrap_or_default();
-        for r in active.into_iter().filter(|r| r.state == "queued") {
-            let Some(pool) = self.pool(&r.pool) else { continue };
-            if now - r.queued_at_ms < pool.queue_timeout.as_millis() as i64 {
+        let mut due_pools: Vec<String> = Vec::new();
+        for mut r in active.into_iter().filter(|r| r.state == "queued") {
+            let Some(pool) = self.pool(&r.pool).cloned() else { continue };
+            if now - r.queued_at_ms >= pool.queue_timeout.as_millis() as i64 {
+                let job_reason = match r.runner_job_id {
+                    Some(job) => Some(match self.store.get_job(job).await {
+                        Ok(Some(j)) => j.reason,
+                        _ => "its runner job is gone".into(),
+                    }),
+                    None => None,
+                };
+                let exits = Exits { count: r.runner_exits, last: r.last_runner_exit.clone() };
+                let policy = backoff::Policy::new(pool.runner_backoff);
+                let why = backoff::stuck_why(&policy, &exits, job_reason.as_deref(), &r.reason);
+                self.cancel_stuck(r, why).await;
                 continue;
             }
-            let why = match r.runner_job_id {
-                Some(job) => match self.store.get_job(job).await {
-                    Ok(Some(j)) => j.reason,
-                    _ => "its runner job is gone".into(),
-                },
-                None => r.reason.clone(),
-            };
-            self.cancel_stuck(r, why).await;
+            let due = r.retry_at_ms.is_some_and(|at| at <= now);
+            if r.check_failures > 0 && pool.forks == ForkPolicy::Allow {
+                // The pool was changed to allow forks since: nothing to ask.
+                r.check_failures = 0;
+                r.retry_at_ms = None;
+                r.reason = "waiting for a runner".into();
+                let _ = self.store.put_github_job(&r).await;
+                due_pools.push(pool.name.clone());
+            } else if due && r.check_failures > 0 {
+                // The fork check failed before: ask again, for the run's commit when GitHub says
+                // which (it narrows the listing to that run's).
+                let head_sha = match Repo::parse(&r.repository) {
+                    Some(repo) => self.client.get_job(&repo, r.id as u64).await.map(|j| j.head_sha).unwrap_or_default(),
+                    None => String::new(),
+                };
+                self.apply_fork_check(&mut r, &pool, head_sha).await;
+                let _ = self.store.put_github_job(&r).await;
+                if r.check_failures == 0 && r.state == "queued" {
+                    due_pools.push(pool.name.clone());
+                }
+            } else if due && r.runner_job_id.is_none() {
+                due_pools.push(pool.name.clone());
+            }
         }
+        due_pools.sort();
+        due_pools.dedup();
+        for name in due_pools {
+            if let Some(pool) = self.pool(&name).cloned() {
+                self.fill_pool(&pool).await;
+            }
+        }
+        self.warn_rate_limits();
         // Runners that took no job.
         let runners = self.store.runners(true).await.unwrap_or_default();
         for mut runner in runners.into_iter().filter(|r| r.state == "registered" && r.github_job_id.is_none()) {
@@ -534,6 +676,22 @@ impl Service {
             runner.updated_at_ms = now;
             let _ = self.store.put_runner(&runner).await;
             self.recheck_served(runner.job_id).await;
+        }
+    }
+
+    /// Logs once per window when a credential has used nine tenths of its GitHub rate limit.
+    fn warn_rate_limits(&mut self) {
+        for l in self.client.rate_limits() {
+            if l.limit == 0 || l.remaining.saturating_mul(10) >= l.limit {
+                continue;
+            }
+            let key = (l.credential.clone(), l.resource.clone());
+            if self.rate_warned.get(&key) == Some(&l.reset) {
+                continue;
+            }
+            self.rate_warned.insert(key, l.reset);
+            tracing::warn!(credential = %l.credential, resource = %l.resource, remaining = l.remaining,
+                limit = l.limit, reset = l.reset, "GitHub rate limit nearly used up");
         }
     }
 

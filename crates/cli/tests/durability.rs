@@ -1,0 +1,188 @@
+//! Durable before acknowledged (issue 10, items 3 and 7), with real processes: a coordinator
+//! whose disk fills answers 503 with the reason, shows and acknowledges only what it stored,
+//! loses nothing it acknowledged across a restart, and recovers by itself when space returns;
+//! a data dir whose database is missing, empty or damaged is refused with one clear message.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+#[path = "common/disk.rs"]
+mod disk;
+
+use common::*;
+use disk::SmallDisk;
+use gpuci_core::job::JobState;
+use gpuci_protocol::api::{JobSummary, SubmitPipeline};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+
+/// POST a pipeline; the status and the body as JSON.
+fn try_submit(api: &Api, token: &str, yaml: &str) -> (u16, serde_json::Value) {
+    let r = api
+        .raw()
+        .post(format!("{}/api/v1/pipelines", api.url))
+        .bearer_auth(token)
+        .json(&SubmitPipeline {
+            file_name: "test.yml".into(),
+            source: yaml.into(),
+            env: Default::default(),
+            workspace_upload: None,
+            repository: None,
+        })
+        .send()
+        .unwrap();
+    (r.status().as_u16(), r.json().unwrap_or_default())
+}
+
+fn try_cancel(api: &Api, token: &str, id: i64) -> (u16, serde_json::Value) {
+    let r = api.raw().post(format!("{}/api/v1/jobs/{id}/cancel", api.url)).bearer_auth(token).send().unwrap();
+    (r.status().as_u16(), r.json().unwrap_or_default())
+}
+
+fn assert_full_disk_answer(what: &str, (status, body): &(u16, serde_json::Value)) {
+    let error = body["error"].as_str().unwrap_or_default();
+    assert_eq!(*status, 503, "{what}: {body}");
+    assert!(
+        error.contains("could not store this: database or disk is full") && error.ends_with("try again later"),
+        "{what}: {error}"
+    );
+}
+
+/// Every job with its state and reason, oldest first: what `gpuci jobs` shows.
+fn all_jobs(api: &Api) -> Vec<(i64, JobState, String)> {
+    let mut jobs: Vec<JobSummary> = api.get("/api/v1/jobs?limit=10000");
+    jobs.sort_by_key(|j| j.id);
+    jobs.into_iter().map(|j| (j.id, j.state, j.reason)).collect()
+}
+
+#[test]
+fn a_full_disk_is_answered_503_and_nothing_acknowledged_is_lost() {
+    // Declared first, dropped last: the coordinator is gone before the disk is unmounted.
+    let Some(disk) = SmallDisk::mount("8m") else { return };
+    let dir = tempdir();
+    let mut server = Server::start(&disk.path().join("server"), "120s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+
+    let before = api.submit("steps:\n  - key: a\n    command: echo before\n");
+    api.wait_job(before.jobs[0].id, "succeeded", T, |j| j.state == JobState::Succeeded);
+    // Waits for a tag no agent has: stays queued, to be cancelled.
+    let waiting = api.submit("steps:\n  - key: w\n    agents: {queue: nowhere}\n    command: echo never\n");
+    let running = api.submit("steps:\n  - key: r\n    command: sleep 2\n");
+    let run_id = running.jobs[0].id;
+    api.wait_job(run_id, "running", T, |j| j.state == JobState::Running);
+
+    let filler = disk.fill();
+    assert_full_disk_answer("submit on a full disk", &try_submit(&api, &server.token, "steps:\n  - command: echo x\n"));
+    assert_full_disk_answer("cancel on a full disk", &try_cancel(&api, &server.token, waiting.jobs[0].id));
+    // The job ends meanwhile, but its end cannot be stored: nobody is told it ended.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_full_disk_answer("a second submit", &try_submit(&api, &server.token, "steps:\n  - command: echo y\n"));
+    let shown = all_jobs(&api);
+    assert_eq!(
+        shown.iter().map(|(id, state, _)| (*id, *state)).collect::<Vec<_>>(),
+        [(before.jobs[0].id, JobState::Succeeded), (waiting.jobs[0].id, JobState::Queued), (run_id, JobState::Running)],
+        "while the disk is full only stored states show: {shown:#?}"
+    );
+
+    // Space returns: no restart; the agent's result is stored when it sends it again.
+    disk.free(&filler);
+    let ended = api.wait_job(run_id, "succeeded", T, |j| j.state.is_terminal());
+    assert_eq!(ended.state, JobState::Succeeded, "{ended:?}");
+    let after = api.submit("steps:\n  - key: a\n    command: echo after\n");
+    api.wait_job(after.jobs[0].id, "succeeded", T, |j| j.state == JobState::Succeeded);
+    let cancelled = api.cancel(waiting.jobs[0].id);
+    assert_eq!(cancelled.state, JobState::Cancelled);
+
+    // Everything acknowledged survives a kill -9.
+    let acknowledged = all_jobs(&api);
+    assert_eq!(acknowledged.len(), 4, "{acknowledged:#?}");
+    server.restart_hard();
+    let api = server.api();
+    assert_eq!(all_jobs(&api), acknowledged);
+}
+
+/// `gpuci server` on `data_dir` with `args`, expected to refuse to start: its exit code and
+/// what it wrote to stderr.
+fn refused(data_dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let mut child = Command::new(BIN)
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > T {
+            let _ = child.kill();
+            panic!("gpuci server {args:?} started on {}; expected a refusal", data_dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A data dir a coordinator has used, with the server gone and its database's `-wal` and
+/// `-shm` removed.
+fn used_data_dir(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("server");
+    let mut server = Server::start(&data, "30s");
+    assert!(server.api().agents().is_empty());
+    server.kill9();
+    for f in ["gpuci.db-wal", "gpuci.db-shm"] {
+        let _ = std::fs::remove_file(data.join(f));
+    }
+    data
+}
+
+/// Regression (issue 10, item 7): an empty `gpuci.db` started as a new, empty database.
+#[test]
+fn a_used_data_dir_whose_database_is_empty_or_missing_is_refused() {
+    let dir = tempdir();
+    let data = used_data_dir(dir.path());
+    let db = data.join("gpuci.db");
+    let token = std::fs::read_to_string(data.join("registration-token")).unwrap();
+
+    std::fs::write(&db, "").unwrap();
+    let (code, err) = refused(&data, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("database {} is empty (0 bytes)", db.display())), "{err}");
+    assert!(err.contains("this data dir was used before (found secrets.key)"), "{err}");
+    assert!(err.contains("Restore") && err.contains("--new-database"), "{err}");
+    assert_eq!(std::fs::metadata(&db).unwrap().len(), 0, "the file was left as it was");
+
+    std::fs::remove_file(&db).unwrap();
+    let (code, err) = refused(&data, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains(&format!("database {} is missing", db.display())), "{err}");
+    assert!(!db.exists(), "no new database was made");
+
+    // Asked for: a new database, the same tokens; a second time it is refused, as the new
+    // database holds data now.
+    let mut server = Server::start_on(&data, "127.0.0.1:0", vec!["--new-database".into()]);
+    assert!(server.api().agents().is_empty());
+    server.kill9();
+    assert_eq!(std::fs::read_to_string(data.join("registration-token")).unwrap(), token);
+    let (code, err) = refused(&data, &["--new-database"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--new-database") && err.contains("already holds a database"), "{err}");
+}
+
+/// Regression (issue 10, item 7): a damaged database was refused with its reason printed
+/// three times.
+#[test]
+fn a_damaged_database_is_refused_with_its_reason_said_once() {
+    let dir = tempdir();
+    let data = used_data_dir(dir.path());
+    std::fs::write(data.join("gpuci.db"), vec![0x5a; 16 * 1024]).unwrap();
+    let (code, err) = refused(&data, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.matches("file is not a database").count(), 1, "{err}");
+    assert!(err.contains("the file is damaged") && err.contains("restore it from a backup"), "{err}");
+}
