@@ -1,10 +1,12 @@
 //! Chaos test for issue #10, "exactly once, under crashes": gpuci promises that nothing is
 //! lost and nothing runs twice whatever crashes. Here a real coordinator (SQLite, then
 //! Postgres) and several real agents with simulated GPUs run a few hundred short jobs while
-//! the test SIGKILLs the coordinator and the agents at random moments (some right after a
-//! batch of jobs was submitted, so dispatch is cut in the middle; some agents stay down past
-//! `--lost-after`, some come back while the coordinator is down). When everything is up again
-//! and has settled, it checks:
+//! the test SIGKILLs the coordinator and the agents at random moments. The windows where
+//! crashes hurt are milliseconds long, so about half the kills are aimed: at the moment a job
+//! is seen `assigned` (committed, perhaps started by its agent, its start not yet recorded), or
+//! right after a batch of jobs was submitted (dispatch cut in the middle). Some agents stay
+//! down past `--lost-after`, some come back while the coordinator is down. When everything is
+//! up again and has settled, it checks:
 //!
 //! - every job acknowledged by a submit exists, and every job is terminal: `succeeded`, or
 //!   `lost`/`failed` with a reason that names the agent (a retry is a new job id with a higher
@@ -23,8 +25,8 @@
 //! a few jobs, their state, reason, ledger count, log and the coordinator's and agents' log
 //! lines about them; the run's directory (process logs, ledger, data dirs) is kept.
 //!
-//! Scale, from the environment (defaults sized for a 2-core CI machine, about 2 minutes per
-//! backend):
+//! Scale, from the environment (defaults sized for a 2-core CI machine: under a minute per
+//! backend on an idle one, 20 s of it the kills, the rest settling and checking):
 //!
 //! - `GPUCI_CHAOS_JOBS` (200): jobs submitted, in one pipeline per wave between kills;
 //! - `GPUCI_CHAOS_COORDINATOR_KILLS` (5), `GPUCI_CHAOS_AGENT_KILLS` (6, round-robin over the agents);

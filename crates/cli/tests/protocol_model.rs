@@ -268,19 +268,13 @@ impl World {
                     finish(a, id, Outcome::Exited { code: 0 });
                 }
             }
-            80..=91 => {
-                // The agent sends what it has not sent on this connection.
-                if self.connected {
-                    for (n, e) in self.agent.outbox.to_send() {
-                        self.to_coord.push_back(ToCoordinator::Event(n, e));
-                    }
+            // The agent sends what it has not sent on this connection.
+            80..=91 if self.connected => {
+                for (n, e) in self.agent.outbox.to_send() {
+                    self.to_coord.push_back(ToCoordinator::Event(n, e));
                 }
             }
-            92..=94 if !self.connected || self.to_coord.is_empty() && self.to_agent.is_empty() => {
-                if !self.connected && self.to_coord.is_empty() {
-                    self.connect();
-                }
-            }
+            92..=94 if !self.connected && self.to_coord.is_empty() => self.connect(),
             95 if chaos => {
                 // The agent dies: its processes die with it; the journal is all that is left.
                 let journal = std::mem::take(&mut self.agent.journal);

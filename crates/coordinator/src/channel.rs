@@ -186,7 +186,7 @@ async fn store_lines(
     first_seq: u64,
     lines: Vec<LogChunk>,
 ) -> Result<(), String> {
-    if !logs.contains_key(&job_id) {
+    if let std::collections::hash_map::Entry::Vacant(slot) = logs.entry(job_id) {
         // Only the agent a job is assigned to may write its log.
         let log = match st.store.get_job(job_id).await.map_err(|e| e.to_string())? {
             Some(j) if j.agent_id.as_deref() == Some(agent_id) => {
@@ -195,7 +195,7 @@ async fn store_lines(
             }
             _ => None,
         };
-        logs.insert(job_id, log);
+        slot.insert(log);
     }
     let Some(Some(log)) = logs.get_mut(&job_id) else {
         tracing::warn!(agent = %agent_id, job = job_id, "log lines for a job not assigned to this agent; dropped");

@@ -209,12 +209,13 @@ mod tests {
 
     #[test]
     fn a_job_that_fails_while_being_cancelled_is_cancelled_but_a_success_stands() {
-        let why = Some("the runner took no job within 2s (idle_timeout); removed");
+        let text = "the runner took no job within 2s (idle_timeout); removed";
+        let why = Some(text);
         let (state, reason) = Outcome::Exited { code: 1 }.verdict_after_cancel(why);
         assert_eq!(state, Cancelled);
         assert!(reason.starts_with("the runner took no job") && reason.contains("exited with code 1"), "{reason}");
         let (state, reason) = Outcome::Cancelled { reason: "killed".into() }.verdict_after_cancel(why);
-        assert_eq!((state, reason.as_str()), (Cancelled, why.unwrap()));
+        assert_eq!((state, reason.as_str()), (Cancelled, text));
         assert_eq!(Outcome::Exited { code: 0 }.verdict_after_cancel(why).0, Succeeded);
         assert_eq!(Outcome::Exited { code: 1 }.verdict_after_cancel(None).0, Failed);
     }

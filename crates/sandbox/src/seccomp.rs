@@ -80,6 +80,7 @@ const DENIED: &[i64] = &[
 ];
 
 const CLONE_NEWUSER: u64 = libc::CLONE_NEWUSER as u64;
+#[allow(clippy::unnecessary_cast)] // the ioctl number's type differs between libcs
 const TIOCSTI: u64 = libc::TIOCSTI as u64;
 const TIOCLINUX: u64 = 0x541C;
 
