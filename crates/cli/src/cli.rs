@@ -379,6 +379,8 @@ pub enum GithubCommand {
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
+    /// GitHub's rate limits left per credential, and how many workflow jobs wait.
+    Status,
 }
 
 #[derive(Args, Debug)]

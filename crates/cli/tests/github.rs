@@ -708,6 +708,18 @@ fn server_errors_and_a_secondary_rate_limit_are_retried_and_the_job_runs_once() 
     let remaining: u64 = header("x-gpuci-github-ratelimit-remaining").parse().unwrap();
     assert!(remaining < 5000, "{remaining}");
     assert!(header("x-gpuci-github-ratelimit-credential").starts_with("installation "), "{:?}", r.headers());
+    // The same figures, per credential, on the status endpoint (`gpuci github status`).
+    let status: Value = s.api.get("/api/v1/github/status");
+    assert_eq!(status["configured"], json!(true));
+    let core = status["rate_limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["resource"] == json!("core") && l["credential"].as_str().unwrap().starts_with("installation "))
+        .cloned()
+        .unwrap_or_else(|| panic!("{status:#}"));
+    assert_eq!(core["limit"], json!(5000));
+    assert!(core["remaining"].as_u64().unwrap() < 5000, "{status:#}");
     s.assert_spec_clean();
 }
 

@@ -152,7 +152,10 @@ async fn agents(a: crate::cli::AgentsArgs) -> CliResult {
 
 async fn github(a: crate::cli::GithubArgs) -> CliResult {
     let c = Client::from_args(&a.client)?;
-    let crate::cli::GithubCommand::Jobs { active, limit } = a.command;
+    let (active, limit) = match a.command {
+        crate::cli::GithubCommand::Jobs { active, limit } => (active, limit),
+        crate::cli::GithubCommand::Status => return github_status(&c, a.client.json).await,
+    };
     let jobs: Vec<serde_json::Value> = c.get(&format!("/api/v1/github/jobs?active={active}&limit={limit}")).await?;
     if a.client.json {
         println!("{}", serde_json::Value::Array(jobs));
@@ -182,6 +185,43 @@ async fn github(a: crate::cli::GithubArgs) -> CliResult {
         "{}",
         render::table(&["JOB", "REPOSITORY", "NAME", "POOL", "STATE", "RUNNER JOB", "QUEUED", "REASON"], &rows)
     );
+    Ok(0)
+}
+
+async fn github_status(c: &Client, json: bool) -> CliResult {
+    let st: serde_json::Value = c.get("/api/v1/github/status").await?;
+    if json {
+        println!("{st}");
+        return Ok(0);
+    }
+    if st["configured"] != serde_json::Value::Bool(true) {
+        eprintln!("GitHub is not configured on this coordinator (no [github] section)");
+        return Ok(0);
+    }
+    let limits = st["rate_limits"].as_array().cloned().unwrap_or_default();
+    if limits.is_empty() {
+        println!("rate limits: not seen yet (gpuci has not called GitHub)");
+    }
+    let rows: Vec<Vec<String>> = limits
+        .iter()
+        .map(|l| {
+            let reset = l["reset"].as_i64().unwrap_or(0);
+            let now =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+            vec![
+                l["credential"].as_str().unwrap_or("?").to_string(),
+                l["resource"].as_str().unwrap_or("?").to_string(),
+                format!("{} of {}", l["remaining"], l["limit"]),
+                format!("in {}s", (reset - now).max(0)),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        print!("{}", render::table(&["CREDENTIAL", "RESOURCE", "LEFT", "RESETS"], &rows));
+    }
+    let jobs = st["active_jobs"].as_object().cloned().unwrap_or_default();
+    let waiting: Vec<String> = jobs.iter().map(|(k, v)| format!("{v} {k}")).collect();
+    println!("workflow jobs: {}", if waiting.is_empty() { "none active".to_string() } else { waiting.join(", ") });
     Ok(0)
 }
 

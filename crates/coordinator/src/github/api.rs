@@ -1,5 +1,7 @@
 //! `GET /api/v1/github/jobs`: the GitHub workflow jobs gpuci serves or served, with the state
 //! and reason of each — why a job has no runner yet, or why gpuci cancelled its run.
+//! `GET /api/v1/github/status`: whether GitHub is configured, GitHub's rate-limit figures per
+//! credential as gpuci last saw them, and how many workflow jobs are in each state.
 //!
 //! Its answer also carries GitHub's rate-limit figures as gpuci last saw them, in headers (the
 //! body stays the list it always was): those of the credential with the fewest requests left,
@@ -43,9 +45,62 @@ pub struct GithubJobsQuery {
     pub limit: Option<u32>,
 }
 
+/// One rate limit as GitHub last reported it (`x-ratelimit-*` headers).
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RateLimitView {
+    /// Whose: `app`, `installation <id>` or `token`.
+    pub credential: String,
+    /// `core` for the REST API.
+    pub resource: String,
+    pub limit: u64,
+    pub remaining: u64,
+    pub used: Option<u64>,
+    /// When the window resets, Unix seconds.
+    pub reset: i64,
+    /// When GitHub said so, Unix seconds.
+    pub observed_at: i64,
+}
+
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+pub struct GithubStatus {
+    /// Whether the coordinator has a `[github]` section.
+    pub configured: bool,
+    /// Fewest requests left first.
+    pub rate_limits: Vec<RateLimitView>,
+    /// Workflow jobs still queued or in progress, by state.
+    pub active_jobs: std::collections::BTreeMap<String, u64>,
+}
+
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(list_github_jobs), components(schemas(GithubJob)))]
+#[openapi(paths(list_github_jobs, github_status), components(schemas(GithubJob, GithubStatus, RateLimitView)))]
 pub struct GithubApiDoc;
+
+/// The GitHub integration at a glance: rate limits left, workflow jobs waiting.
+#[utoipa::path(get, path = "/api/v1/github/status", responses((status = 200, body = GithubStatus)))]
+pub async fn github_status(State(st): State<AppState>) -> Result<Json<GithubStatus>, ApiError> {
+    let mut rate_limits: Vec<RateLimitView> = st
+        .github
+        .as_ref()
+        .map(|g| g.client.rate_limits())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|l| RateLimitView {
+            credential: l.credential,
+            resource: l.resource,
+            limit: l.limit,
+            remaining: l.remaining,
+            used: l.used,
+            reset: l.reset,
+            observed_at: l.observed_at,
+        })
+        .collect();
+    rate_limits.sort_by(|a, b| (a.remaining, &a.credential).cmp(&(b.remaining, &b.credential)));
+    let mut active_jobs = std::collections::BTreeMap::new();
+    for r in st.store.github_jobs(true, 100_000).await? {
+        *active_jobs.entry(r.state).or_insert(0) += 1;
+    }
+    Ok(Json(GithubStatus { configured: st.github.is_some(), rate_limits, active_jobs }))
+}
 
 /// GitHub workflow jobs that matched a runner pool, newest first. The headers carry GitHub's
 /// rate-limit figures for the credential with the fewest requests left, once gpuci has called
