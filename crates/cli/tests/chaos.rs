@@ -48,14 +48,15 @@
 #[path = "common/chaos_kit.rs"]
 mod chaos_kit;
 mod common;
-#[path = "common/pg_cluster.rs"]
-mod pg_cluster;
+// The store suite's throwaway Postgres server (a real one: initdb, pg_ctl).
+#[path = "../../store/tests/common/pg.rs"]
+mod pg;
 
 use chaos_kit::{env_count, seed_from_env, with_stderr_to, JobReaper, ProcessLogs, Rng};
 use common::*;
 use gpuci_core::job::JobState;
 use gpuci_protocol::api::{AgentSummary, JobSummary, PipelineSummary, SubmitPipeline};
-use pg_cluster::PgCluster;
+use pg::PgServer;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -91,8 +92,15 @@ fn chaos_sqlite_every_job_runs_exactly_once_under_sigkills() {
 #[test]
 fn chaos_postgres_every_job_runs_exactly_once_under_sigkills() {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let Some(pg) = PgCluster::start() else { return };
-    run(Backend::Postgres, Some(pg));
+    let Some(server) = PgServer::start() else { return };
+    let url = tokio::runtime::Runtime::new().unwrap().block_on(server.create_database("gpuci_chaos"));
+    run(Backend::Postgres, Some(Pg { _server: server, url }));
+}
+
+/// A Postgres server and the database the coordinator uses.
+struct Pg {
+    _server: PgServer,
+    url: String,
 }
 
 struct Scale {
@@ -139,7 +147,7 @@ struct Rig {
     /// Agents down, and when each comes back.
     pending: Vec<(usize, Instant)>,
     reaper: JobReaper,
-    _pg: Option<PgCluster>,
+    _pg: Option<Pg>,
     logs: ProcessLogs,
     root: PathBuf,
     agent_args: Vec<String>,
@@ -150,7 +158,7 @@ struct Rig {
     dir: Option<tempfile::TempDir>,
 }
 
-fn run(backend: Backend, pg: Option<PgCluster>) {
+fn run(backend: Backend, pg: Option<Pg>) {
     let scale = Scale::from_env();
     let mut rng = Rng::new(scale.seed);
     let mut rig = Rig::start(backend, &scale, pg);
@@ -256,7 +264,7 @@ fn wave_yaml(rng: &mut Rng, wave: usize, n: usize, ledger: &Path, marker: &str) 
 }
 
 impl Rig {
-    fn start(backend: Backend, scale: &Scale, pg: Option<PgCluster>) -> Rig {
+    fn start(backend: Backend, scale: &Scale, pg: Option<Pg>) -> Rig {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::Builder::new().prefix("gpuci-chaos-").tempdir().unwrap();
         let root = dir.path().to_path_buf();
@@ -274,7 +282,7 @@ impl Rig {
         let mut args: Vec<String> =
             vec!["--heartbeat".into(), HEARTBEAT.into(), "--lost-after".into(), format!("{}s", LOST_AFTER.as_secs())];
         if backend == Backend::Postgres {
-            args.extend(["--database".into(), pg.as_ref().expect("a Postgres cluster").url.clone()]);
+            args.extend(["--database".into(), pg.as_ref().expect("a Postgres server").url.clone()]);
         }
         let server =
             with_stderr_to(&logs.coordinator(), || Server::start_on(&root.join("server"), "127.0.0.1:0", args));
