@@ -26,7 +26,8 @@ fn agent_messages_round_trip() {
         job_id: 9,
         outcome: Outcome::Exited { code: 2 },
         finished_at_us: 1,
-        started_at_us: Some(0), lines: None,
+        started_at_us: Some(0),
+        lines: None,
         telemetry: None,
         gpu_health: BTreeMap::from([("GPU-1".to_string(), GpuHealth::Unhealthy { reason: "xid".into() })]),
     };
