@@ -555,6 +555,7 @@ impl Agent {
                     }));
                     return None;
                 }
+                self.outbox.start_job(a.job_id, a.log_from);
                 let cancel = CancellationToken::new();
                 self.running.insert(a.job_id, cancel.clone());
                 tokio::spawn(executor::run_job(*a, self.ctx.clone(), self.events_tx.clone(), cancel));

@@ -70,6 +70,12 @@ impl Outbox {
         }
     }
 
+    /// A job starts: its lines are numbered from `first` (its log may already hold lines from
+    /// an earlier run under the same id).
+    pub fn start_job(&mut self, job_id: JobId, first: u64) {
+        self.next_seq.insert(job_id, first.max(1));
+    }
+
     /// How many lines of a job have been numbered.
     pub fn lines_of(&self, job_id: JobId) -> u64 {
         self.next_seq.get(&job_id).map_or(0, |n| n - 1)

@@ -50,6 +50,7 @@ mod chaos_kit;
 mod common;
 // The store suite's throwaway Postgres server (a real one: initdb, pg_ctl).
 #[path = "../../store/tests/common/pg.rs"]
+#[allow(dead_code)] // the store suite uses more of it than this test
 mod pg;
 
 use chaos_kit::{env_count, seed_from_env, with_stderr_to, JobReaper, ProcessLogs, Rng};

@@ -1230,6 +1230,14 @@ impl Brain {
                         }
                     };
 
+                    // A requeued job keeps its log; this run's lines are numbered after it.
+                    let log_from = match self.store.log_extent(j.id).await {
+                        Ok((_, last)) => last as u64 + 1,
+                        Err(e) => {
+                            tracing::error!(job = j.id, error = %e, "could not read the job's log");
+                            continue;
+                        }
+                    };
                     match self.store.assign_job(j.id, &agent_id, &p.gpus, now_ms()).await {
                         Ok(rec) => {
                             if let Some(c) = &rec.step.concurrency {
@@ -1258,6 +1266,7 @@ impl Brain {
                                 cache,
                                 runner_dir: runner.as_ref().map(|r| r.install_dir.clone()),
                                 trusted,
+                                log_from,
                             };
                             match (runner, &self.registrar) {
                                 (None, _) => {

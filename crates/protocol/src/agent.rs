@@ -142,7 +142,7 @@ pub struct JobFinished {
     /// When its process started, if it did: a result also records the start it followed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at_us: Option<i64>,
-    /// How many log lines the agent numbered for the job. Lines the coordinator does not have
+    /// The number of the job's last log line the agent numbered. Lines the coordinator does not have
     /// by the time it gets the result were lost with the agent (it died before sending them),
     /// and the log says so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -196,6 +196,15 @@ pub struct Assignment {
     /// not trusted.
     #[serde(default)]
     pub trusted: bool,
+    /// Number of the job's first log line from this run. Above 1 when its log already has
+    /// lines (a job requeued after a failed GPU check keeps its id and its log): new lines are
+    /// numbered after them, so none is taken for a resend of an earlier one.
+    #[serde(default = "first_line")]
+    pub log_from: u64,
+}
+
+fn first_line() -> u64 {
+    1
 }
 
 /// Secret values by name. Debug output shows names only.
