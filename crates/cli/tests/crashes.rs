@@ -14,16 +14,6 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(60);
 
-/// A directory every uid may write (jobs run as unprivileged uids), under a 0711 temp dir.
-fn shared(dir: &tempfile::TempDir, name: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    let p = dir.path().join(name);
-    std::fs::create_dir_all(&p).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
-    p
-}
-
 /// How often each job id appears in the ledger.
 fn starts(ledger: &std::path::Path) -> BTreeMap<i64, u32> {
     let mut n = BTreeMap::new();
@@ -38,7 +28,7 @@ fn starts(ledger: &std::path::Path) -> BTreeMap<i64, u32> {
 #[test]
 fn an_agent_killed_just_after_its_jobs_started_runs_none_of_them_again() {
     let dir = tempdir();
-    let ledger = shared(&dir, "ledger").join("started");
+    let ledger = shared_dir(&dir, "ledger").join("started");
     // Every job (each its own uid) appends to it.
     std::fs::write(&ledger, "").unwrap();
     std::fs::set_permissions(&ledger, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();

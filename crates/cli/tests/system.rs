@@ -484,14 +484,3 @@ fn an_image_step_waits_for_an_agent_with_a_working_container_engine() {
     assert!(j.reason.contains("needs a container runtime"), "{}", j.reason);
     assert!(j.started_at_ms.is_none(), "an image step never falls back to the host");
 }
-
-/// A directory jobs running `sandbox: none` as a slot's unprivileged uid can write: the test's
-/// temp dir made passable (0711), the directory itself open to all.
-fn shared_dir(dir: &tempfile::TempDir, name: &str) -> std::path::PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-    let p = dir.path().join(name);
-    std::fs::create_dir_all(&p).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
-    p
-}

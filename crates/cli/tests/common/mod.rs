@@ -16,6 +16,16 @@ pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new().prefix("gpuci-test-").tempdir().expect("tempdir")
 }
 
+/// A directory every uid may write (jobs run as unprivileged uids), under `dir` made 0711.
+pub fn shared_dir(dir: &tempfile::TempDir, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let p = dir.path().join(name);
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    p
+}
+
 pub struct Server {
     pub child: Child,
     pub url: String,
