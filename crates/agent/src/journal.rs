@@ -12,7 +12,21 @@
 //! or, when the job was still running, `lost` (its process died with the agent; the new run's
 //! sweep has killed whatever was left). The file is then rewritten with only those jobs.
 //!
-//! Effects are in [`Journal`]; [`recover`] is pure.
+//! Every rewrite starts with a `header`. The journal is the only record of which jobs this
+//! agent received, so damage to it is never passed over quietly: a journal that is missing
+//! although the agent ran before (its `agent.json` is there), empty, without its header, or
+//! with an unreadable record before its last line is refused ([`Damage`]), and the agent does
+//! not start until an operator resets it (`--reset-journal`). A torn last line — a crash or a
+//! power cut mid-write, or a file cut short — may have taken records with it. After a reset or
+//! a torn end the journal is *incomplete*: the agent says so when it connects, and the
+//! coordinator then treats a job it assigned and the agent does not hold as lost (it may have
+//! started here) instead of handing it out again as never received. Once the coordinator has
+//! settled that (`reconciled`), the journal is whole again.
+//!
+//! What no check can see: a file cut exactly at a line boundary, or replaced by an older copy,
+//! reads as a shorter history. Those are the operator's to avoid (the data dir is the agent's).
+//!
+//! Effects are in [`Journal`]; [`recover`] and [`assess`] are pure.
 
 use gpuci_core::job::Outcome;
 use gpuci_protocol::agent::{JobEvent, JobFinished};
@@ -26,6 +40,16 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "record", rename_all = "snake_case")]
 pub enum Record {
+    /// The first record of every file the agent writes.
+    Header {
+        version: u32,
+        /// Why the journal may lack records: set after a reset or a torn end, until the
+        /// coordinator has settled the agent's jobs knowing it (`reconciled`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        incomplete: Option<String>,
+    },
+    /// The coordinator accepted a connection that told it the journal was incomplete.
+    Reconciled,
     Received {
         job_id: JobId,
         /// When it arrived: the start time of a job the agent died while starting.
@@ -73,6 +97,7 @@ pub fn recover(records: &[Record], now_us: i64) -> BTreeMap<JobId, Vec<JobEvent>
             Record::Done { job_id } => {
                 jobs.remove(job_id);
             }
+            Record::Header { .. } | Record::Reconciled => {}
         }
     }
     jobs.into_iter()
@@ -107,40 +132,138 @@ pub fn recover(records: &[Record], now_us: i64) -> BTreeMap<JobId, Vec<JobEvent>
         .collect()
 }
 
+/// The journal's format; a header with another version is refused, not guessed at.
+pub const VERSION: u32 = 1;
+
+/// Why a journal cannot be trusted as it is.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Damage(pub String);
+
+/// What an earlier run left, judged.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Assessed {
+    /// Its records, the header left out.
+    pub records: Vec<Record>,
+    /// Why records may be missing (see the module header), or `None` when it is whole.
+    pub incomplete: Option<String>,
+}
+
+/// Judge a journal's lines. `lines`: `None` when there is no file; each line parsed or
+/// not. `ran_before`: this agent has run before (its identity is stored), so it had a
+/// journal.
+pub fn assess(lines: Option<Vec<Result<Record, String>>>, ran_before: bool) -> Result<Assessed, Damage> {
+    let Some(mut lines) = lines else {
+        return if ran_before {
+            Err(Damage("the journal is missing, though this agent has run before (its agent.json is there)".into()))
+        } else {
+            Ok(Assessed::default())
+        };
+    };
+    // A torn last line is what a crash mid-write leaves; anywhere else, a line that does not
+    // read is damage.
+    let mut torn = None;
+    if let Some(Err(e)) = lines.last() {
+        torn = Some(e.clone());
+        lines.pop();
+    }
+    let mut records = Vec::with_capacity(lines.len());
+    for (i, line) in lines.into_iter().enumerate() {
+        match line {
+            Ok(r) => records.push(r),
+            Err(e) => return Err(Damage(format!("line {} of the journal is unreadable ({e})", i + 1))),
+        }
+    }
+    let mut incomplete = match records.first() {
+        Some(Record::Header { version, incomplete }) if *version == VERSION => incomplete.clone(),
+        Some(Record::Header { version, .. }) => {
+            return Err(Damage(format!("the journal is of version {version}; this agent reads version {VERSION}")))
+        }
+        _ if records.is_empty() && torn.is_none() => {
+            return Err(Damage("the journal is empty: it has not even its header".into()))
+        }
+        _ => {
+            return Err(Damage("the journal does not start with its header: it was emptied, cut or overwritten".into()))
+        }
+    };
+    records.remove(0);
+    if records.iter().any(|r| matches!(r, Record::Header { .. })) {
+        return Err(Damage("the journal holds a second header: two files were joined".into()));
+    }
+    if records.contains(&Record::Reconciled) {
+        incomplete = None;
+        records.retain(|r| *r != Record::Reconciled);
+    }
+    if let Some(e) = torn {
+        incomplete.get_or_insert(format!(
+            "its journal ended in a torn record ({e}): a crash or power cut mid-write, or a file cut short"
+        ));
+    }
+    Ok(Assessed { records, incomplete })
+}
+
 /// The journal file, open for appending.
 pub struct Journal {
     path: PathBuf,
     file: File,
+    incomplete: Option<String>,
 }
 
 impl Journal {
-    /// Read what an earlier run left (a torn last line, from a crash mid-write, is ignored),
-    /// then start a fresh file holding only `keep`'s records. Returns the journal and the
-    /// records read.
-    pub fn open(path: &Path, keep: impl FnOnce(&[Record]) -> Vec<Record>) -> std::io::Result<(Journal, Vec<Record>)> {
-        let mut records = Vec::new();
-        match File::open(path) {
+    /// Read and [`assess`] what an earlier run left, then start a fresh file: a header, then
+    /// only `keep`'s records. Returns the journal and what was read.
+    ///
+    /// With `reset`, a damaged journal is not refused: what could be read is kept and the
+    /// journal is marked incomplete, with the damage as the reason.
+    pub fn open(
+        path: &Path,
+        ran_before: bool,
+        reset: bool,
+        keep: impl FnOnce(&[Record]) -> Vec<Record>,
+    ) -> Result<(Journal, Assessed), OpenError> {
+        let lines = match File::open(path) {
             Ok(f) => {
-                for line in std::io::BufReader::new(f).lines() {
+                let mut lines = Vec::new();
+                for line in std::io::BufReader::new(f).split(b'\n') {
                     let line = line?;
-                    match serde_json::from_str::<Record>(&line) {
-                        Ok(r) => records.push(r),
-                        Err(e) if !line.trim().is_empty() => {
-                            tracing::warn!(error = %e, "unreadable journal line ignored (torn by a crash?)")
-                        }
-                        Err(_) => {}
-                    }
+                    lines.push(
+                        std::str::from_utf8(&line)
+                            .map_err(|e| e.to_string())
+                            .and_then(|l| serde_json::from_str::<Record>(l).map_err(|e| e.to_string())),
+                    );
+                }
+                Some(lines)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e.into()),
+        };
+        let assessed = match assess(lines, ran_before) {
+            Ok(a) => a,
+            Err(damage) if reset => {
+                tracing::warn!(%damage, "resetting the damaged journal (--reset-journal)");
+                Assessed {
+                    records: Vec::new(),
+                    incomplete: Some(format!("its journal was reset by the operator (--reset-journal): {damage}")),
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+            Err(damage) => return Err(OpenError::Damaged(damage)),
+        };
+        if let Some(why) = &assessed.incomplete {
+            tracing::warn!(why, "the journal may lack records: the coordinator will count as lost, not requeue, any job it assigned here that the journal does not name");
         }
-        let kept = keep(&records);
-        // Rewrite: a new file, synced, renamed over the old one, and the directory synced.
+        let kept = keep(&assessed.records);
+        let journal = Journal::rewrite(path, assessed.incomplete.clone(), &kept)?;
+        Ok((journal, assessed))
+    }
+
+    /// A new file with a header and `records`, synced, renamed over the old one, and the
+    /// directory synced.
+    fn rewrite(path: &Path, incomplete: Option<String>, records: &[Record]) -> std::io::Result<Journal> {
         let tmp = path.with_extension("new");
         {
             let mut f = OpenOptions::new().create(true).write(true).truncate(true).mode_0600().open(&tmp)?;
-            for r in &kept {
+            f.write_all(&line_of(&Record::Header { version: VERSION, incomplete: incomplete.clone() }))?;
+            for r in records {
                 f.write_all(&line_of(r))?;
             }
             f.sync_all()?;
@@ -150,7 +273,21 @@ impl Journal {
             File::open(dir)?.sync_all()?;
         }
         let file = OpenOptions::new().append(true).open(path)?;
-        Ok((Journal { path: path.to_path_buf(), file }, records))
+        Ok(Journal { path: path.to_path_buf(), file, incomplete })
+    }
+
+    /// Why the journal may lack records, until the coordinator has settled it.
+    pub fn incomplete(&self) -> Option<&str> {
+        self.incomplete.as_deref()
+    }
+
+    /// The coordinator has settled this agent's jobs knowing the journal was incomplete.
+    pub fn reconciled(&mut self) -> std::io::Result<()> {
+        if self.incomplete.is_some() {
+            self.write(&Record::Reconciled, true)?;
+            self.incomplete = None;
+        }
+        Ok(())
     }
 
     /// Append a record; with `sync`, return only once it is on disk.
@@ -164,14 +301,22 @@ impl Journal {
 
     /// Past `bytes`, rewrite the file with only the records of jobs not `done` (as at start),
     /// so a busy agent's journal stays small.
-    pub fn compact_if_over(&mut self, bytes: u64) -> std::io::Result<()> {
+    pub fn compact_if_over(&mut self, bytes: u64) -> Result<(), OpenError> {
         if self.file.metadata()?.len() <= bytes {
             return Ok(());
         }
-        let (fresh, _) = Journal::open(&self.path, live_records)?;
+        let (fresh, _) = Journal::open(&self.path, true, false, live_records)?;
         *self = fresh;
         Ok(())
     }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("the agent's journal is damaged: {0}")]
+    Damaged(Damage),
 }
 
 /// The records of jobs not yet `done`, in their order.
@@ -189,6 +334,7 @@ pub fn live_records(records: &[Record]) -> Vec<Record> {
             let id = match r {
                 Record::Received { job_id, .. } | Record::Started { job_id, .. } | Record::Done { job_id } => *job_id,
                 Record::Finished(f) => f.job_id,
+                Record::Header { .. } | Record::Reconciled => return false,
             };
             !done.contains(&id)
         })
@@ -289,7 +435,7 @@ mod tests {
     fn compaction_keeps_exactly_the_jobs_not_done() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal");
-        let (mut j, _) = Journal::open(&path, |_| Vec::new()).unwrap();
+        let (mut j, _) = Journal::open(&path, false, false, |_| Vec::new()).unwrap();
         for id in 0..2000 {
             j.write(&Record::Received { job_id: id, at_us: 1 }, false).unwrap();
             j.write(&Record::Started { job_id: id, pid: 1, started_at_us: 2 }, false).unwrap();
@@ -300,28 +446,95 @@ mod tests {
             j.compact_if_over(16 << 10).unwrap();
             assert!(std::fs::metadata(&path).unwrap().len() < 20 << 10);
         }
-        let (_, left) = Journal::open(&path, |r| r.to_vec()).unwrap();
-        let owed = recover(&left, 9);
+        let (_, left) = Journal::open(&path, true, false, |r| r.to_vec()).unwrap();
+        let owed = recover(&left.records, 9);
         assert_eq!(owed.keys().copied().collect::<Vec<_>>(), [1500], "only the job still running is owed");
     }
 
+    fn read_damage(path: &Path, ran_before: bool) -> String {
+        match Journal::open(path, ran_before, false, |r| r.to_vec()) {
+            Err(OpenError::Damaged(d)) => d.0,
+            Err(e) => panic!("not damage: {e}"),
+            Ok(_) => panic!("a damaged journal was accepted"),
+        }
+    }
+
     #[test]
-    fn the_file_survives_a_torn_last_line_and_is_rewritten_with_what_is_kept() {
+    fn a_torn_last_line_is_passed_over_and_leaves_the_journal_incomplete_until_reconciled() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("journal");
-        let (mut j, old) = Journal::open(&path, |_| Vec::new()).unwrap();
-        assert!(old.is_empty());
+        let (mut j, old) = Journal::open(&path, false, false, |_| Vec::new()).unwrap();
+        assert_eq!(old, Assessed::default());
         j.write(&Record::Received { job_id: 5, at_us: 1 }, true).unwrap();
         j.write(&Record::Started { job_id: 5, pid: 1, started_at_us: 1 }, false).unwrap();
         drop(j);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"{\"record\":\"finis").unwrap();
         drop(f);
-        let (_, read) = Journal::open(&path, |r| r[..1].to_vec()).unwrap();
-        assert_eq!(read.len(), 2);
-        let (_, again) = Journal::open(&path, |r| r.to_vec()).unwrap();
-        assert_eq!(again, vec![Record::Received { job_id: 5, at_us: 1 }]);
+        let (j, read) = Journal::open(&path, true, false, |r| r[..1].to_vec()).unwrap();
+        assert_eq!(read.records.len(), 2);
+        assert!(read.incomplete.as_deref().unwrap_or_default().contains("torn"), "{read:?}");
+        assert!(j.incomplete().is_some());
+        drop(j);
+        // Still incomplete after a restart that did not reach the coordinator...
+        let (mut j, again) = Journal::open(&path, true, false, |r| r.to_vec()).unwrap();
+        assert_eq!(again.records, vec![Record::Received { job_id: 5, at_us: 1 }]);
+        assert!(again.incomplete.is_some());
+        // ...and whole once the coordinator has settled it, also across compaction.
+        j.reconciled().unwrap();
+        assert!(j.incomplete().is_none());
+        drop(j);
+        let (_, whole) = Journal::open(&path, true, false, |r| r.to_vec()).unwrap();
+        assert_eq!(whole, Assessed { records: vec![Record::Received { job_id: 5, at_us: 1 }], incomplete: None });
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    #[test]
+    fn a_damaged_journal_is_refused_and_a_reset_marks_it_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("journal");
+        // Missing: fine for a new agent, damage for one that ran before.
+        assert!(read_damage(&path, true).contains("missing"));
+        let (mut j, _) = Journal::open(&path, false, false, |_| Vec::new()).unwrap();
+        for id in 1..=4 {
+            j.write(&Record::Received { job_id: id, at_us: 1 }, true).unwrap();
+        }
+        drop(j);
+        let whole = std::fs::read(&path).unwrap();
+
+        std::fs::write(&path, b"").unwrap();
+        assert!(read_damage(&path, true).contains("empty"));
+        // Cut at the front (the header gone), with or without a torn first line.
+        let second_line = whole.iter().position(|b| *b == b'\n').unwrap() + 1;
+        std::fs::write(&path, &whole[second_line..]).unwrap();
+        assert!(read_damage(&path, true).contains("header"));
+        std::fs::write(&path, &whole[second_line + 3..]).unwrap();
+        assert!(read_damage(&path, true).contains("line 1"));
+        // A line in the middle that does not read.
+        let mut bad = whole.clone();
+        bad[second_line + 2] = b'#';
+        std::fs::write(&path, &bad).unwrap();
+        assert!(read_damage(&path, true).contains("line 2"), "{}", read_damage(&path, true));
+        // Two files joined.
+        std::fs::write(&path, [whole.clone(), whole.clone()].concat()).unwrap();
+        assert!(read_damage(&path, true).contains("second header"));
+        // Another version.
+        std::fs::write(&path, b"{\"record\":\"header\",\"version\":99}\n").unwrap();
+        assert!(read_damage(&path, true).contains("version 99"));
+
+        // A reset starts over, incomplete, naming the damage.
+        std::fs::write(&path, b"").unwrap();
+        let (j, read) = Journal::open(&path, true, true, |r| r.to_vec()).unwrap();
+        assert!(read.records.is_empty());
+        let why = j.incomplete().unwrap_or_default().to_string();
+        assert!(why.contains("--reset-journal") && why.contains("empty"), "{why}");
+        drop(j);
+        let (_, after) = Journal::open(&path, true, false, |r| r.to_vec()).unwrap();
+        assert_eq!(after.incomplete.as_deref(), Some(why.as_str()), "the reset is remembered until reconciled");
+        // A reset of a whole journal changes nothing.
+        std::fs::write(&path, &whole).unwrap();
+        let (_, read) = Journal::open(&path, true, true, |r| r.to_vec()).unwrap();
+        assert_eq!((read.records.len(), read.incomplete), (4, None));
     }
 }

@@ -72,6 +72,9 @@ pub struct Config {
     /// Per-job cap on the output kept in the log (bytes, a newline counted as one); past it
     /// the job keeps running and its output is discarded, with a line saying so.
     pub max_log_bytes: u64,
+    /// Start even though the journal is damaged (`--reset-journal`): the jobs it held are
+    /// given up as lost (see [`journal`]).
+    pub reset_journal: bool,
 }
 
 impl Config {
@@ -97,6 +100,7 @@ impl Config {
             job_network: executor::JobNetwork::Slot,
             job_host_ports: Vec::new(),
             job_defaults: executor::SlotDefaults { memory: None, pids: Some(DEFAULT_JOB_PIDS), cpu_millis: None },
+            reset_journal: false,
         }
     }
 }
@@ -145,6 +149,26 @@ const JOURNAL_COMPACT_BYTES: u64 = 4 << 20;
 /// reported if the coordinator is reachable.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
+    // The journal first: a damaged one stops the agent before it registers or touches
+    // anything. What an earlier run of this agent still owes the coordinator: its jobs died
+    // with it (the sweep below kills what is left of them).
+    let ran_before = config.data_dir.join("agent.json").exists();
+    let mut owed = BTreeMap::new();
+    let journal_path = config.data_dir.join("journal");
+    let (journal, _) = match Journal::open(&journal_path, ran_before, config.reset_journal, |records| {
+        owed = journal::recover(records, executor::now_us());
+        journal::records_for(&owed)
+    }) {
+        Ok(j) => j,
+        Err(journal::OpenError::Damaged(damage)) => bail!(
+            "{}: {damage}. The journal is how this agent knows which jobs it received; started without it, \
+             the coordinator could run one of them a second time. To give up the jobs it held as lost \
+             (the coordinator will not hand them out again as never received), start the agent once \
+             with --reset-journal.",
+            journal_path.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("opening the journal {}", journal_path.display())),
+    };
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
     let identity = identity::load_or_register(
         &http,
@@ -303,16 +327,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         isolation: isolation_desc.clone(),
         container_runtime: container_runtime.as_ref().map(|r| format!("{:?}", r.engine).to_lowercase()),
         running: Vec::new(),
+        journal_incomplete: None,
     };
-    // What an earlier run of this agent still owes the coordinator (its jobs died with it;
-    // the sweep above killed what was left of them).
-    let now = executor::now_us();
-    let mut owed = BTreeMap::new();
-    let (journal, _) = Journal::open(&config.data_dir.join("journal"), |records| {
-        owed = journal::recover(records, now);
-        journal::records_for(&owed)
-    })
-    .with_context(|| format!("opening the journal in {}", config.data_dir.display()))?;
     let mut outbox = outbox::Outbox::new(OUTBOX_LIMIT);
     let mut holds = BTreeSet::new();
     for (job_id, events) in owed {
@@ -457,6 +473,7 @@ impl Agent {
         let (mut sink, mut stream) = ws.split();
         let mut hello = self.hello_base.clone();
         hello.running = self.holds.iter().copied().collect();
+        hello.journal_incomplete = self.journal.incomplete().map(str::to_string);
         send(&mut sink, &AgentMessage::Hello(Box::new(hello))).await?;
         // A new connection: everything not acknowledged goes again.
         self.outbox.rewind();
@@ -465,6 +482,12 @@ impl Agent {
         let heartbeat = match tokio::time::timeout(Duration::from_secs(15), stream.next()).await {
             Ok(Some(Ok(Message::Text(t)))) => match serde_json::from_str::<CoordinatorMessage>(&t)? {
                 CoordinatorMessage::Welcome { heartbeat_interval_ms, forget, .. } => {
+                    // The coordinator has settled our jobs knowing what the journal lacked.
+                    if self.journal.incomplete().is_some() {
+                        if let Err(e) = self.journal.reconciled() {
+                            tracing::error!(error = %e, "could not record in the journal that the coordinator settled its gaps");
+                        }
+                    }
                     for f in forget {
                         tracing::warn!(job = f.job_id, reason = %f.reason, "coordinator ended a job while we were apart");
                         // Its result (when it comes) is acknowledged like any other.

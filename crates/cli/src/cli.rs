@@ -295,6 +295,12 @@ pub struct AgentArgs {
     /// All caches on this agent together; past it the least recently used are removed.
     #[arg(long, env = "GPUCI_CACHE_MAX_TOTAL", default_value = "50GiB")]
     pub cache_max_total: gpuci_core::quantity::Bytes,
+    /// Start although the agent's journal (in its data dir) is damaged or missing, giving up
+    /// the jobs it held: the coordinator ends every job it had assigned here and the agent
+    /// does not report as `lost`, rather than hand one out again that may have run. Only
+    /// when the agent refused to start and said to; an intact journal is kept as it is.
+    #[arg(long)]
+    pub reset_journal: bool,
 }
 
 #[derive(Args, Debug)]

@@ -70,6 +70,80 @@ fn an_agent_killed_just_after_its_jobs_started_runs_none_of_them_again() {
 }
 
 #[test]
+fn an_agent_whose_journal_was_emptied_refuses_to_start_and_once_reset_runs_none_of_its_jobs_again() {
+    let dir = tempdir();
+    let ledger = shared_dir(&dir, "ledger").join("started");
+    std::fs::write(&ledger, "").unwrap();
+    std::fs::set_permissions(&ledger, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let agent_dir = dir.path().join("agent");
+    let args = ["--slots", "16", "--isolation", isolation(), "--allow-unsandboxed"];
+    let mut agent = Agent::start(&server, &agent_dir, "a1", &args);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let mut yaml = String::from("steps:\n");
+    for i in 0..16 {
+        yaml.push_str(&format!(
+            "  - key: s{i}\n    sandbox: none\n    command: \"echo $GPUCI_JOB_ID >> {}; sleep 1\"\n",
+            ledger.display()
+        ));
+    }
+    let p = api.submit(&yaml);
+    wait_until("8 jobs to start", T, || starts(&ledger).len() >= 8);
+    agent.kill9();
+    // The journal is emptied while the agent is down (a disk fault, a careless clean-up).
+    std::fs::write(agent_dir.join("journal"), "").unwrap();
+
+    // Started again as before, it refuses, saying what is wrong and what to do.
+    let mut again = std::process::Command::new(BIN)
+        .args(["agent", "--server", &server.url, "--data-dir"])
+        .arg(&agent_dir)
+        .args(["--name", "a1"])
+        .args(args)
+        .env("GPUCI_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + T;
+    let status = loop {
+        if let Some(st) = again.try_wait().unwrap() {
+            break st;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = again.kill();
+            panic!("the agent started with an emptied journal; jobs run again: {:?}", starts(&ledger));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut again.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("journal") && err.contains("--reset-journal"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let before = api.pipeline(p.id);
+    assert!(before.jobs.iter().all(|j| j.state != JobState::Queued), "nothing was requeued meanwhile: {before:#?}");
+
+    // Reset by the operator: every job it held is given up, none runs a second time.
+    let _agent = Agent::start(&server, &agent_dir, "a1", &[&args[..], &["--reset-journal"]].concat());
+    let done = api.wait_pipeline(p.id, Duration::from_secs(120));
+    let ran = starts(&ledger);
+    for (id, n) in &ran {
+        assert_eq!(*n, 1, "job {id} started {n} times: {:#?}", done.jobs);
+    }
+    assert_eq!(done.jobs.len(), 16, "no retry was asked for: {:#?}", done.jobs);
+    for j in &done.jobs {
+        match j.state {
+            JobState::Succeeded => assert!(ran.contains_key(&j.id), "{j:#?}"),
+            JobState::Lost if ran.contains_key(&j.id) => {}
+            JobState::Lost => assert!(j.reason.contains("--reset-journal"), "a job given up says why: {}", j.reason),
+            _ => panic!("{j:#?}"),
+        }
+    }
+    wait_until("no job holds a slot", T, || api.agents()[0].running.is_empty());
+}
+
+#[test]
 fn the_coordinator_killed_while_results_and_output_are_on_their_way_loses_neither() {
     let dir = tempdir();
     let mut server = Server::start(&dir.path().join("server"), "30s");

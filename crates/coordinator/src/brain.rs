@@ -107,7 +107,8 @@ pub struct Reconciled {
     pub forget: Vec<JobId>,
     /// Assigned to it, never received: back to the queue.
     pub requeue: Vec<JobId>,
-    /// Running on it by our record, unknown to it: ended `lost`.
+    /// Running on it by our record (or assigned, when its journal is incomplete), unknown to
+    /// it: ended `lost`.
     pub lost: Vec<JobId>,
 }
 
@@ -115,15 +116,17 @@ pub struct Reconciled {
 /// state; `holds`: the jobs it holds (its journal: received and not yet acknowledged as
 /// finished). The agent journals an assignment before starting it, so a job it does not hold
 /// never started there and may be handed out again; one we had recorded as running, it must
-/// have lost (its data dir was replaced).
-pub fn reconcile(ours: &[(JobId, JobState)], holds: &[JobId]) -> Reconciled {
+/// have lost (its data dir was replaced). When the agent says its journal may lack records
+/// (`journal_incomplete`), a job it does not hold may have started there all the same: lost
+/// too, never handed out again as if it had not run.
+pub fn reconcile(ours: &[(JobId, JobState)], holds: &[JobId], journal_incomplete: bool) -> Reconciled {
     let held: BTreeSet<JobId> = holds.iter().copied().collect();
     let mine: BTreeSet<JobId> = ours.iter().map(|(id, _)| *id).collect();
     let mut r = Reconciled { forget: held.difference(&mine).copied().collect(), ..Default::default() };
     for (id, state) in ours {
         match (held.contains(id), state) {
             (true, _) => r.keep.push(*id),
-            (false, JobState::Assigned) => r.requeue.push(*id),
+            (false, JobState::Assigned) if !journal_incomplete => r.requeue.push(*id),
             (false, _) => r.lost.push(*id),
         }
     }
@@ -679,7 +682,44 @@ impl Brain {
         let ours: Vec<(JobId, JobState)> =
             self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).map(|j| (j.id, j.state)).collect();
         let holds: Vec<JobId> = hello.running.clone();
-        let plan = reconcile(&ours, &holds);
+        let plan = reconcile(&ours, &holds, hello.journal_incomplete.is_some());
+        // Applied before the welcome: an agent that was welcomed after saying its journal was
+        // incomplete forgets that it was, so what it changes must be committed by then.
+        for id in plan.requeue {
+            // Never received (the agent journals an assignment before starting it), so it never
+            // ran: safe to hand out again.
+            let rec = self
+                .store
+                .update_job(
+                    id,
+                    &[JobState::Assigned],
+                    JobChange {
+                        state: Some(JobState::Queued),
+                        reason: Some(format!("requeued: agent {} reconnected without having received it", hello.name)),
+                        clear_assignment: true,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            self.publish(&rec);
+        }
+        for id in plan.lost {
+            let Some(j) = self.active.get(&id).cloned() else { continue };
+            let why = match &hello.journal_incomplete {
+                Some(gap) => format!(
+                    "agent {} came back saying {gap}; it may have received and started this job, so it is not \
+                     handed out again as never received; the job's outcome and any output not yet received are unknown",
+                    hello.name
+                ),
+                None => format!(
+                    "agent {} came back without any record of this job (its data dir was lost or replaced); \
+                     the job's outcome and any output not yet received are unknown",
+                    hello.name
+                ),
+            };
+            self.note_in_log(&j, format!("output may be missing from here on: {why}")).await;
+            self.finish(&j, JobState::Lost, why, None, None, Vec::new()).await?;
+        }
         let mut forget = Vec::new();
         for id in &plan.forget {
             let reason = self.ended_reason(*id, was_lost).await;
@@ -701,34 +741,6 @@ impl Brain {
             if let Some(reason) = self.cancelling.get(&id).cloned() {
                 self.send(agent_id, CoordinatorMessage::Cancel { job_id: id, reason });
             }
-        }
-        for id in plan.requeue {
-            // Never received (the agent journals an assignment before starting it), so it never
-            // ran: safe to hand out again.
-            let rec = self
-                .store
-                .update_job(
-                    id,
-                    &[JobState::Assigned],
-                    JobChange {
-                        state: Some(JobState::Queued),
-                        reason: Some(format!("requeued: agent {} reconnected without having received it", hello.name)),
-                        clear_assignment: true,
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            self.publish(&rec);
-        }
-        for id in plan.lost {
-            let Some(j) = self.active.get(&id).cloned() else { continue };
-            let why = format!(
-                "agent {} came back without any record of this job (its data dir was lost or replaced); \
-                 the job's outcome and any output not yet received are unknown",
-                hello.name
-            );
-            self.note_in_log(&j, format!("output may be missing from here on: {why}")).await;
-            self.finish(&j, JobState::Lost, why, None, None, Vec::new()).await?;
         }
         tracing::info!(agent = agent_id, name = %hello.name, slots = hello.slots, gpus = hello.gpus.len(), "agent connected");
         Ok(())
@@ -1417,5 +1429,22 @@ impl Brain {
                 }
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_settles_its_jobs_by_what_its_journal_holds() {
+        let ours = [(1, JobState::Assigned), (2, JobState::Running), (3, JobState::Assigned), (4, JobState::Running)];
+        let holds = [3, 4, 9];
+        let plan = reconcile(&ours, &holds, false);
+        assert_eq!(plan, Reconciled { keep: vec![3, 4], forget: vec![9], requeue: vec![1], lost: vec![2] });
+        // An incomplete journal may have dropped job 1's arrival: it may have run, so it is
+        // lost, never handed out again.
+        let plan = reconcile(&ours, &holds, true);
+        assert_eq!(plan, Reconciled { keep: vec![3, 4], forget: vec![9], requeue: vec![], lost: vec![1, 2] });
     }
 }

@@ -57,8 +57,14 @@ pub struct Hello {
     /// Every job this agent holds: assigned to it and recorded in its journal, whose result
     /// the coordinator has not acknowledged yet (running, finished, or died with an earlier
     /// run of the agent). A job assigned to the agent and not in this list was never
-    /// received: the agent journals an assignment before it starts anything.
+    /// received: the agent journals an assignment before it starts anything — unless
+    /// `journal_incomplete` says the journal may lack records.
     pub running: Vec<JobId>,
+    /// Why the agent's journal may lack records (a torn end after a crash, or an operator's
+    /// reset of a damaged journal). Then a job assigned to the agent and not in `running`
+    /// may have been received and started: it is lost, not handed out again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_incomplete: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -224,6 +224,10 @@ pub trait Store: Send + Sync + 'static {
     /// `first_seq + i`), and any already stored (seq not above the highest stored) is skipped,
     /// so a resend stores nothing twice; a number past the highest + 1 leaves a gap, which
     /// the writer explains with a line of its own. `None`: numbered after the highest stored.
+    /// Numbered lines of a job that has ended are not stored: the agent sends a job's lines
+    /// before its result, so these come from an agent the job was taken from (declared lost
+    /// while cut off); the coordinator has ended its log with a line of its own, numbered
+    /// after the last stored, and later lines would be misread as resends of it.
     /// Returns the lines stored.
     async fn append_logs(&self, job: JobId, first_seq: Option<i64>, lines: &[LogChunk]) -> Result<Vec<LogLine>>;
     async fn read_logs(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<LogLine>>;

@@ -375,7 +375,17 @@ impl Store for PostgresStore {
         // same MAX. Locking the job's row serialises them (per job; other jobs' logs don't
         // wait). With no such job nothing is locked and the insert below fails on the foreign
         // key, as in SQLite.
-        sqlx::query("SELECT id FROM jobs WHERE id = $1 FOR UPDATE").bind(job).execute(&mut *tx).await?;
+        let state: Option<String> = sqlx::query("SELECT state FROM jobs WHERE id = $1 FOR UPDATE")
+            .bind(job)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.get(0));
+        if first_seq.is_some()
+            && state.as_deref().and_then(|s| s.parse::<JobState>().ok()).is_some_and(JobState::is_terminal)
+        {
+            // See the trait: an ended job's log takes no more of its agent's lines.
+            return Ok(Vec::new());
+        }
         let last: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM job_logs WHERE job_id = $1")
             .bind(job)
             .fetch_one(&mut *tx)

@@ -389,6 +389,17 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let mut tx = self.pool.begin().await?;
+        if first_seq.is_some() {
+            let state: Option<String> = sqlx::query("SELECT state FROM jobs WHERE id = ?")
+                .bind(job)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| r.get(0));
+            if state.as_deref().and_then(|s| s.parse::<JobState>().ok()).is_some_and(JobState::is_terminal) {
+                // See the trait: an ended job's log takes no more of its agent's lines.
+                return Ok(Vec::new());
+            }
+        }
         let last: i64 = sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM job_logs WHERE job_id = ?")
             .bind(job)
             .fetch_one(&mut *tx)

@@ -163,6 +163,18 @@ async fn suite(s: &dyn Store) {
     let all = s.read_logs(b, 0, 100).await.unwrap();
     assert_eq!(all.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5, 9]);
     assert_eq!(all.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(), vec!["b1", "b2", "b3", "b4", "b5", "b9"]);
+    // Once the job has ended (taken from an agent cut off, say), its log is the
+    // coordinator's: the agent's late lines are not stored, and its own line stays its own.
+    let lost = s
+        .update_job(b, &[JobState::Queued], JobChange { state: Some(JobState::Lost), ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(lost.state, JobState::Lost);
+    let note = s.append_logs(b, None, &[chunk("gpuci: lost")]).await.unwrap();
+    assert_eq!(note.iter().map(|l| l.seq).collect::<Vec<_>>(), vec![10]);
+    assert!(s.append_logs(b, Some(10), &lines(10, 12)).await.unwrap().is_empty(), "late agent lines are dropped");
+    let all = s.read_logs(b, 0, 100).await.unwrap();
+    assert_eq!(all.last().map(|l| (l.seq, l.text.as_str())), Some((10, "gpuci: lost")));
 
     // Agents.
     let rec = AgentRecord {
