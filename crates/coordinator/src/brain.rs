@@ -267,6 +267,10 @@ pub struct Brain {
     /// Placed runner jobs whose registration is in flight: their assignments, not yet sent.
     registering: HashMap<JobId, (u64, Assignment)>,
     placements: u64,
+    /// An agent's link (disconnected, lost) that the store could not take when it changed:
+    /// written again on each reap until it is, so the stored state never says `connected`
+    /// of an agent that is gone.
+    unsaved_links: BTreeMap<String, AgentUpdate>,
 }
 
 impl Brain {
@@ -290,6 +294,7 @@ impl Brain {
             cancelling: HashMap::new(),
             ready_since: HashMap::new(),
             registrar: None,
+            unsaved_links: BTreeMap::new(),
             registering: HashMap::new(),
             placements: 0,
         };
@@ -935,15 +940,19 @@ impl Brain {
             a.reason = format!("disconnected: {why}");
         }
         tracing::info!(agent = agent_id, why, "agent disconnected");
-        if let Err(e) = self
-            .store
-            .update_agent(
-                agent_id,
-                AgentUpdate { state: Some("disconnected".into()), reason: Some(why.to_string()), ..Default::default() },
-            )
-            .await
-        {
-            tracing::error!(agent = agent_id, error = %e, "could not record disconnect");
+        let update =
+            AgentUpdate { state: Some("disconnected".into()), reason: Some(why.to_string()), ..Default::default() };
+        self.record_link(agent_id, update).await;
+    }
+
+    /// Store an agent's new link; if the store cannot take it now, keep it for the next reap
+    /// (a newer link replaces an older one; a reconnect, stored first, clears it).
+    async fn record_link(&mut self, agent_id: &str, update: AgentUpdate) {
+        if let Err(e) = self.store.update_agent(agent_id, update.clone()).await {
+            tracing::error!(agent = agent_id, error = %e, state = ?update.state, "could not record the agent's state; trying again");
+            self.unsaved_links.insert(agent_id.to_string(), update);
+        } else {
+            self.unsaved_links.remove(agent_id);
         }
     }
 
@@ -951,6 +960,12 @@ impl Brain {
     async fn reap(&mut self) {
         let now = Instant::now();
         let now_wall = now_ms();
+        for (id, update) in std::mem::take(&mut self.unsaved_links) {
+            // Only what is still true: a reconnect meanwhile stored its own state.
+            if self.agents.get(&id).is_some_and(|a| a.link != Link::Connected) {
+                self.record_link(&id, update).await;
+            }
+        }
         // Silent but connected → drop the connection; away too long → lost.
         let ids: Vec<String> = self.agents.keys().cloned().collect();
         let mut lost_any = false;
@@ -1001,17 +1016,12 @@ impl Brain {
             (a.name.clone(), secs)
         };
         tracing::warn!(agent = agent_id, name = %name, "agent lost");
-        let _ = self
-            .store
-            .update_agent(
-                agent_id,
-                AgentUpdate {
-                    state: Some("lost".into()),
-                    reason: Some(format!("no heartbeat for {secs}s")),
-                    ..Default::default()
-                },
-            )
-            .await;
+        let update = AgentUpdate {
+            state: Some("lost".into()),
+            reason: Some(format!("no heartbeat for {secs}s")),
+            ..Default::default()
+        };
+        self.record_link(agent_id, update).await;
         let jobs: Vec<JobRecord> =
             self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
         for j in jobs {

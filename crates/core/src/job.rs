@@ -175,7 +175,7 @@ impl Outcome {
         match cancelling {
             Some(why) if state != JobState::Succeeded => match self {
                 Outcome::Cancelled { .. } => (JobState::Cancelled, why.to_string()),
-                _ => (JobState::Cancelled, format!("{why} (it {reason} before it was stopped)")),
+                _ => (JobState::Cancelled, format!("{why}; before it was stopped: {reason}")),
             },
             _ => (state, reason),
         }
@@ -218,6 +218,11 @@ mod tests {
         assert_eq!((state, reason.as_str()), (Cancelled, text));
         assert_eq!(Outcome::Exited { code: 0 }.verdict_after_cancel(why).0, Succeeded);
         assert_eq!(Outcome::Exited { code: 1 }.verdict_after_cancel(None).0, Failed);
+        // Whatever the outcome's words, the reason reads as one sentence.
+        let lost = Outcome::Lost { reason: "the agent stopped while the job ran".into() };
+        let (state, reason) = lost.verdict_after_cancel(Some("cancelled by alice"));
+        assert_eq!(state, Cancelled);
+        assert_eq!(reason, "cancelled by alice; before it was stopped: the agent stopped while the job ran");
     }
 
     #[test]
