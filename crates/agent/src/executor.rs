@@ -169,7 +169,7 @@ impl Emitter {
     /// One line of the job's output, already masked. Waits while the job's in-flight budget is
     /// spent (backpressure on the job's pipe). False: stop forwarding (cut, or agent gone).
     async fn output(&self, stream: Stream, text: String) -> bool {
-        let size = text.len() as u64 + 1;
+        let size = gpuci_protocol::agent::log_line_cost(&text);
         let notice = {
             let mut cap = self.cap.lock().unwrap_or_else(|e| e.into_inner());
             if cap.cut {
@@ -178,9 +178,13 @@ impl Emitter {
             if cap.bytes + size > cap.limit {
                 cap.cut = true;
                 Some(format!(
-                    "log cut: the job's output reached this agent's limit of {} bytes per job (--max-log-bytes) \
-                     after {} bytes in {} lines; the rest of its output is read and discarded while the job runs",
-                    cap.limit, cap.bytes, cap.lines
+                    "log cut: the job's output reached this agent's limit of {} bytes per job (--max-log-bytes; \
+                     a line counts its text and {} bytes for storing it) after {} bytes in {} lines; the rest of \
+                     its output is read and discarded while the job runs",
+                    cap.limit,
+                    gpuci_protocol::agent::LOG_LINE_COST,
+                    cap.bytes,
+                    cap.lines
                 ))
             } else {
                 cap.bytes += size;
@@ -745,7 +749,8 @@ mod output_tests {
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_job_writing_faster_than_the_agent_forwards_waits_on_its_pipe() {
-        let (out, mut rx) = emitter(&[], DEFAULT_MAX_LOG_BYTES);
+        // No log cap here (4 M lines would pass it): this is about the pipe, not the cap.
+        let (out, mut rx) = emitter(&[], u64::MAX);
         let (pipe, writer) = job_writing(4_000_000 * 2, b"x\n");
         let reader = tokio::spawn(lines(out.clone(), Stream::Stdout, pipe));
         // Nobody forwards: the queue fills to the job's budget and the job stops on its pipe.
@@ -783,13 +788,15 @@ mod output_tests {
         }
         log.extend(queued(&mut rx));
         assert_eq!(writer.await.unwrap(), 1_000_000, "the job must be able to write all its output");
-        let job_bytes: usize = log.iter().filter(|(s, _)| *s == Stream::Stdout).map(|(_, t)| t.len() + 1).sum();
+        let cost = gpuci_protocol::agent::log_line_cost;
+        let job_bytes: u64 = log.iter().filter(|(s, _)| *s == Stream::Stdout).map(|(_, t)| cost(t)).sum();
         assert!(job_bytes <= 10_000, "{job_bytes} bytes kept past the cap");
-        assert_eq!(job_bytes, 10_000, "lines up to the cap are kept");
+        // Lines of 19 characters count 59 each: 169 fit.
+        assert_eq!(job_bytes, 169 * 59, "lines up to the cap are kept");
         let (stream, notice) = log.last().unwrap();
         assert_eq!(*stream, Stream::System);
         assert!(
-            notice.starts_with("log cut:") && notice.contains("10000 bytes") && notice.contains("500 lines"),
+            notice.starts_with("log cut:") && notice.contains("10000 bytes") && notice.contains("169 lines"),
             "{notice}"
         );
         assert_eq!(log.iter().filter(|(s, _)| *s == Stream::System).count(), 1);

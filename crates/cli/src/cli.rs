@@ -91,6 +91,8 @@ pub struct LocalAgentArgs {
     pub isolation: IsolationArg,
     /// Per-job cap on the log kept: past it the job keeps running, the rest of its output is
     /// read and discarded, and the log ends with a gpuci line saying where and why it was cut.
+    /// Each line counts its text plus 40 bytes (what storing a line costs), so a job printing
+    /// tiny lines cannot store many times the cap.
     #[arg(long, env = "GPUCI_MAX_LOG_BYTES", default_value = "100MiB", value_parser = parse_bytes)]
     pub max_log_bytes: u64,
     #[command(flatten)]
@@ -247,7 +249,8 @@ pub struct ServerArgs {
     #[arg(long, env = "GPUCI_SECRETS_KEY_FILE")]
     pub secrets_key_file: Option<PathBuf>,
     /// The most log stored per job, whatever an agent sends (agents cut at their own
-    /// --max-log-bytes, 100MiB by default; this leaves room for gpuci's own lines).
+    /// --max-log-bytes, 100MiB by default; this leaves room for gpuci's own lines). Counted
+    /// as the agents count: each line's text plus 40 bytes.
     #[arg(long, env = "GPUCI_SERVER_MAX_LOG_BYTES", default_value = "101MiB", value_parser = parse_bytes)]
     pub max_log_bytes: u64,
     /// Start over with a new, empty database although the data dir was used before and its

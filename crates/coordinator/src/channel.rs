@@ -304,12 +304,14 @@ impl JobLog {
         }
         let mut keep = Vec::with_capacity(lines.len());
         for l in lines.into_iter().skip(skip) {
-            let size = l.text.len() as u64 + 1;
+            let size = gpuci_protocol::agent::log_line_cost(&l.text);
             if self.stored + size > cap {
                 self.cut = true;
                 let text = format!(
                     "log cut by the coordinator: this job's log reached its limit of {cap} bytes per job \
-                     (gpuci server --max-log-bytes) after {} bytes; later lines are not stored",
+                     (gpuci server --max-log-bytes; a line counts its text and {} bytes for storing it) after {} \
+                     bytes; later lines are not stored",
+                    gpuci_protocol::agent::LOG_LINE_COST,
                     self.stored
                 );
                 keep.push(LogChunk { ts_us: l.ts_us, stream: Stream::System, text });
@@ -337,28 +339,39 @@ mod tests {
         LogChunk { ts_us: 1, stream: Stream::Stdout, text: text.into() }
     }
 
+    // A line of 9 characters counts 49 against the cap (its text and the cost of storing it).
+    const CAP: u64 = 490;
+
     #[test]
     fn an_agent_cannot_store_more_than_the_cap() {
-        let mut log = JobLog::new(1, 0, 0, 100);
-        let (at, first) = log.admit(1, (0..9).map(|_| line("123456789")).collect(), 100);
+        let mut log = JobLog::new(1, 0, 0, CAP);
+        let (at, first) = log.admit(1, (0..9).map(|_| line("123456789")).collect(), CAP);
         assert_eq!((at, first.len()), (1, 9));
         log.last_seq = 9;
-        let (at, second) = log.admit(10, (0..1000).map(|_| line("123456789")).collect(), 100);
+        let (at, second) = log.admit(10, (0..1000).map(|_| line("123456789")).collect(), CAP);
         assert_eq!((at, second.len()), (10, 2), "one more line fits, then the notice: {second:?}");
         assert_eq!(second[1].stream, Stream::System);
-        assert!(second[1].text.contains("limit of 100 bytes") && second[1].text.contains("after 100 bytes"));
-        assert!(log.admit(1010, vec![line("more")], 100).1.is_empty(), "nothing after the cut");
+        assert!(second[1].text.contains("limit of 490 bytes") && second[1].text.contains("after 490 bytes"));
+        assert!(log.admit(1010, vec![line("more")], CAP).1.is_empty(), "nothing after the cut");
         // A reconnecting agent finds the log at its cap: nothing more, no second notice.
-        assert!(JobLog::new(1, 100, 11, 100).admit(12, vec![line("x")], 100).1.is_empty());
+        assert!(JobLog::new(1, CAP, 11, CAP).admit(12, vec![line("x")], CAP).1.is_empty());
+    }
+
+    #[test]
+    fn tiny_lines_cannot_store_many_times_the_cap() {
+        // A job printing empty lines: each still costs a row.
+        let mut log = JobLog::new(1, 0, 0, 4000);
+        let (_, kept) = log.admit(1, (0..10_000).map(|_| line("")).collect(), 4000);
+        assert_eq!(kept.len(), 100 + 1, "100 empty lines and the notice");
     }
 
     #[test]
     fn lines_sent_again_are_neither_stored_nor_counted_twice() {
-        let mut log = JobLog::new(1, 20, 2, 100);
-        let (at, lines) = log.admit(1, vec![line("123456789"), line("123456789"), line("new")], 100);
+        let mut log = JobLog::new(1, 98, 2, CAP);
+        let (at, lines) = log.admit(1, vec![line("123456789"), line("123456789"), line("new")], CAP);
         assert_eq!(at, 3);
         assert_eq!(lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(), ["new"]);
-        assert_eq!(log.stored, 24);
-        assert!(log.admit(1, vec![line("a")], 100).1.is_empty());
+        assert_eq!(log.stored, 98 + 43);
+        assert!(log.admit(1, vec![line("a")], CAP).1.is_empty());
     }
 }

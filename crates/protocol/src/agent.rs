@@ -18,6 +18,16 @@ use std::collections::BTreeMap;
 /// Tag every agent advertises, `allowed` or `forbidden`: whether it runs `sandbox: none` steps.
 pub const UNSANDBOXED_TAG: &str = "gpuci.unsandboxed";
 
+/// What one log line counts against a job's log cap besides its text: about what storing it
+/// takes (its row in the database: job, number, time, stream, index), so that a job printing
+/// tiny lines cannot store many times its cap.
+pub const LOG_LINE_COST: u64 = 40;
+
+/// What a log line of `text` counts against a job's log cap.
+pub fn log_line_cost(text: &str) -> u64 {
+    text.len() as u64 + LOG_LINE_COST
+}
+
 /// Body of `POST /api/v1/agents/register` (authorised by the registration token).
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RegisterRequest {

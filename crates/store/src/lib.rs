@@ -231,8 +231,9 @@ pub trait Store: Send + Sync + 'static {
     /// Returns the lines stored.
     async fn append_logs(&self, job: JobId, first_seq: Option<i64>, lines: &[LogChunk]) -> Result<Vec<LogLine>>;
     async fn read_logs(&self, job: JobId, after_seq: i64, limit: u32) -> Result<Vec<LogLine>>;
-    /// A job's stored log: its size (bytes of text plus one per line, its newline) and its
-    /// highest line number (0: none).
+    /// A job's stored log: what it counts against the job's log cap (its text plus
+    /// [`LOG_LINE_COST`](gpuci_protocol::agent::LOG_LINE_COST) per line) and its highest line
+    /// number (0: none).
     async fn log_extent(&self, job: JobId) -> Result<(u64, i64)>;
 
     async fn insert_agent(&self, agent: &AgentRecord) -> Result<()>;

@@ -435,8 +435,9 @@ impl Store for PostgresStore {
     }
 
     async fn log_extent(&self, job: JobId) -> Result<(u64, i64)> {
-        let row = sqlx::query("SELECT COALESCE(SUM(octet_length(text) + 1), 0)::BIGINT, COALESCE(MAX(seq), 0)::BIGINT FROM job_logs WHERE job_id = $1")
+        let row = sqlx::query("SELECT COALESCE(SUM(octet_length(text) + $2), 0)::BIGINT, COALESCE(MAX(seq), 0)::BIGINT FROM job_logs WHERE job_id = $1")
             .bind(job)
+            .bind(gpuci_protocol::agent::LOG_LINE_COST as i64)
             .fetch_one(&self.pool)
             .await?;
         let (bytes, last): (i64, i64) = (row.get(0), row.get(1));

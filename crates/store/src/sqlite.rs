@@ -449,7 +449,8 @@ impl Store for SqliteStore {
     }
 
     async fn log_extent(&self, job: JobId) -> Result<(u64, i64)> {
-        let row = sqlx::query("SELECT COALESCE(SUM(LENGTH(CAST(text AS BLOB)) + 1), 0), COALESCE(MAX(seq), 0) FROM job_logs WHERE job_id = ?")
+        let row = sqlx::query("SELECT COALESCE(SUM(LENGTH(CAST(text AS BLOB)) + ?), 0), COALESCE(MAX(seq), 0) FROM job_logs WHERE job_id = ?")
+            .bind(gpuci_protocol::agent::LOG_LINE_COST as i64)
             .bind(job)
             .fetch_one(&self.read)
             .await?;
