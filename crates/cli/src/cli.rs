@@ -195,6 +195,10 @@ pub struct UpArgs {
     pub secrets_key_file: Option<PathBuf>,
     #[command(flatten)]
     pub upload: UploadArgs,
+    /// As `gpuci server --new-database`: start over with a new, empty database although the
+    /// data dir was used before and its database is missing or empty. Use it once.
+    #[arg(long)]
+    pub new_database: bool,
 }
 
 #[derive(Args, Debug)]

@@ -7,6 +7,9 @@ use gpuci::cli::Cli;
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if !runs_jobs_or_serves(&cli.command) {
+        die_quietly_on_closed_stdout();
+    }
     // `run` and the client commands print their own progress; server logs would drown it.
     let chatty = matches!(
         cli.command,
@@ -22,4 +25,24 @@ fn main() -> std::process::ExitCode {
     };
     let code = runtime.block_on(gpuci::cmd::dispatch(cli));
     std::process::ExitCode::from(code)
+}
+
+/// Commands that run a server, an agent or jobs in this process. They keep Rust's default of
+/// ignoring SIGPIPE: a job or peer that closes its end of a pipe must cost an error on that
+/// write, never the whole process.
+fn runs_jobs_or_serves(command: &gpuci::cli::Command) -> bool {
+    use gpuci::cli::Command as C;
+    matches!(command, C::Up(_) | C::Run(_) | C::Server(_) | C::Agent(_) | C::Bench(_))
+}
+
+/// A client command whose reader goes away (`gpuci logs 7 | head`) ends as Unix tools do, by
+/// SIGPIPE, silently, instead of panicking in `println!` with "failed printing to stdout".
+#[allow(unsafe_code)]
+fn die_quietly_on_closed_stdout() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: called first thing in `main`, before the runtime or any other thread exists;
+    // the default disposition runs no code of ours.
+    if let Err(e) = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) } {
+        eprintln!("warning: cannot restore SIGPIPE: {e}");
+    }
 }

@@ -153,7 +153,7 @@ fn a_used_data_dir_whose_database_is_empty_or_missing_is_refused() {
     let (code, err) = refused(&data, &[]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains(&format!("database {} is empty (0 bytes)", db.display())), "{err}");
-    assert!(err.contains("this data dir was used before (found secrets.key)"), "{err}");
+    assert!(err.contains("this data dir was used before (found database-made,"), "{err}");
     assert!(err.contains("Restore") && err.contains("--new-database"), "{err}");
     assert_eq!(std::fs::metadata(&db).unwrap().len(), 0, "the file was left as it was");
 
@@ -172,6 +172,90 @@ fn a_used_data_dir_whose_database_is_empty_or_missing_is_refused() {
     let (code, err) = refused(&data, &["--new-database"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("--new-database") && err.contains("already holds a database"), "{err}");
+}
+
+/// Regression: a missing database was still accepted when nothing the check looked for lay in
+/// the data dir (the secrets key kept elsewhere, tokens only), and a SQLite file without
+/// gpuci's tables in a used data dir was quietly made a new, empty database.
+#[test]
+fn a_used_data_dir_is_recognised_whatever_it_holds_and_a_foreign_database_is_refused() {
+    let dir = tempdir();
+    let data = dir.path().join("server");
+    let key = dir.path().join("elsewhere.key");
+    let key_arg = vec!["--secrets-key-file".to_string(), key.display().to_string()];
+    let mut server = Server::start_on(&data, "127.0.0.1:0", key_arg.clone());
+    assert!(server.api().agents().is_empty());
+    server.kill9();
+    assert!(key.exists() && !data.join("secrets.key").exists());
+    let db = data.join("gpuci.db");
+    for f in ["gpuci.db", "gpuci.db-wal", "gpuci.db-shm"] {
+        let _ = std::fs::remove_file(data.join(f));
+    }
+    let args: Vec<&str> = key_arg.iter().map(String::as_str).collect();
+    let (code, err) = refused(&data, &args);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("is missing") && err.contains("database-made"), "{err}");
+    assert!(!db.exists(), "no new database was made");
+
+    // An empty SQLite database (a valid file, no tables), and another program's.
+    for tables in [&[][..], &["CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)"][..]] {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            use sqlx::Connection;
+            let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).create_if_missing(true);
+            let mut c = sqlx::SqliteConnection::connect_with(&opts).await.unwrap();
+            sqlx::query("PRAGMA user_version = 7").execute(&mut c).await.unwrap();
+            for t in tables {
+                sqlx::query(t).execute(&mut c).await.unwrap();
+            }
+            c.close().await.unwrap();
+        });
+        let before = std::fs::read(&db).unwrap();
+        assert!(!before.is_empty());
+        let (code, err) = refused(&data, &args);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("holds no gpuci tables") && err.contains("--new-database"), "{err}");
+        assert_eq!(err.matches("holds no gpuci tables").count(), 1, "said once: {err}");
+        assert!(std::fs::read(&db).unwrap() == before, "the file was changed");
+        std::fs::remove_file(&db).unwrap();
+    }
+
+    // Only a token left (a data dir from before the marker): refused too.
+    std::fs::remove_file(data.join("database-made")).unwrap();
+    std::fs::remove_file(data.join("api-token")).unwrap();
+    let (code, err) = refused(&data, &args);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("(found registration-token)"), "{err}");
+}
+
+/// `gpuci up` takes `--new-database` like `gpuci server`.
+#[test]
+fn gpuci_up_refuses_a_used_data_dir_without_its_database_unless_told() {
+    let dir = tempdir();
+    let data = used_data_dir(dir.path());
+    std::fs::remove_file(data.join("gpuci.db")).unwrap();
+    let pipeline = dir.path().join("p.yml");
+    std::fs::write(&pipeline, "steps:\n  - key: a\n    command: \"true\"\n").unwrap();
+    let up = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["up", "--listen", "127.0.0.1:0", "--slots", "1", "--isolation", isolation()])
+            .args(["--no-upload", "--exit-when-done", "--data-dir"])
+            .arg(&data)
+            .arg(&pipeline)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap()
+    };
+    let out = up(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("is missing") && err.contains("--new-database"), "{err}");
+    let out = up(&["--new-database"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(data.join("gpuci.db").metadata().unwrap().len() > 0, "{err}");
 }
 
 /// Regression (issue 10, item 7): a damaged database was refused with its reason printed

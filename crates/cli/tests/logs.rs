@@ -144,3 +144,30 @@ steps:
     );
     assert_eq!(shown.matches("***").count(), 10, "every occurrence masked once");
 }
+
+/// Regression: `gpuci logs JOB | head -1` panicked ("failed printing to stdout: Broken pipe").
+#[test]
+fn gpuci_logs_into_a_reader_that_stops_early_ends_quietly() {
+    let (_dir, server, _agent, api) = setup(&[]);
+    let p = api.submit("steps:\n  - key: long\n    command: seq 1 200000\n");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
+    for json in [false, true] {
+        let mut child = std::process::Command::new(BIN)
+            .args(["logs", &done.jobs[0].id.to_string(), "--server", &server.url, "--token", &server.token])
+            .args(json.then_some("--json"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Read one line, then go away, as `head -1` does.
+        let mut first = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut first).unwrap();
+        assert!(!first.is_empty());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+        use std::os::unix::process::ExitStatusExt;
+        assert!(out.status.success() || out.status.signal() == Some(13), "{:?}: {err}", out.status);
+    }
+}

@@ -23,7 +23,8 @@ pub enum DataDirError {
         "database {path} is {what}, but this data dir was used before (found {found}); starting would \
          create a new, empty database: pipelines, jobs, registered agents and secrets would be gone \
          and agents would be refused{wal}. Restore {path} from a backup, or pass --new-database to \
-         start over with an empty database on purpose"
+         start over with an empty database on purpose (also on a first start in a data dir where you \
+         wrote the token files yourself)"
     )]
     DatabaseGone { path: PathBuf, what: &'static str, found: String, wal: String },
     #[error(
@@ -35,7 +36,12 @@ pub enum DataDirError {
 
 /// Files in the data dir that hold credentials or secret values.
 pub const PRIVATE_FILES: &[&str] =
-    &["api-token", "registration-token", "secrets.key", "gpuci.db", "gpuci.db-wal", "gpuci.db-shm"];
+    &["api-token", "registration-token", "secrets.key", "gpuci.db", "gpuci.db-wal", "gpuci.db-shm", DATABASE_MADE];
+
+/// Written into the data dir once the coordinator has made its database, wherever that lies:
+/// from then on a missing, empty or foreign database is refused (see [`check_database`]),
+/// whatever else the dir holds.
+pub const DATABASE_MADE: &str = "database-made";
 
 /// Directories in the data dir: private like the files.
 pub const PRIVATE_DIRS: &[&str] = &["uploads"];
@@ -82,17 +88,51 @@ pub fn prepare(dir: &Path, traversable: bool) -> Result<(), DataDirError> {
     Ok(())
 }
 
-/// Files a coordinator writes into its data dir only once its database is open (the secrets
-/// key; SQLite's own `-wal` and `-shm`, left by a crash): finding one shows the dir was used
-/// before. The token files are no sign: an operator may write them before the first start.
-const SIGNS_OF_USE: &[&str] = &["secrets.key", "gpuci.db-wal", "gpuci.db-shm"];
+/// Files a coordinator writes into its data dir (the marker of its database, the tokens, the
+/// secrets key, SQLite's own `-wal` and `-shm` left by a crash): finding one shows the dir was
+/// used before. Written in this order at a first start: the database and its marker, then
+/// the tokens, so a first start cut short leaves no sign without a database.
+const SIGNS_OF_USE: &[&str] =
+    &[DATABASE_MADE, "api-token", "registration-token", "secrets.key", "gpuci.db-wal", "gpuci.db-shm"];
+
+/// What in `dir` shows it was used before (empty: a new data dir).
+pub fn signs_of_use(dir: &Path) -> Vec<String> {
+    let mut found: Vec<String> = SIGNS_OF_USE.iter().filter(|f| dir.join(f).exists()).map(|f| f.to_string()).collect();
+    let uploads = std::fs::read_dir(dir.join("uploads")).map(|d| d.count()).unwrap_or(0);
+    if uploads > 0 {
+        found.push(format!("{uploads} upload(s)"));
+    }
+    found
+}
+
+/// Record that this data dir's database exists ([`DATABASE_MADE`]); once.
+pub fn mark_database_made(dir: &Path, db: &str) -> std::io::Result<()> {
+    let path = dir.join(DATABASE_MADE);
+    if path.exists() {
+        return Ok(());
+    }
+    let text = format!(
+        "gpuci made its database ({db}) for this data dir; it refuses to start without it (see gpuci server \
+         --help, --new-database)\n"
+    );
+    create_private(&path, text.as_bytes())?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
 
 /// Refuse to open a SQLite database `db` that is missing or empty (0 bytes) in a data dir
 /// that was used before, unless the operator asked for a new one (`new_database`). SQLite
 /// would quietly make a new, empty database of it (and throw away a `-wal` beside an empty
 /// file): every job and agent gone, and agents retrying forever with a credential nobody
 /// knows. A new database is never made over one that holds data.
-pub fn check_database(dir: &Path, db: &Path, new_database: bool) -> Result<(), DataDirError> {
+///
+/// Returns whether the database must already be gpuci's (a used data dir, no
+/// `--new-database`): the caller then opens it with
+/// [`open_existing`](gpuci_store::SqliteStore::open_existing), which refuses a file without
+/// gpuci's tables.
+pub fn check_database(dir: &Path, db: &Path, new_database: bool) -> Result<bool, DataDirError> {
     let size = match std::fs::metadata(db) {
         Ok(m) => Some(m.len()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -100,21 +140,16 @@ pub fn check_database(dir: &Path, db: &Path, new_database: bool) -> Result<(), D
     };
     match (size, new_database) {
         (Some(bytes), true) if bytes > 0 => Err(DataDirError::DatabaseExists { path: db.to_path_buf(), bytes }),
-        (Some(bytes), false) if bytes > 0 => Ok(()),
+        (Some(bytes), false) if bytes > 0 => Ok(!signs_of_use(dir).is_empty()),
         (_, true) => {
             tracing::warn!(path = %db.display(), "starting a new, empty database (--new-database)");
-            Ok(())
+            Ok(false)
         }
         (size, false) => {
-            let mut found: Vec<String> =
-                SIGNS_OF_USE.iter().filter(|f| dir.join(f).exists()).map(|f| f.to_string()).collect();
-            let uploads = std::fs::read_dir(dir.join("uploads")).map(|d| d.count()).unwrap_or(0);
-            if uploads > 0 {
-                found.push(format!("{uploads} upload(s)"));
-            }
+            let found = signs_of_use(dir);
             if found.is_empty() {
                 // A new data dir: its database is made now.
-                return Ok(());
+                return Ok(false);
             }
             let mut wal = db.as_os_str().to_owned();
             wal.push("-wal");
@@ -260,25 +295,31 @@ mod tests {
         let dir = root.join("data");
         let db = dir.join("gpuci.db");
         prepare(&dir, false).unwrap_or_else(|e| panic!("{e}"));
-        // New: nothing shows it was used, so the database is made.
-        check_database(&dir, &db, false).unwrap_or_else(|e| panic!("{e}"));
-        // Tokens an operator wrote before the first start are no sign of an earlier database.
-        std::fs::write(dir.join("registration-token"), "t").unwrap_or_else(|e| panic!("{e}"));
-        check_database(&dir, &db, false).unwrap_or_else(|e| panic!("{e}"));
+        // New: nothing shows it was used, so the database is made, and need not be gpuci's yet.
+        assert!(!check_database(&dir, &db, false).unwrap_or_else(|e| panic!("{e}")));
+        // Any one sign of use is enough: the marker (whatever else is elsewhere: a secrets
+        // key kept outside the data dir), or a token alone, or a 0-byte file beside one.
+        for sign in [DATABASE_MADE, "registration-token", "api-token", "secrets.key"] {
+            std::fs::write(dir.join(sign), "t").unwrap_or_else(|e| panic!("{e}"));
+            let missing = check_database(&dir, &db, false).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(missing.contains("is missing") && missing.contains(&format!("(found {sign})")), "{missing}");
+            assert!(missing.contains("--new-database"), "{missing}");
+            std::fs::write(&db, "").unwrap_or_else(|e| panic!("{e}"));
+            let empty = check_database(&dir, &db, false).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(empty.contains("is empty (0 bytes)"), "{empty}");
+            std::fs::remove_file(&db).unwrap_or_else(|e| panic!("{e}"));
+            std::fs::remove_file(dir.join(sign)).unwrap_or_else(|e| panic!("{e}"));
+        }
         std::fs::write(dir.join("secrets.key"), "k").unwrap_or_else(|e| panic!("{e}"));
-
-        let missing = check_database(&dir, &db, false).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(missing.contains("is missing") && missing.contains("(found secrets.key)"), "{missing}");
-        assert!(missing.contains("--new-database"), "{missing}");
 
         std::fs::write(&db, "").unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(dir.join("gpuci.db-wal"), "w").unwrap_or_else(|e| panic!("{e}"));
         let empty = check_database(&dir, &db, false).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(empty.contains("is empty (0 bytes)") && empty.contains("gpuci.db-wal (1 bytes)"), "{empty}");
 
-        check_database(&dir, &db, true).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!check_database(&dir, &db, true).unwrap_or_else(|e| panic!("{e}")));
         std::fs::write(&db, "data").unwrap_or_else(|e| panic!("{e}"));
-        check_database(&dir, &db, false).unwrap_or_else(|e| panic!("{e}"));
+        assert!(check_database(&dir, &db, false).unwrap_or_else(|e| panic!("{e}")), "it must be gpuci's");
         let kept = check_database(&dir, &db, true).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(kept.contains("already holds a database (4 bytes)"), "{kept}");
         let _ = std::fs::remove_dir_all(root);

@@ -237,10 +237,11 @@ async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
 /// accepts connections.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     datadir::prepare(&config.data_dir, config.agent_inside)?;
+    let mut must_be_gpuci = false;
     if let Database::Sqlite(db) = &config.database {
         // Before anything new is written: the tokens made below would hide that this dir
         // was used before.
-        datadir::check_database(&config.data_dir, db, config.new_database)?;
+        must_be_gpuci = datadir::check_database(&config.data_dir, db, config.new_database)?;
         // The default lies in the data dir (already done); a database elsewhere gets the same.
         for suffix in ["", "-wal", "-shm"] {
             let mut p = db.clone().into_os_string();
@@ -248,21 +249,27 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             datadir::restrict(std::path::Path::new(&p))?;
         }
     }
-    let api_token = auth::load_or_create(&config.data_dir.join("api-token"), "gpuci_api").context("API token file")?;
-    let registration_token = auth::load_or_create(&config.data_dir.join("registration-token"), "gpuci_reg")
-        .context("registration token file")?;
     let store: Arc<dyn Store> = match &config.database {
-        Database::Sqlite(p) => match SqliteStore::open(p).await {
-            Ok(s) => Arc::new(s),
-            Err(e) if e.is_damaged() => anyhow::bail!(
-                "opening database {}: {e}: the file is damaged or is not a gpuci database; restore it from a \
+        Database::Sqlite(p) => {
+            match if must_be_gpuci { SqliteStore::open_existing(p).await } else { SqliteStore::open(p).await } {
+                Ok(s) => Arc::new(s),
+                Err(e @ gpuci_store::StoreError::NotGpuci(_)) => anyhow::bail!(
+                    "database {}: {e}, but this data dir was used before (found {}): starting would make it a new, \
+                 empty gpuci database. Restore the database from a backup, or move the file away and start with \
+                 --new-database to begin an empty one",
+                    p.display(),
+                    datadir::signs_of_use(&config.data_dir).join(", ")
+                ),
+                Err(e) if e.is_damaged() => anyhow::bail!(
+                    "opening database {}: {e}: the file is damaged or is not a gpuci database; restore it from a \
                  backup, or move it (and any {}-wal beside it) away and start with --new-database to begin an \
                  empty one",
-                p.display(),
-                p.display()
-            ),
-            Err(e) => return Err(e).with_context(|| format!("opening database {}", p.display())),
-        },
+                    p.display(),
+                    p.display()
+                ),
+                Err(e) => return Err(e).with_context(|| format!("opening database {}", p.display())),
+            }
+        }
         Database::Postgres(url) => Arc::new(
             PostgresStore::connect(url)
                 .await
@@ -270,6 +277,15 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         ),
         Database::Memory => Arc::new(SqliteStore::in_memory().await?),
     };
+    // The database exists now: from here on, a used data dir without it is refused. Then the
+    // tokens, so that a first start cut short leaves no sign of use without a database.
+    if let Database::Sqlite(p) = &config.database {
+        datadir::mark_database_made(&config.data_dir, &p.display().to_string())
+            .with_context(|| format!("writing {}", config.data_dir.join(datadir::DATABASE_MADE).display()))?;
+    }
+    let api_token = auth::load_or_create(&config.data_dir.join("api-token"), "gpuci_api").context("API token file")?;
+    let registration_token = auth::load_or_create(&config.data_dir.join("registration-token"), "gpuci_reg")
+        .context("registration token file")?;
     let secrets_key = Arc::new(vault::unlock(store.as_ref(), &config.secrets_key_source()).await?);
     let hub = Arc::new(hub::Hub::new());
     let mut brain = brain::Brain::load(store.clone(), hub.clone(), config.timing.clone(), secrets_key.clone())

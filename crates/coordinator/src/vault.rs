@@ -28,6 +28,8 @@ pub enum KeySource {
     Ephemeral,
 }
 
+/// Each message names its cause itself (`{error}`), never also as a `source`: a chain printer
+/// (`{:#}`) would print it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum VaultError {
     #[error(
@@ -35,12 +37,12 @@ pub enum VaultError {
          restore that key file (or point --secrets-key-file / GPUCI_SECRETS_KEY_FILE at it): a new key could not open them"
     )]
     KeyMissing { path: PathBuf, count: usize, key_ids: String },
-    #[error("secrets key file {path}: {source}")]
-    Unreadable { path: PathBuf, source: std::io::Error },
-    #[error("secrets key file {path}: {source}")]
-    Malformed { path: PathBuf, source: SealError },
-    #[error("creating secrets key file {path}: {source}")]
-    Create { path: PathBuf, source: std::io::Error },
+    #[error("secrets key file {path}: {error}")]
+    Unreadable { path: PathBuf, error: std::io::Error },
+    #[error("secrets key file {path}: {error}")]
+    Malformed { path: PathBuf, error: SealError },
+    #[error("creating secrets key file {path}: {error}")]
+    Create { path: PathBuf, error: std::io::Error },
     #[error(
         "secrets key file {path} holds key {key}, but secret value(s) {names} were sealed with key {other}; \
          pass the key file they were sealed with"
@@ -68,7 +70,7 @@ pub async fn unlock(store: &dyn Store, source: &KeySource) -> Result<SecretsKey,
         Ok(bytes) => {
             datadir::restrict(path)?;
             let key = SecretsKey::from_file_contents(&bytes)
-                .map_err(|source| VaultError::Malformed { path: path.clone(), source })?;
+                .map_err(|error| VaultError::Malformed { path: path.clone(), error })?;
             tracing::info!(path = %path.display(), key = key.id(), "secrets key loaded");
             key
         }
@@ -82,7 +84,7 @@ pub async fn unlock(store: &dyn Store, source: &KeySource) -> Result<SecretsKey,
             }
             create(path)?
         }
-        Err(source) => return Err(VaultError::Unreadable { path: path.clone(), source }),
+        Err(error) => return Err(VaultError::Unreadable { path: path.clone(), error }),
     };
     if let Some((other, names)) = at_rest.sealed.iter().find(|(id, _)| id.as_str() != key.id()) {
         return Err(VaultError::WrongKey {
@@ -97,7 +99,7 @@ pub async fn unlock(store: &dyn Store, source: &KeySource) -> Result<SecretsKey,
 }
 
 fn create(path: &Path) -> Result<SecretsKey, VaultError> {
-    let err = |source| VaultError::Create { path: path.to_path_buf(), source };
+    let err = |error| VaultError::Create { path: path.to_path_buf(), error };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(err)?;
     }
@@ -109,8 +111,8 @@ fn create(path: &Path) -> Result<SecretsKey, VaultError> {
         }
         // Another coordinator sharing this key file created it a moment ago: use that one.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let bytes = std::fs::read(path).map_err(|source| VaultError::Unreadable { path: path.into(), source })?;
-            SecretsKey::from_file_contents(&bytes).map_err(|source| VaultError::Malformed { path: path.into(), source })
+            let bytes = std::fs::read(path).map_err(|error| VaultError::Unreadable { path: path.into(), error })?;
+            SecretsKey::from_file_contents(&bytes).map_err(|error| VaultError::Malformed { path: path.into(), error })
         }
         Err(e) => Err(err(e)),
     }
@@ -180,6 +182,26 @@ mod tests {
         std::fs::write(dir.join("k"), bytes).unwrap_or_else(|e| panic!("{e}"));
         let err = unlock(&store, &KeySource::File(dir.join("k"))).await.expect_err("must refuse");
         assert!(matches!(err, VaultError::WrongKey { other: ref o, .. } if o == other.id()), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Regression: printed through the CLI (`{:#}`), a key file error said its cause twice.
+    #[tokio::test]
+    async fn a_key_file_error_says_its_cause_once() {
+        let dir = tempdir();
+        let store = SqliteStore::in_memory().await.unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(dir.join("short.key"), b"not a key").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir(dir.join("dir.key")).unwrap_or_else(|e| panic!("{e}"));
+        for name in ["short.key", "dir.key"] {
+            let err = unlock(&store, &KeySource::File(dir.join(name))).await.expect_err("must refuse");
+            let cause = match &err {
+                VaultError::Malformed { error, .. } => error.to_string(),
+                VaultError::Unreadable { error, .. } => error.to_string(),
+                other => panic!("{other}"),
+            };
+            let printed = format!("{:#}", anyhow::Error::new(err));
+            assert_eq!(printed.matches(&cause).count(), 1, "{printed}");
+        }
         let _ = std::fs::remove_dir_all(dir);
     }
 }

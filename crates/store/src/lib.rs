@@ -51,6 +51,10 @@ pub enum StoreError {
     Db(sqlx::Error),
     #[error("migration: {0}")]
     Migrate(sqlx::migrate::MigrateError),
+    /// [`SqliteStore::open_existing`](crate::SqliteStore::open_existing) found a database
+    /// without gpuci's tables.
+    #[error("it holds no gpuci tables ({})", if .0.is_empty() { "it has no tables at all".to_string() } else { format!("its tables: {}", .0.join(", ")) })]
+    NotGpuci(Vec<String>),
 }
 
 impl From<sqlx::Error> for StoreError {

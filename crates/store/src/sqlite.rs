@@ -34,6 +34,36 @@ impl SqliteStore {
     /// the umask. `secure_delete` zeroes what a write frees, so a replaced value (a secret
     /// sealed after being stored in plain text) leaves no copy in free pages.
     pub async fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, false).await
+    }
+
+    /// Open a database that must already be gpuci's: like [`open`](Self::open), but a file
+    /// without gpuci's tables (an empty SQLite database, another program's) is refused with
+    /// [`StoreError::NotGpuci`] before anything is written to it, instead of being made into
+    /// a new, empty gpuci database.
+    pub async fn open_existing(path: &Path) -> Result<Self> {
+        Self::open_with(path, true).await
+    }
+
+    async fn open_with(path: &Path, existing: bool) -> Result<Self> {
+        if existing {
+            // Looked at through a plain connection first: the one below would already switch
+            // the file to WAL mode, a write.
+            use sqlx::Connection;
+            let mut probe = sqlx::SqliteConnection::connect_with(
+                &SqliteConnectOptions::new().filename(path).create_if_missing(false),
+            )
+            .await?;
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name",
+            )
+            .fetch_all(&mut probe)
+            .await?;
+            probe.close().await?;
+            if !tables.iter().any(|t| t == "jobs") {
+                return Err(StoreError::NotGpuci(tables));
+            }
+        }
         create_private(path).map_err(|e| StoreError::Db(sqlx::Error::Io(e)))?;
         let opts = SqliteConnectOptions::new()
             .filename(path)

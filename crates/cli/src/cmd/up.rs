@@ -29,7 +29,10 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
         Database::Sqlite(db.clone()),
         &a.agent,
         Timing::default(),
-        |c| c.secrets_key_file = key_file,
+        |c| {
+            c.secrets_key_file = key_file;
+            c.new_database = a.new_database;
+        },
         shutdown.clone(),
     )
     .await?;
