@@ -8,6 +8,7 @@
 //! agent's state; job tasks only send it events.
 
 pub mod cache;
+pub mod disk;
 mod executor;
 pub mod identity;
 pub mod journal;
@@ -75,6 +76,9 @@ pub struct Config {
     /// Start even though the journal is damaged (`--reset-journal`): the jobs it held are
     /// given up as lost (see [`journal`]).
     pub reset_journal: bool,
+    /// Below this much free space where it writes jobs, the agent takes no new jobs (see
+    /// [`disk`]); 0: never.
+    pub min_free_disk: u64,
 }
 
 impl Config {
@@ -101,6 +105,7 @@ impl Config {
             job_host_ports: Vec::new(),
             job_defaults: executor::SlotDefaults { memory: None, pids: Some(DEFAULT_JOB_PIDS), cpu_millis: None },
             reset_journal: false,
+            min_free_disk: DEFAULT_MIN_FREE_DISK,
         }
     }
 }
@@ -133,6 +138,11 @@ struct Agent {
     outbox: outbox::Outbox,
     events_tx: mpsc::UnboundedSender<JobEvent>,
     events_rx: mpsc::UnboundedReceiver<JobEvent>,
+    /// Where jobs are written (data dir, workspaces), watched for free space.
+    disk_dirs: Vec<PathBuf>,
+    min_free_disk: u64,
+    /// Why it takes no new jobs now ([`disk`]).
+    paused: Option<String>,
 }
 
 /// How often the agent re-reads its GPU inventory and reports a change.
@@ -144,6 +154,12 @@ const OUTBOX_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Past this size the journal is rewritten with only the jobs still held.
 const JOURNAL_COMPACT_BYTES: u64 = 4 << 20;
+
+/// Default of `--min-free-disk`.
+pub const DEFAULT_MIN_FREE_DISK: u64 = 1 << 30;
+
+/// How often the agent looks at its free disk space.
+const DISK_CHECK: Duration = Duration::from_secs(5);
 
 /// Run the agent until `shutdown`. Running jobs are cancelled on shutdown and their results
 /// reported if the coordinator is reachable.
@@ -328,6 +344,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         container_runtime: container_runtime.as_ref().map(|r| format!("{:?}", r.engine).to_lowercase()),
         running: Vec::new(),
         journal_incomplete: None,
+        paused: None,
     };
     let mut outbox = outbox::Outbox::new(OUTBOX_LIMIT);
     let mut holds = BTreeSet::new();
@@ -349,11 +366,42 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         outbox,
         events_tx,
         events_rx,
+        disk_dirs: vec![config.data_dir.clone(), work_root.clone()],
+        min_free_disk: config.min_free_disk,
+        paused: None,
     };
+    agent.check_disk();
     agent.run(identity, shutdown).await
 }
 
 impl Agent {
+    /// Look at the free space where jobs are written and pause or resume taking jobs
+    /// ([`disk::decide`]). True when that changed.
+    fn check_disk(&mut self) -> bool {
+        let least = self
+            .disk_dirs
+            .iter()
+            .filter_map(|d| match disk::free_bytes(d) {
+                Ok(free) => Some((free, d)),
+                Err(e) => {
+                    tracing::warn!(dir = %d.display(), error = %e, "cannot read the free space");
+                    None
+                }
+            })
+            .min();
+        let Some((free, dir)) = least else { return false };
+        let now = disk::decide(dir, free, self.min_free_disk, self.paused.is_some());
+        if now == self.paused {
+            return false;
+        }
+        match &now {
+            Some(why) => tracing::error!(why, "taking no new jobs"),
+            None => tracing::info!(free, "enough free disk space again: taking new jobs"),
+        }
+        self.paused = now;
+        true
+    }
+
     async fn run(&mut self, id: identity::Identity, shutdown: CancellationToken) -> anyhow::Result<()> {
         let mut backoff = Duration::from_millis(100);
         loop {
@@ -474,6 +522,7 @@ impl Agent {
         let mut hello = self.hello_base.clone();
         hello.running = self.holds.iter().copied().collect();
         hello.journal_incomplete = self.journal.incomplete().map(str::to_string);
+        hello.paused = self.paused.clone();
         send(&mut sink, &AgentMessage::Hello(Box::new(hello))).await?;
         // A new connection: everything not acknowledged goes again.
         self.outbox.rewind();
@@ -513,6 +562,9 @@ impl Agent {
         let mut refresh = tokio::time::interval(INVENTORY_REFRESH);
         refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         refresh.tick().await;
+        let mut disk = tokio::time::interval(DISK_CHECK);
+        disk.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        disk.tick().await;
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => {
@@ -532,6 +584,11 @@ impl Agent {
                 }
                 _ = tick.tick() => {
                     send(&mut sink, &AgentMessage::Heartbeat).await?;
+                }
+                _ = disk.tick() => {
+                    if self.check_disk() {
+                        send(&mut sink, &AgentMessage::Paused { reason: self.paused.clone() }).await?;
+                    }
                 }
                 Some(ev) = self.events_rx.recv() => {
                     // Drain what is ready: low latency when idle, few frames under load.

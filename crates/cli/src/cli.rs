@@ -95,6 +95,11 @@ pub struct LocalAgentArgs {
     /// tiny lines cannot store many times the cap.
     #[arg(long, env = "GPUCI_MAX_LOG_BYTES", default_value = "100MiB", value_parser = parse_bytes)]
     pub max_log_bytes: u64,
+    /// With less free space than this on the filesystem of its data dir or workspaces, the
+    /// agent takes no new jobs (`gpuci agents` says why) until space is freed; jobs it runs go
+    /// on. 0: never.
+    #[arg(long, env = "GPUCI_MIN_FREE_DISK", default_value = "1GiB", value_parser = parse_bytes)]
+    pub min_free_disk: u64,
     #[command(flatten)]
     pub jobs: JobArgs,
 }

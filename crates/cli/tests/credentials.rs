@@ -192,12 +192,15 @@ fn coordinator_and_agent_files_are_private_after_start() {
     assert_eq!(mode(&agent_dir.join("agent.json")), 0o600);
     drop(server);
 
-    // Loose: as an older gpuci (or a umask of 022 and a hand-made dir) left it.
+    // Loose: as an older gpuci (or a umask of 022 and a hand-made dir) left it: a used data
+    // dir, its database included, opened up.
     let loose = dir.path().join("loose");
-    std::fs::create_dir_all(&loose).unwrap();
+    drop(Server::start(&loose, "30s"));
     std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::write(loose.join("api-token"), "gpuci_api_0123\n").unwrap();
-    std::fs::set_permissions(loose.join("api-token"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    for f in ["api-token", "gpuci.db"] {
+        std::fs::set_permissions(loose.join(f), std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
     let server = Server::start(&loose, "30s");
     assert_eq!(server.token, "gpuci_api_0123");
     assert_eq!(mode(&loose), 0o700);

@@ -105,6 +105,40 @@ fn a_full_disk_is_answered_503_and_nothing_acknowledged_is_lost() {
     assert_eq!(all_jobs(&api), acknowledged);
 }
 
+/// Regression: an agent whose disk was full took every job and failed it ("could not journal
+/// the assignment"). It now takes none while its disk is under `--min-free-disk`, says why,
+/// and takes them again once space returns; a job submitted meanwhile waits, then runs.
+#[test]
+fn an_agent_with_a_full_disk_takes_no_jobs_until_space_returns() {
+    let Some(disk) = SmallDisk::mount("64m") else { return };
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "120s");
+    let args = ["--isolation", isolation(), "--min-free-disk", "16MiB"];
+    let _agent = Agent::start(&server, &disk.path().join("agent"), "a1", &args);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let first = api.submit("steps:\n  - key: a\n    command: echo room\n");
+    api.wait_job(first.jobs[0].id, "succeeded", T, |j| j.state == JobState::Succeeded);
+
+    let filler = disk.fill();
+    let t0 = Instant::now();
+    while !api.agents()[0].reason.contains("takes no new jobs") {
+        assert!(t0.elapsed() < T, "the agent never said its disk is full: {:?}", api.agents()[0]);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let why = api.agents()[0].reason.clone();
+    assert!(why.contains("--min-free-disk") && why.contains("free"), "{why}");
+    let waiting = api.submit("steps:\n  - key: b\n    command: echo later\n");
+    std::thread::sleep(Duration::from_secs(3));
+    let job = api.pipeline(waiting.id).jobs[0].clone();
+    assert_eq!(job.state, JobState::Queued, "a job went to an agent with a full disk: {job:?}");
+
+    disk.free(&filler);
+    let done = api.wait_job(job.id, "succeeded", T, |j| j.state.is_terminal());
+    assert_eq!(done.state, JobState::Succeeded, "{done:?}");
+    assert!(!api.agents()[0].reason.contains("takes no new jobs"), "{:?}", api.agents()[0]);
+}
+
 /// `gpuci server` on `data_dir` with `args`, expected to refuse to start: its exit code and
 /// what it wrote to stderr.
 fn refused(data_dir: &Path, args: &[&str]) -> (Option<i32>, String) {

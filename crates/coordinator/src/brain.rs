@@ -203,6 +203,11 @@ pub enum Command {
         agent_id: String,
         conn: u64,
     },
+    AgentPaused {
+        agent_id: String,
+        conn: u64,
+        reason: Option<String>,
+    },
     AgentDisconnected {
         agent_id: String,
         conn: u64,
@@ -242,6 +247,8 @@ struct AgentState {
     last_seen: Instant,
     last_seen_ms: i64,
     reason: String,
+    /// Why the agent takes no new jobs now (its disk is nearly full): no slot of it is free.
+    paused: Option<String>,
 }
 
 pub struct Brain {
@@ -324,6 +331,7 @@ impl Brain {
                     } else {
                         "waiting for the agent to reconnect after a coordinator restart".into()
                     },
+                    paused: None,
                 },
             );
         }
@@ -415,6 +423,19 @@ impl Brain {
             Command::AgentSeen { agent_id, conn } => {
                 if self.is_current(&agent_id, conn) {
                     self.touch(&agent_id);
+                }
+            }
+            Command::AgentPaused { agent_id, conn, reason } => {
+                if self.is_current(&agent_id, conn) {
+                    self.touch(&agent_id);
+                    if let Some(a) = self.agents.get_mut(&agent_id) {
+                        match &reason {
+                            Some(why) => tracing::warn!(agent = %a.name, why, "agent takes no new jobs"),
+                            None => tracing::info!(agent = %a.name, "agent takes new jobs again"),
+                        }
+                        a.paused = reason;
+                    }
+                    self.schedule().await;
                 }
             }
             Command::AgentDisconnected { agent_id, conn } => {
@@ -679,6 +700,7 @@ impl Brain {
             last_seen: Instant::now(),
             last_seen_ms: now,
             reason: String::new(),
+            paused: hello.paused.clone(),
         };
         self.agents.insert(agent_id.to_string(), entry);
 
@@ -1073,7 +1095,7 @@ impl Brain {
                 agent_id: a.id.clone(),
                 name: a.name.clone(),
                 tags: a.tags.clone(),
-                free_slots: a.slots.saturating_sub(busy),
+                free_slots: if a.paused.is_some() { 0 } else { a.slots.saturating_sub(busy) },
                 total_slots: a.slots,
                 container_runtime: a.container_runtime.is_some(),
                 gpus,
@@ -1427,7 +1449,10 @@ impl Brain {
                         Link::Lost => "lost",
                     }
                     .into(),
-                    reason: a.reason.clone(),
+                    reason: match (&a.paused, a.link) {
+                        (Some(why), Link::Connected) => format!("takes no new jobs: {why}"),
+                        _ => a.reason.clone(),
+                    },
                     tags: a.tags.clone(),
                     slots: a.slots,
                     running,

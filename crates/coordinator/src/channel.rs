@@ -115,6 +115,7 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
             AgentMessage::Gpus { gpus, health } => {
                 Some(Command::AgentGpus { agent_id: agent_id.clone(), conn, gpus, health })
             }
+            AgentMessage::Paused { reason } => Some(Command::AgentPaused { agent_id: agent_id.clone(), conn, reason }),
             AgentMessage::Hello(_) => None,
             AgentMessage::Event { n, event } => {
                 let applied = match event {

@@ -75,6 +75,10 @@ pub struct Hello {
     /// may have been received and started: it is lost, not handed out again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub journal_incomplete: Option<String>,
+    /// Why the agent takes no new jobs now, though it has slots (its disk is nearly full);
+    /// `None`: it takes them. Changes during a connection come as [`AgentMessage::Paused`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -87,6 +91,11 @@ pub enum AgentMessage {
     Event {
         n: u64,
         event: JobEvent,
+    },
+    /// The agent stops taking new jobs, saying why (`Some`: its disk is nearly full), or
+    /// takes them again (`None`). Jobs it runs go on either way.
+    Paused {
+        reason: Option<String>,
     },
     /// The agent's GPU inventory or health changed.
     Gpus {

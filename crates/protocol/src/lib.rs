@@ -11,7 +11,9 @@ pub mod api;
 /// Version of the agent channel. The coordinator refuses agents that speak another one.
 /// 2: numbered job events acknowledged cumulatively (`Event`/`Acked`), log lines numbered per
 /// job, `Hello::running` lists every job the agent holds.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: `Paused` (an agent whose disk is nearly full takes no new jobs), `Hello::paused` and
+/// `Hello::journal_incomplete`.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Job ids are small integers people can type (`gpuci logs 42`).
 pub type JobId = i64;

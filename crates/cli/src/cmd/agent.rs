@@ -36,6 +36,7 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     a.local.jobs.apply(&mut c);
     c.post_job_timeout = a.post_job_timeout;
     c.max_log_bytes = a.local.max_log_bytes;
+    c.min_free_disk = a.local.min_free_disk;
     c.reset_journal = a.reset_journal;
     c.cache_limits = gpuci_agent::cache::CacheLimits { entry: a.cache_max_entry_size, total: a.cache_max_total };
     gpuci_agent::run(c, shutdown).await?;

@@ -29,6 +29,7 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
         tags: Vec::new(),
         isolation,
         max_log_bytes: gpuci_agent::DEFAULT_MAX_LOG_BYTES,
+        min_free_disk: gpuci_agent::DEFAULT_MIN_FREE_DISK,
         jobs: crate::cli::JobArgs { job_pids: gpuci_agent::DEFAULT_JOB_PIDS, ..Default::default() },
     };
     let db = Database::Sqlite(dir.path().join("gpuci.db"));

@@ -53,6 +53,7 @@ pub async fn start_configured(
     ac.simulate_gpus = agent.simulate_gpus.clone();
     ac.isolation = agent.isolation.into();
     ac.max_log_bytes = agent.max_log_bytes;
+    ac.min_free_disk = agent.min_free_disk;
     agent.jobs.apply(&mut ac);
     ac.name = format!("{} (local)", gpuci_agent::hostname());
     ac.hide = hidden_forms(&private);
