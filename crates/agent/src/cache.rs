@@ -113,7 +113,7 @@ impl CacheStore {
                 let _ = std::fs::create_dir_all(parent);
             }
             let own = scope.save.as_ref() == Some(key);
-            let result = if own { std::fs::rename(&from, &to) } else { copy_tree(&from, &to) };
+            let result = if own { move_tree(&from, &to) } else { copy_tree(&from, &to) };
             touch(&self.dir(key));
             match result {
                 Ok(()) if own => log.push(format!("cache: restored {rel} from {key}")),
@@ -153,7 +153,8 @@ impl CacheStore {
                 continue;
             }
             let tree = staging.join(i.to_string());
-            if let Err(e) = std::fs::rename(&from, &tree) {
+            if let Err(e) = move_tree(&from, &tree) {
+                let _ = remove_any(&tree);
                 log.push(format!("cache: could not save {rel}: {e}"));
                 continue;
             }
@@ -333,6 +334,40 @@ fn copy_file(from: &Path, to: &Path, mode: u32) -> std::io::Result<()> {
 
 /// Copy the tree at `from` to the new path `to`: directories and files are made anew (no
 /// set-id bits), symlinks copied as links (their targets as text, never followed).
+/// Move a tree: a rename, or where `from` and `to` lie on different filesystems (a job's
+/// workspace is on its slot's own disk), a copy, then the original removed. A copy refuses
+/// what a rename would have carried and the cleaning refuses anyway (FIFOs, sockets,
+/// devices), so both ways end alike.
+fn move_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    match std::fs::rename(from, to) {
+        Err(e) if e.raw_os_error() == Some(nix::libc::EXDEV) => {
+            if let Some(special) = first_special(from) {
+                return Err(std::io::Error::other(format!(
+                    "{} is not a regular file, directory or symlink",
+                    special.display()
+                )));
+            }
+            copy_tree(from, to)?;
+            remove_any(from)
+        }
+        other => other,
+    }
+}
+
+/// The first entry below `p` (links not followed) that is not a regular file, directory or
+/// symlink.
+fn first_special(p: &Path) -> Option<PathBuf> {
+    let m = std::fs::symlink_metadata(p).ok()?;
+    let t = m.file_type();
+    if t.is_dir() {
+        std::fs::read_dir(p).ok()?.flatten().find_map(|c| first_special(&c.path()))
+    } else if t.is_file() || t.is_symlink() {
+        None
+    } else {
+        Some(p.to_path_buf())
+    }
+}
+
 fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     let m = std::fs::symlink_metadata(from)?;
     let t = m.file_type();

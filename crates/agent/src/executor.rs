@@ -299,7 +299,12 @@ async fn execute(
         },
         None => None,
     };
-    let workspace = ctx.work_root.join(format!("job-{}", a.job_id));
+    // On the slot's own disk where it has one (its size is the job's disk quota).
+    let workspace = slot
+        .as_ref()
+        .and_then(|s| s.disk())
+        .map_or(ctx.work_root.as_path(), |d| d.path())
+        .join(format!("job-{}", a.job_id));
     let _ = std::fs::remove_dir_all(&workspace);
     if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&workspace) {
         return fail(format!("creating workspace {}: {e}", workspace.display()));
@@ -321,7 +326,19 @@ async fn execute(
             return fail(format!("giving workspace {} to the job user: {e}", workspace.display()));
         }
     }
-    let result = execute_in(a, ctx, out, cancel, &workspace, slot.as_ref()).await;
+    let mut result = execute_in(a, ctx, out, cancel, &workspace, slot.as_ref()).await;
+    if let Some(disk) = slot.as_ref().and_then(|s| s.disk()) {
+        let code = match &result.0 {
+            Outcome::Exited { code } if *code != 0 => Some(*code),
+            Outcome::Signalled { signal } => Some(-signal),
+            _ => None,
+        };
+        if let (Some(code), true) = (code, disk.is_full()) {
+            let limit = gpuci_core::quantity::Bytes(disk.size());
+            out.system(format!("disk quota exceeded: the workspace reached its limit of {limit} (--job-disk)"));
+            result.0 = Outcome::DiskQuotaExceeded { limit, code };
+        }
+    }
     save_cache(a, ctx, &workspace, out).await;
     if let Err(e) = std::fs::remove_dir_all(&workspace) {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");

@@ -79,6 +79,9 @@ pub struct Config {
     /// Below this much free space where it writes jobs, the agent takes no new jobs (see
     /// [`disk`]); 0: never.
     pub min_free_disk: u64,
+    /// Each slot's own disk, the job's disk quota (`--job-disk`, see
+    /// [`gpuci_sandbox::SlotDisk`]); 0: none, jobs share the host's disk.
+    pub job_disk: u64,
 }
 
 impl Config {
@@ -106,6 +109,7 @@ impl Config {
             job_defaults: executor::SlotDefaults { memory: None, pids: Some(DEFAULT_JOB_PIDS), cpu_millis: None },
             reset_journal: false,
             min_free_disk: DEFAULT_MIN_FREE_DISK,
+            job_disk: 0,
         }
     }
 }
@@ -228,11 +232,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         None => None,
     };
     let root = nix::unistd::geteuid().is_root();
-    let slots = if root { Some(make_slots(&config).await?) } else { None };
     let agent_tag: String = identity.agent_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect();
-    let work_root =
-        if slots.is_some() { root_work_dir(&config.data_dir, &agent_tag)? } else { config.data_dir.join("work") };
+    let work_root = if root { root_work_dir(&config.data_dir, &agent_tag)? } else { config.data_dir.join("work") };
     std::fs::create_dir_all(&work_root)?;
+    let (slots, disk_problem) = if root {
+        let (s, problem) = make_slots(&config, &work_root).await?;
+        (Some(s), problem)
+    } else {
+        let problem = (config.job_disk > 0).then(|| "the agent is not root: jobs share its disk".to_string());
+        (None, problem)
+    };
+    if let Some(why) = &disk_problem {
+        tracing::error!(why, "no disk quota for jobs");
+    }
     let bwrap_problem = if caps.bubblewrap.is_none() {
         Some("bubblewrap is not installed (apt-get install bubblewrap)".to_string())
     } else if !caps.user_namespaces {
@@ -265,8 +277,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             format!("unavailable: {why}; this agent takes no jobs (or start it with --allow-unsandboxed)")
         }
     };
+    // The disk quota: a root agent that cannot give each slot its disk takes no jobs (unless
+    // told `--job-disk none`); one that is not root says so and goes on, as it does for its
+    // weaker sandbox.
+    let quota_refused = root && disk_problem.is_some();
+    let isolation_desc = match (&disk_problem, config.job_disk) {
+        (_, 0) => format!("{isolation_desc}; no disk quota (--job-disk none)"),
+        (None, size) => format!("{isolation_desc}; a {} disk per slot", gpuci_core::quantity::Bytes(size)),
+        (Some(why), _) if quota_refused => {
+            format!("{isolation_desc}; disk quota unavailable: {why}; this agent takes no jobs (or start it with --job-disk none)")
+        }
+        (Some(why), _) => format!("{isolation_desc}; no disk quota: {why}"),
+    };
     // An agent that cannot sandbox and may not run unsandboxed offers no slots at all.
-    let takes_jobs = bwrap_problem.is_none() || config.allow_unsandboxed;
+    let takes_jobs = (bwrap_problem.is_none() || config.allow_unsandboxed) && !quota_refused;
     if let Some(why) = &bwrap_problem {
         tracing::error!(why, allow_unsandboxed = config.allow_unsandboxed, "no working sandbox");
     }
@@ -707,7 +731,12 @@ where
 
 /// A root agent's slots: uids checked against the host's accounts, and a network namespace
 /// per slot when steps get the slot network by default.
-async fn make_slots(config: &Config) -> anyhow::Result<Arc<slots::Slots>> {
+/// The slots of a root agent, and why they have no disks of their own when `--job-disk` asked
+/// for them and they could not be made.
+async fn make_slots(
+    config: &Config,
+    work_root: &std::path::Path,
+) -> anyhow::Result<(Arc<slots::Slots>, Option<String>)> {
     let lease = slots::lease(config.job_uids, config.slots).map_err(anyhow::Error::msg)?;
     let ids = slots::users_for(lease.range, config.slots).map_err(anyhow::Error::msg)?;
     let (lo, hi) = (lease.range.0, lease.range.0 + 2 * config.slots - 1);
@@ -733,9 +762,34 @@ async fn make_slots(config: &Config) -> anyhow::Result<Arc<slots::Slots>> {
             }
         }
     }
+    let mut disks = Vec::new();
+    let mut disk_problem = None;
+    if config.job_disk > 0 {
+        let t0 = std::time::Instant::now();
+        for i in 0..ids.len() {
+            let image = config.data_dir.join("slot-disks").join(format!("slot-{i}.img"));
+            let mount = work_root.join(format!("slot-{i}"));
+            let size = config.job_disk;
+            match tokio::task::spawn_blocking(move || gpuci_sandbox::SlotDisk::create(&image, &mount, size)).await? {
+                Ok(d) => disks.push(Some(d)),
+                Err(e) => {
+                    disks.clear();
+                    disk_problem = Some(format!("cannot make a disk for each job slot: {e}"));
+                    break;
+                }
+            }
+        }
+        tracing::info!(
+            slots = disks.len(),
+            size = config.job_disk,
+            ms = t0.elapsed().as_millis() as u64,
+            "slot disks ready"
+        );
+    }
+    disks.resize_with(ids.len(), || None);
     let (first, last) = (ids.first().map(|s| s.job.uid), ids.last().map(|s| s.network.uid));
     tracing::info!(slots = ids.len(), uids = ?(first, last), networks = networks.iter().filter(|n| n.is_some()).count(), "job slots ready");
-    Ok(slots::Slots::new(Some(lease), ids.iter().map(|s| s.job).collect(), networks))
+    Ok((slots::Slots::new(Some(lease), ids.iter().map(|s| s.job).collect(), networks, disks), disk_problem))
 }
 
 /// Total memory of the host (`MemTotal` in /proc/meminfo), bytes.

@@ -14,7 +14,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use gpuci_sandbox::{JobUser, SlotNetwork};
+use gpuci_sandbox::{JobUser, SlotDisk, SlotNetwork};
 
 /// Where default job uids come from: high enough to miss the usual account and `/etc/subuid`
 /// ranges (100000–165535 for the first user, 65536 per user after it). Each agent leases one
@@ -142,13 +142,20 @@ pub struct Slots {
     users: Vec<JobUser>,
     /// Per slot: its network namespace, when the agent made them.
     networks: Vec<Option<SlotNetwork>>,
+    /// Per slot: its own disk (the job's disk quota), when the agent made them.
+    disks: Vec<Option<SlotDisk>>,
     free: Mutex<Vec<usize>>,
 }
 
 impl Slots {
-    pub fn new(lease: Option<UidLease>, users: Vec<JobUser>, networks: Vec<Option<SlotNetwork>>) -> Arc<Slots> {
+    pub fn new(
+        lease: Option<UidLease>,
+        users: Vec<JobUser>,
+        networks: Vec<Option<SlotNetwork>>,
+        disks: Vec<Option<SlotDisk>>,
+    ) -> Arc<Slots> {
         let free = (0..users.len()).rev().collect();
-        Arc::new(Slots { _lease: lease, users, networks, free: Mutex::new(free) })
+        Arc::new(Slots { _lease: lease, users, networks, disks, free: Mutex::new(free) })
     }
 
     /// The first slot's job uid.
@@ -178,6 +185,11 @@ impl SlotGuard {
 
     pub fn network(&self) -> Option<&SlotNetwork> {
         self.slots.networks.get(self.index).and_then(Option::as_ref)
+    }
+
+    /// The slot's own disk, where its job's workspace goes.
+    pub fn disk(&self) -> Option<&SlotDisk> {
+        self.slots.disks.get(self.index).and_then(Option::as_ref)
     }
 
     pub fn index(&self) -> usize {
@@ -226,7 +238,7 @@ mod tests {
     #[test]
     fn a_slot_is_held_by_one_job_at_a_time() {
         let ids = users_for((300000, 300003), 2).expect("range");
-        let slots = Slots::new(None, ids.iter().map(|s| s.job).collect(), vec![None, None]);
+        let slots = Slots::new(None, ids.iter().map(|s| s.job).collect(), vec![None, None], vec![None, None]);
         let a = slots.take().expect("first");
         let b = slots.take().expect("second");
         assert_ne!(a.user(), b.user());

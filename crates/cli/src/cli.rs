@@ -138,6 +138,25 @@ pub struct JobArgs {
     /// CPU limit of a job whose step sets none, in CPUs (1.5). Default: none.
     #[arg(long, env = "GPUCI_JOB_CPUS", value_parser = parse_cpus)]
     pub job_cpus: Option<u32>,
+    /// Disk quota of a job: its workspace (with the caches restored into it) lives on a disk
+    /// of this size of its slot's own, so a job cannot fill the host's disk; past it its
+    /// writes fail and it ends "disk quota exceeded". Needs a root agent and loop devices: a
+    /// root agent that cannot make them takes no jobs. `none`: no quota (jobs share the
+    /// host's disk).
+    #[arg(long, env = "GPUCI_JOB_DISK", default_value = "20GiB", value_parser = parse_job_disk)]
+    pub job_disk: u64,
+}
+
+/// A size, or `none` (0: no quota).
+pub fn parse_job_disk(s: &str) -> Result<u64, String> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(0);
+    }
+    let b = parse_bytes(s)?;
+    if b < 16 << 20 {
+        return Err(format!("{s:?}: a job disk needs at least 16MiB (or `none`)"));
+    }
+    Ok(b)
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -164,6 +183,7 @@ impl JobArgs {
             pids: Some(self.job_pids),
             cpu_millis: self.job_cpus,
         };
+        c.job_disk = self.job_disk;
     }
 }
 
@@ -483,6 +503,10 @@ pub enum BenchCommand {
         slots: u32,
         #[arg(long, value_enum, default_value_t = IsolationArg::Auto)]
         isolation: IsolationArg,
+        /// Each slot's disk (the job's disk quota), as `gpuci agent --job-disk`; `none` to
+        /// measure without.
+        #[arg(long, default_value = "20GiB", value_parser = parse_job_disk)]
+        job_disk: u64,
     },
 }
 

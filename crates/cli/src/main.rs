@@ -9,6 +9,8 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     if !runs_jobs_or_serves(&cli.command) {
         die_quietly_on_closed_stdout();
+    } else if nix::unistd::geteuid().is_root() {
+        private_mounts();
     }
     // `run` and the client commands print their own progress; server logs would drown it.
     let chatty = matches!(
@@ -33,6 +35,19 @@ fn main() -> std::process::ExitCode {
 fn runs_jobs_or_serves(command: &gpuci::cli::Command) -> bool {
     use gpuci::cli::Command as C;
     matches!(command, C::Up(_) | C::Run(_) | C::Server(_) | C::Agent(_) | C::Bench(_))
+}
+
+/// A root agent mounts a disk per job slot (`gpuci_sandbox::SlotDisk`). In a mount namespace
+/// of its own, those mounts die with the process however it ends (SIGKILL included), instead
+/// of being left on the host. Mounts made on the host later still reach it (`MS_SLAVE`).
+/// Before any thread exists: a multi-threaded process cannot leave its mount namespace.
+fn private_mounts() {
+    use nix::mount::{mount, MsFlags};
+    let done = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .and_then(|()| mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_SLAVE, None::<&str>));
+    if let Err(e) = done {
+        eprintln!("warning: no private mount namespace ({e}): slot disks of a killed agent stay mounted");
+    }
 }
 
 /// A client command whose reader goes away (`gpuci logs 7 | head`) ends as Unix tools do, by

@@ -365,6 +365,63 @@ steps:
     wait_until("the fork bomb's processes to be gone", Duration::from_secs(20), || processes_with("f | f").is_empty());
 }
 
+/// Issue 9: a job filling its workspace stops at its disk quota ("disk quota exceeded"), not
+/// at the host's disk; the next job of the slot starts with an empty workspace and its whole
+/// quota. The agent's mounts go with it when it is killed.
+#[test]
+fn a_job_filling_its_workspace_stops_at_its_disk_quota_and_the_host_disk_is_untouched() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true: system tests run as root");
+        eprintln!("SKIP: slot disks need a root agent");
+        return;
+    }
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let mut agent = Agent::start(
+        &server,
+        &dir.path().join("agent"),
+        "a1",
+        &["--isolation", isolation(), "--slots", "1", "--job-disk", "64MiB"],
+    );
+    let api = server.api();
+    api.wait_agents(1, T);
+    assert!(api.agents()[0].isolation.contains("a 64 MiB disk per slot"), "{}", api.agents()[0].isolation);
+    let host_free =
+        || nix::sys::statvfs::statvfs(dir.path()).map(|s| s.blocks_available() * s.fragment_size()).unwrap();
+    let before = host_free();
+    let p = api.submit("steps:\n  - key: fill\n    command: head -c 200000000 /dev/zero > big\n");
+    let done = api.wait_pipeline(p.id, T);
+    let fill = &done.jobs[0];
+    assert_eq!(fill.state, JobState::Failed, "{fill:?}");
+    assert!(fill.reason.starts_with("disk quota exceeded (limit 64 MiB)"), "{}", fill.reason);
+    let after = host_free();
+    assert!(before.saturating_sub(after) < 100 << 20, "the host disk lost {} bytes", before.saturating_sub(after));
+    let p = api.submit(
+        r#"
+steps:
+  - key: next
+    command: |
+      test ! -e big && echo "workspace empty"
+      head -c 40000000 /dev/zero > fits && echo "40 MB fit"
+"#,
+    );
+    let done = api.wait_pipeline(p.id, T);
+    let next = &done.jobs[0];
+    assert_eq!(next.state, JobState::Succeeded, "{next:?}");
+    let log = api.log_text(next.id);
+    assert!(log.contains("workspace empty") && log.contains("40 MB fit"), "{log}");
+    // Killed, the agent leaves no mount behind.
+    let mounts_of = |d: &std::path::Path| {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(&*d.to_string_lossy()))
+            .count()
+    };
+    agent.kill9();
+    wait_until("the slot disk to be unmounted", T, || mounts_of(dir.path()) == 0);
+}
+
 #[test]
 fn a_restarted_agent_sweeps_the_jobs_its_killed_predecessor_left_running() {
     let dir = tempdir();

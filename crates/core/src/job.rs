@@ -132,6 +132,13 @@ pub enum Outcome {
     OutOfMemory {
         limit: Option<crate::quantity::Bytes>,
     },
+    /// The job failed after filling its slot's disk (workspace and restored caches) to its
+    /// limit; the host's disk was never touched.
+    DiskQuotaExceeded {
+        limit: crate::quantity::Bytes,
+        /// How it ended: its exit code, or the signal that killed it (negative).
+        code: i32,
+    },
     /// The job could not be started at all (bad working dir, missing shell, unhealthy GPU).
     StartFailed {
         error: String,
@@ -161,6 +168,17 @@ impl Outcome {
             Outcome::Cancelled { reason } => (JobState::Cancelled, reason.clone()),
             Outcome::OutOfMemory { limit: Some(l) } => (JobState::Failed, format!("out of memory (limit {l})")),
             Outcome::OutOfMemory { limit: None } => (JobState::Failed, "out of memory".into()),
+            Outcome::DiskQuotaExceeded { limit, code } => (
+                JobState::Failed,
+                format!(
+                    "disk quota exceeded (limit {limit}): the job filled its workspace disk, then {}",
+                    if *code >= 0 {
+                        format!("exited with code {code}")
+                    } else {
+                        format!("was killed by signal {}", -code)
+                    }
+                ),
+            ),
             Outcome::StartFailed { error } => (JobState::Failed, format!("could not start: {error}")),
             Outcome::Lost { reason } => (JobState::Lost, reason.clone()),
         }

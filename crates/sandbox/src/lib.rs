@@ -36,8 +36,9 @@
 //! environment is empty, so nothing in the job's environment (`LD_PRELOAD`, ...) can act on the
 //! privileged bwrap process.
 //!
-//! Jobs run with the agent's uid. With a root agent that is uid 0 without capabilities on
-//! read-only, `nosuid,nodev` mounts; running jobs under a dedicated unprivileged uid is future work.
+//! Jobs run as the uid the agent hands in ([`JobUser`]): under a root agent, an unprivileged
+//! uid of the job's slot; under an unprivileged agent, the agent's own uid in a user namespace
+//! (docs/sandbox.md).
 //!
 //! [`Isolation::None`] is the explicit opt-out (the agent logs it; a pool can forbid it): the
 //! job runs on the host's file system, but still with only its own environment, in its own
@@ -65,6 +66,11 @@
 //! SIGKILL every pid, thaw. Without cgroups it kills the process group and every process whose
 //! environment carries `GPUCI_SANDBOX_ID=<id>` (see `procscan.rs` for what that misses).
 //!
+//! # Disk
+//!
+//! [`SlotDisk`] gives a job slot a disk of its own (a loop-mounted ext4 image of the slot's
+//! size): the workspace lives there, so a job cannot fill the host's disk (see `quota.rs`).
+//!
 //! # Traps
 //!
 //! - `--die-with-parent` is a parent-death signal tied to the *thread* that spawned bwrap. Call
@@ -79,6 +85,7 @@ mod etcview;
 mod netns;
 mod plan;
 mod procscan;
+mod quota;
 mod sandbox;
 mod seccomp;
 
@@ -96,6 +103,7 @@ pub use error::SandboxError;
 pub use gpuci_core::pipeline::Resources;
 pub use netns::{NetworkError, SlotNetwork};
 pub use procscan::MARKER as JOB_ID_ENV;
+pub use quota::SlotDisk;
 pub use sandbox::{ExitInfo, Sandbox};
 pub use seccomp::SeccompError;
 

@@ -16,11 +16,11 @@ fn now_us() -> i64 {
 
 pub async fn run(a: BenchArgs) -> CliResult {
     match a.command {
-        BenchCommand::Dispatch { jobs, slots, isolation } => dispatch(jobs, slots, isolation).await,
+        BenchCommand::Dispatch { jobs, slots, isolation, job_disk } => dispatch(jobs, slots, isolation, job_disk).await,
     }
 }
 
-async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
+async fn dispatch(n: u32, slots: u32, isolation: IsolationArg, job_disk: u64) -> CliResult {
     let dir = tempfile::Builder::new().prefix("gpuci-bench-").tempdir()?;
     let shutdown = CancellationToken::new();
     let agent = LocalAgentArgs {
@@ -30,7 +30,7 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg) -> CliResult {
         isolation,
         max_log_bytes: gpuci_agent::DEFAULT_MAX_LOG_BYTES,
         min_free_disk: gpuci_agent::DEFAULT_MIN_FREE_DISK,
-        jobs: crate::cli::JobArgs { job_pids: gpuci_agent::DEFAULT_JOB_PIDS, ..Default::default() },
+        jobs: crate::cli::JobArgs { job_pids: gpuci_agent::DEFAULT_JOB_PIDS, job_disk, ..Default::default() },
     };
     let db = Database::Sqlite(dir.path().join("gpuci.db"));
     let local = local::start(

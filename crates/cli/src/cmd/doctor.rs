@@ -183,5 +183,34 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
             Some("load the tun module (modprobe tun)".into()),
         ),
     });
+    out.push(if nix::unistd::geteuid().is_root() {
+        // Made for real, as the agent makes each slot's: a small one, gone at once.
+        let probe = tempfile::Builder::new().prefix("gpuci-doctor-disk-").tempdir();
+        let made = probe.as_ref().map_err(|e| e.to_string()).and_then(|d| {
+            gpuci_sandbox::SlotDisk::create(&d.path().join("probe.img"), &d.path().join("mnt"), 16 << 20).map(drop)
+        });
+        match made {
+            Ok(()) => check(
+                "sandbox.job_disk",
+                CheckStatus::Pass,
+                "loop devices and mkfs.ext4: each slot gets a disk of its own (--job-disk), a job cannot fill the host's"
+                    .into(),
+                None,
+            ),
+            Err(e) => check(
+                "sandbox.job_disk",
+                CheckStatus::Fail,
+                format!("a slot disk cannot be made ({e}): the agent takes no jobs unless started with --job-disk none"),
+                Some("apt-get install e2fsprogs; give the agent loop devices (modprobe loop; in a container, /dev/loop-control)".into()),
+            ),
+        }
+    } else {
+        check(
+            "sandbox.job_disk",
+            CheckStatus::Warn,
+            "not root: no disk quota, jobs share the agent's disk".into(),
+            Some("run the agent as root: each slot then gets a disk of its own (--job-disk)".into()),
+        )
+    });
     out
 }
