@@ -68,12 +68,13 @@ impl SlotDisk {
         self.size
     }
 
-    /// Whether a job has filled it: less than 1 MiB, or 0.1% of it, left.
+    /// Whether a job has filled it: less than 1 MiB (or 0.1% of it) left, or nearly no inode
+    /// (a job making millions of empty files fills a disk too).
     pub fn is_full(&self) -> bool {
         match nix::sys::statvfs::statvfs(&self.mount) {
             Ok(st) => {
                 let free = st.blocks_available().saturating_mul(st.fragment_size());
-                free < (1 << 20).max(self.size / 1000)
+                free < (1 << 20).max(self.size / 1000) || st.files_available() < (st.files() / 1000).max(16)
             }
             Err(_) => false,
         }
