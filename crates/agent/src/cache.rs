@@ -143,6 +143,22 @@ impl CacheStore {
             return log;
         }
         let mut staged: Vec<(&String, PathBuf)> = Vec::new();
+        // Measured where the job left it, before anything is copied: a job's sparse file costs
+        // nothing on its slot's disk but its whole length once copied to the agent's disk, so
+        // the apparent size is what counts, and a cache over the limit is never copied at all.
+        let planned = paths
+            .iter()
+            .filter_map(|rel| plain_path(workspace, rel))
+            .fold(0u64, |sum, from| sum.saturating_add(tree_bytes(&from)));
+        if planned > self.limits.entry.0 {
+            log.push(format!(
+                "cache: not saved: {} is over this agent's limit of {} per cache (--cache-max-entry-size)",
+                Bytes(planned),
+                self.limits.entry
+            ));
+            let _ = std::fs::remove_dir(&staging);
+            return log;
+        }
         let mut total = 0u64;
         for (i, rel) in paths.iter().enumerate() {
             let Some(from) = plain_path(workspace, rel) else {
@@ -409,14 +425,9 @@ fn touch(dir: &Path) {
     }
 }
 
-/// Remove a file, link or tree (`remove_dir_all` does not follow links).
+/// Remove a file, link or tree (links are not followed; any depth).
 fn remove_any(p: &Path) -> std::io::Result<()> {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
+    crate::fstree::remove_tree(p)
 }
 
 #[cfg(test)]
@@ -594,6 +605,27 @@ mod tests {
         let ws = d.workspace("w2");
         s.restore(&push("main"), &paths(), &ws);
         assert!(!ws.join("cache").exists());
+    }
+
+    /// Regression (outsider attack): a sparse file of 3 GiB took no room on the job's slot disk
+    /// and 3 GiB on the agent's disk when the cache was copied there, before its size was
+    /// checked; 11 GiB peaked at 14 GB on the host before "over the limit". A cache over the
+    /// limit is now refused where it lies: nothing of it is moved or copied.
+    #[test]
+    fn a_sparse_cache_over_the_limit_is_refused_before_it_is_copied() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits { entry: Bytes(1 << 20), total: Bytes(1 << 30) });
+        let ws = d.workspace("w");
+        write(&ws.join("cache/small"), "ok", 0o644);
+        let f = std::fs::File::create(ws.join("cache/sparse")).unwrap();
+        f.set_len(64 << 20).unwrap();
+        drop(f);
+        let log = s.save(&push("main"), &paths(), &ws);
+        assert!(log.iter().any(|l| l.contains("not saved") && l.contains("64 MiB")), "{log:?}");
+        assert!(ws.join("cache/sparse").exists() && ws.join("cache/small").exists(), "the refused cache was moved");
+        let left: Vec<_> =
+            std::fs::read_dir(d.0.join("cache")).into_iter().flatten().flatten().map(|e| e.file_name()).collect();
+        assert!(!left.iter().any(|n| n.to_string_lossy().starts_with(".staging")), "{left:?}");
     }
 
     #[test]

@@ -305,14 +305,14 @@ async fn execute(
         .and_then(|s| s.disk())
         .map_or(ctx.work_root.as_path(), |d| d.path())
         .join(format!("job-{}", a.job_id));
-    let _ = std::fs::remove_dir_all(&workspace);
+    let _ = crate::fstree::remove_tree(&workspace);
     if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&workspace) {
         return fail(format!("creating workspace {}: {e}", workspace.display()));
     }
     if let Some(id) = &a.workspace_upload {
         if let Err(error) = fill_workspace(id, ctx, out, &workspace).await {
             out.system(format!("workspace: {error}"));
-            let _ = std::fs::remove_dir_all(&workspace);
+            let _ = crate::fstree::remove_tree(&workspace);
             return fail(format!("workspace: {error}"));
         }
     }
@@ -322,7 +322,7 @@ async fn execute(
         let (ws, user) = (workspace.clone(), slot.user());
         let given = tokio::task::spawn_blocking(move || gpuci_sandbox::give_to(&ws, user)).await;
         if let Err(e) = given.map_err(|e| std::io::Error::other(e.to_string())).and_then(|r| r) {
-            let _ = std::fs::remove_dir_all(&workspace);
+            let _ = crate::fstree::remove_tree(&workspace);
             return fail(format!("giving workspace {} to the job user: {e}", workspace.display()));
         }
     }
@@ -340,7 +340,7 @@ async fn execute(
         }
     }
     save_cache(a, ctx, &workspace, out).await;
-    if let Err(e) = std::fs::remove_dir_all(&workspace) {
+    if let Err(e) = crate::fstree::remove_tree(&workspace) {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");
     }
     result

@@ -26,6 +26,12 @@ impl std::fmt::Debug for Identity {
     }
 }
 
+/// The coordinator URL the stored identity belongs to, if one is stored and readable.
+pub fn stored_server(data_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(data_dir.join("agent.json")).ok()?;
+    serde_json::from_str::<Identity>(&text).ok().map(|id| id.server)
+}
+
 /// Load the stored identity for `server`, or register with `registration_token`.
 pub async fn load_or_register(
     http: &reqwest::Client,

@@ -10,6 +10,7 @@
 pub mod cache;
 pub mod disk;
 mod executor;
+pub mod fstree;
 pub mod identity;
 pub mod journal;
 pub mod outbox;
@@ -169,14 +170,30 @@ const DISK_CHECK: Duration = Duration::from_secs(5);
 /// reported if the coordinator is reachable.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
+    // One agent per data dir, held for this process's life: two would rewrite one journal
+    // and each take the other's jobs for dead ones.
+    let _data_dir_lock = lock_data_dir(&config.data_dir)?;
     // The journal first: a damaged one stops the agent before it registers or touches
     // anything. What an earlier run of this agent still owes the coordinator: its jobs died
     // with it (the sweep below kills what is left of them).
     let ran_before = config.data_dir.join("agent.json").exists();
+    // Jobs held in the journal were assigned through the stored registration. When this start
+    // registers anew (another coordinator URL; a coordinator started over on a new database),
+    // their results could only reach a coordinator that never assigned them, and there match
+    // an unrelated job of the same id: they are given up here. Whoever assigned them counts
+    // them lost when this registration never comes back.
+    let earlier_registration = identity::stored_server(&config.data_dir).filter(|s| *s != config.server);
     let mut owed = BTreeMap::new();
     let journal_path = config.data_dir.join("journal");
     let (journal, _) = match Journal::open(&journal_path, ran_before, config.reset_journal, |records| {
         owed = journal::recover(records, executor::now_us());
+        if let Some(earlier) = &earlier_registration {
+            if !owed.is_empty() {
+                let jobs: Vec<_> = owed.keys().collect();
+                tracing::warn!(?jobs, coordinator = %earlier, "giving up jobs held for this agent's registration with another coordinator: their results cannot be reported to {}", config.server);
+                owed.clear();
+            }
+        }
         journal::records_for(&owed)
     }) {
         Ok(j) => j,
@@ -235,6 +252,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let agent_tag: String = identity.agent_id.chars().filter(char::is_ascii_alphanumeric).take(12).collect();
     let work_root = if root { root_work_dir(&config.data_dir, &agent_tag)? } else { config.data_dir.join("work") };
     std::fs::create_dir_all(&work_root)?;
+    private_dirs(&config.data_dir)?;
     let (slots, disk_problem) = if root {
         let (s, problem) = make_slots(&config, &work_root).await?;
         (Some(s), problem)
@@ -832,6 +850,59 @@ async fn probe_bubblewrap(slots: Option<&Arc<slots::Slots>>, work_root: &std::pa
     .await;
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// Takes `<data_dir>/lock` (`flock`, released when the process ends, however it ends), or
+/// says which process holds it.
+fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join("lock");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(mut held) => {
+            held.set_len(0)?;
+            held.rewind()?;
+            write!(held, "{}\n", std::process::id())?;
+            Ok(held)
+        }
+        Err((mut f, nix::errno::Errno::EWOULDBLOCK)) => {
+            let mut pid = String::new();
+            let _ = f.read_to_string(&mut pid);
+            bail!(
+                "another agent (pid {}) uses the data dir {}: each agent needs a data dir of its own (--data-dir)",
+                pid.trim(),
+                data_dir.display()
+            )
+        }
+        Err((_, e)) => Err(anyhow::anyhow!("locking {}: {e}", path.display())),
+    }
+}
+
+/// What the agent keeps of jobs' files outside their workspaces: uploaded work trees, saved
+/// caches, the slots' disk images (which hold every job's workspace, readable with `debugfs`).
+/// The data dir may be 0711 (see [`root_work_dir`]), and these names are known to anyone: each
+/// is 0700, so no other uid on the host reads a job's files through them.
+fn private_dirs(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    for name in ["uploads", "cache", "slot-disks"] {
+        let d = data_dir.join(name);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&d)
+            .with_context(|| format!("creating {}", d.display()))?;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("setting mode 0700 on {}", d.display()))?;
+    }
+    Ok(())
 }
 
 /// Where a root agent keeps job workspaces. A job's bwrap runs as the job's uid and must

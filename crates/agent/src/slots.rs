@@ -40,6 +40,10 @@ pub struct UidLease {
 /// Leases `explicit` (`--job-uids`), or else the first free default block.
 pub fn lease(explicit: Option<(u32, u32)>, slots: u32) -> Result<UidLease, String> {
     use std::os::unix::fs::DirBuilderExt;
+    // The parent is where job users find the /etc view: passable by all, not 0700 as a
+    // recursive create with the lock dir's mode would leave it on a fresh host.
+    gpuci_sandbox::ensure_run_dir(std::path::Path::new(gpuci_sandbox::RUN_DIR))
+        .map_err(|e| format!("preparing {}: {e}", gpuci_sandbox::RUN_DIR))?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)

@@ -120,7 +120,11 @@ impl UploadSource {
         }
         let tmp = self.cache_dir.join(format!(".download-{id}-{}", rand::random::<u64>()));
         let result = async {
-            let mut file = std::fs::File::create(&tmp).map_err(|e| cache(&tmp, e))?;
+            let mut file = {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)
+            }
+            .map_err(|e| cache(&tmp, e))?;
             let mut hasher = Sha256::new();
             let mut stream = resp.bytes_stream();
             while let Some(chunk) = stream.next().await {

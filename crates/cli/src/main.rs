@@ -9,8 +9,16 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     if !runs_jobs_or_serves(&cli.command) {
         die_quietly_on_closed_stdout();
-    } else if nix::unistd::geteuid().is_root() {
-        private_mounts();
+    } else {
+        // Whatever started us may have left descriptors open (a root-only file, a pipe): none
+        // may reach a job. Refuse to run jobs at all if that cannot be ensured.
+        if let Err(e) = gpuci_sandbox::seal_inherited_fds() {
+            eprintln!("error: cannot mark inherited file descriptors close-on-exec: {e}");
+            return std::process::ExitCode::from(1);
+        }
+        if nix::unistd::geteuid().is_root() {
+            private_mounts();
+        }
     }
     // `run` and the client commands print their own progress; server logs would drown it.
     let chatty = matches!(

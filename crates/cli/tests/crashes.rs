@@ -205,3 +205,97 @@ fn a_frozen_agent_is_lost_after_lost_after_not_twice_that() {
     assert!(secs < 6, "declared lost {secs}s after the last heartbeat, lost_after is 3s: {}", j.reason);
     wait_until("the agent to kill the job it was told about", T, || processes_with("3007771").is_empty());
 }
+
+/// Regression (outsider attack): an agent killed with a job running, its coordinator started
+/// afresh (`--new-database`, another port), a job submitted there, the agent restarted: it
+/// registered anew and its journal's result for the *old* job 1 ended the *new* job 1 `lost`
+/// ("the agent stopped while the job ran"), though that job had never run. Held jobs belong to
+/// the registration that assigned them; with a new registration they are given up.
+#[test]
+fn a_result_held_for_an_earlier_registration_never_ends_a_job_of_a_new_database() {
+    let dir = tempdir();
+    let server_dir = dir.path().join("server");
+    let agent_dir = dir.path().join("agent");
+    let mut server = Server::start(&server_dir, "30s");
+    let args = ["--isolation", isolation()];
+    let mut agent = Agent::start(&server, &agent_dir, "a1", &args);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: long\n    command: sleep 600\n");
+    let old = p.jobs[0].id;
+    api.wait_job(old, "running", T, |j| j.state == JobState::Running);
+    agent.kill9();
+    server.kill9();
+
+    // Started over as an operator does it: the old database moved away, `--new-database`.
+    for f in ["gpuci.db", "gpuci.db-wal", "gpuci.db-shm"] {
+        let _ = std::fs::remove_file(server_dir.join(f));
+    }
+    let mut args2 = server.args.clone();
+    args2.push("--new-database".into());
+    let server = Server::start_on(&server_dir, "127.0.0.1:0", args2);
+    let api = server.api();
+    let p = api.submit("steps:\n  - key: fresh\n    command: echo fresh-job-ran\n");
+    let fresh = p.jobs[0].id;
+    assert_eq!(fresh, old, "the test needs the new database to reuse the old job's id");
+    let _agent = Agent::start(&server, &agent_dir, "a1", &args);
+    let p = api.wait_pipeline(p.id, T);
+    let j = &p.jobs[0];
+    assert_eq!(j.state, JobState::Succeeded, "the new job was ended by the old one's result: {j:?}");
+    assert!(api.log_text(fresh).contains("fresh-job-ran"));
+}
+
+/// Regression (outsider attack): two agents started on one data dir both ran, rewrote one
+/// journal and knocked each other off the coordinator (305 reconnects in 40 s); their jobs
+/// ended `lost` for reasons that were not true. The second is now refused at start.
+#[test]
+fn a_second_agent_on_the_same_data_dir_is_refused() {
+    let (dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
+    let mut child = std::process::Command::new(BIN)
+        .args(["agent", "--server", &server.url, "--registration-token", &server.registration_token(), "--name", "a2"])
+        .arg("--data-dir")
+        .arg(dir.path().join("agent"))
+        .args(["--isolation", isolation()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("a second agent on the same data dir ran");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(!status.success(), "the second agent ran: {err}");
+    assert!(err.contains("another agent") && err.contains("uses the data dir"), "{err}");
+    // The first is undisturbed.
+    let p = api.submit("steps:\n  - key: ok\n    command: echo still-fine\n");
+    assert_eq!(api.wait_pipeline(p.id, T).jobs[0].state, JobState::Succeeded);
+    assert_eq!(api.agents().len(), 1);
+}
+
+/// Regression (outsider attack): a coordinator that did not run for longer than `lost_after`
+/// (SIGSTOP here; a paused VM or a blocked disk alike) declared its agents lost the moment it
+/// ran again, though they had sent heartbeats all along, and killed every running job.
+#[test]
+fn a_stalled_coordinator_does_not_declare_its_healthy_agents_lost() {
+    let (_dir, server, _agent, api) = one_agent("2s", "a1", &["--isolation", isolation()]);
+    let p = api.submit("steps:\n  - key: long\n    command: [\"sleep 5\", \"echo survived-the-stall\"]\n");
+    let id = p.jobs[0].id;
+    api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+    let pid = nix::unistd::Pid::from_raw(server.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let p = api.wait_pipeline(p.id, T);
+    assert_eq!(p.jobs[0].state, JobState::Succeeded, "{:?}", p.jobs[0]);
+    assert!(api.log_text(id).contains("survived-the-stall"));
+}

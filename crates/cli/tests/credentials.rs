@@ -34,14 +34,13 @@ struct Up {
 
 impl Up {
     fn start(data_dir: &Path, args: &[&str]) -> Up {
-        let mut child = Command::new(BIN)
-            .args(["up", "--listen", "127.0.0.1:0", "--isolation", isolation(), "--data-dir"])
-            .arg(data_dir)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn gpuci up");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["up", "--listen", "127.0.0.1:0", "--isolation", isolation(), "--data-dir"]).arg(data_dir).args(args);
+        Up::spawn(cmd, data_dir)
+    }
+
+    fn spawn(mut cmd: Command, data_dir: &Path) -> Up {
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn gpuci up");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let url = line.trim().to_string();
@@ -190,6 +189,16 @@ fn coordinator_and_agent_files_are_private_after_start() {
     // never listable or readable by others.
     assert_eq!(mode(&agent_dir) & 0o766, 0o700, "agent data dir mode {:o}", mode(&agent_dir));
     assert_eq!(mode(&agent_dir.join("agent.json")), 0o600);
+    // Regression (outsider attack): the slots' disk images (every workspace, readable with
+    // debugfs), uploaded work trees and saved caches were 0644 in 0755 directories whose
+    // names anyone can guess below a 0711 data dir.
+    for d in ["uploads", "cache", "slot-disks"] {
+        assert_eq!(mode(&agent_dir.join(d)), 0o700, "{d}");
+    }
+    for e in std::fs::read_dir(agent_dir.join("slot-disks")).unwrap() {
+        let p = e.unwrap().path();
+        assert_eq!(mode(&p) & 0o077, 0, "{} mode {:o}", p.display(), mode(&p));
+    }
     drop(server);
 
     // Loose: as an older gpuci (or a umask of 022 and a hand-made dir) left it: a used data
@@ -270,4 +279,39 @@ fn start_with_sealed_secrets_and_no_key_fails_and_says_what_is_missing() {
     assert!(out.stdout.is_empty(), "it printed a URL: {}", String::from_utf8_lossy(&out.stdout));
     assert!(stderr.contains(&key.display().to_string()) && stderr.contains("missing"), "{stderr}");
     assert!(!key.exists(), "a new key was made in silence");
+}
+
+/// Regression (outsider attack): descriptors the agent inherited from whoever started it
+/// reached every job. `exec 7<root-only-file 8>>root-only-log; exec gpuci up` let a job
+/// `cat <&7` and `echo >&8` as its unprivileged uid.
+#[test]
+fn a_job_cannot_use_descriptors_its_agent_inherited() {
+    let dir = tempdir();
+    let secret = dir.path().join("root-only-secret");
+    let log_file = dir.path().join("root-only-log");
+    std::fs::write(&secret, "inherited-secret-5d21\n").unwrap();
+    std::fs::write(&log_file, "").unwrap();
+    for f in [&secret, &log_file] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let data = dir.path().join("data");
+    let mut cmd = Command::new("bash");
+    cmd.args([
+        "-c",
+        "exec 7<\"$1\" 8>>\"$2\"; exec \"$0\" up --listen 127.0.0.1:0 --isolation \"$3\" --data-dir \"$4\"",
+        BIN,
+    ])
+    .arg(&secret)
+    .arg(&log_file)
+    .arg(isolation())
+    .arg(&data);
+    let up = Up::spawn(cmd, &data);
+    let p = up.api.submit(
+        "steps:\n  - key: fds\n    command:\n      - \"cat <&7 || echo no-fd-7\"\n      - \"echo job-wrote-here >&8 || echo no-fd-8\"\n      - \"ls -l /proc/self/fd/ || true\"\n      - \"echo done-probing\"\n",
+    );
+    let p = up.api.wait_pipeline(p.id, T);
+    let log = up.api.log_text(p.jobs[0].id);
+    assert!(log.contains("done-probing"), "the job did not run to the end: {p:?}\n{log}");
+    assert!(!log.contains("inherited-secret-5d21"), "the job read through an inherited descriptor:\n{log}");
+    assert_eq!(std::fs::read_to_string(&log_file).unwrap(), "", "the job wrote through an inherited descriptor");
 }

@@ -7,6 +7,10 @@
 mod common;
 #[path = "common/disk.rs"]
 mod disk;
+// The store suite's throwaway Postgres server (a real one: initdb, pg_ctl).
+#[path = "../../store/tests/common/pg.rs"]
+#[allow(dead_code)] // the store suite uses more of it than this test
+mod pg;
 
 use common::*;
 use disk::SmallDisk;
@@ -303,4 +307,32 @@ fn a_damaged_database_is_refused_with_its_reason_said_once() {
     assert_eq!(code, Some(1), "{err}");
     assert_eq!(err.matches("file is not a database").count(), 1, "{err}");
     assert!(err.contains("the file is damaged") && err.contains("restore it from a backup"), "{err}");
+}
+
+/// Regression (outsider attack): a used data dir pointed at an empty Postgres database started
+/// a new, empty gpuci there without a word (SQLite refuses the same), and agents registered
+/// again as new ones. Now refused unless `--new-database`, as with SQLite.
+#[test]
+fn a_used_data_dir_pointed_at_an_empty_postgres_database_is_refused() {
+    let Some(pg) = pg::PgServer::start() else { return };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let first = rt.block_on(pg.create_database("gpuci_first"));
+    let empty = rt.block_on(pg.create_database("gpuci_empty"));
+    let dir = tempdir();
+    let data = dir.path().join("server");
+    let mut server = Server::start_on(
+        &data,
+        "127.0.0.1:0",
+        vec!["--database".into(), first.clone(), "--lost-after".into(), "30s".into()],
+    );
+    assert!(server.api().agents().is_empty());
+    server.kill9();
+    let (code, err) = refused(&data, &["--database", &empty]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("holds no gpuci tables") && err.contains("--new-database"), "{err}");
+    // The database it was made with still opens; and a new one when asked for.
+    let mut again = Server::start_on(&data, "127.0.0.1:0", vec!["--database".into(), first]);
+    again.kill9();
+    let mut fresh = Server::start_on(&data, "127.0.0.1:0", vec!["--database".into(), empty, "--new-database".into()]);
+    fresh.kill9();
 }

@@ -278,6 +278,28 @@ pub struct Brain {
     /// written again on each reap until it is, so the stored state never says `connected`
     /// of an agent that is gone.
     unsaved_links: BTreeMap<String, AgentUpdate>,
+    /// The last reap, and since when this coordinator has been running without a stall (see
+    /// [`silent_for`]).
+    last_tick: Option<Instant>,
+    awake_since: Instant,
+}
+
+/// How long an agent has been silent as far as this coordinator could have heard it: since
+/// it last heard the agent, but never from before `awake_since`. A coordinator that did not
+/// run (SIGSTOP, a paused VM, a blocked disk) heard nobody meanwhile, however faithfully its
+/// agents sent heartbeats; counting that time would declare every healthy agent lost and kill
+/// its jobs the moment it runs again (outsider attack: a 15 s stall with `lost_after` 10 s
+/// ended every running job `lost`). After a stall agents get `lost_after` to be heard, as
+/// after a restart.
+pub fn silent_for(now: Instant, last_seen: Instant, awake_since: Instant) -> Duration {
+    now.saturating_duration_since(last_seen.max(awake_since))
+}
+
+/// Whether the reaper's timer came this late: the coordinator was not running in between.
+/// A tick that is late by less than a second (a slow store write, a loaded host) is not a
+/// stall; heartbeats keep coming through those.
+pub fn stalled(previous_tick: Instant, now: Instant, tick: Duration) -> bool {
+    now.saturating_duration_since(previous_tick) > 2 * tick + Duration::from_secs(1)
 }
 
 impl Brain {
@@ -304,6 +326,8 @@ impl Brain {
             unsaved_links: BTreeMap::new(),
             registering: HashMap::new(),
             placements: 0,
+            last_tick: None,
+            awake_since: Instant::now(),
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -982,6 +1006,15 @@ impl Brain {
     async fn reap(&mut self) {
         let now = Instant::now();
         let now_wall = now_ms();
+        if let Some(previous) = self.last_tick.replace(now) {
+            if stalled(previous, now, self.timing.tick) {
+                tracing::warn!(
+                    stalled_for = ?now.saturating_duration_since(previous),
+                    "the coordinator did not run for a while (stopped, paused or blocked); agents get lost_after from now to be heard"
+                );
+                self.awake_since = now;
+            }
+        }
         for (id, update) in std::mem::take(&mut self.unsaved_links) {
             // Only what is still true: a reconnect meanwhile stored its own state.
             if self.agents.get(&id).is_some_and(|a| a.link != Link::Connected) {
@@ -994,14 +1027,14 @@ impl Brain {
         for id in ids {
             let (link, age) = {
                 let a = &self.agents[&id];
-                (a.link, now.saturating_duration_since(a.last_seen))
+                (a.link, silent_for(now, a.last_seen, self.awake_since))
             };
             if link == Link::Connected && age > self.timing.lost_after {
                 // Silent for `lost_after`: that is lost, now, not after another `lost_after`.
                 self.agent_disconnected(&id, "missed heartbeats", true).await;
             }
             let a = &self.agents[&id];
-            if a.link == Link::Disconnected && now.saturating_duration_since(a.last_seen) > self.timing.lost_after {
+            if a.link == Link::Disconnected && silent_for(now, a.last_seen, self.awake_since) > self.timing.lost_after {
                 self.agent_lost(&id).await;
                 lost_any = true;
             }
@@ -1470,6 +1503,21 @@ impl Brain {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn silence_is_counted_only_while_the_coordinator_ran() {
+        let t0 = Instant::now();
+        let s = |secs| Duration::from_secs(secs);
+        // Heard at t0, awake throughout: silent 12 s.
+        assert_eq!(silent_for(t0 + s(12), t0, t0), s(12));
+        // Heard at t0, then the coordinator stalled until t0+15: silent 2 s since it woke.
+        assert_eq!(silent_for(t0 + s(17), t0, t0 + s(15)), s(2));
+        // Heard after it woke: from then.
+        assert_eq!(silent_for(t0 + s(17), t0 + s(16), t0 + s(15)), s(1));
+        let tick = Duration::from_millis(200);
+        assert!(!stalled(t0, t0 + Duration::from_millis(900), tick), "a late tick is not a stall");
+        assert!(stalled(t0, t0 + s(15), tick));
+    }
 
     #[test]
     fn an_agent_settles_its_jobs_by_what_its_journal_holds() {

@@ -270,11 +270,27 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 Err(e) => return Err(e).with_context(|| format!("opening database {}", p.display())),
             }
         }
-        Database::Postgres(url) => Arc::new(
-            PostgresStore::connect(url)
-                .await
-                .with_context(|| format!("opening database {}", gpuci_store::redact_url(url)))?,
-        ),
+        Database::Postgres(url) => {
+            // As with SQLite: a data dir that ran before (its tokens, its uploads) pointed at
+            // a database without gpuci's tables is the wrong database, not a first start.
+            let used = datadir::signs_of_use(&config.data_dir);
+            let connected = if config.new_database || used.is_empty() {
+                PostgresStore::connect(url).await
+            } else {
+                PostgresStore::connect_existing(url).await
+            };
+            match connected {
+                Ok(s) => Arc::new(s),
+                Err(e @ gpuci_store::StoreError::NotGpuci(_)) => anyhow::bail!(
+                    "database {}: {e}, but this data dir was used before (found {}): starting would make it a new, \
+                 empty gpuci database and every agent would have to register again. Point --database at the \
+                 database this coordinator used, or start with --new-database to begin an empty one",
+                    gpuci_store::redact_url(url),
+                    used.join(", ")
+                ),
+                Err(e) => return Err(e).with_context(|| format!("opening database {}", gpuci_store::redact_url(url))),
+            }
+        }
         Database::Memory => Arc::new(SqliteStore::in_memory().await?),
     };
     // The database exists now: from here on, a used data dir without it is refused. Then the

@@ -203,6 +203,16 @@ mod tests {
         assert_eq!(m.mask("-----END KEY-----"), "***");
     }
 
+    /// Regression (outsider attack): these zero-width characters were neither skipped nor
+    /// escaped, so `S\u{1d173}ECRET` was stored unmasked and a terminal showed `SECRET`.
+    #[test]
+    fn a_secret_with_any_default_ignorable_or_format_character_inside_is_masked() {
+        let m = Masker::new(["SECRETVALUE"]);
+        for c in ['\u{1d173}', '\u{1bca0}', '\u{fff9}', '\u{2065}', '\u{e0100}', '\u{13430}', '\u{fff0}'] {
+            assert_eq!(m.mask(&format!("x SECR{c}ETVALUE y")), "x *** y", "U+{:04X}", c as u32);
+        }
+    }
+
     #[test]
     fn a_secret_with_escape_sequences_inside_is_masked() {
         let m = Masker::new(["ABCD"]);

@@ -31,29 +31,41 @@ pub fn needs_escape(c: char) -> bool {
     (c.is_control() && c != '\t') || is_invisible_format(c)
 }
 
-/// Bidi controls and invisible characters that change how nearby text shows without showing
-/// themselves (all escaped by [`escape`], all skipped by [`visible`]).
+/// Characters that change how nearby text shows without showing themselves: Unicode's
+/// Default_Ignorable_Code_Point set (what a renderer shows nothing for, including code points
+/// reserved for more of the same, such as U+2065 and U+FFF0–U+FFF8) and every format (Cf)
+/// character, bidi controls included; all escaped by [`escape`], all skipped by [`visible`].
+/// Whole sets, not a list of favourites: a secret with U+1D173 or U+1BCA0 inserted showed
+/// unmasked and looked untouched in a terminal (outsider attack). ZWJ and ZWNJ are handled by
+/// the callers (see the module header).
 fn is_invisible_format(c: char) -> bool {
     matches!(c,
-        '\u{061C}'                  // Arabic letter mark
+        '\u{00AD}'                  // soft hyphen
+        | '\u{034F}'                // combining grapheme joiner
+        | '\u{0600}'..='\u{0605}'   // Arabic number signs (Cf)
+        | '\u{061C}'                // Arabic letter mark
+        | '\u{06DD}'                // Arabic end of ayah (Cf)
+        | '\u{070F}'                // Syriac abbreviation mark (Cf)
+        | '\u{0890}'..='\u{0891}'   // Arabic pound/piastre marks above (Cf)
+        | '\u{08E2}'                // Arabic disputed end of ayah (Cf)
+        | '\u{115F}'..='\u{1160}'   // Hangul fillers
+        | '\u{17B4}'..='\u{17B5}'   // Khmer inherent vowels
+        | '\u{180B}'..='\u{180F}'   // Mongolian variation selectors, vowel separator
         | '\u{200B}'                // zero-width space
         | '\u{200E}'..='\u{200F}'   // LRM, RLM
         | '\u{2028}'..='\u{2029}'   // line and paragraph separator
         | '\u{202A}'..='\u{202E}'   // LRE, RLE, PDF, LRO, RLO
-        | '\u{2060}'..='\u{2064}'   // word joiner, invisible operators
-        | '\u{2066}'..='\u{2069}'   // LRI, RLI, FSI, PDI
-        | '\u{FEFF}'                // zero-width no-break space (BOM)
-        | '\u{E0000}'..='\u{E007F}' // tag characters (invisible ASCII)
-        | '\u{00AD}'                // soft hyphen
-        | '\u{034F}'                // combining grapheme joiner
-        | '\u{115F}'..='\u{1160}'   // Hangul fillers
-        | '\u{17B4}'..='\u{17B5}'   // Khmer inherent vowels
-        | '\u{180B}'..='\u{180F}'   // Mongolian variation selectors, vowel separator
-        | '\u{206A}'..='\u{206F}'   // deprecated format characters
+        | '\u{2060}'..='\u{206F}'   // word joiner, invisible operators, U+2065, isolates, deprecated
         | '\u{3164}'                // Hangul filler
         | '\u{FE00}'..='\u{FE0F}'   // variation selectors
+        | '\u{FEFF}'                // zero-width no-break space (BOM)
         | '\u{FFA0}'                // halfwidth Hangul filler
-        | '\u{E0100}'..='\u{E01EF}' // variation selectors supplement
+        | '\u{FFF0}'..='\u{FFFB}'   // reserved ignorables, interlinear annotation (Cf)
+        | '\u{110BD}' | '\u{110CD}' // Kaithi number signs (Cf)
+        | '\u{13430}'..='\u{1345F}' // Egyptian hieroglyph format controls (Cf)
+        | '\u{1BCA0}'..='\u{1BCA3}' // shorthand format controls
+        | '\u{1D173}'..='\u{1D17A}' // musical symbol format controls
+        | '\u{E0000}'..='\u{E0FFF}' // tags, variation selectors supplement, reserved ignorables
     )
 }
 

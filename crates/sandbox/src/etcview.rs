@@ -32,7 +32,7 @@
 //! falls back to one bind per entry, with a debug log.
 
 use std::fs::{self, File};
-use std::io::{self, ErrorKind};
+use std::io;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,19 +126,7 @@ pub(crate) fn current() -> Option<Arc<EtcView>> {
 }
 
 fn build(dir: &Path, fp: &[Stamp]) -> io::Result<Vec<PathBuf>> {
-    let run = Path::new(RUN_DIR);
-    match fs::create_dir(run) {
-        Ok(()) => fs::set_permissions(run, fs::Permissions::from_mode(0o755))?,
-        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
-    }
-    let m = fs::symlink_metadata(run)?;
-    // Refuse a RUN_DIR someone else made or could write into (and a symlink in its place).
-    // `/proc/self` belongs to this process's effective uid.
-    let me = fs::metadata("/proc/self")?.uid();
-    if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
-        return Err(io::Error::other(format!("{RUN_DIR} is not a directory owned by us and writable only by us")));
-    }
+    crate::host::ensure_run_dir(Path::new(RUN_DIR))?;
     let _ = fs::remove_dir_all(dir);
     fs::create_dir(dir)?;
     fs::set_permissions(dir, fs::Permissions::from_mode(0o755))?;

@@ -82,6 +82,7 @@ mod cgroup;
 mod child;
 mod error;
 mod etcview;
+mod host;
 mod netns;
 mod plan;
 mod procscan;
@@ -101,11 +102,16 @@ use std::sync::Arc;
 
 pub use error::SandboxError;
 pub use gpuci_core::pipeline::Resources;
+pub use host::{ensure_run_dir, seal_inherited_fds};
 pub use netns::{NetworkError, SlotNetwork};
 pub use procscan::MARKER as JOB_ID_ENV;
 pub use quota::SlotDisk;
 pub use sandbox::{ExitInfo, Sandbox};
 pub use seccomp::SeccompError;
+
+/// The directory under `/run` the sandbox keeps host-wide state in (the `/etc` view; the
+/// agent's uid locks). See [`ensure_run_dir`].
+pub const RUN_DIR: &str = etcview::RUN_DIR;
 
 /// Which cgroup version the host offers for job limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,6 +28,7 @@ impl SlotDisk {
     /// job users pass through to their workspace, never list). Whatever an earlier run left
     /// there (a mount, an image) is replaced.
     pub fn create(image: &Path, mount: &Path, size: u64) -> Result<SlotDisk, String> {
+        use std::os::unix::fs::OpenOptionsExt;
         if is_mountpoint(mount) {
             unmount(mount);
         }
@@ -36,9 +37,11 @@ impl SlotDisk {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }
         let _ = std::fs::remove_file(image);
+        // 0600: the image holds the slot's workspaces; `debugfs` reads them from any copy.
         let file = std::fs::OpenOptions::new()
             .create_new(true)
             .write(true)
+            .mode(0o600)
             .open(image)
             .map_err(|e| format!("creating {}: {e}", image.display()))?;
         file.set_len(size).map_err(|e| format!("sizing {} to {size} bytes: {e}", image.display()))?;

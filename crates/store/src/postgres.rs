@@ -34,12 +34,34 @@ impl PostgresStore {
     /// migrations. Migrations take Postgres's advisory lock, so coordinators starting together
     /// apply them once.
     pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, false).await
+    }
+
+    /// As [`connect`](Self::connect), but refuses ([`StoreError::NotGpuci`], before anything
+    /// is written) a database without gpuci's tables: for a coordinator whose data dir shows
+    /// it ran before, an empty database means the wrong one, not a first start.
+    pub async fn connect_existing(url: &str) -> Result<Self> {
+        Self::connect_with(url, true).await
+    }
+
+    async fn connect_with(url: &str, existing: bool) -> Result<Self> {
         let opts = PgConnectOptions::from_str(url)?.application_name("gpuci").options([("synchronous_commit", "on")]);
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(opts)
             .await?;
+        if existing {
+            let tables: Vec<String> = sqlx::query_scalar(
+                "SELECT table_name::text FROM information_schema.tables \
+                 WHERE table_schema = current_schema() ORDER BY table_name",
+            )
+            .fetch_all(&pool)
+            .await?;
+            if !tables.iter().any(|t| t == "jobs") {
+                return Err(StoreError::NotGpuci(tables));
+            }
+        }
         MIGRATOR.run(&pool).await?;
         Ok(Self { pool })
     }
