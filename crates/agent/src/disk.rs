@@ -36,9 +36,59 @@ pub fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok(st.blocks_available().saturating_mul(st.fragment_size()))
 }
 
+/// Smallest disk a slot is given when the host cannot hold the size asked for.
+pub const MIN_SLOT_DISK: u64 = 256 << 20;
+
+/// The size of each slot's disk: `requested` (`--job-disk`), or less where the host's disk
+/// cannot hold `slots` of them above the `floor` (`--min-free-disk`). Slot disks are sparse
+/// images: sized past what the host has, a job could fill the host's disk before its own,
+/// which is what the disk quota exists to prevent (outsider attack: 4 × 20 GiB promised on 74
+/// GiB free). `free` is measured with no slot image present. Returns the size and, when it is
+/// less than asked, why (said loudly by the agent); `Err` when not even [`MIN_SLOT_DISK`] fits.
+pub fn slot_disk_size(requested: u64, free: u64, floor: u64, slots: u32) -> Result<(u64, Option<String>), String> {
+    use gpuci_core::quantity::Bytes;
+    let slots = u64::from(slots.max(1));
+    let room = free.saturating_sub(floor) / slots;
+    if requested <= room {
+        return Ok((requested, None));
+    }
+    // Whole MiB, so sizes read well.
+    let size = room & !((1 << 20) - 1);
+    if size < MIN_SLOT_DISK {
+        return Err(format!(
+            "the host's disk has {} free: not enough for {slots} slot disks of even {} above --min-free-disk {} \
+             (free space, or use fewer --slots)",
+            Bytes(free),
+            Bytes(MIN_SLOT_DISK),
+            Bytes(floor)
+        ));
+    }
+    Ok((
+        size,
+        Some(format!(
+            "--job-disk {} for {slots} slots would promise more than the host's disk has ({} free, --min-free-disk {}): \
+             each slot gets {}",
+            Bytes(requested),
+            Bytes(free),
+            Bytes(floor),
+            Bytes(size)
+        )),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_disks_never_promise_more_than_the_host_has() {
+        const G: u64 = 1 << 30;
+        assert_eq!(slot_disk_size(20 * G, 200 * G, G, 4), Ok((20 * G, None)));
+        let (size, why) = slot_disk_size(20 * G, 74 * G, G, 4).unwrap();
+        assert!(size * 4 + G <= 74 * G && size > 18 * G, "{size}");
+        assert!(why.unwrap_or_default().contains("each slot gets"));
+        assert!(slot_disk_size(20 * G, G + 100 * (1 << 20), G, 4).is_err());
+    }
 
     #[test]
     fn an_agent_pauses_under_the_floor_and_resumes_only_past_the_margin() {

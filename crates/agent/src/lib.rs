@@ -253,12 +253,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let work_root = if root { root_work_dir(&config.data_dir, &agent_tag)? } else { config.data_dir.join("work") };
     std::fs::create_dir_all(&work_root)?;
     private_dirs(&config.data_dir)?;
-    let (slots, disk_problem) = if root {
-        let (s, problem) = make_slots(&config, &work_root).await?;
-        (Some(s), problem)
+    let (slots, disk_problem, disk_size) = if root {
+        let (s, problem, size) = make_slots(&config, &work_root).await?;
+        (Some(s), problem, size)
     } else {
         let problem = (config.job_disk > 0).then(|| "the agent is not root: jobs share its disk".to_string());
-        (None, problem)
+        (None, problem, config.job_disk)
     };
     if let Some(why) = &disk_problem {
         tracing::error!(why, "no disk quota for jobs");
@@ -299,7 +299,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // told `--job-disk none`); one that is not root says so and goes on, as it does for its
     // weaker sandbox.
     let quota_refused = root && disk_problem.is_some();
-    let isolation_desc = match (&disk_problem, config.job_disk) {
+    let isolation_desc = match (&disk_problem, if config.job_disk == 0 { 0 } else { disk_size.max(1) }) {
         (_, 0) => format!("{isolation_desc}; no disk quota (--job-disk none)"),
         (None, size) => format!("{isolation_desc}; a {} disk per slot", gpuci_core::quantity::Bytes(size)),
         (Some(why), _) if quota_refused => {
@@ -754,7 +754,7 @@ where
 async fn make_slots(
     config: &Config,
     work_root: &std::path::Path,
-) -> anyhow::Result<(Arc<slots::Slots>, Option<String>)> {
+) -> anyhow::Result<(Arc<slots::Slots>, Option<String>, u64)> {
     let lease = slots::lease(config.job_uids, config.slots).map_err(anyhow::Error::msg)?;
     let ids = slots::users_for(lease.range, config.slots).map_err(anyhow::Error::msg)?;
     let (lo, hi) = (lease.range.0, lease.range.0 + 2 * config.slots - 1);
@@ -782,12 +782,35 @@ async fn make_slots(
     }
     let mut disks = Vec::new();
     let mut disk_problem = None;
-    if config.job_disk > 0 {
+    let images = config.data_dir.join("slot-disks");
+    // A size the host can hold, measured with no image of an earlier run taking room.
+    let size = if config.job_disk == 0 {
+        Ok(0)
+    } else {
+        for e in std::fs::read_dir(&images).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().ends_with(".img") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        disk::free_bytes(&images)
+            .map_err(|e| format!("reading free space of {}: {e}", images.display()))
+            .and_then(|free| disk::slot_disk_size(config.job_disk, free, config.min_free_disk, ids.len() as u32))
+            .map(|(size, why)| {
+                if let Some(why) = why {
+                    tracing::warn!("{why}");
+                }
+                size
+            })
+    };
+    if let Err(e) = &size {
+        disk_problem = Some(format!("cannot make a disk for each job slot: {e}"));
+    }
+    let size = size.unwrap_or(0);
+    if size > 0 {
         let t0 = std::time::Instant::now();
         for i in 0..ids.len() {
-            let image = config.data_dir.join("slot-disks").join(format!("slot-{i}.img"));
+            let image = images.join(format!("slot-{i}.img"));
             let mount = work_root.join(format!("slot-{i}"));
-            let size = config.job_disk;
             match tokio::task::spawn_blocking(move || gpuci_sandbox::SlotDisk::create(&image, &mount, size)).await? {
                 Ok(d) => disks.push(Some(d)),
                 Err(e) => {
@@ -797,17 +820,13 @@ async fn make_slots(
                 }
             }
         }
-        tracing::info!(
-            slots = disks.len(),
-            size = config.job_disk,
-            ms = t0.elapsed().as_millis() as u64,
-            "slot disks ready"
-        );
+        tracing::info!(slots = disks.len(), size, ms = t0.elapsed().as_millis() as u64, "slot disks ready");
     }
     disks.resize_with(ids.len(), || None);
     let (first, last) = (ids.first().map(|s| s.job.uid), ids.last().map(|s| s.network.uid));
     tracing::info!(slots = ids.len(), uids = ?(first, last), networks = networks.iter().filter(|n| n.is_some()).count(), "job slots ready");
-    Ok((slots::Slots::new(Some(lease), ids.iter().map(|s| s.job).collect(), networks, disks), disk_problem))
+    let size = if disks.iter().any(Option::is_some) { size } else { 0 };
+    Ok((slots::Slots::new(Some(lease), ids.iter().map(|s| s.job).collect(), networks, disks), disk_problem, size))
 }
 
 /// Total memory of the host (`MemTotal` in /proc/meminfo), bytes.
