@@ -117,7 +117,8 @@ fn an_agent_with_a_full_disk_takes_no_jobs_until_space_returns() {
     let Some(disk) = SmallDisk::mount("64m") else { return };
     let dir = tempdir();
     let server = Server::start(&dir.path().join("server"), "120s");
-    let args = ["--isolation", isolation(), "--min-free-disk", "16MiB"];
+    // No slot disks: a 64 MiB data dir cannot hold them (the agent would rightly refuse jobs).
+    let args = ["--isolation", isolation(), "--min-free-disk", "16MiB", "--job-disk", "none"];
     let _agent = Agent::start(&server, &disk.path().join("agent"), "a1", &args);
     let api = server.api();
     api.wait_agents(1, T);
