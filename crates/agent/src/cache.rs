@@ -13,9 +13,12 @@
 //!   links are replaced by a copy (so a chmod never touches a file outside the tree), symlinks
 //!   that lead outside the cached path are dropped, and anything that is not a regular file,
 //!   directory or symlink (devices, FIFOs, sockets) makes that path not saved at all.
-//! - **Limits**: a job's cache over [`CacheLimits::entry`] is not saved (the job's log says
-//!   so); after each save, least recently used caches are evicted until the store is under
-//!   [`CacheLimits::total`].
+//! - **Limits**: a job's cache over [`CacheLimits::entry`] bytes or
+//!   [`CacheLimits::entry_files`] entries is not saved (the job's log says so); after each
+//!   save, least recently used caches are evicted until the store is under
+//!   [`CacheLimits::total`]. Sizes count what the agent's disk would spend: a file its
+//!   apparent length (sparse files are copied whole), and every entry at least one 4 KiB block.
+//!   Nothing walks a tree by recursion (`crate::fstree::walk`): a job decides how deep it is.
 //!
 //! The agent is often root and the trees were made by hostile jobs: nothing here follows a
 //! link a job made. Paths are checked with `symlink_metadata` ([`plain_path`]), files are
@@ -36,11 +39,13 @@ pub struct CacheLimits {
     pub entry: Bytes,
     /// All caches together; least recently used go first. Default 50 GiB.
     pub total: Bytes,
+    /// Files, directories and links one job may save. Default 1,000,000.
+    pub entry_files: u64,
 }
 
 impl Default for CacheLimits {
     fn default() -> Self {
-        CacheLimits { entry: Bytes(10 * Bytes::GIB), total: Bytes(50 * Bytes::GIB) }
+        CacheLimits { entry: Bytes(10 * Bytes::GIB), total: Bytes(50 * Bytes::GIB), entry_files: 1_000_000 }
     }
 }
 
@@ -149,17 +154,17 @@ impl CacheStore {
         let planned = paths
             .iter()
             .filter_map(|rel| plain_path(workspace, rel))
-            .fold(0u64, |sum, from| sum.saturating_add(tree_bytes(&from)));
-        if planned > self.limits.entry.0 {
-            log.push(format!(
-                "cache: not saved: {} is over this agent's limit of {} per cache (--cache-max-entry-size)",
-                Bytes(planned),
-                self.limits.entry
-            ));
+            .try_fold(Size::default(), |sum, from| measure(&from).map(|s| sum.plus(s)));
+        let refused = match planned {
+            Ok(size) => size.over(&self.limits),
+            Err(e) => Some(format!("could not measure it: {e}")),
+        };
+        if let Some(why) = refused {
+            log.push(format!("cache: not saved: {why}"));
             let _ = std::fs::remove_dir(&staging);
             return log;
         }
-        let mut total = 0u64;
+        let mut total = Size::default();
         for (i, rel) in paths.iter().enumerate() {
             let Some(from) = plain_path(workspace, rel) else {
                 log.push(format!("cache: not saving {rel}: a symlink is on its path"));
@@ -175,7 +180,7 @@ impl CacheStore {
                 continue;
             }
             let mut clean = Cleaned::default();
-            match clean.walk(&tree, Path::new("")) {
+            match clean.walk(&tree) {
                 Ok(()) => {
                     for link in &clean.dropped {
                         log.push(format!(
@@ -183,18 +188,15 @@ impl CacheStore {
                             link.display()
                         ));
                     }
-                    total = total.saturating_add(clean.bytes);
+                    total = total.plus(clean.size);
                     staged.push((rel, tree));
                 }
                 Err(why) => log.push(format!("cache: not saving {rel}: {why}")),
             }
         }
-        if total > self.limits.entry.0 {
-            log.push(format!(
-                "cache: not saved: {} is over this agent's limit of {} per cache (--cache-max-entry-size)",
-                Bytes(total),
-                self.limits.entry
-            ));
+        if let Some(why) = total.over(&self.limits) {
+            // It grew between the measure and the move (the job is gone; a process it left cannot be).
+            log.push(format!("cache: not saved: {why}"));
             staged.clear();
         }
         let dir = self.dir(key);
@@ -232,10 +234,12 @@ impl CacheStore {
             .filter(|e| is_entry_name(&e.file_name().to_string_lossy()))
             .filter_map(|e| {
                 let m = std::fs::symlink_metadata(e.path()).ok()?;
-                Some((m.modified().ok()?, tree_bytes(&e.path()), e.path()))
+                // A cache that cannot be measured is charged as over the whole limit: it goes first.
+                let bytes = measure(&e.path()).map_or(u64::MAX, |s| s.bytes);
+                Some((m.modified().ok()?, bytes, e.path()))
             })
             .collect();
-        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        let mut total: u64 = entries.iter().fold(0u64, |sum, e| sum.saturating_add(e.1));
         entries.sort();
         for (_, bytes, path) in entries {
             if total <= self.limits.total.0 {
@@ -246,7 +250,7 @@ impl CacheStore {
             }
             tracing::info!(path = %path.display(), size = %Bytes(bytes), limit = %self.limits.total, "evicting the least recently used cache");
             if remove_any(&path).is_ok() {
-                total -= bytes;
+                total = total.saturating_sub(bytes);
             }
         }
     }
@@ -276,48 +280,95 @@ pub(crate) fn plain_path(root: &Path, rel: &str) -> Option<PathBuf> {
 /// What cleaning a staged tree found.
 #[derive(Default)]
 struct Cleaned {
-    bytes: u64,
+    size: Size,
     /// Symlinks removed because they lead outside the tree (relative to the tree).
     dropped: Vec<PathBuf>,
 }
 
 impl Cleaned {
-    /// Clean `tree/rel` and what is below it; `Err` names what cannot be cached.
-    fn walk(&mut self, tree: &Path, rel: &Path) -> Result<(), String> {
-        let p = tree.join(rel);
-        let shown = || if rel.as_os_str().is_empty() { ".".to_string() } else { rel.display().to_string() };
-        let m = std::fs::symlink_metadata(&p).map_err(|e| format!("{}: {e}", shown()))?;
-        let t = m.file_type();
-        if t.is_symlink() {
-            if crate::workspace::link_stays_inside(tree, rel).is_err() {
-                std::fs::remove_file(&p).map_err(|e| format!("{}: {e}", shown()))?;
-                self.dropped.push(rel.to_path_buf());
-            }
-        } else if t.is_dir() {
-            chmod_plain(&p, m.mode() & 0o777, true).map_err(|e| format!("{}: {e}", shown()))?;
-            let children = std::fs::read_dir(&p).map_err(|e| format!("{}: {e}", shown()))?;
-            for c in children {
-                let c = c.map_err(|e| format!("{}: {e}", shown()))?;
-                self.walk(tree, &rel.join(c.file_name()))?;
-            }
-        } else if t.is_file() {
-            self.bytes = self.bytes.saturating_add(m.len());
-            if m.nlink() > 1 {
-                // Another name for this file may live outside the tree: never chmod it, keep a copy.
-                let copy = p.with_file_name(format!(".gpuci-copy-{:016x}", rand::random::<u64>()));
-                copy_file(&p, &copy, m.mode() & 0o777)
-                    .and_then(|()| std::fs::rename(&copy, &p))
-                    .map_err(|e| format!("{}: {e}", shown()))?;
+    /// Clean `tree` and what is below it (no recursion: a job decides how deep it is); `Err`
+    /// names what cannot be cached.
+    fn walk(&mut self, tree: &Path) -> Result<(), String> {
+        crate::fstree::walk(tree, |rel, m| {
+            let p = tree.join(rel);
+            let err = |e: std::io::Error| std::io::Error::new(e.kind(), format!("{}: {e}", shown(rel)));
+            self.size.add(m);
+            let t = m.file_type();
+            if t.is_symlink() {
+                if crate::workspace::link_stays_inside(tree, rel).is_err() {
+                    std::fs::remove_file(&p).map_err(err)?;
+                    self.dropped.push(rel.to_path_buf());
+                }
+            } else if t.is_dir() {
+                chmod_plain(&p, m.mode() & 0o777, true).map_err(err)?;
+            } else if t.is_file() {
+                if m.nlink() > 1 {
+                    // Another name for this file may live outside the tree: never chmod it, keep a copy.
+                    let copy = p.with_file_name(format!(".gpuci-copy-{:016x}", rand::random::<u64>()));
+                    copy_file(&p, &copy, m.mode() & 0o777).and_then(|()| std::fs::rename(&copy, &p)).map_err(err)?;
+                } else {
+                    chmod_plain(&p, m.mode() & 0o777, false).map_err(err)?;
+                }
             } else {
-                chmod_plain(&p, m.mode() & 0o777, false).map_err(|e| format!("{}: {e}", shown()))?;
+                return Err(std::io::Error::other(format!(
+                    "{} is a device, FIFO or socket; a cache keeps only files, directories and symlinks",
+                    shown(rel)
+                )));
             }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())
+    }
+}
+
+fn shown(rel: &Path) -> String {
+    if rel.as_os_str().is_empty() {
+        ".".to_string()
+    } else {
+        rel.display().to_string()
+    }
+}
+
+/// What a tree costs the agent's disk. Every entry counts at least one block, as it does on
+/// a disk: 200,000 empty files are not free (they take inodes and time to copy).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Size {
+    bytes: u64,
+    entries: u64,
+}
+
+impl Size {
+    const BLOCK: u64 = 4096;
+
+    /// Adds one entry. A regular file counts by its apparent length (a job's sparse file
+    /// costs nothing on its slot's disk but its whole length once copied).
+    fn add(&mut self, m: &std::fs::Metadata) {
+        let len = if m.is_file() { m.len() } else { 0 };
+        let blocks = len.div_ceil(Self::BLOCK).max(1);
+        self.bytes = self.bytes.saturating_add(blocks.saturating_mul(Self::BLOCK));
+        self.entries += 1;
+    }
+
+    fn plus(self, o: Size) -> Size {
+        Size { bytes: self.bytes.saturating_add(o.bytes), entries: self.entries.saturating_add(o.entries) }
+    }
+
+    /// Why this is more than one job may save, if it is.
+    fn over(&self, limits: &CacheLimits) -> Option<String> {
+        if self.bytes > limits.entry.0 {
+            Some(format!(
+                "{} is over this agent's limit of {} per cache (--cache-max-entry-size)",
+                Bytes(self.bytes),
+                limits.entry
+            ))
+        } else if self.entries > limits.entry_files {
+            Some(format!(
+                "{} files, directories and links are over this agent's limit of {} per cache (--cache-max-entry-files)",
+                self.entries, limits.entry_files
+            ))
         } else {
-            return Err(format!(
-                "{} is a device, FIFO or socket; a cache keeps only files, directories and symlinks",
-                shown()
-            ));
+            None
         }
-        Ok(())
     }
 }
 
@@ -348,8 +399,6 @@ fn copy_file(from: &Path, to: &Path, mode: u32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Copy the tree at `from` to the new path `to`: directories and files are made anew (no
-/// set-id bits), symlinks copied as links (their targets as text, never followed).
 /// Move a tree: a rename, or where `from` and `to` lie on different filesystems (a job's
 /// workspace is on its slot's own disk), a copy, then the original removed. A copy refuses
 /// what a rename would have carried and the cleaning refuses anyway (FIFOs, sockets,
@@ -357,10 +406,10 @@ fn copy_file(from: &Path, to: &Path, mode: u32) -> std::io::Result<()> {
 fn move_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     match std::fs::rename(from, to) {
         Err(e) if e.raw_os_error() == Some(nix::libc::EXDEV) => {
-            if let Some(special) = first_special(from) {
+            if let Some(special) = first_special(from)? {
                 return Err(std::io::Error::other(format!(
                     "{} is not a regular file, directory or symlink",
-                    special.display()
+                    shown(&special)
                 )));
             }
             copy_tree(from, to)?;
@@ -372,48 +421,48 @@ fn move_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 
 /// The first entry below `p` (links not followed) that is not a regular file, directory or
 /// symlink.
-fn first_special(p: &Path) -> Option<PathBuf> {
-    let m = std::fs::symlink_metadata(p).ok()?;
-    let t = m.file_type();
-    if t.is_dir() {
-        std::fs::read_dir(p).ok()?.flatten().find_map(|c| first_special(&c.path()))
-    } else if t.is_file() || t.is_symlink() {
-        None
-    } else {
-        Some(p.to_path_buf())
-    }
-}
-
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    let m = std::fs::symlink_metadata(from)?;
-    let t = m.file_type();
-    if t.is_symlink() {
-        std::os::unix::fs::symlink(std::fs::read_link(from)?, to)
-    } else if t.is_dir() {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().mode(m.mode() & 0o777 | 0o700).create(to)?;
-        for c in std::fs::read_dir(from)? {
-            let c = c?;
-            copy_tree(&c.path(), &to.join(c.file_name()))?;
+fn first_special(p: &Path) -> std::io::Result<Option<PathBuf>> {
+    let mut found = None;
+    crate::fstree::walk(p, |rel, m| {
+        let t = m.file_type();
+        if found.is_none() && !(t.is_dir() || t.is_file() || t.is_symlink()) {
+            found = Some(rel.to_path_buf());
         }
         Ok(())
-    } else if t.is_file() {
-        copy_file(from, to, m.mode() & 0o777)
-    } else {
-        Ok(()) // never saved; nothing to copy
-    }
+    })?;
+    Ok(found)
 }
 
-/// Bytes of the regular files below `p`, links not followed.
-fn tree_bytes(p: &Path) -> u64 {
-    let Ok(m) = std::fs::symlink_metadata(p) else { return 0 };
-    if m.is_dir() {
-        std::fs::read_dir(p).map_or(0, |d| d.flatten().map(|c| tree_bytes(&c.path())).sum())
-    } else if m.is_file() {
-        m.len()
-    } else {
-        0
+/// Copy the tree at `from` to the new path `to`: directories and files are made anew (no
+/// set-id bits), symlinks copied as links (their targets as text, never followed).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    crate::fstree::walk(from, |rel, m| {
+        let (src, dst) = (from.join(rel), to.join(rel));
+        let t = m.file_type();
+        if t.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)
+        } else if t.is_dir() {
+            std::fs::DirBuilder::new().mode(m.mode() & 0o777 | 0o700).create(&dst)
+        } else if t.is_file() {
+            copy_file(&src, &dst, m.mode() & 0o777)
+        } else {
+            Ok(()) // never saved; nothing to copy
+        }
+    })
+}
+
+/// What the tree at `p` costs (nothing if it is missing); links are not followed.
+fn measure(p: &Path) -> std::io::Result<Size> {
+    if std::fs::symlink_metadata(p).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Ok(Size::default());
     }
+    let mut size = Size::default();
+    crate::fstree::walk(p, |_, m| {
+        size.add(m);
+        Ok(())
+    })?;
+    Ok(size)
 }
 
 /// Mark a cache as used now (the least recently used go first).
@@ -452,7 +501,7 @@ mod tests {
     }
     impl Drop for Dir {
         fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
+            let _ = crate::fstree::remove_tree(&self.0);
         }
     }
 
@@ -614,7 +663,7 @@ mod tests {
     #[test]
     fn a_sparse_cache_over_the_limit_is_refused_before_it_is_copied() {
         let d = Dir::new();
-        let s = store(&d, CacheLimits { entry: Bytes(1 << 20), total: Bytes(1 << 30) });
+        let s = store(&d, CacheLimits { entry: Bytes(1 << 20), total: Bytes(1 << 30), ..CacheLimits::default() });
         let ws = d.workspace("w");
         write(&ws.join("cache/small"), "ok", 0o644);
         let f = std::fs::File::create(ws.join("cache/sparse")).unwrap();
@@ -631,7 +680,7 @@ mod tests {
     #[test]
     fn a_cache_over_the_entry_limit_is_not_saved_and_the_log_says_so() {
         let d = Dir::new();
-        let s = store(&d, CacheLimits { entry: Bytes(1000), total: Bytes(1 << 30) });
+        let s = store(&d, CacheLimits { entry: Bytes(1000), total: Bytes(1 << 30), ..CacheLimits::default() });
         let ws = d.workspace("w");
         write(&ws.join("cache/big"), &"x".repeat(1001), 0o644);
         let log = s.save(&push("main"), &paths(), &ws);
@@ -647,7 +696,8 @@ mod tests {
     #[test]
     fn the_least_recently_used_caches_go_first_past_the_total_limit() {
         let d = Dir::new();
-        let s = store(&d, CacheLimits { entry: Bytes(1 << 20), total: Bytes(2500) });
+        // Each cache costs three blocks (its directory, `cache/`, `data`): 12 KiB; three are over.
+        let s = store(&d, CacheLimits { entry: Bytes(1 << 20), total: Bytes(30_000), ..CacheLimits::default() });
         let save = |branch: &str| {
             let ws = d.workspace(&format!("ws-{branch}"));
             write(&ws.join("cache/data"), &"x".repeat(1000), 0o644);
@@ -664,13 +714,63 @@ mod tests {
         age("b", 200);
         save("c");
         let exists = |branch: &str| s.dir(push(branch).save.as_ref().unwrap()).exists();
-        assert!(!exists("a"), "3 × 1000 bytes is over 2500: the oldest goes");
+        assert!(!exists("a"), "3 × 12 KiB is over 30,000 bytes: the oldest goes");
         assert!(exists("b") && exists("c"));
         age("c", 300);
         age("b", 100); // b used after c
         save("d");
         assert!(!exists("c"), "the least recently used goes, not the first made");
         assert!(exists("b") && exists("d"));
+    }
+
+    /// Regression (outsider attack): 200,000 empty files were cached, each costing the agent an
+    /// inode and a copy, because only bytes were counted.
+    #[test]
+    fn many_empty_files_count_against_the_limits() {
+        let d = Dir::new();
+        let limits = CacheLimits { entry: Bytes(1 << 30), total: Bytes(1 << 30), entry_files: 100 };
+        let s = store(&d, limits);
+        let ws = d.workspace("w");
+        for i in 0..150 {
+            write(&ws.join(format!("cache/e{i}")), "", 0o644);
+        }
+        let log = s.save(&push("main"), &paths(), &ws);
+        assert!(log.iter().any(|l| l.contains("not saved") && l.contains("--cache-max-entry-files")), "{log:?}");
+        assert!(!s.dir(push("main").save.as_ref().unwrap()).exists());
+        // By size too: 150 empty files are 150 blocks, over a 64 KiB limit.
+        let s = store(&d, CacheLimits { entry: Bytes(64 << 10), ..limits });
+        let log = s.save(&push("main"), &paths(), &ws);
+        assert!(log.iter().any(|l| l.contains("not saved") && l.contains("--cache-max-entry-size")), "{log:?}");
+    }
+
+    /// Regression (outsider attack): 800 nested directories in a cached path overflowed the
+    /// agent's stack (the walks that measure, clean and copy a cache recursed per level) and
+    /// took every job on the host with it. Saved and restored (moved and copied) on a thread
+    /// with a small stack, a deep cache comes back whole.
+    #[test]
+    fn a_deep_cache_is_saved_and_restored_without_recursion() {
+        let d = Dir::new();
+        let s = std::sync::Arc::new(store(&d, CacheLimits::default()));
+        let ws = d.workspace("w");
+        let mut deep = PathBuf::from("cache");
+        for _ in 0..1000 {
+            deep.push("d");
+        }
+        write(&ws.join(&deep).join("f"), "deep", 0o644);
+        let run = |f: Box<dyn FnOnce() -> Vec<String> + Send>| {
+            std::thread::Builder::new().stack_size(128 * 1024).spawn(f).unwrap().join().expect("no stack overflow")
+        };
+        let (s1, w1) = (s.clone(), ws.clone());
+        let log = run(Box::new(move || s1.save(&push("main"), &paths(), &w1)));
+        assert!(log.iter().any(|l| l.contains("saved cache")), "{log:?}");
+        // A pull request reads main's cache by copy.
+        let ws2 = d.workspace("w2");
+        let (s2, w2) = (s.clone(), ws2.clone());
+        let log = run(Box::new(move || s2.restore(&fork_pr(3), &paths(), &w2)));
+        assert!(log.iter().any(|l| l.contains("restored cache")), "{log:?}");
+        assert_eq!(std::fs::read_to_string(ws2.join(&deep).join("f")).unwrap(), "deep");
+        crate::fstree::remove_tree(&ws2).unwrap();
+        crate::fstree::remove_tree(&ws).unwrap();
     }
 
     #[test]

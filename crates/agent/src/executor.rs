@@ -10,7 +10,7 @@ use gpuci_protocol::JobId;
 use gpuci_sandbox::{Isolation, Sandbox, SandboxSpec};
 use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
@@ -305,14 +305,14 @@ async fn execute(
         .and_then(|s| s.disk())
         .map_or(ctx.work_root.as_path(), |d| d.path())
         .join(format!("job-{}", a.job_id));
-    let _ = crate::fstree::remove_tree(&workspace);
+    let _ = remove_workspace(&workspace).await;
     if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&workspace) {
         return fail(format!("creating workspace {}: {e}", workspace.display()));
     }
     if let Some(id) = &a.workspace_upload {
         if let Err(error) = fill_workspace(id, ctx, out, &workspace).await {
             out.system(format!("workspace: {error}"));
-            let _ = crate::fstree::remove_tree(&workspace);
+            let _ = remove_workspace(&workspace).await;
             return fail(format!("workspace: {error}"));
         }
     }
@@ -320,9 +320,9 @@ async fn execute(
     if let Some(slot) = &slot {
         // Everything in the workspace is the job's: the upload, the restored caches.
         let (ws, user) = (workspace.clone(), slot.user());
-        let given = tokio::task::spawn_blocking(move || gpuci_sandbox::give_to(&ws, user)).await;
+        let given = tokio::task::spawn_blocking(move || crate::fstree::give_to(&ws, user)).await;
         if let Err(e) = given.map_err(|e| std::io::Error::other(e.to_string())).and_then(|r| r) {
-            let _ = crate::fstree::remove_tree(&workspace);
+            let _ = remove_workspace(&workspace).await;
             return fail(format!("giving workspace {} to the job user: {e}", workspace.display()));
         }
     }
@@ -340,10 +340,20 @@ async fn execute(
         }
     }
     save_cache(a, ctx, &workspace, out).await;
-    if let Err(e) = crate::fstree::remove_tree(&workspace) {
+    if let Err(e) = remove_workspace(&workspace).await {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");
     }
     result
+}
+
+/// Removes a workspace off the async threads: a job decides how many files it leaves, and
+/// two jobs' million-file workspaces removed on the runtime's workers stalled the agent's
+/// heartbeat for most of a minute (outsider attack), so the coordinator declared it lost.
+async fn remove_workspace(workspace: &Path) -> std::io::Result<()> {
+    let ws = workspace.to_path_buf();
+    tokio::task::spawn_blocking(move || crate::fstree::remove_tree(&ws))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
 }
 
 /// Bring the step's cached paths into the new workspace from the caches its scope may read
@@ -469,7 +479,7 @@ async fn execute_in(
         let runner = if isolation == Isolation::Bubblewrap {
             let dest = workspace.join("runner");
             let made = std::fs::create_dir_all(&dest)
-                .and_then(|()| slot.map_or(Ok(()), |s| gpuci_sandbox::give_to(&dest, s.user())));
+                .and_then(|()| slot.map_or(Ok(()), |s| crate::fstree::give_to(&dest, s.user())));
             if let Err(e) = made {
                 return (Outcome::StartFailed { error: format!("creating {}: {e}", dest.display()) }, None);
             }

@@ -1,4 +1,8 @@
-//! Removing a tree a job built, however deep.
+//! Walking and removing trees a job built, however deep or wide.
+//!
+//! Nothing here recurses: a job decides how deep its workspace and its cached paths are, and
+//! any walk that takes a stack frame per level is a way to crash the agent (and every job on
+//! the host with it).
 //!
 //! `std::fs::remove_dir_all` recurses once per directory level (it walks with `openat`, so
 //! no path length stops it): a job that nests 30,000 directories in its workspace overflowed
@@ -16,7 +20,43 @@ use nix::unistd::{unlinkat, UnlinkatFlags};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Visits `root` and every entry below it, each directory before what it holds, with the
+/// entry's path relative to `root` (empty for `root` itself) and its metadata; links are
+/// reported, never followed. No recursion: pending directories wait on a heap stack. Paths
+/// longer than the kernel takes (`PATH_MAX`, some 2,000 levels of one-letter names) end the
+/// walk with an error, so a caller refuses such a tree rather than half-handling it.
+pub fn walk(root: &Path, mut visit: impl FnMut(&Path, &std::fs::Metadata) -> io::Result<()>) -> io::Result<()> {
+    let mut pending: Vec<PathBuf> = vec![PathBuf::new()];
+    while let Some(rel) = pending.pop() {
+        let full = if rel.as_os_str().is_empty() { root.to_path_buf() } else { root.join(&rel) };
+        let m = std::fs::symlink_metadata(&full).map_err(|e| in_path(&rel, e))?;
+        visit(&rel, &m)?;
+        if m.is_dir() {
+            for c in std::fs::read_dir(&full).map_err(|e| in_path(&rel, e))? {
+                pending.push(rel.join(c.map_err(|e| in_path(&rel, e))?.file_name()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `e` with the (relative) path it happened at.
+fn in_path(rel: &Path, e: io::Error) -> io::Error {
+    let shown = if rel.as_os_str().is_empty() { ".".to_string() } else { rel.display().to_string() };
+    io::Error::new(e.kind(), format!("{shown}: {e}"))
+}
+
+/// Makes `user` the owner of `path` and everything under it, never following a symlink (a
+/// job's files are the job's; the agent, as root, must not be led out of the tree). Called on
+/// a workspace after it was filled and before the job starts.
+pub fn give_to(path: &Path, user: gpuci_sandbox::JobUser) -> io::Result<()> {
+    walk(path, |rel, _| {
+        let p = if rel.as_os_str().is_empty() { path.to_path_buf() } else { path.join(rel) };
+        std::os::unix::fs::lchown(&p, Some(user.uid), Some(user.gid)).map_err(|e| in_path(rel, e))
+    })
+}
 
 fn dir_flags() -> OFlag {
     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
@@ -147,6 +187,59 @@ mod tests {
             .expect("no panic");
         removed.expect("removed");
         assert!(!root.exists());
+    }
+
+    /// Regression (outsider attack): 800 nested directories in a cached path overflowed the
+    /// agent's stack in the cache's recursive walks. A walk takes no stack per level.
+    #[test]
+    fn a_deep_tree_is_walked_without_recursion() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let root = t.path().join("ws");
+        let mut deepest = root.clone();
+        for _ in 0..1500 {
+            deepest.push("d");
+        }
+        std::fs::create_dir_all(&deepest).expect("mkdir");
+        std::fs::write(deepest.join("f"), "x").expect("write");
+        let r = root.clone();
+        let (dirs, files) = std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let (mut dirs, mut files) = (0, 0);
+                walk(&r, |_, m| {
+                    if m.is_dir() {
+                        dirs += 1;
+                    } else {
+                        files += 1;
+                    }
+                    Ok(())
+                })
+                .map(|()| (dirs, files))
+            })
+            .expect("thread")
+            .join()
+            .expect("no stack overflow")
+            .expect("walked");
+        assert_eq!((dirs, files), (1501, 1));
+        remove_tree(&root).expect("removed");
+    }
+
+    #[test]
+    fn a_walk_reports_links_without_following_them() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let outside = t.path().join("outside");
+        std::fs::create_dir_all(outside.join("secret")).expect("mkdir");
+        let root = t.path().join("ws");
+        std::fs::create_dir_all(root.join("a")).expect("mkdir");
+        std::os::unix::fs::symlink(&outside, root.join("a/link")).expect("symlink");
+        let mut seen = Vec::new();
+        walk(&root, |rel, m| {
+            seen.push((rel.to_path_buf(), m.file_type().is_symlink()));
+            Ok(())
+        })
+        .expect("walked");
+        seen.sort();
+        assert_eq!(seen, vec![(PathBuf::new(), false), (PathBuf::from("a"), false), (PathBuf::from("a/link"), true)]);
     }
 
     #[test]

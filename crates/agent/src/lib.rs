@@ -852,7 +852,7 @@ async fn probe_bubblewrap(slots: Option<&Arc<slots::Slots>>, work_root: &std::pa
         spec.cgroups = gpuci_sandbox::CgroupUse::Disabled;
         if let Some(g) = &guard {
             spec.user = Some(g.user());
-            gpuci_sandbox::give_to(&dir, g.user()).map_err(|e| format!("chown {}: {e}", dir.display()))?;
+            crate::fstree::give_to(&dir, g.user()).map_err(|e| format!("chown {}: {e}", dir.display()))?;
         }
         let (mut sb, mut out, mut err) = gpuci_sandbox::Sandbox::spawn(&spec).map_err(|e| e.to_string())?;
         let mut text = String::new();
@@ -889,7 +889,7 @@ fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock
         Ok(mut held) => {
             held.set_len(0)?;
             held.rewind()?;
-            write!(held, "{}\n", std::process::id())?;
+            writeln!(held, "{}", std::process::id())?;
             Ok(held)
         }
         Err((mut f, nix::errno::Errno::EWOULDBLOCK)) => {

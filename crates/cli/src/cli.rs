@@ -324,6 +324,10 @@ pub struct AgentArgs {
     /// the job's log says so.
     #[arg(long, env = "GPUCI_CACHE_MAX_ENTRY_SIZE", default_value = "10GiB")]
     pub cache_max_entry_size: gpuci_core::quantity::Bytes,
+    /// Most files, directories and links one job's cache may hold; a cache with more is not
+    /// saved and the job's log says so.
+    #[arg(long, env = "GPUCI_CACHE_MAX_ENTRY_FILES", default_value_t = 1_000_000)]
+    pub cache_max_entry_files: u64,
     /// All caches on this agent together; past it the least recently used are removed.
     #[arg(long, env = "GPUCI_CACHE_MAX_TOTAL", default_value = "50GiB")]
     pub cache_max_total: gpuci_core::quantity::Bytes,

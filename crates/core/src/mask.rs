@@ -16,7 +16,8 @@
 //!   can straddle a cut.
 //!
 //! Not covered, by design: a value the job transforms (base64, reversed, one character per
-//! line), or redrawn out of order with cursor movement. A job that holds a secret can always
+//! line, a combining accent or a Hangul jamo after each character: those show), or redrawn out
+//! of order with cursor movement. A job that holds a secret can always
 //! print it in a form no masker recognises; masking stops accidents and the cheap tricks.
 
 use crate::text::{has_hidden, visible};
@@ -208,7 +209,7 @@ mod tests {
     #[test]
     fn a_secret_with_any_default_ignorable_or_format_character_inside_is_masked() {
         let m = Masker::new(["SECRETVALUE"]);
-        for c in ['\u{1d173}', '\u{1bca0}', '\u{fff9}', '\u{2065}', '\u{e0100}', '\u{13430}', '\u{fff0}'] {
+        for c in ['\u{1d173}', '\u{1bca0}', '\u{fff9}', '\u{2065}', '\u{e0100}', '\u{13430}', '\u{fff0}', '\u{16fe4}'] {
             assert_eq!(m.mask(&format!("x SECR{c}ETVALUE y")), "x *** y", "U+{:04X}", c as u32);
         }
     }

@@ -63,6 +63,7 @@ fn is_invisible_format(c: char) -> bool {
         | '\u{FFF0}'..='\u{FFFB}'   // reserved ignorables, interlinear annotation (Cf)
         | '\u{110BD}' | '\u{110CD}' // Kaithi number signs (Cf)
         | '\u{13430}'..='\u{1345F}' // Egyptian hieroglyph format controls (Cf)
+        | '\u{16FE4}'               // Khitan small script filler
         | '\u{1BCA0}'..='\u{1BCA3}' // shorthand format controls
         | '\u{1D173}'..='\u{1D17A}' // musical symbol format controls
         | '\u{E0000}'..='\u{E0FFF}' // tags, variation selectors supplement, reserved ignorables

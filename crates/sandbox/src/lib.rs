@@ -210,20 +210,6 @@ fn is_executable(p: &Path) -> bool {
     fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
-/// Makes `user` the owner of `path` and everything under it, never following a symlink (a
-/// job's files are the job's; the agent, as root, must not be led out of the tree). Called on
-/// a workspace after it was filled and before the job starts.
-pub fn give_to(path: &Path, user: JobUser) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid))?;
-    let meta = fs::symlink_metadata(path)?;
-    if meta.is_dir() {
-        for entry in fs::read_dir(path)? {
-            give_to(&entry?.path(), user)?;
-        }
-    }
-    Ok(())
-}
-
 /// What [`sweep`] found and removed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SweepReport {

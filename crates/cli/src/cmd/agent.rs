@@ -38,7 +38,11 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     c.max_log_bytes = a.local.max_log_bytes;
     c.min_free_disk = a.local.min_free_disk;
     c.reset_journal = a.reset_journal;
-    c.cache_limits = gpuci_agent::cache::CacheLimits { entry: a.cache_max_entry_size, total: a.cache_max_total };
+    c.cache_limits = gpuci_agent::cache::CacheLimits {
+        entry: a.cache_max_entry_size,
+        total: a.cache_max_total,
+        entry_files: a.cache_max_entry_files,
+    };
     gpuci_agent::run(c, shutdown).await?;
     Ok(0)
 }
