@@ -207,6 +207,10 @@ pub struct Journal {
     path: PathBuf,
     file: File,
     incomplete: Option<String>,
+    /// Length of the file up to its last whole record. A write that fails part-way (a full
+    /// disk) leaves part of a line; the file is cut back to here before anything else is
+    /// appended, so a torn record never ends up mid-file (which reads as damage at restart).
+    whole: u64,
 }
 
 impl Journal {
@@ -273,7 +277,8 @@ impl Journal {
             File::open(dir)?.sync_all()?;
         }
         let file = OpenOptions::new().append(true).open(path)?;
-        Ok(Journal { path: path.to_path_buf(), file, incomplete })
+        let whole = file.metadata()?.len();
+        Ok(Journal { path: path.to_path_buf(), file, incomplete, whole })
     }
 
     /// Why the journal may lack records, until the coordinator has settled it.
@@ -290,9 +295,21 @@ impl Journal {
         Ok(())
     }
 
-    /// Append a record; with `sync`, return only once it is on disk.
+    /// Append a record; with `sync`, return only once it is on disk. A write that fails
+    /// leaves the file as it was before it (see [`Journal::whole`]).
     pub fn write(&mut self, r: &Record, sync: bool) -> std::io::Result<()> {
-        self.file.write_all(&line_of(r))?;
+        if self.file.metadata()?.len() != self.whole {
+            // An earlier failed write's tail that could not be cut then (the disk was full).
+            self.file.set_len(self.whole)?;
+        }
+        let line = line_of(r);
+        if let Err(e) = self.file.write_all(&line) {
+            if let Err(cut) = self.file.set_len(self.whole) {
+                tracing::warn!(error = %cut, "could not cut a torn journal record; it is cut before the next record");
+            }
+            return Err(e);
+        }
+        self.whole += line.len() as u64;
         if sync {
             self.file.sync_data()?;
         }
@@ -488,6 +505,35 @@ mod tests {
         assert_eq!(whole, Assessed { records: vec![Record::Received { job_id: 5, at_us: 1 }], incomplete: None });
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    /// Regression (outsider attack): a record written while the agent's disk was full was
+    /// left half on disk, the records after it were appended behind it, and the agent then
+    /// refused to start ("unreadable record before its last line"). A failed write's tail is
+    /// cut before the next record.
+    #[test]
+    fn a_record_torn_by_a_failed_write_never_ends_up_mid_file() {
+        let t = tempfile::tempdir().unwrap();
+        let path = t.path().join("journal");
+        let (mut j, _) = Journal::open(&path, false, false, |_| Vec::new()).unwrap();
+        j.write(&Record::Received { job_id: 1, at_us: 0 }, true).unwrap();
+        // What a write cut short by a full disk leaves.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"{"record":"finished","job_id":1,"out"#).unwrap();
+        drop(f);
+        j.write(&Record::Done { job_id: 1 }, true).unwrap();
+        j.write(&Record::Received { job_id: 2, at_us: 0 }, true).unwrap();
+        drop(j);
+        let (_, read) = Journal::open(&path, true, false, |r| r.to_vec()).expect("the journal reads whole");
+        assert_eq!(read.incomplete, None);
+        assert_eq!(
+            read.records,
+            vec![
+                Record::Received { job_id: 1, at_us: 0 },
+                Record::Done { job_id: 1 },
+                Record::Received { job_id: 2, at_us: 0 }
+            ]
+        );
     }
 
     #[test]
