@@ -26,27 +26,22 @@ impl std::fmt::Debug for Identity {
     }
 }
 
-/// The coordinator URL the stored identity belongs to, if one is stored and readable.
-pub fn stored_server(data_dir: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(data_dir.join("agent.json")).ok()?;
-    serde_json::from_str::<Identity>(&text).ok().map(|id| id.server)
-}
-
-/// Load the stored identity for `server`, or register with `registration_token`.
+/// Load the stored identity for `server`, or register with `registration_token`; true when
+/// registered anew (jobs held for an earlier registration are not this identity's).
 pub async fn load_or_register(
     http: &reqwest::Client,
     data_dir: &Path,
     server: &str,
     name: &str,
     registration_token: Option<&str>,
-) -> anyhow::Result<Identity> {
+) -> anyhow::Result<(Identity, bool)> {
     let path = data_dir.join("agent.json");
     make_private(data_dir, true)?;
     make_private(&path, false)?;
     if let Ok(text) = std::fs::read_to_string(&path) {
         let id: Identity = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
         if id.server == server {
-            return Ok(id);
+            return Ok((id, false));
         }
         tracing::info!(old = %id.server, new = server, "stored identity is for another coordinator; registering again");
     }
@@ -69,7 +64,7 @@ pub async fn load_or_register(
     let id = Identity { agent_id: r.agent_id, credential: r.credential, server: server.to_string() };
     write_private(&path, &serde_json::to_string_pretty(&id)?)?;
     tracing::info!(agent = %id.agent_id, "registered");
-    Ok(id)
+    Ok((id, true))
 }
 
 /// Take the group and other read/write bits off the data dir (creating it) or the credential

@@ -281,6 +281,12 @@ impl Journal {
         Ok(Journal { path: path.to_path_buf(), file, incomplete, whole })
     }
 
+    /// Rewrite the file with only `records` (keeping why it may be incomplete).
+    pub fn replace(&mut self, records: &[Record]) -> std::io::Result<()> {
+        *self = Journal::rewrite(&self.path, self.incomplete.clone(), records)?;
+        Ok(())
+    }
+
     /// Why the journal may lack records, until the coordinator has settled it.
     pub fn incomplete(&self) -> Option<&str> {
         self.incomplete.as_deref()

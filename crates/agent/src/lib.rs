@@ -177,23 +177,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // anything. What an earlier run of this agent still owes the coordinator: its jobs died
     // with it (the sweep below kills what is left of them).
     let ran_before = config.data_dir.join("agent.json").exists();
-    // Jobs held in the journal were assigned through the stored registration. When this start
-    // registers anew (another coordinator URL; a coordinator started over on a new database),
-    // their results could only reach a coordinator that never assigned them, and there match
-    // an unrelated job of the same id: they are given up here. Whoever assigned them counts
-    // them lost when this registration never comes back.
-    let earlier_registration = identity::stored_server(&config.data_dir).filter(|s| *s != config.server);
     let mut owed = BTreeMap::new();
     let journal_path = config.data_dir.join("journal");
-    let (journal, _) = match Journal::open(&journal_path, ran_before, config.reset_journal, |records| {
+    let (mut journal, _) = match Journal::open(&journal_path, ran_before, config.reset_journal, |records| {
         owed = journal::recover(records, executor::now_us());
-        if let Some(earlier) = &earlier_registration {
-            if !owed.is_empty() {
-                let jobs: Vec<_> = owed.keys().collect();
-                tracing::warn!(?jobs, coordinator = %earlier, "giving up jobs held for this agent's registration with another coordinator: their results cannot be reported to {}", config.server);
-                owed.clear();
-            }
-        }
         journal::records_for(&owed)
     }) {
         Ok(j) => j,
@@ -207,7 +194,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Err(e) => return Err(e).with_context(|| format!("opening the journal {}", journal_path.display())),
     };
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let identity = identity::load_or_register(
+    let (identity, registered_anew) = identity::load_or_register(
         &http,
         &config.data_dir,
         &config.server,
@@ -215,6 +202,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         config.registration_token.as_deref(),
     )
     .await?;
+    // Jobs held in the journal were assigned through the earlier registration. Under a new one
+    // (another coordinator; one started over on a new database; `agent.json` gone) their
+    // results could only reach a coordinator that never assigned them to this identity, and
+    // there match an unrelated job of the same id: they are given up. Whoever assigned them
+    // counts them lost when the earlier registration never comes back.
+    if registered_anew && !owed.is_empty() {
+        let jobs: Vec<_> = owed.keys().collect();
+        tracing::warn!(?jobs, coordinator = %config.server, "this agent registered anew: giving up the jobs its journal held for its earlier registration (their results cannot be reported through this one)");
+        owed.clear();
+        journal.replace(&[]).with_context(|| format!("rewriting the journal {}", journal_path.display()))?;
+    }
 
     let mut opts = gpuci_gpu::DetectOptions::new(config.name.clone());
     opts.simulate = config.simulate_gpus.clone();
@@ -559,7 +557,16 @@ impl Agent {
         )
         .await
         .context("connect timed out")?
-        .context("connecting")?;
+        .map_err(|e| match &e {
+            tokio_tungstenite::tungstenite::Error::Http(r) if r.status() == 401 => anyhow::anyhow!(
+                "the coordinator at {} does not know this agent's credential (401): it was started on \
+                 another database, or this agent was removed there. To register again, move agent.json \
+                 (in the agent's data dir) aside and start the agent with --registration-token (jobs held \
+                 for the old registration are then given up)",
+                id.server
+            ),
+            _ => anyhow::Error::new(e).context("connecting"),
+        })?;
         let (mut sink, mut stream) = ws.split();
         let mut hello = self.hello_base.clone();
         hello.running = self.holds.iter().copied().collect();

@@ -213,6 +213,19 @@ fn a_frozen_agent_is_lost_after_lost_after_not_twice_that() {
 /// the registration that assigned them; with a new registration they are given up.
 #[test]
 fn a_result_held_for_an_earlier_registration_never_ends_a_job_of_a_new_database() {
+    held_result_after_a_new_registration(false);
+}
+
+/// Regression (outsider attack): the same, with the coordinator back at the *same* address and
+/// the agent's `agent.json` moved aside, so it registered anew there: its held result for the
+/// old job 1 was applied to the new job 1 once that was assigned to it (the job "ran" without
+/// running). Any new registration gives up what the journal held for the earlier one.
+#[test]
+fn a_result_held_for_an_earlier_registration_never_ends_a_job_at_the_same_address() {
+    held_result_after_a_new_registration(true);
+}
+
+fn held_result_after_a_new_registration(same_address: bool) {
     let dir = tempdir();
     let server_dir = dir.path().join("server");
     let agent_dir = dir.path().join("agent");
@@ -233,7 +246,13 @@ fn a_result_held_for_an_earlier_registration_never_ends_a_job_of_a_new_database(
     }
     let mut args2 = server.args.clone();
     args2.push("--new-database".into());
-    let server = Server::start_on(&server_dir, "127.0.0.1:0", args2);
+    let listen = if same_address {
+        std::fs::rename(agent_dir.join("agent.json"), dir.path().join("agent.json.moved")).unwrap();
+        server.url.trim_start_matches("http://").to_string()
+    } else {
+        "127.0.0.1:0".to_string()
+    };
+    let server = Server::start_on(&server_dir, &listen, args2);
     let api = server.api();
     let p = api.submit("steps:\n  - key: fresh\n    command: echo fresh-job-ran\n");
     let fresh = p.jobs[0].id;

@@ -337,3 +337,37 @@ fn a_used_data_dir_pointed_at_an_empty_postgres_database_is_refused() {
     let mut fresh = Server::start_on(&data, "127.0.0.1:0", vec!["--database".into(), empty, "--new-database".into()]);
     fresh.kill9();
 }
+
+/// Regression (outsider attack): a second coordinator started on the first one's database
+/// (its own data dir) ran, took the first one's agents for gone ones and ended their jobs
+/// `lost`. Coordinators cannot share a database yet: the second is refused, and starts once
+/// the first is gone (a killed coordinator's claim goes with its connection).
+#[test]
+fn a_second_coordinator_on_the_same_postgres_database_is_refused() {
+    let Some(pg) = pg::PgServer::start() else { return };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let url = rt.block_on(pg.create_database("gpuci_shared"));
+    let dir = tempdir();
+    let args = vec!["--database".into(), url.clone(), "--lost-after".into(), "30s".into()];
+    let mut first = Server::start_on(&dir.path().join("first"), "127.0.0.1:0", args.clone());
+    let (code, err) = refused(&dir.path().join("second"), &["--database", &url]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("another gpuci coordinator uses it"), "{err}");
+    assert!(first.api().agents().is_empty(), "the first coordinator still answers");
+    first.kill9();
+    let mut second = Server::start_on(&dir.path().join("second"), "127.0.0.1:0", args);
+    second.kill9();
+}
+
+/// Two coordinators on one data dir (one database file) are refused the same way.
+#[test]
+fn a_second_coordinator_on_the_same_data_dir_is_refused() {
+    let dir = tempdir();
+    let data = dir.path().join("server");
+    let mut first = Server::start(&data, "30s");
+    let (code, err) = refused(&data, &[]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("another coordinator (pid") && err.contains("uses the data dir"), "{err}");
+    assert!(first.api().agents().is_empty(), "the first coordinator still answers");
+    first.kill9();
+}

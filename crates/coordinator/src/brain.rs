@@ -278,21 +278,22 @@ pub struct Brain {
     /// written again on each reap until it is, so the stored state never says `connected`
     /// of an agent that is gone.
     unsaved_links: BTreeMap<String, AgentUpdate>,
-    /// The last reap, and since when this coordinator has been running without a stall (see
-    /// [`silent_for`]).
+    /// The last reap: a reap much later than its tick means the coordinator did not run in
+    /// between (see [`heard_after_stall`]).
     last_tick: Option<Instant>,
-    awake_since: Instant,
 }
 
-/// How long an agent has been silent as far as this coordinator could have heard it: since
-/// it last heard the agent, but never from before `awake_since`. A coordinator that did not
-/// run (SIGSTOP, a paused VM, a blocked disk) heard nobody meanwhile, however faithfully its
-/// agents sent heartbeats; counting that time would declare every healthy agent lost and kill
-/// its jobs the moment it runs again (outsider attack: a 15 s stall with `lost_after` 10 s
-/// ended every running job `lost`). After a stall agents get `lost_after` to be heard, as
-/// after a restart.
-pub fn silent_for(now: Instant, last_seen: Instant, awake_since: Instant) -> Duration {
-    now.saturating_duration_since(last_seen.max(awake_since))
+/// When an agent counts as last heard after the coordinator did not run for `stall` (SIGSTOP,
+/// a paused VM, a blocked disk): moved forward by the time it was not running, less the one
+/// tick it would have waited anyway, never past `now`. A coordinator that did not run heard
+/// nobody, however faithfully its agents sent heartbeats; counting that time declared every
+/// healthy agent lost the moment it ran again (outsider attack: a 15 s stall with
+/// `lost_after` 10 s ended every running job `lost`). Moving, not resetting: silence adds up
+/// across stalls, so a coordinator that stalls again and again still finds a dead agent lost
+/// after `lost_after` of its own running time (resetting gave it a fresh `lost_after` at
+/// every stall, and its jobs stayed `running` for ever).
+pub fn heard_after_stall(last_seen: Instant, stall: Duration, tick: Duration, now: Instant) -> Instant {
+    last_seen.checked_add(stall.saturating_sub(tick)).map_or(now, |t| t.min(now))
 }
 
 /// Whether the reaper's timer came this late: the coordinator was not running in between.
@@ -327,7 +328,6 @@ impl Brain {
             registering: HashMap::new(),
             placements: 0,
             last_tick: None,
-            awake_since: Instant::now(),
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -1008,11 +1008,14 @@ impl Brain {
         let now_wall = now_ms();
         if let Some(previous) = self.last_tick.replace(now) {
             if stalled(previous, now, self.timing.tick) {
+                let stall = now.saturating_duration_since(previous);
                 tracing::warn!(
-                    stalled_for = ?now.saturating_duration_since(previous),
-                    "the coordinator did not run for a while (stopped, paused or blocked); agents get lost_after from now to be heard"
+                    stalled_for = ?stall,
+                    "the coordinator did not run for a while (stopped, paused or blocked); that time does not count against its agents' lost_after"
                 );
-                self.awake_since = now;
+                for a in self.agents.values_mut() {
+                    a.last_seen = heard_after_stall(a.last_seen, stall, self.timing.tick, now);
+                }
             }
         }
         for (id, update) in std::mem::take(&mut self.unsaved_links) {
@@ -1027,14 +1030,14 @@ impl Brain {
         for id in ids {
             let (link, age) = {
                 let a = &self.agents[&id];
-                (a.link, silent_for(now, a.last_seen, self.awake_since))
+                (a.link, now.saturating_duration_since(a.last_seen))
             };
             if link == Link::Connected && age > self.timing.lost_after {
                 // Silent for `lost_after`: that is lost, now, not after another `lost_after`.
                 self.agent_disconnected(&id, "missed heartbeats", true).await;
             }
             let a = &self.agents[&id];
-            if a.link == Link::Disconnected && silent_for(now, a.last_seen, self.awake_since) > self.timing.lost_after {
+            if a.link == Link::Disconnected && now.saturating_duration_since(a.last_seen) > self.timing.lost_after {
                 self.agent_lost(&id).await;
                 lost_any = true;
             }
@@ -1508,15 +1511,39 @@ mod tests {
     fn silence_is_counted_only_while_the_coordinator_ran() {
         let t0 = Instant::now();
         let s = |secs| Duration::from_secs(secs);
-        // Heard at t0, awake throughout: silent 12 s.
-        assert_eq!(silent_for(t0 + s(12), t0, t0), s(12));
-        // Heard at t0, then the coordinator stalled until t0+15: silent 2 s since it woke.
-        assert_eq!(silent_for(t0 + s(17), t0, t0 + s(15)), s(2));
-        // Heard after it woke: from then.
-        assert_eq!(silent_for(t0 + s(17), t0 + s(16), t0 + s(15)), s(1));
         let tick = Duration::from_millis(200);
+        // Heard at t0; the coordinator ran 5 s, then stalled 15 s: 5.2 s of silence counted.
+        let heard = heard_after_stall(t0, s(15), tick, t0 + s(20));
+        assert_eq!((t0 + s(20)).duration_since(heard), s(5) + tick);
+        // Heard during the stall's last moments (a message read on waking): never in the future.
+        assert_eq!(heard_after_stall(t0 + s(19), s(15), tick, t0 + s(20)), t0 + s(20));
         assert!(!stalled(t0, t0 + Duration::from_millis(900), tick), "a late tick is not a stall");
         assert!(stalled(t0, t0 + s(15), tick));
+    }
+
+    /// Regression (outsider attack): a coordinator stalled for 8 s every 9 s gave its agents a
+    /// fresh `lost_after` at each stall, so a dead agent was never declared lost and its jobs
+    /// stayed `running`. Silence adds up across stalls.
+    #[test]
+    fn a_dead_agent_is_lost_after_lost_after_of_running_time_however_often_the_coordinator_stalls() {
+        let t0 = Instant::now();
+        let (tick, lost_after) = (Duration::from_millis(200), Duration::from_secs(10));
+        let mut last_seen = t0; // the agent died here
+        let mut now = t0;
+        let mut ran = Duration::ZERO;
+        let lost_at = loop {
+            // 1 s of running (ticks), then an 8 s stall.
+            now += Duration::from_secs(1);
+            ran += Duration::from_secs(1);
+            if now.saturating_duration_since(last_seen) > lost_after {
+                break ran;
+            }
+            let stall = Duration::from_secs(8);
+            now += stall;
+            last_seen = heard_after_stall(last_seen, stall, tick, now);
+            assert!(ran < Duration::from_secs(60), "never declared lost");
+        };
+        assert!(lost_at <= lost_after + Duration::from_secs(2), "lost after {lost_at:?} of running time");
     }
 
     #[test]

@@ -32,6 +32,43 @@ pub enum DataDirError {
          leave the flag out to use it, or move the file away first"
     )]
     DatabaseExists { path: PathBuf, bytes: u64 },
+    #[error(
+        "another coordinator ({holder}) uses the data dir {path}: two would each take the other's agents \
+         for gone ones and end their jobs `lost`; each coordinator needs a data dir of its own"
+    )]
+    InUse { path: PathBuf, holder: String },
+}
+
+/// Takes `<dir>/lock` (`flock`, released when the process ends, however it ends) for this
+/// coordinator's life, or says which process holds it.
+pub fn lock(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, DataDirError> {
+    use std::io::{Read, Seek, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("lock");
+    let io = |error| DataDirError::Dir { path: path.clone(), error };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io)?;
+    match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(mut held) => {
+            held.set_len(0)
+                .and_then(|()| held.rewind())
+                .and_then(|()| writeln!(held, "{}", std::process::id()))
+                .map_err(io)?;
+            Ok(held)
+        }
+        Err((mut f, nix::errno::Errno::EWOULDBLOCK)) => {
+            let mut pid = String::new();
+            let _ = f.read_to_string(&mut pid);
+            Err(DataDirError::InUse { path: dir.to_path_buf(), holder: format!("pid {}", pid.trim()) })
+        }
+        Err((_, e)) => Err(io(e.into())),
+    }
 }
 
 /// Files in the data dir that hold credentials or secret values.

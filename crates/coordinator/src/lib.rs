@@ -237,6 +237,9 @@ async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
 /// accepts connections.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
     datadir::prepare(&config.data_dir, config.agent_inside)?;
+    // One coordinator per data dir (and, below, per Postgres database), held for its life.
+    let data_dir_lock = datadir::lock(&config.data_dir)?;
+    let mut held_for_life: Vec<Box<dyn std::any::Any + Send>> = vec![Box::new(data_dir_lock)];
     let mut must_be_gpuci = false;
     if let Database::Sqlite(db) = &config.database {
         // Before anything new is written: the tokens made below would hide that this dir
@@ -271,6 +274,17 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             }
         }
         Database::Postgres(url) => {
+            match PostgresStore::claim_sole_use(url).await {
+                Ok(Some(claim)) => held_for_life.push(Box::new(claim)),
+                Ok(None) => anyhow::bail!(
+                    "database {}: another gpuci coordinator uses it. Coordinators cannot share a database yet: \
+                     each would take the other's agents for gone ones and end their jobs `lost`",
+                    gpuci_store::redact_url(url)
+                ),
+                Err(e) => {
+                    return Err(e).with_context(|| format!("connecting to database {}", gpuci_store::redact_url(url)))
+                }
+            }
             // As with SQLite: a data dir that ran before (its tokens, its uploads) pointed at
             // a database without gpuci's tables is the wrong database, not a first start.
             let used = datadir::signs_of_use(&config.data_dir);
@@ -358,6 +372,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         });
         axum::serve(listener, app).with_graceful_shutdown(async move { sd.cancelled().await }).await?;
         let _ = brain_task.await;
+        drop(held_for_life);
         Ok(())
     });
     tracing::info!(%addr, "coordinator listening");

@@ -66,6 +66,20 @@ impl PostgresStore {
         Ok(Self { pool })
     }
 
+    /// Claim this database for one coordinator: a session advisory lock, held on a connection
+    /// of its own until the returned guard is dropped (or this process dies, which closes the
+    /// connection). `None`: another holds it. The store is safe under concurrent writers, but a
+    /// coordinator keeps its agents' links in memory, and two on one database each declared
+    /// the other's agents lost; until coordinators share agents, there is one per database.
+    pub async fn claim_sole_use(url: &str) -> Result<Option<SoleUse>> {
+        use sqlx::Connection;
+        let opts = PgConnectOptions::from_str(url)?.application_name("gpuci coordinator lock");
+        let mut conn = sqlx::PgConnection::connect_with(&opts).await?;
+        let held: bool =
+            sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(SOLE_USE_KEY).fetch_one(&mut conn).await?;
+        Ok(held.then_some(SoleUse { _conn: conn }))
+    }
+
     async fn job_in<'e, E: sqlx::PgExecutor<'e>>(exec: E, id: JobId) -> Result<Option<JobRecord>> {
         let row =
             sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(exec).await?;
@@ -82,6 +96,14 @@ impl PostgresStore {
             .await?;
         row.map(|r| job_from_row(&r)).transpose()?.ok_or(StoreError::JobNotFound(id))
     }
+}
+
+/// The advisory lock key of [`PostgresStore::claim_sole_use`] ("gpuci" in ASCII, as a number).
+const SOLE_USE_KEY: i64 = 0x6770_7563_69;
+
+/// A database claimed by one coordinator ([`PostgresStore::claim_sole_use`]), until dropped.
+pub struct SoleUse {
+    _conn: sqlx::PgConnection,
 }
 
 /// `url` with its password replaced by `***`, for logs and error messages.
