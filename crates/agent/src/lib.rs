@@ -878,37 +878,27 @@ async fn probe_bubblewrap(slots: Option<&Arc<slots::Slots>>, work_root: &std::pa
     result
 }
 
-/// Takes `<data_dir>/lock` (`flock`, released when the process ends, however it ends), or
-/// says which process holds it.
+/// Locks the data dir itself (`flock` on the directory, released when the process ends,
+/// however it ends; a lock file could be deleted under a running agent) and writes this pid
+/// to `<data_dir>/lock` for the next one to name; or says which process holds it.
 fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
-    use std::io::{Read, Seek, Write};
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = data_dir.join("lock");
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(mut held) => {
-            held.set_len(0)?;
-            held.rewind()?;
-            writeln!(held, "{}", std::process::id())?;
+    let dir = std::fs::File::open(data_dir).with_context(|| format!("opening {}", data_dir.display()))?;
+    let pid_file = data_dir.join("lock");
+    match nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(held) => {
+            std::fs::write(&pid_file, format!("{}\n", std::process::id()))
+                .with_context(|| format!("writing {}", pid_file.display()))?;
             Ok(held)
         }
-        Err((mut f, nix::errno::Errno::EWOULDBLOCK)) => {
-            let mut pid = String::new();
-            let _ = f.read_to_string(&mut pid);
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let pid = std::fs::read_to_string(&pid_file).unwrap_or_default();
             bail!(
                 "another agent (pid {}) uses the data dir {}: each agent needs a data dir of its own (--data-dir)",
-                pid.trim(),
+                if pid.trim().is_empty() { "unknown" } else { pid.trim() },
                 data_dir.display()
             )
         }
-        Err((_, e)) => Err(anyhow::anyhow!("locking {}: {e}", path.display())),
+        Err((_, e)) => Err(anyhow::anyhow!("locking {}: {e}", data_dir.display())),
     }
 }
 

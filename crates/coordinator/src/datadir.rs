@@ -39,33 +39,34 @@ pub enum DataDirError {
     InUse { path: PathBuf, holder: String },
 }
 
-/// Takes `<dir>/lock` (`flock`, released when the process ends, however it ends) for this
-/// coordinator's life, or says which process holds it.
+/// Locks the data dir itself for this coordinator's life (`flock` on the directory, released
+/// when the process ends, however it ends; a lock file could be deleted under a running
+/// coordinator) and writes this pid to `<dir>/lock` for the next one to name; or says which
+/// process holds it.
 pub fn lock(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, DataDirError> {
-    use std::io::{Read, Seek, Write};
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join("lock");
-    let io = |error| DataDirError::Dir { path: path.clone(), error };
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(io)?;
-    match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(mut held) => {
-            held.set_len(0)
-                .and_then(|()| held.rewind())
-                .and_then(|()| writeln!(held, "{}", std::process::id()))
+    let io = |error| DataDirError::Dir { path: dir.to_path_buf(), error };
+    let handle = std::fs::File::open(dir).map_err(io)?;
+    let pid_file = dir.join("lock");
+    match nix::fcntl::Flock::lock(handle, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(held) => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&pid_file)
+                .and_then(|mut f| writeln!(f, "{}", std::process::id()))
                 .map_err(io)?;
             Ok(held)
         }
-        Err((mut f, nix::errno::Errno::EWOULDBLOCK)) => {
-            let mut pid = String::new();
-            let _ = f.read_to_string(&mut pid);
-            Err(DataDirError::InUse { path: dir.to_path_buf(), holder: format!("pid {}", pid.trim()) })
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            let pid = std::fs::read_to_string(&pid_file).unwrap_or_default();
+            Err(DataDirError::InUse {
+                path: dir.to_path_buf(),
+                holder: format!("pid {}", if pid.trim().is_empty() { "unknown" } else { pid.trim() }),
+            })
         }
         Err((_, e)) => Err(io(e.into())),
     }
