@@ -512,6 +512,19 @@ pub enum BenchCommand {
         #[arg(long, default_value = "20GiB", value_parser = parse_job_disk)]
         job_disk: u64,
     },
+    /// The path a user waits on: a separate `gpuci submit --wait` process (pipeline file in a
+    /// small git work tree, uploaded) to the step's first instruction, interleaved with the
+    /// in-process submit → process start and a bare bubblewrap start (the floor), so all three
+    /// see the same machine load.
+    Client {
+        #[arg(long, default_value_t = 200)]
+        jobs: u32,
+        #[arg(long, value_enum, default_value_t = IsolationArg::Auto)]
+        isolation: IsolationArg,
+        /// As for `dispatch`.
+        #[arg(long, default_value = "20GiB", value_parser = parse_job_disk)]
+        job_disk: u64,
+    },
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -164,20 +164,85 @@ pub struct PackedWorkspace {
     archive: tempfile::NamedTempFile,
 }
 
-/// Which directory a pipeline's workspace is made of: `upload` if given, else the git work tree
-/// holding `pipeline_file`, else the file's directory. `None` with `--no-upload`.
-pub fn workspace_root(pipeline_file: &std::path::Path, a: &crate::cli::UploadArgs) -> Option<std::path::PathBuf> {
-    if a.no_upload {
-        return None;
+/// What git says about the directory a pipeline file lies in. Asked once, with the three `git`
+/// processes running at once: each costs a process start, and this is on the path a user
+/// waits on (`gpuci bench client`); asked one after another (five times, as before) they
+/// were a third of it.
+#[derive(Debug, Default)]
+pub struct WorkTree {
+    /// The directory the pipeline file lies in.
+    pub dir: std::path::PathBuf,
+    /// Its git work tree's top, if it is in one.
+    pub top: Option<std::path::PathBuf>,
+    /// The work tree's `origin` URL.
+    pub origin: Option<String>,
+    /// What git lists of the whole work tree (tracked, and untracked but not ignored),
+    /// relative to `top`; asked only when the upload is made of it.
+    files: Option<Vec<u8>>,
+}
+
+impl WorkTree {
+    pub fn probe(pipeline_file: &std::path::Path, list_files: bool) -> WorkTree {
+        let dir = match pipeline_file.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let git = |args: &[&str]| {
+            std::process::Command::new("git")
+                .arg("-C")
+                .arg(&dir)
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .ok()
+        };
+        let top = git(&["rev-parse", "--show-toplevel"]);
+        let origin = git(&["config", "--get", "remote.origin.url"]);
+        let files = list_files
+            .then(|| git(&["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--full-name", "--", ":/"]))
+            .flatten();
+        let output = |c: Option<std::process::Child>| {
+            c.and_then(|c| c.wait_with_output().ok()).filter(|o| o.status.success()).map(|o| o.stdout)
+        };
+        let text = |o: Option<Vec<u8>>| {
+            o.map(|b| String::from_utf8_lossy(&b).trim_end_matches('\n').to_string()).filter(|s| !s.is_empty())
+        };
+        let top = text(output(top)).map(std::path::PathBuf::from);
+        let origin = text(output(origin));
+        let files = output(files).filter(|_| top.is_some());
+        WorkTree { dir, top, origin, files }
     }
-    if let Some(dir) = &a.upload {
-        return Some(dir.clone());
+
+    /// The repository the pipeline belongs to, as caches are keyed: the `origin` URL, else
+    /// the work tree's path; none outside git.
+    pub fn repository(&self) -> Option<String> {
+        self.origin.clone().or_else(|| self.top.as_ref().map(|t| t.display().to_string()))
     }
-    let dir = match pipeline_file.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    Some(git_toplevel(&dir).unwrap_or(dir))
+
+    /// Which directory the workspace is made of, and its files: `upload` if given, else the
+    /// git work tree, else the pipeline file's directory. `None` with `--no-upload`.
+    pub fn upload_root(
+        &self,
+        a: &crate::cli::UploadArgs,
+    ) -> CliResult<Option<(std::path::PathBuf, Vec<std::path::PathBuf>)>> {
+        if a.no_upload {
+            return Ok(None);
+        }
+        if let Some(dir) = &a.upload {
+            let meta =
+                std::fs::metadata(dir).map_err(|e| CliError::Input(format!("cannot upload {}: {e}", dir.display())))?;
+            if !meta.is_dir() {
+                return Err(CliError::Input(format!("cannot upload {}: not a directory", dir.display())));
+            }
+            return Ok(Some((dir.clone(), workspace_files(dir)?)));
+        }
+        match (&self.top, &self.files) {
+            (Some(top), Some(listed)) => Ok(Some((top.clone(), existing_files(top, listed)))),
+            _ => Ok(Some((self.dir.clone(), workspace_files(&self.dir)?))),
+        }
+    }
 }
 
 fn git_toplevel(dir: &std::path::Path) -> Option<std::path::PathBuf> {
@@ -190,6 +255,21 @@ fn git_toplevel(dir: &std::path::Path) -> Option<std::path::PathBuf> {
         .ok()?;
     let top = String::from_utf8(out.stdout).ok()?;
     (out.status.success() && !top.trim().is_empty()).then(|| std::path::PathBuf::from(top.trim_end_matches('\n')))
+}
+
+/// The files of `git ls-files -z` output (relative to `root`) that are there to upload:
+/// deleted but still in the index, or a submodule (a directory), is not.
+fn existing_files(root: &std::path::Path, listed: &[u8]) -> Vec<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut files: Vec<std::path::PathBuf> = listed
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|name| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(name)))
+        .filter(|rel| std::fs::symlink_metadata(root.join(rel)).is_ok_and(|m| !m.is_dir()))
+        .collect();
+    files.sort();
+    files.dedup();
+    files
 }
 
 /// The files under `root` to upload, relative to it: what git lists (tracked, and untracked but
@@ -210,19 +290,7 @@ fn workspace_files(root: &std::path::Path) -> CliResult<Vec<std::path::PathBuf>>
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
-        let mut files: Vec<PathBuf> = Vec::new();
-        for name in out.stdout.split(|b| *b == 0).filter(|n| !n.is_empty()) {
-            use std::os::unix::ffi::OsStrExt;
-            let rel = PathBuf::from(std::ffi::OsStr::from_bytes(name));
-            // Deleted but still in the index, or a submodule (a directory): not uploaded.
-            match std::fs::symlink_metadata(root.join(&rel)) {
-                Ok(m) if !m.is_dir() => files.push(rel),
-                _ => {}
-            }
-        }
-        files.sort();
-        files.dedup();
-        return Ok(files);
+        return Ok(existing_files(root, &out.stdout));
     }
     let mut files = Vec::new();
     let mut stack = vec![PathBuf::new()];
@@ -248,19 +316,13 @@ fn workspace_files(root: &std::path::Path) -> CliResult<Vec<std::path::PathBuf>>
 
 /// Pack the files of `root` into a gzip'ed tar, modes kept (executable or not), owners and times
 /// not: the same files make the same archive, and so the same upload id.
-pub fn pack_workspace(root: &std::path::Path) -> CliResult<PackedWorkspace> {
-    let meta =
-        std::fs::metadata(root).map_err(|e| CliError::Input(format!("cannot upload {}: {e}", root.display())))?;
-    if !meta.is_dir() {
-        return Err(CliError::Input(format!("cannot upload {}: not a directory", root.display())));
-    }
-    let files = workspace_files(root)?;
+pub fn pack_workspace(root: &std::path::Path, files: &[std::path::PathBuf]) -> CliResult<PackedWorkspace> {
     let archive = tempfile::Builder::new().prefix("gpuci-upload-").suffix(".tar.gz").tempfile()?;
     let gz = flate2::write::GzEncoder::new(std::io::BufWriter::new(archive.reopen()?), flate2::Compression::default());
     let mut tar = tar::Builder::new(gz);
     tar.mode(tar::HeaderMode::Deterministic);
     tar.follow_symlinks(false);
-    for rel in &files {
+    for rel in files {
         tar.append_path_with_name(root.join(rel), rel)
             .with_context(|| format!("packing {}", root.join(rel).display()))?;
     }
@@ -300,8 +362,6 @@ impl Client {
         Ok(Self::check(resp).await?.json().await?)
     }
 
-    /// Pack and upload the workspace of `pipeline_file` (see [`workspace_root`]), telling on
-    /// stderr what goes up. `None` with `--no-upload`.
     /// Upload the pipeline's work tree (unless told not to) and submit the pipeline with it.
     pub async fn submit_file(
         &self,
@@ -309,24 +369,26 @@ impl Client {
         source: String,
         upload: &crate::cli::UploadArgs,
     ) -> CliResult<PipelineSummary> {
-        let workspace_upload = self.upload_workspace(file, upload).await?;
+        let (f, list_files) = (file.to_path_buf(), !upload.no_upload && upload.upload.is_none());
+        let tree = tokio::task::spawn_blocking(move || WorkTree::probe(&f, list_files))
+            .await
+            .map_err(|e| CliError::Other(anyhow::anyhow!("asking git about {}: {e}", file.display())))?;
+        let workspace_upload = self.upload_workspace(&tree, upload).await?;
         self.submit(&SubmitPipeline {
             file_name: file.display().to_string(),
             source,
             env: Default::default(),
             workspace_upload,
-            repository: repository_of(file),
+            repository: tree.repository(),
         })
         .await
     }
 
-    pub async fn upload_workspace(
-        &self,
-        pipeline_file: &std::path::Path,
-        a: &crate::cli::UploadArgs,
-    ) -> CliResult<Option<String>> {
-        let Some(root) = workspace_root(pipeline_file, a) else { return Ok(None) };
-        let packed = tokio::task::spawn_blocking(move || pack_workspace(&root))
+    /// Pack and upload the workspace ([`WorkTree::upload_root`]), telling on stderr what goes
+    /// up. `None` with `--no-upload`.
+    pub async fn upload_workspace(&self, tree: &WorkTree, a: &crate::cli::UploadArgs) -> CliResult<Option<String>> {
+        let Some((root, files)) = tree.upload_root(a)? else { return Ok(None) };
+        let packed = tokio::task::spawn_blocking(move || pack_workspace(&root, &files))
             .await
             .map_err(|e| CliError::Other(anyhow::anyhow!("packing the workspace: {e}")))??;
         eprintln!(
@@ -337,23 +399,4 @@ impl Client {
         );
         Ok(Some(self.upload(&packed).await?.id))
     }
-}
-
-/// The repository a pipeline file belongs to, as caches are keyed: its git `origin` URL, else
-/// the work tree's path; none outside git.
-pub fn repository_of(file: &std::path::Path) -> Option<String> {
-    let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-            .filter(|s| !s.is_empty())
-    };
-    git(&["config", "--get", "remote.origin.url"]).or_else(|| git(&["rev-parse", "--show-toplevel"]))
 }

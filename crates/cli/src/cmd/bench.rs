@@ -1,6 +1,7 @@
 //! `gpuci bench dispatch`: how fast a submitted job's process starts on a warm agent, and how
-//! many trivial jobs per second the coordinator and one agent sustain. The coordinator uses
-//! a real SQLite file (WAL, synchronous=FULL) as in production.
+//! many trivial jobs per second the coordinator and one agent sustain. `gpuci bench client`:
+//! the same seen from a user's `gpuci submit --wait` process, beside the bare-bubblewrap
+//! floor. The coordinator uses a real SQLite file (WAL, synchronous=FULL) as in production.
 
 use super::local;
 use crate::cli::{BenchArgs, BenchCommand, IsolationArg, LocalAgentArgs};
@@ -17,78 +18,120 @@ fn now_us() -> i64 {
 pub async fn run(a: BenchArgs) -> CliResult {
     match a.command {
         BenchCommand::Dispatch { jobs, slots, isolation, job_disk } => dispatch(jobs, slots, isolation, job_disk).await,
+        BenchCommand::Client { jobs, isolation, job_disk } => client(jobs, isolation, job_disk).await,
     }
 }
 
-async fn dispatch(n: u32, slots: u32, isolation: IsolationArg, job_disk: u64) -> CliResult {
-    let dir = tempfile::Builder::new().prefix("gpuci-bench-").tempdir()?;
-    let shutdown = CancellationToken::new();
-    let agent = LocalAgentArgs {
-        simulate_gpus: None,
-        slots,
-        tags: Vec::new(),
-        isolation,
-        max_log_bytes: gpuci_agent::DEFAULT_MAX_LOG_BYTES,
-        min_free_disk: gpuci_agent::DEFAULT_MIN_FREE_DISK,
-        jobs: crate::cli::JobArgs { job_pids: gpuci_agent::DEFAULT_JOB_PIDS, job_disk, ..Default::default() },
-    };
-    let db = Database::Sqlite(dir.path().join("gpuci.db"));
-    let local = local::start(
-        dir.path(),
-        "127.0.0.1:0".parse().expect("literal"),
-        db,
-        &agent,
-        Timing::default(),
-        shutdown.clone(),
-    )
-    .await?;
-    let c = Client::new(&local.server.url, local.server.api_token.expose())?;
-    local::wait_for_agent(&c).await?;
+/// A coordinator (SQLite file) and one warm local agent, in this process.
+struct Bench {
+    dir: tempfile::TempDir,
+    shutdown: CancellationToken,
+    local: local::Local,
+    client: Client,
+}
 
-    // Latency: one job at a time; the job prints bash's $EPOCHREALTIME as its first act.
-    let source = "steps:\n  - key: t\n    command: echo $EPOCHREALTIME\n";
-    let mut hist = hdrhistogram::Histogram::<u64>::new(3).map_err(anyhow::Error::from)?;
-    eprintln!("latency: {n} sequential jobs (isolation {isolation:?})");
-    for i in 0..n + 20 {
-        let t0 = now_us();
-        let p = c
-            .submit(&SubmitPipeline {
-                file_name: "bench.yml".into(),
-                source: source.into(),
-                env: Default::default(),
-                workspace_upload: None,
-                repository: None,
-            })
-            .await?;
-        let mut started: Option<i64> = None;
-        let mut done = false;
-        c.stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
-            match ev {
-                WatchEvent::Log { line, .. } if started.is_none() => {
-                    if let Ok(secs) = line.text.trim().parse::<f64>() {
-                        started = Some((secs * 1e6) as i64);
-                    }
-                }
-                WatchEvent::Done { .. } => done = true,
-                _ => {}
-            }
-            !done
+impl Bench {
+    async fn start(slots: u32, isolation: IsolationArg, job_disk: u64) -> CliResult<Bench> {
+        let dir = tempfile::Builder::new().prefix("gpuci-bench-").tempdir()?;
+        let shutdown = CancellationToken::new();
+        let agent = LocalAgentArgs {
+            simulate_gpus: None,
+            slots,
+            tags: Vec::new(),
+            isolation,
+            max_log_bytes: gpuci_agent::DEFAULT_MAX_LOG_BYTES,
+            min_free_disk: gpuci_agent::DEFAULT_MIN_FREE_DISK,
+            jobs: crate::cli::JobArgs { job_pids: gpuci_agent::DEFAULT_JOB_PIDS, job_disk, ..Default::default() },
+        };
+        let db = Database::Sqlite(dir.path().join("gpuci.db"));
+        let local = local::start(
+            dir.path(),
+            "127.0.0.1:0".parse().expect("literal"),
+            db,
+            &agent,
+            Timing::default(),
+            shutdown.clone(),
+        )
+        .await?;
+        let client = Client::new(&local.server.url, local.server.api_token.expose())?;
+        local::wait_for_agent(&client).await?;
+        Ok(Bench { dir, shutdown, local, client })
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.local.agent.await;
+        let _ = self.local.server.task.await;
+        drop(self.dir);
+    }
+}
+
+/// The one-step pipeline every latency sample runs: its first act prints bash's
+/// `$EPOCHREALTIME` (a builtin, no extra process).
+const PROBE: &str = "steps:\n  - key: t\n    command: echo $EPOCHREALTIME\n";
+
+/// The job's first-instruction time (µs since the epoch), from a line of its output.
+fn first_instruction(text: &str) -> Option<i64> {
+    text.trim().parse::<f64>().ok().filter(|s| *s > 1e9).map(|s| (s * 1e6) as i64)
+}
+
+/// Submit [`PROBE`] through the API from this process and wait for it: microseconds from
+/// just before the submit to the job's first instruction.
+async fn dispatch_once(c: &Client) -> CliResult<Option<i64>> {
+    let t0 = now_us();
+    let p = c
+        .submit(&SubmitPipeline {
+            file_name: "bench.yml".into(),
+            source: PROBE.into(),
+            env: Default::default(),
+            workspace_upload: None,
+            repository: None,
         })
         .await?;
-        // The first 20 warm the agent and the page cache; they are not counted.
-        if let (Some(s), true) = (started, i >= 20) {
-            hist.record((s - t0).max(0) as u64).map_err(anyhow::Error::from)?;
+    let mut started: Option<i64> = None;
+    let mut done = false;
+    c.stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
+        match ev {
+            WatchEvent::Log { line, .. } if started.is_none() => started = first_instruction(&line.text),
+            WatchEvent::Done { .. } => done = true,
+            _ => {}
         }
-    }
-    let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
-    println!(
-        "submit → process start ({} jobs): p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-        hist.len(),
+        !done
+    })
+    .await?;
+    Ok(started.map(|s| (s - t0).max(0)))
+}
+
+fn histogram() -> CliResult<hdrhistogram::Histogram<u64>> {
+    Ok(hdrhistogram::Histogram::<u64>::new(3).map_err(anyhow::Error::from)?)
+}
+
+fn summary(what: &str, h: &hdrhistogram::Histogram<u64>) -> String {
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    format!(
+        "{what} ({} runs): p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        h.len(),
         ms(0.5),
         ms(0.9),
         ms(0.99),
-        hist.max() as f64 / 1000.0
-    );
+        h.max() as f64 / 1000.0
+    )
+}
+
+async fn dispatch(n: u32, slots: u32, isolation: IsolationArg, job_disk: u64) -> CliResult {
+    let bench = Bench::start(slots, isolation, job_disk).await?;
+    let c = &bench.client;
+    // Latency: one job at a time.
+    let mut hist = histogram()?;
+    eprintln!("latency: {n} sequential jobs (isolation {isolation:?})");
+    for i in 0..n + 20 {
+        let took = dispatch_once(c).await?;
+        // The first 20 warm the agent and the page cache; they are not counted.
+        if let (Some(us), true) = (took, i >= 20) {
+            hist.record(us as u64).map_err(anyhow::Error::from)?;
+        }
+    }
+    println!("{}", summary("submit → process start", &hist));
 
     // Throughput: one pipeline of n independent trivial steps, `slots` at a time.
     let mut yaml = String::from("steps:\n");
@@ -119,8 +162,129 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg, job_disk: u64) ->
         "throughput: {n} trivial jobs in {secs:.2} s = {:.0} jobs/s with {slots} slots ({state})",
         f64::from(n) / secs
     );
-    shutdown.cancel();
-    let _ = local.agent.await;
-    let _ = local.server.task.await;
+    bench.stop().await;
     Ok(0)
+}
+
+/// Interleaved rounds of: a `gpuci submit --wait` process (this binary) from a small git work
+/// tree, to the step's first instruction; the same submitted from this process; a bare
+/// bubblewrap start with a job's namespaces (the floor gpuci's sandbox is held to).
+async fn client(n: u32, isolation: IsolationArg, job_disk: u64) -> CliResult {
+    let bench = Bench::start(1, isolation, job_disk).await?;
+    let exe = std::env::current_exe()?;
+    let tree = tempfile::Builder::new().prefix("gpuci-bench-tree-").tempdir()?;
+    let file = tree.path().join("bench.gpuci.yml");
+    std::fs::write(&file, PROBE)?;
+    std::fs::write(tree.path().join("README.md"), "a small work tree, as a user's would be\n")?;
+    let git = std::process::Command::new("git").arg("-C").arg(tree.path()).args(["init", "-q"]).status();
+    let in_git = git.is_ok_and(|s| s.success());
+    let floor = BareBwrap::find(isolation);
+    eprintln!(
+        "{n} rounds (+10 not counted), isolation {isolation:?}; client from {} ({}); bare bwrap floor: {}",
+        tree.path().display(),
+        if in_git { "a git work tree" } else { "no git: a plain directory" },
+        floor.as_ref().map_or("not measured (no bubblewrap)".to_string(), BareBwrap::describe)
+    );
+    let (mut from_client, mut from_api, mut bare) = (histogram()?, histogram()?, histogram()?);
+    let token = bench.local.server.api_token.expose().to_string();
+    for i in 0..n + 10 {
+        let counted = i >= 10;
+        let t0 = now_us();
+        let mut child = tokio::process::Command::new(&exe)
+            .arg("submit")
+            .arg(&file)
+            .args(["--wait", "--json", "--server", &bench.local.server.url])
+            .env("GPUCI_TOKEN", &token)
+            .current_dir(tree.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+        let mut started = None;
+        while let Some(line) = lines.next_line().await? {
+            if let (None, Ok(WatchEvent::Log { line, .. })) = (started, serde_json::from_str::<WatchEvent>(&line)) {
+                started = first_instruction(&line.text);
+            }
+        }
+        let status = child.wait().await?;
+        match started {
+            Some(s) if counted => from_client.record((s - t0).max(0) as u64).map_err(anyhow::Error::from)?,
+            Some(_) => {}
+            None => return Err(anyhow::anyhow!("gpuci submit --wait ({status}) printed no start time").into()),
+        }
+        if let (Some(us), true) = (dispatch_once(&bench.client).await?, counted) {
+            from_api.record(us as u64).map_err(anyhow::Error::from)?;
+        }
+        if let Some(f) = &floor {
+            let us = f.run().await?;
+            if counted {
+                bare.record(us).map_err(anyhow::Error::from)?;
+            }
+        }
+    }
+    println!("{}", summary("client: gpuci submit --wait → first instruction", &from_client));
+    println!("{}", summary("in-process submit → first instruction", &from_api));
+    if !bare.is_empty() {
+        println!("{}", summary("bare bwrap floor (same namespaces, `true`)", &bare));
+        let p50 = |h: &hdrhistogram::Histogram<u64>| h.value_at_quantile(0.5) as f64;
+        println!("in-process dispatch p50 / bare bwrap p50: {:.2}×", p50(&from_api) / p50(&bare).max(1.0));
+    }
+    bench.stop().await;
+    Ok(0)
+}
+
+/// A bare bubblewrap start with the namespaces a job gets (user, as an unprivileged uid when
+/// run as root; pid, ipc, uts, net, cgroup), `/usr` read-only and fresh `/proc`, `/dev`,
+/// `/tmp`, running `true`: what any bubblewrap sandbox costs at the least.
+struct BareBwrap {
+    bwrap: std::path::PathBuf,
+    /// Run as this uid (when this process is root), as gpuci runs its jobs.
+    uid: Option<u32>,
+}
+
+impl BareBwrap {
+    /// An unprivileged uid outside the usual ranges, used only for the floor's runs.
+    const UID: u32 = 1_500_000_250;
+
+    fn find(isolation: IsolationArg) -> Option<BareBwrap> {
+        if isolation == IsolationArg::None {
+            return None;
+        }
+        let bwrap = ["/usr/bin/bwrap", "/bin/bwrap", "/usr/local/bin/bwrap"]
+            .iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.exists())?;
+        Some(BareBwrap { bwrap, uid: nix::unistd::geteuid().is_root().then_some(Self::UID) })
+    }
+
+    fn describe(&self) -> String {
+        match self.uid {
+            Some(u) => format!("{} as uid {u}", self.bwrap.display()),
+            None => format!("{} as this user", self.bwrap.display()),
+        }
+    }
+
+    async fn run(&self) -> CliResult<u64> {
+        let mut cmd = tokio::process::Command::new(&self.bwrap);
+        cmd.args(["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"])
+            .args(["--unshare-cgroup-try", "--ro-bind", "/usr", "/usr"])
+            .args(["--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"])
+            .args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--die-with-parent", "--new-session"])
+            .args(["--cap-drop", "ALL", "true"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        if let Some(uid) = self.uid {
+            // std drops root's supplementary groups when it sets a uid as root.
+            cmd.uid(uid).gid(uid);
+        }
+        let t0 = std::time::Instant::now();
+        let status = cmd.status().await?;
+        if !status.success() {
+            return Err(anyhow::anyhow!("bare bwrap failed ({status})").into());
+        }
+        Ok(t0.elapsed().as_micros() as u64)
+    }
 }
