@@ -513,7 +513,7 @@ pub enum BenchCommand {
         job_disk: u64,
     },
     /// The path a user waits on: a separate `gpuci submit --wait` process (pipeline file in a
-    /// small git work tree, uploaded) to the step's first instruction, interleaved with the
+    /// small git work tree, a file changed each round, uploaded) to the step's first instruction, interleaved with the
     /// in-process submit → process start and a bare bubblewrap start (the floor), so all three
     /// see the same machine load.
     Client {

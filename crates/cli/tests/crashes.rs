@@ -320,3 +320,35 @@ fn a_stalled_coordinator_does_not_declare_its_healthy_agents_lost() {
     assert_eq!(p.jobs[0].state, JobState::Succeeded, "{:?}", p.jobs[0]);
     assert!(api.log_text(id).contains("survived-the-stall"));
 }
+
+/// Regression (outsider attack): a job ended in the store by another writer (a second
+/// coordinator on the database, an operator) while its agent ran it. Its result could never be
+/// recorded; the coordinator closed the agent's connection to have it sent again, for ever
+/// (seven reconnects a second), and the agent's later events were stuck behind it. The stored
+/// end stands and the result is acknowledged; the agent's next job runs and is recorded.
+#[test]
+fn a_result_for_a_job_already_ended_in_the_store_is_acknowledged_not_refused_for_ever() {
+    let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
+    let p = api.submit("steps:\n  - key: a\n    command: sleep 2; echo first\n");
+    let id = p.jobs[0].id;
+    api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+    let db = server.data_dir.join("gpuci.db");
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).busy_timeout(Duration::from_secs(10));
+        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.unwrap();
+        sqlx::query(
+            "UPDATE jobs SET state = 'cancelled', reason = 'ended by an operator', finished_at_ms = 1 WHERE id = ?",
+        )
+        .bind(id)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    });
+    std::thread::sleep(Duration::from_secs(3)); // the job ends on the agent; its result is sent
+    let q = api.submit("steps:\n  - key: b\n    command: echo second\n");
+    let done = api.wait_pipeline(q.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{:?}", done.jobs[0]);
+    let first = api.pipeline(p.id).jobs[0].clone();
+    assert_eq!((first.state, first.reason.as_str()), (JobState::Cancelled, "ended by an operator"));
+    assert_eq!(api.agents()[0].state, "connected");
+}

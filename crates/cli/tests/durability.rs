@@ -338,10 +338,12 @@ fn a_used_data_dir_pointed_at_an_empty_postgres_database_is_refused() {
     fresh.kill9();
 }
 
-/// Regression (outsider attack): a second coordinator started on the first one's database
+/// Regression (outsider attacks): a second coordinator started on the first one's database
 /// (its own data dir) ran, took the first one's agents for gone ones and ended their jobs
-/// `lost`. Coordinators cannot share a database yet: the second is refused, and starts once
-/// the first is gone (a killed coordinator's claim goes with its connection).
+/// `lost`; and once the claim was made an advisory lock, a Postgres restart dropped it
+/// silently and a second one ran again. Coordinators cannot share a database yet: the second
+/// is refused, after a Postgres restart too, and the first, killed and restarted, takes its
+/// database back at once.
 #[test]
 fn a_second_coordinator_on_the_same_postgres_database_is_refused() {
     let Some(pg) = pg::PgServer::start() else { return };
@@ -352,11 +354,15 @@ fn a_second_coordinator_on_the_same_postgres_database_is_refused() {
     let mut first = Server::start_on(&dir.path().join("first"), "127.0.0.1:0", args.clone());
     let (code, err) = refused(&dir.path().join("second"), &["--database", &url]);
     assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("another gpuci coordinator uses it") && err.contains("first"), "{err}");
+    pg.crash_and_restart();
+    let (code, err) = refused(&dir.path().join("second"), &["--database", &url]);
+    assert_eq!(code, Some(1), "after a Postgres restart: {err}");
     assert!(err.contains("another gpuci coordinator uses it"), "{err}");
     assert!(first.api().agents().is_empty(), "the first coordinator still answers");
     first.kill9();
-    let mut second = Server::start_on(&dir.path().join("second"), "127.0.0.1:0", args);
-    second.kill9();
+    let mut again = Server::start_on(&dir.path().join("first"), "127.0.0.1:0", args);
+    again.kill9();
 }
 
 /// Two coordinators on one data dir (one database file) are refused the same way.

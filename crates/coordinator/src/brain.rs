@@ -823,6 +823,7 @@ impl Brain {
                 self.publish(&rec);
                 Ok(())
             }
+            Err(e) if self.ended_in_store(id, &e).await => Ok(()),
             Err(e) => {
                 tracing::error!(job = id, error = %e, "could not record job start; the agent will send it again");
                 Err(format!("recording the start of job {id}: {e}"))
@@ -899,10 +900,31 @@ impl Brain {
         }
         match self.finish(&job, state, reason, exit_code, f.telemetry, quarantine).await {
             Ok(_) => Ok(()),
+            Err(BrainError::Store(e)) if self.ended_in_store(id, &e).await => Ok(()),
             Err(e) => {
                 tracing::error!(job = id, error = %e, "could not record job result; the agent will send it again");
                 Err(format!("recording the result of job {id}: {e}"))
             }
+        }
+    }
+
+    /// Whether `e` says the stored job has already ended (an operator's or another process's
+    /// write this coordinator did not make): then the stored end stands, memory follows it,
+    /// and the agent's event is acknowledged. Sending it again could never succeed: refusing
+    /// it kept the agent reconnecting for ever, its later events stuck behind it (outsider
+    /// attack).
+    async fn ended_in_store(&mut self, id: JobId, e: &StoreError) -> bool {
+        let StoreError::Conflict { found, .. } = e else { return false };
+        if !found.is_terminal() {
+            return false;
+        }
+        match self.store.get_job(id).await {
+            Ok(Some(stored)) => {
+                tracing::warn!(job = id, state = %stored.state, reason = %stored.reason, "the job had already ended in the store; its agent's event is not applied");
+                self.publish(&stored);
+                true
+            }
+            _ => false,
         }
     }
 

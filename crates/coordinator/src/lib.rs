@@ -239,7 +239,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     datadir::prepare(&config.data_dir, config.agent_inside)?;
     // One coordinator per data dir (and, below, per Postgres database), held for its life.
     let data_dir_lock = datadir::lock(&config.data_dir)?;
-    let mut held_for_life: Vec<Box<dyn std::any::Any + Send>> = vec![Box::new(data_dir_lock)];
+    // A Postgres database's claim, renewed while this coordinator runs.
+    let mut sole_use: Option<(PostgresStore, String, String)> = None;
     let mut must_be_gpuci = false;
     if let Database::Sqlite(db) = &config.database {
         // Before anything new is written: the tokens made below would hide that this dir
@@ -274,17 +275,6 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             }
         }
         Database::Postgres(url) => {
-            match PostgresStore::claim_sole_use(url).await {
-                Ok(Some(claim)) => held_for_life.push(Box::new(claim)),
-                Ok(None) => anyhow::bail!(
-                    "database {}: another gpuci coordinator uses it. Coordinators cannot share a database yet: \
-                     each would take the other's agents for gone ones and end their jobs `lost`",
-                    gpuci_store::redact_url(url)
-                ),
-                Err(e) => {
-                    return Err(e).with_context(|| format!("connecting to database {}", gpuci_store::redact_url(url)))
-                }
-            }
             // As with SQLite: a data dir that ran before (its tokens, its uploads) pointed at
             // a database without gpuci's tables is the wrong database, not a first start.
             let used = datadir::signs_of_use(&config.data_dir);
@@ -294,7 +284,27 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 PostgresStore::connect_existing(url).await
             };
             match connected {
-                Ok(s) => Arc::new(s),
+                Ok(s) => {
+                    let holder = sole_use_holder(&config.data_dir);
+                    let process = format!("pid {} ({})", std::process::id(), uuid::Uuid::new_v4());
+                    let claim = s.claim_sole_use(&holder, &process, SOLE_USE_LEASE).await.with_context(|| {
+                        format!("claiming database {} for this coordinator", gpuci_store::redact_url(url))
+                    })?;
+                    if let Err(held) = claim {
+                        anyhow::bail!(
+                            "database {}: another gpuci coordinator uses it ({}, {}; renewed {:.0}s ago). Coordinators \
+                             cannot share a database yet: each would take the other's agents for gone ones and end \
+                             their jobs `lost`. A coordinator that is gone gives it up {}s after its last renewal",
+                            gpuci_store::redact_url(url),
+                            held.holder,
+                            held.process,
+                            held.renewed_secs_ago,
+                            SOLE_USE_LEASE.as_secs()
+                        );
+                    }
+                    sole_use = Some((s.clone(), holder, process));
+                    Arc::new(s)
+                }
                 Err(e @ gpuci_store::StoreError::NotGpuci(_)) => anyhow::bail!(
                     "database {}: {e}, but this data dir was used before (found {}): starting would make it a new, \
                  empty gpuci database and every agent would have to register again. Point --database at the \
@@ -363,6 +373,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let app = router(st);
     let brain_task = tokio::spawn(brain.run(rx, shutdown.clone()));
     let sd = shutdown.clone();
+    let shutdown_on_loss = shutdown.clone();
     let task = tokio::spawn(async move {
         // No Nagle: an assignment is one small frame that must leave now, not after the
         // peer's delayed ACK (40 ms on Linux).
@@ -370,11 +381,65 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         let listener = listener.tap_io(|tcp| {
             let _ = tcp.set_nodelay(true);
         });
-        axum::serve(listener, app).with_graceful_shutdown(async move { sd.cancelled().await }).await?;
+        let served = axum::serve(listener, app).with_graceful_shutdown(async move { sd.cancelled().await });
+        let result = tokio::select! {
+            r = served => r.map_err(anyhow::Error::from),
+            lost = keep_sole_use(sole_use) => {
+                tracing::error!(error = %lost, "stopping");
+                shutdown_on_loss.cancel();
+                Err(lost)
+            }
+        };
         let _ = brain_task.await;
-        drop(held_for_life);
-        Ok(())
+        drop(data_dir_lock);
+        result
     });
     tracing::info!(%addr, "coordinator listening");
     Ok(Running { addr, url: format!("http://{addr}"), api_token, registration_token, task })
+}
+
+/// How long a coordinator's claim on a Postgres database lasts without renewal; renewed every
+/// [`SOLE_USE_RENEW`].
+pub const SOLE_USE_LEASE: std::time::Duration = std::time::Duration::from_secs(15);
+const SOLE_USE_RENEW: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Who claims a database: this host and data dir (the same coordinator restarted takes its
+/// claim back at once; its data dir lock shows the earlier run is gone).
+fn sole_use_holder(data_dir: &std::path::Path) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let dir = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    format!("{}:{}", host.trim(), dir.display())
+}
+
+/// Renews the claim on a Postgres database (none: nothing to do, never returns) and returns
+/// only when it is lost: it lapsed (this coordinator did not renew it for [`SOLE_USE_LEASE`])
+/// and another coordinator took it. A database that cannot be reached is retried: nothing is
+/// written meanwhile, by this coordinator or any other.
+async fn keep_sole_use(claim: Option<(PostgresStore, String, String)>) -> anyhow::Error {
+    let Some((store, holder, process)) = claim else { return std::future::pending().await };
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(SOLE_USE_RENEW).await;
+        match store.renew_sole_use(&holder, &process).await {
+            Ok(true) => {
+                if failing {
+                    tracing::info!("the claim on the database is renewed again");
+                }
+                failing = false;
+            }
+            Ok(false) => {
+                return anyhow::anyhow!(
+                    "another coordinator took over this coordinator's database after its claim lapsed \
+                     (not renewed for {}s): two coordinators must never run on one database",
+                    SOLE_USE_LEASE.as_secs()
+                )
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "could not renew the claim on the database; retrying");
+                }
+                failing = true;
+            }
+        }
+    }
 }

@@ -149,11 +149,13 @@ pub async fn create_upload(
     if head != [0x1f, 0x8b] {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "the upload is not gzip data (expected a .tar.gz)"));
     }
-    file.sync_all().await.map_err(|e| server_error("syncing an upload", e))?;
-    drop(file);
     let id = hex::encode(hasher.finalize());
     let path = dir.join(format!("{id}.tar.gz"));
     if !path.is_file() {
+        // Synced before it gets its name: a pipeline that names it is committed after this.
+        // (The same content stored already was synced then; it is not synced again.)
+        file.sync_all().await.map_err(|e| server_error("syncing an upload", e))?;
+        drop(file);
         tokio::fs::rename(&tmp, &path).await.map_err(|e| server_error("storing an upload", e))?;
         sync_dir(dir).await;
         tracing::info!(upload = %id, bytes, "upload stored");

@@ -21,7 +21,7 @@ mod rows;
 mod sealing;
 mod sqlite;
 
-pub use postgres::{redact_url, PostgresStore, SoleUse};
+pub use postgres::{redact_url, PostgresStore, SoleUseHeld};
 pub use records::*;
 pub use sealing::{seal_plaintext_secrets, sealed_with, SealError, SecretsAtRest, SecretsKey, KEY_LEN};
 pub use sqlite::SqliteStore;

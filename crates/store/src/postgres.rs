@@ -66,18 +66,60 @@ impl PostgresStore {
         Ok(Self { pool })
     }
 
-    /// Claim this database for one coordinator: a session advisory lock, held on a connection
-    /// of its own until the returned guard is dropped (or this process dies, which closes the
-    /// connection). `None`: another holds it. The store is safe under concurrent writers, but a
-    /// coordinator keeps its agents' links in memory, and two on one database each declared
-    /// the other's agents lost; until coordinators share agents, there is one per database.
-    pub async fn claim_sole_use(url: &str) -> Result<Option<SoleUse>> {
-        use sqlx::Connection;
-        let opts = PgConnectOptions::from_str(url)?.application_name("gpuci coordinator lock");
-        let mut conn = sqlx::PgConnection::connect_with(&opts).await?;
-        let held: bool =
-            sqlx::query_scalar("SELECT pg_try_advisory_lock($1)").bind(SOLE_USE_KEY).fetch_one(&mut conn).await?;
-        Ok(held.then_some(SoleUse { _conn: conn }))
+    /// Claim this database for one coordinator, as `holder` (its host and data dir) in
+    /// `process` (this run). The store is safe under concurrent writers, but a coordinator
+    /// keeps its agents' links in memory, and two on one database each declared the other's
+    /// agents lost; until coordinators share agents, there is one per database. A claim is a
+    /// row renewed every few seconds ([`renew_sole_use`](Self::renew_sole_use)); it passes to
+    /// another holder only once it is older than `lease`, and at once to the same holder (the
+    /// same coordinator restarted: its data dir lock shows the old run is gone). A row, not
+    /// an advisory lock: that lived on one connection, and a Postgres restart or a dropped
+    /// connection gave it up silently while the coordinator ran on (outsider attack).
+    /// `Err(SoleUseHeld)`: another holds it.
+    pub async fn claim_sole_use(
+        &self,
+        holder: &str,
+        process: &str,
+        lease: Duration,
+    ) -> Result<std::result::Result<(), SoleUseHeld>> {
+        let claimed: Option<String> = sqlx::query_scalar(
+            "INSERT INTO coordinator_lease (id, holder, process, renewed_at) VALUES (1, $1, $2, now()) \
+             ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, process = EXCLUDED.process, renewed_at = now() \
+             WHERE coordinator_lease.holder = EXCLUDED.holder \
+                OR coordinator_lease.renewed_at < now() - make_interval(secs => $3) \
+             RETURNING holder",
+        )
+        .bind(holder)
+        .bind(process)
+        .bind(lease.as_secs_f64())
+        .fetch_optional(&self.pool)
+        .await?;
+        if claimed.is_some() {
+            return Ok(Ok(()));
+        }
+        let row = sqlx::query(
+            "SELECT holder, process, EXTRACT(EPOCH FROM now() - renewed_at)::float8 AS age FROM coordinator_lease WHERE id = 1",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Err(SoleUseHeld {
+            holder: row.try_get("holder")?,
+            process: row.try_get("process")?,
+            renewed_secs_ago: row.try_get::<f64, _>("age")?.max(0.0),
+        }))
+    }
+
+    /// Renew this process's claim. `false`: it is no longer this process's (it lapsed and
+    /// another took it): the coordinator must stop.
+    pub async fn renew_sole_use(&self, holder: &str, process: &str) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE coordinator_lease SET renewed_at = now() WHERE id = 1 AND holder = $1 AND process = $2",
+        )
+        .bind(holder)
+        .bind(process)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn job_in<'e, E: sqlx::PgExecutor<'e>>(exec: E, id: JobId) -> Result<Option<JobRecord>> {
@@ -98,12 +140,12 @@ impl PostgresStore {
     }
 }
 
-/// The advisory lock key of [`PostgresStore::claim_sole_use`] ("gpuci" in ASCII, as a number).
-const SOLE_USE_KEY: i64 = 0x6770_7563_69;
-
-/// A database claimed by one coordinator ([`PostgresStore::claim_sole_use`]), until dropped.
-pub struct SoleUse {
-    _conn: sqlx::PgConnection,
+/// Who holds the database ([`PostgresStore::claim_sole_use`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SoleUseHeld {
+    pub holder: String,
+    pub process: String,
+    pub renewed_secs_ago: f64,
 }
 
 /// `url` with its password replaced by `***`, for logs and error messages.

@@ -522,3 +522,30 @@ async fn sqlite_file_keeps_no_plaintext_after_sealing_and_is_private() {
         assert_eq!(mode, 0o600, "{}: mode {mode:o}", f.display());
     }
 }
+
+/// One coordinator per Postgres database: a claim another holds is refused with who holds it;
+/// the same holder (a restarted coordinator) takes it back at once, and the run it replaced
+/// can no longer renew; a claim left unrenewed past its lease passes to another holder.
+#[tokio::test]
+async fn postgres_sole_use_claims_pass_only_when_lapsed_or_to_the_same_holder() {
+    let Some(server) = pg::PgServer::start() else { return };
+    let url = server.create_database("sole").await;
+    let (a, b) = (PostgresStore::connect(&url).await.unwrap(), PostgresStore::connect(&url).await.unwrap());
+    let lease = std::time::Duration::from_secs(15);
+    a.claim_sole_use("host:/a", "run 1", lease).await.unwrap().expect("first claim");
+    let held = b.claim_sole_use("host:/b", "run 1", lease).await.unwrap().expect_err("held by a");
+    assert_eq!((held.holder.as_str(), held.process.as_str()), ("host:/a", "run 1"));
+    assert!(held.renewed_secs_ago < 15.0, "{held:?}");
+    assert!(a.renew_sole_use("host:/a", "run 1").await.unwrap());
+    // /a restarted: its new run takes the claim; the old run's renewals fail.
+    a.claim_sole_use("host:/a", "run 2", lease).await.unwrap().expect("same holder");
+    assert!(!a.renew_sole_use("host:/a", "run 1").await.unwrap());
+    // Lapsed: /b may take it, and /a's run 2 learns it lost it.
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+    sqlx::query("UPDATE coordinator_lease SET renewed_at = now() - interval '1 minute'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    b.claim_sole_use("host:/b", "run 1", lease).await.unwrap().expect("lapsed claim passes");
+    assert!(!a.renew_sole_use("host:/a", "run 2").await.unwrap());
+}

@@ -189,6 +189,8 @@ async fn client(n: u32, isolation: IsolationArg, job_disk: u64) -> CliResult {
     let token = bench.local.server.api_token.expose().to_string();
     for i in 0..n + 10 {
         let counted = i >= 10;
+        // A changed file each round, as between a user's submits: every upload is new.
+        std::fs::write(tree.path().join("CHANGES.md"), format!("round {i}\n"))?;
         let t0 = now_us();
         let mut child = tokio::process::Command::new(&exe)
             .arg("submit")
