@@ -46,8 +46,14 @@ fn build_image() -> Result<(), String> {
         .ok_or("busybox is not installed (apt-get install busybox-static)")?;
     let dir = tempdir();
     let root = dir.path().join("rootfs");
-    for d in ["bin", "etc", "tmp", "proc", "sys", "dev"] {
+    for d in ["bin", "etc", "tmp", "proc", "sys", "dev", "srv/drop"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    // World-writable, as `/tmp` is in every stock image: what a job could fill on the engine's
+    // storage if the image were writable.
+    for d in ["tmp", "srv/drop"] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(0o1777)).unwrap();
     }
     std::fs::copy(&busybox, root.join("bin/busybox")).unwrap();
     for tool in ["sh", "echo", "cat", "ls", "hostname", "test", "printf", "tr", "grep", "wc", "pwd", "true"] {
@@ -135,6 +141,9 @@ fn an_image_step_runs_in_the_container_with_only_its_leased_gpu() {
         "echo workspace-file=$(cat \"$GPUCI_WORKSPACE/from-container.txt\")",
         "echo devices=$(ls /dev | grep nvidia | tr '\\n' ' ')",
         "echo gpus=$GPUCI_GPUS",
+        "(echo x > /srv/drop/x) 2>/dev/null && echo image=writable || echo image=read-only",
+        "echo scratch > /tmp/s && echo tmp=$(cat /tmp/s)",
+        "grep -q '10\\.88\\.' /proc/net/fib_trie && echo net=engine-bridge || echo net=not-the-bridge",
     ]
     .join("\n");
     let yaml = format!(
@@ -162,6 +171,11 @@ fn an_image_step_runs_in_the_container_with_only_its_leased_gpu() {
         pid1.contains("init") && pid1.contains("gpuci-step"),
         "pid 1 is the engine's init running the step: {pid1}"
     );
+
+    // Outsider attacks: the image's own files were writable on the engine's storage (host
+    // disk, no quota), and the job sat on the engine's bridge beside every other container.
+    assert!(log.contains("[stdout] image=read-only") && log.contains("[stdout] tmp=scratch"), "{log}");
+    assert!(log.contains("[stdout] net=not-the-bridge"), "the job joined the engine's bridge: {log}");
 
     assert_eq!(j.gpus.len(), 1);
     let leased = agent.gpus.iter().find(|g| g.info.uuid == j.gpus[0]).unwrap().info.index;

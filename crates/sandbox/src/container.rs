@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::procscan::MARKER;
-use crate::{validate_job_id, ContainerRuntime, SandboxError, SandboxSpec};
+use crate::{validate_job_id, ContainerEngine, ContainerRuntime, SandboxError, SandboxSpec};
 
 /// The name given to a job's container.
 pub fn container_name(job_id: &str) -> String {
@@ -92,11 +92,33 @@ pub fn run_argv(
     let label = format!("gpuci.job-id={}", spec.job_id);
     push(&["--name", &name, "--label", &label, "--init", "--pull=missing"]);
     push(&["--cap-drop=ALL", "--security-opt=no-new-privileges", "--ipc=private"]);
-    match spec.network {
+    match &spec.network {
         crate::Network::None => push(&["--network=none"]),
-        // The engine's own network namespace per container (it cannot join a slot's).
-        crate::Network::Namespace(_) => {}
+        // The slot's own network namespace, as bubblewrap jobs get: never the engine's shared
+        // bridge, where every container on the host reached every other (outsider attack).
+        crate::Network::Namespace(fd) => match runtime.engine {
+            ContainerEngine::Podman => {
+                use std::os::fd::AsRawFd;
+                push(&[&format!("--network=ns:/proc/{}/fd/{}", std::process::id(), fd.as_raw_fd())]);
+            }
+            ContainerEngine::Docker => {
+                return Err(invalid(
+                    "docker cannot join a job slot's network namespace (podman can): run image steps with \
+                     podman, or give the step `network: none`"
+                        .to_string(),
+                ))
+            }
+        },
         crate::Network::Host => push(&["--network=host"]),
+    }
+    // Nothing of the job is written to the engine's storage on the host's disk, where no
+    // quota holds (outsider attack: 3 GiB written to /tmp of an image, past a 2 GiB slot
+    // disk): the image is read-only, and the places a job may write besides its workspace
+    // are tmpfs, whose pages count against the job's memory limit.
+    push(&["--read-only"]);
+    let scratch = spec.scratch_size.map_or(String::new(), |b| format!(",size={b}"));
+    for dir in ["/tmp", "/var/tmp", "/run"] {
+        push(&[&format!("--tmpfs={dir}:rw,nosuid,nodev,mode=1777{scratch}")]);
     }
     if let Some(u) = spec.user {
         // The job's process is the job user in the container too, never root.
@@ -148,7 +170,9 @@ mod tests {
         assert_eq!(
             argv.join(" "),
             "/usr/bin/podman run --rm --name gpuci-j7 --label gpuci.job-id=j7 --init --pull=missing \
-             --cap-drop=ALL --security-opt=no-new-privileges --ipc=private --network=none \
+             --cap-drop=ALL --security-opt=no-new-privileges --ipc=private --network=none --read-only \
+             --tmpfs=/tmp:rw,nosuid,nodev,mode=1777 --tmpfs=/var/tmp:rw,nosuid,nodev,mode=1777 \
+             --tmpfs=/run:rw,nosuid,nodev,mode=1777 \
              --memory=8589934592b --memory-swap=8589934592b --pids-limit=512 --cpus=1.500 \
              --device=/dev/nvidia1:/dev/nvidia1:rwm --device=/dev/nvidiactl:/dev/nvidiactl:rwm \
              --device=/dev/nvidia-uvm:/dev/nvidia-uvm:rwm \
@@ -158,14 +182,40 @@ mod tests {
         assert!(!argv.iter().any(|a| a.contains("secret")));
     }
 
+    /// Regression (outsider attack): with the slot's network, an image step got the engine's
+    /// shared bridge, where jobs of other slots (and host services on 0.0.0.0) were reachable.
+    /// Podman joins the slot's namespace; docker cannot, and says so.
     #[test]
-    fn no_gpu_no_devices_and_network_on() {
-        let rt = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
+    fn no_gpu_no_devices_and_the_slot_network() {
         let mut s = spec();
         s.gpu_devices.clear();
-        s.network = crate::Network::Namespace(std::sync::Arc::new(std::fs::File::open("/dev/null").unwrap().into()));
+        let netns: std::os::fd::OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
+        s.network = crate::Network::Namespace(std::sync::Arc::new(netns));
+        let podman = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
+        let argv = run_argv(&podman, "python:3.12", &s, Path::new("/x.env")).expect("argv");
+        assert!(!argv.iter().any(|a| a.starts_with("--device")), "{argv:?}");
+        let joined = format!("--network=ns:/proc/{}/fd/{fd}", std::process::id());
+        assert_eq!(argv.iter().filter(|a| a.starts_with("--network")).collect::<Vec<_>>(), vec![&joined]);
+        let docker = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
+        let err = run_argv(&docker, "python:3.12", &s, Path::new("/x.env")).expect_err("docker cannot join");
+        assert!(err.to_string().contains("network: none"), "{err}");
+    }
+
+    /// Regression (outsider attack): an image step wrote 3 GiB into the image's `/tmp`, on the
+    /// engine's storage on the host's disk, past its 2 GiB slot disk. The image is read-only;
+    /// its scratch directories are sized tmpfs (memory).
+    #[test]
+    fn the_image_is_read_only_and_its_scratch_is_sized_tmpfs() {
+        let rt = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
+        let mut s = spec();
+        s.scratch_size = Some(1 << 30);
         let argv = run_argv(&rt, "python:3.12", &s, Path::new("/x.env")).expect("argv");
-        assert!(!argv.iter().any(|a| a.starts_with("--device") || a.starts_with("--network")), "{argv:?}");
+        assert!(argv.contains(&"--read-only".to_string()), "{argv:?}");
+        for dir in ["/tmp", "/var/tmp", "/run"] {
+            let tmpfs = format!("--tmpfs={dir}:rw,nosuid,nodev,mode=1777,size=1073741824");
+            assert!(argv.contains(&tmpfs), "{tmpfs} missing: {argv:?}");
+        }
     }
 
     #[test]
