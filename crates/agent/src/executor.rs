@@ -510,7 +510,7 @@ async fn execute_in(
     }
     // `image:` steps run in the container engine, which then owns namespaces and limits;
     // the engine's client runs in a plain sandbox so its process tree is still ours to kill.
-    let mut container: Option<(gpuci_sandbox::ContainerRuntime, String, PathBuf)> = None;
+    let mut container: Option<(gpuci_sandbox::ContainerRuntime, String, PathBuf, PathBuf)> = None;
     if let Some(image) = &step.image {
         let Some(rt) = ctx.container_runtime.clone() else {
             return (
@@ -529,9 +529,22 @@ async fn execute_in(
         if let Err(error) = written {
             return (Outcome::StartFailed { error }, None);
         }
-        let argv = match gpuci_sandbox::container::run_argv(&rt, image, &spec, &env_file) {
+        // The job's seccomp filter, as the engine takes it (read at create; removed with the env file).
+        let profile = ctx.work_root.join(format!(".seccomp-{}.json", spec.job_id));
+        let written = gpuci_sandbox::seccomp::oci_profile()
+            .map_err(|e| e.to_string())
+            .and_then(|text| write_private(&profile, &text).map_err(|e| format!("writing {}: {e}", profile.display())));
+        if let Err(error) = written {
+            let _ = std::fs::remove_file(&env_file);
+            return (Outcome::StartFailed { error }, None);
+        }
+        let argv = match gpuci_sandbox::container::run_argv(&rt, image, &spec, &env_file, &profile) {
             Ok(a) => a,
-            Err(e) => return (Outcome::StartFailed { error: e.to_string() }, None),
+            Err(e) => {
+                let _ = std::fs::remove_file(&env_file);
+                let _ = std::fs::remove_file(&profile);
+                return (Outcome::StartFailed { error: e.to_string() }, None);
+            }
         };
         out.system(format!("running in container image {image} ({:?})", rt.engine));
         let name = gpuci_sandbox::container::container_name(&spec.job_id);
@@ -549,11 +562,17 @@ async fn execute_in(
         spec.user = None;
         spec.network = gpuci_sandbox::Network::Host;
         spec.scratch_size = None;
-        container = Some((rt, name, env_file));
+        container = Some((rt, name, env_file, profile));
     }
     let (mut sandbox, stdout, stderr) = match Sandbox::spawn(&spec) {
         Ok(s) => s,
-        Err(e) => return (Outcome::StartFailed { error: e.to_string() }, None),
+        Err(e) => {
+            if let Some((_, _, env_file, profile)) = &container {
+                let _ = std::fs::remove_file(env_file);
+                let _ = std::fs::remove_file(profile);
+            }
+            return (Outcome::StartFailed { error: e.to_string() }, None);
+        }
     };
     let _ = out.tx.send(JobEvent::Started { job_id: a.job_id, pid: sandbox.pid(), at_us: now_us() });
 
@@ -611,10 +630,11 @@ async fn execute_in(
             Outcome::Cancelled { reason: "cancelled".into() }
         }
     };
-    if let Some((rt, name, env_file)) = &container {
+    if let Some((rt, name, env_file, profile)) = &container {
         // Killing the engine's client does not stop the container; remove it by name.
         let _ = tokio::process::Command::new(&rt.path).args(["rm", "-f", name.as_str()]).output().await;
         let _ = std::fs::remove_file(env_file);
+        let _ = std::fs::remove_file(profile);
     }
     // Whatever the job left behind (daemons, setsid'd children) dies here.
     if let Err(e) = sandbox.cleanup().await {

@@ -369,19 +369,27 @@ impl Client {
         source: String,
         upload: &crate::cli::UploadArgs,
     ) -> CliResult<PipelineSummary> {
+        // Each phase's time at debug level (`GPUCI_LOG=debug`): this is the path a user waits on.
+        let t0 = std::time::Instant::now();
+        let ms = || t0.elapsed().as_secs_f64() * 1000.0;
         let (f, list_files) = (file.to_path_buf(), !upload.no_upload && upload.upload.is_none());
         let tree = tokio::task::spawn_blocking(move || WorkTree::probe(&f, list_files))
             .await
             .map_err(|e| CliError::Other(anyhow::anyhow!("asking git about {}: {e}", file.display())))?;
+        tracing::debug!(ms = ms(), top = ?tree.top, "asked git");
         let workspace_upload = self.upload_workspace(&tree, upload).await?;
-        self.submit(&SubmitPipeline {
-            file_name: file.display().to_string(),
-            source,
-            env: Default::default(),
-            workspace_upload,
-            repository: tree.repository(),
-        })
-        .await
+        tracing::debug!(ms = ms(), "uploaded");
+        let p = self
+            .submit(&SubmitPipeline {
+                file_name: file.display().to_string(),
+                source,
+                env: Default::default(),
+                workspace_upload,
+                repository: tree.repository(),
+            })
+            .await;
+        tracing::debug!(ms = ms(), "submitted");
+        p
     }
 
     /// Pack and upload the workspace ([`WorkTree::upload_root`]), telling on stderr what goes
@@ -391,6 +399,7 @@ impl Client {
         let packed = tokio::task::spawn_blocking(move || pack_workspace(&root, &files))
             .await
             .map_err(|e| CliError::Other(anyhow::anyhow!("packing the workspace: {e}")))??;
+        tracing::debug!(files = packed.files, bytes = packed.bytes, "packed");
         eprintln!(
             "uploading {} files ({:.1} MiB) from {}",
             packed.files,

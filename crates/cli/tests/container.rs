@@ -56,7 +56,8 @@ fn build_image() -> Result<(), String> {
         std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(0o1777)).unwrap();
     }
     std::fs::copy(&busybox, root.join("bin/busybox")).unwrap();
-    for tool in ["sh", "echo", "cat", "ls", "hostname", "test", "printf", "tr", "grep", "wc", "pwd", "true"] {
+    for tool in ["sh", "echo", "cat", "ls", "hostname", "test", "printf", "tr", "grep", "wc", "pwd", "true", "unshare"]
+    {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(tool)).unwrap();
     }
     std::fs::write(root.join(MARKER.trim_start_matches('/')), "gpuci test image\n").unwrap();
@@ -144,6 +145,7 @@ fn an_image_step_runs_in_the_container_with_only_its_leased_gpu() {
         "(echo x > /srv/drop/x) 2>/dev/null && echo image=writable || echo image=read-only",
         "echo scratch > /tmp/s && echo tmp=$(cat /tmp/s)",
         "grep -q '10\\.88\\.' /proc/net/fib_trie && echo net=engine-bridge || echo net=not-the-bridge",
+        "(unshare -U true) 2>/dev/null && echo userns=allowed || echo userns=denied",
     ]
     .join("\n");
     let yaml = format!(
@@ -176,6 +178,8 @@ fn an_image_step_runs_in_the_container_with_only_its_leased_gpu() {
     // disk, no quota), and the job sat on the engine's bridge beside every other container.
     assert!(log.contains("[stdout] image=read-only") && log.contains("[stdout] tmp=scratch"), "{log}");
     assert!(log.contains("[stdout] net=not-the-bridge"), "the job joined the engine's bridge: {log}");
+    // And the engine's default seccomp profile let it make a user namespace (and mount in it).
+    assert!(log.contains("[stdout] userns=denied"), "no gpuci seccomp filter in the container: {log}");
 
     assert_eq!(j.gpus.len(), 1);
     let leased = agent.gpus.iter().find(|g| g.info.uuid == j.gpus[0]).unwrap().info.index;

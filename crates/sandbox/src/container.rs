@@ -4,7 +4,9 @@
 //! host, and the engine, not this crate, then owns namespaces and cgroups). The same rules as the
 //! bubblewrap sandbox apply: only the leased GPU nodes (`--device`), the workspace mounted at the
 //! same path and used as the working directory, no network unless asked, all capabilities
-//! dropped, `no-new-privileges`, the same memory (no swap), pids and CPU limits, and the job's
+//! dropped, `no-new-privileges`, the same seccomp filter (as an OCI profile the caller writes
+//! with `crate::seccomp::oci_profile`), the same memory (no swap), pids and CPU limits, the
+//! slot's network namespace, a read-only image with sized tmpfs scratch, and the job's
 //! environment only. The environment goes through an `--env-file` the caller writes with
 //! [`env_file_contents`] into a private (0600) file and deletes after start, because the engine
 //! client's command line is world-readable. The container is named `gpuci-<job_id>` and labelled
@@ -73,6 +75,7 @@ pub fn run_argv(
     image: &str,
     spec: &SandboxSpec,
     env_file: &Path,
+    seccomp_profile: &Path,
 ) -> Result<Vec<String>, SandboxError> {
     validate_job_id(&spec.job_id)?;
     let invalid = |reason: String| SandboxError::InvalidSpec { job_id: spec.job_id.clone(), reason };
@@ -92,6 +95,8 @@ pub fn run_argv(
     let label = format!("gpuci.job-id={}", spec.job_id);
     push(&["--name", &name, "--label", &label, "--init", "--pull=missing"]);
     push(&["--cap-drop=ALL", "--security-opt=no-new-privileges", "--ipc=private"]);
+    // gpuci's own filter (`crate::seccomp::oci_profile`), not the engine's default.
+    push(&[&format!("--security-opt=seccomp={}", seccomp_profile.display())]);
     match &spec.network {
         crate::Network::None => push(&["--network=none"]),
         // The slot's own network namespace, as bubblewrap jobs get: never the engine's shared
@@ -166,11 +171,19 @@ mod tests {
     #[test]
     fn podman_argv_has_only_leased_devices_limits_and_no_env_values() {
         let rt = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
-        let argv = run_argv(&rt, "ghcr.io/org/cuda:12", &spec(), Path::new("/run/gpuci/j7.env")).expect("argv");
+        let argv = run_argv(
+            &rt,
+            "ghcr.io/org/cuda:12",
+            &spec(),
+            Path::new("/run/gpuci/j7.env"),
+            Path::new("/run/gpuci/j7.seccomp.json"),
+        )
+        .expect("argv");
         assert_eq!(
             argv.join(" "),
             "/usr/bin/podman run --rm --name gpuci-j7 --label gpuci.job-id=j7 --init --pull=missing \
-             --cap-drop=ALL --security-opt=no-new-privileges --ipc=private --network=none --read-only \
+             --cap-drop=ALL --security-opt=no-new-privileges --ipc=private \
+             --security-opt=seccomp=/run/gpuci/j7.seccomp.json --network=none --read-only \
              --tmpfs=/tmp:rw,nosuid,nodev,mode=1777 --tmpfs=/var/tmp:rw,nosuid,nodev,mode=1777 \
              --tmpfs=/run:rw,nosuid,nodev,mode=1777 \
              --memory=8589934592b --memory-swap=8589934592b --pids-limit=512 --cpus=1.500 \
@@ -193,12 +206,13 @@ mod tests {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
         s.network = crate::Network::Namespace(std::sync::Arc::new(netns));
         let podman = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
-        let argv = run_argv(&podman, "python:3.12", &s, Path::new("/x.env")).expect("argv");
+        let argv = run_argv(&podman, "python:3.12", &s, Path::new("/x.env"), Path::new("/x.json")).expect("argv");
         assert!(!argv.iter().any(|a| a.starts_with("--device")), "{argv:?}");
         let joined = format!("--network=ns:/proc/{}/fd/{fd}", std::process::id());
         assert_eq!(argv.iter().filter(|a| a.starts_with("--network")).collect::<Vec<_>>(), vec![&joined]);
         let docker = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
-        let err = run_argv(&docker, "python:3.12", &s, Path::new("/x.env")).expect_err("docker cannot join");
+        let err = run_argv(&docker, "python:3.12", &s, Path::new("/x.env"), Path::new("/x.json"))
+            .expect_err("docker cannot join");
         assert!(err.to_string().contains("network: none"), "{err}");
     }
 
@@ -210,7 +224,7 @@ mod tests {
         let rt = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
         let mut s = spec();
         s.scratch_size = Some(1 << 30);
-        let argv = run_argv(&rt, "python:3.12", &s, Path::new("/x.env")).expect("argv");
+        let argv = run_argv(&rt, "python:3.12", &s, Path::new("/x.env"), Path::new("/x.json")).expect("argv");
         assert!(argv.contains(&"--read-only".to_string()), "{argv:?}");
         for dir in ["/tmp", "/var/tmp", "/run"] {
             let tmpfs = format!("--tmpfs={dir}:rw,nosuid,nodev,mode=1777,size=1073741824");
@@ -249,7 +263,7 @@ mod tests {
     #[test]
     fn image_that_looks_like_a_flag_is_rejected() {
         let rt = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
-        assert!(run_argv(&rt, "--privileged", &spec(), Path::new("/x.env")).is_err());
+        assert!(run_argv(&rt, "--privileged", &spec(), Path::new("/x.env"), Path::new("/x.json")).is_err());
     }
 
     #[test]

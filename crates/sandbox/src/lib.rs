@@ -88,7 +88,7 @@ mod plan;
 mod procscan;
 mod quota;
 mod sandbox;
-mod seccomp;
+pub mod seccomp;
 
 pub mod container;
 

@@ -35,48 +35,49 @@ use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
 };
 
-/// Syscalls denied outright. Those that exist only on some architectures are added below.
-const DENIED: &[i64] = &[
-    libc::SYS_add_key,
-    libc::SYS_keyctl,
-    libc::SYS_request_key,
-    libc::SYS_bpf,
-    libc::SYS_perf_event_open,
-    libc::SYS_userfaultfd,
-    libc::SYS_io_uring_setup,
-    libc::SYS_io_uring_enter,
-    libc::SYS_io_uring_register,
-    libc::SYS_kexec_load,
-    libc::SYS_kexec_file_load,
-    libc::SYS_init_module,
-    libc::SYS_finit_module,
-    libc::SYS_delete_module,
-    libc::SYS_reboot,
-    libc::SYS_swapon,
-    libc::SYS_swapoff,
-    libc::SYS_acct,
-    libc::SYS_settimeofday,
-    libc::SYS_clock_settime,
-    libc::SYS_clock_adjtime,
-    libc::SYS_syslog,
-    libc::SYS_quotactl,
-    libc::SYS_vhangup,
-    libc::SYS_open_by_handle_at,
-    libc::SYS_mount,
-    libc::SYS_umount2,
-    libc::SYS_pivot_root,
-    libc::SYS_move_mount,
-    libc::SYS_open_tree,
-    libc::SYS_fsopen,
-    libc::SYS_fsconfig,
-    libc::SYS_fsmount,
-    libc::SYS_fspick,
-    libc::SYS_mount_setattr,
-    libc::SYS_setns,
+/// Syscalls denied outright, by name (for a container engine's profile) and number. Those that
+/// exist only on some architectures are marked so.
+const DENIED: &[(&str, i64)] = &[
+    ("add_key", libc::SYS_add_key),
+    ("keyctl", libc::SYS_keyctl),
+    ("request_key", libc::SYS_request_key),
+    ("bpf", libc::SYS_bpf),
+    ("perf_event_open", libc::SYS_perf_event_open),
+    ("userfaultfd", libc::SYS_userfaultfd),
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
+    ("kexec_load", libc::SYS_kexec_load),
+    ("kexec_file_load", libc::SYS_kexec_file_load),
+    ("init_module", libc::SYS_init_module),
+    ("finit_module", libc::SYS_finit_module),
+    ("delete_module", libc::SYS_delete_module),
+    ("reboot", libc::SYS_reboot),
+    ("swapon", libc::SYS_swapon),
+    ("swapoff", libc::SYS_swapoff),
+    ("acct", libc::SYS_acct),
+    ("settimeofday", libc::SYS_settimeofday),
+    ("clock_settime", libc::SYS_clock_settime),
+    ("clock_adjtime", libc::SYS_clock_adjtime),
+    ("syslog", libc::SYS_syslog),
+    ("quotactl", libc::SYS_quotactl),
+    ("vhangup", libc::SYS_vhangup),
+    ("open_by_handle_at", libc::SYS_open_by_handle_at),
+    ("mount", libc::SYS_mount),
+    ("umount2", libc::SYS_umount2),
+    ("pivot_root", libc::SYS_pivot_root),
+    ("move_mount", libc::SYS_move_mount),
+    ("open_tree", libc::SYS_open_tree),
+    ("fsopen", libc::SYS_fsopen),
+    ("fsconfig", libc::SYS_fsconfig),
+    ("fsmount", libc::SYS_fsmount),
+    ("fspick", libc::SYS_fspick),
+    ("mount_setattr", libc::SYS_mount_setattr),
+    ("setns", libc::SYS_setns),
     #[cfg(target_arch = "x86_64")]
-    libc::SYS_iopl,
+    ("iopl", libc::SYS_iopl),
     #[cfg(target_arch = "x86_64")]
-    libc::SYS_ioperm,
+    ("ioperm", libc::SYS_ioperm),
 ];
 
 const CLONE_NEWUSER: u64 = libc::CLONE_NEWUSER as u64;
@@ -99,7 +100,7 @@ pub(crate) fn programs() -> Result<Vec<Vec<u8>>, SeccompError> {
 
 fn denied_program() -> Result<BpfProgram, SeccompError> {
     let arch = std::env::consts::ARCH.try_into().map_err(|_| SeccompError::Arch(std::env::consts::ARCH))?;
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&nr| (nr, Vec::new())).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&(_, nr)| (nr, Vec::new())).collect();
     let flag_set = |arg: u8, flag: u64| -> Result<SeccompRule, SeccompError> {
         Ok(SeccompRule::new(vec![SeccompCondition::new(
             arg,
@@ -160,6 +161,40 @@ fn to_bytes(p: &[seccompiler::sock_filter]) -> Vec<u8> {
     out
 }
 
+/// The same policy as an OCI seccomp profile (JSON), for `image:` steps: podman/docker
+/// `--security-opt seccomp=FILE`. Without it a container ran under the engine's default
+/// profile, which lets a job make a user namespace and mount in it, and reach the keyring its
+/// uid shares with the slot's other jobs (outsider attack). Only the native architecture is
+/// listed: a call through another ABI (32-bit `int 0x80`, x32) gets the engine's bad-arch
+/// answer, never the allow.
+pub fn oci_profile() -> Result<String, SeccompError> {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "SCMP_ARCH_X86_64",
+        "aarch64" => "SCMP_ARCH_AARCH64",
+        other => return Err(SeccompError::Arch(other)),
+    };
+    let names: Vec<String> = DENIED.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+    let eperm = libc::EPERM;
+    let masked = |names: &str, flag: u64| {
+        format!(
+            r#"{{"names":[{names}],"action":"SCMP_ACT_ERRNO","errnoRet":{eperm},"args":[{{"index":0,"value":{flag},"valueTwo":{flag},"op":"SCMP_CMP_MASKED_EQ"}}]}}"#
+        )
+    };
+    let ioctl = |request: u64| {
+        format!(
+            r#"{{"names":["ioctl"],"action":"SCMP_ACT_ERRNO","errnoRet":{eperm},"args":[{{"index":1,"value":{request},"valueTwo":0,"op":"SCMP_CMP_EQ"}}]}}"#
+        )
+    };
+    let rules = [
+        format!(r#"{{"names":[{}],"action":"SCMP_ACT_ERRNO","errnoRet":{eperm}}}"#, names.join(",")),
+        masked(r#""clone","unshare""#, CLONE_NEWUSER),
+        ioctl(TIOCSTI),
+        ioctl(TIOCLINUX),
+        format!(r#"{{"names":["clone3"],"action":"SCMP_ACT_ERRNO","errnoRet":{}}}"#, libc::ENOSYS),
+    ];
+    Ok(format!(r#"{{"defaultAction":"SCMP_ACT_ALLOW","architectures":["{arch}"],"syscalls":[{}]}}"#, rules.join(",")))
+}
+
 /// Writes each program into its own sealed-off memfd for bwrap's `--add-seccomp-fd`.
 pub(crate) fn memfds() -> io::Result<Vec<std::fs::File>> {
     use std::io::{Seek, Write};
@@ -179,6 +214,21 @@ pub(crate) fn memfds() -> io::Result<Vec<std::fs::File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_container_profile_is_json_and_denies_what_the_filter_denies() {
+        let text = oci_profile().expect("profile");
+        let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(v["defaultAction"], "SCMP_ACT_ALLOW");
+        let rules = v["syscalls"].as_array().expect("syscalls");
+        let denied: Vec<&str> = rules[0]["names"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+        for name in ["keyctl", "add_key", "mount", "fsopen", "open_tree", "setns", "bpf", "userfaultfd"] {
+            assert!(denied.contains(&name), "{name} not denied");
+        }
+        let unshare = &rules[1];
+        assert_eq!(unshare["args"][0]["value"], CLONE_NEWUSER);
+        assert_eq!(rules.last().unwrap()["names"][0], "clone3");
+    }
 
     #[test]
     fn both_programs_build_and_end_in_a_return() {
