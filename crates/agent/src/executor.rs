@@ -281,6 +281,9 @@ async fn execute(
     gpu_health: &mut BTreeMap<String, GpuHealth>,
 ) -> (Outcome, Option<JobTelemetry>) {
     let fail = |error: String| (Outcome::StartFailed { error }, None);
+    // Each step of the start at debug level (`GPUCI_LOG=debug`): it is on the path a user waits on.
+    let t0 = std::time::Instant::now();
+    let step = |what: &str| tracing::debug!(job = a.job_id, ms = t0.elapsed().as_secs_f64() * 1000.0, "start: {what}");
     // Pre-job check: each leased GPU must answer and be idle and clean.
     for uuid in &a.gpus {
         let base = baseline(ctx, uuid);
@@ -309,6 +312,7 @@ async fn execute(
     if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&workspace) {
         return fail(format!("creating workspace {}: {e}", workspace.display()));
     }
+    step("workspace made");
     if let Some(id) = &a.workspace_upload {
         if let Err(error) = fill_workspace(id, ctx, out, &workspace).await {
             out.system(format!("workspace: {error}"));
@@ -316,7 +320,9 @@ async fn execute(
             return fail(format!("workspace: {error}"));
         }
     }
+    step("workspace filled");
     restore_cache(a, ctx, &workspace, out).await;
+    step("caches restored");
     if let Some(slot) = &slot {
         // Everything in the workspace is the job's: the upload, the restored caches.
         let (ws, user) = (workspace.clone(), slot.user());
@@ -326,6 +332,7 @@ async fn execute(
             return fail(format!("giving workspace {} to the job user: {e}", workspace.display()));
         }
     }
+    step("workspace given to the job user");
     let mut result = execute_in(a, ctx, out, cancel, &workspace, slot.as_ref()).await;
     if let Some(disk) = slot.as_ref().and_then(|s| s.disk()) {
         let code = match &result.0 {
@@ -403,6 +410,7 @@ async fn fill_workspace(
         });
     };
     let archive = source.fetch(id).await?;
+    tracing::debug!(upload = short, "start: upload fetched");
     let (id2, ws) = (id.to_string(), workspace.to_path_buf());
     let files = tokio::task::spawn_blocking(move || crate::workspace::unpack(&id2, &archive, &ws))
         .await

@@ -132,7 +132,8 @@ impl UploadSource {
                 hasher.update(&chunk);
                 file.write_all(&chunk).map_err(|e| cache(&tmp, e))?;
             }
-            file.sync_all().map_err(|e| cache(&tmp, e))?;
+            // Not synced: a copy torn by a crash is found out on its next use (its hash is
+            // checked against its id then) and fetched again. On the path to a job's start.
             let actual = hex::encode(hasher.finalize());
             if actual != id {
                 return Err(WorkspaceError::Checksum { id: id.into(), actual });
