@@ -377,3 +377,32 @@ fn a_second_coordinator_on_the_same_data_dir_is_refused() {
     assert!(first.api().agents().is_empty(), "the first coordinator still answers");
     first.kill9();
 }
+
+/// Regression (outsider attack): an agent died with a job running while the coordinator's
+/// disk was full. The agent was declared lost, ending its job could not be stored, and nothing
+/// tried again: the job showed `running` until the coordinator was restarted. The end is
+/// stored once the disk has room.
+#[test]
+fn a_lost_agents_job_is_ended_once_the_store_takes_writes_again() {
+    let Some(disk) = SmallDisk::mount("64m") else { return };
+    let dir = tempdir();
+    let server = Server::start(&disk.path().join("server"), "3s");
+    let mut agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: long\n    command: sleep 300\n");
+    let id = p.jobs[0].id;
+    api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+    let filler = disk.fill();
+    agent.kill9();
+    let t0 = Instant::now();
+    while api.agents()[0].state != "lost" {
+        assert!(t0.elapsed() < T, "the agent was never declared lost: {:?}", api.agents()[0]);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2)); // reaps that cannot store the end
+    disk.free(&filler);
+    let j = api.wait_job(id, "ended", T, |j| j.state.is_terminal());
+    assert_eq!(j.state, JobState::Lost, "{j:?}");
+    assert!(j.reason.contains("stopped sending heartbeats"), "{}", j.reason);
+}

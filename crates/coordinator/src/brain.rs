@@ -281,6 +281,9 @@ pub struct Brain {
     /// The last reap: a reap much later than its tick means the coordinator did not run in
     /// between (see [`heard_after_stall`]).
     last_tick: Option<Instant>,
+    /// Jobs of lost agents whose log already says output may be missing, while their end
+    /// waits to be stored ([`Brain::end_jobs_of_lost`]).
+    noted_lost: BTreeSet<JobId>,
 }
 
 /// When an agent counts as last heard after the coordinator did not run for `stall` (SIGSTOP,
@@ -328,6 +331,7 @@ impl Brain {
             registering: HashMap::new(),
             placements: 0,
             last_tick: None,
+            noted_lost: BTreeSet::new(),
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -1062,6 +1066,10 @@ impl Brain {
             if a.link == Link::Disconnected && now.saturating_duration_since(a.last_seen) > self.timing.lost_after {
                 self.agent_lost(&id).await;
                 lost_any = true;
+            } else if a.link == Link::Lost && self.active.values().any(|j| j.agent_id.as_deref() == Some(id.as_str())) {
+                let (name, secs) = (a.name.clone(), (now_wall - a.last_seen_ms).max(0) / 1000);
+                self.end_jobs_of_lost(&id, &name, secs).await;
+                lost_any = true;
             }
         }
         // Queue timeouts.
@@ -1102,6 +1110,14 @@ impl Brain {
             ..Default::default()
         };
         self.record_link(agent_id, update).await;
+        self.end_jobs_of_lost(agent_id, &name, secs).await;
+    }
+
+    /// End the jobs of a lost agent. Called when it is declared lost and, for any it still
+    /// has (the store could not take the end then: a full disk, the database away), again on
+    /// every reap until they are ended: a job of a dead agent never stays `running`
+    /// (outsider attack: one failed write left it so until the coordinator restarted).
+    async fn end_jobs_of_lost(&mut self, agent_id: &str, name: &str, secs: i64) {
         let jobs: Vec<JobRecord> =
             self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
         for j in jobs {
@@ -1112,11 +1128,17 @@ impl Brain {
                 ),
             };
             let state = if self.cancelling.contains_key(&j.id) { JobState::Cancelled } else { JobState::Lost };
-            if state == JobState::Lost {
+            if state == JobState::Lost && self.noted_lost.insert(j.id) {
                 self.note_in_log(&j, format!("output may be missing from here on: {why}")).await;
             }
-            if let Err(e) = self.finish(&j, state, why, None, None, Vec::new()).await {
-                tracing::error!(job = j.id, error = %e, "could not end job of lost agent");
+            match self.finish(&j, state, why, None, None, Vec::new()).await {
+                Ok(_) => {
+                    self.noted_lost.remove(&j.id);
+                }
+                Err(BrainError::Store(e)) if self.ended_in_store(j.id, &e).await => {
+                    self.noted_lost.remove(&j.id);
+                }
+                Err(e) => tracing::error!(job = j.id, error = %e, "could not end a job of a lost agent; trying again"),
             }
         }
     }
