@@ -15,7 +15,12 @@ pub fn init(verbose: u8, quiet: bool, chatty: bool) {
     // Colour codes only for a terminal: in a file or a CI log they are noise (and a reader of
     // such a log must not have to trust escape sequences in it).
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // A log that cannot be written (stderr on a full disk, a closed pipe) loses those lines;
+    // it must not take the process with it: the subscriber's own error report is `eprint!`,
+    // which panics when stderr fails, and an agent died mid-line with its jobs (outsider
+    // attack).
     let _ = tracing_subscriber::fmt()
+        .log_internal_errors(false)
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(ansi)

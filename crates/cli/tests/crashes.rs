@@ -352,3 +352,32 @@ fn a_result_for_a_job_already_ended_in_the_store_is_acknowledged_not_refused_for
     assert_eq!((first.state, first.reason.as_str()), (JobState::Cancelled, "ended by an operator"));
     assert_eq!(api.agents()[0].state, "connected");
 }
+
+/// Regression (outsider attack): an agent whose log could not be written (stderr on a full
+/// disk) panicked at the first failed write and its jobs ended `lost`. It keeps working; only
+/// the log lines are gone.
+#[test]
+fn an_agent_whose_log_cannot_be_written_keeps_running_its_jobs() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let mut child = std::process::Command::new(BIN)
+        .args(["agent", "--server", &server.url, "--registration-token", &server.registration_token(), "--name", "a1"])
+        .arg("--data-dir")
+        .arg(dir.path().join("agent"))
+        .args(["--isolation", isolation()])
+        .env("GPUCI_LOG", "debug")
+        .stdout(std::process::Stdio::null())
+        .stderr(full)
+        .spawn()
+        .unwrap();
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: a\n    command: echo fine\n");
+    let j = api.wait_job(p.jobs[0].id, "finished", T, |j| j.state.is_terminal());
+    let alive = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(j.state, JobState::Succeeded, "{j:?}");
+    assert!(alive, "the agent died");
+}
