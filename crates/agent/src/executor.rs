@@ -558,10 +558,30 @@ async fn execute_in(
         let name = gpuci_sandbox::container::container_name(&spec.job_id);
         spec.argv = argv;
         spec.isolation = Isolation::None;
+        // The engine's client runs as the agent (root), outside any sandbox: nothing of the
+        // job's may steer it. Its working directory and files are the agent's own, never the
+        // workspace: with HOME and the working directory there, podman ran a "credential
+        // helper" the job had put in its workspace, as root (outsider attack), and read the
+        // job's `registries.conf`. A job from an untrusted origin pulls with no registry login
+        // at all (an empty auth file), never the host's.
+        let engine_dir = match engine_dir(ctx, a.trusted) {
+            Ok(d) => d,
+            Err(error) => {
+                let _ = std::fs::remove_file(&env_file);
+                let _ = std::fs::remove_file(&profile);
+                return (Outcome::StartFailed { error }, None);
+            }
+        };
+        let home = std::env::var_os("HOME").map_or_else(|| engine_dir.clone(), PathBuf::from);
         spec.env = BTreeMap::from([
             ("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string()),
-            ("HOME".to_string(), workspace.display().to_string()),
+            ("HOME".to_string(), home.display().to_string()),
         ]);
+        if !a.trusted {
+            spec.env.insert("REGISTRY_AUTH_FILE".into(), engine_dir.join("no-auth.json").display().to_string());
+            spec.env.insert("DOCKER_CONFIG".into(), engine_dir.join("no-docker-config").display().to_string());
+        }
+        spec.workspace = engine_dir;
         spec.gpu_devices.clear();
         spec.gpu_common_devices.clear();
         spec.resources = Default::default();
@@ -640,7 +660,7 @@ async fn execute_in(
     };
     if let Some((rt, name, env_file, profile)) = &container {
         // Killing the engine's client does not stop the container; remove it by name.
-        let _ = tokio::process::Command::new(&rt.path).args(["rm", "-f", name.as_str()]).output().await;
+        let _ = tokio::process::Command::new(&rt.path).args(["rm", "-f", "-v", name.as_str()]).output().await;
         let _ = std::fs::remove_file(env_file);
         let _ = std::fs::remove_file(profile);
     }
@@ -963,4 +983,31 @@ pub(crate) fn decide_isolation(
         (_, _, true) => Ok((Isolation::Bubblewrap, None)),
         (_, _, false) => unsandboxed("bubblewrap is not installed or cannot work on this host"),
     }
+}
+
+/// The engine client's own directory, `<workspaces root>/.engine` (0700, the agent's): its
+/// working directory, with an empty registry auth file and docker config for jobs from
+/// untrusted origins. Made afresh when anything in it is not as it should be.
+fn engine_dir(ctx: &JobContext, trusted: bool) -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let dir = ctx.work_root.join(".engine");
+    let made = |e: std::io::Error| format!("preparing {}: {e}", dir.display());
+    let me = nix::unistd::geteuid().as_raw();
+    let ok = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir() && m.uid() == me && m.mode() & 0o077 == 0);
+    if !ok {
+        let _ = crate::fstree::remove_tree(&dir);
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(made)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(made)?;
+    }
+    if !trusted {
+        let auth = dir.join("no-auth.json");
+        if std::fs::read(&auth).ok().as_deref() != Some(b"{}") {
+            std::fs::write(&auth, "{}").map_err(made)?;
+        }
+        let docker = dir.join("no-docker-config");
+        if !docker.is_dir() {
+            std::fs::DirBuilder::new().mode(0o700).create(&docker).map_err(made)?;
+        }
+    }
+    Ok(dir)
 }

@@ -216,3 +216,47 @@ fn a_failing_command_in_the_container_fails_the_job_with_its_exit_code() {
         containers_ending(&format!("-job-{id}")).is_empty()
     });
 }
+
+/// Regression (outsider attack, critical): the engine's client runs as root outside any
+/// sandbox, and ran with the job's workspace as its working directory and `HOME`: podman
+/// looked up registry credentials in the workspace and ran the "credential helper" the job
+/// named there (`x/../pwn`, resolved from the working directory), as root. The client's
+/// directory and home are the agent's own now; nothing of the workspace steers it.
+#[test]
+fn the_engine_client_runs_nothing_from_the_jobs_workspace() {
+    if image().is_none() {
+        return;
+    }
+    let (dir, server, _agent, _api) = one_agent("30s", "c3", &["--isolation", isolation()]);
+    let work = dir.path().join("work");
+    let marker = dir.path().join("PWNED");
+    let pwn = work.join("pwn");
+    std::fs::create_dir_all(work.join(".config/containers")).unwrap();
+    std::fs::create_dir_all(work.join(".docker")).unwrap();
+    std::fs::create_dir_all(work.join("docker-credential-x")).unwrap();
+    std::fs::write(work.join("docker-credential-x/keep"), "an upload carries files, not empty directories\n").unwrap();
+    let helpers = r#"{"credHelpers":{"evil.invalid":"x/../pwn"}}"#;
+    std::fs::write(work.join(".config/containers/auth.json"), helpers).unwrap();
+    std::fs::write(work.join(".docker/config.json"), helpers).unwrap();
+    std::fs::write(
+        work.join(".config/containers/registries.conf"),
+        "unqualified-search-registries = [\"evil.invalid\"]\n",
+    )
+    .unwrap();
+    std::fs::write(&pwn, format!("#!/bin/sh\nid > {}\necho '{{}}'\n", marker.display())).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&pwn, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let file = work.join("pwn.yml");
+    std::fs::write(&file, "steps:\n  - key: pull\n    image: \"evil.invalid/foo:1\"\n    command: echo never\n")
+        .unwrap();
+    let out = Command::new(BIN)
+        .arg("submit")
+        .arg(&file)
+        .args(["--wait", "--server", &server.url, "--token", &server.token])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the image cannot be pulled here: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(!marker.exists(), "the job's credential helper ran on the host: {:?}", std::fs::read_to_string(&marker));
+}

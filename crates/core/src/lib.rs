@@ -12,6 +12,7 @@
 pub mod cache;
 pub mod duration;
 pub mod gpu;
+pub mod image;
 pub mod job;
 pub mod mask;
 pub mod pipeline;

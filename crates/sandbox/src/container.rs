@@ -79,8 +79,10 @@ pub fn run_argv(
 ) -> Result<Vec<String>, SandboxError> {
     validate_job_id(&spec.job_id)?;
     let invalid = |reason: String| SandboxError::InvalidSpec { job_id: spec.job_id.clone(), reason };
-    if image.is_empty() || image.starts_with('-') {
-        return Err(invalid(format!("invalid image {image:?}")));
+    // A registry reference only: a transport (`oci-archive:/path`) would have the engine, as
+    // root, open a host path the job names.
+    if let Err(why) = gpuci_core::image::check_reference(image) {
+        return Err(invalid(format!("invalid image {image:?}: {why}")));
     }
     if spec.argv.is_empty() {
         return Err(invalid("argv is empty".to_string()));
@@ -121,6 +123,15 @@ pub fn run_argv(
     // disk): the image is read-only, and the places a job may write besides its workspace
     // are tmpfs, whose pages count against the job's memory limit.
     push(&["--read-only"]);
+    // No logs kept by the engine (its log file is on the host's disk and grew at 100 MB/s
+    // while gpuci cut the job's log at its cap; outsider attack): the output reaches the agent
+    // through the attached client only.
+    push(&["--log-driver=none"]);
+    if runtime.engine == ContainerEngine::Podman {
+        // An image's `VOLUME`s as tmpfs (memory), not anonymous volumes on the host's disk
+        // that outlive the job (outsider attack: 3 GiB past a 2 GiB slot disk, left behind).
+        push(&["--image-volume=tmpfs"]);
+    }
     let scratch = spec.scratch_size.map_or(String::new(), |b| format!(",size={b}"));
     for dir in ["/tmp", "/var/tmp", "/run"] {
         push(&[&format!("--tmpfs={dir}:rw,nosuid,nodev,mode=1777{scratch}")]);
@@ -184,6 +195,7 @@ mod tests {
             "/usr/bin/podman run --rm --name gpuci-j7 --label gpuci.job-id=j7 --init --pull=missing \
              --cap-drop=ALL --security-opt=no-new-privileges --ipc=private \
              --security-opt=seccomp=/run/gpuci/j7.seccomp.json --network=none --read-only \
+             --log-driver=none --image-volume=tmpfs \
              --tmpfs=/tmp:rw,nosuid,nodev,mode=1777 --tmpfs=/var/tmp:rw,nosuid,nodev,mode=1777 \
              --tmpfs=/run:rw,nosuid,nodev,mode=1777 \
              --memory=8589934592b --memory-swap=8589934592b --pids-limit=512 --cpus=1.500 \

@@ -1164,12 +1164,8 @@ impl Ctx<'_> {
 
     fn image(&mut self, node: &Node, path: &str) -> Option<String> {
         let image = self.word(node, path, "an image")?;
-        if image.chars().any(char::is_whitespace) {
-            self.err(
-                node.pos,
-                path,
-                format!("expected an image reference like \"ubuntu:24.04\", got {}", quoted(&image)),
-            );
+        if let Err(why) = crate::image::check_reference(&image) {
+            self.err(node.pos, path, format!("{}: {why}", quoted(&image)));
             return None;
         }
         Some(image)
