@@ -546,7 +546,7 @@ async fn execute_in(
             let _ = std::fs::remove_file(&env_file);
             return (Outcome::StartFailed { error }, None);
         }
-        let argv = match gpuci_sandbox::container::run_argv(&rt, image, &spec, &env_file, &profile) {
+        let argv = match gpuci_sandbox::container::run_argv(&rt, image, &spec, &env_file, &profile, a.trusted) {
             Ok(a) => a,
             Err(e) => {
                 let _ = std::fs::remove_file(&env_file);

@@ -884,7 +884,7 @@ async fn probe_bubblewrap(slots: Option<&Arc<slots::Slots>>, work_root: &std::pa
 fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
     let dir = std::fs::File::open(data_dir).with_context(|| format!("opening {}", data_dir.display()))?;
     let pid_file = data_dir.join("lock");
-    match nix::fcntl::Flock::lock(dir, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+    match flock_patiently(dir) {
         Ok(held) => {
             std::fs::write(&pid_file, format!("{}\n", std::process::id()))
                 .with_context(|| format!("writing {}", pid_file.display()))?;
@@ -899,6 +899,24 @@ fn lock_data_dir(data_dir: &std::path::Path) -> anyhow::Result<nix::fcntl::Flock
             )
         }
         Err((_, e)) => Err(anyhow::anyhow!("locking {}: {e}", data_dir.display())),
+    }
+}
+
+/// `flock` (exclusive), retried for up to 3 s: an agent killed while one of its children was
+/// between `fork` and `exec` (joining a cgroup can take a grace period there) leaves that child
+/// holding the lock for some milliseconds, and a restart at once was refused. A live agent
+/// holds it for good.
+fn flock_patiently(f: std::fs::File) -> Result<nix::fcntl::Flock<std::fs::File>, (std::fs::File, nix::errno::Errno)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let mut f = f;
+    loop {
+        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                f = back;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
     }
 }
 

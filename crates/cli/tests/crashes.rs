@@ -381,3 +381,51 @@ fn an_agent_whose_log_cannot_be_written_keeps_running_its_jobs() {
     assert_eq!(j.state, JobState::Succeeded, "{j:?}");
     assert!(alive, "the agent died");
 }
+
+/// Regression (outsider attack): the coordinator's database restored from a backup hands out
+/// job ids again. The agent's connection remembered an old job of the same id as "not this
+/// agent's" (its late lines were dropped, rightly), and then dropped every line of the new
+/// job of that id, which ended `succeeded` with an empty log.
+#[test]
+fn after_a_restored_backup_a_new_job_with_an_old_id_keeps_its_log() {
+    let dir = tempdir();
+    let server_dir = dir.path().join("server");
+    let mut server = Server::start(&server_dir, "30s");
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: one\n    command: echo one\n");
+    api.wait_pipeline(p.id, T);
+    // The backup: taken with the coordinator stopped.
+    server.kill9();
+    let backup = dir.path().join("backup");
+    std::fs::create_dir_all(&backup).unwrap();
+    let files = ["gpuci.db", "gpuci.db-wal", "gpuci.db-shm"];
+    for f in files {
+        let _ = std::fs::copy(server_dir.join(f), backup.join(f));
+    }
+    let listen = server.url.trim_start_matches("http://").to_string();
+    let mut server = Server::start_on(&server_dir, &listen, server.args.clone());
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: old\n    command: echo old-two; sleep 300\n");
+    let old = p.jobs[0].id;
+    api.wait_job(old, "running", T, |j| j.state == JobState::Running);
+    // Restored: job `old` never existed; its id is handed out again.
+    server.kill9();
+    for f in files {
+        let _ = std::fs::remove_file(server_dir.join(f));
+        let _ = std::fs::copy(backup.join(f), server_dir.join(f));
+    }
+    let server = Server::start_on(&server_dir, &listen, server.args.clone());
+    let api = server.api();
+    api.wait_agents(1, T);
+    std::thread::sleep(Duration::from_secs(2)); // the agent gives up the old job; its lines come
+    let p = api.submit("steps:\n  - key: new\n    command: echo new-two\n");
+    let fresh = p.jobs[0].id;
+    assert_eq!(fresh, old, "the test needs the restored database to hand out the old id");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{:?}", done.jobs[0]);
+    let log = api.log_text(fresh);
+    assert!(log.contains("new-two") && !log.contains("old-two"), "{log}");
+}

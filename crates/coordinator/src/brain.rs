@@ -133,6 +133,10 @@ pub fn reconcile(ours: &[(JobId, JobState)], holds: &[JobId], journal_incomplete
     r
 }
 
+/// How a stored job reason begins while a cancel is under way: the persisted record of a
+/// cancel that was accepted and sent, until the job ends.
+const CANCELLING: &str = "cancelling: ";
+
 /// Why an event from a connection the agent has since replaced is not applied (the agent
 /// sends it again on its current one).
 const STALE: &str = "from an earlier connection of this agent";
@@ -374,6 +378,13 @@ impl Brain {
             }
         }
         for j in active {
+            // A cancel accepted before a restart: its stored reason is the record of it (written
+            // before the cancel was acknowledged). Without this the restarted coordinator
+            // neither sent it again nor judged the result as cancelled, and the job ran to
+            // `succeeded` (outsider attack).
+            if let Some(reason) = j.reason.strip_prefix(CANCELLING) {
+                brain.cancelling.insert(j.id, reason.to_string());
+            }
             brain.active.insert(j.id, j);
         }
         Ok(brain)
@@ -599,13 +610,13 @@ impl Brain {
                 let connected = self.agents.get(&agent).is_some_and(|a| a.conn.is_some());
                 if connected {
                     // Stored first: a cancel the caller is told failed (503) is not sent.
-                    self.store.set_reason(id, &format!("cancelling: {reason}")).await?;
+                    self.store.set_reason(id, &format!("{CANCELLING}{reason}")).await?;
                 }
                 if connected && self.send(&agent, CoordinatorMessage::Cancel { job_id: id, reason: reason.clone() }) {
                     // The agent kills the process tree and reports; the job ends then.
                     self.cancelling.insert(id, reason.clone());
                     let mut j = job.clone();
-                    j.reason = format!("cancelling: {reason}");
+                    j.reason = format!("{CANCELLING}{reason}");
                     self.publish(&j);
                     Ok(j)
                 } else {
@@ -816,9 +827,14 @@ impl Brain {
         if j.agent_id.as_deref() != Some(agent_id) || j.state != JobState::Assigned {
             return Ok(());
         }
+        let reason = match self.cancelling.get(&id) {
+            // The stored record of an accepted cancel stays until the job ends.
+            Some(r) => format!("{CANCELLING}{r}"),
+            None => format!("running on {}", self.agents.get(agent_id).map_or(agent_id, |a| a.name.as_str())),
+        };
         let change = JobChange {
             state: Some(JobState::Running),
-            reason: Some(format!("running on {}", self.agents.get(agent_id).map_or(agent_id, |a| a.name.as_str()))),
+            reason: Some(reason),
             started_at_ms: Some(started_at_ms),
             ..Default::default()
         };
@@ -1550,6 +1566,40 @@ impl Brain {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (outsider attack): a cancel accepted (stored, acknowledged, sent) was only
+    /// remembered in memory; after a restart the coordinator neither sent it again nor judged
+    /// the job's result as cancelled, and the job ran to `succeeded`. The stored reason is the
+    /// record of it, and a restarted coordinator picks it up.
+    #[tokio::test]
+    async fn a_cancel_accepted_before_a_restart_is_still_under_way_after_it() {
+        let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+        let job = |state| gpuci_store::NewJob {
+            pipeline_id: 0,
+            step: gpuci_core::pipeline::Step::new("a", "sleep 60"),
+            env: BTreeMap::new(),
+            state,
+            reason: "waiting".into(),
+            attempt: 1,
+            retry_of: None,
+            created_at_ms: 1,
+        };
+        let pipeline = gpuci_store::NewPipeline {
+            file_name: "x.yml".into(),
+            source: String::new(),
+            workspace_upload: None,
+            repository: None,
+            origin: None,
+            created_at_ms: 1,
+        };
+        let (_, jobs) =
+            store.create_pipeline(pipeline, vec![job(JobState::Queued), job(JobState::Queued)]).await.unwrap();
+        store.set_reason(jobs[0].id, &format!("{CANCELLING}cancelled by user")).await.unwrap();
+        let (key, _) = gpuci_store::SecretsKey::generate();
+        let brain = Brain::load(store, Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+        assert_eq!(brain.cancelling.get(&jobs[0].id).map(String::as_str), Some("cancelled by user"));
+        assert!(!brain.cancelling.contains_key(&jobs[1].id));
+    }
 
     #[test]
     fn silence_is_counted_only_while_the_coordinator_ran() {

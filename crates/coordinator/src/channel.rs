@@ -187,16 +187,20 @@ async fn store_lines(
     first_seq: u64,
     lines: Vec<LogChunk>,
 ) -> Result<(), String> {
-    if let std::collections::hash_map::Entry::Vacant(slot) = logs.entry(job_id) {
-        // Only the agent a job is assigned to may write its log.
-        let log = match st.store.get_job(job_id).await.map_err(|e| e.to_string())? {
+    if !matches!(logs.get(&job_id), Some(Some(_))) {
+        // Only the agent a job is assigned to may write its log. A job that is not this
+        // agent's is asked about again next time, never remembered as not: it may be assigned
+        // here later under the same id (a database restored from a backup hands out ids
+        // again), and its whole log was dropped (outsider attack).
+        match st.store.get_job(job_id).await.map_err(|e| e.to_string())? {
             Some(j) if j.agent_id.as_deref() == Some(agent_id) => {
                 let (stored, last_seq) = st.store.log_extent(job_id).await.map_err(|e| e.to_string())?;
-                Some(JobLog::new(j.pipeline_id, stored, last_seq, st.max_log_bytes))
+                logs.insert(job_id, Some(JobLog::new(j.pipeline_id, stored, last_seq, st.max_log_bytes)));
             }
-            _ => None,
-        };
-        slot.insert(log);
+            _ => {
+                logs.remove(&job_id);
+            }
+        }
     }
     let Some(Some(log)) = logs.get_mut(&job_id) else {
         tracing::warn!(agent = %agent_id, job = job_id, "log lines for a job not assigned to this agent; dropped");

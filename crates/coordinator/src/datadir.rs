@@ -47,7 +47,20 @@ pub fn lock(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, DataDirError
     let io = |error| DataDirError::Dir { path: dir.to_path_buf(), error };
     let handle = std::fs::File::open(dir).map_err(io)?;
     let pid_file = dir.join("lock");
-    match nix::fcntl::Flock::lock(handle, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+    // Retried for up to 3 s: a coordinator killed while a child of it was between `fork` and
+    // `exec` leaves that child holding the lock for some milliseconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let mut handle = handle;
+    let locked = loop {
+        match nix::fcntl::Flock::lock(handle, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                handle = back;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => break other,
+        }
+    };
+    match locked {
         Ok(held) => {
             use std::io::Write;
             use std::os::unix::fs::OpenOptionsExt;

@@ -76,6 +76,7 @@ pub fn run_argv(
     spec: &SandboxSpec,
     env_file: &Path,
     seccomp_profile: &Path,
+    may_pull: bool,
 ) -> Result<Vec<String>, SandboxError> {
     validate_job_id(&spec.job_id)?;
     let invalid = |reason: String| SandboxError::InvalidSpec { job_id: spec.job_id.clone(), reason };
@@ -95,7 +96,12 @@ pub fn run_argv(
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
     let name = container_name(&spec.job_id);
     let label = format!("gpuci.job-id={}", spec.job_id);
-    push(&["--name", &name, "--label", &label, "--init", "--pull=missing"]);
+    // A pull is the engine's own work, as root, in the host's network: a job that names the
+    // registry can have it fetch a 2.6 MB layer that unpacks to 2.5 GiB on the host's disk,
+    // scan the host's loopback ports, or follow a redirect to any address (outsider attack).
+    // Only a job the caller trusts pulls; the others run images already on the host.
+    let pull = if may_pull { "--pull=missing" } else { "--pull=never" };
+    push(&["--name", &name, "--label", &label, "--init", pull]);
     push(&["--cap-drop=ALL", "--security-opt=no-new-privileges", "--ipc=private"]);
     // gpuci's own filter (`crate::seccomp::oci_profile`), not the engine's default.
     push(&[&format!("--security-opt=seccomp={}", seccomp_profile.display())]);
@@ -188,6 +194,7 @@ mod tests {
             &spec(),
             Path::new("/run/gpuci/j7.env"),
             Path::new("/run/gpuci/j7.seccomp.json"),
+            true,
         )
         .expect("argv");
         assert_eq!(
@@ -218,12 +225,12 @@ mod tests {
         let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
         s.network = crate::Network::Namespace(std::sync::Arc::new(netns));
         let podman = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
-        let argv = run_argv(&podman, "python:3.12", &s, Path::new("/x.env"), Path::new("/x.json")).expect("argv");
+        let argv = run_argv(&podman, "python:3.12", &s, Path::new("/x.env"), Path::new("/x.json"), true).expect("argv");
         assert!(!argv.iter().any(|a| a.starts_with("--device")), "{argv:?}");
         let joined = format!("--network=ns:/proc/{}/fd/{fd}", std::process::id());
         assert_eq!(argv.iter().filter(|a| a.starts_with("--network")).collect::<Vec<_>>(), vec![&joined]);
         let docker = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
-        let err = run_argv(&docker, "python:3.12", &s, Path::new("/x.env"), Path::new("/x.json"))
+        let err = run_argv(&docker, "python:3.12", &s, Path::new("/x.env"), Path::new("/x.json"), true)
             .expect_err("docker cannot join");
         assert!(err.to_string().contains("network: none"), "{err}");
     }
@@ -236,7 +243,7 @@ mod tests {
         let rt = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
         let mut s = spec();
         s.scratch_size = Some(1 << 30);
-        let argv = run_argv(&rt, "python:3.12", &s, Path::new("/x.env"), Path::new("/x.json")).expect("argv");
+        let argv = run_argv(&rt, "python:3.12", &s, Path::new("/x.env"), Path::new("/x.json"), true).expect("argv");
         assert!(argv.contains(&"--read-only".to_string()), "{argv:?}");
         for dir in ["/tmp", "/var/tmp", "/run"] {
             let tmpfs = format!("--tmpfs={dir}:rw,nosuid,nodev,mode=1777,size=1073741824");
@@ -273,9 +280,18 @@ mod tests {
     }
 
     #[test]
+    fn only_a_trusted_job_pulls() {
+        let rt = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
+        let argv = |trusted| run_argv(&rt, "python:3.12", &spec(), Path::new("/x.env"), Path::new("/x.json"), trusted);
+        assert!(argv(true).expect("argv").contains(&"--pull=missing".to_string()));
+        let untrusted = argv(false).expect("argv");
+        assert!(untrusted.contains(&"--pull=never".to_string()) && !untrusted.contains(&"--pull=missing".to_string()));
+    }
+
+    #[test]
     fn image_that_looks_like_a_flag_is_rejected() {
         let rt = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
-        assert!(run_argv(&rt, "--privileged", &spec(), Path::new("/x.env"), Path::new("/x.json")).is_err());
+        assert!(run_argv(&rt, "--privileged", &spec(), Path::new("/x.env"), Path::new("/x.json"), true).is_err());
     }
 
     #[test]
