@@ -125,8 +125,9 @@ fn fit_for_next_write(
             };
         if !clean {
             tracing::warn!(
-                "a write failed inside a transaction (a full disk or an I/O error?); \
-                 the database connection is replaced so no later write is left uncommitted"
+                "a database connection came back inside an unfinished transaction (a write failed: a full \
+                 disk or an I/O error; or a request was abandoned mid-way, as when its client went away); \
+                 the connection is replaced so no later write is left uncommitted"
             );
         }
         Ok(clean)
