@@ -584,7 +584,12 @@ async fn execute_in(
         spec.workspace = engine_dir;
         spec.gpu_devices.clear();
         spec.gpu_common_devices.clear();
-        spec.resources = Default::default();
+        // The client reads what the image brings (its whole `/etc/passwd` for `--user`) into
+        // its own memory, as root: bounded by the job's limit and some room of its own, never
+        // the host's (outsider attack: 2.3 × a crafted file's size). The container itself is
+        // limited by the engine (`--memory`), in a cgroup of its own.
+        let client_memory = spec.resources.memory.map(|m| gpuci_core::quantity::Bytes(m.0.saturating_add(512 << 20)));
+        spec.resources = gpuci_sandbox::Resources { memory: client_memory, ..Default::default() };
         // The engine's client is gpuci's own process (rootful podman needs root); the job's
         // process in the container runs as the job user (`--user`, from the spec above).
         spec.user = None;
