@@ -288,6 +288,9 @@ pub struct Brain {
     /// Jobs of lost agents whose log already says output may be missing, while their end
     /// waits to be stored ([`Brain::end_jobs_of_lost`]).
     noted_lost: BTreeSet<JobId>,
+    /// The store took no writes when an agent was to be declared lost: until it does again
+    /// ([`Brain::store_hears_again`]) no agent is.
+    store_deaf: bool,
 }
 
 /// When an agent counts as last heard after the coordinator did not run for `stall` (SIGSTOP,
@@ -336,6 +339,7 @@ impl Brain {
             placements: 0,
             last_tick: None,
             noted_lost: BTreeSet::new(),
+            store_deaf: false,
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -1044,6 +1048,28 @@ impl Brain {
         }
     }
 
+    /// Whether the store takes writes again after it did not ([`Brain::store_deaf`]): one
+    /// small write, an agent's reason as it is. When it does, every agent gets `lost_after`
+    /// from now to be heard, as after a restart: while the store took no writes, no agent
+    /// could be (outsider attack: a database down or a disk full for longer than `lost_after`
+    /// ended healthy agents' finished jobs `lost` the moment it came back, and retried them).
+    async fn store_hears_again(&mut self) -> bool {
+        let probe = self.agents.values().find(|a| a.link != Link::Connected).map(|a| (a.id.clone(), a.reason.clone()));
+        if let Some((id, reason)) = probe {
+            let update = AgentUpdate { reason: Some(reason), ..Default::default() };
+            if self.store.update_agent(&id, update).await.is_err() {
+                return false;
+            }
+        }
+        self.store_deaf = false;
+        let now = Instant::now();
+        for a in self.agents.values_mut() {
+            a.last_seen = a.last_seen.max(now);
+        }
+        tracing::info!("the store takes writes again; every agent has lost_after from now to be heard");
+        true
+    }
+
     /// Timer work: queue timeouts, silent agents, lost agents.
     async fn reap(&mut self) {
         let now = Instant::now();
@@ -1065,6 +1091,10 @@ impl Brain {
             if self.agents.get(&id).is_some_and(|a| a.link != Link::Connected) {
                 self.record_link(&id, update).await;
             }
+        }
+        if self.store_deaf && !self.store_hears_again().await {
+            // Still no writes: nobody's silence counts (queue timeouts wait too: they are writes).
+            return;
         }
         // Silent but connected → drop the connection; away too long → lost.
         let ids: Vec<String> = self.agents.keys().cloned().collect();
@@ -1113,19 +1143,30 @@ impl Brain {
 
     async fn agent_lost(&mut self, agent_id: &str) {
         let (name, secs) = {
-            let a = self.agents.get_mut(agent_id).expect("agent exists");
-            a.link = Link::Lost;
-            let secs = (now_ms() - a.last_seen_ms).max(0) / 1000;
-            a.reason = format!("lost: no heartbeat for {secs}s");
-            (a.name.clone(), secs)
+            let a = &self.agents[agent_id];
+            (a.name.clone(), (now_ms() - a.last_seen_ms).max(0) / 1000)
         };
-        tracing::warn!(agent = agent_id, name = %name, "agent lost");
         let update = AgentUpdate {
             state: Some("lost".into()),
             reason: Some(format!("no heartbeat for {secs}s")),
             ..Default::default()
         };
-        self.record_link(agent_id, update).await;
+        if let Err(e) = self.store.update_agent(agent_id, update).await {
+            // The store takes no writes, so the coordinator cannot hear its agents either:
+            // their events cannot be stored and their connections are closed to have them sent
+            // again. Their silence is not theirs (see `store_deaf`).
+            if !self.store_deaf {
+                tracing::warn!(error = %e, "the store takes no writes: no agent is declared lost until it does, and then each gets lost_after to be heard");
+            }
+            self.store_deaf = true;
+            return;
+        }
+        self.unsaved_links.remove(agent_id);
+        if let Some(a) = self.agents.get_mut(agent_id) {
+            a.link = Link::Lost;
+            a.reason = format!("lost: no heartbeat for {secs}s");
+        }
+        tracing::warn!(agent = agent_id, name = %name, "agent lost");
         self.end_jobs_of_lost(agent_id, &name, secs).await;
     }
 

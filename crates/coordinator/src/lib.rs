@@ -285,7 +285,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             };
             match connected {
                 Ok(s) => {
-                    let holder = sole_use_holder(&config.data_dir);
+                    let holder = sole_use_holder(&config.data_dir)?;
                     let process = format!("pid {} ({})", std::process::id(), uuid::Uuid::new_v4());
                     let claim = s.claim_sole_use(&holder, &process, SOLE_USE_LEASE).await.with_context(|| {
                         format!("claiming database {} for this coordinator", gpuci_store::redact_url(url))
@@ -405,10 +405,27 @@ const SOLE_USE_RENEW: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Who claims a database: this host and data dir (the same coordinator restarted takes its
 /// claim back at once; its data dir lock shows the earlier run is gone).
-fn sole_use_holder(data_dir: &std::path::Path) -> String {
+/// The data dir is named by an id kept in it (`<data dir>/instance-id`, made once), not by its
+/// path alone: another directory mounted at the same path on a host of the same name (two
+/// containers) took over a healthy coordinator's database at once (outsider attack).
+fn sole_use_holder(data_dir: &std::path::Path) -> anyhow::Result<String> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let dir = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-    format!("{}:{}", host.trim(), dir.display())
+    let id_file = data_dir.join("instance-id");
+    let id = match std::fs::read_to_string(&id_file) {
+        Ok(id) if !id.trim().is_empty() => id.trim().to_string(),
+        _ => {
+            let id = uuid::Uuid::new_v4().to_string();
+            datadir::create_private(&id_file, format!("{id}\n").as_bytes())
+                .or_else(|e| if e.kind() == std::io::ErrorKind::AlreadyExists { Ok(()) } else { Err(e) })
+                .with_context(|| format!("writing {}", id_file.display()))?;
+            std::fs::read_to_string(&id_file)
+                .with_context(|| format!("reading {}", id_file.display()))?
+                .trim()
+                .to_string()
+        }
+    };
+    Ok(format!("{}:{} ({id})", host.trim(), dir.display()))
 }
 
 /// Renews the claim on a Postgres database (none: nothing to do, never returns) and returns
@@ -429,8 +446,9 @@ async fn keep_sole_use(claim: Option<(PostgresStore, String, String)>) -> anyhow
             }
             Ok(false) => {
                 return anyhow::anyhow!(
-                    "another coordinator took over this coordinator's database after its claim lapsed \
-                     (not renewed for {}s): two coordinators must never run on one database",
+                    "another coordinator holds this coordinator's database now (a claim passes on when it \
+                     was not renewed for {}s: this coordinator did not run, or could not reach the database, \
+                     that long): two coordinators must never run on one database",
                     SOLE_USE_LEASE.as_secs()
                 )
             }
