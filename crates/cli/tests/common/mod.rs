@@ -134,7 +134,46 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        // A killed agent leaves its slot networks' holders (its `sleep infinity` children) and
+        // their pasta, which run as uids of their own; only a later agent on the same uids
+        // clears them. Tests start agents on fresh uids, so clear them here or test runs pile
+        // them up on the host.
+        let uids = slot_network_uids(self.child.id());
         self.kill9();
+        for uid in uids {
+            kill_processes_of_uid(uid);
+        }
+    }
+}
+
+fn proc_entries() -> impl Iterator<Item = (u32, String)> {
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        Some((pid, std::fs::read_to_string(e.path().join("status")).ok()?))
+    })
+}
+
+fn status_field(status: &str, field: &str) -> Option<u32> {
+    status.lines().find_map(|l| l.strip_prefix(field))?.split_whitespace().next()?.parse().ok()
+}
+
+/// The real uids of `agent`'s children that hold slot networks (`sleep infinity`).
+fn slot_network_uids(agent: u32) -> Vec<u32> {
+    proc_entries()
+        .filter(|(_, st)| status_field(st, "PPid:") == Some(agent))
+        .filter(|(pid, _)| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"sleep\0infinity\0"))
+        })
+        .filter_map(|(_, st)| status_field(&st, "Uid:"))
+        .filter(|uid| *uid != 0)
+        .collect()
+}
+
+fn kill_processes_of_uid(uid: u32) {
+    for (pid, st) in proc_entries() {
+        if status_field(&st, "Uid:") == Some(uid) {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
     }
 }
 
