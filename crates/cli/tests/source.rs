@@ -244,3 +244,27 @@ fn uploads_need_a_token_or_an_agent_credential_and_submits_a_stored_upload() {
     let done = server.api().wait_pipeline(p.id, T);
     assert_eq!(done.state, "succeeded", "{done:#?}");
 }
+
+/// `gpuci bench client` runs real `gpuci submit --wait` processes from a git work tree and
+/// prints the client path beside the in-process path and the bare-bubblewrap floor (figures
+/// are BENCHMARKS.md's business; here only that each is measured).
+#[test]
+fn bench_client_measures_the_client_path_beside_the_floor() {
+    if Command::new("git").arg("--version").output().is_err() {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI=true but git is not installed");
+        return;
+    }
+    let iso = isolation();
+    let out = Command::new(BIN)
+        .args(["bench", "client", "--jobs", "2", "--isolation", iso, "--job-disk", "none"])
+        .env("GPUCI_LOG", "warn")
+        .output()
+        .expect("run gpuci bench client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("client: gpuci submit --wait → first instruction (2 runs): p50"), "{stdout}");
+    assert!(stdout.contains("in-process submit → first instruction (2 runs)"), "{stdout}");
+    if iso == "bubblewrap" {
+        assert!(stdout.contains("bare bwrap floor") && stdout.contains("/ bare bwrap p50"), "{stdout}");
+    }
+}
