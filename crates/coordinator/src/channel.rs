@@ -91,7 +91,7 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
     }
 
     // Per job this agent writes to: its log so far, or None when the job is not its own.
-    let mut logs: HashMap<JobId, Option<JobLog>> = HashMap::new();
+    let mut logs: HashMap<JobId, JobLog> = HashMap::new();
     let mut last_seen_sent = Instant::now();
     loop {
         let msg = tokio::select! {
@@ -182,12 +182,12 @@ async fn ask(st: &AppState, cmd: Command, answer: oneshot::Receiver<Result<(), S
 async fn store_lines(
     st: &AppState,
     agent_id: &str,
-    logs: &mut HashMap<JobId, Option<JobLog>>,
+    logs: &mut HashMap<JobId, JobLog>,
     job_id: JobId,
     first_seq: u64,
     lines: Vec<LogChunk>,
 ) -> Result<(), String> {
-    if !matches!(logs.get(&job_id), Some(Some(_))) {
+    if let std::collections::hash_map::Entry::Vacant(slot) = logs.entry(job_id) {
         // Only the agent a job is assigned to may write its log. A job that is not this
         // agent's is asked about again next time, never remembered as not: it may be assigned
         // here later under the same id (a database restored from a backup hands out ids
@@ -195,14 +195,12 @@ async fn store_lines(
         match st.store.get_job(job_id).await.map_err(|e| e.to_string())? {
             Some(j) if j.agent_id.as_deref() == Some(agent_id) => {
                 let (stored, last_seq) = st.store.log_extent(job_id).await.map_err(|e| e.to_string())?;
-                logs.insert(job_id, Some(JobLog::new(j.pipeline_id, stored, last_seq, st.max_log_bytes)));
+                slot.insert(JobLog::new(j.pipeline_id, stored, last_seq, st.max_log_bytes));
             }
-            _ => {
-                logs.remove(&job_id);
-            }
+            _ => {}
         }
     }
-    let Some(Some(log)) = logs.get_mut(&job_id) else {
+    let Some(log) = logs.get_mut(&job_id) else {
         tracing::warn!(agent = %agent_id, job = job_id, "log lines for a job not assigned to this agent; dropped");
         return Ok(());
     };
@@ -233,14 +231,13 @@ async fn store_lines(
 async fn note_lost_lines(
     st: &AppState,
     agent_id: &str,
-    logs: &mut HashMap<JobId, Option<JobLog>>,
+    logs: &mut HashMap<JobId, JobLog>,
     f: &gpuci_protocol::agent::JobFinished,
 ) -> Result<(), String> {
     let Some(printed) = f.lines else { return Ok(()) };
     let missing_from = match logs.get(&f.job_id) {
-        Some(Some(log)) if log.cut => return Ok(()),
-        Some(Some(log)) => log.last_seq + 1,
-        Some(None) => return Ok(()),
+        Some(log) if log.cut => return Ok(()),
+        Some(log) => log.last_seq + 1,
         None => match st.store.get_job(f.job_id).await.map_err(|e| e.to_string())? {
             Some(j) if j.agent_id.as_deref() == Some(agent_id) && !j.state.is_terminal() => {
                 let (stored, last_seq) = st.store.log_extent(f.job_id).await.map_err(|e| e.to_string())?;
@@ -262,7 +259,7 @@ async fn note_lost_lines(
     let line = LogChunk { ts_us: f.finished_at_us, stream: Stream::System, text };
     tracing::warn!(job = f.job_id, lines = printed as i64 - missing_from + 1, "job output lost with its agent");
     let stored = st.store.append_logs(f.job_id, Some(missing_from), &[line]).await.map_err(|e| e.to_string())?;
-    if let Some(Some(log)) = logs.get_mut(&f.job_id) {
+    if let Some(log) = logs.get_mut(&f.job_id) {
         log.stored_through(&stored);
     }
     if let Ok(Some(j)) = st.store.get_job(f.job_id).await {
