@@ -350,7 +350,42 @@ async fn execute(
     if let Err(e) = remove_workspace(&workspace).await {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");
     }
+    // The slot's job is gone: its next job's first process can wait for it already.
+    if let Some((slot, spec)) = slot.as_ref().and_then(|s| Some((s, warm_spec(ctx, s)?))) {
+        slot.prepare_warm(spec);
+    }
     result
+}
+
+/// What a warm start for `slot` looks like (see `gpuci_sandbox::WarmStart`); `None` where jobs
+/// are not started in bubblewrap, so none would fit.
+pub(crate) fn warm_spec(ctx: &JobContext, slot: &crate::slots::SlotGuard) -> Option<gpuci_sandbox::WarmSpec> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    if !ctx.bubblewrap || ctx.isolation == crate::IsolationPolicy::None {
+        return None;
+    }
+    Some(gpuci_sandbox::WarmSpec {
+        // Under the agent's prefix, so the start-up sweep finds what a killed agent left.
+        name: format!("{}-warm-{}-{}", ctx.sandbox_prefix, slot.index(), N.fetch_add(1, Ordering::Relaxed)),
+        user: slot.user(),
+        network: match ctx.default_network {
+            JobNetwork::Slot => Some(slot.network()?.namespace()),
+            JobNetwork::Host | JobNetwork::None => None,
+        },
+        cgroups: gpuci_sandbox::CgroupUse::Auto,
+    })
+}
+
+/// A warm start taken from its slot, discarded unless the job's sandbox used it.
+struct TakenWarm(Option<gpuci_sandbox::WarmStart>);
+
+impl Drop for TakenWarm {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.take() {
+            tokio::spawn(w.discard());
+        }
+    }
 }
 
 /// Removes a workspace off the async threads: a job decides how many files it leaves, and
@@ -445,6 +480,11 @@ async fn execute_in(
     slot: Option<&crate::slots::SlotGuard>,
 ) -> (Outcome, Option<JobTelemetry>) {
     let step = &a.step;
+    // Taken first, whatever the step turns out to be: it must not wait beside this job.
+    let mut warm = TakenWarm(match slot {
+        Some(s) => s.take_warm().await,
+        None => None,
+    });
     let isolation =
         match decide_isolation(step.sandbox, ctx.isolation, ctx.bubblewrap, ctx.allow_unsandboxed, a.trusted) {
             Ok((isolation, note)) => {
@@ -597,7 +637,7 @@ async fn execute_in(
         spec.scratch_size = None;
         container = Some((rt, name, env_file, profile));
     }
-    let (mut sandbox, stdout, stderr) = match Sandbox::spawn(&spec) {
+    let (mut sandbox, stdout, stderr) = match Sandbox::spawn_warm(&spec, warm.0.take()) {
         Ok(s) => s,
         Err(e) => {
             if let Some((_, _, env_file, profile)) = &container {

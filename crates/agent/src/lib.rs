@@ -358,6 +358,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             "killed what an earlier run of this agent left behind"
         );
     }
+    // Each idle slot's first job can start warm (after the sweep: it would take them).
+    if let Some(slots) = &ctx.slots {
+        let idle: Vec<_> = std::iter::from_fn(|| slots.take()).collect();
+        for slot in &idle {
+            if let Some(spec) = executor::warm_spec(&ctx, slot) {
+                slot.prepare_warm(spec);
+            }
+        }
+    }
     // Baselines are taken now, while the GPUs are idle.
     for g in ctx.inventory.read().unwrap_or_else(|e| e.into_inner()).iter() {
         executor::baseline(&ctx, &g.uuid);

@@ -11,10 +11,19 @@
 //!
 //! One owner: the pool below is shared by job tasks, which take a slot for a job's whole run
 //! (workspace set-up to cleanup) and give it back by dropping the guard.
+//!
+//! An idle slot may hold a warm start (`gpuci_sandbox::WarmStart`): its next job's first
+//! process, already in its cgroup, network and uid, prepared after the slot's last job was
+//! cleaned up. Only the job that takes the slot takes it, so it never exists beside another
+//! job of the slot's uid.
 
 use std::sync::{Arc, Mutex};
 
-use gpuci_sandbox::{JobUser, SlotDisk, SlotNetwork};
+use gpuci_sandbox::{JobUser, SlotDisk, SlotNetwork, WarmSpec, WarmStart};
+use tokio::task::JoinHandle;
+
+/// A slot's warm start, ready or still being prepared.
+type WarmCell = Mutex<Option<JoinHandle<Option<WarmStart>>>>;
 
 /// Where default job uids come from: high enough to miss the usual account and `/etc/subuid`
 /// ranges (100000–165535 for the first user, 65536 per user after it). Each agent leases one
@@ -148,6 +157,8 @@ pub struct Slots {
     networks: Vec<Option<SlotNetwork>>,
     /// Per slot: its own disk (the job's disk quota), when the agent made them.
     disks: Vec<Option<SlotDisk>>,
+    /// Per slot: the warm start waiting for its next job.
+    warm: Vec<WarmCell>,
     free: Mutex<Vec<usize>>,
 }
 
@@ -159,7 +170,8 @@ impl Slots {
         disks: Vec<Option<SlotDisk>>,
     ) -> Arc<Slots> {
         let free = (0..users.len()).rev().collect();
-        Arc::new(Slots { _lease: lease, users, networks, disks, free: Mutex::new(free) })
+        let warm = users.iter().map(|_| Mutex::new(None)).collect();
+        Arc::new(Slots { _lease: lease, users, networks, disks, warm, free: Mutex::new(free) })
     }
 
     /// The first slot's job uid.
@@ -198,6 +210,35 @@ impl SlotGuard {
 
     pub fn index(&self) -> usize {
         self.index
+    }
+
+    /// The warm start prepared for this slot's next job, once ready (`None`: there is none, or
+    /// preparing it failed; the job then starts cold).
+    pub async fn take_warm(&self) -> Option<WarmStart> {
+        let pending = self.slots.warm[self.index].lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        pending.await.ok().flatten()
+    }
+
+    /// Starts preparing a warm start for the slot's next job. Call only once the slot's job
+    /// is gone (its processes killed), before giving the slot back.
+    pub fn prepare_warm(&self, spec: WarmSpec) {
+        let task = tokio::spawn(async move {
+            match WarmStart::prepare(spec).await {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not prepare a warm start; the slot's next job starts cold");
+                    None
+                }
+            }
+        });
+        let old = self.slots.warm[self.index].lock().unwrap_or_else(|e| e.into_inner()).replace(task);
+        if let Some(old) = old {
+            tokio::spawn(async move {
+                if let Ok(Some(w)) = old.await {
+                    w.discard().await;
+                }
+            });
+        }
     }
 }
 

@@ -525,6 +525,16 @@ pub enum BenchCommand {
         #[arg(long, default_value = "20GiB", value_parser = parse_job_disk)]
         job_disk: u64,
     },
+    /// The sandbox alone (root, bubblewrap): a job's start from a warm start and from cold,
+    /// each `true` to its exit, interleaved with a bare bwrap with the same namespaces and
+    /// seccomp filter (the floor), after an idle gap each, as jobs arrive on a real agent.
+    Sandbox {
+        #[arg(long, default_value_t = 200)]
+        runs: u32,
+        /// The idle time before each start.
+        #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+        gap: std::time::Duration,
+    },
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

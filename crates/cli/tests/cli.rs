@@ -47,7 +47,8 @@ fn run_rejects_a_broken_pipeline_with_file_line_column_and_exit_2() {
 
 #[test]
 fn validate_and_schema() {
-    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples");
+    let root =
+        format!("{}/../../examples", std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let out = gpuci(&["validate", &format!("{root}/hello.gpuci.yml"), &format!("{root}/gpu.gpuci.yml")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = gpuci(&["schema"]);

@@ -23,7 +23,9 @@ const APP_ID: u64 = 4711;
 const SECRET: &str = "webhook-secret-for-tests";
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../github/tests/fixtures").join(name)
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("../github/tests/fixtures")
+        .join(name)
 }
 
 /// What is installed at the pool's `install_dir`.

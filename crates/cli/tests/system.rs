@@ -541,3 +541,78 @@ fn an_image_step_waits_for_an_agent_with_a_working_container_engine() {
     assert!(j.reason.contains("needs a container runtime"), "{}", j.reason);
     assert!(j.started_at_ms.is_none(), "an image step never falls back to the host");
 }
+
+/// Live (not zombie) processes any of whose uids is `uid`: (pid, command line).
+fn live_processes_of_uid(uid: u32) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else { continue };
+        let state = status.lines().find_map(|l| l.strip_prefix("State:")).unwrap_or("").trim_start();
+        let ours = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .is_some_and(|u| u.split_whitespace().any(|x| x == uid.to_string()));
+        if ours && !state.starts_with('Z') && !state.starts_with('X') {
+            let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            found.push((pid, String::from_utf8_lossy(&cmd).replace('\0', " ").trim_end().to_string()));
+        }
+    }
+    found
+}
+
+/// Issue 9 (speed): an idle slot holds its next job's first process, already in its cgroup
+/// and as its uid; the job starts from it, and a fresh one waits once the job is gone. Nothing
+/// else ever runs as the slot's uid while it is idle.
+#[test]
+fn a_slots_next_job_starts_from_its_waiting_process_and_nothing_else_runs_as_the_slots_uid() {
+    if isolation() != "bubblewrap" || !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true: system tests run as root with bubblewrap");
+        eprintln!("SKIP: warm starts need a root agent with bubblewrap");
+        return;
+    }
+    let uid = 1_620_000_000 + (std::process::id() % 50_000) * 16;
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let uids = format!("{uid}-{}", uid + 1);
+    let _agent = Agent::start(
+        &server,
+        &dir.path().join("agent"),
+        "a1",
+        &["--isolation", "bubblewrap", "--slots", "1", "--job-uids", &uids, "--job-disk", "none"],
+    );
+    let api = server.api();
+    api.wait_agents(1, T);
+    let waiting = |than: Option<u32>| {
+        let procs = live_processes_of_uid(uid);
+        match procs.as_slice() {
+            [(pid, cmd)] if cmd == "/bin/sh -s" && Some(*pid) != than => Some(*pid),
+            _ => None,
+        }
+    };
+    wait_until_or(
+        "the slot's waiting process",
+        T,
+        || waiting(None).is_some(),
+        || format!("{:?}", live_processes_of_uid(uid)),
+    );
+    let first = waiting(None).unwrap();
+    let p = api.submit("steps:\n  - key: a\n    command: [sleep 2, echo ran-from-the-waiting-process]\n");
+    // The waiting process itself becomes the job's bwrap: no new process was forked for it.
+    wait_until_or(
+        "the waiting process to become the job",
+        T,
+        || std::fs::read_to_string(format!("/proc/{first}/cmdline")).is_ok_and(|c| c.contains("bwrap")),
+        || format!("{:?}", live_processes_of_uid(uid)),
+    );
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{:?}", done.jobs[0]);
+    assert!(api.log_text(done.jobs[0].id).contains("ran-from-the-waiting-process"));
+    // Then exactly one new waiting process, and nothing else of the uid.
+    wait_until_or(
+        "a fresh waiting process and nothing else",
+        T,
+        || waiting(Some(first)).is_some(),
+        || format!("{:?}", live_processes_of_uid(uid)),
+    );
+}

@@ -19,7 +19,9 @@ use std::path::PathBuf;
 const INVALID_MARK: &str = "<!-- invalid -->";
 
 fn repo_file(rel: &str) -> (PathBuf, String) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel);
+    let path = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     (path, text)
 }

@@ -441,7 +441,8 @@ impl SortedByPosition for Vec<&str> {
 /// The whole output for a file with many mistakes, as a person reads it.
 #[test]
 fn many_mistakes_snapshot() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipelines");
+    let dir = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pipelines");
     let text = std::fs::read_to_string(dir.join("bad.gpuci.yml")).unwrap_or_default();
     let got = match parse("bad.gpuci.yml", &text) {
         Ok(_) => panic!("bad.gpuci.yml parsed"),

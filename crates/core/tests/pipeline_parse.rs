@@ -21,7 +21,7 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 fn repo_file(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("../..").join(path)
 }
 
 #[test]
@@ -198,7 +198,8 @@ fn gpu_example_parses() {
 
 #[test]
 fn fixture_with_every_field_parses() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pipelines/full.gpuci.yml");
+    let path = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/pipelines/full.gpuci.yml");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     if let Err(e) = parse("full.gpuci.yml", &text) {
         panic!("{e}");

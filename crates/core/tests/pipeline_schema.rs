@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn repo_file(path: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(path)
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")).join("../..").join(path)
 }
 
 const SCHEMA_FILE: &str = "docs/gpuci-pipeline.schema.json";

@@ -16,7 +16,10 @@ const APP_ID: u64 = 4242;
 const PAT: &str = "ghp_personal_test";
 
 fn fixture(name: &str) -> String {
-    let path = format!("{}/../github/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/../github/tests/fixtures/{name}",
+        std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR")
+    );
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 

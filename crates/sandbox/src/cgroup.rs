@@ -200,6 +200,34 @@ impl JobCgroup {
         resources: &Resources,
         deny_devices: &[(u64, u64)],
     ) -> Result<JobCgroup, SandboxError> {
+        // Only the hierarchies this job needs: memory and pids (limits, OOM and fork-limit
+        // reporting), freezer (race-free tree kill); cpu only with a CPU limit and devices
+        // only when there are GPU nodes to deny. Each directory is a mkdir plus a
+        // cgroup.procs write at start and an rmdir at cleanup.
+        let mut cg = Self::create_dirs(layout, job_id, &|c| match c {
+            Controller::Memory | Controller::Pids | Controller::Freezer => true,
+            Controller::Cpu => resources.cpu_millis.is_some(),
+            Controller::Devices => !deny_devices.is_empty(),
+        })?;
+        if let Err(e) = cg.apply(resources, deny_devices) {
+            cg.remove_dirs();
+            return Err(e);
+        }
+        Ok(cg)
+    }
+
+    /// A cgroup in every hierarchy a job could need, without limits yet: for a process started
+    /// ahead of its job (see `warm.rs`), whose limits [`JobCgroup::apply`] writes when the job
+    /// is known. Unused controllers cost nothing but a directory.
+    pub(crate) fn create_unlimited(layout: &Layout, name: &str) -> Result<JobCgroup, SandboxError> {
+        Self::create_dirs(layout, name, &|_| true)
+    }
+
+    fn create_dirs(
+        layout: &Layout,
+        job_id: &str,
+        want: &dyn Fn(Controller) -> bool,
+    ) -> Result<JobCgroup, SandboxError> {
         let err = |op: &str, path: &Path, source: io::Error| SandboxError::Cgroup {
             job_id: job_id.to_string(),
             op: op.to_string(),
@@ -207,19 +235,9 @@ impl JobCgroup {
             source,
         };
         let dirs: Vec<(Controller, PathBuf)> = match layout {
-            // Only the hierarchies this job needs: memory and pids (limits, OOM and fork-limit
-            // reporting), freezer (race-free tree kill); cpu only with a CPU limit and devices
-            // only when there are GPU nodes to deny. Each directory is a mkdir plus a
-            // cgroup.procs write at start and an rmdir at cleanup.
-            Layout::V1 { bases } => bases
-                .iter()
-                .filter(|(c, _)| match c {
-                    Controller::Memory | Controller::Pids | Controller::Freezer => true,
-                    Controller::Cpu => resources.cpu_millis.is_some(),
-                    Controller::Devices => !deny_devices.is_empty(),
-                })
-                .map(|(c, b)| (*c, b.join(GROUP).join(job_id)))
-                .collect(),
+            Layout::V1 { bases } => {
+                bases.iter().filter(|(c, _)| want(*c)).map(|(c, b)| (*c, b.join(GROUP).join(job_id))).collect()
+            }
             Layout::V2 { base } => {
                 // Enable controllers for gpuci/ and its children. Failing here is not fatal on
                 // its own: a limit that is asked for and cannot be written is.
@@ -234,7 +252,7 @@ impl JobCgroup {
             job_id: job_id.to_string(),
             v2: matches!(layout, Layout::V2 { .. }),
             dirs: Vec::new(),
-            memory_limit: resources.memory.map(|b| b.0),
+            memory_limit: None,
         };
         for (c, dir) in dirs {
             if let Some(parent) = dir.parent() {
@@ -258,10 +276,6 @@ impl JobCgroup {
             }
             cg.dirs.push((c, dir));
         }
-        if let Err(e) = cg.apply(resources, deny_devices) {
-            cg.remove_dirs();
-            return Err(e);
-        }
         Ok(cg)
     }
 
@@ -272,7 +286,11 @@ impl JobCgroup {
         self.dirs.iter().find(|(k, _)| *k == c).map(|(_, d)| d.as_path())
     }
 
-    fn apply(&self, r: &Resources, deny_devices: &[(u64, u64)]) -> Result<(), SandboxError> {
+    /// Writes the limits (and, on v1, the device denials). Also on a cgroup that already has
+    /// its process: lowering a limit below what it uses fails, and a started process uses
+    /// next to nothing.
+    pub(crate) fn apply(&mut self, r: &Resources, deny_devices: &[(u64, u64)]) -> Result<(), SandboxError> {
+        self.memory_limit = r.memory.map(|b| b.0);
         let id = &self.job_id;
         let need = |c: Controller, file: &str| -> Result<PathBuf, SandboxError> {
             let p = self.dir(c).map(|d| d.join(file)).filter(|p| p.exists());

@@ -61,6 +61,8 @@
 //! enabled `favordynmods` on a cgroup mount (`mount -o remount,favordynmods` on the cgroup2 mount,
 //! also the hybrid `unified` one; kernel ≥ 6.1). That is a host-wide trade-off (slightly slower
 //! fork/exit) for the administrator to make, so this crate does not flip it; see BENCHMARKS.md.
+//! Instead [`WarmStart`] pays it ahead of time: a slot's next job's first process, already in
+//! its cgroups, network namespace and uid, waiting for [`Sandbox::spawn_warm`] (see `warm.rs`).
 //!
 //! [`Sandbox::kill_tree`] kills without racing forks: v2 `cgroup.kill`; v1 freeze (freezer),
 //! SIGKILL every pid, thaw. Without cgroups it kills the process group and every process whose
@@ -89,6 +91,8 @@ mod procscan;
 mod quota;
 mod sandbox;
 pub mod seccomp;
+mod spawner;
+mod warm;
 
 pub mod container;
 
@@ -108,6 +112,7 @@ pub use procscan::MARKER as JOB_ID_ENV;
 pub use quota::SlotDisk;
 pub use sandbox::{ExitInfo, Sandbox};
 pub use seccomp::SeccompError;
+pub use warm::{WarmSpec, WarmStart};
 
 /// The directory under `/run` the sandbox keeps host-wide state in (the `/etc` view; the
 /// agent's uid locks). See [`ensure_run_dir`].

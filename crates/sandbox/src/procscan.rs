@@ -41,3 +41,25 @@ fn pids_where(matches: impl Fn(&[u8]) -> bool) -> Vec<i32> {
     }
     out
 }
+
+/// Pids of live processes any of whose uids (real, effective, saved, file system) is `uid`.
+/// Zombies are not counted: they run nothing and hold nothing (an orphaned job process stays
+/// one until the host's init reaps it, which on some hosts takes a while).
+pub(crate) fn pids_of_uid(uid: u32) -> Vec<i32> {
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let want = uid.to_string();
+    rd.flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let status = fs::read_to_string(e.path().join("status")).ok()?;
+            let state = status.lines().find_map(|l| l.strip_prefix("State:"))?.trim_start();
+            if state.starts_with('Z') || state.starts_with('X') {
+                return None;
+            }
+            let uids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+            uids.split_whitespace().any(|u| u == want).then_some(pid)
+        })
+        .collect()
+}

@@ -90,6 +90,15 @@ pub struct Sandbox {
 impl Sandbox {
     /// Starts the job. stdin is `/dev/null`; stdout and stderr are pipes.
     pub fn spawn(spec: &SandboxSpec) -> Result<(Sandbox, ChildStdout, ChildStderr), SandboxError> {
+        Self::spawn_warm(spec, None)
+    }
+
+    /// Starts the job from `warm` when it fits the job (same user, network namespace and
+    /// cgroup use; bubblewrap), else cold, discarding `warm` first. Same result either way.
+    pub fn spawn_warm(
+        spec: &SandboxSpec,
+        warm: Option<crate::WarmStart>,
+    ) -> Result<(Sandbox, ChildStdout, ChildStderr), SandboxError> {
         let id = spec.job_id.as_str();
         validate_job_id(id)?;
         let invalid = |reason: &str| SandboxError::InvalidSpec { job_id: id.to_string(), reason: reason.to_string() };
@@ -154,6 +163,38 @@ impl Sandbox {
                 let _ = fs::remove_dir_all(d);
             }
         };
+        if let Some(w) = warm {
+            let id = id.to_string();
+            match w.misfit(spec) {
+                None => match w.start(spec, &env) {
+                    Ok(started) => {
+                        let crate::warm::Started { child, stdout, stderr, cgroup, etc_view } = started;
+                        let pid = child.id().unwrap_or(0);
+                        tracing::debug!(job_id = %id, pid, "job started from a warm start");
+                        let sandbox = Sandbox {
+                            job_id: id,
+                            child,
+                            pid,
+                            cgroup,
+                            private_dev,
+                            etc_view,
+                            exit: None,
+                            cleaned: false,
+                        };
+                        return Ok((sandbox, stdout, stderr));
+                    }
+                    Err(failed) => {
+                        let (e, w) = *failed;
+                        tracing::warn!(job_id = %id, error = %e, "the warm start failed; starting the job cold");
+                        tokio::spawn(w.discard());
+                    }
+                },
+                Some(why) => {
+                    tracing::debug!(job_id = %id, why, "the warm start does not fit this job; starting it cold");
+                    tokio::spawn(w.discard());
+                }
+            }
+        }
         let cgroup = match create_cgroup(spec) {
             Ok(c) => c,
             Err(e) => {
@@ -416,7 +457,7 @@ fn create_cgroup(spec: &SandboxSpec) -> Result<Option<JobCgroup>, SandboxError> 
 }
 
 /// (major, minor) of every host `/dev/nvidiaN` that is not leased: the devices cgroup denies them.
-fn non_leased_gpu_nodes(leased: &[std::path::PathBuf], host: &dyn HostFs) -> Vec<(u64, u64)> {
+pub(crate) fn non_leased_gpu_nodes(leased: &[std::path::PathBuf], host: &dyn HostFs) -> Vec<(u64, u64)> {
     let leased: Vec<Kind> = leased.iter().map(|p| host.kind_follow(p)).collect();
     let Ok(rd) = fs::read_dir("/dev") else {
         return Vec::new();
@@ -500,7 +541,11 @@ fn private_devices(
 
 /// `/etc/passwd` and `/etc/group` as the job sees them: the host's (or the view's) plus an
 /// entry `gpuci-job` for the job's uid/gid when the host has none, home = the workspace.
-fn account_files(user: crate::JobUser, workspace: &Path, view: Option<&Path>) -> (Option<String>, Option<String>) {
+pub(crate) fn account_files(
+    user: crate::JobUser,
+    workspace: &Path,
+    view: Option<&Path>,
+) -> (Option<String>, Option<String>) {
     let read = |name: &str| {
         view.and_then(|v| fs::read_to_string(v.join(name)).ok())
             .or_else(|| fs::read_to_string(Path::new("/etc").join(name)).ok())

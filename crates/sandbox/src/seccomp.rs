@@ -195,8 +195,9 @@ pub fn oci_profile() -> Result<String, SeccompError> {
     Ok(format!(r#"{{"defaultAction":"SCMP_ACT_ALLOW","architectures":["{arch}"],"syscalls":[{}]}}"#, rules.join(",")))
 }
 
-/// Writes each program into its own sealed-off memfd for bwrap's `--add-seccomp-fd`.
-pub(crate) fn memfds() -> io::Result<Vec<std::fs::File>> {
+/// Writes each program into its own memfd (close-on-exec, rewound) for bwrap's
+/// `--add-seccomp-fd`. Public for benchmarks that hold a bare bwrap to the same filter.
+pub fn memfds() -> io::Result<Vec<std::fs::File>> {
     use std::io::{Seek, Write};
     let progs = programs().map_err(io::Error::other)?;
     progs

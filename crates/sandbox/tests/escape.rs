@@ -584,3 +584,149 @@ async fn slot_network_reaches_the_outside_but_not_the_host_or_other_slots() {
     job_b.cleanup().await.unwrap();
     drop((slot_a, slot_b));
 }
+
+// ---- Warm starts (a process waiting in its cgroup for the slot's next job): the same
+// containment as a cold start, every attack above included. ----
+
+async fn warm_for(spec: &SandboxSpec) -> gpuci_sandbox::WarmStart {
+    let w = gpuci_sandbox::WarmSpec {
+        name: format!("{}-warm", spec.job_id),
+        user: spec.user.expect("a job user"),
+        network: None,
+        cgroups: spec.cgroups,
+    };
+    gpuci_sandbox::WarmStart::prepare(w).await.expect("warm start")
+}
+
+async fn run_warm(spec: &SandboxSpec) -> Run {
+    let warm = warm_for(spec).await;
+    let waiting = warm.pid().expect("the warm start's pid");
+    let (mut sb, mut so, mut se) = Sandbox::spawn_warm(spec, Some(warm)).expect("spawn");
+    assert_eq!(sb.pid(), waiting, "the job did not start from the warm start");
+    let (mut out, mut err) = (String::new(), String::new());
+    let (exit, _, _) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(sb.wait(), so.read_to_string(&mut out), se.read_to_string(&mut err))
+    })
+    .await
+    .expect("job did not finish within 60 s");
+    sb.cleanup().await.expect("cleanup");
+    assert!(!Path::new(&format!("/proc/{waiting}")).exists(), "the job's first process outlived cleanup");
+    Run { exit: exit.expect("wait"), out, err }
+}
+
+#[tokio::test]
+async fn a_warm_started_job_is_the_same_job_as_a_cold_started_one() {
+    if !ready("warm_same", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    // Who it is, what it holds, what it sees, where it is: all must match a cold start.
+    let script = "id; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; ls /proc/self/fd; \
+                  env | grep -v GPUCI_SANDBOX_ID | sort; cat /proc/self/cgroup | grep -c gpuci; \
+                  echo '|/bin/sh -c id' > /proc/sys/kernel/core_pattern && echo WROTE-CORE-PATTERN; \
+                  unshare -Ur true && echo USERNS-OK; ls /; true";
+    let mut s = spec("warm-same", &ws, script, Isolation::Bubblewrap);
+    s.env.insert("JOB_SECRET".into(), "only-in-the-job".into());
+    s.resources = Resources { memory: Some(Bytes::from_mib(256)), cpu_millis: None, pids: Some(64) };
+    let cold = run(&s).await;
+    s.job_id = job_id("warm-same-w");
+    let warm = run_warm(&s).await;
+    assert!(cold.exit.success() && warm.exit.success(), "{:?} {} / {:?} {}", cold.exit, cold.err, warm.exit, warm.err);
+    assert_eq!(warm.out, cold.out, "warm and cold starts differ; stderr: {} / {}", warm.err, cold.err);
+    assert!(warm.out.contains("JOB_SECRET=only-in-the-job"), "{}", warm.out);
+    assert!(!warm.out.contains("WROTE") && !warm.out.contains("USERNS-OK"), "{}", warm.out);
+}
+
+#[tokio::test]
+async fn a_warm_started_job_gets_its_own_limits() {
+    if !ready("warm_limits", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    let mut s = spec("warm-oom", &ws, "head -c 200M /dev/zero | tail > /dev/null", Isolation::Bubblewrap);
+    s.resources = Resources { memory: Some(Bytes::from_mib(64)), cpu_millis: None, pids: Some(64) };
+    let r = run_warm(&s).await;
+    assert!(r.exit.oom_killed, "the memory limit was not applied to the warm start: {:?} {}", r.exit, r.err);
+    assert_eq!(r.exit.to_string(), "out of memory (limit 64 MiB)");
+    let mut s = spec("warm-bomb", &ws, "for i in $(seq 100); do sleep 5 & done; wait", Isolation::Bubblewrap);
+    s.resources = Resources { memory: Some(Bytes::from_mib(256)), cpu_millis: None, pids: Some(16) };
+    let r = run_warm(&s).await;
+    assert!(r.exit.pids_limit_hit, "the pids limit was not applied to the warm start: {:?} {}", r.exit, r.err);
+}
+
+#[tokio::test]
+async fn a_warm_start_that_does_not_fit_is_discarded_and_the_job_starts_cold() {
+    if !ready("warm_misfit", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    let s = spec("warm-misfit", &ws, "id -u", Isolation::Bubblewrap);
+    let mut other = s.clone();
+    other.user = Some(test_user());
+    let warm = warm_for(&other).await;
+    let waiting = warm.pid().expect("pid");
+    let (mut sb, mut so, _se) = Sandbox::spawn_warm(&s, Some(warm)).expect("spawn");
+    assert_ne!(sb.pid(), waiting, "a warm start of another user ran the job");
+    let mut out = String::new();
+    so.read_to_string(&mut out).await.expect("read");
+    assert_eq!(out.trim(), s.user.unwrap().uid.to_string());
+    sb.wait().await.expect("wait");
+    sb.cleanup().await.expect("cleanup");
+    let gone = async {
+        while Path::new(&format!("/proc/{waiting}")).exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone).await.expect("the misfit warm start was not ended");
+}
+
+#[tokio::test]
+async fn a_discarded_warm_start_leaves_no_process_and_no_cgroup() {
+    if !ready("warm_discard", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    let s = spec("warm-discard", &ws, "true", Isolation::Bubblewrap);
+    let warm = warm_for(&s).await;
+    let pid = warm.pid().expect("pid");
+    let cgroups = fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("its cgroups");
+    let memory = cgroups.lines().find(|l| l.contains(":memory:")).map(|l| l.rsplit(':').next().unwrap().to_string());
+    let uid = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(uid.lines().any(|l| l.starts_with("Uid:") && l.contains(&s.user.unwrap().uid.to_string())), "{uid}");
+    warm.discard().await;
+    assert!(!Path::new(&format!("/proc/{pid}")).exists(), "the waiting process outlived discard");
+    if let Some(m) = memory {
+        let dir = Path::new("/sys/fs/cgroup/memory").join(m.trim_start_matches('/'));
+        assert!(!dir.exists(), "its cgroup {} is left", dir.display());
+    }
+}
+
+#[tokio::test]
+async fn a_warm_start_is_refused_while_anything_runs_as_its_uid() {
+    // A process of the uid (a job's leftover) could trace the waiting process and read the
+    // next job's secrets from it: none may wait beside one.
+    if !ready("warm_busy", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    let s = spec("warm-busy", &ws, "sleep 30", Isolation::Bubblewrap);
+    let (mut sb, _o, _e) = Sandbox::spawn(&s).expect("spawn");
+    let w = gpuci_sandbox::WarmSpec {
+        name: format!("{}-warm", s.job_id),
+        user: s.user.unwrap(),
+        network: None,
+        cgroups: CgroupUse::Auto,
+    };
+    let e = gpuci_sandbox::WarmStart::prepare(w).await.expect_err("a warm start beside a running process of its uid");
+    assert!(e.to_string().contains("still running"), "{e}");
+    sb.kill_tree().expect("kill");
+    sb.wait().await.expect("wait");
+    sb.cleanup().await.expect("cleanup");
+    // Once the uid is idle again it is allowed.
+    warm_for(&s).await.discard().await;
+}

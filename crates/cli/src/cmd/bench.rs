@@ -19,7 +19,99 @@ pub async fn run(a: BenchArgs) -> CliResult {
     match a.command {
         BenchCommand::Dispatch { jobs, slots, isolation, job_disk } => dispatch(jobs, slots, isolation, job_disk).await,
         BenchCommand::Client { jobs, isolation, job_disk } => client(jobs, isolation, job_disk).await,
+        BenchCommand::Sandbox { runs, gap } => sandbox(runs, gap).await,
     }
+}
+
+/// The sandbox's own start, warm and cold, beside the bare-bwrap floor with the same
+/// namespaces and seccomp filter. Each row waits `gap` first, so on a cgroup v1 host the cold
+/// start pays the RCU grace period a job arriving at an idle agent pays.
+async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
+    use gpuci_sandbox::{JobUser, Sandbox, SandboxSpec, WarmSpec, WarmStart};
+    if !nix::unistd::geteuid().is_root() {
+        return Err(
+            anyhow::anyhow!("gpuci bench sandbox needs root (jobs run as a job uid, as under a root agent)").into()
+        );
+    }
+    let floor = BareBwrap::find(IsolationArg::Bubblewrap)
+        .ok_or_else(|| anyhow::anyhow!("gpuci bench sandbox needs bubblewrap"))?;
+    let user = JobUser { uid: BareBwrap::UID - 2, gid: BareBwrap::UID - 2 };
+    let root = tempfile::Builder::new().prefix("gpuci-bench-sandbox-").tempdir_in("/var/tmp")?;
+    std::fs::set_permissions(root.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
+    let ws = root.path().join("ws");
+    std::fs::create_dir(&ws)?;
+    std::os::unix::fs::chown(&ws, Some(user.uid), Some(user.gid))?;
+    eprintln!(
+        "{n} rounds (+10 not counted), {} ms idle before each start; jobs as uid {}; floor: {} with the job's seccomp filter",
+        gap.as_millis(),
+        user.uid,
+        floor.describe()
+    );
+    let spec = |name: String| {
+        let mut s = SandboxSpec::new(name, &ws, vec!["true".into()]);
+        s.env.insert("PATH".into(), "/usr/bin:/bin".into());
+        s.user = Some(user);
+        s.hide_paths.push(root.path().to_path_buf());
+        s.resources.memory = Some(gpuci_core::quantity::Bytes::from_mib(512));
+        s.resources.pids = Some(256);
+        s
+    };
+    let (mut warm_h, mut cold_h, mut bare_h) = (histogram()?, histogram()?, histogram()?);
+    let run = |sb: Sandbox, so, se| async move {
+        let (mut sb, _so, _se): (Sandbox, tokio::process::ChildStdout, tokio::process::ChildStderr) = (sb, so, se);
+        let exit = sb.wait().await;
+        let t = std::time::Instant::now();
+        let cleaned = sb.cleanup().await;
+        (exit, cleaned, t)
+    };
+    for i in 0..n + 10 {
+        let counted = i >= 10;
+        let warm = WarmStart::prepare(WarmSpec {
+            name: format!("bench-warm-{}-{i}", std::process::id()),
+            user,
+            network: None,
+            cgroups: gpuci_sandbox::CgroupUse::Required,
+        })
+        .await
+        .map_err(anyhow::Error::from)?;
+        tokio::time::sleep(gap).await;
+        let t = std::time::Instant::now();
+        let (sb, so, se) = Sandbox::spawn_warm(&spec(format!("bench-w-{}-{i}", std::process::id())), Some(warm))
+            .map_err(anyhow::Error::from)?;
+        let (exit, cleaned, done) = run(sb, so, se).await;
+        let us = done.duration_since(t).as_micros() as u64;
+        exit.map_err(anyhow::Error::from)?;
+        cleaned.map_err(anyhow::Error::from)?;
+        if counted {
+            warm_h.record(us).map_err(anyhow::Error::from)?;
+        }
+        tokio::time::sleep(gap).await;
+        let t = std::time::Instant::now();
+        let (sb, so, se) =
+            Sandbox::spawn(&spec(format!("bench-c-{}-{i}", std::process::id()))).map_err(anyhow::Error::from)?;
+        let (exit, cleaned, done) = run(sb, so, se).await;
+        let us = done.duration_since(t).as_micros() as u64;
+        exit.map_err(anyhow::Error::from)?;
+        cleaned.map_err(anyhow::Error::from)?;
+        if counted {
+            cold_h.record(us).map_err(anyhow::Error::from)?;
+        }
+        tokio::time::sleep(gap).await;
+        let us = floor.run_filtered().await?;
+        if counted {
+            bare_h.record(us).map_err(anyhow::Error::from)?;
+        }
+    }
+    println!("{}", summary("gpuci sandbox, warm start: spawn → `true` exited", &warm_h));
+    println!("{}", summary("gpuci sandbox, cold start: spawn → `true` exited", &cold_h));
+    println!("{}", summary("bare bwrap floor (same namespaces and seccomp filter)", &bare_h));
+    let p50 = |h: &hdrhistogram::Histogram<u64>| h.value_at_quantile(0.5) as f64;
+    println!(
+        "p50 over the floor: warm {:.2}×, cold {:.2}×",
+        p50(&warm_h) / p50(&bare_h).max(1.0),
+        p50(&cold_h) / p50(&bare_h).max(1.0)
+    );
+    Ok(0)
 }
 
 /// A coordinator (SQLite file) and one warm local agent, in this process.
@@ -269,7 +361,32 @@ impl BareBwrap {
     }
 
     async fn run(&self) -> CliResult<u64> {
+        self.run_with(&[]).await
+    }
+
+    /// As [`BareBwrap::run`], with the job's seccomp filter (`--add-seccomp-fd`, as gpuci passes it).
+    async fn run_filtered(&self) -> CliResult<u64> {
+        let programs = gpuci_sandbox::seccomp::memfds()?;
+        // Inheritable copies for this one bwrap (the originals are close-on-exec).
+        let mut copies: Vec<std::os::fd::OwnedFd> = Vec::new();
+        for f in &programs {
+            let c = std::os::fd::AsFd::as_fd(f).try_clone_to_owned()?;
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&c);
+            nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()))
+                .map_err(anyhow::Error::from)?;
+            copies.push(c);
+        }
+        let mut extra = Vec::new();
+        for c in &copies {
+            extra.push("--add-seccomp-fd".to_string());
+            extra.push(std::os::fd::AsRawFd::as_raw_fd(c).to_string());
+        }
+        self.run_with(&extra).await
+    }
+
+    async fn run_with(&self, extra: &[String]) -> CliResult<u64> {
         let mut cmd = tokio::process::Command::new(&self.bwrap);
+        cmd.args(extra);
         cmd.args(["--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net"])
             .args(["--unshare-cgroup-try", "--ro-bind", "/usr", "/usr"])
             .args(["--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"])
