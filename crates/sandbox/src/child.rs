@@ -3,8 +3,12 @@
 //! Kept in one small module so it can be audited on its own. The closure may only make
 //! async-signal-safe calls (the parent may be multi-threaded, so after `fork` the child holds a
 //! copy of locks other threads held): `setsid(2)`, `write(2)`, `fcntl(2)`, `setns(2)`,
-//! `setgroups(2)`, `setresgid(2)` and `setresuid(2)`, on file descriptors the parent opened
-//! beforehand. No allocation, no locking, no formatting.
+//! `setgroups(2)`, `setresgid(2)`, `setresuid(2)`, `prctl(2)` and `getppid(2)`, on file
+//! descriptors the parent opened beforehand. No allocation, no locking, no formatting.
+//!
+//! Every child gets a parent-death signal: nothing it starts outlives the agent. That ties it
+//! to the *thread* that forked it, so forks that outlive their caller go through the
+//! long-lived spawner thread (`spawner.rs`).
 //!
 //! Order matters, and is the privilege model in miniature: everything that needs root
 //! (entering the job's cgroups, joining the slot's network namespace) happens first; then the
@@ -33,6 +37,7 @@ pub(crate) struct ChildSetup {
 
 pub(crate) fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
     let ChildSetup { cgroup_procs, inherit, netns, user } = setup;
+    let parent = parent_pid();
     // SAFETY: the closure runs in the forked child before exec. It only calls setsid, write,
     // fcntl(F_SETFD), setns, setgroups, setresgid and setresuid — plain system calls, safe after
     // fork (POSIX.1-2008 §2.4.3 lists the first three; the others take no locks in libc) — on
@@ -73,9 +78,32 @@ pub(crate) fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
                     return Err(io::Error::last_os_error());
                 }
             }
-            Ok(())
+            die_with_parent(parent, libc::SIGKILL)
         });
     }
+}
+
+/// The agent's pid, taken before the fork for [`die_with_parent`].
+fn parent_pid() -> libc::pid_t {
+    std::process::id() as libc::pid_t
+}
+
+/// `signal` when the thread that forked us ends (the agent dies, however). Set after the
+/// credential changes, which clear it, and kept across exec (bwrap and sh are not set-id). A
+/// parent that died between fork and here is caught by the `getppid` check: bwrap sets the
+/// same signal itself, but only once it runs, and an agent killed before that left the job
+/// running for ever (seen in the crash tests).
+///
+/// # Safety
+/// Only async-signal-safe calls (prctl, getppid); for use between fork and exec.
+unsafe fn die_with_parent(parent: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
+    if libc::prctl(libc::PR_SET_PDEATHSIG, signal as libc::c_ulong, 0, 0, 0) == -1 {
+        return Err(io::Error::last_os_error());
+    }
+    if libc::getppid() != parent {
+        return Err(io::Error::other("the agent died while this job was being started"));
+    }
+    Ok(())
 }
 
 /// Pre-exec for a slot network's holder: become `uid`/`gid`, then create a user and a network
@@ -89,8 +117,10 @@ pub(crate) fn install_namespace_holder(
     gid_map: Vec<u8>,
 ) {
     use std::os::unix::process::CommandExt;
+    let parent = parent_pid();
     // SAFETY: runs in the forked child before exec; only setgroups, setresgid, setresuid,
-    // prctl, unshare, open, write and close, all plain system calls on memory prepared by the parent.
+    // prctl, unshare, open, write, close and getppid, all plain system calls on memory
+    // prepared by the parent.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setgroups(0, std::ptr::null()) == -1
@@ -119,7 +149,9 @@ pub(crate) fn install_namespace_holder(
                     return Err(io::Error::last_os_error());
                 }
             }
-            Ok(())
+            // SIGTERM, which the holder traps to take pasta along (`netns::HOLDER`): a killed
+            // agent left both running until an agent on the same uids came.
+            die_with_parent(parent, libc::SIGTERM)
         });
     }
 }

@@ -95,3 +95,42 @@ mod tests {
         assert!(flags.contains(FdFlag::FD_CLOEXEC));
     }
 }
+
+/// A memfd for data bwrap reads (its arguments, seccomp programs, passwd/group), which
+/// [`seal`] can make immutable once written.
+pub(crate) fn sealable_memfd(name: &std::ffi::CStr) -> io::Result<fs::File> {
+    use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
+    let fd = memfd_create(name, MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING)?;
+    Ok(fs::File::from(fd))
+}
+
+/// Seals a written memfd against every change: whoever else holds or reopens it (the job's
+/// uid can, through `/proc/<pid>/fd` of a process of that uid) cannot rewrite what bwrap reads.
+pub(crate) fn seal(f: &fs::File) -> io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, SealFlag};
+    use std::os::fd::AsRawFd;
+    let all = SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_SEAL;
+    fcntl(f.as_raw_fd(), FcntlArg::F_ADD_SEALS(all))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod seal_tests {
+    use super::*;
+    use std::io::{Seek, Write};
+
+    #[test]
+    fn a_sealed_memfd_keeps_its_bytes() {
+        let mut f = sealable_memfd(c"gpuci-test").expect("memfd");
+        f.write_all(b"--ro-bind\0/usr\0/usr\0").expect("write");
+        seal(&f).expect("seal");
+        f.rewind().expect("rewind");
+        assert!(f.write_all(b"--bind\0/\0/\0").is_err(), "a sealed memfd took a write");
+        assert!(f.set_len(0).is_err(), "a sealed memfd was truncated");
+        // Reopened through /proc, as another process of the uid could: still read-only.
+        let path = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&f));
+        let mut again = fs::OpenOptions::new().write(true).open(&path).expect("reopen");
+        assert!(again.write_all(b"x").is_err(), "a reopened sealed memfd took a write");
+        assert_eq!(fs::read(&path).expect("read"), b"--ro-bind\0/usr\0/usr\0");
+    }
+}

@@ -7,8 +7,9 @@
 //! killed before the next starts, so listening sockets and abstract sockets do not carry over.
 //!
 //! How it is built, and why the job cannot change it:
-//! - a *holder* process (`sleep infinity`) runs as the slot network's own uid (not a job's)
-//!   in a new user namespace, which owns a new network namespace;
+//! - a *holder* process (a shell that sleeps, [`HOLDER`]) runs as the slot network's own uid
+//!   (not a job's) in a new user namespace, which owns a new network namespace; when the agent
+//!   dies, however, it takes pasta with it;
 //! - `pasta --runas <that uid> <holder pid>` joins them, creates the tap interface, copies the
 //!   host's addresses and routes into it (`--config-net`) and forwards the job's connections
 //!   out through ordinary sockets of its own. `--no-map-gw` keeps the gateway address from
@@ -27,11 +28,16 @@
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use crate::JobUser;
+
+/// The holder's program. It gets SIGTERM when the agent dies (a parent-death signal, see
+/// `child.rs`) and then kills every process of its uid, pasta included: pasta has forked into
+/// the background and nothing else would end it. `kill -1` never signals the caller, and only
+/// reaches processes of the same uid (the holder has no capability outside its namespace).
+pub(crate) const HOLDER: &str = "trap 'kill -KILL -1; exit 0' TERM; while :; do sleep 86400 & wait $!; done";
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetworkError {
@@ -56,12 +62,12 @@ impl SlotNetwork {
     /// the job TCP connections to exactly `host_ports` on the host's loopback.
     pub fn start(owner: JobUser, host_ports: &[u16]) -> Result<SlotNetwork, NetworkError> {
         let pasta = crate::find_program("pasta").ok_or(NetworkError::PastaMissing)?;
-        let sleep = crate::find_program("sleep").unwrap_or_else(|| PathBuf::from("/bin/sleep"));
+
         let holder_err = |source| NetworkError::Holder { uid: owner.uid, source };
         // What an earlier agent left for this uid (it may have died with SIGKILL).
         kill_processes_of(owner.uid);
-        let mut cmd = Command::new(sleep);
-        cmd.arg("infinity").env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", HOLDER]).env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
         crate::child::install_namespace_holder(
             &mut cmd,
             owner.uid,
@@ -69,7 +75,11 @@ impl SlotNetwork {
             format!("0 {} 1", owner.uid).into_bytes(),
             format!("0 {} 1", owner.gid).into_bytes(),
         );
-        let mut holder = cmd.spawn().map_err(holder_err)?;
+        // Forked by the spawner thread: the holder dies with the thread that forked it (see
+        // `child.rs`), and this function may run on a short-lived one.
+        let spawned = crate::spawner::run_sync(move || cmd.spawn())
+            .unwrap_or_else(|| Err(std::io::Error::other("the spawner thread is not available")));
+        let mut holder = spawned.map_err(holder_err)?;
         // The namespaces exist once spawn returned: the child made them before it exec'd.
         let netns = match File::open(format!("/proc/{}/ns/net", holder.id())) {
             Ok(f) => Arc::new(OwnedFd::from(f)),

@@ -480,9 +480,7 @@ pub(crate) fn non_leased_gpu_nodes(leased: &[std::path::PathBuf], host: &dyn Hos
 /// bwrap's arguments in a sealed-off memfd (NUL-separated), read by `--args FD`.
 fn args_memfd(job_id: &str, args: &[std::ffi::OsString]) -> Result<File, SandboxError> {
     let err = |source| SandboxError::ArgsFd { job_id: job_id.to_string(), source };
-    let fd = nix::sys::memfd::memfd_create(c"gpuci-bwrap-args", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)
-        .map_err(|e| err(e.into()))?;
-    let mut f = File::from(fd);
+    let mut f = crate::host::sealable_memfd(c"gpuci-bwrap-args").map_err(err)?;
     let mut buf = Vec::new();
     for a in args {
         buf.extend_from_slice(a.as_bytes());
@@ -490,6 +488,7 @@ fn args_memfd(job_id: &str, args: &[std::ffi::OsString]) -> Result<File, Sandbox
     }
     f.write_all(&buf).map_err(err)?;
     f.rewind().map_err(err)?;
+    crate::host::seal(&f).map_err(err)?;
     Ok(f)
 }
 
@@ -569,9 +568,9 @@ pub(crate) fn account_files(
 }
 
 fn data_memfd(data: &[u8]) -> std::io::Result<File> {
-    let fd = nix::sys::memfd::memfd_create(c"gpuci-bwrap-data", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
-    let mut f = File::from(fd);
+    let mut f = crate::host::sealable_memfd(c"gpuci-bwrap-data")?;
     f.write_all(data)?;
     f.rewind()?;
+    crate::host::seal(&f)?;
     Ok(f)
 }

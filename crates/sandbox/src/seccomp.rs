@@ -195,7 +195,7 @@ pub fn oci_profile() -> Result<String, SeccompError> {
     Ok(format!(r#"{{"defaultAction":"SCMP_ACT_ALLOW","architectures":["{arch}"],"syscalls":[{}]}}"#, rules.join(",")))
 }
 
-/// Writes each program into its own memfd (close-on-exec, rewound) for bwrap's
+/// Writes each program into its own sealed memfd (close-on-exec, rewound) for bwrap's
 /// `--add-seccomp-fd`. Public for benchmarks that hold a bare bwrap to the same filter.
 pub fn memfds() -> io::Result<Vec<std::fs::File>> {
     use std::io::{Seek, Write};
@@ -203,10 +203,10 @@ pub fn memfds() -> io::Result<Vec<std::fs::File>> {
     progs
         .into_iter()
         .map(|bytes| {
-            let fd = nix::sys::memfd::memfd_create(c"gpuci-seccomp", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
-            let mut f = std::fs::File::from(fd);
+            let mut f = crate::host::sealable_memfd(c"gpuci-seccomp")?;
             f.write_all(&bytes)?;
             f.rewind()?;
+            crate::host::seal(&f)?;
             Ok(f)
         })
         .collect()

@@ -46,3 +46,14 @@ pub(crate) async fn run<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'stati
     sender()?.send(task).ok()?;
     rx.await.ok()
 }
+
+/// As [`run`], from synchronous code (no tokio runtime needed: for `std::process` forks).
+/// Must not be called from the spawner thread itself.
+pub(crate) fn run_sync<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    let task: Task = Box::new(move || {
+        let _ = tx.send(f());
+    });
+    sender()?.send(task).ok()?;
+    rx.recv().ok()
+}

@@ -338,17 +338,18 @@ fn spawn_stub(
 }
 
 fn memfd(name: &std::ffi::CStr) -> std::io::Result<File> {
-    let fd = nix::sys::memfd::memfd_create(name, nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC)?;
-    Ok(File::from(fd))
+    crate::host::sealable_memfd(name)
 }
 
-/// Replaces a memfd's contents and rewinds it. The offset is shared with the waiting process
-/// (one open file description), so bwrap reads from the start.
+/// Writes a memfd's contents, rewinds and seals it. The offset is shared with the waiting
+/// process (one open file description), so bwrap reads from the start; the seal keeps anyone
+/// else who could reach the file from changing it before bwrap has read it.
 fn fill(f: &mut File, data: &[u8]) -> std::io::Result<()> {
     f.set_len(0)?;
     f.rewind()?;
     f.write_all(data)?;
-    f.rewind()
+    f.rewind()?;
+    crate::host::seal(f)
 }
 
 fn ns_id(fd: &OwnedFd) -> Option<(u64, u64)> {

@@ -134,10 +134,9 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        // A killed agent leaves its slot networks' holders (its `sleep infinity` children) and
-        // their pasta, which run as uids of their own; only a later agent on the same uids
-        // clears them. Tests start agents on fresh uids, so clear them here or test runs pile
-        // them up on the host.
+        // A killed agent's slot networks' holders (its `sh -c ...sleep...` children) take their
+        // pasta along; this makes sure of it on hosts where they could not (and test runs
+        // would pile them up).
         let uids = slot_network_uids(self.child.id());
         self.kill9();
         for uid in uids {
@@ -157,12 +156,12 @@ fn status_field(status: &str, field: &str) -> Option<u32> {
     status.lines().find_map(|l| l.strip_prefix(field))?.split_whitespace().next()?.parse().ok()
 }
 
-/// The real uids of `agent`'s children that hold slot networks (`sleep infinity`).
+/// The real uids of `agent`'s children that hold slot networks.
 fn slot_network_uids(agent: u32) -> Vec<u32> {
     proc_entries()
         .filter(|(_, st)| status_field(st, "PPid:") == Some(agent))
         .filter(|(pid, _)| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"sleep\0infinity\0"))
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"sleep 86400 & wait $!; done\0"))
         })
         .filter_map(|(_, st)| status_field(&st, "Uid:"))
         .filter(|uid| *uid != 0)
