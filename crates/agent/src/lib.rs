@@ -351,7 +351,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // Whatever an earlier run of this agent left (it may have died with SIGKILL) goes first.
     let prefix = format!("{}-", ctx.sandbox_prefix);
     let swept = tokio::task::spawn_blocking(move || gpuci_sandbox::sweep(&prefix)).await.unwrap_or_default();
-    if swept != gpuci_sandbox::SweepReport::default() {
+    if swept.stale_warm_removed > 0 {
+        tracing::info!(cgroups = swept.stale_warm_removed, "removed empty warm-start cgroups of agents that are gone");
+    }
+    if swept.processes_killed + swept.cgroups_removed > 0 {
         tracing::warn!(
             processes = swept.processes_killed,
             cgroups = swept.cgroups_removed,
@@ -420,7 +423,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         paused: None,
     };
     agent.check_disk();
-    agent.run(identity, shutdown).await
+    let ended = agent.run(identity, shutdown).await;
+    if let Some(slots) = &slots {
+        slots.discard_warm().await;
+    }
+    ended
 }
 
 impl Agent {

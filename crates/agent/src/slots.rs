@@ -179,6 +179,19 @@ impl Slots {
         self.users.first().map_or(0, |u| u.uid)
     }
 
+    /// Ends every slot's warm start and removes its cgroup (the agent is stopping).
+    pub async fn discard_warm(&self) {
+        for cell in &self.warm {
+            let pending = cell.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(Ok(Some(w))) = match pending {
+                Some(p) => Some(p.await),
+                None => None,
+            } {
+                w.discard().await;
+            }
+        }
+    }
+
     /// A free slot, or `None` when every slot is running a job (the coordinator places no
     /// more jobs than slots, so this is a bug or a race with a job still cleaning up).
     pub fn take(self: &Arc<Self>) -> Option<SlotGuard> {

@@ -344,6 +344,11 @@ impl JobCgroup {
         Ok(())
     }
 
+    /// The cgroup's directory name.
+    pub(crate) fn name(&self) -> &str {
+        &self.job_id
+    }
+
     /// The `cgroup.procs` files the child writes itself into before exec.
     pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs.iter().map(|(_, d)| d.join("cgroup.procs")).collect()

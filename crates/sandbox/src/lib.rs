@@ -220,6 +220,8 @@ fn is_executable(p: &Path) -> bool {
 pub struct SweepReport {
     pub processes_killed: usize,
     pub cgroups_removed: usize,
+    /// Empty warm-start cgroups of agents that are gone (any agent's, not only this one's).
+    pub stale_warm_removed: usize,
 }
 
 /// Kill and remove what an earlier run of the same agent left behind: every job cgroup whose
@@ -234,6 +236,15 @@ pub fn sweep(prefix: &str) -> SweepReport {
         return report;
     }
     if let Some(layout) = cgroup::layout() {
+        // Any agent's empty warm-start cgroups: an agent killed and never started again left
+        // them (its waiting processes died with it). A live agent's always hold their process,
+        // except for a moment while one is made; removing it then only makes that slot's next
+        // job start cold. Job cgroups of other agents are never touched.
+        for cg in cgroup::JobCgroup::leftovers(layout, "") {
+            if cg.name().contains("-warm-") && cg.pids().is_empty() && cg.remove().is_ok() {
+                report.stale_warm_removed += 1;
+            }
+        }
         for cg in cgroup::JobCgroup::leftovers(layout, prefix) {
             report.processes_killed += cg.pids().len();
             let _ = cg.kill_all();

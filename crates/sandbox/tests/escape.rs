@@ -730,3 +730,49 @@ async fn a_warm_start_is_refused_while_anything_runs_as_its_uid() {
     // Once the uid is idle again it is allowed.
     warm_for(&s).await.discard().await;
 }
+
+#[tokio::test]
+async fn any_agents_start_up_sweep_removes_warm_cgroups_left_empty_and_spares_live_ones() {
+    if !ready("warm_sweep", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    let s = spec("warm-sweep", &ws, "true", Isolation::Bubblewrap);
+    let memory_dir = |pid: u32| {
+        let text = fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+        let rel =
+            text.lines().find(|l| l.contains(":memory:")).expect("memory line").rsplit(':').next().unwrap().to_string();
+        Path::new("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/'))
+    };
+    // Named as agents name them (`<agent>-warm-<slot>-<n>`; the other tests' names never
+    // match, so this sweep cannot race their warm starts while they are being made).
+    let named = |spec: &SandboxSpec, n: u32| gpuci_sandbox::WarmSpec {
+        name: format!("{}-warm-0-{n}", spec.job_id),
+        user: spec.user.expect("a job user"),
+        network: None,
+        cgroups: spec.cgroups,
+    };
+    // One left behind by an agent killed for good (its waiting process died with it) ...
+    let dead = gpuci_sandbox::WarmStart::prepare(named(&s, 0)).await.expect("warm start");
+    let dead_pid = dead.pid().expect("pid");
+    let dead_dir = memory_dir(dead_pid);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(dead_pid as i32), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let gone = async {
+        while fs::read_to_string(dead_dir.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), gone).await.expect("the killed process left its cgroup");
+    std::mem::forget(dead); // as a killed agent would: nobody discards it
+                            // ... and one of a live agent, waiting.
+    let mut other = s.clone();
+    other.user = Some(test_user());
+    let live = gpuci_sandbox::WarmStart::prepare(named(&other, 1)).await.expect("warm start");
+    let live_dir = memory_dir(live.pid().expect("pid"));
+    let report = gpuci_sandbox::sweep("another-agent-");
+    assert!(report.stale_warm_removed >= 1, "{report:?}");
+    assert!(!dead_dir.exists(), "the dead agent's warm cgroup {} is left", dead_dir.display());
+    assert!(live_dir.exists(), "a live agent's warm cgroup was removed");
+    live.discard().await;
+}
