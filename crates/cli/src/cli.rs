@@ -449,12 +449,33 @@ pub struct SecretArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum SecretCommand {
-    /// Set a secret; the value is read from standard input (never from the command line).
-    Set { name: String },
-    /// List secret names.
+    /// Set (or rotate) a secret in a scope; the value is read from standard input (never from
+    /// the command line). Without --repo it is given to every pipeline that names it.
+    Set {
+        name: String,
+        #[command(flatten)]
+        scope: SecretScopeArgs,
+    },
+    /// List secret names and scopes (never values).
     List,
-    /// Delete a secret.
-    Rm { name: String },
+    /// Delete a secret's value in one scope.
+    Rm {
+        name: String,
+        #[command(flatten)]
+        scope: SecretScopeArgs,
+    },
+}
+
+/// Where a secret applies. A job gets the narrowest scope that covers it: a matching ref of
+/// its repository, else its repository, else every pipeline.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SecretScopeArgs {
+    /// Only jobs from this repository (owner/name).
+    #[arg(long = "repo")]
+    pub repository: Option<String>,
+    /// Only jobs of --repo whose git ref matches: refs/heads/main, refs/tags/v* (`*` matches anything).
+    #[arg(long = "ref", requires = "repository")]
+    pub ref_pattern: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -116,13 +116,17 @@ impl Client {
     pub async fn release_gpu(&self, uuid: &str) -> CliResult<()> {
         self.send_no_content(self.http.post(self.url(&format!("/api/v1/gpus/{uuid}/release")))).await
     }
-    pub async fn set_secret(&self, name: &str, value: &str) -> CliResult<()> {
-        let req =
-            self.http.put(self.url(&format!("/api/v1/secrets/{name}"))).json(&serde_json::json!({ "value": value }));
+    pub async fn set_secret(&self, name: &str, scope: &crate::cli::SecretScopeArgs, value: &str) -> CliResult<()> {
+        let req = self
+            .http
+            .put(self.url(&format!("/api/v1/secrets/{name}")))
+            .query(&scope_query(scope))
+            .json(&serde_json::json!({ "value": value }));
         self.send_no_content(req).await
     }
-    pub async fn delete_secret(&self, name: &str) -> CliResult<()> {
-        self.send_no_content(self.http.delete(self.url(&format!("/api/v1/secrets/{name}")))).await
+    pub async fn delete_secret(&self, name: &str, scope: &crate::cli::SecretScopeArgs) -> CliResult<()> {
+        self.send_no_content(self.http.delete(self.url(&format!("/api/v1/secrets/{name}"))).query(&scope_query(scope)))
+            .await
     }
     pub async fn secrets(&self) -> CliResult<Vec<serde_json::Value>> {
         self.get("/api/v1/secrets").await
@@ -408,4 +412,15 @@ impl Client {
         );
         Ok(Some(self.upload(&packed).await?.id))
     }
+}
+
+fn scope_query(scope: &crate::cli::SecretScopeArgs) -> Vec<(&'static str, String)> {
+    let mut q = Vec::new();
+    if let Some(r) = &scope.repository {
+        q.push(("repository", r.clone()));
+    }
+    if let Some(p) = &scope.ref_pattern {
+        q.push(("ref", p.clone()));
+    }
+    q
 }

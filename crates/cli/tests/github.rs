@@ -380,7 +380,7 @@ fn fork_pull_request_waits_for_approval_per_sha_and_never_sees_a_secret() {
     let publish = jobs.iter().find(|j| j.step_key == "publish").unwrap();
     assert_eq!(build.state, JobState::Succeeded, "{build:#?}");
     assert_eq!(publish.state, JobState::Failed, "{publish:#?}");
-    assert!(publish.reason.contains("not given to pull requests from forks"), "{}", publish.reason);
+    assert!(publish.reason.contains("is from a pull request from a fork"), "{}", publish.reason);
     for j in &jobs {
         assert!(!s.api.log_text(j.id).contains("s3cr3t"), "job {} saw the secret", j.id);
     }
@@ -814,4 +814,44 @@ fn doctor_checks_that_the_job_user_can_run_the_runner_install() {
     assert!(job_user.2.contains("not searchable by other users"), "{closed:#?}");
     let missing = runner_checks(&dir.path().join("nowhere"));
     assert_eq!(missing[0].1, "fail", "{missing:#?}");
+}
+
+/// Issue 14: a secret scoped to a repository's ref reaches a push to that ref and no other:
+/// a push to a feature branch is refused before it runs, naming the secret's scope.
+#[test]
+fn a_secret_scoped_to_main_reaches_pushes_to_main_and_not_other_branches() {
+    let (on_main, on_feature) =
+        ("aaaa000000000000000000000000000000000000", "bbbb000000000000000000000000000000000000");
+    let pipeline = "steps:\n  - key: release\n    secrets: [RELEASE_TOKEN]\n    command: test \"$RELEASE_TOKEN\" = for-main-only && echo released\n";
+    let s = Setup::new("", "1h", |_, gh| {
+        gh.set_tree(REPO, on_main, &[(".gpuci.yml", pipeline)]);
+        gh.set_tree(REPO, on_feature, &[(".gpuci.yml", pipeline)]);
+    });
+    s.api
+        .raw()
+        .put(format!("{}/api/v1/secrets/RELEASE_TOKEN?repository={REPO}&ref=refs/heads/main", s.server.url))
+        .bearer_auth(&s.server.token)
+        .json(&json!({"value": "for-main-only"}))
+        .send()
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    assert_eq!(s.rt.block_on(s.gh.push(REPO, "main", on_main)), 202);
+    wait_until_or("the push to main's job", T, || s.jobs().len() == 1, || format!("{:#?}", s.jobs()));
+    let job = s.api.wait_job(s.jobs()[0].id, "job ends", T, |j| j.state.is_terminal());
+    assert_eq!(job.state, JobState::Succeeded, "{job:#?}");
+    assert_eq!(s.api.log_text(job.id), "released\n");
+
+    assert_eq!(s.rt.block_on(s.gh.push(REPO, "feature", on_feature)), 202);
+    wait_until_or("the push to feature's job", T, || s.jobs().len() == 2, || format!("{:#?}", s.jobs()));
+    let id = s.jobs().iter().map(|j| j.id).max().unwrap();
+    let job = s.api.wait_job(id, "job ends", T, |j| j.state.is_terminal());
+    assert_eq!(job.state, JobState::Failed, "{job:#?}");
+    assert_eq!(
+        job.reason,
+        format!(
+            "secret `RELEASE_TOKEN` is scoped to {REPO} refs/heads/main; this job is from a push to {REPO} refs/heads/feature"
+        )
+    );
+    assert!(s.api.log_text(id).is_empty(), "the refused job ran");
 }

@@ -654,3 +654,106 @@ fn an_agent_killed_with_sigkill_leaves_no_process_of_its_slots_uids() {
         || format!("{:?}", ours()),
     );
 }
+
+/// The job's system lines (gpuci's own), one per line.
+fn system_lines(api: &Api, id: i64) -> String {
+    let body = api.raw().get(format!("{}/api/v1/jobs/{id}/logs", api.url)).bearer_auth(api.token()).send().unwrap();
+    let mut out = String::new();
+    for line in body.text().unwrap().lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("ndjson");
+        if v["type"] == "line" && v["stream"] == "system" {
+            out.push_str(v["text"].as_str().unwrap_or_default());
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Issue 14: a secret belongs to a scope — every pipeline, one repository, or a repository's
+/// refs — and a job gets the narrowest that covers it; another repository's pipeline is
+/// refused with the scopes the secret has. Setting it again rotates it. The job's log records
+/// which secrets (names and scopes, never values) the run was given.
+#[test]
+fn a_repositorys_secret_reaches_only_that_repositorys_jobs_and_the_narrowest_scope_wins() {
+    let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
+    let put = |name: &str, query: &str, value: &str| {
+        let r = api
+            .raw()
+            .put(format!("{}/api/v1/secrets/{name}{query}", api.url))
+            .bearer_auth(&server.token)
+            .json(&serde_json::json!({ "value": value }))
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 204, "{}", r.text().unwrap_or_default());
+    };
+    put("DEPLOY_KEY", "?repository=octo/kernels", "key-of-octo-kernels");
+    put("UPLOAD_TOKEN", "", "token-for-everyone");
+    put("UPLOAD_TOKEN", "?repository=octo/kernels", "token-for-kernels");
+    put("UPLOAD_TOKEN", "?repository=octo/kernels&ref=refs/heads/main", "token-for-main");
+    // Bad scopes are refused with the reason.
+    let bad = api
+        .raw()
+        .put(format!("{}/api/v1/secrets/X?ref=refs/heads/main", api.url))
+        .bearer_auth(&server.token)
+        .json(&serde_json::json!({ "value": "v" }))
+        .send()
+        .unwrap();
+    assert_eq!(bad.status(), 422);
+    assert!(bad.text().unwrap().contains("needs a repository"));
+    let listed: serde_json::Value =
+        api.raw().get(format!("{}/api/v1/secrets", api.url)).bearer_auth(&server.token).send().unwrap().json().unwrap();
+    let text = listed.to_string();
+    assert!(!text.contains("key-of") && !text.contains("token-for"), "values listed: {text}");
+    assert_eq!(listed.as_array().unwrap().len(), 4, "{listed:#}");
+    assert!(text.contains(r#""ref":"refs/heads/main""#), "{text}");
+
+    let pipeline = r#"
+steps:
+  - key: deploy
+    secrets: [DEPLOY_KEY, UPLOAD_TOKEN]
+    command:
+      - test "$DEPLOY_KEY" = key-of-octo-kernels && echo deploy-key-ok
+      - test "$UPLOAD_TOKEN" = token-for-kernels && echo repository-scope-won
+"#;
+    // From octo/kernels (no ref known for an API submission): the repository's values.
+    let p = api.submit_from(pipeline, Some("octo/kernels"));
+    let done = api.wait_pipeline(p.id, T);
+    let job = &done.jobs[0];
+    assert_eq!(job.state, JobState::Succeeded, "{}", job.reason);
+    assert_eq!(api.log_text(job.id), "deploy-key-ok\nrepository-scope-won\n");
+    let notes = system_lines(&api, job.id);
+    assert!(
+        notes.contains(
+            "secrets given to this run: DEPLOY_KEY (scope: octo/kernels), UPLOAD_TOKEN (scope: octo/kernels)"
+        ),
+        "{notes}"
+    );
+    // From another repository: refused before it runs, naming the secret's scope.
+    let p = api.submit_from(pipeline, Some("evil/fork-of-kernels"));
+    let done = api.wait_pipeline(p.id, T);
+    let job = &done.jobs[0];
+    assert_eq!(job.state, JobState::Failed);
+    assert_eq!(
+        job.reason,
+        "secret `DEPLOY_KEY` is scoped to octo/kernels; this job is from a pipeline submitted through the API from a work tree of evil/fork-of-kernels"
+    );
+    assert!(!api.log_text(job.id).contains("ok"), "the refused job ran");
+    // The global value reaches a pipeline of any other repository; a rotation the next job.
+    let global = "steps:\n  - key: g\n    secrets: [UPLOAD_TOKEN]\n    command: test \"$UPLOAD_TOKEN\" = \"$WANT\" && echo got-it\n";
+    put("UPLOAD_TOKEN", "", "rotated-token");
+    let p = api.submit_from(&global.replace("$WANT", "rotated-token"), Some("someone/else"));
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
+    assert!(system_lines(&api, done.jobs[0].id).contains("UPLOAD_TOKEN (scope: every pipeline)"));
+    // Deleting the repository's value leaves the global one for octo/kernels.
+    let r = api
+        .raw()
+        .delete(format!("{}/api/v1/secrets/UPLOAD_TOKEN?repository=octo/kernels", api.url))
+        .bearer_auth(&server.token)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let p = api.submit_from(&global.replace("$WANT", "rotated-token"), Some("octo/kernels"));
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
+}

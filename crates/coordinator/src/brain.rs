@@ -13,6 +13,7 @@ use crate::origin::{Origin, RunnerOrigin};
 use gpuci_core::job::{should_retry, JobState, Outcome};
 use gpuci_core::pipeline::Pipeline;
 use gpuci_core::placement::{self, GpuSlot, GpuSlotState, HostView, Needs};
+use gpuci_core::secret_scope::SecretScope;
 use gpuci_protocol::agent::{
     Assignment, CoordinatorMessage, Forgotten, GpuHealth, Hello, JobFinished, UNSANDBOXED_TAG,
 };
@@ -1318,59 +1319,87 @@ impl Brain {
                 continue;
             }
             self.ready_since.entry(j.id).or_insert_with(now_ms);
-            // A secret the step names must exist; otherwise the job could only fail later,
-            // on a GPU, after waiting its turn.
-            let secrets = if j.step.secrets.is_empty() {
-                BTreeMap::new()
+            // Each secret the step names must exist in a scope that covers the job (the
+            // narrowest wins: `core::secret_scope`); otherwise the job could only fail later,
+            // on a GPU, after waiting its turn. Refusals end the job with the reason.
+            let (secrets, given) = if j.step.secrets.is_empty() {
+                (BTreeMap::new(), Vec::new())
             } else {
-                let opened = match self.store.secret_values(&j.step.secrets).await {
-                    Ok(v) => v
-                        .into_iter()
-                        .map(|(name, sealed)| self.secrets_key.open(&name, &sealed).map(|v| (name, v)))
-                        .collect::<Result<BTreeMap<_, _>, _>>(),
-                    Err(e) => {
-                        tracing::error!(job = j.id, error = %e, "could not read secrets");
-                        continue;
-                    }
-                };
-                match opened {
-                    Ok(v) => v,
-                    Err(e) => {
-                        // Start-up checked every row's key; a row written since by a
-                        // coordinator with another key lands here. The job waits, saying why.
-                        self.set_reason(&j, format!("waiting: {e}")).await;
-                        continue;
-                    }
-                }
-            };
-            if !j.step.secrets.is_empty() {
-                let origin = match self.store.get_pipeline(j.pipeline_id).await {
-                    Ok(p) => p.and_then(|p| Origin::parse(p.origin.as_deref())),
+                let pipeline = match self.store.get_pipeline(j.pipeline_id).await {
+                    Ok(p) => p,
                     Err(e) => {
                         tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
                         continue;
                     }
                 };
-                if let Some(Origin::Github(g)) = origin.filter(|o| matches!(o, Origin::Github(g) if !g.secrets)) {
-                    let why = format!(
-                        "secrets are not given to pull requests from forks ({} #{}); the step names {}",
-                        g.repository,
-                        g.pr.unwrap_or(0),
-                        j.step.secrets.join(", ")
-                    );
-                    if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
+                let stored = match self.store.secret_names().await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::error!(job = j.id, error = %e, "could not read secrets");
+                        continue;
+                    }
+                };
+                let source = secret_source(pipeline.as_ref());
+                let mut given: Vec<(String, SecretScope)> = Vec::new();
+                let mut refused = None;
+                for name in &j.step.secrets {
+                    let scopes: Vec<SecretScope> = stored
+                        .iter()
+                        .filter_map(|(row, _)| SecretScope::parse_storage_name(row))
+                        .filter(|(n, _)| n == name)
+                        .map(|(_, scope)| scope)
+                        .collect();
+                    match gpuci_core::secret_scope::choose(name, &scopes, &source) {
+                        Ok(scope) => given.push((name.clone(), scope.clone())),
+                        Err(r) => {
+                            refused = Some(r);
+                            break;
+                        }
+                    }
+                }
+                if let Some(r) = refused {
+                    if let Err(e) = self.finish(&j, JobState::Failed, r.to_string(), None, None, Vec::new()).await {
                         tracing::error!(job = j.id, error = %e, "could not fail job");
                     }
                     continue;
                 }
-            }
-            if let Some(missing) = j.step.secrets.iter().find(|n| !secrets.contains_key(*n)) {
-                let why = format!("secret `{missing}` is not set (gpuci secret set {missing})");
-                if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
-                    tracing::error!(job = j.id, error = %e, "could not fail job");
+                let rows: Vec<String> = given.iter().map(|(n, scope)| scope.storage_name(n)).collect();
+                let sealed = match self.store.secret_values(&rows).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::error!(job = j.id, error = %e, "could not read secrets");
+                        continue;
+                    }
+                };
+                let mut opened = Ok(BTreeMap::new());
+                for ((name, _), row) in given.iter().zip(&rows) {
+                    // Deleted since the names were read: the next pass decides again.
+                    let Some(text) = sealed.get(row) else {
+                        opened = Err(format!("waiting: secret `{name}` changed while the job was placed"));
+                        break;
+                    };
+                    match self.secrets_key.open(row, text) {
+                        Ok(v) => {
+                            if let Ok(m) = &mut opened {
+                                m.insert(name.clone(), v);
+                            }
+                        }
+                        // Start-up checked every row's key; a row written since by a
+                        // coordinator with another key lands here. The job waits, saying why.
+                        Err(e) => {
+                            opened = Err(format!("waiting: {e}"));
+                            break;
+                        }
+                    }
                 }
-                continue;
-            }
+                match opened {
+                    Ok(v) => (v, given),
+                    Err(why) => {
+                        self.set_reason(&j, why).await;
+                        continue;
+                    }
+                }
+            };
             // `sandbox: none` runs only where the agent allows it.
             let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
             let tags = if unsandboxed {
@@ -1411,6 +1440,13 @@ impl Brain {
                         }
                     };
 
+                    // The audit record of which secrets (names and scopes, never values) this
+                    // run is given, in the job's log, before the agent's lines.
+                    if !given.is_empty() {
+                        let list: Vec<String> =
+                            given.iter().map(|(n, scope)| format!("{n} (scope: {scope})")).collect();
+                        self.note_in_log(&j, format!("secrets given to this run: {}", list.join(", "))).await;
+                    }
                     // A requeued job keeps its log; this run's lines are numbered after it.
                     let log_from = match self.store.log_extent(j.id).await {
                         Ok((_, last)) => last as u64 + 1,
@@ -1601,6 +1637,45 @@ impl Brain {
                 }
             })
             .collect()
+    }
+}
+
+/// Where a job came from, for choosing its secrets' scopes.
+fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::secret_scope::JobSource {
+    use gpuci_core::secret_scope::JobSource;
+    let origin = pipeline.and_then(|p| Origin::parse(p.origin.as_deref()));
+    match origin {
+        Some(Origin::Github(g)) => {
+            let (git_ref, description) = match (g.event.as_str(), g.pr) {
+                ("pull_request", Some(n)) if !g.secrets => (
+                    Some(format!("refs/pull/{n}/merge")),
+                    format!("a pull request from a fork ({} #{n})", g.repository),
+                ),
+                ("pull_request", Some(n)) => {
+                    (Some(format!("refs/pull/{n}/merge")), format!("pull request {} #{n}", g.repository))
+                }
+                _ => {
+                    let r = g.git_ref.clone();
+                    let d = format!("a push to {} {}", g.repository, r.as_deref().unwrap_or("(ref unknown)"));
+                    (r, d)
+                }
+            };
+            JobSource { repository: Some(g.repository), git_ref, may_have_secrets: g.secrets, description }
+        }
+        Some(Origin::ActionsRunner(r)) => JobSource {
+            description: format!("an Actions runner job for {}", r.repository),
+            repository: Some(r.repository),
+            git_ref: None,
+            may_have_secrets: true,
+        },
+        None => {
+            let repository = pipeline.and_then(|p| p.repository.clone());
+            let description = match &repository {
+                Some(r) => format!("a pipeline submitted through the API from a work tree of {r}"),
+                None => "a pipeline submitted through the API (no repository)".to_string(),
+            };
+            JobSource { repository, git_ref: None, may_have_secrets: true, description }
+        }
     }
 }
 

@@ -1,13 +1,19 @@
-//! `/api/v1/secrets`: set, list (names only) and delete the secrets steps ask for by name.
-//! Values go in and never come out through the API; jobs get them as environment variables
-//! and their output is masked. Values are stored sealed under the coordinator's secrets key
-//! ([`crate::vault`]).
+//! `/api/v1/secrets`: set, list (names and scopes only) and delete the secrets steps ask for
+//! by name. Values go in and never come out through the API; jobs get them as environment
+//! variables and their output is masked. Values are stored sealed under the coordinator's
+//! secrets key ([`crate::vault`]).
+//!
+//! A secret has a scope (`?repository=owner/name`, plus `&ref=refs/heads/main` or a pattern
+//! such as `refs/tags/v*`; neither: every pipeline). One name may have a value in several
+//! scopes; a job gets the narrowest that covers it (`gpuci_core::secret_scope`). Setting a
+//! name again in the same scope replaces (rotates) its value.
 
 use crate::api::ApiError;
 use crate::AppState;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
+use gpuci_core::secret_scope::SecretScope;
 use serde::{Deserialize, Serialize};
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -19,7 +25,34 @@ pub struct SetSecret {
 #[derive(Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SecretInfo {
     pub name: String,
+    /// `owner/name` for a repository's secret; absent: every pipeline's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
+    /// The ref pattern it is limited to, within `repository`.
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub ref_pattern: Option<String>,
     pub updated_at_ms: i64,
+}
+
+/// Where a secret applies: `?repository=owner/name[&ref=PATTERN]`; neither: everywhere.
+#[derive(Deserialize, Default, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeQuery {
+    pub repository: Option<String>,
+    #[serde(rename = "ref")]
+    #[param(rename = "ref")]
+    pub ref_pattern: Option<String>,
+}
+
+impl ScopeQuery {
+    fn scope(&self) -> Result<SecretScope, ApiError> {
+        SecretScope::from_parts(self.repository.as_deref(), self.ref_pattern.as_deref())
+            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e))
+    }
+}
+
+fn query(q: Result<Query<ScopeQuery>, axum::extract::rejection::QueryRejection>) -> Result<ScopeQuery, ApiError> {
+    q.map(|Query(q)| q).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))
 }
 
 #[derive(utoipa::OpenApi)]
@@ -41,39 +74,63 @@ fn valid_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Create or replace a secret.
-#[utoipa::path(put, path = "/api/v1/secrets/{name}", params(("name" = String, Path)), request_body = SetSecret,
+/// Create or replace (rotate) a secret in a scope.
+#[utoipa::path(put, path = "/api/v1/secrets/{name}", params(("name" = String, Path), ScopeQuery), request_body = SetSecret,
     responses((status = 204), (status = 400, body = gpuci_protocol::api::ErrorBody), (status = 422, body = gpuci_protocol::api::ErrorBody)))]
 pub async fn set_secret(
     State(st): State<AppState>,
     Path(name): Path<String>,
+    scope: Result<Query<ScopeQuery>, axum::extract::rejection::QueryRejection>,
     body: Result<Json<SetSecret>, axum::extract::rejection::JsonRejection>,
 ) -> Result<StatusCode, ApiError> {
     valid_name(&name)?;
+    let scope = query(scope)?.scope()?;
     let Json(b) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     if b.value.is_empty() {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "secret value must not be empty"));
     }
     // Sealed here, before the store sees it: the database never holds a value it could reveal.
-    st.store.set_secret(&name, &st.secrets_key.seal(&name, &b.value), crate::brain::now_ms()).await?;
-    tracing::info!(secret = %name, "secret set");
+    // The row's name carries the scope, and the seal covers the row's name: a value copied
+    // into another scope's row does not open.
+    let row = scope.storage_name(&name);
+    st.store.set_secret(&row, &st.secrets_key.seal(&row, &b.value), crate::brain::now_ms()).await?;
+    tracing::info!(secret = %name, scope = %scope, "secret set");
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Secret names (never values).
+/// Secret names and scopes (never values).
 #[utoipa::path(get, path = "/api/v1/secrets", responses((status = 200, body = Vec<SecretInfo>)))]
 pub async fn list_secrets(State(st): State<AppState>) -> Result<Json<Vec<SecretInfo>>, ApiError> {
-    let names = st.store.secret_names().await?;
-    Ok(Json(names.into_iter().map(|(name, updated_at_ms)| SecretInfo { name, updated_at_ms }).collect()))
+    let rows = st.store.secret_names().await?;
+    let mut list: Vec<SecretInfo> = rows
+        .into_iter()
+        .filter_map(|(row, updated_at_ms)| {
+            let (name, scope) = SecretScope::parse_storage_name(&row)?;
+            let (repository, ref_pattern) = match scope {
+                SecretScope::Global => (None, None),
+                SecretScope::Repository(r) => (Some(r), None),
+                SecretScope::Ref { repository, pattern } => (Some(repository), Some(pattern)),
+            };
+            Some(SecretInfo { name, repository, ref_pattern, updated_at_ms })
+        })
+        .collect();
+    list.sort_by(|a, b| (&a.name, &a.repository, &a.ref_pattern).cmp(&(&b.name, &b.repository, &b.ref_pattern)));
+    Ok(Json(list))
 }
 
-/// Delete a secret.
-#[utoipa::path(delete, path = "/api/v1/secrets/{name}", params(("name" = String, Path)),
+/// Delete a secret's value in one scope.
+#[utoipa::path(delete, path = "/api/v1/secrets/{name}", params(("name" = String, Path), ScopeQuery),
     responses((status = 204), (status = 404, body = gpuci_protocol::api::ErrorBody)))]
-pub async fn delete_secret(State(st): State<AppState>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
-    if st.store.delete_secret(&name).await? {
+pub async fn delete_secret(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    scope: Result<Query<ScopeQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<StatusCode, ApiError> {
+    valid_name(&name)?;
+    let scope = query(scope)?.scope()?;
+    if st.store.delete_secret(&scope.storage_name(&name)).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::new(StatusCode::NOT_FOUND, format!("no secret named {name:?}")))
+        Err(ApiError::new(StatusCode::NOT_FOUND, format!("no secret named {name:?} for {scope}")))
     }
 }

@@ -18,6 +18,7 @@ pub mod mask;
 pub mod pipeline;
 pub mod placement;
 pub mod quantity;
+pub mod secret_scope;
 pub mod text;
 pub mod trust;
 

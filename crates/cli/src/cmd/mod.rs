@@ -228,14 +228,14 @@ async fn github_status(c: &Client, json: bool) -> CliResult {
 async fn secret(a: crate::cli::SecretArgs) -> CliResult {
     let c = Client::from_args(&a.client)?;
     match a.command {
-        SecretCommand::Set { name } => {
+        SecretCommand::Set { name, scope } => {
             use std::io::Read;
             let mut value = String::new();
             std::io::stdin().read_to_string(&mut value)?;
             // One trailing newline comes from `echo` or a terminal, not from the secret.
             let value = value.strip_suffix('\n').unwrap_or(&value);
-            c.set_secret(&name, value).await?;
-            eprintln!("secret {name} set");
+            c.set_secret(&name, &scope, value).await?;
+            eprintln!("secret {name} set for {}", scope_text(&scope));
         }
         SecretCommand::List => {
             let list = c.secrets().await?;
@@ -243,16 +243,28 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
                 println!("{}", serde_json::Value::Array(list));
             } else {
                 for s in list {
-                    println!("{}", s["name"].as_str().unwrap_or_default());
+                    let scope = crate::cli::SecretScopeArgs {
+                        repository: s["repository"].as_str().map(str::to_string),
+                        ref_pattern: s["ref"].as_str().map(str::to_string),
+                    };
+                    println!("{}\t{}", s["name"].as_str().unwrap_or_default(), scope_text(&scope));
                 }
             }
         }
-        SecretCommand::Rm { name } => {
-            c.delete_secret(&name).await?;
-            eprintln!("secret {name} deleted");
+        SecretCommand::Rm { name, scope } => {
+            c.delete_secret(&name, &scope).await?;
+            eprintln!("secret {name} deleted for {}", scope_text(&scope));
         }
     }
     Ok(0)
+}
+
+fn scope_text(s: &crate::cli::SecretScopeArgs) -> String {
+    match (&s.repository, &s.ref_pattern) {
+        (None, _) => "every pipeline".to_string(),
+        (Some(r), None) => r.clone(),
+        (Some(r), Some(p)) => format!("{r} {p}"),
+    }
 }
 
 async fn gpu_release(c: &crate::cli::ClientArgs, uuid: &str) -> CliResult {

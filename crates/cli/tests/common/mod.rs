@@ -191,7 +191,16 @@ impl Api {
         }
     }
 
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     pub fn submit(&self, yaml: &str) -> PipelineSummary {
+        self.submit_from(yaml, None)
+    }
+
+    /// As [`Api::submit`], from a work tree of `repository` (as `gpuci submit` says).
+    pub fn submit_from(&self, yaml: &str, repository: Option<&str>) -> PipelineSummary {
         let r = self
             .http
             .post(format!("{}/api/v1/pipelines", self.url))
@@ -201,7 +210,7 @@ impl Api {
                 source: yaml.into(),
                 env: Default::default(),
                 workspace_upload: None,
-                repository: None,
+                repository: repository.map(str::to_string),
             })
             .send()
             .expect("submit");

@@ -1,0 +1,295 @@
+//! Where a secret may be used: the whole coordinator, one repository, or a repository's refs
+//! matching a pattern (`refs/heads/main`, `refs/tags/v*`), and which of a name's scoped values
+//! a job gets. Pure: the coordinator asks [`choose`] with what it stored and where the job came
+//! from, and applies the answer.
+//!
+//! The rule: among the scopes that cover the job, the narrowest wins (a ref pattern over its
+//! repository over the whole coordinator; an exact ref over a pattern; a longer pattern over a
+//! shorter one). A name that exists only in scopes that do not cover the job is refused with
+//! the scopes it does have, never silently treated as unset.
+//!
+//! A scope is stored as part of the secret's storage name ([`SecretScope::storage_name`]), so
+//! the value's seal (which covers that name) binds it to its scope: a value copied into
+//! another scope's row does not open.
+
+use std::fmt;
+
+/// Where a secret may be used.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SecretScope {
+    /// Every job that names it (set by the coordinator's admin).
+    Global,
+    /// Jobs from this repository (`owner/name`).
+    Repository(String),
+    /// Jobs from this repository whose git ref matches the pattern (`*` matches any run of
+    /// characters, `/` included).
+    Ref { repository: String, pattern: String },
+}
+
+/// Where a job came from, as far as secrets are concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSource {
+    /// `owner/name`, when known.
+    pub repository: Option<String>,
+    /// The full ref (`refs/heads/main`, `refs/pull/7/merge`), when known.
+    pub git_ref: Option<String>,
+    /// False for origins that never get secrets (pull requests from forks).
+    pub may_have_secrets: bool,
+    /// For messages: "a push to octo/kernels refs/heads/dev", "a pull request from a fork".
+    pub description: String,
+}
+
+/// Why a job does not get a secret it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// No value in any scope.
+    NotSet { name: String },
+    /// Values exist, none for this job.
+    OutOfScope { name: String, scopes: Vec<SecretScope>, job: String },
+    /// The job's origin gets no secrets at all.
+    NoSecrets { name: String, job: String },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::NotSet { name } => write!(f, "secret `{name}` is not set (gpuci secret set {name})"),
+            Refusal::OutOfScope { name, scopes, job } => {
+                let list: Vec<String> = scopes.iter().map(ToString::to_string).collect();
+                write!(f, "secret `{name}` is scoped to {}; this job is from {job}", list.join(" and "))
+            }
+            Refusal::NoSecrets { name, job } => {
+                write!(f, "secret `{name}` is not given to this job: it is from {job}, which gets no secrets")
+            }
+        }
+    }
+}
+
+impl fmt::Display for SecretScope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SecretScope::Global => write!(f, "every pipeline"),
+            SecretScope::Repository(r) => write!(f, "{r}"),
+            SecretScope::Ref { repository, pattern } => write!(f, "{repository} {pattern}"),
+        }
+    }
+}
+
+/// A repository name as GitHub spells them: `owner/name`, letters, digits, `.`, `_`, `-`.
+pub fn valid_repository(r: &str) -> Result<(), String> {
+    let part = |p: &str| {
+        !p.is_empty() && p != "." && p != ".." && p.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    };
+    match r.split_once('/') {
+        Some((o, n)) if part(o) && part(n) => Ok(()),
+        _ => Err(format!("repository {r:?}: expected owner/name")),
+    }
+}
+
+/// A ref pattern: a full ref (`refs/...`), printable, no spaces; `*` is the only wildcard.
+pub fn valid_ref_pattern(p: &str) -> Result<(), String> {
+    if !p.starts_with("refs/") {
+        return Err(format!("ref pattern {p:?}: give a full ref, e.g. refs/heads/main or refs/tags/v*"));
+    }
+    if p.len() > 255 || !p.chars().all(|c| c.is_ascii_graphic()) || p.contains("..") {
+        return Err(format!("ref pattern {p:?}: printable ASCII without spaces or '..', at most 255 characters"));
+    }
+    Ok(())
+}
+
+impl SecretScope {
+    /// A scope from the API's optional fields; `ref` needs `repository`.
+    pub fn from_parts(repository: Option<&str>, pattern: Option<&str>) -> Result<SecretScope, String> {
+        match (repository, pattern) {
+            (None, None) => Ok(SecretScope::Global),
+            (Some(r), None) => {
+                valid_repository(r)?;
+                Ok(SecretScope::Repository(r.to_string()))
+            }
+            (Some(r), Some(p)) => {
+                valid_repository(r)?;
+                valid_ref_pattern(p)?;
+                Ok(SecretScope::Ref { repository: r.to_string(), pattern: p.to_string() })
+            }
+            (None, Some(_)) => Err("a ref pattern needs a repository (--repo owner/name)".to_string()),
+        }
+    }
+
+    /// The row name a value of secret `name` in this scope is stored (and sealed) under:
+    /// `NAME`, `NAME@repo:owner/name`, `NAME@ref:owner/name:PATTERN`. Secret names have no
+    /// `@` and repositories no `:`, so [`SecretScope::parse_storage_name`] reads it back.
+    pub fn storage_name(&self, name: &str) -> String {
+        match self {
+            SecretScope::Global => name.to_string(),
+            SecretScope::Repository(r) => format!("{name}@repo:{r}"),
+            SecretScope::Ref { repository, pattern } => format!("{name}@ref:{repository}:{pattern}"),
+        }
+    }
+
+    /// The secret's name and scope from a storage name; `None` for one this version does not
+    /// know (it is then never given out).
+    pub fn parse_storage_name(stored: &str) -> Option<(String, SecretScope)> {
+        let Some((name, scope)) = stored.split_once('@') else {
+            return Some((stored.to_string(), SecretScope::Global));
+        };
+        let scope = if let Some(r) = scope.strip_prefix("repo:") {
+            SecretScope::Repository(r.to_string())
+        } else {
+            let (r, p) = scope.strip_prefix("ref:")?.split_once(':')?;
+            SecretScope::Ref { repository: r.to_string(), pattern: p.to_string() }
+        };
+        Some((name.to_string(), scope))
+    }
+
+    /// How narrow the scope is when it covers `job` (higher wins); `None` when it does not.
+    fn rank(&self, job: &JobSource) -> Option<(u8, usize)> {
+        match self {
+            SecretScope::Global => Some((0, 0)),
+            SecretScope::Repository(r) => (job.repository.as_deref() == Some(r)).then_some((1, 0)),
+            SecretScope::Ref { repository, pattern } => {
+                if job.repository.as_deref() != Some(repository) {
+                    return None;
+                }
+                let git_ref = job.git_ref.as_deref()?;
+                if !glob_match(pattern, git_ref) {
+                    return None;
+                }
+                // An exact ref beats any pattern; among patterns, the longer literal part.
+                let exact = !pattern.contains('*');
+                Some((if exact { 3 } else { 2 }, pattern.chars().filter(|c| *c != '*').count()))
+            }
+        }
+    }
+}
+
+/// Which of `name`'s scopes gives the job its value.
+pub fn choose<'a>(name: &str, scopes: &'a [SecretScope], job: &JobSource) -> Result<&'a SecretScope, Refusal> {
+    if !job.may_have_secrets {
+        return Err(Refusal::NoSecrets { name: name.to_string(), job: job.description.clone() });
+    }
+    if scopes.is_empty() {
+        return Err(Refusal::NotSet { name: name.to_string() });
+    }
+    scopes.iter().filter_map(|s| Some((s.rank(job)?, s))).max_by_key(|(rank, _)| *rank).map(|(_, s)| s).ok_or_else(
+        || {
+            let mut scopes = scopes.to_vec();
+            scopes.sort();
+            Refusal::OutOfScope { name: name.to_string(), scopes, job: job.description.clone() }
+        },
+    )
+}
+
+/// `*` matches any run of characters (`/` included); everything else is literal.
+fn glob_match(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || text.len() < first.len() + last.len() || !text.ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for mid in &parts[1..parts.len() - 1] {
+        match rest.find(mid) {
+            Some(i) => rest = &rest[i + mid.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(repo: &str, git_ref: Option<&str>) -> JobSource {
+        JobSource {
+            repository: Some(repo.to_string()),
+            git_ref: git_ref.map(str::to_string),
+            may_have_secrets: true,
+            description: format!("{repo} {}", git_ref.unwrap_or("(no ref)")),
+        }
+    }
+    fn repo(r: &str) -> SecretScope {
+        SecretScope::Repository(r.to_string())
+    }
+    fn refp(r: &str, p: &str) -> SecretScope {
+        SecretScope::Ref { repository: r.to_string(), pattern: p.to_string() }
+    }
+
+    #[test]
+    fn the_narrowest_covering_scope_wins() {
+        let scopes = vec![
+            SecretScope::Global,
+            repo("octo/kernels"),
+            refp("octo/kernels", "refs/tags/v*"),
+            refp("octo/kernels", "refs/heads/main"),
+        ];
+        let pick = |j: &JobSource| choose("TOKEN", &scopes, j).cloned();
+        assert_eq!(pick(&job("octo/kernels", Some("refs/heads/main"))), Ok(refp("octo/kernels", "refs/heads/main")));
+        assert_eq!(pick(&job("octo/kernels", Some("refs/tags/v1.2"))), Ok(refp("octo/kernels", "refs/tags/v*")));
+        assert_eq!(pick(&job("octo/kernels", Some("refs/heads/dev"))), Ok(repo("octo/kernels")));
+        assert_eq!(pick(&job("octo/kernels", None)), Ok(repo("octo/kernels")));
+        assert_eq!(pick(&job("other/repo", Some("refs/heads/main"))), Ok(SecretScope::Global));
+        let both = vec![refp("o/r", "refs/tags/*"), refp("o/r", "refs/tags/v1*")];
+        assert_eq!(choose("T", &both, &job("o/r", Some("refs/tags/v1.0"))), Ok(&both[1]), "the longer pattern");
+    }
+
+    #[test]
+    fn another_repository_or_ref_is_refused_with_the_scopes_it_has() {
+        let scopes = vec![refp("octo/kernels", "refs/heads/main")];
+        let e = choose("CODECOV_TOKEN", &scopes, &job("octo/kernels", Some("refs/heads/feature"))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "secret `CODECOV_TOKEN` is scoped to octo/kernels refs/heads/main; this job is from octo/kernels refs/heads/feature"
+        );
+        assert!(matches!(
+            choose("CODECOV_TOKEN", &scopes, &job("evil/fork", Some("refs/heads/main"))),
+            Err(Refusal::OutOfScope { .. })
+        ));
+        let scopes = vec![repo("a/one")];
+        assert!(choose("T", &scopes, &job("a/one-more", None)).is_err(), "no prefix matching of names");
+        assert_eq!(
+            choose("T", &[], &job("a/b", None)).unwrap_err().to_string(),
+            "secret `T` is not set (gpuci secret set T)"
+        );
+        let mut fork = job("octo/kernels", Some("refs/pull/3/merge"));
+        fork.may_have_secrets = false;
+        assert!(matches!(choose("T", &[SecretScope::Global], &fork), Err(Refusal::NoSecrets { .. })));
+    }
+
+    #[test]
+    fn storage_names_round_trip_and_unknown_forms_are_not_read() {
+        for s in [SecretScope::Global, repo("octo/kernels"), refp("octo/kernels", "refs/tags/v*")] {
+            let stored = s.storage_name("HF_TOKEN");
+            assert_eq!(SecretScope::parse_storage_name(&stored), Some(("HF_TOKEN".to_string(), s)), "{stored}");
+        }
+        assert_eq!(SecretScope::parse_storage_name("X@env:prod"), None);
+    }
+
+    #[test]
+    fn scopes_are_checked_when_made() {
+        assert!(SecretScope::from_parts(Some("octo/kernels"), Some("refs/heads/main")).is_ok());
+        for (r, p) in [
+            (Some("octo"), None),
+            (Some("a/b/c"), None),
+            (Some("a/.."), None),
+            (None, Some("refs/heads/x")),
+            (Some("a/b"), Some("main")),
+            (Some("a/b"), Some("refs/heads/a b")),
+        ] {
+            assert!(SecretScope::from_parts(r, p).is_err(), "{r:?} {p:?}");
+        }
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("refs/tags/v*", "refs/tags/v1.2.3"));
+        assert!(glob_match("refs/heads/*", "refs/heads/feature/x"));
+        assert!(glob_match("refs/*/main", "refs/heads/main"));
+        assert!(!glob_match("refs/tags/v*", "refs/tags/x1"));
+        assert!(!glob_match("refs/heads/main", "refs/heads/main2"));
+        assert!(!glob_match("refs/*x*y", "refs/y"));
+    }
+}
