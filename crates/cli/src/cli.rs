@@ -464,6 +464,24 @@ pub enum SecretCommand {
         #[command(flatten)]
         scope: SecretScopeArgs,
     },
+    /// Encrypt a value (read from standard input) for a repository's pipeline file; prints
+    /// `NAME: "gpuci:v1:…"` for the step's `secrets:` map. Only jobs of that repository (and
+    /// ref pattern) get it, never pull requests from forks. Needs no admin token with
+    /// --recipient (the coordinator's public key, from `gpuci secret key`).
+    Encrypt {
+        name: String,
+        #[command(flatten)]
+        scope: SecretScopeArgs,
+        /// The coordinator's public key (`age1…`); default: ask the coordinator.
+        #[arg(long)]
+        recipient: Option<String>,
+    },
+    /// Print the coordinator's public key for `gpuci secret encrypt` (and every key id that
+    /// still decrypts); --rotate makes a new one first.
+    Key {
+        #[arg(long)]
+        rotate: bool,
+    },
 }
 
 /// Where a secret applies. A job gets the narrowest scope that covers it: a matching ref of

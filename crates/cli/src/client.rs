@@ -128,6 +128,12 @@ impl Client {
         self.send_no_content(self.http.delete(self.url(&format!("/api/v1/secrets/{name}"))).query(&scope_query(scope)))
             .await
     }
+    pub async fn secrets_key(&self, rotate: bool) -> CliResult<serde_json::Value> {
+        if rotate {
+            return self.post("/api/v1/secrets-key", &serde_json::json!({})).await;
+        }
+        self.get("/api/v1/secrets-key").await
+    }
     pub async fn secrets(&self) -> CliResult<Vec<serde_json::Value>> {
         self.get("/api/v1/secrets").await
     }

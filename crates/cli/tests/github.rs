@@ -855,3 +855,66 @@ fn a_secret_scoped_to_main_reaches_pushes_to_main_and_not_other_branches() {
     );
     assert!(s.api.log_text(id).is_empty(), "the refused job ran");
 }
+
+/// Issue 14: a secret encrypted in `.gpuci.yml` for `refs/heads/main` opens for pushes to main
+/// only: a feature branch is refused with the reason, and an approved pull request from a fork
+/// (same file, same ciphertext) gets nothing.
+#[test]
+fn an_encrypted_secret_in_the_pipeline_file_opens_for_its_ref_and_never_for_a_fork() {
+    let (on_main, on_feature, in_fork) = (
+        "cccc000000000000000000000000000000000000",
+        "dddd000000000000000000000000000000000000",
+        "eeee000000000000000000000000000000000000",
+    );
+    // The coordinator's key exists once it runs; the files are made after it started.
+    let s = Setup::new("", "1h", |_, gh| gh.add_collaborator(REPO, "maintainer", "write"));
+    let key: Value = s
+        .api
+        .raw()
+        .get(format!("{}/api/v1/secrets-key", s.server.url))
+        .bearer_auth(&s.server.token)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let scope =
+        gpuci_core::secret_scope::SecretScope::Ref { repository: REPO.into(), pattern: "refs/heads/main".into() };
+    let sealed =
+        gpuci_repo_secrets::encrypt(key["recipient"].as_str().unwrap(), "DEPLOY_KEY", &scope, "d3pl0y").unwrap();
+    let pipeline = format!(
+        "steps:\n  - key: deploy\n    secrets:\n      DEPLOY_KEY: \"{sealed}\"\n    command: test \"$DEPLOY_KEY\" = d3pl0y && echo deployed\n"
+    );
+    for sha in [on_main, on_feature, in_fork] {
+        s.gh.set_tree(REPO, sha, &[(".gpuci.yml", pipeline.as_str())]);
+    }
+    let last = |what: &str, count: usize| {
+        wait_until_or(what, T, || s.jobs().len() == count, || format!("{:#?}", s.jobs()));
+        let id = s.jobs().iter().map(|j| j.id).max().unwrap();
+        s.api.wait_job(id, what, T, |j| j.state.is_terminal())
+    };
+    assert_eq!(s.rt.block_on(s.gh.push(REPO, "main", on_main)), 202);
+    let job = last("the push to main", 1);
+    assert_eq!(job.state, JobState::Succeeded, "{job:#?}");
+    assert_eq!(s.api.log_text(job.id), "deployed\n");
+
+    assert_eq!(s.rt.block_on(s.gh.push(REPO, "feature", on_feature)), 202);
+    let job = last("the push to feature", 2);
+    assert_eq!(job.state, JobState::Failed);
+    assert_eq!(
+        job.reason,
+        format!(
+            "encrypted secret `DEPLOY_KEY` was encrypted for {REPO} refs/heads/main; this job is from a push to {REPO} refs/heads/feature"
+        )
+    );
+
+    assert_eq!(s.rt.block_on(s.gh.open_pull_request(REPO, 21, in_fork, true, "mallory", "NONE")), 202);
+    assert_eq!(s.rt.block_on(s.gh.add_label(REPO, 21, "run-gpu-ci", "maintainer")), 202);
+    let job = last("the approved fork pull request", 3);
+    assert_eq!(job.state, JobState::Failed);
+    assert!(
+        job.reason.contains("a pull request from a fork") && job.reason.contains("gets no secrets"),
+        "{}",
+        job.reason
+    );
+    assert!(!s.api.log_text(job.id).contains("d3pl0y"), "the fork saw the value");
+}

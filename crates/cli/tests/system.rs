@@ -757,3 +757,94 @@ steps:
     let done = api.wait_pipeline(p.id, T);
     assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
 }
+
+/// `gpuci secret encrypt`, run as a repository's maintainer would: with the coordinator's
+/// public key only, no token. The printed line is what goes under `secrets:`.
+fn encrypt_line(recipient: &str, name: &str, repo: &str, git_ref: Option<&str>, value: &str) -> String {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.args(["secret", "encrypt", name, "--repo", repo, "--recipient", recipient, "--server", "http://127.0.0.1:9"]);
+    if let Some(r) = git_ref {
+        cmd.args(["--ref", r]);
+    }
+    let mut child = cmd
+        .env_remove("GPUCI_TOKEN")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(format!("{value}\n").as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let line = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(line.starts_with(&format!("{name}: \"gpuci:v1:")) && !line.contains(value), "{line}");
+    line
+}
+
+/// Issue 14: a secret encrypted in the pipeline file opens on the coordinator for the
+/// repository (and ref) it was encrypted for; copied into another repository's pipeline or
+/// used under another name it is refused with the reason; a rotated key still opens what was
+/// encrypted to the old one.
+#[test]
+fn a_secret_encrypted_in_the_pipeline_file_opens_only_for_its_repository() {
+    let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
+    let key: serde_json::Value = api
+        .raw()
+        .get(format!("{}/api/v1/secrets-key", api.url))
+        .bearer_auth(&server.token)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let recipient = key["recipient"].as_str().unwrap().to_string();
+    assert!(recipient.starts_with("age1"), "{key}");
+    let line = encrypt_line(&recipient, "CODECOV_TOKEN", "octo/kernels", None, "c0dec0v-value");
+    let pipeline = |line: &str| {
+        format!(
+            "steps:\n  - key: upload\n    secrets:\n      {line}\n    command: test \"$CODECOV_TOKEN\" = c0dec0v-value && echo opened && echo \"$CODECOV_TOKEN\"\n"
+        )
+    };
+    let p = api.submit_from(&pipeline(&line), Some("octo/kernels"));
+    let done = api.wait_pipeline(p.id, T);
+    let job = &done.jobs[0];
+    assert_eq!(job.state, JobState::Succeeded, "{}", job.reason);
+    assert_eq!(api.log_text(job.id), "opened\n***\n", "the value is masked like any secret");
+    assert!(system_lines(&api, job.id).contains("CODECOV_TOKEN (encrypted in the pipeline for octo/kernels)"));
+    // Pasted into another repository's pipeline.
+    let p = api.submit_from(&pipeline(&line), Some("evil/kernels"));
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Failed);
+    assert_eq!(
+        done.jobs[0].reason,
+        "encrypted secret `CODECOV_TOKEN` was encrypted for octo/kernels; this job is from a pipeline submitted through the API from a work tree of evil/kernels"
+    );
+    // Used under another name.
+    let renamed = line.replacen("CODECOV_TOKEN:", "OTHER_TOKEN:", 1);
+    let p = api.submit_from(&pipeline(&renamed).replace("$CODECOV_TOKEN", "$OTHER_TOKEN"), Some("octo/kernels"));
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Failed);
+    assert!(done.jobs[0].reason.contains("was encrypted as `CODECOV_TOKEN`"), "{}", done.jobs[0].reason);
+    // One byte of the ciphertext changed: refused, nothing in clear.
+    let cut = line.len() - 6;
+    let tampered =
+        format!("{}{}{}", &line[..cut], if &line[cut..cut + 1] == "A" { "B" } else { "A" }, &line[cut + 1..]);
+    let p = api.submit_from(&pipeline(&tampered), Some("octo/kernels"));
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Failed);
+    assert!(done.jobs[0].reason.starts_with("encrypted secret `CODECOV_TOKEN`: "), "{}", done.jobs[0].reason);
+    // Rotation: a new current key; the old ciphertext still opens.
+    let rotated: serde_json::Value = api
+        .raw()
+        .post(format!("{}/api/v1/secrets-key", api.url))
+        .bearer_auth(&server.token)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_ne!(rotated["recipient"], key["recipient"]);
+    assert_eq!(rotated["key_ids"].as_array().unwrap().len(), 2, "{rotated}");
+    let p = api.submit_from(&pipeline(&line), Some("octo/kernels"));
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
+}

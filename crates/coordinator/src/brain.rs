@@ -260,6 +260,8 @@ pub struct Brain {
     store: Arc<dyn Store>,
     /// Opens the sealed secret values the store hands back.
     secrets_key: Arc<gpuci_store::SecretsKey>,
+    /// Opens secrets encrypted in pipeline files (`gpuci secret encrypt`).
+    repo_keys: Option<Arc<std::sync::RwLock<gpuci_repo_secrets::KeyRing>>>,
     hub: Arc<Hub>,
     timing: Timing,
     agents: BTreeMap<String, AgentState>,
@@ -326,6 +328,7 @@ impl Brain {
         let mut brain = Brain {
             store,
             secrets_key,
+            repo_keys: None,
             hub,
             timing,
             agents: BTreeMap::new(),
@@ -393,6 +396,12 @@ impl Brain {
             brain.active.insert(j.id, j);
         }
         Ok(brain)
+    }
+
+    /// Open secrets encrypted in pipeline files with `ring`.
+    pub fn with_repo_keys(mut self, ring: Arc<std::sync::RwLock<gpuci_repo_secrets::KeyRing>>) -> Self {
+        self.repo_keys = Some(ring);
+        self
     }
 
     /// Register Actions runners through `registrar`; `tx` is the queue [`Brain::run`] reads.
@@ -1322,7 +1331,7 @@ impl Brain {
             // Each secret the step names must exist in a scope that covers the job (the
             // narrowest wins: `core::secret_scope`); otherwise the job could only fail later,
             // on a GPU, after waiting its turn. Refusals end the job with the reason.
-            let (secrets, given) = if j.step.secrets.is_empty() {
+            let (secrets, given) = if j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty() {
                 (BTreeMap::new(), Vec::new())
             } else {
                 let pipeline = match self.store.get_pipeline(j.pipeline_id).await {
@@ -1341,7 +1350,32 @@ impl Brain {
                 };
                 let source = secret_source(pipeline.as_ref());
                 let mut given: Vec<(String, SecretScope)> = Vec::new();
-                let mut refused = None;
+                let mut refused: Option<String> = None;
+                // Values encrypted in the pipeline file open here, where the key lives, and
+                // only for the repository, ref and name they were encrypted for.
+                let mut from_file: BTreeMap<String, String> = BTreeMap::new();
+                for (name, text) in &j.step.encrypted_secrets {
+                    let opened = match &self.repo_keys {
+                        None => Err("this coordinator keeps no key for encrypted secrets".to_string()),
+                        Some(ring) => {
+                            let ring = ring.read().unwrap_or_else(|e| e.into_inner());
+                            ring.decrypt(text).map_err(|e| e.to_string())
+                        }
+                    };
+                    let checked = opened
+                        .map_err(|why| format!("encrypted secret `{name}`: {why}"))
+                        .and_then(|sealed| Ok((sealed.scope(), sealed.check(name, &source)?.to_string())));
+                    match checked {
+                        Ok((scope, value)) => {
+                            from_file.insert(name.clone(), value);
+                            given.push((name.clone(), scope));
+                        }
+                        Err(why) => {
+                            refused = Some(why);
+                            break;
+                        }
+                    }
+                }
                 for name in &j.step.secrets {
                     let scopes: Vec<SecretScope> = stored
                         .iter()
@@ -1349,21 +1383,26 @@ impl Brain {
                         .filter(|(n, _)| n == name)
                         .map(|(_, scope)| scope)
                         .collect();
+                    if refused.is_some() {
+                        break;
+                    }
                     match gpuci_core::secret_scope::choose(name, &scopes, &source) {
                         Ok(scope) => given.push((name.clone(), scope.clone())),
                         Err(r) => {
-                            refused = Some(r);
+                            refused = Some(r.to_string());
                             break;
                         }
                     }
                 }
-                if let Some(r) = refused {
-                    if let Err(e) = self.finish(&j, JobState::Failed, r.to_string(), None, None, Vec::new()).await {
+                if let Some(why) = refused {
+                    if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
                         tracing::error!(job = j.id, error = %e, "could not fail job");
                     }
                     continue;
                 }
-                let rows: Vec<String> = given.iter().map(|(n, scope)| scope.storage_name(n)).collect();
+                let stored_given: Vec<(String, SecretScope)> =
+                    given.iter().filter(|(n, _)| !from_file.contains_key(n)).cloned().collect();
+                let rows: Vec<String> = stored_given.iter().map(|(n, scope)| scope.storage_name(n)).collect();
                 let sealed = match self.store.secret_values(&rows).await {
                     Ok(v) => v,
                     Err(e) => {
@@ -1371,8 +1410,8 @@ impl Brain {
                         continue;
                     }
                 };
-                let mut opened = Ok(BTreeMap::new());
-                for ((name, _), row) in given.iter().zip(&rows) {
+                let mut opened = Ok(from_file);
+                for ((name, _), row) in stored_given.iter().zip(&rows) {
                     // Deleted since the names were read: the next pass decides again.
                     let Some(text) = sealed.get(row) else {
                         opened = Err(format!("waiting: secret `{name}` changed while the job was placed"));
@@ -1443,8 +1482,13 @@ impl Brain {
                     // The audit record of which secrets (names and scopes, never values) this
                     // run is given, in the job's log, before the agent's lines.
                     if !given.is_empty() {
-                        let list: Vec<String> =
-                            given.iter().map(|(n, scope)| format!("{n} (scope: {scope})")).collect();
+                        let list: Vec<String> = given
+                            .iter()
+                            .map(|(n, scope)| match j.step.encrypted_secrets.contains_key(n) {
+                                true => format!("{n} (encrypted in the pipeline for {scope})"),
+                                false => format!("{n} (scope: {scope})"),
+                            })
+                            .collect();
                         self.note_in_log(&j, format!("secrets given to this run: {}", list.join(", "))).await;
                     }
                     // A requeued job keeps its log; this run's lines are numbered after it.

@@ -137,6 +137,8 @@ pub struct AppState {
     pub registration_token: Secret,
     /// Seals secret values before they are stored ([`vault`]).
     pub secrets_key: Arc<gpuci_store::SecretsKey>,
+    /// Opens secrets encrypted in pipeline files; its current public key is handed out.
+    pub repo_keys: Arc<std::sync::RwLock<gpuci_repo_secrets::KeyRing>>,
     pub conn_seq: Arc<AtomicU64>,
     pub shutdown: CancellationToken,
     /// Workspace uploads: `<data-dir>/uploads`.
@@ -148,6 +150,10 @@ pub struct AppState {
 }
 
 /// Default per-job log cap: the agents' default (100 MiB) and room for gpuci's own lines.
+/// The data dir's key ring for secrets encrypted in pipeline files (`gpuci secret encrypt`):
+/// one file per key, 0600, in a 0700 directory. Coordinators sharing a database need the same.
+pub const REPO_SECRETS_KEYS: &str = "repo-secrets-keys";
+
 pub const DEFAULT_MAX_LOG_BYTES: u64 = 101 * 1024 * 1024;
 
 pub const DEFAULT_UPLOAD_RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
@@ -203,6 +209,7 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/github/status", get(github::api::github_status))
         .route("/api/v1/gpus/{uuid}/release", post(api::release_gpu))
         .route("/api/v1/secrets", get(secrets::list_secrets))
+        .route("/api/v1/secrets-key", get(secrets::public_key).post(secrets::rotate_key))
         .route("/api/v1/uploads", post(uploads::create_upload))
         .route("/api/v1/secrets/{name}", axum::routing::put(secrets::set_secret).delete(secrets::delete_secret))
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), api::require_api_token));
@@ -327,10 +334,16 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let registration_token = auth::load_or_create(&config.data_dir.join("registration-token"), "gpuci_reg")
         .context("registration token file")?;
     let secrets_key = Arc::new(vault::unlock(store.as_ref(), &config.secrets_key_source()).await?);
+    // The keys secrets encrypted in pipeline files open with: beside the database, never in it.
+    let keys_dir = config.data_dir.join(REPO_SECRETS_KEYS);
+    let repo_keys = Arc::new(std::sync::RwLock::new(
+        gpuci_repo_secrets::KeyRing::open(&keys_dir).with_context(|| format!("key ring {}", keys_dir.display()))?,
+    ));
     let hub = Arc::new(hub::Hub::new());
     let mut brain = brain::Brain::load(store.clone(), hub.clone(), config.timing.clone(), secrets_key.clone())
         .await
-        .context("loading state")?;
+        .context("loading state")?
+        .with_repo_keys(repo_keys.clone());
     let (tx, rx) = mpsc::channel(4096);
     let uploads = uploads::Uploads::new(config.data_dir.join("uploads"));
     let listener =
@@ -363,6 +376,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         api_token: api_token.clone(),
         registration_token: registration_token.clone(),
         secrets_key,
+        repo_keys,
         conn_seq: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
         uploads,

@@ -56,8 +56,18 @@ fn query(q: Result<Query<ScopeQuery>, axum::extract::rejection::QueryRejection>)
 }
 
 #[derive(utoipa::OpenApi)]
-#[openapi(paths(set_secret, list_secrets, delete_secret))]
+#[openapi(paths(set_secret, list_secrets, delete_secret, public_key, rotate_key))]
 pub struct SecretsDoc;
+
+/// The key secrets in pipeline files are encrypted to (`gpuci secret encrypt`).
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PublicKey {
+    /// The current key, an age X25519 recipient (`age1…`): encrypt to this one.
+    pub recipient: String,
+    pub key_id: String,
+    /// Every key that still decrypts, oldest first (the last is current).
+    pub key_ids: Vec<String>,
+}
 
 fn valid_name(name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
@@ -133,4 +143,27 @@ pub async fn delete_secret(
     } else {
         Err(ApiError::new(StatusCode::NOT_FOUND, format!("no secret named {name:?} for {scope}")))
     }
+}
+
+fn public_key_of(ring: &gpuci_repo_secrets::KeyRing) -> PublicKey {
+    let (recipient, key_id) = ring.current();
+    PublicKey { recipient, key_id, key_ids: ring.ids() }
+}
+
+/// The current public key for `gpuci secret encrypt` (it is public: maintainers of a
+/// repository may be given it to encrypt their own secrets without an API token).
+#[utoipa::path(get, path = "/api/v1/secrets-key", responses((status = 200, body = PublicKey)))]
+pub async fn public_key(State(st): State<AppState>) -> Json<PublicKey> {
+    let ring = st.repo_keys.read().unwrap_or_else(|e| e.into_inner());
+    Json(public_key_of(&ring))
+}
+
+/// Make a new current key. The old ones keep decrypting what was encrypted to them; retire
+/// one by removing its file from the key ring directory once nothing uses it.
+#[utoipa::path(post, path = "/api/v1/secrets-key", responses((status = 200, body = PublicKey), (status = 500, body = gpuci_protocol::api::ErrorBody)))]
+pub async fn rotate_key(State(st): State<AppState>) -> Result<Json<PublicKey>, ApiError> {
+    let mut ring = st.repo_keys.write().unwrap_or_else(|e| e.into_inner());
+    let id = ring.rotate().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    tracing::info!(key_id = %id, "new key for encrypted secrets");
+    Ok(Json(public_key_of(&ring)))
 }

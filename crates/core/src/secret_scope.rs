@@ -75,6 +75,21 @@ impl fmt::Display for SecretScope {
     }
 }
 
+/// The prefix of a value encrypted with `gpuci secret encrypt` (see the `gpuci-repo-secrets`
+/// crate for the format).
+pub const SEALED_PREFIX: &str = "gpuci:v1:";
+
+/// Whether `text` has the shape of such a value: `gpuci:v1:<12 hex digits>:<base64>`.
+pub fn is_sealed_text(text: &str) -> bool {
+    let Some((id, b64)) = text.strip_prefix(SEALED_PREFIX).and_then(|t| t.split_once(':')) else {
+        return false;
+    };
+    id.len() == 12
+        && id.bytes().all(|b| b.is_ascii_hexdigit())
+        && !b64.is_empty()
+        && b64.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+}
+
 /// A repository name as GitHub spells them: `owner/name`, letters, digits, `.`, `_`, `-`.
 pub fn valid_repository(r: &str) -> Result<(), String> {
     let part = |p: &str| {

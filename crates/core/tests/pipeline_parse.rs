@@ -99,6 +99,7 @@ steps:
         sandbox: SandboxMode::None,
         image: Some("nvcr.io/nvidia/pytorch:24.05-py3".into()),
         secrets: vec!["HF_TOKEN".into()],
+        encrypted_secrets: Default::default(),
         cache: vec![".cache/pip".into(), "target".into()],
     };
     assert_eq!(p.steps[1], want);
@@ -204,4 +205,20 @@ fn fixture_with_every_field_parses() {
     if let Err(e) = parse("full.gpuci.yml", &text) {
         panic!("{e}");
     }
+}
+
+#[test]
+fn secrets_may_be_a_map_of_encrypted_values_and_names_set_on_the_coordinator() {
+    let sealed = "gpuci:v1:0123456789ab:YWdlLWVuY3J5cHRpb24ub3JnL3YxCg==";
+    let src =
+        format!("steps:\n  - command: x\n    secrets:\n      CODECOV_TOKEN: \"{sealed}\"\n      HF_TOKEN: null\n");
+    let p = gpuci_core::pipeline::parse("ci.yml", &src).expect("parses");
+    assert_eq!(p.steps[0].secrets, vec!["HF_TOKEN".to_string()]);
+    assert_eq!(p.steps[0].encrypted_secrets.get("CODECOV_TOKEN").map(String::as_str), Some(sealed));
+    let bad = "steps:\n  - command: x\n    secrets:\n      CODECOV_TOKEN: the-token-in-clear\n";
+    let e = gpuci_core::pipeline::parse("ci.yml", bad).expect_err("a value in clear");
+    let text = e.to_string();
+    assert!(text.contains("ci.yml:4:22") && text.contains("steps[0].secrets.CODECOV_TOKEN"), "{text}");
+    assert!(text.contains("expected a value from `gpuci secret encrypt`"), "{text}");
+    assert!(!text.contains("the-token-in-clear"), "the error repeats a value in clear: {text}");
 }

@@ -251,6 +251,54 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
                 }
             }
         }
+        SecretCommand::Encrypt { name, scope, recipient } => {
+            use std::io::Read;
+            let sc = gpuci_core::secret_scope::SecretScope::from_parts(
+                scope.repository.as_deref(),
+                scope.ref_pattern.as_deref(),
+            )
+            .map_err(CliError::Input)?;
+            if sc == gpuci_core::secret_scope::SecretScope::Global {
+                return Err(CliError::Input(
+                    "an encrypted secret belongs to a repository: give --repo owner/name (and --ref to narrow it)"
+                        .into(),
+                ));
+            }
+            if !gpuci_core::pipeline::is_env_name(&name) {
+                return Err(CliError::Input(format!(
+                    "invalid secret name {name:?}: use an environment variable name like HF_TOKEN"
+                )));
+            }
+            let recipient = match recipient {
+                Some(r) => r,
+                None => c.secrets_key(false).await?["recipient"].as_str().unwrap_or_default().to_string(),
+            };
+            let mut value = String::new();
+            std::io::stdin().read_to_string(&mut value)?;
+            let value = value.strip_suffix('\n').unwrap_or(&value);
+            if value.is_empty() {
+                return Err(CliError::Input("the value (standard input) is empty".into()));
+            }
+            let text = gpuci_repo_secrets::encrypt(&recipient, &name, &sc, value)
+                .map_err(|e| CliError::Input(e.to_string()))?;
+            println!("{name}: \"{text}\"");
+            eprintln!("encrypted {name} for {sc}; put the line above under the step's `secrets:` (a map)");
+        }
+        SecretCommand::Key { rotate } => {
+            let key = c.secrets_key(rotate).await?;
+            if a.client.json {
+                println!("{key}");
+            } else {
+                println!("{}", key["recipient"].as_str().unwrap_or_default());
+                let ids: Vec<&str> =
+                    key["key_ids"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+                eprintln!(
+                    "key {} (current); keys that still decrypt: {}",
+                    key["key_id"].as_str().unwrap_or_default(),
+                    ids.join(", ")
+                );
+            }
+        }
         SecretCommand::Rm { name, scope } => {
             c.delete_secret(&name, &scope).await?;
             eprintln!("secret {name} deleted for {}", scope_text(&scope));

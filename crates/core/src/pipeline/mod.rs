@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 mod parse;
 pub mod schema;
 
-pub use parse::{parse, PipelineError, PipelineErrors};
+pub use parse::{is_env_name, parse, PipelineError, PipelineErrors};
 
 /// The queue timeout a step gets when it names none.
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -64,9 +64,12 @@ pub struct Step {
     /// Container image; the step then needs an agent with a container runtime.
     #[serde(default)]
     pub image: Option<String>,
-    /// Names of secrets the job receives as environment variables.
+    /// Names of secrets the job receives as environment variables, from the coordinator's store.
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// Secrets encrypted in the pipeline file (`gpuci secret encrypt`): name → `gpuci:v1:…`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub encrypted_secrets: BTreeMap<String, String>,
     /// Paths (relative to the workspace) kept per repository between jobs.
     #[serde(default)]
     pub cache: Vec<String>,
@@ -101,6 +104,7 @@ impl Step {
             sandbox: SandboxMode::default(),
             image: None,
             secrets: Vec::new(),
+            encrypted_secrets: BTreeMap::new(),
             cache: Vec::new(),
         }
     }

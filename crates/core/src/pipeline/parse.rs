@@ -485,7 +485,8 @@ fn one_of(options: &[&str]) -> String {
     options.join(", ")
 }
 
-fn is_env_name(s: &str) -> bool {
+/// An environment variable name: letters, digits and `_`, not starting with a digit.
+pub fn is_env_name(s: &str) -> bool {
     let mut chars = s.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -844,7 +845,10 @@ impl Ctx<'_> {
                     step.sandbox = if n == "none" { SandboxMode::None } else { SandboxMode::Default };
                 }),
                 "image" => self.image(v, p).map(|img| step.image = Some(img)),
-                "secrets" => self.secrets(v, p).map(|s| step.secrets = s),
+                "secrets" => self.secrets(v, p).map(|(names, sealed)| {
+                    step.secrets = names;
+                    step.encrypted_secrets = sealed;
+                }),
                 "cache" => self.cache(v, p).map(|c| step.cache = c),
                 _ => Some(()),
             };
@@ -1171,7 +1175,48 @@ impl Ctx<'_> {
         Some(image)
     }
 
-    fn secrets(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {
+    /// `[NAME, ...]` (set on the coordinator), or `{NAME: "gpuci:v1:…" | null, ...}` (encrypted
+    /// in this file; null: set on the coordinator).
+    fn secrets(&mut self, node: &Node, path: &str) -> Option<(Vec<String>, BTreeMap<String, String>)> {
+        if let Value::Map(_) = &node.value {
+            let fields = self.map(node, path, "a list of secret names or a map of them")?;
+            let (mut names, mut sealed) = (Vec::new(), BTreeMap::new());
+            let mut ok = true;
+            for (name, pos, v) in fields {
+                let p = join(path, name);
+                if !is_env_name(name) {
+                    let why = format!(
+                        "invalid secret name {}: expected an environment variable name like HF_TOKEN",
+                        quoted(name)
+                    );
+                    self.err(pos, &p, why);
+                    ok = false;
+                    continue;
+                }
+                match &v.value {
+                    Value::Scalar(Kind::Null, _) => names.push(name.to_string()),
+                    Value::Scalar(Kind::Str, t) if crate::secret_scope::is_sealed_text(t) => {
+                        sealed.insert(name.to_string(), t.clone());
+                    }
+                    _ => {
+                        // Never echo a string here: it may be the secret itself, in clear.
+                        let got = match &v.value {
+                            Value::Scalar(Kind::Str, _) => {
+                                "a string that is not one (not shown: it may be a secret in clear)".to_string()
+                            }
+                            _ => v.describe(),
+                        };
+                        self.err(
+                            v.pos,
+                            &p,
+                            format!("expected a value from `gpuci secret encrypt` (\"gpuci:v1:…\") or null (a secret set on the coordinator), got {got}"),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            return ok.then_some((names, sealed));
+        }
         let items = self.string_list(node, path)?;
         let mut out: Vec<String> = Vec::new();
         let mut ok = true;
@@ -1190,7 +1235,7 @@ impl Ctx<'_> {
                 out.push(s);
             }
         }
-        ok.then_some(out)
+        ok.then_some((out, BTreeMap::new()))
     }
 
     fn cache(&mut self, node: &Node, path: &str) -> Option<Vec<String>> {

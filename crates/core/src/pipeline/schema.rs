@@ -78,8 +78,10 @@ struct RawStep {
     /// Container image to run the step in; the agent then needs a container runtime.
     #[schemars(length(min = 1))]
     image: Option<String>,
-    /// Names of secrets the step receives as environment variables.
-    secrets: Option<Vec<EnvName>>,
+    /// Secrets the step receives as environment variables: names of secrets set on the
+    /// coordinator, or a map of names to values from `gpuci secret encrypt` (null: set on the
+    /// coordinator).
+    secrets: Option<RawSecrets>,
     /// Paths, relative to the workspace, kept per repository between jobs.
     cache: Option<Vec<String>>,
 }
@@ -100,6 +102,18 @@ enum RawScalar {
     Number(f64),
     Bool(bool),
 }
+
+/// `[HF_TOKEN]`, or `{CODECOV_TOKEN: "gpuci:v1:…", HF_TOKEN: null}`.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+enum RawSecrets {
+    Names(Vec<EnvName>),
+    Map(std::collections::BTreeMap<String, Option<SealedText>>),
+}
+
+/// A value from `gpuci secret encrypt`.
+#[derive(JsonSchema)]
+struct SealedText(#[schemars(regex(pattern = r"^gpuci:v1:[0-9a-fA-F]{12}:[A-Za-z0-9+/=]+$"))] String);
 
 /// An environment variable name such as `HF_TOKEN`.
 #[derive(JsonSchema)]

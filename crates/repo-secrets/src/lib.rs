@@ -1,0 +1,297 @@
+//! gpuci-repo-secrets: secrets kept encrypted in a repository's pipeline file, so a
+//! repository's maintainers manage their own secrets without the coordinator's admin token.
+//!
+//! `gpuci secret encrypt --repo octo/kernels [--ref refs/heads/main] CODECOV_TOKEN` encrypts a
+//! value to the coordinator's public key and prints `CODECOV_TOKEN: "gpuci:v1:<key id>:<age>"`
+//! for the step's `secrets:` map. The part after the key id is a standard age file (X25519
+//! recipient), base64: `age --decrypt -i KEY` opens it. What is encrypted is a small JSON
+//! document naming the secret, the repository and the ref pattern with the value, so the
+//! binding is inside the authenticated ciphertext: pasted into another repository, another
+//! ref's pipeline or under another name, it opens but does not [`Sealed::check`].
+//!
+//! The coordinator keeps its X25519 identities in a key ring directory (one `AGE-SECRET-KEY-…`
+//! file per key, 0600, in a 0700 directory beside — never in — the database). The newest key
+//! is the one `encrypt` uses; older ones still decrypt what was encrypted to them, so a key
+//! rotates without re-encrypting every repository at once, and is retired by removing its file.
+//!
+//! What this crate must not do: decide who may have a secret (the coordinator does, with
+//! `gpuci_core::secret_scope`), or log or print a value.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use age::secrecy::ExposeSecret;
+use base64::Engine;
+use gpuci_core::secret_scope::{JobSource, SecretScope};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Every ciphertext starts with this.
+pub const PREFIX: &str = "gpuci:v1:";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("not a gpuci secret (expected gpuci:v1:<key id>:<base64>, from `gpuci secret encrypt`)")]
+    Format,
+    #[error("encrypted for key {0}, which this coordinator does not have (rotated out? encrypt it again with `gpuci secret encrypt`)")]
+    UnknownKey(String),
+    #[error("does not decrypt with key {0}: altered or truncated")]
+    Decrypt(String),
+    #[error("key ring {dir}: {source}")]
+    Io { dir: PathBuf, source: io::Error },
+    #[error("key ring {path}: not an age X25519 identity")]
+    BadKey { path: PathBuf },
+    #[error("{0}")]
+    Recipient(String),
+}
+
+/// What is encrypted: the value and where it may be used.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sealed {
+    pub name: String,
+    pub repository: String,
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub ref_pattern: Option<String>,
+    value: String,
+}
+
+impl std::fmt::Debug for Sealed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sealed")
+            .field("name", &self.name)
+            .field("repository", &self.repository)
+            .field("ref", &self.ref_pattern)
+            .field("value", &"***")
+            .finish()
+    }
+}
+
+impl Sealed {
+    /// The scope it was encrypted for.
+    pub fn scope(&self) -> SecretScope {
+        match &self.ref_pattern {
+            Some(p) => SecretScope::Ref { repository: self.repository.clone(), pattern: p.clone() },
+            None => SecretScope::Repository(self.repository.clone()),
+        }
+    }
+
+    /// The value, when `job` may have it under the name `as_name`; else why not.
+    pub fn check(&self, as_name: &str, job: &JobSource) -> Result<&str, String> {
+        if self.name != as_name {
+            return Err(format!(
+                "the encrypted value given as `{as_name}` was encrypted as `{}`; encrypt it again under this name",
+                self.name
+            ));
+        }
+        let scope = self.scope();
+        match gpuci_core::secret_scope::choose(as_name, std::slice::from_ref(&scope), job) {
+            Ok(_) => Ok(&self.value),
+            Err(gpuci_core::secret_scope::Refusal::NoSecrets { .. }) => {
+                Err(format!("encrypted secret `{as_name}` is not given to {}, which gets no secrets", job.description))
+            }
+            Err(_) => Err(format!(
+                "encrypted secret `{as_name}` was encrypted for {scope}; this job is from {}",
+                job.description
+            )),
+        }
+    }
+}
+
+/// The key id of a recipient: 12 hex digits of its SHA-256.
+pub fn key_id(recipient: &str) -> String {
+    hex::encode(&Sha256::digest(recipient.as_bytes())[..6])
+}
+
+/// Encrypts `value` for `name` in `scope` (a repository, or a repository's refs) to
+/// `recipient` (`age1…`, the coordinator's current public key).
+pub fn encrypt(recipient: &str, name: &str, scope: &SecretScope, value: &str) -> Result<String, Error> {
+    let to = age::x25519::Recipient::from_str(recipient)
+        .map_err(|e| Error::Recipient(format!("{recipient:?} is not an age X25519 recipient: {e}")))?;
+    let (repository, ref_pattern) = match scope {
+        SecretScope::Repository(r) => (r.clone(), None),
+        SecretScope::Ref { repository, pattern } => (repository.clone(), Some(pattern.clone())),
+        SecretScope::Global => {
+            return Err(Error::Recipient("an encrypted secret belongs to a repository: give --repo owner/name".into()))
+        }
+    };
+    let doc = Sealed { name: name.to_string(), repository, ref_pattern, value: value.to_string() };
+    let plain = serde_json::to_vec(&doc).map_err(|e| Error::Recipient(e.to_string()))?;
+    let cipher = age::encrypt(&to, &plain).map_err(|e| Error::Recipient(e.to_string()))?;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(cipher);
+    Ok(format!("{PREFIX}{}:{b64}", key_id(recipient)))
+}
+
+/// Whether `text` has the shape of a ciphertext (for the pipeline parser's message).
+pub fn looks_sealed(text: &str) -> bool {
+    parts(text).is_some()
+}
+
+fn parts(text: &str) -> Option<(&str, &str)> {
+    let (id, b64) = text.strip_prefix(PREFIX)?.split_once(':')?;
+    (id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit()) && !b64.is_empty()).then_some((id, b64))
+}
+
+/// The coordinator's identities.
+pub struct KeyRing {
+    dir: PathBuf,
+    /// Oldest first; the last is current.
+    keys: Vec<(String, age::x25519::Identity)>,
+}
+
+impl KeyRing {
+    /// Loads the key ring in `dir`, making the directory (0700) and a first key when there is
+    /// none.
+    pub fn open(dir: &Path) -> Result<KeyRing, Error> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let io_err = |source| Error::Io { dir: dir.to_path_buf(), source };
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io_err)?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io_err)?;
+        let mut files: Vec<PathBuf> = fs::read_dir(dir)
+            .map_err(io_err)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "key"))
+            .collect();
+        // Named `<sequence>-<key id>.key`: the sequence orders them.
+        files.sort_by_key(|p| {
+            p.file_name().and_then(|n| n.to_str()).and_then(|n| n.split('-').next()?.parse::<u64>().ok()).unwrap_or(0)
+        });
+        let mut keys = Vec::new();
+        for path in files {
+            let text = fs::read_to_string(&path).map_err(io_err)?;
+            let identity =
+                age::x25519::Identity::from_str(text.trim()).map_err(|_| Error::BadKey { path: path.clone() })?;
+            keys.push((key_id(&identity.to_public().to_string()), identity));
+        }
+        let mut ring = KeyRing { dir: dir.to_path_buf(), keys };
+        if ring.keys.is_empty() {
+            ring.rotate()?;
+        }
+        Ok(ring)
+    }
+
+    /// Adds a new current key; the old ones keep decrypting.
+    pub fn rotate(&mut self) -> Result<String, Error> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let identity = age::x25519::Identity::generate();
+        let recipient = identity.to_public().to_string();
+        let id = key_id(&recipient);
+        let path = self.dir.join(format!("{}-{id}.key", self.keys.len() + 1));
+        let io_err = |source| Error::Io { dir: self.dir.clone(), source };
+        let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(io_err)?;
+        f.write_all(identity.to_string().expose_secret().as_bytes()).map_err(io_err)?;
+        f.write_all(b"\n").map_err(io_err)?;
+        f.sync_all().map_err(io_err)?;
+        self.keys.push((id.clone(), identity));
+        Ok(id)
+    }
+
+    /// The current public key (`age1…`) and its id.
+    pub fn current(&self) -> (String, String) {
+        let (id, identity) = self.keys.last().expect("a key ring always has a key");
+        (identity.to_public().to_string(), id.clone())
+    }
+
+    /// Every key id, oldest first.
+    pub fn ids(&self) -> Vec<String> {
+        self.keys.iter().map(|(id, _)| id.clone()).collect()
+    }
+
+    /// Opens a ciphertext from a pipeline file.
+    pub fn decrypt(&self, text: &str) -> Result<Sealed, Error> {
+        let (id, b64) = parts(text).ok_or(Error::Format)?;
+        let identity =
+            self.keys.iter().find(|(k, _)| k == id).map(|(_, i)| i).ok_or_else(|| Error::UnknownKey(id.into()))?;
+        let cipher = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| Error::Format)?;
+        let plain = age::decrypt(identity, &cipher).map_err(|_| Error::Decrypt(id.into()))?;
+        serde_json::from_slice(&plain).map_err(|_| Error::Decrypt(id.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+    use super::*;
+
+    fn job(repo: &str, git_ref: Option<&str>, may: bool) -> JobSource {
+        JobSource {
+            repository: Some(repo.into()),
+            git_ref: git_ref.map(str::to_string),
+            may_have_secrets: may,
+            description: format!("a push to {repo} {}", git_ref.unwrap_or("-")),
+        }
+    }
+
+    #[test]
+    fn a_value_opens_only_for_its_repository_ref_and_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = KeyRing::open(&dir.path().join("keys")).unwrap();
+        let (recipient, _) = ring.current();
+        let scope = SecretScope::Ref { repository: "octo/kernels".into(), pattern: "refs/heads/main".into() };
+        let text = encrypt(&recipient, "CODECOV_TOKEN", &scope, "c0dec0v").unwrap();
+        assert!(text.starts_with(PREFIX) && !text.contains("c0dec0v"), "{text}");
+        let sealed = ring.decrypt(&text).unwrap();
+        assert!(!format!("{sealed:?}").contains("c0dec0v"), "Debug shows the value");
+        assert_eq!(sealed.check("CODECOV_TOKEN", &job("octo/kernels", Some("refs/heads/main"), true)), Ok("c0dec0v"));
+        let e = sealed.check("CODECOV_TOKEN", &job("octo/kernels", Some("refs/heads/feature"), true)).unwrap_err();
+        assert_eq!(e, "encrypted secret `CODECOV_TOKEN` was encrypted for octo/kernels refs/heads/main; this job is from a push to octo/kernels refs/heads/feature");
+        assert!(sealed.check("CODECOV_TOKEN", &job("evil/kernels", Some("refs/heads/main"), true)).is_err());
+        assert!(sealed
+            .check("OTHER", &job("octo/kernels", Some("refs/heads/main"), true))
+            .unwrap_err()
+            .contains("encrypted as `CODECOV_TOKEN`"));
+        assert!(sealed
+            .check("CODECOV_TOKEN", &job("octo/kernels", Some("refs/heads/main"), false))
+            .unwrap_err()
+            .contains("gets no secrets"));
+    }
+
+    #[test]
+    fn the_ciphertext_is_a_standard_age_file_and_tampering_is_caught() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = KeyRing::open(dir.path()).unwrap();
+        let (recipient, id) = ring.current();
+        let text = encrypt(&recipient, "T", &SecretScope::Repository("a/b".into()), "v4lue").unwrap();
+        let b64 = text.rsplit(':').next().unwrap();
+        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).unwrap();
+        assert!(bytes.starts_with(b"age-encryption.org/v1\n"), "not an age file");
+        // One byte changed in the payload.
+        let mut bad = bytes.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let bad = format!("{PREFIX}{id}:{}", base64::engine::general_purpose::STANDARD.encode(bad));
+        assert!(matches!(ring.decrypt(&bad), Err(Error::Decrypt(_))));
+        assert!(matches!(ring.decrypt("gpuci:v1:nothex:abc"), Err(Error::Format)));
+        assert!(matches!(ring.decrypt("plain text"), Err(Error::Format)));
+    }
+
+    #[test]
+    fn a_rotated_key_still_opens_what_was_encrypted_to_it_until_its_file_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ring = KeyRing::open(dir.path()).unwrap();
+        let (old_recipient, old_id) = ring.current();
+        let old = encrypt(&old_recipient, "T", &SecretScope::Repository("a/b".into()), "old").unwrap();
+        let new_id = ring.rotate().unwrap();
+        assert_ne!(new_id, old_id);
+        assert_eq!(ring.current().1, new_id, "the new key is current");
+        // Reloaded from disk: same keys, same order.
+        let ring = KeyRing::open(dir.path()).unwrap();
+        assert_eq!(ring.ids(), vec![old_id.clone(), new_id.clone()]);
+        assert!(ring.decrypt(&old).is_ok(), "the old key still decrypts");
+        for e in fs::read_dir(dir.path()).unwrap().flatten() {
+            if e.file_name().to_string_lossy().contains(&old_id) {
+                fs::remove_file(e.path()).unwrap();
+            }
+        }
+        let ring = KeyRing::open(dir.path()).unwrap();
+        assert!(matches!(ring.decrypt(&old), Err(Error::UnknownKey(id)) if id == old_id));
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777, 0o700);
+        for e in fs::read_dir(dir.path()).unwrap().flatten() {
+            assert_eq!(e.metadata().unwrap().permissions().mode() & 0o777, 0o600, "{:?}", e.path());
+        }
+    }
+}
