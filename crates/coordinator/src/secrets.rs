@@ -37,6 +37,7 @@ pub struct SecretInfo {
 /// Where a secret applies: `?repository=owner/name[&ref=PATTERN]`; neither: everywhere.
 #[derive(Deserialize, Default, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ScopeQuery {
     pub repository: Option<String>,
     #[serde(rename = "ref")]
