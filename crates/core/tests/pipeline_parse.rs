@@ -222,3 +222,16 @@ fn secrets_may_be_a_map_of_encrypted_values_and_names_set_on_the_coordinator() {
     assert!(text.contains("expected a value from `gpuci secret encrypt`"), "{text}");
     assert!(!text.contains("the-token-in-clear"), "the error repeats a value in clear: {text}");
 }
+
+#[test]
+fn a_secret_value_pasted_under_secrets_is_never_repeated_in_the_error() {
+    for (src, value) in [
+        ("steps:\n  - command: x\n    secrets:\n      HF_TOKEN: 98765432109876\n", "98765432109876"),
+        ("steps:\n  - command: x\n    secrets:\n      HF_TOKEN: true\n", "true"),
+        ("steps:\n  - command: x\n    secrets: [\"HF_TOKEN=hf_c13arvalue\"]\n", "hf_c13arvalue"),
+    ] {
+        let e = gpuci_core::pipeline::parse("ci.yml", src).expect_err("invalid").to_string();
+        assert!(!e.contains(value), "{e}");
+        assert!(e.contains("HF_TOKEN"), "{e}");
+    }
+}

@@ -133,11 +133,34 @@ fn parts(text: &str) -> Option<(&str, &str)> {
     (id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit()) && !b64.is_empty()).then_some((id, b64))
 }
 
-/// The coordinator's identities.
+/// The coordinator's identities. The directory is the truth: a key whose file was removed no
+/// longer decrypts (retiring a key needs no restart), and a key another coordinator sharing
+/// the directory made is found when a ciphertext names it.
 pub struct KeyRing {
     dir: PathBuf,
     /// Oldest first; the last is current.
-    keys: Vec<(String, age::x25519::Identity)>,
+    keys: Vec<Key>,
+}
+
+struct Key {
+    id: String,
+    identity: age::x25519::Identity,
+    path: PathBuf,
+}
+
+fn sequence(p: &Path) -> u64 {
+    p.file_name().and_then(|n| n.to_str()).and_then(|n| n.split('-').next()?.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn load_key(path: &Path, dir: &Path) -> Result<Key, Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let io_err = |source| Error::Io { dir: dir.to_path_buf(), source };
+    // Only the owner may read a key, whatever left it looser.
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(io_err)?;
+    let text = fs::read_to_string(path).map_err(io_err)?;
+    let identity =
+        age::x25519::Identity::from_str(text.trim()).map_err(|_| Error::BadKey { path: path.to_path_buf() })?;
+    Ok(Key { id: key_id(&identity.to_public().to_string()), identity, path: path.to_path_buf() })
 }
 
 impl KeyRing {
@@ -155,16 +178,8 @@ impl KeyRing {
             .filter(|p| p.extension().is_some_and(|x| x == "key"))
             .collect();
         // Named `<sequence>-<key id>.key`: the sequence orders them.
-        files.sort_by_key(|p| {
-            p.file_name().and_then(|n| n.to_str()).and_then(|n| n.split('-').next()?.parse::<u64>().ok()).unwrap_or(0)
-        });
-        let mut keys = Vec::new();
-        for path in files {
-            let text = fs::read_to_string(&path).map_err(io_err)?;
-            let identity =
-                age::x25519::Identity::from_str(text.trim()).map_err(|_| Error::BadKey { path: path.clone() })?;
-            keys.push((key_id(&identity.to_public().to_string()), identity));
-        }
+        files.sort_by_key(|p| sequence(p));
+        let keys = files.iter().map(|p| load_key(p, dir)).collect::<Result<Vec<_>, _>>()?;
         let mut ring = KeyRing { dir: dir.to_path_buf(), keys };
         if ring.keys.is_empty() {
             ring.rotate()?;
@@ -179,34 +194,52 @@ impl KeyRing {
         let identity = age::x25519::Identity::generate();
         let recipient = identity.to_public().to_string();
         let id = key_id(&recipient);
-        let path = self.dir.join(format!("{}-{id}.key", self.keys.len() + 1));
+        let next = self.keys.iter().map(|k| sequence(&k.path)).max().unwrap_or(0) + 1;
+        let path = self.dir.join(format!("{next}-{id}.key"));
         let io_err = |source| Error::Io { dir: self.dir.clone(), source };
         let mut f = fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(io_err)?;
         f.write_all(identity.to_string().expose_secret().as_bytes()).map_err(io_err)?;
         f.write_all(b"\n").map_err(io_err)?;
         f.sync_all().map_err(io_err)?;
-        self.keys.push((id.clone(), identity));
+        self.keys.push(Key { id: id.clone(), identity, path });
         Ok(id)
     }
 
     /// The current public key (`age1…`) and its id.
     pub fn current(&self) -> (String, String) {
-        let (id, identity) = self.keys.last().expect("a key ring always has a key");
-        (identity.to_public().to_string(), id.clone())
+        let k = self.keys.last().expect("a key ring always has a key");
+        (k.identity.to_public().to_string(), k.id.clone())
     }
 
-    /// Every key id, oldest first.
+    /// Every key id whose file is still there, oldest first.
     pub fn ids(&self) -> Vec<String> {
-        self.keys.iter().map(|(id, _)| id.clone()).collect()
+        self.keys.iter().filter(|k| k.path.exists()).map(|k| k.id.clone()).collect()
     }
 
     /// Opens a ciphertext from a pipeline file.
     pub fn decrypt(&self, text: &str) -> Result<Sealed, Error> {
         let (id, b64) = parts(text).ok_or(Error::Format)?;
-        let identity =
-            self.keys.iter().find(|(k, _)| k == id).map(|(_, i)| i).ok_or_else(|| Error::UnknownKey(id.into()))?;
+        // A key made since (by another coordinator sharing the directory) is read from its
+        // file; a key whose file is gone is retired.
+        let found;
+        let key = match self.keys.iter().find(|k| k.id == id) {
+            Some(k) if k.path.exists() => k,
+            Some(_) => return Err(Error::UnknownKey(id.into())),
+            None => {
+                let suffix = format!("-{id}.key");
+                let file = fs::read_dir(&self.dir)
+                    .ok()
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|e| e.path())
+                    .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(&suffix)));
+                found = file.and_then(|p| load_key(&p, &self.dir).ok()).filter(|k| k.id == id);
+                found.as_ref().ok_or_else(|| Error::UnknownKey(id.into()))?
+            }
+        };
         let cipher = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| Error::Format)?;
-        let plain = age::decrypt(identity, &cipher).map_err(|_| Error::Decrypt(id.into()))?;
+        let plain = age::decrypt(&key.identity, &cipher).map_err(|_| Error::Decrypt(id.into()))?;
         serde_json::from_slice(&plain).map_err(|_| Error::Decrypt(id.into()))
     }
 }
@@ -286,12 +319,46 @@ mod tests {
                 fs::remove_file(e.path()).unwrap();
             }
         }
+        // The running ring stops using it at once (no restart), and stops listing it.
+        assert!(matches!(ring.decrypt(&old), Err(Error::UnknownKey(id)) if id == old_id));
+        assert_eq!(ring.ids(), vec![new_id.clone()]);
         let ring = KeyRing::open(dir.path()).unwrap();
         assert!(matches!(ring.decrypt(&old), Err(Error::UnknownKey(id)) if id == old_id));
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777, 0o700);
         for e in fs::read_dir(dir.path()).unwrap().flatten() {
             assert_eq!(e.metadata().unwrap().permissions().mode() & 0o777, 0o600, "{:?}", e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod shared_dir_tests {
+    #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+    use super::*;
+
+    #[test]
+    fn a_key_another_coordinator_made_in_the_shared_directory_decrypts() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = KeyRing::open(dir.path()).unwrap();
+        let mut b = KeyRing::open(dir.path()).unwrap();
+        b.rotate().unwrap();
+        let (recipient, _) = b.current();
+        let text = encrypt(&recipient, "T", &SecretScope::Repository("a/b".into()), "v").unwrap();
+        assert!(a.decrypt(&text).is_ok(), "the first ring did not find the second's new key");
+    }
+
+    #[test]
+    fn a_key_file_left_readable_by_others_is_tightened() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        drop(KeyRing::open(dir.path()).unwrap());
+        for e in fs::read_dir(dir.path()).unwrap().flatten() {
+            fs::set_permissions(e.path(), fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        drop(KeyRing::open(dir.path()).unwrap());
+        for e in fs::read_dir(dir.path()).unwrap().flatten() {
+            assert_eq!(e.metadata().unwrap().permissions().mode() & 0o777, 0o600);
         }
     }
 }

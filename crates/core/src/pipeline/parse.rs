@@ -1199,13 +1199,14 @@ impl Ctx<'_> {
                         sealed.insert(name.to_string(), t.clone());
                     }
                     _ => {
-                        // Never echo a string here: it may be the secret itself, in clear.
+                        // Never echo a scalar here: it may be the secret itself, in clear.
                         let got = match &v.value {
-                            Value::Scalar(Kind::Str, _) => {
-                                "a string that is not one (not shown: it may be a secret in clear)".to_string()
-                            }
+                            Value::Scalar(Kind::Str, _) => "a string that is not one".to_string(),
+                            Value::Scalar(Kind::Int | Kind::Float, _) => "a number".to_string(),
+                            Value::Scalar(Kind::Bool, _) => "a boolean".to_string(),
                             _ => v.describe(),
                         };
+                        let got = format!("{got} (not shown: it may be a secret in clear)");
                         self.err(
                             v.pos,
                             &p,
@@ -1222,10 +1223,15 @@ impl Ctx<'_> {
         let mut ok = true;
         for (s, pos, p) in items {
             if !is_env_name(&s) {
+                // `NAME=value` is someone pasting the value: show the name only.
+                let shown = match s.split_once('=') {
+                    Some((name, _)) => format!("{}=… (the rest is not shown: it may be a secret)", quoted(name)),
+                    None => quoted(&s),
+                };
                 self.err(
                     pos,
                     p,
-                    format!("invalid secret name {}: expected an environment variable name like HF_TOKEN", quoted(&s)),
+                    format!("invalid secret name {shown}: expected an environment variable name like HF_TOKEN"),
                 );
                 ok = false;
             } else if out.contains(&s) {
