@@ -494,6 +494,10 @@ pub struct SecretScopeArgs {
     /// Only jobs of --repo whose git ref matches: refs/heads/main, refs/tags/v* (`*` matches anything).
     #[arg(long = "ref", requires = "repository")]
     pub ref_pattern: Option<String>,
+    /// Only steps of --repo that declare this deployment environment (`environment:`); with
+    /// --ref, only on matching refs.
+    #[arg(long, requires = "repository")]
+    pub environment: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -428,5 +428,8 @@ fn scope_query(scope: &crate::cli::SecretScopeArgs) -> Vec<(&'static str, String
     if let Some(p) = &scope.ref_pattern {
         q.push(("ref", p.clone()));
     }
+    if let Some(e) = &scope.environment {
+        q.push(("environment", e.clone()));
+    }
     q
 }

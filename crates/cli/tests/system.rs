@@ -848,3 +848,43 @@ fn a_secret_encrypted_in_the_pipeline_file_opens_only_for_its_repository() {
     let done = api.wait_pipeline(p.id, T);
     assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
 }
+
+/// Issue 14: a secret of a deployment environment reaches only the steps that declare it.
+#[test]
+fn an_environments_secret_reaches_only_steps_that_declare_the_environment() {
+    let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
+    let r = api
+        .raw()
+        .put(format!("{}/api/v1/secrets/PYPI_TOKEN?repository=octo/kernels&environment=release", api.url))
+        .bearer_auth(&server.token)
+        .json(&serde_json::json!({ "value": "pypi-release-token" }))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 204, "{}", r.text().unwrap_or_default());
+    let listed =
+        api.raw().get(format!("{}/api/v1/secrets", api.url)).bearer_auth(&server.token).send().unwrap().text().unwrap();
+    assert!(listed.contains(r#""environment":"release""#) && !listed.contains("pypi-release"), "{listed}");
+    let p = api.submit_from(
+        r#"
+steps:
+  - key: publish
+    environment: release
+    secrets: [PYPI_TOKEN]
+    command: test "$PYPI_TOKEN" = pypi-release-token && echo published
+  - key: test
+    secrets: [PYPI_TOKEN]
+    command: echo never
+"#,
+        Some("octo/kernels"),
+    );
+    let done = api.wait_pipeline(p.id, T);
+    let (publish, test) = (&done.jobs[0], &done.jobs[1]);
+    assert_eq!(publish.state, JobState::Succeeded, "{}", publish.reason);
+    assert_eq!(api.log_text(publish.id), "published\n");
+    assert!(system_lines(&api, publish.id).contains("PYPI_TOKEN (scope: octo/kernels environment release)"));
+    assert_eq!(test.state, JobState::Failed);
+    assert_eq!(
+        test.reason,
+        "secret `PYPI_TOKEN` is scoped to octo/kernels environment release; this job is from a pipeline submitted through the API from a work tree of octo/kernels"
+    );
+}

@@ -1348,7 +1348,8 @@ impl Brain {
                         continue;
                     }
                 };
-                let source = secret_source(pipeline.as_ref());
+                let mut source = secret_source(pipeline.as_ref());
+                source.environment = j.step.environment.clone();
                 let mut given: Vec<(String, SecretScope)> = Vec::new();
                 let mut refused: Option<String> = None;
                 // Values encrypted in the pipeline file open here, where the key lives, and
@@ -1704,12 +1705,19 @@ fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::
                     (r, d)
                 }
             };
-            JobSource { repository: Some(g.repository), git_ref, may_have_secrets: g.secrets, description }
+            JobSource {
+                repository: Some(g.repository),
+                git_ref,
+                environment: None,
+                may_have_secrets: g.secrets,
+                description,
+            }
         }
         Some(Origin::ActionsRunner(r)) => JobSource {
             description: format!("an Actions runner job for {}", r.repository),
             repository: Some(r.repository),
             git_ref: None,
+            environment: None,
             may_have_secrets: true,
         },
         None => {
@@ -1718,7 +1726,7 @@ fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::
                 Some(r) => format!("a pipeline submitted through the API from a work tree of {r}"),
                 None => "a pipeline submitted through the API (no repository)".to_string(),
             };
-            JobSource { repository, git_ref: None, may_have_secrets: true, description }
+            JobSource { repository, git_ref: None, environment: None, may_have_secrets: true, description }
         }
     }
 }

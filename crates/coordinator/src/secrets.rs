@@ -31,6 +31,9 @@ pub struct SecretInfo {
     /// The ref pattern it is limited to, within `repository`.
     #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
     pub ref_pattern: Option<String>,
+    /// The deployment environment it belongs to, within `repository`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
     pub updated_at_ms: i64,
 }
 
@@ -43,12 +46,18 @@ pub struct ScopeQuery {
     #[serde(rename = "ref")]
     #[param(rename = "ref")]
     pub ref_pattern: Option<String>,
+    /// A deployment environment of `repository` (steps declare it with `environment:`).
+    pub environment: Option<String>,
 }
 
 impl ScopeQuery {
     fn scope(&self) -> Result<SecretScope, ApiError> {
-        SecretScope::from_parts(self.repository.as_deref(), self.ref_pattern.as_deref())
-            .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e))
+        SecretScope::from_all_parts(
+            self.repository.as_deref(),
+            self.ref_pattern.as_deref(),
+            self.environment.as_deref(),
+        )
+        .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e))
     }
 }
 
@@ -117,15 +126,25 @@ pub async fn list_secrets(State(st): State<AppState>) -> Result<Json<Vec<SecretI
         .into_iter()
         .filter_map(|(row, updated_at_ms)| {
             let (name, scope) = SecretScope::parse_storage_name(&row)?;
-            let (repository, ref_pattern) = match scope {
-                SecretScope::Global => (None, None),
-                SecretScope::Repository(r) => (Some(r), None),
-                SecretScope::Ref { repository, pattern } => (Some(repository), Some(pattern)),
+            let (repository, ref_pattern, environment) = match scope {
+                SecretScope::Global => (None, None, None),
+                SecretScope::Repository(r) => (Some(r), None, None),
+                SecretScope::Ref { repository, pattern } => (Some(repository), Some(pattern), None),
+                SecretScope::Environment { repository, environment, pattern } => {
+                    (Some(repository), pattern, Some(environment))
+                }
             };
-            Some(SecretInfo { name, repository, ref_pattern, updated_at_ms })
+            Some(SecretInfo { name, repository, ref_pattern, environment, updated_at_ms })
         })
         .collect();
-    list.sort_by(|a, b| (&a.name, &a.repository, &a.ref_pattern).cmp(&(&b.name, &b.repository, &b.ref_pattern)));
+    list.sort_by(|a, b| {
+        (&a.name, &a.repository, &a.environment, &a.ref_pattern).cmp(&(
+            &b.name,
+            &b.repository,
+            &b.environment,
+            &b.ref_pattern,
+        ))
+    });
     Ok(Json(list))
 }
 

@@ -24,6 +24,9 @@ pub enum SecretScope {
     /// Jobs from this repository whose git ref matches the pattern (`*` matches any run of
     /// characters, `/` included).
     Ref { repository: String, pattern: String },
+    /// Steps of this repository that declare `environment: NAME`, and, with a pattern, only
+    /// on matching refs (a deployment environment's branch rule).
+    Environment { repository: String, environment: String, pattern: Option<String> },
 }
 
 /// Where a job came from, as far as secrets are concerned.
@@ -33,6 +36,8 @@ pub struct JobSource {
     pub repository: Option<String>,
     /// The full ref (`refs/heads/main`, `refs/pull/7/merge`), when known.
     pub git_ref: Option<String>,
+    /// The environment the step declares (`environment: production`).
+    pub environment: Option<String>,
     /// False for origins that never get secrets (pull requests from forks).
     pub may_have_secrets: bool,
     /// For messages: "a push to octo/kernels refs/heads/dev", "a pull request from a fork".
@@ -71,6 +76,12 @@ impl fmt::Display for SecretScope {
             SecretScope::Global => write!(f, "every pipeline"),
             SecretScope::Repository(r) => write!(f, "{r}"),
             SecretScope::Ref { repository, pattern } => write!(f, "{repository} {pattern}"),
+            SecretScope::Environment { repository, environment, pattern: None } => {
+                write!(f, "{repository} environment {environment}")
+            }
+            SecretScope::Environment { repository, environment, pattern: Some(p) } => {
+                write!(f, "{repository} environment {environment} on {p}")
+            }
         }
     }
 }
@@ -101,6 +112,14 @@ pub fn valid_repository(r: &str) -> Result<(), String> {
     }
 }
 
+/// An environment name: letters, digits, `.`, `_`, `-`, at most 64.
+pub fn valid_environment(e: &str) -> Result<(), String> {
+    if e.is_empty() || e.len() > 64 || !e.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+        return Err(format!("environment {e:?}: letters, digits, '.', '_' and '-', at most 64 characters"));
+    }
+    Ok(())
+}
+
 /// A ref pattern: a full ref (`refs/...`), printable, no spaces; `*` is the only wildcard.
 pub fn valid_ref_pattern(p: &str) -> Result<(), String> {
     if !p.starts_with("refs/") {
@@ -113,8 +132,30 @@ pub fn valid_ref_pattern(p: &str) -> Result<(), String> {
 }
 
 impl SecretScope {
-    /// A scope from the API's optional fields; `ref` needs `repository`.
+    /// A scope from the API's optional fields; `ref` and `environment` need `repository`.
     pub fn from_parts(repository: Option<&str>, pattern: Option<&str>) -> Result<SecretScope, String> {
+        Self::from_all_parts(repository, pattern, None)
+    }
+
+    /// As [`SecretScope::from_parts`], with an environment.
+    pub fn from_all_parts(
+        repository: Option<&str>,
+        pattern: Option<&str>,
+        environment: Option<&str>,
+    ) -> Result<SecretScope, String> {
+        if let Some(e) = environment {
+            let r = repository.ok_or("an environment needs a repository (--repo owner/name)")?;
+            valid_repository(r)?;
+            valid_environment(e)?;
+            if let Some(p) = pattern {
+                valid_ref_pattern(p)?;
+            }
+            return Ok(SecretScope::Environment {
+                repository: r.to_string(),
+                environment: e.to_string(),
+                pattern: pattern.map(str::to_string),
+            });
+        }
         match (repository, pattern) {
             (None, None) => Ok(SecretScope::Global),
             (Some(r), None) => {
@@ -138,6 +179,12 @@ impl SecretScope {
             SecretScope::Global => name.to_string(),
             SecretScope::Repository(r) => format!("{name}@repo:{r}"),
             SecretScope::Ref { repository, pattern } => format!("{name}@ref:{repository}:{pattern}"),
+            SecretScope::Environment { repository, environment, pattern: None } => {
+                format!("{name}@env:{repository}:{environment}")
+            }
+            SecretScope::Environment { repository, environment, pattern: Some(p) } => {
+                format!("{name}@env:{repository}:{environment}:{p}")
+            }
         }
     }
 
@@ -149,6 +196,18 @@ impl SecretScope {
         };
         let scope = if let Some(r) = scope.strip_prefix("repo:") {
             SecretScope::Repository(r.to_string())
+        } else if let Some(rest) = scope.strip_prefix("env:") {
+            // Repositories and environment names have no `:`; a pattern may.
+            let (repository, rest) = rest.split_once(':')?;
+            let (environment, pattern) = match rest.split_once(':') {
+                Some((e, p)) => (e, Some(p.to_string())),
+                None => (rest, None),
+            };
+            SecretScope::Environment {
+                repository: repository.to_string(),
+                environment: environment.to_string(),
+                pattern,
+            }
         } else {
             let (r, p) = scope.strip_prefix("ref:")?.split_once(':')?;
             SecretScope::Ref { repository: r.to_string(), pattern: p.to_string() }
@@ -172,6 +231,18 @@ impl SecretScope {
                 // An exact ref beats any pattern; among patterns, the longer literal part.
                 let exact = !pattern.contains('*');
                 Some((if exact { 3 } else { 2 }, pattern.chars().filter(|c| *c != '*').count()))
+            }
+            SecretScope::Environment { repository, environment, pattern } => {
+                if job.repository.as_deref() != Some(repository) || job.environment.as_deref() != Some(environment) {
+                    return None;
+                }
+                match pattern {
+                    None => Some((4, 0)),
+                    Some(p) => {
+                        let git_ref = job.git_ref.as_deref()?;
+                        glob_match(p, git_ref).then(|| (5, p.chars().filter(|c| *c != '*').count()))
+                    }
+                }
             }
         }
     }
@@ -222,6 +293,7 @@ mod tests {
         JobSource {
             repository: Some(repo.to_string()),
             git_ref: git_ref.map(str::to_string),
+            environment: None,
             may_have_secrets: true,
             description: format!("{repo} {}", git_ref.unwrap_or("(no ref)")),
         }
@@ -306,5 +378,34 @@ mod tests {
         assert!(!glob_match("refs/tags/v*", "refs/tags/x1"));
         assert!(!glob_match("refs/heads/main", "refs/heads/main2"));
         assert!(!glob_match("refs/*x*y", "refs/y"));
+    }
+
+    #[test]
+    fn an_environments_secret_goes_only_to_steps_that_declare_it_and_its_branch_rule_holds() {
+        let env = |e: &str, p: Option<&str>| SecretScope::Environment {
+            repository: "octo/kernels".into(),
+            environment: e.into(),
+            pattern: p.map(str::to_string),
+        };
+        let scopes = vec![repo("octo/kernels"), env("production", Some("refs/heads/main")), env("staging", None)];
+        let mut j = job("octo/kernels", Some("refs/heads/main"));
+        assert_eq!(choose("K", &scopes, &j), Ok(&scopes[0]), "no environment declared: the repository's");
+        j.environment = Some("production".into());
+        assert_eq!(choose("K", &scopes, &j), Ok(&scopes[1]));
+        j.git_ref = Some("refs/heads/feature".into());
+        assert_eq!(choose("K", &scopes, &j), Ok(&scopes[0]), "production's branch rule keeps it from feature");
+        j.environment = Some("staging".into());
+        assert_eq!(choose("K", &scopes, &j), Ok(&scopes[2]));
+        let only_prod = vec![env("production", None)];
+        let e = choose("K", &only_prod, &job("octo/kernels", None)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "secret `K` is scoped to octo/kernels environment production; this job is from octo/kernels (no ref)"
+        );
+        for s in [env("production", None), env("production", Some("refs/tags/v*"))] {
+            assert_eq!(SecretScope::parse_storage_name(&s.storage_name("K")), Some(("K".to_string(), s)));
+        }
+        assert!(SecretScope::from_all_parts(None, None, Some("prod")).is_err());
+        assert!(SecretScope::from_all_parts(Some("a/b"), None, Some("pro:d")).is_err());
     }
 }

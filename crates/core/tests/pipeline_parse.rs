@@ -100,6 +100,7 @@ steps:
         image: Some("nvcr.io/nvidia/pytorch:24.05-py3".into()),
         secrets: vec!["HF_TOKEN".into()],
         encrypted_secrets: Default::default(),
+        environment: None,
         cache: vec![".cache/pip".into(), "target".into()],
     };
     assert_eq!(p.steps[1], want);

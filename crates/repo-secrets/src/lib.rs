@@ -112,8 +112,10 @@ pub fn encrypt(recipient: &str, name: &str, scope: &SecretScope, value: &str) ->
     let (repository, ref_pattern) = match scope {
         SecretScope::Repository(r) => (r.clone(), None),
         SecretScope::Ref { repository, pattern } => (repository.clone(), Some(pattern.clone())),
-        SecretScope::Global => {
-            return Err(Error::Recipient("an encrypted secret belongs to a repository: give --repo owner/name".into()))
+        SecretScope::Global | SecretScope::Environment { .. } => {
+            return Err(Error::Recipient(
+                "an encrypted secret belongs to a repository (and a ref): give --repo owner/name".into(),
+            ))
         }
     };
     let doc = Sealed { name: name.to_string(), repository, ref_pattern, value: value.to_string() };
@@ -253,6 +255,7 @@ mod tests {
         JobSource {
             repository: Some(repo.into()),
             git_ref: git_ref.map(str::to_string),
+            environment: None,
             may_have_secrets: may,
             description: format!("a push to {repo} {}", git_ref.unwrap_or("-")),
         }

@@ -246,6 +246,7 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
                     let scope = crate::cli::SecretScopeArgs {
                         repository: s["repository"].as_str().map(str::to_string),
                         ref_pattern: s["ref"].as_str().map(str::to_string),
+                        environment: s["environment"].as_str().map(str::to_string),
                     };
                     println!("{}\t{}", s["name"].as_str().unwrap_or_default(), scope_text(&scope));
                 }
@@ -253,6 +254,11 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
         }
         SecretCommand::Encrypt { name, scope, recipient } => {
             use std::io::Read;
+            if scope.environment.is_some() {
+                return Err(CliError::Input(
+                    "an encrypted secret is bound to a repository and ref, not an environment; set environment secrets with `gpuci secret set --environment`".into(),
+                ));
+            }
             let sc = gpuci_core::secret_scope::SecretScope::from_parts(
                 scope.repository.as_deref(),
                 scope.ref_pattern.as_deref(),
@@ -308,10 +314,13 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
 }
 
 fn scope_text(s: &crate::cli::SecretScopeArgs) -> String {
-    match (&s.repository, &s.ref_pattern) {
-        (None, _) => "every pipeline".to_string(),
-        (Some(r), None) => r.clone(),
-        (Some(r), Some(p)) => format!("{r} {p}"),
+    match gpuci_core::secret_scope::SecretScope::from_all_parts(
+        s.repository.as_deref(),
+        s.ref_pattern.as_deref(),
+        s.environment.as_deref(),
+    ) {
+        Ok(scope) => scope.to_string(),
+        Err(why) => why,
     }
 }
 

@@ -64,6 +64,9 @@ pub struct Step {
     /// Container image; the step then needs an agent with a container runtime.
     #[serde(default)]
     pub image: Option<String>,
+    /// The deployment environment the step declares: it gets that environment's secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<String>,
     /// Names of secrets the job receives as environment variables, from the coordinator's store.
     #[serde(default)]
     pub secrets: Vec<String>,
@@ -103,6 +106,7 @@ impl Step {
             network: NetworkMode::default(),
             sandbox: SandboxMode::default(),
             image: None,
+            environment: None,
             secrets: Vec::new(),
             encrypted_secrets: BTreeMap::new(),
             cache: Vec::new(),

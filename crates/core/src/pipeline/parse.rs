@@ -81,6 +81,7 @@ pub(crate) const STEP_KEYS: &[&str] = &[
     "sandbox",
     "image",
     "secrets",
+    "environment",
     "cache",
 ];
 pub(crate) const RETRY_KEYS: &[&str] = &["count", "on"];
@@ -845,6 +846,18 @@ impl Ctx<'_> {
                     step.sandbox = if n == "none" { SandboxMode::None } else { SandboxMode::Default };
                 }),
                 "image" => self.image(v, p).map(|img| step.image = Some(img)),
+                "environment" => self.word(v, p, "an environment name").and_then(|e| {
+                    match crate::secret_scope::valid_environment(&e) {
+                        Ok(()) => {
+                            step.environment = Some(e);
+                            Some(())
+                        }
+                        Err(why) => {
+                            self.err(v.pos, p, why);
+                            None
+                        }
+                    }
+                }),
                 "secrets" => self.secrets(v, p).map(|(names, sealed)| {
                     step.secrets = names;
                     step.encrypted_secrets = sealed;

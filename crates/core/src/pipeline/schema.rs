@@ -78,6 +78,9 @@ struct RawStep {
     /// Container image to run the step in; the agent then needs a container runtime.
     #[schemars(length(min = 1))]
     image: Option<String>,
+    /// A deployment environment (`production`): the step gets the secrets scoped to it.
+    #[schemars(regex(pattern = r"^[A-Za-z0-9._-]{1,64}$"))]
+    environment: Option<String>,
     /// Secrets the step receives as environment variables: names of secrets set on the
     /// coordinator, or a map of names to values from `gpuci secret encrypt` (null: set on the
     /// coordinator).
