@@ -498,6 +498,10 @@ pub struct SecretScopeArgs {
     /// --ref, only on matching refs.
     #[arg(long, requires = "repository")]
     pub environment: Option<String>,
+    /// The value approved pull requests from forks of --repo get (the approval policy; by
+    /// default forks get no secrets, approved or not). Nothing else gets this value.
+    #[arg(long, requires = "repository", conflicts_with_all = ["ref_pattern", "environment"])]
+    pub approved_forks: bool,
 }
 
 #[derive(Args, Debug)]

@@ -431,5 +431,8 @@ fn scope_query(scope: &crate::cli::SecretScopeArgs) -> Vec<(&'static str, String
     if let Some(e) = &scope.environment {
         q.push(("environment", e.clone()));
     }
+    if scope.approved_forks {
+        q.push(("approved_forks", "true".to_string()));
+    }
     q
 }

@@ -380,7 +380,11 @@ fn fork_pull_request_waits_for_approval_per_sha_and_never_sees_a_secret() {
     let publish = jobs.iter().find(|j| j.step_key == "publish").unwrap();
     assert_eq!(build.state, JobState::Succeeded, "{build:#?}");
     assert_eq!(publish.state, JobState::Failed, "{publish:#?}");
-    assert!(publish.reason.contains("is from a pull request from a fork"), "{}", publish.reason);
+    assert!(
+        publish.reason.contains("pull request from a fork") && publish.reason.contains("gets no secrets"),
+        "{}",
+        publish.reason
+    );
     for j in &jobs {
         assert!(!s.api.log_text(j.id).contains("s3cr3t"), "job {} saw the secret", j.id);
     }
@@ -912,9 +916,59 @@ fn an_encrypted_secret_in_the_pipeline_file_opens_for_its_ref_and_never_for_a_fo
     let job = last("the approved fork pull request", 3);
     assert_eq!(job.state, JobState::Failed);
     assert!(
-        job.reason.contains("a pull request from a fork") && job.reason.contains("gets no secrets"),
+        job.reason.contains("pull request from a fork") && job.reason.contains("gets no secrets"),
         "{}",
         job.reason
     );
     assert!(!s.api.log_text(job.id).contains("d3pl0y"), "the fork saw the value");
+}
+
+/// Issue 14: the approval policy. An approved pull request from a fork gets exactly the values
+/// set for approved forks of its repository (`--approved-forks`), and none of the others.
+#[test]
+fn an_approved_fork_gets_only_the_values_set_for_approved_forks() {
+    let sha = "ffff000000000000000000000000000000000000";
+    let pipeline = "steps:\n  - key: coverage\n    secrets: [CODECOV_TOKEN]\n    command: test \"$CODECOV_TOKEN\" = for-approved-forks && echo uploaded\n  - key: deploy\n    secrets: [DEPLOY_KEY]\n    command: echo never\n";
+    let s = Setup::new("", "1h", |_, gh| {
+        gh.set_tree(REPO, sha, &[(".gpuci.yml", pipeline)]);
+        gh.add_collaborator(REPO, "maintainer", "write");
+    });
+    let put = |path: &str, value: &str| {
+        s.api
+            .raw()
+            .put(format!("{}/api/v1/secrets/{path}", s.server.url))
+            .bearer_auth(&s.server.token)
+            .json(&json!({ "value": value }))
+            .send()
+            .unwrap()
+            .error_for_status()
+            .unwrap();
+    };
+    put(&format!("CODECOV_TOKEN?repository={REPO}&approved_forks=true"), "for-approved-forks");
+    put(&format!("CODECOV_TOKEN?repository={REPO}"), "for-the-repository-only");
+    put(&format!("DEPLOY_KEY?repository={REPO}"), "d3pl0y-never-for-forks");
+    assert_eq!(s.rt.block_on(s.gh.open_pull_request(REPO, 31, sha, true, "mallory", "NONE")), 202);
+    assert_eq!(s.rt.block_on(s.gh.add_label(REPO, 31, "run-gpu-ci", "maintainer")), 202);
+    wait_until_or("the approved pull request's jobs", T, || s.jobs().len() == 2, || format!("{:#?}", s.jobs()));
+    let jobs: Vec<_> =
+        s.jobs().iter().map(|j| s.api.wait_job(j.id, "job ends", T, |j| j.state.is_terminal())).collect();
+    let coverage = jobs.iter().find(|j| j.step_key == "coverage").unwrap();
+    let deploy = jobs.iter().find(|j| j.step_key == "deploy").unwrap();
+    assert_eq!(coverage.state, JobState::Succeeded, "{coverage:#?}");
+    assert_eq!(s.api.log_text(coverage.id), "uploaded\n");
+    assert_eq!(deploy.state, JobState::Failed);
+    assert!(
+        deploy.reason.contains("an approved pull request from a fork")
+            && deploy.reason.contains("approved by maintainer"),
+        "{}",
+        deploy.reason
+    );
+    for j in &jobs {
+        let log = s.api.log_text(j.id);
+        assert!(
+            !log.contains("for-the-repository-only") && !log.contains("d3pl0y"),
+            "job {} saw a secret: {log}",
+            j.id
+        );
+    }
 }

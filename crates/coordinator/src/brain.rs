@@ -1692,10 +1692,15 @@ fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::
     match origin {
         Some(Origin::Github(g)) => {
             let (git_ref, description) = match (g.event.as_str(), g.pr) {
-                ("pull_request", Some(n)) if !g.secrets => (
-                    Some(format!("refs/pull/{n}/merge")),
-                    format!("a pull request from a fork ({} #{n})", g.repository),
-                ),
+                ("pull_request", Some(n)) if !g.secrets => {
+                    let d = match &g.approved_by {
+                        Some(by) => {
+                            format!("an approved pull request from a fork ({} #{n}, approved by {by})", g.repository)
+                        }
+                        None => format!("a pull request from a fork ({} #{n})", g.repository),
+                    };
+                    (Some(format!("refs/pull/{n}/merge")), d)
+                }
                 ("pull_request", Some(n)) => {
                     (Some(format!("refs/pull/{n}/merge")), format!("pull request {} #{n}", g.repository))
                 }
@@ -1706,6 +1711,9 @@ fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::
                 }
             };
             JobSource {
+                // Approval policy: a fork's pull request that ran on a maintainer's approval
+                // may get values set for approved forks, and nothing else.
+                approved_fork: !g.secrets && g.approved_by.is_some(),
                 repository: Some(g.repository),
                 git_ref,
                 environment: None,
@@ -1719,6 +1727,7 @@ fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::
             git_ref: None,
             environment: None,
             may_have_secrets: true,
+            approved_fork: false,
         },
         None => {
             let repository = pipeline.and_then(|p| p.repository.clone());
@@ -1726,7 +1735,14 @@ fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::
                 Some(r) => format!("a pipeline submitted through the API from a work tree of {r}"),
                 None => "a pipeline submitted through the API (no repository)".to_string(),
             };
-            JobSource { repository, git_ref: None, environment: None, may_have_secrets: true, description }
+            JobSource {
+                repository,
+                git_ref: None,
+                environment: None,
+                may_have_secrets: true,
+                approved_fork: false,
+                description,
+            }
         }
     }
 }

@@ -52,6 +52,9 @@ pub struct GithubOrigin {
     /// not. Records written before this field read as untrusted.
     #[serde(default)]
     pub trusted: bool,
+    /// Pull requests that ran on a maintainer's approval (of this head SHA): who approved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved_by: Option<String>,
 }
 
 impl Origin {
@@ -111,6 +114,7 @@ mod tests {
             base_branch: None,
             default_branch: Some("main".into()),
             trusted: true,
+            approved_by: None,
         });
         assert_eq!(
             Origin::cache_origin(Some(&push.to_json())),

@@ -34,6 +34,9 @@ pub struct SecretInfo {
     /// The deployment environment it belongs to, within `repository`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<String>,
+    /// The value approved pull requests from forks of `repository` get.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub approved_forks: bool,
     pub updated_at_ms: i64,
 }
 
@@ -48,14 +51,18 @@ pub struct ScopeQuery {
     pub ref_pattern: Option<String>,
     /// A deployment environment of `repository` (steps declare it with `environment:`).
     pub environment: Option<String>,
+    /// `true`: the value approved pull requests from forks of `repository` get (the approval
+    /// policy; nothing else gets it).
+    pub approved_forks: Option<bool>,
 }
 
 impl ScopeQuery {
     fn scope(&self) -> Result<SecretScope, ApiError> {
-        SecretScope::from_all_parts(
+        SecretScope::from_query(
             self.repository.as_deref(),
             self.ref_pattern.as_deref(),
             self.environment.as_deref(),
+            self.approved_forks.unwrap_or(false),
         )
         .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e))
     }
@@ -126,15 +133,16 @@ pub async fn list_secrets(State(st): State<AppState>) -> Result<Json<Vec<SecretI
         .into_iter()
         .filter_map(|(row, updated_at_ms)| {
             let (name, scope) = SecretScope::parse_storage_name(&row)?;
+            let approved_forks = matches!(scope, SecretScope::ApprovedForks(_));
             let (repository, ref_pattern, environment) = match scope {
                 SecretScope::Global => (None, None, None),
-                SecretScope::Repository(r) => (Some(r), None, None),
+                SecretScope::Repository(r) | SecretScope::ApprovedForks(r) => (Some(r), None, None),
                 SecretScope::Ref { repository, pattern } => (Some(repository), Some(pattern), None),
                 SecretScope::Environment { repository, environment, pattern } => {
                     (Some(repository), pattern, Some(environment))
                 }
             };
-            Some(SecretInfo { name, repository, ref_pattern, environment, updated_at_ms })
+            Some(SecretInfo { name, repository, ref_pattern, environment, approved_forks, updated_at_ms })
         })
         .collect();
     list.sort_by(|a, b| {

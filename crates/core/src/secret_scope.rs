@@ -27,6 +27,10 @@ pub enum SecretScope {
     /// Steps of this repository that declare `environment: NAME`, and, with a pattern, only
     /// on matching refs (a deployment environment's branch rule).
     Environment { repository: String, environment: String, pattern: Option<String> },
+    /// Pull requests from forks of this repository whose head commit a maintainer approved:
+    /// the only scope such a job may get anything from (the approval policy). No other job
+    /// gets it.
+    ApprovedForks(String),
 }
 
 /// Where a job came from, as far as secrets are concerned.
@@ -40,6 +44,9 @@ pub struct JobSource {
     pub environment: Option<String>,
     /// False for origins that never get secrets (pull requests from forks).
     pub may_have_secrets: bool,
+    /// A pull request from a fork whose head commit a maintainer approved: it gets only
+    /// [`SecretScope::ApprovedForks`] values (with `may_have_secrets` false).
+    pub approved_fork: bool,
     /// For messages: "a push to octo/kernels refs/heads/dev", "a pull request from a fork".
     pub description: String,
 }
@@ -82,6 +89,7 @@ impl fmt::Display for SecretScope {
             SecretScope::Environment { repository, environment, pattern: Some(p) } => {
                 write!(f, "{repository} environment {environment} on {p}")
             }
+            SecretScope::ApprovedForks(r) => write!(f, "approved pull requests from forks of {r}"),
         }
     }
 }
@@ -143,6 +151,27 @@ impl SecretScope {
         pattern: Option<&str>,
         environment: Option<&str>,
     ) -> Result<SecretScope, String> {
+        Self::from_query(repository, pattern, environment, false)
+    }
+
+    /// Every form: `approved_forks` makes the value the one approved pull requests from forks
+    /// of `repository` get (and nothing else does).
+    pub fn from_query(
+        repository: Option<&str>,
+        pattern: Option<&str>,
+        environment: Option<&str>,
+        approved_forks: bool,
+    ) -> Result<SecretScope, String> {
+        if approved_forks {
+            let r = repository.ok_or("a value for approved forks needs a repository (--repo owner/name)")?;
+            if pattern.is_some() || environment.is_some() {
+                return Err(
+                    "a value for approved forks takes no ref or environment (a fork's ref is its pull request)".into(),
+                );
+            }
+            valid_repository(r)?;
+            return Ok(SecretScope::ApprovedForks(r.to_string()));
+        }
         if let Some(e) = environment {
             let r = repository.ok_or("an environment needs a repository (--repo owner/name)")?;
             valid_repository(r)?;
@@ -185,6 +214,7 @@ impl SecretScope {
             SecretScope::Environment { repository, environment, pattern: Some(p) } => {
                 format!("{name}@env:{repository}:{environment}:{p}")
             }
+            SecretScope::ApprovedForks(r) => format!("{name}@forks:{r}"),
         }
     }
 
@@ -196,6 +226,8 @@ impl SecretScope {
         };
         let scope = if let Some(r) = scope.strip_prefix("repo:") {
             SecretScope::Repository(r.to_string())
+        } else if let Some(r) = scope.strip_prefix("forks:") {
+            SecretScope::ApprovedForks(r.to_string())
         } else if let Some(rest) = scope.strip_prefix("env:") {
             // Repositories and environment names have no `:`; a pattern may.
             let (repository, rest) = rest.split_once(':')?;
@@ -217,6 +249,12 @@ impl SecretScope {
 
     /// How narrow the scope is when it covers `job` (higher wins); `None` when it does not.
     fn rank(&self, job: &JobSource) -> Option<(u8, usize)> {
+        if let SecretScope::ApprovedForks(r) = self {
+            return (job.approved_fork && job.repository.as_deref() == Some(r)).then_some((1, 0));
+        }
+        if !job.may_have_secrets {
+            return None;
+        }
         match self {
             SecretScope::Global => Some((0, 0)),
             SecretScope::Repository(r) => (job.repository.as_deref() == Some(r)).then_some((1, 0)),
@@ -232,6 +270,7 @@ impl SecretScope {
                 let exact = !pattern.contains('*');
                 Some((if exact { 3 } else { 2 }, pattern.chars().filter(|c| *c != '*').count()))
             }
+            SecretScope::ApprovedForks(_) => None,
             SecretScope::Environment { repository, environment, pattern } => {
                 if job.repository.as_deref() != Some(repository) || job.environment.as_deref() != Some(environment) {
                     return None;
@@ -250,7 +289,12 @@ impl SecretScope {
 
 /// Which of `name`'s scopes gives the job its value.
 pub fn choose<'a>(name: &str, scopes: &'a [SecretScope], job: &JobSource) -> Result<&'a SecretScope, Refusal> {
-    if !job.may_have_secrets {
+    // A fork's pull request gets nothing, unless approved and the secret has a value for
+    // approved forks of its repository.
+    let for_approved =
+        |s: &SecretScope| matches!(s, SecretScope::ApprovedForks(r) if job.repository.as_deref() == Some(r));
+    let allowed = job.may_have_secrets || (job.approved_fork && scopes.iter().any(for_approved));
+    if !allowed {
         return Err(Refusal::NoSecrets { name: name.to_string(), job: job.description.clone() });
     }
     if scopes.is_empty() {
@@ -295,6 +339,7 @@ mod tests {
             git_ref: git_ref.map(str::to_string),
             environment: None,
             may_have_secrets: true,
+            approved_fork: false,
             description: format!("{repo} {}", git_ref.unwrap_or("(no ref)")),
         }
     }
@@ -407,5 +452,27 @@ mod tests {
         }
         assert!(SecretScope::from_all_parts(None, None, Some("prod")).is_err());
         assert!(SecretScope::from_all_parts(Some("a/b"), None, Some("pro:d")).is_err());
+    }
+
+    #[test]
+    fn an_approved_fork_gets_only_what_the_approval_policy_allows() {
+        let forks = SecretScope::ApprovedForks("octo/kernels".into());
+        let scopes = vec![SecretScope::Global, repo("octo/kernels"), forks.clone()];
+        let mut fork = job("octo/kernels", Some("refs/pull/9/merge"));
+        fork.may_have_secrets = false;
+        assert!(matches!(choose("T", &scopes, &fork), Err(Refusal::NoSecrets { .. })), "not approved: nothing");
+        fork.approved_fork = true;
+        assert_eq!(choose("T", &scopes, &fork), Ok(&forks), "approved: the value for approved forks only");
+        assert!(
+            matches!(choose("T", &scopes[..2], &fork), Err(Refusal::NoSecrets { .. })),
+            "nothing else, approved or not"
+        );
+        let other = vec![SecretScope::ApprovedForks("other/repo".into())];
+        assert!(choose("T", &other, &fork).is_err(), "another repository's approved-forks value");
+        // And no other job ever gets the approved-forks value.
+        let push = job("octo/kernels", Some("refs/heads/main"));
+        assert_eq!(choose("T", &scopes, &push), Ok(&scopes[1]));
+        assert!(choose("T", std::slice::from_ref(&forks), &push).is_err());
+        assert_eq!(SecretScope::parse_storage_name(&forks.storage_name("T")), Some(("T".to_string(), forks)));
     }
 }

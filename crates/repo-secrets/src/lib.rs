@@ -112,7 +112,7 @@ pub fn encrypt(recipient: &str, name: &str, scope: &SecretScope, value: &str) ->
     let (repository, ref_pattern) = match scope {
         SecretScope::Repository(r) => (r.clone(), None),
         SecretScope::Ref { repository, pattern } => (repository.clone(), Some(pattern.clone())),
-        SecretScope::Global | SecretScope::Environment { .. } => {
+        SecretScope::Global | SecretScope::Environment { .. } | SecretScope::ApprovedForks(_) => {
             return Err(Error::Recipient(
                 "an encrypted secret belongs to a repository (and a ref): give --repo owner/name".into(),
             ))
@@ -257,6 +257,7 @@ mod tests {
             git_ref: git_ref.map(str::to_string),
             environment: None,
             may_have_secrets: may,
+            approved_fork: false,
             description: format!("a push to {repo} {}", git_ref.unwrap_or("-")),
         }
     }

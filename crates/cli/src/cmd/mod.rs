@@ -247,6 +247,7 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
                         repository: s["repository"].as_str().map(str::to_string),
                         ref_pattern: s["ref"].as_str().map(str::to_string),
                         environment: s["environment"].as_str().map(str::to_string),
+                        approved_forks: s["approved_forks"].as_bool().unwrap_or(false),
                     };
                     println!("{}\t{}", s["name"].as_str().unwrap_or_default(), scope_text(&scope));
                 }
@@ -254,7 +255,7 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
         }
         SecretCommand::Encrypt { name, scope, recipient } => {
             use std::io::Read;
-            if scope.environment.is_some() {
+            if scope.environment.is_some() || scope.approved_forks {
                 return Err(CliError::Input(
                     "an encrypted secret is bound to a repository and ref, not an environment; set environment secrets with `gpuci secret set --environment`".into(),
                 ));
@@ -314,10 +315,11 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
 }
 
 fn scope_text(s: &crate::cli::SecretScopeArgs) -> String {
-    match gpuci_core::secret_scope::SecretScope::from_all_parts(
+    match gpuci_core::secret_scope::SecretScope::from_query(
         s.repository.as_deref(),
         s.ref_pattern.as_deref(),
         s.environment.as_deref(),
+        s.approved_forks,
     ) {
         Ok(scope) => scope.to_string(),
         Err(why) => why,

@@ -875,6 +875,7 @@ impl Service {
             base_branch: None,
             default_branch: p.default_branch.clone(),
             trusted: true,
+            approved_by: None,
         };
         self.run_pipeline(origin, Some(p.git_ref.clone())).await;
     }
@@ -902,6 +903,7 @@ impl Service {
             default_branch: p.default_branch.clone(),
             // Nor do its caches reach a trusted job: approval lets it run, not write for others.
             trusted,
+            approved_by: None,
         };
         let label = self.cfg.approval_label.clone();
         match p.action {
@@ -910,7 +912,10 @@ impl Service {
                     return self.run_pipeline(origin, None).await;
                 }
                 match self.store.get_approval(&repository, p.number as i64, &p.head_sha).await {
-                    Ok(Some(_)) => self.run_pipeline(origin, None).await,
+                    Ok(Some(a)) => {
+                        let origin = GithubOrigin { approved_by: Some(a.approved_by), ..origin };
+                        self.run_pipeline(origin, None).await
+                    }
                     Ok(None) => {
                         tracing::info!(repository = %repository, pr = p.number, sha = %p.head_sha, "pull request waits for approval");
                         let _ = self.report.send(Item::Pipeline {
@@ -971,6 +976,7 @@ impl Service {
                         title: format!("approved by {sender} for commit {}", short(&p.head_sha)),
                         summary: format!("{sender} added the `{label}` label. The jobs report as `gpuci / <step>`."),
                     });
+                    let origin = GithubOrigin { approved_by: Some(sender.clone()), ..origin };
                     self.run_pipeline(origin, None).await;
                 }
             }
