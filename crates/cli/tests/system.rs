@@ -700,6 +700,16 @@ fn a_repositorys_secret_reaches_only_that_repositorys_jobs_and_the_narrowest_sco
         .unwrap();
     assert_eq!(bad.status(), 422);
     assert!(bad.text().unwrap().contains("needs a repository"));
+    // A value the job could only get cut short (at its NUL), unmasked: refused.
+    let nul = api
+        .raw()
+        .put(format!("{}/api/v1/secrets/X?repository=octo/kernels", api.url))
+        .bearer_auth(&server.token)
+        .json(&serde_json::json!({ "value": "before\u{0}after" }))
+        .send()
+        .unwrap();
+    assert_eq!(nul.status(), 422);
+    assert!(nul.text().unwrap().contains("NUL"));
     let listed: serde_json::Value =
         api.raw().get(format!("{}/api/v1/secrets", api.url)).bearer_auth(&server.token).send().unwrap().json().unwrap();
     let text = listed.to_string();
@@ -733,9 +743,10 @@ steps:
     let done = api.wait_pipeline(p.id, T);
     let job = &done.jobs[0];
     assert_eq!(job.state, JobState::Failed);
+    // Not told which repositories have it.
     assert_eq!(
         job.reason,
-        "secret `DEPLOY_KEY` is scoped to octo/kernels; this job is from a pipeline submitted through the API from a work tree of evil/fork-of-kernels"
+        "secret `DEPLOY_KEY` is not set for evil/fork-of-kernels (gpuci secret set DEPLOY_KEY --repo evil/fork-of-kernels)"
     );
     assert!(!api.log_text(job.id).contains("ok"), "the refused job ran");
     // The global value reaches a pipeline of any other repository; a rotation the next job.

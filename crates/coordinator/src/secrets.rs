@@ -116,6 +116,14 @@ pub async fn set_secret(
     if b.value.is_empty() {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "secret value must not be empty"));
     }
+    // A job's environment variable ends at a NUL: the job would get a prefix of the value
+    // that output masking (which looks for the whole value) does not catch.
+    if b.value.contains('\0') {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "secret value must not contain a NUL byte (environment variables end there); encode binary values, e.g. base64",
+        ));
+    }
     // Sealed here, before the store sees it: the database never holds a value it could reveal.
     // The row's name carries the scope, and the seal covers the row's name: a value copied
     // into another scope's row does not open.

@@ -54,8 +54,8 @@ pub struct JobSource {
 /// Why a job does not get a secret it names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// No value in any scope.
-    NotSet { name: String },
+    /// No value in any scope (that the job's repository may know of).
+    NotSet { name: String, repository: Option<String> },
     /// Values exist, none for this job.
     OutOfScope { name: String, scopes: Vec<SecretScope>, job: String },
     /// The job's origin gets no secrets at all.
@@ -65,7 +65,12 @@ pub enum Refusal {
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refusal::NotSet { name } => write!(f, "secret `{name}` is not set (gpuci secret set {name})"),
+            Refusal::NotSet { name, repository: None } => {
+                write!(f, "secret `{name}` is not set (gpuci secret set {name})")
+            }
+            Refusal::NotSet { name, repository: Some(r) } => {
+                write!(f, "secret `{name}` is not set for {r} (gpuci secret set {name} --repo {r})")
+            }
             Refusal::OutOfScope { name, scopes, job } => {
                 let list: Vec<String> = scopes.iter().map(ToString::to_string).collect();
                 write!(f, "secret `{name}` is scoped to {}; this job is from {job}", list.join(" and "))
@@ -115,7 +120,8 @@ pub fn valid_repository(r: &str) -> Result<(), String> {
         !p.is_empty() && p != "." && p != ".." && p.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
     };
     match r.split_once('/') {
-        Some((o, n)) if part(o) && part(n) => Ok(()),
+        // GitHub's limits: 39 characters of owner, 100 of name.
+        Some((o, n)) if part(o) && part(n) && o.len() <= 39 && n.len() <= 100 => Ok(()),
         _ => Err(format!("repository {r:?}: expected owner/name")),
     }
 }
@@ -298,11 +304,23 @@ pub fn choose<'a>(name: &str, scopes: &'a [SecretScope], job: &JobSource) -> Res
         return Err(Refusal::NoSecrets { name: name.to_string(), job: job.description.clone() });
     }
     if scopes.is_empty() {
-        return Err(Refusal::NotSet { name: name.to_string() });
+        return Err(Refusal::NotSet { name: name.to_string(), repository: None });
+    }
+    // Refused: the scopes of the job's own repository are named; other repositories' never
+    // are (a job's reason is shown on its check run, to anyone).
+    let own = |s: &SecretScope| match s {
+        SecretScope::Global => true,
+        SecretScope::Repository(r) | SecretScope::ApprovedForks(r) => job.repository.as_deref() == Some(r),
+        SecretScope::Ref { repository, .. } | SecretScope::Environment { repository, .. } => {
+            job.repository.as_deref() == Some(repository)
+        }
+    };
+    if !scopes.iter().any(own) {
+        return Err(Refusal::NotSet { name: name.to_string(), repository: job.repository.clone() });
     }
     scopes.iter().filter_map(|s| Some((s.rank(job)?, s))).max_by_key(|(rank, _)| *rank).map(|(_, s)| s).ok_or_else(
         || {
-            let mut scopes = scopes.to_vec();
+            let mut scopes: Vec<SecretScope> = scopes.iter().filter(|s| own(s)).cloned().collect();
             scopes.sort();
             Refusal::OutOfScope { name: name.to_string(), scopes, job: job.description.clone() }
         },
@@ -376,10 +394,12 @@ mod tests {
             e.to_string(),
             "secret `CODECOV_TOKEN` is scoped to octo/kernels refs/heads/main; this job is from octo/kernels refs/heads/feature"
         );
-        assert!(matches!(
-            choose("CODECOV_TOKEN", &scopes, &job("evil/fork", Some("refs/heads/main"))),
-            Err(Refusal::OutOfScope { .. })
-        ));
+        // Another repository is not told which repositories have it.
+        let e = choose("CODECOV_TOKEN", &scopes, &job("evil/fork", Some("refs/heads/main"))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "secret `CODECOV_TOKEN` is not set for evil/fork (gpuci secret set CODECOV_TOKEN --repo evil/fork)"
+        );
         let scopes = vec![repo("a/one")];
         assert!(choose("T", &scopes, &job("a/one-more", None)).is_err(), "no prefix matching of names");
         assert_eq!(

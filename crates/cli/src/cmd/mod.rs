@@ -286,6 +286,11 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
             if value.is_empty() {
                 return Err(CliError::Input("the value (standard input) is empty".into()));
             }
+            if value.contains('\0') {
+                return Err(CliError::Input(
+                    "the value contains a NUL byte (environment variables end there); encode binary values, e.g. base64".into(),
+                ));
+            }
             let text = gpuci_repo_secrets::encrypt(&recipient, &name, &sc, value)
                 .map_err(|e| CliError::Input(e.to_string()))?;
             println!("{name}: \"{text}\"");
