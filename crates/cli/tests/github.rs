@@ -928,7 +928,9 @@ fn an_encrypted_secret_in_the_pipeline_file_opens_for_its_ref_and_never_for_a_fo
 #[test]
 fn an_approved_fork_gets_only_the_values_set_for_approved_forks() {
     let sha = "ffff000000000000000000000000000000000000";
-    let pipeline = "steps:\n  - key: coverage\n    secrets: [CODECOV_TOKEN]\n    command: test \"$CODECOV_TOKEN\" = for-approved-forks && echo uploaded\n  - key: deploy\n    secrets: [DEPLOY_KEY]\n    command: echo never\n";
+    // A third step snoops: every environment variable of every process it can see, and the
+    // files it can read where a secret might lie.
+    let pipeline = "steps:\n  - key: coverage\n    secrets: [CODECOV_TOKEN]\n    command: test \"$CODECOV_TOKEN\" = for-approved-forks && echo uploaded\n  - key: deploy\n    secrets: [DEPLOY_KEY]\n    command: echo never\n  - key: snoop\n    command: env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rsI . \"$HOME\" /tmp /etc/gpuci 2>/dev/null | head -c 100000; true\n";
     let s = Setup::new("", "1h", |_, gh| {
         gh.set_tree(REPO, sha, &[(".gpuci.yml", pipeline)]);
         gh.add_collaborator(REPO, "maintainer", "write");
@@ -949,7 +951,7 @@ fn an_approved_fork_gets_only_the_values_set_for_approved_forks() {
     put(&format!("DEPLOY_KEY?repository={REPO}"), "d3pl0y-never-for-forks");
     assert_eq!(s.rt.block_on(s.gh.open_pull_request(REPO, 31, sha, true, "mallory", "NONE")), 202);
     assert_eq!(s.rt.block_on(s.gh.add_label(REPO, 31, "run-gpu-ci", "maintainer")), 202);
-    wait_until_or("the approved pull request's jobs", T, || s.jobs().len() == 2, || format!("{:#?}", s.jobs()));
+    wait_until_or("the approved pull request's jobs", T, || s.jobs().len() == 3, || format!("{:#?}", s.jobs()));
     let jobs: Vec<_> =
         s.jobs().iter().map(|j| s.api.wait_job(j.id, "job ends", T, |j| j.state.is_terminal())).collect();
     let coverage = jobs.iter().find(|j| j.step_key == "coverage").unwrap();
