@@ -976,5 +976,8 @@ fn an_approved_fork_gets_only_the_values_set_for_approved_forks() {
     let snoop = jobs.iter().find(|j| j.step_key == "snoop").unwrap();
     let log = s.api.log_text(snoop.id);
     assert!(log.contains("GPUCI_JOB_ID="), "the snooping step ran: {log}");
-    assert!(!log.contains("CODECOV_TOKEN=for-approved-forks"), "another step's secret reached the snooping step: {log}");
+    assert!(
+        !log.contains("CODECOV_TOKEN=for-approved-forks"),
+        "another step's secret reached the snooping step: {log}"
+    );
 }

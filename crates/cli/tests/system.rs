@@ -767,6 +767,19 @@ steps:
     let p = api.submit_from(&global.replace("$WANT", "rotated-token"), Some("octo/kernels"));
     let done = api.wait_pipeline(p.id, T);
     assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
+    // `gpuci submit` reports its work tree's origin URL: that names octo/kernels too.
+    let p = api.submit_from(pipeline, Some("git@github.com:octo/kernels.git"));
+    let done = api.wait_pipeline(p.id, T);
+    // It ran (got both secrets: DEPLOY_KEY's, and UPLOAD_TOKEN's global value, whose test fails).
+    assert_eq!(done.jobs[0].state, JobState::Failed, "{:?}", done.jobs[0]);
+    assert_eq!(done.jobs[0].reason, "exited with code 1");
+    assert_eq!(api.log_text(done.jobs[0].id), "deploy-key-ok\n");
+    let p = api.submit_from(
+        "steps:\n  - key: d\n    secrets: [DEPLOY_KEY]\n    command: test \"$DEPLOY_KEY\" = key-of-octo-kernels\n",
+        Some("https://github.com/octo/kernels.git"),
+    );
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
 }
 
 /// `gpuci secret encrypt`, run as a repository's maintainer would: with the coordinator's

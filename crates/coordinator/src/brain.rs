@@ -1730,7 +1730,10 @@ fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::
             approved_fork: false,
         },
         None => {
-            let repository = pipeline.and_then(|p| p.repository.clone());
+            // `gpuci submit` reports its work tree's origin URL (or path); scopes name
+            // repositories as `owner/name`.
+            let repository =
+                pipeline.and_then(|p| p.repository.as_deref()).and_then(gpuci_core::secret_scope::repository_of_remote);
             let description = match &repository {
                 Some(r) => format!("a pipeline submitted through the API from a work tree of {r}"),
                 None => "a pipeline submitted through the API (no repository)".to_string(),

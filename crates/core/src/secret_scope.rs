@@ -126,6 +126,35 @@ pub fn valid_repository(r: &str) -> Result<(), String> {
     }
 }
 
+/// `owner/name` from a git remote URL as `gpuci submit` reports it (`https://github.com/octo/kernels.git`,
+/// `git@github.com:octo/kernels.git`, `ssh://git@host/octo/kernels`), or from `owner/name`
+/// itself; `None` for anything else (a local path). The last two path segments, without `.git`.
+pub fn repository_of_remote(url: &str) -> Option<String> {
+    let url = url.trim();
+    let path = if let Some((_, rest)) = url.split_once("://") {
+        // scheme://[user@]host[:port]/path
+        rest.split_once('/')?.1
+    } else if let Some((host, rest)) = url.split_once(':') {
+        // scp-like: [user@]host:path (not a Windows drive or a local path)
+        if host.contains('/') || host.is_empty() {
+            return None;
+        }
+        rest
+    } else {
+        url
+    };
+    let path = path.trim_end_matches('/');
+    let path = path.strip_suffix(".git").unwrap_or(path);
+    let mut parts = path.rsplit('/');
+    let (name, owner) = (parts.next()?, parts.next()?);
+    let candidate = format!("{owner}/{name}");
+    // A bare `owner/name` must be exactly that; a URL may have more segments before.
+    if !url.contains("://") && !url.contains(':') && parts.next().is_some() {
+        return None;
+    }
+    valid_repository(&candidate).ok().map(|()| candidate)
+}
+
 /// An environment name: letters, digits, `.`, `_`, `-`, at most 64.
 pub fn valid_environment(e: &str) -> Result<(), String> {
     if e.is_empty() || e.len() > 64 || !e.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
@@ -494,5 +523,21 @@ mod tests {
         assert_eq!(choose("T", &scopes, &push), Ok(&scopes[1]));
         assert!(choose("T", std::slice::from_ref(&forks), &push).is_err());
         assert_eq!(SecretScope::parse_storage_name(&forks.storage_name("T")), Some(("T".to_string(), forks)));
+    }
+
+    #[test]
+    fn a_submitted_work_trees_origin_url_names_its_repository() {
+        for url in [
+            "https://github.com/octo/kernels.git",
+            "https://github.com/octo/kernels",
+            "git@github.com:octo/kernels.git",
+            "ssh://git@github.example.com:2222/octo/kernels.git",
+            "octo/kernels",
+        ] {
+            assert_eq!(repository_of_remote(url).as_deref(), Some("octo/kernels"), "{url}");
+        }
+        for not in ["/home/me/src/kernels", "kernels", "", "https://github.com/", "a/b/c"] {
+            assert_eq!(repository_of_remote(not), None, "{not}");
+        }
     }
 }
