@@ -241,7 +241,7 @@ pub fn sweep(prefix: &str) -> SweepReport {
         // except for a moment while one is made; removing it then only makes that slot's next
         // job start cold. Job cgroups of other agents are never touched.
         for cg in cgroup::JobCgroup::leftovers(layout, "") {
-            if cg.name().contains("-warm-") && cg.pids().is_empty() && cg.remove().is_ok() {
+            if is_warm_name(cg.name()) && cg.pids().is_empty() && cg.remove().is_ok() {
                 report.stale_warm_removed += 1;
             }
         }
@@ -263,6 +263,15 @@ pub fn sweep(prefix: &str) -> SweepReport {
         }
     }
     report
+}
+
+/// Whether a cgroup name is an agent's warm start: `<agent prefix>-warm-<slot>-<n>`, the
+/// prefix 1 to 12 letters and digits (`gpuci-agent` names them so; nothing else matches).
+pub fn is_warm_name(name: &str) -> bool {
+    let Some((prefix, rest)) = name.split_once("-warm-") else { return false };
+    let Some((slot, n)) = rest.split_once('-') else { return false };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (1..=12).contains(&prefix.len()) && prefix.bytes().all(|b| b.is_ascii_alphanumeric()) && digits(slot) && digits(n)
 }
 
 /// How the job is isolated from the host.
@@ -393,6 +402,20 @@ mod tests {
             assert!(validate_job_id(bad).is_err(), "{bad:?}");
         }
         validate_job_id("job-42_a.b").expect("valid id");
+    }
+
+    #[test]
+    fn only_agents_warm_start_names_are_swept() {
+        assert!(is_warm_name("0d5708d5e9cf-warm-0-400"));
+        for not in [
+            "test-warm-same-w-28860-7-warm",
+            "abc-warm-x-1",
+            "0d5708d5e9cf-job-3",
+            "a-warm-1",
+            "toolongprefix1-warm-0-1",
+        ] {
+            assert!(!is_warm_name(not), "{not}");
+        }
     }
 
     #[test]

@@ -225,27 +225,40 @@ fn prepare_now(spec: WarmSpec) -> Result<WarmStart, SandboxError> {
         return Err(invalid(&format!("processes of uid {} are still running: {others:?}", spec.user.uid)));
     }
     let bwrap = find_program("bwrap").ok_or_else(|| SandboxError::BubblewrapMissing { job_id: id.to_string() })?;
-    let cgroup = match spec.cgroups {
-        CgroupUse::Disabled => None,
-        use_ => match cgroup::layout().filter(|l| l.writable()) {
-            Some(layout) => Some(JobCgroup::create_unlimited(layout, id)?),
-            None if use_ == CgroupUse::Required => {
-                return Err(SandboxError::CgroupUnavailable {
-                    job_id: id.to_string(),
-                    reason: "no writable cgroup v1 or v2 hierarchy with memory/pids controllers".to_string(),
-                })
+    // Another agent's start-up sweep removes empty warm-start cgroups, which this one is for a
+    // moment between its mkdir and the child's write into it: then the write fails with
+    // ENODEV or ENOENT, and a fresh cgroup is made.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let cgroup = match spec.cgroups {
+            CgroupUse::Disabled => None,
+            use_ => match cgroup::layout().filter(|l| l.writable()) {
+                Some(layout) => Some(JobCgroup::create_unlimited(layout, id)?),
+                None if use_ == CgroupUse::Required => {
+                    return Err(SandboxError::CgroupUnavailable {
+                        job_id: id.to_string(),
+                        reason: "no writable cgroup v1 or v2 hierarchy with memory/pids controllers".to_string(),
+                    })
+                }
+                None => None,
+            },
+        };
+        match spawn_stub(&spec, bwrap.clone(), cgroup) {
+            Ok(w) => return Ok(w),
+            Err(failed) => {
+                let (e, cgroup) = *failed;
+                if let Some(cg) = cgroup {
+                    let _ = cg.remove();
+                }
+                let vanished = matches!(&e, SandboxError::Spawn { source, .. }
+                    if matches!(source.raw_os_error(), Some(libc::ENODEV) | Some(libc::ENOENT)));
+                if !(vanished && attempts < 3) {
+                    return Err(e);
+                }
             }
-            None => None,
-        },
-    };
-    let made = spawn_stub(&spec, bwrap, cgroup);
-    made.map_err(|failed| {
-        let (e, cgroup) = *failed;
-        if let Some(cg) = cgroup {
-            let _ = cg.remove();
         }
-        e
-    })
+    }
 }
 
 fn spawn_stub(

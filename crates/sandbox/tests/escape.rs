@@ -745,10 +745,11 @@ async fn any_agents_start_up_sweep_removes_warm_cgroups_left_empty_and_spares_li
             text.lines().find(|l| l.contains(":memory:")).expect("memory line").rsplit(':').next().unwrap().to_string();
         Path::new("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/'))
     };
-    // Named as agents name them (`<agent>-warm-<slot>-<n>`; the other tests' names never
-    // match, so this sweep cannot race their warm starts while they are being made).
+    // Named as agents name them (`<agent>-warm-<slot>-<n>`; the other tests' names do not
+    // have that form, so this sweep cannot race their warm starts while they are being made).
+    let prefix = format!("t{}", std::process::id() % 100_000_000);
     let named = |spec: &SandboxSpec, n: u32| gpuci_sandbox::WarmSpec {
-        name: format!("{}-warm-0-{n}", spec.job_id),
+        name: format!("{prefix}-warm-0-{n}"),
         user: spec.user.expect("a job user"),
         network: None,
         cgroups: spec.cgroups,
