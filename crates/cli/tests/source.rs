@@ -268,3 +268,29 @@ fn bench_client_measures_the_client_path_beside_the_floor() {
         assert!(stdout.contains("bare bwrap floor") && stdout.contains("/ bare bwrap p50"), "{stdout}");
     }
 }
+
+/// `gpuci bench sandbox` times a job's start from a warm start and cold, beside the bare
+/// bwrap floor with the job's seccomp filter (root with bubblewrap; the figures are
+/// BENCHMARKS.md's business).
+#[test]
+fn bench_sandbox_measures_warm_and_cold_starts_beside_the_floor() {
+    if isolation() != "bubblewrap" || !nix::unistd::geteuid().is_root() {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI=true: this runs as root with bubblewrap");
+        return;
+    }
+    let out = Command::new(BIN)
+        .args(["bench", "sandbox", "--runs", "2", "--gap", "5ms"])
+        .env("GPUCI_LOG", "warn")
+        .output()
+        .expect("run gpuci bench sandbox");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr));
+    for row in [
+        "warm start: spawn → `true` exited (2 runs)",
+        "cold start: spawn → `true` exited (2 runs)",
+        "seccomp filter) (2 runs)",
+        "p50 over the floor: warm",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
+}

@@ -142,6 +142,17 @@ pub(crate) struct FdArgs {
     pub(crate) group: Option<i32>,
 }
 
+/// Arguments as bwrap's `--args FD` reads them: each followed by a NUL.
+pub(crate) fn nul_joined(args: &[OsString]) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut buf = Vec::new();
+    for a in args {
+        buf.extend_from_slice(a.as_bytes());
+        buf.push(0);
+    }
+    buf
+}
+
 /// bwrap's arguments (everything before `--`), the job's environment included.
 pub(crate) fn bwrap_args(
     spec: &SandboxSpec,

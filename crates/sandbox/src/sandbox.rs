@@ -481,12 +481,7 @@ pub(crate) fn non_leased_gpu_nodes(leased: &[std::path::PathBuf], host: &dyn Hos
 fn args_memfd(job_id: &str, args: &[std::ffi::OsString]) -> Result<File, SandboxError> {
     let err = |source| SandboxError::ArgsFd { job_id: job_id.to_string(), source };
     let mut f = crate::host::sealable_memfd(c"gpuci-bwrap-args").map_err(err)?;
-    let mut buf = Vec::new();
-    for a in args {
-        buf.extend_from_slice(a.as_bytes());
-        buf.push(0);
-    }
-    f.write_all(&buf).map_err(err)?;
+    f.write_all(&plan::nul_joined(args)).map_err(err)?;
     f.rewind().map_err(err)?;
     crate::host::seal(&f).map_err(err)?;
     Ok(f)

@@ -173,12 +173,7 @@ impl WarmStart {
             Ok(a) => a,
             Err(e) => return Err(Box::new((e, self))),
         };
-        let mut data = Vec::new();
-        for a in &args {
-            data.extend_from_slice(a.as_bytes());
-            data.push(0);
-        }
-        if let Err(e) = fill(&mut self.args, &data) {
+        if let Err(e) = fill(&mut self.args, &crate::plan::nul_joined(&args)) {
             return Err(Box::new((fd_err(e), self)));
         }
         let command = command_line(&self.bwrap, self.args.as_raw_fd(), &spec.argv);

@@ -588,13 +588,13 @@ async fn slot_network_reaches_the_outside_but_not_the_host_or_other_slots() {
 // ---- Warm starts (a process waiting in its cgroup for the slot's next job): the same
 // containment as a cold start, every attack above included. ----
 
+/// A warm start for `spec`'s user, named `name`.
+fn warm_spec(spec: &SandboxSpec, name: String) -> gpuci_sandbox::WarmSpec {
+    gpuci_sandbox::WarmSpec { name, user: spec.user.expect("a job user"), network: None, cgroups: spec.cgroups }
+}
+
 async fn warm_for(spec: &SandboxSpec) -> gpuci_sandbox::WarmStart {
-    let w = gpuci_sandbox::WarmSpec {
-        name: format!("{}-warm", spec.job_id),
-        user: spec.user.expect("a job user"),
-        network: None,
-        cgroups: spec.cgroups,
-    };
+    let w = warm_spec(spec, format!("{}-warm", spec.job_id));
     gpuci_sandbox::WarmStart::prepare(w).await.expect("warm start")
 }
 
@@ -716,12 +716,7 @@ async fn a_warm_start_is_refused_while_anything_runs_as_its_uid() {
     let ws = mkws(root.path(), "w");
     let s = spec("warm-busy", &ws, "sleep 30", Isolation::Bubblewrap);
     let (mut sb, _o, _e) = Sandbox::spawn(&s).expect("spawn");
-    let w = gpuci_sandbox::WarmSpec {
-        name: format!("{}-warm", s.job_id),
-        user: s.user.unwrap(),
-        network: None,
-        cgroups: CgroupUse::Auto,
-    };
+    let w = warm_spec(&s, format!("{}-warm", s.job_id));
     let e = gpuci_sandbox::WarmStart::prepare(w).await.expect_err("a warm start beside a running process of its uid");
     assert!(e.to_string().contains("still running"), "{e}");
     sb.kill_tree().expect("kill");
@@ -748,12 +743,7 @@ async fn any_agents_start_up_sweep_removes_warm_cgroups_left_empty_and_spares_li
     // Named as agents name them (`<agent>-warm-<slot>-<n>`; the other tests' names do not
     // have that form, so this sweep cannot race their warm starts while they are being made).
     let prefix = format!("t{}", std::process::id() % 100_000_000);
-    let named = |spec: &SandboxSpec, n: u32| gpuci_sandbox::WarmSpec {
-        name: format!("{prefix}-warm-0-{n}"),
-        user: spec.user.expect("a job user"),
-        network: None,
-        cgroups: spec.cgroups,
-    };
+    let named = |spec: &SandboxSpec, n: u32| warm_spec(spec, format!("{prefix}-warm-0-{n}"));
     // One left behind by an agent killed for good (its waiting process died with it) ...
     let dead = gpuci_sandbox::WarmStart::prepare(named(&s, 0)).await.expect("warm start");
     let dead_pid = dead.pid().expect("pid");

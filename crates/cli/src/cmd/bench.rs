@@ -57,12 +57,17 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
         s
     };
     let (mut warm_h, mut cold_h, mut bare_h) = (histogram()?, histogram()?, histogram()?);
-    let run = |sb: Sandbox, so, se| async move {
-        let (mut sb, _so, _se): (Sandbox, tokio::process::ChildStdout, tokio::process::ChildStderr) = (sb, so, se);
-        let exit = sb.wait().await;
-        let t = std::time::Instant::now();
-        let cleaned = sb.cleanup().await;
-        (exit, cleaned, t)
+    // One start, from `warm` or cold: spawn → `true` exited (µs); clean-up is not timed.
+    let start = |name: String, warm: Option<WarmStart>| {
+        let spec = spec(name);
+        async move {
+            let t = std::time::Instant::now();
+            let (mut sb, _so, _se) = Sandbox::spawn_warm(&spec, warm).map_err(anyhow::Error::from)?;
+            sb.wait().await.map_err(anyhow::Error::from)?;
+            let us = t.elapsed().as_micros() as u64;
+            sb.cleanup().await.map_err(anyhow::Error::from)?;
+            Ok::<u64, anyhow::Error>(us)
+        }
     };
     for i in 0..n + 10 {
         let counted = i >= 10;
@@ -74,27 +79,12 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
         })
         .await
         .map_err(anyhow::Error::from)?;
-        tokio::time::sleep(gap).await;
-        let t = std::time::Instant::now();
-        let (sb, so, se) = Sandbox::spawn_warm(&spec(format!("bench-w-{}-{i}", std::process::id())), Some(warm))
-            .map_err(anyhow::Error::from)?;
-        let (exit, cleaned, done) = run(sb, so, se).await;
-        let us = done.duration_since(t).as_micros() as u64;
-        exit.map_err(anyhow::Error::from)?;
-        cleaned.map_err(anyhow::Error::from)?;
-        if counted {
-            warm_h.record(us).map_err(anyhow::Error::from)?;
-        }
-        tokio::time::sleep(gap).await;
-        let t = std::time::Instant::now();
-        let (sb, so, se) =
-            Sandbox::spawn(&spec(format!("bench-c-{}-{i}", std::process::id()))).map_err(anyhow::Error::from)?;
-        let (exit, cleaned, done) = run(sb, so, se).await;
-        let us = done.duration_since(t).as_micros() as u64;
-        exit.map_err(anyhow::Error::from)?;
-        cleaned.map_err(anyhow::Error::from)?;
-        if counted {
-            cold_h.record(us).map_err(anyhow::Error::from)?;
+        for (warm, hist, tag) in [(Some(warm), &mut warm_h, "w"), (None, &mut cold_h, "c")] {
+            tokio::time::sleep(gap).await;
+            let us = start(format!("bench-{tag}-{}-{i}", std::process::id()), warm).await?;
+            if counted {
+                hist.record(us).map_err(anyhow::Error::from)?;
+            }
         }
         tokio::time::sleep(gap).await;
         let us = floor.run_filtered().await?;
