@@ -1,6 +1,7 @@
 //! A small typed client for the coordinator's REST API.
 
 use crate::cli::{default_data_dir, ClientArgs};
+use crate::worktree::WorkTree;
 use crate::{CliError, CliResult};
 use anyhow::Context;
 use futures::StreamExt;
@@ -174,156 +175,6 @@ pub struct PackedWorkspace {
     archive: tempfile::NamedTempFile,
 }
 
-/// What git says about the directory a pipeline file lies in. Asked once, with the three `git`
-/// processes running at once: each costs a process start, and this is on the path a user
-/// waits on (`gpuci bench client`); asked one after another (five times, as before) they
-/// were a third of it.
-#[derive(Debug, Default)]
-pub struct WorkTree {
-    /// The directory the pipeline file lies in.
-    pub dir: std::path::PathBuf,
-    /// Its git work tree's top, if it is in one.
-    pub top: Option<std::path::PathBuf>,
-    /// The work tree's `origin` URL.
-    pub origin: Option<String>,
-    /// What git lists of the whole work tree (tracked, and untracked but not ignored),
-    /// relative to `top`; asked only when the upload is made of it.
-    files: Option<Vec<u8>>,
-}
-
-impl WorkTree {
-    pub fn probe(pipeline_file: &std::path::Path, list_files: bool) -> WorkTree {
-        let dir = match pipeline_file.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => std::path::PathBuf::from("."),
-        };
-        let git = |args: &[&str]| {
-            std::process::Command::new("git")
-                .arg("-C")
-                .arg(&dir)
-                .args(args)
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .ok()
-        };
-        let top = git(&["rev-parse", "--show-toplevel"]);
-        let origin = git(&["config", "--get", "remote.origin.url"]);
-        let files = list_files
-            .then(|| git(&["ls-files", "-z", "--cached", "--others", "--exclude-standard", "--full-name", "--", ":/"]))
-            .flatten();
-        let output = |c: Option<std::process::Child>| {
-            c.and_then(|c| c.wait_with_output().ok()).filter(|o| o.status.success()).map(|o| o.stdout)
-        };
-        let text = |o: Option<Vec<u8>>| {
-            o.map(|b| String::from_utf8_lossy(&b).trim_end_matches('\n').to_string()).filter(|s| !s.is_empty())
-        };
-        let top = text(output(top)).map(std::path::PathBuf::from);
-        let origin = text(output(origin));
-        let files = output(files).filter(|_| top.is_some());
-        WorkTree { dir, top, origin, files }
-    }
-
-    /// The repository the pipeline belongs to, as caches are keyed: the `origin` URL, else
-    /// the work tree's path; none outside git.
-    pub fn repository(&self) -> Option<String> {
-        self.origin.clone().or_else(|| self.top.as_ref().map(|t| t.display().to_string()))
-    }
-
-    /// Which directory the workspace is made of, and its files: `upload` if given, else the
-    /// git work tree, else the pipeline file's directory. `None` with `--no-upload`.
-    pub fn upload_root(
-        &self,
-        a: &crate::cli::UploadArgs,
-    ) -> CliResult<Option<(std::path::PathBuf, Vec<std::path::PathBuf>)>> {
-        if a.no_upload {
-            return Ok(None);
-        }
-        if let Some(dir) = &a.upload {
-            let meta =
-                std::fs::metadata(dir).map_err(|e| CliError::Input(format!("cannot upload {}: {e}", dir.display())))?;
-            if !meta.is_dir() {
-                return Err(CliError::Input(format!("cannot upload {}: not a directory", dir.display())));
-            }
-            return Ok(Some((dir.clone(), workspace_files(dir)?)));
-        }
-        match (&self.top, &self.files) {
-            (Some(top), Some(listed)) => Ok(Some((top.clone(), existing_files(top, listed)))),
-            _ => Ok(Some((self.dir.clone(), workspace_files(&self.dir)?))),
-        }
-    }
-}
-
-fn git_toplevel(dir: &std::path::Path) -> Option<std::path::PathBuf> {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(["rev-parse", "--show-toplevel"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let top = String::from_utf8(out.stdout).ok()?;
-    (out.status.success() && !top.trim().is_empty()).then(|| std::path::PathBuf::from(top.trim_end_matches('\n')))
-}
-
-/// The files of `git ls-files -z` output (relative to `root`) that are there to upload:
-/// deleted but still in the index, or a submodule (a directory), is not.
-fn existing_files(root: &std::path::Path, listed: &[u8]) -> Vec<std::path::PathBuf> {
-    use std::os::unix::ffi::OsStrExt;
-    let mut files: Vec<std::path::PathBuf> = listed
-        .split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-        .map(|name| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(name)))
-        .filter(|rel| std::fs::symlink_metadata(root.join(rel)).is_ok_and(|m| !m.is_dir()))
-        .collect();
-    files.sort();
-    files.dedup();
-    files
-}
-
-/// The files under `root` to upload, relative to it: what git lists (tracked, and untracked but
-/// not ignored) in a git work tree, else every file, skipping `.git`.
-fn workspace_files(root: &std::path::Path) -> CliResult<Vec<std::path::PathBuf>> {
-    use std::path::PathBuf;
-    if git_toplevel(root).is_some() {
-        let out = std::process::Command::new("git")
-            .arg("-C")
-            .arg(root)
-            .args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"])
-            .output()
-            .with_context(|| format!("running git ls-files in {}", root.display()))?;
-        if !out.status.success() {
-            return Err(CliError::Other(anyhow::anyhow!(
-                "git ls-files in {}: {}",
-                root.display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        return Ok(existing_files(root, &out.stdout));
-    }
-    let mut files = Vec::new();
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let dir = root.join(&rel);
-        let entries = std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
-        for e in entries {
-            let e = e.with_context(|| format!("reading {}", dir.display()))?;
-            let name = rel.join(e.file_name());
-            let kind = e.file_type().with_context(|| format!("reading {}", root.join(&name).display()))?;
-            if kind.is_dir() {
-                if e.file_name() != ".git" {
-                    stack.push(name);
-                }
-            } else if kind.is_file() || kind.is_symlink() {
-                files.push(name);
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
 /// Pack the files of `root` into a gzip'ed tar, modes kept (executable or not), owners and times
 /// not: the same files make the same archive, and so the same upload id.
 pub fn pack_workspace(root: &std::path::Path, files: &[std::path::PathBuf]) -> CliResult<PackedWorkspace> {
@@ -387,14 +238,19 @@ impl Client {
             .await
             .map_err(|e| CliError::Other(anyhow::anyhow!("asking git about {}: {e}", file.display())))?;
         tracing::debug!(ms = ms(), top = ?tree.top, "asked git");
-        let workspace_upload = self.upload_workspace(&tree, upload).await?;
-        tracing::debug!(ms = ms(), "uploaded");
+        let (workspace_upload, workspace_archive) = match self.send_workspace(&tree, upload).await? {
+            Workspace::None => (None, None),
+            Workspace::Uploaded(id) => (Some(id), None),
+            Workspace::Inline(b64) => (None, Some(b64)),
+        };
+        tracing::debug!(ms = ms(), "packed (and uploaded if large)");
         let p = self
             .submit(&SubmitPipeline {
                 file_name: file.display().to_string(),
                 source,
                 env: Default::default(),
                 workspace_upload,
+                workspace_archive,
                 repository: tree.repository(),
             })
             .await;
@@ -402,10 +258,10 @@ impl Client {
         p
     }
 
-    /// Pack and upload the workspace ([`WorkTree::upload_root`]), telling on stderr what goes
-    /// up. `None` with `--no-upload`.
-    pub async fn upload_workspace(&self, tree: &WorkTree, a: &crate::cli::UploadArgs) -> CliResult<Option<String>> {
-        let Some((root, files)) = tree.upload_root(a)? else { return Ok(None) };
+    /// Pack the workspace ([`WorkTree::upload_root`]), telling on stderr what goes up, and
+    /// upload it unless it is small enough to go with the pipeline.
+    async fn send_workspace(&self, tree: &WorkTree, a: &crate::cli::UploadArgs) -> CliResult<Workspace> {
+        let Some((root, files)) = tree.upload_root(a)? else { return Ok(Workspace::None) };
         let packed = tokio::task::spawn_blocking(move || pack_workspace(&root, &files))
             .await
             .map_err(|e| CliError::Other(anyhow::anyhow!("packing the workspace: {e}")))??;
@@ -416,8 +272,23 @@ impl Client {
             packed.bytes as f64 / (1 << 20) as f64,
             packed.root.display()
         );
-        Ok(Some(self.upload(&packed).await?.id))
+        if packed.bytes <= MAX_INLINE_WORKSPACE_BYTES as u64 {
+            use base64::Engine;
+            let bytes = std::fs::read(packed.archive.path()).context("reading the packed workspace")?;
+            return Ok(Workspace::Inline(base64::engine::general_purpose::STANDARD.encode(bytes)));
+        }
+        Ok(Workspace::Uploaded(self.upload(&packed).await?.id))
     }
+}
+
+/// How a pipeline's workspace goes to the coordinator.
+enum Workspace {
+    /// `--no-upload`.
+    None,
+    /// Uploaded first; its id.
+    Uploaded(String),
+    /// Small: sent with the pipeline (base64 of the archive).
+    Inline(String),
 }
 
 fn scope_query(scope: &crate::cli::SecretScopeArgs) -> Vec<(&'static str, String)> {

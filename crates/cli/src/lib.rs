@@ -7,6 +7,7 @@ pub mod client;
 pub mod cmd;
 pub mod logging;
 pub mod render;
+pub mod worktree;
 
 /// An error with the exit code it should produce.
 #[derive(Debug, thiserror::Error)]

@@ -26,7 +26,14 @@ fn main() -> std::process::ExitCode {
         gpuci::cli::Command::Up(_) | gpuci::cli::Command::Server(_) | gpuci::cli::Command::Agent(_)
     );
     gpuci::logging::init(cli.verbose, cli.quiet, chatty);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // A client command waits on one server at a time: one thread, without the worker threads
+    // (and the cgroup CPU-quota reads that size them) a multi-threaded runtime starts with.
+    let runtime = if runs_jobs_or_serves(&cli.command) {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

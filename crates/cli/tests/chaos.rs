@@ -426,6 +426,7 @@ impl Rig {
             source: yaml.into(),
             env: Default::default(),
             workspace_upload: None,
+            workspace_archive: None,
             repository: None,
         };
         let t0 = Instant::now();

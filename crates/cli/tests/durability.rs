@@ -33,6 +33,7 @@ fn try_submit(api: &Api, token: &str, yaml: &str) -> (u16, serde_json::Value) {
             source: yaml.into(),
             env: Default::default(),
             workspace_upload: None,
+            workspace_archive: None,
             repository: None,
         })
         .send()

@@ -245,6 +245,68 @@ fn uploads_need_a_token_or_an_agent_credential_and_submits_a_stored_upload() {
     assert_eq!(done.state, "succeeded", "{done:#?}");
 }
 
+fn submit_inline(server: &Server, body: Value) -> reqwest::blocking::Response {
+    server
+        .api()
+        .raw()
+        .post(format!("{}/api/v1/pipelines", server.url))
+        .bearer_auth(&server.token)
+        .json(&body)
+        .send()
+        .expect("submit")
+}
+
+/// A small workspace goes with the pipeline (`workspace_archive`): stored as an upload is
+/// (same content, same id), and refused with a 422 that says why when it is not base64, not
+/// gzip, too large, or given beside `workspace_upload`; nothing is stored then.
+#[test]
+fn a_small_workspace_sent_with_the_pipeline_is_stored_as_an_upload() {
+    use base64::Engine;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let dir = tempdir();
+    let (server, _agent) = setup(dir.path());
+    let bytes = archive(|b| {
+        let mut h = header(tar::EntryType::Regular, 2);
+        b.append_data(&mut h, "a.txt", &b"hi"[..]).expect("append");
+    });
+    let yaml = "steps:\n  - key: t\n    command: test \"$(cat a.txt)\" = hi\n";
+    let uploads = || std::fs::read_dir(server.data_dir.join("uploads")).map(|d| d.count()).unwrap_or(0);
+
+    let refused = |body: Value, says: &str| {
+        let r = submit_inline(&server, body);
+        assert_eq!(r.status(), 422);
+        let body: Value = r.json().expect("json");
+        let error = body["error"].as_str().unwrap_or_default().to_string();
+        assert!(error.contains(says), "{error}");
+    };
+    refused(json!({"file_name": "x.yml", "source": yaml, "workspace_archive": "not base64!"}), "not base64");
+    refused(json!({"file_name": "x.yml", "source": yaml, "workspace_archive": b64(b"plain text")}), "not gzip");
+    let mut big = vec![0x1f, 0x8b];
+    big.resize(gpuci_protocol::api::MAX_INLINE_WORKSPACE_BYTES + 1, 0);
+    refused(json!({"file_name": "x.yml", "source": yaml, "workspace_archive": b64(&big)}), "larger than 512 KiB");
+    refused(
+        json!({"file_name": "x.yml", "source": yaml, "workspace_archive": b64(&bytes), "workspace_upload": "f".repeat(64)}),
+        "not both",
+    );
+    // An invalid pipeline stores nothing either.
+    refused(
+        json!({"file_name": "x.yml", "source": "steps: 3\n", "workspace_archive": b64(&bytes)}),
+        "not a valid pipeline",
+    );
+    assert_eq!(uploads(), 0);
+
+    let r = submit_inline(&server, json!({"file_name": "x.yml", "source": yaml, "workspace_archive": b64(&bytes)}));
+    assert_eq!(r.status(), 201);
+    let p: gpuci_protocol::api::PipelineSummary = r.json().expect("json");
+    let done = server.api().wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    // Stored under the id a separate upload of the same bytes gets.
+    assert_eq!(uploads(), 1);
+    let id = upload_id(&server, bytes);
+    assert!(server.data_dir.join("uploads").join(format!("{id}.tar.gz")).is_file());
+    assert_eq!(uploads(), 1);
+}
+
 /// `gpuci bench client` runs real `gpuci submit --wait` processes from a git work tree and
 /// prints the client path beside the in-process path and the bare-bubblewrap floor (figures
 /// are BENCHMARKS.md's business; here only that each is measured).

@@ -275,7 +275,7 @@ async fn pipeline_summary(st: &AppState, id: PipelineId) -> ApiResult<PipelineSu
     responses((status = 201, body = PipelineSummary),
         (status = 400, description = "the body is not a `SubmitPipeline` in JSON", body = ErrorBody),
         (status = 413, description = "the body is too large", body = ErrorBody),
-        (status = 422, description = "the pipeline is invalid, or its `workspace_upload` is not stored", body = ErrorBody),
+        (status = 422, description = "the pipeline is invalid, its `workspace_upload` is not stored, or its `workspace_archive` is not a base64 gzip'ed tar of at most 512 KiB", body = ErrorBody),
         (status = 503, description = "the server is shutting down, or its database cannot store this now (a full disk); try again later", body = ErrorBody)))]
 pub async fn submit_pipeline(
     State(st): State<AppState>,
@@ -293,6 +293,16 @@ pub async fn submit_pipeline(
             ));
         }
     }
+    let inline = match &req.workspace_archive {
+        Some(_) if req.workspace_upload.is_some() => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "give workspace_upload or workspace_archive, not both",
+            ))
+        }
+        Some(b64) => Some(crate::uploads::decode_inline(b64)?),
+        None => None,
+    };
     if let Some(id) = &req.workspace_upload {
         if !st.uploads.exists(id) {
             return Err(ApiError::new(
@@ -323,13 +333,21 @@ pub async fn submit_pipeline(
                 .collect(),
         },
     })?;
+    // Stored (and synced) before the pipeline that names it is committed, as an upload is.
+    let workspace_upload = match inline {
+        Some(bytes) => Some(st.uploads.put(bytes).await.map_err(|e| {
+            tracing::error!(error = %e, "could not store a workspace sent with a pipeline");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("storing the workspace: {e}"))
+        })?),
+        None => req.workspace_upload,
+    };
     let (p, _) = ask(&st, |reply| Command::Submit {
         sub: Box::new(crate::brain::Submission {
             file_name: req.file_name,
             source: req.source,
             pipeline,
             extra_env: req.env,
-            workspace_upload: req.workspace_upload,
+            workspace_upload,
             repository: req.repository,
             origin: None,
         }),

@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
-use gpuci_protocol::api::{ErrorBody, UploadInfo};
+use gpuci_protocol::api::{ErrorBody, UploadInfo, MAX_INLINE_WORKSPACE_BYTES};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use tokio::io::AsyncWriteExt;
@@ -80,6 +80,33 @@ impl Uploads {
 /// A sha256 in lowercase hex: 64 characters of `0-9a-f`.
 pub fn valid_id(id: &str) -> bool {
     id.len() == 64 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The bytes of a workspace sent with a pipeline (`SubmitPipeline::workspace_archive`):
+/// base64, at most [`MAX_INLINE_WORKSPACE_BYTES`] decoded, gzip data.
+pub fn decode_inline(b64: &str) -> Result<Vec<u8>, ApiError> {
+    use base64::Engine;
+    let unprocessable = |what: String| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, what);
+    // Checked before decoding: base64 is 4 characters per 3 bytes.
+    if b64.len() > MAX_INLINE_WORKSPACE_BYTES.div_ceil(3) * 4 {
+        return Err(unprocessable(format!(
+            "workspace_archive: larger than {} KiB; POST /api/v1/uploads and name it in workspace_upload",
+            MAX_INLINE_WORKSPACE_BYTES >> 10
+        )));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map_err(|e| unprocessable(format!("workspace_archive: not base64: {e}")))?;
+    if bytes.len() > MAX_INLINE_WORKSPACE_BYTES {
+        return Err(unprocessable(format!(
+            "workspace_archive: larger than {} KiB; POST /api/v1/uploads and name it in workspace_upload",
+            MAX_INLINE_WORKSPACE_BYTES >> 10
+        )));
+    }
+    if !bytes.starts_with(&[0x1f, 0x8b]) {
+        return Err(unprocessable("workspace_archive: not gzip data (expected a .tar.gz)".into()));
+    }
+    Ok(bytes)
 }
 
 fn is_gzip_content_type(v: &str) -> bool {

@@ -22,11 +22,21 @@ pub struct SubmitPipeline {
     /// The id of an upload (`POST /api/v1/uploads`) every job's workspace starts from.
     #[serde(default)]
     pub workspace_upload: Option<String>,
+    /// A small workspace sent with the pipeline instead of uploaded first: a gzip'ed tar in
+    /// base64, at most [`MAX_INLINE_WORKSPACE_BYTES`] decoded. Stored as an upload is (the
+    /// same content, the same id); not with `workspace_upload`.
+    #[serde(default)]
+    pub workspace_archive: Option<String>,
     /// Where the pipeline comes from (a git remote URL or a work tree path); steps' `cache:`
     /// paths are kept per repository.
     #[serde(default)]
     pub repository: Option<String>,
 }
+
+/// The largest workspace a `SubmitPipeline` may carry itself (`workspace_archive`, decoded);
+/// a larger one is uploaded first (`POST /api/v1/uploads`). Saves a round trip and a request on
+/// the path a user waits on for the small work trees most pipelines have.
+pub const MAX_INLINE_WORKSPACE_BYTES: usize = 512 << 10;
 
 /// A validation error with its position in the submitted file.
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]

@@ -167,6 +167,7 @@ async fn dispatch_once(c: &Client) -> CliResult<Option<i64>> {
             source: PROBE.into(),
             env: Default::default(),
             workspace_upload: None,
+            workspace_archive: None,
             repository: None,
         })
         .await?;
@@ -227,6 +228,7 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg, job_disk: u64) ->
             source: yaml,
             env: Default::default(),
             workspace_upload: None,
+            workspace_archive: None,
             repository: None,
         })
         .await?;

@@ -210,6 +210,7 @@ impl Api {
                 source: yaml.into(),
                 env: Default::default(),
                 workspace_upload: None,
+                workspace_archive: None,
                 repository: repository.map(str::to_string),
             })
             .send()
