@@ -54,6 +54,9 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Print the JSON Schema of the pipeline format.
     Schema,
+    /// Replay a job trace through the autoscaler on a simulated clock, beside two baseline
+    /// policies: paid GPU-hours and cost against the lower bound, queue waits, machines.
+    Simulate(SimulateArgs),
     /// Benchmarks (see BENCHMARKS.md).
     Bench(BenchArgs),
 }
@@ -528,6 +531,29 @@ pub struct DoctorArgs {
     pub runner_dir: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SimulateArgs {
+    /// The server config file with the `[[fleet]]`s (and their `[fleet.simulate]` tables).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// CSV with a header: job_id, submit_s, duration_s, pool, gpus, group, cancel_in_progress.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Seed of the simulated boot times, interruptions and capacity errors.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Only this policy (repeatable): gpuci, always-on, fixed-idle-5m. Default: all three.
+    #[arg(long = "policy", value_parser = parse_policy)]
+    pub policies: Vec<gpuci_simulate::Policy>,
+    /// The figures as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn parse_policy(s: &str) -> Result<gpuci_simulate::Policy, String> {
+    gpuci_simulate::Policy::parse(s).ok_or_else(|| format!("{s:?}: expected gpuci, always-on or fixed-idle-5m"))
 }
 
 #[derive(Args, Debug)]

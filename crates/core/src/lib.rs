@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod duration;
+pub mod fleet;
 pub mod gpu;
 pub mod image;
 pub mod job;

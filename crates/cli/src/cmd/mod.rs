@@ -44,6 +44,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
             );
             Ok(0)
         }
+        Command::Simulate(a) => simulate(a),
         Command::Bench(a) => bench::run(a).await,
     };
     match r {
@@ -106,6 +107,31 @@ pub fn read_pipeline(path: &Path) -> CliResult<(String, Pipeline)> {
     let name = path.display().to_string();
     let p = gpuci_core::pipeline::parse(&name, &text).map_err(|e| CliError::Input(e.to_string()))?;
     Ok((text, p))
+}
+
+/// `gpuci simulate --config server.toml --trace jobs.csv`: figures on stdout (a table, or
+/// JSON), errors naming the file and place.
+fn simulate(a: crate::cli::SimulateArgs) -> CliResult {
+    let read =
+        |p: &Path| std::fs::read_to_string(p).map_err(|e| CliError::Input(format!("cannot read {}: {e}", p.display())));
+    let (config, trace) = (read(&a.config)?, read(&a.trace)?);
+    let opts = gpuci_simulate::CliOptions { seed: a.seed, policies: a.policies, ..Default::default() };
+    let started = std::time::Instant::now();
+    let report = gpuci_simulate::run_cli(
+        &config,
+        &a.config.display().to_string(),
+        &trace,
+        &a.trace.display().to_string(),
+        &opts,
+    )
+    .map_err(CliError::Input)?;
+    eprintln!("simulated in {:.1} s", started.elapsed().as_secs_f64());
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(0)
 }
 
 fn validate(a: crate::cli::ValidateArgs) -> CliResult {

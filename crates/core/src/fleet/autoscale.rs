@@ -1,0 +1,644 @@
+//! The autoscaler: which machines to create, start, stop and delete now, and why each queued
+//! job is still waiting. One pure function, [`decide`], over what the caller observed.
+//!
+//! Rules (the product's, enforced here and nowhere else):
+//! - **Demand.** Queued jobs (oldest first, ties by id) are matched against machines that
+//!   exist: connected ones with enough free GPUs first, then booting ones (earliest first). A
+//!   job that matches none counts as demand for the first of its fleets that can still grow
+//!   (else its first fleet). New machines are packed first-fit: a machine takes several jobs
+//!   only when its GPUs cover all of them (one 1-GPU job per 1-GPU machine; four on a 4-GPU
+//!   machine); a job never spans machines.
+//! - **Warm pool.** A fleet keeps `min_idle` machines (the largest of the fleet's and its
+//!   active warm schedules') idle or booting with no job waiting for them. None while the
+//!   daily budget is reached.
+//! - **Stopped before new.** A fleet whose idle action is `stop` starts its stopped machines
+//!   (most recently stopped first) before it creates any.
+//! - **`max`** counts every machine that exists and holds GPUs: requested, booting, idle,
+//!   busy, draining and stopping. Stopped machines do not count (they hold no GPU and bill only
+//!   their disk); starting one counts again. So `max` bounds GPU spend per hour.
+//! - **Budget.** When the fleet's spend today (UTC day, handed in) reaches `daily_budget`, no
+//!   create and no start until 00:00 UTC. Running and idle machines are left to their rules.
+//! - **Capacity.** The policy and the spot breaker give the capacity types in order
+//!   ([`CapacityPolicy::order`]); within a type the offers are tried in order, skipping those
+//!   marked unavailable (a capacity error) until their time passes.
+//! - **Boot timeout.** A machine requested or booting for `boot_timeout` without its agent
+//!   connecting is deleted and counted as a boot failure ([`Action::BootFailed`]).
+//! - **Idle timeout.** A machine idle for `idle_timeout` that no queued job is waiting for is
+//!   stopped or deleted (the fleet's idle action), oldest idle first, keeping the warm pool.
+//!   A machine that runs a job is never stopped or deleted here.
+//!
+//! Everything is ordered by ids and times, so the same input gives the same decision.
+//! [`Decision::wake_at`] says when the answer could change with no new event (a timeout, a
+//! schedule edge, an offer coming back, the breaker closing, midnight for a budget), so the
+//! reconcile loop (and the simulator) need not poll.
+
+use super::{Capacity, FleetSpec, IdleAction, UnixSecs};
+use crate::gpu::{GpuInfo, Version};
+use crate::placement::{place, GpuSlot, GpuSlotState, HostView, Needs};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// How long an offer is skipped after a capacity error ("insufficient capacity").
+pub const CAPACITY_ERROR_BACKOFF_S: u64 = 10 * 60;
+
+/// A job waiting for a GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct QueuedJob {
+    pub id: String,
+    pub queued_since: UnixSecs,
+    pub gpus: u32,
+    /// The fleets whose machines it would fit ([`fits`]), in preference order.
+    pub fleets: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MachineState {
+    /// Asked of the provider, not yet known to exist.
+    Requested,
+    /// Exists (or was started again); its agent has not connected yet.
+    Booting,
+    /// Agent connected, no job.
+    Idle,
+    /// Agent connected, runs at least one job.
+    Busy,
+    Stopping,
+    Stopped,
+    /// Takes no new job; deleted when its jobs end (the caller's rule).
+    Draining,
+}
+
+/// A machine of a fleet as observed at the provider and the agent channel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Machine {
+    pub id: String,
+    pub fleet: String,
+    /// Index into the fleet's offers.
+    pub offer: usize,
+    pub capacity: Capacity,
+    pub state: MachineState,
+    pub created_at: UnixSecs,
+    /// When it entered `state`: requested or started, connected or last job ended, stopped.
+    pub since: UnixSecs,
+    /// GPUs leased to the jobs it runs.
+    pub gpus_busy: u32,
+    pub jobs: Vec<String>,
+}
+
+impl Machine {
+    /// Whether it counts toward the fleet's `max` (see the module header).
+    pub fn counts_toward_max(&self) -> bool {
+        self.state != MachineState::Stopped
+    }
+
+    fn is_booting(&self) -> bool {
+        matches!(self.state, MachineState::Requested | MachineState::Booting)
+    }
+
+    fn runs_jobs(&self) -> bool {
+        self.gpus_busy > 0 || !self.jobs.is_empty()
+    }
+}
+
+/// An offer that gave a capacity error, skipped until `until`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UnavailableOffer {
+    pub fleet: String,
+    pub offer: usize,
+    pub capacity: Capacity,
+    pub until: UnixSecs,
+}
+
+/// What the caller observed, handed in.
+#[derive(Clone, Copy, Debug)]
+pub struct AutoscaleInput<'a> {
+    pub now: UnixSecs,
+    pub fleets: &'a [FleetSpec],
+    pub queued: &'a [QueuedJob],
+    pub machines: &'a [Machine],
+    /// USD spent today (UTC) per fleet; a fleet not named has spent nothing.
+    pub spend_today: &'a BTreeMap<String, f64>,
+    pub unavailable: &'a [UnavailableOffer],
+    /// Times of recent spot interruptions per fleet (any order; older than the breaker's
+    /// window plus its on-demand period may be dropped by the caller).
+    pub interruptions: &'a BTreeMap<String, Vec<UnixSecs>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    Create {
+        fleet: String,
+        offer: usize,
+        capacity: Capacity,
+        reason: String,
+    },
+    Start {
+        machine: String,
+        reason: String,
+    },
+    Stop {
+        machine: String,
+        reason: String,
+    },
+    Delete {
+        machine: String,
+        reason: String,
+    },
+    /// Its agent did not connect within `boot_timeout`: delete it and count a boot failure.
+    BootFailed {
+        machine: String,
+        reason: String,
+    },
+}
+
+/// One fleet after the decision.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FleetSummary {
+    pub fleet: String,
+    /// Machines counting toward `max` before the actions.
+    pub machines: u32,
+    /// Machines counting toward `max` the fleet wants (what exists and stays, plus what this
+    /// decision starts or creates).
+    pub wanted: u32,
+    pub why: String,
+    pub breaker_open_until: Option<UnixSecs>,
+    pub budget_reached: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Decision {
+    pub actions: Vec<Action>,
+    pub fleets: Vec<FleetSummary>,
+    /// Queued job id → why it waits, in words.
+    pub waiting: BTreeMap<String, String>,
+    /// When to decide again even if nothing happens (strictly after `now`).
+    pub wake_at: Option<UnixSecs>,
+}
+
+/// A capacity error from the provider for (`offer`, `capacity`): skip it for a while.
+pub fn offer_unavailable_after_error(fleet: &str, offer: usize, capacity: Capacity, now: UnixSecs) -> UnavailableOffer {
+    UnavailableOffer { fleet: fleet.to_string(), offer, capacity, until: now + CAPACITY_ERROR_BACKOFF_S }
+}
+
+/// Until when the spot breaker is open at `now`, if it is: after `interruptions` spot
+/// interruptions within `window_s`, on-demand only for `on_demand_for_s` after the last of
+/// them.
+pub fn breaker_open_until(spec: &FleetSpec, interruptions: &[UnixSecs], now: UnixSecs) -> Option<UnixSecs> {
+    let b = spec.spot_breaker;
+    let n = b.interruptions.max(1) as usize;
+    let mut times: Vec<UnixSecs> = interruptions.iter().copied().filter(|&t| t <= now).collect();
+    times.sort_unstable();
+    let mut until = None;
+    let mut first = 0;
+    for (k, &t) in times.iter().enumerate() {
+        while times[first] + b.window_s <= t {
+            first += 1;
+        }
+        if k + 1 - first >= n {
+            until = Some(t + b.on_demand_for_s);
+        }
+    }
+    until.filter(|&u| u > now)
+}
+
+/// Whether a job with `needs` would fit a machine of this fleet, by placement on a template
+/// host built from the machine spec. What the spec does not say (compute capability when not
+/// given, driver and CUDA versions: the image decides them) is assumed to fit; the agent's real
+/// inventory decides at placement. MIG is never assumed.
+pub fn fits(spec: &FleetSpec, needs: &Needs<'_>) -> bool {
+    let m = &spec.machine;
+    let mut gpu = needs.gpu.clone();
+    if m.compute_capability.is_none() {
+        gpu.compute_capability = None;
+    }
+    gpu.driver = None;
+    gpu.cuda = None;
+    let gpus = (0..m.gpus)
+        .map(|i| GpuSlot {
+            info: GpuInfo {
+                uuid: format!("template-{i}"),
+                index: i,
+                name: m.gpu_model.clone(),
+                memory: m.gpu_memory,
+                compute_capability: m
+                    .compute_capability
+                    .unwrap_or(crate::gpu::ComputeCapability { major: 0, minor: 0 }),
+                driver_version: Version::new(vec![0]),
+                cuda_driver_version: None,
+                mig_enabled: None,
+                mig_instances: Vec::new(),
+                ecc_enabled: None,
+                persistence_mode: None,
+                pci_bus_id: String::new(),
+                device_node: String::new(),
+                simulated: true,
+            },
+            state: GpuSlotState::Free,
+        })
+        .collect();
+    let host = HostView {
+        agent_id: format!("template-{}", spec.name),
+        name: spec.name.clone(),
+        tags: m.tags.clone(),
+        free_slots: m.gpus.max(1),
+        total_slots: m.gpus.max(1),
+        container_runtime: m.container_runtime,
+        gpus,
+    };
+    place(&Needs { tags: needs.tags, gpu: &gpu, container: needs.container }, std::slice::from_ref(&host)).is_ok()
+}
+
+/// Decide what to do now. See the module header for the rules.
+pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
+    let now = input.now;
+    let mut out = Decision::default();
+    let fleet_index: BTreeMap<&str, usize> =
+        input.fleets.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
+    let mut order: Vec<usize> = (0..input.machines.len()).collect();
+    order.sort_by(|&a, &b| input.machines[a].id.cmp(&input.machines[b].id));
+
+    let mut fleets: Vec<FleetWork> = input.fleets.iter().map(|spec| FleetWork::new(spec, input)).collect();
+    let mut wake = Wake(None);
+
+    // Boot timeouts, and the supply of GPUs on machines that exist.
+    for &i in &order {
+        let m = &input.machines[i];
+        let Some(&f) = fleet_index.get(m.fleet.as_str()) else { continue };
+        let w = &mut fleets[f];
+        let spec = &input.fleets[f];
+        if m.counts_toward_max() {
+            w.counted += 1;
+        }
+        if m.is_booting() {
+            let deadline = m.since.saturating_add(spec.boot_timeout_s);
+            if now >= deadline {
+                out.actions.push(Action::BootFailed {
+                    machine: m.id.clone(),
+                    reason: format!(
+                        "agent did not connect within boot_timeout {} ({} booting)",
+                        secs(spec.boot_timeout_s),
+                        secs(now.saturating_sub(m.since))
+                    ),
+                });
+                w.counted -= 1;
+                continue;
+            }
+            wake.at(deadline);
+        }
+        let free = spec.machine.gpus.saturating_sub(m.gpus_busy);
+        match m.state {
+            MachineState::Idle | MachineState::Busy if free > 0 => {
+                w.slots.push(Slot { machine: i, free, claimed: false })
+            }
+            MachineState::Requested | MachineState::Booting if free > 0 => {
+                w.booting.push(Slot { machine: i, free, claimed: false })
+            }
+            MachineState::Stopped => w.stopped.push(i),
+            _ => {}
+        }
+    }
+    for w in &mut fleets {
+        // Booting machines in the order they will likely connect.
+        w.booting.sort_by_key(|s| (input.machines[s.machine].since, s.machine));
+        w.stopped.sort_by(|&a, &b| {
+            let (ma, mb) = (&input.machines[a], &input.machines[b]);
+            mb.since.cmp(&ma.since).then_with(|| ma.id.cmp(&mb.id))
+        });
+        w.can_grow = w.blocked.is_none() && w.counted < w.max && (w.offer.is_some() || !w.stopped.is_empty());
+    }
+
+    // Match queued jobs to existing machines; the rest is demand.
+    let mut jobs: Vec<&QueuedJob> = input.queued.iter().collect();
+    jobs.sort_by(|a, b| a.queued_since.cmp(&b.queued_since).then_with(|| a.id.cmp(&b.id)));
+    for job in jobs {
+        let candidates: Vec<usize> = job
+            .fleets
+            .iter()
+            .filter_map(|n| fleet_index.get(n.as_str()).copied())
+            .filter(|&f| input.fleets[f].machine.gpus >= job.gpus)
+            .collect();
+        if candidates.is_empty() {
+            let reason = format!("no fleet has a machine that fits this job ({} GPUs)", job.gpus);
+            out.waiting.insert(job.id.clone(), reason);
+            continue;
+        }
+        let mut placed = false;
+        for &f in &candidates {
+            if let Some(reason) = fleets[f].claim(job, input, now) {
+                out.waiting.insert(job.id.clone(), reason);
+                placed = true;
+                break;
+            }
+        }
+        if !placed {
+            let f = candidates.iter().copied().find(|&f| fleets[f].can_grow).unwrap_or(candidates[0]);
+            fleets[f].demand.push(job);
+        }
+    }
+
+    // Per fleet: grow, then shrink.
+    for (f, spec) in input.fleets.iter().enumerate() {
+        let w = &mut fleets[f];
+        let summary = grow_and_shrink(spec, w, input, &mut out, &mut wake);
+        out.fleets.push(summary);
+    }
+    out.wake_at = wake.0;
+    out
+}
+
+/// A machine with free GPUs that queued jobs may claim.
+struct Slot {
+    machine: usize,
+    free: u32,
+    claimed: bool,
+}
+
+/// Why a fleet cannot create or start machines now.
+enum Blocked {
+    Budget { budget: f64, spent: f64 },
+    SpotOnlyBreaker { until: UnixSecs },
+}
+
+struct FleetWork<'a> {
+    counted: u32,
+    max: u32,
+    slots: Vec<Slot>,
+    booting: Vec<Slot>,
+    stopped: Vec<usize>,
+    demand: Vec<&'a QueuedJob>,
+    blocked: Option<Blocked>,
+    breaker_until: Option<UnixSecs>,
+    /// The offer and capacity a create would use now, or why none.
+    offer: Option<(usize, Capacity)>,
+    no_offer_until: Option<UnixSecs>,
+    can_grow: bool,
+    warm_target: u32,
+}
+
+impl<'a> FleetWork<'a> {
+    fn new(spec: &FleetSpec, input: &AutoscaleInput<'a>) -> FleetWork<'a> {
+        let now = input.now;
+        let times = input.interruptions.get(&spec.name).map_or(&[][..], Vec::as_slice);
+        let breaker_until = breaker_open_until(spec, times, now);
+        let spent = input.spend_today.get(&spec.name).copied().unwrap_or(0.0);
+        let blocked = match spec.daily_budget {
+            Some(budget) if spent >= budget => Some(Blocked::Budget { budget, spent }),
+            _ => match breaker_until {
+                Some(until) if spec.capacity.order(true).is_empty() => Some(Blocked::SpotOnlyBreaker { until }),
+                _ => None,
+            },
+        };
+        let mut offer = None;
+        let mut no_offer_until: Option<UnixSecs> = None;
+        'outer: for &cap in spec.capacity.order(breaker_until.is_some()) {
+            for o in 0..spec.offers.len() {
+                let until = input
+                    .unavailable
+                    .iter()
+                    .filter(|u| u.fleet == spec.name && u.offer == o && u.capacity == cap && u.until > now)
+                    .map(|u| u.until)
+                    .max();
+                match until {
+                    None => {
+                        offer = Some((o, cap));
+                        break 'outer;
+                    }
+                    Some(u) => no_offer_until = Some(no_offer_until.map_or(u, |n| n.min(u))),
+                }
+            }
+        }
+        let warm_target = if matches!(blocked, Some(Blocked::Budget { .. })) { 0 } else { spec.min_idle_at(now) };
+        FleetWork {
+            counted: 0,
+            max: spec.max,
+            slots: Vec::new(),
+            booting: Vec::new(),
+            stopped: Vec::new(),
+            demand: Vec::new(),
+            blocked,
+            breaker_until,
+            offer,
+            no_offer_until,
+            can_grow: false,
+            warm_target,
+        }
+    }
+
+    /// Give `job` free GPUs on a connected machine, else a booting one; the waiting reason.
+    fn claim(&mut self, job: &QueuedJob, input: &AutoscaleInput<'_>, now: UnixSecs) -> Option<String> {
+        for (list, connected) in [(&mut self.slots, true), (&mut self.booting, false)] {
+            if let Some(s) = list.iter_mut().find(|s| s.free >= job.gpus) {
+                s.free -= job.gpus;
+                s.claimed = true;
+                let m = &input.machines[s.machine];
+                return Some(if connected {
+                    format!("machine {} of fleet {} has free GPUs; waiting for the scheduler", m.id, m.fleet)
+                } else {
+                    format!(
+                        "waiting for machine {} of fleet {} (booting, {})",
+                        m.id,
+                        m.fleet,
+                        secs(now.saturating_sub(m.since))
+                    )
+                });
+            }
+        }
+        None
+    }
+}
+
+fn grow_and_shrink(
+    spec: &FleetSpec,
+    w: &mut FleetWork<'_>,
+    input: &AutoscaleInput<'_>,
+    out: &mut Decision,
+    wake: &mut Wake,
+) -> FleetSummary {
+    let now = input.now;
+    // New machines for the unmatched jobs, packed first-fit (largest first).
+    let mut demand = w.demand.clone();
+    demand.sort_by(|a, b| b.gpus.cmp(&a.gpus).then(a.queued_since.cmp(&b.queued_since)).then(a.id.cmp(&b.id)));
+    let mut bins: Vec<(u32, Vec<&QueuedJob>)> = Vec::new();
+    for job in demand {
+        match bins.iter_mut().find(|(free, _)| *free >= job.gpus) {
+            Some((free, jobs)) => {
+                *free -= job.gpus;
+                jobs.push(job);
+            }
+            None => bins.push((spec.machine.gpus - job.gpus, vec![job])),
+        }
+    }
+    // Spare: idle machines and booting ones that no queued job waits for.
+    let idle_spare =
+        w.slots.iter().filter(|s| !s.claimed && input.machines[s.machine].state == MachineState::Idle).count();
+    let booting_spare = w.booting.iter().filter(|s| !s.claimed).count();
+    let spare = (idle_spare + booting_spare) as u32;
+    let warm_missing = w.warm_target.saturating_sub(spare);
+    let want_more = bins.len() as u32 + warm_missing;
+    let room = w.max.saturating_sub(w.counted);
+    let grant = if w.blocked.is_some() { 0 } else { want_more.min(room) };
+
+    // Stopped machines first, then new ones.
+    let mut given: Vec<String> = Vec::new();
+    let mut stopped = w.stopped.iter();
+    let mut created = 0u32;
+    for k in 0..grant {
+        let for_jobs = (k as usize) < bins.len();
+        let why = if for_jobs {
+            let n = bins[k as usize].1.len();
+            format!("{n} queued job{} fit{} no existing machine", plural(n), if n == 1 { "s" } else { "" })
+        } else {
+            format!("warm pool: {} idle wanted, {} spare", w.warm_target, spare)
+        };
+        if let Some(&i) = stopped.next() {
+            let m = &input.machines[i];
+            out.actions.push(Action::Start { machine: m.id.clone(), reason: why });
+            given.push(format!("waiting for machine {} of fleet {} (starting, was stopped)", m.id, spec.name));
+        } else if let Some((o, cap)) = w.offer {
+            out.actions.push(Action::Create { fleet: spec.name.clone(), offer: o, capacity: cap, reason: why });
+            given.push(format!(
+                "waiting for a new machine of fleet {} ({}, {cap}) to boot",
+                spec.name,
+                spec.offers[o].label()
+            ));
+            created += 1;
+        } else {
+            break;
+        }
+    }
+    let granted = given.len();
+    let short = blocked_reason(spec, w, room.saturating_sub(granted as u32), now);
+    for (k, (_, jobs)) in bins.iter().enumerate() {
+        let reason = given.get(k).cloned().unwrap_or_else(|| short.clone());
+        for job in jobs {
+            out.waiting.insert(job.id.clone(), reason.clone());
+        }
+    }
+    if let Some(Blocked::Budget { .. }) = w.blocked {
+        wake.at(next_utc_midnight(now));
+    }
+    if let Some(u) = w.breaker_until {
+        wake.at(u);
+    }
+    if granted < want_more as usize {
+        if let Some(u) = w.no_offer_until {
+            wake.at(u);
+        }
+    }
+    for s in &spec.warm {
+        if let Some(t) = s.next_change_after(now) {
+            wake.at(t);
+        }
+    }
+
+    // Idle machines past their timeout that no job waits for, keeping the warm pool.
+    let mut idle: Vec<&Machine> = w
+        .slots
+        .iter()
+        .filter(|s| !s.claimed)
+        .map(|s| &input.machines[s.machine])
+        .filter(|m| m.state == MachineState::Idle && !m.runs_jobs())
+        .collect();
+    idle.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.id.cmp(&b.id)));
+    let keep = (w.warm_target as usize).saturating_sub(booting_spare);
+    let mut removable = idle.len().saturating_sub(keep);
+    let mut removed = 0u32;
+    for m in idle {
+        let expires = m.since.saturating_add(spec.idle_timeout_s);
+        if removable == 0 {
+            break;
+        }
+        if now < expires {
+            wake.at(expires);
+            continue;
+        }
+        let reason = format!("idle {} (idle_timeout {})", secs(now.saturating_sub(m.since)), secs(spec.idle_timeout_s));
+        out.actions.push(match spec.idle_action {
+            IdleAction::Stop => Action::Stop { machine: m.id.clone(), reason },
+            IdleAction::Delete => Action::Delete { machine: m.id.clone(), reason },
+        });
+        removable -= 1;
+        removed += 1;
+    }
+
+    let starts = granted as u32 - created;
+    let why = if granted > 0 {
+        format!(
+            "{} job{} without a machine, warm pool {}: starting {starts}, creating {created}",
+            bins.iter().map(|b| b.1.len()).sum::<usize>(),
+            plural(bins.iter().map(|b| b.1.len()).sum::<usize>()),
+            w.warm_target
+        )
+    } else if want_more > 0 {
+        short
+    } else if removed > 0 {
+        format!("{removed} idle past idle_timeout {}", secs(spec.idle_timeout_s))
+    } else {
+        "enough machines".to_string()
+    };
+    FleetSummary {
+        fleet: spec.name.clone(),
+        machines: w.counted,
+        wanted: (w.counted + granted as u32).saturating_sub(removed),
+        why,
+        breaker_open_until: w.breaker_until,
+        budget_reached: matches!(w.blocked, Some(Blocked::Budget { .. })),
+    }
+}
+
+/// Why a fleet gives no (more) machines now.
+fn blocked_reason(spec: &FleetSpec, w: &FleetWork<'_>, room: u32, now: UnixSecs) -> String {
+    match &w.blocked {
+        Some(Blocked::Budget { budget, spent }) => format!(
+            "fleet {}: daily budget ${budget:.2} reached (${spent:.2} spent); waiting until 00:00 UTC",
+            spec.name
+        ),
+        Some(Blocked::SpotOnlyBreaker { until }) => format!(
+            "fleet {}: spot interrupted {} times within {}; the fleet uses spot only, waiting {} for the breaker to close",
+            spec.name,
+            spec.spot_breaker.interruptions,
+            secs(spec.spot_breaker.window_s),
+            secs(until.saturating_sub(now))
+        ),
+        None if room == 0 => format!("fleet {}: at max ({} machines)", spec.name, spec.max),
+        None => match w.no_offer_until {
+            Some(u) => format!(
+                "fleet {}: every offer had a capacity error; trying again in {}",
+                spec.name,
+                secs(u.saturating_sub(now))
+            ),
+            None => format!("fleet {}: no offer can be used", spec.name),
+        },
+    }
+}
+
+/// The earliest of the times offered that lies after now.
+struct Wake(Option<UnixSecs>);
+
+impl Wake {
+    fn at(&mut self, t: UnixSecs) {
+        self.0 = Some(self.0.map_or(t, |w| w.min(t)));
+    }
+}
+
+fn next_utc_midnight(now: UnixSecs) -> UnixSecs {
+    (now / 86_400 + 1) * 86_400
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// `42 s`, `3m05s`, `2h10m`: short, for reasons.
+fn secs(s: u64) -> String {
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}

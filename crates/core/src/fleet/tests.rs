@@ -1,0 +1,368 @@
+//! The autoscaler's rules, one test each: plain data in, actions and reasons out.
+
+use super::*;
+use crate::gpu::GpuRequirements;
+use crate::placement::Needs;
+
+const NOW: UnixSecs = 1_704_103_200; // Monday 2024-01-01 10:00 UTC
+
+fn fleet(name: &str) -> FleetSpec {
+    FleetSpec {
+        name: name.into(),
+        provider: ProviderKind::Aws,
+        settings: toml::Table::new(),
+        machine: MachineSpec {
+            gpu_model: "NVIDIA T4".into(),
+            gpus: 1,
+            gpu_memory: crate::quantity::Bytes(16 << 30),
+            compute_capability: Some(crate::gpu::ComputeCapability { major: 7, minor: 5 }),
+            cpus: 4,
+            memory: crate::quantity::Bytes(16 << 30),
+            tags: BTreeMap::new(),
+            container_runtime: true,
+        },
+        offers: vec![
+            Offer {
+                instance_type: "g4dn.xlarge".into(),
+                zone: "a".into(),
+                price_per_hour: 0.5,
+                spot_price_per_hour: Some(0.2),
+            },
+            Offer {
+                instance_type: "g4dn.xlarge".into(),
+                zone: "b".into(),
+                price_per_hour: 0.5,
+                spot_price_per_hour: None,
+            },
+        ],
+        capacity: CapacityPolicy::OnDemand,
+        min_idle: 0,
+        max: 5,
+        idle_timeout_s: 600,
+        boot_timeout_s: 600,
+        idle_action: IdleAction::Delete,
+        warm: Vec::new(),
+        daily_budget: None,
+        spot_breaker: SpotBreaker::default(),
+        simulate: None,
+    }
+}
+
+fn job(id: &str, since: UnixSecs, fleet: &str) -> QueuedJob {
+    QueuedJob { id: id.into(), queued_since: since, gpus: 1, fleets: vec![fleet.into()] }
+}
+
+fn machine(id: &str, fleet: &str, state: MachineState, since: UnixSecs) -> Machine {
+    let busy = state == MachineState::Busy;
+    Machine {
+        id: id.into(),
+        fleet: fleet.into(),
+        offer: 0,
+        capacity: Capacity::OnDemand,
+        state,
+        created_at: since.min(NOW - 3600),
+        since,
+        gpus_busy: u32::from(busy),
+        jobs: if busy { vec![format!("job-on-{id}")] } else { Vec::new() },
+    }
+}
+
+/// Everything `decide` reads, owned, with defaults a test changes.
+struct World {
+    now: UnixSecs,
+    fleets: Vec<FleetSpec>,
+    queued: Vec<QueuedJob>,
+    machines: Vec<Machine>,
+    spend: BTreeMap<String, f64>,
+    unavailable: Vec<UnavailableOffer>,
+    interruptions: BTreeMap<String, Vec<UnixSecs>>,
+}
+
+impl World {
+    fn new(fleets: Vec<FleetSpec>) -> World {
+        World {
+            now: NOW,
+            fleets,
+            queued: Vec::new(),
+            machines: Vec::new(),
+            spend: BTreeMap::new(),
+            unavailable: Vec::new(),
+            interruptions: BTreeMap::new(),
+        }
+    }
+
+    fn decide(&self) -> Decision {
+        decide(&AutoscaleInput {
+            now: self.now,
+            fleets: &self.fleets,
+            queued: &self.queued,
+            machines: &self.machines,
+            spend_today: &self.spend,
+            unavailable: &self.unavailable,
+            interruptions: &self.interruptions,
+        })
+    }
+}
+
+/// Actions in a short form: `create t4 #0 on-demand`, `delete m-1`, …
+fn short(d: &Decision) -> Vec<String> {
+    d.actions
+        .iter()
+        .map(|a| match a {
+            Action::Create { fleet, offer, capacity, .. } => format!("create {fleet} #{offer} {capacity}"),
+            Action::Start { machine, .. } => format!("start {machine}"),
+            Action::Stop { machine, .. } => format!("stop {machine}"),
+            Action::Delete { machine, .. } => format!("delete {machine}"),
+            Action::BootFailed { machine, .. } => format!("boot-failed {machine}"),
+        })
+        .collect()
+}
+
+#[test]
+fn queued_jobs_create_one_machine_each() {
+    let mut w = World::new(vec![fleet("t4")]);
+    w.queued = vec![job("j2", NOW - 5, "t4"), job("j1", NOW - 10, "t4")];
+    let d = w.decide();
+    assert_eq!(short(&d), ["create t4 #0 on-demand", "create t4 #0 on-demand"]);
+    assert_eq!(d.waiting["j1"], "waiting for a new machine of fleet t4 (g4dn.xlarge in a, on-demand) to boot");
+    assert_eq!(d.fleets[0].wanted, 2);
+}
+
+#[test]
+fn idle_and_booting_machines_are_used_before_new_ones() {
+    let mut w = World::new(vec![fleet("t4")]);
+    w.machines =
+        vec![machine("m-1", "t4", MachineState::Idle, NOW - 30), machine("m-2", "t4", MachineState::Booting, NOW - 42)];
+    w.queued = vec![job("j1", NOW - 3, "t4"), job("j2", NOW - 2, "t4"), job("j3", NOW - 1, "t4")];
+    let d = w.decide();
+    assert_eq!(short(&d), ["create t4 #0 on-demand"], "only j3 needs a new machine");
+    assert_eq!(d.waiting["j1"], "machine m-1 of fleet t4 has free GPUs; waiting for the scheduler");
+    assert_eq!(d.waiting["j2"], "waiting for machine m-2 of fleet t4 (booting, 42 s)");
+}
+
+#[test]
+fn a_multi_gpu_machine_takes_several_small_jobs() {
+    let mut f = fleet("a100x4");
+    f.machine.gpus = 4;
+    let mut w = World::new(vec![f]);
+    w.queued = (0..5).map(|i| job(&format!("j{i}"), NOW - 10 + i, "a100x4")).collect();
+    w.queued.push(QueuedJob { id: "big".into(), queued_since: NOW, gpus: 3, fleets: vec!["a100x4".into()] });
+    // 3 + 1 on one machine, then 1+1+1+1 on the next: first fit, largest first.
+    assert_eq!(short(&w.decide()), ["create a100x4 #0 on-demand", "create a100x4 #0 on-demand"]);
+    w.queued.push(QueuedJob { id: "huge".into(), queued_since: NOW, gpus: 8, fleets: vec!["a100x4".into()] });
+    let d = w.decide();
+    assert_eq!(d.waiting["huge"], "no fleet has a machine that fits this job (8 GPUs)");
+}
+
+#[test]
+fn busy_machines_are_never_stopped_or_deleted() {
+    let mut w = World::new(vec![fleet("t4")]);
+    w.machines = vec![machine("m-1", "t4", MachineState::Busy, NOW - 86_400)];
+    let d = w.decide();
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+}
+
+#[test]
+fn booting_past_boot_timeout_is_a_boot_failure() {
+    let mut w = World::new(vec![fleet("t4")]);
+    w.machines = vec![
+        machine("m-1", "t4", MachineState::Booting, NOW - 600),
+        machine("m-2", "t4", MachineState::Requested, NOW - 599),
+    ];
+    let d = w.decide();
+    assert_eq!(short(&d), ["boot-failed m-1"]);
+    assert_eq!(d.wake_at, Some(NOW + 1), "m-2 times out in one second");
+    // A job waiting for m-1 gets a new machine in the same pass.
+    w.queued = vec![job("j1", NOW - 100, "t4"), job("j2", NOW - 50, "t4")];
+    let d = w.decide();
+    assert_eq!(short(&d), ["boot-failed m-1", "create t4 #0 on-demand"]);
+    assert_eq!(d.waiting["j1"], "waiting for machine m-2 of fleet t4 (booting, 9m59s)");
+}
+
+#[test]
+fn idle_past_timeout_is_deleted_keeping_min_idle() {
+    let mut f = fleet("t4");
+    f.min_idle = 1;
+    let mut w = World::new(vec![f]);
+    w.machines = vec![
+        machine("m-1", "t4", MachineState::Idle, NOW - 900),
+        machine("m-2", "t4", MachineState::Idle, NOW - 700),
+        machine("m-3", "t4", MachineState::Idle, NOW - 100),
+    ];
+    let d = w.decide();
+    // Two may go (three idle, one kept); only m-1 and m-2 are past 10m, oldest first.
+    assert_eq!(short(&d), ["delete m-1", "delete m-2"]);
+    assert!(matches!(&d.actions[0], Action::Delete { reason, .. } if reason == "idle 15m00s (idle_timeout 10m00s)"));
+    w.machines.truncate(2);
+    assert_eq!(short(&w.decide()), ["delete m-1"], "m-2 stays as the warm pool");
+}
+
+#[test]
+fn idle_action_stop_stops_and_stopped_machines_start_before_new_ones() {
+    let mut f = fleet("t4");
+    f.idle_action = IdleAction::Stop;
+    let mut w = World::new(vec![f]);
+    w.machines = vec![machine("m-1", "t4", MachineState::Idle, NOW - 601)];
+    assert_eq!(short(&w.decide()), ["stop m-1"]);
+
+    w.machines = vec![
+        machine("m-1", "t4", MachineState::Stopped, NOW - 500),
+        machine("m-2", "t4", MachineState::Stopped, NOW - 100),
+    ];
+    w.queued = vec![job("j1", NOW, "t4"), job("j2", NOW, "t4"), job("j3", NOW, "t4")];
+    let d = w.decide();
+    assert_eq!(short(&d), ["start m-2", "start m-1", "create t4 #0 on-demand"], "most recently stopped first");
+    assert_eq!(d.waiting["j1"], "waiting for machine m-2 of fleet t4 (starting, was stopped)");
+}
+
+#[test]
+fn max_counts_everything_but_stopped_machines() {
+    let mut f = fleet("t4");
+    f.max = 2;
+    f.idle_action = IdleAction::Stop;
+    let mut w = World::new(vec![f]);
+    w.machines = vec![
+        machine("m-1", "t4", MachineState::Busy, NOW - 60),
+        machine("m-2", "t4", MachineState::Stopped, NOW - 60),
+        machine("m-3", "t4", MachineState::Stopped, NOW - 30),
+    ];
+    w.queued = vec![job("j1", NOW, "t4"), job("j2", NOW, "t4")];
+    let d = w.decide();
+    assert_eq!(short(&d), ["start m-3"], "one of two slots is taken by the busy machine");
+    assert_eq!(d.waiting["j2"], "fleet t4: at max (2 machines)");
+    assert_eq!((d.fleets[0].machines, d.fleets[0].wanted), (1, 2));
+}
+
+#[test]
+fn budget_reached_blocks_creates_and_says_until_when() {
+    let mut f = fleet("aws-t4");
+    f.daily_budget = Some(50.0);
+    f.min_idle = 2;
+    let mut w = World::new(vec![f]);
+    w.spend.insert("aws-t4".into(), 50.12);
+    w.queued = vec![job("j1", NOW, "aws-t4")];
+    let d = w.decide();
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.waiting["j1"], "fleet aws-t4: daily budget $50.00 reached ($50.12 spent); waiting until 00:00 UTC");
+    assert_eq!(d.wake_at, Some(1_704_153_600), "midnight UTC");
+    assert!(d.fleets[0].budget_reached);
+    w.spend.insert("aws-t4".into(), 49.99);
+    assert_eq!(w.decide().actions.len(), 3, "one for the job and two idle for the warm pool");
+}
+
+#[test]
+fn unavailable_offers_are_skipped_then_on_demand() {
+    let mut f = fleet("t4");
+    f.capacity = CapacityPolicy::SpotThenOnDemand;
+    let mut w = World::new(vec![f]);
+    w.queued = vec![job("j1", NOW, "t4")];
+    assert_eq!(short(&w.decide()), ["create t4 #0 spot"]);
+    w.unavailable = vec![offer_unavailable_after_error("t4", 0, Capacity::Spot, NOW - 60)];
+    assert_eq!(short(&w.decide()), ["create t4 #1 spot"], "next offer");
+    w.unavailable.push(offer_unavailable_after_error("t4", 1, Capacity::Spot, NOW - 30));
+    assert_eq!(short(&w.decide()), ["create t4 #0 on-demand"], "then on-demand");
+    w.unavailable.push(offer_unavailable_after_error("t4", 0, Capacity::OnDemand, NOW));
+    w.unavailable.push(offer_unavailable_after_error("t4", 1, Capacity::OnDemand, NOW));
+    let d = w.decide();
+    assert!(d.actions.is_empty());
+    assert_eq!(d.waiting["j1"], "fleet t4: every offer had a capacity error; trying again in 9m00s");
+    assert_eq!(d.wake_at, Some(NOW + 540));
+    w.now = NOW + 541;
+    assert_eq!(short(&w.decide()), ["create t4 #0 spot"], "the first spot offer is back");
+}
+
+#[test]
+fn spot_breaker_opens_after_two_interruptions_in_15_minutes() {
+    let mut f = fleet("t4");
+    f.capacity = CapacityPolicy::SpotThenOnDemand;
+    let spec = f.clone();
+    assert_eq!(breaker_open_until(&spec, &[NOW - 1000, NOW - 100], NOW), None, "900 s apart is outside the window");
+    assert_eq!(breaker_open_until(&spec, &[NOW - 899, NOW - 100], NOW), Some(NOW - 100 + 1800));
+    assert_eq!(breaker_open_until(&spec, &[NOW - 2000, NOW - 1900], NOW), None, "closed after 30 minutes");
+    let mut w = World::new(vec![f]);
+    w.queued = vec![job("j1", NOW, "t4")];
+    w.interruptions.insert("t4".into(), vec![NOW - 600, NOW - 60]);
+    let d = w.decide();
+    assert_eq!(short(&d), ["create t4 #0 on-demand"]);
+    assert_eq!(d.fleets[0].breaker_open_until, Some(NOW - 60 + 1800));
+    // A spot-only fleet waits instead.
+    w.fleets[0].capacity = CapacityPolicy::Spot;
+    let d = w.decide();
+    assert!(d.actions.is_empty());
+    assert!(d.waiting["j1"].starts_with("fleet t4: spot interrupted 2 times within 15m00s; the fleet uses spot only"));
+    assert_eq!(d.wake_at, Some(NOW - 60 + 1800));
+}
+
+#[test]
+fn warm_schedule_raises_the_pool_in_its_window() {
+    let mut f = fleet("t4");
+    f.warm = vec![WarmSchedule {
+        days: Days::parse("mon-fri").expect("days"),
+        from_min: 8 * 60,
+        to_min: 19 * 60,
+        timezone: jiff::tz::db().get("Europe/Berlin").expect("bundled tz"),
+        min_idle: 2,
+    }];
+    let mut w = World::new(vec![f]);
+    w.machines = vec![machine("m-1", "t4", MachineState::Idle, NOW - 3600)];
+    let d = w.decide();
+    assert_eq!(short(&d), ["create t4 #0 on-demand"], "11:00 Berlin on a Monday: two idle wanted, one there");
+    assert!(matches!(&d.actions[0], Action::Create { reason, .. } if reason == "warm pool: 2 idle wanted, 1 spare"));
+    // Saturday: the idle machine goes.
+    w.now = NOW + 5 * 86_400;
+    w.machines[0].since = w.now - 700;
+    assert_eq!(short(&w.decide()), ["delete m-1"]);
+}
+
+#[test]
+fn a_job_that_fits_two_fleets_goes_to_the_first_that_can_grow() {
+    let mut a = fleet("a");
+    a.max = 1;
+    let mut w = World::new(vec![a, fleet("b")]);
+    w.machines = vec![machine("m-1", "a", MachineState::Busy, NOW)];
+    w.queued = vec![QueuedJob { id: "j1".into(), queued_since: NOW, gpus: 1, fleets: vec!["a".into(), "b".into()] }];
+    assert_eq!(short(&w.decide()), ["create b #0 on-demand"]);
+}
+
+#[test]
+fn the_same_input_gives_the_same_decision_whatever_the_order() {
+    let mut w = World::new(vec![fleet("t4")]);
+    w.machines = vec![
+        machine("m-2", "t4", MachineState::Idle, NOW - 700),
+        machine("m-1", "t4", MachineState::Idle, NOW - 700),
+        machine("m-3", "t4", MachineState::Booting, NOW - 700),
+    ];
+    w.queued = vec![job("j2", NOW, "t4"), job("j1", NOW, "t4")];
+    let a = w.decide();
+    w.machines.reverse();
+    w.queued.reverse();
+    assert_eq!(a, w.decide());
+    assert_eq!(a.waiting["j1"], "machine m-1 of fleet t4 has free GPUs; waiting for the scheduler");
+}
+
+#[test]
+fn fits_uses_placement_against_the_machine_spec() {
+    let spec = fleet("t4");
+    let tags = BTreeMap::new();
+    let gpu =
+        |count, model: Option<&str>| GpuRequirements { count, model: model.map(String::from), ..Default::default() };
+    let needs = |g: &GpuRequirements| fits(&spec, &Needs { tags: &tags, gpu: g, container: true });
+    assert!(needs(&gpu(1, Some("T4"))));
+    assert!(!needs(&gpu(2, None)), "one GPU per machine");
+    assert!(!needs(&gpu(1, Some("A100*"))));
+    let cc = GpuRequirements {
+        count: 1,
+        compute_capability: Some(crate::gpu::Constraint {
+            op: crate::gpu::CmpOp::Ge,
+            value: crate::gpu::ComputeCapability { major: 8, minor: 0 },
+        }),
+        ..Default::default()
+    };
+    assert!(!needs(&cc), "T4 is 7.5");
+    let mut unknown_cc = spec.clone();
+    unknown_cc.machine.compute_capability = None;
+    assert!(fits(&unknown_cc, &Needs { tags: &tags, gpu: &cc, container: true }), "unknown is assumed to fit");
+    let mut want_tag = BTreeMap::new();
+    want_tag.insert("cloud".to_string(), "aws".to_string());
+    assert!(!fits(&spec, &Needs { tags: &want_tag, gpu: &gpu(1, None), container: false }));
+}

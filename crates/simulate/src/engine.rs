@@ -1,0 +1,639 @@
+//! The event-driven simulation of one policy over one trace.
+//!
+//! A binary heap of timed events (job submitted, finished, cancelled; machine ready, stopped,
+//! interrupted; autoscaler wake-up) drives a simulated clock in whole seconds. After every
+//! instant's events the coordinator's part is played: queued jobs are placed first-in
+//! first-out on connected machines with free GPUs (best fit), then the autoscaler
+//! ([`gpuci_core::fleet::decide`]) is asked what to do, and its actions are applied to the
+//! simulated provider. `decide` says when it wants to look again (`wake_at`), so nothing ticks.
+//!
+//! Billing: a machine is billed per second from its create (or start) to its delete (or the
+//! end of its stop) at its offer's price for its capacity type. The run ends when the last job
+//! has ended; machines still billed then are billed up to that moment.
+
+use crate::bounds::cancel_times;
+use crate::profile::SimProfile;
+use crate::rng::Rng;
+use crate::trace::TraceJob;
+use gpuci_core::fleet::{
+    decide, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetSpec, Machine, MachineState,
+    QueuedJob, UnavailableOffer, UnixSecs,
+};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+/// How machines are managed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// gpuci's autoscaler with each fleet's own settings (warm pool, schedules, idle action).
+    Gpuci,
+    /// Enough on-demand machines for the trace's peak, running from start to end.
+    AlwaysOn,
+    /// Scale from demand, delete after 5 minutes idle, no warm pool, no schedules, no stop:
+    /// what the AWS github-runner module and ARC do.
+    #[serde(rename = "fixed-idle-5m")]
+    FixedIdle5m,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 3] = [Policy::Gpuci, Policy::AlwaysOn, Policy::FixedIdle5m];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Gpuci => "gpuci",
+            Policy::AlwaysOn => "always-on",
+            Policy::FixedIdle5m => "fixed-idle-5m",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Policy> {
+        Policy::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+/// Counters of one fleet in one run.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub jobs: u32,
+    pub cancelled: u32,
+    pub reruns: u32,
+    pub paid_gpu_s: f64,
+    pub cost_usd: f64,
+    pub ran_gpu_s: f64,
+    /// Seconds each start of a job waited in the queue (a rerun waits from its interruption).
+    pub waits: Vec<u64>,
+    pub launched: u32,
+    pub boots: u32,
+    pub starts: u32,
+    pub boot_failures: u32,
+    pub interruptions: u32,
+    pub capacity_errors: u32,
+}
+
+pub struct Outcome {
+    pub tallies: Vec<Tally>,
+    /// Seconds from the trace's start to the end of its last job.
+    pub horizon_s: u64,
+    pub unserved: usize,
+}
+
+/// Events, in the order they apply within one second: a job that ends frees its GPUs before
+/// a cancel or an interruption looks at it, and before new jobs arrive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Finish { job: usize, attempt: u32 },
+    Cancel { job: usize },
+    Interrupt { machine: u64, epoch: u32 },
+    Stopped { machine: u64, epoch: u32 },
+    Ready { machine: u64, epoch: u32 },
+    Submit { job: usize },
+    Wake,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JobState {
+    Pending,
+    Queued,
+    Running { machine: u64, start: UnixSecs },
+    Done,
+}
+
+struct Job {
+    state: JobState,
+    attempt: u32,
+    queued_at: UnixSecs,
+}
+
+/// What the simulator knows of a machine beyond what `decide` sees.
+struct Extra {
+    num: u64,
+    fleet: usize,
+    /// Bumped on each state change that makes pending events about it stale.
+    epoch: u32,
+    billed_from: Option<UnixSecs>,
+    price_per_hour: f64,
+    gpus: u32,
+}
+
+pub struct Engine<'a> {
+    fleets: Vec<FleetSpec>,
+    profiles: Vec<SimProfile>,
+    trace: &'a [TraceJob],
+    job_fleet: Vec<Option<usize>>,
+    jobs: Vec<Job>,
+    heap: BinaryHeap<Reverse<(UnixSecs, Ev)>>,
+    wakes: BTreeSet<UnixSecs>,
+    live: Vec<Machine>,
+    extra: Vec<Extra>,
+    queue: Vec<QueuedJob>,
+    queue_jobs: Vec<usize>,
+    unavailable: Vec<UnavailableOffer>,
+    interruptions: BTreeMap<String, Vec<UnixSecs>>,
+    spend: BTreeMap<String, f64>,
+    closed_today: Vec<f64>,
+    day: u64,
+    any_budget: bool,
+    rng_boot: Vec<Rng>,
+    rng_spot: Vec<Rng>,
+    rng_capacity: Vec<Rng>,
+    tally: Vec<Tally>,
+    next_machine: u64,
+    now: UnixSecs,
+    remaining: usize,
+    policy: Policy,
+}
+
+impl<'a> Engine<'a> {
+    /// `epoch` is the unix time of the trace's second 0 (warm schedules and budget days are
+    /// read from it).
+    pub fn new(
+        fleets: &[FleetSpec],
+        profiles: Vec<SimProfile>,
+        trace: &'a [TraceJob],
+        policy: Policy,
+        seed: u64,
+        epoch: UnixSecs,
+    ) -> Engine<'a> {
+        let fleets: Vec<FleetSpec> = fleets.iter().map(|f| adjust(f, policy)).collect();
+        let by_name: BTreeMap<&str, usize> = fleets.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
+        let job_fleet: Vec<Option<usize>> = trace
+            .iter()
+            .map(|j| by_name.get(j.pool.as_str()).copied().filter(|&f| fleets[f].machine.gpus >= j.gpus))
+            .collect();
+        let root = Rng::new(seed);
+        let n = fleets.len() as u64;
+        let mut e = Engine {
+            any_budget: fleets.iter().any(|f| f.daily_budget.is_some()),
+            closed_today: vec![0.0; fleets.len()],
+            rng_boot: (0..n).map(|i| root.fork(3 * i + 1)).collect(),
+            rng_spot: (0..n).map(|i| root.fork(3 * i + 2)).collect(),
+            rng_capacity: (0..n).map(|i| root.fork(3 * i + 3)).collect(),
+            tally: vec![Tally::default(); fleets.len()],
+            fleets,
+            profiles,
+            trace,
+            job_fleet,
+            jobs: trace.iter().map(|_| Job { state: JobState::Pending, attempt: 0, queued_at: 0 }).collect(),
+            heap: BinaryHeap::with_capacity(trace.len() * 2),
+            wakes: BTreeSet::new(),
+            live: Vec::new(),
+            extra: Vec::new(),
+            queue: Vec::new(),
+            queue_jobs: Vec::new(),
+            unavailable: Vec::new(),
+            interruptions: BTreeMap::new(),
+            spend: BTreeMap::new(),
+            day: epoch / 86_400,
+            next_machine: 1,
+            now: epoch,
+            remaining: trace.len(),
+            policy,
+        };
+        for (i, (j, cancel)) in trace.iter().zip(cancel_times(trace)).enumerate() {
+            e.push(epoch + j.submit_s, Ev::Submit { job: i });
+            if let Some(c) = cancel {
+                e.push(epoch + c, Ev::Cancel { job: i });
+            }
+        }
+        e
+    }
+
+    fn push(&mut self, t: UnixSecs, ev: Ev) {
+        self.heap.push(Reverse((t, ev)));
+    }
+
+    /// Run to the end of the last job.
+    pub fn run(mut self, peak_machines: &[u32]) -> Outcome {
+        let start = self.now;
+        if self.policy == Policy::AlwaysOn {
+            self.launch_always_on(peak_machines);
+        }
+        let mut unserved = 0;
+        while self.remaining > 0 {
+            let Some(&Reverse((t, _))) = self.heap.peek() else { break };
+            self.now = t;
+            while let Some(&Reverse((t2, ev))) = self.heap.peek() {
+                if t2 != t {
+                    break;
+                }
+                self.heap.pop();
+                unserved += self.handle(ev);
+            }
+            self.schedule();
+            if self.policy != Policy::AlwaysOn && self.remaining > 0 {
+                self.autoscale();
+            }
+        }
+        for k in 0..self.live.len() {
+            self.close_billing(k);
+        }
+        Outcome { tallies: self.tally, horizon_s: self.now - start, unserved }
+    }
+
+    /// Returns 1 for a job no fleet can serve.
+    fn handle(&mut self, ev: Ev) -> usize {
+        match ev {
+            Ev::Submit { job } => {
+                let Some(f) = self.job_fleet[job] else {
+                    self.jobs[job].state = JobState::Done;
+                    self.remaining -= 1;
+                    return 1;
+                };
+                self.tally[f].jobs += 1;
+                self.enqueue(job, f);
+            }
+            Ev::Finish { job, attempt } => {
+                if let JobState::Running { machine, start } = self.jobs[job].state {
+                    if self.jobs[job].attempt == attempt {
+                        self.end_job(job, machine, start);
+                    }
+                }
+            }
+            Ev::Cancel { job } => match self.jobs[job].state {
+                JobState::Queued => {
+                    if let Some(pos) = self.queue_jobs.iter().position(|&j| j == job) {
+                        self.queue_jobs.remove(pos);
+                        self.queue.remove(pos);
+                    }
+                    self.cancelled(job);
+                }
+                JobState::Running { machine, start } => {
+                    self.end_job(job, machine, start);
+                    self.cancelled(job);
+                }
+                JobState::Pending | JobState::Done => {}
+            },
+            Ev::Ready { machine, epoch } => {
+                if let Some(k) = self.find(machine, epoch) {
+                    if self.live[k].state == MachineState::Booting {
+                        self.live[k].state = MachineState::Idle;
+                        self.live[k].since = self.now;
+                        self.tally[self.extra[k].fleet].boots += 1;
+                    }
+                }
+            }
+            Ev::Stopped { machine, epoch } => {
+                if let Some(k) = self.find(machine, epoch) {
+                    if self.live[k].state == MachineState::Stopping {
+                        self.close_billing(k);
+                        self.live[k].state = MachineState::Stopped;
+                        self.live[k].since = self.now;
+                    }
+                }
+            }
+            Ev::Interrupt { machine, epoch } => {
+                if let Some(k) = self.find(machine, epoch) {
+                    if !matches!(self.live[k].state, MachineState::Stopped | MachineState::Stopping) {
+                        self.interrupt(k);
+                    }
+                }
+            }
+            Ev::Wake => {
+                self.wakes.remove(&self.now);
+            }
+        }
+        0
+    }
+
+    fn enqueue(&mut self, job: usize, fleet: usize) {
+        let j = &self.trace[job];
+        self.jobs[job].state = JobState::Queued;
+        self.jobs[job].queued_at = self.now;
+        self.queue.push(QueuedJob {
+            id: j.id.clone(),
+            queued_since: self.now,
+            gpus: j.gpus,
+            fleets: vec![self.fleets[fleet].name.clone()],
+        });
+        self.queue_jobs.push(job);
+    }
+
+    /// A cancelled job: it ends, and the GPU time it had counts as run.
+    fn cancelled(&mut self, job: usize) {
+        if let Some(f) = self.job_fleet[job] {
+            self.tally[f].cancelled += 1;
+        }
+        if self.jobs[job].state != JobState::Done {
+            self.jobs[job].state = JobState::Done;
+            self.remaining -= 1;
+        }
+    }
+
+    /// The job's run ends now (finished or cancelled): count its GPU time, free its GPUs.
+    fn end_job(&mut self, job: usize, machine: u64, start: UnixSecs) {
+        let gpus = self.trace[job].gpus;
+        self.jobs[job].state = JobState::Done;
+        self.jobs[job].attempt += 1;
+        self.remaining -= 1;
+        if let Some(f) = self.job_fleet[job] {
+            self.tally[f].ran_gpu_s += ((self.now - start) * u64::from(gpus)) as f64;
+        }
+        if let Some(k) = self.extra.iter().position(|x| x.num == machine) {
+            let m = &mut self.live[k];
+            m.gpus_busy = m.gpus_busy.saturating_sub(gpus);
+            if let Some(p) = m.jobs.iter().position(|id| *id == self.trace[job].id) {
+                m.jobs.swap_remove(p);
+            }
+            if m.gpus_busy == 0 && m.state == MachineState::Busy {
+                m.state = MachineState::Idle;
+                m.since = self.now;
+            }
+        }
+    }
+
+    fn find(&self, machine: u64, epoch: u32) -> Option<usize> {
+        self.extra.iter().position(|x| x.num == machine && x.epoch == epoch)
+    }
+
+    /// The cloud takes a spot machine back: its jobs run again from scratch.
+    fn interrupt(&mut self, k: usize) {
+        let f = self.extra[k].fleet;
+        self.close_billing(k);
+        let running: Vec<usize> = self
+            .jobs
+            .iter()
+            .enumerate()
+            .filter(|(_, j)| matches!(j.state, JobState::Running { machine, .. } if machine == self.extra[k].num))
+            .map(|(i, _)| i)
+            .collect();
+        for job in running {
+            if let JobState::Running { start, .. } = self.jobs[job].state {
+                self.tally[f].ran_gpu_s += ((self.now - start) * u64::from(self.trace[job].gpus)) as f64;
+            }
+            self.jobs[job].attempt += 1;
+            self.tally[f].reruns += 1;
+            self.enqueue(job, f);
+        }
+        self.tally[f].interruptions += 1;
+        let name = self.fleets[f].name.clone();
+        self.interruptions.entry(name).or_default().push(self.now);
+        self.remove(k);
+    }
+
+    fn remove(&mut self, k: usize) {
+        self.live.swap_remove(k);
+        self.extra.swap_remove(k);
+    }
+
+    fn close_billing(&mut self, k: usize) {
+        let x = &mut self.extra[k];
+        if let Some(from) = x.billed_from.take() {
+            let secs = self.now.saturating_sub(from) as f64;
+            let t = &mut self.tally[x.fleet];
+            t.paid_gpu_s += secs * f64::from(x.gpus);
+            t.cost_usd += secs * x.price_per_hour / 3600.0;
+            let day_start = self.day * 86_400;
+            if self.now / 86_400 == self.day {
+                self.closed_today[x.fleet] +=
+                    self.now.saturating_sub(from.max(day_start)) as f64 * x.price_per_hour / 3600.0;
+            }
+        }
+    }
+
+    /// The coordinator's scheduler: queued jobs, oldest first, onto connected machines of
+    /// their fleet with free GPUs (fewest free that suffice, then lowest id).
+    fn schedule(&mut self) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let mut max_free = vec![0u32; self.fleets.len()];
+        for (m, x) in self.live.iter().zip(&self.extra) {
+            if matches!(m.state, MachineState::Idle | MachineState::Busy) {
+                max_free[x.fleet] = max_free[x.fleet].max(x.gpus - m.gpus_busy);
+            }
+        }
+        if max_free.iter().all(|&f| f == 0) {
+            return;
+        }
+        let mut keep = vec![true; self.queue.len()];
+        for (q, keep_q) in keep.iter_mut().enumerate() {
+            let job = self.queue_jobs[q];
+            let Some(f) = self.job_fleet[job] else { continue };
+            let gpus = self.trace[job].gpus;
+            if max_free[f] < gpus {
+                continue;
+            }
+            let best = (0..self.live.len())
+                .filter(|&k| {
+                    self.extra[k].fleet == f && matches!(self.live[k].state, MachineState::Idle | MachineState::Busy)
+                })
+                .map(|k| (self.extra[k].gpus - self.live[k].gpus_busy, k))
+                .filter(|&(free, _)| free >= gpus)
+                .min_by(|a, b| a.0.cmp(&b.0).then_with(|| self.live[a.1].id.cmp(&self.live[b.1].id)));
+            let Some((_, k)) = best else { continue };
+            *keep_q = false;
+            let wait = self.now - self.jobs[job].queued_at;
+            self.tally[f].waits.push(wait);
+            self.jobs[job].state = JobState::Running { machine: self.extra[k].num, start: self.now };
+            let m = &mut self.live[k];
+            m.gpus_busy += gpus;
+            m.jobs.push(self.trace[job].id.clone());
+            m.state = MachineState::Busy;
+            let attempt = self.jobs[job].attempt;
+            self.push(self.now + self.trace[job].duration_s, Ev::Finish { job, attempt });
+            max_free[f] = 0;
+            for (m, x) in self.live.iter().zip(&self.extra) {
+                if x.fleet == f && matches!(m.state, MachineState::Idle | MachineState::Busy) {
+                    max_free[f] = max_free[f].max(x.gpus - m.gpus_busy);
+                }
+            }
+        }
+        let mut it = keep.iter();
+        self.queue.retain(|_| *it.next().unwrap_or(&true));
+        let mut it = keep.iter();
+        self.queue_jobs.retain(|_| *it.next().unwrap_or(&true));
+    }
+
+    fn autoscale(&mut self) {
+        let now = self.now;
+        self.unavailable.retain(|u| u.until > now);
+        for spec in &self.fleets {
+            if let Some(times) = self.interruptions.get_mut(&spec.name) {
+                let keep = spec.spot_breaker.window_s + spec.spot_breaker.on_demand_for_s;
+                times.retain(|&t| t + keep > now);
+            }
+        }
+        if self.any_budget {
+            self.update_spend();
+        }
+        let decision = decide(&AutoscaleInput {
+            now,
+            fleets: &self.fleets,
+            queued: &self.queue,
+            machines: &self.live,
+            spend_today: &self.spend,
+            unavailable: &self.unavailable,
+            interruptions: &self.interruptions,
+        });
+        for action in decision.actions {
+            self.apply(action);
+        }
+        if let Some(w) = decision.wake_at.filter(|&w| w > now) {
+            if self.wakes.insert(w) {
+                self.push(w, Ev::Wake);
+            }
+        }
+    }
+
+    fn update_spend(&mut self) {
+        let day = self.now / 86_400;
+        if day != self.day {
+            self.day = day;
+            self.closed_today.iter_mut().for_each(|c| *c = 0.0);
+        }
+        let day_start = day * 86_400;
+        let mut spend = self.closed_today.clone();
+        for x in &self.extra {
+            if let Some(from) = x.billed_from {
+                spend[x.fleet] += self.now.saturating_sub(from.max(day_start)) as f64 * x.price_per_hour / 3600.0;
+            }
+        }
+        for (f, s) in spend.into_iter().enumerate() {
+            self.spend.insert(self.fleets[f].name.clone(), s);
+        }
+    }
+
+    fn machine_index(&self, id: &str) -> Option<usize> {
+        self.live.iter().position(|m| m.id == id)
+    }
+
+    fn apply(&mut self, action: Action) {
+        let now = self.now;
+        match action {
+            Action::Create { fleet, offer, capacity, .. } => {
+                let Some(f) = self.fleets.iter().position(|s| s.name == fleet) else { return };
+                if self.rng_capacity[f].f64() < self.profiles[f].capacity_error_rate {
+                    self.tally[f].capacity_errors += 1;
+                    self.unavailable.push(offer_unavailable_after_error(&fleet, offer, capacity, now));
+                    return;
+                }
+                let num = self.next_machine;
+                self.next_machine += 1;
+                let spec = &self.fleets[f];
+                let price = spec.offers.get(offer).map_or(0.0, |o| o.price(capacity));
+                self.live.push(Machine {
+                    id: format!("m-{num:07}"),
+                    fleet,
+                    offer,
+                    capacity,
+                    state: MachineState::Booting,
+                    created_at: now,
+                    since: now,
+                    gpus_busy: 0,
+                    jobs: Vec::new(),
+                });
+                self.extra.push(Extra {
+                    num,
+                    fleet: f,
+                    epoch: 0,
+                    billed_from: Some(now),
+                    price_per_hour: price,
+                    gpus: spec.machine.gpus,
+                });
+                self.tally[f].launched += 1;
+                let boot = self.profiles[f].boot.sample(&mut self.rng_boot[f]);
+                self.push(now + boot, Ev::Ready { machine: num, epoch: 0 });
+                self.arm_interruption(self.live.len() - 1);
+            }
+            Action::Start { machine, .. } => {
+                let Some(k) = self.machine_index(&machine) else { return };
+                if self.live[k].state != MachineState::Stopped {
+                    return;
+                }
+                let f = self.extra[k].fleet;
+                self.extra[k].epoch += 1;
+                self.extra[k].billed_from = Some(now);
+                self.live[k].state = MachineState::Booting;
+                self.live[k].since = now;
+                self.tally[f].starts += 1;
+                let t = self.profiles[f].start.sample(&mut self.rng_boot[f]);
+                let (num, epoch) = (self.extra[k].num, self.extra[k].epoch);
+                self.push(now + t, Ev::Ready { machine: num, epoch });
+                self.arm_interruption(k);
+            }
+            Action::Stop { machine, .. } => {
+                let Some(k) = self.machine_index(&machine) else { return };
+                let f = self.extra[k].fleet;
+                self.extra[k].epoch += 1;
+                self.live[k].state = MachineState::Stopping;
+                self.live[k].since = now;
+                let t = self.profiles[f].stop.sample(&mut self.rng_boot[f]);
+                let (num, epoch) = (self.extra[k].num, self.extra[k].epoch);
+                self.push(now + t, Ev::Stopped { machine: num, epoch });
+            }
+            Action::Delete { machine, .. } => {
+                if let Some(k) = self.machine_index(&machine) {
+                    self.close_billing(k);
+                    self.remove(k);
+                }
+            }
+            Action::BootFailed { machine, .. } => {
+                if let Some(k) = self.machine_index(&machine) {
+                    self.tally[self.extra[k].fleet].boot_failures += 1;
+                    self.close_billing(k);
+                    self.remove(k);
+                }
+            }
+        }
+    }
+
+    /// A spot machine gets its interruption time when it is created or started.
+    fn arm_interruption(&mut self, k: usize) {
+        if self.live[k].capacity != Capacity::Spot {
+            return;
+        }
+        let f = self.extra[k].fleet;
+        let rate = self.profiles[f].spot_interruptions_per_hour / 3600.0;
+        let after = self.rng_spot[f].exp(rate);
+        if after.is_finite() && after < 1e12 {
+            let (num, epoch) = (self.extra[k].num, self.extra[k].epoch);
+            self.push(self.now + (after.ceil() as u64).max(1), Ev::Interrupt { machine: num, epoch });
+        }
+    }
+
+    /// Always-on: the peak number of machines per fleet, on-demand, connected from the start.
+    fn launch_always_on(&mut self, peak_machines: &[u32]) {
+        for f in 0..self.fleets.len() {
+            for _ in 0..peak_machines.get(f).copied().unwrap_or(0).max(1) {
+                let num = self.next_machine;
+                self.next_machine += 1;
+                let spec = &self.fleets[f];
+                let price = spec.offers.first().map_or(0.0, |o| o.price(Capacity::OnDemand));
+                self.live.push(Machine {
+                    id: format!("m-{num:07}"),
+                    fleet: spec.name.clone(),
+                    offer: 0,
+                    capacity: Capacity::OnDemand,
+                    state: MachineState::Idle,
+                    created_at: self.now,
+                    since: self.now,
+                    gpus_busy: 0,
+                    jobs: Vec::new(),
+                });
+                self.extra.push(Extra {
+                    num,
+                    fleet: f,
+                    epoch: 0,
+                    billed_from: Some(self.now),
+                    price_per_hour: price,
+                    gpus: spec.machine.gpus,
+                });
+                self.tally[f].launched += 1;
+                self.tally[f].boots += 1;
+            }
+        }
+    }
+}
+
+/// The fleet settings a policy runs with.
+fn adjust(f: &FleetSpec, policy: Policy) -> FleetSpec {
+    let mut f = f.clone();
+    if policy == Policy::FixedIdle5m {
+        f.min_idle = 0;
+        f.warm.clear();
+        f.idle_timeout_s = 300;
+        f.idle_action = gpuci_core::fleet::IdleAction::Delete;
+    }
+    f
+}
