@@ -26,6 +26,15 @@ impl std::fmt::Debug for Identity {
     }
 }
 
+/// Registration could not reach the coordinator (no answer, or a 5xx): worth trying again,
+/// unlike a refusal.
+#[derive(Debug, thiserror::Error)]
+#[error("registering with {server}: cannot reach the coordinator: {why}")]
+pub struct Unreachable {
+    pub server: String,
+    pub why: String,
+}
+
 /// Load the stored identity for `server`, or register with `registration_token`; true when
 /// registered anew (jobs held for an earlier registration are not this identity's).
 pub async fn load_or_register(
@@ -54,7 +63,12 @@ pub async fn load_or_register(
         .json(&RegisterRequest { name: name.to_string() })
         .send()
         .await
-        .with_context(|| format!("registering with {server}"))?;
+        .map_err(|e| Unreachable { server: server.to_string(), why: format!("{:#}", anyhow::Error::new(e)) })?;
+    if resp.status().is_server_error() {
+        // A proxy in front of a coordinator that is down answers 502/503: as unreachable.
+        let why = format!("answered {}", resp.status());
+        return Err(Unreachable { server: server.to_string(), why }.into());
+    }
     if !resp.status().is_success() {
         let status = resp.status();
         let body = resp.text().await.unwrap_or_default();

@@ -13,6 +13,7 @@ mod executor;
 pub mod fstree;
 pub mod identity;
 pub mod journal;
+pub mod leave;
 pub mod outbox;
 pub mod slots;
 pub mod workspace;
@@ -83,6 +84,9 @@ pub struct Config {
     /// Each slot's own disk, the job's disk quota (`--job-disk`, see
     /// [`gpuci_sandbox::SlotDisk`]); 0: none, jobs share the host's disk.
     pub job_disk: u64,
+    /// Give the machine up (see [`leave`]) when the coordinator has not been reachable for
+    /// this long and no job runs: [`run_until`] then returns [`Ended::Left`]. `None`: never.
+    pub leave_after_unreachable: Option<Duration>,
 }
 
 impl Config {
@@ -111,6 +115,7 @@ impl Config {
             reset_journal: false,
             min_free_disk: DEFAULT_MIN_FREE_DISK,
             job_disk: 0,
+            leave_after_unreachable: None,
         }
     }
 }
@@ -119,6 +124,20 @@ pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "localhost".into())
+}
+
+/// Why [`run_until`] returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// `shutdown` was cancelled.
+    Shutdown,
+    /// `leave_after_unreachable` passed without the coordinator (see [`leave`]); no job runs.
+    Left {
+        /// The coordinator's URL.
+        coordinator: String,
+        /// How long it had not been reachable.
+        unreachable_for: Duration,
+    },
 }
 
 /// What one connection's session ended with.
@@ -148,6 +167,14 @@ struct Agent {
     min_free_disk: u64,
     /// Why it takes no new jobs now ([`disk`]).
     paused: Option<String>,
+    /// `--leave-after-unreachable`.
+    leave_after: Option<Duration>,
+    /// The last moment it was connected (a welcome received), or its start.
+    last_connected: std::time::Instant,
+    /// Whether the session now ending got as far as a welcome.
+    welcomed: bool,
+    /// When a job last ended.
+    last_job_ended: Option<std::time::Instant>,
 }
 
 /// How often the agent re-reads its GPU inventory and reports a change.
@@ -167,8 +194,16 @@ pub const DEFAULT_MIN_FREE_DISK: u64 = 1 << 30;
 const DISK_CHECK: Duration = Duration::from_secs(5);
 
 /// Run the agent until `shutdown`. Running jobs are cancelled on shutdown and their results
-/// reported if the coordinator is reachable.
+/// reported if the coordinator is reachable. As [`run_until`], for agents that never leave.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_until(config, shutdown).await.map(|_| ())
+}
+
+/// Run the agent until `shutdown`, or until it leaves (`leave_after_unreachable`, see
+/// [`leave`]): what to do then (power the machine off, exit) is the caller's.
+pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::Result<Ended> {
+    // Where `--leave-after-unreachable` counts from if the agent never connects.
+    let started = std::time::Instant::now();
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     // One agent per data dir, held for this process's life: two would rewrite one journal
     // and each take the other's jobs for dead ones.
@@ -194,14 +229,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         Err(e) => return Err(e).with_context(|| format!("opening the journal {}", journal_path.display())),
     };
     let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let (identity, registered_anew) = identity::load_or_register(
-        &http,
-        &config.data_dir,
-        &config.server,
-        &config.name,
-        config.registration_token.as_deref(),
-    )
-    .await?;
+    let (identity, registered_anew) = match register(&config, &http, started, &shutdown).await? {
+        Registered::Yes(id, anew) => (id, anew),
+        Registered::No(ended) => return Ok(ended),
+    };
     // Jobs held in the journal were assigned through the earlier registration. Under a new one
     // (another coordinator; one started over on a new database; `agent.json` gone) their
     // results could only reach a coordinator that never assigned them to this identity, and
@@ -421,6 +452,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         disk_dirs: vec![config.data_dir.clone(), work_root.clone()],
         min_free_disk: config.min_free_disk,
         paused: None,
+        leave_after: config.leave_after_unreachable,
+        last_connected: started,
+        welcomed: false,
+        last_job_ended: None,
     };
     agent.check_disk();
     let ended = agent.run(identity, shutdown).await;
@@ -428,6 +463,66 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         slots.discard_warm().await;
     }
     ended
+}
+
+enum Registered {
+    Yes(identity::Identity, bool),
+    No(Ended),
+}
+
+/// [`identity::load_or_register`]; an agent that may leave retries a registration that cannot
+/// reach the coordinator until it is due to leave (a machine whose coordinator died before its
+/// agent registered must not bill forever; without the flag the first failure ends the agent).
+async fn register(
+    config: &Config,
+    http: &reqwest::Client,
+    started: std::time::Instant,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Registered> {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let e = match identity::load_or_register(
+            http,
+            &config.data_dir,
+            &config.server,
+            &config.name,
+            config.registration_token.as_deref(),
+        )
+        .await
+        {
+            Ok((id, anew)) => return Ok(Registered::Yes(id, anew)),
+            Err(e) => e,
+        };
+        let Some(limit) = config.leave_after_unreachable else { return Err(e) };
+        if e.downcast_ref::<identity::Unreachable>().is_none() {
+            return Err(e);
+        }
+        let facts = leave::Facts { last_connected: started, last_job_ended: None, running_jobs: 0 };
+        let recheck_at = match leave::decide(limit, &facts, std::time::Instant::now()) {
+            leave::Verdict::Leave { unreachable_for } => {
+                return Ok(Registered::No(leaving(&config.server, unreachable_for)));
+            }
+            leave::Verdict::Stay { recheck_at } => recheck_at,
+        };
+        tracing::warn!(error = %format!("{e:#}"), retry_in = ?backoff, "cannot register");
+        let mut wait = tokio::time::Instant::now() + backoff;
+        if let Some(at) = recheck_at {
+            wait = wait.min(tokio::time::Instant::from_std(at));
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(Registered::No(Ended::Shutdown)),
+            _ = tokio::time::sleep_until(wait) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// Says why the agent leaves (at WARN, for whoever reads why the machine went away).
+fn leaving(coordinator: &str, unreachable_for: Duration) -> Ended {
+    // Whole seconds: "10m3s", not "10m3s412ms".
+    let shown = gpuci_core::Duration(Duration::from_secs(unreachable_for.as_secs().max(1)));
+    tracing::warn!("leaving: the coordinator at {coordinator} has not been reachable for {shown}");
+    Ended::Left { coordinator: coordinator.to_string(), unreachable_for }
 }
 
 impl Agent {
@@ -458,13 +553,17 @@ impl Agent {
         true
     }
 
-    async fn run(&mut self, id: identity::Identity, shutdown: CancellationToken) -> anyhow::Result<()> {
+    async fn run(&mut self, id: identity::Identity, shutdown: CancellationToken) -> anyhow::Result<Ended> {
         let mut backoff = Duration::from_millis(100);
-        loop {
+        'connect: loop {
             if shutdown.is_cancelled() {
                 break;
             }
-            match self.session(&id, &shutdown).await {
+            let ended = self.session(&id, &shutdown).await;
+            if std::mem::take(&mut self.welcomed) {
+                self.last_connected = std::time::Instant::now();
+            }
+            match ended {
                 Ok(SessionEnd::Shutdown) => break,
                 Ok(SessionEnd::Refused(why)) => bail!("the coordinator refused this agent: {why}"),
                 Ok(SessionEnd::Disconnected(why)) => {
@@ -478,9 +577,19 @@ impl Agent {
             let wait = backoff + Duration::from_millis(jitter);
             let deadline = tokio::time::Instant::now() + wait;
             loop {
+                // Asked again after every job event: the last job's end restarts the clock.
+                let recheck_at = match self.leave_verdict() {
+                    Some(leave::Verdict::Leave { unreachable_for }) => {
+                        // No job runs (the rule): nothing to cancel.
+                        return Ok(leaving(&id.server, unreachable_for));
+                    }
+                    Some(leave::Verdict::Stay { recheck_at: Some(at) }) => Some(tokio::time::Instant::from_std(at)),
+                    _ => None,
+                };
                 tokio::select! {
-                    _ = shutdown.cancelled() => break,
+                    _ = shutdown.cancelled() => break 'connect,
                     _ = tokio::time::sleep_until(deadline) => break,
+                    _ = tokio::time::sleep_until(recheck_at.unwrap_or(deadline)), if recheck_at.is_some() => {}
                     Some(ev) = self.events_rx.recv() => self.drain_events(ev),
                 }
             }
@@ -490,7 +599,18 @@ impl Agent {
         for c in self.running.values() {
             c.cancel();
         }
-        Ok(())
+        Ok(Ended::Shutdown)
+    }
+
+    /// [`leave::decide`] on what the agent knows now; `None` without `--leave-after-unreachable`.
+    /// Asked only between connections.
+    fn leave_verdict(&self) -> Option<leave::Verdict> {
+        let facts = leave::Facts {
+            last_connected: self.last_connected,
+            last_job_ended: self.last_job_ended,
+            running_jobs: self.running.len(),
+        };
+        Some(leave::decide(self.leave_after?, &facts, std::time::Instant::now()))
     }
 
     /// Take in one event from a job task: journal what must survive us, queue it for the
@@ -517,6 +637,7 @@ impl Agent {
             }
             JobEvent::Finished(mut f) => {
                 self.running.remove(&f.job_id);
+                self.last_job_ended = Some(std::time::Instant::now());
                 f.started_at_us = f.started_at_us.or(self.started_at.remove(&f.job_id));
                 f.lines = Some(self.outbox.lines_of(f.job_id));
                 self.journal_write(&Record::Finished(f.clone()), true);
@@ -619,6 +740,7 @@ impl Agent {
             Ok(None) => return Ok(SessionEnd::Disconnected("closed before welcome".into())),
             Err(_) => bail!("no welcome within 15s"),
         };
+        self.welcomed = true;
         tracing::info!(server = %id.server, running = self.running.len(), "connected to coordinator");
         self.send_outbox(&mut sink).await?;
         let mut tick = tokio::time::interval(heartbeat);

@@ -42,6 +42,8 @@ pub enum Command {
     Cancel(CancelArgs),
     /// List agents with their GPUs.
     Agents(AgentsArgs),
+    /// Fleets: machines by state, what the autoscaler wants and why, provider errors, spend.
+    Fleets(AgentsArgs),
     /// GitHub workflow jobs gpuci serves with runners: state and reason of each.
     Github(GithubArgs),
     /// GPU administration.
@@ -267,8 +269,11 @@ pub struct ServerArgs {
     /// How often agents send heartbeats.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub heartbeat: std::time::Duration,
+    /// How often the fleets' reconcile loop asks providers what exists and decides.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub fleet_interval: std::time::Duration,
     /// The server's config file (TOML; the `[github]` section: App, webhook secret, runner
-    /// pools). See docs/github.md.
+    /// pools; `[[fleet]]`s of machines made on demand). See docs/github.md, docs/fleets.md.
     #[arg(long, env = "GPUCI_CONFIG")]
     pub config: Option<PathBuf>,
     /// Keep state in Postgres at this URL (`postgres://user:password@host:5432/gpuci`).
@@ -340,6 +345,18 @@ pub struct AgentArgs {
     /// when the agent refused to start and said to; an intact journal is kept as it is.
     #[arg(long)]
     pub reset_journal: bool,
+    /// For a machine that exists only to run this agent (one gpuci created): give it up when
+    /// the coordinator has not been reachable for this long (e.g. 10m) and no job runs, so a
+    /// dead coordinator does not leave GPUs billing. A running job keeps the machine; the
+    /// clock restarts when the last job ends (its result can still reach a coordinator that
+    /// comes back). The agent then runs --on-leave, if given, and exits with status 75
+    /// (EX_TEMPFAIL), for a service manager or cloud-init to act on. Default: never.
+    #[arg(long, env = "GPUCI_LEAVE_AFTER_UNREACHABLE", value_parser = parse_duration, value_name = "DURATION")]
+    pub leave_after_unreachable: Option<std::time::Duration>,
+    /// A shell command (run with `sh -c`, once) when the agent leaves, e.g. `shutdown -h now`
+    /// or `sudo poweroff`; its exit status is logged. Only with --leave-after-unreachable.
+    #[arg(long, env = "GPUCI_ON_LEAVE", value_name = "COMMAND", requires = "leave_after_unreachable")]
+    pub on_leave: Option<String>,
 }
 
 #[derive(Args, Debug)]

@@ -264,3 +264,73 @@ impl Progress {
         }
     }
 }
+
+/// `gpuci fleets`: per fleet a headline (machines, wanted and why, spend), its machines with
+/// their boot stages, and recent provider errors.
+pub fn fleets(fleets: &[serde_json::Value]) -> String {
+    use std::fmt::Write;
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    let ms = |v: &serde_json::Value| v.as_i64();
+    let mut out = String::new();
+    for f in fleets {
+        let budget = match f["daily_budget_usd"].as_f64() {
+            Some(b) => {
+                format!(" of ${b:.2}{}", if f["budget_reached"].as_bool() == Some(true) { " (reached)" } else { "" })
+            }
+            None => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "fleet {} ({}): {} machines, wants {} (max {}, min idle {}); spent today ${:.2}{budget}",
+            s(&f["name"]),
+            s(&f["provider"]),
+            f["count"],
+            f["wanted"],
+            f["max"],
+            f["min_idle"],
+            f["spend_today_usd"].as_f64().unwrap_or(0.0)
+        );
+        if let Some(u) = f["unavailable"].as_str() {
+            let _ = writeln!(out, "  unavailable: {u}");
+        }
+        if !s(&f["why"]).is_empty() {
+            let _ = writeln!(out, "  why: {}", s(&f["why"]));
+        }
+        if let Some(until) = f["breaker_open_until"].as_u64() {
+            let _ =
+                writeln!(out, "  spot breaker open: on-demand only for {}", elapsed(until as i64 * 1000 - now_ms()));
+        }
+        let machines = f["machines"].as_array().cloned().unwrap_or_default();
+        if !machines.is_empty() {
+            let rows: Vec<Vec<String>> = machines
+                .iter()
+                .map(|m| {
+                    let requested = ms(&m["requested_at_ms"]).unwrap_or(0);
+                    let stage =
+                        |k: &str| ms(&m[k]).map_or("-".into(), |t| format!("+{:.1}s", (t - requested) as f64 / 1000.0));
+                    vec![
+                        s(&m["id"]),
+                        s(&m["state"]),
+                        format!("{} {}", s(&m["instance_type"]), s(&m["zone"])).trim().to_string(),
+                        s(&m["capacity"]),
+                        elapsed(now_ms() - requested),
+                        stage("running_at_ms"),
+                        stage("connected_at_ms"),
+                        stage("first_job_at_ms"),
+                    ]
+                })
+                .collect();
+            for line in
+                table(&["MACHINE", "STATE", "OFFER", "CAPACITY", "AGE", "RUNNING", "CONNECTED", "FIRST JOB"], &rows)
+                    .lines()
+            {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+        for e in f["recent_errors"].as_array().cloned().unwrap_or_default() {
+            let at = e[0].as_i64().unwrap_or(0) * 1000;
+            let _ = writeln!(out, "  {}: {}", ago(at), s(&e[1]));
+        }
+    }
+    out
+}

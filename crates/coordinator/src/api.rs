@@ -29,8 +29,8 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "gpuci coordinator API", description = "Submit pipelines, follow jobs and logs, inspect agents and GPUs."),
-    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, release_gpu, register_agent, agent_channel, server_info, openapi_json),
-    components(schemas(ErrorBody, PipelineErrorBody, LogEvent, WatchEvent)),
+    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, list_fleets, release_gpu, register_agent, agent_channel, server_info, openapi_json),
+    components(schemas(ErrorBody, PipelineErrorBody, LogEvent, WatchEvent, crate::fleets::FleetStatus, crate::fleets::MachineStatus)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -658,6 +658,14 @@ pub async fn list_agents(State(st): State<AppState>) -> ApiResult<Json<Vec<Agent
 pub async fn release_gpu(State(st): State<AppState>, ApiPath(uuid): ApiPath<String>) -> ApiResult<StatusCode> {
     ask(&st, |reply| Command::ReleaseGpu { uuid, reply }).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Fleets: machines by state, what the autoscaler wants and why, recent provider errors,
+/// spend today (as the reconcile loop last saw them).
+#[utoipa::path(get, path = "/api/v1/fleets", responses((status = 200, body = Vec<crate::fleets::FleetStatus>)))]
+pub async fn list_fleets(State(st): State<AppState>) -> ApiResult<Json<Vec<crate::fleets::FleetStatus>>> {
+    let fleets = st.fleets.read().map(|f| f.clone()).unwrap_or_default();
+    Ok(Json(fleets))
 }
 
 /// Register an agent with the registration token; returns its own credential, once.

@@ -224,7 +224,45 @@ pub enum Command {
     Agents {
         reply: Reply<Vec<AgentSummary>>,
     },
+    /// What the fleets' reconcile loop needs to decide: machines' agents and the jobs that
+    /// no connected agent can take now.
+    FleetView {
+        reply: Reply<FleetView>,
+    },
+    /// Why each job the fleets could serve still waits (the autoscaler's words), added to the
+    /// job's reason while it stays queued for want of an agent.
+    FleetNotes {
+        notes: BTreeMap<JobId, String>,
+    },
     Tick,
+}
+
+/// Connected agents that run on fleet machines, and queued jobs no connected agent can take.
+#[derive(Clone, Debug, Default)]
+pub struct FleetView {
+    pub agents: Vec<FleetAgent>,
+    pub waiting: Vec<WaitingJob>,
+}
+
+#[derive(Clone, Debug)]
+pub struct FleetAgent {
+    pub agent_id: String,
+    /// Its `gpuci.machine` tag.
+    pub machine: String,
+    /// Jobs assigned to it or running on it.
+    pub running: u32,
+    /// GPUs leased to those jobs.
+    pub gpus_busy: u32,
+}
+
+#[derive(Clone, Debug)]
+pub struct WaitingJob {
+    pub id: JobId,
+    /// When it became ready to place (ms).
+    pub since_ms: i64,
+    pub tags: BTreeMap<String, String>,
+    pub gpu: gpuci_core::gpu::GpuRequirements,
+    pub container: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -294,6 +332,11 @@ pub struct Brain {
     /// The store took no writes when an agent was to be declared lost: until it does again
     /// ([`Brain::store_hears_again`]) no agent is.
     store_deaf: bool,
+    /// Queued jobs the last scheduling pass found no agent for (not blocked by a dependency
+    /// or a concurrency group): what fleets may create machines for.
+    unplaceable: BTreeSet<JobId>,
+    /// The fleets' word on jobs in `unplaceable` ([`Command::FleetNotes`]).
+    fleet_notes: BTreeMap<JobId, String>,
 }
 
 /// When an agent counts as last heard after the coordinator did not run for `stall` (SIGSTOP,
@@ -344,6 +387,8 @@ impl Brain {
             last_tick: None,
             noted_lost: BTreeSet::new(),
             store_deaf: false,
+            unplaceable: BTreeSet::new(),
+            fleet_notes: BTreeMap::new(),
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -503,6 +548,16 @@ impl Brain {
             }
             Command::Agents { reply } => {
                 let _ = reply.send(Ok(self.agent_summaries()));
+            }
+            Command::FleetView { reply } => {
+                let _ = reply.send(Ok(self.fleet_view()));
+            }
+            Command::FleetNotes { notes } => {
+                let changed = notes != self.fleet_notes;
+                self.fleet_notes = notes;
+                if changed {
+                    self.schedule().await;
+                }
             }
             Command::Tick => {
                 self.reap().await;
@@ -1311,6 +1366,7 @@ impl Brain {
         let mut cluster = placement::Cluster::new(hosts);
         let queued: Vec<JobRecord> = self.active.values().filter(|j| j.state == JobState::Queued).cloned().collect();
         let mut placed_groups: BTreeSet<String> = BTreeSet::new();
+        let mut unplaceable = BTreeSet::new();
         for j in queued {
             let why = match self.blocked(&j) {
                 Some(Ok(why)) | Some(Err(why)) => Some(why),
@@ -1581,10 +1637,15 @@ impl Brain {
                     if !refusing.is_empty() {
                         reason = format!("{reason} ({})", refusing.join("; "));
                     }
+                    if let Some(note) = self.fleet_notes.get(&j.id) {
+                        reason = format!("{reason}; {note}");
+                    }
+                    unplaceable.insert(j.id);
                     self.set_reason(&j, reason).await
                 }
             }
         }
+        self.unplaceable = unplaceable;
     }
 
     async fn runner_registered(&mut self, id: JobId, placement: u64, result: Result<RunnerGrant, String>) {
@@ -1627,6 +1688,38 @@ impl Brain {
         let mut rec = j.clone();
         rec.reason = reason;
         self.publish(&rec);
+    }
+
+    fn fleet_view(&self) -> FleetView {
+        let agents = self
+            .agents
+            .values()
+            .filter(|a| a.link == Link::Connected)
+            .filter_map(|a| {
+                let machine = a.tags.get(gpuci_providers::TAG_MACHINE)?.clone();
+                let jobs: Vec<&JobRecord> = self
+                    .active
+                    .values()
+                    .filter(|j| j.agent_id.as_deref() == Some(&a.id) && j.state != JobState::Queued)
+                    .collect();
+                let gpus_busy = jobs.iter().map(|j| j.gpus.len() as u32).sum();
+                Some(FleetAgent { agent_id: a.id.clone(), machine, running: jobs.len() as u32, gpus_busy })
+            })
+            .collect();
+        let waiting = self
+            .unplaceable
+            .iter()
+            .filter_map(|id| self.active.get(id))
+            .filter(|j| j.state == JobState::Queued)
+            .map(|j| WaitingJob {
+                id: j.id,
+                since_ms: self.ready_since.get(&j.id).copied().unwrap_or(j.created_at_ms),
+                tags: j.step.agents.clone(),
+                gpu: j.step.gpu.clone(),
+                container: j.step.image.is_some(),
+            })
+            .collect();
+        FleetView { agents, waiting }
     }
 
     fn agent_summaries(&self) -> Vec<AgentSummary> {

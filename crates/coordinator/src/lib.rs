@@ -11,6 +11,7 @@ pub mod brain;
 mod channel;
 mod convert;
 pub mod datadir;
+pub mod fleets;
 pub mod github;
 pub mod hub;
 pub mod origin;
@@ -77,6 +78,10 @@ pub struct Config {
     /// whatever an agent sends: agents cut a job's log at their own cap; this one is defence in
     /// depth against an agent that does not.
     pub max_log_bytes: u64,
+    /// The `[[fleet]]`s of the config file: machines created on demand ([`fleets`]).
+    pub fleets: Vec<gpuci_core::fleet::FleetSpec>,
+    /// How often the fleets' reconcile loop runs.
+    pub fleet_interval: std::time::Duration,
     /// Start a new, empty SQLite database although the data dir was used before (its
     /// database file is missing or empty). Without it that is refused
     /// ([`datadir::check_database`]); with it, a database that holds data is still never replaced.
@@ -123,6 +128,8 @@ impl Config {
             credential_files: Vec::new(),
             agent_inside: false,
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
+            fleets: Vec::new(),
+            fleet_interval: std::time::Duration::from_secs(5),
             new_database: false,
         }
     }
@@ -147,6 +154,8 @@ pub struct AppState {
     pub github: Option<github::Handle>,
     /// Per-job cap on stored log ([`Config::max_log_bytes`]).
     pub max_log_bytes: u64,
+    /// What each fleet has and wants, as the reconcile loop last saw it.
+    pub fleets: fleets::Statuses,
 }
 
 /// Default per-job log cap: the agents' default (100 MiB) and room for gpuci's own lines.
@@ -205,6 +214,7 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/jobs/{id}/cancel", post(api::cancel_job))
         .route("/api/v1/jobs/{id}/logs", get(api::job_logs))
         .route("/api/v1/agents", get(api::list_agents))
+        .route("/api/v1/fleets", get(api::list_fleets))
         .route("/api/v1/github/jobs", get(github::api::list_github_jobs))
         .route("/api/v1/github/status", get(github::api::github_status))
         .route("/api/v1/gpus/{uuid}/release", post(api::release_gpu))
@@ -369,6 +379,22 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             Some(github::start(gh.clone(), client, deps, shutdown.clone()))
         }
     };
+    // The fleets' loop talks to the brain and the store; agents on its machines connect here
+    // with the registration token.
+    let coordinator_id =
+        auth::load_or_create(&config.data_dir.join("coordinator-id"), "gpuci_coord").context("coordinator id file")?;
+    let fleet_statuses = fleets::start(
+        config.fleets.clone(),
+        fleets::Deps {
+            store: store.clone(),
+            brain: tx.clone(),
+            coordinator_id: coordinator_id.expose().chars().filter(|c| c.is_ascii_alphanumeric()).take(24).collect(),
+            server_url: format!("http://{addr}"),
+            registration_token: registration_token.expose().to_string(),
+            interval: config.fleet_interval,
+        },
+        shutdown.clone(),
+    );
     let st = AppState {
         store,
         brain: tx,
@@ -382,6 +408,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         uploads,
         github,
         max_log_bytes: config.max_log_bytes,
+        fleets: fleet_statuses,
     };
     tokio::spawn(collect_uploads(st.store.clone(), st.uploads.clone(), config.upload_retention, shutdown.clone()));
     let app = router(st);

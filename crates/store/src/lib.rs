@@ -281,4 +281,16 @@ pub trait Store: Send + Sync + 'static {
     async fn get_approval(&self, repository: &str, pr: i64, head_sha: &str) -> Result<Option<ApprovalRecord>>;
     async fn set_check_run(&self, job: JobId, check_run_id: i64) -> Result<()>;
     async fn get_check_run(&self, job: JobId) -> Result<Option<i64>>;
+
+    // Fleets.
+    /// Insert or replace a machine's row.
+    async fn put_machine(&self, machine: &MachineRecord) -> Result<()>;
+    /// Machines not yet `ended` when `active_only`, else all; oldest first.
+    async fn machines(&self, active_only: bool) -> Result<Vec<MachineRecord>>;
+    /// Start billing `machine` at `from_ms`, unless a stretch is open already.
+    async fn open_billing(&self, machine: &str, from_ms: i64) -> Result<()>;
+    /// End the open billing stretch of `machine` at `to_ms`, if there is one.
+    async fn close_billing(&self, machine: &str, to_ms: i64) -> Result<()>;
+    /// Billing stretches that were open at or after `since_ms`.
+    async fn billing_since(&self, since_ms: i64) -> Result<Vec<BillingInterval>>;
 }

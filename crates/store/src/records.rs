@@ -189,3 +189,45 @@ pub struct ApprovalRecord {
     pub approved_by: String,
     pub approved_at_ms: i64,
 }
+
+/// A machine a fleet's provider created (or was asked to), as the coordinator records it for
+/// boot stages and cost. What exists is always asked of the provider; this row is what gpuci
+/// knows about the machine's life.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MachineRecord {
+    /// gpuci's id, the `gpuci.machine` tag.
+    pub id: String,
+    pub fleet: String,
+    pub provider_id: Option<String>,
+    pub instance_type: String,
+    pub zone: String,
+    /// `spot` or `on-demand`.
+    pub capacity: String,
+    /// USD per hour while billed.
+    pub price_per_hour: f64,
+    /// GPUs the machine has (a job's share of its price is its GPUs over these).
+    pub gpus: u32,
+    /// `requested`, `booting`, `ready`, `stopping`, `stopped`, `ended`.
+    pub state: String,
+    /// Why it ended, or the last provider error about it.
+    pub reason: Option<String>,
+    /// The agent that registered from it.
+    pub agent_id: Option<String>,
+    /// Boot stages: asked of the provider, running at the provider, agent connected, first job.
+    pub requested_at_ms: i64,
+    pub running_at_ms: Option<i64>,
+    pub connected_at_ms: Option<i64>,
+    pub first_job_at_ms: Option<i64>,
+    pub ended_at_ms: Option<i64>,
+    /// Deleted because its agent never connected within the fleet's boot timeout.
+    pub boot_failed: bool,
+}
+
+/// A stretch of time a machine was billed for: from launch (or start) to delete (or stop);
+/// `to_ms` is `None` while it lasts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BillingInterval {
+    pub machine_id: String,
+    pub from_ms: i64,
+    pub to_ms: Option<i64>,
+}

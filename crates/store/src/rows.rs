@@ -11,6 +11,9 @@ pub(crate) const JOB_COLUMNS: &str =
 pub(crate) const PIPELINE_COLUMNS: &str = "id, file_name, source, workspace_upload, repository, origin, created_at_ms";
 pub(crate) const GITHUB_JOB_COLUMNS: &str = "id, repository, run_id, name, labels, pool, state, runner_job_id, runner_name, reason, queued_at_ms, updated_at_ms, \
      runner_exits, last_runner_exit, check_failures, retry_at_ms";
+pub(crate) const MACHINE_COLUMNS: &str =
+    "id, fleet, provider_id, instance_type, zone, capacity, price_per_hour, gpus, state, reason, \
+     agent_id, requested_at_ms, running_at_ms, connected_at_ms, first_job_at_ms, ended_at_ms, boot_failed";
 pub(crate) const RUNNER_COLUMNS: &str =
     "name, job_id, pool, repository, org, runner_id, github_job_id, state, created_at_ms, updated_at_ms";
 
@@ -110,6 +113,28 @@ macro_rules! row_mappers {
                 state: r.get("state"),
                 created_at_ms: r.get("created_at_ms"),
                 updated_at_ms: r.get("updated_at_ms"),
+            }
+        }
+
+        pub(crate) fn machine_from_row(r: &$row) -> MachineRecord {
+            MachineRecord {
+                id: r.get("id"),
+                fleet: r.get("fleet"),
+                provider_id: r.get("provider_id"),
+                instance_type: r.get("instance_type"),
+                zone: r.get("zone"),
+                capacity: r.get("capacity"),
+                price_per_hour: r.get("price_per_hour"),
+                gpus: r.get::<i64, _>("gpus").clamp(0, i64::from(u32::MAX)) as u32,
+                state: r.get("state"),
+                reason: r.get("reason"),
+                agent_id: r.get("agent_id"),
+                requested_at_ms: r.get("requested_at_ms"),
+                running_at_ms: r.get("running_at_ms"),
+                connected_at_ms: r.get("connected_at_ms"),
+                first_job_at_ms: r.get("first_job_at_ms"),
+                ended_at_ms: r.get("ended_at_ms"),
+                boot_failed: r.get::<i64, _>("boot_failed") != 0,
             }
         }
 

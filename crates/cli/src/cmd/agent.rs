@@ -43,6 +43,50 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
         total: a.cache_max_total,
         entry_files: a.cache_max_entry_files,
     };
-    gpuci_agent::run(c, shutdown).await?;
-    Ok(0)
+    c.leave_after_unreachable = a.leave_after_unreachable;
+    match gpuci_agent::run_until(c, shutdown.clone()).await? {
+        gpuci_agent::Ended::Shutdown => Ok(0),
+        gpuci_agent::Ended::Left { .. } => {
+            if let Some(command) = &a.on_leave {
+                on_leave(command, &shutdown).await;
+            }
+            Ok(EXIT_LEFT)
+        }
+    }
+}
+
+/// The exit status of an agent that left (`--leave-after-unreachable`): EX_TEMPFAIL, so a
+/// service manager can tell it from a failure (1) and a bad command line (2).
+pub const EXIT_LEFT: u8 = 75;
+
+/// How long the agent waits for `--on-leave` before exiting anyway. Not killed then: it may be
+/// the machine's shutdown in progress.
+const ON_LEAVE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs `--on-leave` once and logs how it ended. A shutdown it starts usually stops this
+/// process too (SIGTERM): then the agent stops waiting and exits.
+async fn on_leave(command: &str, shutdown: &CancellationToken) {
+    tracing::info!(command, "running the on-leave command");
+    // No stdin: a `sudo` that wants a password fails instead of waiting for one.
+    let child = tokio::process::Command::new("sh").arg("-c").arg(command).stdin(std::process::Stdio::null()).spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(command, error = %e, "cannot start the on-leave command");
+            return;
+        }
+    };
+    tokio::select! {
+        status = child.wait() => match status {
+            Ok(s) if s.success() => tracing::info!(command, status = %s, "the on-leave command succeeded"),
+            Ok(s) => tracing::error!(command, status = %s, "the on-leave command failed"),
+            Err(e) => tracing::error!(command, error = %e, "cannot wait for the on-leave command"),
+        },
+        _ = tokio::time::sleep(ON_LEAVE_WAIT) => {
+            tracing::warn!(command, waited = ?ON_LEAVE_WAIT, "the on-leave command still runs; exiting without waiting for it");
+        }
+        _ = shutdown.cancelled() => {
+            tracing::warn!(command, "told to stop while the on-leave command runs; exiting without waiting for it");
+        }
+    }
 }

@@ -30,6 +30,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Logs(a) => jobs::logs(a).await,
         Command::Cancel(a) => jobs::cancel(a).await,
         Command::Agents(a) => agents(a).await,
+        Command::Fleets(a) => fleets(a).await,
         Command::Github(a) => github(a).await,
         Command::Gpu(a) => match a.command {
             GpuCommand::Release { uuid } => gpu_release(&a.client, &uuid).await,
@@ -173,6 +174,20 @@ async fn agents(a: crate::cli::AgentsArgs) -> CliResult {
     } else {
         print!("{}", render::agents_table(&agents));
     }
+    Ok(0)
+}
+
+async fn fleets(a: crate::cli::AgentsArgs) -> CliResult {
+    let c = Client::from_args(&a.client)?;
+    let fleets: Vec<serde_json::Value> = c.get("/api/v1/fleets").await?;
+    if a.client.json {
+        println!("{}", serde_json::to_string_pretty(&fleets).map_err(anyhow::Error::from)?);
+        return Ok(0);
+    }
+    if fleets.is_empty() {
+        eprintln!("no fleets (add [[fleet]] to the server's config file: docs/fleets.md)");
+    }
+    print!("{}", render::fleets(&fleets));
     Ok(0)
 }
 

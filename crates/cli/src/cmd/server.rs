@@ -21,6 +21,7 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
     }
     config.max_log_bytes = a.max_log_bytes;
     config.new_database = a.new_database;
+    config.fleet_interval = a.fleet_interval;
     config.timing = Timing { heartbeat_interval: a.heartbeat, lost_after: a.lost_after, ..Timing::default() };
     if let Some(path) = &a.config {
         let text = std::fs::read_to_string(path)
@@ -37,6 +38,8 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
             gpuci_coordinator::datadir::warn_if_exposed(f, "this config or key file");
         }
         config.credential_files = credential_files;
+        config.fleets = gpuci_core::fleet::parse_fleets(&path.display().to_string(), &text)
+            .map_err(|e| CliError::Input(e.to_string()))?;
         if let Some(gh) = file.github {
             let resolved = gh.resolve().map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
             config.github = Some(std::sync::Arc::new(resolved));

@@ -14,11 +14,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-/// The whole server config file. Only `[github]` today.
+/// The whole server config file: `[github]` and the `[[fleet]]`s (checked strictly by
+/// `gpuci_core::fleet::parse_fleets`; only accepted here).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerFile {
     pub github: Option<GithubFile>,
+    #[serde(default)]
+    pub fleet: Vec<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -78,7 +78,7 @@ impl fmt::Display for ProviderKind {
 }
 
 /// Spot (cheap, can be taken back by the cloud at any moment) or on-demand.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Capacity {
     Spot,

@@ -1,0 +1,636 @@
+//! The fleets' reconcile loop: every pass it asks each fleet's provider what exists, joins that
+//! with the agents connected from those machines and the jobs no agent can take, asks the
+//! autoscaler (`gpuci_core::fleet::decide`, pure) what to do, and does it through the provider.
+//! It records each machine's boot stages and billed time in the store, and keeps a status per
+//! fleet for `GET /api/v1/fleets` (machines by state, what the autoscaler wants and why, recent
+//! provider errors, spend today).
+//!
+//! Reconcile, never remember: what exists is what the provider lists, tagged with this
+//! coordinator's id; a machine still booting after a coordinator crash is adopted, a machine
+//! the store knows but the provider no longer lists has ended. Creates name gpuci's machine id,
+//! which the provider makes idempotent. The only state kept in memory is what is safe to lose:
+//! offers that answered "no capacity" lately, idle-since times (restart: idle from now), recent
+//! errors.
+//!
+//! What must not live here: decisions (how many machines, which, when: `decide` makes them),
+//! provider protocol details (`gpuci_providers`), or the registration token in any log line.
+
+use crate::brain::{ask, Command, FleetView};
+use gpuci_core::fleet::{
+    decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetSpec, Machine, MachineState,
+    QueuedJob, UnavailableOffer, UnixSecs,
+};
+use gpuci_core::placement::Needs;
+use gpuci_providers::{
+    AgentLaunch, CreateRequest, Provider, ProviderMachine, ProviderState, TAG_COORDINATOR, TAG_FLEET, TAG_MACHINE,
+};
+use gpuci_store::{MachineRecord, Store};
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Provider errors kept per fleet for `gpuci fleets`.
+const RECENT_ERRORS: usize = 10;
+/// A machine asked for but not yet listed by its provider counts as requested this long.
+const LIST_GRACE_MS: i64 = 120_000;
+
+/// What the loop needs besides the fleets.
+pub struct Deps {
+    pub store: Arc<dyn Store>,
+    pub brain: mpsc::Sender<Command>,
+    pub coordinator_id: String,
+    /// The URL agents on new machines connect to, unless a fleet's settings say `server`.
+    pub server_url: String,
+    pub registration_token: String,
+    pub interval: Duration,
+}
+
+/// `GET /api/v1/fleets`.
+#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
+pub struct FleetStatus {
+    pub name: String,
+    pub provider: String,
+    /// Machines by state (`requested`, `booting`, `idle`, `busy`, `stopping`, `stopped`, `draining`).
+    pub machines: Vec<MachineStatus>,
+    /// Machines counting toward `max`, and what the autoscaler wants.
+    pub count: u32,
+    pub wanted: u32,
+    pub max: u32,
+    pub min_idle: u32,
+    /// The autoscaler's reason, in words.
+    pub why: String,
+    pub spend_today_usd: f64,
+    pub daily_budget_usd: Option<f64>,
+    pub budget_reached: bool,
+    /// Unix seconds until which spot is not asked for.
+    pub breaker_open_until: Option<u64>,
+    /// Newest first: `(unix seconds, what happened)`.
+    pub recent_errors: Vec<(u64, String)>,
+    /// The fleet cannot run (its provider is missing or misconfigured).
+    pub unavailable: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct MachineStatus {
+    pub id: String,
+    pub state: String,
+    pub provider_id: Option<String>,
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity: String,
+    pub agent_id: Option<String>,
+    /// Boot stages, milliseconds since the epoch.
+    pub requested_at_ms: i64,
+    pub running_at_ms: Option<i64>,
+    pub connected_at_ms: Option<i64>,
+    pub first_job_at_ms: Option<i64>,
+}
+
+pub type Statuses = Arc<RwLock<Vec<FleetStatus>>>;
+
+struct FleetRun {
+    spec: FleetSpec,
+    provider: Option<Box<dyn Provider>>,
+    unavailable_reason: Option<String>,
+    errors: VecDeque<(u64, String)>,
+}
+
+/// The loop's memory that may be lost: rebuilt from the provider and the store after a restart.
+struct Loop {
+    deps: Deps,
+    fleets: Vec<FleetRun>,
+    unavailable: Vec<UnavailableOffer>,
+    idle_since: HashMap<String, UnixSecs>,
+    interruptions: BTreeMap<String, Vec<UnixSecs>>,
+    statuses: Statuses,
+}
+
+/// Start the loop; `None` when there are no fleets. Providers that cannot be made are shown as
+/// unavailable on their fleet (and logged), never silently skipped.
+pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) -> Statuses {
+    let statuses: Statuses = Arc::new(RwLock::new(Vec::new()));
+    if fleets.is_empty() {
+        return statuses;
+    }
+    let runs: Vec<FleetRun> = fleets
+        .into_iter()
+        .map(|spec| match gpuci_providers::for_fleet(&spec, &deps.coordinator_id) {
+            Ok(p) => FleetRun { spec, provider: Some(p), unavailable_reason: None, errors: VecDeque::new() },
+            Err(e) => {
+                tracing::error!(fleet = %spec.name, error = %e, "fleet cannot create machines");
+                FleetRun { spec, provider: None, unavailable_reason: Some(e), errors: VecDeque::new() }
+            }
+        })
+        .collect();
+    // Every fleet shows from the start, before the first pass has listed anything.
+    if let Ok(mut st) = statuses.write() {
+        *st = runs
+            .iter()
+            .map(|r: &FleetRun| FleetStatus {
+                name: r.spec.name.clone(),
+                provider: r.spec.provider.to_string(),
+                max: r.spec.max,
+                min_idle: r.spec.min_idle,
+                why: "not reconciled yet".into(),
+                daily_budget_usd: r.spec.daily_budget,
+                unavailable: r.unavailable_reason.clone(),
+                ..FleetStatus::default()
+            })
+            .collect();
+    }
+    let l = Loop {
+        deps,
+        fleets: runs,
+        unavailable: Vec::new(),
+        idle_since: HashMap::new(),
+        interruptions: BTreeMap::new(),
+        statuses: statuses.clone(),
+    };
+    tokio::spawn(l.run(shutdown));
+    statuses
+}
+
+fn now_s() -> UnixSecs {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl Loop {
+    async fn run(mut self, shutdown: CancellationToken) {
+        tracing::info!(fleets = self.fleets.len(), coordinator = %self.deps.coordinator_id, "fleets reconcile loop on");
+        loop {
+            self.pass().await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(self.deps.interval) => {}
+            }
+        }
+    }
+
+    fn error(&mut self, fleet: usize, what: String) {
+        tracing::warn!(fleet = %self.fleets[fleet].spec.name, "{what}");
+        let errors = &mut self.fleets[fleet].errors;
+        errors.push_front((now_s(), what));
+        errors.truncate(RECENT_ERRORS);
+    }
+
+    /// One reconcile pass over every fleet.
+    async fn pass(&mut self) {
+        let view: FleetView = match ask(&self.deps.brain, |reply| Command::FleetView { reply }).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "fleets: no view of the scheduler this pass");
+                return;
+            }
+        };
+        let now = now_s();
+        let now_ms = now as i64 * 1000;
+        self.unavailable.retain(|u| u.until > now);
+        let records = match self.deps.store.machines(true).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "fleets: cannot read machines this pass");
+                return;
+            }
+        };
+        let mut records: BTreeMap<String, MachineRecord> = records.into_iter().map(|r| (r.id.clone(), r)).collect();
+
+        // What exists, per fleet; a fleet whose list fails sits this pass out (deciding on a
+        // partial view could create duplicates or delete what runs).
+        let mut listed: BTreeMap<String, ProviderMachine> = BTreeMap::new();
+        let mut ok_fleets = vec![false; self.fleets.len()];
+        let mut adopt: Vec<MachineRecord> = Vec::new();
+        let mut list_errors = Vec::new();
+        for (i, run) in self.fleets.iter().enumerate() {
+            let Some(p) = &run.provider else { continue };
+            match p.list().await {
+                Ok(ms) => {
+                    ok_fleets[i] = true;
+                    let fleet = &run.spec;
+                    for m in ms {
+                        // Listed by this fleet's provider: one of its machines, unless the
+                        // store says it belongs to another fleet (a provider that lists too much).
+                        if records.get(&m.machine).is_some_and(|r| r.fleet != fleet.name) {
+                            continue;
+                        }
+                        if !records.contains_key(&m.machine) && m.state != ProviderState::Terminated {
+                            tracing::info!(fleet = %fleet.name, machine = %m.machine, "adopting a machine this coordinator's store did not know");
+                            adopt.push(adopted(fleet, &m, now_ms));
+                        }
+                        listed.insert(m.machine.clone(), m);
+                    }
+                }
+                Err(e) => list_errors
+                    .push((i, format!("listing machines failed: {e}; nothing decided for this fleet this pass"))),
+            }
+        }
+        for (i, what) in list_errors {
+            self.error(i, what);
+        }
+        for rec in adopt {
+            records.insert(rec.id.clone(), rec);
+        }
+        let agents: HashMap<&str, &crate::brain::FleetAgent> =
+            view.agents.iter().map(|a| (a.machine.as_str(), a)).collect();
+
+        // Join what the store knows with what is listed: end what is gone, note boot stages.
+        let mut machines: Vec<Machine> = Vec::new();
+        let mut writes: Vec<MachineRecord> = Vec::new();
+        let mut bill_open: Vec<(String, i64)> = Vec::new();
+        let mut bill_close: Vec<(String, i64)> = Vec::new();
+        for rec in records.values_mut() {
+            let Some(fi) = self.fleets.iter().position(|f| f.spec.name == rec.fleet) else { continue };
+            if !ok_fleets[fi] {
+                continue;
+            }
+            let fleet = &self.fleets[fi].spec;
+            let before = rec.clone();
+            let pm = listed.get(&rec.id);
+            let gone = match pm {
+                None => now_ms - rec.requested_at_ms > LIST_GRACE_MS,
+                Some(pm) => pm.state == ProviderState::Terminated,
+            };
+            if gone {
+                let busy = agents.get(rec.id.as_str()).is_some_and(|a| a.running > 0);
+                rec.state = "ended".into();
+                rec.ended_at_ms = Some(now_ms);
+                rec.reason.get_or_insert_with(|| {
+                    if busy { "gone at the provider while running jobs" } else { "gone at the provider" }.into()
+                });
+                bill_close.push((rec.id.clone(), now_ms));
+                self.idle_since.remove(&rec.id);
+                writes.push(rec.clone());
+                continue;
+            }
+            let agent = agents.get(rec.id.as_str());
+            if let Some(pm) = pm {
+                rec.provider_id = Some(pm.provider_id.clone());
+                if matches!(pm.state, ProviderState::Running) && rec.running_at_ms.is_none() {
+                    rec.running_at_ms = Some(now_ms);
+                }
+            }
+            if let Some(a) = agent {
+                rec.agent_id = Some(a.agent_id.clone());
+                rec.connected_at_ms.get_or_insert(now_ms);
+                if a.running > 0 {
+                    rec.first_job_at_ms.get_or_insert(now_ms);
+                }
+            }
+            let state = match (pm.map(|p| p.state), agent) {
+                (None, _) => MachineState::Requested,
+                (Some(ProviderState::Stopped), _) => MachineState::Stopped,
+                (Some(ProviderState::Stopping), _) => MachineState::Stopping,
+                (Some(_), Some(a)) if a.running > 0 => MachineState::Busy,
+                (Some(_), Some(_)) => MachineState::Idle,
+                (Some(_), None) => MachineState::Booting,
+            };
+            rec.state = match state {
+                MachineState::Requested => "requested",
+                MachineState::Booting => "booting",
+                MachineState::Idle | MachineState::Busy | MachineState::Draining => "ready",
+                MachineState::Stopping => "stopping",
+                MachineState::Stopped => "stopped",
+            }
+            .into();
+            let since = match state {
+                MachineState::Idle => *self.idle_since.entry(rec.id.clone()).or_insert(now),
+                _ => {
+                    self.idle_since.remove(&rec.id);
+                    (rec.requested_at_ms / 1000) as u64
+                }
+            };
+            let offer = fleet
+                .offers
+                .iter()
+                .position(|o| o.instance_type == rec.instance_type && o.zone == rec.zone)
+                .unwrap_or(0);
+            let capacity = if rec.capacity == "spot" { Capacity::Spot } else { Capacity::OnDemand };
+            if matches!(state, MachineState::Booting | MachineState::Idle | MachineState::Busy) {
+                bill_open.push((rec.id.clone(), pm.and_then(|p| p.launched_at).map_or(now_ms, |t| t as i64 * 1000)));
+            }
+            machines.push(Machine {
+                id: rec.id.clone(),
+                fleet: rec.fleet.clone(),
+                offer,
+                capacity,
+                state,
+                created_at: (rec.requested_at_ms / 1000) as u64,
+                since,
+                gpus_busy: agent.map_or(0, |a| a.gpus_busy),
+                jobs: Vec::new(),
+            });
+            if *rec != before {
+                writes.push(rec.clone());
+            }
+        }
+        for w in &writes {
+            if let Err(e) = self.deps.store.put_machine(w).await {
+                tracing::warn!(machine = %w.id, error = %e, "fleets: cannot record a machine");
+            }
+        }
+        for (m, t) in bill_close {
+            let _ = self.deps.store.close_billing(&m, t).await;
+        }
+        for (m, t) in bill_open {
+            let _ = self.deps.store.open_billing(&m, t).await;
+        }
+
+        // Demand: waiting jobs, with the fleets whose machines they fit.
+        // Only fleets whose machines were listed: deciding for one seen as empty would create
+        // what may already exist.
+        let specs: Vec<FleetSpec> = self
+            .fleets
+            .iter()
+            .zip(&ok_fleets)
+            .filter(|(f, ok)| f.provider.is_some() && **ok)
+            .map(|(f, _)| f.spec.clone())
+            .collect();
+        let queued: Vec<QueuedJob> = view
+            .waiting
+            .iter()
+            .map(|w| {
+                let needs = Needs { tags: &w.tags, gpu: &w.gpu, container: w.container };
+                QueuedJob {
+                    id: w.id.to_string(),
+                    queued_since: (w.since_ms / 1000) as u64,
+                    gpus: w.gpu.count,
+                    fleets: specs.iter().filter(|s| fits(s, &needs)).map(|s| s.name.clone()).collect(),
+                }
+            })
+            .filter(|q| !q.fleets.is_empty())
+            .collect();
+        let spend = self.spend_today(now).await;
+        let decision = decide(&AutoscaleInput {
+            now,
+            fleets: &specs,
+            queued: &queued,
+            machines: &machines,
+            spend_today: &spend,
+            unavailable: &self.unavailable,
+            interruptions: &self.interruptions,
+        });
+        let notes: BTreeMap<i64, String> =
+            decision.waiting.iter().filter_map(|(id, why)| Some((id.parse().ok()?, why.clone()))).collect();
+        let _ = self.deps.brain.send(Command::FleetNotes { notes }).await;
+        for action in &decision.actions {
+            self.apply(action, &records, now_ms).await;
+        }
+        self.publish(&decision.fleets, &spend).await;
+    }
+
+    async fn spend_today(&self, now: UnixSecs) -> BTreeMap<String, f64> {
+        let midnight_ms = (now - now % 86_400) as i64 * 1000;
+        let now_ms = now as i64 * 1000;
+        let mut spend = BTreeMap::new();
+        let (Ok(stretches), Ok(all)) =
+            (self.deps.store.billing_since(midnight_ms).await, self.deps.store.machines(false).await)
+        else {
+            return spend;
+        };
+        let by_id: HashMap<&str, &MachineRecord> = all.iter().map(|m| (m.id.as_str(), m)).collect();
+        for s in stretches {
+            let Some(m) = by_id.get(s.machine_id.as_str()) else { continue };
+            let from = s.from_ms.max(midnight_ms);
+            let to = s.to_ms.unwrap_or(now_ms).min(now_ms);
+            if to > from {
+                *spend.entry(m.fleet.clone()).or_insert(0.0) += (to - from) as f64 / 3_600_000.0 * m.price_per_hour;
+            }
+        }
+        spend
+    }
+
+    async fn apply(&mut self, action: &Action, records: &BTreeMap<String, MachineRecord>, now_ms: i64) {
+        match action {
+            Action::Create { fleet, offer, capacity, reason } => {
+                let Some(fi) = self.fleets.iter().position(|f| &f.spec.name == fleet) else { return };
+                self.create(fi, *offer, *capacity, reason, now_ms).await;
+            }
+            Action::Delete { machine, reason } | Action::BootFailed { machine, reason } => {
+                let boot_failed = matches!(action, Action::BootFailed { .. });
+                let Some(rec) = records.get(machine) else { return };
+                let Some(fi) = self.fleets.iter().position(|f| f.spec.name == rec.fleet) else { return };
+                let Some(p) = &self.fleets[fi].provider else { return };
+                tracing::info!(fleet = %rec.fleet, machine = %machine, "deleting: {reason}");
+                match p.delete(machine).await {
+                    Ok(()) => {
+                        let ended = MachineRecord {
+                            state: "ended".into(),
+                            reason: Some(reason.clone()),
+                            ended_at_ms: Some(now_ms),
+                            boot_failed,
+                            ..rec.clone()
+                        };
+                        let _ = self.deps.store.put_machine(&ended).await;
+                        let _ = self.deps.store.close_billing(machine, now_ms).await;
+                        self.idle_since.remove(machine);
+                        if boot_failed {
+                            self.error(fi, format!("machine {machine}: {reason}; deleted"));
+                        }
+                    }
+                    Err(e) => self.error(fi, format!("deleting machine {machine}: {e}")),
+                }
+            }
+            Action::Stop { machine, reason } => {
+                let Some(rec) = records.get(machine) else { return };
+                let Some(fi) = self.fleets.iter().position(|f| f.spec.name == rec.fleet) else { return };
+                let Some(p) = &self.fleets[fi].provider else { return };
+                tracing::info!(fleet = %rec.fleet, machine = %machine, "stopping: {reason}");
+                match p.stop(machine).await {
+                    Ok(_) => {
+                        let stopped =
+                            MachineRecord { state: "stopped".into(), reason: Some(reason.clone()), ..rec.clone() };
+                        let _ = self.deps.store.put_machine(&stopped).await;
+                        let _ = self.deps.store.close_billing(machine, now_ms).await;
+                        self.idle_since.remove(machine);
+                    }
+                    Err(e) => self.error(fi, format!("stopping machine {machine}: {e}")),
+                }
+            }
+            Action::Start { machine, reason } => {
+                let Some(rec) = records.get(machine) else { return };
+                let Some(fi) = self.fleets.iter().position(|f| f.spec.name == rec.fleet) else { return };
+                let Some(p) = &self.fleets[fi].provider else { return };
+                tracing::info!(fleet = %rec.fleet, machine = %machine, "starting: {reason}");
+                match p.start(machine).await {
+                    Ok(pm) => {
+                        let started = MachineRecord {
+                            state: "booting".into(),
+                            reason: Some(reason.clone()),
+                            // Boot stages count again from this start.
+                            requested_at_ms: now_ms,
+                            running_at_ms: None,
+                            connected_at_ms: None,
+                            agent_id: None,
+                            ..rec.clone()
+                        };
+                        let _ = self.deps.store.put_machine(&started).await;
+                        let from = pm.launched_at.map_or(now_ms, |t| (t as i64 * 1000).max(now_ms));
+                        let _ = self.deps.store.open_billing(machine, from).await;
+                    }
+                    Err(e) => self.error(fi, format!("starting machine {machine}: {e}")),
+                }
+            }
+        }
+    }
+
+    async fn create(&mut self, fi: usize, offer_at: usize, capacity: Capacity, reason: &str, now_ms: i64) {
+        let fleet = self.fleets[fi].spec.clone();
+        let Some(offer) = fleet.offers.get(offer_at).cloned() else { return };
+        let id = format!("m-{}", &uuid::Uuid::now_v7().simple().to_string()[..16]);
+        let rec = MachineRecord {
+            id: id.clone(),
+            fleet: fleet.name.clone(),
+            provider_id: None,
+            instance_type: offer.instance_type.clone(),
+            zone: offer.zone.clone(),
+            capacity: capacity.as_str().into(),
+            price_per_hour: offer.price(capacity),
+            gpus: fleet.machine.gpus,
+            state: "requested".into(),
+            reason: Some(reason.to_string()),
+            agent_id: None,
+            requested_at_ms: now_ms,
+            running_at_ms: None,
+            connected_at_ms: None,
+            first_job_at_ms: None,
+            ended_at_ms: None,
+            boot_failed: false,
+        };
+        // Recorded before it is asked for: a crash in between leaves a row the next pass ends
+        // (never listed) or joins with what the provider made (listed, by its tag).
+        if let Err(e) = self.deps.store.put_machine(&rec).await {
+            self.error(fi, format!("cannot record a new machine: {e}"));
+            return;
+        }
+        let mut tags = fleet.machine.tags.clone();
+        tags.insert(TAG_COORDINATOR.into(), self.deps.coordinator_id.clone());
+        tags.insert(TAG_FLEET.into(), fleet.name.clone());
+        tags.insert(TAG_MACHINE.into(), id.clone());
+        let setting = |k: &str| fleet.settings.get(k);
+        let agent = AgentLaunch {
+            server: setting("server").and_then(|v| v.as_str()).unwrap_or(&self.deps.server_url).to_string(),
+            registration_token: self.deps.registration_token.clone(),
+            tags,
+            name: format!("{}-{id}", fleet.name),
+            program: setting("agent_program").and_then(|v| v.as_str()).unwrap_or("gpuci").to_string(),
+            extra_args: setting("agent_args")
+                .and_then(|v| v.as_array())
+                .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
+                .unwrap_or_default(),
+        };
+        let Some(p) = &self.fleets[fi].provider else { return };
+        tracing::info!(fleet = %fleet.name, machine = %id, offer = %offer.label(), %capacity, "creating: {reason}");
+        let req = CreateRequest { machine: id.clone(), offer: offer.clone(), capacity, agent };
+        match p.create(&req).await {
+            Ok(pm) => {
+                let made = MachineRecord {
+                    provider_id: Some(pm.provider_id.clone()),
+                    state: "booting".into(),
+                    running_at_ms: (pm.state == ProviderState::Running).then_some(now_ms),
+                    ..rec
+                };
+                let _ = self.deps.store.put_machine(&made).await;
+                let from = pm.launched_at.map_or(now_ms, |t| t as i64 * 1000);
+                let _ = self.deps.store.open_billing(&id, from).await;
+            }
+            Err(e) => {
+                let capacity_error = e.is_capacity();
+                if capacity_error {
+                    self.unavailable.push(offer_unavailable_after_error(
+                        &fleet.name,
+                        offer_at,
+                        capacity,
+                        now_ms as u64 / 1000,
+                    ));
+                }
+                let what = format!(
+                    "{} for {} ({capacity}){}",
+                    e.message,
+                    offer.label(),
+                    if capacity_error { "; trying the next offer" } else { "" }
+                );
+                self.error(fi, what.clone());
+                let ended =
+                    MachineRecord { state: "ended".into(), reason: Some(what), ended_at_ms: Some(now_ms), ..rec };
+                let _ = self.deps.store.put_machine(&ended).await;
+            }
+        }
+    }
+
+    async fn publish(&self, summaries: &[gpuci_core::fleet::FleetSummary], spend: &BTreeMap<String, f64>) {
+        let records = self.deps.store.machines(true).await.unwrap_or_default();
+        let mut out = Vec::new();
+        for run in &self.fleets {
+            let s = summaries.iter().find(|s| s.fleet == run.spec.name);
+            let machines: Vec<MachineStatus> = records
+                .iter()
+                .filter(|r| r.fleet == run.spec.name)
+                .map(|r| MachineStatus {
+                    id: r.id.clone(),
+                    state: match (r.state.as_str(), self.idle_since.contains_key(&r.id)) {
+                        ("ready", true) => "idle".into(),
+                        ("ready", false) => "busy".into(),
+                        (s, _) => s.to_string(),
+                    },
+                    provider_id: r.provider_id.clone(),
+                    instance_type: r.instance_type.clone(),
+                    zone: r.zone.clone(),
+                    capacity: r.capacity.clone(),
+                    agent_id: r.agent_id.clone(),
+                    requested_at_ms: r.requested_at_ms,
+                    running_at_ms: r.running_at_ms,
+                    connected_at_ms: r.connected_at_ms,
+                    first_job_at_ms: r.first_job_at_ms,
+                })
+                .collect();
+            let count = machines.iter().filter(|m| m.state != "stopped").count() as u32;
+            out.push(FleetStatus {
+                name: run.spec.name.clone(),
+                provider: run.spec.provider.to_string(),
+                machines,
+                // After this pass's actions (the summary counts before them).
+                count,
+                wanted: s.map_or(0, |s| s.wanted),
+                max: run.spec.max,
+                min_idle: run.spec.min_idle,
+                why: s.map_or_else(String::new, |s| s.why.clone()),
+                spend_today_usd: spend.get(&run.spec.name).copied().unwrap_or(0.0),
+                daily_budget_usd: run.spec.daily_budget,
+                budget_reached: s.is_some_and(|s| s.budget_reached),
+                breaker_open_until: s.and_then(|s| s.breaker_open_until),
+                recent_errors: run.errors.iter().cloned().collect(),
+                unavailable: run.unavailable_reason.clone(),
+            });
+        }
+        if let Ok(mut st) = self.statuses.write() {
+            *st = out;
+        }
+    }
+}
+
+/// A machine the provider lists under this coordinator's tag that the store does not know
+/// (created just before a crash): recorded from what the provider says.
+fn adopted(fleet: &FleetSpec, pm: &ProviderMachine, now_ms: i64) -> MachineRecord {
+    let offer = fleet.offers.iter().find(|o| o.instance_type == pm.instance_type && o.zone == pm.zone);
+    MachineRecord {
+        id: pm.machine.clone(),
+        fleet: fleet.name.clone(),
+        provider_id: Some(pm.provider_id.clone()),
+        instance_type: pm.instance_type.clone(),
+        zone: pm.zone.clone(),
+        capacity: pm.capacity.as_str().into(),
+        price_per_hour: offer.map_or(0.0, |o| o.price(pm.capacity)),
+        gpus: fleet.machine.gpus,
+        state: "booting".into(),
+        reason: Some("adopted: listed by the provider, unknown to this coordinator's store".into()),
+        agent_id: None,
+        requested_at_ms: pm.launched_at.map_or(now_ms, |t| t as i64 * 1000),
+        running_at_ms: None,
+        connected_at_ms: None,
+        first_job_at_ms: None,
+        ended_at_ms: None,
+        boot_failed: false,
+    }
+}
