@@ -243,3 +243,48 @@ fn a_coordinator_killed_during_scale_up_makes_no_duplicate() {
     let made = f.made();
     assert_eq!(made.len(), 1, "one job, one machine: {made:#?}");
 }
+
+/// Past the fleet's daily budget no machine is created, and the waiting job says why.
+#[test]
+fn a_reached_budget_stops_scale_up_and_the_job_says_so() {
+    // $3.60 an hour: a thousandth of a dollar is one second of a machine.
+    let f = start("daily_budget = 0.001", "");
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: sleep 2\n");
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", f.status());
+    wait_until_or("the budget reached", T, || f.status()["budget_reached"] == true, || format!("{:#}", f.status()));
+    wait_until_or("no machine left", T, || f.machines().is_empty(), || format!("{:#}", f.status()));
+    let made = f.made().len();
+    let p = api.submit("steps:\n  - key: b\n    gpus: 1\n    command: echo late\n");
+    let job = p.jobs[0].id;
+    let j = api.wait_job(job, "a reason naming the budget", T, |j| j.reason.contains("budget"));
+    assert!(j.reason.contains("fleet l4") && j.reason.contains("$0.00"), "{}", j.reason);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(f.made().len(), made, "a machine was made past the budget: {:#?}", f.made());
+    assert_eq!(api.job(job).state, gpuci_core::job::JobState::Queued);
+    api.cancel(job);
+}
+
+/// `idle_action = "stop"`: an idle machine is stopped, not deleted, and started again for the
+/// next job (the same machine, the same agent identity) before any new one is made.
+#[test]
+fn idle_machines_are_stopped_and_started_again_for_the_next_job() {
+    let f = start("idle_action = \"stop\"", "stop = true");
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo first\n");
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", f.status());
+    wait_until_or(
+        "the idle machine stopped",
+        T,
+        || f.machines().iter().any(|m| m["state"] == "stopped"),
+        || format!("{:#}", f.status()),
+    );
+    let stopped = f.machines()[0]["id"].as_str().unwrap().to_string();
+    let agent = api.job(p.jobs[0].id).agent_id.clone();
+    let p = api.submit("steps:\n  - key: b\n    gpus: 1\n    command: echo second\n");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{:#}", f.status());
+    assert_eq!(f.made().len(), 1, "started again, not made anew: {:#?}", f.made());
+    assert_eq!(api.job(p.jobs[0].id).agent_id, agent, "the same agent identity");
+    assert!(f.machines().iter().any(|m| m["id"] == stopped.as_str()), "{:#}", f.status());
+}

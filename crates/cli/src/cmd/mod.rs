@@ -130,7 +130,7 @@ fn simulate(a: crate::cli::SimulateArgs) -> CliResult {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?);
     } else {
-        print!("{report}");
+        println!("{report}");
     }
     Ok(0)
 }
