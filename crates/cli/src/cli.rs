@@ -44,6 +44,8 @@ pub enum Command {
     Agents(AgentsArgs),
     /// Fleets: machines by state, what the autoscaler wants and why, provider errors, spend.
     Fleets(AgentsArgs),
+    /// What fleet machines cost, by day, fleet and repository, with the fleets' overhead.
+    Cost(CostArgs),
     /// GitHub workflow jobs gpuci serves with runners: state and reason of each.
     Github(GithubArgs),
     /// GPU administration.
@@ -419,6 +421,15 @@ pub struct CancelArgs {
 
 #[derive(Args, Debug)]
 pub struct AgentsArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct CostArgs {
+    /// UTC days back from now, today included.
+    #[arg(long, default_value_t = 7)]
+    pub days: u32,
     #[command(flatten)]
     pub client: ClientArgs,
 }

@@ -123,6 +123,16 @@ pub fn job_detail(j: &JobSummary) -> String {
     if let (Some(st), fin) = (j.started_at_ms, j.finished_at_ms) {
         let _ = writeln!(s, "ran:      {}", elapsed(fin.unwrap_or_else(now_ms) - st));
     }
+    if let Some(c) = &j.cost {
+        let _ = writeln!(
+            s,
+            "cost:     ${:.4} (machine {} of fleet {}, ${:.3}/h)",
+            c.usd,
+            escape(&c.machine),
+            escape(&c.fleet),
+            c.price_per_hour
+        );
+    }
     if let Some(t) = &j.telemetry {
         let _ = writeln!(
             s,
@@ -269,7 +279,8 @@ impl Progress {
 /// their boot stages, and recent provider errors.
 pub fn fleets(fleets: &[serde_json::Value]) -> String {
     use std::fmt::Write;
-    let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+    // Machine ids, offers and errors come from providers: shown escaped, like job output.
+    let s = |v: &serde_json::Value| escape(v.as_str().unwrap_or_default()).to_string();
     let ms = |v: &serde_json::Value| v.as_i64();
     let mut out = String::new();
     for f in fleets {

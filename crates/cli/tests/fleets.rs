@@ -145,6 +145,11 @@ fn scales_from_zero_on_demand_and_back_to_zero_when_idle() {
     for j in &done.jobs {
         let log = api.log_text(j.id);
         assert!(log.contains("on GPU-"), "job {} ran without its leased L4: {log}", j.id);
+        // Its share of the machine: 1 of 1 GPU at $3.60/h, for the time it ran.
+        let j = api.job(j.id);
+        let cost = j.cost.clone().expect("a job on a fleet machine has a cost");
+        let ran = (j.finished_at_ms.unwrap() - j.started_at_ms.unwrap()) as f64 / 1000.0;
+        assert!((cost.usd - ran * 0.001).abs() < 1e-9 && cost.fleet == "l4", "{cost:?} for {ran} s");
     }
     let made = f.made();
     assert!((1..=2).contains(&made.len()), "machines made: {made:#?}");
@@ -167,6 +172,23 @@ fn scales_from_zero_on_demand_and_back_to_zero_when_idle() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("fleet l4 (exec): 0 machines") && text.contains("spent today $"), "{text}");
+
+    // The cost report: the jobs' shares under their repository, the rest as overhead, adding
+    // up to what the machines were billed.
+    let report: Value = api.get("/api/v1/cost?days=1");
+    let rows = report["rows"].as_array().unwrap();
+    let jobs: f64 = rows.iter().filter(|r| !r["repository"].is_null()).map(|r| r["usd"].as_f64().unwrap()).sum();
+    let expected: f64 = done.jobs.iter().map(|j| api.job(j.id).cost.unwrap().usd).sum();
+    assert!((jobs - expected).abs() < 1e-6, "{report:#}");
+    let total = report["total_usd"].as_f64().unwrap();
+    assert!((total - status["spend_today_usd"].as_f64().unwrap()).abs() < 0.01, "{report:#} vs {status:#}");
+    assert!(report["overhead_usd"].as_f64().unwrap() > 0.0, "boot and idle are overhead: {report:#}");
+    let out = std::process::Command::new(BIN)
+        .args(["cost", "--days", "1", "--server", &f.server.url, "--token", &f.server.token])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(overhead: boot, idle)") && text.contains("total $"), "{text}");
 }
 
 /// A capacity error for the first offer: the next offer is used and the fleet says what

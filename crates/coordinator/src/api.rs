@@ -29,7 +29,7 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "gpuci coordinator API", description = "Submit pipelines, follow jobs and logs, inspect agents and GPUs."),
-    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, list_fleets, release_gpu, register_agent, agent_channel, server_info, openapi_json),
+    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, list_fleets, cost_report, release_gpu, register_agent, agent_channel, server_info, openapi_json),
     components(schemas(ErrorBody, PipelineErrorBody, LogEvent, WatchEvent, crate::fleets::FleetStatus, crate::fleets::MachineStatus)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -246,12 +246,41 @@ pub async fn require_api_token(State(st): State<AppState>, req: Request, next: N
     }
 }
 
-async fn agent_names(store: &dyn Store) -> HashMap<String, String> {
-    store.list_agents().await.map(|v| v.into_iter().map(|a| (a.id, a.name)).collect()).unwrap_or_default()
+/// What job summaries name besides the job: its agent's name, and the fleet machine it ran on
+/// (for its cost).
+struct Known {
+    names: HashMap<String, String>,
+    /// Fleet machines by the agent that registered from them.
+    machines: HashMap<String, gpuci_store::MachineRecord>,
 }
 
-fn summarize(jobs: &[gpuci_store::JobRecord], names: &HashMap<String, String>) -> Vec<JobSummary> {
-    jobs.iter().map(|j| job_summary(j, j.agent_id.as_ref().and_then(|a| names.get(a).cloned()))).collect()
+async fn agent_names(store: &dyn Store) -> Known {
+    let names = store.list_agents().await.map(|v| v.into_iter().map(|a| (a.id, a.name)).collect()).unwrap_or_default();
+    let machines = store
+        .machines(false)
+        .await
+        .map(|v| v.into_iter().filter_map(|m| Some((m.agent_id.clone()?, m))).collect())
+        .unwrap_or_default();
+    Known { names, machines }
+}
+
+fn summarize(jobs: &[gpuci_store::JobRecord], known: &Known) -> Vec<JobSummary> {
+    jobs.iter()
+        .map(|j| {
+            let mut s = job_summary(j, j.agent_id.as_ref().and_then(|a| known.names.get(a).cloned()));
+            let machine = j.agent_id.as_ref().and_then(|a| known.machines.get(a));
+            if let (Some(m), Some(started)) = (machine, j.started_at_ms) {
+                let ran_ms = j.finished_at_ms.unwrap_or_else(crate::brain::now_ms) - started;
+                s.cost = Some(gpuci_protocol::api::JobCost {
+                    usd: gpuci_core::fleet::job_cost(ran_ms, j.gpus.len() as u32, m.gpus, m.price_per_hour),
+                    machine: m.id.clone(),
+                    fleet: m.fleet.clone(),
+                    price_per_hour: m.price_per_hour,
+                });
+            }
+            s
+        })
+        .collect()
 }
 
 async fn pipeline_summary(st: &AppState, id: PipelineId) -> ApiResult<PipelineSummary> {
@@ -658,6 +687,64 @@ pub async fn list_agents(State(st): State<AppState>) -> ApiResult<Json<Vec<Agent
 pub async fn release_gpu(State(st): State<AppState>, ApiPath(uuid): ApiPath<String>) -> ApiResult<StatusCode> {
     ask(&st, |reply| Command::ReleaseGpu { uuid, reply }).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct CostQuery {
+    /// Days back from now (UTC days, today included); default 7, at most 366.
+    pub days: Option<u32>,
+}
+
+/// What fleet machines cost, by UTC day, fleet and repository; what no job's share covers (boot,
+/// idle, GPUs no job leased) is the fleet's overhead (rows without a repository).
+#[utoipa::path(get, path = "/api/v1/cost", params(CostQuery),
+    responses((status = 200, body = gpuci_core::fleet::cost::CostReport), (status = 400, body = ErrorBody)))]
+pub async fn cost_report(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<CostQuery>,
+) -> ApiResult<Json<gpuci_core::fleet::cost::CostReport>> {
+    use gpuci_core::fleet::cost::{report, BilledMachine, Run, Stretch};
+    let days = q.days.unwrap_or(7);
+    if !(1..=366).contains(&days) {
+        return Err(ApiError::new(StatusCode::BAD_REQUEST, "days: expected 1 to 366"));
+    }
+    let now = crate::brain::now_ms();
+    const DAY: i64 = 86_400_000;
+    let from = (now.div_euclid(DAY) - i64::from(days) + 1) * DAY;
+    let machines = st.store.machines(false).await?;
+    let stretches = st.store.billing_since(from).await?;
+    let by_agent: HashMap<&str, &str> =
+        machines.iter().filter_map(|m| Some((m.agent_id.as_deref()?, m.id.as_str()))).collect();
+    let mut repos: HashMap<PipelineId, Option<String>> = HashMap::new();
+    let mut runs = Vec::new();
+    for j in st.store.jobs_ran_since(from).await? {
+        let (Some(agent), Some(started)) = (j.agent_id.as_deref(), j.started_at_ms) else { continue };
+        let Some(machine) = by_agent.get(agent) else { continue };
+        if !repos.contains_key(&j.pipeline_id) {
+            let repo = st.store.get_pipeline(j.pipeline_id).await?.and_then(|p| p.repository);
+            repos.insert(j.pipeline_id, repo);
+        }
+        runs.push(Run {
+            machine: machine.to_string(),
+            repository: repos.get(&j.pipeline_id).cloned().flatten(),
+            gpus: j.gpus.len() as u32,
+            from_ms: started,
+            to_ms: j.finished_at_ms,
+        });
+    }
+    let machines: Vec<BilledMachine> = machines
+        .iter()
+        .map(|m| BilledMachine {
+            id: m.id.clone(),
+            fleet: m.fleet.clone(),
+            gpus: m.gpus,
+            price_per_hour: m.price_per_hour,
+        })
+        .collect();
+    let stretches: Vec<Stretch> =
+        stretches.into_iter().map(|s| Stretch { machine: s.machine_id, from_ms: s.from_ms, to_ms: s.to_ms }).collect();
+    Ok(Json(report(&machines, &stretches, &runs, from, now)))
 }
 
 /// Fleets: machines by state, what the autoscaler wants and why, recent provider errors,

@@ -20,6 +20,7 @@ pub fn job_summary(j: &JobRecord, agent_name: Option<String>) -> JobSummary {
         finished_at_ms: j.finished_at_ms,
         exit_code: j.exit_code,
         telemetry: j.telemetry.clone(),
+        cost: None,
     }
 }
 

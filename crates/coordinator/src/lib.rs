@@ -215,6 +215,7 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/jobs/{id}/logs", get(api::job_logs))
         .route("/api/v1/agents", get(api::list_agents))
         .route("/api/v1/fleets", get(api::list_fleets))
+        .route("/api/v1/cost", get(api::cost_report))
         .route("/api/v1/github/jobs", get(github::api::list_github_jobs))
         .route("/api/v1/github/status", get(github::api::github_status))
         .route("/api/v1/gpus/{uuid}/release", post(api::release_gpu))

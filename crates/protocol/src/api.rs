@@ -75,6 +75,19 @@ pub struct JobSummary {
     pub finished_at_ms: Option<i64>,
     pub exit_code: Option<i32>,
     pub telemetry: Option<JobTelemetry>,
+    /// What the job cost, when it ran on a machine of a fleet: its share of the machine's
+    /// GPUs × the machine's price, per second of its run.
+    #[serde(default)]
+    pub cost: Option<JobCost>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct JobCost {
+    pub usd: f64,
+    pub machine: String,
+    pub fleet: String,
+    /// The machine's price, USD per hour.
+    pub price_per_hour: f64,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]

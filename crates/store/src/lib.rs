@@ -218,6 +218,8 @@ pub trait Store: Send + Sync + 'static {
     async fn set_reason(&self, id: JobId, reason: &str) -> Result<()>;
     async fn get_job(&self, id: JobId) -> Result<Option<JobRecord>>;
     async fn list_jobs(&self, filter: &JobFilter) -> Result<Vec<JobRecord>>;
+    /// Jobs that started and were still running at or after `since_ms` (for cost reports).
+    async fn jobs_ran_since(&self, since_ms: i64) -> Result<Vec<JobRecord>>;
     /// Every job not in a terminal state, oldest first.
     async fn active_jobs(&self) -> Result<Vec<JobRecord>>;
     async fn pipeline_jobs(&self, pipeline: PipelineId) -> Result<Vec<JobRecord>>;

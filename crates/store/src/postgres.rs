@@ -419,6 +419,17 @@ impl Store for PostgresStore {
         rows.iter().map(job_from_row).collect()
     }
 
+    async fn jobs_ran_since(&self, since_ms: i64) -> Result<Vec<JobRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE started_at_ms IS NOT NULL \
+             AND (finished_at_ms IS NULL OR finished_at_ms >= $1) ORDER BY id"
+        ))
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
     async fn active_jobs(&self) -> Result<Vec<JobRecord>> {
         let rows = sqlx::query(&format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('queued', 'assigned', 'running') ORDER BY id"

@@ -382,6 +382,17 @@ impl Store for SqliteStore {
         rows.iter().map(job_from_row).collect()
     }
 
+    async fn jobs_ran_since(&self, since_ms: i64) -> Result<Vec<JobRecord>> {
+        let rows = sqlx::query(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE started_at_ms IS NOT NULL \
+             AND (finished_at_ms IS NULL OR finished_at_ms >= ?) ORDER BY id"
+        ))
+        .bind(since_ms)
+        .fetch_all(&self.read)
+        .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
     async fn active_jobs(&self) -> Result<Vec<JobRecord>> {
         let rows = sqlx::query(&format!(
             "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('queued', 'assigned', 'running') ORDER BY id"

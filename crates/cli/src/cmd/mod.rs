@@ -31,6 +31,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Cancel(a) => jobs::cancel(a).await,
         Command::Agents(a) => agents(a).await,
         Command::Fleets(a) => fleets(a).await,
+        Command::Cost(a) => cost(a).await,
         Command::Github(a) => github(a).await,
         Command::Gpu(a) => match a.command {
             GpuCommand::Release { uuid } => gpu_release(&a.client, &uuid).await,
@@ -188,6 +189,43 @@ async fn fleets(a: crate::cli::AgentsArgs) -> CliResult {
         eprintln!("no fleets (add [[fleet]] to the server's config file: docs/fleets.md)");
     }
     print!("{}", render::fleets(&fleets));
+    Ok(0)
+}
+
+async fn cost(a: crate::cli::CostArgs) -> CliResult {
+    let c = Client::from_args(&a.client)?;
+    let report: serde_json::Value = c.get(&format!("/api/v1/cost?days={}", a.days)).await?;
+    if a.client.json {
+        println!("{}", serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?);
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = report["rows"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| {
+            vec![
+                r["day"].as_str().unwrap_or_default().to_string(),
+                gpuci_core::text::escape(r["fleet"].as_str().unwrap_or_default()).to_string(),
+                r["repository"]
+                    .as_str()
+                    .map_or("(overhead: boot, idle)".into(), |r| gpuci_core::text::escape(r).to_string()),
+                format!("{:.1}", r["gpu_hours"].as_f64().unwrap_or(0.0)),
+                format!("${:.2}", r["usd"].as_f64().unwrap_or(0.0)),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        eprintln!("no fleet machine was billed in the last {} days", a.days);
+    } else {
+        print!("{}", render::table(&["DAY", "FLEET", "REPOSITORY", "GPU-H", "COST"], &rows));
+    }
+    println!(
+        "total ${:.2}, of which overhead ${:.2}",
+        report["total_usd"].as_f64().unwrap_or(0.0),
+        report["overhead_usd"].as_f64().unwrap_or(0.0)
+    );
     Ok(0)
 }
 

@@ -16,6 +16,7 @@
 
 mod autoscale;
 mod config;
+pub mod cost;
 mod schedule;
 
 pub use autoscale::{
@@ -241,3 +242,31 @@ impl FleetSpec {
 
 #[cfg(test)]
 mod tests;
+
+/// A job's cost on a fleet machine: its share of the machine's GPUs (its GPUs over the
+/// machine's) × the machine's price, per second it ran. A job with no GPU on a GPU machine
+/// costs nothing here: the machine's time is the fleet's overhead then, as boot and idle are.
+pub fn job_cost(ran_ms: i64, job_gpus: u32, machine_gpus: u32, price_per_hour: f64) -> f64 {
+    if machine_gpus == 0 || ran_ms <= 0 {
+        return 0.0;
+    }
+    let share = f64::from(job_gpus.min(machine_gpus)) / f64::from(machine_gpus);
+    ran_ms as f64 / 3_600_000.0 * price_per_hour * share
+}
+
+#[cfg(test)]
+mod cost_tests {
+    use super::job_cost;
+
+    #[test]
+    fn a_job_pays_its_share_of_the_machine_per_second() {
+        // 2 of 8 GPUs for 30 minutes of a $40/h machine: a quarter of $20.
+        assert!((job_cost(1_800_000, 2, 8, 40.0) - 5.0).abs() < 1e-9);
+        assert!((job_cost(3_600_000, 1, 1, 0.526) - 0.526).abs() < 1e-12);
+        assert_eq!(job_cost(1_000, 0, 4, 10.0), 0.0);
+        assert_eq!(job_cost(-5, 1, 1, 10.0), 0.0);
+        assert_eq!(job_cost(1_000, 1, 0, 10.0), 0.0);
+        // Never more than the whole machine.
+        assert!((job_cost(3_600_000, 9, 8, 8.0) - 8.0).abs() < 1e-9);
+    }
+}
