@@ -721,9 +721,8 @@ pub async fn cost_report(
     for j in st.store.jobs_ran_since(from).await? {
         let (Some(agent), Some(started)) = (j.agent_id.as_deref(), j.started_at_ms) else { continue };
         let Some(machine) = by_agent.get(agent) else { continue };
-        if !repos.contains_key(&j.pipeline_id) {
-            let repo = st.store.get_pipeline(j.pipeline_id).await?.and_then(|p| p.repository);
-            repos.insert(j.pipeline_id, repo);
+        if let std::collections::hash_map::Entry::Vacant(e) = repos.entry(j.pipeline_id) {
+            e.insert(st.store.get_pipeline(j.pipeline_id).await?.and_then(|p| p.repository));
         }
         runs.push(Run {
             machine: machine.to_string(),

@@ -126,6 +126,8 @@ pub enum LogEvent {
 /// One line of `GET /api/v1/pipelines/{id}/watch` (NDJSON): a job changed.
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
+// A wire type: its size in memory is not worth boxing a variant for.
+#[allow(clippy::large_enum_variant)]
 pub enum WatchEvent {
     Job(JobSummary),
     Log { job_id: JobId, line: LogLine },
