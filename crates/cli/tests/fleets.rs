@@ -310,3 +310,105 @@ fn idle_machines_are_stopped_and_started_again_for_the_next_job() {
     assert_eq!(api.job(p.jobs[0].id).agent_id, agent, "the same agent identity");
     assert!(f.machines().iter().any(|m| m["id"] == stopped.as_str()), "{:#}", f.status());
 }
+
+/// A provider program that echoes what it was given (a cloud API quoting the user data back in
+/// an error): the registration token never reaches the fleet's status, `gpuci fleets` or the
+/// coordinator's log, and the program's control characters are shown escaped.
+#[test]
+fn a_provider_that_echoes_the_registration_token_does_not_leak_it() {
+    let dir = tempdir();
+    let program = dir.path().join("echoing-provider");
+    std::fs::write(
+        &program,
+        r#"#!/usr/bin/env python3
+import json, sys
+op = sys.argv[1]
+req = json.load(sys.stdin)
+if op == "list":
+    print(json.dumps({"machines": []}))
+    sys.exit(0)
+token = req.get("agent", {}).get("registration_token", "")
+sys.stderr.write("debug: user data was " + req.get("agent", {}).get("user_data", "") + "\n")
+print(json.dumps({"error": {"kind": "invalid", "message": "rejected token=" + token + " \x1b[31mRED\r\nFAKE LINE"}}))
+sys.exit(1)
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let config = dir.path().join("server.toml");
+    let toml = fleet_toml(&dir.path().join("machines"), "", "").replace(
+        &format!("command = [\"python3\", \"{}\"]", reference_program().display()),
+        &format!("command = [\"{}\"]", program.display()),
+    );
+    std::fs::write(&config, toml).unwrap();
+    let log = dir.path().join("server.log");
+    let mut child = std::process::Command::new(BIN)
+        .args(["server", "--listen", "127.0.0.1:0", "--fleet-interval", "300ms", "--config"])
+        .arg(&config)
+        .arg("--data-dir")
+        .arg(dir.path().join("server"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let url = line.trim().to_string();
+    let data = dir.path().join("server");
+    let token = std::fs::read_to_string(data.join("api-token")).unwrap().trim().to_string();
+    let registration = std::fs::read_to_string(data.join("registration-token")).unwrap().trim().to_string();
+    let api = Api::new(&url, &token);
+    api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo ok\n");
+    let status = || {
+        let fleets: Vec<Value> = api.get("/api/v1/fleets");
+        fleets[0].clone()
+    };
+    wait_until_or(
+        "the provider's error on the fleet",
+        T,
+        || status()["recent_errors"].to_string().contains("rejected token="),
+        || format!("{:#}", status()),
+    );
+    let shown = status().to_string();
+    assert!(!shown.contains(&registration) && shown.contains("[registration token]"), "{shown}");
+    let out = std::process::Command::new(BIN).args(["fleets", "--server", &url, "--token", &token]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains(&registration), "{text}");
+    assert!(
+        !text.contains('\u{1b}') && !text.contains("\r\nFAKE"),
+        "control characters reached the terminal: {text:?}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.contains("debug: user data was"), "the program's stderr is logged");
+    assert!(!logged.contains(&registration), "the registration token is in the coordinator's log");
+}
+
+/// Provider settings that could never work are refused when the server starts, naming the
+/// fleet and the setting.
+#[test]
+fn impossible_provider_settings_are_refused_at_start() {
+    let dir = tempdir();
+    let base = fleet_toml(&dir.path().join("machines"), "", "");
+    let no_command = base.replace(&format!("command = [\"python3\", \"{}\"]", reference_program().display()), "");
+    for (toml, says) in [
+        (no_command, "command"),
+        (base.replace("[fleet.settings]", "[fleet.settings]\ntimeout = \"0s\""), "timeout"),
+        (base.replace("idle_timeout = \"2s\"", "idle_timeout = \"2s\"\nidle_action = \"stop\""), "stop = true"),
+        (base.replace("name = \"l4\"", &format!("name = \"{}\"", "a".repeat(200))), "name"),
+    ] {
+        let config = dir.path().join("bad.toml");
+        std::fs::write(&config, &toml).unwrap();
+        let out = std::process::Command::new(BIN)
+            .args(["server", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(dir.path().join("server"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("bad.toml") && err.contains(says), "{says}: {err}");
+    }
+}

@@ -117,7 +117,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
     }
     let runs: Vec<FleetRun> = fleets
         .into_iter()
-        .map(|spec| match gpuci_providers::for_fleet(&spec, &deps.coordinator_id) {
+        .map(|spec| match gpuci_providers::for_fleet(&spec, &deps.coordinator_id, &deps.registration_token) {
             Ok(p) => FleetRun { spec, provider: Some(p), unavailable_reason: None, errors: VecDeque::new() },
             Err(e) => {
                 tracing::error!(fleet = %spec.name, error = %e, "fleet cannot create machines");

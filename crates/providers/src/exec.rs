@@ -23,6 +23,9 @@ pub struct ExecProvider {
     fleet: String,
     /// `[fleet.settings]` as JSON, passed on as `settings`.
     settings: Value,
+    /// Credentials the program is given (the registration token): never repeated in a log
+    /// line or an error, whatever the program echoes.
+    secrets: Vec<String>,
 }
 
 /// The settings gpuci itself reads; the rest are the program's.
@@ -51,9 +54,12 @@ impl ExecProvider {
                 t.parse::<gpuci_core::duration::Duration>().map(|d| d.0).map_err(|e| bad(format!("timeout: {e}")))?
             }
         };
+        if timeout < Duration::from_secs(1) {
+            return Err(bad(format!("timeout: {timeout:?} is too short for any program; give at least 1s")));
+        }
         if fleet.idle_action == gpuci_core::fleet::IdleAction::Stop && !own.stop {
             return Err(bad(
-                "idle = \"stop\" needs a program that can stop and start machines: say stop = true in [fleet.settings]"
+                "idle_action = \"stop\" needs a program that can stop and start machines: say stop = true in [fleet.settings]"
                     .into(),
             ));
         }
@@ -64,11 +70,28 @@ impl ExecProvider {
             coordinator: coordinator.to_string(),
             fleet: fleet.name.clone(),
             settings,
+            secrets: Vec::new(),
         })
+    }
+
+    /// Never show `secret` in what the program says.
+    pub fn with_secret(mut self, secret: &str) -> Self {
+        if !secret.is_empty() {
+            self.secrets.push(secret.to_string());
+        }
+        self
+    }
+
+    fn redact(&self, text: &str) -> String {
+        self.secrets.iter().fold(text.to_string(), |t, s| t.replace(s.as_str(), "[registration token]"))
     }
 
     /// Run `command… op` with `extra` merged into the common request; the answer's JSON.
     async fn call(&self, op: &str, extra: Value) -> ProviderResult<Value> {
+        self.call_raw(op, extra).await.map_err(|e| ProviderError::new(e.kind, self.redact(&e.message)))
+    }
+
+    async fn call_raw(&self, op: &str, extra: Value) -> ProviderResult<Value> {
         let mut req = json!({
             "protocol": 1,
             "op": op,
@@ -125,7 +148,7 @@ impl ExecProvider {
         // Whatever the program left running in its group is not ours to keep.
         kill_group(pgid);
         if !err.is_empty() {
-            let text = String::from_utf8_lossy(&err[..err.len().min(4096)]).to_string();
+            let text = self.redact(&String::from_utf8_lossy(&err[..err.len().min(4096)]));
             tracing::info!(fleet = %self.fleet, op, stderr = %text.trim_end(), "exec provider said");
         }
         let status = status.map_err(|e| transient(format!("{program} {op}: {e}")))?;

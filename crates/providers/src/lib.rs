@@ -162,11 +162,14 @@ pub trait Provider: Send + Sync {
     async fn start(&self, machine: &str) -> ProviderResult<ProviderMachine>;
 }
 
-/// The provider of `fleet`, for coordinator `coordinator`; an error a person can act on when
-/// the fleet's settings are wrong or its provider is not built into this version.
-pub fn for_fleet(fleet: &FleetSpec, coordinator: &str) -> Result<Box<dyn Provider>, String> {
+/// The provider of `fleet`, for coordinator `coordinator`, which hands `registration_token` to
+/// the machines it makes (and never repeats it); an error a person can act on when the fleet's
+/// settings are wrong or its provider is not built into this version.
+pub fn for_fleet(fleet: &FleetSpec, coordinator: &str, registration_token: &str) -> Result<Box<dyn Provider>, String> {
     match fleet.provider {
-        ProviderKind::Exec => Ok(Box::new(exec::ExecProvider::from_settings(fleet, coordinator)?)),
+        ProviderKind::Exec => {
+            Ok(Box::new(exec::ExecProvider::from_settings(fleet, coordinator)?.with_secret(registration_token)))
+        }
         other => Err(format!(
             "fleet {}: provider {other} is not in this version of gpuci (exec is; aws, slurm and kubernetes are planned)",
             fleet.name

@@ -260,8 +260,11 @@ const DEFAULT_IDLE_TIMEOUT_S: u64 = 10 * 60;
 const DEFAULT_BOOT_TIMEOUT_S: u64 = 10 * 60;
 
 fn resolve(f: FleetFile, fail: &dyn Fn(&str, String) -> FleetConfigError) -> Result<FleetSpec, FleetConfigError> {
-    if f.name.is_empty() || !f.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-        return Err(fail("name", "use letters, digits, - and _ (it names machines and tags)".into()));
+    if f.name.is_empty()
+        || f.name.len() > 40
+        || !f.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(fail("name", "use 1 to 40 letters, digits, - and _ (it names machines, tags and files)".into()));
     }
     let provider = f.provider.0;
     if f.max == 0 {
