@@ -12,6 +12,7 @@ pub mod disk;
 mod executor;
 pub mod fstree;
 pub mod identity;
+pub mod interruption;
 pub mod journal;
 pub mod leave;
 pub mod outbox;
@@ -87,6 +88,10 @@ pub struct Config {
     /// Give the machine up (see [`leave`]) when the coordinator has not been reachable for
     /// this long and no job runs: [`run_until`] then returns [`Ended::Left`]. `None`: never.
     pub leave_after_unreachable: Option<Duration>,
+    /// Where the machine's provider posts a notice that it takes the machine back (EC2's
+    /// `http://169.254.169.254/latest/meta-data/spot/instance-action`), and how often to look
+    /// ([`interruption`]).
+    pub interruption_notice: Option<(String, Duration)>,
 }
 
 impl Config {
@@ -116,6 +121,7 @@ impl Config {
             min_free_disk: DEFAULT_MIN_FREE_DISK,
             job_disk: 0,
             leave_after_unreachable: None,
+            interruption_notice: None,
         }
     }
 }
@@ -175,6 +181,8 @@ struct Agent {
     welcomed: bool,
     /// When a job last ended.
     last_job_ended: Option<std::time::Instant>,
+    /// The provider's notice that it takes the machine back, once seen ([`interruption`]).
+    interrupted: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 /// How often the agent re-reads its GPU inventory and reports a change.
@@ -428,6 +436,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         running: Vec::new(),
         journal_incomplete: None,
         paused: None,
+        interrupted: None,
     };
     let mut outbox = outbox::Outbox::new(OUTBOX_LIMIT);
     let mut holds = BTreeSet::new();
@@ -439,6 +448,10 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         }
     }
     let (events_tx, events_rx) = mpsc::unbounded_channel();
+    let (notice_tx, interrupted) = tokio::sync::watch::channel(None);
+    if let Some((url, every)) = config.interruption_notice.clone() {
+        tokio::spawn(interruption::watch(url, every, notice_tx, shutdown.clone()));
+    }
     let mut agent = Agent {
         ctx,
         hello_base,
@@ -456,6 +469,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         last_connected: started,
         welcomed: false,
         last_job_ended: None,
+        interrupted,
     };
     agent.check_disk();
     let ended = agent.run(identity, shutdown).await;
@@ -709,6 +723,7 @@ impl Agent {
         hello.running = self.holds.iter().copied().collect();
         hello.journal_incomplete = self.journal.incomplete().map(str::to_string);
         hello.paused = self.paused.clone();
+        hello.interrupted = self.interrupted.borrow().clone();
         send(&mut sink, &AgentMessage::Hello(Box::new(hello))).await?;
         // A new connection: everything not acknowledged goes again.
         self.outbox.rewind();
@@ -771,6 +786,13 @@ impl Agent {
                 }
                 _ = tick.tick() => {
                     send(&mut sink, &AgentMessage::Heartbeat).await?;
+                }
+                Ok(()) = self.interrupted.changed() => {
+                    let notice = self.interrupted.borrow_and_update().clone();
+                    if let Some(reason) = notice {
+                        tracing::warn!(%reason, "the machine is being taken back; taking no new job");
+                        send(&mut sink, &AgentMessage::Interrupted { reason }).await?;
+                    }
                 }
                 _ = disk.tick() => {
                     if self.check_disk() {

@@ -359,6 +359,15 @@ pub struct AgentArgs {
     /// or `sudo poweroff`; its exit status is logged. Only with --leave-after-unreachable.
     #[arg(long, env = "GPUCI_ON_LEAVE", value_name = "COMMAND", requires = "leave_after_unreachable")]
     pub on_leave: Option<String>,
+    /// Where the machine's provider posts a notice that it takes the machine back: on EC2
+    /// spot, http://169.254.169.254/latest/meta-data/spot/instance-action. Once a notice is
+    /// there the agent takes no new job and the coordinator puts its jobs back in the queue,
+    /// once. Default: not watched.
+    #[arg(long, env = "GPUCI_INTERRUPTION_NOTICE_URL", value_name = "URL")]
+    pub interruption_notice_url: Option<String>,
+    /// How often to look at --interruption-notice-url.
+    #[arg(long, default_value = "5s", value_parser = parse_duration, hide = true)]
+    pub interruption_poll: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

@@ -412,3 +412,117 @@ fn impossible_provider_settings_are_refused_at_start() {
         assert!(err.contains("bad.toml") && err.contains(says), "{says}: {err}");
     }
 }
+
+/// An instance metadata service of our own: answers the spot interruption notice while `on`.
+struct NoticeServer {
+    url: String,
+    on: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl NoticeServer {
+    fn start() -> NoticeServer {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/latest/meta-data/spot/instance-action", listener.local_addr().unwrap());
+        let on = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = on.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let mut conn = conn;
+                let mut buf = [0u8; 4096];
+                let n = conn.read(&mut buf).unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]);
+                let notice = flag.load(std::sync::atomic::Ordering::SeqCst)
+                    && req.starts_with("GET /latest/meta-data/spot/instance-action");
+                let resp = if notice {
+                    let body = r#"{"action": "terminate", "time": "2026-11-24T08:22:00Z"}"#;
+                    format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+                } else {
+                    "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_string()
+                };
+                let _ = conn.write_all(resp.as_bytes());
+            }
+        });
+        NoticeServer { url, on }
+    }
+
+    fn set(&self, on: bool) {
+        self.on.store(on, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Spot interruptions: a machine whose agent sees the notice takes no new job, its running job
+/// is ended `lost` and queued again once (a new attempt, whatever the step's retry policy);
+/// after two interruptions the fleet's breaker asks for on-demand machines only.
+#[test]
+fn spot_interruptions_requeue_the_job_once_and_trip_the_breaker() {
+    let notice = NoticeServer::start();
+    let extra = "capacity = \"spot-then-on-demand\"";
+    let f = {
+        let fleet = start(extra, "");
+        drop(fleet);
+        // Rebuilt with the notice URL in the agents' arguments and spot prices.
+        let dir = tempdir();
+        let state = dir.path().join("machines");
+        let config = dir.path().join("server.toml");
+        let toml = fleet_toml(&state, extra, "")
+            .replace(
+                "\"--isolation\",",
+                &format!(
+                    "\"--interruption-notice-url\", \"{}\", \"--interruption-poll\", \"200ms\", \"--isolation\",",
+                    notice.url
+                ),
+            )
+            .replace("price_per_hour = 3.6", "price_per_hour = 3.6\nspot_price_per_hour = 1.2");
+        std::fs::write(&config, toml).unwrap();
+        let server = Server::start_on(
+            &dir.path().join("server"),
+            "127.0.0.1:0",
+            vec!["--fleet-interval".into(), "300ms".into(), "--config".into(), config.display().to_string()],
+        );
+        Fleet { _dir: dir, server, state }
+    };
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: work\n    gpus: 1\n    command: sleep 4 && echo done\n");
+    let attempts = || {
+        let mut jobs = api.pipeline(p.id).jobs;
+        jobs.sort_by_key(|j| j.attempt);
+        jobs
+    };
+    for round in 1..=2u32 {
+        wait_until_or(
+            &format!("attempt {round} running"),
+            T,
+            || attempts().iter().any(|j| j.attempt == round && j.state == gpuci_core::job::JobState::Running),
+            || format!("{:#?}\n{:#}", attempts(), f.status()),
+        );
+        notice.set(true);
+        wait_until_or(
+            &format!("attempt {round} ended lost and attempt {} queued", round + 1),
+            T,
+            || attempts().iter().any(|j| j.attempt == round + 1),
+            || format!("{:#?}", attempts()),
+        );
+        notice.set(false);
+        let old = attempts().into_iter().find(|j| j.attempt == round).unwrap();
+        assert_eq!(old.state, gpuci_core::job::JobState::Lost, "{old:#?}");
+        assert!(old.reason.contains("taken back") && old.reason.contains("spot interruption notice"), "{}", old.reason);
+    }
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    let jobs = attempts();
+    assert_eq!(jobs.len(), 3, "each interruption queued the job again exactly once: {jobs:#?}");
+    assert!(api.log_text(jobs[2].id).contains("done"));
+    // Two spot machines interrupted, then on-demand only: the breaker.
+    let mut made = f.made();
+    made.sort_by_key(|m| m["launched_at"].as_i64().unwrap_or(0));
+    let capacities: Vec<&str> = made.iter().map(|m| m["capacity"].as_str().unwrap_or("?")).collect();
+    assert_eq!(capacities, ["spot", "spot", "on-demand"], "{made:#?}");
+    let status = f.status();
+    assert!(status["breaker_open_until"].as_u64().is_some(), "{status:#}");
+    assert!(
+        status["recent_errors"].to_string().contains("taken back")
+            || status["recent_errors"].to_string().contains("queued again"),
+        "{status:#}"
+    );
+}

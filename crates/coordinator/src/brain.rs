@@ -213,6 +213,12 @@ pub enum Command {
         conn: u64,
         reason: Option<String>,
     },
+    /// The agent's machine is being taken back (a spot interruption notice).
+    AgentInterrupted {
+        agent_id: String,
+        conn: u64,
+        reason: String,
+    },
     AgentDisconnected {
         agent_id: String,
         conn: u64,
@@ -253,6 +259,8 @@ pub struct FleetAgent {
     pub running: u32,
     /// GPUs leased to those jobs.
     pub gpus_busy: u32,
+    /// Its machine is being taken back (the notice, in words).
+    pub interrupted: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -292,6 +300,8 @@ struct AgentState {
     reason: String,
     /// Why the agent takes no new jobs now (its disk is nearly full): no slot of it is free.
     paused: Option<String>,
+    /// Its machine is being taken back (a spot interruption notice): it takes no job again.
+    interrupted: Option<String>,
 }
 
 pub struct Brain {
@@ -417,6 +427,7 @@ impl Brain {
                         "waiting for the agent to reconnect after a coordinator restart".into()
                     },
                     paused: None,
+                    interrupted: None,
                 },
             );
         }
@@ -533,6 +544,13 @@ impl Brain {
                         }
                         a.paused = reason;
                     }
+                    self.schedule().await;
+                }
+            }
+            Command::AgentInterrupted { agent_id, conn, reason } => {
+                if self.is_current(&agent_id, conn) {
+                    self.touch(&agent_id);
+                    self.agent_interrupted(&agent_id, reason).await;
                     self.schedule().await;
                 }
             }
@@ -809,6 +827,7 @@ impl Brain {
             last_seen_ms: now,
             reason: String::new(),
             paused: hello.paused.clone(),
+            interrupted: None,
         };
         self.agents.insert(agent_id.to_string(), entry);
 
@@ -878,6 +897,9 @@ impl Brain {
             }
         }
         tracing::info!(agent = agent_id, name = %hello.name, slots = hello.slots, gpus = hello.gpus.len(), "agent connected");
+        if let Some(reason) = &hello.interrupted {
+            self.agent_interrupted(agent_id, reason.clone()).await;
+        }
         Ok(())
     }
 
@@ -1297,7 +1319,11 @@ impl Brain {
                 agent_id: a.id.clone(),
                 name: a.name.clone(),
                 tags: a.tags.clone(),
-                free_slots: if a.paused.is_some() { 0 } else { a.slots.saturating_sub(busy) },
+                free_slots: if a.paused.is_some() || a.interrupted.is_some() {
+                    0
+                } else {
+                    a.slots.saturating_sub(busy)
+                },
                 total_slots: a.slots,
                 container_runtime: a.container_runtime.is_some(),
                 gpus,
@@ -1690,6 +1716,64 @@ impl Brain {
         self.publish(&rec);
     }
 
+    /// The agent's machine is being taken back: it takes no new job, and each job it runs is
+    /// ended `lost` and queued again as its next attempt in the same commit, whatever the
+    /// step's retry policy (the job did nothing wrong). Once: a notice repeated after a
+    /// reconnect finds those jobs ended already. The agent is told to stop the old runs.
+    async fn agent_interrupted(&mut self, agent_id: &str, reason: String) {
+        let Some(a) = self.agents.get_mut(agent_id) else { return };
+        let first = a.interrupted.is_none();
+        a.interrupted = Some(reason.clone());
+        let name = a.name.clone();
+        if first {
+            tracing::warn!(agent = %name, %reason, "the agent's machine is being taken back");
+        }
+        let jobs: Vec<JobRecord> = self
+            .active
+            .values()
+            .filter(|j| j.agent_id.as_deref() == Some(agent_id))
+            .filter(|j| matches!(j.state, JobState::Assigned | JobState::Running))
+            .cloned()
+            .collect();
+        for job in jobs {
+            let now = now_ms();
+            let why = format!("lost: machine {name} is being taken back ({reason})");
+            self.note_in_log(&job, format!("{why}; this run is stopped and the job queued again")).await;
+            let change = JobChange {
+                state: Some(JobState::Lost),
+                reason: Some(format!("{why}; queued again as attempt {}", job.attempt + 1)),
+                finished_at_ms: Some(now),
+                release_leases: true,
+                ..Default::default()
+            };
+            let next = NewJob {
+                pipeline_id: job.pipeline_id,
+                step: job.step.clone(),
+                env: job.env.clone(),
+                state: JobState::Queued,
+                reason: format!("queued again: job {} was on a machine being taken back", job.id),
+                attempt: job.attempt + 1,
+                retry_of: Some(job.id),
+                created_at_ms: now,
+            };
+            match self.store.update_job_and_insert(job.id, &[JobState::Assigned, JobState::Running], change, next).await
+            {
+                Ok((rec, next)) => {
+                    self.ready_since.remove(&rec.id);
+                    self.cancelling.remove(&rec.id);
+                    self.registering.remove(&rec.id);
+                    self.publish(&rec);
+                    self.publish(&next);
+                    self.send(agent_id, CoordinatorMessage::Cancel { job_id: rec.id, reason: why.clone() });
+                    tracing::info!(job = rec.id, next = next.id, "job on an interrupted machine queued again");
+                }
+                Err(e) => {
+                    tracing::error!(job = job.id, error = %e, "could not queue again a job of an interrupted machine")
+                }
+            }
+        }
+    }
+
     fn fleet_view(&self) -> FleetView {
         let agents = self
             .agents
@@ -1703,7 +1787,13 @@ impl Brain {
                     .filter(|j| j.agent_id.as_deref() == Some(&a.id) && j.state != JobState::Queued)
                     .collect();
                 let gpus_busy = jobs.iter().map(|j| j.gpus.len() as u32).sum();
-                Some(FleetAgent { agent_id: a.id.clone(), machine, running: jobs.len() as u32, gpus_busy })
+                Some(FleetAgent {
+                    agent_id: a.id.clone(),
+                    machine,
+                    running: jobs.len() as u32,
+                    gpus_busy,
+                    interrupted: a.interrupted.clone(),
+                })
             })
             .collect();
         let waiting = self

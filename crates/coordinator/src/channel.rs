@@ -116,6 +116,9 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
                 Some(Command::AgentGpus { agent_id: agent_id.clone(), conn, gpus, health })
             }
             AgentMessage::Paused { reason } => Some(Command::AgentPaused { agent_id: agent_id.clone(), conn, reason }),
+            AgentMessage::Interrupted { reason } => {
+                Some(Command::AgentInterrupted { agent_id: agent_id.clone(), conn, reason })
+            }
             AgentMessage::Hello(_) => None,
             AgentMessage::Event { n, event } => {
                 let applied = match event {

@@ -105,6 +105,8 @@ struct Loop {
     unavailable: Vec<UnavailableOffer>,
     idle_since: HashMap<String, UnixSecs>,
     interruptions: BTreeMap<String, Vec<UnixSecs>>,
+    /// Machines whose interruption was counted.
+    interrupted_seen: std::collections::HashSet<String>,
     statuses: Statuses,
 }
 
@@ -147,6 +149,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         unavailable: Vec::new(),
         idle_since: HashMap::new(),
         interruptions: BTreeMap::new(),
+        interrupted_seen: std::collections::HashSet::new(),
         statuses: statuses.clone(),
     };
     tokio::spawn(l.run(shutdown));
@@ -238,6 +241,8 @@ impl Loop {
         // Join what the store knows with what is listed: end what is gone, note boot stages.
         let mut machines: Vec<Machine> = Vec::new();
         let mut writes: Vec<MachineRecord> = Vec::new();
+        let mut drain_done: Vec<String> = Vec::new();
+        let mut notes: Vec<(usize, String)> = Vec::new();
         let mut bill_open: Vec<(String, i64)> = Vec::new();
         let mut bill_close: Vec<(String, i64)> = Vec::new();
         for rec in records.values_mut() {
@@ -282,14 +287,29 @@ impl Loop {
                 (None, _) => MachineState::Requested,
                 (Some(ProviderState::Stopped), _) => MachineState::Stopped,
                 (Some(ProviderState::Stopping), _) => MachineState::Stopping,
+                (Some(_), Some(a)) if a.interrupted.is_some() => MachineState::Draining,
                 (Some(_), Some(a)) if a.running > 0 => MachineState::Busy,
                 (Some(_), Some(_)) => MachineState::Idle,
                 (Some(_), None) => MachineState::Booting,
             };
+            if let (MachineState::Draining, Some(a)) = (state, agent) {
+                // Counted once per machine, for the fleet's spot breaker; deleted once its
+                // jobs are back in the queue (the provider takes it anyway).
+                if self.interrupted_seen.insert(rec.id.clone()) {
+                    self.interruptions.entry(rec.fleet.clone()).or_default().push(now);
+                    let why = a.interrupted.clone().unwrap_or_default();
+                    notes.push((fi, format!("machine {}: {why}; its jobs were queued again", rec.id)));
+                    rec.reason = Some(why);
+                }
+                if a.running == 0 {
+                    drain_done.push(rec.id.clone());
+                }
+            }
             rec.state = match state {
                 MachineState::Requested => "requested",
                 MachineState::Booting => "booting",
-                MachineState::Idle | MachineState::Busy | MachineState::Draining => "ready",
+                MachineState::Draining => "draining",
+                MachineState::Idle | MachineState::Busy => "ready",
                 MachineState::Stopping => "stopping",
                 MachineState::Stopped => "stopped",
             }
@@ -324,6 +344,9 @@ impl Loop {
             if *rec != before {
                 writes.push(rec.clone());
             }
+        }
+        for (fi, what) in notes {
+            self.error(fi, what);
         }
         for w in &writes {
             if let Err(e) = self.deps.store.put_machine(w).await {
@@ -376,6 +399,15 @@ impl Loop {
         let _ = self.deps.brain.send(Command::FleetNotes { notes }).await;
         for action in &decision.actions {
             self.apply(action, &records, now_ms).await;
+        }
+        for machine in drain_done {
+            let reason = "its machine is being taken back and its jobs are queued again".to_string();
+            self.apply(&Action::Delete { machine, reason }, &records, now_ms).await;
+        }
+        // The breaker looks back `window_s` and holds for `on_demand_for_s`: older times go.
+        let keep_from = now.saturating_sub(2 * 3600);
+        for times in self.interruptions.values_mut() {
+            times.retain(|t| *t >= keep_from);
         }
         self.publish(&decision.fleets, &spend).await;
     }

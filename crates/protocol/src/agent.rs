@@ -79,11 +79,20 @@ pub struct Hello {
     /// `None`: it takes them. Changes during a connection come as [`AgentMessage::Paused`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<String>,
+    /// The machine is being taken back (a spot interruption notice), in the provider's words;
+    /// later notices come as [`AgentMessage::Interrupted`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interrupted: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AgentMessage {
+    /// The machine is being taken back (a cloud's spot interruption notice): the agent takes no
+    /// new job; the coordinator puts the jobs it runs back in the queue, once.
+    Interrupted {
+        reason: String,
+    },
     Hello(Box<Hello>),
     Heartbeat,
     /// A job event, numbered by the agent (`n` increases by one per event within one run of

@@ -44,6 +44,7 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
         entry_files: a.cache_max_entry_files,
     };
     c.leave_after_unreachable = a.leave_after_unreachable;
+    c.interruption_notice = a.interruption_notice_url.clone().map(|u| (u, a.interruption_poll));
     match gpuci_agent::run_until(c, shutdown.clone()).await? {
         gpuci_agent::Ended::Shutdown => Ok(0),
         gpuci_agent::Ended::Left { .. } => {
