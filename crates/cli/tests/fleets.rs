@@ -47,7 +47,7 @@ price_per_hour = 7.2
 command = ["python3", "{program}"]
 state_dir = "{state}"
 agent_program = "{bin}"
-agent_args = ["--simulate-gpus", "1xL4", "--slots", "1", "--isolation", "{iso}"]
+agent_args = ["--simulate-gpus", "1xL4", "--slots", "1", "--leave-after-unreachable", "30s", "--isolation", "{iso}"]
 {settings}
 "#,
         program = reference_program().display(),
@@ -247,6 +247,12 @@ fn a_machine_that_never_connects_is_deleted_after_boot_timeout() {
         || f.made().iter().any(|m| m["state"] == "terminated"),
         || format!("{:#?}", f.made()),
     );
+    // Its offer is skipped for a while, not booted again in a loop: with two offers, at most
+    // two machines are made however long the job waits.
+    std::thread::sleep(Duration::from_secs(8));
+    let made = f.made();
+    assert!(made.len() <= 2, "boots in a loop: {made:#?}");
+    assert!(f.status()["recent_errors"].to_string().contains("skipped for a while"), "{:#}", f.status());
     api.cancel(job);
 }
 
@@ -525,4 +531,199 @@ fn spot_interruptions_requeue_the_job_once_and_trip_the_breaker() {
             || status["recent_errors"].to_string().contains("queued again"),
         "{status:#}"
     );
+}
+
+/// A provider program for the tests that misbehaves as `[fleet.settings] mode` says.
+fn hostile_provider(dir: &Path) -> PathBuf {
+    let program = dir.join("hostile-provider");
+    std::fs::write(
+        &program,
+        r#"#!/usr/bin/env python3
+import json, sys, time
+op = sys.argv[1]
+req = json.load(sys.stdin)
+mode = req["settings"].get("mode")
+if mode == "hang":
+    time.sleep(600)
+if mode == "wrongid":
+    if op == "create":
+        m = {"machine": req["machine"] + "-x", "provider_id": "p1", "state": "running"}
+        print(json.dumps({"machine": m}))
+    else:
+        print(json.dumps({"machines": []} if op == "list" else {}))
+    sys.exit(0)
+if mode == "weird" and op == "list":
+    ids = ["m-\x1b[2Jcleared\nFAKE", "../../etc/passwd", "x" * 5000, "m-dup", "m-dup"]
+    print(json.dumps({"machines": [{"machine": i, "provider_id": "p", "state": "running"} for i in ids]}))
+    sys.exit(0)
+print(json.dumps({"machines": []} if op == "list" else {"error": {"kind": "invalid", "message": "no"}}))
+sys.exit(0 if op == "list" else 1)
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    program
+}
+
+fn server_with(dir: &Path, toml: &str) -> Server {
+    let config = dir.join("server.toml");
+    std::fs::write(&config, toml).unwrap();
+    Server::start_on(
+        &dir.join("server"),
+        "127.0.0.1:0",
+        vec!["--fleet-interval".into(), "300ms".into(), "--config".into(), config.display().to_string()],
+    )
+}
+
+/// A fleet whose provider never answers holds up no other fleet: an L4 job gets its machine
+/// from the healthy fleet while the other fleet's calls hang.
+#[test]
+fn a_hanging_provider_does_not_hold_up_another_fleet() {
+    let dir = tempdir();
+    let hostile = hostile_provider(dir.path());
+    let hanging = format!(
+        "[[fleet]]\nname = \"stuck\"\nprovider = \"exec\"\nmax = 1\n[fleet.machine]\ngpu_model = \"NVIDIA A10\"\ngpus = 1\ngpu_memory = \"20GiB\"\ncpus = 2\nmemory = \"4GiB\"\n[[fleet.offer]]\ninstance_type = \"a10\"\nprice_per_hour = 1.0\n[fleet.settings]\ncommand = [\"{}\"]\nmode = \"hang\"\n",
+        hostile.display()
+    );
+    let toml = format!("{hanging}{}", fleet_toml(&dir.path().join("machines"), "", ""));
+    let server = server_with(dir.path(), &toml);
+    let api = server.api();
+    let stuck = api.submit("steps:\n  - key: a10\n    gpus: 1\n    gpu: {model: \"*A10\"}\n    command: echo never\n");
+    let p = api.submit("steps:\n  - key: l4\n    gpus: 1\n    gpu: {model: \"*L4\"}\n    command: echo ok\n");
+    let done = api.wait_pipeline(p.id, Duration::from_secs(60));
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    api.cancel(stuck.jobs[0].id);
+}
+
+/// A provider that answers a create with another machine's id: refused and said on the fleet.
+#[test]
+fn a_create_answered_for_another_machine_is_refused() {
+    let dir = tempdir();
+    let hostile = hostile_provider(dir.path());
+    let toml = fleet_toml(&dir.path().join("machines"), "", "mode = \"wrongid\"").replace(
+        &format!("command = [\"python3\", \"{}\"]", reference_program().display()),
+        &format!("command = [\"{}\"]", hostile.display()),
+    );
+    let server = server_with(dir.path(), &toml);
+    let api = server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo ok\n");
+    let status = || -> Value { api.get::<Vec<Value>>("/api/v1/fleets")[0].clone() };
+    wait_until_or(
+        "the refusal on the fleet",
+        T,
+        || status()["recent_errors"].to_string().contains("answered a create of"),
+        || format!("{:#}", status()),
+    );
+    api.cancel(p.jobs[0].id);
+}
+
+/// Machine ids a provider lists that are not short tokens (control characters, paths, huge,
+/// twice) are ignored and said, never shown raw.
+#[test]
+fn odd_machine_ids_from_a_provider_are_ignored_and_never_shown_raw() {
+    let dir = tempdir();
+    let hostile = hostile_provider(dir.path());
+    let toml = fleet_toml(&dir.path().join("machines"), "", "mode = \"weird\"").replace(
+        &format!("command = [\"python3\", \"{}\"]", reference_program().display()),
+        &format!("command = [\"{}\"]", hostile.display()),
+    );
+    let server = server_with(dir.path(), &toml);
+    let api = server.api();
+    let status = || -> Value { api.get::<Vec<Value>>("/api/v1/fleets")[0].clone() };
+    wait_until_or(
+        "the odd ids said on the fleet",
+        T,
+        || status()["recent_errors"].to_string().contains("not a short token"),
+        || format!("{:#}", status()),
+    );
+    let s = status();
+    assert_eq!(s["machines"].as_array().map(Vec::len), Some(1), "only m-dup, once: {s:#}");
+    let out = std::process::Command::new(BIN)
+        .args(["fleets", "--server", &server.url, "--token", &server.token])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains('\u{1b}') && !text.contains("\nFAKE") && text.len() < 20_000, "{text:?}");
+}
+
+/// A fleet taken out of the config while its machines exist: they are shown as orphaned, not
+/// forgotten.
+#[test]
+fn machines_of_a_fleet_removed_from_the_config_are_shown_as_orphaned() {
+    let dir = tempdir();
+    let state = dir.path().join("machines");
+    let long = fleet_toml(&state, "", "").replace("idle_timeout = \"2s\"", "idle_timeout = \"10m\"");
+    let mut server = server_with(dir.path(), &long);
+    let api = server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo ok\n");
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded");
+    server.kill9();
+    std::fs::write(dir.path().join("server.toml"), long.replace("name = \"l4\"", "name = \"l4renamed\"")).unwrap();
+    server.restart_hard();
+    let api = server.api();
+    let fleets = || api.get::<Vec<Value>>("/api/v1/fleets");
+    wait_until_or(
+        "the old fleet shown with its orphaned machine",
+        T,
+        || fleets().iter().any(|f| f["name"] == "l4" && f["machines"].to_string().contains("orphaned")),
+        || format!("{:#?}", fleets()),
+    );
+    // Cleaned up by the test: the reference program's agents.
+    for m in walk(&state) {
+        if m.extension().is_some_and(|x| x == "json") {
+            if let Ok(v) = serde_json::from_str::<Value>(&std::fs::read_to_string(&m).unwrap_or_default()) {
+                // Only a process that is still this machine's agent (pids come round).
+                let Some(pid) = v["pid"].as_i64().filter(|_| v["state"] == "running") else { continue };
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let dir = v["agent_data_dir"].as_str().unwrap_or("\0");
+                if String::from_utf8_lossy(&cmdline).contains(dir) {
+                    let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
+                }
+            }
+        }
+    }
+}
+
+/// An idle machine being deleted takes no job meanwhile: a job submitted while the (slow)
+/// delete runs gets another machine and runs once, instead of landing on the machine that is
+/// going away and ending `lost`.
+#[test]
+fn a_machine_being_deleted_takes_no_new_job() {
+    let dir = tempdir();
+    let marker = dir.path().join("deleting");
+    let wrapper = dir.path().join("slow-delete");
+    std::fs::write(
+        &wrapper,
+        format!(
+            r#"#!/usr/bin/env python3
+import os, subprocess, sys, time
+op = sys.argv[1]
+body = sys.stdin.buffer.read()
+if op == "delete":
+    open("{marker}", "w").close()
+    time.sleep(6)
+r = subprocess.run(["python3", "{reference}", op], input=body)
+sys.exit(r.returncode)
+"#,
+            marker = marker.display(),
+            reference = reference_program().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let toml = fleet_toml(&dir.path().join("machines"), "", "timeout = \"30s\"").replace(
+        &format!("command = [\"python3\", \"{}\"]", reference_program().display()),
+        &format!("command = [\"{}\"]", wrapper.display()),
+    );
+    let server = server_with(dir.path(), &toml);
+    let api = server.api();
+    let first = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo first\n");
+    assert_eq!(api.wait_pipeline(first.id, T).state, "succeeded");
+    let old_agent = api.job(first.jobs[0].id).agent_id.clone();
+    wait_until("the idle machine's delete under way", T, || marker.exists());
+    let second = api.submit("steps:\n  - key: b\n    gpus: 1\n    command: echo second\n");
+    let done = api.wait_pipeline(second.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    assert_eq!(done.jobs.len(), 1, "ran once: {done:#?}");
+    assert_ne!(api.job(second.jobs[0].id).agent_id, old_agent, "placed on the machine being deleted");
 }

@@ -240,6 +240,19 @@ pub enum Command {
     FleetNotes {
         notes: BTreeMap<JobId, String>,
     },
+    /// Fleet machines about to be deleted or stopped for idleness: each of these agents that
+    /// runs no job takes none from now on; the answer names them (only they may go). Checked
+    /// and marked in one step here, so no job lands on a machine between the check and the
+    /// delete.
+    Withdraw {
+        agents: Vec<String>,
+        reason: String,
+        reply: Reply<Vec<String>>,
+    },
+    /// A withdrawn agent whose machine stays after all (its delete failed): it takes jobs again.
+    Restore {
+        agent: String,
+    },
     Tick,
 }
 
@@ -302,6 +315,8 @@ struct AgentState {
     paused: Option<String>,
     /// Its machine is being taken back (a spot interruption notice): it takes no job again.
     interrupted: Option<String>,
+    /// Its machine is being deleted or stopped by its fleet ([`Command::Withdraw`]).
+    withdrawn: Option<String>,
 }
 
 pub struct Brain {
@@ -428,6 +443,7 @@ impl Brain {
                     },
                     paused: None,
                     interrupted: None,
+                    withdrawn: None,
                 },
             );
         }
@@ -569,6 +585,29 @@ impl Brain {
             }
             Command::FleetView { reply } => {
                 let _ = reply.send(Ok(self.fleet_view()));
+            }
+            Command::Withdraw { agents, reason, reply } => {
+                let mut gone = Vec::new();
+                for id in agents {
+                    let busy =
+                        self.active.values().any(|j| j.agent_id.as_deref() == Some(&id) && j.state != JobState::Queued);
+                    match self.agents.get_mut(&id) {
+                        Some(_) if busy => {}
+                        Some(a) => {
+                            a.withdrawn = Some(reason.clone());
+                            gone.push(id);
+                        }
+                        // Not known here (never connected, or forgotten): nothing can land on it.
+                        None => gone.push(id),
+                    }
+                }
+                let _ = reply.send(Ok(gone));
+            }
+            Command::Restore { agent } => {
+                if let Some(a) = self.agents.get_mut(&agent) {
+                    a.withdrawn = None;
+                }
+                self.schedule().await;
             }
             Command::FleetNotes { notes } => {
                 let changed = notes != self.fleet_notes;
@@ -828,6 +867,7 @@ impl Brain {
             reason: String::new(),
             paused: hello.paused.clone(),
             interrupted: None,
+            withdrawn: None,
         };
         self.agents.insert(agent_id.to_string(), entry);
 
@@ -1319,7 +1359,7 @@ impl Brain {
                 agent_id: a.id.clone(),
                 name: a.name.clone(),
                 tags: a.tags.clone(),
-                free_slots: if a.paused.is_some() || a.interrupted.is_some() {
+                free_slots: if a.paused.is_some() || a.interrupted.is_some() || a.withdrawn.is_some() {
                     0
                 } else {
                     a.slots.saturating_sub(busy)

@@ -93,9 +93,43 @@ pub type Statuses = Arc<RwLock<Vec<FleetStatus>>>;
 
 struct FleetRun {
     spec: FleetSpec,
-    provider: Option<Box<dyn Provider>>,
+    provider: Option<Arc<dyn Provider>>,
     unavailable_reason: Option<String>,
     errors: VecDeque<(u64, String)>,
+    /// The fleet's actions of an earlier pass, still being carried out: a slow or hanging
+    /// provider holds up its own fleet only.
+    worker: Option<tokio::task::JoinHandle<Vec<Effect>>>,
+    /// Its provider's `list`, in flight.
+    listing: Option<tokio::task::JoinHandle<gpuci_providers::ProviderResult<Vec<ProviderMachine>>>>,
+}
+
+/// What carrying out a fleet's actions changes in the loop's memory.
+enum Effect {
+    Error(String),
+    Unavailable(UnavailableOffer),
+    /// The machine is no longer idle (deleted, stopped).
+    Gone(String),
+}
+
+/// What a fleet's actions are carried out with, off the loop's task.
+struct Worker {
+    brain: mpsc::Sender<Command>,
+    spec: FleetSpec,
+    provider: Arc<dyn Provider>,
+    store: Arc<dyn Store>,
+    coordinator_id: String,
+    server_url: String,
+    registration_token: String,
+}
+
+/// How long one pass waits for the fleets' lists; a slower provider sits the pass out (its
+/// list goes on, bounded by the provider's own timeout).
+const LIST_WAIT: Duration = Duration::from_secs(3);
+
+/// A machine id a provider may hand back: a short printable token (it goes into tags, file
+/// names, commands and terminals).
+fn valid_machine_id(id: &str) -> bool {
+    (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
 /// The loop's memory that may be lost: rebuilt from the provider and the store after a restart.
@@ -107,6 +141,8 @@ struct Loop {
     interruptions: BTreeMap<String, Vec<UnixSecs>>,
     /// Machines whose interruption was counted.
     interrupted_seen: std::collections::HashSet<String>,
+    /// Fleets no longer configured whose machines were warned of.
+    warned_orphans: std::collections::HashSet<String>,
     statuses: Statuses,
 }
 
@@ -120,10 +156,24 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
     let runs: Vec<FleetRun> = fleets
         .into_iter()
         .map(|spec| match gpuci_providers::for_fleet(&spec, &deps.coordinator_id, &deps.registration_token) {
-            Ok(p) => FleetRun { spec, provider: Some(p), unavailable_reason: None, errors: VecDeque::new() },
+            Ok(p) => FleetRun {
+                spec,
+                provider: Some(Arc::from(p)),
+                unavailable_reason: None,
+                errors: VecDeque::new(),
+                worker: None,
+                listing: None,
+            },
             Err(e) => {
                 tracing::error!(fleet = %spec.name, error = %e, "fleet cannot create machines");
-                FleetRun { spec, provider: None, unavailable_reason: Some(e), errors: VecDeque::new() }
+                FleetRun {
+                    spec,
+                    provider: None,
+                    unavailable_reason: Some(e),
+                    errors: VecDeque::new(),
+                    worker: None,
+                    listing: None,
+                }
             }
         })
         .collect();
@@ -150,6 +200,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         idle_since: HashMap::new(),
         interruptions: BTreeMap::new(),
         interrupted_seen: std::collections::HashSet::new(),
+        warned_orphans: std::collections::HashSet::new(),
         statuses: statuses.clone(),
     };
     tokio::spawn(l.run(shutdown));
@@ -188,6 +239,7 @@ impl Loop {
                 return;
             }
         };
+        self.collect_workers().await;
         let now = now_s();
         let now_ms = now as i64 * 1000;
         self.unavailable.retain(|u| u.until > now);
@@ -206,13 +258,54 @@ impl Loop {
         let mut ok_fleets = vec![false; self.fleets.len()];
         let mut adopt: Vec<MachineRecord> = Vec::new();
         let mut list_errors = Vec::new();
-        for (i, run) in self.fleets.iter().enumerate() {
-            let Some(p) = &run.provider else { continue };
-            match p.list().await {
+        // Every fleet's list at once, each its own task: a pass waits a short while for them,
+        // and a fleet whose provider has not answered by then sits this pass out while its list
+        // goes on (one slow or hanging provider holds up no other fleet).
+        for run in self.fleets.iter_mut() {
+            if let (None, Some(p)) = (&run.listing, &run.provider) {
+                let p = p.clone();
+                run.listing = Some(tokio::spawn(async move { p.list().await }));
+            }
+        }
+        let deadline = tokio::time::Instant::now() + LIST_WAIT;
+        let mut lists = Vec::with_capacity(self.fleets.len());
+        for run in self.fleets.iter_mut() {
+            let Some(handle) = run.listing.as_mut() else {
+                lists.push(None);
+                continue;
+            };
+            match tokio::time::timeout_at(deadline, handle).await {
+                Ok(result) => {
+                    run.listing = None;
+                    lists.push(Some(result.unwrap_or_else(|e| {
+                        Err(gpuci_providers::ProviderError::new(gpuci_providers::ErrorKind::Transient, e.to_string()))
+                    })));
+                }
+                Err(_) => {
+                    let slow = format!("its provider has not answered `list` for {LIST_WAIT:?}; nothing decided for this fleet this pass");
+                    tracing::debug!(fleet = %run.spec.name, "{slow}");
+                    lists.push(None);
+                }
+            }
+        }
+        for (i, (run, list)) in self.fleets.iter().zip(lists).enumerate() {
+            let Some(list) = list else { continue };
+            match list {
                 Ok(ms) => {
                     ok_fleets[i] = true;
                     let fleet = &run.spec;
+                    let mut seen = std::collections::HashSet::new();
                     for m in ms {
+                        // Ids go into tags, paths and terminals: a provider's odd ones are
+                        // refused, and shown (escaped) on the fleet.
+                        if !valid_machine_id(&m.machine) || !seen.insert(m.machine.clone()) {
+                            let shown: String = m.machine.chars().take(80).collect();
+                            list_errors.push((
+                                i,
+                                format!("the provider listed a machine id that is not a short token of letters, digits, . _ - (or listed it twice): {shown:?}; ignored"),
+                            ));
+                            continue;
+                        }
                         // Listed by this fleet's provider: one of its machines, unless the
                         // store says it belongs to another fleet (a provider that lists too much).
                         if records.get(&m.machine).is_some_and(|r| r.fleet != fleet.name) {
@@ -397,13 +490,12 @@ impl Loop {
         let notes: BTreeMap<i64, String> =
             decision.waiting.iter().filter_map(|(id, why)| Some((id.parse().ok()?, why.clone()))).collect();
         let _ = self.deps.brain.send(Command::FleetNotes { notes }).await;
-        for action in &decision.actions {
-            self.apply(action, &records, now_ms).await;
-        }
+        let mut actions = decision.actions.clone();
         for machine in drain_done {
             let reason = "its machine is being taken back and its jobs are queued again".to_string();
-            self.apply(&Action::Delete { machine, reason }, &records, now_ms).await;
+            actions.push(Action::Delete { machine, reason });
         }
+        self.dispatch(actions, &records, now_ms).await;
         // The breaker looks back `window_s` and holds for `on_demand_for_s`: older times go.
         let keep_from = now.saturating_sub(2 * 3600);
         for times in self.interruptions.values_mut() {
@@ -433,165 +525,107 @@ impl Loop {
         spend
     }
 
-    async fn apply(&mut self, action: &Action, records: &BTreeMap<String, MachineRecord>, now_ms: i64) {
-        match action {
-            Action::Create { fleet, offer, capacity, reason } => {
-                let Some(fi) = self.fleets.iter().position(|f| &f.spec.name == fleet) else { return };
-                self.create(fi, *offer, *capacity, reason, now_ms).await;
+    /// Take in what finished workers changed.
+    async fn collect_workers(&mut self) {
+        for fi in 0..self.fleets.len() {
+            let done = self.fleets[fi].worker.as_ref().is_some_and(|w| w.is_finished());
+            if !done {
+                continue;
             }
-            Action::Delete { machine, reason } | Action::BootFailed { machine, reason } => {
-                let boot_failed = matches!(action, Action::BootFailed { .. });
-                let Some(rec) = records.get(machine) else { return };
-                let Some(fi) = self.fleets.iter().position(|f| f.spec.name == rec.fleet) else { return };
-                let Some(p) = &self.fleets[fi].provider else { return };
-                tracing::info!(fleet = %rec.fleet, machine = %machine, "deleting: {reason}");
-                match p.delete(machine).await {
-                    Ok(()) => {
-                        let ended = MachineRecord {
-                            state: "ended".into(),
-                            reason: Some(reason.clone()),
-                            ended_at_ms: Some(now_ms),
-                            boot_failed,
-                            ..rec.clone()
-                        };
-                        let _ = self.deps.store.put_machine(&ended).await;
-                        let _ = self.deps.store.close_billing(machine, now_ms).await;
-                        self.idle_since.remove(machine);
-                        if boot_failed {
-                            self.error(fi, format!("machine {machine}: {reason}; deleted"));
-                        }
+            let Some(worker) = self.fleets[fi].worker.take() else { continue };
+            let effects = match worker.await {
+                Ok(e) => e,
+                Err(e) => vec![Effect::Error(format!("carrying out the autoscaler's actions failed: {e}"))],
+            };
+            for effect in effects {
+                match effect {
+                    Effect::Error(what) => self.error(fi, what),
+                    Effect::Unavailable(u) => self.unavailable.push(u),
+                    Effect::Gone(machine) => {
+                        self.idle_since.remove(&machine);
                     }
-                    Err(e) => self.error(fi, format!("deleting machine {machine}: {e}")),
-                }
-            }
-            Action::Stop { machine, reason } => {
-                let Some(rec) = records.get(machine) else { return };
-                let Some(fi) = self.fleets.iter().position(|f| f.spec.name == rec.fleet) else { return };
-                let Some(p) = &self.fleets[fi].provider else { return };
-                tracing::info!(fleet = %rec.fleet, machine = %machine, "stopping: {reason}");
-                match p.stop(machine).await {
-                    Ok(_) => {
-                        let stopped =
-                            MachineRecord { state: "stopped".into(), reason: Some(reason.clone()), ..rec.clone() };
-                        let _ = self.deps.store.put_machine(&stopped).await;
-                        let _ = self.deps.store.close_billing(machine, now_ms).await;
-                        self.idle_since.remove(machine);
-                    }
-                    Err(e) => self.error(fi, format!("stopping machine {machine}: {e}")),
-                }
-            }
-            Action::Start { machine, reason } => {
-                let Some(rec) = records.get(machine) else { return };
-                let Some(fi) = self.fleets.iter().position(|f| f.spec.name == rec.fleet) else { return };
-                let Some(p) = &self.fleets[fi].provider else { return };
-                tracing::info!(fleet = %rec.fleet, machine = %machine, "starting: {reason}");
-                match p.start(machine).await {
-                    Ok(pm) => {
-                        let started = MachineRecord {
-                            state: "booting".into(),
-                            reason: Some(reason.clone()),
-                            // Boot stages count again from this start.
-                            requested_at_ms: now_ms,
-                            running_at_ms: None,
-                            connected_at_ms: None,
-                            agent_id: None,
-                            ..rec.clone()
-                        };
-                        let _ = self.deps.store.put_machine(&started).await;
-                        let from = pm.launched_at.map_or(now_ms, |t| (t as i64 * 1000).max(now_ms));
-                        let _ = self.deps.store.open_billing(machine, from).await;
-                    }
-                    Err(e) => self.error(fi, format!("starting machine {machine}: {e}")),
                 }
             }
         }
     }
 
-    async fn create(&mut self, fi: usize, offer_at: usize, capacity: Capacity, reason: &str, now_ms: i64) {
-        let fleet = self.fleets[fi].spec.clone();
-        let Some(offer) = fleet.offers.get(offer_at).cloned() else { return };
-        let id = format!("m-{}", &uuid::Uuid::now_v7().simple().to_string()[..16]);
-        let rec = MachineRecord {
-            id: id.clone(),
-            fleet: fleet.name.clone(),
-            provider_id: None,
-            instance_type: offer.instance_type.clone(),
-            zone: offer.zone.clone(),
-            capacity: capacity.as_str().into(),
-            price_per_hour: offer.price(capacity),
-            gpus: fleet.machine.gpus,
-            state: "requested".into(),
-            reason: Some(reason.to_string()),
-            agent_id: None,
-            requested_at_ms: now_ms,
-            running_at_ms: None,
-            connected_at_ms: None,
-            first_job_at_ms: None,
-            ended_at_ms: None,
-            boot_failed: false,
-        };
-        // Recorded before it is asked for: a crash in between leaves a row the next pass ends
-        // (never listed) or joins with what the provider made (listed, by its tag).
-        if let Err(e) = self.deps.store.put_machine(&rec).await {
-            self.error(fi, format!("cannot record a new machine: {e}"));
-            return;
-        }
-        let mut tags = fleet.machine.tags.clone();
-        tags.insert(TAG_COORDINATOR.into(), self.deps.coordinator_id.clone());
-        tags.insert(TAG_FLEET.into(), fleet.name.clone());
-        tags.insert(TAG_MACHINE.into(), id.clone());
-        let setting = |k: &str| fleet.settings.get(k);
-        let agent = AgentLaunch {
-            server: setting("server").and_then(|v| v.as_str()).unwrap_or(&self.deps.server_url).to_string(),
-            registration_token: self.deps.registration_token.clone(),
-            tags,
-            name: format!("{}-{id}", fleet.name),
-            program: setting("agent_program").and_then(|v| v.as_str()).unwrap_or("gpuci").to_string(),
-            extra_args: setting("agent_args")
-                .and_then(|v| v.as_array())
-                .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
-                .unwrap_or_default(),
-        };
-        let Some(p) = &self.fleets[fi].provider else { return };
-        tracing::info!(fleet = %fleet.name, machine = %id, offer = %offer.label(), %capacity, "creating: {reason}");
-        let req = CreateRequest { machine: id.clone(), offer: offer.clone(), capacity, agent };
-        match p.create(&req).await {
-            Ok(pm) => {
-                let made = MachineRecord {
-                    provider_id: Some(pm.provider_id.clone()),
-                    state: "booting".into(),
-                    running_at_ms: (pm.state == ProviderState::Running).then_some(now_ms),
-                    ..rec
-                };
-                let _ = self.deps.store.put_machine(&made).await;
-                let from = pm.launched_at.map_or(now_ms, |t| t as i64 * 1000);
-                let _ = self.deps.store.open_billing(&id, from).await;
-            }
-            Err(e) => {
-                let capacity_error = e.is_capacity();
-                if capacity_error {
-                    self.unavailable.push(offer_unavailable_after_error(
-                        &fleet.name,
-                        offer_at,
-                        capacity,
-                        now_ms as u64 / 1000,
-                    ));
+    /// Hand each fleet its actions, carried out off this task; a fleet still busy with the
+    /// last pass's gets none now (the next pass decides again from what is then listed).
+    async fn dispatch(&mut self, actions: Vec<Action>, records: &BTreeMap<String, MachineRecord>, now_ms: i64) {
+        // A machine to delete or stop whose agent is connected: the scheduler first stops
+        // placing jobs on it, and only a machine still running nothing goes (a job placed since
+        // this pass's view keeps its machine).
+        let agent_of = |m: &str| records.get(m).and_then(|r| r.agent_id.clone());
+        let to_withdraw: Vec<String> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Delete { machine, .. } | Action::Stop { machine, .. } => agent_of(machine),
+                _ => None,
+            })
+            .collect();
+        let withdrawn: std::collections::HashSet<String> = if to_withdraw.is_empty() {
+            Default::default()
+        } else {
+            let reason = "its machine is being deleted or stopped by its fleet".to_string();
+            match ask(&self.deps.brain, |reply| Command::Withdraw { agents: to_withdraw, reason, reply }).await {
+                Ok(ids) => ids.into_iter().collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "fleets: the scheduler did not answer; nothing deleted or stopped this pass");
+                    Default::default()
                 }
-                let what = format!(
-                    "{} for {} ({capacity}){}",
-                    e.message,
-                    offer.label(),
-                    if capacity_error { "; trying the next offer" } else { "" }
-                );
-                self.error(fi, what.clone());
-                let ended =
-                    MachineRecord { state: "ended".into(), reason: Some(what), ended_at_ms: Some(now_ms), ..rec };
-                let _ = self.deps.store.put_machine(&ended).await;
             }
+        };
+        let actions: Vec<Action> = actions
+            .into_iter()
+            .filter(|a| match a {
+                Action::Delete { machine, .. } | Action::Stop { machine, .. } => {
+                    agent_of(machine).is_none_or(|agent| withdrawn.contains(&agent))
+                }
+                _ => true,
+            })
+            .collect();
+        let mut by_fleet: BTreeMap<usize, Vec<Action>> = BTreeMap::new();
+        for a in actions {
+            let fleet = match &a {
+                Action::Create { fleet, .. } => Some(fleet.as_str()),
+                Action::Delete { machine, .. }
+                | Action::BootFailed { machine, .. }
+                | Action::Stop { machine, .. }
+                | Action::Start { machine, .. } => records.get(machine).map(|r| r.fleet.as_str()),
+            };
+            if let Some(fi) = fleet.and_then(|f| self.fleets.iter().position(|r| r.spec.name == f)) {
+                by_fleet.entry(fi).or_default().push(a);
+            }
+        }
+        for (fi, actions) in by_fleet {
+            let run = &mut self.fleets[fi];
+            let Some(provider) = run.provider.clone() else { continue };
+            if run.worker.is_some() {
+                tracing::debug!(fleet = %run.spec.name, "its provider is still busy with the last pass's actions");
+                continue;
+            }
+            let worker = Worker {
+                brain: self.deps.brain.clone(),
+                spec: run.spec.clone(),
+                provider,
+                store: self.deps.store.clone(),
+                coordinator_id: self.deps.coordinator_id.clone(),
+                server_url: self.deps.server_url.clone(),
+                registration_token: self.deps.registration_token.clone(),
+            };
+            let records: BTreeMap<String, MachineRecord> =
+                records.iter().filter(|(_, r)| r.fleet == run.spec.name).map(|(k, v)| (k.clone(), v.clone())).collect();
+            run.worker = Some(tokio::spawn(async move {
+                let mut effects = Vec::new();
+                for a in &actions {
+                    worker.apply(a, &records, now_ms, &mut effects).await;
+                }
+                effects
+            }));
         }
     }
 
-    async fn publish(&self, summaries: &[gpuci_core::fleet::FleetSummary], spend: &BTreeMap<String, f64>) {
+    async fn publish(&mut self, summaries: &[gpuci_core::fleet::FleetSummary], spend: &BTreeMap<String, f64>) {
         let records = self.deps.store.machines(true).await.unwrap_or_default();
         let mut out = Vec::new();
         for run in &self.fleets {
@@ -636,8 +670,248 @@ impl Loop {
                 unavailable: run.unavailable_reason.clone(),
             });
         }
+        // Machines of fleets no longer in the config: nothing manages them now. Said loudly,
+        // and shown, so they are not left billing unseen.
+        let mut orphans: BTreeMap<&str, Vec<&MachineRecord>> = BTreeMap::new();
+        for r in records.iter().filter(|r| !self.fleets.iter().any(|f| f.spec.name == r.fleet)) {
+            orphans.entry(r.fleet.as_str()).or_default().push(r);
+        }
+        for (fleet, machines) in orphans {
+            let ids: Vec<&str> = machines.iter().map(|m| m.id.as_str()).collect();
+            let what = format!(
+                "fleet {fleet} is no longer in the config, but its machines {} still exist as far as gpuci knows: \
+                 nothing deletes them now; put the fleet back (they are then managed again) or delete them at the provider",
+                ids.join(", ")
+            );
+            if self.warned_orphans.insert(fleet.to_string()) {
+                tracing::warn!("{what}");
+            }
+            out.push(FleetStatus {
+                name: fleet.to_string(),
+                provider: "?".into(),
+                count: machines.len() as u32,
+                unavailable: Some(what),
+                machines: machines
+                    .iter()
+                    .map(|r| MachineStatus {
+                        id: r.id.clone(),
+                        state: "orphaned".into(),
+                        provider_id: r.provider_id.clone(),
+                        instance_type: r.instance_type.clone(),
+                        zone: r.zone.clone(),
+                        capacity: r.capacity.clone(),
+                        agent_id: r.agent_id.clone(),
+                        requested_at_ms: r.requested_at_ms,
+                        running_at_ms: r.running_at_ms,
+                        connected_at_ms: r.connected_at_ms,
+                        first_job_at_ms: r.first_job_at_ms,
+                    })
+                    .collect(),
+                ..FleetStatus::default()
+            });
+        }
         if let Ok(mut st) = self.statuses.write() {
             *st = out;
+        }
+    }
+}
+
+impl Worker {
+    async fn apply(
+        &self,
+        action: &Action,
+        records: &BTreeMap<String, MachineRecord>,
+        now_ms: i64,
+        out: &mut Vec<Effect>,
+    ) {
+        let p = &self.provider;
+        match action {
+            Action::Create { offer, capacity, reason, .. } => self.create(*offer, *capacity, reason, now_ms, out).await,
+            Action::Delete { machine, reason } | Action::BootFailed { machine, reason } => {
+                let boot_failed = matches!(action, Action::BootFailed { .. });
+                let Some(rec) = records.get(machine) else { return };
+                tracing::info!(fleet = %rec.fleet, machine = %machine, "deleting: {reason}");
+                match p.delete(machine).await {
+                    Ok(()) => {
+                        let ended = MachineRecord {
+                            state: "ended".into(),
+                            reason: Some(reason.clone()),
+                            ended_at_ms: Some(now_ms),
+                            boot_failed,
+                            ..rec.clone()
+                        };
+                        let _ = self.store.put_machine(&ended).await;
+                        let _ = self.store.close_billing(machine, now_ms).await;
+                        out.push(Effect::Gone(machine.clone()));
+                        if boot_failed {
+                            // A machine of this offer that never came up: the next one would
+                            // likely not either (a broken image, a wrong network). Skip the
+                            // offer for a while instead of paying for boots in a loop.
+                            if let Some(o) = self.offer_of(rec) {
+                                let capacity = if rec.capacity == "spot" { Capacity::Spot } else { Capacity::OnDemand };
+                                out.push(Effect::Unavailable(offer_unavailable_after_error(
+                                    &rec.fleet,
+                                    o,
+                                    capacity,
+                                    now_ms as u64 / 1000,
+                                )));
+                            }
+                            out.push(Effect::Error(format!(
+                                "machine {machine}: {reason}; deleted, and its offer ({} in {}) skipped for a while",
+                                rec.instance_type, rec.zone
+                            )));
+                        }
+                    }
+                    Err(e) => {
+                        self.restore(rec).await;
+                        out.push(Effect::Error(format!("deleting machine {machine}: {e}")));
+                    }
+                }
+            }
+            Action::Stop { machine, reason } => {
+                let Some(rec) = records.get(machine) else { return };
+                tracing::info!(fleet = %rec.fleet, machine = %machine, "stopping: {reason}");
+                match p.stop(machine).await {
+                    Ok(_) => {
+                        let stopped =
+                            MachineRecord { state: "stopped".into(), reason: Some(reason.clone()), ..rec.clone() };
+                        let _ = self.store.put_machine(&stopped).await;
+                        let _ = self.store.close_billing(machine, now_ms).await;
+                        out.push(Effect::Gone(machine.clone()));
+                    }
+                    Err(e) => {
+                        self.restore(rec).await;
+                        out.push(Effect::Error(format!("stopping machine {machine}: {e}")));
+                    }
+                }
+            }
+            Action::Start { machine, reason } => {
+                let Some(rec) = records.get(machine) else { return };
+                tracing::info!(fleet = %rec.fleet, machine = %machine, "starting: {reason}");
+                match p.start(machine).await {
+                    Ok(pm) => {
+                        let started = MachineRecord {
+                            state: "booting".into(),
+                            reason: Some(reason.clone()),
+                            // Boot stages count again from this start.
+                            requested_at_ms: now_ms,
+                            running_at_ms: None,
+                            connected_at_ms: None,
+                            agent_id: None,
+                            ..rec.clone()
+                        };
+                        let _ = self.store.put_machine(&started).await;
+                        let from = pm.launched_at.map_or(now_ms, |t| (t as i64 * 1000).max(now_ms));
+                        let _ = self.store.open_billing(machine, from).await;
+                    }
+                    Err(e) => out.push(Effect::Error(format!("starting machine {machine}: {e}"))),
+                }
+            }
+        }
+    }
+
+    /// The machine stays after all: its agent takes jobs again.
+    async fn restore(&self, rec: &MachineRecord) {
+        if let Some(agent) = rec.agent_id.clone() {
+            let _ = self.brain.send(Command::Restore { agent }).await;
+        }
+    }
+
+    fn offer_of(&self, rec: &MachineRecord) -> Option<usize> {
+        self.spec.offers.iter().position(|o| o.instance_type == rec.instance_type && o.zone == rec.zone)
+    }
+
+    async fn create(&self, offer_at: usize, capacity: Capacity, reason: &str, now_ms: i64, out: &mut Vec<Effect>) {
+        let fleet = &self.spec;
+        let Some(offer) = fleet.offers.get(offer_at).cloned() else { return };
+        let id = format!("m-{}", &uuid::Uuid::now_v7().simple().to_string()[..16]);
+        let rec = MachineRecord {
+            id: id.clone(),
+            fleet: fleet.name.clone(),
+            provider_id: None,
+            instance_type: offer.instance_type.clone(),
+            zone: offer.zone.clone(),
+            capacity: capacity.as_str().into(),
+            price_per_hour: offer.price(capacity),
+            gpus: fleet.machine.gpus,
+            state: "requested".into(),
+            reason: Some(reason.to_string()),
+            agent_id: None,
+            requested_at_ms: now_ms,
+            running_at_ms: None,
+            connected_at_ms: None,
+            first_job_at_ms: None,
+            ended_at_ms: None,
+            boot_failed: false,
+        };
+        // Recorded before it is asked for: a crash in between leaves a row the next pass ends
+        // (never listed) or joins with what the provider made (listed, by its tag).
+        if let Err(e) = self.store.put_machine(&rec).await {
+            out.push(Effect::Error(format!("cannot record a new machine: {e}")));
+            return;
+        }
+        let mut tags = fleet.machine.tags.clone();
+        tags.insert(TAG_COORDINATOR.into(), self.coordinator_id.clone());
+        tags.insert(TAG_FLEET.into(), fleet.name.clone());
+        tags.insert(TAG_MACHINE.into(), id.clone());
+        let setting = |k: &str| fleet.settings.get(k);
+        let agent = AgentLaunch {
+            server: setting("server").and_then(|v| v.as_str()).unwrap_or(&self.server_url).to_string(),
+            registration_token: self.registration_token.clone(),
+            tags,
+            name: format!("{}-{id}", fleet.name),
+            program: setting("agent_program").and_then(|v| v.as_str()).unwrap_or("gpuci").to_string(),
+            extra_args: setting("agent_args")
+                .and_then(|v| v.as_array())
+                .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
+                .unwrap_or_default(),
+        };
+        tracing::info!(fleet = %fleet.name, machine = %id, offer = %offer.label(), %capacity, "creating: {reason}");
+        let req = CreateRequest { machine: id.clone(), offer: offer.clone(), capacity, agent };
+        let answer = self.provider.create(&req).await.and_then(|pm| {
+            if pm.machine == id {
+                Ok(pm)
+            } else {
+                let shown: String = pm.machine.chars().take(80).collect();
+                Err(gpuci_providers::ProviderError::new(
+                    gpuci_providers::ErrorKind::Invalid,
+                    format!("the provider answered a create of {id} with machine {shown:?}"),
+                ))
+            }
+        });
+        match answer {
+            Ok(pm) => {
+                let made = MachineRecord {
+                    provider_id: Some(pm.provider_id.clone()),
+                    state: "booting".into(),
+                    running_at_ms: (pm.state == ProviderState::Running).then_some(now_ms),
+                    ..rec
+                };
+                let _ = self.store.put_machine(&made).await;
+                let from = pm.launched_at.map_or(now_ms, |t| t as i64 * 1000);
+                let _ = self.store.open_billing(&id, from).await;
+            }
+            Err(e) => {
+                let capacity_error = e.is_capacity();
+                if capacity_error {
+                    out.push(Effect::Unavailable(offer_unavailable_after_error(
+                        &fleet.name,
+                        offer_at,
+                        capacity,
+                        now_ms as u64 / 1000,
+                    )));
+                }
+                let what = format!(
+                    "{} for {} ({capacity}){}",
+                    e.message,
+                    offer.label(),
+                    if capacity_error { "; trying the next offer" } else { "" }
+                );
+                out.push(Effect::Error(what.clone()));
+                let ended =
+                    MachineRecord { state: "ended".into(), reason: Some(what), ended_at_ms: Some(now_ms), ..rec };
+                let _ = self.store.put_machine(&ended).await;
+            }
         }
     }
 }

@@ -145,8 +145,10 @@ impl ExecProvider {
                 return Err(transient(format!("{program} {op}: no answer within {:?}; killed", self.timeout)));
             }
         };
-        // Whatever the program left running in its group is not ours to keep.
-        kill_group(pgid);
+        // No group kill here: the program has been reaped, so its pid (the group's id) may
+        // already belong to an unrelated process and group (pids come round fast). A program
+        // that leaves processes behind in its group keeps them; only one that outlives its
+        // timeout has its group killed, while it is still ours (not yet reaped).
         if !err.is_empty() {
             let text = self.redact(&String::from_utf8_lossy(&err[..err.len().min(4096)]));
             tracing::info!(fleet = %self.fleet, op, stderr = %text.trim_end(), "exec provider said");
@@ -179,7 +181,8 @@ impl ExecProvider {
     }
 }
 
-/// End a call's process group (the program and whatever it started in its group).
+/// End a call's process group (the program and whatever it started in its group). Only while
+/// the program is not yet reaped: until then its pid, and so the group's id, cannot be reused.
 #[allow(unsafe_code)]
 fn kill_group(pgid: Option<u32>) {
     if let Some(pgid) = pgid.and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 1) {

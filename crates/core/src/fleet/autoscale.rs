@@ -22,7 +22,8 @@
 //!   ([`CapacityPolicy::order`]); within a type the offers are tried in order, skipping those
 //!   marked unavailable (a capacity error) until their time passes.
 //! - **Boot timeout.** A machine requested or booting for `boot_timeout` without its agent
-//!   connecting is deleted and counted as a boot failure ([`Action::BootFailed`]).
+//!   connecting is deleted and counted as a boot failure ([`Action::BootFailed`]); its offer
+//!   is then skipped as after a capacity error, so a broken image is not booted in a loop.
 //! - **Idle timeout.** A machine idle for `idle_timeout` that no queued job is waiting for is
 //!   stopped or deleted (the fleet's idle action), oldest idle first, keeping the warm pool.
 //!   A machine that runs a job is never stopped or deleted here.
@@ -258,6 +259,17 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
     let mut order: Vec<usize> = (0..input.machines.len()).collect();
     order.sort_by(|&a, &b| input.machines[a].id.cmp(&input.machines[b].id));
 
+    // A machine that did not boot in time makes its offer unavailable as a capacity error
+    // does: the next one of that offer would likely not boot either (a broken image, a wrong
+    // network), and booting it again in a loop pays for every try.
+    let mut unavailable = input.unavailable.to_vec();
+    for m in input.machines.iter().filter(|m| m.is_booting()) {
+        let Some(&f) = fleet_index.get(m.fleet.as_str()) else { continue };
+        if now >= m.since.saturating_add(input.fleets[f].boot_timeout_s) {
+            unavailable.push(offer_unavailable_after_error(&m.fleet, m.offer, m.capacity, now));
+        }
+    }
+    let input = &AutoscaleInput { unavailable: &unavailable, ..*input };
     let mut fleets: Vec<FleetWork> = input.fleets.iter().map(|spec| FleetWork::new(spec, input)).collect();
     let mut wake = Wake(None);
 

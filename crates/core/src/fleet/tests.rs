@@ -172,10 +172,15 @@ fn booting_past_boot_timeout_is_a_boot_failure() {
     let d = w.decide();
     assert_eq!(short(&d), ["boot-failed m-1"]);
     assert_eq!(d.wake_at, Some(NOW + 1), "m-2 times out in one second");
-    // A job waiting for m-1 gets a new machine in the same pass.
+    // A job waiting for m-1 gets a new machine in the same pass, of the next offer: the one
+    // that did not boot is skipped as after a capacity error (not booted again in a loop).
     w.queued = vec![job("j1", NOW - 100, "t4"), job("j2", NOW - 50, "t4")];
     let d = w.decide();
-    assert_eq!(short(&d), ["boot-failed m-1", "create t4 #0 on-demand"]);
+    assert_eq!(short(&d), ["boot-failed m-1", "create t4 #1 on-demand"]);
+    // With no other offer, nothing is created until the skip ends.
+    w.fleets[0].offers.truncate(1);
+    let d = w.decide();
+    assert_eq!(short(&d), ["boot-failed m-1"]);
     assert_eq!(d.waiting["j1"], "waiting for machine m-2 of fleet t4 (booting, 9m59s)");
 }
 
