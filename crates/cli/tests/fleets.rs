@@ -97,22 +97,27 @@ impl Fleet {
 
     /// The reference program's records: every machine it was asked to make.
     fn made(&self) -> Vec<Value> {
-        let mut out = Vec::new();
-        for e in walk(&self.state) {
-            if e.extension().is_some_and(|x| x == "json") {
-                if let Ok(v) = serde_json::from_str::<Value>(&std::fs::read_to_string(&e).unwrap_or_default()) {
-                    if v.get("provider_id").is_some() {
-                        out.push(v);
-                    }
-                }
-            }
-        }
-        out
+        made_in(&self.state)
     }
 
     fn running_machines(&self) -> usize {
         self.made().iter().filter(|m| m["state"] == "running").count()
     }
+}
+
+/// The reference program's records under `state`.
+fn made_in(state: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    for e in walk(state) {
+        if e.extension().is_some_and(|x| x == "json") {
+            if let Ok(v) = serde_json::from_str::<Value>(&std::fs::read_to_string(&e).unwrap_or_default()) {
+                if v.get("provider_id").is_some() {
+                    out.push(v);
+                }
+            }
+        }
+    }
+    out
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -726,4 +731,42 @@ sys.exit(r.returncode)
     assert_eq!(done.state, "succeeded", "{done:#?}");
     assert_eq!(done.jobs.len(), 1, "ran once: {done:#?}");
     assert_ne!(api.job(second.jobs[0].id).agent_id, old_agent, "placed on the machine being deleted");
+}
+
+/// A machine the provider lists under this coordinator's id that the store does not know (the
+/// database restored from a backup taken before it was made) is adopted: recorded, billed,
+/// managed, not duplicated.
+#[test]
+fn a_listed_machine_the_store_does_not_know_is_adopted() {
+    let dir = tempdir();
+    let long =
+        fleet_toml(&dir.path().join("machines"), "", "").replace("idle_timeout = \"2s\"", "idle_timeout = \"10m\"");
+    let mut server = server_with(dir.path(), &long);
+    let state = dir.path().join("machines");
+    let api = server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo ok\n");
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded");
+    let machine = made_in(&state)[0]["machine"].as_str().unwrap().to_string();
+    server.kill9();
+    // The store forgets the machine, as a restore of an older backup would.
+    let db = dir.path().join("server/gpuci.db");
+    let forgot = std::process::Command::new("python3")
+        .args(["-c", "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]); c.execute('DELETE FROM machine_billing'); c.execute('DELETE FROM machines'); c.commit()"])
+        .arg(&db)
+        .status()
+        .unwrap();
+    assert!(forgot.success());
+    server.restart_hard();
+    let api = server.api();
+    let fleets = || api.get::<Vec<Value>>("/api/v1/fleets");
+    wait_until_or(
+        "the machine adopted",
+        T,
+        || fleets().iter().any(|fl| fl["name"] == "l4" && fl["machines"].to_string().contains(&machine)),
+        || format!("{:#?}", fleets()),
+    );
+    // Billed again from what the provider says, and no second machine made.
+    let report: Value = api.get("/api/v1/cost?days=1");
+    assert!(report["total_usd"].as_f64().unwrap() > 0.0, "{report:#}");
+    assert_eq!(made_in(&state).len(), 1, "{:#?}", made_in(&state));
 }

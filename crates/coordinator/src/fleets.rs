@@ -325,7 +325,11 @@ impl Loop {
         for (i, what) in list_errors {
             self.error(i, what);
         }
+        // Recorded at once, whatever the join below changes: billing refers to the row.
         for rec in adopt {
+            if let Err(e) = self.deps.store.put_machine(&rec).await {
+                tracing::warn!(machine = %rec.id, error = %e, "fleets: cannot record an adopted machine");
+            }
             records.insert(rec.id.clone(), rec);
         }
         let agents: HashMap<&str, &crate::brain::FleetAgent> =
