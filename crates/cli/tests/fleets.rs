@@ -597,6 +597,11 @@ fn a_hanging_provider_does_not_hold_up_another_fleet() {
     let p = api.submit("steps:\n  - key: l4\n    gpus: 1\n    gpu: {model: \"*L4\"}\n    command: echo ok\n");
     let done = api.wait_pipeline(p.id, Duration::from_secs(60));
     assert_eq!(done.state, "succeeded", "{done:#?}");
+    // The job that waits on the hanging fleet says why, not only the fleet.
+    let j = api.wait_job(stuck.jobs[0].id, "a reason naming the fleet's trouble", T, |j| {
+        j.reason.contains("fleet stuck: its provider did not answer")
+    });
+    assert_eq!(j.state, gpuci_core::job::JobState::Queued);
     api.cancel(stuck.jobs[0].id);
 }
 

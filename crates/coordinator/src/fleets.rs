@@ -491,8 +491,40 @@ impl Loop {
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
         });
-        let notes: BTreeMap<i64, String> =
+        // A job waiting on a fleet whose provider is in trouble (its list did not come back
+        // this pass, or it failed within the last minute) is told so, not only the fleet.
+        let trouble: BTreeMap<&str, String> = self
+            .fleets
+            .iter()
+            .zip(&ok_fleets)
+            .filter_map(|(run, ok)| {
+                let recent = run.errors.front().filter(|(t, _)| now.saturating_sub(*t) <= 60).map(|(_, e)| e.clone());
+                let why = match (ok, recent, &run.unavailable_reason) {
+                    (_, _, Some(u)) => u.clone(),
+                    (false, _, None) => "its provider did not answer this pass".to_string(),
+                    (true, Some(e), None) => e,
+                    (true, None, None) => return None,
+                };
+                Some((run.spec.name.as_str(), why))
+            })
+            .collect();
+        let mut notes: BTreeMap<i64, String> =
             decision.waiting.iter().filter_map(|(id, why)| Some((id.parse().ok()?, why.clone()))).collect();
+        for w in &view.waiting {
+            let needs = Needs { tags: &w.tags, gpu: &w.gpu, container: w.container };
+            let id = w.id;
+            for run in self.fleets.iter().filter(|r| fits(&r.spec, &needs)) {
+                let f = &run.spec.name;
+                if let Some(why) = trouble.get(f.as_str()) {
+                    let shown: String = why.chars().take(300).collect();
+                    let note = notes.entry(id).or_default();
+                    if !note.is_empty() {
+                        note.push_str("; ");
+                    }
+                    note.push_str(&format!("fleet {f}: {shown}"));
+                }
+            }
+        }
         let _ = self.deps.brain.send(Command::FleetNotes { notes }).await;
         let mut actions = decision.actions.clone();
         for machine in drain_done {
@@ -865,10 +897,7 @@ impl Worker {
             tags,
             name: format!("{}-{id}", fleet.name),
             program: setting("agent_program").and_then(|v| v.as_str()).unwrap_or("gpuci").to_string(),
-            extra_args: setting("agent_args")
-                .and_then(|v| v.as_array())
-                .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
-                .unwrap_or_default(),
+            extra_args: agent_args(&fleet.settings),
         };
         tracing::info!(fleet = %fleet.name, machine = %id, offer = %offer.label(), %capacity, "creating: {reason}");
         let req = CreateRequest { machine: id.clone(), offer: offer.clone(), capacity, agent };
@@ -917,6 +946,67 @@ impl Worker {
                 let _ = self.store.put_machine(&ended).await;
             }
         }
+    }
+}
+
+/// Default of a fleet's `leave_after_unreachable`: an agent on a machine gpuci made gives the
+/// machine up when the coordinator has been gone this long (`gpuci agent
+/// --leave-after-unreachable`), so a dead coordinator does not leave GPUs billing.
+pub const DEFAULT_LEAVE_AFTER: &str = "10m";
+
+/// The `gpuci agent` arguments a fleet's machines get besides server, name and tags: the
+/// settings' `agent_args`, then `--leave-after-unreachable` (the setting
+/// `leave_after_unreachable`, [`DEFAULT_LEAVE_AFTER`] unless given, `"off"` for none) and
+/// `--on-leave` (the setting `on_leave`, e.g. `"shutdown -h now"`), unless `agent_args` names
+/// them already.
+pub fn agent_args(settings: &toml::Table) -> Vec<String> {
+    let mut args: Vec<String> = settings
+        .get("agent_args")
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().filter_map(|w| w.as_str().map(String::from)).collect())
+        .unwrap_or_default();
+    let given = |flag: &str, args: &[String]| args.iter().any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+    if !given("--leave-after-unreachable", &args) {
+        match settings.get("leave_after_unreachable").and_then(|v| v.as_str()) {
+            Some("off") => {}
+            Some(d) => args.extend(["--leave-after-unreachable".to_string(), d.to_string()]),
+            None => args.extend(["--leave-after-unreachable".to_string(), DEFAULT_LEAVE_AFTER.to_string()]),
+        }
+    }
+    if let (Some(cmd), false) = (settings.get("on_leave").and_then(|v| v.as_str()), given("--on-leave", &args)) {
+        if args.iter().any(|a| a.starts_with("--leave-after-unreachable")) {
+            args.extend(["--on-leave".to_string(), cmd.to_string()]);
+        }
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::agent_args;
+
+    fn table(text: &str) -> toml::Table {
+        toml::from_str(text).expect("toml")
+    }
+
+    #[test]
+    fn machines_leave_by_default_when_the_coordinator_is_gone() {
+        assert_eq!(agent_args(&table("")), ["--leave-after-unreachable", "10m"]);
+        assert_eq!(
+            agent_args(&table(
+                "agent_args = [\"--slots\", \"2\"]\nleave_after_unreachable = \"30m\"\non_leave = \"shutdown -h now\""
+            )),
+            ["--slots", "2", "--leave-after-unreachable", "30m", "--on-leave", "shutdown -h now"]
+        );
+        assert_eq!(
+            agent_args(&table("leave_after_unreachable = \"off\"\non_leave = \"poweroff\"")),
+            Vec::<String>::new()
+        );
+        // Given in agent_args already: not twice.
+        assert_eq!(
+            agent_args(&table("agent_args = [\"--leave-after-unreachable\", \"1m\"]")),
+            ["--leave-after-unreachable", "1m"]
+        );
     }
 }
 

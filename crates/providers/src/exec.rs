@@ -54,6 +54,17 @@ impl ExecProvider {
                 t.parse::<gpuci_core::duration::Duration>().map(|d| d.0).map_err(|e| bad(format!("timeout: {e}")))?
             }
         };
+        if let Some(v) = fleet.settings.get("leave_after_unreachable") {
+            let ok = v.as_str().is_some_and(|t| {
+                t == "off" || t.parse::<gpuci_core::duration::Duration>().is_ok_and(|d| d.0 >= Duration::from_secs(10))
+            });
+            if !ok {
+                return Err(bad(format!(
+                    "leave_after_unreachable: {v}: give a duration of at least 10s (default {}) or \"off\"",
+                    "10m"
+                )));
+            }
+        }
         if timeout < Duration::from_secs(1) {
             return Err(bad(format!("timeout: {timeout:?} is too short for any program; give at least 1s")));
         }
