@@ -1890,7 +1890,7 @@ impl Brain {
                         Link::Lost => "lost",
                     }
                     .into(),
-                    reason: match (&a.paused, a.link) {
+                    reason: match (a.interrupted.as_ref().or(a.withdrawn.as_ref()).or(a.paused.as_ref()), a.link) {
                         (Some(why), Link::Connected) => format!("takes no new jobs: {why}"),
                         _ => a.reason.clone(),
                     },
