@@ -28,6 +28,12 @@ fn token_url(url: &str) -> Option<String> {
     Some(format!("{}/latest/api/token", &url[..i]))
 }
 
+/// Look once, now: an agent started on a machine already being taken back takes no job at all.
+pub async fn check_once(url: &str) -> Option<String> {
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(2)).build().ok()?;
+    poll(&http, url).await.map(|body| describe(&body))
+}
+
 /// Look at `url` every `every` until a notice is there (then send it and stop) or `shutdown`.
 pub async fn watch(url: String, every: Duration, notice: watch::Sender<Option<String>>, shutdown: CancellationToken) {
     let http = match reqwest::Client::builder().timeout(Duration::from_secs(2)).build() {

@@ -448,8 +448,14 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         }
     }
     let (events_tx, events_rx) = mpsc::unbounded_channel();
-    let (notice_tx, interrupted) = tokio::sync::watch::channel(None);
-    if let Some((url, every)) = config.interruption_notice.clone() {
+    // Looked at once before the first connection, so a machine already being taken back says
+    // so in its hello and is given no job.
+    let initial = match &config.interruption_notice {
+        Some((url, _)) => interruption::check_once(url).await,
+        None => None,
+    };
+    let (notice_tx, interrupted) = tokio::sync::watch::channel(initial.clone());
+    if let (Some((url, every)), None) = (config.interruption_notice.clone(), initial) {
         tokio::spawn(interruption::watch(url, every, notice_tx, shutdown.clone()));
     }
     let mut agent = Agent {

@@ -536,6 +536,18 @@ fn spot_interruptions_requeue_the_job_once_and_trip_the_breaker() {
             || status["recent_errors"].to_string().contains("queued again"),
         "{status:#}"
     );
+    // The breaker survives a coordinator restart: the interruptions are in the store.
+    let mut f = f;
+    f.server.restart_hard();
+    wait_until_or(
+        "the breaker open again after the restart",
+        T,
+        || {
+            let fleets: Vec<Value> = f.server.api().get("/api/v1/fleets");
+            fleets.iter().any(|fl| fl["name"] == "l4" && fl["breaker_open_until"].as_u64().is_some())
+        },
+        || format!("{:#}", f.status()),
+    );
 }
 
 /// A provider program for the tests that misbehaves as `[fleet.settings] mode` says.
@@ -774,4 +786,57 @@ fn a_listed_machine_the_store_does_not_know_is_adopted() {
     let report: Value = api.get("/api/v1/cost?days=1");
     assert!(report["total_usd"].as_f64().unwrap() > 0.0, "{report:#}");
     assert_eq!(made_in(&state).len(), 1, "{:#?}", made_in(&state));
+}
+
+/// A coordinator restart does not take a busy machine for one that never booted: after the
+/// restart, before its agent has reconnected, the machine is held, not deleted, and the job on
+/// it finishes once.
+#[test]
+fn a_restart_keeps_busy_machines_older_than_boot_timeout() {
+    let dir = tempdir();
+    let toml =
+        fleet_toml(&dir.path().join("machines"), "", "").replace("boot_timeout = \"90s\"", "boot_timeout = \"3s\"");
+    let mut server = server_with(dir.path(), &toml);
+    let api = server.api();
+    let p = api.submit("steps:\n  - key: long\n    gpus: 1\n    command: sleep 10 && echo done\n");
+    let job = p.jobs[0].id;
+    api.wait_job(job, "running", T, |j| j.state == gpuci_core::job::JobState::Running);
+    std::thread::sleep(Duration::from_secs(4)); // the machine is now older than boot_timeout
+    server.restart_hard();
+    let api = server.api();
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    assert_eq!(done.jobs.len(), 1, "ran once, not lost and retried: {done:#?}");
+    let fleets: Vec<Value> = api.get("/api/v1/fleets");
+    assert!(!fleets[0]["recent_errors"].to_string().contains("boot_timeout"), "{:#}", fleets[0]);
+}
+
+/// An agent started on a machine already being taken back says so before its first job: it is
+/// given none, and `gpuci agents` says why.
+#[test]
+fn an_agent_whose_machine_is_already_being_taken_back_takes_no_job() {
+    let notice = NoticeServer::start();
+    notice.set(true);
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(
+        &server,
+        &dir.path().join("agent"),
+        "doomed",
+        &["--isolation", isolation(), "--interruption-notice-url", &notice.url],
+    );
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: a\n    command: echo never\n");
+    wait_until_or(
+        "the agent's reason",
+        T,
+        || api.agents().iter().any(|a| a.reason.contains("spot interruption notice")),
+        || format!("{:#?}", api.agents()),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let j = api.job(p.jobs[0].id);
+    assert_eq!(j.state, gpuci_core::job::JobState::Queued, "{j:#?}");
+    assert_eq!(j.attempt, 1);
+    api.cancel(j.id);
 }

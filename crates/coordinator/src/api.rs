@@ -270,7 +270,11 @@ fn summarize(jobs: &[gpuci_store::JobRecord], known: &Known) -> Vec<JobSummary> 
             let mut s = job_summary(j, j.agent_id.as_ref().and_then(|a| known.names.get(a).cloned()));
             let machine = j.agent_id.as_ref().and_then(|a| known.machines.get(a));
             if let (Some(m), Some(started)) = (machine, j.started_at_ms) {
-                let ran_ms = j.finished_at_ms.unwrap_or_else(crate::brain::now_ms) - started;
+                // Never past the machine's end: a job ended `lost` later than its machine
+                // was deleted ran no longer than the machine was billed.
+                let end = j.finished_at_ms.unwrap_or_else(crate::brain::now_ms);
+                let end = m.ended_at_ms.map_or(end, |e| end.min(e));
+                let ran_ms = end - started;
                 s.cost = Some(gpuci_protocol::api::JobCost {
                     usd: gpuci_core::fleet::job_cost(ran_ms, j.gpus.len() as u32, m.gpus, m.price_per_hour),
                     machine: m.id.clone(),

@@ -256,11 +256,18 @@ pub enum Command {
     Tick,
 }
 
+/// A job on a machine taken back is queued again until this attempt; then it ends `lost`.
+pub const MAX_INTERRUPTED_ATTEMPTS: u32 = 5;
+
 /// Connected agents that run on fleet machines, and queued jobs no connected agent can take.
 #[derive(Clone, Debug, Default)]
 pub struct FleetView {
     pub agents: Vec<FleetAgent>,
     pub waiting: Vec<WaitingJob>,
+    /// Machines (their `gpuci.machine` tags) whose agents are known but not connected now, and
+    /// whether each is lost (gone past `lost_after`) or may still come back (a coordinator
+    /// restart, a network blip).
+    pub absent: Vec<(String, bool)>,
 }
 
 #[derive(Clone, Debug)]
@@ -274,6 +281,8 @@ pub struct FleetAgent {
     pub gpus_busy: u32,
     /// Its machine is being taken back (the notice, in words).
     pub interrupted: Option<String>,
+    /// When a job first started on it.
+    pub first_job_at_ms: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
@@ -317,6 +326,8 @@ struct AgentState {
     interrupted: Option<String>,
     /// Its machine is being deleted or stopped by its fleet ([`Command::Withdraw`]).
     withdrawn: Option<String>,
+    /// When a job first started on it in this connection's life (boot stages of fleet machines).
+    first_job_at_ms: Option<i64>,
 }
 
 pub struct Brain {
@@ -444,6 +455,7 @@ impl Brain {
                     paused: None,
                     interrupted: None,
                     withdrawn: None,
+                    first_job_at_ms: None,
                 },
             );
         }
@@ -522,6 +534,9 @@ impl Brain {
             Command::AgentStarted { agent_id, conn, job, started_at_ms, reply } => {
                 let r = if self.is_current(&agent_id, conn) {
                     self.touch(&agent_id);
+                    if let Some(a) = self.agents.get_mut(&agent_id) {
+                        a.first_job_at_ms.get_or_insert(started_at_ms);
+                    }
                     self.job_started(&agent_id, job, started_at_ms).await
                 } else {
                     Err(STALE.into())
@@ -868,6 +883,7 @@ impl Brain {
             paused: hello.paused.clone(),
             interrupted: None,
             withdrawn: None,
+            first_job_at_ms: None,
         };
         self.agents.insert(agent_id.to_string(), entry);
 
@@ -1778,6 +1794,16 @@ impl Brain {
         for job in jobs {
             let now = now_ms();
             let why = format!("lost: machine {name} is being taken back ({reason})");
+            // A job taken back again and again (a spot market in a storm, a notice that comes
+            // and goes) stops being queued again at some point, saying so.
+            if job.attempt >= MAX_INTERRUPTED_ATTEMPTS {
+                let why = format!("{why}; not queued again: this was attempt {}", job.attempt);
+                if let Err(e) = self.finish(&job, JobState::Lost, why.clone(), None, None, Vec::new()).await {
+                    tracing::error!(job = job.id, error = %e, "could not end a job of an interrupted machine");
+                }
+                self.send(agent_id, CoordinatorMessage::Cancel { job_id: job.id, reason: why });
+                continue;
+            }
             self.note_in_log(&job, format!("{why}; this run is stopped and the job queued again")).await;
             let change = JobChange {
                 state: Some(JobState::Lost),
@@ -1833,6 +1859,7 @@ impl Brain {
                     running: jobs.len() as u32,
                     gpus_busy,
                     interrupted: a.interrupted.clone(),
+                    first_job_at_ms: a.first_job_at_ms,
                 })
             })
             .collect();
@@ -1849,7 +1876,13 @@ impl Brain {
                 container: j.step.image.is_some(),
             })
             .collect();
-        FleetView { agents, waiting }
+        let absent = self
+            .agents
+            .values()
+            .filter(|a| a.link != Link::Connected)
+            .filter_map(|a| Some((a.tags.get(gpuci_providers::TAG_MACHINE)?.clone(), a.link == Link::Lost)))
+            .collect();
+        FleetView { agents, waiting, absent }
     }
 
     fn agent_summaries(&self) -> Vec<AgentSummary> {

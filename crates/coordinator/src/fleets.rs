@@ -143,6 +143,8 @@ struct Loop {
     interrupted_seen: std::collections::HashSet<String>,
     /// Fleets no longer configured whose machines were warned of.
     warned_orphans: std::collections::HashSet<String>,
+    /// When this loop started (unix seconds): boot clocks count from here at the earliest.
+    started_s: UnixSecs,
     statuses: Statuses,
 }
 
@@ -201,6 +203,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         interruptions: BTreeMap::new(),
         interrupted_seen: std::collections::HashSet::new(),
         warned_orphans: std::collections::HashSet::new(),
+        started_s: now_s(),
         statuses: statuses.clone(),
     };
     tokio::spawn(l.run(shutdown));
@@ -212,7 +215,19 @@ fn now_s() -> UnixSecs {
 }
 
 impl Loop {
+    /// Interruptions of the last two hours, from the store: the spot breaker survives a restart.
+    async fn recall_interruptions(&mut self) {
+        let since_ms = (now_s().saturating_sub(2 * 3600) * 1000) as i64;
+        let Ok(all) = self.deps.store.machines(false).await else { return };
+        for m in all {
+            let Some(t) = m.interrupted_at_ms.filter(|t| *t >= since_ms) else { continue };
+            self.interrupted_seen.insert(m.id.clone());
+            self.interruptions.entry(m.fleet.clone()).or_default().push((t / 1000) as u64);
+        }
+    }
+
     async fn run(mut self, shutdown: CancellationToken) {
+        self.recall_interruptions().await;
         tracing::info!(fleets = self.fleets.len(), coordinator = %self.deps.coordinator_id, "fleets reconcile loop on");
         loop {
             self.pass().await;
@@ -224,7 +239,8 @@ impl Loop {
     }
 
     fn error(&mut self, fleet: usize, what: String) {
-        tracing::warn!(fleet = %self.fleets[fleet].spec.name, "{what}");
+        // Provider text: one line, escaped, so it cannot forge log lines.
+        tracing::warn!(fleet = %self.fleets[fleet].spec.name, "{}", gpuci_core::text::escape(&what));
         let errors = &mut self.fleets[fleet].errors;
         errors.push_front((now_s(), what));
         errors.truncate(RECENT_ERRORS);
@@ -298,11 +314,18 @@ impl Loop {
                     for m in ms {
                         // Ids go into tags, paths and terminals: a provider's odd ones are
                         // refused, and shown (escaped) on the fleet.
-                        if !valid_machine_id(&m.machine) || !seen.insert(m.machine.clone()) {
+                        if !valid_machine_id(&m.machine) {
                             let shown: String = m.machine.chars().take(80).collect();
                             list_errors.push((
                                 i,
-                                format!("the provider listed a machine id that is not a short token of letters, digits, . _ - (or listed it twice): {shown:?}; ignored"),
+                                format!("the provider listed a machine id that is not a short token of letters, digits, . _ -: {shown:?}; ignored"),
+                            ));
+                            continue;
+                        }
+                        if !seen.insert(m.machine.clone()) {
+                            list_errors.push((
+                                i,
+                                format!("the provider listed machine {} twice; the first entry counts", m.machine),
                             ));
                             continue;
                         }
@@ -339,6 +362,8 @@ impl Loop {
         let mut machines: Vec<Machine> = Vec::new();
         let mut writes: Vec<MachineRecord> = Vec::new();
         let mut drain_done: Vec<String> = Vec::new();
+        let mut lost_machines: Vec<String> = Vec::new();
+        let absent: HashMap<&str, bool> = view.absent.iter().map(|(m, lost)| (m.as_str(), *lost)).collect();
         let mut notes: Vec<(usize, String)> = Vec::new();
         let mut bill_open: Vec<(String, i64)> = Vec::new();
         let mut bill_close: Vec<(String, i64)> = Vec::new();
@@ -376,7 +401,9 @@ impl Loop {
             if let Some(a) = agent {
                 rec.agent_id = Some(a.agent_id.clone());
                 rec.connected_at_ms.get_or_insert(now_ms);
-                if a.running > 0 {
+                if let Some(t) = a.first_job_at_ms.filter(|t| *t >= rec.requested_at_ms) {
+                    rec.first_job_at_ms.get_or_insert(t);
+                } else if a.running > 0 {
                     rec.first_job_at_ms.get_or_insert(now_ms);
                 }
             }
@@ -387,6 +414,15 @@ impl Loop {
                 (Some(_), Some(a)) if a.interrupted.is_some() => MachineState::Draining,
                 (Some(_), Some(a)) if a.running > 0 => MachineState::Busy,
                 (Some(_), Some(_)) => MachineState::Idle,
+                // Its agent connected once and is away now (this coordinator restarted, a
+                // network blip): held, neither booting nor idle, until it comes back; once the
+                // scheduler counts it lost (its jobs ended so), the machine is of no use.
+                (Some(_), None) if rec.connected_at_ms.is_some() => {
+                    if absent.get(rec.id.as_str()) == Some(&true) {
+                        lost_machines.push(rec.id.clone());
+                    }
+                    MachineState::Draining
+                }
                 (Some(_), None) => MachineState::Booting,
             };
             if let (MachineState::Draining, Some(a)) = (state, agent) {
@@ -397,6 +433,8 @@ impl Loop {
                     let why = a.interrupted.clone().unwrap_or_default();
                     notes.push((fi, format!("machine {}: {why}; its jobs were queued again", rec.id)));
                     rec.reason = Some(why);
+                    // In the store: the breaker counts it after a restart too.
+                    rec.interrupted_at_ms.get_or_insert(now_ms);
                 }
                 if a.running == 0 {
                     drain_done.push(rec.id.clone());
@@ -413,6 +451,12 @@ impl Loop {
             .into();
             let since = match state {
                 MachineState::Idle => *self.idle_since.entry(rec.id.clone()).or_insert(now),
+                // The boot clock counts from this coordinator's start at the earliest: an agent
+                // cannot connect to a coordinator that is not running.
+                MachineState::Requested | MachineState::Booting => {
+                    self.idle_since.remove(&rec.id);
+                    ((rec.requested_at_ms / 1000) as u64).max(self.started_s)
+                }
                 _ => {
                     self.idle_since.remove(&rec.id);
                     (rec.requested_at_ms / 1000) as u64
@@ -529,6 +573,10 @@ impl Loop {
         let mut actions = decision.actions.clone();
         for machine in drain_done {
             let reason = "its machine is being taken back and its jobs are queued again".to_string();
+            actions.push(Action::Delete { machine, reason });
+        }
+        for machine in lost_machines {
+            let reason = "its agent is lost (silent past lost_after); the machine is of no use".to_string();
             actions.push(Action::Delete { machine, reason });
         }
         self.dispatch(actions, &records, now_ms).await;
@@ -833,6 +881,7 @@ impl Worker {
                             requested_at_ms: now_ms,
                             running_at_ms: None,
                             connected_at_ms: None,
+                            first_job_at_ms: None,
                             agent_id: None,
                             ..rec.clone()
                         };
@@ -879,6 +928,7 @@ impl Worker {
             first_job_at_ms: None,
             ended_at_ms: None,
             boot_failed: false,
+            interrupted_at_ms: None,
         };
         // Recorded before it is asked for: a crash in between leaves a row the next pass ends
         // (never listed) or joins with what the provider made (listed, by its tag).
@@ -981,6 +1031,32 @@ pub fn agent_args(settings: &toml::Table) -> Vec<String> {
     args
 }
 
+/// A machine the provider lists under this coordinator's tag that the store does not know
+/// (created just before a crash): recorded from what the provider says.
+fn adopted(fleet: &FleetSpec, pm: &ProviderMachine, now_ms: i64) -> MachineRecord {
+    let offer = fleet.offers.iter().find(|o| o.instance_type == pm.instance_type && o.zone == pm.zone);
+    MachineRecord {
+        id: pm.machine.clone(),
+        fleet: fleet.name.clone(),
+        provider_id: Some(pm.provider_id.clone()),
+        instance_type: pm.instance_type.clone(),
+        zone: pm.zone.clone(),
+        capacity: pm.capacity.as_str().into(),
+        price_per_hour: offer.map_or(0.0, |o| o.price(pm.capacity)),
+        gpus: fleet.machine.gpus,
+        state: "booting".into(),
+        reason: Some("adopted: listed by the provider, unknown to this coordinator's store".into()),
+        agent_id: None,
+        requested_at_ms: pm.launched_at.map_or(now_ms, |t| t as i64 * 1000),
+        running_at_ms: None,
+        connected_at_ms: None,
+        first_job_at_ms: None,
+        ended_at_ms: None,
+        boot_failed: false,
+        interrupted_at_ms: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::agent_args;
@@ -1007,30 +1083,5 @@ mod tests {
             agent_args(&table("agent_args = [\"--leave-after-unreachable\", \"1m\"]")),
             ["--leave-after-unreachable", "1m"]
         );
-    }
-}
-
-/// A machine the provider lists under this coordinator's tag that the store does not know
-/// (created just before a crash): recorded from what the provider says.
-fn adopted(fleet: &FleetSpec, pm: &ProviderMachine, now_ms: i64) -> MachineRecord {
-    let offer = fleet.offers.iter().find(|o| o.instance_type == pm.instance_type && o.zone == pm.zone);
-    MachineRecord {
-        id: pm.machine.clone(),
-        fleet: fleet.name.clone(),
-        provider_id: Some(pm.provider_id.clone()),
-        instance_type: pm.instance_type.clone(),
-        zone: pm.zone.clone(),
-        capacity: pm.capacity.as_str().into(),
-        price_per_hour: offer.map_or(0.0, |o| o.price(pm.capacity)),
-        gpus: fleet.machine.gpus,
-        state: "booting".into(),
-        reason: Some("adopted: listed by the provider, unknown to this coordinator's store".into()),
-        agent_id: None,
-        requested_at_ms: pm.launched_at.map_or(now_ms, |t| t as i64 * 1000),
-        running_at_ms: None,
-        connected_at_ms: None,
-        first_job_at_ms: None,
-        ended_at_ms: None,
-        boot_failed: false,
     }
 }

@@ -162,7 +162,8 @@ impl ExecProvider {
         // timeout has its group killed, while it is still ours (not yet reaped).
         if !err.is_empty() {
             let text = self.redact(&String::from_utf8_lossy(&err[..err.len().min(4096)]));
-            tracing::info!(fleet = %self.fleet, op, stderr = %text.trim_end(), "exec provider said");
+            let text = gpuci_core::text::escape(text.trim_end()).to_string();
+            tracing::info!(fleet = %self.fleet, op, stderr = %text, "exec provider said");
         }
         let status = status.map_err(|e| transient(format!("{program} {op}: {e}")))?;
         let answer: Value = serde_json::from_slice(&out).map_err(|e| {

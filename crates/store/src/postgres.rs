@@ -818,7 +818,7 @@ impl Store for PostgresStore {
     }
 
     async fn put_machine(&self, m: &MachineRecord) -> Result<()> {
-        let sql = format!("INSERT INTO machines ({MACHINE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) ON CONFLICT (id) DO UPDATE SET fleet = EXCLUDED.fleet, provider_id = EXCLUDED.provider_id, instance_type = EXCLUDED.instance_type, zone = EXCLUDED.zone, capacity = EXCLUDED.capacity, price_per_hour = EXCLUDED.price_per_hour, gpus = EXCLUDED.gpus, state = EXCLUDED.state, reason = EXCLUDED.reason, agent_id = EXCLUDED.agent_id, requested_at_ms = EXCLUDED.requested_at_ms, running_at_ms = EXCLUDED.running_at_ms, connected_at_ms = EXCLUDED.connected_at_ms, first_job_at_ms = EXCLUDED.first_job_at_ms, ended_at_ms = EXCLUDED.ended_at_ms, boot_failed = EXCLUDED.boot_failed");
+        let sql = format!("INSERT INTO machines ({MACHINE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) ON CONFLICT (id) DO UPDATE SET fleet = EXCLUDED.fleet, provider_id = EXCLUDED.provider_id, instance_type = EXCLUDED.instance_type, zone = EXCLUDED.zone, capacity = EXCLUDED.capacity, price_per_hour = EXCLUDED.price_per_hour, gpus = EXCLUDED.gpus, state = EXCLUDED.state, reason = EXCLUDED.reason, agent_id = EXCLUDED.agent_id, requested_at_ms = EXCLUDED.requested_at_ms, running_at_ms = EXCLUDED.running_at_ms, connected_at_ms = EXCLUDED.connected_at_ms, first_job_at_ms = EXCLUDED.first_job_at_ms, ended_at_ms = EXCLUDED.ended_at_ms, boot_failed = EXCLUDED.boot_failed, interrupted_at_ms = EXCLUDED.interrupted_at_ms");
         sqlx::query(&sql)
             .bind(&m.id)
             .bind(&m.fleet)
@@ -837,6 +837,7 @@ impl Store for PostgresStore {
             .bind(m.first_job_at_ms)
             .bind(m.ended_at_ms)
             .bind(i64::from(m.boot_failed))
+            .bind(m.interrupted_at_ms)
             .execute(&self.pool)
             .await?;
         Ok(())

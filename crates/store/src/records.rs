@@ -221,6 +221,9 @@ pub struct MachineRecord {
     pub ended_at_ms: Option<i64>,
     /// Deleted because its agent never connected within the fleet's boot timeout.
     pub boot_failed: bool,
+    /// When its provider's interruption notice was seen (spot): the fleet's breaker counts these,
+    /// across coordinator restarts.
+    pub interrupted_at_ms: Option<i64>,
 }
 
 /// A stretch of time a machine was billed for: from launch (or start) to delete (or stop);

@@ -13,7 +13,7 @@ pub(crate) const GITHUB_JOB_COLUMNS: &str = "id, repository, run_id, name, label
      runner_exits, last_runner_exit, check_failures, retry_at_ms";
 pub(crate) const MACHINE_COLUMNS: &str =
     "id, fleet, provider_id, instance_type, zone, capacity, price_per_hour, gpus, state, reason, \
-     agent_id, requested_at_ms, running_at_ms, connected_at_ms, first_job_at_ms, ended_at_ms, boot_failed";
+     agent_id, requested_at_ms, running_at_ms, connected_at_ms, first_job_at_ms, ended_at_ms, boot_failed, interrupted_at_ms";
 pub(crate) const RUNNER_COLUMNS: &str =
     "name, job_id, pool, repository, org, runner_id, github_job_id, state, created_at_ms, updated_at_ms";
 
@@ -135,6 +135,7 @@ macro_rules! row_mappers {
                 first_job_at_ms: r.get("first_job_at_ms"),
                 ended_at_ms: r.get("ended_at_ms"),
                 boot_failed: r.get::<i64, _>("boot_failed") != 0,
+                interrupted_at_ms: r.get("interrupted_at_ms"),
             }
         }
 

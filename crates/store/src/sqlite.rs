@@ -733,7 +733,7 @@ impl Store for SqliteStore {
     }
 
     async fn put_machine(&self, m: &MachineRecord) -> Result<()> {
-        let sql = format!("INSERT OR REPLACE INTO machines ({MACHINE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+        let sql = format!("INSERT OR REPLACE INTO machines ({MACHINE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
         sqlx::query(&sql)
             .bind(&m.id)
             .bind(&m.fleet)
@@ -752,6 +752,7 @@ impl Store for SqliteStore {
             .bind(m.first_job_at_ms)
             .bind(m.ended_at_ms)
             .bind(i64::from(m.boot_failed))
+            .bind(m.interrupted_at_ms)
             .execute(&self.pool)
             .await?;
         Ok(())

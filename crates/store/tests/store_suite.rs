@@ -571,9 +571,11 @@ async fn machines_suite(s: &dyn Store) {
         first_job_at_ms: None,
         ended_at_ms: None,
         boot_failed: false,
+        interrupted_at_ms: None,
     };
     s.put_machine(&m).await.unwrap();
     let booted = MachineRecord {
+        interrupted_at_ms: Some(2_500),
         provider_id: Some("i-0abc".into()),
         state: "ready".into(),
         running_at_ms: Some(2_000),
