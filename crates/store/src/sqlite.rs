@@ -438,7 +438,10 @@ impl Store for SqliteStore {
                 .await?
                 .map(|r| r.get(0));
             if state.as_deref().and_then(|s| s.parse::<JobState>().ok()).is_some_and(JobState::is_terminal) {
-                // See the trait: an ended job's log takes no more of its agent's lines.
+                // See the trait: an ended job's log takes no more of its agent's lines. Ended
+                // here, not left to the drop: a connection handed back inside a transaction is
+                // taken for one a failed write left behind, and replaced with a warning.
+                tx.rollback().await?;
                 return Ok(Vec::new());
             }
         }
