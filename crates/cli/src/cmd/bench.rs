@@ -72,7 +72,9 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
     for i in 0..n + 10 {
         let counted = i >= 10;
         let warm = WarmStart::prepare(WarmSpec {
-            name: format!("bench-warm-{}-{i}", std::process::id()),
+            // Not an agent's warm-start name (`is_warm_name`): an agent starting meanwhile
+            // sweeps empty cgroups of that shape, and this one is empty until the spawn.
+            name: format!("bench-w{}-{i}", std::process::id()),
             user,
             network: None,
             cgroups: gpuci_sandbox::CgroupUse::Required,
