@@ -256,6 +256,20 @@ pub enum Command {
     Tick,
 }
 
+/// The queued next attempt of `job` (a retry, or a run after its machine was taken back).
+fn next_attempt(job: &JobRecord, reason: String, now: i64) -> NewJob {
+    NewJob {
+        pipeline_id: job.pipeline_id,
+        step: job.step.clone(),
+        env: job.env.clone(),
+        state: JobState::Queued,
+        reason,
+        attempt: job.attempt + 1,
+        retry_of: Some(job.id),
+        created_at_ms: now,
+    }
+}
+
 /// A job on a machine taken back is queued again until this attempt; then it ends `lost`.
 pub const MAX_INTERRUPTED_ATTEMPTS: u32 = 5;
 
@@ -803,16 +817,7 @@ impl Brain {
         // between the two would leave a job ended without the retry its policy promised.
         // Nothing below (memory, watchers, the log) changes until it is stored.
         let (rec, next) = if retry {
-            let next = NewJob {
-                pipeline_id: job.pipeline_id,
-                step: job.step.clone(),
-                env: job.env.clone(),
-                state: JobState::Queued,
-                reason: format!("retry of job {} ({state})", job.id),
-                attempt: job.attempt + 1,
-                retry_of: Some(job.id),
-                created_at_ms: now,
-            };
+            let next = next_attempt(job, format!("retry of job {} ({state})", job.id), now);
             let (rec, next) = self.store.update_job_and_insert(job.id, &expect, change, next).await?;
             (rec, Some(next))
         } else {
@@ -1812,16 +1817,8 @@ impl Brain {
                 release_leases: true,
                 ..Default::default()
             };
-            let next = NewJob {
-                pipeline_id: job.pipeline_id,
-                step: job.step.clone(),
-                env: job.env.clone(),
-                state: JobState::Queued,
-                reason: format!("queued again: job {} was on a machine being taken back", job.id),
-                attempt: job.attempt + 1,
-                retry_of: Some(job.id),
-                created_at_ms: now,
-            };
+            let next =
+                next_attempt(&job, format!("queued again: job {} was on a machine being taken back", job.id), now);
             match self.store.update_job_and_insert(job.id, &[JobState::Assigned, JobState::Running], change, next).await
             {
                 Ok((rec, next)) => {

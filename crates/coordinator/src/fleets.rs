@@ -89,6 +89,33 @@ pub struct MachineStatus {
     pub first_job_at_ms: Option<i64>,
 }
 
+impl MachineStatus {
+    fn of(r: &MachineRecord, state: &str) -> MachineStatus {
+        MachineStatus {
+            id: r.id.clone(),
+            state: state.to_string(),
+            provider_id: r.provider_id.clone(),
+            instance_type: r.instance_type.clone(),
+            zone: r.zone.clone(),
+            capacity: r.capacity.clone(),
+            agent_id: r.agent_id.clone(),
+            requested_at_ms: r.requested_at_ms,
+            running_at_ms: r.running_at_ms,
+            connected_at_ms: r.connected_at_ms,
+            first_job_at_ms: r.first_job_at_ms,
+        }
+    }
+}
+
+/// A stored machine's capacity type (`spot` or `on-demand`).
+fn capacity_of(r: &MachineRecord) -> Capacity {
+    if r.capacity == "spot" {
+        Capacity::Spot
+    } else {
+        Capacity::OnDemand
+    }
+}
+
 pub type Statuses = Arc<RwLock<Vec<FleetStatus>>>;
 
 struct FleetRun {
@@ -467,7 +494,7 @@ impl Loop {
                 .iter()
                 .position(|o| o.instance_type == rec.instance_type && o.zone == rec.zone)
                 .unwrap_or(0);
-            let capacity = if rec.capacity == "spot" { Capacity::Spot } else { Capacity::OnDemand };
+            let capacity = capacity_of(rec);
             if matches!(state, MachineState::Booting | MachineState::Idle | MachineState::Busy) {
                 bill_open.push((rec.id.clone(), pm.and_then(|p| p.launched_at).map_or(now_ms, |t| t as i64 * 1000)));
             }
@@ -717,22 +744,13 @@ impl Loop {
             let machines: Vec<MachineStatus> = records
                 .iter()
                 .filter(|r| r.fleet == run.spec.name)
-                .map(|r| MachineStatus {
-                    id: r.id.clone(),
-                    state: match (r.state.as_str(), self.idle_since.contains_key(&r.id)) {
-                        ("ready", true) => "idle".into(),
-                        ("ready", false) => "busy".into(),
-                        (s, _) => s.to_string(),
-                    },
-                    provider_id: r.provider_id.clone(),
-                    instance_type: r.instance_type.clone(),
-                    zone: r.zone.clone(),
-                    capacity: r.capacity.clone(),
-                    agent_id: r.agent_id.clone(),
-                    requested_at_ms: r.requested_at_ms,
-                    running_at_ms: r.running_at_ms,
-                    connected_at_ms: r.connected_at_ms,
-                    first_job_at_ms: r.first_job_at_ms,
+                .map(|r| {
+                    let state = match (r.state.as_str(), self.idle_since.contains_key(&r.id)) {
+                        ("ready", true) => "idle",
+                        ("ready", false) => "busy",
+                        (s, _) => s,
+                    };
+                    MachineStatus::of(r, state)
                 })
                 .collect();
             let count = machines.iter().filter(|m| m.state != "stopped").count() as u32;
@@ -775,22 +793,7 @@ impl Loop {
                 provider: "?".into(),
                 count: machines.len() as u32,
                 unavailable: Some(what),
-                machines: machines
-                    .iter()
-                    .map(|r| MachineStatus {
-                        id: r.id.clone(),
-                        state: "orphaned".into(),
-                        provider_id: r.provider_id.clone(),
-                        instance_type: r.instance_type.clone(),
-                        zone: r.zone.clone(),
-                        capacity: r.capacity.clone(),
-                        agent_id: r.agent_id.clone(),
-                        requested_at_ms: r.requested_at_ms,
-                        running_at_ms: r.running_at_ms,
-                        connected_at_ms: r.connected_at_ms,
-                        first_job_at_ms: r.first_job_at_ms,
-                    })
-                    .collect(),
+                machines: machines.iter().map(|r| MachineStatus::of(r, "orphaned")).collect(),
                 ..FleetStatus::default()
             });
         }
@@ -832,7 +835,7 @@ impl Worker {
                             // likely not either (a broken image, a wrong network). Skip the
                             // offer for a while instead of paying for boots in a loop.
                             if let Some(o) = self.offer_of(rec) {
-                                let capacity = if rec.capacity == "spot" { Capacity::Spot } else { Capacity::OnDemand };
+                                let capacity = capacity_of(rec);
                                 out.push(Effect::Unavailable(offer_unavailable_after_error(
                                     &rec.fleet,
                                     o,

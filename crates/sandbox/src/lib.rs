@@ -410,6 +410,8 @@ mod tests {
         for not in [
             "test-warm-same-w-28860-7-warm",
             "abc-warm-x-1",
+            // `gpuci bench sandbox`'s own warm starts.
+            "bench-w28860-7",
             "0d5708d5e9cf-job-3",
             "a-warm-1",
             "toolongprefix1-warm-0-1",
