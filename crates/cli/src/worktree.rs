@@ -84,7 +84,7 @@ impl WorkTree {
     /// The repository the pipeline belongs to, as caches are keyed: the `origin` URL, else
     /// the work tree's path; none outside git.
     pub fn repository(&self) -> Option<String> {
-        self.origin.clone().or_else(|| self.top.as_ref().map(|t| t.display().to_string()))
+        self.origin.as_deref().map(without_credentials).or_else(|| self.top.as_ref().map(|t| t.display().to_string()))
     }
 
     /// Which directory the workspace is made of, and its files: `upload` if given, else the
@@ -175,6 +175,18 @@ fn workspace_files(root: &Path) -> CliResult<Vec<PathBuf>> {
     }
     files.sort();
     Ok(files)
+}
+
+/// A remote URL without the user name and password some put in it
+/// (`https://user:token@host/o/r.git` → `https://host/o/r.git`): they never leave this machine.
+/// The scp-like form (`git@host:o/r.git`) names a user only and stays as it is.
+fn without_credentials(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
 }
 
 /// A command's output as one line of text; `None` if empty.
@@ -429,6 +441,17 @@ mod tests {
         assert_eq!(fast, slow);
         assert_eq!(fast.0, Some(wt.canonicalize().expect("exists")));
         assert_eq!(fast.1.as_deref(), Some("git@github.com:octo/kernels.git"));
+    }
+
+    #[test]
+    fn credentials_in_the_origin_url_never_leave_the_machine() {
+        assert_eq!(without_credentials("https://user:s3cret@github.com/o/r.git"), "https://github.com/o/r.git");
+        assert_eq!(without_credentials("https://tok@github.com/o/r.git"), "https://github.com/o/r.git");
+        assert_eq!(without_credentials("ssh://git@host:22/o/r.git"), "ssh://host:22/o/r.git");
+        assert_eq!(without_credentials("https://github.com/o/r@v1.git"), "https://github.com/o/r@v1.git");
+        assert_eq!(without_credentials("git@github.com:o/r.git"), "git@github.com:o/r.git");
+        let t = WorkTree { origin: Some("https://user:s3cret@github.com/o/r.git".into()), ..WorkTree::default() };
+        assert_eq!(t.repository().as_deref(), Some("https://github.com/o/r.git"));
     }
 
     #[test]
