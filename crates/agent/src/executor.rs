@@ -302,16 +302,25 @@ async fn execute(
         },
         None => None,
     };
-    // On the slot's own disk where it has one (its size is the job's disk quota).
-    let workspace = slot
-        .as_ref()
-        .and_then(|s| s.disk())
-        .map_or(ctx.work_root.as_path(), |d| d.path())
-        .join(format!("job-{}", a.job_id));
-    let _ = remove_workspace(&workspace).await;
-    if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&workspace) {
-        return fail(format!("creating workspace {}: {e}", workspace.display()));
-    }
+    // Taken first, whatever the step turns out to be: it must not wait beside this job.
+    let mut warm = TakenWarm(match &slot {
+        Some(s) => s.take_warm().await,
+        None => None,
+    });
+    // The ready sandbox's workspace, made empty for this job and bound into that sandbox (the
+    // job starts there when its sandbox turns out to be exactly that one); else a new one, on
+    // the slot's own disk where it has one (its size is the job's disk quota).
+    let workspace = match warm.0.as_mut().and_then(|w| w.take_workspace()) {
+        Some(ws) => ws,
+        None => {
+            let ws = workspace_root(ctx, slot.as_ref()).join(format!("job-{}", a.job_id));
+            let _ = remove_workspace(&ws).await;
+            if let Err(e) = std::fs::DirBuilder::new().mode(0o700).create(&ws) {
+                return fail(format!("creating workspace {}: {e}", ws.display()));
+            }
+            ws
+        }
+    };
     step("workspace made");
     if let Some(id) = &a.workspace_upload {
         if let Err(error) = fill_workspace(id, ctx, out, &workspace).await {
@@ -333,7 +342,7 @@ async fn execute(
         }
     }
     step("workspace given to the job user");
-    let mut result = execute_in(a, ctx, out, cancel, &workspace, slot.as_ref()).await;
+    let mut result = execute_in(a, ctx, out, cancel, &workspace, slot.as_ref(), warm).await;
     if let Some(disk) = slot.as_ref().and_then(|s| s.disk()) {
         let code = match &result.0 {
             Outcome::Exited { code } if *code != 0 => Some(*code),
@@ -365,16 +374,67 @@ pub(crate) fn warm_spec(ctx: &JobContext, slot: &crate::slots::SlotGuard) -> Opt
     if !ctx.bubblewrap || ctx.isolation == crate::IsolationPolicy::None {
         return None;
     }
+    // Under the agent's prefix, so the start-up sweep finds what a killed agent left.
+    let name = |n: u64| format!("{}-warm-{}-{n}", ctx.sandbox_prefix, slot.index());
+    let n = N.fetch_add(2, Ordering::Relaxed);
+    // The sandbox of the slot's usual job (no GPU, the default limits and network), started
+    // ahead of it; the job's own argv and environment come at hand-over.
+    let workspace = workspace_root(ctx, Some(slot)).join(format!("ws-{}", n / 2));
+    let default = (gpuci_core::pipeline::NetworkMode::default(), &gpuci_sandbox::Resources::default());
+    let ready = job_sandbox(ctx, Some(slot), "ready".into(), &workspace, Vec::new(), default, None);
     Some(gpuci_sandbox::WarmSpec {
-        // Under the agent's prefix, so the start-up sweep finds what a killed agent left.
-        name: format!("{}-warm-{}-{}", ctx.sandbox_prefix, slot.index(), N.fetch_add(1, Ordering::Relaxed)),
+        name: name(n),
         user: slot.user(),
         network: match ctx.default_network {
             JobNetwork::Slot => Some(slot.network()?.namespace()),
             JobNetwork::Host | JobNetwork::None => None,
         },
         cgroups: gpuci_sandbox::CgroupUse::Auto,
+        ready: Some(gpuci_sandbox::ReadySpec { name: name(n + 1), sandbox: ready }),
     })
+}
+
+/// Where the slot's workspaces go: its own disk where it has one (its size is the job's disk
+/// quota), else the agent's work root.
+fn workspace_root<'a>(ctx: &'a JobContext, slot: Option<&'a crate::slots::SlotGuard>) -> &'a Path {
+    slot.and_then(|s| s.disk()).map_or(ctx.work_root.as_path(), |d| d.path())
+}
+
+/// The sandbox of a step with `network` and `resources` (its own, before defaults) in `workspace`, as far as the agent's
+/// settings and the slot decide it: user, network, limits (the agent's defaults where the step
+/// gives none), scratch sizes, hidden paths. `out` hears what the job should know.
+fn job_sandbox(
+    ctx: &JobContext,
+    slot: Option<&crate::slots::SlotGuard>,
+    id: String,
+    workspace: &Path,
+    argv: Vec<String>,
+    (network, resources): (gpuci_core::pipeline::NetworkMode, &gpuci_sandbox::Resources),
+    out: Option<&Emitter>,
+) -> SandboxSpec {
+    let mut spec = SandboxSpec::new(id, workspace, argv);
+    spec.user = slot.map(|s| s.user());
+    spec.network = match (network, ctx.default_network, slot.and_then(|s| s.network())) {
+        (gpuci_core::pipeline::NetworkMode::None, _, _) | (_, JobNetwork::None, _) => gpuci_sandbox::Network::None,
+        (_, JobNetwork::Host, _) => gpuci_sandbox::Network::Host,
+        (_, JobNetwork::Slot, Some(net)) => gpuci_sandbox::Network::Namespace(net.namespace()),
+        (_, JobNetwork::Slot, None) => {
+            // Not root, or the slot networks could not be made: no silent host network.
+            if let Some(out) = out {
+                out.system("network: this agent has no network namespace with egress for jobs (see gpuci doctor); the job has no network");
+            }
+            gpuci_sandbox::Network::None
+        }
+    };
+    spec.resources = resources.clone();
+    let r = &mut spec.resources;
+    r.memory = r.memory.or(ctx.defaults.memory);
+    r.pids = r.pids.or(ctx.defaults.pids);
+    r.cpu_millis = r.cpu_millis.or(ctx.defaults.cpu_millis);
+    // Scratch tmpfs pages count against the memory limit; no single one may be larger.
+    spec.scratch_size = spec.resources.memory.map(|m| m.0);
+    spec.hide_paths = ctx.hide_paths.clone();
+    spec
 }
 
 /// A warm start taken from its slot, discarded unless the job's sandbox used it.
@@ -478,13 +538,9 @@ async fn execute_in(
     cancel: &CancellationToken,
     workspace: &std::path::Path,
     slot: Option<&crate::slots::SlotGuard>,
+    mut warm: TakenWarm,
 ) -> (Outcome, Option<JobTelemetry>) {
     let step = &a.step;
-    // Taken first, whatever the step turns out to be: it must not wait beside this job.
-    let mut warm = TakenWarm(match slot {
-        Some(s) => s.take_warm().await,
-        None => None,
-    });
     let isolation =
         match decide_isolation(step.sandbox, ctx.isolation, ctx.bubblewrap, ctx.allow_unsandboxed, a.trusted) {
             Ok((isolation, note)) => {
@@ -496,32 +552,11 @@ async fn execute_in(
             Err(error) => return (Outcome::StartFailed { error }, None),
         };
     let script = step.command.join("\n");
-    let mut spec = SandboxSpec::new(
-        format!("{}-job-{}", ctx.sandbox_prefix, a.job_id),
-        workspace,
-        vec!["bash".into(), "-eo".into(), "pipefail".into(), "-c".into(), script],
-    );
+    let argv = vec!["bash".into(), "-eo".into(), "pipefail".into(), "-c".into(), script];
+    let id = format!("{}-job-{}", ctx.sandbox_prefix, a.job_id);
+    let mut spec = job_sandbox(ctx, slot, id, workspace, argv, (step.network, &step.resources), Some(out));
     spec.env = job_env(a, workspace);
     spec.isolation = isolation;
-    spec.user = slot.map(|s| s.user());
-    spec.network = match (step.network, ctx.default_network, slot.and_then(|s| s.network())) {
-        (gpuci_core::pipeline::NetworkMode::None, _, _) | (_, JobNetwork::None, _) => gpuci_sandbox::Network::None,
-        (_, JobNetwork::Host, _) => gpuci_sandbox::Network::Host,
-        (_, JobNetwork::Slot, Some(net)) => gpuci_sandbox::Network::Namespace(net.namespace()),
-        (_, JobNetwork::Slot, None) => {
-            // Not root, or the slot networks could not be made: no silent host network.
-            out.system("network: this agent has no network namespace with egress for jobs (see gpuci doctor); the job has no network");
-            gpuci_sandbox::Network::None
-        }
-    };
-    spec.resources = step.resources.clone();
-    let r = &mut spec.resources;
-    r.memory = r.memory.or(ctx.defaults.memory);
-    r.pids = r.pids.or(ctx.defaults.pids);
-    r.cpu_millis = r.cpu_millis.or(ctx.defaults.cpu_millis);
-    // Scratch tmpfs pages count against the memory limit; no single one may be larger.
-    spec.scratch_size = spec.resources.memory.map(|m| m.0);
-    spec.hide_paths = ctx.hide_paths.clone();
     if let Some(dir) = &a.runner_dir {
         // The runner writes beside its files; give it a writable view of the install, not the install.
         let runner = if isolation == Isolation::Bubblewrap {

@@ -561,11 +561,31 @@ fn live_processes_of_uid(uid: u32) -> Vec<(u32, String)> {
     found
 }
 
-/// Issue 9 (speed): an idle slot holds its next job's first process, already in its cgroup
-/// and as its uid; the job starts from it, and a fresh one waits once the job is gone. Nothing
-/// else ever runs as the slot's uid while it is idle.
+/// Parent pid of `pid`, from `/proc/PID/stat` (the field after the command's closing paren).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// An idle slot's waiting processes: (the waiting shell, the ready sandbox's bwrap), when the
+/// slot's uid runs exactly those two and what the sandbox runs inside (bwrap's init and
+/// `/bin/sh -s`), nothing else.
+fn idle_slot(uid: u32) -> Option<(u32, u32)> {
+    let procs = live_processes_of_uid(uid);
+    let of_uid = |pid: u32| procs.iter().any(|(p, _)| *p == pid);
+    let top: Vec<&(u32, String)> = procs.iter().filter(|(p, _)| !parent_of(*p).is_some_and(of_uid)).collect();
+    let shell = top.iter().find(|(_, c)| c == "/bin/sh -s")?.0;
+    let ready = top.iter().find(|(_, c)| c.contains("bwrap --args") && c.ends_with(" -- /bin/sh -s"))?.0;
+    let inner = procs.iter().filter(|(_, c)| c.contains("bwrap --args") || c == "/bin/sh -s").count();
+    (top.len() == 2 && procs.len() == 4 && inner == 4).then_some((shell, ready))
+}
+
+/// Issue 9 (speed): an idle slot holds its next job's sandbox, already started in its cgroup
+/// and as its uid (and, beside it, a waiting shell for jobs laid out otherwise); the job
+/// starts in that sandbox, and a fresh pair waits once the job is gone. Nothing else ever
+/// runs as the slot's uid while it is idle.
 #[test]
-fn a_slots_next_job_starts_from_its_waiting_process_and_nothing_else_runs_as_the_slots_uid() {
+fn a_slots_next_job_starts_in_its_ready_sandbox_and_nothing_else_runs_as_the_slots_uid() {
     if isolation() != "bubblewrap" || !nix::unistd::geteuid().is_root() {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true: system tests run as root with bubblewrap");
         eprintln!("SKIP: warm starts need a root agent with bubblewrap");
@@ -583,38 +603,57 @@ fn a_slots_next_job_starts_from_its_waiting_process_and_nothing_else_runs_as_the
     );
     let api = server.api();
     api.wait_agents(1, T);
-    let waiting = |than: Option<u32>| {
-        let procs = live_processes_of_uid(uid);
-        match procs.as_slice() {
-            [(pid, cmd)] if cmd == "/bin/sh -s" && Some(*pid) != than => Some(*pid),
-            _ => None,
-        }
+    wait_until_or(
+        "the slot's waiting processes",
+        T,
+        || idle_slot(uid).is_some(),
+        || format!("{:?}", live_processes_of_uid(uid)),
+    );
+    let (shell, ready) = idle_slot(uid).unwrap();
+    let p = api.submit("steps:\n  - key: a\n    command: [sleep 2, echo ran-in-the-ready-sandbox]\n");
+    // The job runs inside the ready sandbox (a descendant of its bwrap); the shell is gone.
+    let inside_ready = || {
+        live_processes_of_uid(uid).iter().any(|(pid, cmd)| {
+            let mut p = *pid;
+            let mut chain = 0;
+            while let Some(parent) = parent_of(p).filter(|_| chain < 8) {
+                if parent == ready {
+                    return cmd.contains("sleep 2");
+                }
+                (p, chain) = (parent, chain + 1);
+            }
+            false
+        })
     };
-    wait_until_or(
-        "the slot's waiting process",
-        T,
-        || waiting(None).is_some(),
-        || format!("{:?}", live_processes_of_uid(uid)),
-    );
-    let first = waiting(None).unwrap();
-    let p = api.submit("steps:\n  - key: a\n    command: [sleep 2, echo ran-from-the-waiting-process]\n");
-    // The waiting process itself becomes the job's bwrap: no new process was forked for it.
-    wait_until_or(
-        "the waiting process to become the job",
-        T,
-        || std::fs::read_to_string(format!("/proc/{first}/cmdline")).is_ok_and(|c| c.contains("bwrap")),
-        || format!("{:?}", live_processes_of_uid(uid)),
-    );
+    wait_until_or("the job in the ready sandbox", T, inside_ready, || format!("{:?}", live_processes_of_uid(uid)));
+    assert!(!live_processes_of_uid(uid).iter().any(|(p, _)| *p == shell), "the waiting shell waits beside the job");
     let done = api.wait_pipeline(p.id, T);
     assert_eq!(done.jobs[0].state, JobState::Succeeded, "{:?}", done.jobs[0]);
-    assert!(api.log_text(done.jobs[0].id).contains("ran-from-the-waiting-process"));
-    // Then exactly one new waiting process, and nothing else of the uid.
+    assert!(api.log_text(done.jobs[0].id).contains("ran-in-the-ready-sandbox"));
+    // Then exactly one new pair, and nothing else of the uid.
     wait_until_or(
-        "a fresh waiting process and nothing else",
+        "a fresh pair of waiting processes and nothing else",
         T,
-        || waiting(Some(first)).is_some(),
+        || idle_slot(uid).is_some_and(|(s, r)| s != shell && r != ready),
         || format!("{:?}", live_processes_of_uid(uid)),
     );
+    // A job laid out otherwise (no network) starts from the waiting shell: it becomes the job's bwrap.
+    let (shell, ready) = idle_slot(uid).unwrap();
+    let p =
+        api.submit("steps:\n  - key: b\n    network: none\n    command: [sleep 2, echo ran-from-the-waiting-shell]\n");
+    wait_until_or(
+        "the waiting shell to become the job",
+        T,
+        || {
+            std::fs::read_to_string(format!("/proc/{shell}/cmdline"))
+                .is_ok_and(|c| c.contains("bwrap") && c.contains("bash"))
+        },
+        || format!("{:?}", live_processes_of_uid(uid)),
+    );
+    assert!(!live_processes_of_uid(uid).iter().any(|(p, _)| *p == ready), "the ready sandbox waits beside the job");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{:?}", done.jobs[0]);
+    assert!(api.log_text(done.jobs[0].id).contains("ran-from-the-waiting-shell"));
 }
 
 /// Issue 9: nothing of a root agent outlives it, however it ends: its running job, the

@@ -112,7 +112,7 @@ pub use procscan::MARKER as JOB_ID_ENV;
 pub use quota::SlotDisk;
 pub use sandbox::{ExitInfo, Sandbox};
 pub use seccomp::SeccompError;
-pub use warm::{WarmSpec, WarmStart};
+pub use warm::{ReadySpec, WarmSpec, WarmStart};
 
 /// The directory under `/run` the sandbox keeps host-wide state in (the `/etc` view; the
 /// agent's uid locks). See [`ensure_run_dir`].

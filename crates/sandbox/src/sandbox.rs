@@ -93,8 +93,9 @@ impl Sandbox {
         Self::spawn_warm(spec, None)
     }
 
-    /// Starts the job from `warm` when it fits the job (same user, network namespace and
-    /// cgroup use; bubblewrap), else cold, discarding `warm` first. Same result either way.
+    /// Starts the job from `warm` when it fits the job: in its ready sandbox when that is exactly
+    /// the job's, else from its waiting shell (same user, network namespace and cgroup use;
+    /// bubblewrap); else cold, discarding `warm` first. Same result every way.
     pub fn spawn_warm(
         spec: &SandboxSpec,
         warm: Option<crate::WarmStart>,
@@ -163,37 +164,20 @@ impl Sandbox {
                 let _ = fs::remove_dir_all(d);
             }
         };
-        if let Some(w) = warm {
-            let id = id.to_string();
-            match w.misfit(spec) {
-                None => match w.start(spec, &env) {
-                    Ok(started) => {
-                        let crate::warm::Started { child, stdout, stderr, cgroup, etc_view } = started;
-                        let pid = child.id().unwrap_or(0);
-                        tracing::debug!(job_id = %id, pid, "job started from a warm start");
-                        let sandbox = Sandbox {
-                            job_id: id,
-                            child,
-                            pid,
-                            cgroup,
-                            private_dev,
-                            etc_view,
-                            exit: None,
-                            cleaned: false,
-                        };
-                        return Ok((sandbox, stdout, stderr));
-                    }
-                    Err(failed) => {
-                        let (e, w) = *failed;
-                        tracing::warn!(job_id = %id, error = %e, "the warm start failed; starting the job cold");
-                        tokio::spawn(w.discard());
-                    }
-                },
-                Some(why) => {
-                    tracing::debug!(job_id = %id, why, "the warm start does not fit this job; starting it cold");
-                    tokio::spawn(w.discard());
-                }
-            }
+        if let Some(started) = warm.and_then(|w| w.start(spec, &env)) {
+            let crate::warm::Started { child, stdout, stderr, cgroup, etc_view } = started;
+            let pid = child.id().unwrap_or(0);
+            let sandbox = Sandbox {
+                job_id: id.to_string(),
+                child,
+                pid,
+                cgroup,
+                private_dev,
+                etc_view,
+                exit: None,
+                cleaned: false,
+            };
+            return Ok((sandbox, stdout, stderr));
         }
         let cgroup = match create_cgroup(spec) {
             Ok(c) => c,

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -590,7 +591,13 @@ async fn slot_network_reaches_the_outside_but_not_the_host_or_other_slots() {
 
 /// A warm start for `spec`'s user, named `name`.
 fn warm_spec(spec: &SandboxSpec, name: String) -> gpuci_sandbox::WarmSpec {
-    gpuci_sandbox::WarmSpec { name, user: spec.user.expect("a job user"), network: None, cgroups: spec.cgroups }
+    gpuci_sandbox::WarmSpec {
+        name,
+        user: spec.user.expect("a job user"),
+        network: None,
+        cgroups: spec.cgroups,
+        ready: None,
+    }
 }
 
 async fn warm_for(spec: &SandboxSpec) -> gpuci_sandbox::WarmStart {
@@ -636,6 +643,199 @@ async fn a_warm_started_job_is_the_same_job_as_a_cold_started_one() {
     assert_eq!(warm.out, cold.out, "warm and cold starts differ; stderr: {} / {}", warm.err, cold.err);
     assert!(warm.out.contains("JOB_SECRET=only-in-the-job"), "{}", warm.out);
     assert!(!warm.out.contains("WROTE") && !warm.out.contains("USERNS-OK"), "{}", warm.out);
+}
+
+/// A warm start for `spec`'s user with a ready sandbox laid out as `spec` in the workspace
+/// `ready_ws` (made by the warm start): the warm start, and `spec` moved into that workspace.
+async fn ready_for(spec: &SandboxSpec, ready_ws: &Path) -> (gpuci_sandbox::WarmStart, SandboxSpec) {
+    let mut w = warm_spec(spec, format!("{}-warm", spec.job_id));
+    let mut template = spec.clone();
+    template.workspace = ready_ws.to_path_buf();
+    template.env.clear();
+    template.argv.clear();
+    w.ready = Some(gpuci_sandbox::ReadySpec { name: format!("{}-ready", spec.job_id), sandbox: template });
+    let mut warm = gpuci_sandbox::WarmStart::prepare(w).await.expect("warm start");
+    let ws = warm.take_workspace().expect("the ready sandbox was started");
+    assert_eq!(ws, ready_ws);
+    let mut job = spec.clone();
+    job.workspace = ws;
+    if let Some(home) = job.env.get_mut("HOME") {
+        *home = ready_ws.display().to_string();
+    }
+    (warm, job)
+}
+
+/// Runs `spec` from a warm start with a ready sandbox made for it; asserts it started in
+/// that sandbox and that the waiting shell beside it is gone.
+async fn run_ready(spec: &SandboxSpec, ready_ws: &Path) -> (Run, SandboxSpec) {
+    let (warm, job) = ready_for(spec, ready_ws).await;
+    let (shell, sandbox) = (warm.pid().expect("shell pid"), warm.ready_pid().expect("ready pid"));
+    let (mut sb, mut so, mut se) = Sandbox::spawn_warm(&job, Some(warm)).expect("spawn");
+    assert_eq!(sb.pid(), sandbox, "the job did not start in the ready sandbox");
+    let (mut out, mut err) = (String::new(), String::new());
+    let (exit, _, _) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(sb.wait(), so.read_to_string(&mut out), se.read_to_string(&mut err))
+    })
+    .await
+    .expect("job did not finish within 60 s");
+    sb.cleanup().await.expect("cleanup");
+    assert!(!Path::new(&format!("/proc/{sandbox}")).exists(), "the job's first process outlived cleanup");
+    gone(shell, "the waiting shell beside the ready sandbox").await;
+    (Run { exit: exit.expect("wait"), out, err }, job)
+}
+
+/// Waits (at most 10 s) for `pid` to be gone.
+async fn gone(pid: u32, what: &str) {
+    let wait = async {
+        while fs::read_to_string(format!("/proc/{pid}/status"))
+            .is_ok_and(|s| !s.lines().any(|l| l.starts_with("State:") && l.contains('Z')))
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{what} (pid {pid}) was not ended"));
+}
+
+#[tokio::test]
+async fn a_job_in_a_ready_sandbox_is_the_same_job_as_a_cold_started_one() {
+    if !ready("ready_same", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let user = test_user();
+    let ws = root.path().join("r");
+    // Who it is, what it holds, what it sees, where it is, its environment to the byte: all
+    // must match a cold start of the same job in the same workspace.
+    let script = "id; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; ls /proc/self/fd; \
+                  env -0 | grep -zv GPUCI_SANDBOX_ID | sort -z | od -c; cat /proc/self/cgroup | grep -c gpuci; \
+                  ls /proc | grep -c '^[0-9]'; pwd; ls -a; stat -c '%U %a' .; echo '|/bin/sh -c id' > /proc/sys/kernel/core_pattern && echo WROTE-CORE-PATTERN; \
+                  unshare -Ur true && echo USERNS-OK; ls /; cat /etc/passwd | tail -1; printenv JOB_SECRET; true";
+    let mut s = spec("ready-same", &ws_probe(root.path(), user), script, Isolation::Bubblewrap);
+    s.user = Some(user);
+    s.env.insert("JOB_SECRET".into(), "only-in-the-job".into());
+    s.env.insert("TRICKY".into(), "it's \"$HOME\" `id` $(id); }\nexec true".into());
+    s.resources = Resources { memory: Some(Bytes::from_mib(256)), cpu_millis: None, pids: Some(64) };
+    s.scratch_size = Some(64 << 20);
+    let (ready, job) = run_ready(&s, &ws).await;
+    let mut cold_spec = job.clone();
+    cold_spec.job_id = job_id("ready-same-c");
+    let cold = run(&cold_spec).await;
+    assert!(
+        cold.exit.success() && ready.exit.success(),
+        "{:?} {} / {:?} {}",
+        cold.exit,
+        cold.err,
+        ready.exit,
+        ready.err
+    );
+    assert_eq!(ready.out, cold.out, "ready and cold starts differ; stderr: {} / {}", ready.err, cold.err);
+    assert!(ready.out.contains("only-in-the-job"), "{}", ready.out);
+    assert!(!ready.out.contains("WROTE") && !ready.out.contains("USERNS-OK"), "{}", ready.out);
+}
+
+/// A workspace for `spec()` to read its owner from; the ready tests move the job elsewhere.
+fn ws_probe(root: &Path, user: JobUser) -> PathBuf {
+    mkws_as(root, "probe", user)
+}
+
+#[tokio::test]
+async fn a_job_in_a_ready_sandbox_gets_its_own_limits() {
+    if !ready("ready_limits", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let user = test_user();
+    let probe = ws_probe(root.path(), user);
+    let mut s = spec("ready-oom", &probe, "head -c 200M /dev/zero | tail > /dev/null", Isolation::Bubblewrap);
+    s.resources = Resources { memory: Some(Bytes::from_mib(64)), cpu_millis: None, pids: Some(64) };
+    let (r, job) = run_ready(&s, &root.path().join("r1")).await;
+    assert!(r.exit.oom_killed, "the memory limit was not applied in the ready sandbox: {:?} {}", r.exit, r.err);
+    fs::remove_dir_all(&job.workspace).expect("remove");
+    let mut s = spec("ready-bomb", &probe, "for i in $(seq 100); do sleep 5 & done; wait", Isolation::Bubblewrap);
+    s.resources = Resources { memory: Some(Bytes::from_mib(256)), cpu_millis: None, pids: Some(16) };
+    let (r, _) = run_ready(&s, &root.path().join("r2")).await;
+    assert!(r.exit.pids_limit_hit, "the pids limit was not applied in the ready sandbox: {:?} {}", r.exit, r.err);
+}
+
+#[tokio::test]
+async fn a_job_unlike_the_ready_sandbox_starts_from_the_waiting_shell_and_the_sandbox_is_ended() {
+    if !ready("ready_misfit", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let user = test_user();
+    let s = spec(
+        "ready-misfit",
+        &ws_probe(root.path(), user),
+        "id -u; ls /opt/hidden-by-the-job 2>&1 | head -1",
+        Isolation::Bubblewrap,
+    );
+    // What makes a job differ from the sandbox started for it: more hidden, another scratch
+    // size, no network, a variable `export` cannot take, not using its workspace.
+    type Change = fn(&mut SandboxSpec);
+    let changes: [(&str, Change); 5] = [
+        ("hidden path", |j| j.hide_paths.push("/opt".into())),
+        ("scratch size", |j| j.scratch_size = Some(32 << 20)),
+        ("network", |j| j.network = gpuci_sandbox::Network::Host),
+        ("variable name", |j| {
+            j.env.insert("NOT-A-SHELL-NAME".into(), "x".into());
+        }),
+        ("workspace", |j| j.workspace = j.workspace.with_file_name("elsewhere")),
+    ];
+    for (i, (what, change)) in changes.iter().enumerate() {
+        let ws = root.path().join(format!("m{i}"));
+        let (warm, mut job) = ready_for(&s, &ws).await;
+        change(&mut job);
+        if !job.workspace.exists() {
+            fs::create_dir(&job.workspace).unwrap();
+            std::os::unix::fs::chown(&job.workspace, Some(user.uid), Some(user.gid)).unwrap();
+        }
+        let (shell, sandbox) = (warm.pid().unwrap(), warm.ready_pid().unwrap());
+        let (mut sb, mut so, _se) = Sandbox::spawn_warm(&job, Some(warm)).expect("spawn");
+        assert_eq!(sb.pid(), shell, "{what}: the job did not start from the waiting shell");
+        let mut out = String::new();
+        so.read_to_string(&mut out).await.expect("read");
+        assert!(out.starts_with(&user.uid.to_string()), "{what}: {out}");
+        sb.wait().await.expect("wait");
+        sb.cleanup().await.expect("cleanup");
+        gone(sandbox, &format!("{what}: the unused ready sandbox")).await;
+    }
+}
+
+#[tokio::test]
+async fn a_discarded_ready_sandbox_leaves_no_process_and_no_workspace() {
+    if !ready("ready_discard", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let user = test_user();
+    let s = spec("ready-discard", &ws_probe(root.path(), user), "true", Isolation::Bubblewrap);
+    let ws = root.path().join("d");
+    let mut w = warm_spec(&s, format!("{}-warm", s.job_id));
+    let mut template = s.clone();
+    template.workspace = ws.clone();
+    w.ready = Some(gpuci_sandbox::ReadySpec { name: format!("{}-ready", s.job_id), sandbox: template });
+    let warm = gpuci_sandbox::WarmStart::prepare(w).await.expect("warm start");
+    let (shell, sandbox) = (warm.pid().unwrap(), warm.ready_pid().expect("a ready sandbox"));
+    let meta = fs::metadata(&ws).expect("the ready sandbox's workspace");
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (user.uid, 0o700), "owned by the job user, private");
+    assert_eq!(fs::read_dir(&ws).unwrap().count(), 0, "empty");
+    warm.discard().await;
+    for pid in [shell, sandbox] {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "a waiting process outlived discard");
+    }
+    assert!(!ws.exists(), "the untaken workspace is left");
+    // A workspace that exists already is never used for one (something else may have written it).
+    fs::create_dir(&ws).unwrap();
+    let mut w = warm_spec(&s, format!("{}-warm2", s.job_id));
+    let mut template = s.clone();
+    template.workspace = ws.clone();
+    w.ready = Some(gpuci_sandbox::ReadySpec { name: format!("{}-ready2", s.job_id), sandbox: template });
+    let mut warm = gpuci_sandbox::WarmStart::prepare(w).await.expect("warm start");
+    assert!(warm.ready_pid().is_none() && warm.take_workspace().is_none(), "a ready sandbox on a used workspace");
+    warm.discard().await;
 }
 
 #[tokio::test]

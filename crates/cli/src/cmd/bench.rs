@@ -47,8 +47,8 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
         user.uid,
         floor.describe()
     );
-    let spec = |name: String| {
-        let mut s = SandboxSpec::new(name, &ws, vec!["true".into()]);
+    let spec_in = |name: String, ws: &std::path::Path| {
+        let mut s = SandboxSpec::new(name, ws, vec!["true".into()]);
         s.env.insert("PATH".into(), "/usr/bin:/bin".into());
         s.user = Some(user);
         s.hide_paths.push(root.path().to_path_buf());
@@ -56,37 +56,53 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
         s.resources.pids = Some(256);
         s
     };
-    let (mut warm_h, mut cold_h, mut bare_h) = (histogram()?, histogram()?, histogram()?);
+    let (mut ready_h, mut warm_h, mut cold_h, mut bare_h) = (histogram()?, histogram()?, histogram()?, histogram()?);
     // One start, from `warm` or cold: spawn → `true` exited (µs); clean-up is not timed.
-    let start = |name: String, warm: Option<WarmStart>| {
-        let spec = spec(name);
-        async move {
-            let t = std::time::Instant::now();
-            let (mut sb, _so, _se) = Sandbox::spawn_warm(&spec, warm).map_err(anyhow::Error::from)?;
-            sb.wait().await.map_err(anyhow::Error::from)?;
-            let us = t.elapsed().as_micros() as u64;
-            sb.cleanup().await.map_err(anyhow::Error::from)?;
-            Ok::<u64, anyhow::Error>(us)
-        }
+    let start = |spec: SandboxSpec, warm: Option<WarmStart>| async move {
+        let t = std::time::Instant::now();
+        let (mut sb, _so, _se) = Sandbox::spawn_warm(&spec, warm).map_err(anyhow::Error::from)?;
+        sb.wait().await.map_err(anyhow::Error::from)?;
+        let us = t.elapsed().as_micros() as u64;
+        sb.cleanup().await.map_err(anyhow::Error::from)?;
+        Ok::<u64, anyhow::Error>(us)
     };
+    let pid = std::process::id();
     for i in 0..n + 10 {
         let counted = i >= 10;
-        let warm = WarmStart::prepare(WarmSpec {
-            // Not an agent's warm-start name (`is_warm_name`): an agent starting meanwhile
-            // sweeps empty cgroups of that shape, and this one is empty until the spawn.
-            name: format!("bench-w{}-{i}", std::process::id()),
+        // Not an agent's warm-start names (`is_warm_name`): an agent starting meanwhile sweeps
+        // empty cgroups of that shape, and these are empty until the spawn.
+        let warm_spec = |name: String, ready: Option<gpuci_sandbox::ReadySpec>| WarmSpec {
+            name,
             user,
             network: None,
             cgroups: gpuci_sandbox::CgroupUse::Required,
-        })
-        .await
-        .map_err(anyhow::Error::from)?;
-        for (warm, hist, tag) in [(Some(warm), &mut warm_h, "w"), (None, &mut cold_h, "c")] {
-            tokio::time::sleep(gap).await;
-            let us = start(format!("bench-{tag}-{}-{i}", std::process::id()), warm).await?;
-            if counted {
-                hist.record(us).map_err(anyhow::Error::from)?;
-            }
+            ready,
+        };
+        // The waiting shell alone, then a ready sandbox (its workspace made by the warm start).
+        let shell =
+            WarmStart::prepare(warm_spec(format!("bench-w{pid}-{i}"), None)).await.map_err(anyhow::Error::from)?;
+        tokio::time::sleep(gap).await;
+        let us = start(spec_in(format!("bench-w-{pid}-{i}"), &ws), Some(shell)).await?;
+        if counted {
+            warm_h.record(us).map_err(anyhow::Error::from)?;
+        }
+        let ready_ws = root.path().join(format!("ws-{i}"));
+        let ready =
+            gpuci_sandbox::ReadySpec { name: format!("bench-r{pid}-{i}"), sandbox: spec_in("ready".into(), &ready_ws) };
+        let mut warm = WarmStart::prepare(warm_spec(format!("bench-s{pid}-{i}"), Some(ready)))
+            .await
+            .map_err(anyhow::Error::from)?;
+        let taken = warm.take_workspace().ok_or_else(|| anyhow::anyhow!("the ready sandbox could not be started"))?;
+        tokio::time::sleep(gap).await;
+        let us = start(spec_in(format!("bench-r-{pid}-{i}"), &taken), Some(warm)).await?;
+        std::fs::remove_dir(&taken)?;
+        if counted {
+            ready_h.record(us).map_err(anyhow::Error::from)?;
+        }
+        tokio::time::sleep(gap).await;
+        let us = start(spec_in(format!("bench-c-{pid}-{i}"), &ws), None).await?;
+        if counted {
+            cold_h.record(us).map_err(anyhow::Error::from)?;
         }
         tokio::time::sleep(gap).await;
         let us = floor.run_filtered().await?;
@@ -94,12 +110,14 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
             bare_h.record(us).map_err(anyhow::Error::from)?;
         }
     }
+    println!("{}", summary("gpuci sandbox, ready sandbox: spawn → `true` exited", &ready_h));
     println!("{}", summary("gpuci sandbox, warm start: spawn → `true` exited", &warm_h));
     println!("{}", summary("gpuci sandbox, cold start: spawn → `true` exited", &cold_h));
     println!("{}", summary("bare bwrap floor (same namespaces and seccomp filter)", &bare_h));
     let p50 = |h: &hdrhistogram::Histogram<u64>| h.value_at_quantile(0.5) as f64;
     println!(
-        "p50 over the floor: warm {:.2}×, cold {:.2}×",
+        "p50 over the floor: ready {:.2}×, warm {:.2}×, cold {:.2}×",
+        p50(&ready_h) / p50(&bare_h).max(1.0),
         p50(&warm_h) / p50(&bare_h).max(1.0),
         p50(&cold_h) / p50(&bare_h).max(1.0)
     );
