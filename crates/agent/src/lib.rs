@@ -290,6 +290,13 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
     let work_root = if root { root_work_dir(&config.data_dir, &agent_tag)? } else { config.data_dir.join("work") };
     std::fs::create_dir_all(&work_root)?;
     private_dirs(&config.data_dir)?;
+    // Workspaces an earlier run of this agent left (it died mid-job, or with a ready sandbox's
+    // empty workspace waiting): the work root is this agent's alone (its data dir is locked).
+    let root_dir = work_root.clone();
+    let stale = tokio::task::spawn_blocking(move || sweep_workspaces(&root_dir)).await.unwrap_or(0);
+    if stale > 0 {
+        tracing::info!(workspaces = stale, dir = %work_root.display(), "removed workspaces an earlier run left");
+    }
     let (slots, disk_problem, disk_size) = if root {
         let (s, problem, size) = make_slots(&config, &work_root).await?;
         (Some(s), problem, size)
@@ -1002,6 +1009,19 @@ async fn make_slots(
     Ok((slots::Slots::new(Some(lease), ids.iter().map(|s| s.job).collect(), networks, disks), disk_problem, size))
 }
 
+/// Removes `job-*` and `ws-*` entries of the work root (never following links); how many.
+fn sweep_workspaces(work_root: &std::path::Path) -> usize {
+    let mut removed = 0;
+    for e in std::fs::read_dir(work_root).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if (name.starts_with("job-") || name.starts_with("ws-")) && fstree::remove_tree(&e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// Total memory of the host (`MemTotal` in /proc/meminfo), bytes.
 fn host_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -1145,4 +1165,26 @@ fn root_work_dir(data_dir: &std::path::Path, agent_tag: &str) -> anyhow::Result<
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))?;
     tracing::info!(dir = %dir.display(), "job workspaces");
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_start_up_sweep_removes_only_workspaces() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        for d in ["job-7/src", "ws-3", "slot-0", ".engine", "keep"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("job-7/src/main.rs"), "x").unwrap();
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("precious"), "x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("ws-9")).unwrap();
+        assert_eq!(super::sweep_workspaces(root), 3);
+        let mut left: Vec<String> =
+            std::fs::read_dir(root).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, [".engine", "keep", "slot-0"]);
+        assert!(outside.path().join("precious").exists(), "a link was followed");
+    }
 }

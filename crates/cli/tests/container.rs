@@ -166,7 +166,8 @@ fn an_image_step_runs_in_the_container_with_only_its_leased_gpu() {
     let ws = log.lines().find_map(|l| l.strip_prefix("[stdout] pwd=")).unwrap();
     let (pwd, env_ws) = ws.split_once(" ws=").unwrap();
     assert_eq!(pwd, env_ws, "the workspace is the working directory");
-    assert!(pwd.contains(&format!("job-{id}")), "{pwd}");
+    // The slot's prepared workspace (`ws-N`, made with its ready sandbox) or one made for the job.
+    assert!(pwd.contains("/slot-") && (pwd.contains("/ws-") || pwd.contains(&format!("job-{id}"))), "{pwd}");
     assert!(log.contains("[stdout] workspace-file=written-in-container"), "{log}");
     let pid1 = log.lines().find_map(|l| l.strip_prefix("[stdout] pid1=")).unwrap();
     assert!(

@@ -396,6 +396,45 @@ sys.exit(1)
     assert!(!logged.contains(&registration), "the registration token is in the coordinator's log");
 }
 
+/// A machine is given a registration token of its own, never the coordinator's: it registers
+/// that machine's one agent while the machine is being made, and nothing else. A job on the
+/// machine that reads it back (EC2 user data is readable from the instance) finds it spent.
+#[test]
+fn a_machines_registration_token_registers_its_one_agent_and_is_spent() {
+    let f = start("", "");
+    let api = f.server.api();
+    let done = api.wait_pipeline(api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo ok\n").id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    let made = f.made();
+    let token = made[0]["registration_token"].as_str().expect("the machine's token").to_string();
+    let machine = made[0]["machine"].as_str().unwrap().to_string();
+    let coordinators = std::fs::read_to_string(f.server.data_dir.join("registration-token")).unwrap();
+    assert_ne!(token, coordinators.trim(), "a machine got the coordinator's registration token");
+    assert!(token.starts_with(&format!("gpuci_mreg.{machine}.")), "{token}");
+    let register = |bearer: &str| {
+        let r = api
+            .raw()
+            .post(format!("{}/api/v1/agents/register", f.server.url))
+            .bearer_auth(bearer)
+            .json(&serde_json::json!({"name": "rogue"}))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.text().unwrap_or_default())
+    };
+    let (status, body) = register(&token);
+    assert_eq!(status, 401, "a spent machine token registered another agent: {body}");
+    assert!(body.contains("used already"), "{body}");
+    // Another machine's name on this token, a made-up machine: refused too.
+    let (status, _) = register(&token.replacen(&machine, "m-other", 1));
+    assert_eq!(status, 401);
+    let forged = format!("gpuci_mreg.m-nope.{}", "0".repeat(64));
+    assert_eq!(register(&forged).0, 401);
+    // Only the machine's own agent registered with it, under the machine's name.
+    let agents = api.agents();
+    assert!(agents.iter().any(|a| a.name == format!("l4-{machine}")), "{agents:#?}");
+    assert!(!agents.iter().any(|a| a.name == "rogue"), "{agents:#?}");
+}
+
 /// Provider settings that could never work are refused when the server starts, naming the
 /// fleet and the setting.
 #[test]

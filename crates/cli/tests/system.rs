@@ -422,6 +422,51 @@ steps:
     wait_until("the slot disk to be unmounted", T, || mounts_of(dir.path()) == 0);
 }
 
+/// Outsider finding (issue 9): a job that filled its slot's disk to the last block with many
+/// files in a subdirectory left a workspace the agent could not remove (emptying a directory
+/// moves its entries up, which needs a new directory block), and every later job on the slot
+/// failed with "No space left on device" until the agent restarted.
+#[test]
+fn a_slot_disk_filled_to_the_last_block_is_emptied_for_the_next_job() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true: system tests run as root");
+        eprintln!("SKIP: slot disks need a root agent");
+        return;
+    }
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(
+        &server,
+        &dir.path().join("agent"),
+        "a1",
+        &["--isolation", isolation(), "--slots", "1", "--job-disk", "64MiB"],
+    );
+    let api = server.api();
+    api.wait_agents(1, T);
+    let fill = r#"
+steps:
+  - key: fill
+    command: |
+      set +e
+      mkdir d && cd d
+      for i in $(seq 1 2500); do : > "file-with-a-rather-long-name-to-grow-the-directory-$i"; done
+      head -c 100000000 /dev/zero > big 2>/dev/null
+      for i in $(seq 1 500); do echo x > "s$i" 2>/dev/null || break; done
+      for i in $(seq 1 500); do mkdir "m$i" 2>/dev/null || break; done
+      df -k . | tail -1
+      exit 0
+"#;
+    let done = api.wait_pipeline(api.submit(fill).id, T);
+    assert!(done.jobs[0].state.is_terminal(), "{:?}", done.jobs[0]);
+    for round in 0..3 {
+        let p = api.submit("steps:\n  - key: next\n    command: test ! -e d && echo clean-slot\n");
+        let done = api.wait_pipeline(p.id, T);
+        let next = &done.jobs[0];
+        assert_eq!(next.state, JobState::Succeeded, "round {round}: {next:?}");
+        assert!(api.log_text(next.id).contains("clean-slot"), "round {round}");
+    }
+}
+
 #[test]
 fn a_restarted_agent_sweeps_the_jobs_its_killed_predecessor_left_running() {
     let dir = tempdir();

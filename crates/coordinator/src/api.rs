@@ -771,14 +771,27 @@ pub async fn register_agent(
     headers: HeaderMap,
     body: Result<Json<RegisterRequest>, JsonRejection>,
 ) -> ApiResult<(StatusCode, Json<RegisterResponse>)> {
-    if !bearer(&headers).is_some_and(|t| st.registration_token.matches(t)) {
+    let offered = bearer(&headers).unwrap_or_default();
+    let for_machine = auth::machine_of_token(&st.registration_token, offered);
+    if !(st.registration_token.matches(offered) || for_machine.is_some()) {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing registration token"));
     }
     let Json(req) = body.map_err(json_rejection)?;
-    let name = req.name.trim();
+    let mut name = req.name.trim().to_string();
     if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "agent name must be 1-128 printable characters"));
     }
+    // A machine's token registers that machine's one agent, while the machine is being made;
+    // checked and spent under one lock.
+    let _spending = match for_machine {
+        Some(machine) => {
+            let held = st.machine_registrations.clone().lock_owned().await;
+            name = machine_agent_name(&st, machine).await?;
+            Some(held)
+        }
+        None => None,
+    };
+    let name = name.as_str();
     let id = uuid::Uuid::new_v4().to_string();
     let credential = auth::generate("gpuci_agent");
     st.store
@@ -796,6 +809,23 @@ pub async fn register_agent(
         .map_err(|e| ApiError::store(&e, "could not store this"))?;
     tracing::info!(agent = %id, name, "agent registered");
     Ok((StatusCode::CREATED, Json(RegisterResponse { agent_id: id, credential: credential.expose().to_string() })))
+}
+
+/// The name the agent of fleet machine `machine` registers under, `<fleet>-<machine>` (as the
+/// machine was told), when its registration token may still be spent: the machine is being
+/// made (not ended) and no agent has that name yet. 401 otherwise, saying which.
+async fn machine_agent_name(st: &AppState, machine: &str) -> ApiResult<String> {
+    let refuse = |why: String| Err(ApiError::new(StatusCode::UNAUTHORIZED, why));
+    let machines = st.store.machines(true).await.map_err(|e| ApiError::store(&e, "could not read machines"))?;
+    let Some(rec) = machines.iter().find(|m| m.id == machine && m.state != "ended") else {
+        return refuse(format!("the registration token of machine {machine} is for a machine that is not being made"));
+    };
+    let name = format!("{}-{}", rec.fleet, rec.id);
+    let agents = st.store.list_agents().await.map_err(|e| ApiError::store(&e, "could not read agents"))?;
+    if agents.iter().any(|a| a.name == name) {
+        return refuse(format!("the registration token of machine {machine} was used already (agent {name})"));
+    }
+    Ok(name)
 }
 
 /// The agent channel: a WebSocket carrying the agent protocol (`gpuci_protocol::agent`). Only

@@ -46,6 +46,37 @@ pub fn verify_hash(offered: &str, stored_hash: &str) -> bool {
     hash(offered).as_bytes().ct_eq(stored_hash.as_bytes()).into()
 }
 
+/// Prefix of a machine's registration token (see [`machine_token`]).
+pub const MACHINE_TOKEN_PREFIX: &str = "gpuci_mreg.";
+
+/// The registration token of one fleet machine: `gpuci_mreg.<machine>.<HMAC-SHA256 of the
+/// machine id under the coordinator's registration token>`. It registers one agent, for that
+/// machine only, while the machine is being made (`api::register_agent`), so what lies on the
+/// machine (an EC2 instance's user data can be read by anything on it that reaches the
+/// metadata service, jobs included) is spent by the time a job could read it, and never opens
+/// anything else. Derived, not stored: nothing to keep in step with the store.
+pub fn machine_token(registration_token: &Secret, machine: &str) -> String {
+    format!("{MACHINE_TOKEN_PREFIX}{machine}.{}", hex::encode(machine_mac(registration_token, machine)))
+}
+
+fn machine_mac(registration_token: &Secret, machine: &str) -> Vec<u8> {
+    use hmac::Mac;
+    let mut mac = hmac::Hmac::<Sha256>::new_from_slice(registration_token.expose().as_bytes())
+        .expect("HMAC takes any key length");
+    mac.update(b"gpuci machine registration\0");
+    mac.update(machine.as_bytes());
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// The machine a presented machine registration token was made for, when it is genuine.
+pub fn machine_of_token<'a>(registration_token: &Secret, offered: &'a str) -> Option<&'a str> {
+    let rest = offered.strip_prefix(MACHINE_TOKEN_PREFIX)?;
+    let (machine, mac) = rest.rsplit_once('.')?;
+    let mac = hex::decode(mac).ok()?;
+    let genuine: bool = machine_mac(registration_token, machine).ct_eq(&mac).into();
+    (genuine && !machine.is_empty()).then_some(machine)
+}
+
 /// Read a token file, or create it (mode 0600) with a new token.
 pub fn load_or_create(path: &Path, prefix: &str) -> std::io::Result<Secret> {
     match std::fs::read_to_string(path) {
@@ -113,5 +144,28 @@ mod tests {
         let d = std::env::temp_dir().join(format!("gpuci-auth-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+}
+
+#[cfg(test)]
+mod machine_token_tests {
+    use super::*;
+
+    #[test]
+    fn a_machine_token_names_its_machine_and_nothing_else_opens() {
+        let key = Secret::new("gpuci_reg_0123");
+        let t = machine_token(&key, "m-7");
+        assert!(t.starts_with("gpuci_mreg.m-7."), "{t}");
+        assert_eq!(machine_of_token(&key, &t), Some("m-7"));
+        // Another machine's name on this machine's MAC, another key, a cut or changed MAC.
+        assert_eq!(machine_of_token(&key, &t.replace("m-7", "m-8")), None);
+        assert_eq!(machine_of_token(&Secret::new("gpuci_reg_other"), &t), None);
+        assert_eq!(machine_of_token(&key, &t[..t.len() - 2]), None);
+        let mut flipped = t.clone().into_bytes();
+        let last = flipped.len() - 1;
+        flipped[last] = if flipped[last] == b'0' { b'1' } else { b'0' };
+        assert_eq!(machine_of_token(&key, std::str::from_utf8(&flipped).unwrap()), None);
+        assert_eq!(machine_of_token(&key, key.expose()), None, "the registration token is not a machine token");
+        assert_eq!(machine_of_token(&key, "gpuci_mreg..00"), None);
     }
 }

@@ -946,7 +946,12 @@ impl Worker {
         let setting = |k: &str| fleet.settings.get(k);
         let agent = AgentLaunch {
             server: setting("server").and_then(|v| v.as_str()).unwrap_or(&self.server_url).to_string(),
-            registration_token: self.registration_token.clone(),
+            // Its own token, spent by its agent's registration: never the coordinator's, which
+            // a job on the machine could read back (EC2 user data, a provider's files).
+            registration_token: crate::auth::machine_token(
+                &crate::auth::Secret::new(self.registration_token.clone()),
+                &id,
+            ),
             tags,
             name: format!("{}-{id}", fleet.name),
             program: setting("agent_program").and_then(|v| v.as_str()).unwrap_or("gpuci").to_string(),

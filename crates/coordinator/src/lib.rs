@@ -156,6 +156,9 @@ pub struct AppState {
     pub max_log_bytes: u64,
     /// What each fleet has and wants, as the reconcile loop last saw it.
     pub fleets: fleets::Statuses,
+    /// Held while a machine's registration token is checked and spent, so two registrations
+    /// with one token cannot both pass (one coordinator per database: this process is all).
+    pub machine_registrations: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Default per-job log cap: the agents' default (100 MiB) and room for gpuci's own lines.
@@ -410,6 +413,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         github,
         max_log_bytes: config.max_log_bytes,
         fleets: fleet_statuses,
+        machine_registrations: Arc::new(tokio::sync::Mutex::new(())),
     };
     tokio::spawn(collect_uploads(st.store.clone(), st.uploads.clone(), config.upload_retention, shutdown.clone()));
     let app = router(st);

@@ -460,3 +460,22 @@ fn many_mistakes_snapshot() {
          GPUCI_BLESS=1 cargo test -p gpuci-core --test pipeline_errors\n--- got:\n{got}--- expected:\n{expected}"
     );
 }
+
+/// Outsider finding (issue 9): a NUL byte in an `env:` value became extra bubblewrap arguments
+/// (its `--args` file is NUL-separated): `--cap-add ALL`, host binds, uid 0. No command line or
+/// environment variable can hold one, so none is accepted anywhere in a pipeline's text.
+#[test]
+fn a_nul_byte_is_refused_in_env_values_commands_and_tags() {
+    assert_eq!(
+        errors(
+            "env:\n  A: \"x\\0--cap-add\\0ALL\"\nsteps:\n  - command: \"echo \\0 hi\"\n    env: {B: \"\\0\"}\n    agents: {q: \"a\\0b\"}\n  - command: [ok, \"x\\0\"]\n"
+        ),
+        [
+            "ci.yml:2:6: env.A: contains a NUL byte (\\0), which no command line or environment variable can hold",
+            "ci.yml:4:14: steps[0].command: contains a NUL byte (\\0), which no command line or environment variable can hold",
+            "ci.yml:5:14: steps[0].env.B: contains a NUL byte (\\0), which no command line or environment variable can hold",
+            "ci.yml:6:17: steps[0].agents.q: contains a NUL byte (\\0), which no command line or environment variable can hold",
+            "ci.yml:7:19: steps[1].command[1]: contains a NUL byte (\\0), which no command line or environment variable can hold",
+        ]
+    );
+}

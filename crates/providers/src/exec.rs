@@ -94,7 +94,8 @@ impl ExecProvider {
     }
 
     fn redact(&self, text: &str) -> String {
-        self.secrets.iter().fold(text.to_string(), |t, s| t.replace(s.as_str(), "[registration token]"))
+        let text = self.secrets.iter().fold(text.to_string(), |t, s| t.replace(s.as_str(), "[registration token]"));
+        crate::redact_machine_tokens(&text)
     }
 
     /// Run `command… op` with `extra` merged into the common request; the answer's JSON.

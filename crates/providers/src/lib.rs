@@ -23,12 +23,32 @@ pub const TAG_COORDINATOR: &str = "gpuci.coordinator";
 pub const TAG_FLEET: &str = "gpuci.fleet";
 pub const TAG_MACHINE: &str = "gpuci.machine";
 
+/// `text` with every machine registration token (`gpuci_mreg.<machine>.<hex>`, the one
+/// credential a machine is given) replaced by `[registration token]`: for whatever a
+/// provider says back (errors, output) before it is shown or logged.
+pub fn redact_machine_tokens(text: &str) -> String {
+    const PREFIX: &str = "gpuci_mreg.";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(PREFIX) {
+        out.push_str(&rest[..at]);
+        out.push_str("[registration token]");
+        let tail = &rest[at + PREFIX.len()..];
+        let end =
+            tail.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))).unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// How a machine's agent starts and finds the coordinator.
 #[derive(Clone, Debug, Serialize)]
 pub struct AgentLaunch {
     /// The coordinator URL the agent connects to.
     pub server: String,
-    /// The one credential the machine gets: registers the agent. Never logged.
+    /// The one credential the machine gets: registers its agent, once (a machine registration
+    /// token, see the coordinator's `auth::machine_token`). Never logged.
     #[serde(skip_serializing)]
     pub registration_token: String,
     /// [`TAG_FLEET`] and [`TAG_MACHINE`] plus the fleet's machine tags.
@@ -174,5 +194,19 @@ pub fn for_fleet(fleet: &FleetSpec, coordinator: &str, registration_token: &str)
             "fleet {}: provider {other} is not in this version of gpuci (exec is; aws, slurm and kubernetes are planned)",
             fleet.name
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn machine_tokens_are_redacted_wherever_they_stand() {
+        let t = "gpuci_mreg.m-3f2a.0123456789abcdef";
+        assert_eq!(
+            super::redact_machine_tokens(&format!("echo {t}; TOKEN={t}\n{t}")),
+            "echo [registration token]; TOKEN=[registration token]\n[registration token]"
+        );
+        assert_eq!(super::redact_machine_tokens("nothing here"), "nothing here");
+        assert_eq!(super::redact_machine_tokens("gpuci_mreg."), "[registration token]");
     }
 }

@@ -335,6 +335,14 @@ pub(crate) fn bwrap_args(
     for (k, v) in env {
         push(&mut a, &[&"--setenv", k, v]);
     }
+    // bwrap reads these NUL-separated (`--args FD`): a NUL inside one would make arguments of
+    // its own (`--cap-add ALL`, a bind of `/`). The pipeline parser refuses NULs; this is the
+    // last line.
+    use std::os::unix::ffi::OsStrExt;
+    if let Some(bad) = a.iter().find(|x| x.as_bytes().contains(&0)) {
+        let shown: String = bad.to_string_lossy().chars().take(40).collect();
+        return Err(invalid(format!("a sandbox argument contains a NUL byte ({shown:?}...)")));
+    }
     Ok(a)
 }
 

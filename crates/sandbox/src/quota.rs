@@ -46,8 +46,14 @@ impl SlotDisk {
             .map_err(|e| format!("creating {}: {e}", image.display()))?;
         file.set_len(size).map_err(|e| format!("sizing {} to {size} bytes: {e}", image.display()))?;
         drop(file);
+        // 1% reserved for root, which the job (never root) cannot use: the agent's clean-up
+        // needs room when a job filled the disk to the last block (emptying a directory moves
+        // its entries up, and the directory they go to may need a block; an outsider's full
+        // disk left a workspace nobody could remove and a slot that failed every later job).
+        // A directory entry is at most ~32 bytes here and each needs an inode (one per 16 KiB
+        // of disk), so moving every entry there is needs 0.2% of the disk at most.
         run(Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard"])
+            .args(["-q", "-F", "-m", "1", "-O", "^has_journal", "-E", "lazy_itable_init=1,nodiscard"])
             .arg(image))?;
         run(Command::new("mount")
             .args(["-t", "ext4", "-o", "loop,nosuid,nodev,noatime,discard"])

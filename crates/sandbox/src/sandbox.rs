@@ -83,6 +83,11 @@ pub struct Sandbox {
     /// The `/etc` view generation bwrap binds: kept (not removed) until the job is gone.
     #[allow(dead_code)]
     etc_view: Option<Arc<EtcView>>,
+    /// Whether `GPUCI_SANDBOX_ID` finds the job's processes: without a cgroup, or for a job
+    /// that could leave its cgroup (root, unsandboxed). Otherwise the cgroup is the truth, and
+    /// the variable, which any job can set on its own processes, is not trusted: another job
+    /// claiming this one's id held up its clean-up and lost it its cgroup (outsider finding).
+    by_marker: bool,
     exit: Option<ExitInfo>,
     cleaned: bool,
 }
@@ -100,11 +105,33 @@ impl Sandbox {
         spec: &SandboxSpec,
         warm: Option<crate::WarmStart>,
     ) -> Result<(Sandbox, ChildStdout, ChildStderr), SandboxError> {
+        let mut warm = warm;
+        let started = Self::spawn_from(spec, &mut warm);
+        // Not used (the spec was refused before it came to the warm start): ended properly.
+        if let Some(w) = warm {
+            tokio::spawn(w.discard());
+        }
+        started
+    }
+
+    fn spawn_from(
+        spec: &SandboxSpec,
+        warm: &mut Option<crate::WarmStart>,
+    ) -> Result<(Sandbox, ChildStdout, ChildStderr), SandboxError> {
         let id = spec.job_id.as_str();
         validate_job_id(id)?;
         let invalid = |reason: &str| SandboxError::InvalidSpec { job_id: id.to_string(), reason: reason.to_string() };
         if spec.argv.is_empty() {
             return Err(invalid("argv is empty"));
+        }
+        // No command line or environment can hold a NUL; what one would become on the way
+        // (bwrap's NUL-separated arguments, a shell's input) is never what the job meant.
+        let has_nul = |s: &str| s.contains('\0');
+        if spec.argv.iter().any(|a| has_nul(a)) || spec.env.iter().any(|(k, v)| has_nul(k) || has_nul(v)) {
+            return Err(invalid("the job's command or environment contains a NUL byte"));
+        }
+        if spec.env.keys().any(|k| k.is_empty() || k.contains('=')) {
+            return Err(invalid("an environment variable's name is empty or contains `=`"));
         }
         let ws_err = |reason: &str| SandboxError::Workspace {
             job_id: id.to_string(),
@@ -164,9 +191,10 @@ impl Sandbox {
                 let _ = fs::remove_dir_all(d);
             }
         };
-        if let Some(started) = warm.and_then(|w| w.start(spec, &env)) {
+        if let Some(started) = warm.take().and_then(|w| w.start(spec, &env)) {
             let crate::warm::Started { child, stdout, stderr, cgroup, etc_view } = started;
             let pid = child.id().unwrap_or(0);
+            let by_marker = cgroup.is_none();
             let sandbox = Sandbox {
                 job_id: id.to_string(),
                 child,
@@ -174,6 +202,7 @@ impl Sandbox {
                 cgroup,
                 private_dev,
                 etc_view,
+                by_marker,
                 exit: None,
                 cleaned: false,
             };
@@ -274,8 +303,18 @@ impl Sandbox {
             unreachable!("stdout and stderr were set to piped")
         };
         tracing::debug!(job_id = id, pid, isolation = ?spec.isolation, cgroup = cgroup.is_some(), "job started");
-        let sandbox =
-            Sandbox { job_id: id.to_string(), child, pid, cgroup, private_dev, etc_view, exit: None, cleaned: false };
+        let by_marker = cgroup.is_none() || spec.isolation == Isolation::None;
+        let sandbox = Sandbox {
+            job_id: id.to_string(),
+            child,
+            pid,
+            cgroup,
+            private_dev,
+            etc_view,
+            by_marker,
+            exit: None,
+            cleaned: false,
+        };
         Ok((sandbox, stdout, stderr))
     }
 
@@ -342,7 +381,7 @@ impl Sandbox {
             let _ = kill(Pid::from_raw(-pid), Signal::SIGKILL);
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
-        if self.cgroup.is_none() {
+        if self.by_marker {
             kill_marked(&self.job_id)?;
         }
         Ok(())
@@ -356,10 +395,12 @@ impl Sandbox {
         let _ = self.child.wait().await;
         let start = Instant::now();
         loop {
-            // The marker scan runs even with a cgroup: a root job under `Isolation::None` could
-            // have moved itself out.
+            // With a cgroup the marker scan runs only for a root job under `Isolation::None`,
+            // which could have moved itself out (see `by_marker`).
             let mut left = self.cgroup.as_ref().map(|c| c.pids()).unwrap_or_default();
-            left.extend(procscan::pids_with_marker(&self.job_id));
+            if self.by_marker {
+                left.extend(procscan::pids_with_marker(&self.job_id));
+            }
             if left.is_empty() {
                 break;
             }
@@ -373,7 +414,9 @@ impl Sandbox {
             if let Some(cg) = &self.cgroup {
                 cg.kill_all()?;
             }
-            kill_marked(&self.job_id)?;
+            if self.by_marker {
+                kill_marked(&self.job_id)?;
+            }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         if let Some(dir) = self.private_dev.take() {

@@ -23,10 +23,12 @@
 //!   agent fills that workspace for the job. When the job comes and its bwrap arguments (without
 //!   the environment) and passwd/group files are byte for byte the ones the sandbox was started
 //!   with, the agent writes the limits into its cgroup and one command into the pipe:
-//!   `{ unset PWD OLDPWD; export 'NAME'='value'...; exec ARGV... </dev/null; }`. The job's
-//!   environment is then exactly what bwrap's `--clearenv` and `--setenv` would have given.
-//!   Anything else (a GPU, another memory limit, a hidden path added, a changed `/etc`) uses the
-//!   waiting shell instead.
+//!   `{ exec /usr/bin/env -i -- 'NAME=value'... ARGV... </dev/null; }`. The job's environment
+//!   is then exactly what bwrap's `--clearenv` and `--setenv` would have given, whatever the
+//!   names (not `export`: a shell refuses some names and values, such as dash's `OPTIND=abc` or
+//!   bash's read-only `UID`, which an outsider found), and the command is looked up on the
+//!   job's `PATH` as bwrap does. Anything else (a GPU, another memory limit, a hidden path
+//!   added, a changed `/etc`) uses the waiting shell instead.
 //!
 //! The job takes one; the other is killed before the job's command is written. The shell parses
 //! a whole `{ ...; }` block before it runs any of it, so a command cut short (the agent failed
@@ -133,6 +135,8 @@ struct Ready {
     passwd: String,
     group: String,
     fds: crate::plan::FdArgs,
+    /// `env`, the host's, which the sandbox shows at the same path (under `/usr`).
+    env_program: PathBuf,
     etc_view: Option<Arc<EtcView>>,
     /// Its workspace while nobody has taken it: removed (if still empty) on discard.
     workspace: Option<PathBuf>,
@@ -186,7 +190,7 @@ impl WarmStart {
         let WarmStart { shell, ready } = self;
         let id = spec.job_id.as_str();
         if let Some(ready) = ready {
-            match ready.misfit(spec, env) {
+            match ready.misfit(spec) {
                 None => match ready.start(spec, env) {
                     Ok(started) => {
                         shell.discard_soon();
@@ -236,15 +240,16 @@ impl WarmStart {
 
 impl Ready {
     /// Why this sandbox is not exactly the one a cold start of `spec` would make, if it is not.
-    fn misfit(&self, spec: &SandboxSpec, env: &BTreeMap<String, String>) -> Option<&'static str> {
+    fn misfit(&self, spec: &SandboxSpec) -> Option<&'static str> {
         if let Some(why) = self.waiter.misfit(spec) {
             return Some(why);
         }
         if self.workspace.is_some() {
             return Some("the job does not use the ready sandbox's workspace");
         }
-        if !env.keys().all(|k| is_shell_name(k)) {
-            return Some("an environment variable's name is not a shell name");
+        // `env` takes a first word with `=` for one more variable.
+        if spec.argv.first().is_none_or(|a| a.contains('=')) {
+            return Some("the job's command name contains `=`");
         }
         let view = crate::etcview::current();
         let view_dir = view.as_deref().map(|v| v.dir.as_path());
@@ -271,7 +276,7 @@ impl Ready {
         if let Err(e) = self.waiter.alive_with_limits(spec) {
             return Err(Box::new((e, self)));
         }
-        let command = ready_command(env, &spec.argv);
+        let command = ready_command(&self.env_program, env, &spec.argv);
         if let Err(source) = hand_over(&self.waiter.control, &command) {
             let e = SandboxError::Spawn { job_id: id, program: STUB.to_string(), source };
             return Err(Box::new((e, self)));
@@ -387,7 +392,12 @@ impl Waiter {
         Ok(Started { child, stdout, stderr, cgroup, etc_view })
     }
 
+    /// SIGKILL to the process and, with a cgroup, to everything in it (a ready sandbox's init
+    /// and shell die with their bwrap only when the parent-death signal comes round).
     fn child_kill(&mut self) -> std::io::Result<()> {
+        if let Some(cg) = &self.cgroup {
+            let _ = cg.kill_all();
+        }
         self.child.start_kill()
     }
 
@@ -399,7 +409,7 @@ impl Waiter {
 
     /// Ends the waiting process and removes its cgroup.
     async fn discard(mut self) {
-        let _ = self.child.start_kill();
+        let _ = self.child_kill();
         let _ = self.child.wait().await;
         if let Some(cg) = &self.cgroup {
             for _ in 0..200 {
@@ -466,6 +476,9 @@ fn prepare_ready(spec: &WarmSpec, ready: &ReadySpec, bwrap: &Path) -> Result<Rea
     if !sb.gpu_devices.is_empty() {
         return Err(invalid("a ready sandbox has no GPU (its nodes are the lease's)"));
     }
+    let env_program = find_program("env")
+        .filter(|p| crate::plan::SYSTEM_DIRS.iter().any(|d| p.starts_with(d)))
+        .ok_or_else(|| invalid("no `env` program under the system directories the sandbox shows"))?;
     let ws = &sb.workspace;
     let ws_err = |reason: String| SandboxError::Workspace { job_id: ready.name.clone(), path: ws.clone(), reason };
     if !ws.is_absolute() {
@@ -495,7 +508,7 @@ fn prepare_ready(spec: &WarmSpec, ready: &ReadySpec, bwrap: &Path) -> Result<Rea
         let args = crate::plan::bwrap_args(sb, &BTreeMap::new(), &crate::plan::RealFs, view, &fds)?;
         fill(&mut memfds.args, &crate::plan::nul_joined(&args)).map_err(fd_err)?;
         let waiter = spawn_waiter(spec, &ready.name, bwrap, Some(memfds))?;
-        Ok(Ready { waiter, args, passwd, group, fds, etc_view, workspace: Some(ws.clone()) })
+        Ok(Ready { waiter, args, passwd, group, fds, env_program, etc_view, workspace: Some(ws.clone()) })
     })();
     if made.is_err() {
         let _ = std::fs::remove_dir(ws);
@@ -713,33 +726,25 @@ pub(crate) fn command_line(bwrap: &std::path::Path, args_fd: i32, argv: &[String
     s
 }
 
-/// The ready sandbox's command: `{ unset PWD OLDPWD; export 'K'='V'...; exec 'ARG'... </dev/null; }`.
-/// The shell inside started with no environment at all; `unset` takes away the two variables
-/// it sets and exports by itself, so the job gets exactly `env`, as with bwrap's `--clearenv`
-/// and `--setenv`. Every name must be a shell name ([`is_shell_name`]).
-pub(crate) fn ready_command(env: &BTreeMap<String, String>, argv: &[String]) -> Vec<u8> {
-    let mut s = b"{ unset PWD OLDPWD;".to_vec();
+/// The ready sandbox's command: `{ exec 'ENV' -i -- 'K=V'... 'ARG'... </dev/null; }` and a
+/// newline. The shell inside started with no environment; `env -i` starts from none too and
+/// sets exactly `env`, any name `setenv` takes (bwrap's `--setenv`), then looks `argv[0]` up on
+/// the new `PATH` as bwrap's `execvp` does. Names must not be empty or hold `=`, and
+/// `argv[0]` must not hold `=` (checked before).
+pub(crate) fn ready_command(env_program: &Path, env: &BTreeMap<String, String>, argv: &[String]) -> Vec<u8> {
+    let mut s = b"{ exec ".to_vec();
+    quote(&mut s, env_program.as_os_str().as_bytes());
+    s.extend_from_slice(b" -i --");
     for (k, v) in env {
-        s.extend_from_slice(b" export ");
-        quote(&mut s, k.as_bytes());
-        s.push(b'=');
-        quote(&mut s, v.as_bytes());
-        s.push(b';');
+        s.push(b' ');
+        quote(&mut s, format!("{k}={v}").as_bytes());
     }
-    s.extend_from_slice(b" exec");
     for a in argv {
         s.push(b' ');
         quote(&mut s, a.as_bytes());
     }
     s.extend_from_slice(b" </dev/null; }\n");
     s
-}
-
-/// A name `export` takes: a letter or `_`, then letters, digits and `_`.
-fn is_shell_name(k: &str) -> bool {
-    let mut b = k.bytes();
-    matches!(b.next(), Some(c) if c == b'_' || c.is_ascii_alphabetic())
-        && b.all(|c| c == b'_' || c.is_ascii_alphanumeric())
 }
 
 /// Single quotes keep every byte literal; a quote itself is closed, escaped and reopened.
@@ -852,8 +857,14 @@ mod tests {
             ("LINES".to_string(), "one\ntwo\n; }\nrm -rf /".to_string()),
             ("EMPTY".to_string(), String::new()),
             ("_under_score9".to_string(), "x=y=z".to_string()),
+            // What a shell's `export` refuses, and names no shell takes.
+            ("OPTIND".to_string(), "abc".to_string()),
+            ("UID".to_string(), "0".to_string()),
+            ("-i".to_string(), "x".to_string()),
+            ("A.B-C".to_string(), "y".to_string()),
         ]);
-        let out = run_ready_command(&ready_command(&env, &["env".to_string(), "-0".to_string()]));
+        let out =
+            run_ready_command(&ready_command(Path::new("/usr/bin/env"), &env, &["env".to_string(), "-0".to_string()]));
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let mut got: Vec<(String, String)> = out
             .stdout
@@ -875,7 +886,7 @@ mod tests {
         let marker = dir.path().join("ran");
         let env = BTreeMap::from([("SECRET".to_string(), "s3cr3t; touch x".to_string())]);
         let argv = ["/usr/bin/touch".to_string(), marker.display().to_string()];
-        let line = ready_command(&env, &argv);
+        let line = ready_command(Path::new("/usr/bin/env"), &env, &argv);
         for cut in 1..line.len() - 1 {
             let out = run_ready_command(&line[..cut]);
             assert!(!marker.exists(), "a command cut at {cut} ran: {:?}", String::from_utf8_lossy(&line[..cut]));
@@ -883,15 +894,5 @@ mod tests {
         }
         run_ready_command(&line);
         assert!(marker.exists(), "the whole command should run");
-    }
-
-    #[test]
-    fn shell_names_are_what_export_takes() {
-        for ok in ["PATH", "_", "a1", "_X_9"] {
-            assert!(is_shell_name(ok), "{ok}");
-        }
-        for bad in ["", "1A", "A-B", "A.B", "A B", "A=B", "Ä"] {
-            assert!(!is_shell_name(bad), "{bad}");
-        }
     }
 }

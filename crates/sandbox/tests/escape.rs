@@ -684,6 +684,26 @@ async fn run_ready(spec: &SandboxSpec, ready_ws: &Path) -> (Run, SandboxSpec) {
     (Run { exit: exit.expect("wait"), out, err }, job)
 }
 
+/// Waits (at most 10 s) for no live process of `uid` to be left.
+async fn uid_idle(uid: u32, what: &str) {
+    let live = || {
+        fs::read_dir("/proc").unwrap().flatten().any(|e| {
+            fs::read_to_string(e.path().join("status")).is_ok_and(|s| {
+                s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&uid.to_string()))
+                    && !s.lines().any(|l| l.starts_with("State:") && (l.contains('Z') || l.contains('X')))
+            })
+        })
+    };
+    let wait = async {
+        while live() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: processes of uid {uid} are left"));
+}
+
 /// Waits (at most 10 s) for `pid` to be gone.
 async fn gone(pid: u32, what: &str) {
     let wait = async {
@@ -710,12 +730,17 @@ async fn a_job_in_a_ready_sandbox_is_the_same_job_as_a_cold_started_one() {
     // must match a cold start of the same job in the same workspace.
     let script = "id; grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; ls /proc/self/fd; \
                   env -0 | grep -zv GPUCI_SANDBOX_ID | sort -z | od -c; cat /proc/self/cgroup | grep -c gpuci; \
-                  ls /proc | grep -c '^[0-9]'; pwd; ls -a; stat -c '%U %a' .; echo '|/bin/sh -c id' > /proc/sys/kernel/core_pattern && echo WROTE-CORE-PATTERN; \
+                  pwd; ls -a; stat -c '%U %a' .; echo '|/bin/sh -c id' > /proc/sys/kernel/core_pattern && echo WROTE-CORE-PATTERN; \
                   unshare -Ur true && echo USERNS-OK; ls /; cat /etc/passwd | tail -1; printenv JOB_SECRET; true";
     let mut s = spec("ready-same", &ws_probe(root.path(), user), script, Isolation::Bubblewrap);
     s.user = Some(user);
     s.env.insert("JOB_SECRET".into(), "only-in-the-job".into());
     s.env.insert("TRICKY".into(), "it's \"$HOME\" `id` $(id); }\nexec true".into());
+    // What a shell's `export` refuses (dash: `OPTIND` must be a number; bash: `UID` is
+    // read-only), and names no shell takes: bwrap's `--setenv` sets them all (outsider finding).
+    for (k, v) in [("OPTIND", "abc"), ("UID", "0"), ("A.B-C", "dots"), ("-i", "dash")] {
+        s.env.insert(k.into(), v.into());
+    }
     s.resources = Resources { memory: Some(Bytes::from_mib(256)), cpu_millis: None, pids: Some(64) };
     s.scratch_size = Some(64 << 20);
     let (ready, job) = run_ready(&s, &ws).await;
@@ -773,15 +798,12 @@ async fn a_job_unlike_the_ready_sandbox_starts_from_the_waiting_shell_and_the_sa
         Isolation::Bubblewrap,
     );
     // What makes a job differ from the sandbox started for it: more hidden, another scratch
-    // size, no network, a variable `export` cannot take, not using its workspace.
+    // size, no network, not using its workspace.
     type Change = fn(&mut SandboxSpec);
-    let changes: [(&str, Change); 5] = [
+    let changes: [(&str, Change); 4] = [
         ("hidden path", |j| j.hide_paths.push("/opt".into())),
         ("scratch size", |j| j.scratch_size = Some(32 << 20)),
         ("network", |j| j.network = gpuci_sandbox::Network::Host),
-        ("variable name", |j| {
-            j.env.insert("NOT-A-SHELL-NAME".into(), "x".into());
-        }),
         ("workspace", |j| j.workspace = j.workspace.with_file_name("elsewhere")),
     ];
     for (i, (what, change)) in changes.iter().enumerate() {
@@ -801,6 +823,7 @@ async fn a_job_unlike_the_ready_sandbox_starts_from_the_waiting_shell_and_the_sa
         sb.wait().await.expect("wait");
         sb.cleanup().await.expect("cleanup");
         gone(sandbox, &format!("{what}: the unused ready sandbox")).await;
+        uid_idle(user.uid, what).await;
     }
 }
 
@@ -836,6 +859,72 @@ async fn a_discarded_ready_sandbox_leaves_no_process_and_no_workspace() {
     let mut warm = gpuci_sandbox::WarmStart::prepare(w).await.expect("warm start");
     assert!(warm.ready_pid().is_none() && warm.take_workspace().is_none(), "a ready sandbox on a used workspace");
     warm.discard().await;
+}
+
+/// Outsider finding (issue 9): an environment value with NULs in it became bwrap arguments of
+/// its own (bwrap reads `--args FD` NUL-separated): `--cap-add ALL`, a bind of the host's `/`.
+/// Refused on every path: cold, from the waiting shell, in a ready sandbox.
+#[tokio::test]
+async fn a_nul_byte_in_the_environment_never_becomes_a_sandbox_argument() {
+    if !ready("nul_env", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let user = test_user();
+    let probe = ws_probe(root.path(), user);
+    let outside = tempfile::Builder::new().prefix("gpuci-nul-").tempdir_in("/var/tmp").expect("tempdir");
+    let planted = outside.path().join("planted");
+    let script = format!("echo x > /outside/planted; grep CapEff /proc/self/status; id -u");
+    let mut s = spec("nul-env", &probe, &script, Isolation::Bubblewrap);
+    let inject = format!("a\0--bind\0{}\0/outside\0--cap-add\0ALL\0--uid\00", outside.path().display());
+    s.env.insert("ZZZ".into(), inject);
+    let fails = |r: Result<
+        (Sandbox, tokio::process::ChildStdout, tokio::process::ChildStderr),
+        gpuci_sandbox::SandboxError,
+    >,
+                 how: &str| match r {
+        Ok(_) => panic!("{how}: a job with a NUL in its environment was started"),
+        Err(e) => assert!(e.to_string().contains("NUL"), "{how}: {e}"),
+    };
+    fails(Sandbox::spawn(&s), "cold");
+    let warm = warm_for(&s).await;
+    fails(Sandbox::spawn_warm(&s, Some(warm)), "waiting shell");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (warm, job) = ready_for(&s, &root.path().join("r")).await;
+    fails(Sandbox::spawn_warm(&job, Some(warm)), "ready sandbox");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!planted.exists(), "the job wrote outside its sandbox");
+}
+
+/// Outsider finding (issue 9): a job started processes that claimed another job's sandbox id
+/// (`GPUCI_SANDBOX_ID`, which any job can set on its own processes); that job's clean-up then
+/// waited on them (10 s), killed them, and left its cgroup behind. A job in a cgroup is found
+/// by its cgroup alone.
+#[tokio::test]
+async fn a_process_claiming_another_jobs_sandbox_id_is_not_that_jobs() {
+    if !ready("marker_forged", ALL) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(root.path(), "w");
+    let s = spec("marker-victim", &ws, "sleep 0.3", Isolation::Bubblewrap);
+    // Another job's process (here: started by the test, as another uid) claiming the victim's id.
+    let other = test_user();
+    let mut claimant = std::process::Command::new("sleep");
+    claimant.arg("30").env("GPUCI_SANDBOX_ID", &s.job_id);
+    std::os::unix::process::CommandExt::uid(&mut claimant, other.uid);
+    std::os::unix::process::CommandExt::gid(&mut claimant, other.gid);
+    let mut claimant = claimant.spawn().expect("claimant");
+    let (mut sb, _so, _se) = Sandbox::spawn(&s).expect("spawn");
+    assert!(sb.has_cgroup(), "this test needs a job cgroup");
+    assert!(!sb.pids().contains(&(claimant.id() as i32)), "the claimant counted as the job's");
+    sb.wait().await.expect("wait");
+    let t = std::time::Instant::now();
+    sb.cleanup().await.expect("the job's clean-up");
+    assert!(t.elapsed() < Duration::from_secs(5), "the clean-up waited on a process that is not the job's");
+    assert!(claimant.try_wait().expect("try_wait").is_none(), "the clean-up killed another job's process");
+    claimant.kill().expect("kill");
+    claimant.wait().expect("wait");
 }
 
 #[tokio::test]

@@ -54,6 +54,7 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
         s.hide_paths.push(root.path().to_path_buf());
         s.resources.memory = Some(gpuci_core::quantity::Bytes::from_mib(512));
         s.resources.pids = Some(256);
+        s.cgroups = gpuci_sandbox::CgroupUse::Required;
         s
     };
     let (mut ready_h, mut warm_h, mut cold_h, mut bare_h) = (histogram()?, histogram()?, histogram()?, histogram()?);

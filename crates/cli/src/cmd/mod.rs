@@ -305,7 +305,9 @@ async fn github_status(c: &Client, json: bool) -> CliResult {
 }
 
 async fn secret(a: crate::cli::SecretArgs) -> CliResult {
-    let c = Client::from_args(&a.client)?;
+    // Made when a command needs the coordinator: `encrypt --recipient` works with the
+    // coordinator's public key alone, on a maintainer's machine that has no token.
+    let client = || Client::from_args(&a.client);
     match a.command {
         SecretCommand::Set { name, scope } => {
             use std::io::Read;
@@ -313,11 +315,11 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
             std::io::stdin().read_to_string(&mut value)?;
             // One trailing newline comes from `echo` or a terminal, not from the secret.
             let value = value.strip_suffix('\n').unwrap_or(&value);
-            c.set_secret(&name, &scope, value).await?;
+            client()?.set_secret(&name, &scope, value).await?;
             eprintln!("secret {name} set for {}", scope_text(&scope));
         }
         SecretCommand::List => {
-            let list = c.secrets().await?;
+            let list = client()?.secrets().await?;
             if a.client.json {
                 println!("{}", serde_json::Value::Array(list));
             } else {
@@ -357,7 +359,7 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
             }
             let recipient = match recipient {
                 Some(r) => r,
-                None => c.secrets_key(false).await?["recipient"].as_str().unwrap_or_default().to_string(),
+                None => client()?.secrets_key(false).await?["recipient"].as_str().unwrap_or_default().to_string(),
             };
             let mut value = String::new();
             std::io::stdin().read_to_string(&mut value)?;
@@ -376,7 +378,7 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
             eprintln!("encrypted {name} for {sc}; put the line above under the step's `secrets:` (a map)");
         }
         SecretCommand::Key { rotate } => {
-            let key = c.secrets_key(rotate).await?;
+            let key = client()?.secrets_key(rotate).await?;
             if a.client.json {
                 println!("{key}");
             } else {
@@ -391,7 +393,7 @@ async fn secret(a: crate::cli::SecretArgs) -> CliResult {
             }
         }
         SecretCommand::Rm { name, scope } => {
-            c.delete_secret(&name, &scope).await?;
+            client()?.delete_secret(&name, &scope).await?;
             eprintln!("secret {name} deleted for {}", scope_text(&scope));
         }
     }

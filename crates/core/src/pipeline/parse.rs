@@ -579,9 +579,22 @@ impl Ctx<'_> {
         Some(known)
     }
 
+    /// `s`, unless it holds a NUL byte: nothing in a pipeline may (see [`Parser::text`]).
+    fn no_nul(&mut self, node: &Node, path: &str, s: &str) -> Option<String> {
+        if s.contains('\0') {
+            self.err(
+                node.pos,
+                path,
+                "contains a NUL byte (\\0), which no command line or environment variable can hold",
+            );
+            return None;
+        }
+        Some(s.to_string())
+    }
+
     fn string(&mut self, node: &Node, path: &str) -> Option<String> {
         match node.str() {
-            Some(s) => Some(s.to_string()),
+            Some(s) => self.no_nul(node, path, s),
             None => {
                 self.type_err(node, path, "a string");
                 None
@@ -602,9 +615,12 @@ impl Ctx<'_> {
 
     /// A string, number or boolean as text (env values and agent tags are strings to the
     /// process, and `PORT: 8080` should not need quotes).
+    /// Refuses a NUL byte: a job's environment and command line end at one, and the sandbox
+    /// hands bubblewrap its arguments NUL-separated (an `env:` value with NULs in it became
+    /// arguments of its own: outsider finding).
     fn text(&mut self, node: &Node, path: &str) -> Option<String> {
         match (&node.value, node.scalar_text()) {
-            (Value::Scalar(..), Some(t)) => Some(t.to_string()),
+            (Value::Scalar(..), Some(t)) => self.no_nul(node, path, t),
             _ => {
                 self.type_err(node, path, "a string, number or boolean");
                 None
@@ -640,7 +656,7 @@ impl Ctx<'_> {
     /// One string or a list of strings; each item with its position and path.
     fn strings(&mut self, node: &Node, path: &str) -> Option<Vec<(String, Pos, String)>> {
         match &node.value {
-            Value::Scalar(Kind::Str, s) => Some(vec![(s.clone(), node.pos, path.to_string())]),
+            Value::Scalar(Kind::Str, s) => Some(vec![(self.no_nul(node, path, s)?, node.pos, path.to_string())]),
             Value::Seq(items) => Some(self.string_items(items, path)),
             _ => {
                 self.type_err(node, path, "a string or a list of strings");
