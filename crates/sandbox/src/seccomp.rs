@@ -95,7 +95,14 @@ pub enum SeccompError {
 
 /// The filters as bwrap reads them: raw `struct sock_filter` arrays, native byte order.
 pub(crate) fn programs() -> Result<Vec<Vec<u8>>, SeccompError> {
-    Ok(vec![to_bytes(&denied_program()?), to_bytes(&enosys_program())])
+    // Compiled once per process: every job (and every waiting process made for one) gets the
+    // same programs, and compiling them was a measurable part of a busy agent's CPU per job.
+    static COMPILED: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    if let Some(p) = COMPILED.get() {
+        return Ok(p.clone());
+    }
+    let p = vec![to_bytes(&denied_program()?), to_bytes(&enosys_program())];
+    Ok(COMPILED.get_or_init(|| p).clone())
 }
 
 fn denied_program() -> Result<BpfProgram, SeccompError> {
