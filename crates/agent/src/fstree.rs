@@ -117,11 +117,24 @@ pub fn remove_tree(path: &Path) -> io::Result<()> {
                 Err(Errno::ENOTEMPTY | Errno::EEXIST) => {}
                 Err(e) => return Err(e.into()),
             }
-            // Not empty: lift its entries into the root, then it is.
+            // Not empty: its files go where they are (an unlink needs no room), then its
+            // directories are lifted into the root, and it is empty. Lifting files too would
+            // add an entry to the root for each, which needs room the job may have taken: a
+            // directory of 500,000 hard links on a full slot disk could not be removed
+            // (outsider attack), and the slot failed every later job.
             let mut child =
                 Dir::openat(Some(rootfd), name.as_c_str(), dir_flags(), Mode::empty()).map_err(io::Error::from)?;
             let childfd = child.as_raw_fd();
-            for (entry, _) in entries(&mut child)? {
+            let list = entries(&mut child)?;
+            for (entry, is_dir) in &list {
+                if !is_dir {
+                    match unlinkat(Some(childfd), entry.as_c_str(), UnlinkatFlags::NoRemoveDir) {
+                        Ok(()) | Err(Errno::ENOENT) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            for (entry, _) in list.into_iter().filter(|(_, is_dir)| *is_dir) {
                 loop {
                     moved += 1;
                     let to = format!(".gpuci-rm-{moved}");

@@ -456,8 +456,35 @@ steps:
       df -k . | tail -1
       exit 0
 "#;
-    let done = api.wait_pipeline(api.submit(fill).id, T);
-    assert!(done.jobs[0].state.is_terminal(), "{:?}", done.jobs[0]);
+    // And (outsider round 2) a directory of hundreds of thousands of hard links: entries that
+    // cost no inode, so only the disk's blocks bound them, then the rest of the disk filled.
+    let links = r#"
+steps:
+  - key: links
+    command: |
+      python3 - <<'PY'
+      import os, itertools, string
+      os.mkdir('d'); os.mkdir('e'); ch = string.ascii_letters + string.digits; b = None; c = n = 0
+      try:
+        for L in (1, 2, 3, 4):
+          for t in itertools.product(ch, repeat=L):
+            if b is None or c >= 64000: b = 'e/b%d' % n; open(b, 'w').close(); c = 0
+            os.link(b, 'd/' + ''.join(t)); c += 1; n += 1
+      except OSError as x: print(n, x)
+      try:
+        with open('e/big', 'wb') as f:
+          while 1: f.write(b'x' * 65536)
+      except OSError as x: print(x)
+      PY
+"#;
+    for attack in [fill, links] {
+        let done = api.wait_pipeline(api.submit(attack).id, T);
+        assert!(done.jobs[0].state.is_terminal(), "{:?}", done.jobs[0]);
+        next_jobs_run(&api);
+    }
+}
+
+fn next_jobs_run(api: &Api) {
     for round in 0..3 {
         let p = api.submit("steps:\n  - key: next\n    command: test ! -e d && echo clean-slot\n");
         let done = api.wait_pipeline(p.id, T);

@@ -39,14 +39,24 @@ pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSock
         Err(e) => return ApiError::from(e).into_response(),
     };
     // Same answer for unknown agent and wrong credential: don't tell which.
-    if !known.is_some_and(|a| verify_hash(cred, &a.credential_hash)) {
+    let Some(known) = known.filter(|a| verify_hash(cred, &a.credential_hash)) else {
         return ApiError::new(StatusCode::UNAUTHORIZED, "unknown agent or wrong credential; register again")
             .into_response();
-    }
-    ws.max_message_size(64 << 20).on_upgrade(move |socket| serve(st, agent_id, socket))
+    };
+    ws.max_message_size(64 << 20).on_upgrade(move |socket| serve(st, agent_id, known.name, socket))
 }
 
-async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
+/// Why an agent registered as `name` may not claim the fleet machine its hello's tags name: a
+/// machine's agent is registered (with the machine's own token) as `<fleet>-<machine>`, and
+/// only that agent is the machine's (an agent of another machine claimed one: outsider finding).
+fn machine_claim_refused(name: &str, tags: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    let machine = tags.get(gpuci_providers::TAG_MACHINE)?;
+    let fleet = tags.get(gpuci_providers::TAG_FLEET).map_or("", String::as_str);
+    (name != format!("{fleet}-{machine}"))
+        .then(|| format!("this agent was registered as {name:?}, not as fleet {fleet:?}'s machine {machine:?}"))
+}
+
+async fn serve(st: AppState, agent_id: String, registered_as: String, socket: WebSocket) {
     let conn = st.conn_seq.fetch_add(1, Ordering::Relaxed);
     let (mut sink, mut stream) = socket.split();
 
@@ -59,6 +69,10 @@ async fn serve(st: AppState, agent_id: String, socket: WebSocket) {
         },
         _ => return,
     };
+    if let Some(why) = machine_claim_refused(&registered_as, &hello.tags) {
+        tracing::warn!(agent = %agent_id, "refused: {why}");
+        return refuse(&mut sink, &why).await;
+    }
     let (tx, mut rx) = mpsc::unbounded_channel::<CoordinatorMessage>();
     // Acknowledgements share the brain's queue without keeping it open: when the brain drops
     // the connection (missed heartbeats) the writer must end and close the socket.
@@ -339,6 +353,24 @@ async fn refuse(sink: &mut futures::stream::SplitSink<WebSocket, Message>, reaso
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_machines_own_agent_claims_the_machine() {
+        let tags = |f: &str, m: &str| {
+            std::collections::BTreeMap::from([
+                (gpuci_providers::TAG_FLEET.to_string(), f.to_string()),
+                (gpuci_providers::TAG_MACHINE.to_string(), m.to_string()),
+                ("pool".to_string(), "l4".to_string()),
+            ])
+        };
+        assert_eq!(machine_claim_refused("l4-m-1", &tags("l4", "m-1")), None);
+        assert!(machine_claim_refused("l4b-m-2", &tags("l4", "m-1")).is_some(), "another machine's agent");
+        assert!(machine_claim_refused("whatever", &tags("l4", "m-1")).is_some());
+        let mut no_fleet = tags("l4", "m-1");
+        no_fleet.remove(gpuci_providers::TAG_FLEET);
+        assert!(machine_claim_refused("l4-m-1", &no_fleet).is_some());
+        assert_eq!(machine_claim_refused("gpu-host", &std::collections::BTreeMap::new()), None, "not a machine");
+    }
 
     fn line(text: &str) -> LogChunk {
         LogChunk { ts_us: 1, stream: Stream::Stdout, text: text.into() }

@@ -177,6 +177,22 @@ struct Loop {
 
 /// Start the loop; `None` when there are no fleets. Providers that cannot be made are shown as
 /// unavailable on their fleet (and logged), never silently skipped.
+/// The provider of `fleet`: `aws` from its own crate (the SDK is large and stays out of the
+/// providers crate), the others from `gpuci_providers`. An error a person can act on when the
+/// fleet's settings cannot work.
+pub fn provider_for(
+    fleet: &FleetSpec,
+    coordinator: &str,
+    registration_token: &str,
+) -> Result<Box<dyn gpuci_providers::Provider>, String> {
+    match fleet.provider {
+        gpuci_core::fleet::ProviderKind::Aws => {
+            Ok(Box::new(gpuci_aws::AwsProvider::from_settings(fleet, coordinator)?))
+        }
+        _ => gpuci_providers::for_fleet(fleet, coordinator, registration_token),
+    }
+}
+
 pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) -> Statuses {
     let statuses: Statuses = Arc::new(RwLock::new(Vec::new()));
     if fleets.is_empty() {
@@ -184,7 +200,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
     }
     let runs: Vec<FleetRun> = fleets
         .into_iter()
-        .map(|spec| match gpuci_providers::for_fleet(&spec, &deps.coordinator_id, &deps.registration_token) {
+        .map(|spec| match provider_for(&spec, &deps.coordinator_id, &deps.registration_token) {
             Ok(p) => FleetRun {
                 spec,
                 provider: Some(Arc::from(p)),

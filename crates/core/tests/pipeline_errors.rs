@@ -479,3 +479,17 @@ fn a_nul_byte_is_refused_in_env_values_commands_and_tags() {
         ]
     );
 }
+
+/// Outsider round 2: a tag name with a NUL in it, and a raw NUL byte in the file (the YAML
+/// reader stopped there and the rest of the file was dropped unseen).
+#[test]
+fn a_nul_byte_in_a_tag_name_or_raw_in_the_file_is_refused() {
+    assert_eq!(
+        errors("steps:\n  - command: a\n    agents: {\"q\\0x\": a}\n"),
+        ["ci.yml:3:14: steps[0].agents.q\0x: contains a NUL byte (\\0), which no command line or environment variable can hold"]
+    );
+    assert_eq!(
+        errors("steps:\n  - command: echo visible\0\n  - command: echo hidden-step\n"),
+        ["ci.yml:2:26: (syntax): the file contains a NUL byte; a pipeline file is text"]
+    );
+}

@@ -191,7 +191,7 @@ pub fn for_fleet(fleet: &FleetSpec, coordinator: &str, registration_token: &str)
             Ok(Box::new(exec::ExecProvider::from_settings(fleet, coordinator)?.with_secret(registration_token)))
         }
         other => Err(format!(
-            "fleet {}: provider {other} is not in this version of gpuci (exec is; aws, slurm and kubernetes are planned)",
+            "fleet {}: provider {other} is not in this version of gpuci (exec and aws are; slurm and kubernetes are planned)",
             fleet.name
         )),
     }

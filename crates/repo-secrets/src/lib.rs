@@ -85,6 +85,11 @@ impl Sealed {
                 self.name
             ));
         }
+        // `gpuci secret encrypt` refuses a NUL, but anyone with the public key can make a
+        // ciphertext: the job would get a value cut short, and unmasked (outsider finding).
+        if self.value.contains('\0') {
+            return Err(format!("encrypted secret `{as_name}` holds a NUL byte, which no environment variable can"));
+        }
         let scope = self.scope();
         match gpuci_core::secret_scope::choose(as_name, std::slice::from_ref(&scope), job) {
             Ok(_) => Ok(&self.value),
@@ -284,6 +289,20 @@ mod tests {
             .check("CODECOV_TOKEN", &job("octo/kernels", Some("refs/heads/main"), false))
             .unwrap_err()
             .contains("gets no secrets"));
+    }
+
+    /// Outsider round 2: the CLI refuses a NUL, but anyone with the public key can make a
+    /// ciphertext; the job got the value cut at the NUL (through a container's env file).
+    #[test]
+    fn a_value_with_a_nul_byte_made_by_hand_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = KeyRing::open(&dir.path().join("keys")).unwrap();
+        let (recipient, _) = ring.current();
+        let scope = SecretScope::Repository("octo/kernels".into());
+        let text = encrypt(&recipient, "ENC1", &scope, "a\0b").unwrap();
+        let sealed = ring.decrypt(&text).unwrap();
+        let e = sealed.check("ENC1", &job("octo/kernels", Some("refs/heads/main"), true)).unwrap_err();
+        assert!(e.contains("NUL"), "{e}");
     }
 
     #[test]

@@ -45,10 +45,12 @@ pub fn env_file_contents(spec: &SandboxSpec) -> Result<String, SandboxError> {
     env.insert(MARKER, &spec.job_id);
     let mut out = String::new();
     for (k, v) in env {
-        if k.is_empty() || k.contains(['=', '\n']) || v.contains('\n') {
+        if k.is_empty() || k.contains(['=', '\n', '\0']) || v.contains(['\n', '\0']) {
             return Err(SandboxError::InvalidSpec {
                 job_id: spec.job_id.clone(),
-                reason: format!("environment variable {k:?} cannot be passed to a container (newline or '=' in it)"),
+                reason: format!(
+                    "environment variable {k:?} cannot be passed to a container (a newline, NUL or '=' in it)"
+                ),
             });
         }
         out.push_str(k);

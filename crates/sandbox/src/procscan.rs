@@ -7,9 +7,18 @@ use std::fs;
 
 pub const MARKER: &str = "GPUCI_SANDBOX_ID";
 
-/// Pids of live processes whose environment holds `GPUCI_SANDBOX_ID=<job_id>`.
-pub(crate) fn pids_with_marker(job_id: &str) -> Vec<i32> {
-    pids_where(|value| value == job_id.as_bytes())
+/// Pids of live processes whose environment holds `GPUCI_SANDBOX_ID=<job_id>` and that run as
+/// `uid` (any of their uids): the variable is the job's own to set, and any other job can set
+/// it too, so a process of another uid claiming the id is not the job's.
+pub(crate) fn pids_with_marker(job_id: &str, uid: u32) -> Vec<i32> {
+    let mut pids = pids_where(|value| value == job_id.as_bytes());
+    let want = uid.to_string();
+    pids.retain(|pid| {
+        fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
+            st.lines().find_map(|l| l.strip_prefix("Uid:")).is_some_and(|u| u.split_whitespace().any(|x| x == want))
+        })
+    });
+    pids
 }
 
 /// Pids of live processes whose sandbox id starts with `prefix`.

@@ -84,10 +84,13 @@ pub struct Sandbox {
     #[allow(dead_code)]
     etc_view: Option<Arc<EtcView>>,
     /// Whether `GPUCI_SANDBOX_ID` finds the job's processes: without a cgroup, or for a job
-    /// that could leave its cgroup (root, unsandboxed). Otherwise the cgroup is the truth, and
-    /// the variable, which any job can set on its own processes, is not trusted: another job
-    /// claiming this one's id held up its clean-up and lost it its cgroup (outsider finding).
+    /// that runs as root and so could leave its cgroup (an `image:` step's engine client).
+    /// Otherwise the cgroup is the truth, and the variable, which any job can set on its own
+    /// processes, is not trusted: another job claiming this one's id held up its clean-up and
+    /// lost it its cgroup (outsider finding). Even then only processes of the job's uid count.
     by_marker: bool,
+    /// The uid the job's processes run as (the job user's, else the agent's).
+    uid: u32,
     exit: Option<ExitInfo>,
     cleaned: bool,
 }
@@ -203,6 +206,7 @@ impl Sandbox {
                 private_dev,
                 etc_view,
                 by_marker,
+                uid: spec.user.map_or_else(|| nix::unistd::geteuid().as_raw(), |u| u.uid),
                 exit: None,
                 cleaned: false,
             };
@@ -303,7 +307,8 @@ impl Sandbox {
             unreachable!("stdout and stderr were set to piped")
         };
         tracing::debug!(job_id = id, pid, isolation = ?spec.isolation, cgroup = cgroup.is_some(), "job started");
-        let by_marker = cgroup.is_none() || spec.isolation == Isolation::None;
+        let uid = spec.user.map_or_else(|| nix::unistd::geteuid().as_raw(), |u| u.uid);
+        let by_marker = cgroup.is_none() || uid == 0;
         let sandbox = Sandbox {
             job_id: id.to_string(),
             child,
@@ -312,6 +317,7 @@ impl Sandbox {
             private_dev,
             etc_view,
             by_marker,
+            uid,
             exit: None,
             cleaned: false,
         };
@@ -336,7 +342,7 @@ impl Sandbox {
     pub fn pids(&self) -> Vec<i32> {
         match &self.cgroup {
             Some(cg) => cg.pids(),
-            None => procscan::pids_with_marker(&self.job_id),
+            None => procscan::pids_with_marker(&self.job_id, self.uid),
         }
     }
 
@@ -382,7 +388,7 @@ impl Sandbox {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
         if self.by_marker {
-            kill_marked(&self.job_id)?;
+            kill_marked(&self.job_id, self.uid)?;
         }
         Ok(())
     }
@@ -399,7 +405,7 @@ impl Sandbox {
             // which could have moved itself out (see `by_marker`).
             let mut left = self.cgroup.as_ref().map(|c| c.pids()).unwrap_or_default();
             if self.by_marker {
-                left.extend(procscan::pids_with_marker(&self.job_id));
+                left.extend(procscan::pids_with_marker(&self.job_id, self.uid));
             }
             if left.is_empty() {
                 break;
@@ -415,7 +421,7 @@ impl Sandbox {
                 cg.kill_all()?;
             }
             if self.by_marker {
-                kill_marked(&self.job_id)?;
+                kill_marked(&self.job_id, self.uid)?;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -450,8 +456,8 @@ impl Drop for Sandbox {
     }
 }
 
-fn kill_marked(job_id: &str) -> Result<(), SandboxError> {
-    for pid in procscan::pids_with_marker(job_id) {
+fn kill_marked(job_id: &str, uid: u32) -> Result<(), SandboxError> {
+    for pid in procscan::pids_with_marker(job_id, uid) {
         match kill(Pid::from_raw(pid), Signal::SIGKILL) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
             Err(source) => return Err(SandboxError::Kill { job_id: job_id.to_string(), pid, source }),

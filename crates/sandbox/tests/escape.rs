@@ -905,9 +905,16 @@ async fn a_process_claiming_another_jobs_sandbox_id_is_not_that_jobs() {
     if !ready("marker_forged", ALL) {
         return;
     }
+    // Sandboxed, and `sandbox: none` as a job user (outsider round 2: still scanned by marker).
+    for isolation in [Isolation::Bubblewrap, Isolation::None] {
+        claimed_by_another(isolation).await;
+    }
+}
+
+async fn claimed_by_another(isolation: Isolation) {
     let root = workspaces();
     let ws = mkws(root.path(), "w");
-    let s = spec("marker-victim", &ws, "sleep 0.3", Isolation::Bubblewrap);
+    let s = spec("marker-victim", &ws, "sleep 0.3", isolation);
     // Another job's process (here: started by the test, as another uid) claiming the victim's id.
     let other = test_user();
     let mut claimant = std::process::Command::new("sleep");
@@ -921,8 +928,14 @@ async fn a_process_claiming_another_jobs_sandbox_id_is_not_that_jobs() {
     sb.wait().await.expect("wait");
     let t = std::time::Instant::now();
     sb.cleanup().await.expect("the job's clean-up");
-    assert!(t.elapsed() < Duration::from_secs(5), "the clean-up waited on a process that is not the job's");
-    assert!(claimant.try_wait().expect("try_wait").is_none(), "the clean-up killed another job's process");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "{isolation:?}: the clean-up waited on a process that is not the job's"
+    );
+    assert!(
+        claimant.try_wait().expect("try_wait").is_none(),
+        "{isolation:?}: the clean-up killed another job's process"
+    );
     claimant.kill().expect("kill");
     claimant.wait().expect("wait");
 }

@@ -45,7 +45,13 @@ impl Server {
     }
 
     pub fn start_on(data_dir: &Path, listen: &str, args: Vec<String>) -> Server {
+        Self::start_with_env(data_dir, listen, args, &[])
+    }
+
+    /// As [`Server::start_on`], with these variables added to the server's environment.
+    pub fn start_with_env(data_dir: &Path, listen: &str, args: Vec<String>, env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(BIN)
+            .envs(env.iter().copied())
             .arg("server")
             .arg("--listen")
             .arg(listen)

@@ -103,6 +103,13 @@ const MAX_NODES: usize = 200_000;
 /// Parse and validate a pipeline file. `file` is only used in error messages.
 pub fn parse(file: &str, text: &str) -> Result<Pipeline, PipelineErrors> {
     let mut cx = Ctx { file, errors: Vec::new() };
+    // A raw NUL ends the YAML reader's input early: what follows it would be dropped unseen.
+    if let Some(at) = text.find('\0') {
+        let line = text[..at].matches('\n').count() + 1;
+        let column = text[..at].rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        cx.err(Pos { line, column }, "(syntax)", "the file contains a NUL byte; a pipeline file is text");
+        return Err(PipelineErrors(cx.errors));
+    }
     let pipeline = match build_tree(text) {
         Ok(root) => cx.pipeline(root.as_ref()),
         Err(e) => {
@@ -953,6 +960,11 @@ impl Ctx<'_> {
             let p = join(path, name);
             if name.trim().is_empty() {
                 self.err(pos, &p, "an agent tag name must not be empty");
+                ok = false;
+                continue;
+            }
+            if name.contains('\0') {
+                self.err(pos, &p, "contains a NUL byte (\\0), which no command line or environment variable can hold");
                 ok = false;
                 continue;
             }
