@@ -2,6 +2,8 @@
 //! `common/moto.rs`), with a proxy in front for EC2's capacity, quota and throttling answers.
 //! No AWS account is involved: nothing here leaves the loopback interface.
 
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
 #[path = "common/moto.rs"]
 mod moto;
 

@@ -196,21 +196,7 @@ impl Sandbox {
         };
         if let Some(started) = warm.take().and_then(|w| w.start(spec, &env)) {
             let crate::warm::Started { child, stdout, stderr, cgroup, etc_view } = started;
-            let pid = child.id().unwrap_or(0);
-            let by_marker = cgroup.is_none();
-            let sandbox = Sandbox {
-                job_id: id.to_string(),
-                child,
-                pid,
-                cgroup,
-                private_dev,
-                etc_view,
-                by_marker,
-                uid: spec.user.map_or_else(|| nix::unistd::geteuid().as_raw(), |u| u.uid),
-                exit: None,
-                cleaned: false,
-            };
-            return Ok((sandbox, stdout, stderr));
+            return Ok((Sandbox::running(spec, child, cgroup, private_dev, etc_view), stdout, stderr));
         }
         let cgroup = match create_cgroup(spec) {
             Ok(c) => c,
@@ -302,26 +288,35 @@ impl Sandbox {
                 return Err(e);
             }
         };
-        let pid = child.id().unwrap_or(0);
         let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
             unreachable!("stdout and stderr were set to piped")
         };
-        tracing::debug!(job_id = id, pid, isolation = ?spec.isolation, cgroup = cgroup.is_some(), "job started");
+        let sandbox = Sandbox::running(spec, child, cgroup, private_dev, etc_view);
+        tracing::debug!(job_id = id, pid = sandbox.pid, isolation = ?spec.isolation, cgroup = sandbox.cgroup.is_some(), "job started");
+        Ok((sandbox, stdout, stderr))
+    }
+
+    /// The job of `spec`, started (cold, or from a warm start) as `child`.
+    fn running(
+        spec: &SandboxSpec,
+        child: Child,
+        cgroup: Option<JobCgroup>,
+        private_dev: Option<std::path::PathBuf>,
+        etc_view: Option<Arc<EtcView>>,
+    ) -> Sandbox {
         let uid = spec.user.map_or_else(|| nix::unistd::geteuid().as_raw(), |u| u.uid);
-        let by_marker = cgroup.is_none() || uid == 0;
-        let sandbox = Sandbox {
-            job_id: id.to_string(),
+        Sandbox {
+            job_id: spec.job_id.clone(),
+            pid: child.id().unwrap_or(0),
             child,
-            pid,
+            by_marker: cgroup.is_none() || uid == 0,
+            uid,
             cgroup,
             private_dev,
             etc_view,
-            by_marker,
-            uid,
             exit: None,
             cleaned: false,
-        };
-        Ok((sandbox, stdout, stderr))
+        }
     }
 
     /// Host pid of the job's main process (bwrap, under bubblewrap).

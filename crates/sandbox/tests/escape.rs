@@ -608,8 +608,15 @@ async fn warm_for(spec: &SandboxSpec) -> gpuci_sandbox::WarmStart {
 async fn run_warm(spec: &SandboxSpec) -> Run {
     let warm = warm_for(spec).await;
     let waiting = warm.pid().expect("the warm start's pid");
-    let (mut sb, mut so, mut se) = Sandbox::spawn_warm(spec, Some(warm)).expect("spawn");
-    assert_eq!(sb.pid(), waiting, "the job did not start from the warm start");
+    let started = Sandbox::spawn_warm(spec, Some(warm)).expect("spawn");
+    assert_eq!(started.0.pid(), waiting, "the job did not start from the warm start");
+    finish(started).await
+}
+
+/// Waits for a started job (at most 60 s), cleans up, and checks its first process is gone.
+async fn finish(started: (Sandbox, tokio::process::ChildStdout, tokio::process::ChildStderr)) -> Run {
+    let (mut sb, mut so, mut se) = started;
+    let first = sb.pid();
     let (mut out, mut err) = (String::new(), String::new());
     let (exit, _, _) = tokio::time::timeout(Duration::from_secs(60), async {
         tokio::join!(sb.wait(), so.read_to_string(&mut out), se.read_to_string(&mut err))
@@ -617,7 +624,7 @@ async fn run_warm(spec: &SandboxSpec) -> Run {
     .await
     .expect("job did not finish within 60 s");
     sb.cleanup().await.expect("cleanup");
-    assert!(!Path::new(&format!("/proc/{waiting}")).exists(), "the job's first process outlived cleanup");
+    assert!(!Path::new(&format!("/proc/{first}")).exists(), "the job's first process outlived cleanup");
     Run { exit: exit.expect("wait"), out, err }
 }
 
@@ -670,18 +677,11 @@ async fn ready_for(spec: &SandboxSpec, ready_ws: &Path) -> (gpuci_sandbox::WarmS
 async fn run_ready(spec: &SandboxSpec, ready_ws: &Path) -> (Run, SandboxSpec) {
     let (warm, job) = ready_for(spec, ready_ws).await;
     let (shell, sandbox) = (warm.pid().expect("shell pid"), warm.ready_pid().expect("ready pid"));
-    let (mut sb, mut so, mut se) = Sandbox::spawn_warm(&job, Some(warm)).expect("spawn");
-    assert_eq!(sb.pid(), sandbox, "the job did not start in the ready sandbox");
-    let (mut out, mut err) = (String::new(), String::new());
-    let (exit, _, _) = tokio::time::timeout(Duration::from_secs(60), async {
-        tokio::join!(sb.wait(), so.read_to_string(&mut out), se.read_to_string(&mut err))
-    })
-    .await
-    .expect("job did not finish within 60 s");
-    sb.cleanup().await.expect("cleanup");
-    assert!(!Path::new(&format!("/proc/{sandbox}")).exists(), "the job's first process outlived cleanup");
+    let started = Sandbox::spawn_warm(&job, Some(warm)).expect("spawn");
+    assert_eq!(started.0.pid(), sandbox, "the job did not start in the ready sandbox");
+    let run = finish(started).await;
     gone(shell, "the waiting shell beside the ready sandbox").await;
-    (Run { exit: exit.expect("wait"), out, err }, job)
+    (run, job)
 }
 
 /// Waits (at most 10 s) for no live process of `uid` to be left.
@@ -874,8 +874,8 @@ async fn a_nul_byte_in_the_environment_never_becomes_a_sandbox_argument() {
     let probe = ws_probe(root.path(), user);
     let outside = tempfile::Builder::new().prefix("gpuci-nul-").tempdir_in("/var/tmp").expect("tempdir");
     let planted = outside.path().join("planted");
-    let script = format!("echo x > /outside/planted; grep CapEff /proc/self/status; id -u");
-    let mut s = spec("nul-env", &probe, &script, Isolation::Bubblewrap);
+    let script = "echo x > /outside/planted; grep CapEff /proc/self/status; id -u";
+    let mut s = spec("nul-env", &probe, script, Isolation::Bubblewrap);
     let inject = format!("a\0--bind\0{}\0/outside\0--cap-add\0ALL\0--uid\00", outside.path().display());
     s.env.insert("ZZZ".into(), inject);
     let fails = |r: Result<
