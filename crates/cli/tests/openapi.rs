@@ -325,6 +325,16 @@ fn real_answers_match_the_documented_responses() {
         (
             "post",
             "/api/v1/pipelines",
+            // A control character in the file name (it is shown in errors and listings).
+            auth(http.post(format!("{url}/api/v1/pipelines")))
+                .json(&json!({"file_name": "x\u{0}.yml\u{1b}[31m", "source": "steps:\n  - command: env\n"}))
+                .send()
+                .unwrap(),
+            422,
+        ),
+        (
+            "post",
+            "/api/v1/pipelines",
             auth(http.post(format!("{url}/api/v1/pipelines"))).body("{").send().unwrap(),
             400,
         ),

@@ -317,6 +317,13 @@ pub async fn submit_pipeline(
     if req.file_name.trim().is_empty() {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "file_name must not be empty"));
     }
+    // It is shown in every error about the file and in listings: no NUL, no escape sequences.
+    if req.file_name.len() > 1024 || req.file_name.chars().any(char::is_control) {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "file_name must be at most 1024 printable characters",
+        ));
+    }
     check_extra_env(&req.env)?;
     if let Some(r) = &req.repository {
         if r.is_empty() || r.len() > 1024 || r.chars().any(char::is_control) {
