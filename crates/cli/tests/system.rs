@@ -698,7 +698,13 @@ fn a_slots_next_job_starts_in_its_ready_sandbox_and_nothing_else_runs_as_the_slo
         })
     };
     wait_until_or("the job in the ready sandbox", T, inside_ready, || format!("{:?}", live_processes_of_uid(uid)));
-    assert!(!live_processes_of_uid(uid).iter().any(|(p, _)| *p == shell), "the waiting shell waits beside the job");
+    // Killed at the hand-over (SIGKILL takes a moment to land): gone, not waiting beside the job.
+    wait_until_or(
+        "the waiting shell to be gone",
+        T,
+        || !live_processes_of_uid(uid).iter().any(|(p, _)| *p == shell),
+        || format!("{:?}", live_processes_of_uid(uid)),
+    );
     let done = api.wait_pipeline(p.id, T);
     assert_eq!(done.jobs[0].state, JobState::Succeeded, "{:?}", done.jobs[0]);
     assert!(api.log_text(done.jobs[0].id).contains("ran-in-the-ready-sandbox"));
@@ -722,7 +728,12 @@ fn a_slots_next_job_starts_in_its_ready_sandbox_and_nothing_else_runs_as_the_slo
         },
         || format!("{:?}", live_processes_of_uid(uid)),
     );
-    assert!(!live_processes_of_uid(uid).iter().any(|(p, _)| *p == ready), "the ready sandbox waits beside the job");
+    wait_until_or(
+        "the ready sandbox to be gone",
+        T,
+        || !live_processes_of_uid(uid).iter().any(|(p, _)| *p == ready),
+        || format!("{:?}", live_processes_of_uid(uid)),
+    );
     let done = api.wait_pipeline(p.id, T);
     assert_eq!(done.jobs[0].state, JobState::Succeeded, "{:?}", done.jobs[0]);
     assert!(api.log_text(done.jobs[0].id).contains("ran-from-the-waiting-shell"));

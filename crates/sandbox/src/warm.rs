@@ -185,24 +185,30 @@ impl WarmStart {
 
     /// Hands the job to the ready sandbox when it is exactly the job's, else to the waiting
     /// shell when that fits; `None`: neither did (the job starts cold). Whatever the job does
-    /// not use is killed before this returns and removed in the background.
+    /// not use is killed before the job's command is written, and removed in the background.
     pub(crate) fn start(self, spec: &SandboxSpec, env: &BTreeMap<String, String>) -> Option<Started> {
         let WarmStart { shell, ready } = self;
         let id = spec.job_id.as_str();
         if let Some(ready) = ready {
             match ready.misfit(spec) {
-                None => match ready.start(spec, env) {
-                    Ok(started) => {
-                        shell.discard_soon();
-                        tracing::debug!(job_id = id, "job started in a ready sandbox");
-                        return Some(started);
-                    }
-                    Err(failed) => {
-                        let (e, ready) = *failed;
-                        tracing::warn!(job_id = id, error = %e, "the ready sandbox failed; trying the waiting shell");
-                        ready.discard_soon();
-                    }
-                },
+                None => {
+                    // Nothing of the job's may reach the pipe while another process of its uid
+                    // waits: the shell is killed first (and so, should the hand-over fail, the
+                    // job starts cold).
+                    shell.discard_soon();
+                    return match ready.start(spec, env) {
+                        Ok(started) => {
+                            tracing::debug!(job_id = id, "job started in a ready sandbox");
+                            Some(started)
+                        }
+                        Err(failed) => {
+                            let (e, ready) = *failed;
+                            tracing::warn!(job_id = id, error = %e, "the ready sandbox failed; starting the job cold");
+                            ready.discard_soon();
+                            None
+                        }
+                    };
+                }
                 Some(why) => {
                     tracing::debug!(job_id = id, why, "the ready sandbox does not fit this job");
                     ready.discard_soon();
