@@ -50,6 +50,9 @@ pub struct Config {
     pub tags: BTreeMap<String, String>,
     /// A simulated GPU inventory (`4xH100-80GB`), for tests and benchmarks.
     pub simulate_gpus: Option<String>,
+    /// Only these of the host's GPUs (`--gpus`: a share given by a fleet's provider or an
+    /// operator); `None`: all of them. Naming one the host lacks stops the agent at start.
+    pub only_gpus: Option<Vec<gpuci_gpu::GpuRef>>,
     pub isolation: IsolationPolicy,
     /// Whether steps may opt out of the sandbox (`sandbox: none`); a pool running untrusted
     /// code forbids it.
@@ -105,6 +108,7 @@ impl Config {
             slots: 4,
             tags: BTreeMap::new(),
             simulate_gpus: None,
+            only_gpus: None,
             isolation: IsolationPolicy::Auto,
             allow_unsandboxed: false,
             telemetry_period: Duration::from_secs(1),
@@ -266,6 +270,15 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
             };
             (detection.backend.clone(), name)
         }
+    };
+    // A share of the host's GPUs: everything below (inventory, health, leases, telemetry)
+    // sees only those.
+    let backend: Arc<dyn gpuci_gpu::GpuBackend> = match &config.only_gpus {
+        None => backend,
+        Some(refs) => Arc::new(
+            gpuci_gpu::OnlyGpus::new(backend, refs)
+                .with_context(|| format!("--gpus: the GPUs given to this agent ({backend_name})"))?,
+        ),
     };
     let inventory = match backend.inventory() {
         Ok(i) => i,

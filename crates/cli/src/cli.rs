@@ -87,6 +87,10 @@ pub struct LocalAgentArgs {
     /// Simulated GPUs for the local agent, e.g. 4xH100-80GB (always shown as simulated).
     #[arg(long, env = "GPUCI_SIMULATE_GPUS")]
     pub simulate_gpus: Option<String>,
+    /// Only these of the host's GPUs, by UUID or index, comma-separated (a share of the host
+    /// given to this agent); default: all. A GPU the host lacks stops the agent at start.
+    #[arg(long, env = "GPUCI_GPUS", value_delimiter = ',', value_parser = parse_gpu_ref)]
+    pub gpus: Option<Vec<gpuci_gpu::GpuRef>>,
     /// Jobs the local agent runs at once.
     #[arg(long, default_value_t = 4)]
     pub slots: u32,
@@ -670,6 +674,10 @@ pub fn parse_tag(s: &str) -> Result<(String, String), String> {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
         _ => Err(format!("expected KEY=VALUE, got {s:?}")),
     }
+}
+
+pub fn parse_gpu_ref(s: &str) -> Result<gpuci_gpu::GpuRef, String> {
+    gpuci_gpu::GpuRef::parse(s)
 }
 
 pub fn parse_bytes(s: &str) -> Result<u64, String> {

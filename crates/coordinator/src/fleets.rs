@@ -46,6 +46,8 @@ pub struct Deps {
     pub server_url: String,
     pub registration_token: String,
     pub interval: Duration,
+    /// The coordinator's data dir (a `local` fleet keeps its machines under it).
+    pub data_dir: std::path::PathBuf,
 }
 
 /// `GET /api/v1/fleets`.
@@ -184,12 +186,13 @@ pub fn provider_for(
     fleet: &FleetSpec,
     coordinator: &str,
     registration_token: &str,
+    data_dir: &std::path::Path,
 ) -> Result<Box<dyn gpuci_providers::Provider>, String> {
     match fleet.provider {
         gpuci_core::fleet::ProviderKind::Aws => {
             Ok(Box::new(gpuci_aws::AwsProvider::from_settings(fleet, coordinator)?))
         }
-        _ => gpuci_providers::for_fleet(fleet, coordinator, registration_token),
+        _ => gpuci_providers::for_fleet(fleet, coordinator, registration_token, data_dir),
     }
 }
 
@@ -200,7 +203,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
     }
     let runs: Vec<FleetRun> = fleets
         .into_iter()
-        .map(|spec| match provider_for(&spec, &deps.coordinator_id, &deps.registration_token) {
+        .map(|spec| match provider_for(&spec, &deps.coordinator_id, &deps.registration_token, &deps.data_dir) {
             Ok(p) => FleetRun {
                 spec,
                 provider: Some(Arc::from(p)),
@@ -970,7 +973,14 @@ impl Worker {
             ),
             tags,
             name: format!("{}-{id}", fleet.name),
-            program: setting("agent_program").and_then(|v| v.as_str()).unwrap_or("gpuci").to_string(),
+            program: match setting("agent_program").and_then(|v| v.as_str()) {
+                Some(p) => p.to_string(),
+                // A local machine runs the agent of this very build.
+                None if fleet.provider == gpuci_core::fleet::ProviderKind::Local => std::env::current_exe()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|_| "gpuci".into()),
+                None => "gpuci".to_string(),
+            },
             extra_args: agent_args(&fleet.settings),
         };
         tracing::info!(fleet = %fleet.name, machine = %id, offer = %offer.label(), %capacity, "creating: {reason}");

@@ -396,6 +396,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             server_url: format!("http://{addr}"),
             registration_token: registration_token.expose().to_string(),
             interval: config.fleet_interval,
+            data_dir: config.data_dir.clone(),
         },
         shutdown.clone(),
     );

@@ -28,12 +28,14 @@ pub mod doctor;
 pub mod fake;
 pub mod health;
 pub mod nvml;
+pub mod only;
 pub mod sim;
 pub mod smi;
 pub mod telemetry;
 
 pub use backend::{BackendKind, GpuBackend, GpuError, GpuProcess, GpuSample, HealthCounters};
 pub use command::{CommandError, CommandOutput, CommandRunner, FakeRunner, SystemRunner};
+pub use only::{GpuRef, OnlyGpus};
 pub use detect::{detect, DetectOptions, Detection, NoGpus};
 pub use doctor::{
     check_runner_install, doctor, doctor_passed, format_table, CheckStatus, DoctorCheck, DoctorOptions, Probe,

@@ -12,6 +12,7 @@
 //! registration token goes to the machine, never to a log line).
 
 pub mod exec;
+pub mod local;
 
 use async_trait::async_trait;
 use gpuci_core::fleet::{Capacity, FleetSpec, Offer, ProviderKind};
@@ -183,15 +184,25 @@ pub trait Provider: Send + Sync {
 }
 
 /// The provider of `fleet`, for coordinator `coordinator`, which hands `registration_token` to
-/// the machines it makes (and never repeats it); an error a person can act on when the fleet's
-/// settings are wrong or its provider is not built into this version.
-pub fn for_fleet(fleet: &FleetSpec, coordinator: &str, registration_token: &str) -> Result<Box<dyn Provider>, String> {
+/// the machines it makes (and never repeats it) and keeps what it must under `data_dir` (the
+/// coordinator's); an error a person can act on when the fleet's settings are wrong or its
+/// provider is not built into this version.
+pub fn for_fleet(
+    fleet: &FleetSpec,
+    coordinator: &str,
+    registration_token: &str,
+    data_dir: &std::path::Path,
+) -> Result<Box<dyn Provider>, String> {
     match fleet.provider {
         ProviderKind::Exec => {
             Ok(Box::new(exec::ExecProvider::from_settings(fleet, coordinator)?.with_secret(registration_token)))
         }
+        ProviderKind::Local => {
+            let root = std::path::absolute(data_dir.join("local-machines")).map_err(|e| e.to_string())?;
+            Ok(Box::new(local::LocalProvider::from_settings(fleet, coordinator, &root)?))
+        }
         other => Err(format!(
-            "fleet {}: provider {other} is not in this version of gpuci (exec and aws are; slurm and kubernetes are planned)",
+            "fleet {}: provider {other} is not in this version of gpuci (exec, local and aws are; slurm and kubernetes are planned)",
             fleet.name
         )),
     }

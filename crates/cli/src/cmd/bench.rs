@@ -139,6 +139,7 @@ impl Bench {
         let shutdown = CancellationToken::new();
         let agent = LocalAgentArgs {
             simulate_gpus: None,
+            gpus: None,
             slots,
             tags: Vec::new(),
             isolation,

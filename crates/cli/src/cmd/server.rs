@@ -43,7 +43,7 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
         // Each fleet's provider settings are checked now: a fleet that could never make a
         // machine is refused at start, not found dead later.
         for f in &config.fleets {
-            if let Err(e) = gpuci_coordinator::fleets::provider_for(f, "check", "") {
+            if let Err(e) = gpuci_coordinator::fleets::provider_for(f, "check", "", &data_dir) {
                 return Err(CliError::Input(format!("{}: {e}", path.display())));
             }
         }

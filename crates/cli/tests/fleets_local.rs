@@ -1,0 +1,182 @@
+//! The `local` provider end to end: a real coordinator whose fleet's machines are real
+//! `gpuci agent` processes on this host, each given its own share of the host's GPUs (here a
+//! simulated 4×L4 host, shared out by index), made when jobs need them and ended when idle.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(120);
+
+struct Fleet {
+    _dir: tempfile::TempDir,
+    server: Server,
+    data: PathBuf,
+}
+
+fn start(extra: &str) -> Fleet {
+    let dir = tempdir();
+    let data = dir.path().join("server");
+    let config = dir.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[fleet]]
+name = "ws"
+provider = "local"
+max = 2
+idle_timeout = "2s"
+boot_timeout = "90s"
+{extra}
+[fleet.machine]
+gpu_model = "NVIDIA L4"
+gpus = 1
+gpu_memory = "22GiB"
+cpus = 2
+memory = "4GiB"
+[[fleet.offer]]
+instance_type = "workstation"
+price_per_hour = 0.36
+[fleet.settings]
+simulate_gpus = "4xL4"
+gpus = ["1", "3"]
+agent_args = ["--slots", "1", "--isolation", "{iso}"]
+"#,
+            iso = isolation()
+        ),
+    )
+    .unwrap();
+    let server = Server::start_on(
+        &data,
+        "127.0.0.1:0",
+        vec![
+            "--heartbeat".into(),
+            "200ms".into(),
+            "--fleet-interval".into(),
+            "300ms".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+    );
+    Fleet { _dir: dir, server, data }
+}
+
+impl Fleet {
+    fn status(&self) -> Value {
+        let fleets: Vec<Value> = self.server.api().get("/api/v1/fleets");
+        fleets.into_iter().find(|f| f["name"] == "ws").expect("fleet ws")
+    }
+
+    fn machines(&self) -> Vec<Value> {
+        self.status()["machines"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The provider's records (`<data dir>/local-machines/<coordinator>/ws/*.json`).
+    fn records(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for coordinator in std::fs::read_dir(self.data.join("local-machines")).into_iter().flatten().flatten() {
+            for e in std::fs::read_dir(coordinator.path().join("ws")).into_iter().flatten().flatten() {
+                if e.path().extension().is_some_and(|x| x == "json") {
+                    out.push(serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap());
+                }
+            }
+        }
+        out
+    }
+
+    /// `gpuci agent` processes whose data dir lies under the local machines' directory.
+    fn agent_processes(&self) -> usize {
+        let root = self.data.join("local-machines");
+        processes_with(root.to_str().unwrap()).len()
+    }
+}
+
+fn record_state(r: &Value) -> &str {
+    r["state"].as_str().unwrap_or("?")
+}
+
+/// From zero: two GPU jobs make two local machines, each an agent that sees exactly its own
+/// GPU of the host's share (index 1 or 3, never both, never 0 or 2); idle, they are deleted and
+/// nothing of them is left running.
+#[test]
+fn local_machines_get_disjoint_gpus_and_go_away_when_idle() {
+    let f = start("");
+    let api = f.server.api();
+    let two = "steps:\n  - key: a\n    gpus: 1\n    command: echo on $GPUCI_GPUS && sleep 3\n  - key: b\n    gpus: 1\n    command: echo on $GPUCI_GPUS && sleep 3\n";
+    let p = api.submit(two);
+    wait_until_or("two agents connected", T, || api.agents().len() == 2, || format!("{:#}", f.status()));
+    let agents = api.agents();
+    let mut indices: Vec<u32> = Vec::new();
+    for a in &agents {
+        assert!(a.name.starts_with("ws-m-"), "{a:#?}");
+        assert_eq!(a.gpus.len(), 1, "an agent shows its share only: {:#?}", a.gpus);
+        indices.push(a.gpus[0].info.index);
+    }
+    indices.sort();
+    assert_eq!(indices, [1, 3], "each machine its own GPU of the share");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    let on: Vec<String> = done.jobs.iter().map(|j| api.log_text(j.id)).collect();
+    assert!(on.iter().all(|l| l.contains("on GPU-")) && on[0] != on[1], "{on:?}");
+    for j in &done.jobs {
+        assert_eq!(api.job(j.id).cost.expect("a cost").fleet, "ws");
+    }
+
+    wait_until_or(
+        "back at zero machines, no agent left running",
+        T,
+        || f.machines().is_empty() && f.agent_processes() == 0 && f.records().is_empty(),
+        || format!("{:#}\n{:#?}", f.status(), f.records()),
+    );
+}
+
+/// `idle_action = "stop"`: the idle machine's agent ends and its GPU is free; the next job
+/// starts the same machine again, as the same agent (no new registration, no new machine).
+#[test]
+fn an_idle_local_machine_is_stopped_and_started_again() {
+    let f = start("idle_action = \"stop\"");
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo first\n");
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", f.status());
+    let agent = api.job(p.jobs[0].id).agent_id.clone();
+    wait_until_or(
+        "the idle machine stopped, its agent gone",
+        T,
+        || f.records().iter().any(|r| record_state(r) == "stopped") && f.agent_processes() == 0,
+        || format!("{:#}\n{:#?}", f.status(), f.records()),
+    );
+    let p = api.submit("steps:\n  - key: b\n    gpus: 1\n    command: echo second\n");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{:#}", f.status());
+    assert_eq!(f.records().len(), 1, "started again, not made anew: {:#?}", f.records());
+    assert_eq!(api.job(p.jobs[0].id).agent_id, agent, "the same agent identity");
+    drop(f);
+}
+
+/// A fleet whose machines have GPUs must say which of the host's GPUs they share out: the
+/// server refuses to start rather than run agents that would each see every GPU.
+#[test]
+fn a_local_fleet_that_would_share_every_gpu_is_refused_at_start() {
+    let dir = tempdir();
+    let config = dir.path().join("server.toml");
+    std::fs::write(
+        &config,
+        "[[fleet]]\nname = \"ws\"\nprovider = \"local\"\nmax = 2\n[fleet.machine]\ngpu_model = \"NVIDIA L4\"\ngpus = 1\ngpu_memory = \"22GiB\"\ncpus = 2\nmemory = \"4GiB\"\n[[fleet.offer]]\ninstance_type = \"ws\"\nprice_per_hour = 0.1\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["server", "--listen", "127.0.0.1:0", "--config", config.to_str().unwrap()])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("fleet ws") && err.contains("say which of this host's GPUs"), "{err}");
+    assert!(!Path::new(&dir.path().join("data/local-machines")).exists());
+}
