@@ -19,6 +19,11 @@ struct Fleet {
 }
 
 fn start(extra: &str) -> Fleet {
+    start_with(extra, "")
+}
+
+/// `top`: more of the config file, before the fleet (`[[budget]]`s).
+fn start_with(extra: &str, top: &str) -> Fleet {
     let dir = tempdir();
     let data = dir.path().join("server");
     let config = dir.path().join("server.toml");
@@ -26,6 +31,7 @@ fn start(extra: &str) -> Fleet {
         &config,
         format!(
             r#"
+{top}
 [[fleet]]
 name = "ws"
 provider = "local"
@@ -179,4 +185,54 @@ fn a_local_fleet_that_would_share_every_gpu_is_refused_at_start() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("fleet ws") && err.contains("say which of this host's GPUs"), "{err}");
     assert!(!Path::new(&dir.path().join("data/local-machines")).exists());
+}
+
+/// A repository past its `[[budget]]`: once its jobs' shares reach the budget, its next job
+/// makes no machine, takes none that exists, and says why; another repository's job still
+/// gets one. What was spent
+/// shows in the cost report under the repository (`owner/name`, also for a remote URL).
+#[test]
+fn a_repository_past_its_budget_gets_no_new_machine_and_says_so() {
+    // $0.36 an hour: $0.0001 a second; the first job runs 2 s.
+    let f = start_with("", "[[budget]]\nrepository = \"acme/*\"\ndaily = 0.0001\n");
+    let api = f.server.api();
+    let p = api.submit_from(
+        "steps:\n  - key: a\n    gpus: 1\n    command: sleep 2\n",
+        Some("https://github.com/acme/kernels.git"),
+    );
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", f.status());
+    wait_until_or("no machine left", T, || f.machines().is_empty(), || format!("{:#}", f.status()));
+    let made = f.status()["machines"].as_array().map_or(0, Vec::len);
+    assert_eq!(made, 0);
+
+    let over = api.submit_from("steps:\n  - key: b\n    gpus: 1\n    command: echo late\n", Some("acme/docs"));
+    let job = over.jobs[0].id;
+    let j = api.wait_job(job, "a reason naming the repository's budget", T, |j| j.reason.contains("budget"));
+    assert!(j.reason.contains("repository acme/*: daily budget $0.00 reached"), "{}", j.reason);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(f.machines().is_empty(), "a machine was made past the budget: {:#}", f.status());
+    assert_eq!(api.job(job).state, gpuci_core::job::JobState::Queued);
+
+    // Another repository's job gets a machine; the held job does not take it, before or
+    // after, and neither does a new job of acme submitted while that machine is idle.
+    let other = api.submit_from("steps:\n  - key: c\n    gpus: 1\n    command: echo fine\n", Some("beta/x"));
+    assert_eq!(api.wait_pipeline(other.id, T).state, "succeeded", "{:#}", f.status());
+    let idle = api.submit_from("steps:\n  - key: d\n    gpus: 1\n    command: echo late\n", Some("acme/kernels"));
+    std::thread::sleep(Duration::from_secs(1));
+    for id in [job, idle.jobs[0].id] {
+        let j = api.job(id);
+        assert_eq!(j.state, gpuci_core::job::JobState::Queued, "{j:#?}");
+        assert!(j.reason.starts_with("repository acme/*: daily budget"), "{}", j.reason);
+        api.cancel(id);
+    }
+    assert_eq!(api.agents().len(), 2, "one machine for acme's first job, one for beta's");
+    let report: Value = api.get("/api/v1/cost?days=1");
+    let acme: f64 = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["repository"] == "acme/kernels")
+        .map(|r| r["usd"].as_f64().unwrap())
+        .sum();
+    assert!(acme >= 0.0001, "{report:#}");
 }

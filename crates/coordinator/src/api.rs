@@ -715,7 +715,7 @@ pub async fn cost_report(
     State(st): State<AppState>,
     ApiQuery(q): ApiQuery<CostQuery>,
 ) -> ApiResult<Json<gpuci_core::fleet::cost::CostReport>> {
-    use gpuci_core::fleet::cost::{report, BilledMachine, Run, Stretch};
+    use gpuci_core::fleet::cost::report;
     let days = q.days.unwrap_or(7);
     if !(1..=366).contains(&days) {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "days: expected 1 to 366"));
@@ -723,37 +723,7 @@ pub async fn cost_report(
     let now = crate::brain::now_ms();
     const DAY: i64 = 86_400_000;
     let from = (now.div_euclid(DAY) - i64::from(days) + 1) * DAY;
-    let machines = st.store.machines(false).await?;
-    let stretches = st.store.billing_since(from).await?;
-    let by_agent: HashMap<&str, &str> =
-        machines.iter().filter_map(|m| Some((m.agent_id.as_deref()?, m.id.as_str()))).collect();
-    let mut repos: HashMap<PipelineId, Option<String>> = HashMap::new();
-    let mut runs = Vec::new();
-    for j in st.store.jobs_ran_since(from).await? {
-        let (Some(agent), Some(started)) = (j.agent_id.as_deref(), j.started_at_ms) else { continue };
-        let Some(machine) = by_agent.get(agent) else { continue };
-        if let std::collections::hash_map::Entry::Vacant(e) = repos.entry(j.pipeline_id) {
-            e.insert(st.store.get_pipeline(j.pipeline_id).await?.and_then(|p| p.repository));
-        }
-        runs.push(Run {
-            machine: machine.to_string(),
-            repository: repos.get(&j.pipeline_id).cloned().flatten(),
-            gpus: j.gpus.len() as u32,
-            from_ms: started,
-            to_ms: j.finished_at_ms,
-        });
-    }
-    let machines: Vec<BilledMachine> = machines
-        .iter()
-        .map(|m| BilledMachine {
-            id: m.id.clone(),
-            fleet: m.fleet.clone(),
-            gpus: m.gpus,
-            price_per_hour: m.price_per_hour,
-        })
-        .collect();
-    let stretches: Vec<Stretch> =
-        stretches.into_iter().map(|s| Stretch { machine: s.machine_id, from_ms: s.from_ms, to_ms: s.to_ms }).collect();
+    let (machines, stretches, runs) = crate::fleets::cost_inputs(st.store.as_ref(), from).await?;
     Ok(Json(report(&machines, &stretches, &runs, from, now)))
 }
 

@@ -239,6 +239,8 @@ pub enum Command {
     /// job's reason while it stays queued for want of an agent.
     FleetNotes {
         notes: BTreeMap<JobId, String>,
+        /// Repository budgets reached today: their jobs are placed on no fleet machine.
+        reached: Vec<gpuci_core::fleet::RepoBudget>,
     },
     /// Fleet machines about to be deleted or stopped for idleness: each of these agents that
     /// runs no job takes none from now on; the answer names them (only they may go). Checked
@@ -302,6 +304,7 @@ pub struct FleetAgent {
 #[derive(Clone, Debug)]
 pub struct WaitingJob {
     pub id: JobId,
+    pub pipeline_id: PipelineId,
     /// When it became ready to place (ms).
     pub since_ms: i64,
     pub tags: BTreeMap<String, String>,
@@ -387,7 +390,15 @@ pub struct Brain {
     unplaceable: BTreeSet<JobId>,
     /// The fleets' word on jobs in `unplaceable` ([`Command::FleetNotes`]).
     fleet_notes: BTreeMap<JobId, String>,
+    /// Repository budgets reached today ([`Command::FleetNotes`]): their jobs are held off
+    /// fleet machines.
+    budgets_reached: Vec<gpuci_core::fleet::RepoBudget>,
+    /// Pipelines' repositories (`owner/name`), read once, while budgets are reached.
+    repository_of: HashMap<PipelineId, Option<String>>,
 }
+
+/// The `gpuci.fleet` tag value placement sees on agents no fleet made.
+const NOT_A_FLEET_MACHINE: &str = "(none)";
 
 /// When an agent counts as last heard after the coordinator did not run for `stall` (SIGSTOP,
 /// a paused VM, a blocked disk): moved forward by the time it was not running, less the one
@@ -439,6 +450,8 @@ impl Brain {
             store_deaf: false,
             unplaceable: BTreeSet::new(),
             fleet_notes: BTreeMap::new(),
+            budgets_reached: Vec::new(),
+            repository_of: HashMap::new(),
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -638,9 +651,13 @@ impl Brain {
                 }
                 self.schedule().await;
             }
-            Command::FleetNotes { notes } => {
-                let changed = notes != self.fleet_notes;
+            Command::FleetNotes { notes, reached } => {
+                let changed = notes != self.fleet_notes || reached != self.budgets_reached;
                 self.fleet_notes = notes;
+                if reached.is_empty() {
+                    self.repository_of.clear();
+                }
+                self.budgets_reached = reached;
                 if changed {
                     self.schedule().await;
                 }
@@ -1376,10 +1393,13 @@ impl Brain {
                     GpuSlot { info: g.clone(), state }
                 })
                 .collect();
+            let mut tags = a.tags.clone();
+            // Agents no fleet made, so that a job held off fleet machines can ask for one.
+            tags.entry(gpuci_providers::TAG_FLEET.to_string()).or_insert_with(|| NOT_A_FLEET_MACHINE.to_string());
             hosts.push(HostView {
                 agent_id: a.id.clone(),
                 name: a.name.clone(),
-                tags: a.tags.clone(),
+                tags,
                 free_slots: if a.paused.is_some() || a.interrupted.is_some() || a.withdrawn.is_some() {
                     0
                 } else {
@@ -1585,9 +1605,15 @@ impl Brain {
             };
             // `sandbox: none` runs only where the agent allows it.
             let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
-            let tags = if unsandboxed {
+            let held = self.budget_held(&j).await;
+            let tags = if unsandboxed || held {
                 let mut t = j.step.agents.clone();
-                t.insert(UNSANDBOXED_TAG.to_string(), "allowed".to_string());
+                if unsandboxed {
+                    t.insert(UNSANDBOXED_TAG.to_string(), "allowed".to_string());
+                }
+                if held {
+                    t.insert(gpuci_providers::TAG_FLEET.to_string(), NOT_A_FLEET_MACHINE.to_string());
+                }
                 std::borrow::Cow::Owned(t)
             } else {
                 std::borrow::Cow::Borrowed(&j.step.agents)
@@ -1724,8 +1750,10 @@ impl Brain {
                     if !refusing.is_empty() {
                         reason = format!("{reason} ({})", refusing.join("; "));
                     }
-                    if let Some(note) = self.fleet_notes.get(&j.id) {
-                        reason = format!("{reason}; {note}");
+                    if let Some(note) = self.fleet_notes.get(&j.id).cloned() {
+                        // A held job's placement reason names the stand-in tag; the budget is
+                        // the reason.
+                        reason = if self.budget_held(&j).await { note } else { format!("{reason}; {note}") };
                     }
                     unplaceable.insert(j.id);
                     self.set_reason(&j, reason).await
@@ -1733,6 +1761,26 @@ impl Brain {
             }
         }
         self.unplaceable = unplaceable;
+    }
+
+    /// Whether `job`'s repository is past its budget today (then it runs on no fleet machine).
+    async fn budget_held(&mut self, job: &JobRecord) -> bool {
+        if self.budgets_reached.is_empty() {
+            return false;
+        }
+        let repository = match self.repository_of.get(&job.pipeline_id) {
+            Some(r) => r.clone(),
+            None => {
+                let r = match self.store.get_pipeline(job.pipeline_id).await {
+                    Ok(p) => p.and_then(|p| p.repository).map(|r| crate::fleets::repository_name(&r)),
+                    // Unknown for now: held, as a budget must not lift for want of a read.
+                    Err(_) => return true,
+                };
+                self.repository_of.insert(job.pipeline_id, r.clone());
+                r
+            }
+        };
+        repository.is_some_and(|r| self.budgets_reached.iter().any(|b| b.covers(&r)))
     }
 
     async fn runner_registered(&mut self, id: JobId, placement: u64, result: Result<RunnerGrant, String>) {
@@ -1867,6 +1915,7 @@ impl Brain {
             .filter(|j| j.state == JobState::Queued)
             .map(|j| WaitingJob {
                 id: j.id,
+                pipeline_id: j.pipeline_id,
                 since_ms: self.ready_since.get(&j.id).copied().unwrap_or(j.created_at_ms),
                 tags: j.step.agents.clone(),
                 gpu: j.step.gpu.clone(),

@@ -48,6 +48,8 @@ pub struct Deps {
     pub interval: Duration,
     /// The coordinator's data dir (a `local` fleet keeps its machines under it).
     pub data_dir: std::path::PathBuf,
+    /// `[[budget]]`s of repositories.
+    pub budgets: Vec<gpuci_core::fleet::RepoBudget>,
 }
 
 /// `GET /api/v1/fleets`.
@@ -557,27 +559,42 @@ impl Loop {
             .filter(|(f, ok)| f.provider.is_some() && **ok)
             .map(|(f, _)| f.spec.clone())
             .collect();
-        let queued: Vec<QueuedJob> = view
-            .waiting
-            .iter()
-            .map(|w| {
-                let needs = Needs { tags: &w.tags, gpu: &w.gpu, container: w.container };
-                QueuedJob {
-                    id: w.id.to_string(),
-                    queued_since: (w.since_ms / 1000) as u64,
-                    gpus: w.gpu.count,
-                    fleets: specs.iter().filter(|s| fits(s, &needs)).map(|s| s.name.clone()).collect(),
+        let mut repos: HashMap<i64, Option<String>> = HashMap::new();
+        let mut queued: Vec<QueuedJob> = Vec::new();
+        for w in &view.waiting {
+            let needs = Needs { tags: &w.tags, gpu: &w.gpu, container: w.container };
+            let fleets: Vec<String> = specs.iter().filter(|s| fits(s, &needs)).map(|s| s.name.clone()).collect();
+            if fleets.is_empty() {
+                continue;
+            }
+            // Repositories matter to budgets only.
+            let repository = if self.deps.budgets.is_empty() {
+                None
+            } else {
+                if let std::collections::hash_map::Entry::Vacant(e) = repos.entry(w.pipeline_id) {
+                    let p = self.deps.store.get_pipeline(w.pipeline_id).await;
+                    e.insert(p.ok().flatten().and_then(|p| p.repository).map(|r| repository_name(&r)));
                 }
-            })
-            .filter(|q| !q.fleets.is_empty())
-            .collect();
+                repos.get(&w.pipeline_id).cloned().flatten()
+            };
+            queued.push(QueuedJob {
+                id: w.id.to_string(),
+                queued_since: (w.since_ms / 1000) as u64,
+                gpus: w.gpu.count,
+                fleets,
+                repository,
+            });
+        }
         let spend = self.spend_today(now).await;
+        let repo_spend = self.repo_spend_today(now).await;
         let decision = decide(&AutoscaleInput {
             now,
             fleets: &specs,
             queued: &queued,
             machines: &machines,
             spend_today: &spend,
+            budgets: &self.deps.budgets,
+            repo_spend_today: &repo_spend,
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
         });
@@ -615,7 +632,8 @@ impl Loop {
                 }
             }
         }
-        let _ = self.deps.brain.send(Command::FleetNotes { notes }).await;
+        let reached = gpuci_core::fleet::budget::all_reached(&self.deps.budgets, &repo_spend);
+        let _ = self.deps.brain.send(Command::FleetNotes { notes, reached }).await;
         let mut actions = decision.actions.clone();
         for machine in drain_done {
             let reason = "its machine is being taken back and its jobs are queued again".to_string();
@@ -632,6 +650,35 @@ impl Loop {
             times.retain(|t| *t >= keep_from);
         }
         self.publish(&decision.fleets, &spend).await;
+    }
+
+    /// USD spent today per repository (its jobs' shares, as the cost report counts them);
+    /// empty when no repository has a budget (nothing would read it).
+    async fn repo_spend_today(&self, now: UnixSecs) -> BTreeMap<String, f64> {
+        let mut spend = BTreeMap::new();
+        if self.deps.budgets.is_empty() {
+            return spend;
+        }
+        let midnight_ms = (now - now % 86_400) as i64 * 1000;
+        match cost_inputs(self.deps.store.as_ref(), midnight_ms).await {
+            Ok((machines, stretches, runs)) => {
+                let r = gpuci_core::fleet::cost::report(&machines, &stretches, &runs, midnight_ms, now as i64 * 1000);
+                for row in r.rows {
+                    if let Some(repo) = row.repository.filter(|r| r != gpuci_core::fleet::cost::NO_REPOSITORY) {
+                        *spend.entry(repo).or_insert(0.0) += row.usd;
+                    }
+                }
+            }
+            // Not knowing what was spent must not lift a budget: every budget counts as
+            // reached until the store answers again.
+            Err(e) => {
+                tracing::warn!(error = %e, "fleets: cannot sum today's spend per repository; holding back jobs of repositories with a budget");
+                for b in &self.deps.budgets {
+                    spend.insert(b.repository.replace('*', "(all)"), f64::INFINITY);
+                }
+            }
+        }
+        spend
     }
 
     async fn spend_today(&self, now: UnixSecs) -> BTreeMap<String, f64> {
@@ -976,9 +1023,9 @@ impl Worker {
             program: match setting("agent_program").and_then(|v| v.as_str()) {
                 Some(p) => p.to_string(),
                 // A local machine runs the agent of this very build.
-                None if fleet.provider == gpuci_core::fleet::ProviderKind::Local => std::env::current_exe()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|_| "gpuci".into()),
+                None if fleet.provider == gpuci_core::fleet::ProviderKind::Local => {
+                    std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gpuci".into())
+                }
                 None => "gpuci".to_string(),
             },
             extra_args: agent_args(&fleet.settings),
@@ -1031,6 +1078,57 @@ impl Worker {
             }
         }
     }
+}
+
+/// What the cost report is computed from, since `from_ms`: fleet machines, their billed
+/// stretches, and the jobs that ran on them with their repositories (`owner/name`).
+pub async fn cost_inputs(
+    store: &dyn Store,
+    from_ms: i64,
+) -> gpuci_store::Result<(
+    Vec<gpuci_core::fleet::cost::BilledMachine>,
+    Vec<gpuci_core::fleet::cost::Stretch>,
+    Vec<gpuci_core::fleet::cost::Run>,
+)> {
+    use gpuci_core::fleet::cost::{BilledMachine, Run, Stretch};
+    let machines = store.machines(false).await?;
+    let stretches = store.billing_since(from_ms).await?;
+    let by_agent: HashMap<&str, &str> =
+        machines.iter().filter_map(|m| Some((m.agent_id.as_deref()?, m.id.as_str()))).collect();
+    let mut repos: HashMap<i64, Option<String>> = HashMap::new();
+    let mut runs = Vec::new();
+    for j in store.jobs_ran_since(from_ms).await? {
+        let (Some(agent), Some(started)) = (j.agent_id.as_deref(), j.started_at_ms) else { continue };
+        let Some(machine) = by_agent.get(agent) else { continue };
+        if let std::collections::hash_map::Entry::Vacant(e) = repos.entry(j.pipeline_id) {
+            e.insert(store.get_pipeline(j.pipeline_id).await?.and_then(|p| p.repository).map(|r| repository_name(&r)));
+        }
+        runs.push(Run {
+            machine: machine.to_string(),
+            repository: repos.get(&j.pipeline_id).cloned().flatten(),
+            gpus: j.gpus.len() as u32,
+            from_ms: started,
+            to_ms: j.finished_at_ms,
+        });
+    }
+    let machines: Vec<BilledMachine> = machines
+        .iter()
+        .map(|m| BilledMachine {
+            id: m.id.clone(),
+            fleet: m.fleet.clone(),
+            gpus: m.gpus,
+            price_per_hour: m.price_per_hour,
+        })
+        .collect();
+    let stretches: Vec<Stretch> =
+        stretches.into_iter().map(|s| Stretch { machine: s.machine_id, from_ms: s.from_ms, to_ms: s.to_ms }).collect();
+    Ok((machines, stretches, runs))
+}
+
+/// A pipeline's repository as `owner/name` (a GitHub pipeline has that already; one
+/// submitted through the API may name its remote URL).
+pub fn repository_name(repository: &str) -> String {
+    gpuci_core::secret_scope::repository_of_remote(repository).unwrap_or_else(|| repository.to_string())
 }
 
 /// Default of a fleet's `leave_after_unreachable`: an agent on a machine gpuci made gives the

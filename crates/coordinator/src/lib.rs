@@ -80,6 +80,8 @@ pub struct Config {
     pub max_log_bytes: u64,
     /// The `[[fleet]]`s of the config file: machines created on demand ([`fleets`]).
     pub fleets: Vec<gpuci_core::fleet::FleetSpec>,
+    /// The `[[budget]]`s of repositories.
+    pub budgets: Vec<gpuci_core::fleet::RepoBudget>,
     /// How often the fleets' reconcile loop runs.
     pub fleet_interval: std::time::Duration,
     /// Start a new, empty SQLite database although the data dir was used before (its
@@ -129,6 +131,7 @@ impl Config {
             agent_inside: false,
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
             fleets: Vec::new(),
+            budgets: Vec::new(),
             fleet_interval: std::time::Duration::from_secs(5),
             new_database: false,
         }
@@ -397,6 +400,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             registration_token: registration_token.expose().to_string(),
             interval: config.fleet_interval,
             data_dir: config.data_dir.clone(),
+            budgets: config.budgets.clone(),
         },
         shutdown.clone(),
     );

@@ -35,7 +35,6 @@ pub mod telemetry;
 
 pub use backend::{BackendKind, GpuBackend, GpuError, GpuProcess, GpuSample, HealthCounters};
 pub use command::{CommandError, CommandOutput, CommandRunner, FakeRunner, SystemRunner};
-pub use only::{GpuRef, OnlyGpus};
 pub use detect::{detect, DetectOptions, Detection, NoGpus};
 pub use doctor::{
     check_runner_install, doctor, doctor_passed, format_table, CheckStatus, DoctorCheck, DoctorOptions, Probe,
@@ -47,6 +46,7 @@ pub use health::{
     QuarantineReason,
 };
 pub use nvml::NvmlBackend;
+pub use only::{GpuRef, OnlyGpus};
 pub use sim::{SimulatedGpus, SimulatedSpec};
 pub use smi::NvidiaSmi;
 pub use telemetry::{sample_loop, GpuTelemetry, Telemetry, TelemetrySummary};

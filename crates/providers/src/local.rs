@@ -306,9 +306,7 @@ impl Inner {
                 match self.read(machine) {
                     // An ended machine is listed for an hour (so the coordinator sees it end),
                     // then forgotten.
-                    Ok(Some(r)) if r.ended_at.is_some_and(|t| t + 3600 < now()) => {
-                        self.remove(machine)
-                    }
+                    Ok(Some(r)) if r.ended_at.is_some_and(|t| t + 3600 < now()) => self.remove(machine),
                     Ok(Some(r)) => out.push(self.refresh(r)?),
                     Ok(None) => {}
                     Err(e) => tracing::warn!(fleet = %self.fleet, error = %e, "skipping an unreadable machine record"),
@@ -463,7 +461,11 @@ impl Inner {
             gpus: Vec::new(),
             ended_at: None,
         };
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir).map_err(|e| io_err("cannot create", &dir, e))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| io_err("cannot create", &dir, e))?;
         if let Err(e) = self.launch(&mut r, Some(&req.agent.registration_token)) {
             self.remove(m);
             return Err(e);

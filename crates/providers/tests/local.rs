@@ -165,7 +165,10 @@ async fn machines_are_process_groups_created_once_listed_and_deleted() {
     assert_eq!(host.processes(&spec, "m-1").len(), 2);
     // A coordinator started again finds it.
     let listed = host.provider(&spec).list().await.unwrap();
-    assert_eq!(listed.iter().map(|m| (m.machine.as_str(), m.state)).collect::<Vec<_>>(), [("m-1", ProviderState::Running)]);
+    assert_eq!(
+        listed.iter().map(|m| (m.machine.as_str(), m.state)).collect::<Vec<_>>(),
+        [("m-1", ProviderState::Running)]
+    );
 
     p.delete("m-1").await.unwrap();
     assert!(host.processes(&spec, "m-1").is_empty(), "the whole group is gone");
@@ -190,10 +193,8 @@ async fn each_machine_gets_a_share_of_the_hosts_gpus_and_no_gpu_goes_twice() {
     pa.create(&host.request(&a, "a1")).await.unwrap();
     pb.create(&host.request(&b, "b1")).await.unwrap();
     pa.create(&host.request(&a, "a2")).await.unwrap();
-    let shares: Vec<String> = [(&a, "a1"), (&b, "b1"), (&a, "a2")]
-        .iter()
-        .map(|(f, m)| gpus_arg(&host.args(f, m)).unwrap())
-        .collect();
+    let shares: Vec<String> =
+        [(&a, "a1"), (&b, "b1"), (&a, "a2")].iter().map(|(f, m)| gpus_arg(&host.args(f, m)).unwrap()).collect();
     let mut sorted = shares.clone();
     sorted.sort();
     assert_eq!(sorted, ["0", "1", "GPU-2222"], "{shares:?}");
@@ -264,8 +265,12 @@ fn settings_that_would_share_a_gpu_or_cannot_work_are_refused() {
         LocalProvider::from_settings(&fleet("f", gpus, settings), "coord1", &host.state()).unwrap_err()
     };
     let e = refused(1, "");
-    assert!(e.contains("say which of this host's GPUs") && e.contains("every local agent would otherwise see every GPU"), "{e}");
-    assert!(refused(2, r#"simulate_gpus = "1xL4""#).contains("gives each machine 1 GPUs, but [fleet.machine] says gpus = 2"));
+    assert!(
+        e.contains("say which of this host's GPUs") && e.contains("every local agent would otherwise see every GPU"),
+        "{e}"
+    );
+    assert!(refused(2, r#"simulate_gpus = "1xL4""#)
+        .contains("gives each machine 1 GPUs, but [fleet.machine] says gpus = 2"));
     assert!(refused(2, r#"gpus = ["0"]"#).contains("names 1 GPU(s); one machine needs 2"));
     assert!(refused(1, r#"gpus = ["0", "0"]"#).contains("0 is named twice"));
     assert!(refused(1, r#"gpus = ["0; rm -rf /"]"#).contains("neither a GPU UUID"));

@@ -305,6 +305,7 @@ impl<'a> Engine<'a> {
             queued_since: self.now,
             gpus: j.gpus,
             fleets: vec![self.fleets[fleet].name.clone()],
+            repository: None,
         });
         self.queue_jobs.push(job);
     }
@@ -463,6 +464,8 @@ impl<'a> Engine<'a> {
             queued: &self.queue,
             machines: &self.live,
             spend_today: &self.spend,
+            budgets: &[],
+            repo_spend_today: &BTreeMap::new(),
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
         });

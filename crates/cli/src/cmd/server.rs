@@ -40,6 +40,8 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
         config.credential_files = credential_files;
         config.fleets = gpuci_core::fleet::parse_fleets(&path.display().to_string(), &text)
             .map_err(|e| CliError::Input(e.to_string()))?;
+        config.budgets = gpuci_core::fleet::parse_budgets(&path.display().to_string(), &text)
+            .map_err(|e| CliError::Input(e.to_string()))?;
         // Each fleet's provider settings are checked now: a fleet that could never make a
         // machine is refused at start, not found dead later.
         for f in &config.fleets {

@@ -14,14 +14,17 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-/// The whole server config file: `[github]` and the `[[fleet]]`s (checked strictly by
-/// `gpuci_core::fleet::parse_fleets`; only accepted here).
+/// The whole server config file: `[github]`, the `[[fleet]]`s and the `[[budget]]`s (checked
+/// strictly by `gpuci_core::fleet::parse_fleets` and `parse_budgets`; only accepted here).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServerFile {
     pub github: Option<GithubFile>,
     #[serde(default)]
     pub fleet: Vec<toml::Table>,
+    /// Repository budgets (checked by `gpuci_core::fleet::parse_budgets`).
+    #[serde(default)]
+    pub budget: Vec<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]

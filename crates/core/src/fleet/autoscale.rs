@@ -18,6 +18,9 @@
 //!   their disk); starting one counts again. So `max` bounds GPU spend per hour.
 //! - **Budget.** When the fleet's spend today (UTC day, handed in) reaches `daily_budget`, no
 //!   create and no start until 00:00 UTC. Running and idle machines are left to their rules.
+//!   A job whose repository's budget is reached ([`super::budget`]) is no demand and claims
+//!   no fleet machine until then (the scheduler holds it off them: [`super::budget::all_reached`]);
+//!   it says why it waits.
 //! - **Capacity.** The policy and the spot breaker give the capacity types in order
 //!   ([`CapacityPolicy::order`]); within a type the offers are tried in order, skipping those
 //!   marked unavailable (a capacity error) until their time passes.
@@ -50,6 +53,8 @@ pub struct QueuedJob {
     pub gpus: u32,
     /// The fleets whose machines it would fit ([`fits`]), in preference order.
     pub fleets: Vec<String>,
+    /// `owner/name` of the repository it is for, if any (for repository budgets).
+    pub repository: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -119,6 +124,9 @@ pub struct AutoscaleInput<'a> {
     pub machines: &'a [Machine],
     /// USD spent today (UTC) per fleet; a fleet not named has spent nothing.
     pub spend_today: &'a BTreeMap<String, f64>,
+    /// `[[budget]]`s, and USD spent today (UTC) per repository (its jobs' shares).
+    pub budgets: &'a [super::RepoBudget],
+    pub repo_spend_today: &'a BTreeMap<String, f64>,
     pub unavailable: &'a [UnavailableOffer],
     /// Times of recent spot interruptions per fleet (any order; older than the breaker's
     /// window plus its on-demand period may be dropped by the caller).
@@ -333,6 +341,17 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
         if candidates.is_empty() {
             let reason = format!("no fleet has a machine that fits this job ({} GPUs)", job.gpus);
             out.waiting.insert(job.id.clone(), reason);
+            continue;
+        }
+        // A repository past its budget runs on no fleet machine until midnight: it neither
+        // takes free GPUs on one (the scheduler holds it off them too) nor makes one.
+        if let Some(r) = job
+            .repository
+            .as_deref()
+            .and_then(|repo| super::budget::reached(input.budgets, input.repo_spend_today, repo))
+        {
+            out.waiting.insert(job.id.clone(), r.reason());
+            wake.at(next_utc_midnight(now));
             continue;
         }
         let mut placed = false;

@@ -34,6 +34,9 @@ pub struct Run {
     pub to_ms: Option<i64>,
 }
 
+/// The repository column of jobs that had none (submitted through the API without one).
+pub const NO_REPOSITORY: &str = "(none)";
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct CostRow {
     /// `YYYY-MM-DD` (UTC).
@@ -101,7 +104,7 @@ pub fn report(machines: &[BilledMachine], stretches: &[Stretch], runs: &[Run], f
             let usd = ms * usd_per_ms(m) * share;
             let gpu_ms = ms * f64::from(r.gpus.min(m.gpus));
             let c = cells
-                .entry((day, m.fleet.clone(), Some(r.repository.clone().unwrap_or_else(|| "(none)".into()))))
+                .entry((day, m.fleet.clone(), Some(r.repository.clone().unwrap_or_else(|| NO_REPOSITORY.into()))))
                 .or_default();
             c.0 += usd;
             c.1 += gpu_ms;

@@ -15,6 +15,7 @@
 //! `/usr/share/zoneinfo`.
 
 mod autoscale;
+pub mod budget;
 mod config;
 pub mod cost;
 mod schedule;
@@ -23,6 +24,7 @@ pub use autoscale::{
     breaker_open_until, decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, Decision, FleetSummary,
     Machine, MachineState, QueuedJob, UnavailableOffer, CAPACITY_ERROR_BACKOFF_S,
 };
+pub use budget::{parse_budgets, RepoBudget};
 pub use config::{parse_fleets, FleetConfigError};
 pub use schedule::{Days, WarmSchedule};
 

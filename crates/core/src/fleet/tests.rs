@@ -49,7 +49,7 @@ fn fleet(name: &str) -> FleetSpec {
 }
 
 fn job(id: &str, since: UnixSecs, fleet: &str) -> QueuedJob {
-    QueuedJob { id: id.into(), queued_since: since, gpus: 1, fleets: vec![fleet.into()] }
+    QueuedJob { id: id.into(), queued_since: since, gpus: 1, fleets: vec![fleet.into()], repository: None }
 }
 
 fn machine(id: &str, fleet: &str, state: MachineState, since: UnixSecs) -> Machine {
@@ -76,6 +76,8 @@ struct World {
     spend: BTreeMap<String, f64>,
     unavailable: Vec<UnavailableOffer>,
     interruptions: BTreeMap<String, Vec<UnixSecs>>,
+    budgets: Vec<crate::fleet::RepoBudget>,
+    repo_spend: BTreeMap<String, f64>,
 }
 
 impl World {
@@ -88,6 +90,8 @@ impl World {
             spend: BTreeMap::new(),
             unavailable: Vec::new(),
             interruptions: BTreeMap::new(),
+            budgets: Vec::new(),
+            repo_spend: BTreeMap::new(),
         }
     }
 
@@ -98,6 +102,8 @@ impl World {
             queued: &self.queued,
             machines: &self.machines,
             spend_today: &self.spend,
+            budgets: &self.budgets,
+            repo_spend_today: &self.repo_spend,
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
         })
@@ -146,10 +152,22 @@ fn a_multi_gpu_machine_takes_several_small_jobs() {
     f.machine.gpus = 4;
     let mut w = World::new(vec![f]);
     w.queued = (0..5).map(|i| job(&format!("j{i}"), NOW - 10 + i, "a100x4")).collect();
-    w.queued.push(QueuedJob { id: "big".into(), queued_since: NOW, gpus: 3, fleets: vec!["a100x4".into()] });
+    w.queued.push(QueuedJob {
+        id: "big".into(),
+        queued_since: NOW,
+        gpus: 3,
+        fleets: vec!["a100x4".into()],
+        repository: None,
+    });
     // 3 + 1 on one machine, then 1+1+1+1 on the next: first fit, largest first.
     assert_eq!(short(&w.decide()), ["create a100x4 #0 on-demand", "create a100x4 #0 on-demand"]);
-    w.queued.push(QueuedJob { id: "huge".into(), queued_since: NOW, gpus: 8, fleets: vec!["a100x4".into()] });
+    w.queued.push(QueuedJob {
+        id: "huge".into(),
+        queued_since: NOW,
+        gpus: 8,
+        fleets: vec!["a100x4".into()],
+        repository: None,
+    });
     let d = w.decide();
     assert_eq!(d.waiting["huge"], "no fleet has a machine that fits this job (8 GPUs)");
 }
@@ -255,6 +273,41 @@ fn budget_reached_blocks_creates_and_says_until_when() {
     assert_eq!(w.decide().actions.len(), 3, "one for the job and two idle for the warm pool");
 }
 
+/// A repository past its budget: its job makes no machine, takes none that exists, and says
+/// why; another repository's job (and one with no repository) still gets one.
+#[test]
+fn a_repository_past_its_budget_gets_no_new_machine() {
+    let mut w = World::new(vec![fleet("t4")]);
+    w.budgets = crate::fleet::parse_budgets("s.toml", "[[budget]]\nrepository = \"acme/*\"\ndaily = 20.0\n").unwrap();
+    w.repo_spend.insert("acme/kernels".into(), 12.5);
+    w.repo_spend.insert("acme/docs".into(), 7.5);
+    let of = |id: &str, repo: Option<&str>| QueuedJob { repository: repo.map(String::from), ..job(id, NOW, "t4") };
+    w.queued = vec![of("over", Some("acme/kernels")), of("other", Some("beta/x")), of("none", None)];
+    let d = w.decide();
+    assert_eq!(short(&d), ["create t4 #0 on-demand", "create t4 #0 on-demand"], "{d:#?}");
+    assert_eq!(
+        d.waiting["over"],
+        "repository acme/*: daily budget $20.00 reached ($20.00 spent); no machine is made for its jobs until 00:00 UTC"
+    );
+    assert_eq!(d.wake_at, Some(1_704_153_600), "midnight UTC");
+    assert!(!d.waiting["other"].contains("budget"));
+
+    // Under the budget: demand like any other job.
+    w.repo_spend.insert("acme/docs".into(), 7.49);
+    assert_eq!(w.decide().actions.len(), 3);
+
+    // Over it, with an idle machine: the job is held off it (and nothing is made); the
+    // machine is not kept for it either.
+    w.repo_spend.insert("acme/docs".into(), 8.0);
+    w.queued = vec![of("over", Some("acme/kernels"))];
+    w.machines = vec![machine("m-1", "t4", MachineState::Idle, NOW - 3600)];
+    let d = w.decide();
+    assert_eq!(short(&d), ["delete m-1"], "idle past its timeout, no job waits for it");
+    assert!(d.waiting["over"].contains("daily budget $20.00 reached"), "{}", d.waiting["over"]);
+    let reached = crate::fleet::budget::all_reached(&w.budgets, &w.repo_spend);
+    assert!(reached.iter().any(|b| b.covers("acme/kernels")) && !reached.iter().any(|b| b.covers("beta/x")));
+}
+
 #[test]
 fn unavailable_offers_are_skipped_then_on_demand() {
     let mut f = fleet("t4");
@@ -325,7 +378,13 @@ fn a_job_that_fits_two_fleets_goes_to_the_first_that_can_grow() {
     a.max = 1;
     let mut w = World::new(vec![a, fleet("b")]);
     w.machines = vec![machine("m-1", "a", MachineState::Busy, NOW)];
-    w.queued = vec![QueuedJob { id: "j1".into(), queued_since: NOW, gpus: 1, fleets: vec!["a".into(), "b".into()] }];
+    w.queued = vec![QueuedJob {
+        id: "j1".into(),
+        queued_since: NOW,
+        gpus: 1,
+        fleets: vec!["a".into(), "b".into()],
+        repository: None,
+    }];
     assert_eq!(short(&w.decide()), ["create b #0 on-demand"]);
 }
 

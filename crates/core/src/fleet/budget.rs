@@ -1,0 +1,225 @@
+//! Repository budgets: `[[budget]]` entries of the server config, and which of them today's
+//! spend has reached. A reached budget keeps that repository's jobs off fleet
+//! machines until 00:00 UTC: none is created or started for them, and they take no free GPU on
+//! one that exists ([`super::decide`] holds them; they may still run on agents no fleet made,
+//! which gpuci bills nothing for).
+//!
+//! ```toml
+//! [[budget]]
+//! repository = "acme/kernels"   # one repository
+//! daily = 20.0                  # USD per UTC day, its jobs' shares on every fleet
+//! [[budget]]
+//! repository = "acme/*"         # every repository of acme, together
+//! daily = 100.0
+//! ```
+//!
+//! Spend is what the cost report attributes to the repository: its jobs' shares of their
+//! machines (GPUs leased × price, per second). Boot and idle time are the fleet's overhead,
+//! capped by the fleet's own `daily_budget`.
+
+use super::config::{line_col, FleetConfigError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One `[[budget]]`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RepoBudget {
+    /// `owner/name`, or `owner/*` for every repository of an owner together.
+    pub repository: String,
+    /// USD per UTC day.
+    pub daily: f64,
+}
+
+impl RepoBudget {
+    /// Whether `repository` (`owner/name`, compared without regard to case, as GitHub does)
+    /// counts toward this budget.
+    pub fn covers(&self, repository: &str) -> bool {
+        let (want, got) = (self.repository.to_ascii_lowercase(), repository.to_ascii_lowercase());
+        match want.strip_suffix("/*") {
+            Some(owner) => got.split_once('/').is_some_and(|(o, _)| o == owner),
+            None => want == got,
+        }
+    }
+
+    /// What the repositories it covers spent, given spend per repository.
+    pub fn spent(&self, spend: &BTreeMap<String, f64>) -> f64 {
+        spend.iter().filter(|(r, _)| self.covers(r)).map(|(_, usd)| usd).sum()
+    }
+}
+
+/// A budget that today's spend has reached, for the job that waits on it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BudgetReached {
+    pub repository: String,
+    pub daily: f64,
+    pub spent: f64,
+}
+
+impl BudgetReached {
+    pub fn reason(&self) -> String {
+        format!(
+            "repository {}: daily budget ${:.2} reached (${:.2} spent); no machine is made for its jobs until 00:00 UTC",
+            self.repository, self.daily, self.spent
+        )
+    }
+}
+
+/// The first budget covering `repository` that `spend` (USD today per repository) has
+/// reached.
+pub fn reached(budgets: &[RepoBudget], spend: &BTreeMap<String, f64>, repository: &str) -> Option<BudgetReached> {
+    budgets.iter().find_map(|b| {
+        let spent = b.spent(spend);
+        (b.covers(repository) && spent >= b.daily).then(|| BudgetReached {
+            repository: b.repository.clone(),
+            daily: b.daily,
+            spent,
+        })
+    })
+}
+
+/// Every budget that `spend` (USD today per repository) has reached: the scheduler keeps
+/// the jobs of the repositories they cover off fleet machines.
+pub fn all_reached(budgets: &[RepoBudget], spend: &BTreeMap<String, f64>) -> Vec<RepoBudget> {
+    budgets.iter().filter(|b| b.spent(spend) >= b.daily).cloned().collect()
+}
+
+#[derive(Deserialize)]
+struct Document {
+    #[serde(default)]
+    budget: Vec<toml::Spanned<BudgetFile>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetFile {
+    repository: toml::Spanned<String>,
+    daily: toml::Spanned<f64>,
+}
+
+/// Every `[[budget]]` of a server config's text; `file_name` names it in errors, which say
+/// `file:line:column: budget[i]: field: what`. Other sections are ignored here.
+pub fn parse_budgets(file_name: &str, text: &str) -> Result<Vec<RepoBudget>, FleetConfigError> {
+    let err = |offset: Option<usize>, what: String| FleetConfigError {
+        file: file_name.to_string(),
+        at: offset.map(|o| line_col(text, o)),
+        what,
+    };
+    let doc: Document = serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|e| {
+        let offset = e.inner().span().map(|s| s.start);
+        let message = e.inner().message().trim_end().to_string();
+        err(offset, describe(e.path(), &message))
+    })?;
+    let mut out: Vec<RepoBudget> = Vec::with_capacity(doc.budget.len());
+    for (i, b) in doc.budget.into_iter().enumerate() {
+        let b = b.into_inner();
+        let (repo_at, repo) = (b.repository.span().start, b.repository.into_inner());
+        let (daily_at, daily) = (b.daily.span().start, b.daily.into_inner());
+        let fail = |at: usize, field: &str, what: String| err(Some(at), format!("budget[{i}]: {field}: {what}"));
+        if !valid_pattern(&repo) {
+            return Err(fail(
+                repo_at,
+                "repository",
+                format!("expected owner/name or owner/* (as on GitHub), got {repo:?}"),
+            ));
+        }
+        if !(daily.is_finite() && daily > 0.0) {
+            return Err(fail(daily_at, "daily", format!("expected USD > 0, got {daily}")));
+        }
+        if out.iter().any(|o| o.repository.eq_ignore_ascii_case(&repo)) {
+            return Err(fail(repo_at, "repository", format!("{repo} has a budget already")));
+        }
+        out.push(RepoBudget { repository: repo, daily });
+    }
+    Ok(out)
+}
+
+/// `budget[0]: daily: what`, from the deserializer's path (without `toml::Spanned`'s own
+/// wrapper keys, and without the unknown key an "unknown field" message names already).
+fn describe(path: &serde_path_to_error::Path, message: &str) -> String {
+    use serde_path_to_error::Segment;
+    let mut parts: Vec<String> = Vec::new();
+    for s in path.iter() {
+        match s {
+            Segment::Seq { index } => match parts.last_mut() {
+                Some(last) => last.push_str(&format!("[{index}]")),
+                None => parts.push(format!("[{index}]")),
+            },
+            Segment::Map { key } if !key.starts_with("$__") => parts.push(key.clone()),
+            _ => {}
+        }
+    }
+    if message.starts_with("unknown field") && parts.len() > 1 {
+        parts.pop();
+    }
+    parts.push(message.to_string());
+    parts.join(": ")
+}
+
+fn valid_pattern(s: &str) -> bool {
+    let ok = |part: &str| {
+        !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    match s.split_once('/') {
+        Some((owner, "*")) => ok(owner),
+        Some((owner, name)) => ok(owner) && ok(name) && name != "." && name != "..",
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Vec<RepoBudget>, String> {
+        parse_budgets("server.toml", text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn budgets_parse_and_bad_ones_say_where() {
+        let text = "[github]\nx = 1\n[[budget]]\nrepository = \"acme/kernels\"\ndaily = 20.0\n[[budget]]\nrepository = \"acme/*\"\ndaily = 100\n";
+        assert_eq!(
+            parse(text).unwrap(),
+            [
+                RepoBudget { repository: "acme/kernels".into(), daily: 20.0 },
+                RepoBudget { repository: "acme/*".into(), daily: 100.0 }
+            ]
+        );
+        assert_eq!(parse("").unwrap(), []);
+        let e = parse("[[budget]]\nrepository = \"acme\"\ndaily = 1.0\n").unwrap_err();
+        assert_eq!(
+            e,
+            "server.toml:2:14: budget[0]: repository: expected owner/name or owner/* (as on GitHub), got \"acme\""
+        );
+        let e = parse("[[budget]]\nrepository = \"a/b\"\ndaily = -1.0\n").unwrap_err();
+        assert_eq!(e, "server.toml:3:9: budget[0]: daily: expected USD > 0, got -1");
+        let e = parse("[[budget]]\nrepository = \"a/b\"\ndaily = 1.0\nmonthly = 3\n").unwrap_err();
+        assert!(e.starts_with("server.toml:4:1: budget[0]: unknown field `monthly`"), "{e}");
+        let e = parse("[[budget]]\nrepository = \"a/b\"\n").unwrap_err();
+        assert!(e.contains("budget[0]: missing field `daily`"), "{e}");
+        let e = parse("[[budget]]\nrepository = \"a/b\"\ndaily = \"lots\"\n").unwrap_err();
+        assert!(e.starts_with("server.toml:3:9: budget[0]: daily:"), "{e}");
+        let e = parse("[[budget]]\nrepository = \"A/B\"\ndaily = 1.0\n[[budget]]\nrepository = \"a/b\"\ndaily = 2.0\n")
+            .unwrap_err();
+        assert_eq!(e, "server.toml:5:14: budget[1]: repository: a/b has a budget already");
+        for bad in ["a/..", "/b", "a/", "a/b/c", "a b/c", "*/*"] {
+            assert!(parse(&format!("[[budget]]\nrepository = \"{bad}\"\ndaily = 1.0\n")).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_owner_budget_counts_all_its_repositories_together() {
+        let budgets = parse("[[budget]]\nrepository = \"acme/kernels\"\ndaily = 20.0\n[[budget]]\nrepository = \"Acme/*\"\ndaily = 30.0\n").unwrap();
+        let spend: BTreeMap<String, f64> =
+            [("acme/kernels".to_string(), 12.0), ("acme/docs".to_string(), 19.0), ("other/x".to_string(), 99.0)]
+                .into_iter()
+                .collect();
+        // acme/kernels is under its own 20 but acme's 30 is reached (31 spent).
+        let r = reached(&budgets, &spend, "ACME/kernels").unwrap();
+        assert_eq!((r.repository.as_str(), r.daily, r.spent), ("Acme/*", 30.0, 31.0));
+        assert!(r.reason().contains("repository Acme/*: daily budget $30.00 reached ($31.00 spent)"), "{}", r.reason());
+        assert!(reached(&budgets, &spend, "other/x").is_none(), "no budget, no limit");
+        let lower: BTreeMap<String, f64> = [("acme/kernels".to_string(), 20.0)].into_iter().collect();
+        assert_eq!(reached(&budgets, &lower, "acme/kernels").unwrap().repository, "acme/kernels");
+        assert!(reached(&budgets, &lower, "acme/docs").is_none());
+    }
+}
