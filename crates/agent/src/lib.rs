@@ -11,6 +11,7 @@ pub mod cache;
 pub mod disk;
 mod executor;
 pub mod fstree;
+pub mod gpulock;
 pub mod identity;
 pub mod interruption;
 pub mod journal;
@@ -53,6 +54,8 @@ pub struct Config {
     /// Only these of the host's GPUs (`--gpus`: a share given by a fleet's provider or an
     /// operator); `None`: all of them. Naming one the host lacks stops the agent at start.
     pub only_gpus: Option<Vec<gpuci_gpu::GpuRef>>,
+    /// Where the per-GPU locks live (`None`: [`gpulock::default_dir`]).
+    pub gpu_lock_dir: Option<PathBuf>,
     pub isolation: IsolationPolicy,
     /// Whether steps may opt out of the sandbox (`sandbox: none`); a pool running untrusted
     /// code forbids it.
@@ -109,6 +112,7 @@ impl Config {
             tags: BTreeMap::new(),
             simulate_gpus: None,
             only_gpus: None,
+            gpu_lock_dir: None,
             isolation: IsolationPolicy::Auto,
             allow_unsandboxed: false,
             telemetry_period: Duration::from_secs(1),
@@ -286,6 +290,14 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
             tracing::error!(error = %e, "GPU inventory failed; advertising no GPUs");
             Vec::new()
         }
+    };
+    // Real GPUs are this agent's alone while it runs (see `gpulock`).
+    let _gpu_locks = if matches!(backend.kind(), gpuci_gpu::BackendKind::Nvml | gpuci_gpu::BackendKind::NvidiaSmi) {
+        let uuids: Vec<String> = inventory.iter().map(|g| g.uuid.clone()).collect();
+        let dir = config.gpu_lock_dir.clone().unwrap_or_else(gpulock::default_dir);
+        Some(gpulock::claim(&dir, &uuids, &config.name).map_err(anyhow::Error::msg)?)
+    } else {
+        None
     };
     let caps = gpuci_sandbox::detect();
     let container_runtime = match &caps.container_runtime {

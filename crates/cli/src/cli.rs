@@ -88,9 +88,10 @@ pub struct LocalAgentArgs {
     #[arg(long, env = "GPUCI_SIMULATE_GPUS")]
     pub simulate_gpus: Option<String>,
     /// Only these of the host's GPUs, by UUID or index, comma-separated (a share of the host
-    /// given to this agent); default: all. A GPU the host lacks stops the agent at start.
-    #[arg(long, env = "GPUCI_GPUS", value_delimiter = ',', value_parser = parse_gpu_ref)]
-    pub gpus: Option<Vec<gpuci_gpu::GpuRef>>,
+    /// given to this agent), or `none`; default: all. A GPU the host lacks stops the agent at
+    /// start.
+    #[arg(long, env = "GPUCI_GPUS", value_parser = parse_gpu_share, action = clap::ArgAction::Set)]
+    pub gpus: Option<GpuShare>,
     /// Jobs the local agent runs at once.
     #[arg(long, default_value_t = 4)]
     pub slots: u32,
@@ -676,8 +677,20 @@ pub fn parse_tag(s: &str) -> Result<(String, String), String> {
     }
 }
 
-pub fn parse_gpu_ref(s: &str) -> Result<gpuci_gpu::GpuRef, String> {
-    gpuci_gpu::GpuRef::parse(s)
+/// `--gpus`: GPUs by UUID or index, comma-separated, or `none`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuShare(pub Vec<gpuci_gpu::GpuRef>);
+
+pub fn parse_gpu_share(s: &str) -> Result<GpuShare, String> {
+    if s.trim() == "none" {
+        return Ok(GpuShare(Vec::new()));
+    }
+    let refs = s.split(',').map(gpuci_gpu::GpuRef::parse).collect::<Result<Vec<_>, _>>()?;
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = refs.iter().find(|r| !seen.insert(*r)) {
+        return Err(format!("{twice:?} is named twice"));
+    }
+    Ok(GpuShare(refs))
 }
 
 pub fn parse_bytes(s: &str) -> Result<u64, String> {

@@ -24,6 +24,11 @@ fn start(extra: &str) -> Fleet {
 
 /// `top`: more of the config file, before the fleet (`[[budget]]`s).
 fn start_with(extra: &str, top: &str) -> Fleet {
+    start_full(extra, top, r#"["1", "3"]"#)
+}
+
+/// `pool`: the host's GPUs the fleet shares out (of a simulated 4×L4 host).
+fn start_full(extra: &str, top: &str, pool: &str) -> Fleet {
     let dir = tempdir();
     let data = dir.path().join("server");
     let config = dir.path().join("server.toml");
@@ -50,7 +55,7 @@ instance_type = "workstation"
 price_per_hour = 0.36
 [fleet.settings]
 simulate_gpus = "4xL4"
-gpus = ["1", "3"]
+gpus = {pool}
 agent_args = ["--slots", "1", "--isolation", "{iso}"]
 "#,
             iso = isolation()
@@ -235,4 +240,38 @@ fn a_repository_past_its_budget_gets_no_new_machine_and_says_so() {
         .map(|r| r["usd"].as_f64().unwrap())
         .sum();
     assert!(acme >= 0.0001, "{report:#}");
+}
+
+/// A machine whose agent ends at start (its share names a GPU the host lacks) is a boot
+/// failure: the offer is skipped for a while instead of a new machine made every pass.
+#[test]
+fn a_machine_whose_agent_dies_at_start_is_not_made_again_in_a_loop() {
+    let f = start_full("", "", r#"["7"]"#);
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo never\n");
+    wait_until_or(
+        "the failure shown on the fleet",
+        T,
+        || f.status()["recent_errors"].to_string().contains("ended before its agent connected"),
+        || format!("{:#}", f.status()),
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let logs: Vec<PathBuf> = walk_logs(&f.data.join("local-machines"));
+    assert_eq!(logs.len(), 1, "one machine made, not one a pass: {logs:?}");
+    let log = std::fs::read_to_string(&logs[0]).unwrap();
+    assert!(log.contains("the GPU index 7 given to this agent is not on this host"), "{log}");
+    api.cancel(p.jobs[0].id);
+}
+
+fn walk_logs(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk_logs(&p));
+        } else if p.extension().is_some_and(|x| x == "log") {
+            out.push(p);
+        }
+    }
+    out
 }

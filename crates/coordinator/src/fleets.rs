@@ -429,10 +429,37 @@ impl Loop {
             };
             if gone {
                 let busy = agents.get(rec.id.as_str()).is_some_and(|a| a.running > 0);
+                // Ended before its agent ever connected (an agent that exits at start, an
+                // instance that fails its boot): a boot failure, so its offer is skipped for a
+                // while instead of made again at once, in a loop.
+                let died_booting =
+                    pm.is_some() && rec.connected_at_ms.is_none() && rec.state != "ended" && rec.state != "stopped";
+                if died_booting {
+                    let offer =
+                        fleet.offers.iter().position(|o| o.instance_type == rec.instance_type && o.zone == rec.zone);
+                    if let Some(o) = offer {
+                        self.unavailable.push(offer_unavailable_after_error(&fleet.name, o, capacity_of(rec), now));
+                    }
+                    notes.push((
+                        fi,
+                        format!(
+                            "machine {} ended before its agent connected (see the provider's log of it); {} skipped for a while",
+                            rec.id,
+                            fleet.offers.get(offer.unwrap_or(0)).map_or_else(String::new, |o| o.label())
+                        ),
+                    ));
+                }
                 rec.state = "ended".into();
                 rec.ended_at_ms = Some(now_ms);
                 rec.reason.get_or_insert_with(|| {
-                    if busy { "gone at the provider while running jobs" } else { "gone at the provider" }.into()
+                    if died_booting {
+                        "ended before its agent connected"
+                    } else if busy {
+                        "gone at the provider while running jobs"
+                    } else {
+                        "gone at the provider"
+                    }
+                    .into()
                 });
                 bill_close.push((rec.id.clone(), now_ms));
                 self.idle_since.remove(&rec.id);
@@ -1023,9 +1050,7 @@ impl Worker {
             program: match setting("agent_program").and_then(|v| v.as_str()) {
                 Some(p) => p.to_string(),
                 // A local machine runs the agent of this very build.
-                None if fleet.provider == gpuci_core::fleet::ProviderKind::Local => {
-                    std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "gpuci".into())
-                }
+                None if fleet.provider == gpuci_core::fleet::ProviderKind::Local => local_agent_program(),
                 None => "gpuci".to_string(),
             },
             extra_args: agent_args(&fleet.settings),
@@ -1129,6 +1154,18 @@ pub async fn cost_inputs(
 /// submitted through the API may name its remote URL).
 pub fn repository_name(repository: &str) -> String {
     gpuci_core::secret_scope::repository_of_remote(repository).unwrap_or_else(|| repository.to_string())
+}
+
+/// This build's executable, for a local fleet's agents. One replaced since this process
+/// started (an upgrade) reads `… (deleted)`: the new one at that path is meant.
+fn local_agent_program() -> String {
+    match std::env::current_exe() {
+        Ok(p) => {
+            let p = p.display().to_string();
+            p.strip_suffix(" (deleted)").map(String::from).unwrap_or(p)
+        }
+        Err(_) => "gpuci".into(),
+    }
 }
 
 /// Default of a fleet's `leave_after_unreachable`: an agent on a machine gpuci made gives the

@@ -53,6 +53,10 @@ pub struct OnlyGpus {
 impl OnlyGpus {
     /// The share `refs` of what `inner` finds now. Every entry must name a GPU `inner` has.
     pub fn new(inner: Arc<dyn GpuBackend>, refs: &[GpuRef]) -> Result<OnlyGpus, GpuError> {
+        if refs.is_empty() {
+            // `--gpus none`: nothing to find (a host without a driver has no inventory).
+            return Ok(OnlyGpus { inner, uuids: BTreeSet::new() });
+        }
         let all = inner.inventory()?;
         let mut uuids = BTreeSet::new();
         for r in refs {

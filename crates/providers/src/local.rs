@@ -138,7 +138,17 @@ impl LocalProvider {
         };
         safe("coordinator id", coordinator)?;
         safe("fleet name", &fleet.name)?;
-        let pool = own.gpus.unwrap_or_default();
+        if let Some(args) = fleet.settings.get("agent_args").and_then(|v| v.as_array()) {
+            let own_flags = ["--gpus", "--simulate-gpus", "--data-dir"];
+            for a in args.iter().filter_map(|a| a.as_str()) {
+                if let Some(f) = own_flags.iter().find(|f| a == **f || a.starts_with(&format!("{f}="))) {
+                    return Err(bad(format!(
+                        "agent_args: {f} is the local provider's to give (use gpus, simulate_gpus, state_dir)"
+                    )));
+                }
+            }
+        }
+        let pool: Vec<String> = own.gpus.unwrap_or_default().iter().map(|g| canonical_gpu(g)).collect();
         let mut seen = BTreeSet::new();
         for g in &pool {
             if g.is_empty() || !g.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'/' | b'_')) {
@@ -147,6 +157,13 @@ impl LocalProvider {
             if !seen.insert(g) {
                 return Err(bad(format!("gpus: {g} is named twice")));
             }
+        }
+        // One GPU named two ways (its index and its UUID) cannot be told apart here: the
+        // agents' per-GPU locks would catch it, but a pool of one kind cannot have it.
+        if pool.iter().any(|g| g.bytes().all(|b| b.is_ascii_digit()))
+            && pool.iter().any(|g| !g.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(bad("gpus: give all UUIDs or all indices, not both (one GPU could be named twice)".into()));
         }
         let need = fleet.machine.gpus;
         match (&own.simulate_gpus, pool.is_empty()) {
@@ -238,6 +255,11 @@ impl Inner {
             .mode(0o700)
             .create(&self.dir)
             .map_err(|e| io_err("cannot create", &self.dir, e))?;
+        // The records say what to run and which process groups to signal: only a state dir
+        // no one else can write may be read.
+        for d in [&self.root, &self.dir.parent().unwrap_or(&self.root).to_path_buf(), &self.dir] {
+            private_dir(d)?;
+        }
         let path = self.root.join(".lock");
         let f = std::fs::OpenOptions::new()
             .read(true)
@@ -245,6 +267,7 @@ impl Inner {
             .create(true)
             .truncate(false)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&path)
             .map_err(|e| io_err("cannot open", &path, e))?;
         // SAFETY: flock(2) on a descriptor we own; blocks this (blocking-pool) thread only.
@@ -268,10 +291,26 @@ impl Inner {
             return Err(err(ErrorKind::Invalid, format!("machine id {machine:?} cannot name a file")));
         }
         let path = self.record_path(machine);
-        match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|e| err(ErrorKind::Transient, format!("machine record {}: {e}", path.display()))),
+        let bytes =
+            std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(&path).and_then(|mut f| {
+                let mut b = Vec::new();
+                std::io::Read::read_to_end(&mut f, &mut b).map(|_| b)
+            });
+        match bytes {
+            Ok(b) => {
+                let mut r: Record = serde_json::from_slice(&b)
+                    .map_err(|e| err(ErrorKind::Transient, format!("machine record {}: {e}", path.display())))?;
+                if r.machine != machine {
+                    return Err(err(
+                        ErrorKind::Transient,
+                        format!("machine record {} names another machine; not used", path.display()),
+                    ));
+                }
+                // Where its files are follows from the machine id, whatever the record says.
+                r.data_dir = self.machine_dir(machine).join("agent");
+                r.log = self.dir.join(format!("{machine}.log"));
+                Ok(Some(r))
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_err("cannot read", &path, e)),
         }
@@ -281,11 +320,12 @@ impl Inner {
         let path = self.record_path(&r.machine);
         let tmp = path.with_extension("json.tmp");
         let body = serde_json::to_vec_pretty(r).map_err(|e| err(ErrorKind::Transient, e.to_string()))?;
+        let _ = std::fs::remove_file(&tmp);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
             .map_err(|e| io_err("cannot write", &tmp, e))?;
         f.write_all(&body).and_then(|()| f.sync_all()).map_err(|e| io_err("cannot write", &tmp, e))?;
@@ -347,7 +387,7 @@ impl Inner {
                     let Ok(bytes) = std::fs::read(file.path()) else { continue };
                     if let Ok(r) = serde_json::from_slice::<Record>(&bytes) {
                         if matches!(r.state, ProviderState::Running | ProviderState::Pending) && leader_alive(&r) {
-                            used.extend(r.gpus);
+                            used.extend(r.gpus.iter().map(|g| canonical_gpu(g)));
                         }
                     }
                 }
@@ -362,7 +402,7 @@ impl Inner {
             return Ok(Vec::new());
         }
         let used = self.gpus_in_use();
-        let free: Vec<String> = self.pool.iter().filter(|g| !used.contains(*g)).cloned().collect();
+        let free: Vec<String> = self.pool.iter().filter(|g| !used.contains(&canonical_gpu(g))).cloned().collect();
         if free.len() < self.machine_gpus as usize {
             return Err(err(
                 ErrorKind::Capacity,
@@ -386,6 +426,9 @@ impl Inner {
         }
         if !r.gpus.is_empty() {
             command.extend(["--gpus".into(), r.gpus.join(",")]);
+        } else if self.simulate_gpus.is_none() {
+            // A machine without GPUs sees none of the host's.
+            command.extend(["--gpus".into(), "none".into()]);
         }
         let dir = self.machine_dir(&r.machine);
         std::fs::DirBuilder::new()
@@ -397,6 +440,7 @@ impl Inner {
             .append(true)
             .create(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(&r.log)
             .map_err(|e| io_err("cannot open", &r.log, e))?;
         let _ = writeln!(log, "--- {} gpuci local provider: starting {command:?}", now());
@@ -406,9 +450,18 @@ impl Inner {
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().map_err(|e| io_err("cannot open", &r.log, e))?)
             .stderr(log)
-            .env_remove("GPUCI_REGISTRATION_TOKEN")
-            .env_remove("GPUCI_TOKEN")
+            .env_clear()
             .process_group(0);
+        // Only what a program needs to run: not the coordinator's settings (GPUCI_*, which an
+        // agent would read as its own) nor its credentials (database URL, cloud keys).
+        for k in PASSED_ENV {
+            if let Some(v) = std::env::var_os(k) {
+                cmd.env(k, v);
+            }
+        }
+        if std::env::var_os("PATH").is_none() {
+            cmd.env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+        }
         if let Some(t) = token {
             cmd.env("GPUCI_REGISTRATION_TOKEN", t);
         }
@@ -470,7 +523,12 @@ impl Inner {
             self.remove(m);
             return Err(e);
         }
-        self.write(&r)?;
+        if let Err(e) = self.write(&r) {
+            // Not recorded, so not findable: it must not run (it holds a token and GPUs).
+            let _ = kill_group(&r);
+            self.remove(m);
+            return Err(e);
+        }
         tracing::info!(fleet = %self.fleet, machine = %m, pid = ?r.pid, gpus = ?r.gpus, "local machine started");
         Ok(r.listed())
     }
@@ -514,10 +572,49 @@ impl Inner {
         if r.state == ProviderState::Stopped {
             // The same command and data dir: the same agent, with the identity it registered.
             self.launch(&mut r, None)?;
-            self.write(&r)?;
+            if let Err(e) = self.write(&r) {
+                let _ = kill_group(&r);
+                return Err(e);
+            }
         }
         Ok(r.listed())
     }
+}
+
+/// Environment variables a local agent gets from the coordinator's environment.
+const PASSED_ENV: [&str; 8] = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR", "RUST_LOG"];
+
+/// A GPU name as compared: an index without leading zeros (`007` is `7`), a UUID as given.
+fn canonical_gpu(g: &str) -> String {
+    let g = g.trim();
+    if !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()) {
+        let t = g.trim_start_matches('0');
+        return if t.is_empty() { "0".into() } else { t.into() };
+    }
+    g.to_string()
+}
+
+/// `dir` is a directory (not a link) owned by this process's user and writable by no one
+/// else; an error a person can act on otherwise.
+fn private_dir(dir: &Path) -> ProviderResult<()> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(dir).map_err(|e| io_err("cannot inspect", dir, e))?;
+    // SAFETY: geteuid(2) has no preconditions and touches no memory.
+    #[allow(unsafe_code)]
+    let me = unsafe { libc::geteuid() };
+    if !m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0 {
+        return Err(err(
+            ErrorKind::Invalid,
+            format!(
+                "state dir {} must be a directory owned by uid {me} that no one else can write (it is {}uid {}, mode {:o}); machines' records there say what runs",
+                dir.display(),
+                if m.is_dir() { "" } else { "not a directory, " },
+                m.uid(),
+                m.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn now() -> u64 {

@@ -186,7 +186,7 @@ async fn machines_are_process_groups_created_once_listed_and_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_machine_gets_a_share_of_the_hosts_gpus_and_no_gpu_goes_twice() {
     let host = Host::new();
-    let pool = r#"gpus = ["0", "1", "GPU-2222"]"#;
+    let pool = r#"gpus = ["0", "1", "2"]"#;
     let a = fleet("a", 1, pool);
     let b = fleet("b", 1, pool);
     let (pa, pb) = (host.provider(&a), host.provider(&b));
@@ -197,7 +197,7 @@ async fn each_machine_gets_a_share_of_the_hosts_gpus_and_no_gpu_goes_twice() {
         [(&a, "a1"), (&b, "b1"), (&a, "a2")].iter().map(|(f, m)| gpus_arg(&host.args(f, m)).unwrap()).collect();
     let mut sorted = shares.clone();
     sorted.sort();
-    assert_eq!(sorted, ["0", "1", "GPU-2222"], "{shares:?}");
+    assert_eq!(sorted, ["0", "1", "2"], "{shares:?}");
 
     let full = pb.create(&host.request(&b, "b2")).await.unwrap_err();
     assert_eq!(full.kind, ErrorKind::Capacity, "{full}");
@@ -276,6 +276,13 @@ fn settings_that_would_share_a_gpu_or_cannot_work_are_refused() {
     assert!(refused(1, r#"gpus = ["0; rm -rf /"]"#).contains("neither a GPU UUID"));
     assert!(refused(0, r#"command = ["x"]"#).contains("unknown setting \"command\""));
     assert!(refused(0, r#"state_dir = "relative""#).contains("give an absolute path"));
+    // One GPU named twice, written two ways, or handed out by the fleet's own agent_args.
+    assert!(refused(1, r#"gpus = ["0", "00"]"#).contains("0 is named twice"));
+    assert!(refused(1, r#"gpus = ["0", "GPU-1"]"#).contains("all UUIDs or all indices"));
+    for flag in ["--gpus", "--gpus=2", "--simulate-gpus", "--data-dir"] {
+        let e = refused(0, &format!("agent_args = [\"{flag}\", \"x\"]"));
+        assert!(e.contains("is the local provider's to give"), "{flag}: {e}");
+    }
     // The common settings pass through to the coordinator.
     LocalProvider::from_settings(
         &fleet("f", 0, "agent_program = \"/bin/true\"\nleave_after_unreachable = \"5m\""),
@@ -300,4 +307,49 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The records say what to run and which groups to signal: a state dir someone else can write
+/// is refused, and a record that names another machine than its file (a path elsewhere) is
+/// not used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_dir_others_can_write_and_forged_records_are_refused() {
+    let host = Host::new();
+    let spec = fleet("cpu", 0, "");
+    let p = host.provider(&spec);
+    p.create(&host.request(&spec, "m-1")).await.unwrap();
+    let fleet_dir = host.state().join("coord1/cpu");
+    // A record renamed to another machine's file: its own `machine` no longer matches.
+    std::fs::copy(fleet_dir.join("m-1.json"), fleet_dir.join("m-2.json")).unwrap();
+    let e = p.start("m-2").await.unwrap_err();
+    assert!(e.message.contains("names another machine; not used"), "{e}");
+    std::fs::remove_file(fleet_dir.join("m-2.json")).unwrap();
+
+    std::fs::set_permissions(&fleet_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = p.list().await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Invalid);
+    assert!(e.message.contains("that no one else can write") && e.message.contains("mode 777"), "{e}");
+    assert_eq!(p.delete("m-1").await.unwrap_err().kind, ErrorKind::Invalid, "nothing is signalled");
+    assert!(!host.processes(&spec, "m-1").is_empty());
+    std::fs::set_permissions(&fleet_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    p.delete("m-1").await.unwrap();
+    assert!(host.processes(&spec, "m-1").is_empty());
+}
+
+/// A machine without GPUs sees none of the host's (`--gpus none`), and an agent gets none of
+/// the coordinator's environment but what a program needs (here: no CARGO_* variable of the
+/// test process, which a coordinator's GPUCI_* settings or credentials would be).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_get_no_gpus_they_were_not_given_and_a_clean_environment() {
+    let host = Host::new();
+    let spec = fleet("cpu", 0, "");
+    let p = host.provider(&spec);
+    p.create(&host.request(&spec, "m-1")).await.unwrap();
+    let args = host.args(&spec, "m-1");
+    assert_eq!(gpus_arg(&args).as_deref(), Some("none"), "{args:?}");
+    let env = host.env(&spec, "m-1");
+    assert!(std::env::var_os("CARGO_PKG_NAME").is_some());
+    assert!(!env.contains("CARGO_"), "the coordinator's environment leaked: {env}");
+    assert!(env.contains("PATH=") && env.contains("GPUCI_REGISTRATION_TOKEN="), "{env}");
+    p.delete("m-1").await.unwrap();
 }

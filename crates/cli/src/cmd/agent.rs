@@ -32,7 +32,7 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     c.slots = a.local.slots;
     c.tags = a.local.tags.into_iter().collect();
     c.simulate_gpus = a.local.simulate_gpus;
-    c.only_gpus = a.local.gpus;
+    c.only_gpus = a.local.gpus.map(|g| g.0);
     c.isolation = a.local.isolation.into();
     a.local.jobs.apply(&mut c);
     c.post_job_timeout = a.post_job_timeout;

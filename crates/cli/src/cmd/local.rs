@@ -51,7 +51,7 @@ pub async fn start_configured(
     ac.slots = agent.slots;
     ac.tags = agent.tags.iter().cloned().collect();
     ac.simulate_gpus = agent.simulate_gpus.clone();
-    ac.only_gpus = agent.gpus.clone();
+    ac.only_gpus = agent.gpus.clone().map(|g| g.0);
     ac.isolation = agent.isolation.into();
     ac.max_log_bytes = agent.max_log_bytes;
     ac.min_free_disk = agent.min_free_disk;
