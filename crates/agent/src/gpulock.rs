@@ -31,6 +31,22 @@ pub fn claim(dir: &Path, uuids: &[String], agent: &str) -> Result<GpuLocks, Stri
         .mode(0o700)
         .create(dir)
         .map_err(|e| format!("cannot create the GPU lock dir {}: {e}", dir.display()))?;
+    // Someone else's dir (a user who made /tmp/gpuci-<uid> first) could swap or hold the
+    // locks: refused, loudly.
+    for d in [dir.parent(), Some(dir)].into_iter().flatten() {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(d).map_err(|e| format!("cannot inspect {}: {e}", d.display()))?;
+        let me = nix::unistd::geteuid().as_raw();
+        let shared_root = d == Path::new("/run") || d == Path::new("/tmp");
+        if !shared_root && (!m.is_dir() || m.uid() != me || m.mode() & 0o022 != 0) {
+            return Err(format!(
+                "the GPU lock dir {} must be a directory of uid {me} that no one else can write (it is uid {}, mode {:o})",
+                d.display(),
+                m.uid(),
+                m.mode() & 0o7777
+            ));
+        }
+    }
     let mut held = Vec::with_capacity(uuids.len());
     for uuid in uuids {
         let name: String = uuid.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
@@ -89,5 +105,16 @@ mod tests {
         drop(first);
         claim(dir.path(), &gpus[..1], "ws-3").unwrap();
         drop(other);
+    }
+
+    #[test]
+    fn a_lock_dir_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let locks = dir.path().join("gpus");
+        std::fs::create_dir(&locks).unwrap();
+        std::fs::set_permissions(&locks, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = claim(&locks, &["GPU-aaaa".to_string()], "ws-1").unwrap_err();
+        assert!(e.contains("that no one else can write") && e.contains("mode 777"), "{e}");
     }
 }

@@ -1153,6 +1153,13 @@ pub async fn cost_inputs(
 /// A pipeline's repository as `owner/name` (a GitHub pipeline has that already; one
 /// submitted through the API may name its remote URL).
 pub fn repository_name(repository: &str) -> String {
+    // A GitHub pipeline's `github.com/owner/name` (or an Enterprise host's): owner/name.
+    let parts: Vec<&str> = repository.split('/').collect();
+    if let [host, owner, name] = parts.as_slice() {
+        if host.contains('.') && !owner.is_empty() && !name.is_empty() {
+            return format!("{owner}/{name}");
+        }
+    }
     gpuci_core::secret_scope::repository_of_remote(repository).unwrap_or_else(|| repository.to_string())
 }
 
@@ -1229,6 +1236,19 @@ fn adopted(fleet: &FleetSpec, pm: &ProviderMachine, now_ms: i64) -> MachineRecor
 #[cfg(test)]
 mod tests {
     use super::agent_args;
+
+    #[test]
+    fn repositories_are_named_owner_slash_name_however_a_pipeline_spells_them() {
+        for given in [
+            "acme/kernels",
+            "github.com/acme/kernels",
+            "ghe.example.org/acme/kernels",
+            "https://github.com/acme/kernels.git",
+            "git@github.com:acme/kernels.git",
+        ] {
+            assert_eq!(super::repository_name(given), "acme/kernels", "{given}");
+        }
+    }
 
     fn table(text: &str) -> toml::Table {
         toml::from_str(text).expect("toml")

@@ -199,7 +199,8 @@ pub fn for_fleet(
         }
         ProviderKind::Local => {
             let root = std::path::absolute(data_dir.join("local-machines")).map_err(|e| e.to_string())?;
-            Ok(Box::new(local::LocalProvider::from_settings(fleet, coordinator, &root)?))
+            let data_dir = std::path::absolute(data_dir).map_err(|e| e.to_string())?;
+            Ok(Box::new(local::LocalProvider::from_settings(fleet, coordinator, &root)?.hiding(vec![data_dir])))
         }
         other => Err(format!(
             "fleet {}: provider {other} is not in this version of gpuci (exec, local and aws are; slurm and kubernetes are planned)",

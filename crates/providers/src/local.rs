@@ -42,6 +42,9 @@ struct Inner {
     pool: Vec<String>,
     machine_gpus: u32,
     simulate_gpus: Option<String>,
+    /// Paths the agents' jobs must not see (the coordinator's data dir: its database, keys and
+    /// tokens), given as `--hide`.
+    hide: Vec<PathBuf>,
 }
 
 /// The provider's own settings; the common ones (`agent_program`, `agent_args`, …) are the
@@ -197,8 +200,17 @@ impl LocalProvider {
                 pool,
                 machine_gpus: need,
                 simulate_gpus: own.simulate_gpus,
+                hide: Vec::new(),
             }),
         })
+    }
+
+    /// Jobs on this fleet's machines must not see `paths` (the coordinator's data dir).
+    pub fn hiding(mut self, paths: Vec<PathBuf>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.hide = paths;
+        }
+        self
     }
 
     /// Run `f` under the state dir's lock, off the async runtime.
@@ -424,6 +436,9 @@ impl Inner {
         if let Some(spec) = &self.simulate_gpus {
             command.extend(["--simulate-gpus".into(), spec.clone()]);
         }
+        for h in &self.hide {
+            command.extend(["--hide".into(), h.display().to_string()]);
+        }
         if !r.gpus.is_empty() {
             command.extend(["--gpus".into(), r.gpus.join(",")]);
         } else if self.simulate_gpus.is_none() {
@@ -582,7 +597,7 @@ impl Inner {
 }
 
 /// Environment variables a local agent gets from the coordinator's environment.
-const PASSED_ENV: [&str; 8] = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR", "RUST_LOG"];
+const PASSED_ENV: [&str; 9] = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TZ", "TMPDIR", "RUST_LOG", "XDG_RUNTIME_DIR"];
 
 /// A GPU name as compared: an index without leading zeros (`007` is `7`), a UUID as given.
 fn canonical_gpu(g: &str) -> String {
