@@ -120,20 +120,6 @@ fn made_in(state: &Path) -> Vec<Value> {
     out
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(rd) = std::fs::read_dir(dir) else { return out };
-    for e in rd.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
-}
-
 const TWO_L4_JOBS: &str = "steps:\n  - key: a\n    gpus: 1\n    gpu: {model: \"*L4\"}\n    command: echo on $GPUCI_GPUS && sleep 1\n  - key: b\n    gpus: 1\n    gpu: {model: \"*L4\"}\n    command: echo on $GPUCI_GPUS && sleep 1\n";
 
 /// From zero machines: jobs no agent can take make machines appear (never more than `max`),

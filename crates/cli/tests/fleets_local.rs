@@ -256,22 +256,12 @@ fn a_machine_whose_agent_dies_at_start_is_not_made_again_in_a_loop() {
         || format!("{:#}", f.status()),
     );
     std::thread::sleep(Duration::from_secs(4));
-    let logs: Vec<PathBuf> = walk_logs(&f.data.join("local-machines"));
+    let logs: Vec<PathBuf> = walk(&f.data.join("local-machines"))
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
     assert_eq!(logs.len(), 1, "one machine made, not one a pass: {logs:?}");
     let log = std::fs::read_to_string(&logs[0]).unwrap();
     assert!(log.contains("the GPU index 7 given to this agent is not on this host"), "{log}");
     api.cancel(p.jobs[0].id);
-}
-
-fn walk_logs(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            out.extend(walk_logs(&p));
-        } else if p.extension().is_some_and(|x| x == "log") {
-            out.push(p);
-        }
-    }
-    out
 }

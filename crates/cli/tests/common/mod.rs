@@ -325,6 +325,21 @@ impl Api {
     }
 }
 
+/// Every file under `dir`, recursively (none if it does not exist).
+pub fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else { return out };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 /// Processes whose command line contains `marker`.
 pub fn processes_with(marker: &str) -> Vec<String> {
     let mut found = Vec::new();
