@@ -120,6 +120,8 @@ pub struct JobContext {
     /// Per-job cap on stored output (bytes of text, a newline counted as one); past it the
     /// output is read and discarded.
     pub max_log_bytes: u64,
+    /// Running jobs' GPU samples on their way to the coordinator.
+    pub live: crate::series::LiveBuffer,
 }
 
 impl JobContext {}
@@ -686,13 +688,18 @@ async fn execute_in(
 
     let readers = tokio::spawn(pump(out.clone(), stdout, stderr));
     let telemetry_cancel = CancellationToken::new();
+    let series = Arc::new(std::sync::Mutex::new(crate::series::Series::default()));
     let telemetry = (!a.gpus.is_empty()).then(|| {
+        let (series, live, job_id) = (series.clone(), ctx.live.clone(), a.job_id);
         tokio::spawn(gpuci_gpu::sample_loop(
             ctx.gpus.clone(),
             a.gpus.clone(),
             ctx.telemetry_period,
             telemetry_cancel.clone(),
-            |_, _, _| {},
+            move |at, uuid, s| {
+                series.lock().unwrap_or_else(|e| e.into_inner()).record(at, s);
+                live.push(crate::series::live(job_id, at, uuid, s));
+            },
         ))
     });
 
@@ -757,6 +764,7 @@ async fn execute_in(
             mean_utilization_pct: s.mean_utilization_pct.unwrap_or(0.0),
             gpu_seconds: s.gpu_seconds,
             samples: s.samples,
+            series: std::mem::take(&mut *series.lock().unwrap_or_else(|e| e.into_inner())).finish(),
         }),
         None => None,
     };

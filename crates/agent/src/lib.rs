@@ -17,6 +17,7 @@ pub mod interruption;
 pub mod journal;
 pub mod leave;
 pub mod outbox;
+pub mod series;
 pub mod slots;
 pub mod workspace;
 
@@ -337,7 +338,16 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
     } else if !caps.user_namespaces {
         Some("user namespaces are off for unprivileged users (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone)".to_string())
     } else {
-        probe_bubblewrap(slots.as_ref(), &work_root).await.err()
+        // A root agent's jobs get limits they may not lift: without a cgroup for them no job
+        // could start, so the agent says so at start and takes none.
+        let cgroups = match &slots {
+            Some(_) => gpuci_sandbox::probe_cgroups().err().map(|e| format!("job cgroups: {e}")),
+            None => None,
+        };
+        match cgroups {
+            Some(e) => Some(e),
+            None => probe_bubblewrap(slots.as_ref(), &work_root).await.err(),
+        }
     };
     if config.isolation == IsolationPolicy::None && !config.allow_unsandboxed {
         bail!("--isolation none runs jobs outside the sandbox: add --allow-unsandboxed to mean it");
@@ -408,6 +418,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         baselines: std::sync::Mutex::new(Default::default()),
         telemetry_period: config.telemetry_period,
         max_log_bytes: config.max_log_bytes,
+        live: Default::default(),
         caches: Arc::new(cache::CacheStore::open(config.data_dir.join("cache"), config.cache_limits)),
         uploads: Some(
             workspace::UploadSource::new(
@@ -823,6 +834,10 @@ impl Agent {
                     }
                 }
                 _ = tick.tick() => {
+                    let samples = self.ctx.live.take();
+                    if !samples.is_empty() {
+                        send(&mut sink, &AgentMessage::Telemetry { samples }).await?;
+                    }
                     send(&mut sink, &AgentMessage::Heartbeat).await?;
                 }
                 Ok(()) = self.interrupted.changed() => {

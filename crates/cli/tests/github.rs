@@ -440,7 +440,7 @@ fn a_push_runs_the_commits_pipeline_from_its_tarball_and_reports_check_runs() {
         || format!("{:#?}", s.gh.check_runs(REPO)),
     );
     let run = s.gh.check_runs(REPO).into_iter().find(|r| r["name"] == json!("gpuci / test")).unwrap();
-    assert!(run["details_url"].as_str().unwrap().ends_with(&format!("/api/v1/jobs/{}/logs", job.id)), "{run:#}");
+    assert!(run["details_url"].as_str().unwrap().ends_with(&format!("/ui/jobs/{}", job.id)), "{run:#}");
     s.assert_spec_clean();
 }
 

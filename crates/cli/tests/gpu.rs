@@ -13,12 +13,11 @@ mod common;
 use common::*;
 use gpuci_core::job::JobState;
 use gpuci_core::quantity::Bytes;
-use gpuci_gpu::{FakeGpus, GpuProcess, SimulatedGpus};
+use gpuci_gpu::GpuProcess;
 use gpuci_protocol::api::{AgentSummary, GpuView, JobSummary};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 const T: Duration = Duration::from_secs(30);
 
@@ -210,68 +209,6 @@ fn gpu_requirements_are_matched_and_mismatches_explained() {
         let j = api.job(id(k));
         assert_eq!(j.state, JobState::Queued, "{j:?}");
         assert!(j.gpus.is_empty());
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// In-process coordinator + agent with fake GPUs.
-
-struct InProc {
-    url: String,
-    token: String,
-    fake: Arc<FakeGpus>,
-    /// UUIDs in device order: placement takes the lowest free index first.
-    a: String,
-    b: String,
-    shutdown: CancellationToken,
-    agent: tokio::task::JoinHandle<anyhow::Result<()>>,
-    _dir: tempfile::TempDir,
-}
-
-impl InProc {
-    async fn start(host: &str) -> InProc {
-        let dir = tempdir();
-        let shutdown = CancellationToken::new();
-        let mut config = gpuci_coordinator::Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("server"));
-        config.database = gpuci_coordinator::Database::Memory;
-        let server = gpuci_coordinator::start(config, shutdown.clone()).await.expect("start coordinator");
-        let fake = Arc::new(FakeGpus::new(SimulatedGpus::from_spec("2xH100-80GB", host).unwrap().gpus().to_vec()));
-        let mut ac = gpuci_agent::Config::new(server.url.clone(), dir.path().join("agent"));
-        ac.registration_token = Some(server.registration_token.expose().to_string());
-        ac.name = host.to_string();
-        ac.slots = 4;
-        ac.isolation = gpuci_agent::IsolationPolicy::Auto;
-        ac.post_job_timeout = Duration::from_millis(500);
-        ac.gpu_backend = Some(fake.clone());
-        let agent = tokio::spawn(gpuci_agent::run(ac, shutdown.clone()));
-        let uuids = fake.uuids();
-        InProc {
-            url: server.url.clone(),
-            token: server.api_token.expose().to_string(),
-            fake,
-            a: uuids[0].clone(),
-            b: uuids[1].clone(),
-            shutdown,
-            agent,
-            _dir: dir,
-        }
-    }
-
-    fn api(&self) -> Api {
-        Api::new(&self.url, &self.token)
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.agent).await;
-    }
-}
-
-/// Run blocking test code (the blocking API client) off the runtime's worker threads.
-async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
 

@@ -29,7 +29,7 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "gpuci coordinator API", description = "Submit pipelines, follow jobs and logs, inspect agents and GPUs."),
-    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, list_fleets, cost_report, release_gpu, register_agent, agent_channel, server_info, openapi_json),
+    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, list_fleets, cost_report, release_gpu, register_agent, agent_channel, server_info, ready, crate::metrics::scrape, openapi_json),
     components(schemas(ErrorBody, PipelineErrorBody, LogEvent, WatchEvent, crate::fleets::FleetStatus, crate::fleets::MachineStatus)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -62,6 +62,10 @@ pub fn document_auth(openapi: &mut utoipa::openapi::OpenApi) {
         SecurityScheme::Http(h)
     };
     components.add_security_scheme("bearer", bearer("The API token (`<data-dir>/api-token`)."));
+    components.add_security_scheme(
+        "read_token",
+        bearer("The read-only token (`<data-dir>/read-token`): `/metrics` and the dashboard; changes nothing."),
+    );
     components.add_security_scheme(
         "registration_token",
         bearer("The registration token (`<data-dir>/registration-token`); only for registering agents."),
@@ -172,6 +176,11 @@ impl ApiError {
     pub fn new(status: StatusCode, msg: impl Into<String>) -> Self {
         ApiError { status, body: ErrorBody { error: msg.into(), pipeline_errors: Vec::new() } }
     }
+
+    /// The status and the message (for pages that show the error in HTML).
+    pub fn parts(&self) -> (StatusCode, String) {
+        (self.status, self.body.error.clone())
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -184,7 +193,9 @@ impl From<BrainError> for ApiError {
     fn from(e: BrainError) -> Self {
         let status = match &e {
             BrainError::JobNotFound(_) => StatusCode::NOT_FOUND,
-            BrainError::AlreadyFinished { .. } | BrainError::NotQuarantined(_) => StatusCode::CONFLICT,
+            BrainError::AlreadyFinished { .. } | BrainError::NotQuarantined(_) | BrainError::Conflict(_) => {
+                StatusCode::CONFLICT
+            }
             BrainError::AgentRefused(_) => StatusCode::BAD_REQUEST,
             BrainError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             // Commands change state: what failed is storing the change.
@@ -248,13 +259,13 @@ pub async fn require_api_token(State(st): State<AppState>, req: Request, next: N
 
 /// What job summaries name besides the job: its agent's name, and the fleet machine it ran on
 /// (for its cost).
-struct Known {
+pub(crate) struct Known {
     names: HashMap<String, String>,
     /// Fleet machines by the agent that registered from them.
     machines: HashMap<String, gpuci_store::MachineRecord>,
 }
 
-async fn agent_names(store: &dyn Store) -> Known {
+pub(crate) async fn agent_names(store: &dyn Store) -> Known {
     let names = store.list_agents().await.map(|v| v.into_iter().map(|a| (a.id, a.name)).collect()).unwrap_or_default();
     let machines = store
         .machines(false)
@@ -264,7 +275,7 @@ async fn agent_names(store: &dyn Store) -> Known {
     Known { names, machines }
 }
 
-fn summarize(jobs: &[gpuci_store::JobRecord], known: &Known) -> Vec<JobSummary> {
+pub(crate) fn summarize(jobs: &[gpuci_store::JobRecord], known: &Known) -> Vec<JobSummary> {
     jobs.iter()
         .map(|j| {
             let mut s = job_summary(j, j.agent_id.as_ref().and_then(|a| known.names.get(a).cloned()));
@@ -457,12 +468,13 @@ pub async fn list_jobs(
     for s in q.state.iter().flat_map(|s| s.split(',')).map(str::trim).filter(|s| !s.is_empty()) {
         states.push(s.parse::<JobState>().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?);
     }
-    let filter = JobFilter { states, pipeline: q.pipeline, limit: Some(q.limit.unwrap_or(100).min(10_000)) };
+    let filter =
+        JobFilter { states, pipeline: q.pipeline, limit: Some(q.limit.unwrap_or(100).min(10_000)), before: None };
     let jobs = st.store.list_jobs(&filter).await?;
     Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref()).await)))
 }
 
-async fn load_job(st: &AppState, id: JobId) -> ApiResult<gpuci_store::JobRecord> {
+pub(crate) async fn load_job(st: &AppState, id: JobId) -> ApiResult<gpuci_store::JobRecord> {
     st.store.get_job(id).await?.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("job {id} not found")))
 }
 
@@ -821,6 +833,19 @@ fn agent_channel() {}
 #[utoipa::path(get, path = "/healthz", security(()), responses((status = 200, body = ServerInfo)))]
 pub async fn server_info() -> Json<ServerInfo> {
     Json(ServerInfo { version: env!("CARGO_PKG_VERSION").into(), protocol: gpuci_protocol::PROTOCOL_VERSION })
+}
+
+/// Ready to serve: the database answers and the scheduler runs. 503 with the reason otherwise
+/// (a load balancer sends no traffic; `/healthz` says only that the process is up).
+#[utoipa::path(get, path = "/readyz", security(()), responses((status = 200, description = "ready"), (status = 503, body = ErrorBody)))]
+pub async fn ready(State(st): State<AppState>) -> ApiResult<&'static str> {
+    if st.brain.is_closed() || st.shutdown.is_cancelled() {
+        return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down"));
+    }
+    st.store.list_pipelines(1).await.map_err(|e| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the database does not answer: {}", e.reason()))
+    })?;
+    Ok("ready\n")
 }
 
 /// This document. Needs no token.

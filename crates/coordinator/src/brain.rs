@@ -63,6 +63,9 @@ pub enum BrainError {
     NotQuarantined(String),
     #[error("agent refused: {0}")]
     AgentRefused(String),
+    /// The request does not fit the job's state (a retry of a running job).
+    #[error("{0}")]
+    Conflict(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("the coordinator is shutting down")]
@@ -173,6 +176,12 @@ pub enum Command {
     Cancel {
         job: JobId,
         reason: String,
+        reply: Reply<JobRecord>,
+    },
+    /// Run a finished job again, as a new attempt of its step (by hand, from the dashboard).
+    Retry {
+        job: JobId,
+        by: String,
         reply: Reply<JobRecord>,
     },
     AgentConnected {
@@ -354,6 +363,8 @@ pub struct Brain {
     /// Opens secrets encrypted in pipeline files (`gpuci secret encrypt`).
     repo_keys: Option<Arc<std::sync::RwLock<gpuci_repo_secrets::KeyRing>>>,
     hub: Arc<Hub>,
+    /// Counters of jobs ended and start latencies (`/metrics`).
+    metrics: Arc<crate::metrics::Metrics>,
     timing: Timing,
     agents: BTreeMap<String, AgentState>,
     /// Every job not in a terminal state.
@@ -434,6 +445,7 @@ impl Brain {
             secrets_key,
             repo_keys: None,
             hub,
+            metrics: Arc::new(crate::metrics::Metrics::new()),
             timing,
             agents: BTreeMap::new(),
             active: BTreeMap::new(),
@@ -510,6 +522,11 @@ impl Brain {
     }
 
     /// Open secrets encrypted in pipeline files with `ring`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
     pub fn with_repo_keys(mut self, ring: Arc<std::sync::RwLock<gpuci_repo_secrets::KeyRing>>) -> Self {
         self.repo_keys = Some(ring);
         self
@@ -550,6 +567,11 @@ impl Brain {
             }
             Command::Cancel { job, reason, reply } => {
                 let r = self.cancel(job, reason).await;
+                let _ = reply.send(r);
+                self.schedule().await;
+            }
+            Command::Retry { job, by, reply } => {
+                let r = self.retry(job, &by).await;
                 let _ = reply.send(r);
                 self.schedule().await;
             }
@@ -800,6 +822,32 @@ impl Brain {
         }
     }
 
+    /// A new attempt of a finished job's step. Once per job (the newest attempt is the one to
+    /// retry); not for Actions runner jobs, whose runner belongs to one GitHub job.
+    async fn retry(&mut self, id: JobId, by: &str) -> Result<JobRecord, BrainError> {
+        let job = self.store.get_job(id).await?.ok_or(BrainError::JobNotFound(id))?;
+        if !job.state.is_terminal() {
+            return Err(BrainError::Conflict(format!("job {id} is {}; only a finished job can be retried", job.state)));
+        }
+        if let Some(newer) =
+            self.store.pipeline_jobs(job.pipeline_id).await?.iter().find(|j| j.step.key == job.step.key && j.id > id)
+        {
+            return Err(BrainError::Conflict(format!("job {id} was already retried as job {}", newer.id)));
+        }
+        let pipeline = self.store.get_pipeline(job.pipeline_id).await?;
+        if matches!(Origin::parse(pipeline.as_ref().and_then(|p| p.origin.as_deref())), Some(Origin::ActionsRunner(_)))
+        {
+            return Err(BrainError::Conflict(format!(
+                "job {id} ran a GitHub Actions runner; re-run the workflow job on GitHub instead"
+            )));
+        }
+        let next = next_attempt(&job, format!("retry of job {id} ({}), asked by {by}", job.state), now_ms());
+        let rec = self.store.insert_job(next).await?;
+        tracing::info!(job = rec.id, retry_of = id, by, "job retried by hand");
+        self.publish(&rec);
+        Ok(rec)
+    }
+
     /// End a job, release its GPUs, quarantine failed ones, and queue a retry if the policy says so.
     async fn finish(
         &mut self,
@@ -846,6 +894,7 @@ impl Brain {
             self.quarantine.insert(q.gpu_uuid.clone(), q);
         }
         self.cancelling.remove(&job.id);
+        self.metrics.job_finished(rec.state, &rec.reason);
         self.publish(&rec);
         tracing::info!(job = rec.id, state = %rec.state, reason = %rec.reason, "job finished");
         if let Some(next) = next {
@@ -1009,6 +1058,9 @@ impl Brain {
         };
         match self.store.update_job(id, &[JobState::Assigned], change).await {
             Ok(rec) => {
+                let queue = rec.step.agents.get("queue").map_or("default", String::as_str);
+                let waited = (started_at_ms - rec.created_at_ms).max(0) as f64 / 1000.0;
+                self.metrics.start_latency.with_label_values(&[queue]).observe(waited);
                 self.publish(&rec);
                 Ok(())
             }

@@ -25,6 +25,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
+/// Samples one telemetry message may carry (an agent buffers at most this many).
+const MAX_SAMPLES_PER_MESSAGE: usize = 4096;
+
 pub const AGENT_ID_HEADER: &str = "x-gpuci-agent-id";
 
 pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
@@ -106,6 +109,8 @@ async fn serve(st: AppState, agent_id: String, registered_as: String, socket: We
 
     // Per job this agent writes to: its log so far, or None when the job is not its own.
     let mut logs: HashMap<JobId, JobLog> = HashMap::new();
+    // Per job this agent sent samples of: whether it is the agent's own running job.
+    let mut sampled: HashMap<JobId, bool> = HashMap::new();
     let mut last_seen_sent = Instant::now();
     loop {
         let msg = tokio::select! {
@@ -134,6 +139,31 @@ async fn serve(st: AppState, agent_id: String, registered_as: String, socket: We
                 Some(Command::AgentInterrupted { agent_id: agent_id.clone(), conn, reason })
             }
             AgentMessage::Hello(_) => None,
+            AgentMessage::Telemetry { mut samples } => {
+                samples.truncate(MAX_SAMPLES_PER_MESSAGE);
+                if sampled.len() > 4096 {
+                    sampled.clear();
+                }
+                let mut mine = Vec::with_capacity(samples.len());
+                for s in samples {
+                    let own = match sampled.get(&s.job_id) {
+                        Some(own) => *own,
+                        None => {
+                            let own = matches!(st.store.get_job(s.job_id).await,
+                                Ok(Some(j)) if j.agent_id.as_deref() == Some(agent_id.as_str()) && !j.state.is_terminal());
+                            sampled.insert(s.job_id, own);
+                            own
+                        }
+                    };
+                    if own {
+                        mine.push(s);
+                    }
+                }
+                for (job, point) in st.live.record(&agent_id, mine) {
+                    st.hub.telemetry(job, point);
+                }
+                None
+            }
             AgentMessage::Event { n, event } => {
                 let applied = match event {
                     JobEvent::Log { job_id, first_seq, lines } => {
@@ -155,6 +185,7 @@ async fn serve(st: AppState, agent_id: String, registered_as: String, socket: We
                             tracing::warn!(agent = %agent_id, event = n, why, "closing the connection; the agent sends it again");
                             break;
                         }
+                        st.live.end(finished.job_id);
                         let (reply, answer) = oneshot::channel();
                         ask(&st, Command::AgentFinished { agent_id: agent_id.clone(), conn, finished, reply }, answer)
                             .await

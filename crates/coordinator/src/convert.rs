@@ -16,6 +16,7 @@ pub fn job_summary(j: &JobRecord, agent_name: Option<String>) -> JobSummary {
         agent_name,
         gpus: j.gpus.clone(),
         created_at_ms: j.created_at_ms,
+        assigned_at_ms: j.assigned_at_ms,
         started_at_ms: j.started_at_ms,
         finished_at_ms: j.finished_at_ms,
         exit_code: j.exit_code,

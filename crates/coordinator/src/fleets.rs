@@ -21,11 +21,11 @@ use gpuci_core::fleet::{
     QueuedJob, UnavailableOffer, UnixSecs,
 };
 use gpuci_core::placement::Needs;
+pub use gpuci_protocol::api::{FleetStatus, MachineStatus};
 use gpuci_providers::{
     AgentLaunch, CreateRequest, Provider, ProviderMachine, ProviderState, TAG_COORDINATOR, TAG_FLEET, TAG_MACHINE,
 };
 use gpuci_store::{MachineRecord, Store};
-use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -50,64 +50,66 @@ pub struct Deps {
     pub data_dir: std::path::PathBuf,
     /// `[[budget]]`s of repositories.
     pub budgets: Vec<gpuci_core::fleet::RepoBudget>,
+    /// Every provider call is counted here (`gpuci_provider_calls_total`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
-/// `GET /api/v1/fleets`.
-#[derive(Clone, Debug, Default, Serialize, utoipa::ToSchema)]
-pub struct FleetStatus {
-    pub name: String,
-    pub provider: String,
-    /// Machines by state (`requested`, `booting`, `idle`, `busy`, `stopping`, `stopped`, `draining`).
-    pub machines: Vec<MachineStatus>,
-    /// Machines counting toward `max`, and what the autoscaler wants.
-    pub count: u32,
-    pub wanted: u32,
-    pub max: u32,
-    pub min_idle: u32,
-    /// The autoscaler's reason, in words.
-    pub why: String,
-    pub spend_today_usd: f64,
-    pub daily_budget_usd: Option<f64>,
-    pub budget_reached: bool,
-    /// Unix seconds until which spot is not asked for.
-    pub breaker_open_until: Option<u64>,
-    /// Newest first: `(unix seconds, what happened)`.
-    pub recent_errors: Vec<(u64, String)>,
-    /// The fleet cannot run (its provider is missing or misconfigured).
-    pub unavailable: Option<String>,
+/// A provider whose every call is counted by fleet, provider, call and result.
+struct Counted {
+    inner: Box<dyn gpuci_providers::Provider>,
+    fleet: String,
+    provider: String,
+    metrics: Arc<crate::metrics::Metrics>,
 }
 
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-pub struct MachineStatus {
-    pub id: String,
-    pub state: String,
-    pub provider_id: Option<String>,
-    pub instance_type: String,
-    pub zone: String,
-    pub capacity: String,
-    pub agent_id: Option<String>,
-    /// Boot stages, milliseconds since the epoch.
-    pub requested_at_ms: i64,
-    pub running_at_ms: Option<i64>,
-    pub connected_at_ms: Option<i64>,
-    pub first_job_at_ms: Option<i64>,
+impl Counted {
+    fn note<T>(&self, call: &str, r: gpuci_providers::ProviderResult<T>) -> gpuci_providers::ProviderResult<T> {
+        self.metrics.provider_call(&self.fleet, &self.provider, call, r.is_ok());
+        r
+    }
 }
 
-impl MachineStatus {
-    fn of(r: &MachineRecord, state: &str) -> MachineStatus {
-        MachineStatus {
-            id: r.id.clone(),
-            state: state.to_string(),
-            provider_id: r.provider_id.clone(),
-            instance_type: r.instance_type.clone(),
-            zone: r.zone.clone(),
-            capacity: r.capacity.clone(),
-            agent_id: r.agent_id.clone(),
-            requested_at_ms: r.requested_at_ms,
-            running_at_ms: r.running_at_ms,
-            connected_at_ms: r.connected_at_ms,
-            first_job_at_ms: r.first_job_at_ms,
-        }
+#[async_trait::async_trait]
+impl gpuci_providers::Provider for Counted {
+    fn can_stop(&self) -> bool {
+        self.inner.can_stop()
+    }
+    async fn create(&self, req: &gpuci_providers::CreateRequest) -> gpuci_providers::ProviderResult<ProviderMachine> {
+        let r = self.inner.create(req).await;
+        self.note("create", r)
+    }
+    async fn list(&self) -> gpuci_providers::ProviderResult<Vec<ProviderMachine>> {
+        let r = self.inner.list().await;
+        self.note("list", r)
+    }
+    async fn delete(&self, machine: &str) -> gpuci_providers::ProviderResult<()> {
+        let r = self.inner.delete(machine).await;
+        self.note("delete", r)
+    }
+    async fn stop(&self, machine: &str) -> gpuci_providers::ProviderResult<ProviderMachine> {
+        let r = self.inner.stop(machine).await;
+        self.note("stop", r)
+    }
+    async fn start(&self, machine: &str) -> gpuci_providers::ProviderResult<ProviderMachine> {
+        let r = self.inner.start(machine).await;
+        self.note("start", r)
+    }
+}
+
+/// A stored machine, in `state`, as the fleets listing shows it.
+fn machine_status(r: &MachineRecord, state: &str) -> MachineStatus {
+    MachineStatus {
+        id: r.id.clone(),
+        state: state.to_string(),
+        provider_id: r.provider_id.clone(),
+        instance_type: r.instance_type.clone(),
+        zone: r.zone.clone(),
+        capacity: r.capacity.clone(),
+        agent_id: r.agent_id.clone(),
+        requested_at_ms: r.requested_at_ms,
+        running_at_ms: r.running_at_ms,
+        connected_at_ms: r.connected_at_ms,
+        first_job_at_ms: r.first_job_at_ms,
     }
 }
 
@@ -207,8 +209,13 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         .into_iter()
         .map(|spec| match provider_for(&spec, &deps.coordinator_id, &deps.registration_token, &deps.data_dir) {
             Ok(p) => FleetRun {
+                provider: Some(Arc::new(Counted {
+                    inner: p,
+                    fleet: spec.name.clone(),
+                    provider: spec.provider.to_string(),
+                    metrics: deps.metrics.clone(),
+                })),
                 spec,
-                provider: Some(Arc::from(p)),
                 unavailable_reason: None,
                 errors: VecDeque::new(),
                 worker: None,
@@ -843,7 +850,7 @@ impl Loop {
                         ("ready", false) => "busy",
                         (s, _) => s,
                     };
-                    MachineStatus::of(r, state)
+                    machine_status(r, state)
                 })
                 .collect();
             let count = machines.iter().filter(|m| m.state != "stopped").count() as u32;
@@ -886,7 +893,7 @@ impl Loop {
                 provider: "?".into(),
                 count: machines.len() as u32,
                 unavailable: Some(what),
-                machines: machines.iter().map(|r| MachineStatus::of(r, "orphaned")).collect(),
+                machines: machines.iter().map(|r| machine_status(r, "orphaned")).collect(),
                 ..FleetStatus::default()
             });
         }

@@ -1,6 +1,7 @@
 //! Fan-out of live events to watchers (`logs -f`, `submit --wait`, `gpuci run`): job changes
 //! and log lines. Slow watchers lag and re-read from the store; the hub never blocks a writer.
 
+use gpuci_protocol::agent::TelemetryPoint;
 use gpuci_protocol::api::{JobSummary, LogLine};
 use gpuci_protocol::JobId;
 use tokio::sync::broadcast;
@@ -8,7 +9,16 @@ use tokio::sync::broadcast;
 #[derive(Clone, Debug)]
 pub enum Event {
     Job(Box<JobSummary>),
-    Log { job_id: JobId, pipeline_id: i64, line: LogLine },
+    Log {
+        job_id: JobId,
+        pipeline_id: i64,
+        line: LogLine,
+    },
+    /// A running job's GPUs together at one sampling tick.
+    Telemetry {
+        job_id: JobId,
+        point: TelemetryPoint,
+    },
 }
 
 pub struct Hub {
@@ -30,6 +40,9 @@ impl Hub {
     }
     pub fn job_changed(&self, j: JobSummary) {
         let _ = self.tx.send(Event::Job(Box::new(j)));
+    }
+    pub fn telemetry(&self, job_id: JobId, point: TelemetryPoint) {
+        let _ = self.tx.send(Event::Telemetry { job_id, point });
     }
     pub fn log(&self, job_id: JobId, pipeline_id: i64, line: LogLine) {
         let _ = self.tx.send(Event::Log { job_id, pipeline_id, line });

@@ -14,8 +14,11 @@ pub mod datadir;
 pub mod fleets;
 pub mod github;
 pub mod hub;
+pub mod live;
+pub mod metrics;
 pub mod origin;
 pub mod secrets;
+pub mod ui;
 pub mod uploads;
 pub mod vault;
 
@@ -84,6 +87,8 @@ pub struct Config {
     pub budgets: Vec<gpuci_core::fleet::RepoBudget>,
     /// How often the fleets' reconcile loop runs.
     pub fleet_interval: std::time::Duration,
+    /// Repositories whose jobs and logs the dashboard shows without sign-in (`[dashboard]`).
+    pub public_repositories: Vec<String>,
     /// Start a new, empty SQLite database although the data dir was used before (its
     /// database file is missing or empty). Without it that is refused
     /// ([`datadir::check_database`]); with it, a database that holds data is still never replaced.
@@ -133,6 +138,7 @@ impl Config {
             fleets: Vec::new(),
             budgets: Vec::new(),
             fleet_interval: std::time::Duration::from_secs(5),
+            public_repositories: Vec::new(),
             new_database: false,
         }
     }
@@ -162,6 +168,18 @@ pub struct AppState {
     /// Held while a machine's registration token is checked and spent, so two registrations
     /// with one token cannot both pass (one coordinator per database: this process is all).
     pub machine_registrations: Arc<tokio::sync::Mutex<()>>,
+    /// Counters and histograms for `/metrics`.
+    pub metrics: Arc<metrics::Metrics>,
+    /// Running jobs' latest GPU samples.
+    pub live: Arc<live::LiveTelemetry>,
+    /// Signs in to the dashboard and scrapes `/metrics`; changes nothing (`<data-dir>/read-token`).
+    pub read_token: Secret,
+    /// Repositories whose jobs and logs the dashboard shows without sign-in.
+    pub public_repositories: Arc<Vec<String>>,
+    /// Repository budgets (the spend page).
+    pub budgets: Arc<Vec<gpuci_core::fleet::RepoBudget>>,
+    /// GitHub's API address, when GitHub is configured (links to repositories and check runs).
+    pub github_api_url: Option<String>,
 }
 
 /// Default per-job log cap: the agents' default (100 MiB) and room for gpuci's own lines.
@@ -238,6 +256,9 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/openapi.json", get(openapi_json))
         .route("/api/v1/github/webhook", post(github::webhook::receive).layer(webhook_limit))
         .route("/healthz", get(api::server_info))
+        .route("/readyz", get(api::ready))
+        .route("/metrics", get(metrics::scrape))
+        .merge(ui::router())
         .fallback(|| async {
             api::ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such endpoint; see /api/v1/openapi.json")
         })
@@ -350,6 +371,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let api_token = auth::load_or_create(&config.data_dir.join("api-token"), "gpuci_api").context("API token file")?;
     let registration_token = auth::load_or_create(&config.data_dir.join("registration-token"), "gpuci_reg")
         .context("registration token file")?;
+    let read_token =
+        auth::load_or_create(&config.data_dir.join("read-token"), "gpuci_read").context("read-only token file")?;
+    let metrics = Arc::new(metrics::Metrics::new());
     let secrets_key = Arc::new(vault::unlock(store.as_ref(), &config.secrets_key_source()).await?);
     // The keys secrets encrypted in pipeline files open with: beside the database, never in it.
     let keys_dir = config.data_dir.join(REPO_SECRETS_KEYS);
@@ -360,7 +384,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let mut brain = brain::Brain::load(store.clone(), hub.clone(), config.timing.clone(), secrets_key.clone())
         .await
         .context("loading state")?
-        .with_repo_keys(repo_keys.clone());
+        .with_repo_keys(repo_keys.clone())
+        .with_metrics(metrics.clone());
     let (tx, rx) = mpsc::channel(4096);
     let uploads = uploads::Uploads::new(config.data_dir.join("uploads"));
     let listener =
@@ -401,6 +426,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             interval: config.fleet_interval,
             data_dir: config.data_dir.clone(),
             budgets: config.budgets.clone(),
+            metrics: metrics.clone(),
         },
         shutdown.clone(),
     );
@@ -419,6 +445,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         max_log_bytes: config.max_log_bytes,
         fleets: fleet_statuses,
         machine_registrations: Arc::new(tokio::sync::Mutex::new(())),
+        metrics,
+        live: Arc::new(live::LiveTelemetry::default()),
+        read_token,
+        public_repositories: Arc::new(config.public_repositories.clone()),
+        budgets: Arc::new(config.budgets.clone()),
+        github_api_url: config.github.as_ref().map(|g| g.api_url.clone()),
     };
     tokio::spawn(collect_uploads(st.store.clone(), st.uploads.clone(), config.upload_retention, shutdown.clone()));
     let app = router(st);

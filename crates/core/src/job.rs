@@ -82,6 +82,28 @@ impl JobState {
     }
 }
 
+/// A small, fixed set of words for why a job ended, from its state and reason (a metric's
+/// label: bounded, unlike the reason itself).
+pub fn reason_class(state: JobState, reason: &str) -> &'static str {
+    let r = reason.to_ascii_lowercase();
+    match state {
+        JobState::Queued | JobState::Assigned | JobState::Running => "active",
+        JobState::Succeeded => "exit_0",
+        JobState::Cancelled => "cancelled",
+        JobState::Lost => "lost",
+        JobState::Skipped => "skipped",
+        JobState::TimedOut if r.starts_with("still queued") => "queue_timeout",
+        JobState::TimedOut => "timeout",
+        JobState::Failed if r.starts_with("exited with code") => "exit_code",
+        JobState::Failed if r.starts_with("killed by signal") => "signal",
+        JobState::Failed if r.starts_with("out of memory") => "out_of_memory",
+        JobState::Failed if r.contains("disk quota") => "disk_quota",
+        JobState::Failed if r.starts_with("could not start") => "start_failed",
+        JobState::Failed if r.contains("gpu") => "gpu",
+        JobState::Failed => "other",
+    }
+}
+
 impl fmt::Display for JobState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -296,6 +296,8 @@ pub struct Client {
     retry: RetryPolicy,
     /// (credential, resource) → the latest figures.
     rate_limits: std::sync::Mutex<BTreeMap<(String, String), RateLimit>>,
+    /// Requests sent, by result: `2xx`, `3xx`, `4xx`, `5xx`, `error` (no answer).
+    requests: std::sync::Mutex<BTreeMap<&'static str, u64>>,
     /// Installation id → token.
     tokens: Mutex<HashMap<u64, CachedToken>>,
     repo_installations: Mutex<HashMap<Repo, u64>>,
@@ -328,6 +330,7 @@ impl Client {
             credentials,
             retry: RetryPolicy::default(),
             rate_limits: std::sync::Mutex::new(BTreeMap::new()),
+            requests: std::sync::Mutex::new(BTreeMap::new()),
             tokens: Mutex::new(HashMap::new()),
             repo_installations: Mutex::new(HashMap::new()),
             org_installations: Mutex::new(HashMap::new()),
@@ -345,6 +348,11 @@ impl Client {
     }
 
     /// GitHub's rate-limit figures as of the latest answer, per credential and resource.
+    /// Requests sent so far, by result (`2xx`, `3xx`, `4xx`, `5xx`, `error`: no answer).
+    pub fn request_counts(&self) -> Vec<(&'static str, u64)> {
+        self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
     pub fn rate_limits(&self) -> Vec<RateLimit> {
         self.rate_limits.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
@@ -781,6 +789,16 @@ impl Client {
                 req = req.json(body);
             }
             let result = req.send().await;
+            {
+                let class = match &result {
+                    Ok(r) if r.status().is_success() => "2xx",
+                    Ok(r) if r.status().is_redirection() => "3xx",
+                    Ok(r) if r.status().is_client_error() => "4xx",
+                    Ok(_) => "5xx",
+                    Err(_) => "error",
+                };
+                *self.requests.lock().unwrap_or_else(|e| e.into_inner()).entry(class).or_insert(0) += 1;
+            }
             let now = OffsetDateTime::now_utc().unix_timestamp();
             let asked = match &result {
                 Ok(resp) => {

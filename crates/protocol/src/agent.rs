@@ -106,6 +106,10 @@ pub enum AgentMessage {
     Paused {
         reason: Option<String>,
     },
+    /// Running jobs' GPU samples since the last such message (dashboards, `/metrics`).
+    Telemetry {
+        samples: Vec<LiveSample>,
+    },
     /// The agent's GPU inventory or health changed.
     Gpus {
         gpus: Vec<GpuInfo>,
@@ -166,6 +170,39 @@ pub struct JobTelemetry {
     pub mean_utilization_pct: f64,
     pub gpu_seconds: f64,
     pub samples: u64,
+    /// Utilisation and memory over the job's run, at most [`MAX_SERIES_POINTS`] points
+    /// (samples averaged into equal spans of time), for charts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub series: Vec<TelemetryPoint>,
+}
+
+/// The most points a job's telemetry series keeps.
+pub const MAX_SERIES_POINTS: usize = 240;
+
+/// One point of a job's GPU use: all its GPUs together.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TelemetryPoint {
+    /// Seconds since the job's process started.
+    pub t_s: f64,
+    /// Mean utilisation of the job's GPUs, percent.
+    pub utilization_pct: f64,
+    /// Memory used on the job's GPUs together.
+    pub memory_bytes: u64,
+    /// Power drawn by the job's GPUs together, where the driver says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_watts: Option<f64>,
+}
+
+/// One GPU's sample while a job runs, sent live (not journaled: a lost one is a gap).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LiveSample {
+    pub job_id: JobId,
+    pub gpu_uuid: String,
+    /// Seconds since the job's process started.
+    pub t_s: f64,
+    pub utilization_pct: Option<u32>,
+    pub memory_bytes: u64,
+    pub power_watts: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -71,6 +71,9 @@ pub struct JobSummary {
     /// Leased GPU UUIDs.
     pub gpus: Vec<String>,
     pub created_at_ms: i64,
+    /// When it was placed on an agent (its latest placement).
+    #[serde(default)]
+    pub assigned_at_ms: Option<i64>,
     pub started_at_ms: Option<i64>,
     pub finished_at_ms: Option<i64>,
     pub exit_code: Option<i32>,
@@ -174,4 +177,45 @@ pub struct UploadInfo {
     /// The sha256 of the gzip'ed tar, in lowercase hex.
     pub id: String,
     pub bytes: u64,
+}
+
+/// `GET /api/v1/fleets`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FleetStatus {
+    pub name: String,
+    pub provider: String,
+    /// Machines by state (`requested`, `booting`, `idle`, `busy`, `stopping`, `stopped`, `draining`).
+    pub machines: Vec<MachineStatus>,
+    /// Machines counting toward `max`, and what the autoscaler wants.
+    pub count: u32,
+    pub wanted: u32,
+    pub max: u32,
+    pub min_idle: u32,
+    /// The autoscaler's reason, in words.
+    pub why: String,
+    pub spend_today_usd: f64,
+    pub daily_budget_usd: Option<f64>,
+    pub budget_reached: bool,
+    /// Unix seconds until which spot is not asked for.
+    pub breaker_open_until: Option<u64>,
+    /// Newest first: `(unix seconds, what happened)`.
+    pub recent_errors: Vec<(u64, String)>,
+    /// The fleet cannot run (its provider is missing or misconfigured).
+    pub unavailable: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MachineStatus {
+    pub id: String,
+    pub state: String,
+    pub provider_id: Option<String>,
+    pub instance_type: String,
+    pub zone: String,
+    pub capacity: String,
+    pub agent_id: Option<String>,
+    /// Boot stages, milliseconds since the epoch.
+    pub requested_at_ms: i64,
+    pub running_at_ms: Option<i64>,
+    pub connected_at_ms: Option<i64>,
+    pub first_job_at_ms: Option<i64>,
 }

@@ -183,6 +183,28 @@ fn read_counter(path: &Path, key: &str) -> Option<u64> {
     })
 }
 
+/// Makes and removes a job cgroup with a memory and a process limit, as a job's would be:
+/// `Err` says why jobs that need limits could not start here (controllers not delegated to the
+/// agent's cgroup, a cgroup that holds other processes and so cannot hand them down).
+pub fn probe() -> Result<String, String> {
+    let layout = layout().ok_or("no cgroup filesystem is mounted")?;
+    let resources =
+        Resources { memory: Some(gpuci_core::quantity::Bytes(256 << 20)), cpu_millis: None, pids: Some(64) };
+    let name = format!("probe-{}", std::process::id());
+    let cg = JobCgroup::create(layout, &name, &resources, &[]).map_err(|e| {
+        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        format!(
+            "{e} (this process is in cgroup {}; a cgroup v2 parent must list memory and pids in its \
+             cgroup.subtree_control, and a cgroup with processes of its own cannot: run the agent in a \
+             systemd unit with Delegate=yes, or in a cgroup of its own)",
+            own.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("?")
+        )
+    })?;
+    let where_ = cg.dirs.first().map(|(_, d)| d.display().to_string()).unwrap_or_default();
+    cg.remove_dirs();
+    Ok(format!("a job cgroup with memory and pids limits can be made ({where_})"))
+}
+
 fn read_u64(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -241,10 +263,17 @@ impl JobCgroup {
             Layout::V2 { base } => {
                 // Enable controllers for gpuci/ and its children. Failing here is not fatal on
                 // its own: a limit that is asked for and cannot be written is.
-                let _ = fs::write(base.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                // One controller per write: a write naming one the parent does not offer
+                // enables none of them.
+                let enable = |dir: &Path| {
+                    for c in ["+memory", "+pids", "+cpu"] {
+                        let _ = fs::write(dir.join("cgroup.subtree_control"), c);
+                    }
+                };
+                enable(base);
                 let group = base.join(GROUP);
                 fs::create_dir_all(&group).map_err(|e| err("mkdir", &group, e))?;
-                let _ = fs::write(group.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                enable(&group);
                 vec![(Controller::Memory, group.join(job_id))]
             }
         };

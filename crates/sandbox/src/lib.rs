@@ -104,6 +104,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+pub use cgroup::probe as probe_cgroups;
 pub use error::SandboxError;
 pub use gpuci_core::pipeline::Resources;
 pub use host::{ensure_run_dir, seal_inherited_fds};

@@ -515,8 +515,13 @@ fn args_memfd(job_id: &str, args: &[std::ffi::OsString]) -> Result<File, Sandbox
     Ok(f)
 }
 
+/// Where jobs' private device nodes are made: on devtmpfs, the filesystem made for device
+/// nodes. Not beside the workspace: a job's disk is mounted `nodev` (and the workspaces'
+/// filesystem often is), and a node there cannot be opened — CUDA then finds no GPU.
+pub const PRIVATE_DEV_ROOT: &str = "/dev/gpuci";
+
 /// The job's own copies of its GPU device nodes: same device numbers, owner the job user, mode
-/// 0600, in `<workspaces root>/.dev-<job id>/` (0700, the job user's). So the GPU is
+/// 0600, in `/dev/gpuci/<job id>/` (0700, the job user's). So the GPU is
 /// accessible to that uid for the lease only, whatever the host node's mode (0666 on most
 /// NVIDIA hosts, 0660 root:video on some), and no host node's owner or mode is ever changed.
 /// The devices cgroup still denies every GPU that is not leased.
@@ -527,10 +532,18 @@ fn private_devices(
     use nix::sys::stat::{makedev, mknod, Mode, SFlag};
     use std::os::unix::fs::{chown, DirBuilderExt};
     let id = &spec.job_id;
-    let parent = spec.workspace.parent().unwrap_or(Path::new("/"));
-    let dir = parent.join(format!(".dev-{id}"));
+    let root = Path::new(PRIVATE_DEV_ROOT);
+    let dir = root.join(id);
     let dev_err =
         |path: &Path, reason: String| SandboxError::Device { job_id: id.clone(), path: path.to_path_buf(), reason };
+    fs::DirBuilder::new().mode(0o711).recursive(true).create(root).map_err(|e| dev_err(root, format!("mkdir: {e}")))?;
+    match nix::sys::statvfs::statvfs(root) {
+        Ok(v) if v.flags().contains(nix::sys::statvfs::FsFlags::ST_NODEV) => {
+            return Err(dev_err(root, "is on a filesystem mounted nodev: device nodes there cannot be opened".into()))
+        }
+        Ok(_) => {}
+        Err(e) => return Err(dev_err(root, format!("statvfs: {e}"))),
+    }
     let _ = fs::remove_dir_all(&dir);
     fs::DirBuilder::new().mode(0o700).create(&dir).map_err(|e| dev_err(&dir, format!("mkdir: {e}")))?;
     chown(&dir, Some(user.uid), Some(user.gid)).map_err(|e| dev_err(&dir, format!("chown: {e}")))?;

@@ -225,6 +225,12 @@ pub trait Store: Send + Sync + 'static {
     async fn pipeline_jobs(&self, pipeline: PipelineId) -> Result<Vec<JobRecord>>;
     async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>>;
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>>;
+    /// Where each of these pipelines came from: `(repository, origin JSON)` by id (unknown
+    /// ids are left out).
+    async fn pipeline_origins(
+        &self,
+        ids: &[PipelineId],
+    ) -> Result<std::collections::HashMap<PipelineId, (Option<String>, Option<String>)>>;
 
     /// Store lines of a job's log. `first_seq`: the writer numbered them (the agent: line
     /// `first_seq + i`), and any already stored (seq not above the highest stored) is skipped,

@@ -409,11 +409,12 @@ impl Store for PostgresStore {
         let rows = sqlx::query(&format!(
             "SELECT {JOB_COLUMNS} FROM jobs \
              WHERE (cardinality($1::TEXT[]) = 0 OR state = ANY($1)) AND ($2::BIGINT IS NULL OR pipeline_id = $2) \
-             ORDER BY id DESC LIMIT $3"
+             AND ($4::BIGINT IS NULL OR id < $4) ORDER BY id DESC LIMIT $3"
         ))
         .bind(states)
         .bind(f.pipeline)
         .bind(i64::from(f.limit.unwrap_or(100)))
+        .bind(f.before)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(job_from_row).collect()
@@ -453,6 +454,21 @@ impl Store for PostgresStore {
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.as_ref().map(pipeline_from_row))
+    }
+
+    async fn pipeline_origins(
+        &self,
+        ids: &[PipelineId],
+    ) -> Result<std::collections::HashMap<PipelineId, (Option<String>, Option<String>)>> {
+        let rows = sqlx::query("SELECT id, repository, origin FROM pipelines WHERE id = ANY($1)")
+            .bind(ids.to_vec())
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = std::collections::HashMap::new();
+        for row in rows {
+            out.insert(row.try_get::<i64, _>("id")?, (row.try_get("repository")?, row.try_get("origin")?));
+        }
+        Ok(out)
     }
 
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {

@@ -90,6 +90,8 @@ pub struct JobFilter {
     pub states: Vec<JobState>,
     pub pipeline: Option<PipelineId>,
     pub limit: Option<u32>,
+    /// Only jobs older than this one (the next page of a newest-first listing).
+    pub before: Option<JobId>,
 }
 
 #[derive(Clone, Debug, PartialEq)]

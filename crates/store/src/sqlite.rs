@@ -373,10 +373,16 @@ impl Store for SqliteStore {
         if f.pipeline.is_some() {
             sql.push_str(" AND pipeline_id = ?");
         }
+        if f.before.is_some() {
+            sql.push_str(" AND id < ?");
+        }
         sql.push_str(" ORDER BY id DESC LIMIT ?");
         let mut q = sqlx::query(&sql);
         if let Some(p) = f.pipeline {
             q = q.bind(p);
+        }
+        if let Some(b) = f.before {
+            q = q.bind(b);
         }
         let rows = q.bind(i64::from(f.limit.unwrap_or(100))).fetch_all(&self.read).await?;
         rows.iter().map(job_from_row).collect()
@@ -416,6 +422,25 @@ impl Store for SqliteStore {
             .fetch_optional(&self.read)
             .await?;
         Ok(row.as_ref().map(pipeline_from_row))
+    }
+
+    async fn pipeline_origins(
+        &self,
+        ids: &[PipelineId],
+    ) -> Result<std::collections::HashMap<PipelineId, (Option<String>, Option<String>)>> {
+        let mut out = std::collections::HashMap::new();
+        for chunk in ids.chunks(500) {
+            let marks = vec!["?"; chunk.len()].join(",");
+            let sql = format!("SELECT id, repository, origin FROM pipelines WHERE id IN ({marks})");
+            let mut q = sqlx::query(&sql);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            for row in q.fetch_all(&self.read).await? {
+                out.insert(row.try_get::<i64, _>("id")?, (row.try_get("repository")?, row.try_get("origin")?));
+            }
+        }
+        Ok(out)
     }
 
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {

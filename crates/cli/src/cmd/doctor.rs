@@ -136,6 +136,17 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
         )
     });
     if nix::unistd::geteuid().is_root() {
+        // What a job's start does, not what the root cgroup offers: a nested cgroup can lack
+        // the controllers its parent has.
+        out.push(match gpuci_sandbox::probe_cgroups() {
+            Ok(detail) => check("sandbox.job_cgroup", CheckStatus::Pass, detail, None),
+            Err(e) => check(
+                "sandbox.job_cgroup",
+                CheckStatus::Fail,
+                format!("a job's cgroup cannot be made here, so the agent takes no jobs: {e}"),
+                Some("run the agent as a systemd service with Delegate=yes, or start it in the root cgroup or a cgroup of its own whose parent delegates memory and pids".into()),
+            ),
+        });
         let (lo, hi) = gpuci_agent::slots::DEFAULT_JOB_UIDS;
         let used = gpuci_agent::slots::account_in(lo, hi);
         out.push(match used {

@@ -49,6 +49,9 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
                 return Err(CliError::Input(format!("{}: {e}", path.display())));
             }
         }
+        if let Some(d) = &file.dashboard {
+            config.public_repositories = d.public_repositories.iter().map(|r| r.0.clone()).collect();
+        }
         if let Some(gh) = file.github {
             let resolved = gh.resolve().map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?;
             config.github = Some(std::sync::Arc::new(resolved));

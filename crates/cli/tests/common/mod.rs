@@ -4,11 +4,14 @@
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 #![allow(dead_code)]
 
+use gpuci_gpu::{FakeGpus, SimulatedGpus};
 use gpuci_protocol::api::{AgentSummary, JobSummary, PipelineSummary, SubmitPipeline};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gpuci");
 
@@ -392,5 +395,86 @@ pub fn isolation() -> &'static str {
             eprintln!("note: bubblewrap not installed; system tests run jobs without isolation");
             "none"
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// In-process coordinator + agent with fake GPUs (tests that make a GPU dirty, or configure
+// the coordinator in ways its command line does not reach).
+
+pub struct InProc {
+    pub url: String,
+    pub token: String,
+    pub fake: Arc<FakeGpus>,
+    /// UUIDs in device order: placement takes the lowest free index first.
+    pub a: String,
+    pub b: String,
+    pub shutdown: CancellationToken,
+    pub agent: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub _dir: tempfile::TempDir,
+}
+
+impl InProc {
+    pub async fn start(host: &str) -> InProc {
+        Self::start_with(host, |_| {}).await
+    }
+
+    /// As [`InProc::start`], with the coordinator's config changed by `configure` first.
+    pub async fn start_with(host: &str, configure: impl FnOnce(&mut gpuci_coordinator::Config)) -> InProc {
+        let dir = tempdir();
+        let shutdown = CancellationToken::new();
+        let mut config = gpuci_coordinator::Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("server"));
+        config.database = gpuci_coordinator::Database::Memory;
+        configure(&mut config);
+        let server = gpuci_coordinator::start(config, shutdown.clone()).await.expect("start coordinator");
+        let fake = Arc::new(FakeGpus::new(SimulatedGpus::from_spec("2xH100-80GB", host).unwrap().gpus().to_vec()));
+        let mut ac = gpuci_agent::Config::new(server.url.clone(), dir.path().join("agent"));
+        ac.registration_token = Some(server.registration_token.expose().to_string());
+        ac.name = host.to_string();
+        ac.slots = 4;
+        ac.isolation = gpuci_agent::IsolationPolicy::Auto;
+        ac.post_job_timeout = Duration::from_millis(500);
+        ac.gpu_backend = Some(fake.clone());
+        let agent = tokio::spawn(gpuci_agent::run(ac, shutdown.clone()));
+        let uuids = fake.uuids();
+        InProc {
+            url: server.url.clone(),
+            token: server.api_token.expose().to_string(),
+            fake,
+            a: uuids[0].clone(),
+            b: uuids[1].clone(),
+            shutdown,
+            agent,
+            _dir: dir,
+        }
+    }
+
+    pub fn api(&self) -> Api {
+        Api::new(&self.url, &self.token)
+    }
+
+    /// Makes the blocking API client where it is used: built (or dropped) on a runtime's
+    /// worker thread, it panics, so blocking test code calls this inside [`blocking`].
+    pub fn api_in_blocking(&self) -> impl Fn() -> Api + Send + 'static {
+        let (url, token) = (self.url.clone(), self.token.clone());
+        move || Api::new(&url, &token)
+    }
+
+    /// The temp dir holding `server/` (the coordinator's data dir) and `agent/`.
+    pub fn data_dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.agent).await;
+    }
+}
+
+/// Run blocking test code (the blocking API client) off the runtime's worker threads.
+pub async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> R {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }

@@ -25,6 +25,17 @@ pub struct ServerFile {
     /// Repository budgets (checked by `gpuci_core::fleet::parse_budgets`).
     #[serde(default)]
     pub budget: Vec<toml::Table>,
+    pub dashboard: Option<DashboardFile>,
+}
+
+/// `[dashboard]`: what the web dashboard shows without sign-in.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DashboardFile {
+    /// Repositories (`owner/name`) whose jobs and logs anyone may see without signing in (for
+    /// open-source projects: check-run links open for everyone). Nothing else is public.
+    #[serde(default)]
+    pub public_repositories: Vec<RepoName>,
 }
 
 #[derive(Debug, Deserialize)]

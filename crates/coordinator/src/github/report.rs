@@ -65,8 +65,10 @@ impl Reporter {
         }
     }
 
+    /// The job's dashboard page: its live log, GPUs and cost (open without sign-in for
+    /// repositories in `[dashboard] public_repositories`).
     fn logs_url(&self, job: JobId) -> String {
-        format!("{}/api/v1/jobs/{job}/logs", self.public_url)
+        format!("{}/ui/jobs/{job}", self.public_url)
     }
 
     async fn send(&self, item: &Item) -> Result<(), gpuci_github::ApiError> {

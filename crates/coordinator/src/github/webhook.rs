@@ -48,6 +48,39 @@ pub async fn receive(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<(StatusCode, Json<WebhookReply>), ApiError> {
+    let r = receive_inner(&st, &headers, body).await;
+    // The event's name is the sender's word: counted by name only for the events gpuci knows
+    // and a verified signature (anyone can post here; labels must stay few).
+    let event = match (&r, header(&headers, "x-github-event")) {
+        (Err(_), _) | (_, None) => "(unverified)",
+        (Ok(_), Some(e)) => KNOWN_EVENTS.iter().find(|k| **k == e).copied().unwrap_or("other"),
+    };
+    let result = match &r {
+        Ok((_, reply)) => reply.status.clone(),
+        Err(e) => format!("rejected_{}", e.parts().0.as_u16()),
+    };
+    st.metrics.webhook_deliveries.with_label_values(&[event, result.as_str()]).inc();
+    r
+}
+
+/// Events counted by name in `/metrics`.
+const KNOWN_EVENTS: &[&str] = &[
+    "ping",
+    "push",
+    "pull_request",
+    "workflow_job",
+    "workflow_run",
+    "check_run",
+    "check_suite",
+    "installation",
+    "status",
+];
+
+async fn receive_inner(
+    st: &AppState,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<WebhookReply>), ApiError> {
     let Some(gh) = &st.github else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "GitHub is not configured on this coordinator"));
     };

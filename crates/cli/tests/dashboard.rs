@@ -1,0 +1,461 @@
+//! The dashboard in a real headless Chromium (Debian's `chromium` and `chromium-driver`,
+//! driven over WebDriver), and `/metrics` checked by `promtool`. Each test asserts what a
+//! person would see: log lines arriving without a reload, a job cancelled from its page, a
+//! quarantined GPU released, a private job refused to someone not signed in. Screenshots of
+//! every main page go to `<target>/tmp/dashboard-screenshots/` (kept as test artefacts).
+//!
+//! With `CI=true` a missing Chromium, chromedriver or promtool fails the test; elsewhere the
+//! test says so and passes without running (`./scripts/test` installs them).
+
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+
+use common::*;
+use fantoccini::{Client, Locator};
+use gpuci_core::job::JobState;
+use gpuci_core::quantity::Bytes;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(30);
+const TAB: &str = "\u{E004}";
+const ENTER: &str = "\u{E007}";
+
+fn tool(name: &str) -> Option<std::path::PathBuf> {
+    let found =
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.exists()));
+    if found.is_none() {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("CI=true but {name} is not installed; run ./scripts/test");
+        }
+        eprintln!("note: {name} is not installed; skipping (./scripts/test installs it)");
+    }
+    found
+}
+
+/// chromedriver on a free loopback port, and a headless Chromium session through it.
+struct Browser {
+    driver: Child,
+    client: Client,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    async fn start() -> Option<Browser> {
+        let chromium = tool("chromium")?;
+        let chromedriver = tool("chromedriver")?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let driver = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let profile = tempdir();
+        let caps: serde_json::Map<String, serde_json::Value> = serde_json::from_value(serde_json::json!({
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    "--no-first-run", "--disable-quic", "--window-size=1280,1000",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ]
+            }
+        }))
+        .unwrap();
+        let t0 = Instant::now();
+        let client = loop {
+            match fantoccini::ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+                .capabilities(caps.clone())
+                .connect(&format!("http://127.0.0.1:{port}"))
+                .await
+            {
+                Ok(c) => break c,
+                Err(e) if t0.elapsed() < T => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => panic!("no WebDriver session: {e}"),
+            }
+        };
+        Some(Browser { driver, client, _profile: profile })
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-screenshots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let png = self.client.screenshot().await.unwrap();
+        std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.client.find(Locator::Css(css)).await.unwrap().text().await.unwrap()
+    }
+
+    /// Waits until `f` holds of the page's body text.
+    async fn wait_text(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
+        let t0 = Instant::now();
+        loop {
+            let body = self.text("body").await;
+            if f(&body) {
+                return body;
+            }
+            assert!(t0.elapsed() < T, "timed out waiting for {what}; the page says:\n{body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn sign_in(&self, url: &str, token: &str, next: &str) {
+        self.client.goto(&format!("{url}/ui/login?next={next}")).await.unwrap();
+        let field = self.client.find(Locator::Id("token")).await.unwrap();
+        field.send_keys(token).await.unwrap();
+        field.send_keys(ENTER).await.unwrap();
+        self.wait_text("the sign-in to finish", |b| b.contains("Sign out")).await;
+    }
+
+    async fn close(mut self) {
+        let _ = self.client.clone().close().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// A job that prints a numbered line every 100 ms for a minute.
+const TICKS: &str =
+    "steps:\n  - key: ticks\n    command: for i in $(seq 1 600); do echo \"tick $i\"; sleep 0.1; done\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sign_in_watch_a_log_live_and_cancel_the_job_from_its_page() {
+    let c = InProc::start("dash-live").await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    let id = running_ticks(&c).await;
+
+    // Not signed in: the job of a private (unnamed) repository does not exist for this viewer.
+    b.client.goto(&format!("{}/ui/jobs/{id}", c.url)).await.unwrap();
+    let body = b.text("body").await;
+    assert!(body.contains("not found") && !body.contains("tick"), "{body}");
+
+    b.sign_in(&c.url, &c.token, &format!("/ui/jobs/{id}")).await;
+    b.wait_text("the first lines", |t| t.contains("tick 3")).await;
+    // Lines keep arriving on the same page: no reload (the marker set now survives).
+    b.client.execute("window.__still_here = 42; return 1", vec![]).await.unwrap();
+    let before = b.client.find_all(Locator::Css("#log li")).await.unwrap().len();
+    b.wait_text("later lines", |t| t.contains(&format!("tick {}", before + 10))).await;
+    let marker = b.client.execute("return window.__still_here", vec![]).await.unwrap();
+    assert_eq!(marker, serde_json::json!(42), "the page was reloaded instead of updated");
+    // Each line has a permalink.
+    let link = b.client.find(Locator::Css("#L2 a.ln")).await.unwrap().attr("href").await.unwrap();
+    assert_eq!(link.as_deref(), Some("#L2"));
+    // Searching keeps only the matching lines.
+    let search = b.client.find(Locator::Id("log-search")).await.unwrap();
+    search.send_keys("tick 7").await.unwrap();
+    let shown = b
+        .client
+        .execute("return [...document.querySelectorAll('#log li')].filter(l => !l.classList.contains('hidden')).map(l => l.textContent)", vec![])
+        .await
+        .unwrap();
+    let shown: Vec<String> = serde_json::from_value(shown).unwrap();
+    assert!(!shown.is_empty() && shown.iter().all(|l| l.contains("tick 7")), "{shown:?}");
+    b.screenshot("job-running").await;
+
+    b.client.find(Locator::Css("button.danger")).await.unwrap().click().await.unwrap();
+    b.wait_text("the job to end cancelled", |t| t.contains("cancelled")).await;
+    let api = c.api_in_blocking();
+    let j = blocking(move || api().wait_job(id, "cancelled", T, |j| j.state.is_terminal())).await;
+    assert_eq!(j.state, JobState::Cancelled, "{j:?}");
+    assert!(j.reason.contains("dashboard"), "{}", j.reason);
+    b.screenshot("job-cancelled").await;
+    b.close().await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_quarantined_gpu_shows_on_the_fleet_page_and_is_released_there() {
+    let c = InProc::start("dash-gpu").await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    let (api, a, fake) = (c.api_in_blocking(), c.a.clone(), c.fake.clone());
+    let a2 = a.clone();
+    // A job leaves memory in use on GPU A: after it, the GPU is quarantined.
+    blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let p = api.submit("steps:\n  - key: dirty\n    gpus: 1\n    command: sleep 1\n");
+        let id = p.jobs[0].id;
+        api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+        fake.set(&a2, |s| s.memory_used = Bytes(3 << 30));
+        api.wait_job(id, "finished", T, |j| j.state.is_terminal());
+        wait_until("GPU A quarantined", T, || {
+            api.agents().iter().flat_map(|x| x.gpus.iter()).any(|g| g.info.uuid == a2 && g.state == "quarantined")
+        });
+        // Clean again, so the release holds.
+        fake.set(&a2, |s| s.memory_used = Bytes(0));
+    })
+    .await;
+
+    b.sign_in(&c.url, &c.token, "/ui/fleet").await;
+    let body = b.wait_text("the quarantine on the fleet page", |t| t.contains("quarantined")).await;
+    assert!(body.contains("simulated"), "simulated GPUs are marked: {body}");
+    b.screenshot("fleet-quarantined").await;
+    let row = b.client.find(Locator::Id(&format!("gpu-{a}"))).await.unwrap();
+    row.find(Locator::Css("button")).await.unwrap().click().await.unwrap();
+    let api = c.api_in_blocking();
+    let a3 = a.clone();
+    blocking(move || {
+        let api = api();
+        wait_until("GPU A free again", T, || {
+            api.agents().iter().flat_map(|x| x.gpus.iter()).any(|g| g.info.uuid == a3 && g.state == "free")
+        })
+    })
+    .await;
+    let state = b.client.find(Locator::Id(&format!("gpu-{a}"))).await.unwrap().attr("data-state").await.unwrap();
+    assert_eq!(state.as_deref(), Some("free"));
+    b.close().await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_public_repositorys_job_opens_without_sign_in_and_a_private_one_does_not() {
+    let c = InProc::start_with("dash-public", |cfg| cfg.public_repositories = vec!["acme/open".into()]).await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    let api = c.api_in_blocking();
+    let (open, closed) = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let yaml = "steps:\n  - key: hello\n    command: echo \"hello from $GPUCI_STEP_KEY\"\n";
+        let open = api.submit_from(yaml, Some("https://github.com/acme/open.git")).jobs[0].id;
+        let closed = api.submit_from(yaml, Some("https://github.com/acme/secret.git")).jobs[0].id;
+        api.wait_job(open, "done", T, |j| j.state.is_terminal());
+        api.wait_job(closed, "done", T, |j| j.state.is_terminal());
+        (open, closed)
+    })
+    .await;
+
+    b.client.goto(&format!("{}/ui/jobs/{open}", c.url)).await.unwrap();
+    let body = b.wait_text("the public job's log", |t| t.contains("hello from hello")).await;
+    assert!(body.contains("acme/open"), "{body}");
+    assert!(!body.contains("dash-public"), "no agent names for anonymous viewers: {body}");
+    b.screenshot("public-job").await;
+    b.client.goto(&format!("{}/ui/jobs/{closed}", c.url)).await.unwrap();
+    let body = b.text("body").await;
+    assert!(body.contains("not found") && !body.contains("hello from"), "{body}");
+    // The list shows the public job only; the fleet page needs sign-in.
+    b.client.goto(&format!("{}/ui/", c.url)).await.unwrap();
+    let body = b.text("main").await;
+    assert!(body.contains(&format!("#{open}")) && !body.contains(&format!("#{closed} ")), "{body}");
+    b.client.goto(&format!("{}/ui/fleet", c.url)).await.unwrap();
+    assert!(b.client.current_url().await.unwrap().path().starts_with("/ui/login"));
+    // The live stream of a private job is refused too.
+    let r = reqwest::get(format!("{}/ui/jobs/{closed}/events", c.url)).await.unwrap();
+    assert_eq!(r.status(), 404);
+    b.close().await;
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_main_pages_work_from_the_keyboard_and_render_for_screenshots() {
+    let c = InProc::start("dash-keys").await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    let api = c.api_in_blocking();
+    let pipeline = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let p = api.submit(
+            "steps:\n  - key: build\n    command: printf '\\033[1;32mok\\033[0m build\\n'\n  - key: test\n    depends_on: build\n    gpus: 1\n    command: echo test\n  - key: never\n    agents: {queue: nowhere}\n    command: echo never\n",
+        );
+        for j in &p.jobs[..2] {
+            api.wait_job(j.id, "done", T, |j| j.state.is_terminal());
+        }
+        p.id
+    })
+    .await;
+    b.sign_in(&c.url, &c.token, "/ui/").await;
+
+    // The first Tab reaches the skip link; Enter moves focus into the main content.
+    b.client.find(Locator::Css("body")).await.unwrap().send_keys(TAB).await.unwrap();
+    let focused = b.client.active_element().await.unwrap();
+    assert_eq!(focused.text().await.unwrap(), "Skip to content");
+    focused.send_keys(ENTER).await.unwrap();
+    let id = b.client.execute("return document.activeElement.id", vec![]).await.unwrap();
+    assert_eq!(id, serde_json::json!("main"));
+    // From the top, Tab by Tab to the Queue link, and Enter opens it.
+    b.client.goto(&format!("{}/ui/", c.url)).await.unwrap();
+    let mut reached = false;
+    for _ in 0..8 {
+        b.client.active_element().await.unwrap().send_keys(TAB).await.unwrap();
+        if b.client.active_element().await.unwrap().text().await.unwrap() == "Queue" {
+            reached = true;
+            break;
+        }
+    }
+    assert!(reached, "Tab never reached the Queue link");
+    b.client.active_element().await.unwrap().send_keys(ENTER).await.unwrap();
+    let body = b.wait_text("the queue page", |t| t.contains("waiting")).await;
+    assert!(body.contains("queue=nowhere"), "the queued job's reason: {body}");
+    b.screenshot("queue").await;
+
+    b.client.goto(&format!("{}/ui/", c.url)).await.unwrap();
+    b.screenshot("jobs").await;
+    b.client.goto(&format!("{}/ui/pipelines/{pipeline}", c.url)).await.unwrap();
+    b.wait_text("the timeline", |t| t.contains("Timeline")).await;
+    b.screenshot("pipeline").await;
+    let first = b.client.find(Locator::Css("ol.timeline a")).await.unwrap();
+    first.click().await.unwrap();
+    b.wait_text("the build job's log", |t| t.contains("ok build")).await;
+    // The colour escape became a styled span, not text.
+    let html = b.client.find(Locator::Css("#log")).await.unwrap().html(true).await.unwrap();
+    assert!(html.contains("class=\"f2 bold\"") && !html.contains("[1;32m"), "{html}");
+    b.screenshot("job").await;
+    b.client.goto(&format!("{}/ui/fleet", c.url)).await.unwrap();
+    b.screenshot("fleet").await;
+    b.client.goto(&format!("{}/ui/spend", c.url)).await.unwrap();
+    b.wait_text("the spend page", |t| t.contains("Spend")).await;
+    b.screenshot("spend").await;
+    // A narrow window: the page still fits (tables scroll inside their box).
+    b.client.set_window_size(380, 800).await.unwrap();
+    b.client.goto(&format!("{}/ui/", c.url)).await.unwrap();
+    let overflow =
+        b.client.execute("return document.documentElement.scrollWidth <= window.innerWidth + 1", vec![]).await.unwrap();
+    assert_eq!(overflow, serde_json::json!(true), "the jobs page is wider than a narrow window");
+    b.screenshot("jobs-narrow").await;
+    b.client.goto(&format!("{}/ui/login", c.url)).await.unwrap();
+    b.screenshot("login").await;
+    b.close().await;
+    c.stop().await;
+}
+
+/// Changes need the API token and the session's form token: a read-only session, a form
+/// from elsewhere and a made-up cookie change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn changes_need_the_admin_token_and_the_form_token() {
+    let c = InProc::start("dash-csrf").await;
+    let id = running_ticks(&c).await;
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let read_token = std::fs::read_to_string(c.data_dir().join("server/read-token")).unwrap();
+    let session = |token: String| {
+        let http = http.clone();
+        let url = c.url.clone();
+        async move {
+            let r = http.post(format!("{url}/ui/login")).form(&[("token", token.trim())]).send().await.unwrap();
+            assert_eq!(r.status(), 303);
+            let cookie = r.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+            assert!(r.headers()["set-cookie"].to_str().unwrap().contains("HttpOnly"));
+            cookie
+        }
+    };
+    let csrf_of = |cookie: String| {
+        let http = http.clone();
+        let url = format!("{}/ui/jobs/{id}", c.url);
+        async move {
+            let page = http.get(url).header("cookie", cookie).send().await.unwrap().text().await.unwrap();
+            page.split("name=\"csrf\" value=\"").nth(1).map(|s| s.split('"').next().unwrap().to_string())
+        }
+    };
+    let cancel = |cookie: String, csrf: String| {
+        let http = http.clone();
+        let url = format!("{}/ui/jobs/{id}/cancel", c.url);
+        async move { http.post(url).header("cookie", cookie).form(&[("csrf", csrf)]).send().await.unwrap().status() }
+    };
+    let reader = session(read_token).await;
+    // A read-only session sees no cancel button, and a post is refused.
+    let reader_csrf = csrf_of(reader.clone()).await.unwrap_or_default();
+    assert_eq!(cancel(reader.clone(), reader_csrf).await, 403);
+    let admin = session(c.token.clone()).await;
+    assert_eq!(cancel(admin.clone(), "forged".into()).await, 403, "a wrong form token");
+    let forged = admin.replace("gpuci_session=admin.", "gpuci_session=admin.9").to_string();
+    assert_eq!(cancel(forged, "x".into()).await, 403, "a made-up cookie is nobody");
+    let api = c.api_in_blocking();
+    let j = blocking(move || api().job(id)).await;
+    assert_eq!(j.state, JobState::Running, "nothing above may cancel: {j:?}");
+    let csrf = csrf_of(admin.clone()).await.expect("an admin page carries a form token");
+    assert_eq!(cancel(admin, csrf).await, 303);
+    let api = c.api_in_blocking();
+    let j = blocking(move || api().wait_job(id, "cancelled", T, |j| j.state.is_terminal())).await;
+    assert_eq!(j.state, JobState::Cancelled);
+    // After sign-in, only a dashboard path is a place to go (never another site).
+    let r = http
+        .post(format!("{}/ui/login", c.url))
+        .form(&[("token", c.token.as_str()), ("next", "https://elsewhere.example/")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["location"], "/ui/");
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metrics_pass_promtool_and_attribute_the_running_jobs_gpu() {
+    let Some(promtool) = tool("promtool") else { return };
+    let c = InProc::start("dash-metrics").await;
+    let api = c.api_in_blocking();
+    let (a, fake) = (c.a.clone(), c.fake.clone());
+    let id = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let p = api.submit_from(
+            "steps:\n  - key: burn\n    gpus: 1\n    command: sleep 30\n",
+            Some("https://github.com/acme/kernels.git"),
+        );
+        let id = p.jobs[0].id;
+        api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+        fake.set(&a, |s| {
+            s.utilization_pct = 87;
+            s.memory_used = Bytes(5 << 30)
+        });
+        id
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/metrics", c.url);
+    assert_eq!(http.get(&url).send().await.unwrap().status(), 401, "metrics need a token");
+    let read_token = std::fs::read_to_string(c.data_dir().join("server/read-token")).unwrap();
+    let t0 = Instant::now();
+    let text = loop {
+        let text = http.get(&url).bearer_auth(read_token.trim()).send().await.unwrap().text().await.unwrap();
+        if text.contains("gpuci_gpu_utilization_ratio{") && text.contains("0.87") {
+            break text;
+        }
+        assert!(t0.elapsed() < T, "no attributed GPU sample yet:\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let want = format!(
+        "gpuci_gpu_utilization_ratio{{fleet=\"\",gpu_uuid=\"{}\",host=\"dash-metrics\",job_id=\"{id}\",repository=\"acme/kernels\"}} 0.87",
+        c.a
+    );
+    assert!(text.contains(&want), "missing {want}\n{text}");
+    assert!(text.contains("gpuci_job_start_latency_seconds_count{queue=\"default\"} 1"), "{text}");
+    assert!(text.contains("gpuci_gpu_leases 1"), "{text}");
+    let mut check = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut check.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ready = http.get(format!("{}/readyz", c.url)).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    let api = c.api_in_blocking();
+    blocking(move || api().cancel(id)).await;
+    c.stop().await;
+}
+
+/// Submits [`TICKS`] and returns its job once it runs.
+async fn running_ticks(c: &InProc) -> i64 {
+    let api = c.api_in_blocking();
+    blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let p = api.submit(TICKS);
+        api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running).id
+    })
+    .await
+}
