@@ -111,6 +111,7 @@ pub use host::{ensure_run_dir, seal_inherited_fds};
 pub use netns::{NetworkError, SlotNetwork};
 pub use procscan::MARKER as JOB_ID_ENV;
 pub use quota::SlotDisk;
+pub use sandbox::PRIVATE_DEV_ROOT;
 pub use sandbox::{ExitInfo, Sandbox};
 pub use seccomp::SeccompError;
 pub use warm::{ReadySpec, WarmSpec, WarmStart};

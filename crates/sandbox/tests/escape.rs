@@ -213,6 +213,40 @@ async fn job_sees_only_its_leased_gpu_nodes() {
     assert_eq!(lines, ["nvidia1", "nvidiactl", "wrote-leased", "done"], "stderr: {}", r.err);
 }
 
+/// The slot's disk (and often the workspaces' filesystem) is mounted `nodev`: a device node
+/// made there cannot be opened, and CUDA finds no GPU (seen on a real H100). The job's GPU
+/// nodes must open all the same.
+#[tokio::test]
+async fn leased_gpu_nodes_open_when_the_workspaces_are_mounted_nodev() {
+    if !ready("gpu_nodes_nodev", ALL) {
+        return;
+    }
+    use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+    let root = workspaces();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "nodev,nosuid,size=16m,mode=0711", "tmpfs"])
+        .arg(root.path())
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mounting a nodev tmpfs for the workspaces");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(root.path());
+    let ws = mkws(root.path(), "w");
+    let dev = tempfile::Builder::new().prefix("gpuci-dev-").tempdir_in("/var/tmp").expect("tempdir");
+    mknod(&dev.path().join("nvidia0"), SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(1, 3)).expect("mknod");
+    let mut s = spec("gpu-nodev", &ws, "echo x > /dev/nvidia0 && echo opened", Isolation::Bubblewrap);
+    s.gpu_devices = vec![dev.path().join("nvidia0")];
+    let r = run(&s).await;
+    assert_eq!(r.out.trim(), "opened", "the leased node could not be opened: {}", r.err);
+    // Nothing is left behind in the place the private nodes were made.
+    assert!(!Path::new(gpuci_sandbox::PRIVATE_DEV_ROOT).join(&s.job_id).exists());
+}
+
 #[tokio::test]
 async fn job_cannot_signal_the_agent_or_another_job() {
     if !ready("signal", ALL) {
