@@ -627,6 +627,17 @@ pub enum BenchCommand {
         #[arg(long, default_value = "20GiB", value_parser = parse_job_disk)]
         job_disk: u64,
     },
+    /// The dashboard's server time with many jobs in the store: runs `jobs` trivial jobs (100
+    /// per pipeline, 10 repositories), then times each main page and `/metrics`.
+    Dashboard {
+        #[arg(long, default_value_t = 10_000)]
+        jobs: u32,
+        /// Timed requests per page.
+        #[arg(long, default_value_t = 50)]
+        requests: u32,
+        #[arg(long, value_enum, default_value_t = IsolationArg::Auto)]
+        isolation: IsolationArg,
+    },
     /// The path a user waits on: a separate `gpuci submit --wait` process (pipeline file in a
     /// small git work tree, a file changed each round, uploaded) to the step's first instruction, interleaved with the
     /// in-process submit → process start and a bare bubblewrap start (the floor), so all three

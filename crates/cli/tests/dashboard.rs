@@ -98,7 +98,11 @@ impl Browser {
     async fn wait_text(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
         let t0 = Instant::now();
         loop {
-            let body = self.text("body").await;
+            // Mid-navigation (a form just posted) there may be no body for a moment.
+            let body = match self.client.find(Locator::Css("body")).await {
+                Ok(b) => b.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
             if f(&body) {
                 return body;
             }
@@ -373,6 +377,29 @@ async fn changes_need_the_admin_token_and_the_form_token() {
     let api = c.api_in_blocking();
     let j = blocking(move || api().wait_job(id, "cancelled", T, |j| j.state.is_terminal())).await;
     assert_eq!(j.state, JobState::Cancelled);
+    // Signing out: not from a form without the session's token (another site cannot sign
+    // anyone out), and then for good (the old cookie no longer opens a page).
+    let admin2 = session(c.token.clone()).await;
+    let queue = |cookie: String| {
+        let http = http.clone();
+        let url = format!("{}/ui/queue", c.url);
+        async move { http.get(url).header("cookie", cookie).send().await.unwrap().status() }
+    };
+    assert_eq!(queue(admin2.clone()).await, 200);
+    let logout = |cookie: String, csrf: String| {
+        let http = http.clone();
+        let url = format!("{}/ui/logout", c.url);
+        async move { http.post(url).header("cookie", cookie).form(&[("csrf", csrf)]).send().await.unwrap() }
+    };
+    let r = logout(admin2.clone(), String::new()).await;
+    assert!(r.headers().get("set-cookie").is_none(), "signed out without the form token");
+    assert_eq!(queue(admin2.clone()).await, 200);
+    // One spelling of a signature only.
+    let (head, sig) = admin2.rsplit_once('.').unwrap();
+    assert_eq!(queue(format!("{head}.{}", sig.to_uppercase())).await, 303);
+    let csrf = csrf_of(admin2.clone()).await.unwrap();
+    logout(admin2.clone(), csrf).await;
+    assert_eq!(queue(admin2).await, 303, "a signed-out session still opened a page");
     // After sign-in, only a dashboard path is a place to go (never another site).
     let r = http
         .post(format!("{}/ui/login", c.url))
@@ -458,4 +485,115 @@ async fn running_ticks(c: &InProc) -> i64 {
         api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running).id
     })
     .await
+}
+
+/// Benchmark, not a test (run by hand; see BENCHMARKS.md): how long a line a job prints takes
+/// to appear on an open job page. The job prints its own clock with each line; the page
+/// records its clock when each line is added (same host, same clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "benchmark: cargo test -p gpuci --test dashboard -- --ignored --nocapture log_line_latency"]
+async fn log_line_latency() {
+    let c = InProc::start("dash-bench").await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    let api = c.api_in_blocking();
+    let id = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let p = api.submit(
+            "steps:\n  - key: clock\n    command: sleep 3; for i in $(seq 1 200); do echo \"at $(date +%s%3N)\"; sleep 0.05; done\n",
+        );
+        api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running).id
+    })
+    .await;
+    b.sign_in(&c.url, &c.token, &format!("/ui/jobs/{id}")).await;
+    b.client
+        .execute(
+            "window.__arrivals = []; new MutationObserver(ms => { const now = Date.now(); for (const m of ms) for (const n of m.addedNodes) \
+             { const t = /at (\\d+)/.exec(n.textContent || ''); if (t) window.__arrivals.push(now - Number(t[1])); } })\
+             .observe(document.getElementById('log'), {childList: true}); return 1",
+            vec![],
+        )
+        .await
+        .unwrap();
+    b.wait_text("the last line", |t| t.contains("Duration") && t.contains("succeeded")).await;
+    let v = b.client.execute("return window.__arrivals", vec![]).await.unwrap();
+    let mut ms: Vec<i64> = serde_json::from_value(v).unwrap();
+    ms.sort();
+    assert!(ms.len() > 150, "only {} lines were seen arriving", ms.len());
+    let q = |p: f64| ms[((ms.len() - 1) as f64 * p) as usize];
+    println!(
+        "job prints a line -> line in the open page ({} lines): p50 {} ms, p90 {} ms, p99 {} ms, max {} ms",
+        ms.len(),
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        ms[ms.len() - 1]
+    );
+    b.close().await;
+    c.stop().await;
+}
+
+/// What a person who is not signed in can learn: nothing of private jobs (not even that they
+/// exist), no agent names in a public job's reason, and they cannot hold every live stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn anonymous_viewers_learn_nothing_private_and_cannot_take_every_live_stream() {
+    let c = InProc::start_with("dash-anon", |cfg| cfg.public_repositories = vec!["acme/open".into()]).await;
+    let api = c.api_in_blocking();
+    let (open, closed, mirror) = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let open = api.submit_from(TICKS, Some("https://github.com/acme/open.git")).jobs[0].id;
+        let closed = api.submit_from(TICKS, Some("https://github.com/acme/secret.git")).jobs[0].id;
+        // The same owner/name on another host is another repository.
+        let mirror = api.submit_from(TICKS, Some("https://git.internal.example/team/acme/open.git")).jobs[0].id;
+        api.wait_job(open, "running", T, |j| j.state == JobState::Running);
+        (open, closed, mirror)
+    })
+    .await;
+    let http = reqwest::Client::new();
+    let get = |path: String| {
+        let http = http.clone();
+        let url = c.url.clone();
+        async move {
+            let r = http.get(format!("{url}{path}")).send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, page) = get(format!("/ui/jobs/{open}")).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("running on an agent") && !page.contains("dash-anon"), "{page}");
+    // A private job, a job on a look-alike repository and one that does not exist answer alike.
+    let nowhere = 9_999_999;
+    let (s1, p1) = get(format!("/ui/jobs/{closed}")).await;
+    let (s2, p2) = get(format!("/ui/jobs/{mirror}")).await;
+    let (s3, p3) = get(format!("/ui/jobs/{nowhere}")).await;
+    assert_eq!((s1, s2, s3), (404, 404, 404));
+    assert_eq!(p1.replace(&closed.to_string(), "N"), p3.replace(&nowhere.to_string(), "N"));
+    assert_eq!(p2.replace(&mirror.to_string(), "N"), p3.replace(&nowhere.to_string(), "N"));
+    let (s4, _) = get(format!("/ui/jobs/{closed}/events")).await;
+    assert_eq!(s4, 404);
+    // Anonymous live streams take at most half of the places; a signed-in one still gets one.
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..200 {
+        let r = http.get(format!("{}/ui/events", c.url)).send().await.unwrap();
+        if r.status() == 503 {
+            refused = Some(i);
+            break;
+        }
+        held.push(r);
+    }
+    assert_eq!(refused, Some(128), "anonymous streams should stop at half of 256");
+    let r = http.get(format!("{}/ui/events", c.url)).bearer_auth(&c.token).send().await.unwrap();
+    assert_eq!(r.status(), 200, "a signed-in viewer still gets a live stream");
+    drop(held);
+    let api = c.api_in_blocking();
+    blocking(move || {
+        let api = api();
+        for id in [open, closed, mirror] {
+            api.cancel(id);
+        }
+    })
+    .await;
+    c.stop().await;
 }

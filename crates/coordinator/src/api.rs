@@ -260,9 +260,9 @@ pub async fn require_api_token(State(st): State<AppState>, req: Request, next: N
 /// What job summaries name besides the job: its agent's name, and the fleet machine it ran on
 /// (for its cost).
 pub(crate) struct Known {
-    names: HashMap<String, String>,
+    pub(crate) names: HashMap<String, String>,
     /// Fleet machines by the agent that registered from them.
-    machines: HashMap<String, gpuci_store::MachineRecord>,
+    pub(crate) machines: HashMap<String, gpuci_store::MachineRecord>,
 }
 
 pub(crate) async fn agent_names(store: &dyn Store) -> Known {

@@ -1127,17 +1127,22 @@ pub async fn cost_inputs(
     let stretches = store.billing_since(from_ms).await?;
     let by_agent: HashMap<&str, &str> =
         machines.iter().filter_map(|m| Some((m.agent_id.as_deref()?, m.id.as_str()))).collect();
-    let mut repos: HashMap<i64, Option<String>> = HashMap::new();
     let mut runs = Vec::new();
-    for j in store.jobs_ran_since(from_ms).await? {
-        let (Some(agent), Some(started)) = (j.agent_id.as_deref(), j.started_at_ms) else { continue };
-        let Some(machine) = by_agent.get(agent) else { continue };
-        if let std::collections::hash_map::Entry::Vacant(e) = repos.entry(j.pipeline_id) {
-            e.insert(store.get_pipeline(j.pipeline_id).await?.and_then(|p| p.repository).map(|r| repository_name(&r)));
-        }
+    // No fleet machine ever: no job ran on one (and the jobs need not be read).
+    let ran = if by_agent.is_empty() { Vec::new() } else { store.jobs_ran_since(from_ms).await? };
+    let on_machines: Vec<(&gpuci_store::JobRecord, &str, i64)> =
+        ran.iter().filter_map(|j| Some((j, *by_agent.get(j.agent_id.as_deref()?)?, j.started_at_ms?))).collect();
+    let pipelines: Vec<i64> = on_machines
+        .iter()
+        .map(|(j, _, _)| j.pipeline_id)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let repos = store.pipeline_origins(&pipelines).await?;
+    for (j, machine, started) in on_machines {
         runs.push(Run {
             machine: machine.to_string(),
-            repository: repos.get(&j.pipeline_id).cloned().flatten(),
+            repository: repos.get(&j.pipeline_id).and_then(|(r, _)| r.as_deref()).map(repository_name),
             gpus: j.gpus.len() as u32,
             from_ms: started,
             to_ms: j.finished_at_ms,

@@ -1,9 +1,10 @@
 //! gpuci-coordinator: the server. REST API and the agent channel (axum), the scheduler that
-//! owns live state ([`brain`]), reapers for queue timeouts and lost agents, and the OpenAPI
-//! document.
+//! owns live state ([`brain`]), reapers for queue timeouts and lost agents, fleets, the web
+//! dashboard ([`ui`]), `/metrics` ([`metrics`]) and the OpenAPI document.
 //!
 //! It must not run jobs or touch GPUs itself (agents do), and must not hold state outside the
-//! scheduler task and the store. Shutdown is handed in as a `CancellationToken`.
+//! scheduler task and the store, but for what is only ever shown: running jobs' latest GPU
+//! samples ([`live`]) and counters. Shutdown is handed in as a `CancellationToken`.
 
 pub mod api;
 pub mod auth;
@@ -180,6 +181,10 @@ pub struct AppState {
     pub budgets: Arc<Vec<gpuci_core::fleet::RepoBudget>>,
     /// GitHub's API address, when GitHub is configured (links to repositories and check runs).
     pub github_api_url: Option<String>,
+    /// Dashboard sessions signed out before they expired.
+    pub revoked_sessions: Arc<ui::Revoked>,
+    /// Live streams (server-sent events) open at once, at most [`ui::MAX_LIVE_STREAMS`].
+    pub live_streams: Arc<tokio::sync::Semaphore>,
 }
 
 /// Default per-job log cap: the agents' default (100 MiB) and room for gpuci's own lines.
@@ -451,6 +456,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         public_repositories: Arc::new(config.public_repositories.clone()),
         budgets: Arc::new(config.budgets.clone()),
         github_api_url: config.github.as_ref().map(|g| g.api_url.clone()),
+        revoked_sessions: Arc::new(ui::Revoked::default()),
+        live_streams: Arc::new(tokio::sync::Semaphore::new(ui::MAX_LIVE_STREAMS)),
     };
     tokio::spawn(collect_uploads(st.store.clone(), st.uploads.clone(), config.upload_retention, shutdown.clone()));
     let app = router(st);

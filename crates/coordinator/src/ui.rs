@@ -4,7 +4,7 @@
 //! server-sent events. Pages are rendered by `gpuci_web`; changes go through the brain as the
 //! API's do. Every change a page makes is a POST that carries the session's form token.
 
-use crate::api::{agent_names, ask, load_job, summarize, ApiError};
+use crate::api::{agent_names, ask, summarize, ApiError};
 use crate::brain::{now_ms, Command};
 use crate::hub::Event;
 use crate::origin::Origin as PipelineOrigin;
@@ -29,11 +29,22 @@ use std::convert::Infallible;
 use tokio::sync::broadcast;
 
 const COOKIE: &str = "gpuci_session";
+/// Over HTTPS (a proxy saying `X-Forwarded-Proto: https`): `Secure`, and bound to this host
+/// alone (`__Host-`), so no page on another port or subdomain ever receives it.
+const SECURE_COOKIE: &str = "__Host-gpuci_session";
 const SESSION_SECS: i64 = 7 * 86_400;
 /// Rows a list page shows.
 const PAGE: usize = 100;
-/// Log lines the job page shows at first (the end of a longer log).
-const LOG_TAIL: i64 = 5_000;
+/// Log lines the job page shows at first (the end of a longer log), and the most text they
+/// may hold together: a hostile job's lines are long and dense.
+const LOG_TAIL: i64 = 2_000;
+const LOG_TAIL_BYTES: usize = 1 << 20;
+/// Live streams (server-sent events) open at once; past it a stream is refused (503) and the
+/// page still works, just not live.
+pub const MAX_LIVE_STREAMS: usize = 256;
+/// A live stream whose browser reads nothing for this long is closed (it reconnects and
+/// resumes where it was).
+const STALLED_STREAM: std::time::Duration = std::time::Duration::from_secs(10);
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -116,11 +127,53 @@ fn new_session(st: &AppState, role: Role) -> String {
     format!("{payload}.{sig}")
 }
 
-fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|c| {
-        let (k, v) = c.trim().split_once('=')?;
-        (k == name).then_some(v)
-    })
+fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).filter_map(
+        move |c| {
+            let (k, v) = c.trim().split_once('=')?;
+            (k == name).then_some(v)
+        },
+    )
+}
+
+/// Sessions signed out before they expired: (signature, expiry in Unix seconds). In memory:
+/// a restart forgets them (a new token ends every session for good).
+#[derive(Default)]
+pub struct Revoked(std::sync::Mutex<HashMap<String, i64>>);
+
+impl Revoked {
+    fn add(&self, sig: &str, expires: i64) {
+        let now = now_ms() / 1000;
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, e| *e >= now);
+        m.insert(sig.to_string(), expires);
+    }
+    fn contains(&self, sig: &str) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).contains_key(sig)
+    }
+}
+
+/// A session cookie's role, expiry and signature, when it is one this server signed, unexpired
+/// and not signed out.
+fn check_session(st: &AppState, session: &str) -> Option<(Role, i64, String)> {
+    let (payload, sig) = session.rsplit_once('.')?;
+    let (role, expires) = payload.split_once('.')?;
+    let role = match role {
+        "admin" => Role::Admin,
+        "read" => Role::Reader,
+        _ => return None,
+    };
+    // One spelling only: lowercase hex, as signed.
+    if sig.len() != 64 || !sig.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return None;
+    }
+    let expires: i64 = expires.parse().ok().filter(|e: &i64| e.to_string() == expires)?;
+    let key = session_key(st, role);
+    mac(&key, payload).verify_slice(&hex::decode(sig).ok()?).ok()?;
+    if expires < now_ms() / 1000 || st.revoked_sessions.contains(sig) {
+        return None;
+    }
+    Some((role, expires, sig.to_string()))
 }
 
 /// The viewer of a request: a bearer token (scripts, tests) or the session cookie.
@@ -136,23 +189,17 @@ fn viewer(st: &AppState, headers: &HeaderMap) -> Viewer {
         // A bearer token cannot be sent by another site's page: no form token needed.
         return Viewer { role, csrf: String::new() };
     }
-    let Some(session) = cookie_value(headers, COOKIE) else { return anonymous() };
-    let Some((payload, sig)) = session.rsplit_once('.') else { return anonymous() };
-    let Some((role, expires)) = payload.split_once('.') else { return anonymous() };
-    let role = match role {
-        "admin" => Role::Admin,
-        "read" => Role::Reader,
-        _ => return anonymous(),
-    };
-    let key = session_key(st, role);
-    let Ok(sig) = hex::decode(sig) else { return anonymous() };
-    if mac(&key, payload).verify_slice(&sig).is_err() {
-        return anonymous();
+    // The first valid session wins: a cookie planted beside it (by a page on another port of
+    // this host) can neither sign the user out nor in as someone else.
+    for name in [SECURE_COOKIE, COOKIE] {
+        for session in cookie_values(headers, name) {
+            if let Some((role, _, _)) = check_session(st, session) {
+                let key = session_key(st, role);
+                return Viewer { role, csrf: sign(&key, &format!("csrf.{session}")) };
+            }
+        }
     }
-    if expires.parse::<i64>().map_or(true, |e| e < now_ms() / 1000) {
-        return anonymous();
-    }
-    Viewer { role, csrf: sign(&key, &format!("csrf.{session}")) }
+    anonymous()
 }
 
 fn anonymous() -> Viewer {
@@ -234,7 +281,12 @@ struct LoginForm {
     next: Option<String>,
 }
 
-async fn login(State(st): State<AppState>, Form(f): Form<LoginForm>) -> Response {
+/// The request came over HTTPS, as a TLS-terminating proxy in front says.
+fn https(headers: &HeaderMap) -> bool {
+    headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).is_some_and(|p| p.eq_ignore_ascii_case("https"))
+}
+
+async fn login(State(st): State<AppState>, headers: HeaderMap, Form(f): Form<LoginForm>) -> Response {
     let token = f.token.trim();
     let role = if st.api_token.matches(token) {
         Role::Admin
@@ -245,8 +297,14 @@ async fn login(State(st): State<AppState>, Form(f): Form<LoginForm>) -> Response
         return (StatusCode::UNAUTHORIZED, html(gpuci_web::login(Some("That token is not valid."), &next)))
             .into_response();
     };
-    let cookie =
-        format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_SECS}", new_session(&st, role));
+    let cookie = if https(&headers) {
+        format!(
+            "{SECURE_COOKIE}={}; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age={SESSION_SECS}",
+            new_session(&st, role)
+        )
+    } else {
+        format!("{COOKIE}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={SESSION_SECS}", new_session(&st, role))
+    };
     let mut r = Redirect::to(&safe_next(f.next.as_deref())).into_response();
     if let Ok(v) = HeaderValue::from_str(&cookie) {
         r.headers_mut().insert(header::SET_COOKIE, v);
@@ -260,32 +318,70 @@ struct CsrfForm {
     csrf: String,
 }
 
+/// Signs out: the session is revoked here (not only forgotten by the browser). Only with the
+/// session's form token: another site cannot sign anyone out.
 async fn logout(State(st): State<AppState>, headers: HeaderMap, Form(f): Form<CsrfForm>) -> Response {
-    let v = viewer(&st, &headers);
     use subtle::ConstantTimeEq;
-    if v.signed_in() && !v.csrf.is_empty() && !bool::from(v.csrf.as_bytes().ct_eq(f.csrf.as_bytes())) {
-        return page_error(StatusCode::FORBIDDEN, &v, "Not allowed", "the form is stale; reload the page");
+    let v = viewer(&st, &headers);
+    if !v.signed_in() || v.csrf.is_empty() || !bool::from(v.csrf.as_bytes().ct_eq(f.csrf.as_bytes())) {
+        return Redirect::to("/ui/").into_response();
+    }
+    for name in [SECURE_COOKIE, COOKIE] {
+        for session in cookie_values(&headers, name) {
+            if let Some((_, expires, sig)) = check_session(&st, session) {
+                st.revoked_sessions.add(&sig, expires);
+            }
+        }
     }
     let mut r = Redirect::to("/ui/").into_response();
-    r.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static("gpuci_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0"),
-    );
+    for clear in [
+        "gpuci_session=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0",
+        "__Host-gpuci_session=; Path=/; Secure; HttpOnly; SameSite=Strict; Max-Age=0",
+    ] {
+        r.headers_mut().append(header::SET_COOKIE, HeaderValue::from_static(clear));
+    }
     r
 }
 
 // ---- data -----------------------------------------------------------------------------------
 
-/// `owner/name`, lowercase, however a pipeline spells its repository.
+/// `owner/name`, lowercase, however a pipeline spells its repository (for filters).
 fn repo_key(r: &str) -> String {
     crate::fleets::repository_name(r).to_ascii_lowercase()
 }
 
-fn is_public(st: &AppState, repository: Option<&str>) -> bool {
-    repository.is_some_and(|r| {
-        let r = repo_key(r);
-        st.public_repositories.iter().any(|p| repo_key(p) == r)
-    })
+/// `owner/name` (lowercase) of a repository on this GitHub, from a git remote: its host must be
+/// `github_host` and its path exactly two segments. Anything else (another host, a nested
+/// group, a local path) is no GitHub repository, and so never public.
+fn github_repository(remote: &str, github_host: &str) -> Option<String> {
+    let r = remote.trim();
+    let (host, path) = match r.split_once("://") {
+        Some((_, rest)) => {
+            let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+            rest.split_once('/')?
+        }
+        // `git@github.com:owner/name.git`, or `github.com/owner/name`.
+        None => match r.split_once(':') {
+            Some((userhost, path)) if !userhost.contains('/') => {
+                (userhost.rsplit_once('@').map_or(userhost, |(_, h)| h), path)
+            }
+            _ => r.split_once('/')?,
+        },
+    };
+    let host =
+        host.rsplit_once(':').map_or(host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host });
+    if !host.eq_ignore_ascii_case(github_host) {
+        return None;
+    }
+    let path = path.trim_matches('/');
+    let path = path.strip_suffix(".git").unwrap_or(path);
+    let (owner, name) = path.split_once('/')?;
+    let ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    (ok(owner) && ok(name) && name != "." && name != "..").then(|| format!("{owner}/{name}").to_ascii_lowercase())
+}
+
+fn public_listed(st: &AppState, owner_name: &str) -> bool {
+    st.public_repositories.iter().any(|p| p.eq_ignore_ascii_case(owner_name))
 }
 
 /// GitHub's web address for a repository, from the configured API address.
@@ -303,12 +399,23 @@ async fn origins(st: &AppState, pipelines: BTreeSet<i64>) -> Result<HashMap<i64,
     let ids: Vec<i64> = pipelines.into_iter().collect();
     let raw = st.store.pipeline_origins(&ids).await?;
     let web = github_web(st);
+    let host = web.as_deref().and_then(|w| w.split_once("://")).map_or("github.com", |(_, h)| h).to_string();
     Ok(raw
         .into_iter()
         .map(|(id, (repository, origin))| {
             let mut o = gpuci_web::Origin {
                 repository: repository.as_deref().map(crate::fleets::repository_name),
                 ..Default::default()
+            };
+            // Public: named so in the config, and known to be that repository on this GitHub
+            // (GitHub's own word for GitHub origins; the remote's host and path otherwise).
+            o.public = match PipelineOrigin::parse(origin.as_deref()) {
+                Some(PipelineOrigin::Github(g)) => public_listed(st, &g.repository),
+                Some(PipelineOrigin::ActionsRunner(r)) => public_listed(st, &r.repository),
+                None => repository
+                    .as_deref()
+                    .and_then(|r| github_repository(r, &host))
+                    .is_some_and(|r| public_listed(st, &r)),
             };
             match PipelineOrigin::parse(origin.as_deref()) {
                 Some(PipelineOrigin::Github(g)) => {
@@ -374,30 +481,60 @@ async fn jobs_inner(st: &AppState, v: &Viewer, q: JobsQuery) -> Result<Markup, A
         states.push(q.state.parse::<JobState>().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?);
     }
     let filtering = !q.repo.is_empty() || !q.fleet.is_empty() || !v.signed_in();
-    // With a filter the store cannot apply, read a larger window and filter it here.
-    let window = if filtering { 5_000 } else { PAGE as u32 + 1 };
+    // With a filter the store cannot apply, read a larger window and filter it here; the next
+    // page starts after the window (so a run of jobs the viewer may not see never ends the
+    // listing).
+    let window = match (filtering, v.signed_in()) {
+        (false, _) => PAGE as u32 + 1,
+        (true, true) => 5_000,
+        (true, false) => 1_000,
+    };
     let jobs = st.store.list_jobs(&JobFilter { states, pipeline: None, limit: Some(window), before: q.before }).await?;
-    let mut all = rows(st, &jobs).await?;
-    let mut repositories: BTreeSet<String> = all.iter().filter_map(|r| r.origin.repository.clone()).collect();
+    // Filter on the records (cheap), then make rows of what is shown only.
+    let known = agent_names(st.store.as_ref()).await;
+    let origins = origins(st, jobs.iter().map(|j| j.pipeline_id).collect()).await?;
+    let want_repo = (!q.repo.is_empty()).then(|| repo_key(&q.repo));
+    let fleet_of =
+        |j: &gpuci_store::JobRecord| j.agent_id.as_ref().and_then(|a| known.machines.get(a)).map(|m| m.fleet.as_str());
+    let kept: Vec<gpuci_store::JobRecord> = jobs
+        .iter()
+        .filter(|j| {
+            let o = origins.get(&j.pipeline_id);
+            (v.signed_in() || o.is_some_and(|o| o.public))
+                && want_repo
+                    .as_ref()
+                    .is_none_or(|w| o.and_then(|o| o.repository.as_deref()).map(repo_key).as_ref() == Some(w))
+                && (q.fleet.is_empty() || fleet_of(j) == Some(q.fleet.as_str()))
+        })
+        .take(PAGE + 1)
+        .cloned()
+        .collect();
+    let next_page = if kept.len() > PAGE {
+        kept.get(PAGE - 1).map(|j| j.id)
+    } else if jobs.len() == window as usize {
+        jobs.last().map(|j| j.id)
+    } else {
+        None
+    };
+    let mut all: Vec<JobRow> = summarize(&kept[..kept.len().min(PAGE)], &known)
+        .into_iter()
+        .map(|job| {
+            let origin = origins.get(&job.pipeline_id).cloned().unwrap_or_default();
+            let fleet = job.cost.as_ref().map(|c| c.fleet.clone());
+            JobRow { job, origin, fleet }
+        })
+        .collect();
+    let mut repositories: BTreeSet<String> = origins.values().filter_map(|o| o.repository.clone()).collect();
     if !v.signed_in() {
-        all.retain(|r| is_public(st, r.origin.repository.as_deref()));
-        repositories.retain(|r| is_public(st, Some(r)));
-        for p in st.public_repositories.iter() {
-            repositories.insert(p.clone());
+        repositories = st.public_repositories.iter().cloned().collect();
+        let scrub = Scrub::load(st).await;
+        for r in &mut all {
+            scrub.row(r);
         }
     }
     if !q.repo.is_empty() {
-        let want = repo_key(&q.repo);
-        all.retain(|r| r.origin.repository.as_deref().map(repo_key).as_deref() == Some(want.as_str()));
         repositories.insert(q.repo.clone());
     }
-    if !q.fleet.is_empty() {
-        all.retain(|r| r.fleet.as_deref() == Some(q.fleet.as_str()));
-    }
-    let next_page = (all.len() > PAGE || jobs.len() == window as usize)
-        .then(|| all.get(PAGE.min(all.len()).saturating_sub(1)).map(|r| r.job.id))
-        .flatten();
-    all.truncate(PAGE);
     let fleets: Vec<String> = st.fleets.read().map(|f| f.iter().map(|f| f.name.clone()).collect()).unwrap_or_default();
     let filters = gpuci_web::JobFilters { repository: q.repo, state: q.state, fleet: q.fleet };
     Ok(gpuci_web::jobs(&all, &filters, &repositories.into_iter().collect::<Vec<_>>(), &fleets, next_page, v, now_ms()))
@@ -405,18 +542,88 @@ async fn jobs_inner(st: &AppState, v: &Viewer, q: JobsQuery) -> Result<Markup, A
 
 /// The job and its row, if this viewer may see it.
 async fn visible_job(st: &AppState, v: &Viewer, id: JobId) -> Result<JobRow, Response> {
-    let j = load_job(st, id).await.map_err(|e| api_error(v, e))?;
-    let row = rows(st, &[j]).await.map_err(|e| api_error(v, e))?.remove(0);
-    if !v.signed_in() && !is_public(st, row.origin.repository.as_deref()) {
-        // The same answer as a job that does not exist: private jobs are not confirmed.
-        return Err(page_error(
-            StatusCode::NOT_FOUND,
-            v,
-            "Not found",
-            &format!("job {id} not found (sign in to see private repositories' jobs)"),
-        ));
+    // One answer for a job that does not exist and one this viewer may not see.
+    let not_found = || {
+        let hint = if v.signed_in() { "" } else { " (sign in to see private repositories' jobs)" };
+        page_error(StatusCode::NOT_FOUND, v, "Not found", &format!("job {id} not found{hint}"))
+    };
+    let j = match st.store.get_job(id).await {
+        Ok(Some(j)) => j,
+        Ok(None) => return Err(not_found()),
+        Err(e) => return Err(api_error(v, e.into())),
+    };
+    let mut row = rows(st, &[j]).await.map_err(|e| api_error(v, e))?.remove(0);
+    if !v.signed_in() {
+        if !row.origin.public {
+            return Err(not_found());
+        }
+        Scrub::load(st).await.row(&mut row);
     }
     Ok(row)
+}
+
+/// What anonymous viewers must not learn from a public job's reason and gpuci's own lines in
+/// its log: the names of agents and the UUIDs of GPUs.
+struct Scrub {
+    /// Agent names, longest first (a name inside another is replaced after it).
+    names: Vec<String>,
+}
+
+impl Scrub {
+    async fn load(st: &AppState) -> Scrub {
+        let mut names: Vec<String> = st
+            .store
+            .list_agents()
+            .await
+            .map(|v| v.into_iter().map(|a| a.name).filter(|n| n.len() >= 2).collect())
+            .unwrap_or_default();
+        names.sort_by_key(|n| std::cmp::Reverse(n.len()));
+        Scrub { names }
+    }
+
+    fn text(&self, s: &str) -> String {
+        let mut out = scrub_uuids(s);
+        for n in &self.names {
+            out = out.replace(n.as_str(), "an agent");
+        }
+        out
+    }
+
+    fn row(&self, r: &mut JobRow) {
+        r.job.reason = self.text(&r.job.reason);
+        r.job.agent_id = None;
+        r.job.agent_name = None;
+        r.job.gpus.clear();
+        r.fleet = None;
+        r.job.cost = None;
+    }
+
+    /// gpuci's own lines only: the job's output is the job's.
+    fn line(&self, mut l: gpuci_protocol::api::LogLine) -> gpuci_protocol::api::LogLine {
+        if matches!(l.stream, gpuci_protocol::agent::Stream::System) {
+            l.text = self.text(&l.text);
+        }
+        l
+    }
+}
+
+/// `GPU-…`/`MIG-…` UUIDs replaced by "a GPU".
+fn scrub_uuids(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(i) = rest.find("GPU-").into_iter().chain(rest.find("MIG-")).min() {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i + 4..];
+        let len = tail.bytes().take_while(|b| b.is_ascii_hexdigit() || *b == b'-' || *b == b'/').count();
+        if len >= 8 {
+            out.push_str("a GPU");
+        } else {
+            out.push_str(&rest[i..i + 4 + len]);
+        }
+        rest = &tail[len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 async fn job_page(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
@@ -452,6 +659,23 @@ async fn job_inner(st: &AppState, v: &Viewer, row: JobRow) -> Result<Markup, Api
             break;
         }
     }
+    // Within the byte budget, the newest lines win.
+    let mut bytes = 0usize;
+    let keep_from = lines
+        .iter()
+        .rposition(|l| {
+            bytes += l.text.len().min(gpuci_web::MAX_LINE_SHOWN);
+            bytes > LOG_TAIL_BYTES
+        })
+        .map_or(0, |i| i + 1);
+    let after = after + keep_from as i64;
+    let lines: Vec<_> = lines.into_iter().skip(keep_from).collect();
+    let lines = if v.signed_in() {
+        lines
+    } else {
+        let scrub = Scrub::load(st).await;
+        lines.into_iter().map(|l| scrub.line(l)).collect()
+    };
     let points = match (&row.job.telemetry, st.live.job(id)) {
         (Some(t), _) if !t.series.is_empty() => t.series.clone(),
         (_, Some(l)) => l.points,
@@ -514,13 +738,25 @@ async fn job_events(
     if let Err(r) = visible_job(&st, &v, id).await {
         return r;
     }
+    let Some(permit) = stream_permit(&st, &v) else { return too_many_streams(&v) };
+    let scrub = if v.signed_in() { None } else { Some(Scrub::load(&st).await) };
     // A reconnecting browser says where it was.
     let resume = headers.get("last-event-id").and_then(|h| h.to_str().ok()).and_then(|s| s.parse::<i64>().ok());
     let mut last = resume.or(q.after).unwrap_or(0).max(0);
     let mut events = st.hub.subscribe();
-    let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(512);
+    let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(LIVE_QUEUE);
     tokio::spawn(async move {
+        let _permit = permit;
+        let tx = Stalling(tx);
         let line_event = |l: &gpuci_protocol::api::LogLine| {
+            let scrubbed;
+            let l = match &scrub {
+                Some(s) => {
+                    scrubbed = s.line(l.clone());
+                    &scrubbed
+                }
+                None => l,
+            };
             let html = gpuci_web::log_line(l).into_string();
             SseEvent::default()
                 .event("line")
@@ -531,7 +767,7 @@ async fn job_events(
             SseEvent::default().event("state").data(
                 serde_json::json!({
                     "badge": gpuci_web::state_fragment(j),
-                    "reason": j.reason,
+                    "reason": gpuci_web::ansi::visible(&scrub.as_ref().map_or_else(|| j.reason.clone(), |s| s.text(&j.reason))),
                     "duration": gpuci_web::job_duration(j, now_ms()),
                 })
                 .to_string(),
@@ -562,7 +798,7 @@ async fn job_events(
             }
             loop {
                 let ev = tokio::select! {
-                    _ = tx.closed() => return,
+                    _ = tx.0.closed() => return,
                     _ = st.shutdown.cancelled() => return,
                     ev = events.recv() => ev,
                 };
@@ -609,9 +845,11 @@ async fn job_events(
 /// page fetches itself again).
 async fn list_events(State(st): State<AppState>, headers: HeaderMap) -> Response {
     let v = viewer(&st, &headers);
+    let Some(permit) = stream_permit(&st, &v) else { return too_many_streams(&v) };
     let mut events = st.hub.subscribe();
     let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(16);
     tokio::spawn(async move {
+        let _permit = permit;
         let mut public: HashMap<i64, bool> = HashMap::new();
         loop {
             let ev = tokio::select! {
@@ -620,23 +858,27 @@ async fn list_events(State(st): State<AppState>, headers: HeaderMap) -> Response
                 ev = events.recv() => ev,
             };
             let pipeline = match ev {
-                Ok(Event::Job(j)) => j.pipeline_id,
+                Ok(Event::Job(j)) => Some(j.pipeline_id),
                 Ok(_) => continue,
-                Err(broadcast::error::RecvError::Lagged(_)) => 0,
+                // Fell behind: some job changed, nobody knows which.
+                Err(broadcast::error::RecvError::Lagged(_)) => None,
                 Err(broadcast::error::RecvError::Closed) => return,
             };
-            if !v.signed_in() && pipeline != 0 {
+            if !v.signed_in() {
+                // Anonymous viewers hear of public pipelines only; after a lag, of nothing
+                // (a private job's activity must not show as their page refreshing).
+                let Some(pipeline) = pipeline else { continue };
                 let visible = match public.get(&pipeline) {
                     Some(p) => *p,
                     None => {
-                        let repo = st.store.get_pipeline(pipeline).await.ok().flatten().and_then(|p| p.repository);
-                        let origin = st.store.get_pipeline(pipeline).await.ok().flatten().and_then(|p| p.origin);
-                        let repo = match PipelineOrigin::parse(origin.as_deref()) {
-                            Some(PipelineOrigin::Github(g)) => Some(g.repository),
-                            Some(PipelineOrigin::ActionsRunner(r)) => Some(r.repository),
-                            None => repo,
-                        };
-                        let p = is_public(&st, repo.as_deref());
+                        let p = origins(&st, [pipeline].into())
+                            .await
+                            .ok()
+                            .and_then(|o| o.get(&pipeline).map(|o| o.public))
+                            .unwrap_or(false);
+                        if public.len() > 10_000 {
+                            public.clear();
+                        }
                         public.insert(pipeline, p);
                         p
                     }
@@ -656,6 +898,41 @@ async fn list_events(State(st): State<AppState>, headers: HeaderMap) -> Response
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
+/// Events one live stream may have waiting for its browser.
+const LIVE_QUEUE: usize = 32;
+
+/// A live stream's sender that gives up on a browser reading nothing for [`STALLED_STREAM`].
+struct Stalling(tokio::sync::mpsc::Sender<SseEvent>);
+
+impl Stalling {
+    async fn send(&self, e: SseEvent) -> Result<(), ()> {
+        match tokio::time::timeout(STALLED_STREAM, self.0.send(e)).await {
+            Ok(Ok(())) => Ok(()),
+            _ => Err(()),
+        }
+    }
+}
+
+/// One of the [`MAX_LIVE_STREAMS`] places for a live stream; anonymous viewers may hold at most
+/// half of them, so they cannot lock signed-in users out.
+fn stream_permit(st: &AppState, v: &Viewer) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    if !v.signed_in() && st.live_streams.available_permits() <= MAX_LIVE_STREAMS / 2 {
+        return None;
+    }
+    st.live_streams.clone().try_acquire_owned().ok()
+}
+
+fn too_many_streams(v: &Viewer) -> Response {
+    let mut r = page_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        v,
+        "Busy",
+        "too many live pages are open; this page works without live updates (reload it)",
+    );
+    r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
+    r
+}
+
 async fn pipeline_page(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     let v = viewer(&st, &headers);
     let Ok(id) = id.parse::<i64>() else {
@@ -667,17 +944,26 @@ async fn pipeline_page(State(st): State<AppState>, headers: HeaderMap, Path(id):
         Ok(None) => return not_found(&v),
         Err(e) => return api_error(&v, e.into()),
     };
+    // Whether this viewer may see it, before its jobs are read: a private pipeline answers as
+    // fast as one that does not exist.
+    if !v.signed_in()
+        && !origins(&st, [id].into()).await.ok().and_then(|o| o.get(&id).map(|o| o.public)).unwrap_or(false)
+    {
+        return not_found(&v);
+    }
     let jobs = match st.store.pipeline_jobs(id).await {
         Ok(j) => j,
         Err(e) => return api_error(&v, e.into()),
     };
-    let rows = match rows(&st, &jobs).await {
+    let mut rows = match rows(&st, &jobs).await {
         Ok(r) => r,
         Err(e) => return api_error(&v, e),
     };
-    let repo = origins(&st, [id].into()).await.ok().and_then(|o| o.get(&id).and_then(|o| o.repository.clone()));
-    if !v.signed_in() && !is_public(&st, repo.as_deref()) {
-        return not_found(&v);
+    if !v.signed_in() {
+        let scrub = Scrub::load(&st).await;
+        for r in &mut rows {
+            scrub.row(r);
+        }
     }
     let summaries: Vec<JobSummary> = rows.iter().map(|r| r.job.clone()).collect();
     let state = crate::convert::pipeline_state(&summaries);
@@ -827,6 +1113,35 @@ async fn release(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_repository_on_this_github_can_be_public() {
+        let gh = |r: &str| github_repository(r, "github.com");
+        for (remote, want) in [
+            ("https://github.com/acme/open.git", Some("acme/open")),
+            ("https://GitHub.com/Acme/Open", Some("acme/open")),
+            ("git@github.com:acme/open.git", Some("acme/open")),
+            ("ssh://git@github.com:22/acme/open.git", Some("acme/open")),
+            ("github.com/acme/open", Some("acme/open")),
+            ("https://git.internal.example/secret-team/acme/open.git", None),
+            ("https://github.com.evil.example/acme/open.git", None),
+            ("https://github.com/acme/open/extra", None),
+            ("git@gitlab.com:acme/open.git", None),
+            ("/home/me/acme/open", None),
+            ("acme/open", None),
+            ("https://github.com/acme/..", None),
+        ] {
+            assert_eq!(gh(remote).as_deref(), want, "{remote}");
+        }
+    }
+
+    #[test]
+    fn gpu_uuids_are_scrubbed_from_what_anonymous_viewers_read() {
+        assert_eq!(
+            scrub_uuids("GPU GPU-6486fdaf-51ba-654f-8a00-d6041b960d5f failed; MIG-1a2b3c4d-0000/1/2 too; GPU-x stays"),
+            "GPU a GPU failed; a GPU too; GPU-x stays"
+        );
+    }
 
     #[test]
     fn next_is_only_a_dashboard_path() {

@@ -143,6 +143,15 @@ async fn suite(s: &dyn Store) {
     assert_eq!(active.iter().map(|j| j.id).collect::<Vec<_>>(), vec![b]);
     let failed = s.list_jobs(&JobFilter { states: vec![JobState::Failed], ..Default::default() }).await.unwrap();
     assert_eq!(failed.len(), 1);
+    // The next page of a newest-first listing: only jobs older than the one given.
+    let all = s.list_jobs(&JobFilter::default()).await.unwrap();
+    let older = s.list_jobs(&JobFilter { before: Some(all[0].id), ..Default::default() }).await.unwrap();
+    assert_eq!(older.iter().map(|j| j.id).collect::<Vec<_>>(), all[1..].iter().map(|j| j.id).collect::<Vec<_>>());
+    // Where pipelines came from, by id; ids the store does not have are left out.
+    let origins = s.pipeline_origins(&[p.id, with_upload.id, 999_999]).await.unwrap();
+    assert_eq!(origins.len(), 2);
+    assert_eq!(origins[&p.id], (None, None));
+    assert_eq!(origins[&with_upload.id].0.as_deref(), Some("git@example.invalid:org/a.git"));
 
     // Logs get consecutive sequence numbers across appends.
     let chunk = |t: &str| LogChunk { ts_us: 1, stream: Stream::Stdout, text: t.into() };

@@ -66,6 +66,10 @@
         if (document.getElementById("L" + d.seq)) return;
         log.insertAdjacentHTML("beforeend", d.html);
         log.dataset.after = d.seq;
+        // A page following a long log keeps the newest lines only (the raw log has all).
+        while (log.children.length > 20000) {
+          log.removeChild(log.firstElementChild);
+        }
         var li = log.lastElementChild;
         if (q() && li) {
           var hit = matchLine(li, q());

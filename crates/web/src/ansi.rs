@@ -140,6 +140,9 @@ fn runs(line: &str) -> Vec<(Style, String)> {
     };
     let mut out: Vec<(Style, String)> = Vec::new();
     let mut style = Style::default();
+    // Past this many style changes the rest of the line keeps its style: a line of nothing but
+    // escapes must not turn into a megabyte of spans.
+    let mut changes = 0usize;
     let mut text = String::new();
     let mut chars = line.chars().peekable();
     let flush = |out: &mut Vec<(Style, String)>, text: &mut String, style: Style| {
@@ -164,7 +167,11 @@ fn runs(line: &str) -> Vec<(Style, String)> {
                             body.push(c);
                         }
                     }
-                    if fin == Some('m') && body.chars().all(|c| c.is_ascii_digit() || c == ';' || c == ':') {
+                    if fin == Some('m')
+                        && body.chars().all(|c| c.is_ascii_digit() || c == ';' || c == ':')
+                        && changes < MAX_STYLE_CHANGES
+                    {
+                        changes += 1;
                         flush(&mut out, &mut text, style);
                         let params: Vec<u16> = if body.is_empty() {
                             Vec::new()
@@ -202,13 +209,35 @@ fn runs(line: &str) -> Vec<(Style, String)> {
             c if c.is_control() => {
                 // C0/C1 controls and DEL: never rendered (a bell, a backspace over the text).
             }
-            // Bidirectional overrides and isolates could make the rest of the line read
-            // backwards (a log line that looks like another); shown as their code point.
-            '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' => text.push_str(&format!("<U+{:04X}>", c as u32)),
+            c if is_bidi_control(c) => text.push_str(&format!("<U+{:04X}>", c as u32)),
             c => text.push(c),
         }
     }
     flush(&mut out, &mut text, style);
+    out
+}
+
+/// Style changes one line may make; the rest of the line keeps the last style.
+const MAX_STYLE_CHANGES: usize = 128;
+
+/// Bidirectional overrides, isolates and marks: they could make text read backwards (a log
+/// line, or a step's name, that looks like another). Shown as their code point instead.
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
+}
+
+/// Text from a job (a step's name, a reason) with bidirectional controls made visible.
+pub fn visible(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if is_bidi_control(c) {
+            out.push_str(&format!("<U+{:04X}>", c as u32));
+        } else if c.is_control() && c != '\n' && c != '\t' {
+            out.push('\u{fffd}');
+        } else {
+            out.push(c);
+        }
+    }
     out
 }
 
@@ -278,6 +307,15 @@ mod tests {
     #[test]
     fn bidi_overrides_are_shown_not_obeyed() {
         assert_eq!(plain("a\u{202e}cba"), "a<U+202E>cba");
+    }
+
+    #[test]
+    fn a_line_of_escapes_stays_small() {
+        let line = "\u{1b}[1;38;2;255;255;255m\"".repeat(5_000);
+        let html = to_html_string(&line);
+        assert!(html.len() < 8 * line.len() / 2, "{} bytes of HTML for {} bytes", html.len(), line.len());
+        assert_eq!(html.matches("<span").count(), MAX_STYLE_CHANGES);
+        assert_eq!(visible("a\u{200f}b\u{7}"), "a<U+200F>b\u{fffd}");
     }
 
     #[test]

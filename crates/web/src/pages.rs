@@ -47,6 +47,8 @@ pub struct Origin {
     pub repository_url: Option<String>,
     /// The check run GitHub shows for this job.
     pub check_run_url: Option<String>,
+    /// Its jobs and logs may be seen without signing in (`[dashboard] public_repositories`).
+    pub public: bool,
 }
 
 /// A job as the lists show it.
@@ -227,11 +229,11 @@ fn jobs_table(rows: &[JobRow], viewer: &Viewer, now_ms: i64, caption: &str) -> M
                     @for r in rows {
                         @let j = &r.job;
                         tr id=(format!("job-{}", j.id)) data-state=(j.state.as_str()) {
-                            td { a href=(format!("/ui/jobs/{}", j.id)) { "#" (j.id) " " (j.name) }
+                            td { a href=(format!("/ui/jobs/{}", j.id)) { "#" (j.id) " " (crate::ansi::visible(&j.name)) }
                                 @if j.attempt > 1 { span.muted { " (attempt " (j.attempt) ")" } }
                                 br; a.muted href=(format!("/ui/pipelines/{}", j.pipeline_id)) { "pipeline " (j.pipeline_id) } }
                             td { (state_badge(j.state)) }
-                            td.reason { (j.reason) }
+                            td.reason { (crate::ansi::visible(&j.reason)) }
                             td { (job_duration(j, now_ms)) }
                             td { (origin_cell(&r.origin)) }
                             @if infra {
@@ -336,7 +338,7 @@ pub fn pipeline(id: i64, file_name: &str, state: &str, rows: &[JobRow], viewer: 
                                 fmt_duration_ms(started - assigned.min(started)),
                                 if j.started_at_ms.is_some() { fmt_duration_ms(ended - started) } else { "not at all".into() });
                             li {
-                                a.tl-name href=(format!("/ui/jobs/{}", j.id)) { "#" (j.id) " " (j.name) }
+                                a.tl-name href=(format!("/ui/jobs/{}", j.id)) { "#" (j.id) " " (crate::ansi::visible(&j.name)) }
                                 " " (state_badge(j.state))
                                 span.sr-only { ": " (words) }
                                 div.tl-track aria-hidden="true" title=(words) {
@@ -362,8 +364,16 @@ pub fn pipeline(id: i64, file_name: &str, state: &str, rows: &[JobRow], viewer: 
 }
 
 /// One log line as the job page lists it (also sent live).
+/// The most of one line a page shows (the raw log has all of it).
+pub const MAX_LINE_SHOWN: usize = 4096;
+
 pub fn log_line(l: &LogLine) -> Markup {
     let system = matches!(l.stream, gpuci_protocol::agent::Stream::System);
+    let mut cut = l.text.len().min(MAX_LINE_SHOWN);
+    while !l.text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let (shown, rest) = l.text.split_at(cut);
     let class = match l.stream {
         gpuci_protocol::agent::Stream::Stdout => "l",
         gpuci_protocol::agent::Stream::Stderr => "l err",
@@ -372,7 +382,9 @@ pub fn log_line(l: &LogLine) -> Markup {
     html! {
         li id=(format!("L{}", l.seq)) class=(class) {
             a.ln href=(format!("#L{}", l.seq)) aria-label=(format!("line {}", l.seq)) { (l.seq) }
-            span.t { @if system { "gpuci: " } (crate::ansi::to_html(&l.text)) }
+            // gpuci's own lines carry a mark no colour escape can draw.
+            span.t { @if system { span.sysmark { "gpuci" } " " } (crate::ansi::to_html(shown))
+                @if !rest.is_empty() { span.cut { " … " (rest.len()) " more bytes (the raw log has the whole line)" } } }
         }
     }
 }
@@ -395,12 +407,12 @@ pub fn job(p: &JobPage, viewer: &Viewer, now_ms: i64) -> Markup {
     let last_seq = p.lines.last().map_or(0, |l| l.seq);
     let live = !j.state.is_terminal();
     layout(
-        &format!("#{} {}", j.id, j.name),
+        &format!("#{} {}", j.id, crate::ansi::visible(&j.name)),
         viewer,
         "Jobs",
         html! {
-            h1 { "#" (j.id) " " (j.name) " " span #job-state { (state_badge(j.state)) } }
-            p.reason #job-reason { (j.reason) }
+            h1 { "#" (j.id) " " (crate::ansi::visible(&j.name)) " " span #job-state { (state_badge(j.state)) } }
+            p.reason #job-reason { (crate::ansi::visible(&j.reason)) }
             dl.facts {
                 dt { "Pipeline" } dd { a href=(format!("/ui/pipelines/{}", j.pipeline_id)) { (j.pipeline_id) } " · step " code { (j.step_key) } " · attempt " (j.attempt) }
                 dt { "Origin" } dd { (origin_cell(&p.row.origin))
@@ -497,7 +509,11 @@ pub fn fleet(
                                                 td { (g.info.name) @if g.info.simulated { " " span.badge.sim { "simulated" } } }
                                                 td { (g.info.memory.to_string()) }
                                                 td { (g.info.driver_version.to_string()) " / " (g.info.cuda_driver_version.as_ref().map(|v| v.to_string()).unwrap_or_else(|| "—".into())) }
-                                                td { @match &g.health { Some(h) => { (format!("{h:?}").chars().take(120).collect::<String>()) }, None => { "—" } } }
+                                                td { @match &g.health {
+                                                    Some(gpuci_protocol::agent::GpuHealth::Healthy) => span.badge.g-free { "healthy" },
+                                                    Some(gpuci_protocol::agent::GpuHealth::Unhealthy { reason }) => { span.badge.g-quarantined { "unhealthy" } br; span.reason { (reason) } },
+                                                    None => span.muted { "not checked yet" },
+                                                } }
                                                 td {
                                                     span class=(format!("badge g-{}", g.state)) { (g.state) }
                                                     @if let Some(job) = g.job_id { " " a href=(format!("/ui/jobs/{job}")) { "job " (job) } }
@@ -549,11 +565,17 @@ pub fn fleet(
     )
 }
 
+/// Jobs listed per reason on the queue page (the oldest; the count says how many more).
+const QUEUE_GROUP_ROWS: usize = 50;
+
 /// Queued jobs grouped by why they wait, the longest wait first.
 pub fn queue(rows: &[JobRow], viewer: &Viewer, now_ms: i64) -> Markup {
     let mut groups: BTreeMap<&str, Vec<&JobRow>> = BTreeMap::new();
     for r in rows {
         groups.entry(r.job.reason.as_str()).or_default().push(r);
+    }
+    for g in groups.values_mut() {
+        g.sort_by_key(|r| r.job.created_at_ms);
     }
     let mut groups: Vec<(&str, Vec<&JobRow>)> = groups.into_iter().collect();
     groups.sort_by_key(|(_, v)| v.iter().map(|r| r.job.created_at_ms).min().unwrap_or(now_ms));
@@ -568,14 +590,15 @@ pub fn queue(rows: &[JobRow], viewer: &Viewer, now_ms: i64) -> Markup {
                 @for (reason, jobs) in &groups {
                     @let oldest = jobs.iter().map(|r| r.job.created_at_ms).min().unwrap_or(now_ms);
                     section.group {
-                        h2 { span.count { (jobs.len()) } " waiting: " span.reason { (reason) } }
+                        h2 { span.count { (jobs.len()) } " waiting: " span.reason { (crate::ansi::visible(reason)) } }
                         p.muted { "longest wait " (fmt_duration_ms(now_ms - oldest)) }
                         ul {
-                            @for r in jobs {
-                                li { a href=(format!("/ui/jobs/{}", r.job.id)) { "#" (r.job.id) " " (r.job.name) } " · " (origin_cell(&r.origin))
+                            @for r in jobs.iter().take(QUEUE_GROUP_ROWS) {
+                                li { a href=(format!("/ui/jobs/{}", r.job.id)) { "#" (r.job.id) " " (crate::ansi::visible(&r.job.name)) } " · " (origin_cell(&r.origin))
                                     " · waiting " (fmt_duration_ms(now_ms - r.job.created_at_ms)) }
                             }
                         }
+                        @if jobs.len() > QUEUE_GROUP_ROWS { p.muted { "and " (jobs.len() - QUEUE_GROUP_ROWS) " more" } }
                     }
                 }
             }
@@ -698,6 +721,17 @@ mod tests {
             JobPage { row, lines: vec![line], skipped_lines: 0, points: vec![], memory_total: None, retried_by: None };
         let html = job(&page, &admin, 1000).into_string();
         assert!(html.contains("&lt;/li&gt;&lt;script&gt;"), "{html}");
+    }
+
+    #[test]
+    fn a_huge_line_is_cut_and_gpucis_lines_carry_a_mark_no_escape_can_draw() {
+        let text = format!("\u{1b}[1;38;2;210;168;255m{}", "\"".repeat(100_000));
+        let html = log_line(&LogLine { seq: 1, ts_us: 0, stream: Stream::Stdout, text }).into_string();
+        assert!(html.len() < 40_000, "{} bytes", html.len());
+        assert!(html.contains("more bytes"));
+        assert!(!html.contains("sysmark"));
+        let own = log_line(&LogLine { seq: 2, ts_us: 0, stream: Stream::System, text: "log cut".into() }).into_string();
+        assert!(own.contains("class=\"sysmark\""));
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
         BenchCommand::Dispatch { jobs, slots, isolation, job_disk } => dispatch(jobs, slots, isolation, job_disk).await,
         BenchCommand::Client { jobs, isolation, job_disk } => client(jobs, isolation, job_disk).await,
         BenchCommand::Sandbox { runs, gap } => sandbox(runs, gap).await,
+        BenchCommand::Dashboard { jobs, requests, isolation } => dashboard(jobs, requests, isolation).await,
     }
 }
 
@@ -145,7 +146,13 @@ impl Bench {
             isolation,
             max_log_bytes: gpuci_agent::DEFAULT_MAX_LOG_BYTES,
             min_free_disk: gpuci_agent::DEFAULT_MIN_FREE_DISK,
-            jobs: crate::cli::JobArgs { job_pids: gpuci_agent::DEFAULT_JOB_PIDS, job_disk, ..Default::default() },
+            jobs: crate::cli::JobArgs {
+                job_pids: gpuci_agent::DEFAULT_JOB_PIDS,
+                job_disk,
+                // `--isolation none` says it: the benchmark's own trivial jobs, unsandboxed.
+                allow_unsandboxed: isolation == IsolationArg::None,
+                ..Default::default()
+            },
         };
         let db = Database::Sqlite(dir.path().join("gpuci.db"));
         let local = local::start(
@@ -270,6 +277,87 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg, job_disk: u64) ->
     );
     bench.stop().await;
     Ok(0)
+}
+
+/// Fills the store with `n` finished jobs (through the real path: submit, agent, results),
+/// then times the dashboard's pages and `/metrics` as a browser would fetch them (loopback
+/// HTTP included: an upper bound on the server's time).
+async fn dashboard(n: u32, requests: u32, isolation: IsolationArg) -> CliResult {
+    let bench = Bench::start(8, isolation, 0).await?;
+    let c = &bench.client;
+    let per = 100u32;
+    let pipelines = n.div_ceil(per);
+    eprintln!("running {n} jobs in {pipelines} pipelines of {per} (isolation {isolation:?}) ...");
+    let t0 = std::time::Instant::now();
+    let mut ids = Vec::new();
+    for p in 0..pipelines {
+        let mut yaml = String::from("steps:\n");
+        for i in 0..per.min(n - p * per) {
+            yaml.push_str(&format!("  - key: s{i}\n    command: echo \"step {i} of pipeline {p}\"\n"));
+        }
+        let sub = c
+            .submit(&SubmitPipeline {
+                file_name: format!("bench-{p}.yml"),
+                source: yaml,
+                env: Default::default(),
+                workspace_upload: None,
+                workspace_archive: None,
+                repository: Some(format!("https://github.com/acme/repo{}.git", p % 10)),
+            })
+            .await?;
+        ids.push(sub.id);
+        // Keep a few pipelines in flight, not all: the store grows as it would.
+        if ids.len() >= 4 {
+            let first = ids[ids.len() - 4];
+            wait_done(c, first).await?;
+        }
+    }
+    for id in &ids {
+        wait_done(c, *id).await?;
+    }
+    eprintln!("{n} jobs done in {:.1} s", t0.elapsed().as_secs_f64());
+    let mid = ids[ids.len() / 2];
+    let job = c.pipeline(mid).await?.jobs.first().map_or(1, |j| j.id);
+    let http = reqwest::Client::new();
+    let token = bench.local.server.api_token.expose().to_string();
+    let pages = [
+        "/ui/".to_string(),
+        "/ui/?repo=acme/repo3".to_string(),
+        "/ui/?state=succeeded".to_string(),
+        format!("/ui/pipelines/{mid}"),
+        format!("/ui/jobs/{job}"),
+        "/ui/queue".to_string(),
+        "/ui/fleet".to_string(),
+        "/ui/spend".to_string(),
+        "/metrics".to_string(),
+    ];
+    println!("dashboard with {n} jobs in the store ({requests} requests per page, after 5 warm-ups):");
+    for page in pages {
+        let mut h = histogram()?;
+        let mut bytes = 0;
+        for i in 0..requests + 5 {
+            let t = std::time::Instant::now();
+            let r = http.get(format!("{}{page}", bench.local.server.url)).bearer_auth(&token).send().await?;
+            let status = r.status();
+            let body = r.bytes().await?;
+            if !status.is_success() {
+                return Err(anyhow::anyhow!("GET {page}: {status}").into());
+            }
+            if i >= 5 {
+                h.record(t.elapsed().as_micros() as u64).map_err(anyhow::Error::from)?;
+            }
+            bytes = body.len();
+        }
+        println!("  {}, {} KiB", summary(&format!("GET {page}"), &h), bytes / 1024);
+    }
+    bench.stop().await;
+    Ok(0)
+}
+
+async fn wait_done(c: &Client, pipeline: i64) -> CliResult<()> {
+    c.stream::<WatchEvent>(&format!("/api/v1/pipelines/{pipeline}/watch"), |ev| !matches!(ev, WatchEvent::Done { .. }))
+        .await?;
+    Ok(())
 }
 
 /// Interleaved rounds of: a `gpuci submit --wait` process (this binary) from a small git work
