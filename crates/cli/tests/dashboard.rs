@@ -39,12 +39,18 @@ struct Browser {
     driver: Child,
     client: Client,
     _profile: tempfile::TempDir,
+    /// One browser at a time: on a 2-core CI machine several Chromiums at once starve the
+    /// coordinator they are watching.
+    _turn: tokio::sync::OwnedMutexGuard<()>,
 }
+
+static TURN: std::sync::OnceLock<std::sync::Arc<tokio::sync::Mutex<()>>> = std::sync::OnceLock::new();
 
 impl Browser {
     async fn start() -> Option<Browser> {
         let chromium = tool("chromium")?;
         let chromedriver = tool("chromedriver")?;
+        let turn = TURN.get_or_init(Default::default).clone().lock_owned().await;
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let driver = Command::new(chromedriver)
             .arg(format!("--port={port}"))
@@ -80,7 +86,7 @@ impl Browser {
                 Err(e) => panic!("no WebDriver session: {e}"),
             }
         };
-        Some(Browser { driver, client, _profile: profile })
+        Some(Browser { driver, client, _profile: profile, _turn: turn })
     }
 
     async fn screenshot(&self, name: &str) {
