@@ -315,11 +315,19 @@ async fn snapshot(st: &crate::AppState) -> Result<Snapshot, crate::api::ApiError
     for state in [JobState::Queued, JobState::Assigned, JobState::Running] {
         s.active.push((state.as_str(), active.iter().filter(|j| j.state == state).count() as u64));
     }
+    let agents = crate::api::ask(st, |reply| crate::brain::Command::Agents { reply }).await?;
+    // A queue is a label only when an agent serves it: a pipeline (a fork's) names any queue it
+    // likes, and each name would be a series.
+    let served: std::collections::BTreeSet<&str> =
+        agents.iter().filter_map(|a| a.tags.get("queue").map(String::as_str)).collect();
     for j in active.iter().filter(|j| j.state == JobState::Queued) {
-        let queue = j.step.agents.get("queue").cloned().unwrap_or_else(|| "default".into());
+        let queue = match j.step.agents.get("queue") {
+            None => "default".to_string(),
+            Some(q) if served.contains(q.as_str()) => q.clone(),
+            Some(_) => "(no agent serves it)".to_string(),
+        };
         s.queued.push((queue, (now - j.created_at_ms).max(0) as f64 / 1000.0));
     }
-    let agents = crate::api::ask(st, |reply| crate::brain::Command::Agents { reply }).await?;
     let mut by_state: std::collections::BTreeMap<String, u64> = Default::default();
     let mut gpus: std::collections::BTreeMap<(String, String, bool), u64> = Default::default();
     let mut host_of: std::collections::HashMap<String, (String, String)> = Default::default();
