@@ -431,6 +431,8 @@ async fn metrics_pass_promtool_and_attribute_the_running_jobs_gpu() {
             Some("https://github.com/acme/kernels.git"),
         );
         let id = p.jobs[0].id;
+        // A queue nobody serves, named by a pipeline: one label for all such, not its name.
+        api.submit("steps:\n  - key: lost\n    agents: {queue: invented-by-a-fork-7f3a}\n    command: echo never\n");
         api.wait_job(id, "running", T, |j| j.state == JobState::Running);
         fake.set(&a, |s| {
             s.utilization_pct = 87;
@@ -459,6 +461,8 @@ async fn metrics_pass_promtool_and_attribute_the_running_jobs_gpu() {
     assert!(text.contains(&want), "missing {want}\n{text}");
     assert!(text.contains("gpuci_job_start_latency_seconds_count{queue=\"default\"} 1"), "{text}");
     assert!(text.contains("gpuci_gpu_leases 1"), "{text}");
+    assert!(text.contains("gpuci_queue_jobs{queue=\"(no agent serves it)\"} 1"), "{text}");
+    assert!(!text.contains("invented-by-a-fork"), "{text}");
     let mut check = Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
