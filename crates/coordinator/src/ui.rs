@@ -628,8 +628,9 @@ fn scrub_uuids(s: &str) -> String {
 
 async fn job_page(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
     let v = viewer(&st, &headers);
-    let Ok(id) = id.parse::<JobId>() else {
-        return page_error(StatusCode::BAD_REQUEST, &v, "Bad request", "a job id is a number");
+    let id = match job_id(&st, &headers, &id) {
+        Ok(id) => id,
+        Err(r) => return r,
     };
     let row = match visible_job(&st, &v, id).await {
         Ok(r) => r,
@@ -732,8 +733,9 @@ async fn job_events(
     Query(q): Query<AfterQuery>,
 ) -> Response {
     let v = viewer(&st, &headers);
-    let Ok(id) = id.parse::<JobId>() else {
-        return page_error(StatusCode::BAD_REQUEST, &v, "Bad request", "a job id is a number");
+    let id = match job_id(&st, &headers, &id) {
+        Ok(id) => id,
+        Err(r) => return r,
     };
     if let Err(r) = visible_job(&st, &v, id).await {
         return r;
