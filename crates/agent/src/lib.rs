@@ -7,6 +7,7 @@
 //! the GPUs it is told, and reports what happened. One task (the loop in [`run`]) owns the
 //! agent's state; job tasks only send it events.
 
+pub mod allocation;
 pub mod cache;
 pub mod disk;
 mod executor;
@@ -99,7 +100,21 @@ pub struct Config {
     /// `http://169.254.169.254/latest/meta-data/spot/instance-action`), and how often to look
     /// ([`interruption`]).
     pub interruption_notice: Option<(String, Duration)>,
+    /// When the machine ends by itself (unix ms: a Slurm allocation's end), told to the
+    /// coordinator so it gives the agent no job that would outlive it. The agent ends itself,
+    /// idle, [`END_MARGIN`] before that.
+    pub ends_at_ms: Option<i64>,
+    /// A notice that the machine is being taken back, from outside (the CLI turns a cluster
+    /// engine's SIGTERM into one): handled as [`Config::interruption_notice`]'s.
+    pub taken_back: Option<tokio::sync::watch::Receiver<Option<String>>>,
+    /// Once taken back, end as soon as no job runs and the coordinator has every result
+    /// (an allocation the engine is ending: nothing is left to wait for).
+    pub end_when_taken_back: bool,
 }
+
+/// How long before its machine's end ([`Config::ends_at_ms`]) an idle agent ends itself: by
+/// then no job with a timeout can fit (a job is given its timeout plus a minute to report).
+pub const END_MARGIN: Duration = Duration::from_secs(120);
 
 impl Config {
     pub fn new(server: impl Into<String>, data_dir: PathBuf) -> Self {
@@ -131,6 +146,9 @@ impl Config {
             job_disk: 0,
             leave_after_unreachable: None,
             interruption_notice: None,
+            ends_at_ms: None,
+            taken_back: None,
+            end_when_taken_back: false,
         }
     }
 }
@@ -158,6 +176,9 @@ pub enum Ended {
 /// What one connection's session ended with.
 enum SessionEnd {
     Shutdown,
+    /// Nothing is left for this agent to do: its machine was taken back or is about to end,
+    /// and no job runs.
+    Done,
     Disconnected(String),
     Refused(String),
 }
@@ -192,6 +213,10 @@ struct Agent {
     last_job_ended: Option<std::time::Instant>,
     /// The provider's notice that it takes the machine back, once seen ([`interruption`]).
     interrupted: tokio::sync::watch::Receiver<Option<String>>,
+    /// [`Config::end_when_taken_back`].
+    end_when_taken_back: bool,
+    /// [`Config::ends_at_ms`].
+    ends_at_ms: Option<i64>,
 }
 
 /// How often the agent re-reads its GPU inventory and reports a change.
@@ -480,6 +505,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         journal_incomplete: None,
         paused: None,
         interrupted: None,
+        ends_at_ms: config.ends_at_ms,
     };
     let mut outbox = outbox::Outbox::new(OUTBOX_LIMIT);
     let mut holds = BTreeSet::new();
@@ -497,9 +523,12 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         Some((url, _)) => interruption::check_once(url).await,
         None => None,
     };
-    let (notice_tx, interrupted) = tokio::sync::watch::channel(initial.clone());
+    let (notice_tx, mut interrupted) = tokio::sync::watch::channel(initial.clone());
     if let (Some((url, every)), None) = (config.interruption_notice.clone(), initial) {
         tokio::spawn(interruption::watch(url, every, notice_tx, shutdown.clone()));
+    }
+    if let Some(outside) = &config.taken_back {
+        interrupted = outside.clone();
     }
     let mut agent = Agent {
         ctx,
@@ -519,6 +548,8 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         welcomed: false,
         last_job_ended: None,
         interrupted,
+        end_when_taken_back: config.end_when_taken_back,
+        ends_at_ms: config.ends_at_ms,
     };
     agent.check_disk();
     let ended = agent.run(identity, shutdown).await;
@@ -628,6 +659,7 @@ impl Agent {
             }
             match ended {
                 Ok(SessionEnd::Shutdown) => break,
+                Ok(SessionEnd::Done) => return Ok(Ended::Shutdown),
                 Ok(SessionEnd::Refused(why)) => bail!("the coordinator refused this agent: {why}"),
                 Ok(SessionEnd::Disconnected(why)) => {
                     tracing::warn!(why, "disconnected from coordinator; reconnecting");
@@ -663,6 +695,26 @@ impl Agent {
             c.cancel();
         }
         Ok(Ended::Shutdown)
+    }
+
+    /// Why this agent should end now, if it should: its machine is being taken back
+    /// ([`Config::end_when_taken_back`]) or nearly at its end, no job runs and the coordinator
+    /// has every result.
+    fn done_here(&self, end_at: Option<tokio::time::Instant>) -> Option<String> {
+        if !self.running.is_empty() || !self.outbox.is_empty() {
+            return None;
+        }
+        if self.end_when_taken_back {
+            if let Some(why) = self.interrupted.borrow().clone() {
+                return Some(format!("taken back ({why}), and no job runs"));
+            }
+        }
+        match end_at {
+            Some(t) if t <= tokio::time::Instant::now() => {
+                Some(format!("this machine ends within {}s, too soon for any job", END_MARGIN.as_secs()))
+            }
+            _ => None,
+        }
     }
 
     /// [`leave::decide`] on what the agent knows now; `None` without `--leave-after-unreachable`.
@@ -816,12 +868,23 @@ impl Agent {
         let mut disk = tokio::time::interval(DISK_CHECK);
         disk.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         disk.tick().await;
+        // An agent whose machine ends by itself ends itself, idle, a little before.
+        let end_at = self.ends_at_ms.map(|end| {
+            let left = Duration::from_millis((end - executor::now_us() / 1000).max(0) as u64);
+            tokio::time::Instant::now() + left.saturating_sub(END_MARGIN)
+        });
         loop {
+            if let Some(why) = self.done_here(end_at) {
+                tracing::info!("{why}; ending this agent");
+                let _ = sink.close().await;
+                return Ok(SessionEnd::Done);
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => {
                     let _ = sink.close().await;
                     return Ok(SessionEnd::Shutdown);
                 }
+                _ = tokio::time::sleep_until(end_at.unwrap_or_else(tokio::time::Instant::now)), if end_at.is_some_and(|t| t > tokio::time::Instant::now()) => {}
                 _ = refresh.tick() => {
                     let backend = self.ctx.gpus.clone();
                     if let Ok(Ok(now)) = tokio::task::spawn_blocking(move || backend.inventory()).await {

@@ -246,6 +246,7 @@ impl AwsProvider {
                 _ => Capacity::OnDemand,
             },
             launched_at: i.launch_time().and_then(|t| u64::try_from(t.secs()).ok()),
+            note: i.state_reason().and_then(|r| r.message()).filter(|m| !m.is_empty()).map(String::from),
         })
     }
 
@@ -439,6 +440,7 @@ impl Provider for AwsProvider {
             zone: offer.zone.clone(),
             capacity: req.capacity,
             launched_at: None,
+            note: None,
         });
         if m.machine != req.machine {
             return Err(ProviderError::new(

@@ -373,6 +373,24 @@ pub struct AgentArgs {
     /// How often to look at --interruption-notice-url.
     #[arg(long, default_value = "5s", value_parser = parse_duration, hide = true)]
     pub interruption_poll: std::time::Duration,
+    /// This agent runs inside what a cluster engine granted (set by the slurm and kubernetes
+    /// fleets): it serves exactly the GPUs of the grant (Slurm's SLURM_JOB_GPUS, the device
+    /// plugin's NVIDIA_VISIBLE_DEVICES; an unreadable grant is an error, never all GPUs),
+    /// tells the coordinator when the allocation ends (Slurm: from squeue) so it is given no
+    /// job that would outlive it, and takes the engine's SIGTERM as the machine being taken
+    /// back: its jobs are queued again, once, and it ends when none runs (a second signal, or
+    /// --terminate-grace, ends it at once).
+    #[arg(long, env = "GPUCI_ALLOCATION", value_name = "slurm|kubernetes")]
+    pub allocation: Option<gpuci_agent::allocation::Engine>,
+    /// The machine ends this long after the agent starts (a pod's activeDeadlineSeconds);
+    /// like a Slurm allocation's end, no job that would outlive it is given to the agent.
+    #[arg(long, env = "GPUCI_ENDS_IN", value_parser = parse_duration, value_name = "DURATION")]
+    pub ends_in: Option<std::time::Duration>,
+    /// With --allocation: how long after the engine's SIGTERM the agent ends even if its jobs'
+    /// results have not reached the coordinator (keep it under Slurm's KillWait, 30s by
+    /// default, and a pod's terminationGracePeriodSeconds).
+    #[arg(long, default_value = "20s", value_parser = parse_duration, value_name = "DURATION")]
+    pub terminate_grace: std::time::Duration,
 }
 
 #[derive(Args, Debug)]

@@ -12,7 +12,7 @@ use crate::hub::Hub;
 use crate::origin::{Origin, RunnerOrigin};
 use gpuci_core::job::{should_retry, JobState, Outcome};
 use gpuci_core::pipeline::Pipeline;
-use gpuci_core::placement::{self, GpuSlot, GpuSlotState, HostView, Needs};
+use gpuci_core::placement::{self, Deadline, GpuSlot, GpuSlotState, HostView, Needs};
 use gpuci_core::secret_scope::SecretScope;
 use gpuci_protocol::agent::{
     Assignment, CoordinatorMessage, Forgotten, GpuHealth, Hello, JobFinished, UNSANDBOXED_TAG,
@@ -319,6 +319,17 @@ pub struct WaitingJob {
     pub tags: BTreeMap<String, String>,
     pub gpu: gpuci_core::gpu::GpuRequirements,
     pub container: bool,
+    pub timeout: Option<gpuci_core::duration::Duration>,
+}
+
+/// What of a host's remaining time a job is given beyond its timeout: to be killed at the
+/// timeout and have its result reported before the host ends.
+pub const REPORT_ALLOWANCE_MS: u64 = 60_000;
+
+/// How long a job with `timeout` may hold a host from `now_ms` (placement's view).
+pub fn job_deadline(timeout: Option<gpuci_core::duration::Duration>, now_ms: i64) -> Option<Deadline> {
+    timeout
+        .map(|t| Deadline { now_ms, runs_for_ms: (t.as_std().as_millis() as u64).saturating_add(REPORT_ALLOWANCE_MS) })
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -354,6 +365,8 @@ struct AgentState {
     withdrawn: Option<String>,
     /// When a job first started on it in this connection's life (boot stages of fleet machines).
     first_job_at_ms: Option<i64>,
+    /// When its machine ends by itself (a Slurm allocation's end).
+    ends_at_ms: Option<i64>,
 }
 
 pub struct Brain {
@@ -495,6 +508,7 @@ impl Brain {
                     interrupted: None,
                     withdrawn: None,
                     first_job_at_ms: None,
+                    ends_at_ms: hello.as_ref().and_then(|h| h.ends_at_ms),
                 },
             );
         }
@@ -955,6 +969,7 @@ impl Brain {
             interrupted: None,
             withdrawn: None,
             first_job_at_ms: None,
+            ends_at_ms: hello.ends_at_ms,
         };
         self.agents.insert(agent_id.to_string(), entry);
 
@@ -1460,6 +1475,7 @@ impl Brain {
                 total_slots: a.slots,
                 container_runtime: a.container_runtime.is_some(),
                 gpus,
+                ends_at_ms: a.ends_at_ms,
             });
             ids.push(a.id.clone());
         }
@@ -1670,7 +1686,12 @@ impl Brain {
             } else {
                 std::borrow::Cow::Borrowed(&j.step.agents)
             };
-            let needs = Needs { tags: &tags, gpu: &j.step.gpu, container: j.step.image.is_some() };
+            let needs = Needs {
+                tags: &tags,
+                gpu: &j.step.gpu,
+                container: j.step.image.is_some(),
+                deadline: job_deadline(j.step.timeout, now_ms()),
+            };
             // Applied to this pass's view at once; if the commit below fails the GPUs only
             // look taken until the next pass.
             match cluster.place_and_apply(&j.id.to_string(), &needs) {
@@ -1972,6 +1993,7 @@ impl Brain {
                 tags: j.step.agents.clone(),
                 gpu: j.step.gpu.clone(),
                 container: j.step.image.is_some(),
+                timeout: j.step.timeout,
             })
             .collect();
         let absent = self

@@ -563,6 +563,7 @@ impl Loop {
                 since,
                 gpus_busy: agent.map_or(0, |a| a.gpus_busy),
                 jobs: Vec::new(),
+                note: pm.and_then(|p| p.note.clone()),
             });
             if *rec != before {
                 writes.push(rec.clone());
@@ -596,7 +597,12 @@ impl Loop {
         let mut repos: HashMap<i64, Option<String>> = HashMap::new();
         let mut queued: Vec<QueuedJob> = Vec::new();
         for w in &view.waiting {
-            let needs = Needs { tags: &w.tags, gpu: &w.gpu, container: w.container };
+            let needs = Needs {
+                tags: &w.tags,
+                gpu: &w.gpu,
+                container: w.container,
+                deadline: crate::brain::job_deadline(w.timeout, now_ms),
+            };
             let fleets: Vec<String> = specs.iter().filter(|s| fits(s, &needs)).map(|s| s.name.clone()).collect();
             if fleets.is_empty() {
                 continue;
@@ -652,7 +658,12 @@ impl Loop {
         let mut notes: BTreeMap<i64, String> =
             decision.waiting.iter().filter_map(|(id, why)| Some((id.parse().ok()?, why.clone()))).collect();
         for w in &view.waiting {
-            let needs = Needs { tags: &w.tags, gpu: &w.gpu, container: w.container };
+            let needs = Needs {
+                tags: &w.tags,
+                gpu: &w.gpu,
+                container: w.container,
+                deadline: crate::brain::job_deadline(w.timeout, now_ms),
+            };
             let id = w.id;
             for run in self.fleets.iter().filter(|r| fits(&r.spec, &needs)) {
                 let f = &run.spec.name;

@@ -85,6 +85,7 @@ fn hosts(rng: &mut Rng) -> Vec<HostView> {
                 total_slots: SLOTS_PER_HOST,
                 container_runtime: rng.below(10) < 8,
                 gpus,
+                ends_at_ms: None,
             }
         })
         .collect()
@@ -101,7 +102,7 @@ struct Job {
 
 impl Job {
     fn needs(&self) -> Needs<'_> {
-        Needs { tags: &self.tags, gpu: &self.gpu, container: self.container }
+        Needs { tags: &self.tags, gpu: &self.gpu, container: self.container, deadline: None }
     }
 }
 

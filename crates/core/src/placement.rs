@@ -59,6 +59,10 @@ pub struct HostView {
     pub total_slots: u32,
     pub container_runtime: bool,
     pub gpus: Vec<GpuSlot>,
+    /// When the host goes away by itself (unix ms): the end of its Slurm allocation or pod
+    /// deadline. `None`: it stays until it is told to go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_at_ms: Option<i64>,
 }
 
 /// What a job needs from a host.
@@ -67,6 +71,54 @@ pub struct Needs<'a> {
     pub tags: &'a BTreeMap<String, String>,
     pub gpu: &'a GpuRequirements,
     pub container: bool,
+    /// How long the job may run (its timeout), from when: a host that ends sooner
+    /// ([`HostView::ends_at_ms`]) cannot take it. `None`: the job has no timeout and may
+    /// start on any host (it is queued again if its host ends first).
+    pub deadline: Option<Deadline>,
+}
+
+/// A job's time on a host: from `now_ms` for up to `runs_for_ms`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    pub now_ms: i64,
+    pub runs_for_ms: u64,
+}
+
+impl Deadline {
+    fn until_ms(&self) -> i64 {
+        self.now_ms.saturating_add(self.runs_for_ms.min(i64::MAX as u64) as i64)
+    }
+}
+
+/// Whether host `h` lasts as long as the job may run.
+fn in_time(h: &HostView, needs: &Needs<'_>) -> bool {
+    match (h.ends_at_ms, needs.deadline) {
+        (Some(end), Some(d)) => d.until_ms() <= end,
+        _ => true,
+    }
+}
+
+/// The reason for a job that hosts could take now but that may run longer than they last;
+/// `latest_end_ms` is the longest-lasting of them.
+fn too_short_reason(needs: &Needs<'_>, latest_end_ms: i64) -> String {
+    let d = needs.deadline.expect("only asked with a deadline");
+    let left = (latest_end_ms - d.now_ms).max(0) as u64;
+    format!(
+        "may run for {} (its timeout); no agent that could take it now lasts that long (the most left is {}: the end of its allocation)",
+        human_ms(d.runs_for_ms),
+        human_ms(left)
+    )
+}
+
+/// `2h 5m`, `37m`, `45s`.
+fn human_ms(ms: u64) -> String {
+    let s = ms / 1000;
+    match (s / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, _) => format!("{m}m"),
+        (h, 0, _) => format!("{h}h"),
+        (h, m, _) => format!("{h}h {m}m"),
+    }
 }
 
 /// Where a job goes.
@@ -92,6 +144,7 @@ pub fn place(needs: &Needs<'_>, hosts: &[HostView]) -> Result<Placement, Unplace
     let want = needs.gpu.count;
     let mut tally = Tally { connected: hosts.len(), ..Tally::default() };
     let mut best: Option<Key> = None;
+    let mut short: Option<i64> = None;
     for (i, h) in hosts.iter().enumerate() {
         if !has_tags(h, needs.tags) {
             continue;
@@ -119,7 +172,9 @@ pub fn place(needs: &Needs<'_>, hosts: &[HostView]) -> Result<Placement, Unplace
             gpu_key(i, h.free_slots, count_free(h), c.free).filter(|k| k.0 >= want)
         };
         if let Some(k) = key {
-            if best.is_none_or(|b| k < b) {
+            if !in_time(h, needs) {
+                short = short.max(h.ends_at_ms);
+            } else if best.is_none_or(|b| k < b) {
                 best = Some(k);
             }
         }
@@ -130,6 +185,9 @@ pub fn place(needs: &Needs<'_>, hosts: &[HostView]) -> Result<Placement, Unplace
         let picked = pick(h, want, |g| mismatch(needs.gpu, &h.gpus[g].info).is_none());
         let gpus = picked.iter().map(|&g| h.gpus[g].info.uuid.clone()).collect();
         return Ok(Placement { host, gpus });
+    }
+    if let Some(end) = short {
+        return Err(Unplaceable { reason: too_short_reason(needs, end) });
     }
     if tally.connected > 0 && tally.tag_ok == 0 {
         tally.missing_tag = Some(missing_tag(needs.tags, hosts));
@@ -672,11 +730,22 @@ impl Cluster {
         let p = self.profile(needs);
         let want = needs.gpu.count;
         let profile = &self.profiles[p];
-        let best = if want == 0 {
-            profile.ready.first().copied()
-        } else {
-            profile.ready.range((want, 0, 0, 0)..).next().copied()
-        };
+        // Ready hosts in order of fit; one that ends before the job may is passed over (rare:
+        // only hosts with an end, such as Slurm allocations, are ever skipped).
+        let mut short: Option<i64> = None;
+        let mut best = None;
+        let from = if want == 0 { (0, 0, 0, 0) } else { (want, 0, 0, 0) };
+        for k in profile.ready.range(from..) {
+            let h = &self.hosts[k.3 as usize];
+            if in_time(h, needs) {
+                best = Some(*k);
+                break;
+            }
+            short = short.max(h.ends_at_ms);
+        }
+        if let (None, Some(end)) = (best, short) {
+            return Err(Unplaceable { reason: too_short_reason(needs, end) });
+        }
         if let Some(k) = best {
             let h = k.3 as usize;
             let kinds = &self.gpu_kind[h];

@@ -108,6 +108,7 @@ fn build(specs: &[HostSpec]) -> Vec<HostView> {
                     GpuSlot { info, state }
                 })
                 .collect(),
+            ends_at_ms: None,
         })
         .collect()
 }
@@ -154,7 +155,7 @@ fn check(specs: Vec<HostSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 };
                 let tags: BTreeMap<String, String> =
                     tags.iter().map(|&t| (TAGS[t].0.to_string(), TAGS[t].1.to_string())).collect();
-                let needs = Needs { tags: &tags, gpu: &req, container };
+                let needs = Needs { tags: &tags, gpu: &req, container, deadline: None };
                 let job = format!("job-{n}");
                 let expected = place(&needs, &reference);
                 let got = cluster.place_and_apply(&job, &needs);

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use gpuci_core::gpu::{CmpOp, ComputeCapability, Constraint, GpuInfo, GpuRequirements, Version};
-use gpuci_core::placement::{place, Cluster, GpuSlot, GpuSlotState, HostView, Needs, Placement, Unplaceable};
+use gpuci_core::placement::{place, Cluster, Deadline, GpuSlot, GpuSlotState, HostView, Needs, Placement, Unplaceable};
 use gpuci_core::quantity::Bytes;
 use std::collections::BTreeMap;
 
@@ -39,6 +39,7 @@ fn host(name: &str, tags: &[(&str, &str)], slots: u32, gpus: Vec<GpuInfo>) -> Ho
         total_slots: slots,
         container_runtime: true,
         gpus: gpus.into_iter().map(|info| GpuSlot { info, state: GpuSlotState::Free }).collect(),
+        ends_at_ms: None,
     }
 }
 
@@ -77,7 +78,7 @@ fn host_of(needs: &Needs<'_>, hosts: &[HostView]) -> usize {
 fn eight_one_gpu_jobs_on_a_four_gpu_host() {
     let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 4))]);
     let (t, r) = (tags(&[]), gpus(1));
-    let needs = Needs { tags: &t, gpu: &r, container: false };
+    let needs = Needs { tags: &t, gpu: &r, container: false, deadline: None };
     let mut placed = Vec::new();
     for j in 0..8 {
         let job = format!("job-{j}");
@@ -112,7 +113,7 @@ fn gpus_come_in_device_index_order() {
     g.reverse();
     let hosts = vec![host("a", &[], 4, g)];
     let (t, r) = (tags(&[]), gpus(2));
-    let p = both(&Needs { tags: &t, gpu: &r, container: false }, &hosts).expect("fits");
+    let p = both(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts).expect("fits");
     assert_eq!(p.gpus, ["GPU-a-0", "GPU-a-1"]);
 }
 
@@ -122,17 +123,17 @@ fn multi_gpu_job_never_spans_hosts() {
     let t = tags(&[]);
     let r = gpus(2);
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts),
         "needs 2 GPUs; best host has 1 free (a job's GPUs must be on one host)"
     );
     let r = at_least_gib(2, 40);
-    let why = reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts);
+    let why = reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts);
     assert!(why.starts_with("needs 2 GPUs with >=40 GiB; best host has 1 free"), "{why}");
 
     // With a host that has enough, the job goes there, whole.
     let mut hosts = hosts;
     hosts.push(host("c", &[], 4, h100("c", 2)));
-    let p = both(&Needs { tags: &t, gpu: &r, container: false }, &hosts).expect("fits on c");
+    let p = both(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts).expect("fits on c");
     assert_eq!((p.host, p.gpus.as_slice()), (2, &["GPU-c-0".to_string(), "GPU-c-1".to_string()][..]));
 }
 
@@ -142,7 +143,7 @@ fn quarantined_gpu_is_never_leased() {
     a.gpus[0].state = GpuSlotState::Quarantined { reason: "Xid 79".into() };
     let mut cluster = Cluster::new(vec![a]);
     let (t, r) = (tags(&[]), gpus(1));
-    let needs = Needs { tags: &t, gpu: &r, container: false };
+    let needs = Needs { tags: &t, gpu: &r, container: false, deadline: None };
     assert_eq!(cluster.place_and_apply("j1", &needs).expect("one healthy GPU").gpus, ["GPU-a-1"]);
     let why = cluster.place_and_apply("j2", &needs).expect_err("only the quarantined one is left").reason;
     assert_eq!(why, "needs 1 GPU; 1 matching GPU is leased to other jobs");
@@ -164,7 +165,7 @@ fn only_quarantined_gpus_match() {
     }
     let (t, r) = (tags(&[]), gpus(1));
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, &[a]),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &[a]),
         "needs 1 GPU; 4 matching GPUs are quarantined"
     );
 }
@@ -175,7 +176,7 @@ fn quarantine_blocks_a_host_that_would_otherwise_fit() {
     a.gpus[1].state = GpuSlotState::Quarantined { reason: "Xid 48".into() };
     let (t, r) = (tags(&[]), gpus(2));
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, &[a]),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &[a]),
         "needs 2 GPUs; best host has 1 free, 1 matching GPU is quarantined"
     );
 }
@@ -184,7 +185,7 @@ fn quarantine_blocks_a_host_that_would_otherwise_fit() {
 fn best_fit_leaves_the_fewest_stranded_gpus() {
     let hosts = vec![host("a", &[], 4, h100("a", 4)), host("b", &[], 4, h100("b", 2))];
     let (t, r) = (tags(&[]), gpus(2));
-    assert_eq!(host_of(&Needs { tags: &t, gpu: &r, container: false }, &hosts), 1);
+    assert_eq!(host_of(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts), 1);
 }
 
 #[test]
@@ -195,17 +196,17 @@ fn best_fit_counts_only_matching_gpus_then_all_free_gpus() {
     let hosts = vec![host("a", &[], 4, g), host("b", &[], 4, h100("b", 2))];
     let t = tags(&[]);
     let r = GpuRequirements { count: 2, model: Some("H100*".into()), ..Default::default() };
-    assert_eq!(host_of(&Needs { tags: &t, gpu: &r, container: false }, &hosts), 1);
+    assert_eq!(host_of(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts), 1);
     // Full tie: host order decides.
     let hosts = vec![host("a", &[], 4, h100("a", 2)), host("b", &[], 4, h100("b", 2))];
-    assert_eq!(host_of(&Needs { tags: &t, gpu: &r, container: false }, &hosts), 0);
+    assert_eq!(host_of(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts), 0);
 }
 
 #[test]
 fn cpu_job_prefers_hosts_without_free_gpus() {
     let t = tags(&[]);
     let r = gpus(0);
-    let needs = Needs { tags: &t, gpu: &r, container: false };
+    let needs = Needs { tags: &t, gpu: &r, container: false, deadline: None };
     let mut busy_gpu = host("busy-gpu", &[], 4, h100("busy-gpu", 2));
     for g in &mut busy_gpu.gpus {
         g.state = GpuSlotState::Leased { job_id: "other".into() };
@@ -229,14 +230,14 @@ fn cpu_job_prefers_hosts_without_free_gpus() {
 fn zero_gpu_job_needs_only_a_slot_and_tags() {
     let hosts = vec![host("a", &[("queue", "cpu")], 1, vec![])];
     let (t, r) = (tags(&[("queue", "cpu")]), gpus(0));
-    let p = both(&Needs { tags: &t, gpu: &r, container: false }, &hosts).expect("fits");
+    let p = both(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts).expect("fits");
     assert_eq!(p, Placement { host: 0, gpus: vec![] });
 }
 
 #[test]
 fn reason_no_agent_connected() {
     let (t, r) = (tags(&[]), gpus(1));
-    assert_eq!(reason(&Needs { tags: &t, gpu: &r, container: false }, &[]), "no agent is connected");
+    assert_eq!(reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &[]), "no agent is connected");
 }
 
 #[test]
@@ -244,11 +245,14 @@ fn reason_missing_tag() {
     let hosts = vec![host("a", &[("queue", "big")], 4, h100("a", 4)), host("b", &[("arch", "arm64")], 4, vec![])];
     let r = gpus(1);
     let t = tags(&[("queue", "cuda")]);
-    assert_eq!(reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts), "no connected agent has tag queue=cuda");
+    assert_eq!(
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts),
+        "no connected agent has tag queue=cuda"
+    );
     // Each tag exists, but not together.
     let t = tags(&[("queue", "big"), ("arch", "arm64")]);
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts),
         "no connected agent has all of the tags arch=arm64, queue=big"
     );
 }
@@ -261,12 +265,12 @@ fn reason_no_container_runtime() {
     b.container_runtime = true;
     let (t, r) = (tags(&[("queue", "cuda")]), gpus(1));
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: true }, &[a.clone(), b]),
+        reason(&Needs { tags: &t, gpu: &r, container: true, deadline: None }, &[a.clone(), b]),
         "needs a container runtime; no agent with tag queue=cuda has podman or docker"
     );
     let t = tags(&[]);
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: true }, &[a]),
+        reason(&Needs { tags: &t, gpu: &r, container: true, deadline: None }, &[a]),
         "needs a container runtime; no connected agent has podman or docker"
     );
 }
@@ -277,12 +281,12 @@ fn reason_no_gpu_matches() {
     let t = tags(&[]);
     let r = GpuRequirements { count: 1, model: Some("H100*".into()), ..Default::default() };
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, std::slice::from_ref(&a)),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, std::slice::from_ref(&a)),
         "needs 1 GPU; no GPU matches: model \"NVIDIA A10\" (needs H100*)"
     );
     let r = at_least_gib(1, 40);
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, &[a]),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &[a]),
         "needs 1 GPU; no GPU matches: memory 24 GiB (needs >=40 GiB)"
     );
     // The H100s are on another queue: say where we looked.
@@ -293,7 +297,7 @@ fn reason_no_gpu_matches() {
     let (t, r) =
         (tags(&[("queue", "cuda")]), GpuRequirements { count: 1, model: Some("H100*".into()), ..Default::default() });
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts),
         "needs 1 GPU; no GPU matches on agents with tag queue=cuda: model \"NVIDIA L4\" (needs H100*)"
     );
 }
@@ -303,7 +307,7 @@ fn reason_no_gpu_at_all() {
     let hosts = vec![host("a", &[("queue", "cpu")], 4, vec![])];
     let (t, r) = (tags(&[("queue", "cpu")]), gpus(1));
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts),
         "needs 1 GPU; no agent with tag queue=cpu has a GPU"
     );
 }
@@ -319,12 +323,12 @@ fn reason_all_agents_busy() {
     for count in [0, 1, 4] {
         let r = gpus(count);
         assert_eq!(
-            reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
+            reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts),
             "all 3 matching agents are busy (no free job slot)"
         );
     }
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &gpus(1), container: false }, &hosts[..1]),
+        reason(&Needs { tags: &t, gpu: &gpus(1), container: false, deadline: None }, &hosts[..1]),
         "the only matching agent is busy (no free job slot)"
     );
 }
@@ -336,7 +340,7 @@ fn reason_leased_to_other_jobs() {
         g.state = GpuSlotState::Leased { job_id: "other".into() };
     }
     let (t, r) = (tags(&[]), gpus(2));
-    let needs = Needs { tags: &t, gpu: &r, container: false };
+    let needs = Needs { tags: &t, gpu: &r, container: false, deadline: None };
     assert_eq!(reason(&needs, &[a.clone()]), "needs 2 GPUs; 2 matching GPUs are leased to other jobs");
     a.gpus[0].state = GpuSlotState::Free;
     assert_eq!(reason(&needs, &[a]), "needs 2 GPUs; best host has 1 free, 1 matching GPU is leased to other jobs");
@@ -347,13 +351,13 @@ fn reason_host_too_small() {
     let hosts = vec![host("a", &[], 4, h100("a", 4))];
     let (t, r) = (tags(&[]), at_least_gib(8, 40));
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts),
         "needs 8 GPUs with >=40 GiB; best host has 4 free"
     );
     let mut hosts = hosts;
     hosts[0].gpus[0].state = GpuSlotState::Leased { job_id: "other".into() };
     assert_eq!(
-        reason(&Needs { tags: &t, gpu: &r, container: false }, &hosts),
+        reason(&Needs { tags: &t, gpu: &r, container: false, deadline: None }, &hosts),
         "needs 8 GPUs with >=40 GiB; best host has 4 matching, 3 free"
     );
 }
@@ -362,7 +366,7 @@ fn reason_host_too_small() {
 fn release_leaves_other_jobs_gpus_alone() {
     let mut cluster = Cluster::new(vec![host("a", &[], 4, h100("a", 2))]);
     let (t, r) = (tags(&[]), gpus(1));
-    let needs = Needs { tags: &t, gpu: &r, container: false };
+    let needs = Needs { tags: &t, gpu: &r, container: false, deadline: None };
     let p1 = cluster.place_and_apply("j1", &needs).expect("fits");
     let p2 = cluster.place_and_apply("j2", &needs).expect("fits");
     assert_eq!(cluster.release(0, "j1", &p2.gpus), 0, "j1 does not hold j2's GPU");
@@ -375,7 +379,7 @@ fn release_leaves_other_jobs_gpus_alone() {
 fn cluster_follows_host_changes() {
     let mut cluster = Cluster::new(vec![host("a", &[("queue", "cuda")], 4, h100("a", 1))]);
     let (t, r) = (tags(&[("queue", "big")]), gpus(1));
-    let needs = Needs { tags: &t, gpu: &r, container: false };
+    let needs = Needs { tags: &t, gpu: &r, container: false, deadline: None };
     assert!(cluster.place(&needs).is_err());
     let b = cluster.push_host(host("b", &[("queue", "big")], 4, h100("b", 1)));
     assert_eq!(cluster.place(&needs).expect("b fits").host, b);
@@ -385,4 +389,35 @@ fn cluster_follows_host_changes() {
     assert_eq!(cluster.place(&needs).expect("a retagged").host, 0);
     // The indexed cluster and the reference agree on the edited hosts.
     assert_eq!(cluster.place(&needs), place(&needs, cluster.hosts()));
+}
+
+/// A host that ends by itself (a Slurm allocation) takes no job that may outlive it; a host
+/// that lasts is preferred over none, and a job without a timeout may start anywhere.
+#[test]
+fn a_job_goes_only_where_its_timeout_fits_before_the_host_ends() {
+    let now = 1_000_000_000;
+    let mut a = host("a", &[], 4, h100("a", 1));
+    a.ends_at_ms = Some(now + 30 * 60_000);
+    let mut b = host("b", &[], 4, h100("b", 1));
+    b.ends_at_ms = Some(now + 2 * 3_600_000 + 60_000);
+    let (t, r) = (tags(&[]), gpus(1));
+    let hour = Some(Deadline { now_ms: now, runs_for_ms: 3_600_000 });
+    let needs = Needs { tags: &t, gpu: &r, container: false, deadline: hour };
+    assert_eq!(host_of(&needs, &[a.clone(), b.clone()]), 1, "a ends in 30m, b in 2h 1m");
+    assert_eq!(
+        reason(&needs, std::slice::from_ref(&a)),
+        "may run for 1h (its timeout); no agent that could take it now lasts that long (the most left is 30m: the end of its allocation)"
+    );
+    let short = Some(Deadline { now_ms: now, runs_for_ms: 20 * 60_000 });
+    assert_eq!(host_of(&Needs { deadline: short, ..needs.clone() }, std::slice::from_ref(&a)), 0);
+    assert_eq!(host_of(&Needs { deadline: None, ..needs.clone() }, std::slice::from_ref(&a)), 0);
+    // Too short and busy: the time is the reason, where some host could take it now.
+    let mut full = b.clone();
+    full.free_slots = 0;
+    assert!(reason(&needs, &[a.clone(), full.clone()]).contains("the most left is 30m"));
+    // Only busy hosts: busy is the reason, as before.
+    assert_eq!(reason(&needs, &[full]), "the only matching agent is busy (no free job slot)");
+    // A lasting host beats an ending one however the keys rank them.
+    let lasting = host("c", &[], 4, h100("c", 4));
+    assert_eq!(host_of(&needs, &[a, lasting]), 1);
 }

@@ -13,11 +13,12 @@ fn zero_gpu_jobs_never_exceed_a_hosts_slots() {
         total_slots: 2,
         container_runtime: false,
         gpus: Vec::new(),
+        ends_at_ms: None,
     };
     let mut c = Cluster::new(vec![host]);
     let tags = BTreeMap::new();
     let gpu = GpuRequirements::default();
-    let needs = Needs { tags: &tags, gpu: &gpu, container: false };
+    let needs = Needs { tags: &tags, gpu: &gpu, container: false, deadline: None };
     assert!(c.place_and_apply("1", &needs).is_ok());
     assert!(c.place_and_apply("2", &needs).is_ok());
     let third = c.place_and_apply("3", &needs);

@@ -16,6 +16,9 @@ use std::sync::Arc;
 pub enum GpuRef {
     Uuid(String),
     Index(u32),
+    /// The GPU whose device node is `/dev/nvidia<N>` (its minor number): how Slurm's
+    /// `gres.conf` names GPUs (`File=/dev/nvidia[0-3]`), which need not follow NVML's index.
+    Node(u32),
 }
 
 impl GpuRef {
@@ -38,6 +41,12 @@ impl GpuRef {
         match self {
             GpuRef::Uuid(u) => g.uuid == *u,
             GpuRef::Index(i) => g.index == *i,
+            GpuRef::Node(n) => {
+                let file = g.device_node.rsplit('/').next().unwrap_or("");
+                file.strip_prefix("nvidia").and_then(|d| d.parse::<u32>().ok()) == Some(*n)
+                    && file.len() > "nvidia".len()
+                    && file["nvidia".len()..].bytes().all(|b| b.is_ascii_digit())
+            }
         }
     }
 }
@@ -69,6 +78,7 @@ impl OnlyGpus {
                     let named = match r {
                         GpuRef::Uuid(u) => u.clone(),
                         GpuRef::Index(i) => format!("index {i}"),
+                        GpuRef::Node(n) => format!("/dev/nvidia{n}"),
                     };
                     return Err(GpuError::NoGpu {
                         reason: format!(
@@ -149,6 +159,22 @@ mod tests {
             let e = OnlyGpus::new(inner.clone(), &[GpuRef::Index(0), r]).err().unwrap().to_string();
             assert!(e.contains("is not on this host") && e.contains("it has: 0 GPU-"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_device_node_names_the_gpu_by_its_minor_number_not_its_index() {
+        let (_dir, inner) = host();
+        let all = inner.inventory().unwrap();
+        let share = OnlyGpus::new(inner.clone(), &[GpuRef::Node(3), GpuRef::Node(1)]).unwrap();
+        let seen: Vec<String> = share.inventory().unwrap().into_iter().map(|g| g.uuid).collect();
+        assert_eq!(seen, vec![all[1].uuid.clone(), all[3].uuid.clone()]);
+        let mut g = all[0].clone();
+        g.device_node = "/dev/nvidia12".into();
+        assert!(GpuRef::Node(12).names(&g) && !GpuRef::Node(1).names(&g) && !GpuRef::Index(12).names(&g));
+        g.device_node = "/dev/nvidiactl".into();
+        assert!(!GpuRef::Node(0).names(&g));
+        let e = OnlyGpus::new(inner, &[GpuRef::Node(7)]).err().unwrap().to_string();
+        assert!(e.contains("/dev/nvidia7 given to this agent is not on this host"), "{e}");
     }
 
     #[test]

@@ -83,6 +83,10 @@ pub struct Hello {
     /// later notices come as [`AgentMessage::Interrupted`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interrupted: Option<String>,
+    /// When the agent's machine ends by itself (unix ms): the end of its Slurm allocation.
+    /// The coordinator gives it no job whose timeout reaches past that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_at_ms: Option<i64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

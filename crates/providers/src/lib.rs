@@ -124,6 +124,11 @@ pub struct ProviderMachine {
     /// When billing started (unix seconds), if the provider says.
     #[serde(default)]
     pub launched_at: Option<u64>,
+    /// What the provider says of the machine's state, for people: why it is still pending (a
+    /// Slurm job's reason, a pod the scheduler cannot place), or why it ended (a time limit,
+    /// an eviction). Shown in waiting jobs' reasons and the fleet's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 fn on_demand() -> Capacity {

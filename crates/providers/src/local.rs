@@ -98,6 +98,7 @@ impl Record {
             zone: self.zone.clone(),
             capacity: self.capacity,
             launched_at: Some(self.launched_at),
+            note: None,
         }
     }
 }

@@ -525,6 +525,7 @@ impl<'a> Engine<'a> {
                     since: now,
                     gpus_busy: 0,
                     jobs: Vec::new(),
+                    note: None,
                 });
                 self.extra.push(Extra {
                     num,
@@ -613,6 +614,7 @@ impl<'a> Engine<'a> {
                     since: self.now,
                     gpus_busy: 0,
                     jobs: Vec::new(),
+                    note: None,
                 });
                 self.extra.push(Extra {
                     num,

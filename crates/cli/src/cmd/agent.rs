@@ -33,6 +33,35 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     c.tags = a.local.tags.into_iter().collect();
     c.simulate_gpus = a.local.simulate_gpus;
     c.only_gpus = a.local.gpus.map(|g| g.0);
+    if let Some(engine) = a.allocation {
+        let grant = gpuci_agent::allocation::from_env(engine, &|k| std::env::var(k).ok()).map_err(CliError::Input)?;
+        match &c.only_gpus {
+            // Given by hand as well: it must be the grant, or the agent would serve GPUs the
+            // engine gave somebody else.
+            Some(given) if !grant.gpus.is_empty() || !given.is_empty() => {
+                if *given != grant.gpus {
+                    return Err(CliError::Input(format!(
+                        "--gpus {given:?} is not what the allocation granted ({:?}); leave --gpus out with --allocation",
+                        grant.gpus
+                    )));
+                }
+            }
+            _ => c.only_gpus = Some(grant.gpus.clone()),
+        }
+        if engine == gpuci_agent::allocation::Engine::Slurm && a.ends_in.is_none() {
+            c.ends_at_ms = gpuci_agent::allocation::slurm_ends_at(&grant.id).await.map_err(|e| {
+                CliError::Input(format!("--allocation slurm: cannot tell when job {} ends: {e}", grant.id))
+            })?;
+        }
+        tracing::info!(engine = ?engine, allocation = %grant.id, gpus = ?grant.gpus, ends_at_ms = ?c.ends_at_ms, "running inside an allocation");
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        c.taken_back = Some(rx);
+        c.end_when_taken_back = true;
+        tokio::spawn(taken_back_on_signal(grant.taken_back_reason(), tx, a.terminate_grace, shutdown.clone()));
+    }
+    if let Some(d) = a.ends_in {
+        c.ends_at_ms = Some(now_ms().saturating_add(d.as_millis() as i64));
+    }
     c.isolation = a.local.isolation.into();
     a.local.jobs.apply(&mut c);
     c.post_job_timeout = a.post_job_timeout;
@@ -55,6 +84,45 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
             Ok(EXIT_LEFT)
         }
     }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Inside an allocation the engine's SIGTERM (scancel, a time limit, a pod deleted or
+/// evicted) means the machine is being taken back: say so to the agent, which tells the
+/// coordinator (its jobs are queued again) and ends once none runs. Ends the agent anyway
+/// `grace` later, or at a second signal, or at SIGINT.
+async fn taken_back_on_signal(
+    reason: String,
+    notice: tokio::sync::watch::Sender<Option<String>>,
+    grace: std::time::Duration,
+    shutdown: CancellationToken,
+) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+        tracing::error!("cannot listen for signals; ending now");
+        shutdown.cancel();
+        return;
+    };
+    tokio::select! {
+        _ = int.recv() => {
+            tracing::info!("shutting down");
+            shutdown.cancel();
+            return;
+        }
+        _ = term.recv() => {}
+    }
+    tracing::warn!(%reason, "SIGTERM from the engine: the machine is being taken back");
+    let _ = notice.send(Some(reason));
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
+        _ = tokio::time::sleep(grace) => tracing::warn!(grace = ?grace, "ending before every result reached the coordinator"),
+        _ = shutdown.cancelled() => return,
+    }
+    shutdown.cancel();
 }
 
 /// The exit status of an agent that left (`--leave-after-unreachable`): EX_TEMPFAIL, so a

@@ -19,7 +19,13 @@ use tokio_util::sync::CancellationToken;
 
 pub async fn dispatch(cli: Cli) -> u8 {
     let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    match &cli.command {
+        // Inside a Slurm job or a pod, SIGTERM is the engine taking the machine back.
+        Command::Agent(a) if a.allocation.is_some() => {}
+        _ => {
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+        }
+    }
     let r = match cli.command {
         Command::Up(a) => up::run(a, shutdown).await,
         Command::Run(a) => run::run(a, shutdown).await,

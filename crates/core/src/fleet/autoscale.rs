@@ -38,12 +38,16 @@
 
 use super::{Capacity, FleetSpec, IdleAction, UnixSecs};
 use crate::gpu::{GpuInfo, Version};
-use crate::placement::{place, GpuSlot, GpuSlotState, HostView, Needs};
+use crate::placement::{place, Deadline, GpuSlot, GpuSlotState, HostView, Needs};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
 /// How long an offer is skipped after a capacity error ("insufficient capacity").
 pub const CAPACITY_ERROR_BACKOFF_S: u64 = 10 * 60;
+
+/// What of a machine's `time_limit` is taken as gone before its agent can take a job (the
+/// agent starting, registering): a job must fit in the rest.
+pub const MACHINE_START_ALLOWANCE_S: u64 = 60;
 
 /// A job waiting for a GPU.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -89,6 +93,9 @@ pub struct Machine {
     /// GPUs leased to the jobs it runs.
     pub gpus_busy: u32,
     pub jobs: Vec<String>,
+    /// What its provider says of it, for people: why a booting machine waits (a Slurm job's
+    /// pending reason, a pod that cannot be scheduled).
+    pub note: Option<String>,
 }
 
 impl Machine {
@@ -254,8 +261,14 @@ pub fn fits(spec: &FleetSpec, needs: &Needs<'_>) -> bool {
         total_slots: m.gpus.max(1),
         container_runtime: m.container_runtime,
         gpus,
+        // A machine that lives `time_limit` (a Slurm allocation) is no use to a job that may
+        // run longer: counted as demand, it would be made, take nothing and be deleted, over
+        // and over.
+        ends_at_ms: m.time_limit_s.map(|t| (t.saturating_sub(MACHINE_START_ALLOWANCE_S) * 1000) as i64),
     };
-    place(&Needs { tags: needs.tags, gpu: &gpu, container: needs.container }, std::slice::from_ref(&host)).is_ok()
+    let deadline = needs.deadline.map(|d| Deadline { now_ms: 0, ..d });
+    let template = Needs { tags: needs.tags, gpu: &gpu, container: needs.container, deadline };
+    place(&template, std::slice::from_ref(&host)).is_ok()
 }
 
 /// Decide what to do now. See the module header for the rules.
@@ -467,10 +480,11 @@ impl<'a> FleetWork<'a> {
                     format!("machine {} of fleet {} has free GPUs; waiting for the scheduler", m.id, m.fleet)
                 } else {
                     format!(
-                        "waiting for machine {} of fleet {} (booting, {})",
+                        "waiting for machine {} of fleet {} (booting, {}{})",
                         m.id,
                         m.fleet,
-                        secs(now.saturating_sub(m.since))
+                        secs(now.saturating_sub(m.since)),
+                        m.note.as_deref().map(|n| format!(": {n}")).unwrap_or_default()
                     )
                 });
             }

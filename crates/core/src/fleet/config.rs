@@ -130,6 +130,7 @@ struct MachineFile {
     tags: BTreeMap<String, String>,
     #[serde(default = "yes")]
     container_runtime: bool,
+    time_limit: Option<Text<Duration>>,
 }
 
 fn yes() -> bool {
@@ -359,6 +360,15 @@ fn resolve(f: FleetFile, fail: &dyn Fn(&str, String) -> FleetConfigError) -> Res
         return Err(fail("boot_timeout", "must be at least 1s".into()));
     }
     let m = f.machine;
+    if let Some(t) = &m.time_limit {
+        let min = 2 * super::autoscale::MACHINE_START_ALLOWANCE_S;
+        if t.0.as_std().as_secs() < min {
+            return Err(fail(
+                "machine.time_limit",
+                format!("must be at least {min}s: the first minute of a machine's life goes to starting its agent"),
+            ));
+        }
+    }
     Ok(FleetSpec {
         name: f.name,
         provider,
@@ -372,6 +382,7 @@ fn resolve(f: FleetFile, fail: &dyn Fn(&str, String) -> FleetConfigError) -> Res
             memory: m.memory.0,
             tags: m.tags,
             container_runtime: m.container_runtime,
+            time_limit_s: m.time_limit.map(|d| d.0.as_std().as_secs()),
         },
         offers,
         capacity,

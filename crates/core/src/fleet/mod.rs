@@ -156,6 +156,9 @@ pub struct MachineSpec {
     pub tags: BTreeMap<String, String>,
     /// Whether the image has a container runtime (jobs with an `image` need one).
     pub container_runtime: bool,
+    /// How long a machine lives at most (a Slurm allocation's time limit): a job whose
+    /// timeout does not fit in it is not demand for this fleet. `None`: no limit.
+    pub time_limit_s: Option<u64>,
 }
 
 /// One way to get a machine: an instance type in a zone at a price.

@@ -20,6 +20,7 @@ fn fleet(name: &str) -> FleetSpec {
             memory: crate::quantity::Bytes(16 << 30),
             tags: BTreeMap::new(),
             container_runtime: true,
+            time_limit_s: None,
         },
         offers: vec![
             Offer {
@@ -64,6 +65,7 @@ fn machine(id: &str, fleet: &str, state: MachineState, since: UnixSecs) -> Machi
         since,
         gpus_busy: u32::from(busy),
         jobs: if busy { vec![format!("job-on-{id}")] } else { Vec::new() },
+        note: None,
     }
 }
 
@@ -410,7 +412,7 @@ fn fits_uses_placement_against_the_machine_spec() {
     let tags = BTreeMap::new();
     let gpu =
         |count, model: Option<&str>| GpuRequirements { count, model: model.map(String::from), ..Default::default() };
-    let needs = |g: &GpuRequirements| fits(&spec, &Needs { tags: &tags, gpu: g, container: true });
+    let needs = |g: &GpuRequirements| fits(&spec, &Needs { tags: &tags, gpu: g, container: true, deadline: None });
     assert!(needs(&gpu(1, Some("T4"))));
     assert!(!needs(&gpu(2, None)), "one GPU per machine");
     assert!(!needs(&gpu(1, Some("A100*"))));
@@ -425,8 +427,33 @@ fn fits_uses_placement_against_the_machine_spec() {
     assert!(!needs(&cc), "T4 is 7.5");
     let mut unknown_cc = spec.clone();
     unknown_cc.machine.compute_capability = None;
-    assert!(fits(&unknown_cc, &Needs { tags: &tags, gpu: &cc, container: true }), "unknown is assumed to fit");
+    assert!(
+        fits(&unknown_cc, &Needs { tags: &tags, gpu: &cc, container: true, deadline: None }),
+        "unknown is assumed to fit"
+    );
     let mut want_tag = BTreeMap::new();
     want_tag.insert("cloud".to_string(), "aws".to_string());
-    assert!(!fits(&spec, &Needs { tags: &want_tag, gpu: &gpu(1, None), container: false }));
+    assert!(!fits(&spec, &Needs { tags: &want_tag, gpu: &gpu(1, None), container: false, deadline: None }));
+}
+
+/// A fleet whose machines live `time_limit` (Slurm allocations) is demand only for jobs whose
+/// timeout fits in it, less the minute an agent takes to start: otherwise it would make an
+/// allocation that takes nothing, delete it when idle, and make another.
+#[test]
+fn a_job_longer_than_the_fleets_time_limit_is_not_its_demand() {
+    let mut spec = fleet("t4");
+    spec.machine.time_limit_s = Some(3600);
+    let tags = BTreeMap::new();
+    let gpu = GpuRequirements { count: 1, ..Default::default() };
+    let runs = |spec: &FleetSpec, ms: Option<u64>| {
+        let deadline = ms.map(|runs_for_ms| crate::placement::Deadline { now_ms: 1_700_000_000_000, runs_for_ms });
+        fits(spec, &Needs { tags: &tags, gpu: &gpu, container: true, deadline })
+    };
+    assert!(runs(&spec, Some(30 * 60_000)));
+    assert!(runs(&spec, Some(59 * 60_000)), "59m fits in 1h less the agent's start");
+    assert!(!runs(&spec, Some(59 * 60_000 + 1)));
+    assert!(!runs(&spec, Some(2 * 3_600_000)));
+    assert!(runs(&spec, None), "a job without a timeout may start anywhere");
+    spec.machine.time_limit_s = None;
+    assert!(runs(&spec, Some(100 * 3_600_000)));
 }

@@ -1,0 +1,267 @@
+//! An agent inside what a cluster engine granted (`gpuci agent --allocation slurm|kubernetes`):
+//! a Slurm job or a Kubernetes pod that a fleet asked for. The engine owns the GPUs; the agent
+//! uses exactly the ones it was given, says when the grant ends, and treats the engine's
+//! SIGTERM as the machine being taken back (its jobs are queued again, once).
+//!
+//! Reading the grant is pure ([`from_env`], [`slurm_end_ms`]) so tests can feed it any
+//! environment; running `squeue` is the one effect ([`slurm_ends_at`]).
+//!
+//! What a grant names:
+//! - Slurm: `SLURM_JOB_GPUS` (a batch job) or `SLURM_STEP_GPUS` (a step): the GPUs' indices in
+//!   the node's `gres.conf`, which are the minor numbers of their device files
+//!   (`File=/dev/nvidia[0-3]`, or NVML's autodetection), not NVML's index. They are matched by
+//!   device node ([`GpuRef::Node`]).
+//! - Kubernetes: `NVIDIA_VISIBLE_DEVICES`, set by the NVIDIA device plugin for a container with
+//!   an `nvidia.com/gpu` limit: UUIDs (or indices inside the container); `void`/`none`: no GPU.
+//!
+//! A grant the agent cannot read is an error, never "all GPUs": an agent that took every GPU
+//! of a shared node would hand out GPUs Slurm gave to somebody else.
+
+use gpuci_gpu::GpuRef;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Slurm,
+    Kubernetes,
+}
+
+impl std::str::FromStr for Engine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "slurm" => Ok(Engine::Slurm),
+            "kubernetes" => Ok(Engine::Kubernetes),
+            other => Err(format!("{other:?}: expected slurm or kubernetes")),
+        }
+    }
+}
+
+/// What the engine granted this agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub engine: Engine,
+    /// The Slurm job id, or the pod's name.
+    pub id: String,
+    /// The GPUs granted; empty: none.
+    pub gpus: Vec<GpuRef>,
+}
+
+impl Allocation {
+    /// What the coordinator and the jobs' logs are told when the engine ends the allocation.
+    pub fn taken_back_reason(&self) -> String {
+        match self.engine {
+            Engine::Slurm => format!(
+                "Slurm is ending allocation {} (scancel, its time limit, preemption or a node failure)",
+                self.id
+            ),
+            Engine::Kubernetes => {
+                format!("Kubernetes is deleting pod {} (eviction, a node drain, preemption or a delete)", self.id)
+            }
+        }
+    }
+}
+
+/// The grant, from the environment the engine gave the agent (`env` answers a variable).
+pub fn from_env(engine: Engine, env: &dyn Fn(&str) -> Option<String>) -> Result<Allocation, String> {
+    let var = |k: &str| env(k).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+    match engine {
+        Engine::Slurm => {
+            let id = var("SLURM_JOB_ID")
+                .ok_or("--allocation slurm: SLURM_JOB_ID is not set; this agent is not running inside a Slurm job")?;
+            let listed = var("SLURM_JOB_GPUS").or_else(|| var("SLURM_STEP_GPUS"));
+            let gpus = match listed {
+                Some(list) => parse_index_list(&list)
+                    .map_err(|e| format!("--allocation slurm: SLURM_JOB_GPUS={list:?}: {e}"))?
+                    .into_iter()
+                    .map(GpuRef::Node)
+                    .collect(),
+                None => {
+                    let on_node = var("SLURM_GPUS_ON_NODE").and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
+                    if on_node > 0 {
+                        return Err(format!(
+                            "--allocation slurm: Slurm granted {on_node} GPU(s) but did not say which (SLURM_JOB_GPUS is not set): \
+                             the node's gres.conf needs File= lines (or AutoDetect=nvml) so GPUs have indices"
+                        ));
+                    }
+                    Vec::new()
+                }
+            };
+            Ok(Allocation { engine, id, gpus })
+        }
+        Engine::Kubernetes => {
+            let id = var("GPUCI_POD_NAME").or_else(|| var("HOSTNAME")).unwrap_or_else(|| "(unknown pod)".into());
+            let gpus = match var("NVIDIA_VISIBLE_DEVICES").as_deref() {
+                None | Some("void") | Some("none") => Vec::new(),
+                Some("all") => return Err(
+                    "--allocation kubernetes: NVIDIA_VISIBLE_DEVICES=all names no GPUs in particular: give the pod an \
+                         nvidia.com/gpu limit (the device plugin then lists the GPUs it granted)"
+                        .into(),
+                ),
+                Some(list) => list
+                    .split(',')
+                    .map(|g| {
+                        GpuRef::parse(g).map_err(|e| format!("--allocation kubernetes: NVIDIA_VISIBLE_DEVICES: {e}"))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            };
+            Ok(Allocation { engine, id, gpus })
+        }
+    }
+}
+
+/// `0,1,3-5` → `[0, 1, 3, 4, 5]` (Slurm's lists of GPU indices).
+pub fn parse_index_list(s: &str) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b) = (
+            a.parse::<u32>().map_err(|_| format!("{part:?} is not an index or a range of indices"))?,
+            b.parse::<u32>().map_err(|_| format!("{part:?} is not an index or a range of indices"))?,
+        );
+        if b < a || b - a > 1024 {
+            return Err(format!("{part:?} is not a range of indices"));
+        }
+        for i in a..=b {
+            if !out.contains(&i) {
+                out.push(i);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// When Slurm job `job_id` ends (unix ms), from `squeue --json -j ID`; `None`: no time limit.
+/// Reads Slurm 22.05's plain numbers and 23.02's `{"set", "infinite", "number"}` objects.
+pub fn slurm_end_ms(json: &str, job_id: &str) -> Result<Option<i64>, String> {
+    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("squeue --json: {e}"))?;
+    let jobs = v.get("jobs").and_then(|j| j.as_array()).ok_or("squeue --json: no \"jobs\" list")?;
+    let job = jobs
+        .iter()
+        .find(|j| j.get("job_id").map(|i| i.to_string()) == Some(job_id.to_string()))
+        .ok_or_else(|| format!("squeue --json does not list job {job_id}"))?;
+    // `Some(None)`: set to "unlimited"; `None`: absent.
+    let number = |field: &str| -> Option<Option<i64>> {
+        match job.get(field)? {
+            serde_json::Value::Number(n) => Some(n.as_i64()),
+            serde_json::Value::Null => Some(None),
+            serde_json::Value::Object(o) => {
+                if o.get("infinite").and_then(|b| b.as_bool()) == Some(true)
+                    || o.get("set").and_then(|b| b.as_bool()) == Some(false)
+                {
+                    Some(None)
+                } else {
+                    Some(o.get("number").and_then(|n| n.as_i64()))
+                }
+            }
+            _ => None,
+        }
+    };
+    match number("time_limit") {
+        Some(None) => return Ok(None),
+        None => return Err(format!("squeue --json: job {job_id} has no time_limit")),
+        Some(Some(_)) => {}
+    }
+    match number("end_time") {
+        Some(Some(end)) if end > 0 => Ok(Some(end.saturating_mul(1000))),
+        _ => Err(format!("squeue --json: job {job_id} has a time limit but no end_time")),
+    }
+}
+
+/// When this Slurm job ends, asked of `squeue` (the job inherits the submitter's `SLURM_CONF`).
+pub async fn slurm_ends_at(job_id: &str) -> Result<Option<i64>, String> {
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::process::Command::new("squeue").args(["--json", "-j", job_id]).kill_on_drop(true).output(),
+    )
+    .await
+    .map_err(|_| "squeue --json did not answer within 20s".to_string())?
+    .map_err(|e| format!("cannot run squeue: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "squeue --json -j {job_id} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    slurm_end_ms(&String::from_utf8_lossy(&out.stdout), job_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn a_slurm_grant_names_gpus_by_device_file() {
+        let a = from_env(
+            Engine::Slurm,
+            &env(&[("SLURM_JOB_ID", "42"), ("SLURM_JOB_GPUS", "2,3"), ("CUDA_VISIBLE_DEVICES", "0,1")]),
+        )
+        .unwrap();
+        assert_eq!(
+            a,
+            Allocation { engine: Engine::Slurm, id: "42".into(), gpus: vec![GpuRef::Node(2), GpuRef::Node(3)] }
+        );
+        let step = from_env(Engine::Slurm, &env(&[("SLURM_JOB_ID", "7"), ("SLURM_STEP_GPUS", "0-1")])).unwrap();
+        assert_eq!(step.gpus, vec![GpuRef::Node(0), GpuRef::Node(1)]);
+        let none = from_env(Engine::Slurm, &env(&[("SLURM_JOB_ID", "7")])).unwrap();
+        assert!(none.gpus.is_empty());
+    }
+
+    #[test]
+    fn a_slurm_grant_that_does_not_say_which_gpus_is_refused_not_taken_as_all() {
+        let e = from_env(Engine::Slurm, &env(&[("SLURM_JOB_ID", "7"), ("SLURM_GPUS_ON_NODE", "2")])).unwrap_err();
+        assert!(e.contains("did not say which"), "{e}");
+        let e = from_env(Engine::Slurm, &env(&[("SLURM_JOB_GPUS", "0")])).unwrap_err();
+        assert!(e.contains("not running inside a Slurm job"), "{e}");
+        let e = from_env(Engine::Slurm, &env(&[("SLURM_JOB_ID", "7"), ("SLURM_JOB_GPUS", "0,x")])).unwrap_err();
+        assert!(e.contains("\"x\" is not an index"), "{e}");
+    }
+
+    #[test]
+    fn a_pod_grant_is_the_device_plugins_list() {
+        let a = from_env(
+            Engine::Kubernetes,
+            &env(&[("GPUCI_POD_NAME", "gpuci-m-1"), ("NVIDIA_VISIBLE_DEVICES", "GPU-aa,GPU-bb")]),
+        )
+        .unwrap();
+        assert_eq!(a.gpus, vec![GpuRef::Uuid("GPU-aa".into()), GpuRef::Uuid("GPU-bb".into())]);
+        assert_eq!(a.id, "gpuci-m-1");
+        for none in ["void", "none", ""] {
+            assert!(from_env(Engine::Kubernetes, &env(&[("NVIDIA_VISIBLE_DEVICES", none)])).unwrap().gpus.is_empty());
+        }
+        let e = from_env(Engine::Kubernetes, &env(&[("NVIDIA_VISIBLE_DEVICES", "all")])).unwrap_err();
+        assert!(e.contains("names no GPUs in particular"), "{e}");
+    }
+
+    #[test]
+    fn index_lists_and_ranges() {
+        assert_eq!(parse_index_list("0,1,3-5"), Ok(vec![0, 1, 3, 4, 5]));
+        assert_eq!(parse_index_list("2,2"), Ok(vec![2]));
+        assert!(parse_index_list("5-3").is_err());
+        assert!(parse_index_list("0-99999").is_err());
+        assert!(parse_index_list("").is_err());
+    }
+
+    #[test]
+    fn squeue_json_end_times_of_both_shapes() {
+        let old = r#"{"meta":{},"errors":[],"jobs":[{"job_id":41,"end_time":1},{"job_id":42,"time_limit":5,"end_time":1764174608}]}"#;
+        assert_eq!(slurm_end_ms(old, "42"), Ok(Some(1_764_174_608_000)));
+        let new = r#"{"jobs":[{"job_id":42,"time_limit":{"set":true,"infinite":false,"number":5},
+                      "end_time":{"set":true,"infinite":false,"number":1764174608}}]}"#;
+        assert_eq!(slurm_end_ms(new, "42"), Ok(Some(1_764_174_608_000)));
+        let unlimited = r#"{"jobs":[{"job_id":42,"time_limit":null,"end_time":1795710608}]}"#;
+        assert_eq!(slurm_end_ms(unlimited, "42"), Ok(None));
+        let infinite = r#"{"jobs":[{"job_id":42,"time_limit":{"set":true,"infinite":true,"number":0}}]}"#;
+        assert_eq!(slurm_end_ms(infinite, "42"), Ok(None));
+        assert!(slurm_end_ms(old, "43").unwrap_err().contains("does not list job 43"));
+        assert!(slurm_end_ms("not json", "42").is_err());
+    }
+}
