@@ -907,7 +907,11 @@ impl Agent {
                     let notice = self.interrupted.borrow_and_update().clone();
                     if let Some(reason) = notice {
                         tracing::warn!(%reason, "the machine is being taken back; taking no new job");
-                        send(&mut sink, &AgentMessage::Interrupted { reason }).await?;
+                        // An idle agent that ends at once has nothing to hand back (its
+                        // fleet deleting it when idle is the common case): it just goes.
+                        if !(self.end_when_taken_back && self.running.is_empty()) {
+                            send(&mut sink, &AgentMessage::Interrupted { reason }).await?;
+                        }
                     }
                 }
                 _ = disk.tick() => {

@@ -264,6 +264,14 @@ pub enum Command {
     Restore {
         agent: String,
     },
+    /// The provider says this agent's machine has ended (a Slurm allocation cancelled or past
+    /// its time limit, a pod evicted or its node gone) while the agent was given jobs: each is
+    /// queued again, once, as for a machine taken back. For the agent that had no chance to
+    /// say so itself (killed at once, its node lost).
+    MachineEnded {
+        agent: String,
+        reason: String,
+    },
     Tick,
 }
 
@@ -686,6 +694,16 @@ impl Brain {
                     a.withdrawn = None;
                 }
                 self.schedule().await;
+            }
+            Command::MachineEnded { agent, reason } => {
+                let holds = self.active.values().any(|j| {
+                    j.agent_id.as_deref() == Some(agent.as_str())
+                        && matches!(j.state, JobState::Assigned | JobState::Running)
+                });
+                if holds && self.agents.contains_key(&agent) {
+                    self.agent_interrupted(&agent, reason).await;
+                    self.schedule().await;
+                }
             }
             Command::FleetNotes { notes, reached } => {
                 let changed = notes != self.fleet_notes || reached != self.budgets_reached;

@@ -418,6 +418,7 @@ impl Loop {
         let mut writes: Vec<MachineRecord> = Vec::new();
         let mut drain_done: Vec<String> = Vec::new();
         let mut lost_machines: Vec<String> = Vec::new();
+        let mut ended_agents: Vec<(String, String)> = Vec::new();
         let absent: HashMap<&str, bool> = view.absent.iter().map(|(m, lost)| (m.as_str(), *lost)).collect();
         let mut notes: Vec<(usize, String)> = Vec::new();
         let mut bill_open: Vec<(String, i64)> = Vec::new();
@@ -456,6 +457,12 @@ impl Loop {
                         ),
                     ));
                 }
+                // Its agent may have had no chance to say so (killed at once, its node lost):
+                // jobs it was given go back to the queue, once, as for a machine taken back.
+                if let (Some(agent), false) = (rec.agent_id.clone(), died_booting || rec.state == "ended") {
+                    let reason = pm.and_then(|p| p.note.clone()).unwrap_or_else(|| "gone at the provider".into());
+                    ended_agents.push((agent, format!("machine {} ended: {reason}", rec.id)));
+                }
                 rec.state = "ended".into();
                 rec.ended_at_ms = Some(now_ms);
                 rec.reason.get_or_insert_with(|| {
@@ -468,6 +475,9 @@ impl Loop {
                     }
                     .into()
                 });
+                if let Some(note) = pm.and_then(|p| p.note.clone()) {
+                    rec.reason = Some(note);
+                }
                 bill_close.push((rec.id.clone(), now_ms));
                 self.idle_since.remove(&rec.id);
                 writes.push(rec.clone());
@@ -571,6 +581,9 @@ impl Loop {
         }
         for (fi, what) in notes {
             self.error(fi, what);
+        }
+        for (agent, reason) in ended_agents {
+            let _ = self.deps.brain.send(Command::MachineEnded { agent, reason }).await;
         }
         for w in &writes {
             if let Err(e) = self.deps.store.put_machine(w).await {

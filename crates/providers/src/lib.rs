@@ -13,6 +13,7 @@
 
 pub mod exec;
 pub mod local;
+pub mod slurm;
 
 use async_trait::async_trait;
 use gpuci_core::fleet::{Capacity, FleetSpec, Offer, ProviderKind};
@@ -207,8 +208,11 @@ pub fn for_fleet(
             let data_dir = std::path::absolute(data_dir).map_err(|e| e.to_string())?;
             Ok(Box::new(local::LocalProvider::from_settings(fleet, coordinator, &root)?.hiding(vec![data_dir])))
         }
+        ProviderKind::Slurm => {
+            Ok(Box::new(slurm::SlurmProvider::from_settings(fleet, coordinator)?.with_secret(registration_token)))
+        }
         other => Err(format!(
-            "fleet {}: provider {other} is not in this version of gpuci (exec, local and aws are; slurm and kubernetes are planned)",
+            "fleet {}: provider {other} is not in this version of gpuci (exec, local, aws and slurm are)",
             fleet.name
         )),
     }

@@ -1,0 +1,279 @@
+//! The `slurm` provider end to end, against a real Slurm: Debian's `slurmctld`, `slurmd` and
+//! `munged`, started by each test as root with fake GPU device files in `gres.conf`
+//! (`common/slurm.rs`). A real coordinator's fleet submits `sbatch` jobs; each runs a real
+//! `gpuci agent --allocation slurm` that serves the GPUs Slurm granted it (simulated GPUs of
+//! the same numbers, as this machine has none), and jobs run in it.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+#[path = "common/slurm.rs"]
+mod slurm;
+
+use common::*;
+use gpuci_core::job::JobState;
+use serde_json::Value;
+use slurm::Slurm;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(120);
+
+struct Fleet {
+    dir: tempfile::TempDir,
+    server: Server,
+    slurm: Slurm,
+}
+
+/// A coordinator with fleet `hpc`: machines of `gpus` GPUs, as Slurm jobs on a one-node
+/// cluster with 4 GPUs. `extra`: more fleet keys; `machine`: more `[fleet.machine]` keys.
+fn start(gpus: u32, extra: &str, machine: &str) -> Option<Fleet> {
+    let slurm = Slurm::start(4, "")?;
+    let dir = tempdir();
+    let config = dir.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[fleet]]
+name = "hpc"
+provider = "slurm"
+max = 2
+idle_timeout = "3s"
+boot_timeout = "90s"
+{extra}
+[fleet.machine]
+gpu_model = "NVIDIA L4"
+gpus = {gpus}
+gpu_memory = "22GiB"
+cpus = 1
+memory = "256MiB"
+{machine}
+[[fleet.offer]]
+instance_type = "l4"
+price_per_hour = 0.5
+[fleet.settings]
+partition = "gpu"
+slurm_conf = "{conf}"
+output = "{dir}/slurm-%j.out"
+agent_data_dir = "{dir}/agents"
+agent_program = "{bin}"
+agent_args = ["--simulate-gpus", "4xL4", "--slots", "1", "--isolation", "{iso}", "--terminate-grace", "8s"]
+"#,
+            conf = slurm.conf.display(),
+            dir = dir.path().display(),
+            bin = BIN,
+            iso = isolation(),
+        ),
+    )
+    .unwrap();
+    let server = Server::start_on(
+        &dir.path().join("server"),
+        "127.0.0.1:0",
+        vec![
+            "--heartbeat".into(),
+            "200ms".into(),
+            "--fleet-interval".into(),
+            "300ms".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+    );
+    Some(Fleet { dir, server, slurm })
+}
+
+impl Fleet {
+    fn status(&self) -> Value {
+        let fleets: Vec<Value> = self.server.api().get("/api/v1/fleets");
+        fleets.into_iter().find(|f| f["name"] == "hpc").expect("fleet hpc")
+    }
+
+    /// Slurm jobs of the fleet: (id, state, reason, comment).
+    fn allocations(&self) -> Vec<(String, String, String, String)> {
+        self.slurm.jobs().into_iter().filter(|j| j.3.contains(":hpc:")).collect()
+    }
+
+    fn live(&self) -> Vec<(String, String, String, String)> {
+        self.allocations()
+            .into_iter()
+            .filter(|j| matches!(j.1.as_str(), "PENDING" | "RUNNING" | "CONFIGURING"))
+            .collect()
+    }
+
+    /// Until the fleet has seen the agent of each of its machines connect (a machine that
+    /// ends before that counts as a failed boot, not as one taken back).
+    fn wait_connected(&self) {
+        wait_until_or(
+            "the fleet saw its machines' agents connect",
+            T,
+            || {
+                let s = self.status();
+                let m = s["machines"].as_array().cloned().unwrap_or_default();
+                !m.is_empty() && m.iter().all(|m| !m["connected_at_ms"].is_null())
+            },
+            || self.explain(),
+        );
+    }
+
+    fn agent_processes(&self) -> usize {
+        processes_with(&self.dir.path().join("agents").display().to_string()).len()
+    }
+
+    fn explain(&self) -> String {
+        let outputs: Vec<String> = std::fs::read_dir(self.dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("slurm-"))
+            .map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap_or_default()))
+            .collect();
+        format!("{:#}\n{:?}\n{}\n{}", self.status(), self.slurm.jobs(), outputs.join("\n"), self.slurm.logs())
+    }
+}
+
+/// From zero: two 2-GPU jobs make two Slurm allocations; each agent serves exactly the GPUs
+/// Slurm granted its job (SLURM_JOB_GPUS), never the other's; idle allocations are cancelled
+/// with scancel and nothing of them is left running.
+#[test]
+fn allocations_serve_slurms_gpus_and_are_cancelled_when_idle() {
+    let Some(f) = start(2, "", "") else { return };
+    let api = f.server.api();
+    let two = "steps:\n  - key: a\n    gpus: 2\n    command: echo on $GPUCI_GPUS && sleep 4\n  - key: b\n    gpus: 2\n    command: echo on $GPUCI_GPUS && sleep 4\n";
+    let p = api.submit(two);
+    wait_until_or("two agents connected", T, || api.agents().len() == 2, || f.explain());
+
+    // Each agent's GPUs are its Slurm job's: the indices Slurm chose, disjoint.
+    let mut seen: Vec<u32> = Vec::new();
+    for (id, state, _, _) in f.live() {
+        assert_eq!(state, "RUNNING");
+        let env = f.slurm.job_env(&id).unwrap_or_else(|| panic!("job {id}'s agent process: {}", f.explain()));
+        let granted = env.iter().find(|(k, _)| k == "SLURM_JOB_GPUS").map(|(_, v)| v.clone()).expect("SLURM_JOB_GPUS");
+        let name = env.iter().find(|(k, _)| k == "SLURM_JOB_NAME").map(|(_, v)| v.clone());
+        assert_eq!(name.as_deref(), Some("gpuci.hpc"));
+        let indices = |a: &gpuci_protocol::api::AgentSummary| {
+            a.gpus.iter().map(|g| g.info.index.to_string()).collect::<Vec<_>>().join(",")
+        };
+        let agent = api
+            .agents()
+            .into_iter()
+            .find(|a| indices(a) == granted)
+            .unwrap_or_else(|| panic!("no agent serves exactly Slurm's grant {granted}: {:#?}", api.agents()));
+        seen.extend(agent.gpus.iter().map(|g| g.info.index));
+    }
+    seen.sort();
+    assert_eq!(seen, [0, 1, 2, 3], "two allocations, four GPUs, none twice");
+
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+    let on: Vec<String> = done.jobs.iter().map(|j| api.log_text(j.id)).collect();
+    assert!(on.iter().all(|l| l.contains("on GPU-")) && on[0] != on[1], "{on:?}");
+
+    wait_until_or(
+        "every allocation cancelled once idle, no agent left running",
+        T,
+        || {
+            f.live().is_empty()
+                && f.agent_processes() == 0
+                && f.status()["machines"].as_array().is_some_and(|m| m.is_empty())
+        },
+        || f.explain(),
+    );
+    let ended: Vec<String> = f.allocations().into_iter().map(|j| j.1).collect();
+    assert!(ended.iter().all(|s| s == "CANCELLED" || s == "COMPLETED"), "{ended:?}");
+}
+
+/// Slurm's pending reason shows on the waiting job: with every GPU of the cluster held by a
+/// job outside gpuci, the fleet's allocation waits (`Resources`) and the job says so.
+#[test]
+fn a_pending_allocation_shows_slurms_reason_on_the_waiting_job() {
+    let Some(f) = start(1, "", "") else { return };
+    // Somebody else's job holds all four GPUs.
+    let hog = f
+        .slurm
+        .command(
+            "sbatch",
+            &["--parsable", "--gres=gpu:4", "--job-name=someone-else", "--output=/dev/null", "--wrap", "sleep 300"],
+        )
+        .unwrap();
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo ran on $GPUCI_GPUS\n");
+    let job = p.jobs[0].id;
+    let waiting = api.wait_job(job, "waiting on Slurm's reason", T, |j| j.reason.contains("pending: Resources"));
+    let reason = waiting.reason;
+    assert!(reason.contains("fleet hpc") && reason.contains("Slurm job"), "{reason}");
+    // The GPUs come free: the allocation starts and the job runs.
+    f.slurm.command("scancel", &[hog.trim()]).unwrap();
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+}
+
+/// Slurm ends an allocation under a running job: `scancel` by an administrator (the agent's
+/// SIGTERM), and a killed agent (no word from it). Each time the job is ended `lost` and
+/// queued again once, and its next attempt runs on a new allocation.
+#[test]
+fn an_allocation_slurm_ends_queues_its_job_again_once() {
+    let Some(f) = start(1, "", "") else { return };
+    let api = f.server.api();
+    // The first attempt sleeps (and is taken away); later ones finish at once.
+    let step = "steps:\n  - key: a\n    gpus: 1\n    command: if [ \"$GPUCI_ATTEMPT\" = 1 ]; then sleep 300; fi; echo attempt $GPUCI_ATTEMPT done\n";
+    let p = api.submit(step);
+    let first = p.jobs[0].id;
+    api.wait_job(first, "running", T, |j| j.state == JobState::Running);
+    f.wait_connected();
+    let (id, _, _, _) = f.live().into_iter().next().unwrap();
+    f.slurm.command("scancel", &[&id]).unwrap();
+    let lost = api.wait_job(first, "lost", T, |j| j.state == JobState::Lost);
+    assert!(lost.reason.contains(&format!("Slurm is ending allocation {id}")), "{lost:#?}");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+    let attempts: Vec<i64> = done.jobs.iter().map(|j| j.id).collect();
+    assert_eq!(attempts.len(), 2, "queued again once: {done:#?}");
+    assert!(api.log_text(attempts[1]).contains("attempt 2 done"));
+
+    // Killed outright: the agent says nothing; the listing (Slurm job FAILED) does.
+    let p = api.submit(step);
+    let first = p.jobs[0].id;
+    api.wait_job(first, "running", T, |j| j.state == JobState::Running);
+    f.wait_connected();
+    let (id, _, _, _) = f.live().into_iter().find(|j| j.1 == "RUNNING").unwrap();
+    f.slurm.command("scancel", &["--signal=KILL", "--batch", &id]).unwrap();
+    let lost = api.wait_job(first, "lost", T, |j| j.state == JobState::Lost);
+    assert!(lost.reason.contains("ended"), "{lost:#?}");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+    assert_eq!(done.jobs.len(), 2, "queued again once: {done:#?}");
+}
+
+/// A coordinator killed with allocations up comes back and adopts them by their comment: no
+/// second allocation for the same machine, and the running job finishes.
+#[test]
+fn a_restarted_coordinator_adopts_its_allocations() {
+    let Some(mut f) = start(1, "", "") else { return };
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: sleep 6; echo finished\n");
+    api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+    let before: Vec<String> = f.allocations().into_iter().map(|j| j.0).collect();
+    assert_eq!(before.len(), 1);
+    f.server.restart_hard();
+    let api = f.server.api();
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+    let after: Vec<String> = f.allocations().into_iter().map(|j| j.0).collect();
+    assert_eq!(after, before, "adopted, not submitted again");
+}
+
+/// `machine.time_limit` becomes the allocation's `--time`; a job whose timeout cannot fit in
+/// it makes no allocation (it would take nothing and be cancelled, over and over), one that
+/// fits runs.
+#[test]
+fn the_time_limit_bounds_the_jobs_an_allocation_takes() {
+    let Some(f) = start(1, "", "time_limit = \"5m\"") else { return };
+    let api = f.server.api();
+    let long = api.submit("steps:\n  - key: long\n    gpus: 1\n    timeout: 10m\n    command: echo never\n");
+    let short = api.submit("steps:\n  - key: short\n    gpus: 1\n    timeout: 2m\n    command: echo fits\n");
+    let done = api.wait_pipeline(short.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+    let limits = f.slurm.command("squeue", &["-h", "-t", "all", "-o", "%l"]).unwrap();
+    assert!(limits.lines().all(|l| l.trim() == "5:00"), "{limits}");
+    let j = api.job(long.jobs[0].id);
+    assert_eq!(j.state, JobState::Queued, "{j:#?}");
+    assert_eq!(f.allocations().len(), 1, "only the job that fits made an allocation: {}", f.explain());
+}
