@@ -3,8 +3,8 @@
 //! uses exactly the ones it was given, says when the grant ends, and treats the engine's
 //! SIGTERM as the machine being taken back (its jobs are queued again, once).
 //!
-//! Reading the grant is pure ([`from_env`], [`slurm_end_ms`]) so tests can feed it any
-//! environment; running `squeue` is the one effect ([`slurm_ends_at`]).
+//! Reading the grant is pure ([`from_env`], [`parse_time_left`]) so tests can feed it any
+//! environment; running `squeue` is the one effect ([`slurm_time_left`]).
 //!
 //! What a grant names:
 //! - Slurm: `SLURM_JOB_GPUS` (a batch job) or `SLURM_STEP_GPUS` (a step): the GPUs' indices in
@@ -132,60 +132,50 @@ pub fn parse_index_list(s: &str) -> Result<Vec<u32>, String> {
     Ok(out)
 }
 
-/// When Slurm job `job_id` ends (unix ms), from `squeue --json -j ID`; `None`: no time limit.
-/// Reads Slurm 22.05's plain numbers and 23.02's `{"set", "infinite", "number"}` objects.
-pub fn slurm_end_ms(json: &str, job_id: &str) -> Result<Option<i64>, String> {
-    let v: serde_json::Value = serde_json::from_str(json).map_err(|e| format!("squeue --json: {e}"))?;
-    let jobs = v.get("jobs").and_then(|j| j.as_array()).ok_or("squeue --json: no \"jobs\" list")?;
-    let job = jobs
-        .iter()
-        .find(|j| j.get("job_id").map(|i| i.to_string()) == Some(job_id.to_string()))
-        .ok_or_else(|| format!("squeue --json does not list job {job_id}"))?;
-    // `Some(None)`: set to "unlimited"; `None`: absent.
-    let number = |field: &str| -> Option<Option<i64>> {
-        match job.get(field)? {
-            serde_json::Value::Number(n) => Some(n.as_i64()),
-            serde_json::Value::Null => Some(None),
-            serde_json::Value::Object(o) => {
-                if o.get("infinite").and_then(|b| b.as_bool()) == Some(true)
-                    || o.get("set").and_then(|b| b.as_bool()) == Some(false)
-                {
-                    Some(None)
-                } else {
-                    Some(o.get("number").and_then(|n| n.as_i64()))
-                }
-            }
-            _ => None,
-        }
+/// A Slurm duration as `squeue -o %L` prints the time left: `MM:SS`, `HH:MM:SS` or
+/// `D-HH:MM:SS`; `None` for `UNLIMITED` / `NOT_SET` (no limit).
+pub fn parse_time_left(s: &str) -> Result<Option<Duration>, String> {
+    let s = s.trim();
+    if matches!(s, "UNLIMITED" | "NOT_SET" | "INVALID" | "N/A") {
+        return Ok(None);
+    }
+    let bad = || format!("{s:?} is not a Slurm time left (D-HH:MM:SS)");
+    let (days, clock) = match s.split_once('-') {
+        Some((d, rest)) => (d.parse::<u64>().map_err(|_| bad())?, rest),
+        None => (0, s),
     };
-    match number("time_limit") {
-        Some(None) => return Ok(None),
-        None => return Err(format!("squeue --json: job {job_id} has no time_limit")),
-        Some(Some(_)) => {}
-    }
-    match number("end_time") {
-        Some(Some(end)) if end > 0 => Ok(Some(end.saturating_mul(1000))),
-        _ => Err(format!("squeue --json: job {job_id} has a time limit but no end_time")),
-    }
+    let parts = clock.split(':').map(|p| p.parse::<u64>().map_err(|_| bad())).collect::<Result<Vec<_>, _>>()?;
+    let secs = match parts.as_slice() {
+        [m, s] => m * 60 + s,
+        [h, m, s] => h * 3600 + m * 60 + s,
+        _ => return Err(bad()),
+    };
+    Ok(Some(Duration::from_secs(days * 86_400 + secs)))
 }
 
-/// When this Slurm job ends, asked of `squeue` (the job inherits the submitter's `SLURM_CONF`).
-pub async fn slurm_ends_at(job_id: &str) -> Result<Option<i64>, String> {
+/// How long this Slurm job has left, asked of `squeue` (the job inherits the submitter's
+/// `SLURM_CONF`); `None`: no time limit. One line of output for one job: bounded.
+pub async fn slurm_time_left(job_id: &str) -> Result<Option<Duration>, String> {
     let out = tokio::time::timeout(
         Duration::from_secs(20),
-        tokio::process::Command::new("squeue").args(["--json", "-j", job_id]).kill_on_drop(true).output(),
+        tokio::process::Command::new("squeue")
+            .args(["--noheader", "--states=all", "--format=%L", "--jobs", job_id])
+            .kill_on_drop(true)
+            .output(),
     )
     .await
-    .map_err(|_| "squeue --json did not answer within 20s".to_string())?
+    .map_err(|_| "squeue did not answer within 20s".to_string())?
     .map_err(|e| format!("cannot run squeue: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "squeue --json -j {job_id} failed ({}): {}",
+            "squeue -j {job_id} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    slurm_end_ms(&String::from_utf8_lossy(&out.stdout), job_id)
+    let text = String::from_utf8_lossy(&out.stdout[..out.stdout.len().min(4096)]).into_owned();
+    let line = text.lines().next().ok_or_else(|| format!("squeue does not list job {job_id}"))?;
+    parse_time_left(line)
 }
 
 #[cfg(test)]
@@ -251,17 +241,13 @@ mod tests {
     }
 
     #[test]
-    fn squeue_json_end_times_of_both_shapes() {
-        let old = r#"{"meta":{},"errors":[],"jobs":[{"job_id":41,"end_time":1},{"job_id":42,"time_limit":5,"end_time":1764174608}]}"#;
-        assert_eq!(slurm_end_ms(old, "42"), Ok(Some(1_764_174_608_000)));
-        let new = r#"{"jobs":[{"job_id":42,"time_limit":{"set":true,"infinite":false,"number":5},
-                      "end_time":{"set":true,"infinite":false,"number":1764174608}}]}"#;
-        assert_eq!(slurm_end_ms(new, "42"), Ok(Some(1_764_174_608_000)));
-        let unlimited = r#"{"jobs":[{"job_id":42,"time_limit":null,"end_time":1795710608}]}"#;
-        assert_eq!(slurm_end_ms(unlimited, "42"), Ok(None));
-        let infinite = r#"{"jobs":[{"job_id":42,"time_limit":{"set":true,"infinite":true,"number":0}}]}"#;
-        assert_eq!(slurm_end_ms(infinite, "42"), Ok(None));
-        assert!(slurm_end_ms(old, "43").unwrap_err().contains("does not list job 43"));
-        assert!(slurm_end_ms("not json", "42").is_err());
+    fn slurm_times_left() {
+        let min = |m: u64| Some(Duration::from_secs(m * 60));
+        assert_eq!(parse_time_left("5:00"), Ok(min(5)));
+        assert_eq!(parse_time_left("1:02:03"), Ok(Some(Duration::from_secs(3723))));
+        assert_eq!(parse_time_left("2-00:00:00"), Ok(min(2 * 24 * 60)));
+        assert_eq!(parse_time_left("UNLIMITED"), Ok(None));
+        assert!(parse_time_left("soon").is_err());
+        assert!(parse_time_left("1:2:3:4").is_err());
     }
 }

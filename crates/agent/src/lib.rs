@@ -53,6 +53,8 @@ pub struct Config {
     pub tags: BTreeMap<String, String>,
     /// A simulated GPU inventory (`4xH100-80GB`), for tests and benchmarks.
     pub simulate_gpus: Option<String>,
+    /// The host name simulated GPUs' UUIDs are made from; default: the agent's name.
+    pub simulate_host: Option<String>,
     /// Only these of the host's GPUs (`--gpus`: a share given by a fleet's provider or an
     /// operator); `None`: all of them. Naming one the host lacks stops the agent at start.
     pub only_gpus: Option<Vec<gpuci_gpu::GpuRef>>,
@@ -127,6 +129,7 @@ impl Config {
             slots: 4,
             tags: BTreeMap::new(),
             simulate_gpus: None,
+            simulate_host: None,
             only_gpus: None,
             gpu_lock_dir: None,
             isolation: IsolationPolicy::Auto,
@@ -287,7 +290,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         journal.replace(&[]).with_context(|| format!("rewriting the journal {}", journal_path.display()))?;
     }
 
-    let mut opts = gpuci_gpu::DetectOptions::new(config.name.clone());
+    let mut opts = gpuci_gpu::DetectOptions::new(config.simulate_host.clone().unwrap_or_else(|| config.name.clone()));
     opts.simulate = config.simulate_gpus.clone();
     opts.simulated_device_dir = config.data_dir.join("sim-dev");
     let (backend, backend_name) = match &config.gpu_backend {
@@ -874,6 +877,18 @@ impl Agent {
             tokio::time::Instant::now() + left.saturating_sub(END_MARGIN)
         });
         loop {
+            // A notice is told before anything else this turn: a cluster engine's SIGTERM
+            // reaches the jobs too, and their ends must not reach the coordinator first (they
+            // would be failures, not jobs to queue again).
+            if self.interrupted.has_changed().unwrap_or(false) {
+                let notice = self.interrupted.borrow_and_update().clone();
+                if let Some(reason) = notice {
+                    tracing::warn!(%reason, "the machine is being taken back; taking no new job");
+                    if !(self.end_when_taken_back && self.running.is_empty()) {
+                        send(&mut sink, &AgentMessage::Interrupted { reason }).await?;
+                    }
+                }
+            }
             if let Some(why) = self.done_here(end_at) {
                 tracing::info!("{why}; ending this agent");
                 let _ = sink.close().await;
@@ -939,7 +954,19 @@ impl Agent {
 
     fn on_message(&mut self, m: CoordinatorMessage) -> Option<SessionEnd> {
         match m {
-            CoordinatorMessage::Assign(a) => {
+            CoordinatorMessage::Assign(mut a) => {
+                // On a machine that ends by itself, no job runs past the end: one without a
+                // timeout (or with one longer than what is left) is given what is left, less
+                // a minute to report, and ends timed out, not taken down with the machine
+                // (and queued again, to take the next machine down too).
+                if let Some(end) = self.ends_at_ms {
+                    let left_ms = (end - executor::now_us() / 1000 - 60_000).max(1_000) as u64;
+                    let left = gpuci_core::duration::Duration(Duration::from_millis(left_ms));
+                    if a.step.timeout.is_none_or(|t| t.0 > left.0) {
+                        tracing::info!(job = a.job_id, timeout = ?left.0, "the job's timeout is what is left of this machine");
+                        a.step.timeout = Some(left);
+                    }
+                }
                 if self.holds.contains(&a.job_id) {
                     tracing::warn!(job = a.job_id, "assignment for a job this agent already has; ignored");
                     return None;

@@ -391,6 +391,10 @@ pub struct AgentArgs {
     /// default, and a pod's terminationGracePeriodSeconds).
     #[arg(long, default_value = "20s", value_parser = parse_duration, value_name = "DURATION")]
     pub terminate_grace: std::time::Duration,
+    /// With --simulate-gpus: the host name simulated GPU UUIDs are made from (default: the
+    /// agent's name), so agents on one simulated node share its UUIDs (tests, demos).
+    #[arg(long, hide = true, requires = "simulate_gpus")]
+    pub simulate_host: Option<String>,
 }
 
 #[derive(Args, Debug)]

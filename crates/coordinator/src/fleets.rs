@@ -183,8 +183,8 @@ struct Loop {
 
 /// Start the loop; `None` when there are no fleets. Providers that cannot be made are shown as
 /// unavailable on their fleet (and logged), never silently skipped.
-/// The provider of `fleet`: `aws` from its own crate (the SDK is large and stays out of the
-/// providers crate), the others from `gpuci_providers`. An error a person can act on when the
+/// The provider of `fleet`: `aws` and `kubernetes` from their own crates (their SDKs are large
+/// and stay out of the providers crate), the others from `gpuci_providers`. An error a person can act on when the
 /// fleet's settings cannot work.
 pub fn provider_for(
     fleet: &FleetSpec,
@@ -195,6 +195,9 @@ pub fn provider_for(
     match fleet.provider {
         gpuci_core::fleet::ProviderKind::Aws => {
             Ok(Box::new(gpuci_aws::AwsProvider::from_settings(fleet, coordinator)?))
+        }
+        gpuci_core::fleet::ProviderKind::Kubernetes => {
+            Ok(Box::new(gpuci_kube::KubeProvider::from_settings(fleet, coordinator)?))
         }
         _ => gpuci_providers::for_fleet(fleet, coordinator, registration_token, data_dir),
     }
@@ -432,7 +435,13 @@ impl Loop {
             let before = rec.clone();
             let pm = listed.get(&rec.id);
             let gone = match pm {
-                None => now_ms - rec.requested_at_ms > LIST_GRACE_MS,
+                // A new machine may not be listed yet (a cloud's listing lags its creates);
+                // one that was listed running and whose agent connected is gone when it is
+                // no longer listed (a pod deleted with its node).
+                None => {
+                    now_ms - rec.requested_at_ms > LIST_GRACE_MS
+                        || (rec.running_at_ms.is_some() && rec.connected_at_ms.is_some())
+                }
                 Some(pm) => pm.state == ProviderState::Terminated,
             };
             if gone {

@@ -212,7 +212,7 @@ pub fn for_fleet(
             Ok(Box::new(slurm::SlurmProvider::from_settings(fleet, coordinator)?.with_secret(registration_token)))
         }
         other => Err(format!(
-            "fleet {}: provider {other} is not in this version of gpuci (exec, local, aws and slurm are)",
+            "fleet {}: provider {other} is built in its own crate (gpuci-aws, gpuci-kube): ask the coordinator's provider_for",
             fleet.name
         )),
     }

@@ -46,6 +46,8 @@ pub struct SlurmProvider {
     timeout: Duration,
     /// Never repeated in an error or log line.
     secrets: Vec<String>,
+    /// The fleet's (one) offer, so an adopted allocation is billed at its price.
+    instance_type: String,
 }
 
 fn setting_str(fleet: &FleetSpec, key: &str) -> Result<Option<String>, String> {
@@ -98,7 +100,37 @@ const OWN_OPTIONS: &[&str] = &[
     "-a",
     "--time",
     "-t",
+    // More GPUs than machine.gpus, where the agent would serve them all.
+    "--gpus-per-node",
+    "--gpus-per-task",
+    "--gpus-per-socket",
+    "--tres-per-task",
+    // gpuci queues a machine's jobs again itself; Slurm re-running the batch job would start
+    // the machine's agent again with its registration token spent.
+    "--requeue",
+    "--no-requeue",
+    // Another user's job, or a job listing cannot find: it could not be cancelled.
+    "--uid",
+    "--gid",
+    "--nodes",
+    "-N",
+    "--export-file",
+    "--get-user-env",
+    "--chdir",
+    "-D",
 ];
+
+/// Whether `word` (one of `sbatch_args`) sets an option gpuci owns, also abbreviated: sbatch
+/// takes any unambiguous prefix of a long option (`--comm=x` is `--comment=x`).
+fn owned_option(word: &str) -> bool {
+    let name = word.split('=').next().unwrap_or("");
+    if let Some(long) = name.strip_prefix("--") {
+        return !long.is_empty()
+            && OWN_OPTIONS.iter().filter_map(|o| o.strip_prefix("--")).any(|o| o.starts_with(long));
+    }
+    // Short options, alone (`-J`) or with their value glued on (`-Jname`).
+    OWN_OPTIONS.iter().filter(|o| o.len() == 2).any(|o| name.starts_with(o))
+}
 
 impl SlurmProvider {
     pub fn from_settings(fleet: &FleetSpec, coordinator: &str) -> Result<Self, String> {
@@ -115,7 +147,8 @@ impl SlurmProvider {
             return Err(bad("idle_action = \"stop\": a Slurm job cannot be stopped and started; use delete".into()));
         }
         let m = &fleet.machine;
-        let mut args: Vec<String> = Vec::new();
+        // One node: the agent serves the GPUs of the node it runs on, so they must all be there.
+        let mut args: Vec<String> = vec!["--nodes=1".to_string()];
         for (key, flag) in [("partition", "--partition"), ("account", "--account"), ("qos", "--qos")] {
             if let Some(v) = setting_str(fleet, key)? {
                 args.push(format!("{flag}={v}"));
@@ -160,10 +193,7 @@ impl SlurmProvider {
                 .and_then(|a| a.iter().map(|w| w.as_str().map(String::from)).collect::<Option<Vec<_>>>())
                 .ok_or_else(|| bad("sbatch_args: expected a list of strings, e.g. [\"--exclusive\"]".into()))?;
             for w in &words {
-                let name = w.split('=').next().unwrap_or("");
-                if OWN_OPTIONS.contains(&name)
-                    || OWN_OPTIONS.iter().any(|o| o.len() == 2 && w.starts_with(o) && w.len() > 2)
-                {
+                if owned_option(w) {
                     return Err(bad(format!(
                         "sbatch_args: {w:?}: gpuci sets this itself (job name, comment, output, environment, GPUs, time from machine.time_limit)"
                     )));
@@ -181,10 +211,17 @@ impl SlurmProvider {
         if timeout < Duration::from_secs(1) {
             return Err(bad("command_timeout: give at least 1s".into()));
         }
-        if let Some(args) = fleet.settings.get("agent_args").and_then(|a| a.as_array()) {
+        for key in ["server", "agent_program", "leave_after_unreachable", "on_leave"] {
+            setting_str(fleet, key)?;
+        }
+        if let Some(args) = fleet.settings.get("agent_args") {
+            let args = args
+                .as_array()
+                .filter(|a| a.iter().all(|w| w.is_str()))
+                .ok_or_else(|| bad("agent_args: expected a list of strings, e.g. [\"--slots\", \"1\"]".into()))?;
             for w in args.iter().filter_map(|w| w.as_str()) {
                 let name = w.split('=').next().unwrap_or("");
-                if matches!(name, "--gpus" | "--data-dir" | "--allocation") {
+                if matches!(name, "--gpus" | "--data-dir" | "--allocation" | "--ends-in") {
                     return Err(bad(format!(
                         "agent_args: {w:?}: the slurm provider gives the agent its GPUs (Slurm's grant) and data dir"
                     )));
@@ -202,6 +239,7 @@ impl SlurmProvider {
             agent_data_dir: setting_str(fleet, "agent_data_dir")?.unwrap_or_else(|| "${TMPDIR:-/tmp}".into()),
             timeout,
             secrets: Vec::new(),
+            instance_type: fleet.offers.first().map(|o| o.instance_type.clone()).unwrap_or_default(),
         })
     }
 
@@ -254,6 +292,16 @@ impl SlurmProvider {
         }
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        // The job's output file is made with the submitter's umask (sbatch passes it on):
+        // the agent's log is nobody else's to read.
+        #[allow(unsafe_code)]
+        // SAFETY: umask(2) is async-signal-safe and touches no memory of this process.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::umask(0o077);
+                Ok(())
+            });
         }
         cmd.stdin(if stdin.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() })
             .stdout(std::process::Stdio::piped())
@@ -327,7 +375,7 @@ impl SlurmProvider {
             machine,
             provider_id: j.id.clone(),
             state: j.state(),
-            instance_type: String::new(),
+            instance_type: self.instance_type.clone(),
             zone: String::new(),
             capacity: Capacity::OnDemand,
             launched_at: None,
@@ -368,8 +416,8 @@ impl Job {
                 ProviderState::Pending
             }
             "RUNNING" | "RESIZING" | "SIGNALING" | "STAGE_OUT" => ProviderState::Running,
-            "COMPLETING" => ProviderState::Stopping,
-            "SUSPENDED" | "STOPPED" => ProviderState::Stopped,
+            // Suspended by Slurm is not stopped by gpuci (which could start it again): held.
+            "COMPLETING" | "SUSPENDED" | "STOPPED" => ProviderState::Stopping,
             // COMPLETED, CANCELLED, FAILED, TIMEOUT, NODE_FAIL, PREEMPTED, BOOT_FAIL,
             // DEADLINE, OUT_OF_MEMORY, REVOKED, SPECIAL_EXIT and whatever comes next.
             _ => ProviderState::Terminated,
@@ -383,6 +431,10 @@ impl Job {
                 Some(m) => format!("Slurm job {} pending: {} ({m})", self.id, self.reason),
                 None => format!("Slurm job {} pending: {}", self.id, self.reason),
             }),
+            ProviderState::Stopping if self.state != "COMPLETING" => Some(format!(
+                "Slurm job {} {} (its processes are stopped; its jobs end lost unless resumed within lost_after)",
+                self.id, self.state
+            )),
             ProviderState::Terminated => Some(format!(
                 "Slurm job {} {}{}",
                 self.id,
@@ -483,6 +535,7 @@ impl Provider for SlurmProvider {
             format!("--comment={}", self.comment(&req.machine)),
             format!("--output={}", self.output),
             "--export=ALL".to_string(),
+            "--no-requeue".to_string(),
         ];
         args.extend(self.sbatch_args.iter().cloned());
         let script = self.script(req);
@@ -503,7 +556,7 @@ impl Provider for SlurmProvider {
             machine: req.machine.clone(),
             provider_id: id.clone(),
             state: ProviderState::Pending,
-            instance_type: String::new(),
+            instance_type: self.instance_type.clone(),
             zone: String::new(),
             capacity: Capacity::OnDemand,
             launched_at: None,
@@ -596,6 +649,7 @@ price_per_hour = 2.0
         assert_eq!(
             p.sbatch_args,
             [
+                "--nodes=1",
                 "--partition=gpu",
                 "--account=ml",
                 "--qos=ci",
@@ -609,7 +663,11 @@ price_per_hour = 2.0
         let p =
             SlurmProvider::from_settings(&fleet("gpu_request = \"gpus\"\nrequest_cpus_and_memory = false", None), "c1")
                 .unwrap();
-        assert_eq!(p.sbatch_args, ["--gpus=2"]);
+        assert_eq!(p.sbatch_args, ["--nodes=1", "--gpus=2"]);
+        let p =
+            SlurmProvider::from_settings(&fleet("sbatch_args = [\"--exclusive\", \"--mail-type=NONE\"]", None), "c1")
+                .unwrap();
+        assert!(p.sbatch_args.ends_with(&["--exclusive".to_string(), "--mail-type=NONE".to_string()]));
     }
 
     #[test]
@@ -618,6 +676,11 @@ price_per_hour = 2.0
             ("sbatch_args = [\"--job-name=x\"]", "gpuci sets this itself"),
             ("sbatch_args = [\"-Jx\"]", "gpuci sets this itself"),
             ("sbatch_args = [\"--gres=gpu:8\"]", "gpuci sets this itself"),
+            ("sbatch_args = [\"--comm=x\"]", "gpuci sets this itself"),
+            ("sbatch_args = [\"--gpus-per-n=4\"]", "gpuci sets this itself"),
+            ("sbatch_args = [\"--uid=ci\"]", "gpuci sets this itself"),
+            ("agent_args = \"--gpus all\"", "expected a list of strings"),
+            ("agent_args = [\"--ends-in=100h\"]", "gives the agent its GPUs"),
             ("agent_args = [\"--gpus\", \"0\"]", "gives the agent its GPUs"),
             ("partiton = \"gpu\"", "not a setting of the slurm provider"),
             ("gpu_request = \"cards\"", "expected \"gres\" or \"gpus\""),

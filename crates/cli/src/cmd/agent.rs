@@ -32,6 +32,7 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     c.slots = a.local.slots;
     c.tags = a.local.tags.into_iter().collect();
     c.simulate_gpus = a.local.simulate_gpus;
+    c.simulate_host = a.simulate_host;
     c.only_gpus = a.local.gpus.map(|g| g.0);
     if let Some(engine) = a.allocation {
         let grant = gpuci_agent::allocation::from_env(engine, &|k| std::env::var(k).ok()).map_err(CliError::Input)?;
@@ -48,10 +49,12 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
             }
             _ => c.only_gpus = Some(grant.gpus.clone()),
         }
-        if engine == gpuci_agent::allocation::Engine::Slurm && a.ends_in.is_none() {
-            c.ends_at_ms = gpuci_agent::allocation::slurm_ends_at(&grant.id).await.map_err(|e| {
+        if engine == gpuci_agent::allocation::Engine::Slurm {
+            // Always asked, whatever --ends-in says: the earlier end counts.
+            let left = gpuci_agent::allocation::slurm_time_left(&grant.id).await.map_err(|e| {
                 CliError::Input(format!("--allocation slurm: cannot tell when job {} ends: {e}", grant.id))
             })?;
+            c.ends_at_ms = left.map(|d| now_ms().saturating_add(d.as_millis() as i64));
         }
         tracing::info!(engine = ?engine, allocation = %grant.id, gpus = ?grant.gpus, ends_at_ms = ?c.ends_at_ms, "running inside an allocation");
         let (tx, rx) = tokio::sync::watch::channel(None);
@@ -60,7 +63,8 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
         tokio::spawn(taken_back_on_signal(grant.taken_back_reason(), tx, a.terminate_grace, shutdown.clone()));
     }
     if let Some(d) = a.ends_in {
-        c.ends_at_ms = Some(now_ms().saturating_add(d.as_millis() as i64));
+        let end = now_ms().saturating_add(d.as_millis() as i64);
+        c.ends_at_ms = Some(c.ends_at_ms.map_or(end, |e| e.min(end)));
     }
     c.isolation = a.local.isolation.into();
     a.local.jobs.apply(&mut c);

@@ -361,11 +361,15 @@ fn resolve(f: FleetFile, fail: &dyn Fn(&str, String) -> FleetConfigError) -> Res
     }
     let m = f.machine;
     if let Some(t) = &m.time_limit {
-        let min = 2 * super::autoscale::MACHINE_START_ALLOWANCE_S;
+        // The agent's start, its idle end before the limit (2m) and a job of a minute.
+        let min = super::autoscale::MACHINE_START_ALLOWANCE_S + 120 + 60;
         if t.0.as_std().as_secs() < min {
             return Err(fail(
                 "machine.time_limit",
-                format!("must be at least {min}s: the first minute of a machine's life goes to starting its agent"),
+                format!(
+                    "must be at least {}m: a machine's first minute goes to starting its agent and its last two to ending idle",
+                    min / 60
+                ),
             ));
         }
     }

@@ -1,0 +1,391 @@
+//! The `kubernetes` provider end to end. No Kubernetes API server can run on these machines,
+//! so the coordinator's kube-rs client talks to an API-shaped server of the project's own
+//! (`crates/kube/testserver`): it follows the API's conventions (resourceVersion, label
+//! selectors, watch streams, Status bodies), validates every object gpuci sends against the
+//! official JSON schemas (the `kubernetes-validate` package), enforces the RBAC Role gpuci
+//! ships (`deploy/kubernetes/base/rbac.yaml`), schedules pods onto simulated GPU nodes and runs
+//! each pod's command as a local process — here a real `gpuci agent --allocation kubernetes`
+//! with simulated GPUs whose UUIDs are the node's.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+
+use common::*;
+use gpuci_core::job::JobState;
+use serde_json::Value;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(120);
+const TOKEN: &str = "test-cluster-token";
+const NS: &str = "gpuci-runners";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The virtualenv with kubernetes-validate (scripts/test makes it).
+fn python() -> Option<PathBuf> {
+    let venv =
+        std::env::var_os("GPUCI_KUBE_VENV").map_or_else(|| PathBuf::from("/var/tmp/gpuci-kube-venv"), PathBuf::from);
+    let py = venv.join("bin/python");
+    let ok = Command::new(&py).args(["-c", "import kubernetes_validate"]).output().is_ok_and(|o| o.status.success());
+    if ok {
+        return Some(py);
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("CI=true and no kubernetes-validate in {} (scripts/test installs it)", venv.display());
+    }
+    eprintln!("skipped: no kubernetes-validate in {}", venv.display());
+    None
+}
+
+/// The simulated GPU UUIDs of node `name` (the agent's `--simulate-host`).
+fn node_uuids(name: &str, n: u32) -> Vec<String> {
+    (0..n).map(|i| gpuci_gpu::sim::simulated_uuid(name, i)).collect()
+}
+
+struct Cluster {
+    child: Child,
+    url: String,
+    log_dir: PathBuf,
+}
+
+impl Cluster {
+    fn start(dir: &Path, nodes: Value) -> Cluster {
+        let py = python().unwrap();
+        std::fs::write(dir.join("nodes.json"), nodes.to_string()).unwrap();
+        let log_dir = dir.join("kube");
+        std::fs::create_dir_all(&log_dir).unwrap();
+        let mut child = Command::new(py)
+            .arg(repo().join("crates/kube/testserver/kube_api_server.py"))
+            .args(["--port", "0", "--token", TOKEN, "--kubernetes-version", "1.30.0"])
+            .arg("--nodes")
+            .arg(dir.join("nodes.json"))
+            .arg("--log-dir")
+            .arg(&log_dir)
+            .arg("--rbac")
+            .arg(repo().join("deploy/kubernetes/base/rbac.yaml"))
+            .args(["--rbac-user", "system:serviceaccount:gpuci:gpuci-coordinator"])
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("kube-server.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+        let addr = first.trim().strip_prefix("listening on ").unwrap_or_else(|| {
+            panic!(
+                "the test API server did not start: {first:?}\n{}",
+                std::fs::read_to_string(dir.join("kube-server.log")).unwrap_or_default()
+            )
+        });
+        let url = format!("http://{addr}");
+        std::fs::write(
+            dir.join("kubeconfig"),
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\nusers:\n- name: gpuci\n  user:\n    token: {TOKEN}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: gpuci\ncurrent-context: test\n"
+            ),
+        )
+        .unwrap();
+        Cluster { child, url, log_dir }
+    }
+
+    fn get(&self, path: &str) -> Value {
+        reqwest::blocking::Client::new()
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(TOKEN)
+            .send()
+            .and_then(|r| r.json())
+            .unwrap_or(Value::Null)
+    }
+
+    fn post(&self, path: &str, body: Value) -> Value {
+        reqwest::blocking::Client::new()
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .and_then(|r| r.json())
+            .unwrap_or(Value::Null)
+    }
+
+    fn delete(&self, path: &str) {
+        let _ = reqwest::blocking::Client::new().delete(format!("{}{path}", self.url)).bearer_auth(TOKEN).send();
+    }
+
+    fn pods(&self) -> Vec<Value> {
+        self.get(&format!("/api/v1/namespaces/{NS}/pods"))["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    fn secrets(&self) -> Vec<Value> {
+        self.get(&format!("/api/v1/namespaces/{NS}/secrets"))["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    fn running_pod(&self) -> String {
+        let pods = self.pods();
+        let p = pods
+            .iter()
+            .find(|p| p["status"]["phase"] == "Running")
+            .unwrap_or_else(|| panic!("no running pod: {pods:#?}"));
+        p["metadata"]["name"].as_str().unwrap().to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        for _ in 0..100 {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Fleet {
+    dir: tempfile::TempDir,
+    server: Server,
+    cluster: Cluster,
+}
+
+/// One GPU node `gpu-a` (4 GPUs, tainted as GPU nodes are) and one CPU node; fleet `k8s` of
+/// `gpus`-GPU pods.
+fn start(gpus: u32) -> Option<Fleet> {
+    python()?;
+    let dir = tempdir();
+    let nodes = serde_json::json!([
+        {"name": "gpu-a", "labels": {"nvidia.com/gpu.present": "true"},
+         "taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}],
+         "gpus": 4, "gpu_uuids": node_uuids("gpu-a", 4), "cpu": "16", "memory": "64Gi"},
+        {"name": "cpu-a", "gpus": 0, "cpu": "8", "memory": "32Gi"},
+    ]);
+    let cluster = Cluster::start(dir.path(), nodes);
+    let config = dir.path().join("server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[[fleet]]
+name = "k8s"
+provider = "kubernetes"
+max = 2
+idle_timeout = "3s"
+boot_timeout = "90s"
+[fleet.machine]
+gpu_model = "NVIDIA L4"
+gpus = {gpus}
+gpu_memory = "22GiB"
+cpus = 2
+memory = "4GiB"
+[[fleet.offer]]
+instance_type = "pod"
+price_per_hour = 0.8
+[fleet.settings]
+kubeconfig = "{kubeconfig}"
+namespace = "{NS}"
+image = "gpuci:test"
+service_account = "gpuci-runner"
+node_selector = {{ "nvidia.com/gpu.present" = "true" }}
+tolerations = [{{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }}]
+runtime_class = "nvidia"
+termination_grace_period = "10s"
+agent_data_dir = "agent"
+agent_program = "{bin}"
+agent_args = ["--simulate-gpus", "4xL4", "--simulate-host", "gpu-a", "--slots", "1", "--isolation", "{iso}", "--terminate-grace", "8s"]
+"#,
+            kubeconfig = dir.path().join("kubeconfig").display(),
+            bin = BIN,
+            iso = isolation(),
+        ),
+    )
+    .unwrap();
+    let server = Server::start_on(
+        &dir.path().join("server"),
+        "127.0.0.1:0",
+        vec![
+            "--heartbeat".into(),
+            "200ms".into(),
+            "--fleet-interval".into(),
+            "300ms".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+    );
+    Some(Fleet { dir, server, cluster })
+}
+
+impl Fleet {
+    fn status(&self) -> Value {
+        let fleets: Vec<Value> = self.server.api().get("/api/v1/fleets");
+        fleets.into_iter().find(|f| f["name"] == "k8s").expect("fleet k8s")
+    }
+
+    fn explain(&self) -> String {
+        let logs: Vec<String> = std::fs::read_dir(&self.cluster.log_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "log"))
+            .map(|e| format!("--- {}\n{}", e.path().display(), std::fs::read_to_string(e.path()).unwrap_or_default()))
+            .collect();
+        let server = std::fs::read_to_string(self.dir.path().join("kube-server.log")).unwrap_or_default();
+        let tail: Vec<&str> = server.lines().rev().take(40).collect();
+        format!(
+            "{:#}\n{}\n--- api server\n{}",
+            self.status(),
+            logs.join("\n"),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )
+    }
+
+    fn wait_connected(&self) {
+        wait_until_or(
+            "the fleet saw its machines' agents connect",
+            T,
+            || {
+                let m = self.status()["machines"].as_array().cloned().unwrap_or_default();
+                !m.is_empty() && m.iter().all(|m| !m["connected_at_ms"].is_null())
+            },
+            || self.explain(),
+        );
+    }
+}
+
+/// From zero: two 1-GPU jobs make two pods, each validated by the official schemas and made
+/// with only the verbs gpuci's Role grants; each agent serves exactly the GPU the device plugin
+/// gave its pod (NVIDIA_VISIBLE_DEVICES), the pods carry no API credentials and the token is
+/// not in their spec; idle, pods and their token secrets go away.
+#[test]
+fn pods_serve_the_device_plugins_gpus_and_go_away_when_idle() {
+    let Some(f) = start(1) else { return };
+    let api = f.server.api();
+    let two = "steps:\n  - key: a\n    gpus: 1\n    command: echo on $GPUCI_GPUS && sleep 3\n  - key: b\n    gpus: 1\n    command: echo on $GPUCI_GPUS && sleep 3\n";
+    let p = api.submit(two);
+    wait_until_or("two agents connected", T, || api.agents().len() == 2, || f.explain());
+    let pods = f.cluster.pods();
+    assert_eq!(pods.len(), 2, "{pods:#?}");
+    let mut granted: Vec<String> = Vec::new();
+    for pod in &pods {
+        let spec = &pod["spec"];
+        assert_eq!(spec["automountServiceAccountToken"], false);
+        assert_eq!(spec["nodeName"], "gpu-a");
+        assert!(!pod.to_string().contains("gpuci_mreg."), "the registration token is not in the pod: {pod:#}");
+        let gpus = pod["metadata"]["annotations"]["testserver.gpuci/gpus"].as_str().unwrap_or("").to_string();
+        let agent = api
+            .agents()
+            .into_iter()
+            .find(|a| a.gpus.iter().map(|g| g.info.uuid.clone()).collect::<Vec<_>>().join(",") == gpus)
+            .unwrap_or_else(|| panic!("no agent serves exactly the pod's GPUs {gpus}: {:#?}", api.agents()));
+        assert_eq!(agent.gpus.len(), 1);
+        granted.push(gpus);
+    }
+    assert_ne!(granted[0], granted[1], "two pods, two GPUs");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+
+    wait_until_or(
+        "no pod and no token secret left once idle",
+        T,
+        || f.cluster.pods().is_empty() && f.cluster.secrets().is_empty(),
+        || format!("{:#?}\n{:#?}\n{}", f.cluster.pods(), f.cluster.secrets(), f.explain()),
+    );
+    // Every call gpuci made was one its Role grants (the server enforced it), and it used
+    // every verb the Role grants but the sweep's (least privilege, both ways).
+    let requests = f.cluster.get("/_test/requests");
+    let used: std::collections::BTreeSet<String> = requests
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["resource"] != Value::Null)
+        .map(|r| format!("{} {} {}", r["resource"].as_str().unwrap_or(""), r["verb"].as_str().unwrap_or(""), r["code"]))
+        .collect();
+    assert!(used.iter().all(|u| !u.ends_with(" 403")), "a call the Role does not grant: {used:#?}");
+    for want in ["pods create", "pods list", "pods watch", "pods delete", "secrets create", "secrets delete"] {
+        assert!(used.iter().any(|u| u.starts_with(want)), "{want} never used: {used:#?}");
+    }
+}
+
+/// A pod the scheduler cannot place says why, in the scheduler's words, on the waiting job.
+#[test]
+fn an_unschedulable_pod_says_why_on_the_waiting_job() {
+    let Some(f) = start(8) else { return };
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 8\n    command: echo never\n");
+    let j = api.wait_job(p.jobs[0].id, "waiting on the scheduler's reason", T, |j| j.reason.contains("Unschedulable"));
+    assert!(j.reason.contains("Insufficient nvidia.com/gpu") && j.reason.contains("fleet k8s"), "{}", j.reason);
+}
+
+/// A pod evicted under a running job (node pressure), and a node removed from the cluster:
+/// each time the job is ended `lost` and queued again once, and runs on a new pod.
+#[test]
+fn an_evicted_pod_or_a_lost_node_queues_its_job_again_once() {
+    let Some(f) = start(1) else { return };
+    let api = f.server.api();
+    let step = "steps:\n  - key: a\n    gpus: 1\n    command: if [ \"$GPUCI_ATTEMPT\" = 1 ]; then sleep 300; fi; echo attempt $GPUCI_ATTEMPT done\n";
+    let p = api.submit(step);
+    let first = p.jobs[0].id;
+    api.wait_job(first, "running", T, |j| j.state == JobState::Running);
+    f.wait_connected();
+    let pod = f.cluster.running_pod();
+    f.cluster.post(&format!("/_test/evict/{NS}/{pod}"), Value::Null);
+    let lost = api.wait_job(first, "lost", T, |j| j.state == JobState::Lost);
+    assert!(lost.reason.contains("taken back"), "{lost:#?}");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+    assert_eq!(done.jobs.len(), 2, "queued again once: {done:#?}");
+
+    let p = api.submit(step);
+    let first = p.jobs[0].id;
+    api.wait_job(first, "running", T, |j| j.state == JobState::Running);
+    f.wait_connected();
+    f.cluster.delete("/_test/nodes/gpu-a");
+    let lost = api.wait_job(first, "lost", T, |j| j.state == JobState::Lost);
+    assert!(lost.reason.contains("taken back"), "{lost:#?}");
+    f.cluster.post(
+        "/_test/nodes",
+        serde_json::json!({"name": "gpu-a", "labels": {"nvidia.com/gpu.present": "true"}, "gpus": 4, "gpu_uuids": node_uuids("gpu-a", 4)}),
+    );
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+    assert_eq!(done.jobs.len(), 2, "queued again once: {done:#?}");
+}
+
+/// A coordinator killed with a pod up adopts it after its restart (found by its labels
+/// through the watch), makes no second one, and the job finishes.
+#[test]
+fn a_restarted_coordinator_adopts_its_pods() {
+    let Some(mut f) = start(1) else { return };
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: sleep 6; echo finished\n");
+    api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+    let before: Vec<Value> = f.cluster.pods().iter().map(|p| p["metadata"]["name"].clone()).collect();
+    assert_eq!(before.len(), 1);
+    f.server.restart_hard();
+    let api = f.server.api();
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+    let created = f.cluster.get("/_test/requests");
+    let creates =
+        created.as_array().unwrap().iter().filter(|r| r["resource"] == "pods" && r["verb"] == "create").count();
+    assert_eq!(creates, 1, "adopted, not made again");
+}
+
+/// The manifests a user applies (namespace, RBAC, the coordinator's Deployment and Service, the
+/// kustomize base and the EKS overlay) pass the official schemas and gpuci's own checks.
+#[test]
+fn the_shipped_manifests_pass_the_official_schemas() {
+    let Some(py) = python() else { return };
+    let out =
+        Command::new(py).arg(repo().join("deploy/kubernetes/check_manifests.py")).arg("--no-render").output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("ok   base/rbac.yaml") && text.contains("kustomization"), "{text}");
+}

@@ -1,0 +1,777 @@
+//! The `kubernetes` provider: a machine is a Pod that runs `gpuci agent --allocation
+//! kubernetes`, with `nvidia.com/gpu` limits, node selector, tolerations, runtime class,
+//! service account, image and resources from the fleet (docs/providers/kubernetes.md). The
+//! cluster decides where and which GPUs (the NVIDIA device plugin); gpuci asks and gives back.
+//! Nothing here schedules, scales nodes or watches anything but its own pods.
+//!
+//! - `create`: the Pod `gpuci-<machine>` (labels name the coordinator, fleet and machine), then
+//!   a Secret `gpuci-<machine>-token` owned by it, holding the machine's one-time registration
+//!   token; the agent reads it through `secretKeyRef` (never in the pod spec, which anyone who
+//!   may read pods can see). Idempotent by machine id: an existing pod of ours is answered.
+//! - `list`: answered from a watch of this fleet's pods (a reflector: list once, then watch
+//!   events; re-listed by the watcher when the server says the watch is too old). A watch
+//!   that is failing makes `list` fail, rather than answer a stale view.
+//! - Pending pods carry the scheduler's words (`Unschedulable: 0/5 nodes are available: …`)
+//!   or the kubelet's (`ErrImagePull`) into [`ProviderMachine::note`]; a pod evicted or lost
+//!   with its node ends with its reason, and the coordinator queues its jobs again once.
+//! - `delete`: the pod (with its grace period: the agent's SIGTERM hands back its jobs) and
+//!   its secret. Secrets of ours whose pod is gone are swept.
+//!
+//! The pods get no Kubernetes credentials (`automountServiceAccountToken: false`) and no
+//! service links: a job in them must not reach the API as anybody.
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use gpuci_core::fleet::{Capacity, CapacityPolicy, FleetSpec};
+use gpuci_providers::{
+    CreateRequest, ErrorKind, Provider, ProviderError, ProviderMachine, ProviderResult, ProviderState,
+};
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::OnceCell;
+
+/// Label keys on everything gpuci makes (values are the coordinator's id, fleet, machine).
+pub const LABEL_COORDINATOR: &str = "gpuci.dev/coordinator";
+pub const LABEL_FLEET: &str = "gpuci.dev/fleet";
+pub const LABEL_MACHINE: &str = "gpuci.dev/machine";
+const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// The fleet's settings, checked.
+#[derive(Clone, Debug)]
+struct Settings {
+    namespace: String,
+    image: String,
+    image_pull_policy: Option<String>,
+    image_pull_secrets: Vec<String>,
+    service_account: Option<String>,
+    node_selector: BTreeMap<String, String>,
+    tolerations: Vec<serde_json::Value>,
+    runtime_class: Option<String>,
+    priority_class: Option<String>,
+    cpu: String,
+    memory: String,
+    privileged: bool,
+    termination_grace_s: i64,
+    agent_data_dir: String,
+    kubeconfig: Option<String>,
+    context: Option<String>,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+}
+
+const KNOWN: &[&str] = &[
+    "server",
+    "agent_program",
+    "agent_args",
+    "leave_after_unreachable",
+    "on_leave",
+    "namespace",
+    "image",
+    "image_pull_policy",
+    "image_pull_secrets",
+    "service_account",
+    "node_selector",
+    "tolerations",
+    "runtime_class",
+    "priority_class",
+    "cpu",
+    "memory",
+    "privileged",
+    "termination_grace_period",
+    "agent_data_dir",
+    "kubeconfig",
+    "context",
+    "labels",
+    "annotations",
+];
+
+/// Whether `s` is a DNS-1123 label (namespaces, runtime classes, secret names' parts).
+fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Whether `s` is a valid label value (empty allowed).
+fn label_value(s: &str) -> bool {
+    s.len() <= 63
+        && (s.is_empty()
+            || (s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+                && s.as_bytes()[0].is_ascii_alphanumeric()
+                && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()))
+}
+
+fn string_map(fleet: &FleetSpec, key: &str) -> Result<BTreeMap<String, String>, String> {
+    match fleet.settings.get(key) {
+        None => Ok(BTreeMap::new()),
+        Some(toml::Value::Table(t)) => t
+            .iter()
+            .map(|(k, v)| match v {
+                toml::Value::String(s) => Ok((k.clone(), s.clone())),
+                other => Err(format!("{key}.{k}: expected a string, got {other}")),
+            })
+            .collect(),
+        Some(v) => Err(format!("{key}: expected a table of strings, got {v}")),
+    }
+}
+
+fn string(fleet: &FleetSpec, key: &str) -> Result<Option<String>, String> {
+    match fleet.settings.get(key) {
+        None => Ok(None),
+        Some(toml::Value::String(s)) if !s.trim().is_empty() => Ok(Some(s.trim().to_string())),
+        Some(v) => Err(format!("{key}: expected a non-empty string, got {v}")),
+    }
+}
+
+impl Settings {
+    fn parse(fleet: &FleetSpec) -> Result<Settings, String> {
+        for key in fleet.settings.keys() {
+            if !KNOWN.contains(&key.as_str()) {
+                return Err(format!(
+                    "{key}: not a setting of the kubernetes provider (see docs/providers/kubernetes.md)"
+                ));
+            }
+        }
+        let namespace = string(fleet, "namespace")?.unwrap_or_else(|| "gpuci-runners".into());
+        if !dns_label(&namespace) {
+            return Err(format!("namespace: {namespace:?} is not a namespace name"));
+        }
+        let image = string(fleet, "image")?.ok_or("image: give the agent's container image (with gpuci in it)")?;
+        let image_pull_policy = string(fleet, "image_pull_policy")?;
+        if let Some(p) = &image_pull_policy {
+            if !matches!(p.as_str(), "Always" | "IfNotPresent" | "Never") {
+                return Err(format!("image_pull_policy: {p:?}: expected Always, IfNotPresent or Never"));
+            }
+        }
+        let image_pull_secrets = match fleet.settings.get("image_pull_secrets") {
+            None => Vec::new(),
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.iter().map(|s| s.as_str().map(String::from)).collect::<Option<Vec<_>>>())
+                .ok_or("image_pull_secrets: expected a list of secret names")?,
+        };
+        let tolerations = match fleet.settings.get("tolerations") {
+            None => Vec::new(),
+            Some(toml::Value::Array(a)) => {
+                let mut out = Vec::new();
+                for (i, t) in a.iter().enumerate() {
+                    let t = t.as_table().ok_or(format!("tolerations[{i}]: expected a table"))?;
+                    let mut v = serde_json::Map::new();
+                    for (k, val) in t {
+                        let json = match (k.as_str(), val) {
+                            ("key" | "value" | "operator" | "effect", toml::Value::String(s)) => json!(s),
+                            ("toleration_seconds", toml::Value::Integer(n)) => json!(n),
+                            _ => {
+                                return Err(format!(
+                                    "tolerations[{i}].{k}: expected key, operator, value, effect (strings) or toleration_seconds"
+                                ))
+                            }
+                        };
+                        let name = if k == "toleration_seconds" { "tolerationSeconds" } else { k.as_str() };
+                        v.insert(name.to_string(), json);
+                    }
+                    if let Some(op) = v.get("operator").and_then(|o| o.as_str()) {
+                        if !matches!(op, "Exists" | "Equal") {
+                            return Err(format!("tolerations[{i}].operator: {op:?}: expected Exists or Equal"));
+                        }
+                    }
+                    if let Some(e) = v.get("effect").and_then(|o| o.as_str()) {
+                        if !matches!(e, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+                            return Err(format!(
+                                "tolerations[{i}].effect: {e:?}: expected NoSchedule, PreferNoSchedule or NoExecute"
+                            ));
+                        }
+                    }
+                    out.push(serde_json::Value::Object(v));
+                }
+                out
+            }
+            Some(v) => return Err(format!("tolerations: expected a list of tables, got {v}")),
+        };
+        let labels = string_map(fleet, "labels")?;
+        for (k, v) in &labels {
+            if k.starts_with("gpuci.dev/") || !label_value(v) {
+                return Err(format!("labels.{k}: gpuci.dev/ labels are gpuci's, and values are label values"));
+            }
+        }
+        let m = &fleet.machine;
+        let termination_grace_s = match string(fleet, "termination_grace_period")? {
+            None => 30,
+            Some(t) => t
+                .parse::<gpuci_core::duration::Duration>()
+                .map_err(|e| format!("termination_grace_period: {e}"))?
+                .as_std()
+                .as_secs() as i64,
+        };
+        if termination_grace_s < 5 {
+            return Err("termination_grace_period: give the agent at least 5s to hand its jobs back".into());
+        }
+        let privileged = match fleet.settings.get("privileged") {
+            None => false,
+            Some(toml::Value::Boolean(b)) => *b,
+            Some(v) => return Err(format!("privileged: expected true or false, got {v}")),
+        };
+        Ok(Settings {
+            namespace,
+            image,
+            image_pull_policy,
+            image_pull_secrets,
+            service_account: string(fleet, "service_account")?,
+            node_selector: string_map(fleet, "node_selector")?,
+            tolerations,
+            runtime_class: string(fleet, "runtime_class")?,
+            priority_class: string(fleet, "priority_class")?,
+            cpu: string(fleet, "cpu")?.unwrap_or_else(|| m.cpus.max(1).to_string()),
+            memory: string(fleet, "memory")?.unwrap_or_else(|| format!("{}Mi", (m.memory.0 >> 20).max(64))),
+            privileged,
+            termination_grace_s,
+            agent_data_dir: string(fleet, "agent_data_dir")?.unwrap_or_else(|| "/var/lib/gpuci-agent".into()),
+            kubeconfig: string(fleet, "kubeconfig")?,
+            context: string(fleet, "context")?,
+            labels,
+            annotations: string_map(fleet, "annotations")?,
+        })
+    }
+}
+
+/// What the watch of this fleet's pods last said.
+#[derive(Default)]
+struct WatchHealth {
+    /// The last error, while the watch is failing.
+    failing: Option<String>,
+}
+
+/// The client and the reflector of this fleet's pods, made at the first call (reading the
+/// kubeconfig or the in-cluster account is async).
+struct Connected {
+    client: kube::Client,
+    pods: Store<Pod>,
+    health: Arc<Mutex<WatchHealth>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Connected {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+pub struct KubeProvider {
+    fleet: String,
+    coordinator: String,
+    machine_gpus: u32,
+    capacity: Capacity,
+    time_limit_s: Option<u64>,
+    settings: Settings,
+    connected: OnceCell<Connected>,
+    /// Secrets are swept at most this often.
+    last_sweep: Mutex<Option<std::time::Instant>>,
+}
+
+impl std::fmt::Debug for KubeProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeProvider").field("fleet", &self.fleet).field("namespace", &self.settings.namespace).finish()
+    }
+}
+
+fn err(kind: ErrorKind, message: impl Into<String>) -> ProviderError {
+    ProviderError::new(kind, message)
+}
+
+/// What kind of failure an API error is.
+fn api_error(what: &str, e: kube::Error) -> ProviderError {
+    match &e {
+        kube::Error::Api(s) => {
+            let kind = match s.code {
+                404 => ErrorKind::NotFound,
+                403 => ErrorKind::Invalid,
+                401 => ErrorKind::Invalid,
+                422 | 400 => ErrorKind::Invalid,
+                409 => ErrorKind::Transient,
+                _ if s.reason == "Forbidden" && s.message.contains("exceeded quota") => ErrorKind::Quota,
+                _ => ErrorKind::Transient,
+            };
+            let kind = if s.code == 403 && s.message.contains("exceeded quota") { ErrorKind::Quota } else { kind };
+            err(kind, format!("{what}: {} ({} {})", s.message, s.code, s.reason))
+        }
+        other => err(ErrorKind::Transient, format!("{what}: {other}")),
+    }
+}
+
+impl KubeProvider {
+    pub fn from_settings(fleet: &FleetSpec, coordinator: &str) -> Result<KubeProvider, String> {
+        let settings = Settings::parse(fleet).map_err(|e| format!("fleet {}: [fleet.settings] {e}", fleet.name))?;
+        if !label_value(&fleet.name) || !label_value(coordinator) {
+            return Err(format!(
+                "fleet {}: a kubernetes fleet's name must be a label value (letters, digits, - _ .; at most 63)",
+                fleet.name
+            ));
+        }
+        if fleet.idle_action == gpuci_core::fleet::IdleAction::Stop {
+            return Err(format!(
+                "fleet {}: idle_action = \"stop\": a pod cannot be stopped and started; use delete",
+                fleet.name
+            ));
+        }
+        if let Some(args) = fleet.settings.get("agent_args").and_then(|a| a.as_array()) {
+            for w in args.iter().filter_map(|w| w.as_str()) {
+                let name = w.split('=').next().unwrap_or("");
+                if matches!(name, "--gpus" | "--data-dir" | "--allocation" | "--ends-in") {
+                    return Err(format!(
+                        "fleet {}: [fleet.settings] agent_args: {w:?}: the kubernetes provider gives the agent its GPUs (the device plugin's grant), data dir and end",
+                        fleet.name
+                    ));
+                }
+            }
+        }
+        Ok(KubeProvider {
+            fleet: fleet.name.clone(),
+            coordinator: coordinator.to_string(),
+            machine_gpus: fleet.machine.gpus,
+            capacity: if fleet.capacity == CapacityPolicy::Spot { Capacity::Spot } else { Capacity::OnDemand },
+            time_limit_s: fleet.machine.time_limit_s,
+            settings,
+            connected: OnceCell::new(),
+            last_sweep: Mutex::new(None),
+        })
+    }
+
+    fn selector(&self) -> String {
+        format!("{LABEL_COORDINATOR}={},{LABEL_FLEET}={}", self.coordinator, self.fleet)
+    }
+
+    fn pod_name(machine: &str) -> String {
+        format!("gpuci-{}", machine.to_ascii_lowercase())
+    }
+
+    async fn client_config(&self) -> ProviderResult<kube::Config> {
+        let options = kube::config::KubeConfigOptions { context: self.settings.context.clone(), ..Default::default() };
+        match &self.settings.kubeconfig {
+            Some(path) => {
+                let kc = kube::config::Kubeconfig::read_from(path)
+                    .map_err(|e| err(ErrorKind::Invalid, format!("kubeconfig {path}: {e}")))?;
+                kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .map_err(|e| err(ErrorKind::Invalid, format!("kubeconfig {path}: {e}")))
+            }
+            None if self.settings.context.is_some() => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| err(ErrorKind::Invalid, format!("kubeconfig: {e}"))),
+            // In the cluster (the coordinator's service account), else ~/.kube/config.
+            None => kube::Config::infer()
+                .await
+                .map_err(|e| err(ErrorKind::Invalid, format!("no Kubernetes credentials: {e}"))),
+        }
+    }
+
+    async fn connected(&self) -> ProviderResult<&Connected> {
+        self.connected
+            .get_or_try_init(|| async {
+                let mut config = self.client_config().await?;
+                config.read_timeout = Some(Duration::from_secs(295));
+                let client = kube::Client::try_from(config)
+                    .map_err(|e| err(ErrorKind::Invalid, format!("Kubernetes client: {e}")))?;
+                let api: Api<Pod> = Api::namespaced(client.clone(), &self.settings.namespace);
+                let (store, writer) = reflector::store();
+                let health = Arc::new(Mutex::new(WatchHealth::default()));
+                let stream = reflector::reflector(
+                    writer,
+                    watcher(api, watcher::Config::default().labels(&self.selector())).default_backoff(),
+                );
+                let h = health.clone();
+                let fleet = self.fleet.clone();
+                let watch = tokio::spawn(async move {
+                    futures::pin_mut!(stream);
+                    while let Some(ev) = stream.next().await {
+                        let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
+                        match ev {
+                            Ok(_) => {
+                                if h.failing.take().is_some() {
+                                    tracing::info!(fleet = %fleet, "watch of the fleet's pods works again");
+                                }
+                            }
+                            Err(e) => {
+                                if h.failing.is_none() {
+                                    tracing::warn!(fleet = %fleet, error = %e, "watch of the fleet's pods failing");
+                                }
+                                h.failing = Some(e.to_string());
+                            }
+                        }
+                    }
+                });
+                Ok(Connected { client, pods: store, health, watch })
+            })
+            .await
+    }
+
+    fn listed(&self, pod: &Pod) -> Option<ProviderMachine> {
+        let labels = pod.metadata.labels.as_ref()?;
+        if labels.get(LABEL_COORDINATOR)? != &self.coordinator || labels.get(LABEL_FLEET)? != &self.fleet {
+            return None;
+        }
+        let machine = labels.get(LABEL_MACHINE)?.clone();
+        let (state, note) = pod_state(pod);
+        Some(ProviderMachine {
+            machine,
+            provider_id: pod.metadata.name.clone().unwrap_or_default(),
+            state,
+            instance_type: String::new(),
+            zone: pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
+            capacity: self.capacity,
+            launched_at: pod.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second().max(0) as u64),
+            note,
+        })
+    }
+
+    fn pod(&self, req: &CreateRequest) -> ProviderResult<Pod> {
+        let s = &self.settings;
+        let name = Self::pod_name(&req.machine);
+        let mut labels = s.labels.clone();
+        labels.insert(LABEL_MANAGED_BY.into(), "gpuci".into());
+        labels.insert(LABEL_COORDINATOR.into(), self.coordinator.clone());
+        labels.insert(LABEL_FLEET.into(), self.fleet.clone());
+        labels.insert(LABEL_MACHINE.into(), req.machine.clone());
+        let mut args: Vec<String> = req.agent.command();
+        args.extend(["--allocation".into(), "kubernetes".into(), "--data-dir".into(), s.agent_data_dir.clone()]);
+        if let Some(t) = self.time_limit_s {
+            args.extend(["--ends-in".into(), format!("{t}s")]);
+        }
+        // The pod's own `$(VAR)` expansion would rewrite an argument that holds one; `$$` is
+        // a literal `$` to the kubelet.
+        let args: Vec<String> = args.into_iter().map(|a| a.replace('$', "$$")).collect();
+        let mut limits = serde_json::Map::new();
+        limits.insert("cpu".into(), json!(s.cpu));
+        limits.insert("memory".into(), json!(s.memory));
+        if self.machine_gpus > 0 {
+            limits.insert("nvidia.com/gpu".into(), json!(self.machine_gpus.to_string()));
+        }
+        let mut requests = serde_json::Map::new();
+        requests.insert("cpu".into(), json!(s.cpu));
+        requests.insert("memory".into(), json!(s.memory));
+        let uses_data_volume = s.agent_data_dir.starts_with('/');
+        let mut container = json!({
+            "name": "agent",
+            "image": s.image,
+            "command": [args[0]],
+            "args": &args[1..],
+            "env": [
+                {"name": "GPUCI_REGISTRATION_TOKEN",
+                 "valueFrom": {"secretKeyRef": {"name": format!("{name}-token"), "key": "token"}}},
+                {"name": "GPUCI_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            ],
+            "resources": {"limits": limits, "requests": requests},
+        });
+        if let Some(p) = &s.image_pull_policy {
+            container["imagePullPolicy"] = json!(p);
+        }
+        if s.privileged {
+            container["securityContext"] = json!({"privileged": true});
+        }
+        if uses_data_volume {
+            container["volumeMounts"] = json!([{"name": "agent-data", "mountPath": s.agent_data_dir}]);
+        }
+        let mut spec = json!({
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "terminationGracePeriodSeconds": s.termination_grace_s,
+            "containers": [container],
+        });
+        if uses_data_volume {
+            spec["volumes"] = json!([{"name": "agent-data", "emptyDir": {}}]);
+        }
+        if let Some(sa) = &s.service_account {
+            spec["serviceAccountName"] = json!(sa);
+        }
+        if !s.node_selector.is_empty() {
+            spec["nodeSelector"] = json!(s.node_selector);
+        }
+        if !s.tolerations.is_empty() {
+            spec["tolerations"] = json!(s.tolerations);
+        }
+        if let Some(rc) = &s.runtime_class {
+            spec["runtimeClassName"] = json!(rc);
+        }
+        if let Some(pc) = &s.priority_class {
+            spec["priorityClassName"] = json!(pc);
+        }
+        if !s.image_pull_secrets.is_empty() {
+            spec["imagePullSecrets"] =
+                json!(s.image_pull_secrets.iter().map(|n| json!({"name": n})).collect::<Vec<_>>());
+        }
+        if let Some(t) = self.time_limit_s {
+            // A backstop past the agent's own end (`--ends-in`), which leaves idle before:
+            // the deadline counts from the pod's start, before its image is pulled.
+            spec["activeDeadlineSeconds"] = json!(t + 600);
+        }
+        let pod = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": labels, "annotations": s.annotations},
+            "spec": spec,
+        });
+        serde_json::from_value(pod).map_err(|e| err(ErrorKind::Invalid, format!("building the pod: {e}")))
+    }
+
+    /// Delete this fleet's token secrets whose pod is gone (a create that failed half-way, a
+    /// pod removed by hand): at most once a minute.
+    async fn sweep_secrets(&self, c: &Connected, live: &[String]) {
+        {
+            let mut last = self.last_sweep.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+                return;
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let secrets: Api<Secret> = Api::namespaced(c.client.clone(), &self.settings.namespace);
+        let Ok(list) = secrets.list(&ListParams::default().labels(&self.selector())).await else { return };
+        for s in list.items {
+            let machine = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_MACHINE)).cloned().unwrap_or_default();
+            let Some(name) = s.metadata.name.clone() else { continue };
+            let young = s
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .is_some_and(|t| (k8s_openapi::jiff::Timestamp::now() - t.0).get_seconds() < 120);
+            if !live.contains(&machine) && !young {
+                tracing::info!(fleet = %self.fleet, secret = %name, "deleting a token secret whose pod is gone");
+                let _ = secrets.delete(&name, &DeleteParams::default()).await;
+            }
+        }
+    }
+}
+
+/// A pod's state as a machine's, and what to tell people about it.
+fn pod_state(pod: &Pod) -> (ProviderState, Option<String>) {
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    if pod.metadata.deletion_timestamp.is_some() && phase != "Failed" && phase != "Succeeded" {
+        return (ProviderState::Stopping, Some(format!("pod {name} is being deleted")));
+    }
+    match phase {
+        "Running" => (ProviderState::Running, None),
+        "Succeeded" | "Failed" => {
+            let why = status
+                .and_then(|s| s.reason.clone().map(|r| (r, s.message.clone().unwrap_or_default())))
+                .map(|(r, m)| format!("{r}: {}", m.trim()))
+                .or_else(|| {
+                    let c = status?.container_statuses.as_ref()?.first()?;
+                    let t = c.state.as_ref()?.terminated.as_ref()?;
+                    Some(format!("{} (exit code {})", t.reason.clone().unwrap_or_default(), t.exit_code))
+                })
+                .unwrap_or_else(|| phase.to_string());
+            (ProviderState::Terminated, Some(format!("pod {name} {}: {why}", phase.to_lowercase())))
+        }
+        _ => {
+            // Why it waits: the scheduler's condition, else the kubelet's container state.
+            let unscheduled = status.and_then(|s| s.conditions.as_ref()).and_then(|cs| {
+                cs.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False").map(|c| {
+                    format!(
+                        "pod {name} pending: {}: {}",
+                        c.reason.clone().unwrap_or_default(),
+                        c.message.clone().unwrap_or_default().trim()
+                    )
+                })
+            });
+            let waiting = || {
+                let c = status?.container_statuses.as_ref()?.first()?;
+                let w = c.state.as_ref()?.waiting.as_ref()?;
+                let reason = w.reason.clone().unwrap_or_default();
+                Some(match &w.message {
+                    Some(m) if !m.is_empty() => format!("pod {name} pending: {reason}: {}", m.trim()),
+                    _ => format!("pod {name} pending: {reason}"),
+                })
+            };
+            (ProviderState::Pending, unscheduled.or_else(waiting))
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for KubeProvider {
+    fn can_stop(&self) -> bool {
+        false
+    }
+
+    async fn create(&self, req: &CreateRequest) -> ProviderResult<ProviderMachine> {
+        let c = self.connected().await?;
+        let pods: Api<Pod> = Api::namespaced(c.client.clone(), &self.settings.namespace);
+        let secrets: Api<Secret> = Api::namespaced(c.client.clone(), &self.settings.namespace);
+        let name = Self::pod_name(&req.machine);
+        let pod = match pods.create(&PostParams::default(), &self.pod(req)?).await {
+            Ok(p) => p,
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                let existing = pods.get(&name).await.map_err(|e| api_error(&format!("reading pod {name}"), e))?;
+                return match self.listed(&existing) {
+                    Some(m) if m.machine == req.machine => Ok(m),
+                    _ => Err(err(ErrorKind::Invalid, format!("pod {name} exists and is not this fleet's machine"))),
+                };
+            }
+            Err(e) => return Err(api_error(&format!("creating pod {name}"), e)),
+        };
+        let owner = OwnerReference {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            name: name.clone(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}-token")),
+                labels: pod.metadata.labels.clone(),
+                owner_references: Some(vec![owner]),
+                ..Default::default()
+            },
+            string_data: Some(BTreeMap::from([("token".to_string(), req.agent.registration_token.clone())])),
+            type_: Some("Opaque".into()),
+            ..Default::default()
+        };
+        match secrets.create(&PostParams::default(), &secret).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => {
+                // The pod would wait for its token forever: take it back now.
+                let _ = pods.delete(&name, &DeleteParams::default().grace_period(0)).await;
+                return Err(api_error(&format!("creating secret {name}-token"), e));
+            }
+        }
+        tracing::info!(fleet = %self.fleet, machine = %req.machine, pod = %name, "pod created");
+        self.listed(&pod).ok_or_else(|| err(ErrorKind::Invalid, "the created pod lacks gpuci's labels"))
+    }
+
+    async fn list(&self) -> ProviderResult<Vec<ProviderMachine>> {
+        let c = self.connected().await?;
+        if let Some(e) = c.health.lock().unwrap_or_else(|e| e.into_inner()).failing.clone() {
+            return Err(err(ErrorKind::Transient, format!("the watch of this fleet's pods is failing: {e}")));
+        }
+        if tokio::time::timeout(Duration::from_secs(10), c.pods.wait_until_ready()).await.is_err() {
+            return Err(err(ErrorKind::Transient, "the first list of this fleet's pods has not come yet"));
+        }
+        let machines: Vec<ProviderMachine> = c.pods.state().iter().filter_map(|p| self.listed(p)).collect();
+        let live: Vec<String> = machines.iter().map(|m| m.machine.clone()).collect();
+        self.sweep_secrets(c, &live).await;
+        Ok(machines)
+    }
+
+    async fn delete(&self, machine: &str) -> ProviderResult<()> {
+        let c = self.connected().await?;
+        let pods: Api<Pod> = Api::namespaced(c.client.clone(), &self.settings.namespace);
+        let secrets: Api<Secret> = Api::namespaced(c.client.clone(), &self.settings.namespace);
+        let name = Self::pod_name(machine);
+        match pods.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(api_error(&format!("deleting pod {name}"), e)),
+        }
+        match secrets.delete(&format!("{name}-token"), &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(api_error(&format!("deleting secret {name}-token"), e)),
+        }
+    }
+
+    async fn stop(&self, _machine: &str) -> ProviderResult<ProviderMachine> {
+        Err(err(ErrorKind::Invalid, "a pod cannot be stopped"))
+    }
+
+    async fn start(&self, _machine: &str) -> ProviderResult<ProviderMachine> {
+        Err(err(ErrorKind::Invalid, "a pod cannot be started again"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet(settings: &str) -> FleetSpec {
+        gpuci_core::fleet::parse_fleets(
+            "server.toml",
+            &format!(
+                r#"
+[[fleet]]
+name = "k8s-gpu"
+provider = "kubernetes"
+max = 5
+[fleet.machine]
+gpu_model = "NVIDIA A10G"
+gpus = 1
+gpu_memory = "24GiB"
+cpus = 4
+memory = "16GiB"
+[[fleet.offer]]
+instance_type = "pod"
+price_per_hour = 1.0
+[fleet.settings]
+{settings}
+"#
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"))
+        .remove(0)
+    }
+
+    #[test]
+    fn settings_are_checked_before_anything_is_asked_of_the_cluster() {
+        for (s, says) in [
+            ("", "image: give the agent's container image"),
+            ("image = \"x\"\nnamespce = \"a\"", "not a setting of the kubernetes provider"),
+            ("image = \"x\"\nnamespace = \"Bad_NS\"", "is not a namespace name"),
+            ("image = \"x\"\ntolerations = [{ key = \"a\", operator = \"Maybe\" }]", "expected Exists or Equal"),
+            ("image = \"x\"\nagent_args = [\"--gpus\", \"0\"]", "gives the agent its GPUs"),
+            ("image = \"x\"\nlabels = { \"gpuci.dev/fleet\" = \"other\" }", "gpuci.dev/ labels are gpuci's"),
+            ("image = \"x\"\ntermination_grace_period = \"1s\"", "at least 5s"),
+        ] {
+            let e = KubeProvider::from_settings(&fleet(s), "c1").unwrap_err();
+            assert!(e.contains(says), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_pod_asks_for_gpus_and_gets_no_credentials() {
+        let p = KubeProvider::from_settings(
+            &fleet(
+                "image = \"gpuci:1\"\nnode_selector = { \"nvidia.com/gpu.present\" = \"true\" }\n\
+                 tolerations = [{ key = \"nvidia.com/gpu\", operator = \"Exists\", effect = \"NoSchedule\" }]\n\
+                 runtime_class = \"nvidia\"\nservice_account = \"gpuci-runner\"",
+            ),
+            "c1",
+        )
+        .unwrap();
+        let req = CreateRequest {
+            machine: "m-1".into(),
+            offer: fleet("image = \"x\"").offers[0].clone(),
+            capacity: Capacity::OnDemand,
+            agent: gpuci_providers::AgentLaunch {
+                server: "http://gpuci:8080".into(),
+                registration_token: "gpuci_mreg.m-1.secret".into(),
+                tags: BTreeMap::new(),
+                name: "k8s-gpu-m-1".into(),
+                program: "gpuci".into(),
+                extra_args: vec!["--slots".into(), "1".into()],
+            },
+        };
+        let pod = serde_json::to_value(p.pod(&req).unwrap()).unwrap();
+        let text = pod.to_string();
+        assert!(!text.contains("secret\""), "the token is not in the pod: {text}");
+        let spec = &pod["spec"];
+        assert_eq!(spec["automountServiceAccountToken"], false);
+        assert_eq!(spec["enableServiceLinks"], false);
+        assert_eq!(spec["runtimeClassName"], "nvidia");
+        assert_eq!(spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "1");
+        assert_eq!(spec["tolerations"][0]["operator"], "Exists");
+        assert_eq!(pod["metadata"]["labels"]["gpuci.dev/machine"], "m-1");
+        let args: Vec<String> = serde_json::from_value(spec["containers"][0]["args"].clone()).unwrap();
+        assert!(args.windows(2).any(|w| w == ["--allocation", "kubernetes"]), "{args:?}");
+    }
+}
