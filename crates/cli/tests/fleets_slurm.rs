@@ -176,6 +176,14 @@ fn allocations_serve_slurms_gpus_and_are_cancelled_when_idle() {
         },
         || f.explain(),
     );
+    // The agents' output files are the fleet's own (sbatch runs under umask 077).
+    use std::os::unix::fs::PermissionsExt;
+    for e in std::fs::read_dir(f.dir.path()).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("slurm-") {
+            let mode = e.metadata().unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "{} is mode {mode:o}", e.path().display());
+        }
+    }
     let ended: Vec<String> = f.allocations().into_iter().map(|j| j.1).collect();
     assert!(ended.iter().all(|s| s == "CANCELLED" || s == "COMPLETED"), "{ended:?}");
 }

@@ -396,7 +396,14 @@ impl SlurmProvider {
             self.agent_data_dir.replace('"', ""),
             quote(&format!("gpuci-agent-{}", req.machine))
         ));
-        format!("#!/bin/sh\n# gpuci agent for fleet {} machine {}\nexec {}\n", self.fleet, req.machine, words.join(" "))
+        // sbatch ran under umask 077 (the job's output file is private); the agent and its
+        // sandbox need the usual one.
+        format!(
+            "#!/bin/sh\n# gpuci agent for fleet {} machine {}\numask 022\nexec {}\n",
+            self.fleet,
+            req.machine,
+            words.join(" ")
+        )
     }
 }
 
