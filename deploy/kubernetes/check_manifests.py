@@ -8,7 +8,7 @@ Kubernetes version. On top of the schemas, the rules gpuci's deployment depends 
 - every namespaced object names its namespace, one the manifests create;
 - nothing cluster-scoped is granted: no ClusterRole or ClusterRoleBinding at all;
 - a Role grants exactly what the kubernetes provider uses in the runner namespace
-  (pods: create get list watch delete; secrets: create delete list), no `*`, nothing else;
+  (pods: create get list watch delete; secrets: create delete), no `*`, nothing else;
 - its RoleBinding binds it to the coordinator's service account and to nothing else;
 - the runner service account mounts no token (jobs run in its pods);
 - the server.toml in the coordinator's ConfigMap parses as TOML and has a kubernetes fleet
@@ -65,7 +65,7 @@ SERVER_CONFIG = "gpuci-server-config"
 # What the kubernetes provider does in the runner namespace, and all it may do there.
 PROVIDER_RULES = {
     ("", "pods"): {"create", "get", "list", "watch", "delete"},
-    ("", "secrets"): {"create", "delete", "list"},
+    ("", "secrets"): {"create", "delete"},
 }
 
 # Kinds without a namespace that could turn up here; anything else must name one.

@@ -12,7 +12,9 @@
 //!   (`File=/dev/nvidia[0-3]`, or NVML's autodetection), not NVML's index. They are matched by
 //!   device node ([`GpuRef::Node`]).
 //! - Kubernetes: `NVIDIA_VISIBLE_DEVICES`, set by the NVIDIA device plugin for a container with
-//!   an `nvidia.com/gpu` limit: UUIDs (or indices inside the container); `void`/`none`: no GPU.
+//!   an `nvidia.com/gpu` limit: UUIDs (the plugin's default `DEVICE_ID_STRATEGY=uuid`; its
+//!   `index` strategy names the node's indices, which a container does not see as such);
+//!   `void`/`none`: no GPU.
 //!
 //! A grant the agent cannot read is an error, never "all GPUs": an agent that took every GPU
 //! of a shared node would hand out GPUs Slurm gave to somebody else.

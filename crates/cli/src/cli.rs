@@ -395,6 +395,10 @@ pub struct AgentArgs {
     /// agent's name), so agents on one simulated node share its UUIDs (tests, demos).
     #[arg(long, hide = true, requires = "simulate_gpus")]
     pub simulate_host: Option<String>,
+    /// With --allocation: how many GPUs the grant must have (the fleet's machine.gpus); a
+    /// grant of another size stops the agent at start instead of serving the wrong number.
+    #[arg(long, requires = "allocation", value_name = "N")]
+    pub expect_gpus: Option<u32>,
 }
 
 #[derive(Args, Debug)]

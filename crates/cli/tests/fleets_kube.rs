@@ -92,10 +92,13 @@ impl Cluster {
         Cluster { child, url, log_dir }
     }
 
+    /// The test's own look at the cluster: not bound by the Role and not recorded as
+    /// gpuci's (`X-Test-Inspect`).
     fn get(&self, path: &str) -> Value {
         reqwest::blocking::Client::new()
             .get(format!("{}{path}", self.url))
             .bearer_auth(TOKEN)
+            .header("X-Test-Inspect", "1")
             .send()
             .and_then(|r| r.json())
             .unwrap_or(Value::Null)
@@ -105,6 +108,7 @@ impl Cluster {
         reqwest::blocking::Client::new()
             .post(format!("{}{path}", self.url))
             .bearer_auth(TOKEN)
+            .header("X-Test-Inspect", "1")
             .json(&body)
             .send()
             .and_then(|r| r.json())
@@ -112,7 +116,11 @@ impl Cluster {
     }
 
     fn delete(&self, path: &str) {
-        let _ = reqwest::blocking::Client::new().delete(format!("{}{path}", self.url)).bearer_auth(TOKEN).send();
+        let _ = reqwest::blocking::Client::new()
+            .delete(format!("{}{path}", self.url))
+            .bearer_auth(TOKEN)
+            .header("X-Test-Inspect", "1")
+            .send();
     }
 
     fn pods(&self) -> Vec<Value> {
@@ -388,4 +396,27 @@ fn the_shipped_manifests_pass_the_official_schemas() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{text}");
     assert!(text.contains("ok   base/rbac.yaml") && text.contains("kustomization"), "{text}");
+}
+
+/// A pod someone else makes with gpuci's labels (naming a busy machine of the fleet, and
+/// failing at once) is not taken for that machine: the job on the real pod finishes, once.
+#[test]
+fn a_foreign_pod_with_our_labels_decides_nothing() {
+    let Some(f) = start(1) else { return };
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: sleep 5; echo finished\n");
+    api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+    f.wait_connected();
+    let real = f.cluster.pods().into_iter().next().unwrap();
+    let labels = real["metadata"]["labels"].clone();
+    let foreign = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "aaa-lookalike", "labels": labels},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "x", "image": "busybox", "command": ["false"]}]},
+    });
+    f.cluster.post(&format!("/api/v1/namespaces/{NS}/pods"), foreign);
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
+    assert_eq!(done.jobs.len(), 1, "not queued again: {done:#?}");
+    assert!(api.log_text(done.jobs[0].id).contains("finished"));
 }

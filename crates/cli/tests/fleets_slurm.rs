@@ -26,6 +26,11 @@ struct Fleet {
 /// A coordinator with fleet `hpc`: machines of `gpus` GPUs, as Slurm jobs on a one-node
 /// cluster with 4 GPUs. `extra`: more fleet keys; `machine`: more `[fleet.machine]` keys.
 fn start(gpus: u32, extra: &str, machine: &str) -> Option<Fleet> {
+    start_every(gpus, extra, machine, "300ms")
+}
+
+/// [`start`], the fleet's reconcile loop running every `interval` (`--fleet-interval`).
+fn start_every(gpus: u32, extra: &str, machine: &str, interval: &str) -> Option<Fleet> {
     let slurm = Slurm::start(4, "")?;
     let dir = tempdir();
     let config = dir.path().join("server.toml");
@@ -72,7 +77,7 @@ agent_args = ["--simulate-gpus", "4xL4", "--slots", "1", "--isolation", "{iso}",
             "--heartbeat".into(),
             "200ms".into(),
             "--fleet-interval".into(),
-            "300ms".into(),
+            interval.into(),
             "--config".into(),
             config.display().to_string(),
         ],
@@ -284,4 +289,52 @@ fn the_time_limit_bounds_the_jobs_an_allocation_takes() {
     let j = api.job(long.jobs[0].id);
     assert_eq!(j.state, JobState::Queued, "{j:#?}");
     assert_eq!(f.allocations().len(), 1, "only the job that fits made an allocation: {}", f.explain());
+}
+
+/// Submit → job start when a Slurm allocation must be made first (from zero machines each
+/// time), against a bare `srun --gres=gpu:1 true` on the same cluster. Not a pass/fail test:
+/// `cargo test -p gpuci --test fleets_slurm -- --ignored --nocapture submit_to_start`
+/// prints the figures BENCHMARKS.md quotes.
+#[test]
+#[ignore = "benchmark: cargo test -p gpuci --test fleets_slurm -- --ignored --nocapture submit_to_start"]
+fn submit_to_start() {
+    fn stats(mut v: Vec<f64>) -> String {
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        format!("n={n} median {:.3} s, min {:.3}, max {:.3}", v[n / 2], v[0], v[n - 1])
+    }
+    let runs: usize = std::env::var("GPUCI_BENCH_RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(8);
+    for interval in ["1s", "5s"] {
+        let Some(f) = start_every(1, "", "", interval) else { return };
+        let api = f.server.api();
+        let mut srun = Vec::new();
+        for _ in 0..20 {
+            let t0 = std::time::Instant::now();
+            f.slurm.command("srun", &["--gres=gpu:1", "true"]).unwrap();
+            srun.push(t0.elapsed().as_secs_f64());
+        }
+        let mut gpuci = Vec::new();
+        for _ in 0..runs {
+            wait_until_or(
+                "no allocation left",
+                T,
+                || f.live().is_empty() && api.agents().iter().all(|a| a.state != "connected"),
+                || f.explain(),
+            );
+            let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: \"true\"\n");
+            let j = api.wait_job(p.jobs[0].id, "started", T, |j| j.started_at_ms.is_some());
+            gpuci.push((j.started_at_ms.unwrap() - j.created_at_ms) as f64 / 1000.0);
+            api.wait_pipeline(p.id, T);
+        }
+        eprintln!("BENCH fleet-interval {interval}: srun --gres=gpu:1 true: {}", stats(srun.clone()));
+        eprintln!(
+            "BENCH fleet-interval {interval}: gpuci submit -> job start (new allocation): {}",
+            stats(gpuci.clone())
+        );
+        let med = |mut v: Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        eprintln!("BENCH fleet-interval {interval}: ratio of medians {:.1}x", med(gpuci) / med(srun));
+    }
 }

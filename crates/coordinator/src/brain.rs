@@ -420,6 +420,8 @@ pub struct Brain {
     /// Queued jobs the last scheduling pass found no agent for (not blocked by a dependency
     /// or a concurrency group): what fleets may create machines for.
     unplaceable: BTreeSet<JobId>,
+    /// [`Brain::with_fleet_wake`].
+    fleet_wake: Option<Arc<tokio::sync::Notify>>,
     /// The fleets' word on jobs in `unplaceable` ([`Command::FleetNotes`]).
     fleet_notes: BTreeMap<JobId, String>,
     /// Repository budgets reached today ([`Command::FleetNotes`]): their jobs are held off
@@ -482,6 +484,7 @@ impl Brain {
             noted_lost: BTreeSet::new(),
             store_deaf: false,
             unplaceable: BTreeSet::new(),
+            fleet_wake: None,
             fleet_notes: BTreeMap::new(),
             budgets_reached: Vec::new(),
             repository_of: HashMap::new(),
@@ -546,6 +549,13 @@ impl Brain {
     /// Open secrets encrypted in pipeline files with `ring`.
     pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
         self.metrics = metrics;
+        self
+    }
+
+    /// Wake the fleets' reconcile loop when a job newly finds no agent to take it: a machine
+    /// is asked for at once, not at the loop's next tick.
+    pub fn with_fleet_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
+        self.fleet_wake = Some(wake);
         self
     }
 
@@ -1849,6 +1859,11 @@ impl Brain {
                     unplaceable.insert(j.id);
                     self.set_reason(&j, reason).await
                 }
+            }
+        }
+        if let Some(wake) = &self.fleet_wake {
+            if unplaceable.iter().any(|j| !self.unplaceable.contains(j)) {
+                wake.notify_one();
             }
         }
         self.unplaceable = unplaceable;

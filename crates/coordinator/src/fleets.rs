@@ -37,6 +37,10 @@ const RECENT_ERRORS: usize = 10;
 /// A machine asked for but not yet listed by its provider counts as requested this long.
 const LIST_GRACE_MS: i64 = 120_000;
 
+/// How long a woken reconcile loop waits before its pass, so that jobs submitted together
+/// are decided together.
+const WAKE_GAP: Duration = Duration::from_millis(100);
+
 /// What the loop needs besides the fleets.
 pub struct Deps {
     pub store: Arc<dyn Store>,
@@ -52,6 +56,8 @@ pub struct Deps {
     pub budgets: Vec<gpuci_core::fleet::RepoBudget>,
     /// Every provider call is counted here (`gpuci_provider_calls_total`).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Notified when a job newly waits for a machine: a pass runs then, not at the next tick.
+    pub wake: Arc<tokio::sync::Notify>,
 }
 
 /// A provider whose every call is counted by fleet, provider, call and result.
@@ -292,6 +298,10 @@ impl Loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.deps.interval) => {}
+                _ = self.deps.wake.notified() => {
+                    // A burst of submissions is one pass, not one each.
+                    tokio::time::sleep(WAKE_GAP.min(self.deps.interval)).await;
+                }
             }
         }
     }
@@ -438,6 +448,9 @@ impl Loop {
                 // A new machine may not be listed yet (a cloud's listing lags its creates);
                 // one that was listed running and whose agent connected is gone when it is
                 // no longer listed (a pod deleted with its node).
+                // An agent still connected is never ended for want of a listing (a stale
+                // watch, a pod relabelled by someone else): its machine is plainly there.
+                None if agents.contains_key(rec.id.as_str()) => false,
                 None => {
                     now_ms - rec.requested_at_ms > LIST_GRACE_MS
                         || (rec.running_at_ms.is_some() && rec.connected_at_ms.is_some())

@@ -386,11 +386,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         gpuci_repo_secrets::KeyRing::open(&keys_dir).with_context(|| format!("key ring {}", keys_dir.display()))?,
     ));
     let hub = Arc::new(hub::Hub::new());
+    let fleet_wake = Arc::new(tokio::sync::Notify::new());
     let mut brain = brain::Brain::load(store.clone(), hub.clone(), config.timing.clone(), secrets_key.clone())
         .await
         .context("loading state")?
         .with_repo_keys(repo_keys.clone())
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_fleet_wake(fleet_wake.clone());
     let (tx, rx) = mpsc::channel(4096);
     let uploads = uploads::Uploads::new(config.data_dir.join("uploads"));
     let listener =
@@ -432,6 +434,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             data_dir: config.data_dir.clone(),
             budgets: config.budgets.clone(),
             metrics: metrics.clone(),
+            wake: fleet_wake,
         },
         shutdown.clone(),
     );

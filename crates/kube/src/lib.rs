@@ -15,7 +15,10 @@
 //!   or the kubelet's (`ErrImagePull`) into [`ProviderMachine::note`]; a pod evicted or lost
 //!   with its node ends with its reason, and the coordinator queues its jobs again once.
 //! - `delete`: the pod (with its grace period: the agent's SIGTERM hands back its jobs) and
-//!   its secret. Secrets of ours whose pod is gone are swept.
+//!   its secret (which the cluster's garbage collector also removes with its owner pod).
+//!   Pods of ours that ended (evicted, failed) are deleted once the coordinator has seen them.
+//! - A pod is ours by its labels *and* its name (`gpuci-<machine>`): a pod someone else made
+//!   with our labels is never taken for a machine.
 //!
 //! The pods get no Kubernetes credentials (`automountServiceAccountToken: false`) and no
 //! service links: a job in them must not reach the API as anybody.
@@ -28,7 +31,7 @@ use gpuci_providers::{
 };
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::json;
@@ -42,6 +45,12 @@ pub const LABEL_COORDINATOR: &str = "gpuci.dev/coordinator";
 pub const LABEL_FLEET: &str = "gpuci.dev/fleet";
 pub const LABEL_MACHINE: &str = "gpuci.dev/machine";
 const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+
+/// How long one watch request lasts at the server (then the watcher watches again).
+const WATCH_TIMEOUT_S: u32 = 55;
+/// Silence on a connection past this is an error (the server sends bookmarks, and ends each
+/// watch within [`WATCH_TIMEOUT_S`]).
+const READ_TIMEOUT: Duration = Duration::from_secs(75);
 
 /// The fleet's settings, checked.
 #[derive(Clone, Debug)]
@@ -272,6 +281,8 @@ pub struct KubeProvider {
     capacity: Capacity,
     time_limit_s: Option<u64>,
     settings: Settings,
+    /// The fleet's (one) offer, so an adopted pod is billed at its price.
+    offer: (String, String),
     connected: OnceCell<Connected>,
     /// Secrets are swept at most this often.
     last_sweep: Mutex<Option<std::time::Instant>>,
@@ -340,6 +351,7 @@ impl KubeProvider {
             capacity: if fleet.capacity == CapacityPolicy::Spot { Capacity::Spot } else { Capacity::OnDemand },
             time_limit_s: fleet.machine.time_limit_s,
             settings,
+            offer: fleet.offers.first().map(|o| (o.instance_type.clone(), o.zone.clone())).unwrap_or_default(),
             connected: OnceCell::new(),
             last_sweep: Mutex::new(None),
         })
@@ -366,7 +378,7 @@ impl KubeProvider {
             None if self.settings.context.is_some() => kube::Config::from_kubeconfig(&options)
                 .await
                 .map_err(|e| err(ErrorKind::Invalid, format!("kubeconfig: {e}"))),
-            // In the cluster (the coordinator's service account), else ~/.kube/config.
+            // $KUBECONFIG or ~/.kube/config, else the in-cluster service account.
             None => kube::Config::infer()
                 .await
                 .map_err(|e| err(ErrorKind::Invalid, format!("no Kubernetes credentials: {e}"))),
@@ -377,7 +389,10 @@ impl KubeProvider {
         self.connected
             .get_or_try_init(|| async {
                 let mut config = self.client_config().await?;
-                config.read_timeout = Some(Duration::from_secs(295));
+                // A watch that goes silent (a load balancer that black-holes an idle stream)
+                // must fail, not hang: the server ends each watch within WATCH_TIMEOUT_S and
+                // sends bookmarks meanwhile, so silence past READ_TIMEOUT is an error.
+                config.read_timeout = Some(READ_TIMEOUT);
                 let client = kube::Client::try_from(config)
                     .map_err(|e| err(ErrorKind::Invalid, format!("Kubernetes client: {e}")))?;
                 let api: Api<Pod> = Api::namespaced(client.clone(), &self.settings.namespace);
@@ -385,7 +400,8 @@ impl KubeProvider {
                 let health = Arc::new(Mutex::new(WatchHealth::default()));
                 let stream = reflector::reflector(
                     writer,
-                    watcher(api, watcher::Config::default().labels(&self.selector())).default_backoff(),
+                    watcher(api, watcher::Config::default().labels(&self.selector()).timeout(WATCH_TIMEOUT_S))
+                        .default_backoff(),
                 );
                 let h = health.clone();
                 let fleet = self.fleet.clone();
@@ -394,6 +410,8 @@ impl KubeProvider {
                     while let Some(ev) = stream.next().await {
                         let mut h = h.lock().unwrap_or_else(|e| e.into_inner());
                         match ev {
+                            // A re-list in progress is not yet a working view.
+                            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
                             Ok(_) => {
                                 if h.failing.take().is_some() {
                                     tracing::info!(fleet = %fleet, "watch of the fleet's pods works again");
@@ -419,13 +437,18 @@ impl KubeProvider {
             return None;
         }
         let machine = labels.get(LABEL_MACHINE)?.clone();
+        // Labels anyone may set; the name is the one gpuci gave it (a pod of another name
+        // with our labels is not a machine of ours, and must not decide one's fate).
+        if pod.metadata.name.as_deref() != Some(Self::pod_name(&machine).as_str()) {
+            return None;
+        }
         let (state, note) = pod_state(pod);
         Some(ProviderMachine {
             machine,
             provider_id: pod.metadata.name.clone().unwrap_or_default(),
             state,
-            instance_type: String::new(),
-            zone: pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
+            instance_type: self.offer.0.clone(),
+            zone: self.offer.1.clone(),
             capacity: self.capacity,
             launched_at: pod.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second().max(0) as u64),
             note,
@@ -442,6 +465,9 @@ impl KubeProvider {
         labels.insert(LABEL_MACHINE.into(), req.machine.clone());
         let mut args: Vec<String> = req.agent.command();
         args.extend(["--allocation".into(), "kubernetes".into(), "--data-dir".into(), s.agent_data_dir.clone()]);
+        // A grant of another size (the device plugin's CDI strategy sets no variable) is the
+        // agent's error at start, not an agent that serves no GPU and takes nothing.
+        args.extend(["--expect-gpus".into(), self.machine_gpus.to_string()]);
         if let Some(t) = self.time_limit_s {
             args.extend(["--ends-in".into(), format!("{t}s")]);
         }
@@ -522,29 +548,28 @@ impl KubeProvider {
         serde_json::from_value(pod).map_err(|e| err(ErrorKind::Invalid, format!("building the pod: {e}")))
     }
 
-    /// Delete this fleet's token secrets whose pod is gone (a create that failed half-way, a
-    /// pod removed by hand): at most once a minute.
-    async fn sweep_secrets(&self, c: &Connected, live: &[String]) {
+    /// Delete this fleet's pods that have ended (evicted, failed, lost with their node): their
+    /// machines are ended already, and nothing else would remove them. At most once a minute,
+    /// so the coordinator has seen each as ended first. Their token secrets go with them
+    /// (owned by the pod: the cluster's garbage collector deletes them).
+    async fn sweep_ended(&self, c: &Connected) {
         {
             let mut last = self.last_sweep.lock().unwrap_or_else(|e| e.into_inner());
-            if last.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
-                return;
+            match *last {
+                None => {
+                    *last = Some(std::time::Instant::now());
+                    return;
+                }
+                Some(t) if t.elapsed() < Duration::from_secs(60) => return,
+                Some(_) => *last = Some(std::time::Instant::now()),
             }
-            *last = Some(std::time::Instant::now());
         }
-        let secrets: Api<Secret> = Api::namespaced(c.client.clone(), &self.settings.namespace);
-        let Ok(list) = secrets.list(&ListParams::default().labels(&self.selector())).await else { return };
-        for s in list.items {
-            let machine = s.metadata.labels.as_ref().and_then(|l| l.get(LABEL_MACHINE)).cloned().unwrap_or_default();
-            let Some(name) = s.metadata.name.clone() else { continue };
-            let young = s
-                .metadata
-                .creation_timestamp
-                .as_ref()
-                .is_some_and(|t| (k8s_openapi::jiff::Timestamp::now() - t.0).get_seconds() < 120);
-            if !live.contains(&machine) && !young {
-                tracing::info!(fleet = %self.fleet, secret = %name, "deleting a token secret whose pod is gone");
-                let _ = secrets.delete(&name, &DeleteParams::default()).await;
+        let pods: Api<Pod> = Api::namespaced(c.client.clone(), &self.settings.namespace);
+        for pod in c.pods.state() {
+            let Some(m) = self.listed(&pod) else { continue };
+            if m.state == ProviderState::Terminated && pod.metadata.deletion_timestamp.is_none() {
+                tracing::info!(fleet = %self.fleet, pod = %m.provider_id, "deleting a pod that has ended");
+                let _ = pods.delete(&m.provider_id, &DeleteParams::default()).await;
             }
         }
     }
@@ -659,8 +684,7 @@ impl Provider for KubeProvider {
             return Err(err(ErrorKind::Transient, "the first list of this fleet's pods has not come yet"));
         }
         let machines: Vec<ProviderMachine> = c.pods.state().iter().filter_map(|p| self.listed(p)).collect();
-        let live: Vec<String> = machines.iter().map(|m| m.machine.clone()).collect();
-        self.sweep_secrets(c, &live).await;
+        self.sweep_ended(c).await;
         Ok(machines)
     }
 

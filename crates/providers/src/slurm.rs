@@ -48,6 +48,8 @@ pub struct SlurmProvider {
     secrets: Vec<String>,
     /// The fleet's (one) offer, so an adopted allocation is billed at its price.
     instance_type: String,
+    /// GPUs a machine asks for: the agent checks that its grant has that many.
+    machine_gpus: u32,
 }
 
 fn setting_str(fleet: &FleetSpec, key: &str) -> Result<Option<String>, String> {
@@ -240,6 +242,7 @@ impl SlurmProvider {
             timeout,
             secrets: Vec::new(),
             instance_type: fleet.offers.first().map(|o| o.instance_type.clone()).unwrap_or_default(),
+            machine_gpus: m.gpus,
         })
     }
 
@@ -388,7 +391,9 @@ impl SlurmProvider {
     fn script(&self, req: &CreateRequest) -> String {
         let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
         let mut words: Vec<String> = req.agent.command().iter().map(|w| quote(w)).collect();
-        words.extend(["'--allocation'".into(), "'slurm'".into(), "'--data-dir'".into()]);
+        words.extend(["'--allocation'".into(), "'slurm'".into()]);
+        words.extend(["'--expect-gpus'".into(), format!("'{}'", self.machine_gpus)]);
+        words.push("'--data-dir'".into());
         // The data dir's base may use the node's environment (`${TMPDIR:-/tmp}`): left
         // unquoted, it is the operator's setting, never a machine's or job's text.
         words.push(format!(

@@ -36,6 +36,15 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     c.only_gpus = a.local.gpus.map(|g| g.0);
     if let Some(engine) = a.allocation {
         let grant = gpuci_agent::allocation::from_env(engine, &|k| std::env::var(k).ok()).map_err(CliError::Input)?;
+        if let Some(n) = a.expect_gpus {
+            if grant.gpus.len() != n as usize {
+                return Err(CliError::Input(format!(
+                    "--allocation: the grant has {} GPU(s) ({:?}), the fleet's machines {n}: is the engine giving the GPUs it was asked for?",
+                    grant.gpus.len(),
+                    grant.gpus
+                )));
+            }
+        }
         match &c.only_gpus {
             // Given by hand as well: it must be the grant, or the agent would serve GPUs the
             // engine gave somebody else.
