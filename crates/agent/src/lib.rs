@@ -218,9 +218,19 @@ struct Agent {
     interrupted: tokio::sync::watch::Receiver<Option<String>>,
     /// [`Config::end_when_taken_back`].
     end_when_taken_back: bool,
+    /// This session told the coordinator the machine is being taken back.
+    told_taken_back: bool,
+    /// A job just ended by a signal the agent did not send while it runs inside an
+    /// allocation: the engine's SIGTERM reaches jobs and agent alike, and the notice must
+    /// reach the coordinator before that result does.
+    suspect_signal: bool,
     /// [`Config::ends_at_ms`].
     ends_at_ms: Option<i64>,
 }
+
+/// How long a job's death by a signal waits for the engine's SIGTERM to this agent before its
+/// result is sent ([`Agent::suspect_signal`]).
+const SIGNAL_GRACE: Duration = Duration::from_millis(1500);
 
 /// How often the agent re-reads its GPU inventory and reports a change.
 const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
@@ -552,6 +562,8 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         last_job_ended: None,
         interrupted,
         end_when_taken_back: config.end_when_taken_back,
+        told_taken_back: false,
+        suspect_signal: false,
         ends_at_ms: config.ends_at_ms,
     };
     agent.check_disk();
@@ -700,6 +712,22 @@ impl Agent {
         Ok(Ended::Shutdown)
     }
 
+    /// The taken-back notice, if there is one this session has not told the coordinator and
+    /// there is something to hand back (an idle agent that ends at once just goes: its fleet
+    /// deleting it when idle is the common case).
+    fn taken_back_untold(&mut self) -> Option<String> {
+        let reason = self.interrupted.borrow_and_update().clone()?;
+        if self.told_taken_back {
+            return None;
+        }
+        tracing::warn!(%reason, "the machine is being taken back; taking no new job");
+        if self.end_when_taken_back && self.running.is_empty() && self.outbox.is_empty() {
+            return None;
+        }
+        self.told_taken_back = true;
+        Some(reason)
+    }
+
     /// Why this agent should end now, if it should: its machine is being taken back
     /// ([`Config::end_when_taken_back`]) or nearly at its end, no job runs and the coordinator
     /// has every result.
@@ -755,6 +783,11 @@ impl Agent {
             }
             JobEvent::Finished(mut f) => {
                 self.running.remove(&f.job_id);
+                if self.end_when_taken_back
+                    && matches!(f.outcome, gpuci_core::job::Outcome::Signalled { signal: 1 | 2 | 9 | 15 })
+                {
+                    self.suspect_signal = true;
+                }
                 self.last_job_ended = Some(std::time::Instant::now());
                 f.started_at_us = f.started_at_us.or(self.started_at.remove(&f.job_id));
                 f.lines = Some(self.outbox.lines_of(f.job_id));
@@ -828,6 +861,7 @@ impl Agent {
         hello.journal_incomplete = self.journal.incomplete().map(str::to_string);
         hello.paused = self.paused.clone();
         hello.interrupted = self.interrupted.borrow().clone();
+        self.told_taken_back = hello.interrupted.is_some();
         send(&mut sink, &AgentMessage::Hello(Box::new(hello))).await?;
         // A new connection: everything not acknowledged goes again.
         self.outbox.rewind();
@@ -880,14 +914,8 @@ impl Agent {
             // A notice is told before anything else this turn: a cluster engine's SIGTERM
             // reaches the jobs too, and their ends must not reach the coordinator first (they
             // would be failures, not jobs to queue again).
-            if self.interrupted.has_changed().unwrap_or(false) {
-                let notice = self.interrupted.borrow_and_update().clone();
-                if let Some(reason) = notice {
-                    tracing::warn!(%reason, "the machine is being taken back; taking no new job");
-                    if !(self.end_when_taken_back && self.running.is_empty()) {
-                        send(&mut sink, &AgentMessage::Interrupted { reason }).await?;
-                    }
-                }
+            if let Some(reason) = self.taken_back_untold() {
+                send(&mut sink, &AgentMessage::Interrupted { reason }).await?;
             }
             if let Some(why) = self.done_here(end_at) {
                 tracing::info!("{why}; ending this agent");
@@ -919,14 +947,8 @@ impl Agent {
                     send(&mut sink, &AgentMessage::Heartbeat).await?;
                 }
                 Ok(()) = self.interrupted.changed() => {
-                    let notice = self.interrupted.borrow_and_update().clone();
-                    if let Some(reason) = notice {
-                        tracing::warn!(%reason, "the machine is being taken back; taking no new job");
-                        // An idle agent that ends at once has nothing to hand back (its
-                        // fleet deleting it when idle is the common case): it just goes.
-                        if !(self.end_when_taken_back && self.running.is_empty()) {
-                            send(&mut sink, &AgentMessage::Interrupted { reason }).await?;
-                        }
+                    if let Some(reason) = self.taken_back_untold() {
+                        send(&mut sink, &AgentMessage::Interrupted { reason }).await?;
                     }
                 }
                 _ = disk.tick() => {
@@ -937,6 +959,14 @@ impl Agent {
                 Some(ev) = self.events_rx.recv() => {
                     // Drain what is ready: low latency when idle, few frames under load.
                     self.drain_events(ev);
+                    if std::mem::take(&mut self.suspect_signal) && self.interrupted.borrow().is_none() {
+                        // The engine's SIGTERM may be on its way to this agent too: give it a
+                        // moment, so the job is queued again rather than failed.
+                        let _ = tokio::time::timeout(SIGNAL_GRACE, self.interrupted.changed()).await;
+                    }
+                    if let Some(reason) = self.taken_back_untold() {
+                        send(&mut sink, &AgentMessage::Interrupted { reason }).await?;
+                    }
                     self.send_outbox(&mut sink).await?;
                 }
                 msg = stream.next() => match msg {

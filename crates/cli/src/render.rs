@@ -337,6 +337,11 @@ pub fn fleets(fleets: &[serde_json::Value]) -> String {
             {
                 let _ = writeln!(out, "  {line}");
             }
+            for m in &machines {
+                if !s(&m["note"]).is_empty() {
+                    let _ = writeln!(out, "  {}: {}", s(&m["id"]), s(&m["note"]));
+                }
+            }
         }
         for e in f["recent_errors"].as_array().cloned().unwrap_or_default() {
             let at = e[0].as_i64().unwrap_or(0) * 1000;

@@ -212,6 +212,9 @@ fn a_pending_allocation_shows_slurms_reason_on_the_waiting_job() {
     let waiting = api.wait_job(job, "waiting on Slurm's reason", T, |j| j.reason.contains("pending: Resources"));
     let reason = waiting.reason;
     assert!(reason.contains("fleet hpc") && reason.contains("Slurm job"), "{reason}");
+    // And on the machine, as `gpuci fleets` shows it.
+    let note = f.status()["machines"][0]["note"].as_str().unwrap_or("").to_string();
+    assert!(note.contains("pending: Resources"), "{note}");
     // The GPUs come free: the allocation starts and the job runs.
     f.slurm.command("scancel", &[hog.trim()]).unwrap();
     let done = api.wait_pipeline(p.id, T);

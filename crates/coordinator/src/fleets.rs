@@ -116,6 +116,7 @@ fn machine_status(r: &MachineRecord, state: &str) -> MachineStatus {
         running_at_ms: r.running_at_ms,
         connected_at_ms: r.connected_at_ms,
         first_job_at_ms: r.first_job_at_ms,
+        note: None,
     }
 }
 
@@ -177,6 +178,8 @@ struct Loop {
     fleets: Vec<FleetRun>,
     unavailable: Vec<UnavailableOffer>,
     idle_since: HashMap<String, UnixSecs>,
+    /// What each machine's provider said of it in the last listing (shown with it).
+    provider_notes: HashMap<String, String>,
     interruptions: BTreeMap<String, Vec<UnixSecs>>,
     /// Machines whose interruption was counted.
     interrupted_seen: std::collections::HashSet<String>,
@@ -264,6 +267,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         fleets: runs,
         unavailable: Vec::new(),
         idle_since: HashMap::new(),
+        provider_notes: HashMap::new(),
         interruptions: BTreeMap::new(),
         interrupted_seen: std::collections::HashSet::new(),
         warned_orphans: std::collections::HashSet::new(),
@@ -597,6 +601,14 @@ impl Loop {
                 jobs: Vec::new(),
                 note: pm.and_then(|p| p.note.clone()),
             });
+            match pm.and_then(|p| p.note.clone()) {
+                Some(n) => {
+                    self.provider_notes.insert(rec.id.clone(), gpuci_core::text::escape(&n).to_string());
+                }
+                None => {
+                    self.provider_notes.remove(&rec.id);
+                }
+            }
             if *rec != before {
                 writes.push(rec.clone());
             }
@@ -896,7 +908,7 @@ impl Loop {
                         ("ready", false) => "busy",
                         (s, _) => s,
                     };
-                    machine_status(r, state)
+                    MachineStatus { note: self.provider_notes.get(&r.id).cloned(), ..machine_status(r, state) }
                 })
                 .collect();
             let count = machines.iter().filter(|m| m.state != "stopped").count() as u32;

@@ -218,4 +218,8 @@ pub struct MachineStatus {
     pub running_at_ms: Option<i64>,
     pub connected_at_ms: Option<i64>,
     pub first_job_at_ms: Option<i64>,
+    /// What its provider last said of it: why it waits (a Slurm job's pending reason, a pod
+    /// the scheduler cannot place), or how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
