@@ -215,18 +215,7 @@ agent_args = ["--simulate-gpus", "4xL4", "--simulate-host", "gpu-a", "--slots", 
         ),
     )
     .unwrap();
-    let server = Server::start_on(
-        &dir.path().join("server"),
-        "127.0.0.1:0",
-        vec![
-            "--heartbeat".into(),
-            "200ms".into(),
-            "--fleet-interval".into(),
-            "300ms".into(),
-            "--config".into(),
-            config.display().to_string(),
-        ],
-    );
+    let server = Server::start_fleets(&dir.path().join("server"), &config, "300ms");
     Some(Fleet { dir, server, cluster })
 }
 

@@ -70,18 +70,7 @@ agent_args = ["--simulate-gpus", "4xL4", "--slots", "1", "--isolation", "{iso}",
         ),
     )
     .unwrap();
-    let server = Server::start_on(
-        &dir.path().join("server"),
-        "127.0.0.1:0",
-        vec![
-            "--heartbeat".into(),
-            "200ms".into(),
-            "--fleet-interval".into(),
-            interval.into(),
-            "--config".into(),
-            config.display().to_string(),
-        ],
-    );
+    let server = Server::start_fleets(&dir.path().join("server"), &config, interval);
     Some(Fleet { dir, server, slurm })
 }
 

@@ -47,6 +47,15 @@ impl Server {
         )
     }
 
+    /// A coordinator for fleet tests: quick heartbeats, the fleets' reconcile loop every
+    /// `interval`, the server config file `config`.
+    pub fn start_fleets(data_dir: &Path, config: &Path, interval: &str) -> Server {
+        let args = ["--heartbeat", "200ms", "--fleet-interval", interval, "--config"];
+        let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        args.push(config.display().to_string());
+        Server::start_on(data_dir, "127.0.0.1:0", args)
+    }
+
     pub fn start_on(data_dir: &Path, listen: &str, args: Vec<String>) -> Server {
         Self::start_with_env(data_dir, listen, args, &[])
     }
