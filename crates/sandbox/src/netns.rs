@@ -22,6 +22,11 @@
 //!   over it: it cannot add addresses, change routes or sysctls, or bring the tap down. The
 //!   host's abstract unix sockets belong to the host's network namespace and are out of reach.
 //!
+//! - cloud metadata services (`169.254.169.254` and the others of `metadata::DENIED`) are
+//!   refused inside the namespace by routing-policy rules the agent adds before the slot's
+//!   first job (`metadata.rs`): pasta would otherwise make the job's connection from the host
+//!   and hand it the instance role's credentials.
+//!
 //! What it does not stop: connections to the host's *non-loopback* addresses leave through
 //! pasta like any other egress, so a service on the agent's host bound to `0.0.0.0` is
 //! reachable as it is from the network. Bind such services to loopback, or filter them.
@@ -47,6 +52,8 @@ pub enum NetworkError {
     Holder { uid: u32, source: std::io::Error },
     #[error("pasta for uid {uid} failed: {message}")]
     Pasta { uid: u32, message: String },
+    #[error("keeping cloud metadata services out of the network namespace of uid {uid}: {source}")]
+    Metadata { uid: u32, source: crate::metadata::MetadataError },
 }
 
 /// One slot's network namespace and its pasta. Dropping it ends both.
@@ -107,8 +114,16 @@ impl SlotNetwork {
             NetworkError::Pasta { uid: owner.uid, message }
         };
         match out {
-            // pasta forks into the background once the namespace is configured.
-            Ok(o) if o.status.success() => Ok(SlotNetwork { owner, holder, netns }),
+            // pasta forks into the background once the namespace is configured. No job may
+            // use the namespace before the metadata rules are in: a slot without them is none.
+            Ok(o) if o.status.success() => {
+                let net = SlotNetwork { owner, holder, netns };
+                match crate::metadata::set_denied(&net.netns, true) {
+                    Ok(()) => Ok(net),
+                    // Dropping `net` ends the holder and pasta.
+                    Err(source) => Err(NetworkError::Metadata { uid: owner.uid, source }),
+                }
+            }
             Ok(o) => {
                 let _ = holder.kill();
                 let _ = holder.wait();
@@ -132,6 +147,16 @@ impl SlotNetwork {
 
     pub fn owner(&self) -> JobUser {
         self.owner
+    }
+
+    /// Lets the slot's jobs reach cloud metadata services (`allowed`), or refuses them again
+    /// (the default from [`SlotNetwork::start`]). For an agent whose operator allows metadata
+    /// to trusted origins: the agent allows it just before such a job starts and refuses it
+    /// again once every process of the job is gone, before the slot takes another job; a
+    /// slot whose refusal cannot be restored must take no job.
+    pub fn set_metadata(&self, allowed: bool) -> Result<(), NetworkError> {
+        crate::metadata::set_denied(&self.netns, !allowed)
+            .map_err(|source| NetworkError::Metadata { uid: self.owner.uid, source })
     }
 }
 

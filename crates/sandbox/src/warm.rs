@@ -23,12 +23,20 @@
 //!   agent fills that workspace for the job. When the job comes and its bwrap arguments (without
 //!   the environment) and passwd/group files are byte for byte the ones the sandbox was started
 //!   with, the agent writes the limits into its cgroup and one command into the pipe:
-//!   `{ exec /usr/bin/env -i -- 'NAME=value'... ARGV... </dev/null; }`. The job's environment
-//!   is then exactly what bwrap's `--clearenv` and `--setenv` would have given, whatever the
-//!   names (not `export`: a shell refuses some names and values, such as dash's `OPTIND=abc` or
-//!   bash's read-only `UID`, which an outsider found), and the command is looked up on the
-//!   job's `PATH` as bwrap does. Anything else (a GPU, another memory limit, a hidden path
-//!   added, a changed `/etc`) uses the waiting shell instead.
+//!   `{ export NAME='value'...; exec /usr/bin/env -u PWD... -- ARGV... </dev/null; }`. The
+//!   values travel through the pipe and the shell's own memory, never through an argument
+//!   vector: `/proc/PID/cmdline` is readable by every local user (and what `ps`, auditd and
+//!   monitoring agents record), while `/proc/PID/environ` is the process owner's alone. (An
+//!   earlier `env -i -- 'NAME=value'...` put every secret of the job on `env`'s command line
+//!   until it exec'd the job; another local user read them, an outsider found.) `export` only
+//!   takes names a shell has no use of its own for: a name that is not a plain identifier, or
+//!   one a shell treats specially (dash's `OPTIND` must be a number, bash's `UID` is
+//!   read-only, `PWD`, `IFS`, ... see [`shell_safe_name`]) makes the ready sandbox a misfit, and
+//!   such a job starts from the waiting shell, whose environment goes through bwrap's `--args`
+//!   memfd like a cold start's. `env -u` then drops what the shell itself adds (`PWD`, bash's
+//!   `SHLVL`, busybox's default `PATH`) unless the job set it, and `env` looks the command up
+//!   on the job's `PATH` as bwrap's `execvp` does. Anything else (a GPU, another memory limit,
+//!   a hidden path added, a changed `/etc`) uses the waiting shell instead.
 //!
 //! The job takes one; the other is killed before the job's command is written. The shell parses
 //! a whole `{ ...; }` block before it runs any of it, so a command cut short (the agent failed
@@ -190,7 +198,7 @@ impl WarmStart {
         let WarmStart { shell, ready } = self;
         let id = spec.job_id.as_str();
         if let Some(ready) = ready {
-            match ready.misfit(spec) {
+            match ready.misfit(spec, env) {
                 None => {
                     // Nothing of the job's may reach the pipe while another process of its uid
                     // waits: the shell is killed first (and so, should the hand-over fail, the
@@ -246,9 +254,12 @@ impl WarmStart {
 
 impl Ready {
     /// Why this sandbox is not exactly the one a cold start of `spec` would make, if it is not.
-    fn misfit(&self, spec: &SandboxSpec) -> Option<&'static str> {
+    fn misfit(&self, spec: &SandboxSpec, env: &BTreeMap<String, String>) -> Option<&'static str> {
         if let Some(why) = self.waiter.misfit(spec) {
             return Some(why);
+        }
+        if !env.keys().all(|k| shell_safe_name(k)) {
+            return Some("the job's environment has a name a shell would not export as given");
         }
         if self.workspace.is_some() {
             return Some("the job does not use the ready sandbox's workspace");
@@ -732,25 +743,66 @@ pub(crate) fn command_line(bwrap: &std::path::Path, args_fd: i32, argv: &[String
     s
 }
 
-/// The ready sandbox's command: `{ exec 'ENV' -i -- 'K=V'... 'ARG'... </dev/null; }` and a
-/// newline. The shell inside started with no environment; `env -i` starts from none too and
-/// sets exactly `env`, any name `setenv` takes (bwrap's `--setenv`), then looks `argv[0]` up on
-/// the new `PATH` as bwrap's `execvp` does. Names must not be empty or hold `=`, and
-/// `argv[0]` must not hold `=` (checked before).
+/// The ready sandbox's command: `{ export K='V'...; exec 'ENV' -u N... -- 'ARG'... </dev/null; }`
+/// and a newline. The values go through the shell's memory, never an argument vector (see the
+/// module header). The shell inside started with no environment, so after the exports its
+/// environment is the job's plus what the shell adds by itself, which `-u` removes; `env` then
+/// looks `argv[0]` up on the job's `PATH` as bwrap's `execvp` does. Every name must pass
+/// [`shell_safe_name`] and `argv[0]` must not hold `=` (both checked before, by `misfit`).
 pub(crate) fn ready_command(env_program: &Path, env: &BTreeMap<String, String>, argv: &[String]) -> Vec<u8> {
-    let mut s = b"{ exec ".to_vec();
-    quote(&mut s, env_program.as_os_str().as_bytes());
-    s.extend_from_slice(b" -i --");
+    let mut s = b"{ ".to_vec();
     for (k, v) in env {
-        s.push(b' ');
-        quote(&mut s, format!("{k}={v}").as_bytes());
+        debug_assert!(shell_safe_name(k));
+        s.extend_from_slice(b"export ");
+        s.extend_from_slice(k.as_bytes());
+        s.push(b'=');
+        quote(&mut s, v.as_bytes());
+        s.extend_from_slice(b" || exit 126; ");
     }
+    s.extend_from_slice(b"exec ");
+    quote(&mut s, env_program.as_os_str().as_bytes());
+    for added in SHELL_ADDED {
+        if !env.contains_key(*added) {
+            s.extend_from_slice(b" -u ");
+            s.extend_from_slice(added.as_bytes());
+        }
+    }
+    s.extend_from_slice(b" --");
     for a in argv {
         s.push(b' ');
         quote(&mut s, a.as_bytes());
     }
     s.extend_from_slice(b" </dev/null; }\n");
     s
+}
+
+/// What a POSIX shell may put into the environment of a command it execs without being
+/// asked: dash and bash `PWD`, bash `SHLVL` (and `_`, `OLDPWD` after a `cd`), busybox's `ash` a
+/// default `PATH`. None may be in a job's environment that it did not set itself.
+const SHELL_ADDED: &[&str] = &["PWD", "OLDPWD", "SHLVL", "_", "PATH"];
+
+/// Whether `export NAME=...` sets `NAME` to exactly the value given, in any `/bin/sh` a host
+/// may have (dash, bash, busybox ash), and the shell adds nothing of its own under it: a
+/// plain identifier, none of the names those shells read, compute or protect (`OPTIND` must be
+/// a number in dash, `UID` and `SHELLOPTS` are read-only in bash, `RANDOM` and `SECONDS`
+/// change as they are read, `PWD` and `SHLVL` are rewritten), and nothing of bash's own
+/// prefixes. A job with any other name starts from the waiting shell (bwrap's `--setenv`
+/// takes every name), so this list may be long without harm: it only costs such a job the
+/// ready sandbox's head start.
+pub(crate) fn shell_safe_name(name: &str) -> bool {
+    const SPECIAL: &[&str] = &[
+        "CDPATH", "COLUMNS", "DIRSTACK", "ENV", "EPOCHREALTIME", "EPOCHSECONDS", "EUID", "FUNCNAME", "GLOBIGNORE",
+        "GROUPS", "HISTCMD", "HISTFILE", "HISTSIZE", "HOSTNAME", "HOSTTYPE", "IFS", "LINENO", "LINES", "MACHTYPE",
+        "MAIL", "MAILCHECK", "MAILPATH", "OLDPWD", "OPTARG", "OPTERR", "OPTIND", "OSTYPE", "PIPESTATUS",
+        "POSIXLY_CORRECT", "PPID", "PROMPT_COMMAND", "PS0", "PS1", "PS2", "PS3", "PS4", "PWD", "RANDOM", "SECONDS",
+        "SHELLOPTS", "SHLVL", "SRANDOM", "TMOUT", "UID", "_",
+    ];
+    let mut bytes = name.bytes();
+    let first_ok = bytes.next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+    first_ok
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !SPECIAL.contains(&name)
+        && !["BASH", "COMP_", "READLINE_"].iter().any(|p| name.starts_with(p))
 }
 
 /// Single quotes keep every byte literal; a quote itself is closed, escaped and reopened.
@@ -842,7 +894,13 @@ mod tests {
 
     /// What `/bin/sh -s` with no environment does with `ready_command(env, argv)` on its stdin.
     fn run_ready_command(command: &[u8]) -> std::process::Output {
-        let mut child = std::process::Command::new("/bin/sh")
+        run_ready_command_in(&["/bin/sh"], command)
+    }
+
+    /// As [`run_ready_command`], with another shell (`["busybox", "sh"]`).
+    fn run_ready_command_in(shell: &[&str], command: &[u8]) -> std::process::Output {
+        let mut child = std::process::Command::new(shell[0])
+            .args(&shell[1..])
             .arg("-s")
             .env_clear()
             .current_dir("/")
@@ -856,34 +914,59 @@ mod tests {
     }
 
     #[test]
-    fn the_ready_command_gives_exactly_the_jobs_environment_and_argv() {
+    fn the_ready_command_gives_exactly_the_jobs_environment_and_argv_in_every_shell() {
         let env = BTreeMap::from([
             ("PATH".to_string(), "/usr/bin:/bin".to_string()),
             ("QUOTES".to_string(), "it's \"$HOME\" `id` $(id) ; } exec true".to_string()),
-            ("LINES".to_string(), "one\ntwo\n; }\nrm -rf /".to_string()),
+            ("MULTI".to_string(), "one\ntwo\n; }\nrm -rf /".to_string()),
             ("EMPTY".to_string(), String::new()),
             ("_under_score9".to_string(), "x=y=z".to_string()),
-            // What a shell's `export` refuses, and names no shell takes.
-            ("OPTIND".to_string(), "abc".to_string()),
-            ("UID".to_string(), "0".to_string()),
-            ("-i".to_string(), "x".to_string()),
-            ("A.B-C".to_string(), "y".to_string()),
+            ("HOME".to_string(), "/nonexistent".to_string()),
         ]);
-        let out =
-            run_ready_command(&ready_command(Path::new("/usr/bin/env"), &env, &["env".to_string(), "-0".to_string()]));
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let mut got: Vec<(String, String)> = out
-            .stdout
-            .split(|b| *b == 0)
-            .filter(|kv| !kv.is_empty())
-            .map(|kv| {
-                let kv = String::from_utf8(kv.to_vec()).expect("utf-8");
-                let (k, v) = kv.split_once('=').expect("k=v");
-                (k.to_string(), v.to_string())
-            })
-            .collect();
-        got.sort();
-        assert_eq!(got, env.into_iter().collect::<Vec<_>>(), "the job's environment is exactly its own, nothing added");
+        let argv = ["env".to_string(), "-0".to_string()];
+        let mut shells: Vec<Vec<&str>> = vec![vec!["/bin/sh"]];
+        for extra in [vec!["/bin/dash"], vec!["/bin/bash"], vec!["/bin/busybox", "sh"]] {
+            if Path::new(extra[0]).exists() {
+                shells.push(extra);
+            }
+        }
+        for shell in shells {
+            let out = run_ready_command_in(&shell, &ready_command(Path::new("/usr/bin/env"), &env, &argv));
+            assert!(out.status.success(), "{shell:?}: {}", String::from_utf8_lossy(&out.stderr));
+            let mut got: Vec<(String, String)> = out
+                .stdout
+                .split(|b| *b == 0)
+                .filter(|kv| !kv.is_empty())
+                .map(|kv| {
+                    let kv = String::from_utf8(kv.to_vec()).expect("utf-8");
+                    let (k, v) = kv.split_once('=').expect("k=v");
+                    (k.to_string(), v.to_string())
+                })
+                .collect();
+            got.sort();
+            let want: Vec<_> = env.clone().into_iter().collect();
+            assert_eq!(got, want, "{shell:?}: the job's environment is exactly its own, nothing added");
+        }
+        // Without a PATH of its own, the job gets none (busybox would add one).
+        let bare = BTreeMap::from([("A".to_string(), "1".to_string())]);
+        let out = run_ready_command(&ready_command(Path::new("/usr/bin/env"), &bare, &["/usr/bin/env".to_string()]));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "A=1\n");
+    }
+
+    #[test]
+    fn the_ready_command_holds_no_value_outside_the_exports_and_names_are_shell_safe() {
+        // The regression: every value was an argument of `env` until it exec'd the job.
+        let env = BTreeMap::from([("TOKEN".to_string(), "s3cr3t-value".to_string())]);
+        let line = ready_command(Path::new("/usr/bin/env"), &env, &["true".to_string()]);
+        let text = String::from_utf8(line).expect("utf-8");
+        let exec_part = text.split("exec ").nth(1).expect("an exec");
+        assert!(!exec_part.contains("s3cr3t"), "a value reached exec's arguments: {text}");
+        for bad in ["OPTIND", "UID", "A.B-C", "-i", "1X", "", "PWD", "SHLVL", "_", "IFS", "BASH_ENV", "X Y", "é"] {
+            assert!(!shell_safe_name(bad), "{bad:?} must not be exported by a shell");
+        }
+        for good in ["PATH", "HOME", "GPUCI_SANDBOX_ID", "_x", "CUDA_VISIBLE_DEVICES", "lower_case"] {
+            assert!(shell_safe_name(good), "{good:?}");
+        }
     }
 
     #[test]

@@ -620,6 +620,63 @@ async fn slot_network_reaches_the_outside_but_not_the_host_or_other_slots() {
     drop((slot_a, slot_b));
 }
 
+/// The cloud metadata probe: connects to each address and prints `ADDR ERRNO` (0: connected).
+const METADATA_PROBE: &str = r#"python3 - <<'PY'
+import errno, socket
+for addr in ["169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254", "fd20:ce::254", "::ffff:169.254.169.254"]:
+    fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect((addr, 80))
+        print(addr, 0, flush=True)
+    except socket.timeout:
+        print(addr, "timeout", flush=True)
+    except OSError as e:
+        print(addr, errno.errorcode.get(e.errno, e.errno), flush=True)
+PY
+ip rule del pref 1000 2>/dev/null && echo DELETED-RULE; ip -6 rule del pref 1000 2>/dev/null && echo DELETED-RULE6; true"#;
+
+/// Addresses the probe tries.
+const METADATA_ADDRS: [&str; 6] =
+    ["169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254", "fd20:ce::254", "::ffff:169.254.169.254"];
+
+#[tokio::test]
+async fn slot_network_refuses_cloud_metadata_services_and_the_job_cannot_lift_it() {
+    // The attack: pasta made the job's connection to 169.254.169.254 from the host's stack,
+    // and on a cloud machine the job read the instance role's credentials (IMDSv1 and v2).
+    // Here the kernel must refuse each connection inside the namespace (EACCES from the
+    // `prohibit` rule) before pasta sees it; without the rules it reaches pasta (a timeout or
+    // a refusal from the host's side, never EACCES).
+    if !ready("metadata", ALL) || !pasta_ready("metadata") {
+        return;
+    }
+    let slot = gpuci_sandbox::SlotNetwork::start(test_user(), &[]).expect("slot network");
+    let root = workspaces();
+    let ws = mkws(root.path(), "m");
+    let mut s = spec("metadata", &ws, METADATA_PROBE, Isolation::Bubblewrap);
+    s.network = gpuci_sandbox::Network::Namespace(slot.namespace());
+    let r = run(&s).await;
+    for addr in METADATA_ADDRS {
+        let line = r.out.lines().find(|l| l.split(' ').next() == Some(addr));
+        let want = format!("{addr} EACCES");
+        assert_eq!(line, Some(want.as_str()), "{addr} was not refused in the namespace: {}\n{}", r.out, r.err);
+    }
+    assert!(!r.out.contains("DELETED-RULE"), "the job removed a metadata rule: {}", r.out);
+
+    // An operator's allowance for trusted origins lifts them, and the refusal comes back.
+    slot.set_metadata(true).expect("allow");
+    s.job_id = job_id("metadata-allowed");
+    let allowed = run(&s).await;
+    let line = allowed.out.lines().find(|l| l.starts_with("169.254.169.254 ")).unwrap_or_default().to_string();
+    assert_ne!(line, "169.254.169.254 EACCES", "allowed, yet refused: {}", allowed.out);
+    slot.set_metadata(false).expect("deny again");
+    slot.set_metadata(false).expect("denying twice is no error");
+    s.job_id = job_id("metadata-denied");
+    let again = run(&s).await;
+    assert!(again.out.contains("169.254.169.254 EACCES"), "the refusal did not come back: {}", again.out);
+}
+
 // ---- Warm starts (a process waiting in its cgroup for the slot's next job): the same
 // containment as a cold start, every attack above included. ----
 
@@ -770,11 +827,6 @@ async fn a_job_in_a_ready_sandbox_is_the_same_job_as_a_cold_started_one() {
     s.user = Some(user);
     s.env.insert("JOB_SECRET".into(), "only-in-the-job".into());
     s.env.insert("TRICKY".into(), "it's \"$HOME\" `id` $(id); }\nexec true".into());
-    // What a shell's `export` refuses (dash: `OPTIND` must be a number; bash: `UID` is
-    // read-only), and names no shell takes: bwrap's `--setenv` sets them all (outsider finding).
-    for (k, v) in [("OPTIND", "abc"), ("UID", "0"), ("A.B-C", "dots"), ("-i", "dash")] {
-        s.env.insert(k.into(), v.into());
-    }
     s.resources = Resources { memory: Some(Bytes::from_mib(256)), cpu_millis: None, pids: Some(64) };
     s.scratch_size = Some(64 << 20);
     let (ready, job) = run_ready(&s, &ws).await;
@@ -792,6 +844,93 @@ async fn a_job_in_a_ready_sandbox_is_the_same_job_as_a_cold_started_one() {
     assert_eq!(ready.out, cold.out, "ready and cold starts differ; stderr: {} / {}", ready.err, cold.err);
     assert!(ready.out.contains("only-in-the-job"), "{}", ready.out);
     assert!(!ready.out.contains("WROTE") && !ready.out.contains("USERNS-OK"), "{}", ready.out);
+
+    // What a shell's `export` refuses (dash: `OPTIND` must be a number; bash: `UID` is
+    // read-only), and names no shell takes: bwrap's `--setenv` sets them all (outsider
+    // finding). Such a job starts from the waiting shell, with the same environment.
+    fs::remove_dir_all(&job.workspace).expect("remove");
+    for (k, v) in [("OPTIND", "abc"), ("UID", "0"), ("A.B-C", "dots"), ("-i", "dash"), ("PWD", "/nowhere")] {
+        s.env.insert(k.into(), v.into());
+    }
+    s.job_id = job_id("ready-odd");
+    let (warm, job) = ready_for(&s, &ws).await;
+    let (shell, sandbox) = (warm.pid().expect("shell pid"), warm.ready_pid().expect("ready pid"));
+    let started = Sandbox::spawn_warm(&job, Some(warm)).expect("spawn");
+    assert_eq!(started.0.pid(), shell, "odd names must start from the waiting shell");
+    let odd = finish(started).await;
+    gone(sandbox, "the ready sandbox beside the waiting shell").await;
+    let mut cold_spec = job.clone();
+    cold_spec.job_id = job_id("ready-odd-c");
+    let cold = run(&cold_spec).await;
+    assert_eq!(odd.out, cold.out, "a warm and a cold start differ; stderr: {} / {}", odd.err, cold.err);
+}
+
+/// Every host process's command line, as any local user reads it (`/proc/PID/cmdline` is
+/// world-readable), searched for `needle` until `stop`: the hits.
+fn watch_cmdlines(needle: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<(Vec<String>, u64)> {
+    std::thread::spawn(move || {
+        let (mut hits, mut scans) = (Vec::new(), 0u64);
+        while !stop.load(Ordering::Relaxed) {
+            scans += 1;
+            for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+                if !e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())) {
+                    continue;
+                }
+                if let Ok(c) = fs::read(e.path().join("cmdline")) {
+                    if c.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                        hits.push(String::from_utf8_lossy(&c).replace('\0', " "));
+                    }
+                }
+            }
+        }
+        (hits, scans)
+    })
+}
+
+#[tokio::test]
+async fn no_secret_is_ever_on_a_command_line_in_cold_warm_or_ready_starts() {
+    // The attack: a job started in a ready sandbox got its environment as
+    // `env -i -- NAME=value... ARGV`, so until `env` exec'd the command every secret of the job
+    // was in /proc/PID/cmdline, readable by every local user; a long PATH (walked by
+    // execvp) widened the window at will. Here a watcher scans every command line while
+    // jobs with such a PATH start every way a job can start.
+    if !ready("argv_secrets", ALL) {
+        return;
+    }
+    let starts: usize = std::env::var("GPUCI_ARGV_STARTS").ok().and_then(|n| n.parse().ok()).unwrap_or(40);
+    let secret = format!("argv-canary-{}-{}", std::process::id(), rand_suffix());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = watch_cmdlines(secret.clone(), stop.clone());
+    let root = workspaces();
+    let user = test_user();
+    let probe = ws_probe(root.path(), user);
+    // 4,000 directories that do not exist before the real ones: execvp tries each.
+    let long_path: String =
+        (0..4000).map(|i| format!("/nonexistent/d{i}:")).collect::<String>() + "/usr/local/bin:/usr/bin:/bin";
+    let mut s = spec("argv", &probe, "printenv GPUCI_CANARY >/dev/null", Isolation::Bubblewrap);
+    s.env.insert("GPUCI_CANARY".into(), secret.clone());
+    s.env.insert("PATH".into(), long_path);
+    s.argv = vec!["bash".into(), "-c".into(), "printenv GPUCI_CANARY >/dev/null".into()];
+    for i in 0..starts {
+        s.job_id = job_id("argv-ready");
+        let (r, job) = run_ready(&s, &root.path().join(format!("r{i}"))).await;
+        assert!(r.exit.success(), "{:?} {}", r.exit, r.err);
+        fs::remove_dir_all(&job.workspace).expect("remove");
+        s.job_id = job_id("argv-warm");
+        let r = run_warm(&s).await;
+        assert!(r.exit.success(), "{:?} {}", r.exit, r.err);
+        s.job_id = job_id("argv-cold");
+        let r = run(&s).await;
+        assert!(r.exit.success(), "{:?} {}", r.exit, r.err);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (hits, scans) = watcher.join().expect("watcher");
+    assert!(scans > 0);
+    assert!(hits.is_empty(), "a secret was on a command line ({} of {scans} scans, {starts} x 3 starts): {:?}", hits.len(), hits.first());
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
 /// A workspace for `spec()` to read its owner from; the ready tests move the job elsewhere.
