@@ -27,8 +27,9 @@ pub use aws_sdk_ec2::config::Credentials as AwsCredentials;
 use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{
-    Filter, IamInstanceProfileSpecification, Instance, InstanceLifecycleType, InstanceMarketOptionsRequest,
-    InstanceStateName, InstanceType, LaunchTemplateSpecification, MarketType, Placement, ResourceType,
+    Filter, HttpTokensState, IamInstanceProfileSpecification, Instance, InstanceLifecycleType,
+    InstanceMarketOptionsRequest, InstanceMetadataEndpointState, InstanceMetadataOptionsRequest,
+    InstanceMetadataTagsState, InstanceStateName, InstanceType, LaunchTemplateSpecification, MarketType, Placement, ResourceType,
     ShutdownBehavior, SpotInstanceType, SpotMarketOptions, Tag, TagSpecification,
 };
 use gpuci_core::fleet::{Capacity, CapacityPolicy, FleetSpec, IdleAction};
@@ -62,6 +63,12 @@ struct Settings {
     instance_profile: Option<String>,
     #[serde(default)]
     key_name: Option<String>,
+    /// The instance metadata service: `"auto"` (on only where the machine needs it: spot
+    /// interruption notices, or an `instance_profile` for the host's own use), `"enabled"` or
+    /// `"disabled"`. Always IMDSv2 only with a hop limit of 1; jobs never reach it (their
+    /// slot networks refuse link-local addresses, docs/sandbox.md).
+    #[serde(default)]
+    instance_metadata: InstanceMetadata,
     /// Names of the coordinator's environment variables holding the credentials (defaults:
     /// the AWS CLI's). An instance role is not read here: see docs/providers/aws.md.
     #[serde(default = "default_key_env")]
@@ -82,6 +89,29 @@ struct Settings {
     _leave_after_unreachable: Option<String>,
     #[serde(default, rename = "on_leave")]
     _on_leave: Option<String>,
+}
+
+/// `instance_metadata` of the settings.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum InstanceMetadata {
+    #[default]
+    Auto,
+    Enabled,
+    Disabled,
+}
+
+/// Whether an instance bought as `capacity` gets a metadata endpoint at all. `auto` turns it
+/// on only where something on the host needs it: the agent's spot interruption watch (a spot
+/// instance), or the operator's own use of an instance profile (an image pull from ECR by the
+/// container engine, say). Every other machine has none, so nothing on it, job or not, can
+/// read the instance's identity or credentials from it.
+fn metadata_endpoint(setting: InstanceMetadata, capacity: Capacity, instance_profile: bool) -> bool {
+    match setting {
+        InstanceMetadata::Enabled => true,
+        InstanceMetadata::Disabled => false,
+        InstanceMetadata::Auto => capacity == Capacity::Spot || instance_profile,
+    }
 }
 
 fn default_key_env() -> String {
@@ -410,6 +440,22 @@ impl Provider for AwsProvider {
         if let Some(k) = &s.key_name {
             run = run.key_name(k);
         }
+        // IMDSv2 only (a token from a PUT, which a forwarded GET cannot get), a hop limit of 1
+        // (a container with its own network on the host cannot use the token), and no endpoint
+        // where nothing on the machine needs one.
+        let endpoint = metadata_endpoint(s.instance_metadata, req.capacity, s.instance_profile.is_some());
+        run = run.metadata_options(
+            InstanceMetadataOptionsRequest::builder()
+                .http_tokens(HttpTokensState::Required)
+                .http_put_response_hop_limit(1)
+                .http_endpoint(if endpoint {
+                    InstanceMetadataEndpointState::Enabled
+                } else {
+                    InstanceMetadataEndpointState::Disabled
+                })
+                .instance_metadata_tags(InstanceMetadataTagsState::Disabled)
+                .build(),
+        );
         if req.capacity == Capacity::Spot {
             run = run.instance_market_options(
                 InstanceMarketOptionsRequest::builder()
@@ -495,6 +541,16 @@ impl Provider for AwsProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_metadata_endpoint_is_off_unless_the_machine_needs_it() {
+        use InstanceMetadata::*;
+        assert!(!metadata_endpoint(Auto, Capacity::OnDemand, false), "nothing on an on-demand machine needs it");
+        assert!(metadata_endpoint(Auto, Capacity::Spot, false), "the agent watches for spot interruption notices");
+        assert!(metadata_endpoint(Auto, Capacity::OnDemand, true), "the operator gave the host a role");
+        assert!(!metadata_endpoint(Disabled, Capacity::Spot, true));
+        assert!(metadata_endpoint(Enabled, Capacity::OnDemand, false));
+    }
 
     #[test]
     fn capacity_errors_move_to_the_next_offer_and_the_rest_are_sorted() {

@@ -196,3 +196,42 @@ fn impossible_settings_are_refused_with_the_reason() {
     spec.settings.insert("launch_template".into(), toml::Value::String("lt-0abc".into()));
     assert!(AwsProvider::with_credentials(&spec, "c", creds()).is_ok(), "a launch template names the image");
 }
+
+/// Jobs must never hold the machine's role: every instance is IMDSv2-only with a hop limit of
+/// 1, and has no metadata endpoint unless something on the host needs it (a spot instance's
+/// interruption watch, or an instance profile). Read back from the EC2 API's own description.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_get_imdsv2_only_a_hop_limit_of_one_and_no_endpoint_they_do_not_need() {
+    let Some(moto) = moto::start("aws_metadata") else { return };
+    let options = |id: &str| {
+        let d = moto::query(&moto, &[("Action", "DescribeInstances"), ("InstanceId.1", id)]);
+        let get = |tag: &str| moto::xml_text(&d, tag).map(str::to_string);
+        (get("httpTokens"), get("httpPutResponseHopLimit"), get("httpEndpoint"))
+    };
+    let spec = fleet("md", &moto.url, "", "");
+    let p = provider(&spec, "coord-md");
+    let on_demand = p.create(&request(&spec, "m-od", 0, Capacity::OnDemand)).await.expect("on-demand");
+    let spot = p.create(&request(&spec, "m-spot", 0, Capacity::Spot)).await.expect("spot");
+    let want = |endpoint: &str| (Some("required".to_string()), Some("1".to_string()), Some(endpoint.to_string()));
+    assert_eq!(options(&on_demand.provider_id), want("disabled"), "nothing on an on-demand machine needs IMDS");
+    assert_eq!(options(&spot.provider_id), want("enabled"), "the agent watches for spot interruption notices");
+
+    moto::query_service(
+        &moto,
+        "iam",
+        "2010-05-08",
+        &[("Action", "CreateInstanceProfile"), ("InstanceProfileName", "gpuci-runner")],
+    );
+    let with_role = fleet("role", &moto.url, "", r#"instance_profile = "gpuci-runner""#);
+    let p = provider(&with_role, "coord-md");
+    let m = p.create(&request(&with_role, "m-role", 0, Capacity::OnDemand)).await.expect("with a role");
+    assert_eq!(options(&m.provider_id), want("enabled"), "an instance profile is for the host's own use");
+    let off = fleet("off", &moto.url, "", r#"instance_metadata = "disabled""#);
+    let p = provider(&off, "coord-md");
+    let m = p.create(&request(&off, "m-off", 0, Capacity::Spot)).await.expect("disabled");
+    assert_eq!(options(&m.provider_id), want("disabled"));
+    let bad = fleet("bad", &moto.url, "", r#"instance_metadata = "maybe""#);
+    let creds = AwsCredentials::new("AKIDTEST", "secret", None, None, "test");
+    let e = AwsProvider::with_credentials(&bad, "c", creds).expect_err("an unknown instance_metadata");
+    assert!(e.contains("maybe"), "{e}");
+}

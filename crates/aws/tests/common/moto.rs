@@ -219,16 +219,21 @@ fn serve(
 /// `aws ec2` calls for checks the provider does not make itself, through moto's own query API
 /// (form-encoded, unsigned: moto does not check signatures but needs the scope in a header).
 pub fn query(moto: &Moto, params: &[(&str, &str)]) -> String {
+    query_service(moto, "ec2", "2016-11-15", params)
+}
+
+/// [`query`] for another service of the same server (`iam`, version `2010-05-08`).
+pub fn query_service(moto: &Moto, service: &str, version: &str, params: &[(&str, &str)]) -> String {
     let body: String = params
         .iter()
-        .chain([("Version", "2016-11-15")].iter())
+        .chain([("Version", version)].iter())
         .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
         .collect::<Vec<_>>()
         .join("&");
     let addr = moto.url.trim_start_matches("http://");
     let mut s = TcpStream::connect(addr).expect("moto");
     let req = format!(
-        "POST / HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nAuthorization: AWS4-HMAC-SHA256 Credential=test/20260101/{REGION}/ec2/aws4_request, SignedHeaders=host, Signature=0\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST / HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nAuthorization: AWS4-HMAC-SHA256 Credential=test/20260101/{REGION}/{service}/aws4_request, SignedHeaders=host, Signature=0\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).expect("write");
