@@ -7,10 +7,11 @@
 //! environment; running `squeue` is the one effect ([`slurm_time_left`]).
 //!
 //! What a grant names:
-//! - Slurm: `SLURM_JOB_GPUS` (a batch job) or `SLURM_STEP_GPUS` (a step): the GPUs' indices in
-//!   the node's `gres.conf`, which are the minor numbers of their device files
-//!   (`File=/dev/nvidia[0-3]`, or NVML's autodetection), not NVML's index. They are matched by
-//!   device node ([`GpuRef::Node`]).
+//! - Slurm: `SLURM_JOB_GPUS` (a batch job) or `SLURM_STEP_GPUS` (a step): the GPUs' GRES
+//!   indices, their positions in the node's GRES list — not the minor numbers of their device
+//!   files (`File=/dev/nvidia[4-7]`: index 0 is `/dev/nvidia4`). [`crate::gres`] maps them to
+//!   device files, which are matched by device node ([`GpuRef::Node`]); [`from_env`] only
+//!   checks that this is a Slurm job and leaves `gpus` empty.
 //! - Kubernetes: `NVIDIA_VISIBLE_DEVICES`, set by the NVIDIA device plugin for a container with
 //!   an `nvidia.com/gpu` limit: UUIDs (the plugin's default `DEVICE_ID_STRATEGY=uuid`; its
 //!   `index` strategy names the node's indices, which a container does not see as such);
@@ -71,25 +72,8 @@ pub fn from_env(engine: Engine, env: &dyn Fn(&str) -> Option<String>) -> Result<
         Engine::Slurm => {
             let id = var("SLURM_JOB_ID")
                 .ok_or("--allocation slurm: SLURM_JOB_ID is not set; this agent is not running inside a Slurm job")?;
-            let listed = var("SLURM_JOB_GPUS").or_else(|| var("SLURM_STEP_GPUS"));
-            let gpus = match listed {
-                Some(list) => parse_index_list(&list)
-                    .map_err(|e| format!("--allocation slurm: SLURM_JOB_GPUS={list:?}: {e}"))?
-                    .into_iter()
-                    .map(GpuRef::Node)
-                    .collect(),
-                None => {
-                    let on_node = var("SLURM_GPUS_ON_NODE").and_then(|n| n.parse::<u32>().ok()).unwrap_or(0);
-                    if on_node > 0 {
-                        return Err(format!(
-                            "--allocation slurm: Slurm granted {on_node} GPU(s) but did not say which (SLURM_JOB_GPUS is not set): \
-                             the node's gres.conf needs File= lines (or AutoDetect=nvml) so GPUs have indices"
-                        ));
-                    }
-                    Vec::new()
-                }
-            };
-            Ok(Allocation { engine, id, gpus })
+            // The GPUs: `crate::gres::read_grant`, which needs the node's GRES list.
+            Ok(Allocation { engine, id, gpus: Vec::new() })
         }
         Engine::Kubernetes => {
             let id = var("GPUCI_POD_NAME").or_else(|| var("HOSTNAME")).unwrap_or_else(|| "(unknown pod)".into());
@@ -191,30 +175,16 @@ mod tests {
     }
 
     #[test]
-    fn a_slurm_grant_names_gpus_by_device_file() {
+    fn a_slurm_grant_is_a_slurm_job_whose_gpus_gres_resolves() {
+        // SLURM_JOB_GPUS are GRES indices, not minors: never read here as device nodes.
         let a = from_env(
             Engine::Slurm,
             &env(&[("SLURM_JOB_ID", "42"), ("SLURM_JOB_GPUS", "2,3"), ("CUDA_VISIBLE_DEVICES", "0,1")]),
         )
         .unwrap();
-        assert_eq!(
-            a,
-            Allocation { engine: Engine::Slurm, id: "42".into(), gpus: vec![GpuRef::Node(2), GpuRef::Node(3)] }
-        );
-        let step = from_env(Engine::Slurm, &env(&[("SLURM_JOB_ID", "7"), ("SLURM_STEP_GPUS", "0-1")])).unwrap();
-        assert_eq!(step.gpus, vec![GpuRef::Node(0), GpuRef::Node(1)]);
-        let none = from_env(Engine::Slurm, &env(&[("SLURM_JOB_ID", "7")])).unwrap();
-        assert!(none.gpus.is_empty());
-    }
-
-    #[test]
-    fn a_slurm_grant_that_does_not_say_which_gpus_is_refused_not_taken_as_all() {
-        let e = from_env(Engine::Slurm, &env(&[("SLURM_JOB_ID", "7"), ("SLURM_GPUS_ON_NODE", "2")])).unwrap_err();
-        assert!(e.contains("did not say which"), "{e}");
+        assert_eq!(a, Allocation { engine: Engine::Slurm, id: "42".into(), gpus: Vec::new() });
         let e = from_env(Engine::Slurm, &env(&[("SLURM_JOB_GPUS", "0")])).unwrap_err();
         assert!(e.contains("not running inside a Slurm job"), "{e}");
-        let e = from_env(Engine::Slurm, &env(&[("SLURM_JOB_ID", "7"), ("SLURM_JOB_GPUS", "0,x")])).unwrap_err();
-        assert!(e.contains("\"x\" is not an index"), "{e}");
     }
 
     #[test]

@@ -14,18 +14,26 @@
 //!   that lead outside the cached path are dropped, and anything that is not a regular file,
 //!   directory or symlink (devices, FIFOs, sockets) makes that path not saved at all.
 //! - **Limits**: a job's cache over [`CacheLimits::entry`] bytes or
-//!   [`CacheLimits::entry_files`] entries is not saved (the job's log says so); after each
-//!   save, least recently used caches are evicted until the store is under
-//!   [`CacheLimits::total`]. Sizes count what the agent's disk would spend: a file its
-//!   apparent length (sparse files are copied whole), and every entry at least one 4 KiB block.
-//!   Nothing walks a tree by recursion (`crate::fstree::walk`): a job decides how deep it is.
+//!   [`CacheLimits::entry_files`] entries is not saved (the job's log says so). Room on the
+//!   agent is shared by the rules of `gpuci_core::cache::plan_save` ([`CacheQuota`], by
+//!   default split from [`CacheLimits::total`]): a quota per repository and trust class, a
+//!   share for all untrusted caches, and the total, where an untrusted save never removes a
+//!   trusted cache. Before a save lands, the store lists its caches and removes what the plan
+//!   says, or refuses the save (the job's log says why). A job of an untrusted origin
+//!   (`Assignment::trusted`) never writes a trusted key, whatever its scope says. Sizes count
+//!   what the agent's disk would spend: a file its apparent length (sparse files are copied
+//!   whole), and every entry at least one 4 KiB block. Nothing walks a tree by recursion
+//!   (`crate::fstree::walk`): a job decides how deep it is.
 //!
 //! The agent is often root and the trees were made by hostile jobs: nothing here follows a
 //! link a job made. Paths are checked with `symlink_metadata` ([`plain_path`]), files are
 //! opened with `O_NOFOLLOW`, links are read, never resolved by the kernel. Cache directories
-//! are named by a hash of their key, so no repository or branch name becomes a path.
+//! are named `<t|u>-<repository hash>-<key hash>`: the trust class and repository a quota
+//! needs, and no repository or branch name as a path. (Caches named the older way, by the
+//! key's hash alone, cannot be charged to a repository and are removed when the agent
+//! starts: they are caches, the next job builds them again.)
 
-use gpuci_core::cache::{CacheKey, CacheScope};
+use gpuci_core::cache::{plan_save, CacheKey, CacheQuota, CacheScope, SaveRequest, StoredCache, Trust};
 use gpuci_core::quantity::Bytes;
 use sha2::{Digest, Sha256};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -37,7 +45,8 @@ use std::path::{Component, Path, PathBuf};
 pub struct CacheLimits {
     /// What one job may save (all its `cache:` paths together). Default 10 GiB.
     pub entry: Bytes,
-    /// All caches together; least recently used go first. Default 50 GiB.
+    /// All caches together (split by [`CacheQuota::for_total`] unless the agent is given a
+    /// quota). Default 50 GiB.
     pub total: Bytes,
     /// Files, directories and links one job may save. Default 1,000,000.
     pub entry_files: u64,
@@ -55,32 +64,43 @@ impl Default for CacheLimits {
 pub struct CacheStore {
     root: PathBuf,
     limits: CacheLimits,
+    quota: CacheQuota,
     lock: std::sync::Mutex<()>,
 }
 
-/// Length of a cache directory's name (hex of the key's sha256, shortened).
-const NAME_LEN: usize = 32;
+/// Hex digits of the repository's and of the key's sha256 in a cache directory's name.
+const REPO_LEN: usize = 16;
+const KEY_LEN: usize = 32;
 
 impl CacheStore {
     /// The store at `root`. What a crash left half-done (staging directories) and caches
     /// named as older versions named them (per repository only, not per trust class: they
     /// must never be restored) are removed.
     pub fn open(root: PathBuf, limits: CacheLimits) -> Self {
+        Self::open_with_quota(root, limits, CacheQuota::for_total(limits.total))
+    }
+
+    /// [`CacheStore::open`] with room shared by `quota` (its total is the store's).
+    pub fn open_with_quota(root: PathBuf, limits: CacheLimits, quota: CacheQuota) -> Self {
         if let Ok(dir) = std::fs::read_dir(&root) {
             for e in dir.flatten() {
                 let name = e.file_name();
-                if !is_entry_name(&name.to_string_lossy()) {
+                if entry_name(&name.to_string_lossy()).is_none() {
                     tracing::info!(path = %e.path().display(), "removing a leftover or old-format cache directory");
                     let _ = remove_any(&e.path());
                 }
             }
         }
-        CacheStore { root, limits, lock: std::sync::Mutex::new(()) }
+        CacheStore { root, limits, quota, lock: std::sync::Mutex::new(()) }
     }
 
     fn dir(&self, key: &CacheKey) -> PathBuf {
         let hash = hex::encode(Sha256::digest(key.identity().as_bytes()));
-        self.root.join(&hash[..NAME_LEN])
+        let class = match key.trust {
+            Trust::Trusted => 't',
+            Trust::Untrusted => 'u',
+        };
+        self.root.join(format!("{class}-{}-{}", &repository_hash(key)[..REPO_LEN], &hash[..KEY_LEN]))
     }
 
     fn locked(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -132,14 +152,22 @@ impl CacheStore {
         log
     }
 
-    /// Keep `paths` of `workspace` under the scope's save key. Returns lines for the job's log.
-    pub fn save(&self, scope: &CacheScope, paths: &[String], workspace: &Path) -> Vec<String> {
+    /// Keep `paths` of `workspace` under the scope's save key, for a job whose origin is
+    /// trusted or not (`job_trusted`, from its assignment). Returns lines for the job's log.
+    pub fn save(&self, scope: &CacheScope, job_trusted: bool, paths: &[String], workspace: &Path) -> Vec<String> {
         let mut log = Vec::new();
         let Some(key) = &scope.save else {
             if !scope.restore.is_empty() {
                 log.push("cache: not saved: jobs of this pipeline only read caches".to_string());
             }
             return log;
+        };
+        let request = |bytes: u64| SaveRequest {
+            id: self.dir(key),
+            repository: repository_hash(key)[..REPO_LEN].to_string(),
+            trust: key.trust,
+            job_trusted,
+            bytes,
         };
         let _held = self.locked();
         let staging = self.root.join(format!(".staging-{:016x}", rand::random::<u64>()));
@@ -155,8 +183,11 @@ impl CacheStore {
             .iter()
             .filter_map(|rel| plain_path(workspace, rel))
             .try_fold(Size::default(), |sum, from| measure(&from).map(|s| sum.plus(s)));
+        // Refused by its size alone, before anything is moved (the quota with nothing stored).
         let refused = match planned {
-            Ok(size) => size.over(&self.limits),
+            Ok(size) => size
+                .over(&self.limits)
+                .or_else(|| plan_save::<PathBuf>(&[], &request(size.bytes), &self.quota).err().map(|e| e.to_string())),
             Err(e) => Some(format!("could not measure it: {e}")),
         };
         if let Some(why) = refused {
@@ -200,6 +231,25 @@ impl CacheStore {
             staged.clear();
         }
         let dir = self.dir(key);
+        if !staged.is_empty() {
+            // What the cache will hold: what it keeps of its old copy, and the new trees.
+            let old = measure(&dir).map_or(0, |s| s.bytes);
+            let replaced: u64 =
+                staged.iter().filter_map(|(rel, _)| measure(&plain_path(&dir, rel)?).ok()).map(|s| s.bytes).sum();
+            let bytes = old.saturating_sub(replaced).max(Size::BLOCK).saturating_add(total.bytes);
+            match plan_save(&self.stored(), &request(bytes), &self.quota) {
+                Ok(evict) => {
+                    for path in evict {
+                        tracing::info!(path = %path.display(), cache = %key, "removing a cache to make room for another");
+                        let _ = remove_any(&path);
+                    }
+                }
+                Err(why) => {
+                    log.push(format!("cache: not saved: {why}"));
+                    staged.clear();
+                }
+            }
+        }
         for (i, (rel, tree)) in staged.iter().enumerate() {
             let _ = std::fs::create_dir_all(&dir);
             let Some(to) = plain_path(&dir, rel) else {
@@ -221,43 +271,45 @@ impl CacheStore {
         if dir.exists() {
             touch(&dir);
         }
-        self.evict(&dir);
         log
     }
 
-    /// Remove least recently used caches (by their directory's modification time, set on
-    /// every restore and save) until all fit in [`CacheLimits::total`]; `keep` stays.
-    fn evict(&self, keep: &Path) {
-        let Ok(dir) = std::fs::read_dir(&self.root) else { return };
-        let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = dir
-            .flatten()
-            .filter(|e| is_entry_name(&e.file_name().to_string_lossy()))
+    /// Every cache in the store, as the quota sees it: its class and repository (from its
+    /// name), its size, and when it was last used (its directory's modification time, set on
+    /// every restore and save).
+    fn stored(&self) -> Vec<StoredCache<PathBuf>> {
+        let Ok(dir) = std::fs::read_dir(&self.root) else { return Vec::new() };
+        dir.flatten()
             .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().to_string();
+                let (trust, repository) = entry_name(&name)?;
                 let m = std::fs::symlink_metadata(e.path()).ok()?;
-                // A cache that cannot be measured is charged as over the whole limit: it goes first.
+                // A cache that cannot be measured is charged as over every limit: nothing fits
+                // beside it, so the next save that may remove it (by its class) does.
                 let bytes = measure(&e.path()).map_or(u64::MAX, |s| s.bytes);
-                Some((m.modified().ok()?, bytes, e.path()))
+                let last_used = m.modified().unwrap_or(std::time::UNIX_EPOCH);
+                Some(StoredCache { id: e.path(), repository: repository.to_string(), trust, bytes, last_used })
             })
-            .collect();
-        let mut total: u64 = entries.iter().fold(0u64, |sum, e| sum.saturating_add(e.1));
-        entries.sort();
-        for (_, bytes, path) in entries {
-            if total <= self.limits.total.0 {
-                break;
-            }
-            if path == keep {
-                continue;
-            }
-            tracing::info!(path = %path.display(), size = %Bytes(bytes), limit = %self.limits.total, "evicting the least recently used cache");
-            if remove_any(&path).is_ok() {
-                total = total.saturating_sub(bytes);
-            }
-        }
+            .collect()
     }
 }
 
-fn is_entry_name(name: &str) -> bool {
-    name.len() == NAME_LEN && name.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+/// The hash of a key's repository that names its caches (the same for every key of it).
+fn repository_hash(key: &CacheKey) -> String {
+    hex::encode(Sha256::digest(key.repository.as_bytes()))
+}
+
+/// The trust class and repository hash of a cache directory's name; `None`: not a cache.
+fn entry_name(name: &str) -> Option<(Trust, &str)> {
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let mut parts = name.splitn(3, '-');
+    let trust = match parts.next()? {
+        "t" => Trust::Trusted,
+        "u" => Trust::Untrusted,
+        _ => return None,
+    };
+    let (repository, key) = (parts.next()?, parts.next()?);
+    (hex(repository, REPO_LEN) && hex(key, KEY_LEN)).then_some((trust, repository))
 }
 
 /// Whether `rel` inside `root` is reached without following a symlink anywhere on the way. A
@@ -546,7 +598,7 @@ mod tests {
         let s = store(&d, CacheLimits::default());
         let ws = d.workspace("push-1");
         write(&ws.join("cache/base.txt"), "from main", 0o644);
-        s.save(&push("main"), &paths(), &ws);
+        s.save_as_origin(&push("main"), &paths(), &ws);
 
         let ws = d.workspace("pr-1");
         let log = s.restore(&fork_pr(7), &paths(), &ws);
@@ -554,7 +606,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(ws.join("cache/base.txt")).unwrap(), "from main");
         write(&ws.join("cache/evil.sh"), "echo pwned", 0o755);
         std::fs::write(ws.join("cache/base.txt"), "changed by the fork").unwrap();
-        let log = s.save(&fork_pr(7), &paths(), &ws);
+        let log = s.save_as_origin(&fork_pr(7), &paths(), &ws);
         assert!(log.iter().any(|l| l.contains("saved cache to pull/7 (untrusted)")), "{log:?}");
 
         let ws = d.workspace("push-2");
@@ -577,7 +629,7 @@ mod tests {
         let ws = d.workspace("w");
         write(&ws.join("cache/x"), "x", 0o644);
         let read_only = scope(REPO, &CacheOrigin::Push { git_ref: None, default_branch: Some("main".into()) });
-        let log = s.save(&read_only, &paths(), &ws);
+        let log = s.save(&read_only, true, &paths(), &ws);
         assert!(log.iter().any(|l| l.contains("only read")), "{log:?}");
         assert!(ws.join("cache/x").exists(), "left where it was");
     }
@@ -590,7 +642,7 @@ mod tests {
         write(&ws.join("cache/evil.sh"), "#!/bin/sh\n", 0o6755);
         std::fs::create_dir_all(ws.join("cache/dir")).unwrap();
         std::fs::set_permissions(ws.join("cache/dir"), std::fs::Permissions::from_mode(0o3777)).unwrap();
-        s.save(&push("main"), &paths(), &ws);
+        s.save_as_origin(&push("main"), &paths(), &ws);
         // On the host disk, in the store, not only once restored.
         let stored = s.dir(push("main").save.as_ref().unwrap());
         let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().mode();
@@ -610,7 +662,7 @@ mod tests {
         let ws = d.workspace("w");
         std::fs::create_dir_all(ws.join("cache")).unwrap();
         std::fs::hard_link(&outside, ws.join("cache/link")).unwrap();
-        s.save(&push("main"), &paths(), &ws);
+        s.save_as_origin(&push("main"), &paths(), &ws);
         assert_eq!(std::fs::metadata(&outside).unwrap().mode() & 0o7777, 0o4755, "the host's file kept its mode");
         let stored = s.dir(push("main").save.as_ref().unwrap()).join("cache/link");
         let m = std::fs::metadata(&stored).unwrap();
@@ -631,7 +683,7 @@ mod tests {
         link("../secret", "up");
         link(".", "here");
         link("here/..", "chain");
-        let log = s.save(&push("main"), &paths(), &ws);
+        let log = s.save_as_origin(&push("main"), &paths(), &ws);
         let ws = d.workspace("w2");
         s.restore(&push("main"), &paths(), &ws);
         let present = |n: &str| std::fs::symlink_metadata(ws.join("cache").join(n)).is_ok();
@@ -649,7 +701,7 @@ mod tests {
         let ws = d.workspace("w");
         write(&ws.join("cache/ok"), "ok", 0o644);
         nix::unistd::mkfifo(&ws.join("cache/pipe"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
-        let log = s.save(&push("main"), &paths(), &ws);
+        let log = s.save_as_origin(&push("main"), &paths(), &ws);
         assert!(log.iter().any(|l| l.contains("not saving cache: pipe is a device, FIFO or socket")), "{log:?}");
         let ws = d.workspace("w2");
         s.restore(&push("main"), &paths(), &ws);
@@ -669,7 +721,7 @@ mod tests {
         let f = std::fs::File::create(ws.join("cache/sparse")).unwrap();
         f.set_len(64 << 20).unwrap();
         drop(f);
-        let log = s.save(&push("main"), &paths(), &ws);
+        let log = s.save_as_origin(&push("main"), &paths(), &ws);
         assert!(log.iter().any(|l| l.contains("not saved") && l.contains("64 MiB")), "{log:?}");
         assert!(ws.join("cache/sparse").exists() && ws.join("cache/small").exists(), "the refused cache was moved");
         let left: Vec<_> =
@@ -683,7 +735,7 @@ mod tests {
         let s = store(&d, CacheLimits { entry: Bytes(1000), total: Bytes(1 << 30), ..CacheLimits::default() });
         let ws = d.workspace("w");
         write(&ws.join("cache/big"), &"x".repeat(1001), 0o644);
-        let log = s.save(&push("main"), &paths(), &ws);
+        let log = s.save_as_origin(&push("main"), &paths(), &ws);
         assert!(
             log.iter().any(|l| l.contains("over this agent's limit") && l.contains("--cache-max-entry-size")),
             "{log:?}"
@@ -697,11 +749,13 @@ mod tests {
     fn the_least_recently_used_caches_go_first_past_the_total_limit() {
         let d = Dir::new();
         // Each cache costs three blocks (its directory, `cache/`, `data`): 12 KiB; three are over.
-        let s = store(&d, CacheLimits { entry: Bytes(1 << 20), total: Bytes(30_000), ..CacheLimits::default() });
+        let limits = CacheLimits { entry: Bytes(1 << 20), total: Bytes(30_000), ..CacheLimits::default() };
+        let quota = CacheQuota { total: limits.total, per_repository: limits.total, untrusted: Bytes(6_000) };
+        let s = CacheStore::open_with_quota(d.0.join("cache"), limits, quota);
         let save = |branch: &str| {
             let ws = d.workspace(&format!("ws-{branch}"));
             write(&ws.join("cache/data"), &"x".repeat(1000), 0o644);
-            s.save(&push(branch), &paths(), &ws);
+            s.save_as_origin(&push(branch), &paths(), &ws);
         };
         let age = |branch: &str, secs: u64| {
             let dir = s.dir(push(branch).save.as_ref().unwrap());
@@ -734,12 +788,12 @@ mod tests {
         for i in 0..150 {
             write(&ws.join(format!("cache/e{i}")), "", 0o644);
         }
-        let log = s.save(&push("main"), &paths(), &ws);
+        let log = s.save_as_origin(&push("main"), &paths(), &ws);
         assert!(log.iter().any(|l| l.contains("not saved") && l.contains("--cache-max-entry-files")), "{log:?}");
         assert!(!s.dir(push("main").save.as_ref().unwrap()).exists());
         // By size too: 150 empty files are 150 blocks, over a 64 KiB limit.
         let s = store(&d, CacheLimits { entry: Bytes(64 << 10), ..limits });
-        let log = s.save(&push("main"), &paths(), &ws);
+        let log = s.save_as_origin(&push("main"), &paths(), &ws);
         assert!(log.iter().any(|l| l.contains("not saved") && l.contains("--cache-max-entry-size")), "{log:?}");
     }
 
@@ -761,7 +815,7 @@ mod tests {
             std::thread::Builder::new().stack_size(128 * 1024).spawn(f).unwrap().join().expect("no stack overflow")
         };
         let (s1, w1) = (s.clone(), ws.clone());
-        let log = run(Box::new(move || s1.save(&push("main"), &paths(), &w1)));
+        let log = run(Box::new(move || s1.save_as_origin(&push("main"), &paths(), &w1)));
         assert!(log.iter().any(|l| l.contains("saved cache")), "{log:?}");
         // A pull request reads main's cache by copy.
         let ws2 = d.workspace("w2");
@@ -773,11 +827,127 @@ mod tests {
         crate::fstree::remove_tree(&ws).unwrap();
     }
 
+    impl CacheStore {
+        /// A save by a job whose origin is of the save key's class (as the coordinator sends it).
+        fn save_as_origin(&self, scope: &CacheScope, paths: &[String], workspace: &Path) -> Vec<String> {
+            let trusted = scope.save.as_ref().is_none_or(|k| k.trust == Trust::Trusted);
+            self.save(scope, trusted, paths, workspace)
+        }
+    }
+
+    /// A workspace with one cached file of `len` bytes: the cache costs three blocks (its
+    /// directory, `cache/`, the file) for up to 4 KiB.
+    fn cached(d: &Dir, name: &str, len: usize) -> PathBuf {
+        let ws = d.workspace(name);
+        write(&ws.join("cache/data"), &"x".repeat(len), 0o644);
+        ws
+    }
+
+    /// Regression (issue 27): every pull request from a fork saved up to 10 GiB under its own
+    /// key, and the least recently used caches of the whole agent — the default branch's
+    /// included — were evicted to make room.
+    #[test]
+    fn an_untrusted_job_saving_caches_cannot_push_out_a_trusted_entry() {
+        let d = Dir::new();
+        // 100 KiB in all: 20 KiB for untrusted caches, 40 KiB per repository and class.
+        let s = store(&d, CacheLimits { entry: Bytes(1 << 20), total: Bytes(100 << 10), ..CacheLimits::default() });
+        s.save_as_origin(&push("main"), &paths(), &cached(&d, "main", 1000));
+        let main = s.dir(push("main").save.as_ref().unwrap());
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::open(&main).unwrap().set_modified(old).unwrap();
+        for pr in 1..=12 {
+            let log = s.save_as_origin(&fork_pr(pr), &paths(), &cached(&d, &format!("pr-{pr}"), 1000));
+            assert!(log.iter().any(|l| l.contains("saved cache")), "{log:?}");
+        }
+        assert!(main.exists(), "a fork's cache pushed out the default branch's");
+        let untrusted: u64 = s.stored().iter().filter(|c| c.trust == Trust::Untrusted).map(|c| c.bytes).sum();
+        assert!(untrusted <= 20 << 10, "untrusted caches hold {untrusted} bytes");
+        assert!(s.dir(fork_pr(12).save.as_ref().unwrap()).exists(), "the newest fork cache is kept");
+        assert!(!s.dir(fork_pr(1).save.as_ref().unwrap()).exists(), "the oldest fork cache made room");
+        let ws = d.workspace("push-after");
+        let log = s.restore(&push("main"), &paths(), &ws);
+        assert!(log.iter().any(|l| l.contains("restored cache from refs/heads/main")), "{log:?}");
+    }
+
+    /// Regression (issue 27): untrusted caches could fill the agent; now where only trusted
+    /// caches are left, an untrusted save is refused instead of pushing one out.
+    #[test]
+    fn an_untrusted_save_that_does_not_fit_beside_trusted_caches_is_refused() {
+        let d = Dir::new();
+        let quota = CacheQuota { total: Bytes(40 << 10), per_repository: Bytes(40 << 10), untrusted: Bytes(40 << 10) };
+        let s = CacheStore::open_with_quota(d.0.join("cache"), CacheLimits::default(), quota);
+        for branch in ["a", "b", "c"] {
+            s.save_as_origin(&push(branch), &paths(), &cached(&d, branch, 1000));
+        }
+        let log = s.save_as_origin(&fork_pr(1), &paths(), &cached(&d, "pr", 1000));
+        assert!(log.iter().any(|l| l.contains("not saved") && l.contains("never push them out")), "{log:?}");
+        for branch in ["a", "b", "c"] {
+            assert!(s.dir(push(branch).save.as_ref().unwrap()).exists(), "{branch}");
+        }
+        assert!(!s.dir(fork_pr(1).save.as_ref().unwrap()).exists());
+    }
+
+    #[test]
+    fn a_repository_over_its_cache_quota_loses_its_own_oldest_caches_of_its_class() {
+        let d = Dir::new();
+        let quota = CacheQuota { total: Bytes(1 << 30), per_repository: Bytes(30 << 10), untrusted: Bytes(1 << 30) };
+        let s = CacheStore::open_with_quota(d.0.join("cache"), CacheLimits::default(), quota);
+        let other = scope("github.com/octo/other", &CacheOrigin::Direct);
+        s.save_as_origin(&other, &paths(), &cached(&d, "other", 1000));
+        s.save_as_origin(&fork_pr(5), &paths(), &cached(&d, "fork", 1000));
+        let age = |scope: &CacheScope, secs: u64| {
+            let f = std::fs::File::open(s.dir(scope.save.as_ref().unwrap())).unwrap();
+            f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(secs)).unwrap();
+        };
+        age(&other, 900);
+        age(&fork_pr(5), 900);
+        s.save_as_origin(&push("a"), &paths(), &cached(&d, "a", 1000));
+        age(&push("a"), 300);
+        s.save_as_origin(&push("b"), &paths(), &cached(&d, "b", 1000));
+        // 3 × 12 KiB of this repository's trusted caches is over 30 KiB: its oldest goes.
+        let log = s.save_as_origin(&push("c"), &paths(), &cached(&d, "c", 1000));
+        assert!(log.iter().any(|l| l.contains("saved cache")), "{log:?}");
+        let exists = |scope: &CacheScope| s.dir(scope.save.as_ref().unwrap()).exists();
+        assert!(!exists(&push("a")), "the repository's oldest trusted cache goes");
+        assert!(exists(&push("b")) && exists(&push("c")));
+        assert!(exists(&other), "another repository's cache, older still, stays");
+        assert!(exists(&fork_pr(5)), "the repository's untrusted cache, older still, stays");
+    }
+
+    #[test]
+    fn a_save_over_the_repository_quota_is_refused_and_the_log_says_so() {
+        let d = Dir::new();
+        let quota = CacheQuota { total: Bytes(1 << 30), per_repository: Bytes(10 << 10), untrusted: Bytes(1 << 30) };
+        let s = CacheStore::open_with_quota(d.0.join("cache"), CacheLimits::default(), quota);
+        let ws = cached(&d, "w", 5000);
+        let log = s.save_as_origin(&push("main"), &paths(), &ws);
+        assert!(
+            log.iter()
+                .any(|l| l.contains("not saved") && l.contains("quota of 10240 B for one repository's trusted caches")),
+            "{log:?}"
+        );
+        assert!(ws.join("cache/data").exists(), "refused before anything was moved");
+        assert!(!s.dir(push("main").save.as_ref().unwrap()).exists());
+    }
+
+    /// Defence in depth: a scope that names a trusted key for a job of an untrusted origin (a
+    /// stale or hostile coordinator message) saves nothing.
+    #[test]
+    fn a_job_of_an_untrusted_origin_never_writes_a_trusted_cache() {
+        let d = Dir::new();
+        let s = store(&d, CacheLimits::default());
+        let log = s.save(&push("main"), false, &paths(), &cached(&d, "w", 10));
+        assert!(log.iter().any(|l| l.contains("untrusted origin never writes a trusted cache")), "{log:?}");
+        assert!(!s.dir(push("main").save.as_ref().unwrap()).exists());
+    }
+
     #[test]
     fn leftovers_and_old_per_repository_caches_are_removed_on_open() {
         let d = Dir::new();
         let root = d.0.join("cache");
         write(&root.join("0123456789abcdef/cache/evil.sh"), "old format", 0o4755);
+        // Named by the key's hash alone (before caches were charged to a repository).
+        write(&root.join("0123456789abcdef0123456789abcdef/cache/x"), "no class, no repository", 0o644);
         write(&root.join(".staging-1/0/x"), "crash", 0o644);
         let s = store(&d, CacheLimits::default());
         assert_eq!(std::fs::read_dir(&s.root).unwrap().count(), 0);

@@ -2,6 +2,7 @@
 //! post-job GPU check, cleanup. The result is a [`JobFinished`] the agent keeps until the
 //! coordinator acknowledges it.
 
+use crate::logmask::JobMask;
 use gpuci_core::job::Outcome;
 use gpuci_core::mask::Masker;
 use gpuci_gpu::{GpuBackend, HealthBaseline, HealthPolicy};
@@ -97,6 +98,11 @@ pub struct JobContext {
     /// `sandbox: none`, and every job when bubblewrap cannot work here. Never for an
     /// untrusted origin (`Assignment::trusted`).
     pub allow_unsandboxed: bool,
+    /// Whether trusted jobs may reach cloud metadata services (`--allow-metadata-trusted`).
+    pub allow_metadata_trusted: bool,
+    /// Why this agent cannot enforce memory, CPU and process limits (no job cgroups for an
+    /// agent that is not root); `None`: it does. Said in every job's log.
+    pub limits_problem: Option<String>,
     pub bubblewrap: bool,
     /// A root agent's job slots (uid and network each); `None`: the agent is not root and
     /// jobs run as its own uid inside a user namespace.
@@ -122,6 +128,9 @@ pub struct JobContext {
     pub max_log_bytes: u64,
     /// Running jobs' GPU samples on their way to the coordinator.
     pub live: crate::series::LiveBuffer,
+    /// Which repositories' jobs are on the host: one outside the sandbox shares it with no
+    /// other repository (`tenancy.rs`).
+    pub tenancy: Arc<crate::tenancy::Tenancy>,
 }
 
 impl JobContext {}
@@ -132,7 +141,8 @@ impl JobContext {}
 struct Emitter {
     job_id: JobId,
     tx: mpsc::UnboundedSender<JobEvent>,
-    mask: Arc<Masker>,
+    /// The job's secrets and the values it registered (`::add-mask::`).
+    mask: Arc<JobMask>,
     /// The job's in-flight budget ([`JOB_IN_FLIGHT_BYTES`]).
     budget: Arc<Semaphore>,
     cap: Arc<std::sync::Mutex<LogCap>>,
@@ -148,7 +158,7 @@ struct LogCap {
 }
 
 impl Emitter {
-    fn new(job_id: JobId, tx: mpsc::UnboundedSender<JobEvent>, mask: Arc<Masker>, max_log_bytes: u64) -> Emitter {
+    fn new(job_id: JobId, tx: mpsc::UnboundedSender<JobEvent>, mask: Arc<JobMask>, max_log_bytes: u64) -> Emitter {
         Emitter {
             job_id,
             tx,
@@ -159,7 +169,7 @@ impl Emitter {
     }
 
     fn system(&self, text: impl Into<String>) {
-        let text = self.mask.mask(&text.into());
+        let text = self.mask.get().mask(&text.into());
         let chunk = LogChunk { ts_us: now_us(), stream: Stream::System, text };
         let _ = self.tx.send(JobEvent::Log { job_id: self.job_id, chunk, held: None });
     }
@@ -213,7 +223,7 @@ pub async fn run_job(
     cancel: CancellationToken,
 ) {
     let job_id = a.job_id;
-    let mask = Arc::new(Masker::new(a.secrets.0.values().map(String::as_str)));
+    let mask = Arc::new(JobMask::new(Masker::new(a.secrets.0.values().map(String::as_str))));
     let out = Emitter::new(job_id, tx.clone(), mask, ctx.max_log_bytes);
     let mut gpu_health: BTreeMap<String, GpuHealth> = BTreeMap::new();
     let (outcome, telemetry) = execute(&a, &ctx, &out, &cancel, &mut gpu_health).await;
@@ -482,9 +492,9 @@ async fn save_cache(a: &Assignment, ctx: &JobContext, workspace: &std::path::Pat
     if a.step.cache.is_empty() || a.cache.is_none() {
         return;
     }
-    let (store, scope, paths) = (ctx.caches.clone(), a.cache.clone(), a.step.cache.clone());
+    let (store, scope, paths, trusted) = (ctx.caches.clone(), a.cache.clone(), a.step.cache.clone(), a.trusted);
     let ws = workspace.to_path_buf();
-    let lines = tokio::task::spawn_blocking(move || store.save(&scope, &paths, &ws))
+    let lines = tokio::task::spawn_blocking(move || store.save(&scope, trusted, &paths, &ws))
         .await
         .unwrap_or_else(|e| vec![format!("cache: save failed: {e}")]);
     for line in lines {
@@ -553,6 +563,39 @@ async fn execute_in(
             }
             Err(error) => return (Outcome::StartFailed { error }, None),
         };
+    // Held until the job's last process is gone (the end of this function).
+    let tenant = crate::tenancy::Tenant {
+        job_id: a.job_id,
+        owner: a.repository.clone().unwrap_or_default(),
+        unsandboxed: isolation == Isolation::None,
+    };
+    let waiting = |by: &crate::tenancy::Tenant| {
+        out.system(if tenant.unsandboxed {
+            format!("waiting for job {} of another repository to end: this job runs outside the sandbox, and shares its host with no other repository", by.job_id)
+        } else {
+            format!("waiting for job {}, which runs outside the sandbox for another repository, to end", by.job_id)
+        });
+    };
+    let Some(_seat) = ctx.tenancy.enter(tenant.clone(), cancel, waiting).await else {
+        return (Outcome::Cancelled { reason: "cancelled".into() }, None);
+    };
+    if ctx.allow_metadata_trusted && a.trusted && step.network != gpuci_core::pipeline::NetworkMode::None {
+        if let Some(slot) = slot.filter(|s| s.network().is_some()) {
+            match slot.allow_metadata() {
+                Ok(()) => out.system("cloud metadata: reachable for this trusted job (--allow-metadata-trusted)"),
+                Err(e) => out.system(format!("cloud metadata: stays unreachable ({e})")),
+            }
+        }
+    }
+    if let Some(why) = &ctx.limits_problem {
+        let r = &step.resources;
+        let asked = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();
+        out.system(if asked {
+            format!("limits: this step's resources: are NOT enforced on this agent ({why}); its operator allowed that (--allow-unenforced-limits)")
+        } else {
+            format!("limits: no memory, CPU or process limit is enforced on this agent ({why})")
+        });
+    }
     let script = step.command.join("\n");
     let argv = vec!["bash".into(), "-eo".into(), "pipefail".into(), "-c".into(), script];
     let id = format!("{}-job-{}", ctx.sandbox_prefix, a.job_id);
@@ -794,9 +837,14 @@ async fn pump(
 /// Lines are cut at [`LINE_CUT`] so one runaway line cannot blow up memory; the cut keeps back
 /// a tail for the next piece so a secret across it is still masked. Invalid UTF-8 is replaced,
 /// not dropped. Past the log cap the pipe is still drained, so the job never blocks on it.
+/// An `::add-mask::` line on standard output registers its value (see `crate::logmask`)
+/// before the line is masked, so it shows as `::add-mask::***`; a refused one is not shown at
+/// all, only why (never the value), and neither is one longer than the cut.
 async fn lines(out: Emitter, stream: Stream, r: impl AsyncRead + Unpin) {
     let mut reader = BufReader::new(r);
     let mut line: Vec<u8> = Vec::new();
+    // Inside an `::add-mask::` line too long to take: its rest is read and never shown.
+    let mut skipping = false;
     loop {
         if out.is_cut() {
             return discard(reader).await;
@@ -804,22 +852,38 @@ async fn lines(out: Emitter, stream: Stream, r: impl AsyncRead + Unpin) {
         let room = LINE_CUT.saturating_sub(line.len()).max(1) as u64;
         let text = match (&mut reader).take(room).read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) if line.is_empty() => return,
+            Ok(_) | Err(_) if skipping => {
+                skipping = line.last() != Some(&b'\n');
+                line.clear();
+                continue;
+            }
             Ok(0) | Err(_) => {
-                let text = out.mask.mask(&String::from_utf8_lossy(&line));
-                out.output(stream, text).await;
+                if let Some(text) = complete_line(&out, stream, &line) {
+                    out.output(stream, text).await;
+                }
                 return;
             }
             Ok(_) if line.last() == Some(&b'\n') => {
                 while line.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
                     line.pop();
                 }
-                let text = out.mask.mask(&String::from_utf8_lossy(&line));
+                let text = complete_line(&out, stream, &line);
                 line.clear();
-                text
+                match text {
+                    Some(text) => text,
+                    None => continue,
+                }
             }
             Ok(_) if line.len() >= LINE_CUT => {
                 let whole = complete_utf8(&line);
-                let (now, carry) = out.mask.cut(&String::from_utf8_lossy(&line[..whole]), MAX_CARRY);
+                let piece = String::from_utf8_lossy(&line[..whole]);
+                if stream == Stream::Stdout && gpuci_core::mask::add_mask_command(&piece).is_some() {
+                    out.system(gpuci_core::mask::RegisterError::TooLong { len: line.len() }.to_string());
+                    skipping = true;
+                    line.clear();
+                    continue;
+                }
+                let (now, carry) = out.mask.get().cut(&piece, MAX_CARRY);
                 line.drain(..whole);
                 line.splice(0..0, carry.into_bytes());
                 if now.is_empty() {
@@ -837,6 +901,20 @@ async fn lines(out: Emitter, stream: Stream, r: impl AsyncRead + Unpin) {
             return;
         }
     }
+}
+
+/// A whole line of output (newline removed), masked; an `::add-mask::` line on standard
+/// output registers its value first. `None`: nothing of the line is shown (a refused
+/// registration: its log says why instead).
+fn complete_line(out: &Emitter, stream: Stream, line: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(line);
+    if stream == Stream::Stdout {
+        if let Some(Err(refused)) = out.mask.command(&text) {
+            out.system(refused.to_string());
+            return None;
+        }
+    }
+    Some(out.mask.get().mask(&text))
 }
 
 /// Read to the end and throw it away: past the cap the job must not block on a full pipe.
@@ -874,7 +952,7 @@ mod output_tests {
 
     fn emitter(secrets: &[&str], max_log_bytes: u64) -> (Emitter, mpsc::UnboundedReceiver<JobEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (Emitter::new(1, tx, Arc::new(Masker::new(secrets.iter().copied())), max_log_bytes), rx)
+        (Emitter::new(1, tx, Arc::new(JobMask::new(Masker::new(secrets.iter().copied()))), max_log_bytes), rx)
     }
 
     /// Everything queued now: (stream, text) per line.
@@ -983,6 +1061,89 @@ mod output_tests {
         }
     }
 
+    /// What a real shell job's standard output becomes in its log, with `secrets`.
+    async fn shell_log(secrets: &[&str], script: &str) -> Vec<(Stream, String)> {
+        let (out, mut rx) = emitter(secrets, DEFAULT_MAX_LOG_BYTES);
+        let mut child = tokio::process::Command::new("bash")
+            .args(["-c", script])
+            .env("SECRET", secrets.first().copied().unwrap_or_default())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        lines(out, Stream::Stdout, child.stdout.take().unwrap()).await;
+        assert!(child.wait().await.unwrap().success());
+        queued(&mut rx)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_job_printing_the_base64_or_hex_of_a_secret_shows_stars() {
+        let log = shell_log(
+            &["hf_Sup3rS3cretValue42"],
+            r#"echo -n "$SECRET" | base64
+               echo "$SECRET" | base64
+               printf 'user:%s' "$SECRET" | base64
+               printf 'ab%s' "$SECRET" | base64 | tr '+/' '-_' | tr -d '='
+               echo -n "$SECRET" | xxd -p -c 64
+               printf 'https://x/?t=%s' "$(echo -n "$SECRET" | xxd -p -c 64 | sed 's/../%&/g')""#,
+        )
+        .await;
+        let text: Vec<&str> = log.iter().map(|(_, t)| t.as_str()).collect();
+        assert_eq!(text[..2], ["***", "***"], "{text:?}");
+        assert!(text[2].starts_with("dXNlcj") && text[2].ends_with("***"), "{text:?}");
+        assert!(text[3].starts_with("YW") && text[3].ends_with("***"), "{text:?}");
+        assert_eq!(text[4..], ["***", "https://x/?t=***"], "{text:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_value_registered_with_add_mask_is_masked_from_then_on_and_short_ones_are_refused() {
+        let log = shell_log(
+            &["hf_Sup3rS3cretValue42"],
+            r#"derived=$(echo -n "$SECRET" | rev)
+               echo "before: $derived"
+               echo "::add-mask::$derived"
+               echo "after: $derived"
+               echo -n "$derived" | base64
+               echo "::add-mask::abc"
+               echo "short abc"
+               echo "$SECRET-$derived""#,
+        )
+        .await;
+        let derived: String = "hf_Sup3rS3cretValue42".chars().rev().collect();
+        assert_eq!(log[0].1, format!("before: {derived}"), "what came before stays as it was");
+        let rest: Vec<(Stream, &str)> = log[1..].iter().map(|(s, t)| (*s, t.as_str())).collect();
+        assert_eq!(
+            rest,
+            [
+                (Stream::Stdout, "::add-mask::***"),
+                (Stream::Stdout, "after: ***"),
+                (Stream::Stdout, "***"),
+                (
+                    Stream::System,
+                    "add-mask: a value of 3 characters is too short to be a secret (at least 4); not masked"
+                ),
+                (Stream::Stdout, "short abc"),
+                (Stream::Stdout, "***-***"),
+            ]
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_add_mask_line_longer_than_the_cut_is_not_shown() {
+        let (out, mut rx) = emitter(&[], DEFAULT_MAX_LOG_BYTES);
+        let (pipe, mut job) = tokio::io::duplex(256 * 1024);
+        let reader = tokio::spawn(lines(out, Stream::Stdout, pipe));
+        let mut text = b"::add-mask::".to_vec();
+        text.extend(std::iter::repeat_n(b'v', 3 * LINE_CUT));
+        text.extend_from_slice(b"\nnext line\n");
+        job.write_all(&text).await.unwrap();
+        drop(job);
+        reader.await.unwrap();
+        let log = queued(&mut rx);
+        assert_eq!(log.len(), 2, "{:?}", log.iter().map(|(s, t)| (s, &t[..t.len().min(40)])).collect::<Vec<_>>());
+        assert!(log[0].0 == Stream::System && log[0].1.contains("longer than"), "{:?}", log[0]);
+        assert_eq!(log[1], (Stream::Stdout, "next line".to_string()));
+    }
+
     #[test]
     fn whole_utf8_characters() {
         assert_eq!(complete_utf8(b"abc"), 3);
@@ -1038,6 +1199,15 @@ mod tests {
         assert_eq!(plain_path(&root, "evil/ssl"), None, "a path through a symlink must not be moved");
         assert_eq!(plain_path(&root, "../x"), None);
         std::fs::remove_dir_all(&root).unwrap();
+    }
+}
+
+/// The agent's [`gpuci_protocol::agent::RESOURCES_TAG`]: `taken` where it enforces `resources:`
+/// or its operator allowed them unenforced, `refused` otherwise.
+pub(crate) fn resources_tag(limits_problem: Option<&str>, allow_unenforced: bool) -> &'static str {
+    match (limits_problem, allow_unenforced) {
+        (None, _) | (Some(_), true) => "taken",
+        (Some(_), false) => "refused",
     }
 }
 

@@ -13,13 +13,16 @@ pub mod disk;
 mod executor;
 pub mod fstree;
 pub mod gpulock;
+pub mod gres;
 pub mod identity;
 pub mod interruption;
 pub mod journal;
 pub mod leave;
+mod logmask;
 pub mod outbox;
 pub mod series;
 pub mod slots;
+pub mod tenancy;
 pub mod workspace;
 
 pub use executor::{IsolationPolicy, JobNetwork, SlotDefaults, DEFAULT_MAX_LOG_BYTES};
@@ -64,6 +67,13 @@ pub struct Config {
     /// Whether steps may opt out of the sandbox (`sandbox: none`); a pool running untrusted
     /// code forbids it.
     pub allow_unsandboxed: bool,
+    /// Whether jobs of trusted origins may reach cloud metadata services from their slot
+    /// network (`--allow-metadata-trusted`); every other job is refused them.
+    pub allow_metadata_trusted: bool,
+    /// Whether steps that set `resources:` run on an agent that cannot enforce them
+    /// (`--allow-unenforced-limits`; each such job's log says so). Without it they are not
+    /// placed here.
+    pub allow_unenforced_limits: bool,
     pub telemetry_period: Duration,
     /// How long GPU memory may take to return to baseline after a job.
     pub post_job_timeout: Duration,
@@ -134,6 +144,8 @@ impl Config {
             gpu_lock_dir: None,
             isolation: IsolationPolicy::Auto,
             allow_unsandboxed: false,
+            allow_metadata_trusted: false,
+            allow_unenforced_limits: false,
             telemetry_period: Duration::from_secs(1),
             post_job_timeout: Duration::from_secs(30),
             gpu_backend: None,
@@ -387,6 +399,16 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
             None => probe_bubblewrap(slots.as_ref(), &work_root).await.err(),
         }
     };
+    // A root agent takes no jobs without job cgroups (above); one that is not root runs jobs
+    // without limits where it cannot make them. Never silently: every such job's log says so,
+    // and steps that ask for limits are refused unless the operator allowed them unenforced.
+    let limits_problem = match &slots {
+        Some(_) => None,
+        None => gpuci_sandbox::probe_cgroups().err().map(|e| format!("no job cgroups for an agent that is not root: {e}")),
+    };
+    if let Some(why) = &limits_problem {
+        tracing::error!(why, allow_unenforced_limits = config.allow_unenforced_limits, "memory, CPU and process limits are NOT enforced");
+    }
     if config.isolation == IsolationPolicy::None && !config.allow_unsandboxed {
         bail!("--isolation none runs jobs outside the sandbox: add --allow-unsandboxed to mean it");
     }
@@ -426,6 +448,15 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
     };
     // An agent that cannot sandbox and may not run unsandboxed offers no slots at all.
     let takes_jobs = (bwrap_problem.is_none() || config.allow_unsandboxed) && !quota_refused;
+    // Said to the coordinator in so many words: its waiting jobs are told why, not "busy".
+    let refuses = match (&bwrap_problem, &disk_problem) {
+        _ if takes_jobs => None,
+        (Some(why), _) if !config.allow_unsandboxed => {
+            Some(format!("no working job sandbox: {why} (or start it with --allow-unsandboxed)"))
+        }
+        (_, Some(why)) => Some(format!("its jobs' disk quota cannot be set up: {why} (or start it with --job-disk none)")),
+        _ => Some("it offers no job slots".to_string()),
+    };
     if let Some(why) = &bwrap_problem {
         tracing::error!(why, allow_unsandboxed = config.allow_unsandboxed, "no working sandbox");
     }
@@ -445,6 +476,8 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         inventory: std::sync::RwLock::new(inventory.clone()),
         isolation: config.isolation,
         allow_unsandboxed: config.allow_unsandboxed,
+        allow_metadata_trusted: config.allow_metadata_trusted,
+        limits_problem: limits_problem.clone(),
         // bwrap runs as the job's uid in a user namespace, also under a root agent: without
         // user namespaces it is as good as absent. `probe_bubblewrap` below makes sure.
         bubblewrap: bwrap_problem.is_none(),
@@ -457,6 +490,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         telemetry_period: config.telemetry_period,
         max_log_bytes: config.max_log_bytes,
         live: Default::default(),
+        tenancy: Default::default(),
         caches: Arc::new(cache::CacheStore::open(config.data_dir.join("cache"), config.cache_limits)),
         uploads: Some(
             workspace::UploadSource::new(
@@ -508,6 +542,8 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
             let mut t = config.tags.clone();
             let v = if config.allow_unsandboxed { "allowed" } else { "forbidden" };
             t.insert(gpuci_protocol::agent::UNSANDBOXED_TAG.to_string(), v.to_string());
+            let r = executor::resources_tag(limits_problem.as_deref(), config.allow_unenforced_limits);
+            t.insert(gpuci_protocol::agent::RESOURCES_TAG.to_string(), r.to_string());
             t
         },
         gpus: inventory,
@@ -519,6 +555,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         paused: None,
         interrupted: None,
         ends_at_ms: config.ends_at_ms,
+        refuses,
     };
     let mut outbox = outbox::Outbox::new(OUTBOX_LIMIT);
     let mut holds = BTreeSet::new();

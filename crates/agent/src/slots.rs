@@ -196,7 +196,7 @@ impl Slots {
     /// more jobs than slots, so this is a bug or a race with a job still cleaning up).
     pub fn take(self: &Arc<Self>) -> Option<SlotGuard> {
         let index = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
-        Some(SlotGuard { slots: self.clone(), index })
+        Some(SlotGuard { slots: self.clone(), index, metadata_allowed: Default::default() })
     }
 }
 
@@ -205,6 +205,9 @@ impl Slots {
 pub struct SlotGuard {
     slots: Arc<Slots>,
     index: usize,
+    /// The job may reach cloud metadata services (`allow_metadata`): the refusal is put back
+    /// before the slot is.
+    metadata_allowed: std::sync::atomic::AtomicBool,
 }
 
 impl SlotGuard {
@@ -223,6 +226,15 @@ impl SlotGuard {
 
     pub fn index(&self) -> usize {
         self.index
+    }
+
+    /// Lets this slot's job reach cloud metadata services (a trusted job on an agent started
+    /// with `--allow-metadata-trusted`). The refusal comes back when the guard is dropped,
+    /// after the job's processes are gone; a slot where it cannot is never given out again.
+    pub fn allow_metadata(&self) -> Result<(), String> {
+        let Some(net) = self.network() else { return Err("the slot has no network namespace".into()) };
+        self.metadata_allowed.store(true, std::sync::atomic::Ordering::SeqCst);
+        net.set_metadata(true).map_err(|e| e.to_string())
     }
 
     /// The warm start prepared for this slot's next job, once ready (`None`: there is none, or
@@ -257,6 +269,14 @@ impl SlotGuard {
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
+        if self.metadata_allowed.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Some(Err(e)) = self.network().map(|n| n.set_metadata(false)) {
+                // Never a silent hole: the slot leaves service rather than run an untrusted
+                // job where the metadata service answers.
+                tracing::error!(slot = self.index, error = %e, "could not refuse cloud metadata again; this slot takes no more jobs");
+                return;
+            }
+        }
         self.slots.free.lock().unwrap_or_else(|e| e.into_inner()).push(self.index);
     }
 }

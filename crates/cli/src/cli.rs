@@ -52,6 +52,12 @@ pub enum Command {
     Gpu(GpuArgs),
     /// Secrets that steps receive by name (`secrets: [HF_TOKEN]`); values are masked in logs.
     Secret(SecretArgs),
+    /// The audit log: who set or removed secrets, rotated keys, made or revoked tokens,
+    /// approved pull requests, cancelled jobs (admin token only).
+    Audit(AuditArgs),
+    /// Named API tokens: each person or CI system its own, named in the audit log (admin
+    /// token only).
+    Token(TokenArgs),
     /// Check this host as a GPU CI node.
     Doctor(DoctorArgs),
     /// Check a pipeline file without running it.
@@ -126,6 +132,17 @@ pub struct JobArgs {
     /// Actions runners never run unsandboxed.
     #[arg(long, env = "GPUCI_ALLOW_UNSANDBOXED")]
     pub allow_unsandboxed: bool,
+    /// Let jobs of trusted origins reach the cloud instance metadata service
+    /// (169.254.169.254 and the like), and with it the machine's instance role. By default
+    /// every job's network refuses those addresses; jobs from forks, outside contributors and
+    /// Actions runners are refused them always.
+    #[arg(long, env = "GPUCI_ALLOW_METADATA_TRUSTED")]
+    pub allow_metadata_trusted: bool,
+    /// Run steps that set `resources:` (memory, cpus, pids) even where this agent cannot
+    /// enforce them (it is not root and has no job cgroups); each such job's log says so.
+    /// Without it such steps are not placed here and wait, with the reason.
+    #[arg(long, env = "GPUCI_ALLOW_UNENFORCED_LIMITS")]
+    pub allow_unenforced_limits: bool,
     /// Host uids (and gids) for jobs of a root agent, START-END: two per slot (the job's and
     /// its network's); no account may use them, nor another agent. Default: the first block
     /// of 256 from 1500000000 that no other agent on this host holds.
@@ -183,6 +200,8 @@ impl JobArgs {
     /// Applies these settings to an agent's config.
     pub fn apply(&self, c: &mut gpuci_agent::Config) {
         c.allow_unsandboxed = self.allow_unsandboxed;
+        c.allow_metadata_trusted = self.allow_metadata_trusted;
+        c.allow_unenforced_limits = self.allow_unenforced_limits;
         c.job_uids = self.job_uids;
         c.job_network = match self.job_network {
             JobNetworkArg::Slot => gpuci_agent::JobNetwork::Slot,
@@ -374,8 +393,9 @@ pub struct AgentArgs {
     #[arg(long, default_value = "5s", value_parser = parse_duration, hide = true)]
     pub interruption_poll: std::time::Duration,
     /// This agent runs inside what a cluster engine granted (set by the slurm and kubernetes
-    /// fleets): it serves exactly the GPUs of the grant (Slurm's SLURM_JOB_GPUS, the device
-    /// plugin's NVIDIA_VISIBLE_DEVICES; an unreadable grant is an error, never all GPUs),
+    /// fleets): it serves exactly the GPUs of the grant (Slurm's SLURM_JOB_GPUS, GRES indices
+    /// mapped to device files through the node's gres.conf; the device plugin's
+    /// NVIDIA_VISIBLE_DEVICES; an unreadable or ambiguous grant is an error, never all GPUs),
     /// tells the coordinator when the allocation ends (Slurm: from squeue) so it is given no
     /// job that would outlive it, and takes the engine's SIGTERM as the machine being taken
     /// back: its jobs are queued again, once, and it ends when none runs (a second signal, or
@@ -463,6 +483,44 @@ pub struct CancelArgs {
 pub struct AgentsArgs {
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct AuditArgs {
+    /// Entries at or after this: a UTC time (2026-11-28T12:00:00Z) or a duration back from
+    /// now (2h, 7d).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// An action (secret.set, secret.rm, secrets-key.rotate, token.create, token.revoke,
+    /// approval.grant, job.cancel, job.retry, gpu.release) or the part before its dot (secret).
+    #[arg(long)]
+    pub action: Option<String>,
+    /// Entries of this actor: `admin`, a named token, a GitHub login.
+    #[arg(long)]
+    pub actor: Option<String>,
+    /// At most this many entries, newest first.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: u32,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    pub command: TokenCommand,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Make a named API token; prints it once, on stdout (store it now: only its hash is kept).
+    Create { name: String },
+    /// List named tokens (never their values).
+    List,
+    /// Revoke a named token at once. Its name is never given to another token.
+    Revoke { name: String },
 }
 
 #[derive(Args, Debug)]

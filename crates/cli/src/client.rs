@@ -138,6 +138,27 @@ impl Client {
     pub async fn secrets(&self) -> CliResult<Vec<serde_json::Value>> {
         self.get("/api/v1/secrets").await
     }
+    /// `GET /api/v1/audit` with these filters (encoded here).
+    pub async fn audit(&self, query: &[(&str, String)]) -> CliResult<Vec<gpuci_protocol::api::AuditEntry>> {
+        let resp = self
+            .http
+            .get(self.url("/api/v1/audit"))
+            .query(query)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.base))?;
+        Ok(Self::check(resp).await?.json().await?)
+    }
+    pub async fn create_token(&self, name: &str) -> CliResult<gpuci_protocol::api::CreatedToken> {
+        self.post("/api/v1/tokens", &gpuci_protocol::api::CreateToken { name: name.to_string() }).await
+    }
+    pub async fn revoke_token(&self, name: &str) -> CliResult<()> {
+        let mut url = reqwest::Url::parse(&self.url("/api/v1/tokens")).map_err(anyhow::Error::from)?;
+        // One path segment, whatever the name holds (the server refuses odd names itself).
+        url.path_segments_mut().map_err(|()| anyhow::anyhow!("bad server URL {}", self.base))?.push(name);
+        self.send_no_content(self.http.delete(url)).await
+    }
 
     /// Stream an NDJSON endpoint, calling `each` per item until it returns false or the stream ends.
     pub async fn stream<T: DeserializeOwned>(&self, path: &str, mut each: impl FnMut(T) -> bool) -> CliResult<()> {

@@ -68,3 +68,23 @@ fn doctor_on_a_host_without_gpus_says_so_and_checks_the_rest() {
     }
     assert_eq!(out.status.success(), v["passed"].as_bool().unwrap());
 }
+
+/// Issue 26: `gpuci up --isolation none` without `--allow-unsandboxed` used to start, then
+/// fail 5s later with "the local agent did not connect within 5s". It is refused at once,
+/// as bad usage, naming the flag; `gpuci run` the same.
+#[test]
+fn isolation_none_without_allow_unsandboxed_is_refused_at_once_naming_the_flag() {
+    let dir = common::tempdir();
+    let data = dir.path().join("data");
+    let file = dir.path().join("ok.yml");
+    std::fs::write(&file, "steps:\n  - key: a\n    command: echo alpha\n").unwrap();
+    let up = ["up", "--data-dir", data.to_str().unwrap(), "--listen", "127.0.0.1:0", "--isolation", "none"];
+    let run = ["run", file.to_str().unwrap(), "--isolation", "none"];
+    for args in [&up[..], &run[..]] {
+        let out = gpuci(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("--allow-unsandboxed"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("did not connect"), "{args:?}: {stderr}");
+    }
+}

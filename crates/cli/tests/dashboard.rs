@@ -455,7 +455,7 @@ async fn metrics_pass_promtool_and_attribute_the_running_jobs_gpu() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let want = format!(
-        "gpuci_gpu_utilization_ratio{{fleet=\"\",gpu_uuid=\"{}\",host=\"dash-metrics\",job_id=\"{id}\",repository=\"acme/kernels\"}} 0.87",
+        "gpuci_gpu_utilization_ratio{{fleet=\"\",gpu_uuid=\"{}\",host=\"dash-metrics\",job_id=\"{id}\",repository=\"github.com/acme/kernels\"}} 0.87",
         c.a
     );
     assert!(text.contains(&want), "missing {want}\n{text}");
@@ -605,5 +605,96 @@ async fn anonymous_viewers_learn_nothing_private_and_cannot_take_every_live_stre
         }
     })
     .await;
+    c.stop().await;
+}
+
+/// Regression (issue 27): the dashboard read a remote's repository by dropping everything up
+/// to the last `@`, so `https://other.host/team/x@github.com/acme/open.git` passed for the
+/// public `github.com/acme/open`, and its jobs and logs were shown to anyone. The same
+/// owner/name on another host is another repository too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_look_alike_remote_with_an_at_sign_in_its_path_is_not_public() {
+    let c = InProc::start_with("dash-lookalike", |cfg| cfg.public_repositories = vec!["acme/open".into()]).await;
+    let api = c.api_in_blocking();
+    let (open, lookalike, gitlab) = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let yaml = "steps:\n  - key: hello\n    command: echo \"hello from $GPUCI_STEP_KEY\"\n";
+        let open = api.submit_from(yaml, Some("https://github.com/acme/open.git")).jobs[0].id;
+        let lookalike = api.submit_from(yaml, Some("https://other.host/team/x@github.com/acme/open.git")).jobs[0].id;
+        let gitlab = api.submit_from(yaml, Some("https://gitlab.com/acme/open.git")).jobs[0].id;
+        for id in [open, lookalike, gitlab] {
+            api.wait_job(id, "done", T, |j| j.state.is_terminal());
+        }
+        (open, lookalike, gitlab)
+    })
+    .await;
+    let get = |path: String| {
+        let url = format!("{}{path}", c.url);
+        async move {
+            let r = reqwest::get(url).await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    assert_eq!(get(format!("/ui/jobs/{open}")).await.0, 200, "the public repository's job");
+    for id in [lookalike, gitlab] {
+        let (status, page) = get(format!("/ui/jobs/{id}")).await;
+        assert_eq!(status, 404, "job {id} is not public: {page}");
+        assert_eq!(get(format!("/ui/jobs/{id}/events")).await.0, 404);
+    }
+    let (_, list) = get("/ui/".to_string()).await;
+    assert!(list.contains(&format!("#{open}")), "{list}");
+    for id in [lookalike, gitlab] {
+        assert!(!list.contains(&format!("#{id}<")) && !list.contains(&format!("#{id} ")), "{list}");
+    }
+    c.stop().await;
+}
+
+/// Regression (issue 27): metrics labelled a job's repository `owner/name`, so
+/// `gitlab.com/acme/x` and `github.com/acme/x` were one series (and one line of cost, one
+/// budget). Each is now named with its host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_owner_and_name_on_two_hosts_are_two_repositories_in_metrics() {
+    let c = InProc::start("dash-hosts").await;
+    let api = c.api_in_blocking();
+    let (a, b, fake) = (c.a.clone(), c.b.clone(), c.fake.clone());
+    blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let yaml = "steps:\n  - key: burn\n    gpus: 1\n    command: sleep 30\n";
+        let one = api.submit_from(yaml, Some("https://github.com/acme/x.git")).jobs[0].id;
+        let two = api.submit_from(yaml, Some("git@gitlab.com:acme/x.git")).jobs[0].id;
+        for id in [one, two] {
+            api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+        }
+        for uuid in [&a, &b] {
+            fake.set(uuid, |s| s.utilization_pct = 55);
+        }
+    })
+    .await;
+    let read_token = std::fs::read_to_string(c.data_dir().join("server/read-token")).unwrap();
+    let http = reqwest::Client::new();
+    let t0 = Instant::now();
+    loop {
+        let text = http
+            .get(format!("{}/metrics", c.url))
+            .bearer_auth(read_token.trim())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let series = |repo: &str| {
+            text.lines()
+                .any(|l| l.starts_with("gpuci_gpu_utilization_ratio{") && l.contains(&format!("repository=\"{repo}\"")))
+        };
+        if series("github.com/acme/x") && series("gitlab.com/acme/x") {
+            assert!(!text.contains("repository=\"acme/x\""), "{text}");
+            break;
+        }
+        assert!(t0.elapsed() < T, "not two series, one per host, yet:\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     c.stop().await;
 }

@@ -195,7 +195,8 @@ fn a_local_fleet_that_would_share_every_gpu_is_refused_at_start() {
 /// A repository past its `[[budget]]`: once its jobs' shares reach the budget, its next job
 /// makes no machine, takes none that exists, and says why; another repository's job still
 /// gets one. What was spent
-/// shows in the cost report under the repository (`owner/name`, also for a remote URL).
+/// shows in the cost report under the repository (with its host, `github.com/acme/kernels`,
+/// also for a remote URL).
 #[test]
 fn a_repository_past_its_budget_gets_no_new_machine_and_says_so() {
     // $0.36 an hour: $0.0001 a second; the first job runs 2 s.
@@ -213,7 +214,7 @@ fn a_repository_past_its_budget_gets_no_new_machine_and_says_so() {
     let over = api.submit_from("steps:\n  - key: b\n    gpus: 1\n    command: echo late\n", Some("acme/docs"));
     let job = over.jobs[0].id;
     let j = api.wait_job(job, "a reason naming the repository's budget", T, |j| j.reason.contains("budget"));
-    assert!(j.reason.contains("repository acme/*: daily budget $0.00 reached"), "{}", j.reason);
+    assert!(j.reason.contains("repository github.com/acme/*: daily budget $0.00 reached"), "{}", j.reason);
     std::thread::sleep(Duration::from_secs(2));
     assert!(f.machines().is_empty(), "a machine was made past the budget: {:#}", f.status());
     assert_eq!(api.job(job).state, gpuci_core::job::JobState::Queued);
@@ -227,16 +228,22 @@ fn a_repository_past_its_budget_gets_no_new_machine_and_says_so() {
     for id in [job, idle.jobs[0].id] {
         let j = api.job(id);
         assert_eq!(j.state, gpuci_core::job::JobState::Queued, "{j:#?}");
-        assert!(j.reason.starts_with("repository acme/*: daily budget"), "{}", j.reason);
+        assert!(j.reason.starts_with("repository github.com/acme/*: daily budget"), "{}", j.reason);
         api.cancel(id);
     }
     assert_eq!(api.agents().len(), 2, "one machine for acme's first job, one for beta's");
+    // The same owner on another host is another owner: acme's budget does not hold it.
+    let gitlab = api.submit_from(
+        "steps:\n  - key: e\n    gpus: 1\n    command: echo mine\n",
+        Some("https://gitlab.com/acme/kernels.git"),
+    );
+    assert_eq!(api.wait_pipeline(gitlab.id, T).state, "succeeded", "{:#}", f.status());
     let report: Value = api.get("/api/v1/cost?days=1");
     let acme: f64 = report["rows"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|r| r["repository"] == "acme/kernels")
+        .filter(|r| r["repository"] == "github.com/acme/kernels")
         .map(|r| r["usd"].as_f64().unwrap())
         .sum();
     assert!(acme >= 0.0001, "{report:#}");

@@ -145,6 +145,49 @@ steps:
     assert_eq!(shown.matches("***").count(), 10, "every occurrence masked once");
 }
 
+/// Issue 27: base64, hex and URL-encoding printed a secret; a job can register a value of its
+/// own (`::add-mask::`), and a value too short to be secret is refused without being shown.
+#[test]
+fn encodings_of_a_secret_and_values_the_job_registers_are_masked() {
+    let (_dir, server, _agent, api) = setup(&[]);
+    let r = api
+        .raw()
+        .put(format!("{}/api/v1/secrets/TOKEN", api.url))
+        .bearer_auth(&server.token)
+        .json(&serde_json::json!({"value": "hf_Sup3rS3cretValue42"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let p = api.submit(
+        r#"
+steps:
+  - key: leak
+    secrets: [TOKEN]
+    command: |
+      echo -n "$TOKEN" | base64
+      printf 'xy%s' "$TOKEN" | base64 | tr '+/' '-_' | tr -d '='
+      echo -n "$TOKEN" | xxd -p -c 64
+      echo "url: $(echo -n "$TOKEN" | xxd -p -c 64 | sed 's/../%&/g')"
+      derived=$(echo -n "$TOKEN" | rev)
+      echo "::add-mask::$derived"
+      echo "derived: $derived" >&2
+      echo "::add-mask::abc"
+"#,
+    );
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.jobs[0].state, JobState::Succeeded, "{}", done.jobs[0].reason);
+    let lines = log_lines(&server, done.jobs[0].id);
+    let raw: String = lines.iter().map(|(_, t)| format!("{t}\n")).collect();
+    assert!(!raw.contains("24eulaVterc3S3rpuS_fh") && !raw.contains("::add-mask::abc"), "{raw}");
+    let text = |stream: &str| lines.iter().filter(|(s, _)| s == stream).map(|(_, t)| t.as_str()).collect::<Vec<_>>();
+    let out = text("stdout");
+    assert_eq!(out[0], "***", "{raw}");
+    assert!(out[1].starts_with("eHl") && out[1].ends_with("***") && out[1].len() <= 10, "{raw}");
+    assert_eq!(out[2..], ["***", "url: ***", "::add-mask::***"], "{raw}");
+    assert_eq!(text("stderr"), ["derived: ***"]);
+    assert!(text("system").iter().any(|t| t.starts_with("add-mask: a value of 3 characters is too short")), "{raw}");
+}
+
 /// Regression: `gpuci logs JOB | head -1` panicked ("failed printing to stdout: Broken pipe").
 #[test]
 fn gpuci_logs_into_a_reader_that_stops_early_ends_quietly() {

@@ -22,6 +22,10 @@ fn client() -> Client {
     Client::builder().timeout(Duration::from_secs(20)).build().expect("client")
 }
 
+fn read_token(server: &Server) -> String {
+    std::fs::read_to_string(server.data_dir.join("read-token")).expect("read-only token").trim().to_string()
+}
+
 fn fetch_doc(server: &Server) -> Value {
     let r = client().get(format!("{}/api/v1/openapi.json", server.url)).send().expect("openapi.json");
     assert_eq!(r.status(), 200);
@@ -372,6 +376,22 @@ fn real_answers_match_the_documented_responses() {
         ),
         ("get", "/api/v1/agents/connect", http.get(format!("{url}/api/v1/agents/connect")).send().unwrap(), 400),
         ("get", "/api/v1/secrets", get("/api/v1/secrets"), 200),
+        (
+            "post",
+            "/api/v1/tokens",
+            auth(http.post(format!("{url}/api/v1/tokens"))).json(&json!({"name": "doc-bot"})).send().unwrap(),
+            201,
+        ),
+        ("get", "/api/v1/tokens", get("/api/v1/tokens"), 200),
+        ("get", "/api/v1/audit", get("/api/v1/audit?since=1d&action=token"), 200),
+        ("get", "/api/v1/audit", get("/api/v1/audit?since=yesterday"), 400),
+        (
+            "get",
+            "/api/v1/audit",
+            http.get(format!("{url}/api/v1/audit")).bearer_auth(read_token(&server)).send().unwrap(),
+            403,
+        ),
+        ("delete", "/api/v1/tokens/{name}", auth(http.delete(format!("{url}/api/v1/tokens/nope"))).send().unwrap(), 404),
     ];
     let mut bodies = Vec::new();
     for (method, template, r, want) in cases {

@@ -267,6 +267,50 @@ fn concurrency_group_runs_one_at_a_time_and_cancel_in_progress_cancels_the_older
     api.wait_job(new.jobs[0].id, "running", T, |j| j.state == JobState::Running);
 }
 
+/// Regression (issue 27): concurrency groups crossed repositories. A public repository's
+/// `cancel_in_progress: true` cancelled another repository's running job of the same group,
+/// and one repository's long job held every other repository's jobs of the group. A group is
+/// now its repository's (with the host: gitlab.com/acme/x is not github.com/acme/x) and trust
+/// class's, and a waiting job's reason names it so.
+#[test]
+fn concurrency_groups_of_two_repositories_neither_cancel_nor_block_each_other() {
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--slots", "6", "--isolation", isolation()]);
+    let hold = "steps:\n  - key: d\n    concurrency: deploy\n    command: sleep 60\n";
+    let cancel =
+        "steps:\n  - key: d\n    concurrency: {group: deploy, cancel_in_progress: true}\n    command: sleep 60\n";
+    let private = api.submit_from(hold, Some("https://github.com/acme/private.git")).jobs[0].id;
+    api.wait_job(private, "running", T, |j| j.state == JobState::Running);
+    // The same owner/name on another host: not held by the private repository's job.
+    let mirror = api.submit_from(hold, Some("https://gitlab.com/acme/private.git")).jobs[0].id;
+    api.wait_job(mirror, "running beside the other repository's job", T, |j| j.state == JobState::Running);
+    // Another repository cancelling "its" group: cancels nothing of the others.
+    let public = api.submit_from(cancel, Some("https://github.com/rt/public.git")).jobs[0].id;
+    api.wait_job(public, "running", T, |j| j.state == JobState::Running);
+    for id in [private, mirror] {
+        let j = api.job(id);
+        assert_eq!(j.state, JobState::Running, "job {id}: {}", j.reason);
+    }
+    // The same repository (spelled another way) is one group: it waits, and says for whom.
+    let next = api.submit_from(hold, Some("git@github.com:acme/private.git")).jobs[0].id;
+    let j = api.wait_job(next, "waiting for its group", T, |j| j.reason.contains("concurrency group"));
+    assert_eq!(j.state, JobState::Queued);
+    assert_eq!(
+        j.reason,
+        format!("waiting for job {private} in concurrency group \"deploy\" of github.com/acme/private")
+    );
+    // And its own cancel_in_progress cancels its own older jobs only.
+    let newest = api.submit_from(cancel, Some("https://github.com/acme/private")).jobs[0].id;
+    let o = api.wait_job(private, "cancelled", T, |j| j.state.is_terminal());
+    assert_eq!(o.state, JobState::Cancelled);
+    assert!(o.reason.contains(&format!("cancelled by job {newest}")), "{}", o.reason);
+    assert!(o.reason.contains("\"deploy\" of github.com/acme/private"), "{}", o.reason);
+    api.wait_job(newest, "running", T, |j| j.state == JobState::Running);
+    for id in [mirror, public] {
+        let j = api.job(id);
+        assert_eq!(j.state, JobState::Running, "job {id}: {}", j.reason);
+    }
+}
+
 #[test]
 fn retry_on_failed_creates_a_new_attempt_that_can_succeed() {
     let dir = tempdir();
@@ -1033,4 +1077,124 @@ steps:
         test.reason,
         "secret `PYPI_TOKEN` is scoped to octo/kernels environment release; this job is from a pipeline submitted through the API from a work tree of octo/kernels"
     );
+}
+
+/// Issue 27 (outsider finding): a `sandbox: none` step of one repository ran beside another
+/// repository's job and printed that job's secret into its own log. A job outside the sandbox
+/// now shares its agent with no other repository: it waits until the other repository's job
+/// has ended (and says for which job), then runs.
+#[test]
+fn a_job_outside_the_sandbox_never_runs_beside_another_repositorys_job() {
+    let dir = tempdir();
+    let ledger = shared_dir(&dir, "ledger");
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let _agent = Agent::start(
+        &server,
+        &dir.path().join("agent"),
+        "a1",
+        &["--slots", "2", "--isolation", isolation(), "--allow-unsandboxed"],
+    );
+    let api = server.api();
+    api.wait_agents(1, T);
+    // Repository A: a sandboxed job that runs for a while and prints when it ends.
+    let a = api.submit_from(
+        "steps:\n  - key: a\n    command: [\"sleep 3\", \"date +%s.%N\"]\n",
+        Some("https://github.com/acme/private.git"),
+    );
+    let a_job = a.jobs[0].id;
+    api.wait_job(a_job, "repository A's job to run", T, |j| j.state == JobState::Running);
+    // Repository B: a step outside the sandbox, which notes when it starts.
+    let b = api.submit_from(
+        &format!("steps:\n  - key: b\n    sandbox: none\n    command: [\"date +%s.%N > {}/b-start\"]\n", ledger.display()),
+        Some("https://github.com/other/public.git"),
+    );
+    let b_job = b.jobs[0].id;
+    let b_done = api.wait_job(b_job, "repository B's job to end", T, |j| j.state.is_terminal());
+    assert_eq!(b_done.state, JobState::Succeeded, "{}", b_done.reason);
+    let a_done = api.wait_job(a_job, "repository A's job to end", T, |j| j.state.is_terminal());
+    assert_eq!(a_done.state, JobState::Succeeded, "{}", a_done.reason);
+    let a_end: f64 = api.log_text(a_job).trim().parse().expect("A printed its end");
+    let b_start: f64 = std::fs::read_to_string(ledger.join("b-start")).unwrap().trim().parse().unwrap();
+    assert!(b_start >= a_end, "B ran outside the sandbox at {b_start} while A ran until {a_end}");
+    let said = api.log_system(b_job);
+    assert!(
+        said.iter().any(|l| l.contains(&format!("waiting for job {a_job} of another repository"))),
+        "B's log does not say what it waited for: {said:?}"
+    );
+}
+
+/// A `gpuci agent` as an unprivileged user (the set-up the Slurm guide recommends), with its
+/// own data dir; `None` (with a message) where this machine cannot run one.
+fn unprivileged_agent(server: &Server, root: &std::path::Path, name: &str, extra: &[&str]) -> Option<std::process::Child> {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIP: starting an agent as another user needs root");
+        return None;
+    }
+    let data = root.join(name);
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::os::unix::fs::chown(&data, Some(65534), Some(65534)).unwrap();
+    let child = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--reset-env", "--"])
+        .arg(BIN)
+        .args(["agent", "--server", &server.url, "--registration-token", &server.registration_token()])
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--name", name])
+        .args(extra)
+        .env("GPUCI_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("setpriv (util-linux)");
+    Some(child)
+}
+
+/// Issue 26 (no silent loss of protection): an agent that is not root ran steps with
+/// `resources:` limits unenforced, and only the agent's own output said so. Such a step now
+/// waits with the reason; with `--allow-unenforced-limits` it runs, and its log says the limits
+/// are not enforced.
+#[test]
+fn limits_an_agent_cannot_enforce_are_refused_unless_the_operator_allowed_them() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let agents = dir.path().join("agents");
+    let Some(mut strict) = unprivileged_agent(&server, &agents, "strict", &["--slots", "1"]) else { return };
+    let api = server.api();
+    api.wait_agents(1, T);
+    let limited = "steps:\n  - key: limited\n    resources: {memory: 1GiB}\n    command: [\"echo ran\"]\n";
+    let p = api.submit(limited);
+    let job = p.jobs[0].id;
+    let waiting = api.wait_job(job, "the limited step's reason", T, |j| j.reason.contains("resources:"));
+    assert_eq!(waiting.state, JobState::Queued, "{}", waiting.reason);
+    assert!(waiting.reason.contains("--allow-unenforced-limits"), "{}", waiting.reason);
+    // A step without limits runs there, and its log says that none are enforced.
+    let plain = api.submit("steps:\n  - key: plain\n    command: [\"echo ran\"]\n");
+    let done = api.wait_job(plain.jobs[0].id, "the plain step", T, |j| j.state.is_terminal());
+    assert_eq!(done.state, JobState::Succeeded, "{}", done.reason);
+    let said = api.log_system(done.id);
+    if said.iter().all(|l| !l.contains("limits:")) {
+        // This machine delegates cgroups to unprivileged users: limits hold, nothing to refuse.
+        eprintln!("SKIP: an unprivileged agent can make job cgroups here: {said:?}");
+        let _ = strict.kill();
+        return;
+    }
+    assert!(said.iter().any(|l| l.contains("no memory, CPU or process limit is enforced")), "{said:?}");
+    let _ = strict.kill();
+    let _ = strict.wait();
+
+    let Some(mut lenient) =
+        unprivileged_agent(&server, &agents, "lenient", &["--slots", "1", "--allow-unenforced-limits"])
+    else {
+        return;
+    };
+    let ran = api.wait_job(job, "the limited step on the lenient agent", T, |j| j.state.is_terminal());
+    assert_eq!(ran.state, JobState::Succeeded, "{}", ran.reason);
+    let said = api.log_system(job);
+    assert!(
+        said.iter().any(|l| l.contains("resources: are NOT enforced") && l.contains("--allow-unenforced-limits")),
+        "{said:?}"
+    );
+    let _ = lenient.kill();
+    let _ = lenient.wait();
 }

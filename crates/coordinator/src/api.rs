@@ -45,6 +45,7 @@ impl utoipa::Modify for BearerAuth {
         openapi.merge(crate::secrets::SecretsDoc::openapi());
         openapi.merge(crate::uploads::UploadsDoc::openapi());
         openapi.merge(crate::github::api::GithubApiDoc::openapi());
+        openapi.merge(crate::audit::AuditDoc::openapi());
         document_auth(openapi);
     }
 }
@@ -245,10 +246,16 @@ pub async fn ask<T>(
 
 /// Requests under `/api/v1` (but registration and the agent channel, which carry their own
 /// credentials) need the API token.
-pub async fn require_api_token(State(st): State<AppState>, req: Request, next: Next) -> Response {
+pub async fn require_api_token(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     match bearer(req.headers()) {
-        Some(t) if st.api_token.matches(t) => next.run(req).await,
-        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API token").into_response(),
+        // The caller, for handlers that record who did what (`crate::audit`).
+        Some(t) => match crate::audit::identify(&st, t).await {
+            Ok(actor) => {
+                req.extensions_mut().insert(actor);
+                next.run(req).await
+            }
+            Err(e) => e.into_response(),
+        },
         None => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "missing API token (Authorization: Bearer <token>; see <data-dir>/api-token)",
@@ -498,6 +505,7 @@ pub async fn get_job(State(st): State<AppState>, ApiPath(id): ApiPath<JobId>) ->
         (status = 503, description = "the server is shutting down, or its database cannot store this now (a full disk); try again later", body = ErrorBody)))]
 pub async fn cancel_job(
     State(st): State<AppState>,
+    axum::Extension(actor): axum::Extension<crate::audit::Actor>,
     ApiPath(id): ApiPath<JobId>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -518,8 +526,9 @@ pub async fn cancel_job(
         Json::<Option<CancelRequest>>::from_bytes(&body).map_err(json_rejection)?.0
     };
     let reason = req.and_then(|b| b.reason).unwrap_or_else(|| "cancelled by user".into());
-    let j = ask(&st, |reply| Command::Cancel { job: id, reason, reply }).await?;
-    Ok(Json(summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0)))
+    let j = ask(&st, |reply| Command::Cancel { job: id, reason, reply }).await;
+    crate::audit::record(&st, &actor, gpuci_core::audit::AuditAction::JobCancel, format!("job {id}"), &j).await?;
+    Ok(Json(summarize(&[j?], &agent_names(st.store.as_ref()).await).remove(0)))
 }
 
 /// `application/json`, or `application/<anything>+json`, with any parameters.
@@ -707,8 +716,15 @@ pub async fn list_agents(State(st): State<AppState>) -> ApiResult<Json<Vec<Agent
         (status = 400, description = "the path is not valid UTF-8", body = ErrorBody),
         (status = 409, description = "not quarantined (or not known)", body = ErrorBody),
         (status = 503, description = "the server is shutting down, or its database cannot store this now (a full disk); try again later", body = ErrorBody)))]
-pub async fn release_gpu(State(st): State<AppState>, ApiPath(uuid): ApiPath<String>) -> ApiResult<StatusCode> {
-    ask(&st, |reply| Command::ReleaseGpu { uuid, reply }).await?;
+pub async fn release_gpu(
+    State(st): State<AppState>,
+    axum::Extension(actor): axum::Extension<crate::audit::Actor>,
+    ApiPath(uuid): ApiPath<String>,
+) -> ApiResult<StatusCode> {
+    let object = format!("GPU {uuid}");
+    let done = ask(&st, |reply| Command::ReleaseGpu { uuid, reply }).await;
+    crate::audit::record(&st, &actor, gpuci_core::audit::AuditAction::GpuRelease, object, &done).await?;
+    done?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -735,7 +751,7 @@ pub async fn cost_report(
     let now = crate::brain::now_ms();
     const DAY: i64 = 86_400_000;
     let from = (now.div_euclid(DAY) - i64::from(days) + 1) * DAY;
-    let (machines, stretches, runs) = crate::fleets::cost_inputs(st.store.as_ref(), from).await?;
+    let (machines, stretches, runs) = crate::fleets::cost_inputs(st.store.as_ref(), from, &st.github_host()).await?;
     Ok(Json(report(&machines, &stretches, &runs, from, now)))
 }
 

@@ -15,7 +15,7 @@ use gpuci_core::pipeline::Pipeline;
 use gpuci_core::placement::{self, Deadline, GpuSlot, GpuSlotState, HostView, Needs};
 use gpuci_core::secret_scope::SecretScope;
 use gpuci_protocol::agent::{
-    Assignment, CoordinatorMessage, Forgotten, GpuHealth, Hello, JobFinished, UNSANDBOXED_TAG,
+    Assignment, CoordinatorMessage, Forgotten, GpuHealth, Hello, JobFinished, RESOURCES_TAG, UNSANDBOXED_TAG,
 };
 use gpuci_protocol::api::{AgentSummary, GpuView};
 use gpuci_protocol::{JobId, PipelineId};
@@ -146,7 +146,10 @@ const CANCELLING: &str = "cancelling: ";
 const STALE: &str = "from an earlier connection of this agent";
 
 /// The secret environment variable that carries a runner job's JIT config.
-pub const JIT_CONFIG_ENV: &str = "GPUCI_JITCONFIG";
+/// The variable the Actions runner reads its `--jitconfig` from when the argument is absent
+/// (the runner's `ACTIONS_RUNNER_INPUT_<NAME>` convention; it clears the variable once read).
+/// Never the argument: a command line is readable by every local user.
+pub const JIT_CONFIG_ENV: &str = "ACTIONS_RUNNER_INPUT_JITCONFIG";
 
 pub type Reply<T> = oneshot::Sender<Result<T, BrainError>>;
 
@@ -301,6 +304,10 @@ pub struct FleetView {
     /// whether each is lost (gone past `lost_after`) or may still come back (a coordinator
     /// restart, a network blip).
     pub absent: Vec<(String, bool)>,
+    /// Every machine an agent ever registered from (its `gpuci.machine` tag) → that agent,
+    /// connected or not: registrations are durable (the agents table), so a machine that ended
+    /// between two reconcile passes is still known to have booted.
+    pub registered: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug)]
@@ -357,6 +364,8 @@ struct AgentState {
     health: BTreeMap<String, GpuHealth>,
     gpu_backend: String,
     isolation: String,
+    /// Why it takes no jobs at all, in its words (it then offers no slots).
+    refuses: Option<String>,
     container_runtime: Option<String>,
     link: Link,
     /// Current connection: its id and outbound queue.
@@ -427,8 +436,16 @@ pub struct Brain {
     /// Repository budgets reached today ([`Command::FleetNotes`]): their jobs are held off
     /// fleet machines.
     budgets_reached: Vec<gpuci_core::fleet::RepoBudget>,
-    /// Pipelines' repositories (`owner/name`), read once, while budgets are reached.
+    /// Pipelines' repositories (printed identities, `github.com/acme/x`), read once, while
+    /// budgets are reached.
     repository_of: HashMap<PipelineId, Option<String>>,
+    /// The configured GitHub host: a bare `owner/name` is a repository there.
+    github_host: String,
+    /// `[[concurrency.shared]]` groups of the server config.
+    shared_groups: Vec<gpuci_core::concurrency::SharedGroup>,
+    /// Repository and trust class of each pipeline with unfinished jobs: the scope of their
+    /// concurrency groups ([`Brain::group_of`]).
+    group_scopes: HashMap<PipelineId, (Option<gpuci_core::repo::RepoId>, gpuci_core::concurrency::TrustClass)>,
 }
 
 /// The `gpuci.fleet` tag value placement sees on agents no fleet made.
@@ -488,6 +505,9 @@ impl Brain {
             fleet_notes: BTreeMap::new(),
             budgets_reached: Vec::new(),
             repository_of: HashMap::new(),
+            github_host: gpuci_core::repo::DEFAULT_GITHUB_HOST.to_string(),
+            shared_groups: Vec::new(),
+            group_scopes: HashMap::new(),
         };
         let now = Instant::now();
         for a in brain.store.list_agents().await? {
@@ -505,6 +525,7 @@ impl Brain {
                     health: BTreeMap::new(),
                     gpu_backend: hello.as_ref().map(|h| h.gpu_backend.clone()).unwrap_or_default(),
                     isolation: hello.as_ref().map(|h| h.isolation.clone()).unwrap_or_default(),
+                    refuses: hello.as_ref().and_then(|h| h.refuses.clone()),
                     container_runtime: hello.as_ref().and_then(|h| h.container_runtime.clone()),
                     link: if lost { Link::Lost } else { Link::Disconnected },
                     conn: None,
@@ -565,6 +586,18 @@ impl Brain {
     }
 
     /// Register Actions runners through `registrar`; `tx` is the queue [`Brain::run`] reads.
+    /// The configured GitHub host (a bare `owner/name` is a repository there) and the
+    /// concurrency groups the server config shares between repositories.
+    pub fn with_repositories(
+        mut self,
+        github_host: String,
+        shared_groups: Vec<gpuci_core::concurrency::SharedGroup>,
+    ) -> Self {
+        self.github_host = github_host;
+        self.shared_groups = shared_groups;
+        self
+    }
+
     pub fn with_registrar(mut self, registrar: Arc<dyn RunnerRegistrar>, tx: mpsc::Sender<Command>) -> Self {
         self.registrar = Some((registrar, tx));
         self
@@ -800,20 +833,28 @@ impl Brain {
                 jobs,
             )
             .await?;
+        self.group_scopes.insert(p.id, self.group_scope(p.repository.as_deref(), p.origin.as_deref()));
         for j in &jobs {
             self.publish(j);
         }
-        // A newer job of a concurrency group with cancel_in_progress cancels the older ones.
+        // A newer job of a concurrency group with cancel_in_progress cancels the older ones
+        // of the same group: same name, repository and trust class, unless shared
+        // (`gpuci_core::concurrency`).
+        self.note_group_scopes().await;
         for j in &jobs {
-            let Some(c) = j.step.concurrency.as_ref().filter(|c| c.cancel_in_progress) else { continue };
+            let Some(key) =
+                self.group_of(j).filter(|_| j.step.concurrency.as_ref().is_some_and(|c| c.cancel_in_progress))
+            else {
+                continue;
+            };
             let older: Vec<JobId> = self
                 .active
                 .values()
-                .filter(|o| o.pipeline_id != p.id && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group))
+                .filter(|o| o.pipeline_id != p.id && self.group_of(o).as_ref() == Some(&key))
                 .map(|o| o.id)
                 .collect();
             for o in older {
-                let why = format!("cancelled by job {} (pipeline {}) in concurrency group {:?}", j.id, p.id, c.group);
+                let why = format!("cancelled by job {} (pipeline {}) in concurrency group {key}", j.id, p.id);
                 if let Err(e) = self.cancel(o, why).await {
                     tracing::warn!(job = o, error = %e, "could not cancel job of concurrency group");
                 }
@@ -987,6 +1028,7 @@ impl Brain {
             health: BTreeMap::new(),
             gpu_backend: hello.gpu_backend.clone(),
             isolation: hello.isolation.clone(),
+            refuses: hello.refuses.clone(),
             container_runtime: hello.container_runtime.clone(),
             link: Link::Connected,
             conn: Some((conn, tx.clone())),
@@ -1504,6 +1546,10 @@ impl Brain {
                 container_runtime: a.container_runtime.is_some(),
                 gpus,
                 ends_at_ms: a.ends_at_ms,
+                // No slot at all is never "busy": placement names the agent and why. An agent
+                // older than the `refuses` field is described by its isolation line.
+                refuses: (a.slots == 0)
+                    .then(|| a.refuses.clone().unwrap_or_else(|| format!("it offers no job slots ({})", a.isolation))),
             });
             ids.push(a.id.clone());
         }
@@ -1522,27 +1568,72 @@ impl Brain {
                 None => return Some(Err(format!("dependency `{dep}` does not exist"))),
             }
         }
-        if let Some(c) = &j.step.concurrency {
-            if let Some(other) = self.active.values().find(|o| {
-                o.id != j.id
-                    && o.state != JobState::Queued
-                    && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group)
-            }) {
-                return Some(Ok(format!("waiting for job {} in concurrency group {:?}", other.id, c.group)));
+        if let Some(key) = self.group_of(j) {
+            if let Some(other) = self
+                .active
+                .values()
+                .find(|o| o.id != j.id && o.state != JobState::Queued && self.group_of(o).as_ref() == Some(&key))
+            {
+                return Some(Ok(format!("waiting for job {} in concurrency group {key}", other.id)));
             }
-            if let Some(other) = self.active.values().find(|o| {
-                o.id < j.id
-                    && o.state == JobState::Queued
-                    && o.step.concurrency.as_ref().is_some_and(|oc| oc.group == c.group)
-            }) {
-                return Some(Ok(format!("waiting behind job {} in concurrency group {:?}", other.id, c.group)));
+            if let Some(other) = self
+                .active
+                .values()
+                .find(|o| o.id < j.id && o.state == JobState::Queued && self.group_of(o).as_ref() == Some(&key))
+            {
+                return Some(Ok(format!("waiting behind job {} in concurrency group {key}", other.id)));
             }
         }
         None
     }
 
+    /// The concurrency group `j` is in, scoped (`gpuci_core::concurrency::group_key`). A
+    /// pipeline whose scope could not be read counts as untrusted and of no repository: it
+    /// never joins or cancels a trusted group.
+    fn group_of(&self, j: &JobRecord) -> Option<gpuci_core::concurrency::GroupKey> {
+        use gpuci_core::concurrency::{group_key, TrustClass};
+        let c = j.step.concurrency.as_ref()?;
+        let (repo, trust) = match self.group_scopes.get(&j.pipeline_id) {
+            Some((r, t)) => (r.as_ref(), *t),
+            None => (None, TrustClass::Untrusted),
+        };
+        Some(group_key(&c.group, repo, trust, &self.shared_groups))
+    }
+
+    fn group_scope(
+        &self,
+        repository: Option<&str>,
+        origin: Option<&str>,
+    ) -> (Option<gpuci_core::repo::RepoId>, gpuci_core::concurrency::TrustClass) {
+        (
+            crate::repos::of_pipeline(repository, origin, &self.github_host),
+            gpuci_core::concurrency::TrustClass::of(Origin::cache_origin(origin).as_ref()),
+        )
+    }
+
+    /// Reads the scope of every pipeline with unfinished jobs that has none yet (after a
+    /// restart), and forgets those of pipelines that have finished.
+    async fn note_group_scopes(&mut self) {
+        let live: BTreeSet<PipelineId> = self.active.values().map(|j| j.pipeline_id).collect();
+        self.group_scopes.retain(|p, _| live.contains(p));
+        for p in live {
+            if self.group_scopes.contains_key(&p) {
+                continue;
+            }
+            match self.store.get_pipeline(p).await {
+                Ok(Some(rec)) => {
+                    let scope = self.group_scope(rec.repository.as_deref(), rec.origin.as_deref());
+                    self.group_scopes.insert(p, scope);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!(pipeline = p, error = %e, "could not read the pipeline's repository"),
+            }
+        }
+    }
+
     /// One scheduling pass: skip what can never run, place what fits, explain the rest.
     async fn schedule(&mut self) {
+        self.note_group_scopes().await;
         // Skips cascade through depends_on; repeat until nothing changes.
         loop {
             let skips: Vec<(JobRecord, String)> = self
@@ -1568,16 +1659,16 @@ impl Brain {
         // pass from live state, so it can never drift from it.
         let mut cluster = placement::Cluster::new(hosts);
         let queued: Vec<JobRecord> = self.active.values().filter(|j| j.state == JobState::Queued).cloned().collect();
-        let mut placed_groups: BTreeSet<String> = BTreeSet::new();
+        let mut placed_groups: BTreeSet<gpuci_core::concurrency::GroupKey> = BTreeSet::new();
         let mut unplaceable = BTreeSet::new();
         for j in queued {
             let why = match self.blocked(&j) {
                 Some(Ok(why)) | Some(Err(why)) => Some(why),
                 None => None,
             };
-            let why = match (why, &j.step.concurrency) {
-                (None, Some(c)) if placed_groups.contains(&c.group) => {
-                    Some(format!("waiting for another job in concurrency group {:?}", c.group))
+            let why = match (why, self.group_of(&j)) {
+                (None, Some(key)) if placed_groups.contains(&key) => {
+                    Some(format!("waiting for another job in concurrency group {key}"))
                 }
                 (w, _) => w,
             };
@@ -1607,7 +1698,7 @@ impl Brain {
                         continue;
                     }
                 };
-                let mut source = secret_source(pipeline.as_ref());
+                let mut source = secret_source(pipeline.as_ref(), &self.github_host);
                 source.environment = j.step.environment.clone();
                 let mut given: Vec<(String, SecretScope)> = Vec::new();
                 let mut refused: Option<String> = None;
@@ -1671,7 +1762,8 @@ impl Brain {
                     }
                 };
                 let mut opened = Ok(from_file);
-                for ((name, _), row) in stored_given.iter().zip(&rows) {
+                let mut unopenable: Option<String> = None;
+                for ((name, scope), row) in stored_given.iter().zip(&rows) {
                     // Deleted since the names were read: the next pass decides again.
                     let Some(text) = sealed.get(row) else {
                         opened = Err(format!("waiting: secret `{name}` changed while the job was placed"));
@@ -1684,12 +1776,25 @@ impl Brain {
                             }
                         }
                         // Start-up checked every row's key; a row written since by a
-                        // coordinator with another key lands here. The job waits, saying why.
+                        // coordinator with another key, or altered, lands here. Waiting
+                        // mends nothing (issue 27: the job sat until its queue timeout):
+                        // the job fails now, naming the secret (never its value) and the fix.
                         Err(e) => {
-                            opened = Err(format!("waiting: {e}"));
+                            unopenable = Some(format!(
+                                "secret `{name}` (scope: {scope}) does not open with this coordinator's secrets key: {e}; \
+                                 set it again (`gpuci secret set {name}` in that scope) or start the coordinator \
+                                 with the key file it was sealed with (--secrets-key-file)"
+                            ));
                             break;
                         }
                     }
+                }
+                if let Some(why) = unopenable {
+                    tracing::warn!(job = j.id, reason = %why, "job failed: a secret does not open");
+                    if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
+                        tracing::error!(job = j.id, error = %e, "could not fail job");
+                    }
+                    continue;
                 }
                 match opened {
                     Ok(v) => (v, given),
@@ -1701,11 +1806,18 @@ impl Brain {
             };
             // `sandbox: none` runs only where the agent allows it.
             let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
+            // Limits a step asks for run only where they hold, or where the operator allowed
+            // them unenforced (the job's log then says so): never silently without them.
+            let r = &j.step.resources;
+            let limited = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();
             let held = self.budget_held(&j).await;
-            let tags = if unsandboxed || held {
+            let tags = if unsandboxed || held || limited {
                 let mut t = j.step.agents.clone();
                 if unsandboxed {
                     t.insert(UNSANDBOXED_TAG.to_string(), "allowed".to_string());
+                }
+                if limited {
+                    t.insert(RESOURCES_TAG.to_string(), "taken".to_string());
                 }
                 if held {
                     t.insert(gpuci_providers::TAG_FLEET.to_string(), NOT_A_FLEET_MACHINE.to_string());
@@ -1726,13 +1838,21 @@ impl Brain {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
                     tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
-                    let (workspace_upload, cache, origin, trusted) = match self.store.get_pipeline(j.pipeline_id).await
+                    let (workspace_upload, cache, origin, trusted, repository) = match self.store.get_pipeline(j.pipeline_id).await
                     {
                         Ok(Some(p)) => {
                             let origin = Origin::parse(p.origin.as_deref());
                             // Caches by repository and trust class: what may be restored and
                             // where the job saves is the core's rule (`cache::scope`).
-                            let cache = match (&p.repository, Origin::cache_origin(p.origin.as_deref())) {
+                            // Keyed by the repository's identity with its host: two spellings
+                            // of one remote share a cache, two hosts never do, and a remote
+                            // that names no repository unambiguously gets none.
+                            let repository = crate::repos::name_of_pipeline(
+                                p.repository.as_deref(),
+                                p.origin.as_deref(),
+                                &self.github_host,
+                            );
+                            let cache = match (&repository, Origin::cache_origin(p.origin.as_deref())) {
                                 (Some(repository), Some(o)) if !j.step.cache.is_empty() => {
                                     gpuci_core::cache::scope(repository, &o)
                                 }
@@ -1741,9 +1861,13 @@ impl Brain {
                             let trusted = gpuci_core::trust::may_run_unsandboxed(
                                 Origin::cache_origin(p.origin.as_deref()).as_ref(),
                             );
-                            (p.workspace_upload, cache, origin, trusted)
+                            // The agent's tenant (who may share a host with a job outside the
+                            // sandbox): the identity, else the remote as given, never merged
+                            // with pipelines that name no repository.
+                            let tenant = repository.or(p.repository);
+                            (p.workspace_upload, cache, origin, trusted, tenant)
                         }
-                        Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false),
+                        Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false, None),
                         Err(e) => {
                             tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
                             continue;
@@ -1772,8 +1896,8 @@ impl Brain {
                     };
                     match self.store.assign_job(j.id, &agent_id, &p.gpus, now_ms()).await {
                         Ok(rec) => {
-                            if let Some(c) = &rec.step.concurrency {
-                                placed_groups.insert(c.group.clone());
+                            if let Some(key) = self.group_of(&rec) {
+                                placed_groups.insert(key);
                             }
                             self.publish(&rec);
                             let mut env = rec.env.clone();
@@ -1798,6 +1922,7 @@ impl Brain {
                                 cache,
                                 runner_dir: runner.as_ref().map(|r| r.install_dir.clone()),
                                 trusted,
+                                repository,
                                 log_from,
                             };
                             match (runner, &self.registrar) {
@@ -1837,20 +1962,16 @@ impl Brain {
                     let mut reason = if unsandboxed && u.reason.contains(UNSANDBOXED_TAG) {
                         "needs an agent that allows `sandbox: none`; every matching agent refuses it (start one with --allow-unsandboxed)"
                             .to_string()
+                    } else if limited && u.reason.contains(RESOURCES_TAG) {
+                        "sets resources: (memory, cpus or pids), and no matching agent can enforce them (an agent that \
+                         is not root needs job cgroups: a systemd unit with Delegate=yes; or start it with \
+                         --allow-unenforced-limits to run such steps with their limits unenforced, said in their logs)"
+                            .to_string()
                     } else {
                         u.reason
                     };
-                    // An agent without a working sandbox offers no slots; say why, or the job
-                    // would only read "no free job slot".
-                    let refusing: Vec<String> = self
-                        .agents
-                        .values()
-                        .filter(|a| a.conn.is_some() && a.isolation.starts_with("unavailable"))
-                        .map(|a| format!("agent {} takes no jobs: {}", a.name, a.isolation))
-                        .collect();
-                    if !refusing.is_empty() {
-                        reason = format!("{reason} ({})", refusing.join("; "));
-                    }
+                    // An agent that takes no jobs (no working sandbox, no disk quota) is named
+                    // with its reason by placement itself (`HostView::refuses`), never "busy".
                     if let Some(note) = self.fleet_notes.get(&j.id).cloned() {
                         // A held job's placement reason names the stand-in tag; the budget is
                         // the reason.
@@ -1878,7 +1999,9 @@ impl Brain {
             Some(r) => r.clone(),
             None => {
                 let r = match self.store.get_pipeline(job.pipeline_id).await {
-                    Ok(p) => p.and_then(|p| p.repository).map(|r| crate::fleets::repository_name(&r)),
+                    Ok(p) => p.and_then(|p| {
+                        crate::repos::name_of_pipeline(p.repository.as_deref(), p.origin.as_deref(), &self.github_host)
+                    }),
                     // Unknown for now: held, as a budget must not lift for want of a read.
                     Err(_) => return true,
                 };
@@ -2035,7 +2158,12 @@ impl Brain {
             .filter(|a| a.link != Link::Connected)
             .filter_map(|a| Some((a.tags.get(gpuci_providers::TAG_MACHINE)?.clone(), a.link == Link::Lost)))
             .collect();
-        FleetView { agents, waiting, absent }
+        let registered = self
+            .agents
+            .values()
+            .filter_map(|a| Some((a.tags.get(gpuci_providers::TAG_MACHINE)?.clone(), a.id.clone())))
+            .collect();
+        FleetView { agents, waiting, absent, registered }
     }
 
     fn agent_summaries(&self) -> Vec<AgentSummary> {
@@ -2095,7 +2223,10 @@ impl Brain {
 }
 
 /// Where a job came from, for choosing its secrets' scopes.
-fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::secret_scope::JobSource {
+fn secret_source(
+    pipeline: Option<&gpuci_store::PipelineRecord>,
+    github_host: &str,
+) -> gpuci_core::secret_scope::JobSource {
     use gpuci_core::secret_scope::JobSource;
     let origin = pipeline.and_then(|p| Origin::parse(p.origin.as_deref()));
     match origin {
@@ -2138,11 +2269,22 @@ fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::
             may_have_secrets: true,
             approved_fork: false,
         },
+        // An origin that is stored but cannot be read (a newer coordinator's, a damaged row)
+        // is not "submitted through the API": whoever it was, it gets no secret.
+        None if pipeline.is_some_and(|p| p.origin.is_some()) => JobSource {
+            repository: None,
+            git_ref: None,
+            environment: None,
+            may_have_secrets: false,
+            approved_fork: false,
+            description: "a pipeline whose recorded origin cannot be read (no secrets)".to_string(),
+        },
         None => {
             // `gpuci submit` reports its work tree's origin URL (or path); scopes name
-            // repositories as `owner/name`.
-            let repository =
-                pipeline.and_then(|p| p.repository.as_deref()).and_then(gpuci_core::secret_scope::repository_of_remote);
+            // repositories as `owner/name` on the GitHub host, `host/path` elsewhere.
+            let repository = pipeline
+                .and_then(|p| p.repository.as_deref())
+                .and_then(|r| gpuci_core::secret_scope::repository_of_remote(r, github_host));
             let description = match &repository {
                 Some(r) => format!("a pipeline submitted through the API from a work tree of {r}"),
                 None => "a pipeline submitted through the API (no repository)".to_string(),
@@ -2162,6 +2304,25 @@ fn secret_source(pipeline: Option<&gpuci_store::PipelineRecord>) -> gpuci_core::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a stored origin that does not parse fell into the "submitted through the
+    /// API" branch, which may have every secret.
+    #[test]
+    fn a_pipeline_whose_origin_cannot_be_read_gets_no_secret() {
+        let p = gpuci_store::PipelineRecord {
+            id: 1,
+            file_name: "x.yml".into(),
+            source: String::new(),
+            workspace_upload: None,
+            repository: Some("https://github.com/acme/x.git".into()),
+            origin: Some("{\"kind\": \"from-the-future\"".into()),
+            created_at_ms: 0,
+        };
+        let s = secret_source(Some(&p), "github.com");
+        assert!(!s.may_have_secrets, "{s:?}");
+        let api = gpuci_store::PipelineRecord { origin: None, ..p };
+        assert!(secret_source(Some(&api), "github.com").may_have_secrets);
+    }
 
     /// Regression (outsider attack): a cancel accepted (stored, acknowledged, sent) was only
     /// remembered in memory; after a restart the coordinator neither sent it again nor judged

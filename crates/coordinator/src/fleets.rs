@@ -16,6 +16,7 @@
 //! provider protocol details (`gpuci_providers`), or the registration token in any log line.
 
 use crate::brain::{ask, Command, FleetView};
+use gpuci_core::fleet::ending::{classify_end, EndedMachine, MachineEnd};
 use gpuci_core::fleet::{
     decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetSpec, Machine, MachineState,
     QueuedJob, UnavailableOffer, UnixSecs,
@@ -54,6 +55,8 @@ pub struct Deps {
     pub data_dir: std::path::PathBuf,
     /// `[[budget]]`s of repositories.
     pub budgets: Vec<gpuci_core::fleet::RepoBudget>,
+    /// The configured GitHub host (a bare `owner/name` is a repository there).
+    pub github_host: String,
     /// Every provider call is counted here (`gpuci_provider_calls_total`).
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Notified when a job newly waits for a machine: a pass runs then, not at the next tick.
@@ -320,13 +323,6 @@ impl Loop {
 
     /// One reconcile pass over every fleet.
     async fn pass(&mut self) {
-        let view: FleetView = match ask(&self.deps.brain, |reply| Command::FleetView { reply }).await {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "fleets: no view of the scheduler this pass");
-                return;
-            }
-        };
         self.collect_workers().await;
         let now = now_s();
         let now_ms = now as i64 * 1000;
@@ -427,6 +423,15 @@ impl Loop {
             }
             records.insert(rec.id.clone(), rec);
         }
+        // The scheduler's view is taken after the lists: an agent that registered before its
+        // machine was listed as ended is then known to have registered (`ending`).
+        let view: FleetView = match ask(&self.deps.brain, |reply| Command::FleetView { reply }).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "fleets: no view of the scheduler this pass");
+                return;
+            }
+        };
         let agents: HashMap<&str, &crate::brain::FleetAgent> =
             view.agents.iter().map(|a| (a.machine.as_str(), a)).collect();
 
@@ -463,11 +468,19 @@ impl Loop {
             };
             if gone {
                 let busy = agents.get(rec.id.as_str()).is_some_and(|a| a.running > 0);
-                // Ended before its agent ever connected (an agent that exits at start, an
+                // Judged by the agent's registration, never by what the last pass saw: an
+                // allocation cancelled a second after its agent registered is taken back, not
+                // a boot failure (`gpuci_core::fleet::ending`).
+                let registered = view.registered.get(&rec.id).cloned().or_else(|| rec.agent_id.clone());
+                let end = classify_end(&EndedMachine {
+                    seen_ending: pm.is_some(),
+                    registered_agent: registered.as_deref(),
+                    retired_by_fleet: rec.state == "ended" || rec.state == "stopped",
+                });
+                let died_booting = end == MachineEnd::BootFailure;
+                // Ended before its agent ever registered (an agent that exits at start, an
                 // instance that fails its boot): a boot failure, so its offer is skipped for a
                 // while instead of made again at once, in a loop.
-                let died_booting =
-                    pm.is_some() && rec.connected_at_ms.is_none() && rec.state != "ended" && rec.state != "stopped";
                 if died_booting {
                     let offer =
                         fleet.offers.iter().position(|o| o.instance_type == rec.instance_type && o.zone == rec.zone);
@@ -485,19 +498,20 @@ impl Loop {
                 }
                 // Its agent may have had no chance to say so (killed at once, its node lost):
                 // jobs it was given go back to the queue, once, as for a machine taken back.
-                if let (Some(agent), false) = (rec.agent_id.clone(), died_booting || rec.state == "ended") {
+                if let MachineEnd::TakenBack { agent } = &end {
+                    tracing::info!(fleet = %fleet.name, machine = %rec.id, agent = %agent, "machine ended after its agent registered: taken back, its jobs queued again");
+                    rec.agent_id.get_or_insert_with(|| agent.clone());
+                    rec.connected_at_ms.get_or_insert(now_ms);
                     let reason = pm.and_then(|p| p.note.clone()).unwrap_or_else(|| "gone at the provider".into());
-                    ended_agents.push((agent, format!("machine {} ended: {reason}", rec.id)));
+                    ended_agents.push((agent.clone(), format!("machine {} ended: {reason}", rec.id)));
                 }
                 rec.state = "ended".into();
                 rec.ended_at_ms = Some(now_ms);
                 rec.reason.get_or_insert_with(|| {
-                    if died_booting {
-                        "ended before its agent connected"
-                    } else if busy {
+                    if busy && !died_booting {
                         "gone at the provider while running jobs"
                     } else {
-                        "gone at the provider"
+                        end.reason()
                     }
                     .into()
                 });
@@ -515,6 +529,12 @@ impl Loop {
                 if matches!(pm.state, ProviderState::Running) && rec.running_at_ms.is_none() {
                     rec.running_at_ms = Some(now_ms);
                 }
+            }
+            if let (None, Some(id)) = (agent, view.registered.get(&rec.id)) {
+                // Registered and away already (killed silently, or its allocation ending):
+                // booted all the same, so held as an absent agent's machine, never "booting".
+                rec.agent_id.get_or_insert_with(|| id.clone());
+                rec.connected_at_ms.get_or_insert(now_ms);
             }
             if let Some(a) = agent {
                 rec.agent_id = Some(a.agent_id.clone());
@@ -660,7 +680,13 @@ impl Loop {
             } else {
                 if let std::collections::hash_map::Entry::Vacant(e) = repos.entry(w.pipeline_id) {
                     let p = self.deps.store.get_pipeline(w.pipeline_id).await;
-                    e.insert(p.ok().flatten().and_then(|p| p.repository).map(|r| repository_name(&r)));
+                    e.insert(p.ok().flatten().and_then(|p| {
+                        crate::repos::name_of_pipeline(
+                            p.repository.as_deref(),
+                            p.origin.as_deref(),
+                            &self.deps.github_host,
+                        )
+                    }));
                 }
                 repos.get(&w.pipeline_id).cloned().flatten()
             };
@@ -704,6 +730,26 @@ impl Loop {
             .collect();
         let mut notes: BTreeMap<i64, String> =
             decision.waiting.iter().filter_map(|(id, why)| Some((id.parse().ok()?, why.clone()))).collect();
+        // A job no configured fleet can ever serve waits for nothing: it is told so from zero,
+        // naming each fleet and why (`gpuci_core::fleet::fit`), and each fleet's summary names
+        // it, instead of "no agent is connected" beside "enough machines".
+        let configured: Vec<FleetSpec> = self.fleets.iter().map(|f| f.spec.clone()).collect();
+        let mut unservable: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for w in &view.waiting {
+            let needs = Needs {
+                tags: &w.tags,
+                gpu: &w.gpu,
+                container: w.container,
+                deadline: crate::brain::job_deadline(w.timeout, now_ms),
+            };
+            let Some(why) = gpuci_core::fleet::fit::no_fleet_serves(&configured, &needs) else { continue };
+            notes.insert(w.id, why);
+            for f in &configured {
+                if let Some(here) = gpuci_core::fleet::fit::why_not(f, &needs) {
+                    unservable.entry(f.name.clone()).or_default().push((w.id.to_string(), here));
+                }
+            }
+        }
         for w in &view.waiting {
             let needs = Needs {
                 tags: &w.tags,
@@ -741,7 +787,18 @@ impl Loop {
         for times in self.interruptions.values_mut() {
             times.retain(|t| *t >= keep_from);
         }
-        self.publish(&decision.fleets, &spend).await;
+        let summaries: Vec<gpuci_core::fleet::FleetSummary> = decision
+            .fleets
+            .iter()
+            .map(|s| match unservable.get(&s.fleet) {
+                Some(unfit) => gpuci_core::fleet::FleetSummary {
+                    why: gpuci_core::fleet::fit::with_unservable(&s.why, unfit),
+                    ..s.clone()
+                },
+                None => s.clone(),
+            })
+            .collect();
+        self.publish(&summaries, &spend).await;
     }
 
     /// USD spent today per repository (its jobs' shares, as the cost report counts them);
@@ -752,7 +809,7 @@ impl Loop {
             return spend;
         }
         let midnight_ms = (now - now % 86_400) as i64 * 1000;
-        match cost_inputs(self.deps.store.as_ref(), midnight_ms).await {
+        match cost_inputs(self.deps.store.as_ref(), midnight_ms, &self.deps.github_host).await {
             Ok((machines, stretches, runs)) => {
                 let r = gpuci_core::fleet::cost::report(&machines, &stretches, &runs, midnight_ms, now as i64 * 1000);
                 for row in r.rows {
@@ -766,7 +823,7 @@ impl Loop {
             Err(e) => {
                 tracing::warn!(error = %e, "fleets: cannot sum today's spend per repository; holding back jobs of repositories with a budget");
                 for b in &self.deps.budgets {
-                    spend.insert(b.repository.replace('*', "(all)"), f64::INFINITY);
+                    spend.insert(b.repository.sample().to_string(), f64::INFINITY);
                 }
             }
         }
@@ -1171,10 +1228,12 @@ impl Worker {
 }
 
 /// What the cost report is computed from, since `from_ms`: fleet machines, their billed
-/// stretches, and the jobs that ran on them with their repositories (`owner/name`).
+/// stretches, and the jobs that ran on them with their repositories (printed identities with
+/// their host, `github.com/acme/x`; a bare `owner/name` is on `github_host`).
 pub async fn cost_inputs(
     store: &dyn Store,
     from_ms: i64,
+    github_host: &str,
 ) -> gpuci_store::Result<(
     Vec<gpuci_core::fleet::cost::BilledMachine>,
     Vec<gpuci_core::fleet::cost::Stretch>,
@@ -1200,7 +1259,9 @@ pub async fn cost_inputs(
     for (j, machine, started) in on_machines {
         runs.push(Run {
             machine: machine.to_string(),
-            repository: repos.get(&j.pipeline_id).and_then(|(r, _)| r.as_deref()).map(repository_name),
+            repository: repos
+                .get(&j.pipeline_id)
+                .and_then(|(r, o)| crate::repos::name_of_pipeline(r.as_deref(), o.as_deref(), github_host)),
             gpus: j.gpus.len() as u32,
             from_ms: started,
             to_ms: j.finished_at_ms,
@@ -1218,19 +1279,6 @@ pub async fn cost_inputs(
     let stretches: Vec<Stretch> =
         stretches.into_iter().map(|s| Stretch { machine: s.machine_id, from_ms: s.from_ms, to_ms: s.to_ms }).collect();
     Ok((machines, stretches, runs))
-}
-
-/// A pipeline's repository as `owner/name` (a GitHub pipeline has that already; one
-/// submitted through the API may name its remote URL).
-pub fn repository_name(repository: &str) -> String {
-    // A GitHub pipeline's `github.com/owner/name` (or an Enterprise host's): owner/name.
-    let parts: Vec<&str> = repository.split('/').collect();
-    if let [host, owner, name] = parts.as_slice() {
-        if host.contains('.') && !owner.is_empty() && !name.is_empty() {
-            return format!("{owner}/{name}");
-        }
-    }
-    gpuci_core::secret_scope::repository_of_remote(repository).unwrap_or_else(|| repository.to_string())
 }
 
 /// This build's executable, for a local fleet's agents. One replaced since this process
@@ -1306,19 +1354,6 @@ fn adopted(fleet: &FleetSpec, pm: &ProviderMachine, now_ms: i64) -> MachineRecor
 #[cfg(test)]
 mod tests {
     use super::agent_args;
-
-    #[test]
-    fn repositories_are_named_owner_slash_name_however_a_pipeline_spells_them() {
-        for given in [
-            "acme/kernels",
-            "github.com/acme/kernels",
-            "ghe.example.org/acme/kernels",
-            "https://github.com/acme/kernels.git",
-            "git@github.com:acme/kernels.git",
-        ] {
-            assert_eq!(super::repository_name(given), "acme/kernels", "{given}");
-        }
-    }
 
     fn table(text: &str) -> toml::Table {
         toml::from_str(text).expect("toml")

@@ -7,6 +7,7 @@
 //! samples ([`live`]) and counters. Shutdown is handed in as a `CancellationToken`.
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod brain;
 mod channel;
@@ -18,6 +19,7 @@ pub mod hub;
 pub mod live;
 pub mod metrics;
 pub mod origin;
+pub mod repos;
 pub mod secrets;
 pub mod ui;
 pub mod uploads;
@@ -88,8 +90,13 @@ pub struct Config {
     pub budgets: Vec<gpuci_core::fleet::RepoBudget>,
     /// How often the fleets' reconcile loop runs.
     pub fleet_interval: std::time::Duration,
-    /// Repositories whose jobs and logs the dashboard shows without sign-in (`[dashboard]`).
+    /// Repositories whose jobs and logs the dashboard shows without sign-in (`[dashboard]`),
+    /// as configured: `owner/name` (on the GitHub host) or `host/path`; read with
+    /// [`Config::github_host`] at start, where one that names no repository is refused.
     pub public_repositories: Vec<String>,
+    /// `[[concurrency.shared]]`: concurrency groups shared between repositories (every other
+    /// group is its repository's and trust class's own).
+    pub concurrency_shared: Vec<gpuci_core::concurrency::SharedGroup>,
     /// Start a new, empty SQLite database although the data dir was used before (its
     /// database file is missing or empty). Without it that is refused
     /// ([`datadir::check_database`]); with it, a database that holds data is still never replaced.
@@ -97,6 +104,12 @@ pub struct Config {
 }
 
 impl Config {
+    /// The GitHub host repositories named `owner/name` are on: GitHub Enterprise's when
+    /// `[github] api_url` names one, `github.com` otherwise.
+    pub fn github_host(&self) -> String {
+        gpuci_core::repo::github_host_of_api_url(self.github.as_ref().map(|g| g.api_url.as_str()))
+    }
+
     pub fn secrets_key_source(&self) -> vault::KeySource {
         match (&self.database, &self.secrets_key_file) {
             (_, Some(p)) => vault::KeySource::File(p.clone()),
@@ -140,6 +153,7 @@ impl Config {
             budgets: Vec::new(),
             fleet_interval: std::time::Duration::from_secs(5),
             public_repositories: Vec::new(),
+            concurrency_shared: Vec::new(),
             new_database: false,
         }
     }
@@ -176,7 +190,7 @@ pub struct AppState {
     /// Signs in to the dashboard and scrapes `/metrics`; changes nothing (`<data-dir>/read-token`).
     pub read_token: Secret,
     /// Repositories whose jobs and logs the dashboard shows without sign-in.
-    pub public_repositories: Arc<Vec<String>>,
+    pub public_repositories: Arc<Vec<gpuci_core::repo::RepoId>>,
     /// Repository budgets (the spend page).
     pub budgets: Arc<Vec<gpuci_core::fleet::RepoBudget>>,
     /// GitHub's API address, when GitHub is configured (links to repositories and check runs).
@@ -185,6 +199,13 @@ pub struct AppState {
     pub revoked_sessions: Arc<ui::Revoked>,
     /// Live streams (server-sent events) open at once, at most [`ui::MAX_LIVE_STREAMS`].
     pub live_streams: Arc<tokio::sync::Semaphore>,
+}
+
+impl AppState {
+    /// The GitHub host a bare `owner/name` is on ([`Config::github_host`]).
+    pub fn github_host(&self) -> String {
+        gpuci_core::repo::github_host_of_api_url(self.github_api_url.as_deref())
+    }
 }
 
 /// Default per-job log cap: the agents' default (100 MiB) and room for gpuci's own lines.
@@ -252,6 +273,9 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/secrets-key", get(secrets::public_key).post(secrets::rotate_key))
         .route("/api/v1/uploads", post(uploads::create_upload))
         .route("/api/v1/secrets/{name}", axum::routing::put(secrets::set_secret).delete(secrets::delete_secret))
+        .route("/api/v1/audit", get(audit::list_audit))
+        .route("/api/v1/tokens", get(audit::list_tokens).post(audit::create_token))
+        .route("/api/v1/tokens/{name}", axum::routing::delete(audit::revoke_token))
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), api::require_api_token));
     Router::new()
         .merge(authed)
@@ -378,6 +402,14 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         .context("registration token file")?;
     let read_token =
         auth::load_or_create(&config.data_dir.join("read-token"), "gpuci_read").context("read-only token file")?;
+    // Public repositories are identities with their host: `acme/x` is the GitHub host's,
+    // and `gitlab.com/acme/x` never passes for it.
+    let public_repositories = config
+        .public_repositories
+        .iter()
+        .map(|r| gpuci_core::repo::RepoId::parse(r, &config.github_host()))
+        .collect::<Result<Vec<_>, _>>()
+        .context("[dashboard] public_repositories")?;
     let metrics = Arc::new(metrics::Metrics::new());
     let secrets_key = Arc::new(vault::unlock(store.as_ref(), &config.secrets_key_source()).await?);
     // The keys secrets encrypted in pipeline files open with: beside the database, never in it.
@@ -392,7 +424,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         .context("loading state")?
         .with_repo_keys(repo_keys.clone())
         .with_metrics(metrics.clone())
-        .with_fleet_wake(fleet_wake.clone());
+        .with_fleet_wake(fleet_wake.clone())
+        .with_repositories(config.github_host(), config.concurrency_shared.clone());
     let (tx, rx) = mpsc::channel(4096);
     let uploads = uploads::Uploads::new(config.data_dir.join("uploads"));
     let listener =
@@ -433,6 +466,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             interval: config.fleet_interval,
             data_dir: config.data_dir.clone(),
             budgets: config.budgets.clone(),
+            github_host: config.github_host(),
             metrics: metrics.clone(),
             wake: fleet_wake,
         },
@@ -456,7 +490,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         metrics,
         live: Arc::new(live::LiveTelemetry::default()),
         read_token,
-        public_repositories: Arc::new(config.public_repositories.clone()),
+        public_repositories: Arc::new(public_repositories),
         budgets: Arc::new(config.budgets.clone()),
         github_api_url: config.github.as_ref().map(|g| g.api_url.clone()),
         revoked_sessions: Arc::new(ui::Revoked::default()),

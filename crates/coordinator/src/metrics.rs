@@ -352,12 +352,14 @@ async fn snapshot(st: &crate::AppState) -> Result<Snapshot, crate::api::ApiError
         let repository = match repo_of.get(&j.pipeline_id) {
             Some(r) => r.clone(),
             None => {
+                // With its host: `github.com/acme/x` and `gitlab.com/acme/x` are two series.
                 let r = st
                     .store
                     .get_pipeline(j.pipeline_id)
                     .await?
-                    .and_then(|p| p.repository)
-                    .map(|r| crate::fleets::repository_name(&r))
+                    .and_then(|p| {
+                        crate::repos::name_of_pipeline(p.repository.as_deref(), p.origin.as_deref(), &st.github_host())
+                    })
                     .unwrap_or_default();
                 repo_of.insert(j.pipeline_id, r.clone());
                 r
@@ -388,7 +390,7 @@ async fn snapshot(st: &crate::AppState) -> Result<Snapshot, crate::api::ApiError
         }
         s.fleets.push((f.name.clone(), u64::from(f.wanted), f.spend_today_usd, f.daily_budget_usd));
     }
-    s.repository_budgets = st.budgets.iter().map(|b| (b.repository.clone(), b.daily)).collect();
+    s.repository_budgets = st.budgets.iter().map(|b| (b.repository.to_string(), b.daily)).collect();
     if let Some(gh) = &st.github {
         s.github_requests = gh.client.request_counts();
         let mut least: std::collections::BTreeMap<String, u64> = Default::default();
@@ -401,7 +403,8 @@ async fn snapshot(st: &crate::AppState) -> Result<Snapshot, crate::api::ApiError
     if !fleets.is_empty() {
         const DAY: i64 = 86_400_000;
         let midnight = now.div_euclid(DAY) * DAY;
-        let (machines, stretches, runs) = crate::fleets::cost_inputs(st.store.as_ref(), midnight).await?;
+        let (machines, stretches, runs) =
+            crate::fleets::cost_inputs(st.store.as_ref(), midnight, &st.github_host()).await?;
         let r = gpuci_core::fleet::cost::report(&machines, &stretches, &runs, midnight, now);
         let mut spend: std::collections::BTreeMap<String, f64> = Default::default();
         for row in r.rows {

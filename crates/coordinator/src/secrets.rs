@@ -9,10 +9,12 @@
 //! name again in the same scope replaces (rotates) its value.
 
 use crate::api::ApiError;
+use crate::audit::Actor;
 use crate::AppState;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use axum::Json;
+use axum::{Extension, Json};
+use gpuci_core::audit::AuditAction;
 use gpuci_core::secret_scope::SecretScope;
 use serde::{Deserialize, Serialize};
 
@@ -57,9 +59,21 @@ pub struct ScopeQuery {
 }
 
 impl ScopeQuery {
-    fn scope(&self) -> Result<SecretScope, ApiError> {
+    /// The scope asked for. Its repository is read as a repository identity first, so that
+    /// one repository is one scope however it is spelled: `owner/name` on `github_host` (as
+    /// stored scopes always named it), `host/path` elsewhere (`gitlab.com/acme/x` is not
+    /// `acme/x`).
+    fn scope(&self, github_host: &str) -> Result<SecretScope, ApiError> {
+        let repository = match self.repository.as_deref() {
+            Some(r) => Some(
+                gpuci_core::repo::RepoId::parse(r.trim(), github_host)
+                    .map(|id| id.short_on(github_host))
+                    .map_err(|e| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?,
+            ),
+            None => None,
+        };
         SecretScope::from_query(
-            self.repository.as_deref(),
+            repository.as_deref(),
             self.ref_pattern.as_deref(),
             self.environment.as_deref(),
             self.approved_forks.unwrap_or(false),
@@ -106,12 +120,13 @@ fn valid_name(name: &str) -> Result<(), ApiError> {
     responses((status = 204), (status = 400, body = gpuci_protocol::api::ErrorBody), (status = 422, body = gpuci_protocol::api::ErrorBody)))]
 pub async fn set_secret(
     State(st): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path(name): Path<String>,
     scope: Result<Query<ScopeQuery>, axum::extract::rejection::QueryRejection>,
     body: Result<Json<SetSecret>, axum::extract::rejection::JsonRejection>,
 ) -> Result<StatusCode, ApiError> {
     valid_name(&name)?;
-    let scope = query(scope)?.scope()?;
+    let scope = query(scope)?.scope(&st.github_host())?;
     let Json(b) = body.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
     if b.value.is_empty() {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "secret value must not be empty"));
@@ -128,8 +143,11 @@ pub async fn set_secret(
     // The row's name carries the scope, and the seal covers the row's name: a value copied
     // into another scope's row does not open.
     let row = scope.storage_name(&name);
-    st.store.set_secret(&row, &st.secrets_key.seal(&row, &b.value), crate::brain::now_ms()).await?;
-    tracing::info!(secret = %name, scope = %scope, "secret set");
+    // The value and the record of who set it commit together (the record names the secret
+    // and its scope, never the value).
+    let audit = actor.entry(AuditAction::SecretSet, object(&name, &scope), "ok");
+    st.store.set_secret_audited(&row, &st.secrets_key.seal(&row, &b.value), crate::brain::now_ms(), &audit).await?;
+    tracing::info!(secret = %name, scope = %scope, actor = %actor.name, actor_kind = actor.kind, "secret set");
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -169,16 +187,28 @@ pub async fn list_secrets(State(st): State<AppState>) -> Result<Json<Vec<SecretI
     responses((status = 204), (status = 404, body = gpuci_protocol::api::ErrorBody)))]
 pub async fn delete_secret(
     State(st): State<AppState>,
+    Extension(actor): Extension<Actor>,
     Path(name): Path<String>,
     scope: Result<Query<ScopeQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<StatusCode, ApiError> {
     valid_name(&name)?;
-    let scope = query(scope)?.scope()?;
-    if st.store.delete_secret(&scope.storage_name(&name)).await? {
+    let scope = query(scope)?.scope(&st.github_host())?;
+    let audit = actor.entry(AuditAction::SecretRm, object(&name, &scope), "ok");
+    if st.store.delete_secret_audited(&scope.storage_name(&name), &audit).await? {
+        tracing::info!(secret = %name, scope = %scope, actor = %actor.name, actor_kind = actor.kind, "secret deleted");
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(ApiError::new(StatusCode::NOT_FOUND, format!("no secret named {name:?} for {scope}")))
+        let err = ApiError::new(StatusCode::NOT_FOUND, format!("no secret named {name:?} for {scope}"));
+        // A miss is on the record too: someone tried to remove a secret that is not there.
+        let missed: Result<(), String> = Err("not found".into());
+        crate::audit::record(&st, &actor, AuditAction::SecretRm, object(&name, &scope), &missed).await?;
+        Err(err)
     }
+}
+
+/// How the audit log names a secret: its name and scope (never its value).
+fn object(name: &str, scope: &SecretScope) -> String {
+    format!("{name} ({scope})")
 }
 
 fn public_key_of(ring: &gpuci_repo_secrets::KeyRing) -> PublicKey {
@@ -197,9 +227,22 @@ pub async fn public_key(State(st): State<AppState>) -> Json<PublicKey> {
 /// Make a new current key. The old ones keep decrypting what was encrypted to them; retire
 /// one by removing its file from the key ring directory once nothing uses it.
 #[utoipa::path(post, path = "/api/v1/secrets-key", responses((status = 200, body = PublicKey), (status = 500, body = gpuci_protocol::api::ErrorBody)))]
-pub async fn rotate_key(State(st): State<AppState>) -> Result<Json<PublicKey>, ApiError> {
-    let mut ring = st.repo_keys.write().unwrap_or_else(|e| e.into_inner());
-    let id = ring.rotate().map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    tracing::info!(key_id = %id, "new key for encrypted secrets");
-    Ok(Json(public_key_of(&ring)))
+pub async fn rotate_key(
+    State(st): State<AppState>,
+    Extension(actor): Extension<Actor>,
+) -> Result<Json<PublicKey>, ApiError> {
+    // The ring's lock is not held across the audit write (a std lock over an await).
+    let (rotated, key) = {
+        let mut ring = st.repo_keys.write().unwrap_or_else(|e| e.into_inner());
+        let rotated = ring.rotate().map_err(|e| e.to_string());
+        (rotated, public_key_of(&ring))
+    };
+    let object = match &rotated {
+        Ok(id) => format!("key {id}"),
+        Err(_) => "key for encrypted secrets".to_string(),
+    };
+    crate::audit::record(&st, &actor, AuditAction::SecretsKeyRotate, object, &rotated).await?;
+    let id = rotated.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    tracing::info!(key_id = %id, actor = %actor.name, "new key for encrypted secrets");
+    Ok(Json(key))
 }

@@ -15,6 +15,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use gpuci_core::audit::AuditAction;
 use gpuci_core::job::JobState;
 use gpuci_protocol::api::JobSummary;
 use gpuci_protocol::JobId;
@@ -61,6 +62,7 @@ pub fn router() -> Router<AppState> {
         .route("/ui/queue", get(queue_page))
         .route("/ui/fleet", get(fleet_page))
         .route("/ui/spend", get(spend_page))
+        .route("/ui/audit", get(audit_page))
         .route("/ui/gpus/{uuid}/release", post(release))
         .route("/ui/events", get(list_events))
         .route(gpuci_web::CSS_PATH, get(|| async { asset("text/css; charset=utf-8", gpuci_web::CSS) }))
@@ -345,43 +347,11 @@ async fn logout(State(st): State<AppState>, headers: HeaderMap, Form(f): Form<Cs
 
 // ---- data -----------------------------------------------------------------------------------
 
-/// `owner/name`, lowercase, however a pipeline spells its repository (for filters).
-fn repo_key(r: &str) -> String {
-    crate::fleets::repository_name(r).to_ascii_lowercase()
-}
-
-/// `owner/name` (lowercase) of a repository on this GitHub, from a git remote: its host must be
-/// `github_host` and its path exactly two segments. Anything else (another host, a nested
-/// group, a local path) is no GitHub repository, and so never public.
-fn github_repository(remote: &str, github_host: &str) -> Option<String> {
-    let r = remote.trim();
-    let (host, path) = match r.split_once("://") {
-        Some((_, rest)) => {
-            let rest = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-            rest.split_once('/')?
-        }
-        // `git@github.com:owner/name.git`, or `github.com/owner/name`.
-        None => match r.split_once(':') {
-            Some((userhost, path)) if !userhost.contains('/') => {
-                (userhost.rsplit_once('@').map_or(userhost, |(_, h)| h), path)
-            }
-            _ => r.split_once('/')?,
-        },
-    };
-    let host =
-        host.rsplit_once(':').map_or(host, |(h, port)| if port.bytes().all(|b| b.is_ascii_digit()) { h } else { host });
-    if !host.eq_ignore_ascii_case(github_host) {
-        return None;
-    }
-    let path = path.trim_matches('/');
-    let path = path.strip_suffix(".git").unwrap_or(path);
-    let (owner, name) = path.split_once('/')?;
-    let ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-    (ok(owner) && ok(name) && name != "." && name != "..").then(|| format!("{owner}/{name}").to_ascii_lowercase())
-}
-
-fn public_listed(st: &AppState, owner_name: &str) -> bool {
-    st.public_repositories.iter().any(|p| p.eq_ignore_ascii_case(owner_name))
+/// A repository as the filter compares it: its identity with its host (`github.com/acme/x`,
+/// a bare `owner/name` on the GitHub host), however it is spelled.
+fn repo_key(st: &AppState, r: &str) -> String {
+    gpuci_core::repo::RepoId::parse(r.trim(), &st.github_host())
+        .map_or_else(|_| r.to_ascii_lowercase(), |id| id.to_string())
 }
 
 /// GitHub's web address for a repository, from the configured API address.
@@ -399,24 +369,19 @@ async fn origins(st: &AppState, pipelines: BTreeSet<i64>) -> Result<HashMap<i64,
     let ids: Vec<i64> = pipelines.into_iter().collect();
     let raw = st.store.pipeline_origins(&ids).await?;
     let web = github_web(st);
-    let host = web.as_deref().and_then(|w| w.split_once("://")).map_or("github.com", |(_, h)| h).to_string();
+    let github_host = st.github_host();
     Ok(raw
         .into_iter()
         .map(|(id, (repository, origin))| {
             let mut o = gpuci_web::Origin {
-                repository: repository.as_deref().map(crate::fleets::repository_name),
+                repository: crate::repos::name_of_pipeline(repository.as_deref(), origin.as_deref(), &github_host),
                 ..Default::default()
             };
-            // Public: named so in the config, and known to be that repository on this GitHub
-            // (GitHub's own word for GitHub origins; the remote's host and path otherwise).
-            o.public = match PipelineOrigin::parse(origin.as_deref()) {
-                Some(PipelineOrigin::Github(g)) => public_listed(st, &g.repository),
-                Some(PipelineOrigin::ActionsRunner(r)) => public_listed(st, &r.repository),
-                None => repository
-                    .as_deref()
-                    .and_then(|r| github_repository(r, &host))
-                    .is_some_and(|r| public_listed(st, &r)),
-            };
+            // Public: named so in the config, and that very repository, host included
+            // (GitHub's own word for GitHub origins; the remote's authority and path
+            // otherwise, read strictly: `https://other.host/x@github.com/o/r` is other.host's).
+            o.public = crate::repos::public_identity(repository.as_deref(), origin.as_deref(), &github_host)
+                .is_some_and(|r| st.public_repositories.contains(&r));
             match PipelineOrigin::parse(origin.as_deref()) {
                 Some(PipelineOrigin::Github(g)) => {
                     o.repository = Some(g.repository.clone());
@@ -493,7 +458,7 @@ async fn jobs_inner(st: &AppState, v: &Viewer, q: JobsQuery) -> Result<Markup, A
     // Filter on the records (cheap), then make rows of what is shown only.
     let known = agent_names(st.store.as_ref()).await;
     let origins = origins(st, jobs.iter().map(|j| j.pipeline_id).collect()).await?;
-    let want_repo = (!q.repo.is_empty()).then(|| repo_key(&q.repo));
+    let want_repo = (!q.repo.is_empty()).then(|| repo_key(st, &q.repo));
     let fleet_of =
         |j: &gpuci_store::JobRecord| j.agent_id.as_ref().and_then(|a| known.machines.get(a)).map(|m| m.fleet.as_str());
     let kept: Vec<gpuci_store::JobRecord> = jobs
@@ -501,9 +466,9 @@ async fn jobs_inner(st: &AppState, v: &Viewer, q: JobsQuery) -> Result<Markup, A
         .filter(|j| {
             let o = origins.get(&j.pipeline_id);
             (v.signed_in() || o.is_some_and(|o| o.public))
-                && want_repo
-                    .as_ref()
-                    .is_none_or(|w| o.and_then(|o| o.repository.as_deref()).map(repo_key).as_ref() == Some(w))
+                && want_repo.as_ref().is_none_or(|w| {
+                    o.and_then(|o| o.repository.as_deref()).map(|r| repo_key(st, r)).as_ref() == Some(w)
+                })
                 && (q.fleet.is_empty() || fleet_of(j) == Some(q.fleet.as_str()))
         })
         .take(PAGE + 1)
@@ -526,7 +491,7 @@ async fn jobs_inner(st: &AppState, v: &Viewer, q: JobsQuery) -> Result<Markup, A
         .collect();
     let mut repositories: BTreeSet<String> = origins.values().filter_map(|o| o.repository.clone()).collect();
     if !v.signed_in() {
-        repositories = st.public_repositories.iter().cloned().collect();
+        repositories = st.public_repositories.iter().map(ToString::to_string).collect();
         let scrub = Scrub::load(st).await;
         for r in &mut all {
             scrub.row(r);
@@ -1023,7 +988,8 @@ async fn spend_page(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
     let now = now_ms();
     const DAY: i64 = 86_400_000;
     let from = (now.div_euclid(DAY) - i64::from(days) + 1) * DAY;
-    let (machines, stretches, runs) = match crate::fleets::cost_inputs(st.store.as_ref(), from).await {
+    let github_host = st.github_host();
+    let (machines, stretches, runs) = match crate::fleets::cost_inputs(st.store.as_ref(), from, &github_host).await {
         Ok(x) => x,
         Err(e) => return api_error(&v, e.into()),
     };
@@ -1040,10 +1006,51 @@ async fn spend_page(State(st): State<AppState>, headers: HeaderMap, Query(q): Qu
         .iter()
         .map(|b| {
             let s: f64 = spent.iter().filter(|(repo, _)| b.covers(repo)).map(|(_, usd)| usd).sum();
-            (b.repository.clone(), s, b.daily)
+            (b.repository.to_string(), s, b.daily)
         })
         .collect();
     html(gpuci_web::spend(&report, &fleets(&st), &budgets, days, &v))
+}
+
+#[derive(Deserialize, Default)]
+struct AuditPageQuery {
+    since: Option<String>,
+    action: Option<String>,
+    actor: Option<String>,
+}
+
+/// The audit log: the admin's alone (it names every token and who used it); the read-only
+/// token and anonymous visitors never see it.
+async fn audit_page(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<AuditPageQuery>) -> Response {
+    let v = viewer(&st, &headers);
+    match v.role {
+        Role::Admin => {}
+        Role::Reader => {
+            return page_error(StatusCode::FORBIDDEN, &v, "Not allowed", "the audit log is for the admin token only")
+        }
+        Role::Anonymous => return sign_in_first("/ui/audit"),
+    }
+    // Empty form fields mean no filter.
+    let given = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
+    let query = crate::audit::AuditQuery {
+        since: given(&q.since),
+        action: given(&q.action),
+        actor: given(&q.actor),
+        limit: Some(PAGE as u32 * 5),
+    };
+    let filters = gpuci_web::AuditFilters {
+        since: query.since.clone().unwrap_or_default(),
+        action: query.action.clone().unwrap_or_default(),
+        actor: query.actor.clone().unwrap_or_default(),
+    };
+    let entries = match query.filter(now_ms()) {
+        Ok(f) => crate::audit::recent(&st, &f).await,
+        Err(e) => Err(e),
+    };
+    match entries {
+        Ok(e) => html(gpuci_web::audit(&e, &filters, &v)),
+        Err(e) => api_error(&v, e),
+    }
 }
 
 // ---- changes --------------------------------------------------------------------------------
@@ -1054,6 +1061,7 @@ async fn change<T>(
     st: &AppState,
     headers: &HeaderMap,
     csrf: &str,
+    (action, object): (AuditAction, String),
     make: impl FnOnce(crate::brain::Reply<T>) -> Command,
     done: impl FnOnce(T) -> String,
 ) -> Response {
@@ -1061,7 +1069,13 @@ async fn change<T>(
         Ok(v) => v,
         Err(r) => return r,
     };
-    match ask(st, make).await {
+    let answer = ask(st, make).await;
+    // On the record before the page says it is done (only the admin token signs in to change).
+    let actor = crate::audit::Actor::dashboard(&st.api_token);
+    if let Err(e) = crate::audit::record(st, &actor, action, object, &answer).await {
+        return api_error(&v, e);
+    }
+    match answer {
         Ok(t) => Redirect::to(&done(t)).into_response(),
         Err(e) => api_error(&v, e.into()),
     }
@@ -1084,8 +1098,16 @@ async fn cancel(
         Err(r) => return r,
     };
     let reason = "cancelled from the dashboard".to_string();
-    change(&st, &headers, &f.csrf, |reply| Command::Cancel { job: id, reason, reply }, |_| format!("/ui/jobs/{id}"))
-        .await
+    let audit = (AuditAction::JobCancel, format!("job {id}"));
+    change(
+        &st,
+        &headers,
+        &f.csrf,
+        audit,
+        |reply| Command::Cancel { job: id, reason, reply },
+        |_| format!("/ui/jobs/{id}"),
+    )
+    .await
 }
 
 async fn retry(
@@ -1099,8 +1121,16 @@ async fn retry(
         Err(r) => return r,
     };
     let by = "the dashboard".to_string();
-    change(&st, &headers, &f.csrf, |reply| Command::Retry { job: id, by, reply }, |j| format!("/ui/jobs/{}", j.id))
-        .await
+    let audit = (AuditAction::JobRetry, format!("job {id}"));
+    change(
+        &st,
+        &headers,
+        &f.csrf,
+        audit,
+        |reply| Command::Retry { job: id, by, reply },
+        |j| format!("/ui/jobs/{}", j.id),
+    )
+    .await
 }
 
 async fn release(
@@ -1109,31 +1139,42 @@ async fn release(
     Path(uuid): Path<String>,
     Form(f): Form<CsrfForm>,
 ) -> Response {
-    change(&st, &headers, &f.csrf, |reply| Command::ReleaseGpu { uuid, reply }, |_| "/ui/fleet".to_string()).await
+    let audit = (AuditAction::GpuRelease, format!("GPU {uuid}"));
+    change(&st, &headers, &f.csrf, audit, |reply| Command::ReleaseGpu { uuid, reply }, |_| "/ui/fleet".to_string())
+        .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Regression (issue 27): public repositories were compared as `owner/name`, read by a
+    /// parser that dropped everything up to the last `@`: a look-alike remote passed for the
+    /// public GitHub repository. Now the whole identity, host included, must match.
     #[test]
-    fn only_a_repository_on_this_github_can_be_public() {
-        let gh = |r: &str| github_repository(r, "github.com");
+    fn only_the_listed_repository_with_its_host_can_be_public() {
+        let public = [gpuci_core::repo::RepoId::parse("acme/open", "github.com").unwrap()];
+        let is_public =
+            |r: &str| crate::repos::public_identity(Some(r), None, "github.com").is_some_and(|id| public.contains(&id));
         for (remote, want) in [
-            ("https://github.com/acme/open.git", Some("acme/open")),
-            ("https://GitHub.com/Acme/Open", Some("acme/open")),
-            ("git@github.com:acme/open.git", Some("acme/open")),
-            ("ssh://git@github.com:22/acme/open.git", Some("acme/open")),
-            ("github.com/acme/open", Some("acme/open")),
-            ("https://git.internal.example/secret-team/acme/open.git", None),
-            ("https://github.com.evil.example/acme/open.git", None),
-            ("https://github.com/acme/open/extra", None),
-            ("git@gitlab.com:acme/open.git", None),
-            ("/home/me/acme/open", None),
-            ("acme/open", None),
-            ("https://github.com/acme/..", None),
+            ("https://github.com/acme/open.git", true),
+            ("https://GitHub.com/Acme/Open", true),
+            ("git@github.com:acme/open.git", true),
+            ("ssh://git@github.com:22/acme/open.git", true),
+            ("github.com/acme/open", true),
+            ("https://other.host/team/x@github.com/acme/open.git", false),
+            ("https://github.com@other.host/acme/open.git", false),
+            ("https://a@b@github.com/acme/open.git", false),
+            ("https://git.internal.example/secret-team/acme/open.git", false),
+            ("https://github.com.evil.example/acme/open.git", false),
+            ("https://github.com/acme/open/extra", false),
+            ("git@gitlab.com:acme/open.git", false),
+            ("https://gitlab.com/acme/open.git", false),
+            ("/home/me/acme/open", false),
+            ("acme/open", false),
+            ("https://github.com/acme/..", false),
         ] {
-            assert_eq!(gh(remote).as_deref(), want, "{remote}");
+            assert_eq!(is_public(remote), want, "{remote}");
         }
     }
 

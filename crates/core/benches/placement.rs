@@ -86,6 +86,7 @@ fn hosts(rng: &mut Rng) -> Vec<HostView> {
                 container_runtime: rng.below(10) < 8,
                 gpus,
                 ends_at_ms: None,
+                refuses: None,
             }
         })
         .collect()

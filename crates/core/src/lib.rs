@@ -2,14 +2,19 @@
 //!
 //! What lives here: the pipeline format (`.gpuci.yml`) and its validation, durations and
 //! quantities, the job state machine, job output as text (escaping, secret masking), GPU
-//! facts and requirements, placement (which job goes to which host and which GPU UUIDs), and
-//! cache scopes (which caches a job may read and write).
+//! facts and requirements, placement (which job goes to which host and which GPU UUIDs),
+//! cache scopes (which caches a job may read and write), repository identities (`repo`: a
+//! repository is named with its host; a bare `owner/name` in configs and stored data means
+//! that repository on the configured GitHub host) and concurrency groups (scoped per
+//! repository and trust class unless the server config shares one).
 //!
 //! What must not live here: I/O of any kind (files, sockets, clocks, environment), an async
 //! runtime, logging side effects. Callers hand in the current time and the observed state;
 //! functions hand back decisions. That keeps the core exhaustively testable.
 
+pub mod audit;
 pub mod cache;
+pub mod concurrency;
 pub mod duration;
 pub mod fleet;
 pub mod gpu;
@@ -19,6 +24,7 @@ pub mod mask;
 pub mod pipeline;
 pub mod placement;
 pub mod quantity;
+pub mod repo;
 pub mod secret_scope;
 pub mod text;
 pub mod trust;

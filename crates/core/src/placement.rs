@@ -21,7 +21,8 @@
 //!
 //! When nothing fits the answer is one line a person can act on, and it says *why*: no agent
 //! has the tag, no GPU of that kind exists, they exist but are leased, quarantined, or spread
-//! over several hosts, or every agent that would fit has no free job slot.
+//! over several hosts, or every agent that would fit has no free job slot — or takes no jobs
+//! at all ([`HostView::refuses`], named with its agent's reason, never called busy).
 //!
 //! Two implementations with one meaning: [`place`] scans a slice and is the reference;
 //! [`Cluster`] keeps indexes so the scheduler can place thousands of jobs a second and applies
@@ -63,6 +64,11 @@ pub struct HostView {
     /// deadline. `None`: it stays until it is told to go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ends_at_ms: Option<i64>,
+    /// Why the host takes no jobs at all, in its agent's words (no working sandbox, no disk
+    /// quota): it offers no job slot, and a job it would otherwise fit is told this, never
+    /// that the host is "busy" — waiting does not free a slot that does not exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refuses: Option<String>,
 }
 
 /// What a job needs from a host.
@@ -156,7 +162,7 @@ pub fn place(needs: &Needs<'_>, hosts: &[HostView]) -> Result<Placement, Unplace
         tally.runtime_ok += 1;
         let slot = h.free_slots > 0;
         let key = if want == 0 {
-            tally.busy += usize::from(!slot);
+            tally.add_slotless(h, slot, true);
             cpu_key(i, h.free_slots, count_free(h), count_usable(h))
         } else {
             let mut c = HostCount::default();
@@ -168,7 +174,8 @@ pub fn place(needs: &Needs<'_>, hosts: &[HostView]) -> Result<Placement, Unplace
                     }
                 }
             }
-            tally.add_gpu_host(h.gpus.len(), c, slot, want);
+            tally.add_gpu_host(h.gpus.len(), c);
+            tally.add_slotless(h, slot, c.free >= want);
             gpu_key(i, h.free_slots, count_free(h), c.free).filter(|k| k.0 >= want)
         };
         if let Some(k) = key {
@@ -268,8 +275,12 @@ struct Tally {
     best_free: u32,
     best_usable: u32,
     best_any: u32,
-    /// Hosts that would take the job but have no free job slot.
+    /// Hosts that would take the job but have no free job slot (refusing ones not counted).
     busy: usize,
+    /// Hosts that would take the job but take no jobs at all ([`HostView::refuses`]), and the
+    /// first of them (host order): its name and why.
+    refusing: usize,
+    refusing_example: Option<(String, String)>,
     /// Why the first non-matching GPU (host order) does not match.
     mismatch: Option<String>,
     /// Set when no host has the tags: which tag is missing.
@@ -277,7 +288,21 @@ struct Tally {
 }
 
 impl Tally {
-    fn add_gpu_host(&mut self, gpus: usize, c: HostCount, slot: bool, want: u32) {
+    /// Count `h` as busy or as refusing, if it has no free slot and `would_fit`.
+    fn add_slotless(&mut self, h: &HostView, slot: bool, would_fit: bool) {
+        if slot || !would_fit {
+            return;
+        }
+        match &h.refuses {
+            Some(why) => {
+                self.refusing += 1;
+                self.refusing_example.get_or_insert_with(|| (h.name.clone(), why.clone()));
+            }
+            None => self.busy += 1,
+        }
+    }
+
+    fn add_gpu_host(&mut self, gpus: usize, c: HostCount) {
         self.gpus += gpus;
         self.free += c.free as usize;
         self.leased += c.leased as usize;
@@ -285,7 +310,6 @@ impl Tally {
         self.best_free = self.best_free.max(c.free);
         self.best_usable = self.best_usable.max(c.free + c.leased);
         self.best_any = self.best_any.max(c.free + c.leased + c.quarantined);
-        self.busy += usize::from(!slot && c.free >= want);
     }
 
     /// The one-line reason. The order of the checks is the order in which a person would fix
@@ -306,9 +330,18 @@ impl Tally {
         if self.runtime_ok == 0 {
             return format!("needs a container runtime; no {scope} has podman or docker");
         }
-        let busy = || match self.busy {
-            1 => "the only matching agent is busy (no free job slot)".to_string(),
-            n => format!("all {n} matching agents are busy (no free job slot)"),
+        let busy = || {
+            let refusal = self.refusing_example.as_ref().map(|(name, why)| match self.refusing {
+                1 => format!("agent {name} takes no jobs: {why}"),
+                n => format!("{n} matching agents take no jobs (agent {name}: {why})"),
+            });
+            match (self.busy, refusal) {
+                (1, None) => "the only matching agent is busy (no free job slot)".to_string(),
+                (n, None) => format!("all {n} matching agents are busy (no free job slot)"),
+                (0, Some(r)) => r,
+                (1, Some(r)) => format!("{r}; the other matching agent is busy (no free job slot)"),
+                (n, Some(r)) => format!("{r}; the other {n} matching agents are busy (no free job slot)"),
+            }
         };
         if want == 0 {
             return busy();
@@ -538,8 +571,10 @@ struct Profile {
     hist_free: Vec<u32>,
     hist_usable: Vec<u32>,
     hist_any: Vec<u32>,
-    /// Members without a free job slot, by number of free matching GPUs.
+    /// Members without a free job slot, by number of free matching GPUs: those that could
+    /// have one, and those that take no jobs at all ([`HostView::refuses`]).
     hist_busy: Vec<u32>,
+    hist_refusing: Vec<u32>,
     ready: BTreeSet<Key>,
     mismatch: Option<String>,
     missing_tag: Option<String>,
@@ -556,6 +591,7 @@ struct Membership {
     profile: u32,
     counts: HostCount,
     slot: bool,
+    refuses: bool,
     key: Option<Key>,
 }
 
@@ -576,7 +612,7 @@ fn top(hist: &[u32]) -> u32 {
 }
 
 impl Profile {
-    fn account(&mut self, c: HostCount, slot: bool, add: bool) {
+    fn account(&mut self, c: HostCount, slot: bool, refuses: bool, add: bool) {
         self.version += 1;
         let (f, l, q) = (c.free as usize, c.leased as usize, c.quarantined as usize);
         if add {
@@ -591,8 +627,10 @@ impl Profile {
         bump(&mut self.hist_free, c.free, add);
         bump(&mut self.hist_usable, c.free + c.leased, add);
         bump(&mut self.hist_any, c.free + c.leased + c.quarantined, add);
-        if !slot {
-            bump(&mut self.hist_busy, c.free, add);
+        match (slot, refuses) {
+            (true, _) => {}
+            (false, false) => bump(&mut self.hist_busy, c.free, add),
+            (false, true) => bump(&mut self.hist_refusing, c.free, add),
         }
     }
 
@@ -609,6 +647,9 @@ impl Profile {
             best_usable: top(&self.hist_usable),
             best_any: top(&self.hist_any),
             busy: self.hist_busy.iter().skip(want as usize).map(|&n| n as usize).sum(),
+            refusing: self.hist_refusing.iter().skip(want as usize).map(|&n| n as usize).sum(),
+            // Filled in by the caller, which sees the hosts ([`Cluster::refusing_example`]).
+            refusing_example: None,
             mismatch: self.mismatch.clone(),
             missing_tag: self.missing_tag.clone(),
         }
@@ -755,13 +796,27 @@ impl Cluster {
         if let Some((_, _, reason)) = profile.reasons.iter().find(|r| r.0 == want && r.1 == version) {
             return Err(Unplaceable { reason: reason.clone() });
         }
-        let reason = profile.tally(self.hosts.len(), want).reason(needs);
+        let mut tally = profile.tally(self.hosts.len(), want);
+        if tally.refusing > 0 {
+            tally.refusing_example = self.refusing_example(p, want);
+        }
+        let reason = tally.reason(needs);
         let cache = &mut self.profiles[p].reasons;
         match cache.iter_mut().find(|r| r.0 == want) {
             Some(r) => *r = (want, version, reason.clone()),
             None => cache.push((want, version, reason.clone())),
         }
         Err(Unplaceable { reason })
+    }
+
+    /// The first member of profile `p` (host order, as [`place`] finds it) that would take a
+    /// job wanting `want` GPUs but takes no jobs at all: its name and why.
+    fn refusing_example(&self, p: usize, want: u32) -> Option<(String, String)> {
+        self.profiles[p].members.iter().find_map(|&h| {
+            let m = self.member_of[h].iter().find(|m| m.profile as usize == p)?;
+            let why = self.hosts[h].refuses.as_ref()?;
+            (!m.slot && m.counts.free >= want).then(|| (self.hosts[h].name.clone(), why.clone()))
+        })
     }
 
     /// The profile for these needs, created (one pass over the hosts) if new.
@@ -791,6 +846,7 @@ impl Cluster {
             hist_usable: Vec::new(),
             hist_any: Vec::new(),
             hist_busy: Vec::new(),
+            hist_refusing: Vec::new(),
             ready: BTreeSet::new(),
             mismatch: None,
             missing_tag: None,
@@ -857,11 +913,12 @@ impl Cluster {
             profile.members.insert(at, h);
         }
         profile.gpus += gpus;
-        profile.account(counts, slot, true);
+        let refuses = self.hosts[h].refuses.is_some();
+        profile.account(counts, slot, refuses, true);
         if let Some(k) = key {
             profile.ready.insert(k);
         }
-        self.member_of[h].push(Membership { profile: p as u32, counts, slot, key });
+        self.member_of[h].push(Membership { profile: p as u32, counts, slot, refuses, key });
     }
 
     /// Undo [`Cluster::attach`]: host `h` as last accounted.
@@ -880,7 +937,7 @@ impl Cluster {
             profile.members.remove(i);
         }
         profile.gpus -= self.hosts[h].gpus.len();
-        profile.account(m.counts, m.slot, false);
+        profile.account(m.counts, m.slot, m.refuses, false);
         if let Some(k) = m.key {
             profile.ready.remove(&k);
         }
@@ -895,6 +952,7 @@ impl Cluster {
         for m in &mut self.member_of[h] {
             let profile = &mut self.profiles[m.profile as usize];
             let slot = view.free_slots > 0;
+            let refuses = view.refuses.is_some();
             let (counts, key) = match &profile.gpu {
                 None => (HostCount::default(), cpu_key(h, view.free_slots, host_free, host_usable)),
                 Some(_) => {
@@ -907,9 +965,9 @@ impl Cluster {
                     (c, gpu_key(h, view.free_slots, host_free, c.free))
                 }
             };
-            if counts != m.counts || slot != m.slot {
-                profile.account(m.counts, m.slot, false);
-                profile.account(counts, slot, true);
+            if counts != m.counts || slot != m.slot || refuses != m.refuses {
+                profile.account(m.counts, m.slot, m.refuses, false);
+                profile.account(counts, slot, refuses, true);
             }
             if key != m.key {
                 if let Some(k) = m.key {
@@ -919,7 +977,7 @@ impl Cluster {
                     profile.ready.insert(k);
                 }
             }
-            *m = Membership { profile: m.profile, counts, slot, key };
+            *m = Membership { profile: m.profile, counts, slot, refuses, key };
         }
     }
 

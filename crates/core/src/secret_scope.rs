@@ -11,6 +11,12 @@
 //! A scope is stored as part of the secret's storage name ([`SecretScope::storage_name`]), so
 //! the value's seal (which covers that name) binds it to its scope: a value copied into
 //! another scope's row does not open.
+//!
+//! Repositories are named with their host where it matters: a bare `owner/name` (every scope
+//! stored before hosts were kept, and what `--repo owner/name` still means) is that
+//! repository on the configured GitHub host — `github.com` unless GitHub Enterprise is
+//! configured; a repository elsewhere is `host/path` (`gitlab.com/acme/x`). A work tree of
+//! `gitlab.com/acme/x` is not `acme/x` and gets none of its secrets ([`crate::repo`]).
 
 use std::fmt;
 
@@ -19,7 +25,8 @@ use std::fmt;
 pub enum SecretScope {
     /// Every job that names it (set by the coordinator's admin).
     Global,
-    /// Jobs from this repository (`owner/name`).
+    /// Jobs from this repository (`owner/name` on the configured GitHub host, or
+    /// `host/path`: [`valid_repository`]).
     Repository(String),
     /// Jobs from this repository whose git ref matches the pattern (`*` matches any run of
     /// characters, `/` included).
@@ -36,7 +43,8 @@ pub enum SecretScope {
 /// Where a job came from, as far as secrets are concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobSource {
-    /// `owner/name`, when known.
+    /// `owner/name` on the configured GitHub host, `host/path` elsewhere
+    /// ([`crate::repo::RepoId::short_on`]), when known.
     pub repository: Option<String>,
     /// The full ref (`refs/heads/main`, `refs/pull/7/merge`), when known.
     pub git_ref: Option<String>,
@@ -114,7 +122,12 @@ pub fn is_sealed_text(text: &str) -> bool {
         && b64.bytes().all(|b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
 }
 
-/// A repository name as GitHub spells them: `owner/name`, letters, digits, `.`, `_`, `-`.
+/// A scope's repository: `owner/name` as GitHub spells them (letters, digits, `.`, `_`, `-`),
+/// which is that repository on the configured GitHub host (what stored scopes always meant),
+/// or a repository on another host as its identity prints (`gitlab.com/acme/x`, see
+/// [`crate::repo`]). The coordinator turns other spellings (a remote URL, `github.com/…`
+/// for its own GitHub host) into one of these before a scope is made
+/// ([`crate::repo::RepoId::short_on`]), so that one repository is one scope.
 pub fn valid_repository(r: &str) -> Result<(), String> {
     let part = |p: &str| {
         !p.is_empty() && p != "." && p != ".." && p.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
@@ -122,37 +135,35 @@ pub fn valid_repository(r: &str) -> Result<(), String> {
     match r.split_once('/') {
         // GitHub's limits: 39 characters of owner, 100 of name.
         Some((o, n)) if part(o) && part(n) && o.len() <= 39 && n.len() <= 100 => Ok(()),
-        _ => Err(format!("repository {r:?}: expected owner/name")),
+        // Another host's repository, printed as its identity; no port, as storage names
+        // separate their parts with `:`.
+        Some((host, _))
+            if host.contains('.')
+                && !r.contains(':')
+                && r.parse::<crate::repo::RepoId>().is_ok_and(|id| id.to_string() == r) =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "repository {r:?}: expected owner/name, or host/path for another host (gitlab.com/acme/x), lowercase, no port"
+        )),
     }
 }
 
-/// `owner/name` from a git remote URL as `gpuci submit` reports it (`https://github.com/octo/kernels.git`,
-/// `git@github.com:octo/kernels.git`, `ssh://git@host/octo/kernels`), or from `owner/name`
-/// itself; `None` for anything else (a local path). The last two path segments, without `.git`.
-pub fn repository_of_remote(url: &str) -> Option<String> {
-    let url = url.trim();
-    let path = if let Some((_, rest)) = url.split_once("://") {
-        // scheme://[user@]host[:port]/path
-        rest.split_once('/')?.1
-    } else if let Some((host, rest)) = url.split_once(':') {
-        // scp-like: [user@]host:path (not a Windows drive or a local path)
-        if host.contains('/') || host.is_empty() {
-            return None;
-        }
-        rest
-    } else {
-        url
-    };
-    let path = path.trim_end_matches('/');
-    let path = path.strip_suffix(".git").unwrap_or(path);
-    let mut parts = path.rsplit('/');
-    let (name, owner) = (parts.next()?, parts.next()?);
-    let candidate = format!("{owner}/{name}");
-    // A bare `owner/name` must be exactly that; a URL may have more segments before.
-    if !url.contains("://") && !url.contains(':') && parts.next().is_some() {
-        return None;
-    }
-    valid_repository(&candidate).ok().map(|()| candidate)
+/// Whether the job is from repository `r` of a scope. Compared without regard to case, as
+/// GitHub compares names: stored scopes keep the case they were set with.
+fn same_repo(job: &JobSource, r: &str) -> bool {
+    job.repository.as_deref().is_some_and(|j| j.eq_ignore_ascii_case(r))
+}
+
+/// How scopes name the repository of a remote URL as `gpuci submit` reports it: `owner/name`
+/// on the GitHub host `github_host`, `host/path` elsewhere; `None` for anything that names
+/// no repository unambiguously (a look-alike such as `https://other.host/x@github.com/o/r`
+/// is `other.host/x@github.com/o/r`, never `o/r`; see [`crate::repo`]).
+pub fn repository_of_remote(url: &str, github_host: &str) -> Option<String> {
+    let id = crate::repo::RepoId::parse(url.trim(), github_host).ok()?;
+    let short = id.short_on(github_host);
+    valid_repository(&short).is_ok().then_some(short)
 }
 
 /// An environment name: letters, digits, `.`, `_`, `-`, at most 64.
@@ -285,16 +296,16 @@ impl SecretScope {
     /// How narrow the scope is when it covers `job` (higher wins); `None` when it does not.
     fn rank(&self, job: &JobSource) -> Option<(u8, usize)> {
         if let SecretScope::ApprovedForks(r) = self {
-            return (job.approved_fork && job.repository.as_deref() == Some(r)).then_some((1, 0));
+            return (job.approved_fork && same_repo(job, r)).then_some((1, 0));
         }
         if !job.may_have_secrets {
             return None;
         }
         match self {
             SecretScope::Global => Some((0, 0)),
-            SecretScope::Repository(r) => (job.repository.as_deref() == Some(r)).then_some((1, 0)),
+            SecretScope::Repository(r) => (same_repo(job, r)).then_some((1, 0)),
             SecretScope::Ref { repository, pattern } => {
-                if job.repository.as_deref() != Some(repository) {
+                if !same_repo(job, repository) {
                     return None;
                 }
                 let git_ref = job.git_ref.as_deref()?;
@@ -307,7 +318,7 @@ impl SecretScope {
             }
             SecretScope::ApprovedForks(_) => None,
             SecretScope::Environment { repository, environment, pattern } => {
-                if job.repository.as_deref() != Some(repository) || job.environment.as_deref() != Some(environment) {
+                if !same_repo(job, repository) || job.environment.as_deref() != Some(environment) {
                     return None;
                 }
                 match pattern {
@@ -326,8 +337,7 @@ impl SecretScope {
 pub fn choose<'a>(name: &str, scopes: &'a [SecretScope], job: &JobSource) -> Result<&'a SecretScope, Refusal> {
     // A fork's pull request gets nothing, unless approved and the secret has a value for
     // approved forks of its repository.
-    let for_approved =
-        |s: &SecretScope| matches!(s, SecretScope::ApprovedForks(r) if job.repository.as_deref() == Some(r));
+    let for_approved = |s: &SecretScope| matches!(s, SecretScope::ApprovedForks(r) if same_repo(job, r));
     let allowed = job.may_have_secrets || (job.approved_fork && scopes.iter().any(for_approved));
     if !allowed {
         return Err(Refusal::NoSecrets { name: name.to_string(), job: job.description.clone() });
@@ -339,10 +349,8 @@ pub fn choose<'a>(name: &str, scopes: &'a [SecretScope], job: &JobSource) -> Res
     // are (a job's reason is shown on its check run, to anyone).
     let own = |s: &SecretScope| match s {
         SecretScope::Global => true,
-        SecretScope::Repository(r) | SecretScope::ApprovedForks(r) => job.repository.as_deref() == Some(r),
-        SecretScope::Ref { repository, .. } | SecretScope::Environment { repository, .. } => {
-            job.repository.as_deref() == Some(repository)
-        }
+        SecretScope::Repository(r) | SecretScope::ApprovedForks(r) => same_repo(job, r),
+        SecretScope::Ref { repository, .. } | SecretScope::Environment { repository, .. } => same_repo(job, repository),
     };
     if !scopes.iter().any(own) {
         return Err(Refusal::NotSet { name: name.to_string(), repository: job.repository.clone() });
@@ -531,13 +539,49 @@ mod tests {
             "https://github.com/octo/kernels.git",
             "https://github.com/octo/kernels",
             "git@github.com:octo/kernels.git",
-            "ssh://git@github.example.com:2222/octo/kernels.git",
             "octo/kernels",
         ] {
-            assert_eq!(repository_of_remote(url).as_deref(), Some("octo/kernels"), "{url}");
+            assert_eq!(repository_of_remote(url, "github.com").as_deref(), Some("octo/kernels"), "{url}");
         }
+        assert_eq!(
+            repository_of_remote("ssh://git@github.example.com:2222/octo/kernels.git", "github.example.com:2222")
+                .as_deref(),
+            Some("octo/kernels"),
+            "GitHub Enterprise over ssh on its own port"
+        );
         for not in ["/home/me/src/kernels", "kernels", "", "https://github.com/", "a/b/c"] {
-            assert_eq!(repository_of_remote(not), None, "{not}");
+            assert_eq!(repository_of_remote(not, "github.com"), None, "{not}");
         }
+    }
+
+    /// Regression (issue 27): secret scopes named repositories by `owner/name` alone, so a
+    /// work tree of `gitlab.com/acme/x`, or of a look-alike remote with `@github.com/acme/x`
+    /// in its path, got `github.com/acme/x`'s secrets.
+    #[test]
+    fn another_hosts_repository_of_the_same_name_gets_no_secret() {
+        let scopes = vec![repo("acme/x")];
+        for remote in ["https://gitlab.com/acme/x.git", "https://other.host/team/y@github.com/acme/x.git"] {
+            let r = repository_of_remote(remote, "github.com");
+            assert_ne!(r.as_deref(), Some("acme/x"), "{remote}");
+            let j = JobSource { repository: r, ..job("acme/x", None) };
+            assert!(choose("T", &scopes, &j).is_err(), "{remote}");
+        }
+        let r = repository_of_remote("https://gitlab.com/acme/x.git", "github.com");
+        assert_eq!(r.as_deref(), Some("gitlab.com/acme/x"));
+        let gl = vec![repo("gitlab.com/acme/x")];
+        assert!(choose("T", &gl, &JobSource { repository: r, ..job("x/y", None) }).is_ok());
+        assert!(choose("T", &gl, &job("acme/x", None)).is_err());
+        // Stored before hosts were kept, in another case: still the GitHub repository's.
+        assert!(choose("T", &[repo("Acme/X")], &job("acme/x", None)).is_ok());
+        assert!(SecretScope::from_parts(Some("gitlab.com/acme/x"), None).is_ok());
+        for bad in ["gitlab.com:2222/acme/x", "GitLab.com/acme/x", "https://gitlab.com/acme/x"] {
+            assert!(SecretScope::from_parts(Some(bad), None).is_err(), "{bad}");
+        }
+        let s = SecretScope::Environment {
+            repository: "gitlab.com/acme/x".into(),
+            environment: "prod".into(),
+            pattern: Some("refs/heads/*".into()),
+        };
+        assert_eq!(SecretScope::parse_storage_name(&s.storage_name("K")), Some(("K".to_string(), s)));
     }
 }

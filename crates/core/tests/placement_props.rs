@@ -109,6 +109,8 @@ fn build(specs: &[HostSpec]) -> Vec<HostView> {
                 })
                 .collect(),
             ends_at_ms: None,
+            // A host with no slots at all takes no jobs: both implementations must name it so.
+            refuses: (s.slots == 0).then(|| format!("host-{h} refuses")),
         })
         .collect()
 }

@@ -40,6 +40,7 @@ fn host(name: &str, tags: &[(&str, &str)], slots: u32, gpus: Vec<GpuInfo>) -> Ho
         container_runtime: true,
         gpus: gpus.into_iter().map(|info| GpuSlot { info, state: GpuSlotState::Free }).collect(),
         ends_at_ms: None,
+        refuses: None,
     }
 }
 
@@ -420,4 +421,35 @@ fn a_job_goes_only_where_its_timeout_fits_before_the_host_ends() {
     // A lasting host beats an ending one however the keys rank them.
     let lasting = host("c", &[], 4, h100("c", 4));
     assert_eq!(host_of(&needs, &[a, lasting]), 1);
+}
+
+/// Issue 26: an agent that takes no jobs (its disk quota cannot be set up, no working
+/// sandbox) offers no slot; a job it would fit was told "busy (no free job slot)" until its
+/// queue timeout. It is named with its own reason, in both implementations.
+#[test]
+fn an_agent_that_takes_no_jobs_is_never_called_busy() {
+    let why = "disk quota unavailable: no project quota on /var/lib/gpuci (or start it with --job-disk none)";
+    let mut refusing = host("quota", &[], 0, h100("q", 2));
+    refusing.refuses = Some(why.into());
+    let (t, r) = (tags(&[]), gpus(1));
+    let needs = Needs { tags: &t, gpu: &r, container: false, deadline: None };
+    assert_eq!(reason(&needs, std::slice::from_ref(&refusing)), format!("agent quota takes no jobs: {why}"));
+    // A CPU-only job too.
+    let cpu = gpus(0);
+    let cpu_needs = Needs { gpu: &cpu, ..needs.clone() };
+    assert_eq!(reason(&cpu_needs, std::slice::from_ref(&refusing)), format!("agent quota takes no jobs: {why}"));
+    // Beside a host that is busy for real: both are said.
+    let mut full = host("full", &[], 1, h100("f", 2));
+    full.free_slots = 0;
+    assert_eq!(
+        reason(&needs, &[refusing.clone(), full.clone()]),
+        format!("agent quota takes no jobs: {why}; the other matching agent is busy (no free job slot)")
+    );
+    // Two refusing: counted, the first named.
+    let mut second = refusing.clone();
+    second.name = "quota2".into();
+    second.agent_id = "agent-quota2".into();
+    assert_eq!(reason(&needs, &[refusing, second]), format!("2 matching agents take no jobs (agent quota: {why})"));
+    // Only busy: as before.
+    assert_eq!(reason(&needs, &[full]), "the only matching agent is busy (no free job slot)");
 }

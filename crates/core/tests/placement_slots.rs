@@ -14,6 +14,7 @@ fn zero_gpu_jobs_never_exceed_a_hosts_slots() {
         container_runtime: false,
         gpus: Vec::new(),
         ends_at_ms: None,
+        refuses: None,
     };
     let mut c = Cluster::new(vec![host]);
     let tags = BTreeMap::new();

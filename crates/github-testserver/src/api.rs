@@ -244,6 +244,7 @@ pub(crate) async fn handle(AxState(inner): AxState<Arc<Inner>>, req: Request) ->
             body: body_json,
             status: reply.status,
             at: std::time::SystemTime::now(),
+            instant: tokio::time::Instant::now(),
         });
     }
     into_response(reply)
@@ -284,6 +285,10 @@ fn fault_reply(fault: &crate::Fault) -> Reply {
             r.headers.push(("retry-after".into(), retry_after.to_string()));
             r
         }
+        FaultKind::SecondaryRateLimitNoHint => Reply::error(
+            403,
+            "You have exceeded a secondary rate limit. Please wait a few minutes before you try again.",
+        ),
         FaultKind::TooManyRequests { retry_after } => {
             let mut r = Reply::error(429, "Too many requests");
             r.headers.push(("retry-after".into(), retry_after.to_string()));

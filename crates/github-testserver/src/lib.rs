@@ -124,6 +124,9 @@ pub struct Recorded {
     pub status: u16,
     /// When it arrived.
     pub at: std::time::SystemTime,
+    /// When it arrived by tokio's clock, which a test may pause and advance (`start_paused`):
+    /// waits of minutes are then checked without waiting minutes.
+    pub instant: tokio::time::Instant,
 }
 
 /// An answer the server gives instead of the real one, to see how gpuci copes with GitHub
@@ -147,6 +150,9 @@ pub enum FaultKind {
     SecondaryRateLimit { retry_after: u64 },
     /// 429 with `retry-after` (seconds).
     TooManyRequests { retry_after: u64 },
+    /// A secondary rate limit that says nothing of when it ends: 403 with GitHub's secondary
+    /// rate limit message and no `retry-after` (GitHub: then wait at least a minute).
+    SecondaryRateLimitNoHint,
     /// The primary rate limit used up: 403, `x-ratelimit-remaining: 0`, reset in this many seconds.
     RateLimitExhausted { reset_in: u64 },
 }

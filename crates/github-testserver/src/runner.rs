@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-/// `--jitconfig` is base64 of `"<server url> <runner id>"` (see `generate_jitconfig`).
+/// `--jitconfig` (or `ACTIONS_RUNNER_INPUT_JITCONFIG`) is base64 of `"<server url> <runner id>"` (see `generate_jitconfig`).
 const RUN_SH: &str = r#"#!/usr/bin/env bash
 # Stand-in for the GitHub Actions runner's run.sh, written by gpuci-github-testserver for tests.
 # Protocol: long-poll POST {url}/_test/runners/{id}/acquire (204: nothing yet, 410: runner deleted,
@@ -19,7 +19,10 @@ if [ "$(id -u)" = 0 ] && [ -z "${RUNNER_ALLOW_RUNASROOT:-}" ]; then
 fi
 
 dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-jitconfig=""
+# As the real runner: an input not given as an argument is read from ACTIONS_RUNNER_INPUT_<NAME>,
+# and the variable is cleared once read.
+jitconfig="${ACTIONS_RUNNER_INPUT_JITCONFIG:-}"
+unset ACTIONS_RUNNER_INPUT_JITCONFIG
 while [ $# -gt 0 ]; do
   case "$1" in
     --jitconfig) jitconfig="${2:-}"; shift; [ $# -gt 0 ] && shift ;;

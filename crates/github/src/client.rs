@@ -7,8 +7,11 @@
 //! Failures that may pass are tried again here, so callers see only those that did not:
 //! - a 401 on an installation token (GitHub revoked it, or it expired before the cache thought) drops
 //!   the cached token and sends the request once more with a fresh one;
-//! - rate limits (429, or 403 with `retry-after` or an exhausted `x-ratelimit-remaining`) wait as long
-//!   as GitHub asks, when that is at most [`RetryPolicy::max_wait`]; a longer wait is the caller's;
+//! - rate limits hold back the whole client (and its clones) until the time GitHub named, however
+//!   long: [`crate::ratelimit`] has the rules. A call sits a hold out when it ends within
+//!   [`RetryPolicy::max_wait`]; a longer one comes back at once as [`ApiError::RateLimited`] with
+//!   its end, and every call before that end gets the same answer without anything being sent, so
+//!   a caller that retries too early cannot reach GitHub early;
 //! - 5xx answers and timeouts are retried with exponential backoff and jitter, but only for requests
 //!   that may safely arrive twice (not a POST that creates something: a runner registered twice, a
 //!   second check run); a connection that was never made is retried for every request.
@@ -18,6 +21,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use reqwest::header::HeaderMap;
 use reqwest::{Method, StatusCode};
@@ -26,6 +31,8 @@ use time::{Duration, OffsetDateTime};
 use tokio::sync::Mutex;
 
 use crate::auth::{AppCredentials, AuthError, Secret};
+pub use crate::ratelimit::RateLimit;
+use crate::ratelimit::{self, utc_hms, Gate, Limit};
 // Re-exported so `client::JitConfig` and `client::JitRunnerSpec` keep working; they moved to `types`.
 use crate::types::{
     wire, CheckRunUpdate, CommitStatus, NewCheckRun, Permission, Repo, Runner, WorkflowJob, WorkflowRun,
@@ -56,9 +63,10 @@ pub struct RetryPolicy {
     /// each pause is random, so clients that failed together do not come back together.
     pub base: std::time::Duration,
     pub max_backoff: std::time::Duration,
-    /// The longest wait GitHub may ask for (`retry-after`, or until `x-ratelimit-reset` when none is
-    /// left) that the client sits out. Asked for longer, it returns the error at once: the caller
-    /// (a single task that others wait behind) keeps the work and tries later.
+    /// The longest rate-limit hold a call sits out before it sends. A call that finds the client
+    /// held back for longer returns [`ApiError::RateLimited`] at once, with the hold's end: the
+    /// caller (a single task that others wait behind) keeps the work and tries again no earlier.
+    /// It bounds how long a call waits, never how long the client waits.
     pub max_wait: std::time::Duration,
     /// The most one request may take, answer included.
     pub timeout: std::time::Duration,
@@ -76,44 +84,17 @@ impl Default for RetryPolicy {
     }
 }
 
-/// The pause before try `failed + 1`, after `failed` tries failed, or `None`: give up now. `asked`
-/// is what GitHub asked for (a `retry-after`, or the time to `x-ratelimit-reset`); `jitter` is a
-/// random number in `[0, 1)`. GitHub's wait is honoured in full (never shortened by jitter).
-pub fn retry_pause(
-    policy: &RetryPolicy,
-    failed: u32,
-    asked: Option<std::time::Duration>,
-    jitter: f64,
-) -> Option<std::time::Duration> {
+/// The pause before try `failed + 1` after a 5xx or a failed connection, after `failed` tries
+/// failed, or `None`: give up now. `jitter` is a random number in `[0, 1)`. Rate limits are not
+/// paused here: they hold the whole client (see [`crate::ratelimit`]).
+pub fn retry_pause(policy: &RetryPolicy, failed: u32, jitter: f64) -> Option<std::time::Duration> {
     if failed == 0 || failed >= policy.attempts {
         return None;
     }
     let jitter = jitter.clamp(0.0, 1.0);
-    match asked {
-        Some(wait) if wait > policy.max_wait => None,
-        // A little more than asked: GitHub counts whole seconds.
-        Some(wait) => Some(wait + std::time::Duration::from_millis(50).mul_f64(1.0 + jitter)),
-        None => {
-            let doubled = policy.base.saturating_mul(1u32 << (failed - 1).min(16));
-            let pause = doubled.min(policy.max_backoff);
-            Some(pause / 2 + (pause / 2).mul_f64(jitter))
-        }
-    }
-}
-
-/// What GitHub asked the client to wait, from an answer's headers: `retry-after` (seconds), else,
-/// when `x-ratelimit-remaining` is 0, the time until `x-ratelimit-reset` (Unix seconds; at least 1 s,
-/// so a reset in the past, by a skewed clock, still waits a little).
-fn asked_wait(headers: &HeaderMap, now_unix: i64) -> Option<std::time::Duration> {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    if let Some(seconds) = header("retry-after").and_then(|v| v.parse::<u64>().ok()) {
-        return Some(std::time::Duration::from_secs(seconds));
-    }
-    if header("x-ratelimit-remaining") == Some("0") {
-        let reset = header("x-ratelimit-reset")?.parse::<i64>().ok()?;
-        return Some(std::time::Duration::from_secs((reset - now_unix).max(1) as u64));
-    }
-    None
+    let doubled = policy.base.saturating_mul(1u32 << (failed - 1).min(16));
+    let pause = doubled.min(policy.max_backoff);
+    Some(pause / 2 + (pause / 2).mul_f64(jitter))
 }
 
 /// A random number in `[0, 1)` for jitter. Not for secrets: it spreads retries, nothing more.
@@ -133,49 +114,18 @@ fn repeatable(method: &Method, operation: &str) -> bool {
         || operation == "create installation access token"
 }
 
-/// GitHub's rate-limit figures from the latest answer for one credential and resource.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct RateLimit {
-    /// Whose limit: `app` (the App's JWT), `installation <id>`, or `token` (a personal access token).
-    pub credential: String,
-    /// `x-ratelimit-resource`: `core` for the REST API.
-    pub resource: String,
-    /// `x-ratelimit-limit`: requests per window.
-    pub limit: u64,
-    /// `x-ratelimit-remaining`.
-    pub remaining: u64,
-    /// `x-ratelimit-used`, when sent.
-    pub used: Option<u64>,
-    /// `x-ratelimit-reset`: when the window resets, Unix seconds.
-    pub reset: i64,
-    /// When the answer came, Unix seconds.
-    pub observed_at: i64,
-}
-
-impl RateLimit {
-    fn from_headers(credential: &str, headers: &HeaderMap, now_unix: i64) -> Option<RateLimit> {
-        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-        let number = |name: &str| header(name).and_then(|v| v.parse::<u64>().ok());
-        Some(RateLimit {
-            credential: credential.to_owned(),
-            resource: header("x-ratelimit-resource").unwrap_or("core").to_owned(),
-            limit: number("x-ratelimit-limit")?,
-            remaining: number("x-ratelimit-remaining")?,
-            used: number("x-ratelimit-used"),
-            reset: header("x-ratelimit-reset").and_then(|v| v.parse().ok()).unwrap_or(0),
-            observed_at: now_unix,
-        })
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error("GitHub {operation}: request failed: {source}")]
     Transport { operation: &'static str, source: reqwest::Error },
-    /// `rate_limited` is GitHub saying "slow down" (429, or 403 with an exhausted rate limit or a
-    /// `retry-after`), as opposed to a 403 for missing permissions.
+    /// GitHub answered with an error that is not a rate limit (a 403 here is a missing permission).
     #[error("GitHub {operation}: HTTP {status}: {body}")]
-    Status { operation: &'static str, status: StatusCode, rate_limited: bool, body: String },
+    Status { operation: &'static str, status: StatusCode, body: String },
+    /// GitHub's rate limit holds the client back until `until`: nothing may be sent before then.
+    /// `status` and `body` are GitHub's answer; `None`: this call was not sent, the client was
+    /// already held back by an earlier answer.
+    #[error("GitHub {operation}: GitHub rate limit until {} UTC ({})", utc_hms(*until), limited_detail(*status, body))]
+    RateLimited { operation: &'static str, until: SystemTime, status: Option<StatusCode>, body: String },
     #[error("GitHub {operation}: unexpected response body at `{path}`: {source}")]
     Decode { operation: &'static str, path: String, source: serde_json::Error },
     #[error(transparent)]
@@ -192,12 +142,20 @@ pub enum ApiError {
     UnsupportedContent { operation: &'static str, path: String, reason: String },
 }
 
+fn limited_detail(status: Option<StatusCode>, body: &str) -> String {
+    match status {
+        Some(status) => format!("HTTP {status}: {body}"),
+        None => "not sent: an earlier answer holds the client back".to_owned(),
+    }
+}
+
 impl ApiError {
     /// Whether retrying the same request later may succeed (network trouble, rate limits, GitHub 5xx).
     pub fn is_transient(&self) -> bool {
         match self {
             ApiError::Transport { .. } => true,
-            ApiError::Status { status, rate_limited, .. } => status.is_server_error() || *rate_limited,
+            ApiError::Status { status, .. } => status.is_server_error(),
+            ApiError::RateLimited { .. } => true,
             ApiError::Decode { .. }
             | ApiError::Auth(_)
             | ApiError::AppOnly { .. }
@@ -205,6 +163,15 @@ impl ApiError {
             | ApiError::TooLarge { .. }
             | ApiError::InvalidArgument { .. }
             | ApiError::UnsupportedContent { .. } => false,
+        }
+    }
+
+    /// The earliest time the same call may be tried again, when GitHub named one (a rate limit):
+    /// a caller schedules its retry no earlier, whatever its own backoff says.
+    pub fn retry_not_before(&self) -> Option<SystemTime> {
+        match self {
+            ApiError::RateLimited { until, .. } => Some(*until),
+            _ => None,
         }
     }
 
@@ -255,15 +222,18 @@ struct Reply {
 }
 
 impl Reply {
-    /// The reply itself if it is a 2xx, else the typed error.
+    /// The reply itself if it is a 2xx, else the typed error. (A rate-limit answer never gets
+    /// here: the retry loop turns it into [`ApiError::RateLimited`].)
     fn success(self) -> Result<Reply, ApiError> {
         if self.status.is_success() {
             return Ok(self);
         }
-        let rate_limited = is_rate_limited(self.status, &self.headers);
-        // GitHub's error bodies are short JSON messages; cap them so a proxy's HTML page stays readable.
-        let body: String = String::from_utf8_lossy(&self.body).chars().take(500).collect();
-        Err(ApiError::Status { operation: self.operation, status: self.status, rate_limited, body })
+        Err(ApiError::Status { operation: self.operation, status: self.status, body: self.short_body() })
+    }
+
+    /// GitHub's error bodies are short JSON messages; cut so a proxy's HTML page stays readable.
+    fn short_body(&self) -> String {
+        String::from_utf8_lossy(&self.body).chars().take(500).collect()
     }
 
     fn json<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
@@ -288,21 +258,31 @@ impl Reply {
 
 const NO_BODY: Option<&()> = None;
 
-/// A GitHub client. Cheap to share behind an `Arc`; the caches are internal.
+/// A GitHub client. Cheap to share behind an `Arc`, or to clone: a clone shares the caches, the
+/// figures and the rate-limit hold, so it is the same client to GitHub.
+#[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base_url: String,
     credentials: Credentials,
     retry: RetryPolicy,
+    /// Nothing is sent before its end (GitHub's rate limits).
+    gate: Arc<Gate>,
     /// (credential, resource) → the latest figures.
-    rate_limits: std::sync::Mutex<BTreeMap<(String, String), RateLimit>>,
+    rate_limits: Arc<std::sync::Mutex<BTreeMap<(String, String), RateLimit>>>,
     /// Requests sent, by result: `2xx`, `3xx`, `4xx`, `5xx`, `error` (no answer).
-    requests: std::sync::Mutex<BTreeMap<&'static str, u64>>,
+    requests: Arc<std::sync::Mutex<BTreeMap<&'static str, u64>>>,
     /// Installation id → token.
-    tokens: Mutex<HashMap<u64, CachedToken>>,
-    repo_installations: Mutex<HashMap<Repo, u64>>,
+    tokens: Arc<Mutex<HashMap<u64, CachedToken>>>,
+    repo_installations: Arc<Mutex<HashMap<Repo, u64>>>,
     /// Lower-cased organisation login → installation id (GitHub logins are case-insensitive).
-    org_installations: Mutex<HashMap<String, u64>>,
+    org_installations: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+/// What the retry loop hands back: a 2xx still unread (a tarball streams), or any other answer read.
+enum Answer {
+    Success(reqwest::Response),
+    Other(Reply),
 }
 
 impl std::fmt::Debug for Client {
@@ -329,11 +309,12 @@ impl Client {
             base_url,
             credentials,
             retry: RetryPolicy::default(),
-            rate_limits: std::sync::Mutex::new(BTreeMap::new()),
-            requests: std::sync::Mutex::new(BTreeMap::new()),
-            tokens: Mutex::new(HashMap::new()),
-            repo_installations: Mutex::new(HashMap::new()),
-            org_installations: Mutex::new(HashMap::new()),
+            gate: Arc::default(),
+            rate_limits: Arc::default(),
+            requests: Arc::default(),
+            tokens: Arc::default(),
+            repo_installations: Arc::default(),
+            org_installations: Arc::default(),
         }
     }
 
@@ -347,12 +328,18 @@ impl Client {
         matches!(self.credentials, Credentials::App(_))
     }
 
-    /// GitHub's rate-limit figures as of the latest answer, per credential and resource.
     /// Requests sent so far, by result (`2xx`, `3xx`, `4xx`, `5xx`, `error`: no answer).
     pub fn request_counts(&self) -> Vec<(&'static str, u64)> {
         self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (*k, *v)).collect()
     }
 
+    /// Until when GitHub's rate limit holds this client back (nothing is sent before), while it
+    /// does: for callers that say why they wait, and schedule no earlier.
+    pub fn held_until(&self) -> Option<SystemTime> {
+        self.gate.until().map(|end| end.wall)
+    }
+
+    /// GitHub's rate-limit figures as of the latest answer, per credential and resource.
     pub fn rate_limits(&self) -> Vec<RateLimit> {
         self.rate_limits.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
     }
@@ -668,12 +655,11 @@ impl Client {
         let path = repo_path(OP, repo, &segments)?;
         let too_large = ApiError::TooLarge { operation: OP, limit: max_bytes };
         let transport = |source| ApiError::Transport { operation: OP, source };
-        let mut resp = self.exchange(OP, Method::GET, &path, &[], Auth::Repo(repo), NO_BODY, TARBALL_TIMEOUT).await?;
-        if !resp.status().is_success() {
-            let (status, headers) = (resp.status(), resp.headers().clone());
-            let body = resp.bytes().await.map_err(transport)?.to_vec();
-            return Reply { operation: OP, status, headers, body }.success().map(|_| Vec::new());
-        }
+        let mut resp =
+            match self.exchange(OP, Method::GET, &path, &[], Auth::Repo(repo), NO_BODY, TARBALL_TIMEOUT).await? {
+                Answer::Success(resp) => resp,
+                Answer::Other(reply) => return reply.success().map(|_| Vec::new()),
+            };
         if resp.content_length().is_some_and(|len| len > max_bytes) {
             return Err(too_large);
         }
@@ -761,13 +747,26 @@ impl Client {
         auth: Auth<'_>,
         body: Option<&B>,
     ) -> Result<Reply, ApiError> {
-        let resp = self.exchange(operation, method, path, query, auth, body, self.retry.timeout).await?;
-        let (status, headers) = (resp.status(), resp.headers().clone());
-        let body = resp.bytes().await.map_err(|source| ApiError::Transport { operation, source })?.to_vec();
-        Ok(Reply { operation, status, headers, body })
+        match self.exchange(operation, method, path, query, auth, body, self.retry.timeout).await? {
+            Answer::Success(resp) => read(operation, resp).await,
+            Answer::Other(reply) => Ok(reply),
+        }
     }
 
-    /// The retry loop: sends until an answer is final and returns it unread (a tarball streams).
+    /// Waits out a rate-limit hold that ends within [`RetryPolicy::max_wait`]; a longer one is
+    /// [`ApiError::RateLimited`], and nothing is sent.
+    async fn pass_gate(&self, operation: &'static str) -> Result<(), ApiError> {
+        while let Some(end) = self.gate.until() {
+            if end.at.saturating_duration_since(tokio::time::Instant::now()) > self.retry.max_wait {
+                return Err(ApiError::RateLimited { operation, until: end.wall, status: None, body: String::new() });
+            }
+            // Checked again after: another answer may have moved the end meanwhile.
+            tokio::time::sleep_until(end.at).await;
+        }
+        Ok(())
+    }
+
+    /// The retry loop: sends until an answer is final. Every try passes the rate-limit gate first.
     #[allow(clippy::too_many_arguments)]
     async fn exchange<B: Serialize + ?Sized>(
         &self,
@@ -778,80 +777,105 @@ impl Client {
         auth: Auth<'_>,
         body: Option<&B>,
         timeout: std::time::Duration,
-    ) -> Result<reqwest::Response, ApiError> {
+    ) -> Result<Answer, ApiError> {
         let repeatable = repeatable(&method, operation);
         let mut refreshed = false;
         let mut failed = 0;
         loop {
+            self.pass_gate(operation).await?;
             let bearer = self.bearer(operation, auth).await?;
+            // Finding the bearer may have taken a while (a token minted): the gate again.
+            self.pass_gate(operation).await?;
             let mut req = self.request(method.clone(), path, query, &bearer.value).timeout(timeout);
             if let Some(body) = body {
                 req = req.json(body);
             }
+            let sent = tokio::time::Instant::now();
             let result = req.send().await;
-            {
-                let class = match &result {
-                    Ok(r) if r.status().is_success() => "2xx",
-                    Ok(r) if r.status().is_redirection() => "3xx",
-                    Ok(r) if r.status().is_client_error() => "4xx",
-                    Ok(_) => "5xx",
-                    Err(_) => "error",
-                };
-                *self.requests.lock().unwrap_or_else(|e| e.into_inner()).entry(class).or_insert(0) += 1;
-            }
-            let now = OffsetDateTime::now_utc().unix_timestamp();
-            let asked = match &result {
-                Ok(resp) => {
-                    let status = resp.status();
-                    if let Some(limit) = RateLimit::from_headers(&bearer.credential, resp.headers(), now) {
-                        let mut limits = self.rate_limits.lock().unwrap_or_else(|e| e.into_inner());
-                        limits.insert((limit.credential.clone(), limit.resource.clone()), limit);
-                    }
-                    if status == StatusCode::UNAUTHORIZED {
-                        // GitHub revoked the installation token, or it expired before the cache
-                        // thought: drop it and try once with a fresh one. A 401 on the App's own JWT
-                        // or on a personal token will not pass by retrying.
-                        match bearer.installation {
-                            Some(id) if !refreshed => {
-                                self.forget_token(id, &bearer.value).await;
-                                refreshed = true;
-                                continue;
-                            }
-                            _ => None,
+            self.count(&result);
+            let resp = match result {
+                Ok(resp) => resp,
+                // A connection never made carried nothing: any request may go again.
+                Err(e) if e.is_connect() || repeatable => {
+                    failed += 1;
+                    match retry_pause(&self.retry, failed, jitter()) {
+                        Some(pause) => {
+                            tokio::time::sleep(pause).await;
+                            continue;
                         }
-                    } else if is_rate_limited(status, resp.headers()) {
-                        // Without a hint GitHub says to wait at least a minute (secondary limits).
-                        Some(asked_wait(resp.headers(), now).unwrap_or(std::time::Duration::from_secs(60)))
-                    } else if status.is_server_error() && repeatable {
-                        // A 503 may say when to come back.
-                        asked_wait(resp.headers(), now).or(Some(std::time::Duration::ZERO))
-                    } else {
-                        None
+                        None => return Err(ApiError::Transport { operation, source: e }),
                     }
                 }
-                // A connection never made carried nothing: any request may go again.
-                Err(e) if e.is_connect() || repeatable => Some(std::time::Duration::ZERO),
-                Err(_) => None,
+                Err(source) => return Err(ApiError::Transport { operation, source }),
             };
-            let Some(asked) = asked else {
-                return result.map_err(|source| ApiError::Transport { operation, source });
-            };
-            failed += 1;
-            let asked = (!asked.is_zero()).then_some(asked);
-            match retry_pause(&self.retry, failed, asked, jitter()) {
-                Some(pause) => tokio::time::sleep(pause).await,
-                None => return result.map_err(|source| ApiError::Transport { operation, source }),
+            let now = OffsetDateTime::now_utc().unix_timestamp();
+            let status = resp.status();
+            if let Some(limit) = RateLimit::from_headers(&bearer.credential, resp.headers(), now) {
+                let mut limits = self.rate_limits.lock().unwrap_or_else(|e| e.into_inner());
+                limits.insert((limit.credential.clone(), limit.resource.clone()), limit);
             }
+            if status.is_success() {
+                return Ok(Answer::Success(resp));
+            }
+            // Error bodies are short; a secondary rate limit is told apart from a missing
+            // permission only by its message.
+            let reply = read(operation, resp).await?;
+            if status == StatusCode::UNAUTHORIZED {
+                // GitHub revoked the installation token, or it expired before the cache thought:
+                // drop it and try once with a fresh one. A 401 on the App's own JWT or on a
+                // personal token will not pass by retrying.
+                if let (Some(id), false) = (bearer.installation, refreshed) {
+                    self.forget_token(id, &bearer.value).await;
+                    refreshed = true;
+                    continue;
+                }
+            }
+            if let Some(limit) = ratelimit::limit_of(status, &reply.headers, &reply.body, now) {
+                let end = self.gate.limited(limit, sent);
+                failed += 1;
+                // Sent again only once the hold is over (the gate sees to it); a request that was
+                // refused created nothing, so any request may go again.
+                let within = end.at.saturating_duration_since(tokio::time::Instant::now()) <= self.retry.max_wait;
+                if within && failed < self.retry.attempts {
+                    continue;
+                }
+                let body = reply.short_body();
+                return Err(ApiError::RateLimited { operation, until: end.wall, status: Some(status), body });
+            }
+            if status.is_server_error() {
+                // A 503 may say when to come back: every call waits for it, not only this one.
+                if let Some(wait) = ratelimit::retry_after(&reply.headers, now) {
+                    self.gate.limited(Limit::Hinted(wait), sent);
+                }
+                failed += 1;
+                if repeatable {
+                    if let Some(pause) = retry_pause(&self.retry, failed, jitter()) {
+                        tokio::time::sleep(pause).await;
+                        continue;
+                    }
+                }
+            }
+            return Ok(Answer::Other(reply));
         }
+    }
+
+    fn count(&self, result: &Result<reqwest::Response, reqwest::Error>) {
+        let class = match result {
+            Ok(r) if r.status().is_success() => "2xx",
+            Ok(r) if r.status().is_redirection() => "3xx",
+            Ok(r) if r.status().is_client_error() => "4xx",
+            Ok(_) => "5xx",
+            Err(_) => "error",
+        };
+        *self.requests.lock().unwrap_or_else(|e| e.into_inner()).entry(class).or_insert(0) += 1;
     }
 }
 
-/// GitHub saying "slow down" (429, or 403 with an exhausted rate limit or a `retry-after`), as
-/// opposed to a 403 for missing permissions.
-fn is_rate_limited(status: StatusCode, headers: &HeaderMap) -> bool {
-    let remaining_zero = headers.get("x-ratelimit-remaining").is_some_and(|v| v.as_bytes() == b"0");
-    status == StatusCode::TOO_MANY_REQUESTS
-        || (status == StatusCode::FORBIDDEN && (remaining_zero || headers.contains_key("retry-after")))
+/// Reads a whole answer.
+async fn read(operation: &'static str, resp: reqwest::Response) -> Result<Reply, ApiError> {
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    let body = resp.bytes().await.map_err(|source| ApiError::Transport { operation, source })?.to_vec();
+    Ok(Reply { operation, status, headers, body })
 }
 
 fn jit_config(resp: wire::JitConfigResponse) -> JitConfig {
@@ -968,84 +992,21 @@ mod tests {
         let p = policy();
         let secs = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
         // Without jitter the lower half, with the most jitter the whole pause.
-        assert_eq!(secs(retry_pause(&p, 1, None, 0.0)), Some(0.5));
-        assert_eq!(secs(retry_pause(&p, 2, None, 0.0)), Some(1.0));
-        assert_eq!(secs(retry_pause(&p, 3, None, 0.0)), Some(1.5), "capped at 3 s");
+        assert_eq!(secs(retry_pause(&p, 1, 0.0)), Some(0.5));
+        assert_eq!(secs(retry_pause(&p, 2, 0.0)), Some(1.0));
+        assert_eq!(secs(retry_pause(&p, 3, 0.0)), Some(1.5), "capped at 3 s");
         for failed in 1..4 {
             for jitter in [0.0, 0.3, 0.999, 7.0, -1.0] {
-                let pause = retry_pause(&p, failed, None, jitter).expect("a retry is left");
+                let pause = retry_pause(&p, failed, jitter).expect("a retry is left");
                 let full = (p.base * (1 << (failed - 1))).min(p.max_backoff);
                 assert!(pause >= full / 2 && pause <= full, "{failed} {jitter}: {pause:?}");
             }
         }
-        assert_eq!(retry_pause(&p, 4, None, 0.5), None, "four tries in all");
-        assert_eq!(retry_pause(&p, 0, None, 0.5), None);
+        assert_eq!(retry_pause(&p, 4, 0.5), None, "four tries in all");
+        assert_eq!(retry_pause(&p, 0, 0.5), None);
         // Huge failure counts neither overflow nor exceed the cap (attempts permitting).
         let many = RetryPolicy { attempts: u32::MAX, ..p };
-        assert!(retry_pause(&many, 1000, None, 0.9).is_some_and(|d| d <= many.max_backoff));
-    }
-
-    #[test]
-    fn githubs_wait_is_honoured_in_full_or_left_to_the_caller() {
-        let p = policy();
-        let wait = std::time::Duration::from_secs(5);
-        for jitter in [0.0, 0.5, 0.999] {
-            let pause = retry_pause(&p, 1, Some(wait), jitter).expect("retry");
-            assert!(pause >= wait && pause <= wait + std::time::Duration::from_millis(100), "{pause:?}");
-        }
-        assert_eq!(retry_pause(&p, 1, Some(std::time::Duration::from_secs(21)), 0.0), None, "longer than max_wait");
-        assert_eq!(retry_pause(&p, 4, Some(wait), 0.0), None, "out of tries");
-    }
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.insert(*k, v.parse().expect("header value"));
-        }
-        h
-    }
-
-    #[test]
-    fn the_wait_github_asks_for_comes_from_retry_after_or_the_reset() {
-        let now = 1_700_000_000;
-        let secs = std::time::Duration::from_secs;
-        assert_eq!(asked_wait(&headers(&[("retry-after", "30")]), now), Some(secs(30)));
-        let exhausted = headers(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1700000042")]);
-        assert_eq!(asked_wait(&exhausted, now), Some(secs(42)));
-        let past = headers(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1699999000")]);
-        assert_eq!(asked_wait(&past, now), Some(secs(1)), "a reset in the past still waits a moment");
-        let left = headers(&[("x-ratelimit-remaining", "12"), ("x-ratelimit-reset", "1700000042")]);
-        assert_eq!(asked_wait(&left, now), None);
-        assert_eq!(asked_wait(&headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]), now), None);
-        assert!(is_rate_limited(StatusCode::FORBIDDEN, &headers(&[("retry-after", "1")])));
-        assert!(is_rate_limited(StatusCode::FORBIDDEN, &exhausted));
-        assert!(is_rate_limited(StatusCode::TOO_MANY_REQUESTS, &HeaderMap::new()));
-        assert!(!is_rate_limited(StatusCode::FORBIDDEN, &left), "a 403 for a missing permission");
-    }
-
-    #[test]
-    fn rate_limit_figures_are_read_from_the_headers() {
-        let h = headers(&[
-            ("x-ratelimit-limit", "5000"),
-            ("x-ratelimit-remaining", "4987"),
-            ("x-ratelimit-used", "13"),
-            ("x-ratelimit-reset", "1700003600"),
-            ("x-ratelimit-resource", "core"),
-        ]);
-        let limit = RateLimit::from_headers("installation 7", &h, 1_700_000_000).expect("figures");
-        assert_eq!(
-            limit,
-            RateLimit {
-                credential: "installation 7".into(),
-                resource: "core".into(),
-                limit: 5000,
-                remaining: 4987,
-                used: Some(13),
-                reset: 1_700_003_600,
-                observed_at: 1_700_000_000,
-            }
-        );
-        assert_eq!(RateLimit::from_headers("app", &HeaderMap::new(), 0), None, "no figures, nothing kept");
+        assert!(retry_pause(&many, 1000, 0.9).is_some_and(|d| d <= many.max_backoff));
     }
 
     #[test]

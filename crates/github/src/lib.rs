@@ -6,7 +6,8 @@
 //! - [`auth`]: GitHub App authentication (app JWT, RS256) with secrets that never print;
 //! - [`client`]: a small REST client for the operations gpuci needs (installation tokens, JIT runners,
 //!   workflow runs and jobs, check runs and statuses, labels, permissions, contents and tarballs), with
-//!   a configurable base URL for GitHub Enterprise Server and for tests; [`types`] holds its values.
+//!   a configurable base URL for GitHub Enterprise Server and for tests; [`types`] holds its values;
+//! - [`ratelimit`]: GitHub's rate limits as the client obeys them (one "not before" per client).
 //!
 //! What it must not do: make scheduling or policy decisions (which pool serves a job, whether a PR is
 //! approved, when to cancel), or touch the store. It reports what GitHub said; the coordinator decides.
@@ -14,6 +15,7 @@
 pub mod auth;
 pub mod client;
 pub mod event;
+pub mod ratelimit;
 pub mod types;
 pub mod webhook;
 

@@ -49,7 +49,8 @@ pub struct JitRunnerSpec {
     pub labels: Vec<String>,
 }
 
-/// A registered JIT runner; `encoded_jit_config` is handed to `run.sh --jitconfig`.
+/// A registered JIT runner; `encoded_jit_config` is handed to `run.sh` in the
+/// environment (`ACTIONS_RUNNER_INPUT_JITCONFIG`), never on its command line.
 #[derive(Debug, Clone)]
 pub struct JitConfig {
     pub runner_id: u64,

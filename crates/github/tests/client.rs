@@ -901,11 +901,14 @@ async fn server_errors_and_rate_limits_are_transient_permission_errors_are_not()
     let server = client.get_job(&repo, 500).await.expect_err("502");
     assert!(matches!(server, ApiError::Status { status: StatusCode::BAD_GATEWAY, .. }) && server.is_transient());
     let limited = client.get_job(&repo, 403).await.expect_err("rate limited");
-    assert!(matches!(limited, ApiError::Status { rate_limited: true, .. }) && limited.is_transient(), "{limited:?}");
-    let forbidden = client.get_job(&repo, 401).await.expect_err("forbidden");
+    assert!(matches!(limited, ApiError::RateLimited { .. }) && limited.is_transient(), "{limited:?}");
+    assert!(limited.retry_not_before().is_some(), "{limited:?}");
+    // A fresh client: the rate limit holds back every call on the first one.
+    let forbidden = pat_client(&s.base).get_job(&repo, 401).await.expect_err("forbidden");
     assert!(
-        matches!(forbidden, ApiError::Status { status: StatusCode::FORBIDDEN, rate_limited: false, .. })
-            && !forbidden.is_transient(),
+        matches!(forbidden, ApiError::Status { status: StatusCode::FORBIDDEN, .. })
+            && !forbidden.is_transient()
+            && forbidden.retry_not_before().is_none(),
         "{forbidden:?}"
     );
 }

@@ -18,6 +18,13 @@ use std::collections::BTreeMap;
 /// Tag every agent advertises, `allowed` or `forbidden`: whether it runs `sandbox: none` steps.
 pub const UNSANDBOXED_TAG: &str = "gpuci.unsandboxed";
 
+/// Tag every agent advertises, `taken` or `refused`: whether it runs steps that set
+/// `resources:` (memory, cpus, pids). `taken` where it enforces them (job cgroups), or where
+/// its operator allowed them unenforced (`--allow-unenforced-limits`, said in each such job's
+/// log); `refused` otherwise, so such a step waits, with the reason, rather than run without
+/// the limits it asked for.
+pub const RESOURCES_TAG: &str = "gpuci.resources";
+
 /// What one log line counts against a job's log cap besides its text: about what storing it
 /// takes (its row in the database: job, number, time, stream, index), so that a job printing
 /// tiny lines cannot store many times its cap.
@@ -87,6 +94,11 @@ pub struct Hello {
     /// The coordinator gives it no job whose timeout reaches past that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ends_at_ms: Option<i64>,
+    /// Why the agent takes no jobs at all (it then says `slots: 0`): it cannot give them what
+    /// it promises (no working sandbox, no disk quota), with the fix. Every job that waits for
+    /// it is told this, never that it is busy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refuses: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -271,6 +283,13 @@ pub struct Assignment {
     /// not trusted.
     #[serde(default)]
     pub trusted: bool,
+    /// Whose code this is: the pipeline's repository, as the coordinator names it. The agent
+    /// runs a job outside the sandbox only while no job of another repository is on the host,
+    /// and no job of another repository beside one that runs outside it. Absent: a pipeline
+    /// without a repository (all such are one tenant, the token holders'), or an older
+    /// coordinator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
     /// Number of the job's first log line from this run. Above 1 when its log already has
     /// lines (a job requeued after a failed GPU check keeps its id and its log): new lines are
     /// numbered after them, so none is taken for a resend of an earlier one.

@@ -223,3 +223,57 @@ pub struct MachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
+
+/// One entry of the audit log (`GET /api/v1/audit`, `gpuci audit --json`): who did what to
+/// which object, when, and how it ended. Never a secret value or a token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AuditEntry {
+    /// Increases with each entry, in commit order.
+    pub id: i64,
+    /// When, UTC (RFC 3339, milliseconds).
+    pub at: String,
+    pub at_ms: i64,
+    /// The kind of credential that acted: `admin-token`, `api-token` (a named token),
+    /// `dashboard` (signed in with the admin token), `github` (a GitHub user's action).
+    pub actor_kind: String,
+    /// Its name: `admin`, the named token's name, the GitHub login.
+    pub actor: String,
+    /// `sha256:` and 12 hex digits of the token's hash: which token, without the token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    /// `secret.set`, `secret.rm`, `secrets-key.rotate`, `token.create`, `token.revoke`,
+    /// `approval.grant`, `job.cancel`, `job.retry`, `gpu.release`.
+    pub action: String,
+    /// What it acted on: a secret's name and scope, a job, a token's name, a GPU.
+    pub object: String,
+    /// `ok`, or why not (`not found`, `failed: ...`).
+    pub outcome: String,
+}
+
+/// A named API token, as listed (never its value).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TokenInfo {
+    pub name: String,
+    /// `sha256:` and 12 hex digits of the token's hash, as the audit log names it.
+    pub credential: String,
+    pub created_at_ms: i64,
+    pub created_by: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at_ms: Option<i64>,
+}
+
+/// `POST /api/v1/tokens`.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateToken {
+    /// Letters, digits, `-`, `_` and `.`, 1 to 64 characters; never used before.
+    pub name: String,
+}
+
+/// The answer to `POST /api/v1/tokens`: the only time the token's value is shown.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CreatedToken {
+    pub name: String,
+    pub token: String,
+    pub credential: String,
+}

@@ -271,6 +271,31 @@ pub trait Store: Send + Sync + 'static {
     async fn purge_freed_space(&self) -> Result<()>;
     /// Stored values (sealed text) of the named secrets that exist.
     async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>>;
+    /// [`Store::set_secret`] and its audit entry, in one transaction: a value is never
+    /// replaced without the record of who replaced it.
+    async fn set_secret_audited(&self, name: &str, value: &str, now_ms: i64, audit: &NewAudit) -> Result<()>;
+    /// [`Store::delete_secret`] and, when a row was deleted, its audit entry, in one
+    /// transaction. False (and no entry) if there was no such secret.
+    async fn delete_secret_audited(&self, name: &str, audit: &NewAudit) -> Result<bool>;
+
+    // The audit log.
+    /// Append an entry of its own (an action whose change is not in this database, or did not
+    /// happen); returns it as stored.
+    async fn append_audit(&self, entry: &NewAudit) -> Result<AuditRecord>;
+    /// Entries that pass the filter, newest first.
+    async fn audit_log(&self, filter: &AuditFilter) -> Result<Vec<AuditRecord>>;
+
+    // Named API tokens.
+    /// Store a new token and its audit entry in one transaction; false (and no entry) when
+    /// the name was ever used.
+    async fn create_api_token(&self, token: &ApiTokenRecord, audit: &NewAudit) -> Result<bool>;
+    /// Revoke a live token and record it in one transaction; false (and no entry) when no
+    /// live token has that name.
+    async fn revoke_api_token(&self, name: &str, now_ms: i64, audit: &NewAudit) -> Result<bool>;
+    /// Every token, revoked ones included, by name.
+    async fn api_tokens(&self) -> Result<Vec<ApiTokenRecord>>;
+    /// The live (not revoked) token with this hash.
+    async fn live_api_token(&self, hash: &str) -> Result<Option<ApiTokenRecord>>;
 
     // GitHub integration.
     /// Remember a webhook delivery; false when it was already recorded (a redelivery).
@@ -285,6 +310,8 @@ pub trait Store: Send + Sync + 'static {
     async fn get_runner(&self, name: &str) -> Result<Option<RunnerRecord>>;
     /// Runners not yet `done` or `removed` when `active_only`.
     async fn runners(&self, active_only: bool) -> Result<Vec<RunnerRecord>>;
+    /// Store an approval and, in the same transaction, its audit entry (actor: the GitHub
+    /// login that approved): every approval that can give a job secrets is on the record.
     async fn put_approval(&self, approval: &ApprovalRecord) -> Result<()>;
     async fn get_approval(&self, repository: &str, pr: i64, head_sha: &str) -> Result<Option<ApprovalRecord>>;
     async fn set_check_run(&self, job: JobId, check_run_id: i64) -> Result<()>;

@@ -236,3 +236,87 @@ pub struct BillingInterval {
     pub from_ms: i64,
     pub to_ms: Option<i64>,
 }
+
+/// One entry of the audit log, as the coordinator hands it in: who did what to which object,
+/// and how it ended. Never a secret value or a token: `object` names a secret by name and
+/// scope, `credential` is a fingerprint of the token (see the coordinator's `audit` module).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewAudit {
+    pub at_ms: i64,
+    /// Which kind of credential acted: `admin-token`, `api-token`, `dashboard`, `github`,
+    /// `coordinator`.
+    pub actor_kind: String,
+    /// Its name: `admin`, a named token's name, a GitHub login.
+    pub actor: String,
+    /// A stable fingerprint of the credential (`sha256:` and 12 hex digits of its hash), when
+    /// one was presented: tells a rotated admin token from the one before.
+    pub credential: Option<String>,
+    /// `secret.set`, `secret.rm`, `token.create`, ... (dotted: a filter on `secret` finds
+    /// every `secret.*`).
+    pub action: String,
+    /// What it acted on: `HF_TOKEN (repository acme/x)`, `job 42`, `token ci-bot`.
+    pub object: String,
+    /// `ok`, or what stopped it (`not found`, `failed: ...`).
+    pub outcome: String,
+}
+
+/// A stored audit entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditRecord {
+    /// Increases with each entry: the order they were committed in.
+    pub id: i64,
+    pub entry: NewAudit,
+}
+
+/// Which audit entries to list: newest first.
+#[derive(Clone, Debug, Default)]
+pub struct AuditFilter {
+    /// Entries at or after this time.
+    pub since_ms: Option<i64>,
+    /// This action, or every action under it (`secret` matches `secret.set` and `secret.rm`).
+    pub action: Option<String>,
+    /// Entries of this actor (a token's name, a GitHub login), exactly.
+    pub actor: Option<String>,
+    /// At most this many (default 1000).
+    pub limit: Option<u32>,
+}
+
+impl AuditFilter {
+    pub(crate) fn limit(&self) -> i64 {
+        i64::from(self.limit.unwrap_or(1000).clamp(1, 100_000))
+    }
+    /// The `LIKE` pattern for actions under `action` (`_` and `%` in it taken literally).
+    pub(crate) fn action_prefix(&self) -> Option<String> {
+        let a = self.action.as_ref()?;
+        let escaped: String =
+            a.chars().flat_map(|c| if matches!(c, '%' | '_' | '\\') { vec!['\\', c] } else { vec![c] }).collect();
+        Some(format!("{escaped}.%"))
+    }
+}
+
+/// A named API token: stored as the SHA-256 of its value, never the value. Names are never
+/// reused, revoked ones included, so a name in the audit log always means one token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiTokenRecord {
+    pub name: String,
+    /// Hex SHA-256 of the token.
+    pub hash: String,
+    pub created_at_ms: i64,
+    /// Who created it (the actor's name).
+    pub created_by: String,
+    pub revoked_at_ms: Option<i64>,
+}
+
+/// The audit entry of an approval ([`Store::put_approval`](crate::Store::put_approval) writes
+/// it with the approval): the GitHub login that approved, and what it approved.
+pub fn approval_audit(a: &ApprovalRecord) -> NewAudit {
+    NewAudit {
+        at_ms: a.approved_at_ms,
+        actor_kind: "github".into(),
+        actor: a.approved_by.clone(),
+        credential: None,
+        action: "approval.grant".into(),
+        object: format!("pull request {}#{} at {}", a.repository, a.pr, a.head_sha),
+        outcome: "ok".into(),
+    }
+}

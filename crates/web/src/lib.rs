@@ -8,9 +8,11 @@
 //! links navigate); the script only makes them live.
 
 pub mod ansi;
+mod audit;
 mod chart;
 mod pages;
 
+pub use audit::*;
 pub use pages::*;
 
 /// The stylesheet, served at [`CSS_PATH`].

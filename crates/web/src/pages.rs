@@ -132,6 +132,10 @@ pub fn layout(title: &str, viewer: &Viewer, active: &str, body: Markup) -> Marku
                                     li { a href=(href) aria-current=[(active == *name).then_some("page")] { (name) } }
                                 }
                             }
+                            // The audit log is the admin's alone.
+                            @if viewer.may_change() {
+                                li { a href="/ui/audit" aria-current=[(active == "Audit").then_some("page")] { "Audit" } }
+                            }
                         }
                     }
                     div.who {

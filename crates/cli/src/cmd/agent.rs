@@ -35,7 +35,20 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     c.simulate_host = a.simulate_host;
     c.only_gpus = a.local.gpus.map(|g| g.0);
     if let Some(engine) = a.allocation {
-        let grant = gpuci_agent::allocation::from_env(engine, &|k| std::env::var(k).ok()).map_err(CliError::Input)?;
+        let mut grant =
+            gpuci_agent::allocation::from_env(engine, &|k| std::env::var(k).ok()).map_err(CliError::Input)?;
+        if engine == gpuci_agent::allocation::Engine::Slurm {
+            // Slurm names GRES indices; which device files they are takes the node's list.
+            let files = gpuci_agent::gres::read_grant(&grant.id, a.expect_gpus, &|k| std::env::var(k).ok())
+                .await
+                .map_err(|e| CliError::Input(format!("--allocation slurm: job {}: {e}", grant.id)))?;
+            tracing::info!(job = %grant.id, ?files, "the GPU device files Slurm granted");
+            grant.gpus = files
+                .iter()
+                .map(|f| gpuci_agent::gres::minor_of(f).map(gpuci_gpu::GpuRef::Node))
+                .collect::<Result<_, _>>()
+                .map_err(|e| CliError::Input(format!("--allocation slurm: {e}")))?;
+        }
         if let Some(n) = a.expect_gpus {
             if grant.gpus.len() != n as usize {
                 return Err(CliError::Input(format!(

@@ -62,6 +62,18 @@ pub async fn start_configured(
     Ok(Local { server, agent })
 }
 
+/// The local agent's flags that it would refuse, refused before anything starts (exit 2): the
+/// agent refuses them too, but inside its own task, where `gpuci up` and `gpuci run` only saw
+/// that it never connected ("the local agent did not connect within 5s").
+pub fn check_agent_args(agent: &LocalAgentArgs) -> Result<(), crate::CliError> {
+    if agent.isolation == crate::cli::IsolationArg::None && !agent.jobs.allow_unsandboxed {
+        return Err(crate::CliError::Input(
+            "--isolation none runs jobs outside the sandbox: add --allow-unsandboxed to mean it".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Each path as the sandbox must hide it: absolute, and also its real location when a
 /// symlink leads there (a job could reach the target through another bound path).
 pub fn hidden_forms(paths: &[PathBuf]) -> Vec<PathBuf> {

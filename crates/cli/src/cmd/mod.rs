@@ -1,6 +1,7 @@
 //! One module per subcommand. Each returns an exit code or a [`CliError`].
 
 mod agent;
+mod audit;
 mod bench;
 mod doctor;
 mod jobs;
@@ -43,6 +44,8 @@ pub async fn dispatch(cli: Cli) -> u8 {
             GpuCommand::Release { uuid } => gpu_release(&a.client, &uuid).await,
         },
         Command::Secret(a) => secret(a).await,
+        Command::Audit(a) => audit::run(a).await,
+        Command::Token(a) => audit::token(a).await,
         Command::Doctor(a) => doctor::run(a).await,
         Command::Validate(a) => validate(a),
         Command::Schema => {

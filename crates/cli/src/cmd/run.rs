@@ -9,6 +9,7 @@ use gpuci_coordinator::{Database, Timing};
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(a: RunArgs, shutdown: CancellationToken) -> CliResult {
+    local::check_agent_args(&a.agent)?;
     let (source, _) = read_pipeline(&a.file)?;
     let dir = tempfile::Builder::new().prefix("gpuci-run-").tempdir()?;
     let inner = shutdown.child_token();

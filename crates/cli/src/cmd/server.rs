@@ -40,8 +40,14 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
         config.credential_files = credential_files;
         config.fleets = gpuci_core::fleet::parse_fleets(&path.display().to_string(), &text)
             .map_err(|e| CliError::Input(e.to_string()))?;
-        config.budgets = gpuci_core::fleet::parse_budgets(&path.display().to_string(), &text)
+        // A bare `owner/name` in budgets, shared concurrency groups and public repositories
+        // is on the configured GitHub host (GitHub Enterprise's when `[github] api_url` names one).
+        let github_host = gpuci_core::repo::github_host_of_api_url(file.github.as_ref().map(|g| g.api_url.as_str()));
+        config.budgets = gpuci_core::fleet::parse_budgets(&path.display().to_string(), &text, &github_host)
             .map_err(|e| CliError::Input(e.to_string()))?;
+        config.concurrency_shared =
+            gpuci_core::concurrency::parse_shared_groups(&path.display().to_string(), &text, &github_host)
+                .map_err(|e| CliError::Input(e.to_string()))?;
         // Each fleet's provider settings are checked now: a fleet that could never make a
         // machine is refused at start, not found dead later.
         for f in &config.fleets {

@@ -10,6 +10,7 @@ use gpuci_protocol::api::WatchEvent;
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
+    local::check_agent_args(&a.agent)?;
     // Validate pipelines before starting anything.
     let mut pipelines = Vec::new();
     for f in &a.pipelines {

@@ -16,6 +16,62 @@ pub struct Slurm {
     dir: tempfile::TempDir,
     pub conf: PathBuf,
     daemons: Vec<(&'static str, Child)>,
+    /// With `ConstrainDevices=yes`: the cgroup v1 devices directory slurmd makes for the node.
+    device_cgroup: Option<PathBuf>,
+}
+
+/// How the test node's GPUs are configured: what real nodes write, down to the files that
+/// do not start at `nvidia0`, gaps, and typed lines.
+#[derive(Clone, Debug)]
+pub struct Gpus {
+    /// slurm.conf's `Gres=` for the node: `gpu:4`, `gpu:h100:2,gpu:a100:2`.
+    pub node_gres: String,
+    /// gres.conf; `{dev}` stands for the cluster's own /dev directory.
+    pub gres_conf: String,
+    /// The minor numbers of the fake device files `{dev}/nvidia<N>` to make.
+    pub minors: Vec<u32>,
+    /// `TaskPlugin=task/cgroup` with `ConstrainDevices=yes` (cgroup v1): each job may open only
+    /// its GPUs' files. The fake files then carry the NVIDIA driver's numbers (195:N), which
+    /// the cgroup tells apart (opening a granted one answers ENXIO, a refused one EPERM);
+    /// otherwise /dev/null's, which any job may open.
+    pub constrain_devices: bool,
+}
+
+impl Gpus {
+    /// `n` GPUs, `File={dev}/nvidia[0-(n-1)]`.
+    pub fn count(n: u32) -> Gpus {
+        Gpus {
+            node_gres: format!("gpu:{n}"),
+            gres_conf: format!("Name=gpu File={{dev}}/nvidia[0-{}]\n", n.saturating_sub(1)),
+            minors: (0..n).collect(),
+            constrain_devices: false,
+        }
+    }
+
+    /// One untyped gres.conf line `File={dev}/nvidia<files>` (`[4-7]`, `[0,2,3]`) naming
+    /// `count` files, over the device files `minors` (a node may have a file gres.conf leaves
+    /// out: a GPU taken out of service).
+    pub fn files(files: &str, count: u32, minors: &[u32]) -> Gpus {
+        Gpus {
+            node_gres: format!("gpu:{count}"),
+            gres_conf: format!("Name=gpu File={{dev}}/nvidia{files}\n"),
+            minors: minors.to_vec(),
+            constrain_devices: false,
+        }
+    }
+}
+
+/// Whether slurmd's task/cgroup can constrain devices here: cgroup v1 with a writable
+/// `devices` controller (Slurm 22.05's cgroup/v2 plugin needs a systemd-delegated tree).
+pub fn device_cgroup_available() -> Result<(), String> {
+    let root = Path::new("/sys/fs/cgroup/devices");
+    if !root.join("devices.allow").exists() {
+        return Err("no cgroup v1 devices controller at /sys/fs/cgroup/devices".into());
+    }
+    let probe = root.join(format!("gpuci-probe-{}", std::process::id()));
+    std::fs::create_dir(&probe).map_err(|e| format!("cannot make a devices cgroup: {e}"))?;
+    let _ = std::fs::remove_dir(&probe);
+    Ok(())
 }
 
 fn free_port() -> u16 {
@@ -44,7 +100,14 @@ impl Slurm {
 
     /// A cluster with `gpus` fake GPUs on its one node, `extra` appended to slurm.conf.
     pub fn start(gpus: u32, extra: &str) -> Option<Slurm> {
-        if let Err(why) = Slurm::available() {
+        Slurm::start_with(&Gpus::count(gpus), extra)
+    }
+
+    /// A cluster whose one node has the GPUs `g`, `extra` appended to slurm.conf.
+    pub fn start_with(g: &Gpus, extra: &str) -> Option<Slurm> {
+        let why =
+            Slurm::available().and_then(|()| if g.constrain_devices { device_cgroup_available() } else { Ok(()) });
+        if let Err(why) = why {
             if std::env::var("CI").as_deref() == Ok("true") {
                 panic!("CI=true and no Slurm: {why}");
             }
@@ -60,16 +123,21 @@ impl Slurm {
         for d in [l.to_path_buf(), l.join("munge")] {
             std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
-        for i in 0..gpus {
+        for &i in &g.minors {
             // /dev/null's numbers: slurmd only needs a character device to give GPUs indices.
+            // For a device cgroup, the driver's (195:N): no driver answers them (ENXIO), but
+            // the cgroup's verdict (EPERM) comes first.
             let node = l.join(format!("dev/nvidia{i}"));
+            let (major, minor) = if g.constrain_devices { (195, u64::from(i)) } else { (1, 3) };
             nix::sys::stat::mknod(
                 &node,
                 nix::sys::stat::SFlag::S_IFCHR,
                 nix::sys::stat::Mode::from_bits_truncate(0o666),
-                nix::sys::stat::makedev(1, 3),
+                nix::sys::stat::makedev(major, minor),
             )
             .unwrap();
+            // mknod's mode is masked by the umask; jobs run as root here anyway.
+            std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
         }
         let mut key = vec![0u8; 1024];
         std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom").unwrap(), &mut key).unwrap();
@@ -94,7 +162,16 @@ impl Slurm {
             std::thread::sleep(Duration::from_millis(20));
         }
         let conf = l.join("etc/slurm.conf");
-        let last = gpus.saturating_sub(1);
+        let task = if g.constrain_devices { "task/cgroup" } else { "task/none" };
+        // With a device cgroup, slurmstepd logs what it allows and denies (a test's witness).
+        let slurmd_debug = if g.constrain_devices { "verbose\nDebugFlags=Gres" } else { "info" };
+        if g.constrain_devices {
+            std::fs::write(
+                l.join("etc/cgroup.conf"),
+                "CgroupPlugin=cgroup/v1\nCgroupAutomount=no\nConstrainDevices=yes\n",
+            )
+            .unwrap();
+        }
         std::fs::write(
             &conf,
             format!(
@@ -107,24 +184,25 @@ impl Slurm {
                  StateSaveLocation={l}/state\nSlurmdSpoolDir={l}/spool\n\
                  SlurmctldPidFile={l}/run/slurmctld.pid\nSlurmdPidFile={l}/run/slurmd.pid\n\
                  SlurmctldLogFile={l}/log/slurmctld.log\nSlurmdLogFile={l}/log/slurmd.log\n\
-                 SlurmctldDebug=info\nSlurmdDebug=info\nMailProg=/bin/true\n\
-                 ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n\
+                 SlurmctldDebug=info\nSlurmdDebug={slurmd_debug}\nMailProg=/bin/true\n\
+                 ProctrackType=proctrack/linuxproc\nTaskPlugin={task}\n\
                  JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n\
                  SchedulerType=sched/backfill\nSelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n\
                  GresTypes=gpu\nSlurmdParameters=config_overrides\nReturnToService=2\nMpiDefault=none\n\
                  KillWait=5\nMinJobAge=300\nMessageTimeout=5\n\
                  SchedulerParameters=sched_min_interval=0,batch_sched_delay=0,sched_interval=1,default_queue_depth=1000\n\
                  {extra}\n\
-                 NodeName=gpuci-node NodeAddr=127.0.0.1 NodeHostname={host} CPUs=8 RealMemory=4000 Gres=gpu:{gpus} State=UNKNOWN\n\
+                 NodeName=gpuci-node NodeAddr=127.0.0.1 NodeHostname={host} CPUs=8 RealMemory=4000 Gres={gres} State=UNKNOWN\n\
                  PartitionName=gpu Nodes=gpuci-node Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO\n",
                 ctld = free_port(),
                 slurmd = free_port(),
                 l = l.display(),
                 host = hostname(),
+                gres = g.node_gres,
             ),
         )
         .unwrap();
-        std::fs::write(l.join("etc/gres.conf"), format!("Name=gpu File={}/dev/nvidia[0-{last}]\n", l.display()))
+        std::fs::write(l.join("etc/gres.conf"), g.gres_conf.replace("{dev}", &l.join("dev").display().to_string()))
             .unwrap();
         let ctld = Command::new("/usr/sbin/slurmctld")
             .args(["-D", "-i", "-f"])
@@ -146,7 +224,9 @@ impl Slurm {
             .spawn()
             .unwrap();
         daemons.push(("slurmd", slurmd));
-        let mut s = Slurm { dir, conf, daemons };
+        // slurmd's cgroup/v1 plugin names the node's tree after it (one test at a time uses it).
+        let device_cgroup = g.constrain_devices.then(|| PathBuf::from("/sys/fs/cgroup/devices/slurm_gpuci-node"));
+        let mut s = Slurm { dir, conf, daemons, device_cgroup };
         let t0 = Instant::now();
         loop {
             for (name, c) in &mut s.daemons {
@@ -262,6 +342,24 @@ impl Drop for Slurm {
             let _ = c.wait();
         }
         self.sweep();
+        // The job cgroups slurmstepd would have removed (and the agent's own sandbox cgroups
+        // under them): deepest first, an rmdir each. Killed processes leave their cgroup a
+        // moment after the kill, so this tries for a while.
+        if let Some(root) = &self.device_cgroup {
+            fn remove(d: &Path) {
+                for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                    if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                        remove(&e.path());
+                    }
+                }
+                let _ = std::fs::remove_dir(d);
+            }
+            let t0 = Instant::now();
+            while root.exists() && t0.elapsed() < Duration::from_secs(10) {
+                remove(root);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
     }
 }
 

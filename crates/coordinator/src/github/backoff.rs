@@ -20,6 +20,11 @@
 //!   on GitHub with the reason.
 //! - A failed question to GitHub about a queued job (is its run from a fork?) keeps the record,
 //!   with the error as its reason, and asks again after the same backoff.
+//! - GitHub's rate limit comes first: while the client is held back (its `held_until`, or a
+//!   call's `ApiError::retry_not_before`), nothing is tried before the end GitHub named, whatever
+//!   the backoff says ([`next_attempt`]), and the reason says `GitHub rate limit until HH:MM:SS
+//!   UTC`. A runner job that failed because its registration was held back is not an exit: the
+//!   runner never had a chance to run.
 
 use gpuci_core::job::JobState;
 use gpuci_protocol::JobId;
@@ -79,6 +84,18 @@ pub enum Next {
     Wait { exits: Exits, retry_at_ms: i64, reason: String },
 }
 
+/// When to try again: at `backoff_at_ms` (the caller's own backoff), but never before the end of
+/// GitHub's rate limit (`not_before_ms`), which is GitHub's to name.
+pub fn next_attempt(backoff_at_ms: i64, not_before_ms: Option<i64>) -> i64 {
+    not_before_ms.map_or(backoff_at_ms, |held| backoff_at_ms.max(held))
+}
+
+/// `GitHub rate limit until HH:MM:SS UTC`, for a hold ending at `until_ms` (Unix milliseconds).
+pub fn rate_limit_reason(until_ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(until_ms.max(0) as u64);
+    format!("GitHub rate limit until {} UTC", gpuci_github::ratelimit::utc_hms(at))
+}
+
 /// The pause after `exits` exits (or failed checks) in a row; `jitter` in `[0, 1)`.
 pub fn pause(policy: &Policy, exits: u32, jitter: f64) -> Duration {
     if exits == 0 {
@@ -120,8 +137,31 @@ pub fn summary(policy: &Policy, exits: &Exits) -> Option<String> {
     Some(format!("runner exited {} times without taking a job: {last}", exits.count))
 }
 
-/// A runner job of a record still queued on GitHub ended; `prior` is what the record holds.
-pub fn after_runner(policy: &Policy, prior: &Exits, end: &RunnerEnd, now_ms: i64, jitter: f64) -> Next {
+/// A runner job of a record still queued on GitHub ended; `prior` is what the record holds;
+/// `held_until_ms`: GitHub's rate limit holds the client back until then.
+pub fn after_runner(
+    policy: &Policy,
+    prior: &Exits,
+    end: &RunnerEnd,
+    held_until_ms: Option<i64>,
+    now_ms: i64,
+    jitter: f64,
+) -> Next {
+    let held_until_ms = held_until_ms.filter(|at| *at > now_ms);
+    if let (Some(until), false, false) = (held_until_ms, end.started, end.took_job) {
+        // Its registration was refused for the rate limit (or could not have got through): the
+        // runner never ran, so it is no exit, and the next one waits for GitHub's time.
+        let mut reason = format!(
+            "{}; runner job {} ended ({}) before its runner could register; another runner then",
+            rate_limit_reason(until),
+            end.job,
+            end.state
+        );
+        if let Some(s) = summary(policy, prior) {
+            reason = format!("{reason}; {s}");
+        }
+        return Next::Wait { exits: prior.clone(), retry_at_ms: until, reason };
+    }
     let counts = !end.took_job
         && match end.state {
             JobState::Succeeded | JobState::Failed => true,
@@ -139,7 +179,11 @@ pub fn after_runner(policy: &Policy, prior: &Exits, end: &RunnerEnd, now_ms: i64
     }
     let exits = Exits { count: prior.count.saturating_add(1), last: Some(describe(end)) };
     let wait = pause(policy, exits.count, jitter);
-    let then = format!("another runner in {}", fmt(wait));
+    let retry_at_ms = next_attempt(now_ms.saturating_add(wait.as_millis() as i64), held_until_ms);
+    let then = match held_until_ms {
+        Some(until) if until == retry_at_ms => format!("another runner after the {}", rate_limit_reason(until)),
+        _ => format!("another runner in {}", fmt(wait)),
+    };
     let reason = match summary(policy, &exits) {
         Some(s) => format!("{s}; {then}"),
         None => format!(
@@ -149,7 +193,7 @@ pub fn after_runner(policy: &Policy, prior: &Exits, end: &RunnerEnd, now_ms: i64
             exits.last.as_deref().unwrap_or_default()
         ),
     };
-    Next::Wait { retry_at_ms: now_ms.saturating_add(wait.as_millis() as i64), exits, reason }
+    Next::Wait { retry_at_ms, exits, reason }
 }
 
 /// The reason of a record whose runner job was just queued: that, and past exits if they are
@@ -172,15 +216,30 @@ pub fn stuck_why(policy: &Policy, exits: &Exits, runner_job_reason: Option<&str>
 }
 
 /// A question to GitHub about a queued record failed (`failures` so far, this one included):
-/// when to ask again, and the reason to keep.
-pub fn check_failed(policy: &Policy, failures: u32, error: &str, now_ms: i64, jitter: f64) -> (i64, String) {
+/// when to ask again, and the reason to keep. `held_until_ms`: GitHub's rate limit holds the
+/// client back until then (from the error, or the client).
+pub fn check_failed(
+    policy: &Policy,
+    failures: u32,
+    error: &str,
+    held_until_ms: Option<i64>,
+    now_ms: i64,
+    jitter: f64,
+) -> (i64, String) {
     let wait = pause(policy, failures, jitter);
     let tries = if failures == 1 { "1 try".to_string() } else { format!("{failures} tries") };
-    let reason = format!(
-        "could not ask GitHub whether the run comes from a fork ({tries}): {error}; asking again in {}",
-        fmt(wait)
-    );
-    (now_ms.saturating_add(wait.as_millis() as i64), reason)
+    let at = next_attempt(now_ms.saturating_add(wait.as_millis() as i64), held_until_ms.filter(|at| *at > now_ms));
+    let reason = match held_until_ms.filter(|until| *until == at) {
+        Some(until) => format!(
+            "{}; could not ask GitHub whether the run comes from a fork ({tries}): {error}; asking again then",
+            rate_limit_reason(until)
+        ),
+        None => format!(
+            "could not ask GitHub whether the run comes from a fork ({tries}): {error}; asking again in {}",
+            fmt(wait)
+        ),
+    };
+    (at, reason)
 }
 
 fn fmt(d: Duration) -> String {
@@ -232,7 +291,8 @@ mod tests {
     #[test]
     fn regression_issue_10_a_runner_that_exits_0_without_a_job_is_not_replaced_at_once() {
         let p = policy();
-        let first = after_runner(&p, &Exits::default(), &end(JobState::Succeeded, Some(0), Some(ROOT)), 1_000, 0.0);
+        let first =
+            after_runner(&p, &Exits::default(), &end(JobState::Succeeded, Some(0), Some(ROOT)), None, 1_000, 0.0);
         let Next::Wait { exits, retry_at_ms, reason } = first else { panic!("{first:?}") };
         assert_eq!(exits, Exits { count: 1, last: Some(format!("exit 0, '{ROOT}'")) });
         assert_eq!(retry_at_ms, 1_000 + 8_000);
@@ -241,11 +301,11 @@ mod tests {
             format!("runner job 42 ended (succeeded) without taking a job: exit 0, '{ROOT}'; another runner in 8s")
         );
 
-        let second = after_runner(&p, &exits, &end(JobState::Succeeded, Some(0), Some(ROOT)), 20_000, 0.0);
+        let second = after_runner(&p, &exits, &end(JobState::Succeeded, Some(0), Some(ROOT)), None, 20_000, 0.0);
         let Next::Wait { exits, retry_at_ms, .. } = second else { panic!("{second:?}") };
         assert_eq!((exits.count, retry_at_ms), (2, 20_000 + 16_000));
 
-        let third = after_runner(&p, &exits, &end(JobState::Succeeded, Some(0), Some(ROOT)), 50_000, 0.0);
+        let third = after_runner(&p, &exits, &end(JobState::Succeeded, Some(0), Some(ROOT)), None, 50_000, 0.0);
         let Next::Wait { exits, reason, .. } = third else { panic!("{third:?}") };
         assert_eq!(exits.count, 3);
         assert_eq!(
@@ -265,13 +325,13 @@ mod tests {
         let p = policy();
         let mut e = end(JobState::Failed, None, None);
         e.reason = "could not register an Actions runner with GitHub: HTTP 403".into();
-        let Next::Wait { exits, .. } = after_runner(&p, &Exits::default(), &e, 0, 0.0) else { panic!() };
+        let Next::Wait { exits, .. } = after_runner(&p, &Exits::default(), &e, None, 0, 0.0) else { panic!() };
         assert_eq!(
             exits.last.as_deref(),
             Some("it never ran: could not register an Actions runner with GitHub: HTTP 403")
         );
         let e = end(JobState::Failed, Some(127), Some("bash: /opt/actions-runner/run.sh: No such file or directory"));
-        let Next::Wait { exits, .. } = after_runner(&p, &Exits::default(), &e, 0, 0.0) else { panic!() };
+        let Next::Wait { exits, .. } = after_runner(&p, &Exits::default(), &e, None, 0, 0.0) else { panic!() };
         assert_eq!(
             exits.last.as_deref(),
             Some("exit 127, 'bash: /opt/actions-runner/run.sh: No such file or directory'")
@@ -290,7 +350,7 @@ mod tests {
             end(JobState::TimedOut, None, None),
             RunnerEnd { took_job: true, ..end(JobState::Succeeded, Some(0), None) },
         ] {
-            let next = after_runner(&p, &prior, &e, 0, 0.0);
+            let next = after_runner(&p, &prior, &e, None, 0, 0.0);
             assert!(
                 matches!(&next, Next::Now { reason } if reason.contains("waiting for another runner")),
                 "{e:?}: {next:?}"
@@ -298,7 +358,9 @@ mod tests {
         }
         // Past exits stay in the reason once they are worth telling.
         let many = Exits { count: 3, last: Some("exit 0".into()) };
-        let Next::Now { reason } = after_runner(&p, &many, &end(JobState::Lost, None, None), 0, 0.0) else { panic!() };
+        let Next::Now { reason } = after_runner(&p, &many, &end(JobState::Lost, None, None), None, 0, 0.0) else {
+            panic!()
+        };
         assert!(
             reason.starts_with("runner exited 3 times without taking a job: exit 0; runner job 42 ended (lost)"),
             "{reason}"
@@ -329,14 +391,58 @@ mod tests {
     #[test]
     fn a_failed_check_keeps_the_job_and_asks_again_later() {
         let p = policy();
-        let (at, reason) = check_failed(&p, 1, "GitHub list workflow runs: HTTP 503: Server Error", 1_000, 0.0);
+        let (at, reason) = check_failed(&p, 1, "GitHub list workflow runs: HTTP 503: Server Error", None, 1_000, 0.0);
         assert_eq!(at, 9_000);
         assert_eq!(
             reason,
             "could not ask GitHub whether the run comes from a fork (1 try): GitHub list workflow runs: HTTP 503: Server Error; asking again in 8s"
         );
-        let (at, reason) = check_failed(&p, 3, "timeout", 0, 1.0);
+        let (at, reason) = check_failed(&p, 3, "timeout", None, 0, 1.0);
         assert_eq!(at, 40_000);
         assert!(reason.contains("(3 tries)"), "{reason}");
+    }
+
+    // 2023-11-14 22:13:20 UTC, in milliseconds.
+    const T0: i64 = 1_700_000_000_000;
+
+    #[test]
+    fn regression_issue_27_githubs_time_comes_before_our_backoff() {
+        assert_eq!(next_attempt(T0 + 8_000, None), T0 + 8_000);
+        assert_eq!(next_attempt(T0 + 8_000, Some(T0 + 90_000)), T0 + 90_000, "never before GitHub's time");
+        assert_eq!(next_attempt(T0 + 300_000, Some(T0 + 90_000)), T0 + 300_000, "a longer backoff stands");
+        assert_eq!(rate_limit_reason(T0 + 90_000), "GitHub rate limit until 22:14:50 UTC");
+    }
+
+    #[test]
+    fn regression_issue_27_a_fork_check_held_back_by_a_rate_limit_asks_again_at_githubs_time() {
+        let p = policy();
+        let error = "GitHub list workflow runs: GitHub rate limit until 22:15:20 UTC (HTTP 429 Too Many Requests: )";
+        let (at, reason) = check_failed(&p, 1, error, Some(T0 + 120_000), T0, 0.0);
+        assert_eq!(at, T0 + 120_000, "not after the 8 s backoff");
+        assert!(reason.starts_with("GitHub rate limit until 22:15:20 UTC; could not ask GitHub"), "{reason}");
+        assert!(reason.ends_with("asking again then"), "{reason}");
+        // A hold already over changes nothing.
+        assert_eq!(check_failed(&p, 1, "x", Some(T0 - 1), T0, 0.0).0, T0 + 8_000);
+    }
+
+    #[test]
+    fn regression_issue_27_a_runner_held_back_by_a_rate_limit_is_no_exit_and_waits_for_githubs_time() {
+        let p = policy();
+        let mut e = end(JobState::Failed, None, None);
+        e.reason = "could not register an Actions runner with GitHub: ...".into();
+        let prior = Exits { count: 1, last: Some("exit 0".into()) };
+        let next = after_runner(&p, &prior, &e, Some(T0 + 90_000), T0, 0.0);
+        let Next::Wait { exits, retry_at_ms, reason } = next else { panic!("{next:?}") };
+        assert_eq!(exits, prior, "not counted");
+        assert_eq!(retry_at_ms, T0 + 90_000);
+        assert!(reason.starts_with("GitHub rate limit until 22:14:50 UTC; runner job 42 ended (failed)"), "{reason}");
+        // A runner that ran and exited counts, and still waits for GitHub's time.
+        let ran = end(JobState::Succeeded, Some(0), Some(ROOT));
+        let Next::Wait { exits, retry_at_ms, reason } = after_runner(&p, &prior, &ran, Some(T0 + 90_000), T0, 0.0)
+        else {
+            panic!()
+        };
+        assert_eq!((exits.count, retry_at_ms), (2, T0 + 90_000));
+        assert!(reason.ends_with("another runner after the GitHub rate limit until 22:14:50 UTC"), "{reason}");
     }
 }

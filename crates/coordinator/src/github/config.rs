@@ -26,16 +26,20 @@ pub struct ServerFile {
     #[serde(default)]
     pub budget: Vec<toml::Table>,
     pub dashboard: Option<DashboardFile>,
+    /// `[[concurrency.shared]]` (checked by `gpuci_core::concurrency::parse_shared_groups`).
+    pub concurrency: Option<toml::Table>,
 }
 
 /// `[dashboard]`: what the web dashboard shows without sign-in.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DashboardFile {
-    /// Repositories (`owner/name`) whose jobs and logs anyone may see without signing in (for
-    /// open-source projects: check-run links open for everyone). Nothing else is public.
+    /// Repositories whose jobs and logs anyone may see without signing in (for open-source
+    /// projects: check-run links open for everyone). Nothing else is public. `owner/name` is
+    /// on the configured GitHub host; a repository elsewhere is named with its host
+    /// (`gitlab.com/acme/x`).
     #[serde(default)]
-    pub public_repositories: Vec<RepoName>,
+    pub public_repositories: Vec<PublicRepo>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -202,6 +206,23 @@ impl<'de> Deserialize<'de> for RepoName {
             return Err(serde::de::Error::custom(format!("expected a repository as owner/name, got {s:?}")));
         }
         Ok(RepoName(s))
+    }
+}
+
+/// A public repository: `owner/name` or `host/path`, checked when read (the GitHub host a
+/// bare name is on is applied at start).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublicRepo(pub String);
+
+impl<'de> Deserialize<'de> for PublicRepo {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match gpuci_core::repo::RepoId::parse(&s, gpuci_core::repo::DEFAULT_GITHUB_HOST) {
+            Ok(id) if !id.is_local() => Ok(PublicRepo(s)),
+            _ => Err(serde::de::Error::custom(format!(
+                "expected a repository as owner/name (on GitHub) or host/path, got {s:?}"
+            ))),
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! Results back to GitHub: one check run (GitHub App) or commit status (token) per gpuci job,
 //! plus the pipeline-level "gpuci" entry for an invalid file or a pull request waiting for
 //! approval. Runs as its own task with an ordered queue, so a slow GitHub delays reports, not
-//! scheduling, and a job's updates arrive in the order they happened.
+//! scheduling, and a job's updates arrive in the order they happened. A report held back by
+//! GitHub's rate limit waits for the time GitHub named, however long, and is not dropped; the
+//! ones behind it wait with it (they would be refused until then too).
 
 use super::config::Report;
 use gpuci_core::job::JobState;
@@ -11,6 +13,7 @@ use gpuci_github::{
 use gpuci_protocol::JobId;
 use gpuci_store::Store;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -48,18 +51,26 @@ impl Reporter {
                 _ = shutdown.cancelled() => break,
                 i = rx.recv() => match i { Some(i) => i, None => break },
             };
-            // A few tries for transient trouble; a report that still fails is logged, never
-            // allowed to hold up the ones behind it for long.
-            for attempt in 0..3u32 {
-                match self.send(&item).await {
+            let mut failures = 0;
+            loop {
+                let e = match self.send(&item).await {
                     Ok(()) => break,
-                    Err(e) if e.is_transient() && attempt < 2 => {
-                        tokio::time::sleep(std::time::Duration::from_millis(500 << attempt)).await;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, ?item, "could not report to GitHub");
-                        break;
-                    }
+                    Err(e) => e,
+                };
+                if e.retry_not_before().is_none() {
+                    failures += 1;
+                }
+                let Some(at) = next_attempt(SystemTime::now(), &e, failures) else {
+                    tracing::warn!(error = %e, ?item, "could not report to GitHub");
+                    break;
+                };
+                if e.retry_not_before().is_some() {
+                    tracing::info!(error = %e, "reports to GitHub wait for its rate limit");
+                }
+                let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(wait) => {}
                 }
             }
         }
@@ -147,6 +158,18 @@ impl Reporter {
     }
 }
 
+/// When to send a report again after `error`, or `None`: give it up. `failures` counts the
+/// failures other than rate limits, this one included. A rate limit is waited out until the
+/// time GitHub named, however long (dropping the report would leave a check pending forever);
+/// other transient trouble gets a few quick tries, so one bad report never holds up the ones
+/// behind it for long.
+pub(crate) fn next_attempt(now: SystemTime, error: &gpuci_github::ApiError, failures: u32) -> Option<SystemTime> {
+    if let Some(until) = error.retry_not_before() {
+        return Some(until.max(now));
+    }
+    (error.is_transient() && (1..3).contains(&failures)).then(|| now + Duration::from_millis(500 << (failures - 1)))
+}
+
 fn check_state(s: JobState) -> (CheckStatus, Option<Conclusion>) {
     match s {
         JobState::Queued => (CheckStatus::Queued, None),
@@ -164,5 +187,39 @@ fn status_state(s: JobState) -> StatusState {
         JobState::Queued | JobState::Assigned | JobState::Running => StatusState::Pending,
         JobState::Succeeded | JobState::Skipped => StatusState::Success,
         JobState::Failed | JobState::Lost | JobState::Cancelled | JobState::TimedOut => StatusState::Failure,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuci_github::ApiError;
+
+    #[test]
+    fn regression_issue_27_a_rate_limited_report_waits_for_githubs_time_not_our_backoff() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let until = now + Duration::from_secs(3600);
+        let limited = ApiError::RateLimited { operation: "create check run", until, status: None, body: String::new() };
+        assert_eq!(next_attempt(now, &limited, 0), Some(until));
+        assert_eq!(next_attempt(now, &limited, 2), Some(until), "however many other failures came before");
+        let past = ApiError::RateLimited {
+            operation: "x",
+            until: now - Duration::from_secs(1),
+            status: None,
+            body: String::new(),
+        };
+        assert_eq!(next_attempt(now, &past, 0), Some(now));
+
+        let down = ApiError::Status {
+            operation: "create check run",
+            status: axum::http::StatusCode::BAD_GATEWAY,
+            body: String::new(),
+        };
+        assert_eq!(next_attempt(now, &down, 1), Some(now + Duration::from_millis(500)));
+        assert_eq!(next_attempt(now, &down, 2), Some(now + Duration::from_secs(1)));
+        assert_eq!(next_attempt(now, &down, 3), None, "three tries in all");
+        let denied =
+            ApiError::Status { operation: "x", status: axum::http::StatusCode::FORBIDDEN, body: String::new() };
+        assert_eq!(next_attempt(now, &denied, 1), None);
     }
 }

@@ -11,6 +11,9 @@
 //! - a runner that exits without taking its job is replaced after a growing pause, and a
 //!   failed question to GitHub keeps the job and asks again later ([`backoff`](super::backoff)
 //!   decides both; the state is in the record, so a restart does not reset it);
+//! - while GitHub's rate limit holds the client back, no runner job is queued and nothing is
+//!   retried before the end GitHub named; waiting records say `GitHub rate limit until HH:MM:SS
+//!   UTC` (the client refuses early calls itself; this keeps GPUs and reasons honest);
 //! - reconciliation asks GitHub for queued jobs of the known repositories at start-up and
 //!   every `reconcile_interval`, so a webhook missed while gpuci was down is not lost;
 //! - `push` and `pull_request` run the commit's `.gpuci.yml`; pull requests from forks or
@@ -117,6 +120,22 @@ struct Queued {
     labels: Vec<String>,
     repository: String,
     head_sha: String,
+}
+
+/// Why the fork check could not answer.
+#[derive(Debug, thiserror::Error)]
+enum ForkCheckError {
+    #[error("bad repository name {0:?}")]
+    BadRepository(String),
+    #[error(transparent)]
+    Github(#[from] gpuci_github::ApiError),
+    #[error("run {0} not found")]
+    RunNotFound(u64),
+}
+
+/// Unix milliseconds of a wall-clock time.
+fn unix_ms(at: std::time::SystemTime) -> i64 {
+    at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 fn fmt_duration(d: Duration) -> String {
@@ -255,10 +274,20 @@ impl Service {
         self.fill_pool(&pool).await;
     }
 
-    async fn run_is_from_fork(&self, repository: &str, run_id: u64, head_sha: Option<&str>) -> Result<bool, String> {
-        let repo = Repo::parse(repository).ok_or("bad repository name")?;
-        let runs = self.client.list_runs(&repo, None, head_sha).await.map_err(|e| e.to_string())?;
-        let run = runs.iter().find(|r| r.id == run_id).ok_or_else(|| format!("run {run_id} not found"))?;
+    /// Until when GitHub's rate limit holds the client back (Unix ms), while it does.
+    fn held_until_ms(&self) -> Option<i64> {
+        self.client.held_until().map(unix_ms)
+    }
+
+    async fn run_is_from_fork(
+        &self,
+        repository: &str,
+        run_id: u64,
+        head_sha: Option<&str>,
+    ) -> Result<bool, ForkCheckError> {
+        let repo = Repo::parse(repository).ok_or_else(|| ForkCheckError::BadRepository(repository.to_owned()))?;
+        let runs = self.client.list_runs(&repo, None, head_sha).await?;
+        let run = runs.iter().find(|r| r.id == run_id).ok_or(ForkCheckError::RunNotFound(run_id))?;
         Ok(run.head_repository_full_name.as_deref().is_none_or(|h| !h.eq_ignore_ascii_case(repository)))
     }
 
@@ -287,7 +316,13 @@ impl Service {
             Err(e) => {
                 r.check_failures = r.check_failures.saturating_add(1);
                 let policy = backoff::Policy::new(pool.runner_backoff);
-                let (at, reason) = backoff::check_failed(&policy, r.check_failures, &e, now, rand::random());
+                let held = match &e {
+                    ForkCheckError::Github(e) => e.retry_not_before().map(unix_ms),
+                    _ => None,
+                };
+                let held = held.max(self.held_until_ms());
+                let error = e.to_string();
+                let (at, reason) = backoff::check_failed(&policy, r.check_failures, &error, held, now, rand::random());
                 r.retry_at_ms = Some(at);
                 r.reason = reason;
                 tracing::warn!(job = r.id, error = %e, tries = r.check_failures,
@@ -314,6 +349,24 @@ impl Service {
             .collect();
         waiting.sort_by_key(|r| (r.queued_at_ms, r.id));
         let policy = backoff::Policy::new(pool.runner_backoff);
+        if let Some(until) = self.held_until_ms() {
+            // A runner job now would hold GPUs while its registration is refused: none until
+            // GitHub's time, when the tick finds these records due.
+            for mut r in waiting {
+                let exits = Exits { count: r.runner_exits, last: r.last_runner_exit.clone() };
+                let mut why = format!("{}; waiting to register a runner", backoff::rate_limit_reason(until));
+                if let Some(s) = backoff::summary(&policy, &exits) {
+                    why = format!("{why}; {s}");
+                }
+                if r.reason != why || r.retry_at_ms != Some(until) {
+                    r.reason = why;
+                    r.retry_at_ms = Some(until);
+                    r.updated_at_ms = brain::now_ms();
+                    let _ = self.store.put_github_job(&r).await;
+                }
+            }
+            return;
+        }
         for mut r in waiting {
             if live >= pool.max_runners {
                 let mut why =
@@ -350,7 +403,7 @@ impl Service {
     }
 
     async fn submit_runner(&mut self, r: &GithubJobRecord, pool: &Pool) -> Result<JobId, BrainError> {
-        let mut step = Step::new("runner", r#"exec "$GPUCI_RUNNER_DIR/run.sh" --jitconfig "$GPUCI_JITCONFIG""#);
+        let mut step = Step::new("runner", r#"exec "$GPUCI_RUNNER_DIR/run.sh""#);
         step.label = Some(format!("actions runner: {} / {}", r.repository, r.name));
         step.agents = pool.agents.clone();
         step.gpu = pool.gpu.clone();
@@ -508,8 +561,14 @@ impl Service {
                     .pool(&origin.pool)
                     .map_or(backoff::Policy::new(Duration::from_secs(10)), |p| backoff::Policy::new(p.runner_backoff));
                 let prior = Exits { count: r.runner_exits, last: r.last_runner_exit.clone() };
-                match backoff::after_runner(&policy, &prior, &end, now, rand::random()) {
+                let held = self.held_until_ms();
+                match backoff::after_runner(&policy, &prior, &end, held, now, rand::random()) {
                     Next::Now { reason } => r.reason = reason,
+                    Next::Wait { exits, retry_at_ms, reason } if exits == prior => {
+                        tracing::info!(job = r.id, runner_job = j.id, %reason, "the next runner waits for GitHub's rate limit");
+                        r.retry_at_ms = Some(retry_at_ms);
+                        r.reason = reason;
+                    }
                     Next::Wait { exits, retry_at_ms, reason } => {
                         tracing::warn!(
                             job = r.id,
@@ -575,6 +634,10 @@ impl Service {
     /// Cancel a workflow run whose job waited past its pool's queue timeout, keeping why.
     async fn cancel_stuck(&mut self, mut r: GithubJobRecord, why: String) {
         let Some(repo) = Repo::parse(&r.repository) else { return };
+        if let Some(until) = self.held_until_ms() {
+            // Asked again at every tick; the client would refuse it anyway. Quietly, until then.
+            return tracing::debug!(job = r.id, until, "cancelling a stuck run waits for GitHub's rate limit");
+        }
         let waited = fmt_duration(Duration::from_millis((brain::now_ms() - r.queued_at_ms).max(0) as u64));
         let reason = format!("cancelled by gpuci: no GPU runner after {waited}: {why}");
         match self.client.cancel_run(&repo, r.run_id as u64).await {
@@ -723,6 +786,10 @@ impl Service {
     /// Ask GitHub for queued jobs of the known repositories; record those no webhook told of,
     /// and settle records whose end no webhook reported.
     async fn reconcile(&mut self) {
+        if let Some(until) = self.held_until_ms() {
+            // Every call would be refused before it is sent; the next interval asks again.
+            return tracing::info!(reason = %backoff::rate_limit_reason(until), "reconcile skipped");
+        }
         let mut repos: Vec<String> = self.cfg.repositories.clone();
         for p in &self.cfg.pools {
             repos.extend(p.repositories.iter().filter(|r| !r.ends_with("/*")).cloned());

@@ -223,6 +223,16 @@ pub fn breaker_open_until(spec: &FleetSpec, interruptions: &[UnixSecs], now: Uni
 /// given, driver and CUDA versions: the image decides them) is assumed to fit; the agent's real
 /// inventory decides at placement. MIG is never assumed.
 pub fn fits(spec: &FleetSpec, needs: &Needs<'_>) -> bool {
+    let (host, gpu) = template(spec, needs);
+    let deadline = needs.deadline.map(|d| Deadline { now_ms: 0, ..d });
+    let template = Needs { tags: needs.tags, gpu: &gpu, container: needs.container, deadline };
+    place(&template, std::slice::from_ref(&host)).is_ok()
+}
+
+/// The host a machine of `spec` will register as, free, with its clock at 0 (its `time_limit`
+/// counted from its start), and the job's GPU requirement less what the spec cannot say.
+/// Shared by [`fits`] and [`super::fit::why_not`], so "fits" and "why not" never disagree.
+pub(super) fn template(spec: &FleetSpec, needs: &Needs<'_>) -> (HostView, crate::gpu::GpuRequirements) {
     let m = &spec.machine;
     let mut gpu = needs.gpu.clone();
     if m.compute_capability.is_none() {
@@ -265,10 +275,9 @@ pub fn fits(spec: &FleetSpec, needs: &Needs<'_>) -> bool {
         // run longer: counted as demand, it would be made, take nothing and be deleted, over
         // and over.
         ends_at_ms: m.time_limit_s.map(|t| (t.saturating_sub(MACHINE_START_ALLOWANCE_S) * 1000) as i64),
+        refuses: None,
     };
-    let deadline = needs.deadline.map(|d| Deadline { now_ms: 0, ..d });
-    let template = Needs { tags: needs.tags, gpu: &gpu, container: needs.container, deadline };
-    place(&template, std::slice::from_ref(&host)).is_ok()
+    (host, gpu)
 }
 
 /// Decide what to do now. See the module header for the rules.

@@ -11,34 +11,38 @@
 //! [[budget]]
 //! repository = "acme/*"         # every repository of acme, together
 //! daily = 100.0
+//! [[budget]]
+//! repository = "gitlab.com/acme/*"  # another host: named with it
+//! daily = 10.0
 //! ```
+//!
+//! A bare `owner/name` or `owner/*` is on the configured GitHub host (`github.com` unless
+//! GitHub Enterprise is configured); any other host is written out. `acme/*` does not cover
+//! `gitlab.com/acme/x`: repositories are told apart by host ([`crate::repo`]).
 //!
 //! Spend is what the cost report attributes to the repository: its jobs' shares of their
 //! machines (GPUs leased × price, per second). Boot and idle time are the fleet's overhead,
 //! capped by the fleet's own `daily_budget`.
 
 use super::config::{line_col, FleetConfigError};
+use crate::repo::RepoPattern;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// One `[[budget]]`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RepoBudget {
-    /// `owner/name`, or `owner/*` for every repository of an owner together.
-    pub repository: String,
+    /// One repository, or every repository of an owner (or group) on a host together.
+    pub repository: RepoPattern,
     /// USD per UTC day.
     pub daily: f64,
 }
 
 impl RepoBudget {
-    /// Whether `repository` (`owner/name`, compared without regard to case, as GitHub does)
+    /// Whether `repository` (a printed identity, `github.com/acme/x`: how spend is keyed)
     /// counts toward this budget.
     pub fn covers(&self, repository: &str) -> bool {
-        let (want, got) = (self.repository.to_ascii_lowercase(), repository.to_ascii_lowercase());
-        match want.strip_suffix("/*") {
-            Some(owner) => got.split_once('/').is_some_and(|(o, _)| o == owner),
-            None => want == got,
-        }
+        self.repository.covers_printed(repository)
     }
 
     /// What the repositories it covers spent, given spend per repository.
@@ -70,7 +74,7 @@ pub fn reached(budgets: &[RepoBudget], spend: &BTreeMap<String, f64>, repository
     budgets.iter().find_map(|b| {
         let spent = b.spent(spend);
         (b.covers(repository) && spent >= b.daily).then(|| BudgetReached {
-            repository: b.repository.clone(),
+            repository: b.repository.to_string(),
             daily: b.daily,
             spent,
         })
@@ -97,8 +101,9 @@ struct BudgetFile {
 }
 
 /// Every `[[budget]]` of a server config's text; `file_name` names it in errors, which say
-/// `file:line:column: budget[i]: field: what`. Other sections are ignored here.
-pub fn parse_budgets(file_name: &str, text: &str) -> Result<Vec<RepoBudget>, FleetConfigError> {
+/// `file:line:column: budget[i]: field: what`; bare names are on `github_host`. Other
+/// sections are ignored here.
+pub fn parse_budgets(file_name: &str, text: &str, github_host: &str) -> Result<Vec<RepoBudget>, FleetConfigError> {
     let err = |offset: Option<usize>, what: String| FleetConfigError {
         file: file_name.to_string(),
         at: offset.map(|o| line_col(text, o)),
@@ -115,27 +120,27 @@ pub fn parse_budgets(file_name: &str, text: &str) -> Result<Vec<RepoBudget>, Fle
         let (repo_at, repo) = (b.repository.span().start, b.repository.into_inner());
         let (daily_at, daily) = (b.daily.span().start, b.daily.into_inner());
         let fail = |at: usize, field: &str, what: String| err(Some(at), format!("budget[{i}]: {field}: {what}"));
-        if !valid_pattern(&repo) {
+        let Ok(pattern) = RepoPattern::parse(&repo, github_host) else {
             return Err(fail(
                 repo_at,
                 "repository",
-                format!("expected owner/name or owner/* (as on GitHub), got {repo:?}"),
+                format!("expected owner/name or owner/* (on GitHub), or host/path or host/group/*, got {repo:?}"),
             ));
-        }
+        };
         if !(daily.is_finite() && daily > 0.0) {
             return Err(fail(daily_at, "daily", format!("expected USD > 0, got {daily}")));
         }
-        if out.iter().any(|o| o.repository.eq_ignore_ascii_case(&repo)) {
+        if out.iter().any(|o| o.repository == pattern) {
             return Err(fail(repo_at, "repository", format!("{repo} has a budget already")));
         }
-        out.push(RepoBudget { repository: repo, daily });
+        out.push(RepoBudget { repository: pattern, daily });
     }
     Ok(out)
 }
 
 /// `budget[0]: daily: what`, from the deserializer's path (without `toml::Spanned`'s own
 /// wrapper keys, and without the unknown key an "unknown field" message names already).
-fn describe(path: &serde_path_to_error::Path, message: &str) -> String {
+pub(crate) fn describe(path: &serde_path_to_error::Path, message: &str) -> String {
     use serde_path_to_error::Segment;
     let mut parts: Vec<String> = Vec::new();
     for s in path.iter() {
@@ -155,23 +160,12 @@ fn describe(path: &serde_path_to_error::Path, message: &str) -> String {
     parts.join(": ")
 }
 
-fn valid_pattern(s: &str) -> bool {
-    let ok = |part: &str| {
-        !part.is_empty() && part.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    };
-    match s.split_once('/') {
-        Some((owner, "*")) => ok(owner),
-        Some((owner, name)) => ok(owner) && ok(name) && name != "." && name != "..",
-        None => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Vec<RepoBudget>, String> {
-        parse_budgets("server.toml", text).map_err(|e| e.to_string())
+        parse_budgets("server.toml", text, "github.com").map_err(|e| e.to_string())
     }
 
     #[test]
@@ -180,15 +174,15 @@ mod tests {
         assert_eq!(
             parse(text).unwrap(),
             [
-                RepoBudget { repository: "acme/kernels".into(), daily: 20.0 },
-                RepoBudget { repository: "acme/*".into(), daily: 100.0 }
+                RepoBudget { repository: RepoPattern::parse("github.com/acme/kernels", "").unwrap(), daily: 20.0 },
+                RepoBudget { repository: RepoPattern::parse("github.com/acme/*", "").unwrap(), daily: 100.0 }
             ]
         );
         assert_eq!(parse("").unwrap(), []);
         let e = parse("[[budget]]\nrepository = \"acme\"\ndaily = 1.0\n").unwrap_err();
         assert_eq!(
             e,
-            "server.toml:2:14: budget[0]: repository: expected owner/name or owner/* (as on GitHub), got \"acme\""
+            "server.toml:2:14: budget[0]: repository: expected owner/name or owner/* (on GitHub), or host/path or host/group/*, got \"acme\""
         );
         let e = parse("[[budget]]\nrepository = \"a/b\"\ndaily = -1.0\n").unwrap_err();
         assert_eq!(e, "server.toml:3:9: budget[0]: daily: expected USD > 0, got -1");
@@ -209,17 +203,28 @@ mod tests {
     #[test]
     fn an_owner_budget_counts_all_its_repositories_together() {
         let budgets = parse("[[budget]]\nrepository = \"acme/kernels\"\ndaily = 20.0\n[[budget]]\nrepository = \"Acme/*\"\ndaily = 30.0\n").unwrap();
-        let spend: BTreeMap<String, f64> =
-            [("acme/kernels".to_string(), 12.0), ("acme/docs".to_string(), 19.0), ("other/x".to_string(), 99.0)]
-                .into_iter()
-                .collect();
+        let spend: BTreeMap<String, f64> = [
+            ("github.com/acme/kernels".to_string(), 12.0),
+            ("github.com/acme/docs".to_string(), 19.0),
+            ("github.com/other/x".to_string(), 99.0),
+            // The same owner on another host is another owner: its spend is not acme's.
+            ("gitlab.com/acme/kernels".to_string(), 500.0),
+        ]
+        .into_iter()
+        .collect();
         // acme/kernels is under its own 20 but acme's 30 is reached (31 spent).
-        let r = reached(&budgets, &spend, "ACME/kernels").unwrap();
-        assert_eq!((r.repository.as_str(), r.daily, r.spent), ("Acme/*", 30.0, 31.0));
-        assert!(r.reason().contains("repository Acme/*: daily budget $30.00 reached ($31.00 spent)"), "{}", r.reason());
-        assert!(reached(&budgets, &spend, "other/x").is_none(), "no budget, no limit");
-        let lower: BTreeMap<String, f64> = [("acme/kernels".to_string(), 20.0)].into_iter().collect();
-        assert_eq!(reached(&budgets, &lower, "acme/kernels").unwrap().repository, "acme/kernels");
-        assert!(reached(&budgets, &lower, "acme/docs").is_none());
+        let r = reached(&budgets, &spend, "github.com/acme/kernels").unwrap();
+        assert_eq!((r.repository.as_str(), r.daily, r.spent), ("github.com/acme/*", 30.0, 31.0));
+        assert!(
+            r.reason().contains("repository github.com/acme/*: daily budget $30.00 reached ($31.00 spent)"),
+            "{}",
+            r.reason()
+        );
+        assert!(reached(&budgets, &spend, "github.com/other/x").is_none(), "no budget, no limit");
+        assert!(reached(&budgets, &spend, "gitlab.com/acme/kernels").is_none(), "another host: no budget of acme's");
+        let lower: BTreeMap<String, f64> = [("github.com/acme/kernels".to_string(), 20.0)].into_iter().collect();
+        assert_eq!(reached(&budgets, &lower, "github.com/acme/kernels").unwrap().repository, "github.com/acme/kernels");
+        assert!(reached(&budgets, &lower, "github.com/acme/docs").is_none());
+        assert!(reached(&budgets, &lower, "acme/kernels").is_none(), "spend is keyed by identities with a host");
     }
 }

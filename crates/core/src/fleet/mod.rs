@@ -18,6 +18,8 @@ mod autoscale;
 pub mod budget;
 mod config;
 pub mod cost;
+pub mod ending;
+pub mod fit;
 mod schedule;
 
 pub use autoscale::{
@@ -26,6 +28,7 @@ pub use autoscale::{
 };
 pub use budget::{parse_budgets, RepoBudget};
 pub use config::{parse_fleets, FleetConfigError};
+pub(crate) use {budget::describe as describe_path, config::line_col};
 pub use schedule::{Days, WarmSchedule};
 
 use crate::gpu::ComputeCapability;

@@ -280,34 +280,40 @@ fn budget_reached_blocks_creates_and_says_until_when() {
 #[test]
 fn a_repository_past_its_budget_gets_no_new_machine() {
     let mut w = World::new(vec![fleet("t4")]);
-    w.budgets = crate::fleet::parse_budgets("s.toml", "[[budget]]\nrepository = \"acme/*\"\ndaily = 20.0\n").unwrap();
-    w.repo_spend.insert("acme/kernels".into(), 12.5);
-    w.repo_spend.insert("acme/docs".into(), 7.5);
+    w.budgets =
+        crate::fleet::parse_budgets("s.toml", "[[budget]]\nrepository = \"acme/*\"\ndaily = 20.0\n", "github.com")
+            .unwrap();
+    w.repo_spend.insert("github.com/acme/kernels".into(), 12.5);
+    w.repo_spend.insert("github.com/acme/docs".into(), 7.5);
     let of = |id: &str, repo: Option<&str>| QueuedJob { repository: repo.map(String::from), ..job(id, NOW, "t4") };
-    w.queued = vec![of("over", Some("acme/kernels")), of("other", Some("beta/x")), of("none", None)];
+    w.queued =
+        vec![of("over", Some("github.com/acme/kernels")), of("other", Some("github.com/beta/x")), of("none", None)];
     let d = w.decide();
     assert_eq!(short(&d), ["create t4 #0 on-demand", "create t4 #0 on-demand"], "{d:#?}");
     assert_eq!(
         d.waiting["over"],
-        "repository acme/*: daily budget $20.00 reached ($20.00 spent); no machine is made for its jobs until 00:00 UTC"
+        "repository github.com/acme/*: daily budget $20.00 reached ($20.00 spent); no machine is made for its jobs until 00:00 UTC"
     );
     assert_eq!(d.wake_at, Some(1_704_153_600), "midnight UTC");
     assert!(!d.waiting["other"].contains("budget"));
 
     // Under the budget: demand like any other job.
-    w.repo_spend.insert("acme/docs".into(), 7.49);
+    w.repo_spend.insert("github.com/acme/docs".into(), 7.49);
     assert_eq!(w.decide().actions.len(), 3);
 
     // Over it, with an idle machine: the job is held off it (and nothing is made); the
     // machine is not kept for it either.
-    w.repo_spend.insert("acme/docs".into(), 8.0);
-    w.queued = vec![of("over", Some("acme/kernels"))];
+    w.repo_spend.insert("github.com/acme/docs".into(), 8.0);
+    w.queued = vec![of("over", Some("github.com/acme/kernels"))];
     w.machines = vec![machine("m-1", "t4", MachineState::Idle, NOW - 3600)];
     let d = w.decide();
     assert_eq!(short(&d), ["delete m-1"], "idle past its timeout, no job waits for it");
     assert!(d.waiting["over"].contains("daily budget $20.00 reached"), "{}", d.waiting["over"]);
     let reached = crate::fleet::budget::all_reached(&w.budgets, &w.repo_spend);
-    assert!(reached.iter().any(|b| b.covers("acme/kernels")) && !reached.iter().any(|b| b.covers("beta/x")));
+    assert!(
+        reached.iter().any(|b| b.covers("github.com/acme/kernels"))
+            && !reached.iter().any(|b| b.covers("github.com/beta/x"))
+    );
 }
 
 #[test]
