@@ -12,10 +12,10 @@
 //!   files (`File=/dev/nvidia[4-7]`: index 0 is `/dev/nvidia4`). [`crate::gres`] maps them to
 //!   device files, which are matched by device node ([`GpuRef::Node`]); [`from_env`] only
 //!   checks that this is a Slurm job and leaves `gpus` empty.
-//! - Kubernetes: `NVIDIA_VISIBLE_DEVICES`, set by the NVIDIA device plugin for a container with
-//!   an `nvidia.com/gpu` limit: UUIDs (the plugin's default `DEVICE_ID_STRATEGY=uuid`; its
-//!   `index` strategy names the node's indices, which a container does not see as such);
-//!   `void`/`none`: no GPU.
+//! - Kubernetes: the device plugin's grant shows in several ways (the variable with UUIDs or
+//!   indices, volume-mount files, CDI- or GKE-injected device nodes); [`crate::grant`] reads
+//!   them all against the GPU inventory; [`from_env`] only names the pod and leaves `gpus`
+//!   empty.
 //!
 //! A grant the agent cannot read is an error, never "all GPUs": an agent that took every GPU
 //! of a shared node would hand out GPUs Slurm gave to somebody else.
@@ -77,21 +77,8 @@ pub fn from_env(engine: Engine, env: &dyn Fn(&str) -> Option<String>) -> Result<
         }
         Engine::Kubernetes => {
             let id = var("GPUCI_POD_NAME").or_else(|| var("HOSTNAME")).unwrap_or_else(|| "(unknown pod)".into());
-            let gpus = match var("NVIDIA_VISIBLE_DEVICES").as_deref() {
-                None | Some("void") | Some("none") => Vec::new(),
-                Some("all") => return Err(
-                    "--allocation kubernetes: NVIDIA_VISIBLE_DEVICES=all names no GPUs in particular: give the pod an \
-                         nvidia.com/gpu limit (the device plugin then lists the GPUs it granted)"
-                        .into(),
-                ),
-                Some(list) => list
-                    .split(',')
-                    .map(|g| {
-                        GpuRef::parse(g).map_err(|e| format!("--allocation kubernetes: NVIDIA_VISIBLE_DEVICES: {e}"))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            };
-            Ok(Allocation { engine, id, gpus })
+            // The GPUs: `crate::grant::read_grant`, which needs the inventory and the pod's /dev.
+            Ok(Allocation { engine, id, gpus: Vec::new() })
         }
     }
 }
@@ -188,19 +175,14 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_grant_is_the_device_plugins_list() {
-        let a = from_env(
-            Engine::Kubernetes,
-            &env(&[("GPUCI_POD_NAME", "gpuci-m-1"), ("NVIDIA_VISIBLE_DEVICES", "GPU-aa,GPU-bb")]),
-        )
-        .unwrap();
-        assert_eq!(a.gpus, vec![GpuRef::Uuid("GPU-aa".into()), GpuRef::Uuid("GPU-bb".into())]);
-        assert_eq!(a.id, "gpuci-m-1");
-        for none in ["void", "none", ""] {
-            assert!(from_env(Engine::Kubernetes, &env(&[("NVIDIA_VISIBLE_DEVICES", none)])).unwrap().gpus.is_empty());
+    fn a_pod_grant_names_the_pod_and_leaves_the_gpus_to_grant() {
+        // Whatever the variable holds (even `all`, or the volume-mounts path): `grant` decides.
+        for v in ["GPU-aa,GPU-bb", "all", "/var/run/nvidia-container-devices", "void"] {
+            let a =
+                from_env(Engine::Kubernetes, &env(&[("GPUCI_POD_NAME", "gpuci-m-1"), ("NVIDIA_VISIBLE_DEVICES", v)]))
+                    .unwrap();
+            assert_eq!((a.id.as_str(), a.gpus.len()), ("gpuci-m-1", 0), "{v}");
         }
-        let e = from_env(Engine::Kubernetes, &env(&[("NVIDIA_VISIBLE_DEVICES", "all")])).unwrap_err();
-        assert!(e.contains("names no GPUs in particular"), "{e}");
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod disk;
 mod executor;
 pub mod fstree;
 pub mod gpulock;
+pub mod grant;
 pub mod gres;
 pub mod identity;
 pub mod interruption;
@@ -454,7 +455,9 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         (Some(why), _) if !config.allow_unsandboxed => {
             Some(format!("no working job sandbox: {why} (or start it with --allow-unsandboxed)"))
         }
-        (_, Some(why)) => Some(format!("its jobs' disk quota cannot be set up: {why} (or start it with --job-disk none)")),
+        (_, Some(why)) => {
+            Some(format!("its jobs' disk quota cannot be set up: {why} (or start it with --job-disk none)"))
+        }
         _ => Some("it offers no job slots".to_string()),
     };
     if let Some(why) = &bwrap_problem {

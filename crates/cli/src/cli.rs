@@ -419,6 +419,11 @@ pub struct AgentArgs {
     /// grant of another size stops the agent at start instead of serving the wrong number.
     #[arg(long, requires = "allocation", value_name = "N")]
     pub expect_gpus: Option<u32>,
+    /// With --allocation kubernetes: the directory that stands for the container's `/` when
+    /// reading the grant (`/dev/nvidia*`, `/var/run/nvidia-container-devices/`). Tests only:
+    /// the Kubernetes test double's pods are local processes.
+    #[arg(long, hide = true, env = "GPUCI_GRANT_ROOT", value_name = "DIR")]
+    pub grant_root: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -167,12 +167,19 @@ struct Fleet {
 /// One GPU node `gpu-a` (4 GPUs, tainted as GPU nodes are) and one CPU node; fleet `k8s` of
 /// `gpus`-GPU pods.
 fn start(gpus: u32) -> Option<Fleet> {
+    start_with(gpus, "envvar-uuid")
+}
+
+/// As [`start`], with node `gpu-a`'s device plugin handing out GPUs as `device_plugin` says
+/// (the test server's README: envvar-uuid, envvar-index, volume-mounts, cdi, gke, ...).
+fn start_with(gpus: u32, device_plugin: &str) -> Option<Fleet> {
     python()?;
     let dir = tempdir();
     let nodes = serde_json::json!([
         {"name": "gpu-a", "labels": {"nvidia.com/gpu.present": "true"},
          "taints": [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}],
-         "gpus": 4, "gpu_uuids": node_uuids("gpu-a", 4), "cpu": "16", "memory": "64Gi"},
+         "gpus": 4, "gpu_uuids": node_uuids("gpu-a", 4), "cpu": "16", "memory": "64Gi",
+         "device_plugin": device_plugin},
         {"name": "cpu-a", "gpus": 0, "cpu": "8", "memory": "32Gi"},
     ]);
     let cluster = Cluster::start(dir.path(), nodes);
@@ -307,6 +314,39 @@ fn pods_serve_the_device_plugins_gpus_and_go_away_when_idle() {
     assert!(used.iter().all(|u| !u.ends_with(" 403")), "a call the Role does not grant: {used:#?}");
     for want in ["pods create", "pods list", "pods watch", "pods delete", "secrets create", "secrets delete"] {
         assert!(used.iter().any(|u| u.starts_with(want)), "{want} never used: {used:#?}");
+    }
+}
+
+/// However the device plugin shows the grant — indices in the variable, volume-mount files,
+/// CDI-injected nodes with `void`, GKE's nodes with no variable — the job is leased exactly
+/// the GPU the pod was given. Another tenant holds GPUs 0 and 1 first, so the pod's GPU is
+/// neither the node's first nor index 0 of anything but the double's own numbering.
+#[test]
+fn every_device_plugin_mechanism_leases_exactly_the_pods_gpu() {
+    for plugin in ["envvar-index", "volume-mounts", "cdi", "gke"] {
+        let Some(f) = start_with(1, plugin) else { return };
+        let other = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "other-tenant"},
+            "spec": {"restartPolicy": "Never", "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "x", "image": "busybox",
+                                     "resources": {"limits": {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "2"}}}]},
+        });
+        f.cluster.post(&format!("/api/v1/namespaces/{NS}/pods"), other);
+        let api = f.server.api();
+        let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo on $GPUCI_GPUS && sleep 2\n");
+        let running = api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+        let ours = f.cluster.pods().into_iter().find(|p| p["metadata"]["name"] != "other-tenant").unwrap();
+        let granted = ours["metadata"]["annotations"]["testserver.gpuci/gpus"].as_str().unwrap_or("").to_string();
+        assert_eq!(granted, node_uuids("gpu-a", 4)[2], "{plugin}: the double gave the pod GPU 2");
+        assert_eq!(running.gpus, vec![granted.clone()], "{plugin}: the job's lease\n{}", f.explain());
+        let agents = api.agents();
+        assert_eq!(agents.len(), 1, "{agents:#?}");
+        let served: Vec<String> = agents[0].gpus.iter().map(|g| g.info.uuid.clone()).collect();
+        assert_eq!(served, vec![granted], "{plugin}: the agent serves the pod's GPU only");
+        let done = api.wait_pipeline(p.id, T);
+        assert_eq!(done.state, "succeeded", "{plugin}: {done:#?}\n{}", f.explain());
     }
 }
 

@@ -272,3 +272,106 @@ fn a_machine_whose_agent_dies_at_start_is_not_made_again_in_a_loop() {
     assert!(log.contains("the GPU index 7 given to this agent is not on this host"), "{log}");
     api.cancel(p.jobs[0].id);
 }
+
+/// Fleet `ws` as [`start_full`] makes it, with more `[fleet.machine]` keys and more agent
+/// arguments (issue 26's reasons need a `time_limit` and an agent that takes no jobs).
+fn start_own(machine: &str, agent_args: &str) -> Fleet {
+    let dir = tempdir();
+    let data = dir.path().join("server");
+    let config = dir.path().join("server.toml");
+    let iso = isolation();
+    std::fs::write(
+        &config,
+        format!(
+            "[[fleet]]\nname = \"ws\"\nprovider = \"local\"\nmax = 2\nidle_timeout = \"30s\"\nboot_timeout = \"90s\"\n\
+             [fleet.machine]\ngpu_model = \"NVIDIA L4\"\ngpus = 1\ngpu_memory = \"22GiB\"\ncpus = 2\nmemory = \"4GiB\"\n{machine}\n\
+             [[fleet.offer]]\ninstance_type = \"workstation\"\nprice_per_hour = 0.36\n\
+             [fleet.settings]\nsimulate_gpus = \"4xL4\"\ngpus = [\"1\", \"3\"]\n\
+             agent_args = [\"--slots\", \"1\", \"--isolation\", \"{iso}\"{agent_args}]\n"
+        ),
+    )
+    .unwrap();
+    let server = Server::start_on(
+        &data,
+        "127.0.0.1:0",
+        vec![
+            "--heartbeat".into(),
+            "200ms".into(),
+            "--fleet-interval".into(),
+            "300ms".into(),
+            "--config".into(),
+            config.display().to_string(),
+        ],
+    );
+    Fleet { _dir: dir, server, data }
+}
+
+/// Issue 26: from zero machines, a job no fleet can ever serve (a timeout past the fleet's
+/// `time_limit`, more GPUs than its machine has, a GPU model it does not offer, a tag its
+/// machines lack) waited as "no agent is connected" while `gpuci fleets` said "enough
+/// machines". Now each says so from zero, naming the fleet and why, `gpuci fleets` (and the
+/// dashboard, which shows the same summary) names them, no machine is made, and each ends at
+/// its queue_timeout with that reason.
+#[test]
+fn a_job_no_fleet_can_serve_says_why_from_zero_and_ends_at_its_queue_timeout() {
+    let f = start_own("time_limit = \"5m\"", "");
+    let api = f.server.api();
+    let p = api.submit(
+        &[
+            "steps:",
+            "  - {key: long, gpus: 1, timeout: 10m, queue_timeout: 6s, command: echo never}",
+            "  - {key: two, gpus: 2, queue_timeout: 6s, command: echo never}",
+            "  - {key: h100, gpus: 1, gpu: {model: \"H100*\"}, queue_timeout: 6s, command: echo never}",
+            "  - {key: arm, gpus: 1, agents: {arch: arm64}, queue_timeout: 6s, command: echo never}",
+        ]
+        .join("\n"),
+    );
+    let ids: Vec<i64> = p.jobs.iter().map(|j| j.id).collect();
+    let expect = [
+        "fleet ws: its machines live at most time_limit 5m",
+        "fleet ws: its machines have 1 GPU, the job needs 2",
+        "fleet ws: its GPUs (NVIDIA L4) do not match: model",
+        "fleet ws: its machines do not carry tag arch=arm64",
+    ];
+    for (id, want) in ids.iter().zip(expect) {
+        let j = api.wait_job(*id, "the reason naming the fleet", T, |j| j.reason.contains(want));
+        assert!(j.reason.contains("no fleet can ever run this job"), "{j:#?}");
+        assert!(j.reason.contains("ends at its queue_timeout"), "{j:#?}");
+    }
+    let why = f.status()["why"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("4 waiting jobs no fleet can run"), "{why}");
+    assert!(why.contains(&format!("job {} cannot run here: its machines live at most time_limit 5m", ids[0])), "{why}");
+    assert!(f.machines().is_empty(), "no machine is made for what none can run: {:#}", f.status());
+    for (id, want) in ids.iter().zip(expect) {
+        let j = api.wait_job(*id, "ended at its queue_timeout", T, |j| j.state.is_terminal());
+        assert!(j.reason.contains("queue_timeout"), "{j:#?}");
+        assert!(j.reason.contains(want), "ends with that reason: {j:#?}");
+    }
+}
+
+/// Issue 26: an agent that takes no jobs (here: a root agent whose jobs' disk quota cannot be
+/// set up) held its machine idle while the job's reason called it "busy (no free job slot)"
+/// until queue_timeout. The reason names the agent and its own words.
+#[test]
+fn an_agent_that_takes_no_jobs_is_named_with_its_reason_not_busy() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: only a root agent refuses jobs for want of a disk quota");
+        return;
+    }
+    let f = start_own("", ", \"--min-free-disk\", \"1000000TiB\"");
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    queue_timeout: 60s\n    command: echo never\n");
+    let j = api.wait_job(p.jobs[0].id, "the refusing agent named", T, |j| j.reason.contains("takes no jobs"));
+    assert!(j.reason.contains("agent ws-"), "{j:#?}");
+    assert!(
+        j.reason.contains("disk quota cannot be set up") || j.reason.contains("no working job sandbox"),
+        "{j:#?}"
+    );
+    // Never "busy", for as long as it waits.
+    for _ in 0..20 {
+        let j = api.job(p.jobs[0].id);
+        assert!(!j.reason.contains("busy"), "{j:#?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    api.cancel(p.jobs[0].id);
+}

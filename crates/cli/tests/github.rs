@@ -980,4 +980,12 @@ fn an_approved_fork_gets_only_the_values_set_for_approved_forks() {
         !log.contains("CODECOV_TOKEN=for-approved-forks"),
         "another step's secret reached the snooping step: {log}"
     );
+    // The approval that let it have a secret is on the record, with the login that gave it.
+    let audit: Vec<serde_json::Value> = s.api.get("/api/v1/audit?action=approval");
+    assert!(
+        audit.iter().any(|e| e["actor"] == "maintainer"
+            && e["actor_kind"] == "github"
+            && e["object"].as_str().is_some_and(|o| o.contains("#31") && o.contains(sha))),
+        "{audit:?}"
+    );
 }

@@ -391,7 +391,12 @@ fn real_answers_match_the_documented_responses() {
             http.get(format!("{url}/api/v1/audit")).bearer_auth(read_token(&server)).send().unwrap(),
             403,
         ),
-        ("delete", "/api/v1/tokens/{name}", auth(http.delete(format!("{url}/api/v1/tokens/nope"))).send().unwrap(), 404),
+        (
+            "delete",
+            "/api/v1/tokens/{name}",
+            auth(http.delete(format!("{url}/api/v1/tokens/nope"))).send().unwrap(),
+            404,
+        ),
     ];
     let mut bodies = Vec::new();
     for (method, template, r, want) in cases {

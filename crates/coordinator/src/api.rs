@@ -527,8 +527,13 @@ pub async fn cancel_job(
     };
     let reason = req.and_then(|b| b.reason).unwrap_or_else(|| "cancelled by user".into());
     let j = ask(&st, |reply| Command::Cancel { job: id, reason, reply }).await;
-    crate::audit::record(&st, &actor, gpuci_core::audit::AuditAction::JobCancel, format!("job {id}"), &j).await?;
-    Ok(Json(summarize(&[j?], &agent_names(st.store.as_ref()).await).remove(0)))
+    let audited =
+        crate::audit::record(&st, &actor, gpuci_core::audit::AuditAction::JobCancel, format!("job {id}"), &j).await;
+    // A cancel that failed answers with its own error (a full disk is a 503 either way); one
+    // that took effect but could not be recorded says so.
+    let j = j?;
+    audited?;
+    Ok(Json(summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0)))
 }
 
 /// `application/json`, or `application/<anything>+json`, with any parameters.
@@ -723,8 +728,9 @@ pub async fn release_gpu(
 ) -> ApiResult<StatusCode> {
     let object = format!("GPU {uuid}");
     let done = ask(&st, |reply| Command::ReleaseGpu { uuid, reply }).await;
-    crate::audit::record(&st, &actor, gpuci_core::audit::AuditAction::GpuRelease, object, &done).await?;
+    let audited = crate::audit::record(&st, &actor, gpuci_core::audit::AuditAction::GpuRelease, object, &done).await;
     done?;
+    audited?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -306,8 +306,10 @@ pub struct FleetView {
     pub absent: Vec<(String, bool)>,
     /// Every machine an agent ever registered from (its `gpuci.machine` tag) → that agent,
     /// connected or not: registrations are durable (the agents table), so a machine that ended
-    /// between two reconcile passes is still known to have booted.
-    pub registered: BTreeMap<String, String>,
+    /// between two reconcile passes is still known to have booted. With when that agent was
+    /// last heard from (unix ms): a registration from before a machine's latest (re)start is
+    /// not this boot's (a stopped machine started again keeps its agent's identity).
+    pub registered: BTreeMap<String, (String, i64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -2161,7 +2163,7 @@ impl Brain {
         let registered = self
             .agents
             .values()
-            .filter_map(|a| Some((a.tags.get(gpuci_providers::TAG_MACHINE)?.clone(), a.id.clone())))
+            .filter_map(|a| Some((a.tags.get(gpuci_providers::TAG_MACHINE)?.clone(), (a.id.clone(), a.last_seen_ms))))
             .collect();
         FleetView { agents, waiting, absent, registered }
     }

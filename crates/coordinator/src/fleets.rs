@@ -471,7 +471,7 @@ impl Loop {
                 // Judged by the agent's registration, never by what the last pass saw: an
                 // allocation cancelled a second after its agent registered is taken back, not
                 // a boot failure (`gpuci_core::fleet::ending`).
-                let registered = view.registered.get(&rec.id).cloned().or_else(|| rec.agent_id.clone());
+                let registered = this_boots_agent(&view, rec).or_else(|| rec.agent_id.clone());
                 let end = classify_end(&EndedMachine {
                     seen_ending: pm.is_some(),
                     registered_agent: registered.as_deref(),
@@ -508,12 +508,7 @@ impl Loop {
                 rec.state = "ended".into();
                 rec.ended_at_ms = Some(now_ms);
                 rec.reason.get_or_insert_with(|| {
-                    if busy && !died_booting {
-                        "gone at the provider while running jobs"
-                    } else {
-                        end.reason()
-                    }
-                    .into()
+                    if busy && !died_booting { "gone at the provider while running jobs" } else { end.reason() }.into()
                 });
                 if let Some(note) = pm.and_then(|p| p.note.clone()) {
                     rec.reason = Some(note);
@@ -529,12 +524,6 @@ impl Loop {
                 if matches!(pm.state, ProviderState::Running) && rec.running_at_ms.is_none() {
                     rec.running_at_ms = Some(now_ms);
                 }
-            }
-            if let (None, Some(id)) = (agent, view.registered.get(&rec.id)) {
-                // Registered and away already (killed silently, or its allocation ending):
-                // booted all the same, so held as an absent agent's machine, never "booting".
-                rec.agent_id.get_or_insert_with(|| id.clone());
-                rec.connected_at_ms.get_or_insert(now_ms);
             }
             if let Some(a) = agent {
                 rec.agent_id = Some(a.agent_id.clone());
@@ -1279,6 +1268,17 @@ pub async fn cost_inputs(
     let stretches: Vec<Stretch> =
         stretches.into_iter().map(|s| Stretch { machine: s.machine_id, from_ms: s.from_ms, to_ms: s.to_ms }).collect();
     Ok((machines, stretches, runs))
+}
+
+/// The agent that registered from `rec` during its latest boot, if one did: heard from since
+/// the machine was (re)requested. A stopped machine started again keeps its agent's identity,
+/// and that agent's registration from before the stop is not this boot's (else the restarted
+/// machine read as one whose agent had come and gone, and a new machine was made).
+fn this_boots_agent(view: &FleetView, rec: &MachineRecord) -> Option<String> {
+    view.registered
+        .get(&rec.id)
+        .filter(|(_, last_seen_ms)| *last_seen_ms >= rec.requested_at_ms)
+        .map(|(agent, _)| agent.clone())
 }
 
 /// This build's executable, for a local fleet's agents. One replaced since this process

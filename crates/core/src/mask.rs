@@ -51,7 +51,8 @@
 //! it work unchanged; `%25`, `%0D` and `%0A` stand for `%`, CR and LF as there). From that line
 //! on, VALUE and its encodings are masked like a secret, the command line itself included.
 //! Refused (and said in the log, never with the value): values shorter than [`MIN_LEN`],
-//! longer than [`MAX_REGISTERED_LEN`] bytes, and more than [`MAX_REGISTERED`] per job; the
+//! longer than [`MAX_REGISTERED_LEN`] bytes, more than [`MAX_REGISTERED`] per job or more
+//! than [`MAX_REGISTERED_TOTAL`] bytes in all; the
 //! bounds keep the automaton and the cut's tail small whatever a job prints. There is no
 //! gpuci-specific second syntax: one name that existing scripts already print is easier to
 //! audit than two.
@@ -73,8 +74,13 @@ pub const MIN_DERIVED_LEN: usize = 8;
 /// Most values one job may register (`::add-mask::`).
 pub const MAX_REGISTERED: usize = 64;
 /// Longest value a job may register, in bytes: its percent-encoded form (the longest derived
-/// form, three characters a byte) stays under the agent's carry across a line cut (16 KiB).
-pub const MAX_REGISTERED_LEN: usize = 4096;
+/// form, three characters a byte) stays well under the agent's carry across a line cut (16 KiB).
+pub const MAX_REGISTERED_LEN: usize = 1024;
+/// Most bytes of registered values one job may hold in all. Each registration rebuilds the
+/// masker from every value (its derived forms included), so this bounds what a job can make
+/// the agent compute: 64 values of 4 KiB each took the debug build over a second per value at
+/// the end and stalled an agent's heartbeats (outsider finding).
+pub const MAX_REGISTERED_TOTAL: usize = 8 << 10;
 
 /// Why a value a job registered is not masked. Never carries the value: these are shown in
 /// the job's log.
@@ -88,6 +94,8 @@ pub enum RegisterError {
     TooLong { len: usize },
     #[error("add-mask: this job already registered {MAX_REGISTERED} values, the most one job may; not masked")]
     TooMany,
+    #[error("add-mask: this job's registered values would hold more than {MAX_REGISTERED_TOTAL} bytes in all; not masked")]
+    TooMuch,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -149,6 +157,14 @@ impl Masker {
                 if l.contains(' ') {
                     raw.push(l.replace(' ', "+"));
                 }
+                // A value with a quote or a backslash, dumped by accident in a config's JSON
+                // or a Python repr (outsider finding): its escaped forms.
+                if l.contains(['"', '\\', '\'']) {
+                    let backslashes = l.replace('\\', "\\\\");
+                    raw.push(backslashes.replace('"', "\\\""));
+                    raw.push(backslashes.replace('\'', "\\'"));
+                    raw.push(backslashes);
+                }
                 encoded.push(l.as_bytes().to_vec());
                 encoded.push(format!("{l}\n").into_bytes());
             }
@@ -192,8 +208,14 @@ impl Masker {
         if value.len() > MAX_REGISTERED_LEN {
             return Err(RegisterError::TooLong { len: value.len() });
         }
-        if self.registered >= MAX_REGISTERED && !self.sources.iter().any(|s| s == value) {
-            return Err(RegisterError::TooMany);
+        if !self.sources.iter().any(|s| s == value) {
+            if self.registered >= MAX_REGISTERED {
+                return Err(RegisterError::TooMany);
+            }
+            let held: usize = self.sources[self.sources.len().saturating_sub(self.registered)..].iter().map(String::len).sum();
+            if held + value.len() > MAX_REGISTERED_TOTAL {
+                return Err(RegisterError::TooMuch);
+            }
         }
         Ok(value)
     }
@@ -495,6 +517,27 @@ mod tests {
         }
     }
 
+    /// Outsider finding: a config dumped as JSON, or a Python repr, escapes a value's quotes
+    /// and backslashes, and the value showed.
+    #[test]
+    fn a_value_with_quotes_or_backslashes_is_masked_in_json_and_repr() {
+        let m = Masker::new(["Zq9/vK2\"pL7\\wX4+Q"]);
+        assert_eq!(m.mask(r#"{"k": "Zq9/vK2\"pL7\\wX4+Q"}"#), r#"{"k": "***"}"#);
+        assert_eq!(m.mask(r#"'Zq9/vK2"pL7\\wX4+Q'"#), "'***'");
+    }
+
+    /// Outsider finding: 64 registrations of 4 KiB each stalled an agent; the bytes a job may
+    /// register are bounded in all.
+    #[test]
+    fn registered_values_are_bounded_in_total_bytes() {
+        let mut m = Masker::new(std::iter::empty());
+        let each = MAX_REGISTERED_LEN;
+        for i in 0..MAX_REGISTERED_TOTAL / each {
+            m.register(&format!("{i:04}{}", "v".repeat(each - 4))).unwrap();
+        }
+        assert_eq!(m.register(&format!("more{}", "w".repeat(8))), Err(RegisterError::TooMuch));
+    }
+
     #[test]
     fn hex_of_a_secret_is_masked_in_either_case() {
         let m = Masker::new(["s3cr3t-token"]);
@@ -563,7 +606,8 @@ mod tests {
         assert_eq!(e, RegisterError::TooShort { len: 3 });
         assert!(!e.to_string().contains("abc"));
         assert!(m.is_empty(), "a refused value changes nothing");
-        assert_eq!(m.register(&"x".repeat(MAX_REGISTERED_LEN + 1)), Err(RegisterError::TooLong { len: 4097 }));
+        let long = MAX_REGISTERED_LEN + 1;
+        assert_eq!(m.register(&"x".repeat(long)), Err(RegisterError::TooLong { len: long }));
         for i in 0..MAX_REGISTERED {
             m.register(&format!("value-{i:04}")).unwrap();
         }

@@ -203,8 +203,10 @@ impl RepoId {
 
     fn hosted(host: &str, path: &str) -> Result<RepoId, String> {
         // Only trailing slashes go: a leading one here is an empty segment (`host//x`).
-        let path = path.trim_end_matches('/');
-        let path = path.strip_suffix(".git").unwrap_or(path).to_ascii_lowercase();
+        // Lowercase first: `x.GIT` is `x` as `x.git` is (outsider finding: it was a second
+        // repository, and its printed form did not parse back to itself).
+        let lower = path.trim_end_matches('/').to_ascii_lowercase();
+        let path = lower.strip_suffix(".git").unwrap_or(&lower).to_string();
         if path.is_empty() {
             return Err("no repository path".into());
         }

@@ -1014,7 +1014,14 @@ def validate_secret(secret: dict) -> list[FieldError]:
 # Nodes
 
 
-NODE_KEYS = {"name", "labels", "taints", "gpus", "gpu_uuids", "cpu", "memory", "runtime_classes"}
+NODE_KEYS = {"name", "labels", "taints", "gpus", "gpu_uuids", "cpu", "memory", "runtime_classes",
+             "device_plugin"}
+
+# How the node's device plugin hands a container its GPUs (README, "Starting the container"):
+# each acts out one documented mechanism; the pod's `/dev` and `/var/run` are a directory of the
+# pod's own, announced as GPUCI_GRANT_ROOT, since a pod here is a local process.
+DEVICE_PLUGINS = ("envvar-uuid", "envvar-index", "volume-mounts", "volume-mounts-index", "cdi", "gke")
+VOLUME_MOUNTS_DIR = "/var/run/nvidia-container-devices"
 
 
 def node_config(raw) -> dict:
@@ -1054,12 +1061,16 @@ def node_config(raw) -> dict:
                 set(t) - {"key", "value", "effect"}:
             raise ValueError(f"node {name}: taint {t!r} needs key, effect (NoSchedule, "
                              "PreferNoSchedule or NoExecute) and optional value")
+    plugin = raw.get("device_plugin", "envvar-uuid")
+    if plugin not in DEVICE_PLUGINS:
+        raise ValueError(f"node {name}: device_plugin {plugin!r} is not one of {list(DEVICE_PLUGINS)}")
     classes = raw.get("runtime_classes", ["nvidia"])
     if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
         raise ValueError(f"node {name}: runtime_classes must be a list of names")
     return {"name": name, "labels": dict(labels), "taints": [dict(t) for t in taints],
             "gpus": gpus, "gpu_uuids": list(uuids), "cpu": cpu, "memory": memory,
-            "runtime_classes": list(classes), "has_gpu_key": "gpus" in raw}
+            "runtime_classes": list(classes), "has_gpu_key": "gpus" in raw,
+            "device_plugin": plugin}
 
 
 def node_object(cfg: dict, kubelet_version: str) -> dict:
@@ -2265,6 +2276,39 @@ class Cluster:
         return env
 
     @staticmethod
+    def _device_plugin(env: dict, home: str, cfg: dict, gpus: list[str] | None) -> None:
+        """Hands the container its GPUs as the node's device plugin would (`device_plugin`).
+        A GPU's index and minor number are its position in the node's `gpu_uuids`."""
+        root = os.path.join(home, "root")
+        dev = os.path.join(root, "dev")
+        os.makedirs(dev, exist_ok=True)
+        env["GPUCI_GRANT_ROOT"] = root
+        if not gpus:
+            return
+        plugin = cfg["device_plugin"]
+        index = {u: i for i, u in enumerate(cfg["gpu_uuids"])}
+        ids = [str(index[u]) for u in gpus] if plugin.endswith("-index") else list(gpus)
+        # Every mechanism ends with the GPUs' nodes and the driver's shared nodes injected
+        # (the NVIDIA runtime, the CDI spec's deviceNodes, GKE's device specs).
+        for name in [f"nvidia{index[u]}" for u in gpus] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
+            open(os.path.join(dev, name), "w").close()
+        if plugin.startswith("envvar"):
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
+        elif plugin.startswith("volume-mounts"):
+            # server.go updateResponseForDeviceMounts: the variable names the directory, and
+            # each id is a bind of /dev/null there.
+            env["NVIDIA_VISIBLE_DEVICES"] = VOLUME_MOUNTS_DIR
+            listing = os.path.join(root, VOLUME_MOUNTS_DIR.lstrip("/"))
+            os.makedirs(listing, exist_ok=True)
+            for i in ids:
+                open(os.path.join(listing, i), "w").close()
+        elif plugin == "cdi":
+            # Only CDI strategies: the plugin sets no variable; nvidia-ctk's spec sets void.
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        else:  # gke: device specs only, no variable at all
+            env.pop("NVIDIA_VISIBLE_DEVICES", None)
+
+    @staticmethod
     def _field_ref(pod: dict, path: str) -> str:
         md = pod["metadata"]
         m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']*)'\]", path)
@@ -2314,6 +2358,7 @@ class Cluster:
             rt.next_try = now + KUBELET_RETRY
             self._set_waiting(key, rt, "CreateContainerConfigError", str(e))
             return
+        self._device_plugin(env, home, cfg, gpus)
         argv = [expand_vars(str(a), env)
                 for a in (container.get("command") or []) + (container.get("args") or [])]
         if not argv:

@@ -28,7 +28,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 /// Destinations no job may reach by default: link-local IPv4 (AWS, GCP, Azure, Oracle,
 /// OpenStack and DigitalOcean metadata at `169.254.169.254`, ECS task credentials at
 /// `169.254.170.2`, AWS's DNS and time at `169.254.169.253`/`.123`), Alibaba Cloud's
-/// `100.100.100.200`, and the IPv6 metadata addresses of AWS (`fd00:ec2::254`), GCP
+/// `100.100.100.200`, Azure's WireServer `168.63.129.16` (goal state and extension settings;
+/// outsider finding), and the IPv6 metadata addresses of AWS (`fd00:ec2::254`, and the EKS
+/// Pod Identity agent's `fd00:ec2::23`), GCP
 /// (`fd20:ce::254`) and Oracle (`fd00:c1::a9fe:a9fe`). An IPv4-mapped IPv6 address
 /// (`::ffff:169.254.169.254`) is routed as IPv4 and meets the IPv4 rule.
 ///
@@ -38,7 +40,9 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 pub const DENIED: &[(&str, u8)] = &[
     ("169.254.0.0", 16),
     ("100.100.100.200", 32),
+    ("168.63.129.16", 32),
     ("fd00:ec2::254", 128),
+    ("fd00:ec2::23", 128),
     ("fd20:ce::254", 128),
     ("fd00:c1::a9fe:a9fe", 128),
 ];

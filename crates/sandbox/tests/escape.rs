@@ -623,7 +623,7 @@ async fn slot_network_reaches_the_outside_but_not_the_host_or_other_slots() {
 /// The cloud metadata probe: connects to each address and prints `ADDR ERRNO` (0: connected).
 const METADATA_PROBE: &str = r#"python3 - <<'PY'
 import errno, socket
-for addr in ["169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254", "fd20:ce::254", "::ffff:169.254.169.254"]:
+for addr in ["169.254.169.254", "169.254.170.2", "100.100.100.200", "168.63.129.16", "fd00:ec2::254", "fd00:ec2::23", "fd20:ce::254", "::ffff:169.254.169.254"]:
     fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
     s = socket.socket(fam, socket.SOCK_STREAM)
     s.settimeout(3)
@@ -638,8 +638,16 @@ PY
 ip rule del pref 1000 2>/dev/null && echo DELETED-RULE; ip -6 rule del pref 1000 2>/dev/null && echo DELETED-RULE6; true"#;
 
 /// Addresses the probe tries.
-const METADATA_ADDRS: [&str; 6] =
-    ["169.254.169.254", "169.254.170.2", "100.100.100.200", "fd00:ec2::254", "fd20:ce::254", "::ffff:169.254.169.254"];
+const METADATA_ADDRS: [&str; 8] = [
+    "169.254.169.254",
+    "169.254.170.2",
+    "100.100.100.200",
+    "168.63.129.16",
+    "fd00:ec2::254",
+    "fd00:ec2::23",
+    "fd20:ce::254",
+    "::ffff:169.254.169.254",
+];
 
 #[tokio::test]
 async fn slot_network_refuses_cloud_metadata_services_and_the_job_cannot_lift_it() {

@@ -49,6 +49,18 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
                 .collect::<Result<_, _>>()
                 .map_err(|e| CliError::Input(format!("--allocation slurm: {e}")))?;
         }
+        if engine == gpuci_agent::allocation::Engine::Kubernetes {
+            // The device plugin's grant shows as a variable, list files or device nodes;
+            // telling which GPUs they are takes the inventory the agent will serve from.
+            let inventory = pod_inventory(&c).map_err(|e| {
+                CliError::Input(format!("--allocation kubernetes: pod {}: GPU inventory: {e}", grant.id))
+            })?;
+            let root = a.grant_root.clone().unwrap_or_else(|| "/".into());
+            let g = gpuci_agent::grant::read_grant(&root, a.expect_gpus, &|k| std::env::var(k).ok(), inventory)
+                .map_err(|e| CliError::Input(format!("--allocation kubernetes: pod {}: {e}", grant.id)))?;
+            tracing::info!(pod = %grant.id, source = %g.source, gpus = ?g.uuids, "the GPUs the device plugin granted");
+            grant.gpus = g.uuids.into_iter().map(gpuci_gpu::GpuRef::Uuid).collect();
+        }
         if let Some(n) = a.expect_gpus {
             if grant.gpus.len() != n as usize {
                 return Err(CliError::Input(format!(
@@ -110,6 +122,15 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
             Ok(EXIT_LEFT)
         }
     }
+}
+
+/// The inventory the agent will serve from, detected as `gpuci_agent::run_until` does
+/// (simulated GPUs included), before any share of it is taken.
+fn pod_inventory(c: &gpuci_agent::Config) -> Result<Vec<gpuci_core::gpu::GpuInfo>, gpuci_gpu::GpuError> {
+    let mut opts = gpuci_gpu::DetectOptions::new(c.simulate_host.clone().unwrap_or_else(|| c.name.clone()));
+    opts.simulate = c.simulate_gpus.clone();
+    opts.simulated_device_dir = c.data_dir.join("sim-dev");
+    gpuci_gpu::detect(&opts)?.backend.inventory()
 }
 
 fn now_ms() -> i64 {

@@ -37,7 +37,9 @@ pub struct EndedMachine<'a> {
 pub enum MachineEnd {
     Retired,
     /// Queue the agent's jobs again, once; no offer penalty.
-    TakenBack { agent: String },
+    TakenBack {
+        agent: String,
+    },
     /// Skip its offer for a while.
     BootFailure,
     Vanished,
@@ -48,7 +50,9 @@ impl MachineEnd {
     pub fn reason(&self) -> &'static str {
         match self {
             MachineEnd::Retired => "deleted or stopped by its fleet",
-            MachineEnd::TakenBack { .. } => "ended at the provider after its agent registered; its jobs were queued again",
+            MachineEnd::TakenBack { .. } => {
+                "ended at the provider after its agent registered; its jobs were queued again"
+            }
             MachineEnd::BootFailure => "ended before its agent connected",
             MachineEnd::Vanished => "gone at the provider",
         }
@@ -102,7 +106,12 @@ mod tests {
 
     #[test]
     fn every_end_has_a_reason_in_words() {
-        for e in [MachineEnd::Retired, MachineEnd::TakenBack { agent: "a".into() }, MachineEnd::BootFailure, MachineEnd::Vanished] {
+        for e in [
+            MachineEnd::Retired,
+            MachineEnd::TakenBack { agent: "a".into() },
+            MachineEnd::BootFailure,
+            MachineEnd::Vanished,
+        ] {
             assert!(!e.reason().is_empty());
         }
     }

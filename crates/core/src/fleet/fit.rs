@@ -103,11 +103,7 @@ pub fn with_unservable(why: &str, unfit: &[(String, String)]) -> String {
         n => format!("; and {n} more"),
     };
     let n = unfit.len();
-    format!(
-        "{why}; {n} waiting job{} no fleet can run ({}{more})",
-        if n == 1 { "" } else { "s" },
-        named.join("; ")
-    )
+    format!("{why}; {n} waiting job{} no fleet can run ({}{more})", if n == 1 { "" } else { "s" }, named.join("; "))
 }
 
 /// `2h`, `1h 30m`, `59m`, `45s`.

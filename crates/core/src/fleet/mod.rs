@@ -7,6 +7,9 @@
 //!   reason per queued job. The coordinator's reconcile loop applies the actions at the
 //!   provider; `gpuci simulate` applies them to simulated machines on a simulated clock. Both
 //!   drive this one function, so the simulation measures the policy that runs in production.
+//! - [`fit::no_fleet_serves`] says, per fleet, why a job can never run on any of them (it then
+//!   waits for nothing and is told so from zero); [`ending::classify_end`] books a machine
+//!   that ended at its provider by its agent's registration: boot failure or taken back.
 //!
 //! What must not live here: I/O of any kind (no provider calls, no files, no clock reads, no
 //! environment), an async runtime, logging. Time is handed in as unix seconds (`u64`)

@@ -198,3 +198,14 @@ proptest! {
         }
     }
 }
+
+/// Outsider finding: `.GIT` kept its suffix (it was stripped before lowercasing), so one
+/// repository was two, and the printed form parsed back to something else.
+#[test]
+fn the_git_suffix_goes_in_any_case_and_the_printed_form_parses_back_to_itself() {
+    for remote in ["https://github.com/acme/x.GIT", "https://github.com/acme/x.git/", "https://github.com/Acme/X"] {
+        assert_eq!(gh(remote).unwrap(), "github.com/acme/x", "{remote}");
+    }
+    let printed = gh("https://github.com/acme/x.GIT").unwrap();
+    assert_eq!(gh(&format!("https://{printed}")).unwrap(), printed);
+}
