@@ -55,6 +55,11 @@ struct Cluster {
 
 impl Cluster {
     fn start(dir: &Path, nodes: Value) -> Cluster {
+        Cluster::start_args(dir, nodes, &[])
+    }
+
+    /// As [`Cluster::start`], with more of the server's options (its README).
+    fn start_args(dir: &Path, nodes: Value, extra: &[&str]) -> Cluster {
         let py = python().unwrap();
         std::fs::write(dir.join("nodes.json"), nodes.to_string()).unwrap();
         let log_dir = dir.join("kube");
@@ -69,6 +74,7 @@ impl Cluster {
             .arg("--rbac")
             .arg(repo().join("deploy/kubernetes/base/rbac.yaml"))
             .args(["--rbac-user", "system:serviceaccount:gpuci:gpuci-coordinator"])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.join("kube-server.log")).unwrap())
             .spawn()
@@ -173,6 +179,11 @@ fn start(gpus: u32) -> Option<Fleet> {
 /// As [`start`], with node `gpu-a`'s device plugin handing out GPUs as `device_plugin` says
 /// (the test server's README: envvar-uuid, envvar-index, volume-mounts, cdi, gke, ...).
 fn start_with(gpus: u32, device_plugin: &str) -> Option<Fleet> {
+    start_with_cluster(gpus, device_plugin, &[])
+}
+
+/// As [`start_with`], the test API server started with `cluster_args` too.
+fn start_with_cluster(gpus: u32, device_plugin: &str, cluster_args: &[&str]) -> Option<Fleet> {
     python()?;
     let dir = tempdir();
     let nodes = serde_json::json!([
@@ -182,7 +193,7 @@ fn start_with(gpus: u32, device_plugin: &str) -> Option<Fleet> {
          "device_plugin": device_plugin},
         {"name": "cpu-a", "gpus": 0, "cpu": "8", "memory": "32Gi"},
     ]);
-    let cluster = Cluster::start(dir.path(), nodes);
+    let cluster = Cluster::start_args(dir.path(), nodes, cluster_args);
     let config = dir.path().join("server.toml");
     std::fs::write(
         &config,
@@ -358,6 +369,29 @@ fn an_unschedulable_pod_says_why_on_the_waiting_job() {
     let p = api.submit("steps:\n  - key: a\n    gpus: 8\n    command: echo never\n");
     let j = api.wait_job(p.jobs[0].id, "waiting on the scheduler's reason", T, |j| j.reason.contains("Unschedulable"));
     assert!(j.reason.contains("Insufficient nvidia.com/gpu") && j.reason.contains("fleet k8s"), "{}", j.reason);
+}
+
+/// `runtime_class = "nvidia"` on a cluster without that RuntimeClass (no GPU Operator): the
+/// API refuses the pod (403, the RuntimeClass admission plugin's words). The fleet backs off
+/// instead of creating every pass, and the waiting job and `gpuci fleets` carry the API's message.
+#[test]
+fn a_missing_runtime_class_backs_the_fleet_off_with_the_apis_words() {
+    let Some(f) = start_with_cluster(1, "envvar-uuid", &["--runtime-classes", "runc"]) else { return };
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo never\n");
+    let said = r#"RuntimeClass "nvidia" not found"#;
+    let j = api.wait_job(p.jobs[0].id, "waiting with the API's refusal", T, |j| j.reason.contains(said));
+    assert!(j.reason.contains("fleet k8s"), "{}", j.reason);
+    // Ten fleet intervals (300ms) later: still the one create, and still the API's words.
+    std::thread::sleep(Duration::from_secs(3));
+    let requests: Vec<Value> = f.cluster.get("/_test/requests").as_array().cloned().unwrap_or_default();
+    let creates = requests.iter().filter(|r| r["verb"] == "create" && r["resource"] == "pods").count();
+    assert!(creates <= 1, "{creates} pod creates: {requests:#?}");
+    assert!(f.cluster.pods().is_empty(), "{:#?}", f.cluster.pods());
+    let j = api.job(p.jobs[0].id);
+    assert!(j.reason.contains(said), "{}", j.reason);
+    // (JSON text: the message's quotes are escaped there.)
+    assert!(f.status().to_string().contains("pod rejected: RuntimeClass"), "{}", f.explain());
 }
 
 /// A pod evicted under a running job (node pressure), and a node removed from the cluster:

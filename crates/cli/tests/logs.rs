@@ -170,8 +170,12 @@ steps:
       echo "url: $(echo -n "$TOKEN" | xxd -p -c 64 | sed 's/../%&/g')"
       derived=$(echo -n "$TOKEN" | rev)
       echo "::add-mask::$derived"
-      echo "derived: $derived" >&2
+      echo "derived: $derived"
       echo "::add-mask::abc"
+      # Standard error is another pipe, read by another task: no order holds across the two
+      # streams, so the job gives the agent a moment to read its registration first.
+      sleep 1
+      echo "derived: $derived" >&2
 "#,
     );
     let done = api.wait_pipeline(p.id, T);
@@ -183,7 +187,7 @@ steps:
     let out = text("stdout");
     assert_eq!(out[0], "***", "{raw}");
     assert!(out[1].starts_with("eHl") && out[1].ends_with("***") && out[1].len() <= 10, "{raw}");
-    assert_eq!(out[2..], ["***", "url: ***", "::add-mask::***"], "{raw}");
+    assert_eq!(out[2..], ["***", "url: ***", "::add-mask::***", "derived: ***"], "{raw}");
     assert_eq!(text("stderr"), ["derived: ***"]);
     assert!(text("system").iter().any(|t| t.starts_with("add-mask: a value of 3 characters is too short")), "{raw}");
 }

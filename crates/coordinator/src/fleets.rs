@@ -707,7 +707,14 @@ impl Loop {
             .iter()
             .zip(&ok_fleets)
             .filter_map(|(run, ok)| {
-                let recent = run.errors.front().filter(|(t, _)| now.saturating_sub(*t) <= 60).map(|(_, e)| e.clone());
+                // While an offer is skipped after an error, that error stays the reason (a
+                // cluster's refusal names what to fix; "a capacity error" alone does not).
+                let backing_off = self.unavailable.iter().any(|u| u.fleet == run.spec.name && u.until > now);
+                let recent = run
+                    .errors
+                    .front()
+                    .filter(|(t, _)| backing_off || now.saturating_sub(*t) <= 60)
+                    .map(|(_, e)| e.clone());
                 let why = match (ok, recent, &run.unavailable_reason) {
                     (_, _, Some(u)) => u.clone(),
                     (false, _, None) => "its provider did not answer this pass".to_string(),

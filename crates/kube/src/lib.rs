@@ -298,23 +298,59 @@ fn err(kind: ErrorKind, message: impl Into<String>) -> ProviderError {
     ProviderError::new(kind, message)
 }
 
+/// What kind of failure an API Status (`code`, `reason`, `message`) is. A refusal that the
+/// next pass would get again (a RuntimeClass the cluster lacks, Pod Security or an admission
+/// webhook denying the pod, a ResourceQuota) must back the fleet off, not make a create
+/// every pass: those are [`ErrorKind::Refused`] or [`ErrorKind::Quota`].
+fn kind_of_status(code: u16, reason: &str, message: &str) -> ErrorKind {
+    let m = message.to_ascii_lowercase();
+    match code {
+        403 | 422 if m.contains("exceeded quota") || m.contains("forbidden: exceeded quota") => ErrorKind::Quota,
+        // `pod rejected: RuntimeClass "nvidia" not found` (the RuntimeClass admission
+        // plugin), or a runtime class field refused by validation.
+        400 | 403 | 422 if m.contains("runtimeclass") => ErrorKind::Refused,
+        // Pod Security admission (`violates PodSecurity "restricted:latest": …`), a
+        // validating webhook (`admission webhook "x" denied the request: …`), or a
+        // ValidatingAdmissionPolicy (`… denied request: …`).
+        403 if m.contains("violates podsecurity")
+            || m.contains("admission webhook")
+            || m.contains("denied request")
+            || m.contains("denied the request") =>
+        {
+            ErrorKind::Refused
+        }
+        404 => ErrorKind::NotFound,
+        400 | 401 | 403 | 422 => ErrorKind::Invalid,
+        409 => ErrorKind::Transient,
+        _ if reason == "Forbidden" && m.contains("exceeded quota") => ErrorKind::Quota,
+        _ => ErrorKind::Transient,
+    }
+}
+
 /// What kind of failure an API error is.
 fn api_error(what: &str, e: kube::Error) -> ProviderError {
     match &e {
-        kube::Error::Api(s) => {
-            let kind = match s.code {
-                404 => ErrorKind::NotFound,
-                403 => ErrorKind::Invalid,
-                401 => ErrorKind::Invalid,
-                422 | 400 => ErrorKind::Invalid,
-                409 => ErrorKind::Transient,
-                _ if s.reason == "Forbidden" && s.message.contains("exceeded quota") => ErrorKind::Quota,
-                _ => ErrorKind::Transient,
-            };
-            let kind = if s.code == 403 && s.message.contains("exceeded quota") { ErrorKind::Quota } else { kind };
-            err(kind, format!("{what}: {} ({} {})", s.message, s.code, s.reason))
-        }
+        kube::Error::Api(s) => err(
+            kind_of_status(s.code, &s.reason, &s.message),
+            format!("{what}: {} ({} {})", s.message, s.code, s.reason),
+        ),
         other => err(ErrorKind::Transient, format!("{what}: {other}")),
+    }
+}
+
+/// Whether a waiting container's state (`reason`, `message`) is one the kubelet will not get
+/// past by itself: an image that cannot be pulled, or a runtime handler the node lacks. Such a
+/// pod is ended (a boot failure: its offer is skipped for a while) rather than left waiting.
+/// A missing secret (`CreateContainerConfigError` otherwise) is not: the token secret is made
+/// just after the pod.
+fn waiting_is_refusal(reason: &str, message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    match reason {
+        "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" => true,
+        "RunContainerError" | "CreateContainerConfigError" | "CreateContainerError" => {
+            m.contains("runtime handler") || m.contains("runtimeclass") || m.contains("no runtime for")
+        }
+        _ => false,
     }
 }
 
@@ -612,12 +648,22 @@ fn pod_state(pod: &Pod) -> (ProviderState, Option<String>) {
                 let c = status?.container_statuses.as_ref()?.first()?;
                 let w = c.state.as_ref()?.waiting.as_ref()?;
                 let reason = w.reason.clone().unwrap_or_default();
-                Some(match &w.message {
-                    Some(m) if !m.is_empty() => format!("pod {name} pending: {reason}: {}", m.trim()),
-                    _ => format!("pod {name} pending: {reason}"),
-                })
+                let message = w.message.clone().unwrap_or_default();
+                let refused = waiting_is_refusal(&reason, &message);
+                let state = if refused { "refused" } else { "pending" };
+                Some((
+                    refused,
+                    match message.trim() {
+                        "" => format!("pod {name} {state}: {reason}"),
+                        m => format!("pod {name} {state}: {reason}: {m}"),
+                    },
+                ))
             };
-            (ProviderState::Pending, unscheduled.or_else(waiting))
+            match (unscheduled, waiting()) {
+                (Some(u), _) => (ProviderState::Pending, Some(u)),
+                (None, Some((true, why))) => (ProviderState::Terminated, Some(why)),
+                (None, w) => (ProviderState::Pending, w.map(|(_, why)| why)),
+            }
         }
     }
 }
@@ -743,6 +789,94 @@ price_per_hour = 1.0
         )
         .unwrap_or_else(|e| panic!("{e}"))
         .remove(0)
+    }
+
+    #[test]
+    fn refusals_the_next_pass_would_get_again_back_the_fleet_off() {
+        for (code, reason, message, kind) in [
+            (
+                403,
+                "Forbidden",
+                r#"pods "gpuci-m-1" is forbidden: pod rejected: RuntimeClass "nvidia" not found"#,
+                ErrorKind::Refused,
+            ),
+            (
+                422,
+                "Invalid",
+                r#"Pod "gpuci-m-1" is invalid: spec.runtimeClassName: Invalid value: "Nvidia": a lowercase RFC 1123 subdomain"#,
+                ErrorKind::Refused,
+            ),
+            (400, "BadRequest", "RuntimeClass \"kata\" not found", ErrorKind::Refused),
+            (
+                403,
+                "Forbidden",
+                r#"pods "gpuci-m-1" is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false"#,
+                ErrorKind::Refused,
+            ),
+            (
+                403,
+                "Forbidden",
+                r#"admission webhook "gk.example.com" denied the request: GPU pods need a team label"#,
+                ErrorKind::Refused,
+            ),
+            (
+                403,
+                "Forbidden",
+                r#"pods "gpuci-m-1" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=4, limited: requests.nvidia.com/gpu=4"#,
+                ErrorKind::Quota,
+            ),
+            (
+                403,
+                "Forbidden",
+                r#"pods is forbidden: User "x" cannot create resource "pods" in API group """#,
+                ErrorKind::Invalid,
+            ),
+            (
+                422,
+                "Invalid",
+                r#"Pod "gpuci-m-1" is invalid: spec.containers[0].image: Required value"#,
+                ErrorKind::Invalid,
+            ),
+            (404, "NotFound", r#"pods "gpuci-m-1" not found"#, ErrorKind::NotFound),
+            (409, "Conflict", "the object has been modified", ErrorKind::Transient),
+            (500, "InternalError", "etcdserver: request timed out", ErrorKind::Transient),
+            (429, "TooManyRequests", "rate limited", ErrorKind::Transient),
+        ] {
+            assert_eq!(kind_of_status(code, reason, message), kind, "{code} {message}");
+        }
+        // What backs the offer off (the fleets loop's `is_capacity`).
+        assert!(err(ErrorKind::Refused, "x").is_capacity());
+        assert!(!err(ErrorKind::Invalid, "x").is_capacity());
+    }
+
+    #[test]
+    fn a_container_the_kubelet_cannot_start_ends_the_pod_with_the_kubelets_words() {
+        let pod = |reason: &str, message: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "gpuci-m-1"},
+                "status": {"phase": "Pending", "containerStatuses": [{
+                    "name": "agent", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                    "state": {"waiting": {"reason": reason, "message": message}}}]}
+            }))
+            .unwrap()
+        };
+        for (reason, message, ended) in [
+            ("ErrImagePull", "rpc error: pull access denied for gpuci/agent", true),
+            ("ImagePullBackOff", "Back-off pulling image \"gpuci/agent:1\"", true),
+            (
+                "CreateContainerConfigError",
+                "failed to get sandbox runtime: no runtime for \"nvidia\" is configured",
+                true,
+            ),
+            ("RunContainerError", "failed to create containerd task: unknown runtime handler \"nvidia\"", true),
+            ("CreateContainerConfigError", "secret \"gpuci-m-1-token\" not found", false),
+            ("ContainerCreating", "", false),
+        ] {
+            let (state, note) = pod_state(&pod(reason, message));
+            assert_eq!(state == ProviderState::Terminated, ended, "{reason}: {message}");
+            let note = note.unwrap();
+            assert!(note.contains(reason) && note.contains(message), "{note}");
+        }
     }
 
     #[test]

@@ -1351,8 +1351,13 @@ class Cluster:
     """
 
     def __init__(self, *, schema_version: str, kubernetes_version: str, log_dir: str,
-                 rbac_rules: list | None, rbac_user: str, history_limit: int = HISTORY_LIMIT):
+                 rbac_rules: list | None, rbac_user: str, history_limit: int = HISTORY_LIMIT,
+                 runtime_classes: set | None = None):
         self.cond = threading.Condition(threading.RLock())
+        # The cluster's RuntimeClass objects, when given (--runtime-classes): a pod naming
+        # another is refused at admission. None: every name is accepted (the scheduler still
+        # matches it against the nodes' runtime_classes).
+        self.runtime_classes = runtime_classes
         self.schema_version = schema_version
         self.kubernetes_version = kubernetes_version
         self.log_dir = log_dir
@@ -1497,6 +1502,16 @@ class Cluster:
                 errs = validate_pod(obj)
         if errs:
             self._reject(kind, name, errs)
+        rc = obj.get("spec", {}).get("runtimeClassName") if resource == "pods" else None
+        if rc is not None and self.runtime_classes is not None and rc not in self.runtime_classes:
+            # The RuntimeClass admission plugin (plugin/pkg/admission/runtimeclass) refuses a
+            # pod naming a RuntimeClass that does not exist with admission.NewForbidden:
+            # 403 Forbidden, `pods "x" is forbidden: pod rejected: RuntimeClass "nvidia" not
+            # found`. Written from the upstream source as remembered, not copied from a live
+            # cluster's answer.
+            raise ApiError(403, "Forbidden",
+                           f'pods "{name}" is forbidden: pod rejected: RuntimeClass "{rc}" not found',
+                           _details("pods", name))
         md["uid"] = str(uuid.uuid4())
         md["creationTimestamp"] = now_rfc3339()
         md["generation"] = 1
@@ -3064,6 +3079,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the user named in 403 messages")
     parser.add_argument("--history-limit", type=int, default=HISTORY_LIMIT,
                         help="watch events kept for replay; older resourceVersions get 410 Expired")
+    parser.add_argument("--runtime-classes",
+                        help="comma-separated RuntimeClass names the cluster has; a pod naming "
+                             "another is refused with 403 as the RuntimeClass admission plugin does "
+                             "(default: every name is accepted)")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
 
@@ -3080,7 +3099,9 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = os.path.abspath(args.log_dir)
     cluster = Cluster(schema_version=schema_version, kubernetes_version=args.kubernetes_version,
                       log_dir=log_dir, rbac_rules=rules, rbac_user=args.rbac_user,
-                      history_limit=max(args.history_limit, 1))
+                      history_limit=max(args.history_limit, 1),
+                      runtime_classes=(None if args.runtime_classes is None else
+                                       {c.strip() for c in args.runtime_classes.split(",") if c.strip()}))
     if args.nodes:
         with open(args.nodes) as f:
             nodes = json.load(f)

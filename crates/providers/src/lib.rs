@@ -148,6 +148,11 @@ pub enum ErrorKind {
     NotFound,
     /// The request cannot work as configured.
     Invalid,
+    /// The platform refuses what this fleet asks for (a Kubernetes admission policy, a
+    /// RuntimeClass the cluster lacks, an image that cannot be pulled): the offer is skipped
+    /// for a while like after a capacity error, with the platform's words shown, instead of
+    /// being asked again every pass.
+    Refused,
     /// Anything that may pass: retried next pass.
     #[serde(other)]
     Transient,
@@ -167,7 +172,7 @@ impl ProviderError {
 
     /// Whether the offer should be skipped for a while (next offer, next capacity type).
     pub fn is_capacity(&self) -> bool {
-        matches!(self.kind, ErrorKind::Capacity | ErrorKind::Quota)
+        matches!(self.kind, ErrorKind::Capacity | ErrorKind::Quota | ErrorKind::Refused)
     }
 }
 

@@ -74,8 +74,24 @@ pub fn device_cgroup_available() -> Result<(), String> {
     Ok(())
 }
 
+/// A port for a daemon of the test cluster, from below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, 32768 and up by default). A port taken by binding `:0`
+/// came from that range, which every other test's `:0` listener and every outgoing connection
+/// draws from too: between our probe and slurmctld's own bind another test took one, and
+/// slurmctld died with "Address already in use" (seen in CI). Below it only another test
+/// cluster's pick can collide, and the probe binds on every address, as slurmctld does.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    for _ in 0..1000 {
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (seed.wrapping_add(std::process::id().wrapping_mul(7919)).wrapping_add(n.wrapping_mul(104_729)) % 12_000) as u16;
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port below the ephemeral range for the test Slurm cluster")
 }
 
 fn hostname() -> String {
