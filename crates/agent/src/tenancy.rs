@@ -110,12 +110,12 @@ mod tests {
     #[test]
     fn only_an_unsandboxed_job_keeps_other_repositories_apart() {
         let sandboxed_a = t(1, "github.com/a/x", false);
-        assert_eq!(blocker(&[sandboxed_a.clone()], &t(2, "github.com/b/y", false)), None);
-        assert_eq!(blocker(&[sandboxed_a.clone()], &t(2, "github.com/a/x", true)), None, "same repository");
-        assert_eq!(blocker(&[sandboxed_a.clone()], &t(2, "github.com/b/y", true)), Some(&sandboxed_a));
+        assert_eq!(blocker(std::slice::from_ref(&sandboxed_a), &t(2, "github.com/b/y", false)), None);
+        assert_eq!(blocker(std::slice::from_ref(&sandboxed_a), &t(2, "github.com/a/x", true)), None, "same repository");
+        assert_eq!(blocker(std::slice::from_ref(&sandboxed_a), &t(2, "github.com/b/y", true)), Some(&sandboxed_a));
         let unsandboxed_a = t(3, "github.com/a/x", true);
-        assert_eq!(blocker(&[unsandboxed_a.clone()], &t(4, "github.com/b/y", false)), Some(&unsandboxed_a));
-        assert_eq!(blocker(&[unsandboxed_a.clone()], &t(4, "github.com/a/x", false)), None);
+        assert_eq!(blocker(std::slice::from_ref(&unsandboxed_a), &t(4, "github.com/b/y", false)), Some(&unsandboxed_a));
+        assert_eq!(blocker(std::slice::from_ref(&unsandboxed_a), &t(4, "github.com/a/x", false)), None);
         // A host's spelling differs: another tenant.
         assert!(blocker(&[t(5, "gitlab.com/a/x", false)], &t(6, "github.com/a/x", true)).is_some());
     }

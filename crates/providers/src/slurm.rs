@@ -599,7 +599,7 @@ impl Provider for SlurmProvider {
         if j.state() == ProviderState::Terminated {
             return Ok(());
         }
-        match self.run("scancel", &[j.id.clone()], &[], None).await {
+        match self.run("scancel", std::slice::from_ref(&j.id), &[], None).await {
             Ok(_) => Ok(()),
             Err(e) if e.kind == ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),

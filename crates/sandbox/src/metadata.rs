@@ -106,7 +106,7 @@ fn attribute(out: &mut Vec<u8>, kind: u16, data: &[u8]) {
     out.extend_from_slice(&len.to_ne_bytes());
     out.extend_from_slice(&kind.to_ne_bytes());
     out.extend_from_slice(data);
-    while out.len() % 4 != 0 {
+    while !out.len().is_multiple_of(4) {
         out.push(0);
     }
 }

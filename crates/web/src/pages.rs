@@ -717,7 +717,7 @@ mod tests {
             origin: Origin::default(),
             fleet: None,
         };
-        let html = jobs(&[row.clone()], &JobFilters::default(), &[], &[], None, &admin, 1000).into_string();
+        let html = jobs(std::slice::from_ref(&row), &JobFilters::default(), &[], &[], None, &admin, 1000).into_string();
         assert!(!html.contains("<img src=x"), "{html}");
         assert!(!html.contains("<script>x"), "{html}");
         let line = LogLine { seq: 1, ts_us: 0, stream: Stream::Stdout, text: "</li><script>alert(1)</script>".into() };
