@@ -405,10 +405,16 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
     // and steps that ask for limits are refused unless the operator allowed them unenforced.
     let limits_problem = match &slots {
         Some(_) => None,
-        None => gpuci_sandbox::probe_cgroups().err().map(|e| format!("no job cgroups for an agent that is not root: {e}")),
+        None => {
+            gpuci_sandbox::probe_cgroups().err().map(|e| format!("no job cgroups for an agent that is not root: {e}"))
+        }
     };
     if let Some(why) = &limits_problem {
-        tracing::error!(why, allow_unenforced_limits = config.allow_unenforced_limits, "memory, CPU and process limits are NOT enforced");
+        tracing::error!(
+            why,
+            allow_unenforced_limits = config.allow_unenforced_limits,
+            "memory, CPU and process limits are NOT enforced"
+        );
     }
     if config.isolation == IsolationPolicy::None && !config.allow_unsandboxed {
         bail!("--isolation none runs jobs outside the sandbox: add --allow-unsandboxed to mean it");

@@ -29,8 +29,8 @@ use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::{
     Filter, HttpTokensState, IamInstanceProfileSpecification, Instance, InstanceLifecycleType,
     InstanceMarketOptionsRequest, InstanceMetadataEndpointState, InstanceMetadataOptionsRequest,
-    InstanceMetadataTagsState, InstanceStateName, InstanceType, LaunchTemplateSpecification, MarketType, Placement, ResourceType,
-    ShutdownBehavior, SpotInstanceType, SpotMarketOptions, Tag, TagSpecification,
+    InstanceMetadataTagsState, InstanceStateName, InstanceType, LaunchTemplateSpecification, MarketType, Placement,
+    ResourceType, ShutdownBehavior, SpotInstanceType, SpotMarketOptions, Tag, TagSpecification,
 };
 use gpuci_core::fleet::{Capacity, CapacityPolicy, FleetSpec, IdleAction};
 use gpuci_providers::{

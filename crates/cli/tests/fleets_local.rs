@@ -363,10 +363,7 @@ fn an_agent_that_takes_no_jobs_is_named_with_its_reason_not_busy() {
     let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    queue_timeout: 60s\n    command: echo never\n");
     let j = api.wait_job(p.jobs[0].id, "the refusing agent named", T, |j| j.reason.contains("takes no jobs"));
     assert!(j.reason.contains("agent ws-"), "{j:#?}");
-    assert!(
-        j.reason.contains("disk quota cannot be set up") || j.reason.contains("no working job sandbox"),
-        "{j:#?}"
-    );
+    assert!(j.reason.contains("disk quota cannot be set up") || j.reason.contains("no working job sandbox"), "{j:#?}");
     // Never "busy", for as long as it waits.
     for _ in 0..20 {
         let j = api.job(p.jobs[0].id);

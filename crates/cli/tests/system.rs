@@ -1105,7 +1105,10 @@ fn a_job_outside_the_sandbox_never_runs_beside_another_repositorys_job() {
     api.wait_job(a_job, "repository A's job to run", T, |j| j.state == JobState::Running);
     // Repository B: a step outside the sandbox, which notes when it starts.
     let b = api.submit_from(
-        &format!("steps:\n  - key: b\n    sandbox: none\n    command: [\"date +%s.%N > {}/b-start\"]\n", ledger.display()),
+        &format!(
+            "steps:\n  - key: b\n    sandbox: none\n    command: [\"date +%s.%N > {}/b-start\"]\n",
+            ledger.display()
+        ),
         Some("https://github.com/other/public.git"),
     );
     let b_job = b.jobs[0].id;
@@ -1125,7 +1128,12 @@ fn a_job_outside_the_sandbox_never_runs_beside_another_repositorys_job() {
 
 /// A `gpuci agent` as an unprivileged user (the set-up the Slurm guide recommends), with its
 /// own data dir; `None` (with a message) where this machine cannot run one.
-fn unprivileged_agent(server: &Server, root: &std::path::Path, name: &str, extra: &[&str]) -> Option<std::process::Child> {
+fn unprivileged_agent(
+    server: &Server,
+    root: &std::path::Path,
+    name: &str,
+    extra: &[&str],
+) -> Option<std::process::Child> {
     use std::os::unix::fs::PermissionsExt;
     if !nix::unistd::geteuid().is_root() {
         eprintln!("SKIP: starting an agent as another user needs root");

@@ -1840,41 +1840,41 @@ impl Brain {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
                     tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
-                    let (workspace_upload, cache, origin, trusted, repository) = match self.store.get_pipeline(j.pipeline_id).await
-                    {
-                        Ok(Some(p)) => {
-                            let origin = Origin::parse(p.origin.as_deref());
-                            // Caches by repository and trust class: what may be restored and
-                            // where the job saves is the core's rule (`cache::scope`).
-                            // Keyed by the repository's identity with its host: two spellings
-                            // of one remote share a cache, two hosts never do, and a remote
-                            // that names no repository unambiguously gets none.
-                            let repository = crate::repos::name_of_pipeline(
-                                p.repository.as_deref(),
-                                p.origin.as_deref(),
-                                &self.github_host,
-                            );
-                            let cache = match (&repository, Origin::cache_origin(p.origin.as_deref())) {
-                                (Some(repository), Some(o)) if !j.step.cache.is_empty() => {
-                                    gpuci_core::cache::scope(repository, &o)
-                                }
-                                _ => gpuci_core::cache::CacheScope::none(),
-                            };
-                            let trusted = gpuci_core::trust::may_run_unsandboxed(
-                                Origin::cache_origin(p.origin.as_deref()).as_ref(),
-                            );
-                            // The agent's tenant (who may share a host with a job outside the
-                            // sandbox): the identity, else the remote as given, never merged
-                            // with pipelines that name no repository.
-                            let tenant = repository.or(p.repository);
-                            (p.workspace_upload, cache, origin, trusted, tenant)
-                        }
-                        Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false, None),
-                        Err(e) => {
-                            tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
-                            continue;
-                        }
-                    };
+                    let (workspace_upload, cache, origin, trusted, repository) =
+                        match self.store.get_pipeline(j.pipeline_id).await {
+                            Ok(Some(p)) => {
+                                let origin = Origin::parse(p.origin.as_deref());
+                                // Caches by repository and trust class: what may be restored and
+                                // where the job saves is the core's rule (`cache::scope`).
+                                // Keyed by the repository's identity with its host: two spellings
+                                // of one remote share a cache, two hosts never do, and a remote
+                                // that names no repository unambiguously gets none.
+                                let repository = crate::repos::name_of_pipeline(
+                                    p.repository.as_deref(),
+                                    p.origin.as_deref(),
+                                    &self.github_host,
+                                );
+                                let cache = match (&repository, Origin::cache_origin(p.origin.as_deref())) {
+                                    (Some(repository), Some(o)) if !j.step.cache.is_empty() => {
+                                        gpuci_core::cache::scope(repository, &o)
+                                    }
+                                    _ => gpuci_core::cache::CacheScope::none(),
+                                };
+                                let trusted = gpuci_core::trust::may_run_unsandboxed(
+                                    Origin::cache_origin(p.origin.as_deref()).as_ref(),
+                                );
+                                // The agent's tenant (who may share a host with a job outside the
+                                // sandbox): the identity, else the remote as given, never merged
+                                // with pipelines that name no repository.
+                                let tenant = repository.or(p.repository);
+                                (p.workspace_upload, cache, origin, trusted, tenant)
+                            }
+                            Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false, None),
+                            Err(e) => {
+                                tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
+                                continue;
+                            }
+                        };
 
                     // The audit record of which secrets (names and scopes, never values) this
                     // run is given, in the job's log, before the agent's lines.

@@ -94,7 +94,9 @@ pub enum RegisterError {
     TooLong { len: usize },
     #[error("add-mask: this job already registered {MAX_REGISTERED} values, the most one job may; not masked")]
     TooMany,
-    #[error("add-mask: this job's registered values would hold more than {MAX_REGISTERED_TOTAL} bytes in all; not masked")]
+    #[error(
+        "add-mask: this job's registered values would hold more than {MAX_REGISTERED_TOTAL} bytes in all; not masked"
+    )]
     TooMuch,
 }
 
@@ -212,7 +214,8 @@ impl Masker {
             if self.registered >= MAX_REGISTERED {
                 return Err(RegisterError::TooMany);
             }
-            let held: usize = self.sources[self.sources.len().saturating_sub(self.registered)..].iter().map(String::len).sum();
+            let held: usize =
+                self.sources[self.sources.len().saturating_sub(self.registered)..].iter().map(String::len).sum();
             if held + value.len() > MAX_REGISTERED_TOTAL {
                 return Err(RegisterError::TooMuch);
             }

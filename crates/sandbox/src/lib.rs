@@ -109,7 +109,7 @@ pub use cgroup::probe as probe_cgroups;
 pub use error::SandboxError;
 pub use gpuci_core::pipeline::Resources;
 pub use host::{ensure_run_dir, seal_inherited_fds};
-pub use metadata::{DENIED as METADATA_DENIED, MetadataError};
+pub use metadata::{MetadataError, DENIED as METADATA_DENIED};
 pub use netns::{NetworkError, SlotNetwork};
 pub use procscan::MARKER as JOB_ID_ENV;
 pub use quota::SlotDisk;

@@ -149,8 +149,7 @@ pub(crate) fn set_denied(netns: &OwnedFd, deny: bool) -> Result<(), MetadataErro
 
 fn apply(ns: &OwnedFd, deny: bool) -> Result<(), MetadataError> {
     use nix::sys::socket::{recv, send, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType};
-    nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| MetadataError::Join(e.into()))?;
+    nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| MetadataError::Join(e.into()))?;
     let sock = socket(AddressFamily::Netlink, SockType::Raw, SockFlag::SOCK_CLOEXEC, SockProtocol::NetlinkRoute)
         .map_err(|e| MetadataError::Netlink(e.into()))?;
     nix::sys::socket::bind(sock.as_raw_fd(), &nix::sys::socket::NetlinkAddr::new(0, 0))
@@ -160,7 +159,8 @@ fn apply(ns: &OwnedFd, deny: bool) -> Result<(), MetadataError> {
         let msg = rule_message(deny, ip, prefix, seq);
         send(sock.as_raw_fd(), &msg, MsgFlags::empty()).map_err(|e| MetadataError::Netlink(e.into()))?;
         let errno = loop {
-            let n = recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()).map_err(|e| MetadataError::Netlink(e.into()))?;
+            let n =
+                recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()).map_err(|e| MetadataError::Netlink(e.into()))?;
             if let Some(errno) = ack_errno(&buf[..n], seq) {
                 break errno;
             }

@@ -875,7 +875,10 @@ async fn a_job_in_a_ready_sandbox_is_the_same_job_as_a_cold_started_one() {
 
 /// Every host process's command line, as any local user reads it (`/proc/PID/cmdline` is
 /// world-readable), searched for `needle` until `stop`: the hits.
-fn watch_cmdlines(needle: String, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<(Vec<String>, u64)> {
+fn watch_cmdlines(
+    needle: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<String>, u64)> {
     std::thread::spawn(move || {
         let (mut hits, mut scans) = (Vec::new(), 0u64);
         while !stop.load(Ordering::Relaxed) {
@@ -934,7 +937,12 @@ async fn no_secret_is_ever_on_a_command_line_in_cold_warm_or_ready_starts() {
     stop.store(true, Ordering::Relaxed);
     let (hits, scans) = watcher.join().expect("watcher");
     assert!(scans > 0);
-    assert!(hits.is_empty(), "a secret was on a command line ({} of {scans} scans, {starts} x 3 starts): {:?}", hits.len(), hits.first());
+    assert!(
+        hits.is_empty(),
+        "a secret was on a command line ({} of {scans} scans, {starts} x 3 starts): {:?}",
+        hits.len(),
+        hits.first()
+    );
 }
 
 fn rand_suffix() -> u64 {

@@ -86,7 +86,9 @@ fn free_port() -> u16 {
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     for _ in 0..1000 {
         let n = N.fetch_add(1, Ordering::Relaxed);
-        let port = 20_000 + (seed.wrapping_add(std::process::id().wrapping_mul(7919)).wrapping_add(n.wrapping_mul(104_729)) % 12_000) as u16;
+        let port = 20_000
+            + (seed.wrapping_add(std::process::id().wrapping_mul(7919)).wrapping_add(n.wrapping_mul(104_729)) % 12_000)
+                as u16;
         if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
             return port;
         }

@@ -31,8 +31,8 @@ pub use autoscale::{
 };
 pub use budget::{parse_budgets, RepoBudget};
 pub use config::{parse_fleets, FleetConfigError};
-pub(crate) use {budget::describe as describe_path, config::line_col};
 pub use schedule::{Days, WarmSchedule};
+pub(crate) use {budget::describe as describe_path, config::line_col};
 
 use crate::gpu::ComputeCapability;
 use crate::quantity::Bytes;
