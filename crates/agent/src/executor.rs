@@ -6,7 +6,7 @@ use crate::logmask::JobMask;
 use gpuci_core::job::Outcome;
 use gpuci_core::mask::Masker;
 use gpuci_gpu::{GpuBackend, HealthBaseline, HealthPolicy};
-use gpuci_protocol::agent::{Assignment, GpuHealth, JobFinished, JobTelemetry, LogChunk, Stream};
+use gpuci_protocol::agent::{Assignment, GpuHealth, JobFinished, JobTelemetry, LogChunk, Stream, Unenforced};
 use gpuci_protocol::JobId;
 use gpuci_sandbox::{Isolation, Sandbox, SandboxSpec};
 use std::collections::BTreeMap;
@@ -32,8 +32,18 @@ pub fn now_us() -> i64 {
 /// and result hold nothing: they are few, and must never be lost or wait behind job output.
 #[derive(Debug)]
 pub enum JobEvent {
-    Started { job_id: JobId, pid: u32, at_us: i64 },
-    Log { job_id: JobId, chunk: LogChunk, held: Option<OwnedSemaphorePermit> },
+    /// The job's process started; `unenforced`: what the agent did not enforce for it.
+    Started {
+        job_id: JobId,
+        pid: u32,
+        at_us: i64,
+        unenforced: Vec<Unenforced>,
+    },
+    Log {
+        job_id: JobId,
+        chunk: LogChunk,
+        held: Option<OwnedSemaphorePermit>,
+    },
     Finished(JobFinished),
 }
 
@@ -103,6 +113,11 @@ pub struct JobContext {
     /// Why this agent cannot enforce memory, CPU and process limits (no job cgroups for an
     /// agent that is not root); `None`: it does. Said in every job's log.
     pub limits_problem: Option<String>,
+    /// `--allow-unenforced-limits`.
+    pub allow_unenforced_limits: bool,
+    /// Why jobs get no disk of their slot's own (`--job-disk none`, an agent that is not
+    /// root); `None`: each slot has one. Said in every job's log (`crate::unenforced`).
+    pub disk_quota_problem: Option<String>,
     pub bubblewrap: bool,
     /// A root agent's job slots (uid and network each); `None`: the agent is not root and
     /// jobs run as its own uid inside a user namespace.
@@ -553,13 +568,13 @@ async fn execute_in(
     mut warm: TakenWarm,
 ) -> (Outcome, Option<JobTelemetry>) {
     let step = &a.step;
-    let isolation =
+    let (isolation, unsandboxed_note) =
         match decide_isolation(step.sandbox, ctx.isolation, ctx.bubblewrap, ctx.allow_unsandboxed, a.trusted) {
             Ok((isolation, note)) => {
-                if let Some(note) = note {
-                    out.system(note);
+                if let Some(note) = &note {
+                    out.system(note.clone());
                 }
-                isolation
+                (isolation, note)
             }
             Err(error) => return (Outcome::StartFailed { error }, None),
         };
@@ -579,27 +594,46 @@ async fn execute_in(
     let Some(_seat) = ctx.tenancy.enter(tenant.clone(), cancel, waiting).await else {
         return (Outcome::Cancelled { reason: "cancelled".into() }, None);
     };
+    let mut metadata_opened = false;
     if ctx.allow_metadata_trusted && a.trusted && step.network != gpuci_core::pipeline::NetworkMode::None {
         if let Some(slot) = slot.filter(|s| s.network().is_some()) {
             match slot.allow_metadata() {
-                Ok(()) => out.system("cloud metadata: reachable for this trusted job (--allow-metadata-trusted)"),
+                // Said with what else is not enforced, below.
+                Ok(()) => metadata_opened = true,
                 Err(e) => out.system(format!("cloud metadata: stays unreachable ({e})")),
             }
         }
     }
-    if let Some(why) = &ctx.limits_problem {
-        let r = &step.resources;
-        let asked = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();
-        out.system(if asked {
-            format!("limits: this step's resources: are NOT enforced on this agent ({why}); its operator allowed that (--allow-unenforced-limits)")
-        } else {
-            format!("limits: no memory, CPU or process limit is enforced on this agent ({why})")
-        });
-    }
     let script = step.command.join("\n");
     let argv = vec!["bash".into(), "-eo".into(), "pipefail".into(), "-c".into(), script];
     let id = format!("{}-job-{}", ctx.sandbox_prefix, a.job_id);
-    let mut spec = job_sandbox(ctx, slot, id, workspace, argv, (step.network, &step.resources), Some(out));
+    // Outside the sandbox a job without the slot's network is on the host's: not "no
+    // network", as `job_sandbox` would say (the list below says what it is).
+    let said = (isolation == Isolation::Bubblewrap || step.image.is_some()).then_some(out);
+    let mut spec = job_sandbox(ctx, slot, id, workspace, argv, (step.network, &step.resources), said);
+    let unenforced = crate::unenforced::unenforced(
+        &crate::unenforced::AgentFacts {
+            limits_problem: ctx.limits_problem.clone(),
+            allow_unenforced_limits: ctx.allow_unenforced_limits,
+            disk_quota_problem: ctx.disk_quota_problem.clone(),
+        },
+        step,
+        &crate::unenforced::JobFacts {
+            unsandboxed: unsandboxed_note.as_deref(),
+            network: match spec.network {
+                gpuci_sandbox::Network::None => crate::unenforced::JobNet::None,
+                gpuci_sandbox::Network::Namespace(_) => crate::unenforced::JobNet::Own,
+                gpuci_sandbox::Network::Host => crate::unenforced::JobNet::Host,
+            },
+            slot_disk: slot.and_then(|s| s.disk()).is_some(),
+            metadata_opened,
+        },
+    );
+    // Every item in the job's log, as `gpuci jobs show` lists it; the sandbox's was said with
+    // the decision, before the job waited for its host.
+    for u in unenforced.iter().filter(|u| u.key != gpuci_protocol::agent::Protection::Sandbox) {
+        out.system(format!("{}: {}", u.key, u.detail));
+    }
     spec.env = job_env(a, workspace);
     spec.isolation = isolation;
     if let Some(dir) = &a.runner_dir {
@@ -727,7 +761,7 @@ async fn execute_in(
             return (Outcome::StartFailed { error: e.to_string() }, None);
         }
     };
-    let _ = out.tx.send(JobEvent::Started { job_id: a.job_id, pid: sandbox.pid(), at_us: now_us() });
+    let _ = out.tx.send(JobEvent::Started { job_id: a.job_id, pid: sandbox.pid(), at_us: now_us(), unenforced });
 
     let readers = tokio::spawn(pump(out.clone(), stdout, stderr));
     let telemetry_cancel = CancellationToken::new();

@@ -29,7 +29,7 @@
 //! Effects are in [`Journal`]; [`recover`] and [`assess`] are pure.
 
 use gpuci_core::job::Outcome;
-use gpuci_protocol::agent::{JobEvent, JobFinished};
+use gpuci_protocol::agent::{JobEvent, JobFinished, Unenforced};
 use gpuci_protocol::JobId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -60,6 +60,10 @@ pub enum Record {
         job_id: JobId,
         pid: u32,
         started_at_us: i64,
+        /// What the agent did not enforce for the job, sent again with its start after a
+        /// restart (absent in journals of older agents: nothing said).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        unenforced: Vec<Unenforced>,
     },
     Finished(JobFinished),
     Done {
@@ -71,7 +75,7 @@ pub enum Record {
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Known {
     received_at_us: i64,
-    started: Option<(u32, i64)>,
+    started: Option<(u32, i64, Vec<Unenforced>)>,
     finished: Option<JobFinished>,
 }
 
@@ -84,9 +88,9 @@ pub fn recover(records: &[Record], now_us: i64) -> BTreeMap<JobId, Vec<JobEvent>
             Record::Received { job_id, at_us } => {
                 jobs.entry(*job_id).or_default().received_at_us = *at_us;
             }
-            Record::Started { job_id, pid, started_at_us } => {
+            Record::Started { job_id, pid, started_at_us, unenforced } => {
                 if let Some(k) = jobs.get_mut(job_id) {
-                    k.started = Some((*pid, *started_at_us));
+                    k.started = Some((*pid, *started_at_us, unenforced.clone()));
                 }
             }
             Record::Finished(f) => {
@@ -103,13 +107,14 @@ pub fn recover(records: &[Record], now_us: i64) -> BTreeMap<JobId, Vec<JobEvent>
     jobs.into_iter()
         .map(|(job_id, k)| {
             let mut events = Vec::new();
-            if let Some((pid, started_at_us)) = k.started {
-                events.push(JobEvent::Started { job_id, pid, started_at_us });
+            let started_at = k.started.as_ref().map(|(_, at, _)| *at);
+            if let Some((pid, started_at_us, unenforced)) = k.started {
+                events.push(JobEvent::Started { job_id, pid, started_at_us, unenforced });
             }
             let result = k.finished.unwrap_or_else(|| JobFinished {
                 job_id,
                 outcome: Outcome::Lost {
-                    reason: if k.started.is_some() {
+                    reason: if started_at.is_some() {
                         "the agent stopped while the job ran (killed, crashed or its host restarted): the \
                          job's processes died with it, and output it had not sent yet is lost"
                             .into()
@@ -121,7 +126,7 @@ pub fn recover(records: &[Record], now_us: i64) -> BTreeMap<JobId, Vec<JobEvent>
                 },
                 finished_at_us: now_us,
                 // It may have started after it arrived: count that as its start.
-                started_at_us: Some(k.started.map_or(k.received_at_us, |(_, at)| at)),
+                started_at_us: Some(started_at.unwrap_or(k.received_at_us)),
                 lines: None,
                 telemetry: None,
                 gpu_health: BTreeMap::new(),
@@ -397,9 +402,12 @@ pub fn records_for(owed: &BTreeMap<JobId, Vec<JobEvent>>) -> Vec<Record> {
         out.push(Record::Received { job_id: *job_id, at_us });
         for e in events {
             match e {
-                JobEvent::Started { job_id, pid, started_at_us } => {
-                    out.push(Record::Started { job_id: *job_id, pid: *pid, started_at_us: *started_at_us })
-                }
+                JobEvent::Started { job_id, pid, started_at_us, unenforced } => out.push(Record::Started {
+                    job_id: *job_id,
+                    pid: *pid,
+                    started_at_us: *started_at_us,
+                    unenforced: unenforced.clone(),
+                }),
                 JobEvent::Finished(f) => out.push(Record::Finished(f.clone())),
                 JobEvent::Log { .. } => {}
             }
@@ -429,12 +437,12 @@ mod tests {
     fn a_job_running_when_the_agent_died_is_owed_as_lost_with_its_start() {
         let records = vec![
             Record::Received { job_id: 1, at_us: 1 },
-            Record::Started { job_id: 1, pid: 10, started_at_us: 2 },
+            Record::Started { job_id: 1, pid: 10, started_at_us: 2, unenforced: vec![] },
             Record::Received { job_id: 2, at_us: 1 },
-            Record::Started { job_id: 2, pid: 11, started_at_us: 3 },
+            Record::Started { job_id: 2, pid: 11, started_at_us: 3, unenforced: vec![] },
             Record::Finished(fin(2, 0)),
             Record::Received { job_id: 3, at_us: 1 },
-            Record::Started { job_id: 3, pid: 12, started_at_us: 4 },
+            Record::Started { job_id: 3, pid: 12, started_at_us: 4, unenforced: vec![] },
             Record::Finished(fin(3, 1)),
             Record::Done { job_id: 3 },
             Record::Received { job_id: 4, at_us: 7 },
@@ -454,6 +462,26 @@ mod tests {
         assert_eq!(recover(&records_for(&owed), 99), owed);
     }
 
+    /// A restarted agent sends a job's start again with what it did not enforce for the job
+    /// (issue 26), and reads the records of an agent older than that list.
+    #[test]
+    fn a_start_owed_after_a_restart_keeps_what_was_not_enforced() {
+        use gpuci_protocol::agent::Protection;
+        let said = vec![Unenforced { key: Protection::Limits, detail: "no memory limit (no cgroups)".into() }];
+        let records = vec![
+            Record::Received { job_id: 1, at_us: 1 },
+            Record::Started { job_id: 1, pid: 10, started_at_us: 2, unenforced: said.clone() },
+        ];
+        let owed = recover(&records, 99);
+        assert_eq!(owed[&1][0], JobEvent::Started { job_id: 1, pid: 10, started_at_us: 2, unenforced: said.clone() });
+        assert_eq!(recover(&records_for(&owed), 99), owed, "kept through a rewrite");
+        let line = serde_json::to_string(&records[1]).unwrap();
+        assert_eq!(serde_json::from_str::<Record>(&line).unwrap(), records[1]);
+        let old: Record =
+            serde_json::from_str(r#"{"record":"started","job_id":1,"pid":10,"started_at_us":2}"#).unwrap();
+        assert_eq!(old, Record::Started { job_id: 1, pid: 10, started_at_us: 2, unenforced: vec![] });
+    }
+
     #[test]
     fn compaction_keeps_exactly_the_jobs_not_done() {
         let dir = tempfile::tempdir().unwrap();
@@ -461,7 +489,7 @@ mod tests {
         let (mut j, _) = Journal::open(&path, false, false, |_| Vec::new()).unwrap();
         for id in 0..2000 {
             j.write(&Record::Received { job_id: id, at_us: 1 }, false).unwrap();
-            j.write(&Record::Started { job_id: id, pid: 1, started_at_us: 2 }, false).unwrap();
+            j.write(&Record::Started { job_id: id, pid: 1, started_at_us: 2, unenforced: vec![] }, false).unwrap();
             if id != 1500 {
                 j.write(&Record::Finished(fin(id, 0)), false).unwrap();
                 j.write(&Record::Done { job_id: id }, false).unwrap();
@@ -489,7 +517,7 @@ mod tests {
         let (mut j, old) = Journal::open(&path, false, false, |_| Vec::new()).unwrap();
         assert_eq!(old, Assessed::default());
         j.write(&Record::Received { job_id: 5, at_us: 1 }, true).unwrap();
-        j.write(&Record::Started { job_id: 5, pid: 1, started_at_us: 1 }, false).unwrap();
+        j.write(&Record::Started { job_id: 5, pid: 1, started_at_us: 1, unenforced: vec![] }, false).unwrap();
         drop(j);
         let mut f = OpenOptions::new().append(true).open(&path).unwrap();
         f.write_all(b"{\"record\":\"finis").unwrap();

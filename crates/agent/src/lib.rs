@@ -21,9 +21,11 @@ pub mod journal;
 pub mod leave;
 mod logmask;
 pub mod outbox;
+pub mod probe;
 pub mod series;
 pub mod slots;
 pub mod tenancy;
+pub mod unenforced;
 pub mod workspace;
 
 pub use executor::{IsolationPolicy, JobNetwork, SlotDefaults, DEFAULT_MAX_LOG_BYTES};
@@ -384,36 +386,79 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
     if let Some(why) = &disk_problem {
         tracing::error!(why, "no disk quota for jobs");
     }
+    // Job cgroups: a root agent's jobs get limits they may not lift. Where none can be made
+    // (an unprivileged pod: its cgroup tree is read-only, or belongs to an unmapped uid) but
+    // the container has a memory limit of its own and the agent runs one job at a time, the
+    // container's limits bound that job, its processes are limited by RLIMIT_NPROC on its own
+    // uid, and the OOM killer takes it before the agent: said at start, in every such job's
+    // log, and steps that ask for limits of their own are refused unless the operator allowed
+    // them unenforced. Any other root agent without job cgroups takes no jobs.
+    let cgroup_problem = gpuci_sandbox::probe_cgroups().err();
+    let own_limits = gpuci_sandbox::own_limits();
+    let container_limits = match (&slots, &cgroup_problem) {
+        (Some(_), Some(_)) if config.slots == 1 && own_limits.memory.is_some() => Some(own_limits),
+        _ => None,
+    };
     let bwrap_problem = if caps.bubblewrap.is_none() {
         Some("bubblewrap is not installed (apt-get install bubblewrap)".to_string())
     } else if !caps.user_namespaces {
         Some("user namespaces are off for unprivileged users (sysctl user.max_user_namespaces, kernel.unprivileged_userns_clone)".to_string())
     } else {
-        // A root agent's jobs get limits they may not lift: without a cgroup for them no job
-        // could start, so the agent says so at start and takes none.
-        let cgroups = match &slots {
-            Some(_) => gpuci_sandbox::probe_cgroups().err().map(|e| format!("job cgroups: {e}")),
-            None => None,
-        };
-        match cgroups {
-            Some(e) => Some(e),
-            None => probe_bubblewrap(slots.as_ref(), &work_root).await.err(),
+        match (&slots, &cgroup_problem, container_limits) {
+            (Some(_), Some(e), None) => Some(format!(
+                "job cgroups: {e}{}",
+                if config.slots > 1 {
+                    "; in a container with limits of its own, one slot (--slots 1) lets those limits bind the job"
+                } else {
+                    ""
+                }
+            )),
+            _ => {
+                let guard = slots.as_ref().and_then(|s| s.take());
+                let spec = probe::ProbeSpec {
+                    user: guard.as_ref().map(|g| g.user()),
+                    network: match config.job_network {
+                        executor::JobNetwork::Slot => guard
+                            .as_ref()
+                            .and_then(|g| g.network())
+                            .map(|n| gpuci_sandbox::Network::Namespace(n.namespace())),
+                        _ => None,
+                    },
+                    cgroups: if slots.is_some() && cgroup_problem.is_none() {
+                        gpuci_sandbox::CgroupUse::Required
+                    } else {
+                        gpuci_sandbox::CgroupUse::Auto
+                    },
+                    work_root: &work_root,
+                };
+                let probed = probe::job_sandbox(spec).await;
+                drop(guard);
+                match probed {
+                    Ok(what) => {
+                        tracing::info!(probe = %what, "job sandbox works");
+                        None
+                    }
+                    Err(e) => Some(e),
+                }
+            }
         }
     };
-    // A root agent takes no jobs without job cgroups (above); one that is not root runs jobs
-    // without limits where it cannot make them. Never silently: every such job's log says so,
-    // and steps that ask for limits are refused unless the operator allowed them unenforced.
-    let limits_problem = match &slots {
-        Some(_) => None,
-        None => {
-            gpuci_sandbox::probe_cgroups().err().map(|e| format!("no job cgroups for an agent that is not root: {e}"))
-        }
+    let limits_problem = match (&slots, &cgroup_problem, container_limits) {
+        (_, None, _) => None,
+        (Some(_), Some(e), Some(own)) => Some(format!(
+            "no cgroup of its own can be made for a job here ({e}); the container's own limits ({}) bind this \
+             agent's one job instead, with its process limit as RLIMIT_NPROC",
+            own.describe()
+        )),
+        (None, Some(e), _) => Some(format!("no job cgroups for an agent that is not root: {e}")),
+        // A root agent without job cgroups and no container limits takes no jobs (above).
+        (Some(_), Some(_), None) => None,
     };
     if let Some(why) = &limits_problem {
         tracing::error!(
             why,
             allow_unenforced_limits = config.allow_unenforced_limits,
-            "memory, CPU and process limits are NOT enforced"
+            "memory, CPU and process limits of steps are NOT enforced as asked"
         );
     }
     if config.isolation == IsolationPolicy::None && !config.allow_unsandboxed {
@@ -471,7 +516,10 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
     }
     let mut job_defaults = config.job_defaults;
     if job_defaults.memory.is_none() {
-        job_defaults.memory = host_memory().map(|m| gpuci_core::quantity::Bytes(m / u64::from(config.slots.max(1))));
+        job_defaults.memory = own_limits
+            .memory
+            .or_else(host_memory)
+            .map(|m| gpuci_core::quantity::Bytes(m / u64::from(config.slots.max(1))));
     }
     let health = gpuci_gpu::HealthPolicy { post_job_timeout: config.post_job_timeout, ..Default::default() };
     let ctx = Arc::new(JobContext {
@@ -487,8 +535,14 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         allow_unsandboxed: config.allow_unsandboxed,
         allow_metadata_trusted: config.allow_metadata_trusted,
         limits_problem: limits_problem.clone(),
+        allow_unenforced_limits: config.allow_unenforced_limits,
+        disk_quota_problem: match (config.job_disk, root) {
+            (0, _) => Some("the agent was started with --job-disk none".into()),
+            (_, false) => Some("the agent is not root".into()),
+            (_, true) => disk_problem.clone(),
+        },
         // bwrap runs as the job's uid in a user namespace, also under a root agent: without
-        // user namespaces it is as good as absent. `probe_bubblewrap` below makes sure.
+        // user namespaces it is as good as absent. `probe::job_sandbox` above makes sure.
         bubblewrap: bwrap_problem.is_none(),
         default_network: config.job_network,
         defaults: job_defaults,
@@ -822,10 +876,16 @@ impl Agent {
         }
         self.flush_lines(lines);
         match ev {
-            JobEvent::Started { job_id, pid, at_us } => {
+            JobEvent::Started { job_id, pid, at_us, unenforced } => {
                 self.started_at.insert(job_id, at_us);
-                self.journal_write(&Record::Started { job_id, pid, started_at_us: at_us }, false);
-                self.outbox.push(gpuci_protocol::agent::JobEvent::Started { job_id, pid, started_at_us: at_us });
+                let record = Record::Started { job_id, pid, started_at_us: at_us, unenforced: unenforced.clone() };
+                self.journal_write(&record, false);
+                self.outbox.push(gpuci_protocol::agent::JobEvent::Started {
+                    job_id,
+                    pid,
+                    started_at_us: at_us,
+                    unenforced,
+                });
             }
             JobEvent::Finished(mut f) => {
                 self.running.remove(&f.job_id);
@@ -1238,40 +1298,6 @@ fn host_memory() -> Option<u64> {
     let kib: u64 =
         text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kib * 1024)
-}
-
-/// Starts `true` in a real sandbox, as a slot's job user when there are slots: bubblewrap is
-/// only counted as working when this works (a kernel or LSM that refuses user namespaces to
-/// unprivileged uids, for one, fails here and not at the first job).
-async fn probe_bubblewrap(slots: Option<&Arc<slots::Slots>>, work_root: &std::path::Path) -> Result<(), String> {
-    let dir = work_root.join(format!(".probe-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    let guard = slots.and_then(|s| s.take());
-    let result = async {
-        let mut spec =
-            gpuci_sandbox::SandboxSpec::new(format!("probe-{}", std::process::id()), &dir, vec!["true".into()]);
-        spec.env.insert("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into());
-        spec.cgroups = gpuci_sandbox::CgroupUse::Disabled;
-        if let Some(g) = &guard {
-            spec.user = Some(g.user());
-            crate::fstree::give_to(&dir, g.user()).map_err(|e| format!("chown {}: {e}", dir.display()))?;
-        }
-        let (mut sb, mut out, mut err) = gpuci_sandbox::Sandbox::spawn(&spec).map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        let _ = tokio::io::AsyncReadExt::read_to_string(&mut err, &mut text).await;
-        let mut sink = Vec::new();
-        let _ = tokio::io::AsyncReadExt::read_to_end(&mut out, &mut sink).await;
-        let exit = sb.wait().await.map_err(|e| e.to_string())?;
-        let _ = sb.cleanup().await;
-        match exit.code {
-            Some(0) => Ok(()),
-            _ => Err(format!("bwrap as the job user failed ({exit}): {}", text.trim())),
-        }
-    }
-    .await;
-    let _ = std::fs::remove_dir_all(&dir);
-    result
 }
 
 /// Locks the data dir itself (`flock` on the directory, released when the process ends,

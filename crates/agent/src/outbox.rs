@@ -131,7 +131,8 @@ impl Outbox {
             else {
                 break;
             };
-            let placeholder = Body::Event(JobEvent::Started { job_id: 0, pid: 0, started_at_us: 0 });
+            let placeholder =
+                Body::Event(JobEvent::Started { job_id: 0, pid: 0, started_at_us: 0, unenforced: vec![] });
             let Body::Event(JobEvent::Log { job_id, first_seq, lines }) =
                 std::mem::replace(&mut self.entries[i].body, placeholder)
             else {
@@ -251,7 +252,7 @@ mod tests {
     #[test]
     fn events_are_resent_after_a_reconnect_until_acknowledged() {
         let mut o = Outbox::new(1 << 20);
-        o.push(JobEvent::Started { job_id: 1, pid: 9, started_at_us: 1 });
+        o.push(JobEvent::Started { job_id: 1, pid: 9, started_at_us: 1, unenforced: vec![] });
         o.push_lines(1, vec![line("a"), line("b")]);
         o.push_lines(1, vec![line("c")]);
         o.push(finished(1));
@@ -271,7 +272,7 @@ mod tests {
     #[test]
     fn output_over_the_limit_becomes_one_numbered_notice_and_starts_and_results_stay() {
         let mut o = Outbox::new(10_000);
-        o.push(JobEvent::Started { job_id: 7, pid: 1, started_at_us: 0 });
+        o.push(JobEvent::Started { job_id: 7, pid: 1, started_at_us: 0, unenforced: vec![] });
         for i in 0..10_000 {
             o.push_lines(7, vec![line(&format!("line {i}"))]);
             assert!(o.bytes() <= 10_000 + 100, "held {} bytes", o.bytes());

@@ -72,8 +72,18 @@ pub fn lease(explicit: Option<(u32, u32)>, slots: u32) -> Result<UidLease, Strin
             Err((_, e)) => Err(format!("locking {path}: {e}")),
         }
     };
+    let uid_map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
     if let Some(range) = explicit {
         users_for(range, slots)?;
+        if !mapped(&uid_map, range) {
+            return Err(format!(
+                "--job-uids {}-{}: not all of these uids exist in this user namespace (/proc/self/uid_map: {}); \
+                 a pod with hostUsers: false maps 0-65535: give a range inside it",
+                range.0,
+                range.1,
+                uid_map.split_whitespace().collect::<Vec<_>>().join(" ")
+            ));
+        }
         return match try_lock(range.0)? {
             Some(lock) => Ok(UidLease { range, _lock: lock }),
             None => Err(format!(
@@ -88,13 +98,67 @@ pub fn lease(explicit: Option<(u32, u32)>, slots: u32) -> Result<UidLease, Strin
             2 * slots
         ));
     }
-    for i in 0..BLOCKS {
-        let start = DEFAULT_JOB_UIDS.0 + i * BLOCK;
+    let starts = default_blocks(&uid_map);
+    if starts.is_empty() {
+        return Err(format!(
+            "this user namespace maps no block of {BLOCK} uids the agent could give its jobs (/proc/self/uid_map: {}): \
+             give --job-uids",
+            uid_map.split_whitespace().collect::<Vec<_>>().join(" ")
+        ));
+    }
+    for &start in &starts {
         if let Some(lock) = try_lock(start)? {
             return Ok(UidLease { range: (start, start + BLOCK - 1), _lock: lock });
         }
     }
-    Err(format!("all {BLOCKS} default blocks of job uids are held by other agents: give --job-uids"))
+    Err(format!("all {} default blocks of job uids are held by other agents: give --job-uids", starts.len()))
+}
+
+/// `(inside start, count)` of each line of a `uid_map` (`inside outside count`).
+fn map_ranges(uid_map: &str) -> Vec<(u64, u64)> {
+    uid_map
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<u64> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+            (f.len() == 3).then(|| (f[0], f[2]))
+        })
+        .collect()
+}
+
+/// Whether every uid of `range` exists in the user namespace `uid_map` describes: a job
+/// uid outside it cannot be switched to (`setuid` fails with EINVAL).
+pub fn mapped(uid_map: &str, range: (u32, u32)) -> bool {
+    let (lo, hi) = (u64::from(range.0), u64::from(range.1));
+    map_ranges(uid_map).iter().any(|&(start, count)| start <= lo && hi < start + count)
+}
+
+/// The default blocks of job uids to try, in order, for a process in the user namespace
+/// `uid_map` describes. On a host (the initial namespace maps every uid) and in namespaces
+/// that map them, the blocks from [`DEFAULT_JOB_UIDS`] up. In a smaller namespace (a pod with
+/// `hostUsers: false` maps 0-65535) blocks from the top of its ranges down, above the system
+/// and first user accounts (uid 1000) and clear of 65534/65535 (nobody, the overflow uid).
+/// The agent checks the chosen block against the image's accounts (`account_in`) at start.
+pub fn default_blocks(uid_map: &str) -> Vec<u32> {
+    let block = u64::from(BLOCK);
+    let high: Vec<u32> =
+        (0..BLOCKS).map(|i| DEFAULT_JOB_UIDS.0 + i * BLOCK).filter(|&s| mapped(uid_map, (s, s + BLOCK - 1))).collect();
+    if !high.is_empty() {
+        return high;
+    }
+    let mut out = Vec::new();
+    for (start, count) in map_ranges(uid_map) {
+        let end = (start + count).min(u64::from(u32::MAX)); // exclusive
+        let mut top = end / block * block;
+        while top >= block && top - block >= start.max(1000) && out.len() < BLOCKS as usize {
+            let lo = top - block;
+            top -= block;
+            if lo <= 65535 && lo + block > 65534 {
+                continue;
+            }
+            out.push(lo as u32);
+        }
+    }
+    out
 }
 
 /// Parses `START-END` (inclusive).
@@ -299,6 +363,26 @@ mod tests {
         let start = a.range.0;
         drop(a);
         assert!(lease(Some((start, start + 7)), 4).is_ok(), "free again once its agent is gone");
+    }
+
+    #[test]
+    fn job_uids_come_from_what_the_user_namespace_maps() {
+        let host = "         0          0 4294967295\n";
+        assert_eq!(default_blocks(host)[0], DEFAULT_JOB_UIDS.0, "a host keeps the high blocks");
+        // A pod with hostUsers: false: 0-65535 only. The 1.5e9 uids do not exist there, and
+        // setuid to them failed, so the agent took no jobs.
+        let pod = "         0     100000      65536\n";
+        let blocks = default_blocks(pod);
+        assert_eq!(blocks[0], 65536 - 2 * BLOCK, "the top block holds nobody (65534): skipped");
+        assert!(blocks.iter().all(|&b| b >= 1000 && u64::from(b) + u64::from(BLOCK) <= 65534), "{blocks:?}");
+        assert!(blocks.iter().all(|&b| mapped(pod, (b, b + BLOCK - 1))));
+        assert!(!mapped(pod, DEFAULT_JOB_UIDS), "the host default is not in the pod");
+        assert!(mapped(pod, (60000, 60063)));
+        // Two ranges, one too small for a block.
+        let split = "0 100000 1000\n5000 200000 600\n";
+        assert_eq!(default_blocks(split), vec![5120], "only 5120-5375 fits in 5000-5599 above 1000");
+        assert!(default_blocks("0 100000 1\n").is_empty(), "a single-uid namespace has no room");
+        assert!(default_blocks("").is_empty());
     }
 
     #[test]

@@ -139,8 +139,9 @@ pub struct JobArgs {
     #[arg(long, env = "GPUCI_ALLOW_METADATA_TRUSTED")]
     pub allow_metadata_trusted: bool,
     /// Run steps that set `resources:` (memory, cpus, pids) even where this agent cannot
-    /// enforce them (it is not root and has no job cgroups); each such job's log says so.
-    /// Without it such steps are not placed here and wait, with the reason.
+    /// enforce them (it is not root and has no job cgroups); each such job's log and
+    /// `gpuci jobs show` (under "NOT enforced:") say so. Without it such steps are not placed
+    /// here and wait, with the reason.
     #[arg(long, env = "GPUCI_ALLOW_UNENFORCED_LIMITS")]
     pub allow_unenforced_limits: bool,
     /// Host uids (and gids) for jobs of a root agent, START-END: two per slot (the job's and

@@ -265,6 +265,10 @@ impl Client {
             Workspace::Inline(b64) => (None, Some(b64)),
         };
         tracing::debug!(ms = ms(), "packed (and uploaded if large)");
+        let (repository, passed_over) = tree.repository();
+        if let Some(note) = passed_over {
+            eprintln!("note: {}", gpuci_core::text::escape(&note));
+        }
         let p = self
             .submit(&SubmitPipeline {
                 file_name: file.display().to_string(),
@@ -272,7 +276,7 @@ impl Client {
                 env: Default::default(),
                 workspace_upload,
                 workspace_archive,
-                repository: tree.repository(),
+                repository,
             })
             .await;
         tracing::debug!(ms = ms(), "submitted");

@@ -117,6 +117,13 @@ pub fn job_detail(j: &JobSummary) -> String {
     for g in &j.gpus {
         let _ = writeln!(s, "gpu:      {g}");
     }
+    // What its agent ran it without (its operator's opt-outs): never a quiet detail.
+    if !j.unenforced.is_empty() {
+        let _ = writeln!(s, "NOT enforced:");
+        for u in &j.unenforced {
+            let _ = writeln!(s, "  {:<18} {}", u.key.as_str(), escape(&u.detail));
+        }
+    }
     if let Some(c) = j.exit_code {
         let _ = writeln!(s, "exit:     {c}");
     }
@@ -349,4 +356,56 @@ pub fn fleets(fleets: &[serde_json::Value]) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuci_protocol::agent::{Protection, Unenforced};
+
+    fn job() -> JobSummary {
+        JobSummary {
+            id: 7,
+            pipeline_id: 3,
+            step_key: "test".into(),
+            name: "test".into(),
+            state: JobState::Succeeded,
+            reason: "exited with code 0".into(),
+            attempt: 1,
+            agent_id: Some("a1".into()),
+            agent_name: Some("slurm-7".into()),
+            gpus: vec![],
+            created_at_ms: 0,
+            assigned_at_ms: None,
+            started_at_ms: None,
+            finished_at_ms: None,
+            exit_code: Some(0),
+            telemetry: None,
+            cost: None,
+            unenforced: vec![],
+        }
+    }
+
+    /// Issue 26: what the agent did not enforce stands out in `gpuci jobs show`, one key per
+    /// line, escaped like everything an agent says; a job that lost nothing shows no block.
+    #[test]
+    fn job_detail_lists_what_was_not_enforced() {
+        assert!(!job_detail(&job()).contains("NOT enforced"));
+        let mut j = job();
+        j.unenforced = vec![
+            Unenforced {
+                key: Protection::Limits,
+                detail: "no memory, CPU or process limit is enforced (no cgroups)".into(),
+            },
+            Unenforced { key: Protection::DiskQuota, detail: "no disk quota\u{1b}[2J (the agent is not root)".into() },
+        ];
+        let text = job_detail(&j);
+        assert!(
+            text.contains(
+                "NOT enforced:\n  limits             no memory, CPU or process limit is enforced (no cgroups)\n  disk_quota         no disk quota"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+    }
 }

@@ -82,9 +82,30 @@ impl WorkTree {
     }
 
     /// The repository the pipeline belongs to, as caches are keyed: the `origin` URL, else
-    /// the work tree's path; none outside git.
-    pub fn repository(&self) -> Option<String> {
-        self.origin.as_deref().map(without_credentials).or_else(|| self.top.as_ref().map(|t| t.display().to_string()))
+    /// the work tree's path; none outside git. Each must name a repository as the coordinator
+    /// reads one (`gpuci_core::repo`; it refuses a submission whose `repository` does not):
+    /// one that does not (`%20` in an Azure DevOps URL, a relative remote, a path with a
+    /// space) is passed over, and the second value says so, for stderr.
+    pub fn repository(&self) -> (Option<String>, Option<String>) {
+        let origin = self.origin.as_deref().map(without_credentials);
+        let top = self.top.as_ref().map(|t| t.display().to_string());
+        let mut passed_over = Vec::new();
+        for (what, candidate) in [("origin", origin), ("work tree", top)] {
+            let Some(candidate) = candidate else { continue };
+            // Strict: a remote git reports as `acme/x` is a relative path, not a repository.
+            match gpuci_core::repo::RepoId::parse_remote(candidate.trim()) {
+                Ok(_) => {
+                    let note = (!passed_over.is_empty())
+                        .then(|| format!("{}; submitting for the {what} {candidate}", passed_over.join("; ")));
+                    return (Some(candidate), note);
+                }
+                Err(e) => passed_over.push(format!("the {what} {:?} names no repository ({})", e.text, e.what)),
+            }
+        }
+        let note = (!passed_over.is_empty()).then(|| {
+            format!("{}; submitting for no repository (steps' cache: paths are not kept)", passed_over.join("; "))
+        });
+        (None, note)
     }
 
     /// Which directory the workspace is made of, and its files: `upload` if given, else the
@@ -451,7 +472,36 @@ mod tests {
         assert_eq!(without_credentials("https://github.com/o/r@v1.git"), "https://github.com/o/r@v1.git");
         assert_eq!(without_credentials("git@github.com:o/r.git"), "git@github.com:o/r.git");
         let t = WorkTree { origin: Some("https://user:s3cret@github.com/o/r.git".into()), ..WorkTree::default() };
-        assert_eq!(t.repository().as_deref(), Some("https://github.com/o/r.git"));
+        assert_eq!(t.repository(), (Some("https://github.com/o/r.git".into()), None));
+    }
+
+    /// The coordinator refuses a `repository` that names none: an origin (or a work tree
+    /// path) that does not is passed over and said, never sent, so `gpuci submit` works in such
+    /// a work tree as it did.
+    #[test]
+    fn an_origin_or_path_that_names_no_repository_is_passed_over_and_said() {
+        let azure = "https://dev.azure.com/org/My%20Project/_git/repo";
+        let t = WorkTree { origin: Some(azure.into()), top: Some("/srv/work/repo".into()), ..WorkTree::default() };
+        let (repository, note) = t.repository();
+        assert_eq!(repository.as_deref(), Some("/srv/work/repo"));
+        let note = note.unwrap_or_default();
+        assert!(note.contains(azure) && note.contains("names no repository"), "{note}");
+        assert!(note.ends_with("submitting for the work tree /srv/work/repo"), "{note}");
+        // A relative remote, and a work tree whose path has a space: nothing to send.
+        let t = WorkTree {
+            origin: Some("../upstream".into()),
+            top: Some("/home/me/My Work".into()),
+            ..WorkTree::default()
+        };
+        let (repository, note) = t.repository();
+        assert_eq!(repository, None);
+        let note = note.unwrap_or_default();
+        assert!(note.contains("\"../upstream\"") && note.contains("\"/home/me/My Work\""), "{note}");
+        assert!(note.ends_with("submitting for no repository (steps' cache: paths are not kept)"), "{note}");
+        // What names one is sent as it is, with nothing to say.
+        let t = WorkTree { origin: None, top: Some("/srv/work/repo".into()), ..WorkTree::default() };
+        assert_eq!(t.repository(), (Some("/srv/work/repo".into()), None));
+        assert_eq!(WorkTree::default().repository(), (None, None));
     }
 
     #[test]

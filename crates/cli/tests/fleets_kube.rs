@@ -54,11 +54,7 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(dir: &Path, nodes: Value) -> Cluster {
-        Cluster::start_args(dir, nodes, &[])
-    }
-
-    /// As [`Cluster::start`], with more of the server's options (its README).
+    /// The test API server with simulated `nodes`, and `extra` of its options (its README).
     fn start_args(dir: &Path, nodes: Value, extra: &[&str]) -> Cluster {
         let py = python().unwrap();
         std::fs::write(dir.join("nodes.json"), nodes.to_string()).unwrap();
@@ -184,6 +180,12 @@ fn start_with(gpus: u32, device_plugin: &str) -> Option<Fleet> {
 
 /// As [`start_with`], the test API server started with `cluster_args` too.
 fn start_with_cluster(gpus: u32, device_plugin: &str, cluster_args: &[&str]) -> Option<Fleet> {
+    start_with_image(gpus, device_plugin, cluster_args, "gpuci:test")
+}
+
+/// As [`start_with_cluster`], the fleet's pods made of `image` (the test server fails to pull
+/// one whose name contains `does-not-exist`).
+fn start_with_image(gpus: u32, device_plugin: &str, cluster_args: &[&str], image: &str) -> Option<Fleet> {
     python()?;
     let dir = tempdir();
     let nodes = serde_json::json!([
@@ -217,7 +219,7 @@ price_per_hour = 0.8
 [fleet.settings]
 kubeconfig = "{kubeconfig}"
 namespace = "{NS}"
-image = "gpuci:test"
+image = "{image}"
 service_account = "gpuci-runner"
 node_selector = {{ "nvidia.com/gpu.present" = "true" }}
 tolerations = [{{ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" }}]
@@ -392,6 +394,52 @@ fn a_missing_runtime_class_backs_the_fleet_off_with_the_apis_words() {
     assert!(j.reason.contains(said), "{}", j.reason);
     // (JSON text: the message's quotes are escaped there.)
     assert!(f.status().to_string().contains("pod rejected: RuntimeClass"), "{}", f.explain());
+    // Said as the refusal it is, on the fleet and the job: not "a capacity error".
+    let why = f.status()["why"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("the cluster refused the pod") && why.contains(said), "{}", f.explain());
+    assert!(!why.contains("capacity error") && !j.reason.contains("capacity error"), "{why}\n{}", j.reason);
+}
+
+/// A pod the API accepts but whose container can never start: its image cannot be pulled
+/// (`ErrImagePull`, then `ImagePullBackOff`, the kubelet's words). The fleet's condition in
+/// `gpuci fleets` and the waiting job's reason carry the kubelet's message (not "a capacity
+/// error"); the offer is skipped for a while instead of a pod made every pass; the pod, which
+/// would hold its node's GPU while it backs off, is deleted.
+#[test]
+fn a_pod_whose_image_cannot_be_pulled_backs_the_fleet_off_with_the_kubelets_words() {
+    let image = "registry.example/gpuci:does-not-exist";
+    let Some(f) = start_with_image(1, "envvar-uuid", &[], image) else { return };
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo never\n");
+    // Either of the kubelet's two messages names the image.
+    let j = api.wait_job(p.jobs[0].id, "waiting with the kubelet's words", T, |j| j.reason.contains(image));
+    assert!(j.reason.contains("fleet k8s") && j.reason.contains("pull"), "{}", j.reason);
+    assert!(!j.reason.contains("capacity error"), "{}", j.reason);
+    let creates = || {
+        let requests: Vec<Value> = f.cluster.get("/_test/requests").as_array().cloned().unwrap_or_default();
+        requests.iter().filter(|r| r["verb"] == "create" && r["resource"] == "pods").count()
+    };
+    // Ten fleet intervals (300ms) later: still the one create, and still the kubelet's words.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(creates(), 1, "{}", f.explain());
+    let j = api.job(p.jobs[0].id);
+    assert_eq!(j.state, JobState::Queued, "{j:#?}");
+    assert!(j.reason.contains(image), "{}", j.reason);
+    let why = f.status()["why"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains(image) && !why.contains("capacity error"), "{}", f.explain());
+    let out =
+        Command::new(BIN).args(["fleets", "--server", &f.server.url, "--token", &f.server.token]).output().unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && shown.contains(image), "{shown}");
+    assert!(!shown.contains("capacity error"), "{shown}");
+    // The refused pod does not stay (it would hold its node's GPU), nor does its token.
+    wait_until_or(
+        "the refused pod and its token secret deleted",
+        T,
+        || f.cluster.pods().is_empty() && f.cluster.secrets().is_empty(),
+        || format!("{:#?}\n{}", f.cluster.pods(), f.explain()),
+    );
+    assert_eq!(creates(), 1, "{}", f.explain());
 }
 
 /// A pod evicted under a running job (node pressure), and a node removed from the cluster:

@@ -228,8 +228,8 @@ impl World {
                     a.journal.push(Record::Received { job_id: id, at_us: 1 });
                     a.running.insert(id, Process { printed: 0 });
                     *self.ledger.entry(id).or_default() += 1;
-                    a.journal.push(Record::Started { job_id: id, pid: 1, started_at_us: 1 });
-                    a.outbox.push(JobEvent::Started { job_id: id, pid: 1, started_at_us: 1 });
+                    a.journal.push(Record::Started { job_id: id, pid: 1, started_at_us: 1, unenforced: vec![] });
+                    a.outbox.push(JobEvent::Started { job_id: id, pid: 1, started_at_us: 1, unenforced: vec![] });
                 }
             }
             ToAgent::Acked(upto) => {

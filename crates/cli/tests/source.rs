@@ -154,6 +154,37 @@ fn in_a_git_work_tree_the_files_git_lists_are_uploaded_from_its_root() {
     assert_eq!(out.status.code(), Some(0), "stderr: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// The coordinator refuses a `repository` that names none (`gpuci_core::repo`). In a work tree
+/// whose `origin` names none (`%20` in an Azure DevOps URL), `gpuci submit` is not refused: it
+/// submits for the work tree's path and says on stderr why the origin was passed over.
+#[test]
+fn an_origin_that_names_no_repository_is_passed_over_and_said() {
+    if Command::new("git").arg("--version").output().is_err() {
+        eprintln!("git is not installed; skipped");
+        return;
+    }
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let repo = dir.path().join("repo");
+    let file = repo.join(".gpuci.yml");
+    write(&file, "steps:\n  - key: a\n    command: echo hi\n");
+    let origin = "https://dev.azure.com/org/My%20Project/_git/repo";
+    for args in [&["init", "-q"][..], &["remote", "add", "origin", origin]] {
+        let out = Command::new("git").arg("-C").arg(&repo).args(args).output().expect("git");
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let out = Command::new(BIN)
+        .arg("submit")
+        .arg(&file)
+        .args(["--no-upload", "--server", &server.url, "--token", &server.token])
+        .output()
+        .expect("run gpuci submit");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert!(stderr.contains(origin) && stderr.contains("names no repository"), "{stderr}");
+    assert!(stderr.contains("submitting for the work tree /"), "{stderr}");
+}
+
 #[test]
 fn malicious_archives_are_refused_and_nothing_is_written_outside() {
     let dir = tempdir();

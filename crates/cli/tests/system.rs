@@ -200,6 +200,33 @@ fn the_api_answers_bad_requests_with_4xx_and_a_message() {
         let body: serde_json::Value = r.json().unwrap();
         assert!(body["error"].as_str().is_some_and(|s| !s.is_empty()));
     }
+    // A `repository` that names no repository (what caches, budgets, secret scopes and the
+    // public view are keyed by): 422 naming the field and what was expected, without any
+    // password the text held; nothing is stored. (Regression: such a submission was accepted.)
+    for bad in [
+        "not a repository",
+        "kernels",
+        "./relative/path",
+        "ftp://example.com/acme/x",
+        "https://a@b@github.com/acme/x",
+        "https://github.com/",
+        "https://user:s3cret@example.com/acme/x y",
+    ] {
+        let r = auth(http.post(format!("{url}/api/v1/pipelines")))
+            .json(
+                &serde_json::json!({"file_name": "ci.yml", "source": "steps:\n  - command: echo\n", "repository": bad}),
+            )
+            .send()
+            .unwrap();
+        assert_eq!(r.status(), 422, "{bad}");
+        let body: serde_json::Value = r.json().unwrap();
+        let error = body["error"].as_str().unwrap_or_default();
+        assert!(error.starts_with("repository: ") && error.contains("expected"), "{bad}: {error}");
+        assert!(!error.contains("s3cret"), "{error}");
+    }
+    let jobs: Vec<serde_json::Value> = auth(http.get(format!("{url}/api/v1/jobs"))).send().unwrap().json().unwrap();
+    assert!(jobs.is_empty(), "a refused submission stored jobs: {jobs:#?}");
+    assert_eq!(auth(http.get(format!("{url}/api/v1/pipelines/1"))).send().unwrap().status(), 404);
     assert_eq!(auth(http.get(format!("{url}/api/v1/jobs/999"))).send().unwrap().status(), 404);
     assert_eq!(auth(http.get(format!("{url}/api/v1/jobs?state=bogus"))).send().unwrap().status(), 400);
     assert_eq!(auth(http.post(format!("{url}/api/v1/gpus/GPU-x/release"))).send().unwrap().status(), 409);
@@ -1158,10 +1185,29 @@ fn unprivileged_agent(
     Some(child)
 }
 
+/// `gpuci jobs show ID` (with `--json`: its JSON) against `server`.
+fn jobs_show(server: &Server, id: i64, json: bool) -> String {
+    let out = std::process::Command::new(BIN)
+        .args(["jobs", "show", &id.to_string(), "--server", &server.url, "--token", &server.token])
+        .args(json.then_some("--json"))
+        .output()
+        .expect("gpuci jobs show");
+    assert!(out.status.success(), "gpuci jobs show {id}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The keys of what a job's agent did not enforce, as `gpuci jobs show --json` has them.
+fn unenforced_keys(server: &Server, id: i64) -> Vec<String> {
+    let v: serde_json::Value = serde_json::from_str(&jobs_show(server, id, true)).unwrap();
+    let list = v["unenforced"].as_array().unwrap_or_else(|| panic!("no `unenforced` list in {v:#}"));
+    list.iter().map(|u| u["key"].as_str().unwrap().to_string()).collect()
+}
+
 /// Issue 26 (no silent loss of protection): an agent that is not root ran steps with
 /// `resources:` limits unenforced, and only the agent's own output said so. Such a step now
 /// waits with the reason; with `--allow-unenforced-limits` it runs, and its log says the limits
-/// are not enforced.
+/// are not enforced. `gpuci jobs show`, its `--json` and the API list what was not enforced
+/// for each job: no limits and no disk quota of the job's own.
 #[test]
 fn limits_an_agent_cannot_enforce_are_refused_unless_the_operator_allowed_them() {
     let dir = tempdir();
@@ -1188,6 +1234,11 @@ fn limits_an_agent_cannot_enforce_are_refused_unless_the_operator_allowed_them()
         return;
     }
     assert!(said.iter().any(|l| l.contains("no memory, CPU or process limit is enforced")), "{said:?}");
+    // An agent that is not root gives no slot a disk of its own either; the log says so too.
+    assert!(said.iter().any(|l| l.starts_with("disk_quota: no disk quota")), "{said:?}");
+    assert_eq!(unenforced_keys(&server, done.id), ["limits", "disk_quota"]);
+    let listed = api.job(done.id).unenforced;
+    assert!(listed[0].detail.contains("no memory, CPU or process limit is enforced"), "{listed:?}");
     let _ = strict.kill();
     let _ = strict.wait();
 
@@ -1203,6 +1254,42 @@ fn limits_an_agent_cannot_enforce_are_refused_unless_the_operator_allowed_them()
         said.iter().any(|l| l.contains("resources: are NOT enforced") && l.contains("--allow-unenforced-limits")),
         "{said:?}"
     );
+    // What the log says, `gpuci jobs show` says in a block of its own, and so does the API.
+    let shown = jobs_show(&server, job, false);
+    let block = shown.split_once("NOT enforced:\n").map(|(_, b)| b).unwrap_or_else(|| panic!("{shown}"));
+    let limits = block.lines().next().unwrap();
+    assert!(
+        limits.trim_start().starts_with("limits ")
+            && limits.contains("resources: are NOT enforced")
+            && limits.contains("--allow-unenforced-limits"),
+        "{shown}"
+    );
+    assert!(block.lines().nth(1).is_some_and(|l| l.trim_start().starts_with("disk_quota ")), "{shown}");
+    assert_eq!(unenforced_keys(&server, job), ["limits", "disk_quota"]);
+    let listed = api.job(job).unenforced;
+    assert!(listed[0].detail.contains("--allow-unenforced-limits"), "{listed:?}");
     let _ = lenient.kill();
     let _ = lenient.wait();
+}
+
+/// Issue 26, the other side: a job on a root agent that sets up everything (bubblewrap, job
+/// cgroups, a disk and a network namespace per slot) went without nothing, and `gpuci jobs
+/// show` and the API list nothing.
+#[test]
+fn a_job_on_a_fully_enforcing_agent_lists_nothing_unenforced() {
+    if !nix::unistd::geteuid().is_root() || isolation() != "bubblewrap" {
+        eprintln!("SKIP: a fully enforcing agent needs root and bubblewrap");
+        return;
+    }
+    let (_dir, server, _agent, api) = one_agent("30s", "root", &["--slots", "1", "--isolation", "bubblewrap"]);
+    let p = api.submit("steps:\n  - key: limited\n    resources: {memory: 1GiB}\n    command: [\"echo ran\"]\n");
+    let done = api.wait_job(p.jobs[0].id, "the job on the root agent", T, |j| j.state.is_terminal());
+    assert_eq!(done.state, JobState::Succeeded, "{}", done.reason);
+    assert!(done.started_at_ms.is_some());
+    assert_eq!(api.job(done.id).unenforced, vec![]);
+    assert_eq!(unenforced_keys(&server, done.id), Vec::<String>::new(), "`--json` has the field, empty");
+    let shown = jobs_show(&server, done.id, false);
+    assert!(!shown.contains("NOT enforced"), "{shown}");
+    let said = api.log_system(done.id);
+    assert!(!said.iter().any(|l| l.contains("NOT enforced") || l.starts_with("disk_quota:")), "{said:?}");
 }

@@ -326,7 +326,7 @@ async fn pipeline_summary(st: &AppState, id: PipelineId) -> ApiResult<PipelineSu
     responses((status = 201, body = PipelineSummary),
         (status = 400, description = "the body is not a `SubmitPipeline` in JSON", body = ErrorBody),
         (status = 413, description = "the body is too large", body = ErrorBody),
-        (status = 422, description = "the pipeline is invalid, its `workspace_upload` is not stored, or its `workspace_archive` is not a base64 gzip'ed tar of at most 512 KiB", body = ErrorBody),
+        (status = 422, description = "the pipeline is invalid, its `repository` names no repository, its `workspace_upload` is not stored, or its `workspace_archive` is not a base64 gzip'ed tar of at most 512 KiB", body = ErrorBody),
         (status = 503, description = "the server is shutting down, or its database cannot store this now (a full disk); try again later", body = ErrorBody)))]
 pub async fn submit_pipeline(
     State(st): State<AppState>,
@@ -348,6 +348,19 @@ pub async fn submit_pipeline(
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "repository must be 1-1024 printable characters",
+            ));
+        }
+        // Read as every later use reads it (`crate::repos`): one that names no repository
+        // would be stored and then quietly get no cache, no budget and no secret scope.
+        let host = st.github_host();
+        if let Err(e) = gpuci_core::repo::RepoId::parse(r.trim(), &host) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
+                    "repository: {:?} names no repository ({}); expected a remote URL (https://host/owner/name, \
+                     git@host:owner/name), host/path, owner/name (on {host}) or an absolute local path",
+                    e.text, e.what
+                ),
             ));
         }
     }

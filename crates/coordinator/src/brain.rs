@@ -202,12 +202,14 @@ pub enum Command {
         finished: JobFinished,
         reply: oneshot::Sender<Result<(), String>>,
     },
-    /// A job's process started. Answered like `AgentFinished`.
+    /// A job's process started, without the protections in `unenforced`. Answered like
+    /// `AgentFinished`.
     AgentStarted {
         agent_id: String,
         conn: u64,
         job: JobId,
         started_at_ms: i64,
+        unenforced: Vec<gpuci_protocol::agent::Unenforced>,
         reply: oneshot::Sender<Result<(), String>>,
     },
     AgentGpus {
@@ -647,13 +649,13 @@ impl Brain {
                 let _ = reply.send(r);
                 self.schedule().await;
             }
-            Command::AgentStarted { agent_id, conn, job, started_at_ms, reply } => {
+            Command::AgentStarted { agent_id, conn, job, started_at_ms, unenforced, reply } => {
                 let r = if self.is_current(&agent_id, conn) {
                     self.touch(&agent_id);
                     if let Some(a) = self.agents.get_mut(&agent_id) {
                         a.first_job_at_ms.get_or_insert(started_at_ms);
                     }
-                    self.job_started(&agent_id, job, started_at_ms).await
+                    self.job_started(&agent_id, job, started_at_ms, unenforced).await
                 } else {
                     Err(STALE.into())
                 };
@@ -1125,9 +1127,16 @@ impl Brain {
         }
     }
 
-    /// Record a start. Idempotent: a start already recorded, or of a job that has ended or is
-    /// not this agent's, changes nothing.
-    async fn job_started(&mut self, agent_id: &str, id: JobId, started_at_ms: i64) -> Result<(), String> {
+    /// Record a start, with what the agent did not enforce for the job (kept with the job for
+    /// `gpuci jobs show`, the API and the job page). Idempotent: a start already recorded, or
+    /// of a job that has ended or is not this agent's, changes nothing.
+    async fn job_started(
+        &mut self,
+        agent_id: &str,
+        id: JobId,
+        started_at_ms: i64,
+        unenforced: Vec<gpuci_protocol::agent::Unenforced>,
+    ) -> Result<(), String> {
         let Some(j) = self.active.get(&id) else { return Ok(()) };
         if j.agent_id.as_deref() != Some(agent_id) || j.state != JobState::Assigned {
             return Ok(());
@@ -1141,6 +1150,7 @@ impl Brain {
             state: Some(JobState::Running),
             reason: Some(reason),
             started_at_ms: Some(started_at_ms),
+            unenforced: Some(unenforced),
             ..Default::default()
         };
         match self.store.update_job(id, &[JobState::Assigned], change).await {
@@ -1171,7 +1181,9 @@ impl Brain {
         // Every job that ran has its start time, even when the start event went missing.
         if job.state == JobState::Assigned {
             if let Some(at) = f.started_at_us {
-                self.job_started(agent_id, id, at / 1000).await?;
+                // The start event (and with it what was not enforced) went missing: only an
+                // agent that died while starting the job sends none.
+                self.job_started(agent_id, id, at / 1000, Vec::new()).await?;
                 job = self.active.get(&id).cloned().unwrap_or(job);
             }
         }
@@ -1965,8 +1977,9 @@ impl Brain {
                         "needs an agent that allows `sandbox: none`; every matching agent refuses it (start one with --allow-unsandboxed)"
                             .to_string()
                     } else if limited && u.reason.contains(RESOURCES_TAG) {
-                        "sets resources: (memory, cpus or pids), and no matching agent can enforce them (an agent that \
-                         is not root needs job cgroups: a systemd unit with Delegate=yes; or start it with \
+                        "sets resources: (memory, cpus or pids), and no matching agent can enforce them (an agent needs \
+                         job cgroups of its own: a systemd unit with Delegate=yes for one that is not root, a delegated \
+                         cgroup in a container, where only the container's own limits apply otherwise; or start it with \
                          --allow-unenforced-limits to run such steps with their limits unenforced, said in their logs)"
                             .to_string()
                     } else {

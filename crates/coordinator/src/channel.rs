@@ -169,13 +169,14 @@ async fn serve(st: AppState, agent_id: String, registered_as: String, socket: We
                     JobEvent::Log { job_id, first_seq, lines } => {
                         store_lines(&st, &agent_id, &mut logs, job_id, first_seq, lines).await
                     }
-                    JobEvent::Started { job_id, started_at_us, .. } => {
+                    JobEvent::Started { job_id, started_at_us, unenforced, .. } => {
                         let (reply, answer) = oneshot::channel();
                         let cmd = Command::AgentStarted {
                             agent_id: agent_id.clone(),
                             conn,
                             job: job_id,
                             started_at_ms: started_at_us / 1000,
+                            unenforced,
                             reply,
                         };
                         ask(&st, cmd, answer).await

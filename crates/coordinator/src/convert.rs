@@ -22,6 +22,7 @@ pub fn job_summary(j: &JobRecord, agent_name: Option<String>) -> JobSummary {
         exit_code: j.exit_code,
         telemetry: j.telemetry.clone(),
         cost: None,
+        unenforced: j.unenforced.clone(),
     }
 }
 

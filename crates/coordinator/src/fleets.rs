@@ -19,7 +19,7 @@ use crate::brain::{ask, Command, FleetView};
 use gpuci_core::fleet::ending::{classify_end, EndedMachine, MachineEnd};
 use gpuci_core::fleet::{
     decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetSpec, Machine, MachineState,
-    QueuedJob, UnavailableOffer, UnixSecs,
+    QueuedJob, SkipCause, UnavailableOffer, UnixSecs,
 };
 use gpuci_core::placement::Needs;
 pub use gpuci_protocol::api::{FleetStatus, MachineStatus};
@@ -484,14 +484,29 @@ impl Loop {
                 if died_booting {
                     let offer =
                         fleet.offers.iter().position(|o| o.instance_type == rec.instance_type && o.zone == rec.zone);
+                    // The provider's words for how it ended (an image the kubelet cannot pull,
+                    // a Slurm job's reason) are what the fleet and its waiting jobs say.
+                    let what = match pm.and_then(|p| p.note.as_deref()) {
+                        Some(n) => format!(
+                            "machine {} ended before its agent connected: {}",
+                            rec.id,
+                            gpuci_core::text::escape(n)
+                        ),
+                        None => format!(
+                            "machine {} ended before its agent connected (see the provider's log of it)",
+                            rec.id
+                        ),
+                    };
                     if let Some(o) = offer {
-                        self.unavailable.push(offer_unavailable_after_error(&fleet.name, o, capacity_of(rec), now));
+                        self.unavailable.push(
+                            offer_unavailable_after_error(&fleet.name, o, capacity_of(rec), now)
+                                .because(SkipCause::BootFailed, what.clone()),
+                        );
                     }
                     notes.push((
                         fi,
                         format!(
-                            "machine {} ended before its agent connected (see the provider's log of it); {} skipped for a while",
-                            rec.id,
+                            "{what}; {} skipped for a while",
                             fleet.offers.get(offer.unwrap_or(0)).map_or_else(String::new, |o| o.label())
                         ),
                     ));
@@ -707,13 +722,18 @@ impl Loop {
             .iter()
             .zip(&ok_fleets)
             .filter_map(|(run, ok)| {
-                // While an offer is skipped after an error, that error stays the reason (a
-                // cluster's refusal names what to fix; "a capacity error" alone does not).
-                let backing_off = self.unavailable.iter().any(|u| u.fleet == run.spec.name && u.until > now);
+                // An error that skipped an offer is said already, in the provider's words, by
+                // the autoscaler's reason for as long as the skip lasts (`no_offer_reason`):
+                // not a second time here.
+                let said = |e: &str| {
+                    self.unavailable.iter().any(|u| {
+                        u.fleet == run.spec.name && u.until > now && !u.message.is_empty() && e.contains(&u.message)
+                    })
+                };
                 let recent = run
                     .errors
                     .front()
-                    .filter(|(t, _)| backing_off || now.saturating_sub(*t) <= 60)
+                    .filter(|(t, e)| now.saturating_sub(*t) <= 60 && !said(e))
                     .map(|(_, e)| e.clone());
                 let why = match (ok, recent, &run.unavailable_reason) {
                     (_, _, Some(u)) => u.clone(),
@@ -1047,12 +1067,10 @@ impl Worker {
                             // offer for a while instead of paying for boots in a loop.
                             if let Some(o) = self.offer_of(rec) {
                                 let capacity = capacity_of(rec);
-                                out.push(Effect::Unavailable(offer_unavailable_after_error(
-                                    &rec.fleet,
-                                    o,
-                                    capacity,
-                                    now_ms as u64 / 1000,
-                                )));
+                                out.push(Effect::Unavailable(
+                                    offer_unavailable_after_error(&rec.fleet, o, capacity, now_ms as u64 / 1000)
+                                        .because(SkipCause::BootFailed, format!("machine {machine}: {reason}")),
+                                ));
                             }
                             out.push(Effect::Error(format!(
                                 "machine {machine}: {reason}; deleted, and its offer ({} in {}) skipped for a while",
@@ -1201,12 +1219,16 @@ impl Worker {
             Err(e) => {
                 let capacity_error = e.is_capacity();
                 if capacity_error {
-                    out.push(Effect::Unavailable(offer_unavailable_after_error(
-                        &fleet.name,
-                        offer_at,
-                        capacity,
-                        now_ms as u64 / 1000,
-                    )));
+                    // Which it was decides what the fleet says: "a capacity error" of a
+                    // cluster's refusal sends people looking for capacity.
+                    let cause = match e.kind {
+                        gpuci_providers::ErrorKind::Refused => SkipCause::Refused,
+                        _ => SkipCause::Capacity,
+                    };
+                    out.push(Effect::Unavailable(
+                        offer_unavailable_after_error(&fleet.name, offer_at, capacity, now_ms as u64 / 1000)
+                            .because(cause, e.message.clone()),
+                    ));
                 }
                 let what = format!(
                     "{} for {} ({capacity}){}",

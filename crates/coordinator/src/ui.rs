@@ -556,6 +556,10 @@ impl Scrub {
 
     fn row(&self, r: &mut JobRow) {
         r.job.reason = self.text(&r.job.reason);
+        // Said in the job's log (scrubbed the same way): the sentences, not the agent's name.
+        for u in &mut r.job.unenforced {
+            u.detail = self.text(&u.detail);
+        }
         r.job.agent_id = None;
         r.job.agent_name = None;
         r.job.gpus.clear();

@@ -66,7 +66,12 @@ struct Settings {
     priority_class: Option<String>,
     cpu: String,
     memory: String,
-    privileged: bool,
+    sandbox: PodSandbox,
+    /// `ephemeral-storage` request and limit: the pod's disk, the job's disk quota in a pod.
+    ephemeral_storage: Option<String>,
+    /// More extended resources in the container's limits, e.g. `squat.ai/tun = 1` for a
+    /// device plugin that hands out `/dev/net/tun`.
+    device_resources: BTreeMap<String, String>,
     termination_grace_s: i64,
     agent_data_dir: String,
     kubeconfig: Option<String>,
@@ -93,6 +98,9 @@ const KNOWN: &[&str] = &[
     "cpu",
     "memory",
     "privileged",
+    "sandbox",
+    "ephemeral_storage",
+    "device_resources",
     "termination_grace_period",
     "agent_data_dir",
     "kubeconfig",
@@ -100,6 +108,35 @@ const KNOWN: &[&str] = &[
     "labels",
     "annotations",
 ];
+
+/// What the agent's container is given so that gpuci's job sandbox can work inside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodSandbox {
+    /// The default: the pod in a user namespace of its own (`hostUsers: false`), `/proc`
+    /// unmasked (`procMount: Unmasked`, allowed only with that), `CAP_SYS_ADMIN` added (it
+    /// holds only over the pod's own namespaces; the `RuntimeDefault` seccomp profile lets
+    /// user namespaces be made only with it) and AppArmor unconfined (runtimes' default
+    /// profiles deny mounts, which bubblewrap makes in the job's namespaces). Needs
+    /// Kubernetes 1.33 or later (user namespaces on by default) on a runtime that supports
+    /// them (containerd 2.0, CRI-O 1.25) and Linux 6.3 or later.
+    UserNamespace,
+    /// `privileged: true`: every capability and device of the node, the node's cgroup tree.
+    Privileged,
+    /// Nothing added: the container as the runtime makes it. Its masked `/proc` stops every
+    /// job sandbox: the agent then takes no jobs and says why.
+    Container,
+}
+
+impl PodSandbox {
+    fn parse(s: &str) -> Option<PodSandbox> {
+        match s {
+            "user-namespace" => Some(Self::UserNamespace),
+            "privileged" => Some(Self::Privileged),
+            "container" => Some(Self::Container),
+            _ => None,
+        }
+    }
+}
 
 /// Whether `s` is a DNS-1123 label (namespaces, runtime classes, secret names' parts).
 fn dns_label(s: &str) -> bool {
@@ -225,10 +262,37 @@ impl Settings {
             return Err("termination_grace_period: give the agent at least 5s to hand its jobs back".into());
         }
         let privileged = match fleet.settings.get("privileged") {
-            None => false,
-            Some(toml::Value::Boolean(b)) => *b,
+            None => None,
+            Some(toml::Value::Boolean(b)) => Some(*b),
             Some(v) => return Err(format!("privileged: expected true or false, got {v}")),
         };
+        let sandbox = match (string(fleet, "sandbox")?, privileged) {
+            (None, None | Some(false)) => PodSandbox::UserNamespace,
+            (None, Some(true)) => PodSandbox::Privileged,
+            (Some(v), p) => {
+                let mode = PodSandbox::parse(&v).ok_or_else(|| {
+                    format!(
+                        "sandbox: {v:?}: expected \"user-namespace\" (the default), \"privileged\" or \"container\""
+                    )
+                })?;
+                if p.is_some_and(|p| p != (mode == PodSandbox::Privileged)) {
+                    return Err(format!(
+                        "privileged = {} contradicts sandbox = {v:?}: give one of them",
+                        p.unwrap_or(false)
+                    ));
+                }
+                mode
+            }
+        };
+        let device_resources = string_map(fleet, "device_resources")?;
+        for (k, v) in &device_resources {
+            if !k.contains('/') || k.starts_with("kubernetes.io/") || v.parse::<u32>().is_err() {
+                return Err(format!(
+                    "device_resources.{k} = {v:?}: expected an extended resource (a name with a domain, e.g. \"squat.ai/tun\") and a whole number"
+                ));
+            }
+        }
+
         Ok(Settings {
             namespace,
             image,
@@ -241,7 +305,9 @@ impl Settings {
             priority_class: string(fleet, "priority_class")?,
             cpu: string(fleet, "cpu")?.unwrap_or_else(|| m.cpus.max(1).to_string()),
             memory: string(fleet, "memory")?.unwrap_or_else(|| format!("{}Mi", (m.memory.0 >> 20).max(64))),
-            privileged,
+            sandbox,
+            ephemeral_storage: string(fleet, "ephemeral_storage")?,
+            device_resources,
             termination_grace_s,
             agent_data_dir: string(fleet, "agent_data_dir")?.unwrap_or_else(|| "/var/lib/gpuci-agent".into()),
             kubeconfig: string(fleet, "kubeconfig")?,
@@ -507,6 +573,20 @@ impl KubeProvider {
         if let Some(t) = self.time_limit_s {
             args.extend(["--ends-in".into(), format!("{t}s")]);
         }
+        // A pod has no loop devices for a disk per slot: its own ephemeral storage (with
+        // `ephemeral_storage` set, evicted by the kubelet past it) is its one job's disk; and
+        // its cgroup tree is not the agent's to write, so the container's limits bind its one
+        // job (the agent says both at start and in each job's log). The operator's own
+        // `agent_args` win.
+        if s.sandbox != PodSandbox::Privileged {
+            let named = |flag: &str| req.agent.extra_args.iter().any(|a| a.split('=').next() == Some(flag));
+            if !named("--job-disk") {
+                args.extend(["--job-disk".into(), "none".into()]);
+            }
+            if !named("--slots") {
+                args.extend(["--slots".into(), "1".into()]);
+            }
+        }
         // The pod's own `$(VAR)` expansion would rewrite an argument that holds one; `$$` is
         // a literal `$` to the kubelet.
         let args: Vec<String> = args.into_iter().map(|a| a.replace('$', "$$")).collect();
@@ -516,9 +596,16 @@ impl KubeProvider {
         if self.machine_gpus > 0 {
             limits.insert("nvidia.com/gpu".into(), json!(self.machine_gpus.to_string()));
         }
+        for (k, v) in &s.device_resources {
+            limits.insert(k.clone(), json!(v));
+        }
         let mut requests = serde_json::Map::new();
         requests.insert("cpu".into(), json!(s.cpu));
         requests.insert("memory".into(), json!(s.memory));
+        if let Some(e) = &s.ephemeral_storage {
+            limits.insert("ephemeral-storage".into(), json!(e));
+            requests.insert("ephemeral-storage".into(), json!(e));
+        }
         let uses_data_volume = s.agent_data_dir.starts_with('/');
         let mut container = json!({
             "name": "agent",
@@ -535,8 +622,17 @@ impl KubeProvider {
         if let Some(p) = &s.image_pull_policy {
             container["imagePullPolicy"] = json!(p);
         }
-        if s.privileged {
-            container["securityContext"] = json!({"privileged": true});
+        match s.sandbox {
+            PodSandbox::Privileged => container["securityContext"] = json!({"privileged": true}),
+            PodSandbox::UserNamespace => {
+                container["securityContext"] = json!({
+                    "procMount": "Unmasked",
+                    "capabilities": {"add": ["SYS_ADMIN"]},
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                    "appArmorProfile": {"type": "Unconfined"},
+                })
+            }
+            PodSandbox::Container => {}
         }
         if uses_data_volume {
             container["volumeMounts"] = json!([{"name": "agent-data", "mountPath": s.agent_data_dir}]);
@@ -549,7 +645,13 @@ impl KubeProvider {
             "containers": [container],
         });
         if uses_data_volume {
-            spec["volumes"] = json!([{"name": "agent-data", "emptyDir": {}}]);
+            spec["volumes"] = json!([{"name": "agent-data", "emptyDir": match &s.ephemeral_storage {
+                Some(e) => json!({"sizeLimit": e}),
+                None => json!({}),
+            }}]);
+        }
+        if s.sandbox == PodSandbox::UserNamespace {
+            spec["hostUsers"] = json!(false);
         }
         if let Some(sa) = &s.service_account {
             spec["serviceAccountName"] = json!(sa);
@@ -931,5 +1033,86 @@ price_per_hour = 1.0
         assert_eq!(pod["metadata"]["labels"]["gpuci.dev/machine"], "m-1");
         let args: Vec<String> = serde_json::from_value(spec["containers"][0]["args"].clone()).unwrap();
         assert!(args.windows(2).any(|w| w == ["--allocation", "kubernetes"]), "{args:?}");
+        assert_eq!(args.iter().filter(|a| *a == "--slots").count(), 1, "the operator's --slots only: {args:?}");
+        assert!(args.windows(2).any(|w| w == ["--job-disk", "none"]), "{args:?}");
+    }
+
+    fn request(extra: &[&str]) -> CreateRequest {
+        CreateRequest {
+            machine: "m-1".into(),
+            offer: fleet("image = \"x\"").offers[0].clone(),
+            capacity: Capacity::OnDemand,
+            agent: gpuci_providers::AgentLaunch {
+                server: "http://gpuci:8080".into(),
+                registration_token: "gpuci_mreg.m-1.secret".into(),
+                tags: BTreeMap::new(),
+                name: "k8s-gpu-m-1".into(),
+                program: "gpuci".into(),
+                extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn the_default_pod_is_user_namespaced_with_proc_unmasked_and_not_privileged() {
+        let p = KubeProvider::from_settings(&fleet("image = \"gpuci:1\""), "c1").unwrap();
+        let pod = serde_json::to_value(p.pod(&request(&[])).unwrap()).unwrap();
+        let spec = &pod["spec"];
+        assert_eq!(spec["hostUsers"], false, "{spec}");
+        let sc = &spec["containers"][0]["securityContext"];
+        assert_eq!(sc["procMount"], "Unmasked");
+        assert_eq!(sc["capabilities"]["add"], json!(["SYS_ADMIN"]));
+        assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+        assert_eq!(sc["appArmorProfile"]["type"], "Unconfined");
+        assert!(sc.get("privileged").is_none(), "{sc}");
+        let args: Vec<String> = serde_json::from_value(spec["containers"][0]["args"].clone()).unwrap();
+        assert!(args.windows(2).any(|w| w == ["--slots", "1"]), "{args:?}");
+        assert!(args.windows(2).any(|w| w == ["--job-disk", "none"]), "{args:?}");
+        // The operator's own choice wins, in either spelling.
+        let pod = serde_json::to_value(p.pod(&request(&["--job-disk=10GiB", "--slots", "2"])).unwrap()).unwrap();
+        let args: Vec<String> = serde_json::from_value(pod["spec"]["containers"][0]["args"].clone()).unwrap();
+        assert!(!args.iter().any(|a| a == "none"), "{args:?}");
+        assert_eq!(args.iter().filter(|a| *a == "--slots").count(), 1, "{args:?}");
+    }
+
+    #[test]
+    fn privileged_and_plain_container_pods_are_what_they_say() {
+        for (settings, privileged) in [
+            ("image = \"x\"\nprivileged = true", true),
+            ("image = \"x\"\nsandbox = \"privileged\"", true),
+            ("image = \"x\"\nsandbox = \"container\"", false),
+        ] {
+            let p = KubeProvider::from_settings(&fleet(settings), "c1").unwrap();
+            let pod = serde_json::to_value(p.pod(&request(&[])).unwrap()).unwrap();
+            let spec = &pod["spec"];
+            assert!(spec.get("hostUsers").is_none(), "{settings}: {spec}");
+            let sc = &spec["containers"][0]["securityContext"];
+            assert_eq!(sc.get("privileged").and_then(|v| v.as_bool()).unwrap_or(false), privileged, "{settings}: {sc}");
+            assert!(sc.get("procMount").is_none(), "{settings}");
+        }
+        for (settings, says) in [
+            ("image = \"x\"\nsandbox = \"gvisor\"", "expected \"user-namespace\""),
+            ("image = \"x\"\nprivileged = true\nsandbox = \"user-namespace\"", "contradicts"),
+            ("image = \"x\"\ndevice_resources = { tun = \"1\" }", "extended resource"),
+            ("image = \"x\"\ndevice_resources = { \"squat.ai/tun\" = \"one\" }", "whole number"),
+        ] {
+            let e = KubeProvider::from_settings(&fleet(settings), "c1").unwrap_err();
+            assert!(e.contains(says), "{settings}: {e}");
+        }
+    }
+
+    #[test]
+    fn disk_and_device_resources_reach_the_container() {
+        let p = KubeProvider::from_settings(
+            &fleet("image = \"x\"\nephemeral_storage = \"50Gi\"\ndevice_resources = { \"squat.ai/tun\" = \"1\" }"),
+            "c1",
+        )
+        .unwrap();
+        let pod = serde_json::to_value(p.pod(&request(&[])).unwrap()).unwrap();
+        let c = &pod["spec"]["containers"][0];
+        assert_eq!(c["resources"]["limits"]["ephemeral-storage"], "50Gi");
+        assert_eq!(c["resources"]["requests"]["ephemeral-storage"], "50Gi");
+        assert_eq!(c["resources"]["limits"]["squat.ai/tun"], "1");
+        assert_eq!(pod["spec"]["volumes"][0]["emptyDir"]["sizeLimit"], "50Gi");
     }
 }

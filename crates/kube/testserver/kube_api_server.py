@@ -953,6 +953,7 @@ def validate_pod(pod: dict) -> list[FieldError]:
                 errs.append(required(p + ".image"))
             errs += _validate_env(c, p)
             errs += _validate_resources(c.get("resources") or {}, p + ".resources")
+            errs += _validate_proc_mount(c, p, spec)
     policy = spec.get("restartPolicy")
     if policy not in ("Always", "OnFailure", "Never"):
         errs.append(FieldError("FieldValueNotSupported", "spec.restartPolicy", policy,
@@ -987,7 +988,32 @@ def validate_pod(pod: dict) -> list[FieldError]:
     if grace is not None and grace < 0:
         errs.append(invalid_value("spec.terminationGracePeriodSeconds", grace,
                                   "must be greater than or equal to 0"))
+    if spec.get("hostUsers") is False:
+        # validateHostUsers (pkg/apis/core/validation): no other host namespace with a user
+        # namespace of the pod's own. The field names are upstream's, capitals included.
+        for field, name in (("hostNetwork", "hostNetwork"), ("hostPID", "HostPID"),
+                            ("hostIPC", "HostIPC")):
+            if spec.get(field):
+                errs.append(FieldError("FieldValueForbidden", f"spec.{name}", None,
+                                       "when `pod.Spec.HostUsers` is false"))
     return errs
+
+
+def _validate_proc_mount(c: dict, path: str, spec: dict) -> list[FieldError]:
+    """securityContext.procMount (pkg/apis/core/validation, ProcMountType): Default or
+    Unmasked, and Unmasked only in a pod with a user namespace of its own (hostUsers: false).
+    Validated as by an API server with the ProcMountType and UserNamespacesSupport feature
+    gates on (the default from Kubernetes 1.33); an older one with them off drops both fields."""
+    pm = (c.get("securityContext") or {}).get("procMount")
+    field = path + ".securityContext.procMount"
+    if pm is None:
+        return []
+    if pm not in ("Default", "Unmasked"):
+        return [FieldError("FieldValueNotSupported", field, pm,
+                           'supported values: "Default", "Unmasked"')]
+    if pm == "Unmasked" and spec.get("hostUsers") is not False:
+        return [invalid_value(field, pm, "`hostUsers` must be false to use `Unmasked`")]
+    return []
 
 
 def validate_secret(secret: dict) -> list[FieldError]:
@@ -1174,31 +1200,51 @@ _PR_SET_PDEATHSIG = 1
 _SIGKILL = int(signal.SIGKILL)
 
 
-def _child_setup() -> None:
-    """Runs in the forked pod process: die with the server even if it is SIGKILLed."""
+def _child_setup(cgroups: list[str] = ()) -> None:
+    """Runs in the forked pod process: die with the server even if it is SIGKILLed, and (for a
+    plain process) join the pod's cgroups before anything else runs."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, _SIGKILL)
+    for d in cgroups:
+        with open(os.path.join(d, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
 
 
 WATCHDOG_SOURCE = r"""
-import os, signal, sys
-groups = set()
+import os, signal, sys, time
+groups, cgroups = set(), []
 for line in sys.stdin:
-    line = line.strip()
-    if line[:1] == "+":
-        groups.add(int(line[1:]))
-    elif line[:1] == "-":
-        groups.discard(int(line[1:]))
+    kind, arg = line[:1], line[1:].rstrip("\n")
+    if kind == "+":
+        groups.add(int(arg))
+    elif kind == "-":
+        groups.discard(int(arg))
+    elif kind == "c":
+        cgroups.append(arg)
 for pgid in groups:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
+# Pod cgroups (deepest first), then their parents: empty once the kernel has reaped the pods.
+deadline = time.monotonic() + 3
+for d in sorted(set(cgroups), key=len, reverse=True):
+    while True:
+        try:
+            os.rmdir(d)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            if os.path.basename(d) != "kube-double" and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+        break
 """
 
 
 class Watchdog:
-    """A tiny separate process that SIGKILLs every live pod process group once the server is gone.
+    """A tiny separate process that SIGKILLs every live pod process group once the server is gone,
+    then removes the pod cgroups it was told of.
 
     The server tells it each group it starts (+pgid) and reaps (-pgid) over a pipe. When the server
     dies in any way, SIGKILL included, the pipe closes and the watchdog kills what is left and exits.
@@ -1228,6 +1274,10 @@ class Watchdog:
 
     def add(self, pgid: int) -> None:
         self._send(f"+{pgid}\n")
+
+    def cgroup(self, path: str) -> None:
+        """A cgroup directory to remove once the pods are killed (if it is still there)."""
+        self._send(f"c{path}\n")
 
     def remove(self, pgid: int) -> None:
         self._send(f"-{pgid}\n")
@@ -1293,6 +1343,147 @@ def expand_vars(text: str, env: dict) -> str:
     return "".join(out)
 
 
+# ---------------------------------------------------------------------------------------------
+# What the kubelet and containerd make of a container's security settings (pod_runtime.py acts
+# it out). Sources: README.md, "Containers".
+
+POD_RUNTIME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pod_runtime.py")
+# kubelet pkg/securitycontext/util.go (defaultMaskedPaths, defaultReadonlyPaths; "must be kept
+# in sync with moby/moby"); ConvertToRuntimeMaskedPaths gives both empty for procMount Unmasked.
+MASKED_PATHS = ("/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+                "/sys/firmware", "/sys/devices/virtual/powercap")
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+# containerd pkg/oci/spec.go defaultUnixCaps (the same 14 as Docker's): a container's bounding set.
+DEFAULT_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+                "CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+                "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE")
+ALL_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+            "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
+            "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW",
+            "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT",
+            "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE",
+            "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+            "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE",
+            "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ",
+            "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE")
+USERNS_FIRST = 100000   # host id of the first pod's uid 0; each pod gets the next 65536
+USERNS_SIZE = 65536
+USERNS_SLOTS = 1000
+
+
+def container_capabilities(sc: dict) -> list[str]:
+    """containerd's CRI WithCapabilities: the default set; add ALL, then drop ALL, then the
+    named adds, then the named drops (names without `CAP_`, any case)."""
+    caps = (sc or {}).get("capabilities") or {}
+    add = [str(c).upper() for c in caps.get("add") or []]
+    drop = [str(c).upper() for c in caps.get("drop") or []]
+    have = set(DEFAULT_CAPS)
+    if "ALL" in add:
+        have = set(ALL_CAPS)
+    if "ALL" in drop:
+        have = set()
+    have |= {"CAP_" + c for c in add if c != "ALL"}
+    have -= {"CAP_" + c for c in drop if c != "ALL"}
+    return sorted(have)
+
+
+def container_security(pod: dict, container: dict) -> dict:
+    """How the container is to be run, from the pod's `hostUsers` and the container's
+    securityContext: privileged (a plain process), else namespaces with a user namespace or
+    not, masked paths or not (procMount), and the capability bounding set."""
+    sc = container.get("securityContext") or {}
+    host_users = pod["spec"].get("hostUsers") is not False
+    unmasked = sc.get("procMount") == "Unmasked"
+    return {"privileged": bool(sc.get("privileged")), "userns": not host_users,
+            "masked": not unmasked, "capabilities": container_capabilities(sc)}
+
+
+def _chown_tree(top: str, uid: int) -> None:
+    """The kubelet's volumes, as a pod with its own user namespace sees them: owned by its root.
+    (The kubelet idmap-mounts them; the double owns the files to the pod's host id instead.)"""
+    os.lchown(top, uid, uid)
+    for parent, dirs, files in os.walk(top):
+        for n in dirs + files:
+            os.lchown(os.path.join(parent, n), uid, uid)
+
+
+class PodCgroups:
+    """Each pod's own memory and pids cgroup, under the test server's own:
+    `<mount>/<the server's cgroup>/kube-double/<pod uid>`, as the kubelet gives every container
+    one (kubepods/…/pod<uid>/<container>), with the container's memory limit written, so an
+    agent inside reads its container's limit from its own cgroup. Not available where the
+    hierarchy is not writable: then pods run in the server's cgroup (logged at start)."""
+
+    def __init__(self, mounts: str, own: str):
+        self.v2 = False
+        self.bases: list[str] = []
+        self.why_not: str | None = None
+        v1: dict[str, str] = {}
+        unified = None
+        for line in mounts.splitlines():
+            f = line.split()
+            if len(f) < 4:
+                continue
+            if f[2] == "cgroup":
+                for c in ("memory", "pids"):
+                    if c in f[3].split(",") and c not in v1:
+                        v1[c] = f[1]
+            elif f[2] == "cgroup2" and unified is None:
+                unified = f[1]
+
+        def own_path(ctrl: str | None) -> str:
+            for entry in own.splitlines():
+                parts = entry.split(":", 2)
+                if len(parts) == 3 and (parts[1] == "" if ctrl is None
+                                        else ctrl in parts[1].split(",")):
+                    return parts[2].lstrip("/")
+            return ""
+
+        try:
+            if "memory" in v1:
+                self.bases = [os.path.join(v1[c], own_path(c), "kube-double")
+                              for c in ("memory", "pids") if c in v1]
+                for b in self.bases:
+                    os.makedirs(b, exist_ok=True)
+            elif unified is not None:
+                with open(os.path.join(unified, "cgroup.controllers")) as f:
+                    if "memory" not in f.read().split():
+                        raise OSError("cgroup v2 without the memory controller")
+                own_dir = os.path.join(unified, own_path(None))
+                base = os.path.join(own_dir, "kube-double")
+                os.makedirs(base, exist_ok=True)
+                for d in (own_dir, base):
+                    with open(os.path.join(d, "cgroup.subtree_control"), "w") as f:
+                        f.write("+memory +pids")
+                self.v2, self.bases = True, [base]
+            else:
+                raise OSError("no cgroup memory controller is mounted")
+        except OSError as e:
+            self.why_not = str(e)
+            self.bases = []
+
+    def create(self, uid: str, memory_limit: int | None) -> list[str]:
+        """The pod's cgroup directories with its limit written (pids.max stays `max`)."""
+        dirs = []
+        for b in self.bases:
+            d = os.path.join(b, uid)
+            os.makedirs(d, exist_ok=True)   # recreates `kube-double` if another server removed it
+            dirs.append(d)
+            limit_file = "memory.max" if self.v2 else "memory.limit_in_bytes"
+            if memory_limit is not None and os.path.exists(os.path.join(d, limit_file)):
+                with open(os.path.join(d, limit_file), "w") as f:
+                    f.write(str(memory_limit))
+        return dirs
+
+    def remove_bases(self) -> None:
+        for b in self.bases:
+            try:
+                os.rmdir(b)
+            except OSError:
+                pass   # another test server in the same cgroup still has pods there
+
+
 class ConfigError(Exception):
     """A container cannot be configured yet (CreateContainerConfigError)."""
 
@@ -1341,6 +1532,12 @@ class PodRuntime:
         self.kill_at: float | None = None     # monotonic time to SIGKILL the process group
         self.propagation = "Background"
         self.log_started = False
+        self.namespaced = False   # run by pod_runtime.py (else a plain process: privileged)
+        self.status_fd: int | None = None   # pod_runtime.py's report: "ok" or "error: why"
+        self.status = b""
+        self.starting = False     # started, not yet reported executing (ContainerCreating)
+        self.cgroups: list[str] = []
+        self.userns_slot: int | None = None
 
 
 class Cluster:
@@ -1381,6 +1578,9 @@ class Cluster:
         self.order: dict[str, int] = {}
         self.seq = itertools.count()
         self.stopping = False
+        self.pod_cgroups: PodCgroups | None = None   # set by main(); None: no pod cgroups
+        self.cgroup_trash: set[str] = set()   # pod cgroups to remove once their processes are gone
+        self.userns_used: set[int] = set()    # user namespace ranges held by pods
 
     # -- store primitives; the caller holds self.cond --------------------------------------
 
@@ -1492,6 +1692,10 @@ class Cluster:
         name = md.get("name") or ""
         if resource == "pods":
             obj.pop("status", None)
+            if os.environ.get("TMP_EXPERIMENT_MASKED"):
+                obj["spec"].pop("hostUsers", None)
+                for c in obj["spec"]["containers"]:
+                    c.pop("securityContext", None)
         errs = schema_errors(obj, self.schema_version)
         if not errs:
             if resource == "secrets":
@@ -1671,7 +1875,7 @@ class Cluster:
 
         new = self._modify("pods", key, mark)
         if rt.stop_reason != "delete":
-            _kill_group(rt.proc.pid, signal.SIGTERM)
+            self._stop(rt, signal.SIGTERM)
         rt.stop_reason = "delete"
         rt.propagation = propagation
         rt.kill_at = time.monotonic() + grace
@@ -1682,9 +1886,8 @@ class Cluster:
         pod = self.objects["pods"][key]
         uid = pod["metadata"]["uid"]
         rt = self.runtimes.pop(uid, None)
-        if rt is not None and rt.proc is not None:
-            _kill_group(rt.proc.pid, signal.SIGKILL)
-            self.orphans.append(rt.proc)
+        if rt is not None:
+            self._release(rt)
         self.order.pop(uid, None)
         LOG.info("removed pod %s/%s", key[0], key[1])
         return self._delete_object("pods", key, orphan=propagation == "Orphan")
@@ -1898,9 +2101,8 @@ class Cluster:
                 if pod["spec"].get("nodeName") != name:
                     continue
                 rt = self.runtimes.pop(pod["metadata"]["uid"], None)
-                if rt is not None and rt.proc is not None:
-                    _kill_group(rt.proc.pid, signal.SIGKILL)
-                    self.orphans.append(rt.proc)
+                if rt is not None:
+                    self._release(rt)
                 if pod["status"].get("phase") not in TERMINAL:
                     def lost(o, pod_name=key[1]):
                         st = o["status"]
@@ -1930,7 +2132,7 @@ class Cluster:
             if rt is not None and rt.proc is not None:
                 if rt.stop_reason is None:
                     rt.stop_reason = "evict"
-                    _kill_group(rt.proc.pid, signal.SIGTERM)
+                    self._stop(rt, signal.SIGTERM)
                     rt.kill_at = time.monotonic() + EVICTION_GRACE
                     LOG.info("evicting pod %s/%s: SIGTERM sent", ns, name)
                 return pod
@@ -1953,10 +2155,54 @@ class Cluster:
         self._kubelet(now)
         live = {p["metadata"]["uid"] for p in self.objects["pods"].values()}
         for uid in [u for u in self.runtimes if u not in live]:
-            rt = self.runtimes.pop(uid)
-            if rt.proc is not None:
-                _kill_group(rt.proc.pid, signal.SIGKILL)
-                self.orphans.append(rt.proc)
+            self._release(self.runtimes.pop(uid))
+        self._sweep_cgroups()
+
+    def _stop(self, rt: PodRuntime, sig: int) -> None:
+        """A stop signal for a running container. A namespaced one's goes to its PID 1 (relayed
+        by pod_runtime.py's shim), as containerd's shim signals the container's init only; a
+        plain process's to its whole process group. SIGKILL always goes to the group: the
+        container's init dies with it (or with its parent), and the kernel then kills every
+        process in its PID namespace."""
+        if rt.namespaced and sig != signal.SIGKILL:
+            try:
+                os.kill(rt.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        else:
+            _kill_group(rt.proc.pid, sig)
+
+    def _container_gone(self, rt: PodRuntime) -> None:
+        """The container's process has exited or been given up: its report pipe is closed and
+        its cgroups are removed as soon as they are empty (_sweep_cgroups)."""
+        if rt.status_fd is not None:
+            os.close(rt.status_fd)
+            rt.status_fd = None
+        rt.starting = False
+        self.cgroup_trash.update(rt.cgroups)
+        rt.cgroups = []
+
+    def _release(self, rt: PodRuntime) -> None:
+        """A pod's runtime dropped (pod removed, node lost): its process group SIGKILLed and
+        reaped later, everything it held given back."""
+        if rt.proc is not None:
+            _kill_group(rt.proc.pid, signal.SIGKILL)
+            self.orphans.append(rt.proc)
+            rt.proc = None
+        self._container_gone(rt)
+        if rt.userns_slot is not None:
+            self.userns_used.discard(rt.userns_slot)
+            rt.userns_slot = None
+
+    def _sweep_cgroups(self) -> None:
+        for d in sorted(self.cgroup_trash):
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                continue   # EBUSY: its processes are still being killed
+            self.cgroup_trash.discard(d)
 
     def _node_usage(self, node: str) -> tuple[dict, set, int]:
         used: dict = collections.defaultdict(fractions.Fraction)
@@ -2188,12 +2434,19 @@ class Cluster:
         deadline = spec.get("activeDeadlineSeconds")
         past_deadline = deadline is not None and now - rt.admitted >= deadline
         if rt.proc is not None:
+            if rt.starting:
+                self._read_start_report(key, rt)
             code = _reap(rt.proc)
             if code is not None:
                 if self.watchdog is not None:
                     self.watchdog.remove(rt.proc.pid)
                 rt.proc = None
-                self._container_exited(key, rt, code)
+                error = self._read_start_report(key, rt) if rt.starting else None
+                self._container_gone(rt)
+                if error is not None:
+                    self._start_failed(key, rt, error)
+                else:
+                    self._container_exited(key, rt, code)
             elif rt.kill_at is not None and now >= rt.kill_at:
                 LOG.info("kubelet: pod %s/%s did not stop in time, SIGKILL", key[0], key[1])
                 _kill_group(rt.proc.pid, signal.SIGKILL)
@@ -2201,7 +2454,7 @@ class Cluster:
             elif past_deadline and rt.stop_reason is None:
                 LOG.info("kubelet: pod %s/%s passed activeDeadlineSeconds", key[0], key[1])
                 rt.stop_reason = "deadline"
-                _kill_group(rt.proc.pid, signal.SIGTERM)
+                self._stop(rt, signal.SIGTERM)
                 rt.kill_at = now + DEADLINE_GRACE
             return
         if pod["status"].get("phase") in TERMINAL:
@@ -2381,27 +2634,122 @@ class Cluster:
         log_path = self.log_path(ns, name)
         rt.container_id = "containerd://" + hashlib_sha256(f"{uid}/{rt.restarts}")
         rt.started_at = now_rfc3339()
+        sec = container_security(pod, container)
+        rt.namespaced = not sec["privileged"]
+        rt.status, rt.status_fd, rt.starting = b"", None, False
+        status_w = None
         try:
+            rt.cgroups = self._pod_cgroup(key, uid, container)
+            if rt.namespaced:
+                spec = self._runtime_spec(pod, rt, sec, home)
+                status_r, status_w = os.pipe()
+                os.set_blocking(status_r, False)
+                rt.status_fd, rt.starting = status_r, True
+                cmd = [sys.executable, "-I", "-S", POD_RUNTIME, json.dumps(spec), str(status_w),
+                       "--", *argv]
+                setup = _child_setup
+            else:
+                # A real privileged container gets every capability and every host device,
+                # and no masked paths: as close to this plain process as a container comes.
+                # It still has its cgroup.
+                cmd, setup = argv, functools.partial(_child_setup, rt.cgroups)
             with open(log_path, "ab" if rt.log_started else "wb") as log_file:
                 rt.log_started = True
-                proc = subprocess.Popen(argv, cwd=home, env=env, stdin=subprocess.DEVNULL,
+                proc = subprocess.Popen(cmd, cwd=home, env=env, stdin=subprocess.DEVNULL,
                                         stdout=log_file, stderr=subprocess.STDOUT,
                                         start_new_session=True, close_fds=True,
-                                        preexec_fn=_child_setup)
+                                        pass_fds=(status_w,) if status_w is not None else (),
+                                        preexec_fn=setup)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
-            message = (f"failed to create containerd task: failed to create shim task: OCI "
-                       f"runtime create failed: runc create failed: unable to start container "
-                       f"process: exec: \"{argv[0]}\": {e}")
-            with open(log_path, "ab") as log_file:
-                log_file.write((message + "\n").encode())
-            LOG.info("kubelet: pod %s/%s failed to start: %s", ns, name, e)
-            self._container_exited(key, rt, 128, "StartError", message)
+            if status_w is not None:
+                os.close(status_w)
+            self._container_gone(rt)
+            self._start_failed(key, rt, f'exec: "{argv[0]}": {e}')
             return
+        if status_w is not None:
+            os.close(status_w)
         rt.proc = proc
         if self.watchdog is not None:
             self.watchdog.add(proc.pid)
-        LOG.info("kubelet: pod %s/%s started as pid %d: %s", ns, name, proc.pid, argv)
+        how = ("a plain process (privileged)" if not rt.namespaced else
+               f"{sec['userns'] and 'user, ' or ''}mount, pid, uts and ipc namespaces"
+               f"{'' if sec['masked'] else ', unmasked /proc'}")
+        LOG.info("kubelet: pod %s/%s started as pid %d in %s%s: %s", ns, name, proc.pid, how,
+                 f", cgroup {rt.cgroups[0]}" if rt.cgroups else "", argv)
+        if not rt.namespaced:
+            self._mark_running(key, rt)
 
+    def _runtime_spec(self, pod: dict, rt: PodRuntime, sec: dict, home: str) -> dict:
+        """What pod_runtime.py is to do, as the kubelet hands CRI a container config."""
+        userns = None
+        if sec["userns"]:
+            if rt.userns_slot is None:
+                free = next((k for k in range(USERNS_SLOTS) if k not in self.userns_used), None)
+                if free is None:
+                    raise OSError("no user namespace range is free")
+                self.userns_used.add(free)
+                rt.userns_slot = free
+            base = USERNS_FIRST + USERNS_SIZE * rt.userns_slot
+            userns = {"base": base, "size": USERNS_SIZE}
+            _chown_tree(home, base)
+        # The kubelet's truncatePodHostnameIfNeeded: 63 characters, no trailing '-' or '.'.
+        hostname = pod["metadata"]["name"][:63].rstrip("-.")
+        return {"home": home, "hostname": hostname, "userns": userns,
+                "masked_paths": list(MASKED_PATHS) if sec["masked"] else [],
+                "readonly_paths": list(READONLY_PATHS) if sec["masked"] else [],
+                "capabilities": sec["capabilities"], "cgroups": rt.cgroups}
+
+    def _pod_cgroup(self, key: tuple, uid: str, container: dict) -> list[str]:
+        if self.pod_cgroups is None or not self.pod_cgroups.bases:
+            return []
+        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        bytes_ = None
+        if limit is not None:
+            q = parse_quantity(limit)
+            bytes_ = -(-q.numerator // q.denominator)
+        try:
+            dirs = self.pod_cgroups.create(uid, bytes_)
+        except OSError as e:
+            LOG.warning("kubelet: pod %s/%s runs in the server's cgroup: %s", key[0], key[1], e)
+            return []
+        self.cgroup_trash.difference_update(dirs)
+        if self.watchdog is not None:
+            for d in dirs:
+                self.watchdog.cgroup(d)
+        return dirs
+
+    def _read_start_report(self, key: tuple, rt: PodRuntime) -> str | None:
+        """Reads pod_runtime.py's one line: `ok` marks the container Running; `error: why` is
+        returned (the process exits with 128 just after)."""
+        while rt.status_fd is not None:
+            try:
+                chunk = os.read(rt.status_fd, 4096)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            rt.status += chunk
+        line, nl, _ = rt.status.partition(b"\n")
+        if not nl:
+            return None
+        text = line.decode(errors="replace")
+        if text == "ok":
+            if rt.starting:
+                rt.starting = False
+                self._mark_running(key, rt)
+            return None
+        return text.removeprefix("error: ")
+
+    def _start_failed(self, key: tuple, rt: PodRuntime, error: str) -> None:
+        message = (f"failed to create containerd task: failed to create shim task: OCI runtime "
+                   f"create failed: runc create failed: unable to start container process: "
+                   f"{error}")
+        with open(self.log_path(*key), "ab") as log_file:
+            log_file.write((message + "\n").encode())
+        LOG.info("kubelet: pod %s/%s failed to start: %s", key[0], key[1], error)
+        self._container_exited(key, rt, 128, "StartError", message)
+
+    def _mark_running(self, key: tuple, rt: PodRuntime) -> None:
         def running(o):
             st = o["status"]
             st["phase"] = "Running"
@@ -2463,6 +2811,20 @@ class Cluster:
                 LOG.error("pod process %d did not die after SIGKILL", proc.pid)
         if procs:
             LOG.info("killed %d pod process group(s)", len(procs))
+        with self.cond:
+            for rt in self.runtimes.values():
+                rt.proc = None
+                self._container_gone(rt)
+            # A PID namespace's last processes are reaped by the kernel just after its init.
+            end = time.monotonic() + 3
+            while self.cgroup_trash and time.monotonic() < end:
+                self._sweep_cgroups()
+                if self.cgroup_trash:
+                    time.sleep(0.05)
+            if self.cgroup_trash:
+                LOG.error("pod cgroups left behind (not empty): %s", sorted(self.cgroup_trash))
+            if self.pod_cgroups is not None:
+                self.pod_cgroups.remove_bases()
         if self.watchdog is not None:
             self.watchdog.close()
 
@@ -3114,6 +3476,15 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"--nodes {args.nodes}: {e.message}") from None
 
     cluster.watchdog = Watchdog()
+    with open("/proc/self/mounts") as m, open("/proc/self/cgroup") as c:
+        cluster.pod_cgroups = PodCgroups(m.read(), c.read())
+    for b in cluster.pod_cgroups.bases:
+        cluster.watchdog.cgroup(b)
+    if cluster.pod_cgroups.bases:
+        LOG.info("pod cgroups (memory limit, pids) under %s", ", ".join(cluster.pod_cgroups.bases))
+    else:
+        LOG.warning("pods run without cgroups of their own (no memory limit inside): %s",
+                    cluster.pod_cgroups.why_not)
     server = Server(("127.0.0.1", args.port), cluster, args.token)
     cluster.port = server.server_address[1]
     stop = threading.Event()

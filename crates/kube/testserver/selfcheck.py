@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,6 +138,23 @@ def stop_server(proc: subprocess.Popen) -> None:
         raise AssertionError("server did not exit within 5 s of SIGTERM") from None
     check(code == 0, "server exits 0 on SIGTERM", code)
     check(proc.stdout.read() == b"", "stdout carries only the listening line")
+
+
+def pod_pids(marker: str) -> list[int]:
+    """Host pids of the processes whose environment carries SELFCHECK_POD=<marker>: a pod's
+    processes as the host sees them (inside its PID namespace, its command is PID 1)."""
+    want = f"SELFCHECK_POD={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if want in f.read().split(b"\0") and pid_alive(int(entry)):
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return found
 
 
 def pid_alive(pid: int) -> bool:
@@ -335,13 +354,179 @@ def main_checks(tmp: str) -> None:
     check(any(r["subresource"] == "log" and r["verb"] == "get" for r in requests), "log request recorded")
 
     # shutting down kills the pods it started
-    api.create_pod("survivor", ["sh", "-c", "echo pid=$$$$; exec sleep 300"])
+    api.create_pod("survivor", ["sh", "-c", "echo pid=$$$$; exec sleep 300"],
+                   env=[{"name": "SELFCHECK_POD", "value": "survivor"}])
     wait_for(lambda: api.pod("survivor")["status"]["phase"] == "Running", "survivor Running")
     log = wait_for(lambda: api.call("GET", f"{pods}/survivor/log", raw=True)[1], "survivor log")
-    pid = int(log.split("pid=")[1].split()[0])
-    check(pid_alive(pid), "survivor is alive before shutdown")
+    check(log.strip() == "pid=1", "the pod's command is PID 1 of its own PID namespace", log)
+    alive = pod_pids("survivor")
+    check(alive, "survivor is alive before shutdown")
     stop_server(proc)
-    check(not pid_alive(pid), f"pod process {pid} killed at shutdown")
+    check(not [p for p in alive if pid_alive(p)], f"pod processes {alive} killed at shutdown")
+
+
+# What a pod's command reports about the container it runs in. (`$$$$` is the shell's `$$`
+# after the kubelet's expansion; `$(...)` naming no variable is left as it is.)
+PROBE = r"""
+echo pid=$$$$
+echo uid=$(id -u)
+echo hostname=$(cat /proc/sys/kernel/hostname)
+echo map=$(cat /proc/self/uid_map)
+echo capbnd=$(grep CapBnd /proc/self/status | cut -f2)
+echo masks=$(awk '$5 ~ "^/(proc|sys)/" && $5 !~ "^/sys/fs/cgroup" {n++} END {print n+0}' /proc/self/mountinfo)
+echo timer_list=$(cat /proc/timer_list 2>/dev/null | wc -c)
+echo proc_sys=$(awk '$5 == "/proc/sys" {print substr($6, 1, 2)}' /proc/self/mountinfo)
+echo cgroupfs_rw=$(awk '$5 ~ "^/sys/fs/cgroup" && $6 !~ "^ro" {n++} END {print n+0}' /proc/self/mountinfo)
+memcg=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
+if [ -n "$memcg" ]; then cgdir=/sys/fs/cgroup/memory$memcg; limit=memory.limit_in_bytes
+else memcg=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup); cgdir=/sys/fs/cgroup$memcg; limit=memory.max; fi
+echo memcg=$memcg
+echo memlimit=$(cat $cgdir/$limit)
+mkdir $cgdir/probe 2>/dev/null && rmdir $cgdir/probe && echo cgroup_writable=yes || echo cgroup_writable=no
+touch "$HOME/probe" && echo home=$(stat -c %u "$HOME")
+if command -v bwrap >/dev/null; then
+  bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev true && echo bwrap=ok || echo bwrap=failed
+  if command -v setpriv >/dev/null; then
+    setpriv --reuid 60000 --regid 60000 --clear-groups bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev true && echo bwrap60000=ok || echo bwrap60000=failed
+  fi
+fi
+echo done
+"""
+CAP_SYS_ADMIN, CAP_MKNOD, CAP_SYS_PTRACE = 21, 27, 19
+
+
+def probe_report(api: Api, name: str) -> dict:
+    pod = wait_for(lambda: (p := api.pod(name))["status"]["phase"] in ("Succeeded", "Failed") and p,
+                   f"{name} finished", timeout=15)
+    log = api.call("GET", f"/api/v1/namespaces/{NS}/pods/{name}/log", raw=True)[1]
+    check(pod["status"]["phase"] == "Succeeded" and "done" in log, f"{name} ran its probe", log)
+    out = dict(line.split("=", 1) for line in log.splitlines() if "=" in line)
+    out["log"] = log
+    return out
+
+
+def runtime_checks(tmp: str) -> None:
+    """The kubelet acts out the container runtime's security settings (README: Containers)."""
+    proc, api = start_server(tmp, "runtime")
+    pods = f"/api/v1/namespaces/{NS}/pods"
+    stderr = open(os.path.join(tmp, "runtime.stderr")).read()
+    cgroups = "pod cgroups (memory limit, pids) under" in stderr
+    if not cgroups:
+        print("note: this host's cgroups are not writable; pod memory limits not checked",
+              file=sys.stderr)
+    bwrap = shutil.which("bwrap") is not None
+    if not bwrap:
+        print("note: bubblewrap is not installed; nested sandboxes not checked", file=sys.stderr)
+    host_mounts = open("/proc/self/mountinfo").read()
+    # Mounts under /proc and /sys (but cgroupfs) the host has already: a pod sees them too.
+    host_masks = sum(1 for line in host_mounts.splitlines()
+                     if re.match(r"/(proc|sys)/", line.split()[4])
+                     and not line.split()[4].startswith("/sys/fs/cgroup"))
+    limits = {"limits": {"memory": "64Mi"}}
+
+    def create(name, command, host_users=None, sc=None, env=None):
+        container = {"name": "main", "image": "x", "command": command, "resources": limits,
+                     "env": env or []}
+        if sc is not None:
+            container["securityContext"] = sc
+        spec = {"restartPolicy": "Never", "containers": [container]}
+        if host_users is not None:
+            spec["hostUsers"] = host_users
+        return api.call("POST", pods, {"metadata": {"name": name}, "spec": spec})
+
+    # procMount: Unmasked needs a user namespace of the pod's own, as the API server says.
+    for host_users in (None, True):
+        code, body = create("unmasked-on-host", ["true"], host_users, {"procMount": "Unmasked"})
+        check(code == 422 and body["reason"] == "Invalid" and body["message"] ==
+              'Pod "unmasked-on-host" is invalid: spec.containers[0].securityContext.procMount: '
+              'Invalid value: "Unmasked": `hostUsers` must be false to use `Unmasked`'
+              and body["details"]["causes"][0]["field"] == "spec.containers[0].securityContext.procMount",
+              f"422 for procMount Unmasked with hostUsers {host_users}", body)
+
+    # The fields gpuci's pods use pass the schema of the version the server validates.
+    userns_sc = {"procMount": "Unmasked", "capabilities": {"add": ["SYS_ADMIN"]},
+                 "seccompProfile": {"type": "RuntimeDefault"}, "appArmorProfile": {"type": "Unconfined"}}
+    for name, host_users, sc in (("masked", None, None), ("userns", False, userns_sc),
+                                 ("plain", None, {"privileged": True})):
+        code, body = create(name, ["sh", "-c", PROBE], host_users, sc)
+        check(code == 201, f"create {name}", body)
+    code, body = create("no-such", ["no-such-command-anywhere"])
+    check(code == 201, "create no-such", body)
+
+    # Default: namespaces, masked and read-only /proc paths, read-only cgroupfs, a default
+    # container's bounding set; a nested sandbox cannot have a /proc of its own.
+    m = probe_report(api, "masked")
+    caps = int(m["capbnd"], 16)
+    check(m["pid"] == "1" and m["uid"] == "0" and m["hostname"] == "masked"
+          and m["map"].split() == ["0", "0", "4294967295"], "masked: namespaces", m)
+    check(not caps & (1 << CAP_SYS_ADMIN) and not caps & (1 << CAP_SYS_PTRACE)
+          and caps & (1 << CAP_MKNOD), "masked: a default container's bounding set", m)
+    check(int(m["masks"]) > host_masks and m["proc_sys"] == "ro" and m["cgroupfs_rw"] == "0"
+          and m["cgroup_writable"] == "no", "masked: masked and read-only paths", m)
+    if os.path.exists("/proc/timer_list"):
+        check(m["timer_list"] == "0", "masked: /proc/timer_list reads empty", m)
+    if bwrap:
+        check(m["bwrap"] == "failed" and "Can't mount proc on /newroot/proc: Operation not permitted"
+              in m["log"], "masked: bwrap cannot mount a fresh /proc", m)
+    if cgroups:
+        check(m["memlimit"] == str(64 << 20) and m["memcg"].endswith("/kube-double/" +
+              api.pod("masked")["metadata"]["uid"]), "masked: the pod's own memory cgroup", m)
+
+    # hostUsers: false and procMount: Unmasked: root in a user namespace of the pod's own, no
+    # masks; a nested sandbox works as root and as a mapped uid.
+    u = probe_report(api, "userns")
+    first, base, size = (int(x) for x in u["map"].split())
+    check(u["pid"] == "1" and u["uid"] == "0" and first == 0 and size == 65536
+          and base >= 100000 and (base - 100000) % 65536 == 0, "userns: its own id range", u)
+    check(int(u["capbnd"], 16) & (1 << CAP_SYS_ADMIN) and u["masks"] == str(host_masks)
+          and u["proc_sys"] != "ro", "userns: SYS_ADMIN added, nothing masked", u)
+    check(u["home"] == "0" and u["cgroup_writable"] == "no" and u["cgroupfs_rw"] == "0",
+          "userns: owns its home, not the cgroupfs", u)
+    if bwrap:
+        check(u["bwrap"] == "ok" and u.get("bwrap60000", "ok") == "ok", "userns: bwrap works", u)
+    if cgroups:
+        check(u["memlimit"] == str(64 << 20), "userns: the pod's own memory cgroup", u)
+
+    # privileged: a plain process on the host, in its cgroup.
+    pl = probe_report(api, "plain")
+    check(pl["pid"] != "1" and pl["map"].split() == ["0", "0", "4294967295"] and pl["masks"] == str(host_masks)
+          and int(pl["capbnd"], 16) & (1 << CAP_SYS_ADMIN), "privileged: a plain process", pl)
+    if cgroups:
+        check(pl["memlimit"] == str(64 << 20), "privileged: the pod's own memory cgroup", pl)
+
+    finished = [api.pod(n)["metadata"]["uid"] for n in ("masked", "userns", "plain")]
+    cg = [os.path.join(b, uid) for b in pod_cgroup_bases(stderr) for uid in finished]
+    wait_for(lambda: not [d for d in cg if os.path.exists(d)], "finished pods' cgroups removed")
+    pod = wait_for(lambda: (p := api.pod("no-such"))["status"]["phase"] == "Failed" and p, "no-such fails")
+    term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    check(term["reason"] == "StartError" and term["exitCode"] == 128 and term["message"].endswith(
+          'exec: "no-such-command-anywhere": executable file not found in $PATH'), "StartError", term)
+
+    # Deleted, a pod leaves no process (setsid ones included), no cgroup and no mount behind.
+    for name, host_users, sc in (("long", None, None), ("long-userns", False, userns_sc)):
+        code, body = create(name, ["sh", "-c", "setsid sleep 300 & sleep 300 & echo up; wait"],
+                            host_users, sc, env=[{"name": "SELFCHECK_POD", "value": name}])
+        check(code == 201, f"create {name}", body)
+    for name in ("long", "long-userns"):
+        wait_for(lambda: api.pod(name)["status"]["phase"] == "Running", f"{name} Running")
+        running = wait_for(lambda: len(p := pod_pids(name)) >= 5 and p, f"{name}'s processes")
+        uid = api.pod(name)["metadata"]["uid"]
+        cg = [os.path.join(d, uid) for d in pod_cgroup_bases(stderr)]
+        check(all(os.path.isdir(d) for d in cg), f"{name}: its cgroups exist", cg)
+        code, body = api.call("DELETE", f"{pods}/{name}", {"gracePeriodSeconds": 1})
+        check(code == 200, f"delete {name}", body)
+        wait_for(lambda: api.call("GET", f"{pods}/{name}")[0] == 404, f"{name} removed")
+        wait_for(lambda: not [p for p in running if pid_alive(p)], f"{name}: no process left")
+        wait_for(lambda: not [d for d in cg if os.path.exists(d)], f"{name}: no cgroup left")
+    check(open("/proc/self/mountinfo").read() == host_mounts, "no pod mount reached the host")
+    stop_server(proc)
+
+
+def pod_cgroup_bases(server_stderr: str) -> list[str]:
+    for line in server_stderr.splitlines():
+        if "pod cgroups (memory limit, pids) under " in line:
+            return line.split(" under ", 1)[1].split(", ")
+    return []
 
 
 def rbac_and_expiry_checks(tmp: str) -> None:
@@ -371,14 +556,33 @@ def rbac_and_expiry_checks(tmp: str) -> None:
 def sigkill_check(tmp: str) -> None:
     """A SIGKILLed server still takes its pods' whole process groups with it (its watchdog)."""
     proc, api = start_server(tmp, "killed")
-    api.create_pod("forks", ["sh", "-c", "sleep 300 & echo child=$$!; wait"])
-    log = os.path.join(tmp, "killed", f"{NS}_forks.log")
-    wait_for(lambda: os.path.exists(log) and "child=" in open(log).read(), "forks log")
-    child = int(open(log).read().split("child=")[1].split()[0])
-    check(pid_alive(child), "the pod's child runs")
+    # A namespaced pod's `setsid` child leaves the process group, and still dies with the pod's
+    # PID namespace; a plain (privileged) pod's processes die with their process group.
+    for name, shell, sc in (("forks", "sleep 300 & setsid sleep 300 & echo started; wait", None),
+                            ("forks-plain", "sleep 300 & echo started; wait", {"privileged": True})):
+        container = {"name": "main", "image": "x", "command": ["sh", "-c", shell],
+                     "env": [{"name": "SELFCHECK_POD", "value": name}]}
+        if sc:
+            container["securityContext"] = sc
+        code, body = api.call("POST", f"/api/v1/namespaces/{NS}/pods",
+                              {"metadata": {"name": name}, "spec": {"restartPolicy": "Never",
+                                                                    "containers": [container]}})
+        check(code == 201, f"create {name}", body)
+    children = []
+    for name, least in (("forks", 3), ("forks-plain", 2)):
+        log = os.path.join(tmp, "killed", f"{NS}_{name}.log")
+        wait_for(lambda: os.path.exists(log) and "started" in open(log).read(), f"{name} log")
+        children += wait_for(lambda: len(p := pod_pids(name)) >= least and p, f"{name}'s children run")
+    bases = pod_cgroup_bases(open(os.path.join(tmp, "killed.stderr")).read())
+    cgroups = [os.path.join(b, api.pod(n)["metadata"]["uid"]) for b in bases
+               for n in ("forks", "forks-plain")]
+    check(all(os.path.isdir(d) for d in cgroups), "the pods' cgroups exist", cgroups)
     proc.kill()
     proc.wait()
-    wait_for(lambda: not pid_alive(child), "the pod's child dies with a SIGKILLed server")
+    wait_for(lambda: not [p for p in children if pid_alive(p)],
+             "every pod process dies with a SIGKILLed server")
+    wait_for(lambda: not [d for d in cgroups if os.path.exists(d)],
+             "the watchdog removes the pods' cgroups")
 
 
 def parent_death_check(tmp: str) -> None:
@@ -408,12 +612,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="kube-testserver-") as tmp:
         try:
             main_checks(tmp)
+            runtime_checks(tmp)
             rbac_and_expiry_checks(tmp)
             sigkill_check(tmp)
             parent_death_check(tmp)
         except AssertionError as e:
             print(f"FAIL: {e}", file=sys.stderr)
-            for name in ("main", "rbac", "killed"):
+            for name in ("main", "runtime", "rbac", "killed"):
                 path = os.path.join(tmp, f"{name}.stderr")
                 if os.path.exists(path):
                     print(f"--- {name} server stderr (tail) ---", file=sys.stderr)

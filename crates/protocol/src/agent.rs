@@ -141,6 +141,10 @@ pub enum JobEvent {
         job_id: JobId,
         pid: u32,
         started_at_us: i64,
+        /// The protections the agent did not enforce for this job (empty: all of them). Absent
+        /// from an agent older than this field: read as empty.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        unenforced: Vec<Unenforced>,
     },
     /// Consecutive lines of the job's log: the first is line `first_seq` (from 1), the next
     /// `first_seq + 1`, and so on. A gap before `first_seq` is explained by a gpuci line in
@@ -159,6 +163,59 @@ impl JobEvent {
             JobEvent::Started { job_id, .. } | JobEvent::Log { job_id, .. } => *job_id,
             JobEvent::Finished(f) => f.job_id,
         }
+    }
+}
+
+/// A protection an agent did not enforce for one job, because its operator opted out of it
+/// (`--allow-unenforced-limits`, `--allow-unsandboxed`, `--job-disk none`, `--job-network host`,
+/// `--allow-metadata-trusted`) or because an agent that is not root cannot give it. The agent
+/// decides the list when the job starts (`gpuci_agent::unenforced`), says each item in the
+/// job's log, and sends the list with the start; `gpuci jobs show`, the API and the job page
+/// show it ("no silent loss of protection").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Unenforced {
+    /// Which protection.
+    pub key: Protection,
+    /// What the job went without and why, in one sentence naming the operator's flag.
+    pub detail: String,
+}
+
+/// The protections a job can go without (the stable `key` of [`Unenforced`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Protection {
+    /// Memory, CPU and process limits (the step's `resources:` or the agent's defaults).
+    Limits,
+    /// The bubblewrap sandbox: the job ran on the host's file system.
+    Sandbox,
+    /// A disk of the job's slot's own: the job shares the agent's disk.
+    DiskQuota,
+    /// A network namespace of the job's own: the job is on the host's network.
+    NetworkIsolation,
+    /// Cloud metadata endpoints refused: the job could reach them.
+    Metadata,
+    /// A key this build does not know (sent by a newer agent); the detail says what it is.
+    #[serde(other)]
+    Other,
+}
+
+impl Protection {
+    /// The key as the wire, the store and `gpuci jobs show` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protection::Limits => "limits",
+            Protection::Sandbox => "sandbox",
+            Protection::DiskQuota => "disk_quota",
+            Protection::NetworkIsolation => "network_isolation",
+            Protection::Metadata => "metadata",
+            Protection::Other => "other",
+        }
+    }
+}
+
+impl std::fmt::Display for Protection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -338,4 +395,43 @@ pub enum CoordinatorMessage {
     GpuReleased {
         uuid: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Old and new agents and coordinators interoperate: a start without the list reads as
+    /// "nothing unenforced", an empty list is not sent, and a key this build does not know
+    /// still reads (as `other`, its sentence kept) instead of failing the whole event.
+    #[test]
+    fn a_start_reads_with_and_without_the_unenforced_list() {
+        let old = r#"{"kind":"started","job_id":3,"pid":9,"started_at_us":5}"#;
+        let JobEvent::Started { unenforced, .. } = serde_json::from_str(old).unwrap() else { panic!("not a start") };
+        assert!(unenforced.is_empty());
+        let none = JobEvent::Started { job_id: 3, pid: 9, started_at_us: 5, unenforced: vec![] };
+        assert_eq!(serde_json::to_string(&none).unwrap(), old);
+
+        let new = r#"{"kind":"started","job_id":3,"pid":9,"started_at_us":5,"unenforced":[
+            {"key":"disk_quota","detail":"no disk quota"},{"key":"tpm","detail":"no TPM"}]}"#;
+        let JobEvent::Started { unenforced, .. } = serde_json::from_str(new).unwrap() else { panic!("not a start") };
+        assert_eq!(
+            unenforced,
+            vec![
+                Unenforced { key: Protection::DiskQuota, detail: "no disk quota".into() },
+                Unenforced { key: Protection::Other, detail: "no TPM".into() },
+            ]
+        );
+        let keys = [
+            Protection::Limits,
+            Protection::Sandbox,
+            Protection::DiskQuota,
+            Protection::NetworkIsolation,
+            Protection::Metadata,
+            Protection::Other,
+        ];
+        for k in keys {
+            assert_eq!(serde_json::to_value(k).unwrap(), serde_json::Value::from(k.as_str()));
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! Bodies of the REST API (`/api/v1/...`). The coordinator serves an OpenAPI document
 //! generated from these types at `/api/v1/openapi.json`.
 
-use crate::agent::{GpuHealth, JobTelemetry, Stream};
+use crate::agent::{GpuHealth, JobTelemetry, Stream, Unenforced};
 use crate::{JobId, PipelineId};
 use gpuci_core::gpu::GpuInfo;
 use gpuci_core::job::JobState;
@@ -82,6 +82,11 @@ pub struct JobSummary {
     /// GPUs × the machine's price, per second of its run.
     #[serde(default)]
     pub cost: Option<JobCost>,
+    /// The protections its agent did not enforce for it (its operator opted out, or an agent
+    /// that is not root could not): empty when all were, or before it started. Each key with
+    /// a sentence saying why and naming the flag; the job's log says the same.
+    #[serde(default)]
+    pub unenforced: Vec<Unenforced>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -156,6 +156,36 @@ pub(crate) fn detect_layout(
     Some(Layout::V2 { base: base_of(&mnt, own_path(None)) })
 }
 
+/// Directory under the agent's own v2 cgroup that the agent's processes move to when that
+/// cgroup must hand controllers down to its jobs' (`gpuci/`).
+pub(crate) const AGENT_LEAF: &str = "gpuci-agent";
+
+/// Moves every process of `base` into `base/gpuci-agent` (made if missing), so that `base`
+/// may enable controllers for its children. Processes that end meanwhile are skipped.
+fn move_to_leaf(base: &Path) -> io::Result<()> {
+    let leaf = base.join(AGENT_LEAF);
+    match fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    // Processes may fork while they are moved: a few rounds until the cgroup is empty.
+    for _ in 0..10 {
+        let pids = read_pids(&base.join("cgroup.procs"));
+        if pids.is_empty() {
+            return Ok(());
+        }
+        for pid in pids {
+            match fs::write(leaf.join("cgroup.procs"), pid.to_string()) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Err(io::Error::other("processes kept appearing in the agent's cgroup"))
+}
+
 /// One job's cgroup(s).
 #[derive(Debug)]
 pub(crate) struct JobCgroup {
@@ -203,6 +233,96 @@ pub fn probe() -> Result<String, String> {
     let where_ = cg.dirs.first().map(|(_, d)| d.display().to_string()).unwrap_or_default();
     cg.remove_dirs();
     Ok(format!("a job cgroup with memory and pids limits can be made ({where_})"))
+}
+
+/// The limits that bind this process's own cgroup, tightest of it and its ancestors within
+/// the mounted hierarchy: in a container, what the runtime set (a pod's `resources.limits`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnLimits {
+    pub memory: Option<u64>,
+    pub pids: Option<u64>,
+    /// CPU, in thousandths of a CPU.
+    pub cpu_millis: Option<u64>,
+}
+
+impl OwnLimits {
+    /// In words, e.g. "memory 24 GiB, 6 CPUs, no process limit".
+    pub fn describe(&self) -> String {
+        let memory =
+            self.memory.map_or("no memory limit".to_string(), |m| format!("memory {}", gpuci_core::quantity::Bytes(m)));
+        let cpu = self.cpu_millis.map_or("no CPU limit".to_string(), |c| format!("{} CPUs", c as f64 / 1000.0));
+        let pids = self.pids.map_or("no process limit".to_string(), |p| format!("{p} processes"));
+        format!("{memory}, {cpu}, {pids}")
+    }
+}
+
+/// A limit file's value: `max` (v2) and v1's "unlimited" (a page-rounded `i64::MAX`) are none.
+pub(crate) fn parse_limit(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let v: u64 = t.parse().ok()?;
+    (v < (1 << 62)).then_some(v)
+}
+
+/// `cpu.max` ("QUOTA PERIOD" or "max PERIOD") in thousandths of a CPU.
+pub(crate) fn parse_cpu_max(text: &str) -> Option<u64> {
+    let mut it = text.split_whitespace();
+    let quota: u64 = it.next()?.parse().ok()?;
+    let period: u64 = it.next()?.parse().ok()?;
+    (period > 0).then(|| quota * 1000 / period)
+}
+
+/// The limits on this process's cgroup and its ancestors up to the hierarchy's mount point.
+pub fn own_limits() -> OwnLimits {
+    let Some(layout) = layout() else { return OwnLimits::default() };
+    let tightest = |dir: &Path, stop: &Path, file: &str, parse: &dyn Fn(&str) -> Option<u64>| {
+        let mut best: Option<u64> = None;
+        let mut d = Some(dir);
+        while let Some(cur) = d {
+            if let Some(v) = fs::read_to_string(cur.join(file)).ok().as_deref().and_then(parse) {
+                best = Some(best.map_or(v, |b| b.min(v)));
+            }
+            if cur == stop {
+                break;
+            }
+            d = cur.parent().filter(|p| p.starts_with(stop));
+        }
+        best
+    };
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mount_of = |dir: &Path| -> PathBuf {
+        mounts
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1).map(PathBuf::from))
+            .filter(|m| dir.starts_with(m) && m.starts_with("/sys/fs/cgroup"))
+            .max_by_key(|m| m.as_os_str().len())
+            .unwrap_or_else(|| dir.to_path_buf())
+    };
+    match layout {
+        Layout::V2 { base } => {
+            let stop = mount_of(base);
+            OwnLimits {
+                memory: tightest(base, &stop, "memory.max", &parse_limit),
+                pids: tightest(base, &stop, "pids.max", &parse_limit),
+                cpu_millis: tightest(base, &stop, "cpu.max", &parse_cpu_max),
+            }
+        }
+        Layout::V1 { bases } => {
+            let of = |c: Controller| bases.iter().find(|(k, _)| *k == c).map(|(_, p)| p.clone());
+            let read = |c: Controller, file: &str, parse: &dyn Fn(&str) -> Option<u64>| {
+                of(c).and_then(|d| tightest(&d, &mount_of(&d), file, parse))
+            };
+            let cpu = of(Controller::Cpu).and_then(|d| {
+                let quota: i64 = fs::read_to_string(d.join("cpu.cfs_quota_us")).ok()?.trim().parse().ok()?;
+                let period: u64 = fs::read_to_string(d.join("cpu.cfs_period_us")).ok()?.trim().parse().ok()?;
+                (quota > 0 && period > 0).then(|| quota as u64 * 1000 / period)
+            });
+            OwnLimits {
+                memory: read(Controller::Memory, "memory.limit_in_bytes", &parse_limit),
+                pids: read(Controller::Pids, "pids.max", &parse_limit),
+                cpu_millis: cpu,
+            }
+        }
+    }
 }
 
 fn read_u64(path: &Path) -> Option<u64> {
@@ -265,12 +385,24 @@ impl JobCgroup {
                 // its own: a limit that is asked for and cannot be written is.
                 // One controller per write: a write naming one the parent does not offer
                 // enables none of them.
+                // Whether a write was refused with EBUSY: the cgroup holds processes, and
+                // cgroup v2 hands controllers down only from a cgroup without any.
                 let enable = |dir: &Path| {
+                    let mut busy = false;
                     for c in ["+memory", "+pids", "+cpu"] {
-                        let _ = fs::write(dir.join("cgroup.subtree_control"), c);
+                        if let Err(e) = fs::write(dir.join("cgroup.subtree_control"), c) {
+                            busy |= e.raw_os_error() == Some(libc::EBUSY);
+                        }
                     }
+                    busy
                 };
-                enable(base);
+                if enable(base) {
+                    // The agent is in the cgroup it was given (a container's, a service's):
+                    // it moves itself and what else is there to a leaf beside its jobs' (the
+                    // "no internal processes" rule), then hands the controllers down.
+                    move_to_leaf(base).map_err(|e| err("moving the agent to a leaf cgroup under", base, e))?;
+                    enable(base);
+                }
                 let group = base.join(GROUP);
                 fs::create_dir_all(&group).map_err(|e| err("mkdir", &group, e))?;
                 enable(&group);
@@ -548,6 +680,20 @@ fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn limit_files_parse_as_a_container_runtime_writes_them() {
+        assert_eq!(parse_limit("25769803776\n"), Some(25769803776));
+        assert_eq!(parse_limit("max\n"), None, "v2: no limit");
+        assert_eq!(parse_limit("9223372036854771712\n"), None, "v1: no limit (page-rounded i64::MAX)");
+        assert_eq!(parse_limit("4096"), Some(4096));
+        assert_eq!(parse_cpu_max("600000 100000\n"), Some(6000));
+        assert_eq!(parse_cpu_max("max 100000\n"), None);
+        assert_eq!(parse_cpu_max("50000 100000"), Some(500));
+        let l = OwnLimits { memory: Some(24 << 30), pids: None, cpu_millis: Some(6000) };
+        assert_eq!(l.describe(), "memory 24 GiB, 6 CPUs, no process limit");
+    }
+
     use super::*;
 
     const HYBRID_MOUNTS: &str = "\

@@ -33,13 +33,24 @@ pub(crate) struct ChildSetup {
     pub netns: Option<RawFd>,
     /// The unprivileged (uid, gid) the job runs as; `None`: the agent's own.
     pub user: Option<(u32, u32)>,
+    /// Without a cgroup of its own (a container that gives none, see `cgroup::own_limits`): the
+    /// job's process limit as `RLIMIT_NPROC` (counted per uid, and the job has a uid of its
+    /// own; it cannot raise a hard limit), and an `oom_score_adj` of 1000 so that the kernel's
+    /// OOM killer takes the job before the agent when the container's memory runs out.
+    pub without_cgroup: Option<WithoutCgroup>,
+}
+
+/// What stands in for a job cgroup where there is none.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WithoutCgroup {
+    pub nproc: Option<u64>,
 }
 
 pub(crate) fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
-    let ChildSetup { cgroup_procs, inherit, netns, user } = setup;
+    let ChildSetup { cgroup_procs, inherit, netns, user, without_cgroup } = setup;
     let parent = parent_pid();
     // SAFETY: the closure runs in the forked child before exec. It only calls setsid, write,
-    // fcntl(F_SETFD), setns, setgroups, setresgid and setresuid — plain system calls, safe after
+    // fcntl(F_SETFD), setns, open, close, setrlimit, setgroups, setresgid and setresuid — plain system calls, safe after
     // fork (POSIX.1-2008 §2.4.3 lists the first three; the others take no locks in libc) — on
     // descriptors that the parent keeps open until `spawn` returns. It does not allocate (the
     // Vecs were built in the parent and are only iterated) and `io::Error::last_os_error` just
@@ -65,6 +76,20 @@ pub(crate) fn install(cmd: &mut tokio::process::Command, setup: ChildSetup) {
             if let Some(fd) = netns {
                 if libc::setns(fd, libc::CLONE_NEWNET) == -1 {
                     return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(w) = without_cgroup {
+                // Raising one's OOM score needs no privilege; the job cannot lower it again.
+                let fd = libc::open(c"/proc/self/oom_score_adj".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd == -1 || libc::write(fd, b"1000".as_ptr().cast(), 4) != 4 {
+                    return Err(io::Error::last_os_error());
+                }
+                libc::close(fd);
+                if let Some(n) = w.nproc {
+                    let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
+                    if libc::setrlimit(libc::RLIMIT_NPROC, &lim) == -1 {
+                        return Err(io::Error::last_os_error());
+                    }
                 }
             }
             if let Some((uid, gid)) = user {

@@ -82,6 +82,7 @@
 
 mod cgroup;
 mod child;
+mod diagnose;
 mod error;
 mod etcview;
 mod host;
@@ -106,6 +107,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 pub use cgroup::probe as probe_cgroups;
+pub use cgroup::{own_limits, OwnLimits};
+pub use diagnose::{diagnose, Diagnosis};
 pub use error::SandboxError;
 pub use gpuci_core::pipeline::Resources;
 pub use host::{ensure_run_dir, seal_inherited_fds};

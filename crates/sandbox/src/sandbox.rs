@@ -270,6 +270,10 @@ impl Sandbox {
                         _ => None,
                     },
                     user: spec.user.map(|u| (u.uid, u.gid)),
+                    without_cgroup: cgroup.is_none().then_some(crate::child::WithoutCgroup {
+                        // Counted per uid: only a job with a uid of its own gets one.
+                        nproc: spec.user.and(spec.resources.pids).map(u64::from),
+                    }),
                 },
             );
             let program = bwrap.as_ref().map(|b| b.display().to_string()).unwrap_or_else(|| spec.argv[0].clone());

@@ -338,6 +338,8 @@ impl Waiter {
         match (spec.cgroups, &self.cgroup) {
             (CgroupUse::Disabled, Some(_)) => Some("the job runs without cgroups"),
             (CgroupUse::Required, None) => Some("the job needs cgroups"),
+            // Without a cgroup the process limit is an rlimit, set before the first exec.
+            (_, None) if spec.resources.pids.is_some() => Some("the job's process limit is set when it starts"),
             _ => None,
         }
     }
@@ -675,6 +677,9 @@ fn spawn_stub(
             inherit,
             netns,
             user: Some((spec.user.uid, spec.user.gid)),
+            // Its job's process limit is not known yet: a job that needs one starts cold
+            // where there is no cgroup (`misfit`).
+            without_cgroup: cgroup.is_none().then_some(crate::child::WithoutCgroup { nproc: None }),
         },
     );
     let program = if in_sandbox { bwrap.display().to_string() } else { STUB.to_string() };

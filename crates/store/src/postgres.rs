@@ -235,10 +235,13 @@ async fn update_job_in(tx: &mut sqlx::PgConnection, id: JobId, expect: &[JobStat
         return Err(StoreError::Conflict { job: id, expected, found: cur.state });
     }
     let telemetry = c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
+    let unenforced =
+        c.unenforced.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("unenforced", e))?;
     sqlx::query(
         "UPDATE jobs SET state = COALESCE($1, state), reason = COALESCE($2, reason), \
          started_at_ms = COALESCE($3, started_at_ms), finished_at_ms = COALESCE($4, finished_at_ms), \
-         exit_code = COALESCE($5, exit_code), telemetry_json = COALESCE($6, telemetry_json) WHERE id = $7",
+         exit_code = COALESCE($5, exit_code), telemetry_json = COALESCE($6, telemetry_json), \
+         unenforced_json = COALESCE($7, unenforced_json) WHERE id = $8",
     )
     .bind(c.state.map(JobState::as_str))
     .bind(c.reason)
@@ -246,11 +249,14 @@ async fn update_job_in(tx: &mut sqlx::PgConnection, id: JobId, expect: &[JobStat
     .bind(c.finished_at_ms)
     .bind(c.exit_code)
     .bind(telemetry)
+    .bind(unenforced)
     .bind(id)
     .execute(&mut *tx)
     .await?;
     if c.clear_assignment {
-        sqlx::query("UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL WHERE id = $1")
+        sqlx::query(
+            "UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL, unenforced_json = NULL WHERE id = $1",
+        )
             .bind(id)
             .execute(&mut *tx)
             .await?;

@@ -2,7 +2,7 @@
 
 use gpuci_core::job::JobState;
 use gpuci_core::pipeline::Step;
-use gpuci_protocol::agent::JobTelemetry;
+use gpuci_protocol::agent::{JobTelemetry, Unenforced};
 use gpuci_protocol::{JobId, PipelineId};
 use std::collections::BTreeMap;
 
@@ -66,6 +66,9 @@ pub struct JobRecord {
     pub finished_at_ms: Option<i64>,
     pub exit_code: Option<i32>,
     pub telemetry: Option<JobTelemetry>,
+    /// The protections its agent did not enforce for it, as the agent said at its start
+    /// (empty: all were, or it has not started on its current placement).
+    pub unenforced: Vec<Unenforced>,
 }
 
 /// A state change. Fields left `None` keep their value.
@@ -77,7 +80,9 @@ pub struct JobChange {
     pub finished_at_ms: Option<i64>,
     pub exit_code: Option<i32>,
     pub telemetry: Option<JobTelemetry>,
-    /// Back to queued: forget the agent and GPUs.
+    /// What its agent did not enforce for it (with the start).
+    pub unenforced: Option<Vec<Unenforced>>,
+    /// Back to queued: forget the agent and GPUs (and what that agent did not enforce).
     pub clear_assignment: bool,
     /// Release every GPU lease this job holds.
     pub release_leases: bool,

@@ -7,7 +7,7 @@ use gpuci_protocol::agent::Stream;
 
 pub(crate) const JOB_COLUMNS: &str =
     "id, pipeline_id, step_json, env_json, state, reason, attempt, retry_of, agent_id, gpus_json, \
-     created_at_ms, assigned_at_ms, started_at_ms, finished_at_ms, exit_code, telemetry_json";
+     created_at_ms, assigned_at_ms, started_at_ms, finished_at_ms, exit_code, telemetry_json, unenforced_json";
 pub(crate) const PIPELINE_COLUMNS: &str = "id, file_name, source, workspace_upload, repository, origin, created_at_ms";
 pub(crate) const GITHUB_JOB_COLUMNS: &str = "id, repository, run_id, name, labels, pool, state, runner_job_id, runner_name, reason, queued_at_ms, updated_at_ms, \
      runner_exits, last_runner_exit, check_failures, retry_at_ms";
@@ -44,6 +44,7 @@ macro_rules! row_mappers {
         pub(crate) fn job_from_row(r: &$row) -> Result<JobRecord> {
             let state: String = r.get("state");
             let telemetry: Option<String> = r.get("telemetry_json");
+            let unenforced: Option<String> = r.get("unenforced_json");
             Ok(JobRecord {
                 id: r.get("id"),
                 pipeline_id: r.get("pipeline_id"),
@@ -64,6 +65,11 @@ macro_rules! row_mappers {
                     .map(|t| serde_json::from_str(&t))
                     .transpose()
                     .map_err(|e| corrupt("telemetry_json", e))?,
+                unenforced: unenforced
+                    .map(|u| serde_json::from_str(&u))
+                    .transpose()
+                    .map_err(|e| corrupt("unenforced_json", e))?
+                    .unwrap_or_default(),
             })
         }
 

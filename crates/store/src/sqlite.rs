@@ -219,10 +219,13 @@ async fn update_job_in(
         return Err(StoreError::Conflict { job: id, expected, found: cur.state });
     }
     let telemetry = c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
+    let unenforced =
+        c.unenforced.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("unenforced", e))?;
     sqlx::query(
         "UPDATE jobs SET state = COALESCE(?, state), reason = COALESCE(?, reason), \
          started_at_ms = COALESCE(?, started_at_ms), finished_at_ms = COALESCE(?, finished_at_ms), \
-         exit_code = COALESCE(?, exit_code), telemetry_json = COALESCE(?, telemetry_json) WHERE id = ?",
+         exit_code = COALESCE(?, exit_code), telemetry_json = COALESCE(?, telemetry_json), \
+         unenforced_json = COALESCE(?, unenforced_json) WHERE id = ?",
     )
     .bind(c.state.map(JobState::as_str))
     .bind(c.reason)
@@ -230,11 +233,14 @@ async fn update_job_in(
     .bind(c.finished_at_ms)
     .bind(c.exit_code)
     .bind(telemetry)
+    .bind(unenforced)
     .bind(id)
     .execute(&mut *tx)
     .await?;
     if c.clear_assignment {
-        sqlx::query("UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL WHERE id = ?")
+        sqlx::query(
+            "UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL, unenforced_json = NULL WHERE id = ?",
+        )
             .bind(id)
             .execute(&mut *tx)
             .await?;

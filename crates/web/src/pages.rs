@@ -429,6 +429,11 @@ pub fn job(p: &JobPage, viewer: &Viewer, now_ms: i64) -> Markup {
                 }
                 @if let Some(c) = &j.cost { dt { "Cost" } dd { "$" (format!("{:.4}", c.usd)) " (" (c.fleet) ", machine " (c.machine) ", $" (format!("{:.2}", c.price_per_hour)) "/h)" } }
                 @if let Some(code) = j.exit_code { dt { "Exit code" } dd { (code) } }
+                // What its agent ran it without (its operator's opt-outs, issue 26).
+                @if !j.unenforced.is_empty() {
+                    dt { strong { "NOT enforced" } }
+                    dd #job-unenforced { ul.unenforced { @for u in &j.unenforced { li { code { (u.key.as_str()) } " " (crate::ansi::visible(&u.detail)) } } } }
+                }
             }
             @if viewer.may_change() {
                 div.actions {
@@ -706,6 +711,7 @@ mod tests {
             exit_code: None,
             telemetry: None,
             cost: None,
+            unenforced: vec![],
         }
     }
 
@@ -727,6 +733,33 @@ mod tests {
         assert!(html.contains("&lt;/li&gt;&lt;script&gt;"), "{html}");
     }
 
+    /// Issue 26: the job page lists what its agent did not enforce, escaped like everything
+    /// an agent says; a job that lost nothing shows no such list.
+    #[test]
+    fn the_job_page_lists_what_was_not_enforced() {
+        use gpuci_protocol::agent::{Protection, Unenforced};
+        let v = Viewer { role: Role::Reader, csrf: String::new() };
+        let mut row = JobRow { job: summary(1, "t", "r"), origin: Origin::default(), fleet: None };
+        let page = |row: JobRow| JobPage {
+            row,
+            lines: vec![],
+            skipped_lines: 0,
+            points: vec![],
+            memory_total: None,
+            retried_by: None,
+        };
+        assert!(!job(&page(row.clone()), &v, 0).into_string().contains("NOT enforced"));
+        row.job.unenforced = vec![
+            Unenforced { key: Protection::Limits, detail: "no memory limit (no cgroups)".into() },
+            Unenforced { key: Protection::DiskQuota, detail: "<script>alert(1)</script>".into() },
+        ];
+        let html = job(&page(row), &v, 0).into_string();
+        assert!(html.contains("NOT enforced"), "{html}");
+        assert!(html.contains("<code>limits</code> no memory limit (no cgroups)"), "{html}");
+        assert!(html.contains("<code>disk_quota</code> &lt;script&gt;"), "{html}");
+        assert!(!html.contains("<script>alert"), "{html}");
+    }
+
     #[test]
     fn a_huge_line_is_cut_and_gpucis_lines_carry_a_mark_no_escape_can_draw() {
         let text = format!("\u{1b}[1;38;2;210;168;255m{}", "\"".repeat(100_000));
@@ -742,7 +775,7 @@ mod tests {
     fn anonymous_viewers_see_no_agents_gpus_or_buttons() {
         let anon = Viewer { role: Role::Anonymous, csrf: String::new() };
         let row = JobRow { job: summary(1, "t", "r"), origin: Origin::default(), fleet: None };
-        let html = jobs(&[row.clone()], &JobFilters::default(), &[], &[], None, &anon, 0).into_string();
+        let html = jobs(std::slice::from_ref(&row), &JobFilters::default(), &[], &[], None, &anon, 0).into_string();
         assert!(!html.contains("ws-1") && !html.contains("GPU-abc"), "{html}");
         let page =
             JobPage { row, lines: vec![], skipped_lines: 0, points: vec![], memory_total: None, retried_by: None };

@@ -67,6 +67,7 @@ pub async fn run(a: DoctorArgs) -> CliResult {
     let mut checks = checks;
     checks.extend(data_dir_checks());
     checks.extend(job_isolation_checks());
+    checks.push(job_sandbox_check().await);
     checks.extend(runner_checks);
     let passed = doctor_passed(&checks);
     if a.json {
@@ -138,8 +139,20 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
     if nix::unistd::geteuid().is_root() {
         // What a job's start does, not what the root cgroup offers: a nested cgroup can lack
         // the controllers its parent has.
+        let own = gpuci_sandbox::own_limits();
         out.push(match gpuci_sandbox::probe_cgroups() {
             Ok(detail) => check("sandbox.job_cgroup", CheckStatus::Pass, detail, None),
+            Err(e) if own.memory.is_some() => check(
+                "sandbox.job_cgroup",
+                CheckStatus::Warn,
+                format!(
+                    "no cgroup of its own can be made for a job ({e}); this container's limits ({}) bind the job of \
+                     an agent started with --slots 1, whose steps may not ask for limits of their own unless it \
+                     has --allow-unenforced-limits",
+                    own.describe()
+                ),
+                Some("run the agent with --slots 1 here, or give it a delegated cgroup (a privileged pod, or a host service with Delegate=yes)".into()),
+            ),
             Err(e) => check(
                 "sandbox.job_cgroup",
                 CheckStatus::Fail,
@@ -147,7 +160,7 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
                 Some("run the agent as a systemd service with Delegate=yes, or start it in the root cgroup or a cgroup of its own whose parent delegates memory and pids".into()),
             ),
         });
-        let (lo, hi) = gpuci_agent::slots::DEFAULT_JOB_UIDS;
+        let (lo, hi) = first_job_uids();
         let used = gpuci_agent::slots::account_in(lo, hi);
         out.push(match used {
             None => check("sandbox.job_uids", CheckStatus::Pass, format!("uids {lo}-{hi} (the default --job-uids) belong to no account: jobs run as one of them per slot, never as root"), None),
@@ -224,4 +237,60 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
         )
     });
     out
+}
+
+/// The default job uids an agent here would lease first: the host's high block, or in a
+/// user namespace (a pod with `hostUsers: false`) a block inside what it maps.
+fn first_job_uids() -> (u32, u32) {
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    match gpuci_agent::slots::default_blocks(&map).first() {
+        Some(&start) => (start, start + gpuci_agent::slots::BLOCK - 1),
+        None => gpuci_agent::slots::DEFAULT_JOB_UIDS,
+    }
+}
+
+/// A real job sandbox, started as the agent starts its probe (`gpuci_agent::probe`): as a
+/// job uid when root, with a cgroup and limits where they can be made. The check that counts:
+/// the parts above can each pass while the whole fails (a masked /proc in a pod).
+async fn job_sandbox_check() -> gpuci_gpu::DoctorCheck {
+    use gpuci_gpu::{CheckStatus, DoctorCheck};
+    let root = nix::unistd::geteuid().is_root();
+    let result = async {
+        let dir = tempfile::Builder::new().prefix("gpuci-doctor-sandbox-").tempdir().map_err(|e| e.to_string())?;
+        // The job uid must be able to reach its workspace inside.
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711))
+            .map_err(|e| e.to_string())?;
+        let user = root.then(|| {
+            let (lo, _) = first_job_uids();
+            gpuci_sandbox::JobUser { uid: lo, gid: lo }
+        });
+        let cgroups = if root && gpuci_sandbox::probe_cgroups().is_ok() {
+            gpuci_sandbox::CgroupUse::Required
+        } else {
+            gpuci_sandbox::CgroupUse::Auto
+        };
+        gpuci_agent::probe::job_sandbox(gpuci_agent::probe::ProbeSpec {
+            user,
+            network: None,
+            cgroups,
+            work_root: dir.path(),
+        })
+        .await
+    }
+    .await;
+    match result {
+        Ok(detail) => DoctorCheck { name: "sandbox.job_sandbox".into(), status: CheckStatus::Pass, detail, fix: None },
+        Err(e) => {
+            let (detail, fix) = match e.split_once("; fix: ") {
+                Some((d, f)) => (d.to_string(), Some(f.to_string())),
+                None => (e, None),
+            };
+            DoctorCheck {
+                name: "sandbox.job_sandbox".into(),
+                status: CheckStatus::Fail,
+                detail: format!("{detail}: the agent takes no jobs (unless started with --allow-unsandboxed, for trusted jobs only)"),
+                fix,
+            }
+        }
+    }
 }

@@ -23,7 +23,9 @@
 //!   it says why it waits.
 //! - **Capacity.** The policy and the spot breaker give the capacity types in order
 //!   ([`CapacityPolicy::order`]); within a type the offers are tried in order, skipping those
-//!   marked unavailable (a capacity error) until their time passes.
+//!   marked unavailable (a capacity error, a refusal, a boot failure: [`super::unavailable`])
+//!   until their time passes. When every offer is skipped, the fleet and its waiting jobs say
+//!   which of those happened, in the provider's words ([`super::no_offer_reason`]).
 //! - **Boot timeout.** A machine requested or booting for `boot_timeout` without its agent
 //!   connecting is deleted and counted as a boot failure ([`Action::BootFailed`]); its offer
 //!   is then skipped as after a capacity error, so a broken image is not booted in a loop.
@@ -36,14 +38,12 @@
 //! schedule edge, an offer coming back, the breaker closing, midnight for a budget), so the
 //! reconcile loop (and the simulator) need not poll.
 
-use super::{Capacity, FleetSpec, IdleAction, UnixSecs};
+use super::unavailable::{no_offer_reason, offer_unavailable_after_error, SkipCause, UnavailableOffer};
+use super::{secs, Capacity, FleetSpec, IdleAction, UnixSecs};
 use crate::gpu::{GpuInfo, Version};
 use crate::placement::{place, Deadline, GpuSlot, GpuSlotState, HostView, Needs};
 use serde::Serialize;
 use std::collections::BTreeMap;
-
-/// How long an offer is skipped after a capacity error ("insufficient capacity").
-pub const CAPACITY_ERROR_BACKOFF_S: u64 = 10 * 60;
 
 /// What of a machine's `time_limit` is taken as gone before its agent can take a job (the
 /// agent starting, registering): a job must fit in the rest.
@@ -111,15 +111,6 @@ impl Machine {
     fn runs_jobs(&self) -> bool {
         self.gpus_busy > 0 || !self.jobs.is_empty()
     }
-}
-
-/// An offer that gave a capacity error, skipped until `until`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct UnavailableOffer {
-    pub fleet: String,
-    pub offer: usize,
-    pub capacity: Capacity,
-    pub until: UnixSecs,
 }
 
 /// What the caller observed, handed in.
@@ -190,11 +181,6 @@ pub struct Decision {
     pub waiting: BTreeMap<String, String>,
     /// When to decide again even if nothing happens (strictly after `now`).
     pub wake_at: Option<UnixSecs>,
-}
-
-/// A capacity error from the provider for (`offer`, `capacity`): skip it for a while.
-pub fn offer_unavailable_after_error(fleet: &str, offer: usize, capacity: Capacity, now: UnixSecs) -> UnavailableOffer {
-    UnavailableOffer { fleet: fleet.to_string(), offer, capacity, until: now + CAPACITY_ERROR_BACKOFF_S }
 }
 
 /// Until when the spot breaker is open at `now`, if it is: after `interruptions` spot
@@ -296,7 +282,12 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
     for m in input.machines.iter().filter(|m| m.is_booting()) {
         let Some(&f) = fleet_index.get(m.fleet.as_str()) else { continue };
         if now >= m.since.saturating_add(input.fleets[f].boot_timeout_s) {
-            unavailable.push(offer_unavailable_after_error(&m.fleet, m.offer, m.capacity, now));
+            // Worded as the coordinator words the skip it records when it carries out the
+            // action, so the reason does not change between this pass and the next.
+            let why = format!("machine {}: {}", m.id, boot_timeout_reason(&input.fleets[f], m, now));
+            unavailable.push(
+                offer_unavailable_after_error(&m.fleet, m.offer, m.capacity, now).because(SkipCause::BootFailed, why),
+            );
         }
     }
     let input = &AutoscaleInput { unavailable: &unavailable, ..*input };
@@ -315,14 +306,8 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
         if m.is_booting() {
             let deadline = m.since.saturating_add(spec.boot_timeout_s);
             if now >= deadline {
-                out.actions.push(Action::BootFailed {
-                    machine: m.id.clone(),
-                    reason: format!(
-                        "agent did not connect within boot_timeout {} ({} booting)",
-                        secs(spec.boot_timeout_s),
-                        secs(now.saturating_sub(m.since))
-                    ),
-                });
+                out.actions
+                    .push(Action::BootFailed { machine: m.id.clone(), reason: boot_timeout_reason(spec, m, now) });
                 w.counted -= 1;
                 continue;
             }
@@ -425,6 +410,9 @@ struct FleetWork<'a> {
     /// The offer and capacity a create would use now, or why none.
     offer: Option<(usize, Capacity)>,
     no_offer_until: Option<UnixSecs>,
+    /// Per offer and capacity type tried before `offer` (all of them when none), the skip that
+    /// holds it back longest.
+    skipped: Vec<UnavailableOffer>,
     can_grow: bool,
     warm_target: u32,
 }
@@ -444,20 +432,27 @@ impl<'a> FleetWork<'a> {
         };
         let mut offer = None;
         let mut no_offer_until: Option<UnixSecs> = None;
+        let mut skipped = Vec::new();
         'outer: for &cap in spec.capacity.order(breaker_until.is_some()) {
             for o in 0..spec.offers.len() {
-                let until = input
+                // The latest of several skips of one offer holds it back (and is said).
+                let longest = input
                     .unavailable
                     .iter()
                     .filter(|u| u.fleet == spec.name && u.offer == o && u.capacity == cap && u.until > now)
-                    .map(|u| u.until)
-                    .max();
-                match until {
+                    .fold(None::<&UnavailableOffer>, |best, u| match best {
+                        Some(b) if b.until > u.until => Some(b),
+                        _ => Some(u),
+                    });
+                match longest {
                     None => {
                         offer = Some((o, cap));
                         break 'outer;
                     }
-                    Some(u) => no_offer_until = Some(no_offer_until.map_or(u, |n| n.min(u))),
+                    Some(u) => {
+                        no_offer_until = Some(no_offer_until.map_or(u.until, |n| n.min(u.until)));
+                        skipped.push(u.clone());
+                    }
                 }
             }
         }
@@ -473,6 +468,7 @@ impl<'a> FleetWork<'a> {
             breaker_until,
             offer,
             no_offer_until,
+            skipped,
             can_grow: false,
             warm_target,
         }
@@ -641,6 +637,15 @@ fn grow_and_shrink(
     }
 }
 
+/// Why a booting machine is given up: its agent did not connect in time.
+fn boot_timeout_reason(spec: &FleetSpec, m: &Machine, now: UnixSecs) -> String {
+    format!(
+        "agent did not connect within boot_timeout {} ({} booting)",
+        secs(spec.boot_timeout_s),
+        secs(now.saturating_sub(m.since))
+    )
+}
+
 /// Why a fleet gives no (more) machines now.
 fn blocked_reason(spec: &FleetSpec, w: &FleetWork<'_>, room: u32, now: UnixSecs) -> String {
     match &w.blocked {
@@ -656,14 +661,7 @@ fn blocked_reason(spec: &FleetSpec, w: &FleetWork<'_>, room: u32, now: UnixSecs)
             secs(until.saturating_sub(now))
         ),
         None if room == 0 => format!("fleet {}: at max ({} machines)", spec.name, spec.max),
-        None => match w.no_offer_until {
-            Some(u) => format!(
-                "fleet {}: every offer had a capacity error; trying again in {}",
-                spec.name,
-                secs(u.saturating_sub(now))
-            ),
-            None => format!("fleet {}: no offer can be used", spec.name),
-        },
+        None => no_offer_reason(spec, &w.skipped, now),
     }
 }
 
@@ -685,14 +683,5 @@ fn plural(n: usize) -> &'static str {
         ""
     } else {
         "s"
-    }
-}
-
-/// `42 s`, `3m05s`, `2h10m`: short, for reasons.
-fn secs(s: u64) -> String {
-    match s {
-        0..=119 => format!("{s} s"),
-        120..=7199 => format!("{}m{:02}s", s / 60, s % 60),
-        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
     }
 }

@@ -24,14 +24,17 @@ pub mod cost;
 pub mod ending;
 pub mod fit;
 mod schedule;
+pub mod unavailable;
 
 pub use autoscale::{
-    breaker_open_until, decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, Decision, FleetSummary,
-    Machine, MachineState, QueuedJob, UnavailableOffer, CAPACITY_ERROR_BACKOFF_S,
+    breaker_open_until, decide, fits, Action, AutoscaleInput, Decision, FleetSummary, Machine, MachineState, QueuedJob,
 };
 pub use budget::{parse_budgets, RepoBudget};
 pub use config::{parse_fleets, FleetConfigError};
 pub use schedule::{Days, WarmSchedule};
+pub use unavailable::{
+    no_offer_reason, offer_unavailable_after_error, SkipCause, UnavailableOffer, CAPACITY_ERROR_BACKOFF_S,
+};
 pub(crate) use {budget::describe as describe_path, config::line_col};
 
 use crate::gpu::ComputeCapability;
@@ -42,6 +45,15 @@ use std::fmt;
 
 /// Unix time in seconds.
 pub type UnixSecs = u64;
+
+/// `42 s`, `3m05s`, `2h10m`: short, for reasons.
+fn secs(s: u64) -> String {
+    match s {
+        0..=119 => format!("{s} s"),
+        120..=7199 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
 
 /// Which provider creates a fleet's machines.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

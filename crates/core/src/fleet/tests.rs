@@ -202,6 +202,12 @@ fn booting_past_boot_timeout_is_a_boot_failure() {
     let d = w.decide();
     assert_eq!(short(&d), ["boot-failed m-1"]);
     assert_eq!(d.waiting["j1"], "waiting for machine m-2 of fleet t4 (booting, 9m59s)");
+    // The job left over is told a machine did not come up, not that there was no capacity.
+    assert_eq!(
+        d.waiting["j2"],
+        "fleet t4: a new machine did not come up: machine m-1: agent did not connect within boot_timeout 10m00s (10m00s booting); trying again in 10m00s"
+    );
+    assert_eq!(d.fleets[0].why, d.waiting["j2"]);
 }
 
 #[test]
@@ -335,6 +341,29 @@ fn unavailable_offers_are_skipped_then_on_demand() {
     assert_eq!(d.wake_at, Some(NOW + 540));
     w.now = NOW + 541;
     assert_eq!(short(&w.decide()), ["create t4 #0 spot"], "the first spot offer is back");
+}
+
+/// Regression: offers a cluster refused (an admission policy, a RuntimeClass it lacks) made
+/// the fleet and its waiting jobs say "every offer had a capacity error".
+#[test]
+fn refused_offers_are_said_as_refusals_in_the_providers_words() {
+    let mut f = fleet("k8s");
+    f.provider = ProviderKind::Kubernetes;
+    f.offers.truncate(1);
+    let mut w = World::new(vec![f]);
+    w.queued = vec![job("j1", NOW, "k8s")];
+    let api = r#"creating pod gpuci-m-1: pods "gpuci-m-1" is forbidden: violates PodSecurity "restricted:latest" (403 Forbidden)"#;
+    w.unavailable =
+        vec![offer_unavailable_after_error("k8s", 0, Capacity::OnDemand, NOW - 2).because(SkipCause::Refused, api)];
+    let d = w.decide();
+    assert!(d.actions.is_empty(), "{:?}", short(&d));
+    let said = format!("fleet k8s: the cluster refused the pod: {api}; trying again in 9m58s");
+    assert_eq!(d.waiting["j1"], said);
+    assert_eq!(d.fleets[0].why, said);
+    assert_eq!(d.wake_at, Some(NOW + 598));
+    // An older capacity error of the same offer ends sooner: the refusal holds it and is said.
+    w.unavailable.insert(0, offer_unavailable_after_error("k8s", 0, Capacity::OnDemand, NOW - 300));
+    assert_eq!(w.decide().waiting["j1"], said);
 }
 
 #[test]
