@@ -429,7 +429,8 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
                     } else {
                         gpuci_sandbox::CgroupUse::Auto
                     },
-                    work_root: &work_root,
+                    // On the slot's own disk where it has one, as its jobs' workspaces are.
+                    work_root: guard.as_ref().and_then(|g| g.disk()).map_or(work_root.as_path(), |d| d.path()),
                 };
                 let probed = probe::job_sandbox(spec).await;
                 drop(guard);

@@ -354,12 +354,13 @@ pub async fn submit_pipeline(
         // would be stored and then quietly get no cache, no budget and no secret scope.
         let host = st.github_host();
         if let Err(e) = gpuci_core::repo::RepoId::parse(r.trim(), &host) {
+            let why = if e.what.starts_with("expected") { String::new() } else { format!(" ({})", e.what) };
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!(
-                    "repository: {:?} names no repository ({}); expected a remote URL (https://host/owner/name, \
+                    "repository: {:?} names no repository{why}; expected a remote URL (https://host/owner/name, \
                      git@host:owner/name), host/path, owner/name (on {host}) or an absolute local path",
-                    e.text, e.what
+                    e.text
                 ),
             ));
         }

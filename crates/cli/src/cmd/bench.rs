@@ -36,7 +36,16 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
     }
     let floor = BareBwrap::find(IsolationArg::Bubblewrap)
         .ok_or_else(|| anyhow::anyhow!("gpuci bench sandbox needs bubblewrap"))?;
-    let user = JobUser { uid: BareBwrap::UID - 2, gid: BareBwrap::UID - 2 };
+    let user = JobUser { uid: BareBwrap::uid() - 2, gid: BareBwrap::uid() - 2 };
+    // In a container that gives no cgroup of its own (a user-namespaced pod), jobs start
+    // without one, as an agent there starts them (the container's limits bind them).
+    let cgroups = match gpuci_sandbox::probe_cgroups() {
+        Ok(_) => gpuci_sandbox::CgroupUse::Required,
+        Err(e) => {
+            eprintln!("no job cgroups here ({e}): jobs start without one, as an agent here starts them");
+            gpuci_sandbox::CgroupUse::Auto
+        }
+    };
     let root = tempfile::Builder::new().prefix("gpuci-bench-sandbox-").tempdir_in("/var/tmp")?;
     std::fs::set_permissions(root.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
     let ws = root.path().join("ws");
@@ -55,7 +64,7 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
         s.hide_paths.push(root.path().to_path_buf());
         s.resources.memory = Some(gpuci_core::quantity::Bytes::from_mib(512));
         s.resources.pids = Some(256);
-        s.cgroups = gpuci_sandbox::CgroupUse::Required;
+        s.cgroups = cgroups;
         s
     };
     let (mut ready_h, mut warm_h, mut cold_h, mut bare_h) = (histogram()?, histogram()?, histogram()?, histogram()?);
@@ -77,29 +86,36 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
             name,
             user,
             network: None,
-            cgroups: gpuci_sandbox::CgroupUse::Required,
+            cgroups,
             ready,
         };
         // The waiting shell alone, then a ready sandbox (its workspace made by the warm start).
-        let shell =
-            WarmStart::prepare(warm_spec(format!("bench-w{pid}-{i}"), None)).await.map_err(anyhow::Error::from)?;
-        tokio::time::sleep(gap).await;
-        let us = start(spec_in(format!("bench-w-{pid}-{i}"), &ws), Some(shell)).await?;
-        if counted {
-            warm_h.record(us).map_err(anyhow::Error::from)?;
-        }
-        let ready_ws = root.path().join(format!("ws-{i}"));
-        let ready =
-            gpuci_sandbox::ReadySpec { name: format!("bench-r{pid}-{i}"), sandbox: spec_in("ready".into(), &ready_ws) };
-        let mut warm = WarmStart::prepare(warm_spec(format!("bench-s{pid}-{i}"), Some(ready)))
-            .await
-            .map_err(anyhow::Error::from)?;
-        let taken = warm.take_workspace().ok_or_else(|| anyhow::anyhow!("the ready sandbox could not be started"))?;
-        tokio::time::sleep(gap).await;
-        let us = start(spec_in(format!("bench-r-{pid}-{i}"), &taken), Some(warm)).await?;
-        std::fs::remove_dir(&taken)?;
-        if counted {
-            ready_h.record(us).map_err(anyhow::Error::from)?;
+        // Without a cgroup a job's process limit is set as it starts, so no warm start fits
+        // it: only cold starts are measured there, as only they happen.
+        if cgroups == gpuci_sandbox::CgroupUse::Required {
+            let shell =
+                WarmStart::prepare(warm_spec(format!("bench-w{pid}-{i}"), None)).await.map_err(anyhow::Error::from)?;
+            tokio::time::sleep(gap).await;
+            let us = start(spec_in(format!("bench-w-{pid}-{i}"), &ws), Some(shell)).await?;
+            if counted {
+                warm_h.record(us).map_err(anyhow::Error::from)?;
+            }
+            let ready_ws = root.path().join(format!("ws-{i}"));
+            let ready = gpuci_sandbox::ReadySpec {
+                name: format!("bench-r{pid}-{i}"),
+                sandbox: spec_in("ready".into(), &ready_ws),
+            };
+            let mut warm = WarmStart::prepare(warm_spec(format!("bench-s{pid}-{i}"), Some(ready)))
+                .await
+                .map_err(anyhow::Error::from)?;
+            let taken =
+                warm.take_workspace().ok_or_else(|| anyhow::anyhow!("the ready sandbox could not be started"))?;
+            tokio::time::sleep(gap).await;
+            let us = start(spec_in(format!("bench-r-{pid}-{i}"), &taken), Some(warm)).await?;
+            std::fs::remove_dir(&taken)?;
+            if counted {
+                ready_h.record(us).map_err(anyhow::Error::from)?;
+            }
         }
         tokio::time::sleep(gap).await;
         let us = start(spec_in(format!("bench-c-{pid}-{i}"), &ws), None).await?;
@@ -112,17 +128,23 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
             bare_h.record(us).map_err(anyhow::Error::from)?;
         }
     }
-    println!("{}", summary("gpuci sandbox, ready sandbox: spawn → `true` exited", &ready_h));
-    println!("{}", summary("gpuci sandbox, warm start: spawn → `true` exited", &warm_h));
+    if !ready_h.is_empty() {
+        println!("{}", summary("gpuci sandbox, ready sandbox: spawn → `true` exited", &ready_h));
+        println!("{}", summary("gpuci sandbox, warm start: spawn → `true` exited", &warm_h));
+    }
     println!("{}", summary("gpuci sandbox, cold start: spawn → `true` exited", &cold_h));
     println!("{}", summary("bare bwrap floor (same namespaces and seccomp filter)", &bare_h));
     let p50 = |h: &hdrhistogram::Histogram<u64>| h.value_at_quantile(0.5) as f64;
-    println!(
-        "p50 over the floor: ready {:.2}×, warm {:.2}×, cold {:.2}×",
-        p50(&ready_h) / p50(&bare_h).max(1.0),
-        p50(&warm_h) / p50(&bare_h).max(1.0),
-        p50(&cold_h) / p50(&bare_h).max(1.0)
-    );
+    if ready_h.is_empty() {
+        println!("p50 over the floor: cold {:.2}×", p50(&cold_h) / p50(&bare_h).max(1.0));
+    } else {
+        println!(
+            "p50 over the floor: ready {:.2}×, warm {:.2}×, cold {:.2}×",
+            p50(&ready_h) / p50(&bare_h).max(1.0),
+            p50(&warm_h) / p50(&bare_h).max(1.0),
+            p50(&cold_h) / p50(&bare_h).max(1.0)
+        );
+    }
     Ok(0)
 }
 
@@ -441,8 +463,12 @@ struct BareBwrap {
 }
 
 impl BareBwrap {
-    /// An unprivileged uid outside the usual ranges, used only for the floor's runs.
-    const UID: u32 = 1_500_000_250;
+    /// An unprivileged uid outside the usual ranges, used only for the floor's runs: the
+    /// last but a few of the first default block of job uids in this user namespace.
+    fn uid() -> u32 {
+        let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+        gpuci_agent::slots::default_blocks(&map).first().map_or(1_500_000_000, |b| *b) + 250
+    }
 
     fn find(isolation: IsolationArg) -> Option<BareBwrap> {
         if isolation == IsolationArg::None {
@@ -452,7 +478,7 @@ impl BareBwrap {
             .iter()
             .map(std::path::PathBuf::from)
             .find(|p| p.exists())?;
-        Some(BareBwrap { bwrap, uid: nix::unistd::geteuid().is_root().then_some(Self::UID) })
+        Some(BareBwrap { bwrap, uid: nix::unistd::geteuid().is_root().then(Self::uid) })
     }
 
     fn describe(&self) -> String {
