@@ -64,8 +64,9 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Print the JSON Schema of the pipeline format.
     Schema,
-    /// Replay a job trace through the autoscaler on a simulated clock, beside two baseline
-    /// policies: paid GPU-hours and cost against the lower bound, queue waits, machines.
+    /// Replay a job trace through the autoscaler on a simulated clock, beside three baseline
+    /// policies (always-on, a fixed 5-minute idle timeout, the best fixed timeout in hindsight):
+    /// paid GPU-hours and cost against the floor any policy pays, queue waits, machines.
     Simulate(SimulateArgs),
     /// Benchmarks (see BENCHMARKS.md).
     Bench(BenchArgs),
@@ -676,7 +677,7 @@ pub struct SimulateArgs {
     /// Seed of the simulated boot times, interruptions and capacity errors.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Only this policy (repeatable): gpuci, always-on, fixed-idle-5m. Default: all three.
+    /// Only this policy (repeatable): gpuci, always-on, fixed-idle-5m, best-fixed-idle. Default: all four.
     #[arg(long = "policy", value_parser = parse_policy)]
     pub policies: Vec<gpuci_simulate::Policy>,
     /// The figures as JSON on stdout.
@@ -685,7 +686,8 @@ pub struct SimulateArgs {
 }
 
 fn parse_policy(s: &str) -> Result<gpuci_simulate::Policy, String> {
-    gpuci_simulate::Policy::parse(s).ok_or_else(|| format!("{s:?}: expected gpuci, always-on or fixed-idle-5m"))
+    gpuci_simulate::Policy::parse(s)
+        .ok_or_else(|| format!("{s:?}: expected gpuci, always-on, fixed-idle-5m or best-fixed-idle"))
 }
 
 #[derive(Args, Debug)]

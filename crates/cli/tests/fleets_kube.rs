@@ -186,6 +186,19 @@ fn start_with_cluster(gpus: u32, device_plugin: &str, cluster_args: &[&str]) -> 
 /// As [`start_with_cluster`], the fleet's pods made of `image` (the test server fails to pull
 /// one whose name contains `does-not-exist`).
 fn start_with_image(gpus: u32, device_plugin: &str, cluster_args: &[&str], image: &str) -> Option<Fleet> {
+    start_full(gpus, device_plugin, cluster_args, image, isolation(), "")
+}
+
+/// As [`start_with_image`], the agents started with `--isolation iso`, and more
+/// `[fleet.settings]` lines.
+fn start_full(
+    gpus: u32,
+    device_plugin: &str,
+    cluster_args: &[&str],
+    image: &str,
+    iso: &str,
+    settings: &str,
+) -> Option<Fleet> {
     python()?;
     let dir = tempdir();
     let nodes = serde_json::json!([
@@ -228,10 +241,10 @@ termination_grace_period = "10s"
 agent_data_dir = "agent"
 agent_program = "{bin}"
 agent_args = ["--simulate-gpus", "4xL4", "--simulate-host", "gpu-a", "--slots", "1", "--isolation", "{iso}", "--terminate-grace", "8s"]
+{settings}
 "#,
             kubeconfig = dir.path().join("kubeconfig").display(),
             bin = BIN,
-            iso = isolation(),
         ),
     )
     .unwrap();
@@ -530,4 +543,126 @@ fn a_foreign_pod_with_our_labels_decides_nothing() {
     assert_eq!(done.state, "succeeded", "{done:#?}\n{}", f.explain());
     assert_eq!(done.jobs.len(), 1, "not queued again: {done:#?}");
     assert!(api.log_text(done.jobs[0].id).contains("finished"));
+}
+
+/// The documented default pod form (`sandbox = "user-namespace"`: `hostUsers: false`,
+/// `procMount: Unmasked`, `CAP_SYS_ADMIN` inside the pod's user namespace), acted out by the
+/// double's runtime with real namespaces and the pod's memory limit as its cgroup: the job
+/// runs in gpuci's sandbox inside it, and a hostile job holds nothing of the agent's. What the
+/// pod cannot give (a job cgroup, a disk of its own) is listed on the job.
+#[test]
+fn a_job_in_the_default_pod_is_sandboxed_and_holds_nothing_of_the_agents() {
+    if isolation() != "bubblewrap" {
+        return;
+    }
+    let Some(f) = start(1) else { return };
+    let api = f.server.api();
+    let port = api_port(&f);
+    // Each line a verdict the test reads back; `NO-…` lines are escapes.
+    let probe = format!(
+        r#"
+set +e
+while read -r k v _; do case "$k" in Uid:) uid=$v ;; CapEff:) cap=$v ;; Seccomp:) sc=$v ;; NoNewPrivs:) nnp=$v ;; esac; done < /proc/self/status
+echo "uid=$uid cap=$cap seccomp=$sc nnp=$nnp"
+echo "pids=$(ls /proc | grep -c '^[0-9]')"
+env | grep -q GPUCI_REGISTRATION_TOKEN && echo NO-token-in-env
+grep -rqs gpuci_mreg / --include=environ 2>/dev/null
+for p in /proc/[0-9]*; do tr '\0' '\n' < $p/environ 2>/dev/null | grep -q GPUCI_REGISTRATION_TOKEN && echo NO-agent-environ-$p; done
+ls agent >/dev/null 2>&1 && echo NO-agent-data-dir
+echo "nproc=$(ulimit -u)"; ulimit -u unlimited 2>/dev/null && echo NO-raised-nproc
+echo "oom=$(cat /proc/self/oom_score_adj)"; echo 0 > /proc/self/oom_score_adj 2>/dev/null && echo NO-lowered-oom
+mkdir /sys/fs/cgroup/x 2>/dev/null && echo NO-cgroup-write
+(exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo NO-reached-coordinator
+unshare -r true 2>/dev/null && echo NO-new-userns
+echo probe-done
+"#
+    );
+    let yaml = format!("steps:\n  - key: hostile\n    gpus: 1\n    command: |\n{}", indent(&probe, 6));
+    let p = api.submit(&yaml);
+    let done = api.wait_pipeline(p.id, T);
+    let job = done.jobs[0].id;
+    let log = api.log_text(job);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{log}\n{}", f.explain());
+    assert!(log.contains("probe-done"), "{log}");
+    // oom_score_adj may be lowered again in a pod (only a process with CAP_SYS_RESOURCE in
+    // the host's user namespace sets a floor under it): said in the docs, not an escape.
+    assert!(
+        !log.lines().any(|l| l.starts_with("NO-") && l != "NO-lowered-oom"),
+        "an escape from the sandbox in the pod: {log}"
+    );
+    assert!(log.contains("cap=0000000000000000 seccomp=2 nnp=1"), "{log}");
+    assert!(!log.contains("uid=0 "), "the job is not root: {log}");
+    let pids: u32 =
+        log.split("pids=").nth(1).and_then(|t| t.lines().next()).and_then(|n| n.trim().parse().ok()).unwrap();
+    assert!(pids < 10, "the job sees its own processes only: {pids}\n{log}");
+    assert!(log.contains("nproc=4096"), "the process limit stands in for a cgroup's: {log}");
+    assert!(log.contains("oom=1000"), "the OOM killer takes the job first: {log}");
+    // What the pod could not give is said on the job, not only in the agent's output.
+    let shown: Value = api.get(&format!("/api/v1/jobs/{job}"));
+    let keys: Vec<&str> = shown["unenforced"].as_array().unwrap().iter().filter_map(|u| u["key"].as_str()).collect();
+    assert!(keys.contains(&"limits") && keys.contains(&"disk_quota"), "{shown:#}");
+    let pod = &f.cluster.pods()[0];
+    assert_eq!(pod["spec"]["hostUsers"], false, "{pod:#}");
+    assert!(pod["spec"]["containers"][0]["securityContext"].get("privileged").is_none(), "{pod:#}");
+}
+
+/// A pod made as the runtime makes any container (`sandbox = "container"`: its `/proc`
+/// masked, no `CAP_SYS_ADMIN`): the job sandbox cannot start there. An agent left to choose
+/// (`--isolation auto`, the default) takes no jobs, and the waiting job says why and what fixes
+/// it, in words, never "busy"; one told `--isolation bubblewrap` exits, and the fleet shows its
+/// last words (the pod's termination message).
+#[test]
+fn a_plain_container_pod_takes_no_jobs_and_says_why() {
+    if isolation() != "bubblewrap" {
+        return;
+    }
+    let plain = "sandbox = \"container\"";
+    let Some(f) = start_full(1, "envvar-uuid", &[], "gpuci:test", "bubblewrap", plain) else { return };
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo ran\n");
+    let job = p.jobs[0].id;
+    wait_until_or(
+        "the job says why the pod did not come up, in the agent's words",
+        T,
+        || {
+            let r = api.job(job).reason;
+            r.contains("did not come up") && r.contains("Can't mount proc")
+        },
+        || format!("{:#?}\n{}", api.job(job), f.explain()),
+    );
+    drop(f);
+    let Some(f) = start_full(1, "envvar-uuid", &[], "gpuci:test", "auto", plain) else { return };
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo ran\n");
+    let job = p.jobs[0].id;
+    wait_until_or(
+        "the job says why the pod's agent takes none",
+        T,
+        || {
+            let j = api.job(job);
+            j.reason.contains("masked") && j.reason.contains("procMount: Unmasked")
+        },
+        || {
+            format!(
+                "{:#?}
+{}",
+                api.job(job),
+                f.explain()
+            )
+        },
+    );
+    let waiting = api.job(job);
+    assert_eq!(waiting.state, JobState::Queued, "{waiting:#?}");
+    assert!(!waiting.reason.contains("busy"), "{}", waiting.reason);
+    assert!(!api.log_text(job).contains("ran"), "the job never ran");
+}
+
+fn indent(text: &str, n: usize) -> String {
+    text.lines().map(|l| format!("{}{l}\n", " ".repeat(n))).collect()
+}
+
+/// The coordinator's port, as a job in a pod on this host would try to reach it.
+fn api_port(f: &Fleet) -> u16 {
+    let url = &f.server.url;
+    url.rsplit(':').next().and_then(|p| p.trim_end_matches('/').parse().ok()).expect("port in the url")
 }

@@ -618,6 +618,9 @@ impl KubeProvider {
                 {"name": "GPUCI_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             ],
             "resources": {"limits": limits, "requests": requests},
+            // An agent that cannot start says why on stderr; the kubelet keeps that tail as the
+            // container's termination message, and the fleet shows it.
+            "terminationMessagePolicy": "FallbackToLogsOnError",
         });
         if let Some(p) = &s.image_pull_policy {
             container["imagePullPolicy"] = json!(p);
@@ -730,7 +733,15 @@ fn pod_state(pod: &Pod) -> (ProviderState, Option<String>) {
                 .or_else(|| {
                     let c = status?.container_statuses.as_ref()?.first()?;
                     let t = c.state.as_ref()?.terminated.as_ref()?;
-                    Some(format!("{} (exit code {})", t.reason.clone().unwrap_or_default(), t.exit_code))
+                    // The agent's last words (`terminationMessagePolicy: FallbackToLogsOnError`:
+                    // the kubelet keeps the log's tail): why it could not start, say.
+                    let said = t
+                        .message
+                        .as_deref()
+                        .and_then(|m| m.lines().map(str::trim).filter(|l| !l.is_empty()).last())
+                        .map(|l| format!(": {}", l.chars().take(600).collect::<String>()))
+                        .unwrap_or_default();
+                    Some(format!("{} (exit code {}){said}", t.reason.clone().unwrap_or_default(), t.exit_code))
                 })
                 .unwrap_or_else(|| phase.to_string());
             (ProviderState::Terminated, Some(format!("pod {name} {}: {why}", phase.to_lowercase())))

@@ -2766,6 +2766,16 @@ class Cluster:
                           message: str | None = None) -> None:
         pod = self.objects["pods"][key]
         term = {"exitCode": code, "reason": reason or ("Completed" if code == 0 else "Error")}
+        container = pod["spec"]["containers"][0]
+        if not message and code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+            # The kubelet's fallback (pkg/kubelet/kuberuntime: the last 80 lines of the log, at
+            # most 2048 bytes) when the container wrote no termination message file.
+            try:
+                with open(self.log_path(*key), "rb") as f:
+                    tail = b"\n".join(f.read().splitlines()[-80:])[-2048:]
+                message = tail.decode("utf-8", "replace").strip() or None
+            except OSError:
+                pass
         if message:
             term["message"] = message
         term.update({"startedAt": rt.started_at or now_rfc3339(), "finishedAt": now_rfc3339()})

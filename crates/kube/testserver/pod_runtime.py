@@ -184,6 +184,7 @@ def main(argv: list[str]) -> int:
     mapped_r, mapped_w = os.pipe()  # shim -> setup: "m" when the maps are written
     pid = os.fork()
     if pid == 0:
+        _pending.clear()   # the shim relays those itself
         try:
             for fd in (exec_r, alive_w, sync_r, mapped_w, status_fd):
                 os.close(fd)

@@ -446,6 +446,12 @@ def runtime_checks(tmp: str) -> None:
               and body["details"]["causes"][0]["field"] == "spec.containers[0].securityContext.procMount",
               f"422 for procMount Unmasked with hostUsers {host_users}", body)
 
+    body = {"metadata": {"name": "userns-host-net"}, "spec": {"hostUsers": False, "hostNetwork": True,
+            "containers": [{"name": "main", "image": "x"}]}}
+    code, body = api.call("POST", pods, body)
+    check(code == 422 and body["message"] == 'Pod "userns-host-net" is invalid: spec.hostNetwork: '
+          'Forbidden: when `pod.Spec.HostUsers` is false', "422 for hostUsers false with hostNetwork", body)
+
     # The fields gpuci's pods use pass the schema of the version the server validates.
     userns_sc = {"procMount": "Unmasked", "capabilities": {"add": ["SYS_ADMIN"]},
                  "seccompProfile": {"type": "RuntimeDefault"}, "appArmorProfile": {"type": "Unconfined"}}
@@ -506,8 +512,12 @@ def runtime_checks(tmp: str) -> None:
           'exec: "no-such-command-anywhere": executable file not found in $PATH'), "StartError", term)
 
     # Deleted, a pod leaves no process (setsid ones included), no cgroup and no mount behind.
-    for name, host_users, sc in (("long", None, None), ("long-userns", False, userns_sc)):
-        code, body = create(name, ["sh", "-c", "setsid sleep 300 & sleep 300 & echo up; wait"],
+    # SIGTERM reaches the command (PID 1) when it has a handler: relayed, and in a user namespace
+    # too; without one, PID 1 ignores it and the grace period ends in SIGKILL.
+    for name, host_users, sc, trap in (("long", None, None, ""),
+                                       ("long-userns", False, userns_sc,
+                                        'trap "echo got TERM; exit 0" TERM; ')):
+        code, body = create(name, ["sh", "-c", trap + "setsid sleep 300 & sleep 300 & echo up; wait"],
                             host_users, sc, env=[{"name": "SELFCHECK_POD", "value": name}])
         check(code == 201, f"create {name}", body)
     for name in ("long", "long-userns"):
@@ -521,6 +531,8 @@ def runtime_checks(tmp: str) -> None:
         wait_for(lambda: api.call("GET", f"{pods}/{name}")[0] == 404, f"{name} removed")
         wait_for(lambda: not [p for p in running if pid_alive(p)], f"{name}: no process left")
         wait_for(lambda: not [d for d in cg if os.path.exists(d)], f"{name}: no cgroup left")
+        log = open(os.path.join(tmp, "runtime", f"{NS}_{name}.log")).read()
+        check(("got TERM" in log) == (name == "long-userns"), f"{name}: SIGTERM relayed to PID 1", log)
 
     # The container's init killed from the host, or its shim: the pod ends with 137 and
     # nothing of it is left. A crashing container is restarted in fresh namespaces.

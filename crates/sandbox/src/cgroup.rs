@@ -222,13 +222,18 @@ pub fn probe() -> Result<String, String> {
         Resources { memory: Some(gpuci_core::quantity::Bytes(256 << 20)), cpu_millis: None, pids: Some(64) };
     let name = format!("probe-{}", std::process::id());
     let cg = JobCgroup::create(layout, &name, &resources, &[]).map_err(|e| {
-        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        format!(
-            "{e} (this process is in cgroup {}; a cgroup v2 parent must list memory and pids in its \
-             cgroup.subtree_control, and a cgroup with processes of its own cannot: run the agent in a \
-             systemd unit with Delegate=yes, or in a cgroup of its own)",
-            own.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or("?")
-        )
+        let here = layout.key_dirs().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ");
+        match layout {
+            Layout::V2 { .. } => format!(
+                "{e} (this process's cgroup is {here}; it must be writable by the agent and able to enable memory \
+                 and pids for its children: run the agent in a systemd unit with Delegate=yes, or give its \
+                 container a delegated cgroup)"
+            ),
+            Layout::V1 { .. } => format!(
+                "{e} (this process's cgroups are {here}; the agent must be able to make cgroups under them: run it \
+                 as root on the host, or give its container a writable cgroup tree)"
+            ),
+        }
     })?;
     let where_ = cg.dirs.first().map(|(_, d)| d.display().to_string()).unwrap_or_default();
     cg.remove_dirs();

@@ -36,7 +36,9 @@ pub(crate) struct ChildSetup {
     /// Without a cgroup of its own (a container that gives none, see `cgroup::own_limits`): the
     /// job's process limit as `RLIMIT_NPROC` (counted per uid, and the job has a uid of its
     /// own; it cannot raise a hard limit), and an `oom_score_adj` of 1000 so that the kernel's
-    /// OOM killer takes the job before the agent when the container's memory runs out.
+    /// OOM killer takes the job before the agent when the container's memory runs out. (Only an
+    /// agent with `CAP_SYS_RESOURCE` in the initial user namespace makes that a floor the job
+    /// cannot lower; in a user-namespaced pod the job may lower it to the pod's level.)
     pub without_cgroup: Option<WithoutCgroup>,
 }
 

@@ -1,11 +1,14 @@
 //! Wall time of `gpuci simulate` on the two-week synthetic trace (about 170,000 jobs, three
-//! fleets, all three policies), and the figures of the sample week if it is found.
+//! fleets, every policy and the best-fixed-idle sweep), and the figures of the sample week if it
+//! is found. Each trace also runs the gpuci policy with the fleets' idle settings as the docs
+//! recommend (`idle_timeout` left at its 10m default, delete, `min_idle = 0`) beside the
+//! per-trace tuned settings of `traces/*.toml`, so the default policy is judged with no tuning.
 //!
 //! Run: `cargo run --release -p gpuci-simulate --example bench [SEED] [sample-only]`. The trace is generated
 //! in memory (`gen::two_weeks`), so nothing big is committed; everything is deterministic for a
 //! seed, only the timings vary. `GPUCI_TRACE_OUT=path` also writes the generated trace as CSV.
 
-use gpuci_simulate::{gen, run_cli, trace, CliOptions};
+use gpuci_simulate::{gen, run_cli, trace, CliOptions, Policy};
 use std::time::Instant;
 
 const FLEETS: &str = include_str!("../../../traces/two-weeks-fleets.toml");
@@ -33,15 +36,17 @@ fn two_weeks(seed: u64, opts: &CliOptions) {
     let started = Instant::now();
     // GPUCI_FLEETS=path tries another fleet config (for tuning) without a rebuild.
     let fleets = std::env::var("GPUCI_FLEETS").ok().and_then(|p| std::fs::read_to_string(p).ok());
-    match run_cli(fleets.as_deref().unwrap_or(FLEETS), "two-weeks-fleets.toml", &csv, "two-weeks.csv", opts) {
+    let fleets = fleets.as_deref().unwrap_or(FLEETS);
+    match run_cli(fleets, "two-weeks-fleets.toml", &csv, "two-weeks.csv", opts) {
         Ok(report) => {
             let took = started.elapsed();
             println!("{report}");
             println!();
             println!(
-                "two weeks: {} jobs generated in {:.2} s; parsed and simulated (3 policies) in {:.2} s",
+                "two weeks: {} jobs generated in {:.2} s; parsed and simulated (4 policies, {} runs) in {:.2} s",
                 jobs.len(),
                 generated.as_secs_f64(),
+                3 + report.sweep.len(),
                 took.as_secs_f64()
             );
         }
@@ -50,16 +55,36 @@ fn two_weeks(seed: u64, opts: &CliOptions) {
             std::process::exit(1);
         }
     }
+    default_policy(fleets, &csv, "two-weeks.csv", opts);
+}
+
+/// The gpuci policy on the same fleets with their idle settings removed: what a user who
+/// follows the docs gets, no tuning to the trace.
+fn default_policy(fleets: &str, trace: &str, trace_name: &str, opts: &CliOptions) {
+    let untuned: String = fleets
+        .lines()
+        .filter(|l| !["idle_timeout", "idle_action", "min_idle"].iter().any(|k| l.trim_start().starts_with(k)))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let opts = CliOptions { policies: vec![Policy::Gpuci], ..opts.clone() };
+    match run_cli(&untuned, "(fleets, default idle settings)", trace, trace_name, &opts) {
+        Ok(report) => println!("\n{trace_name}, gpuci with default idle settings (10m, delete, min_idle 0):\n{report}"),
+        Err(e) => eprintln!("{e}"),
+    }
 }
 
 fn sample_week(opts: &CliOptions) {
     let sample = "../shared/traces/sample_week.csv";
     match std::fs::read_to_string(sample) {
         // GPUCI_SAMPLE_FLEETS=path tries another fleet config (for tuning) without a rebuild.
-        Ok(text) => match run_cli(&sample_fleets(), "traces/sample-fleets.toml", &text, sample, opts) {
-            Ok(report) => println!("\nsample week ({sample}):\n{report}"),
-            Err(e) => eprintln!("{e}"),
-        },
+        Ok(text) => {
+            let fleets = sample_fleets();
+            match run_cli(&fleets, "traces/sample-fleets.toml", &text, sample, opts) {
+                Ok(report) => println!("\nsample week ({sample}):\n{report}"),
+                Err(e) => eprintln!("{e}"),
+            }
+            default_policy(&fleets, &text, sample, opts);
+        }
         Err(_) => eprintln!("{sample} not found (run from the repository root next to ../shared): skipped"),
     }
 }

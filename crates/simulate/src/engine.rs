@@ -5,14 +5,24 @@
 //! instant's events the coordinator's part is played: queued jobs are placed first-in
 //! first-out on connected machines with free GPUs (best fit), then the autoscaler
 //! ([`gpuci_core::fleet::decide`]) is asked what to do, and its actions are applied to the
-//! simulated provider. `decide` says when it wants to look again (`wake_at`), so nothing ticks.
+//! simulated provider. `decide` says when it wants to look again (`wake_at`), so nothing ticks;
+//! after a request the provider refused, the next look is one reconcile interval later
+//! ([`RECONCILE_S`]), as the coordinator's loop would retry.
 //!
 //! Billing: a machine is billed per second from its create (or start) to its delete (or the
-//! end of its stop) at its offer's price for its capacity type. The run ends when the last job
-//! has ended; machines still billed then are billed up to that moment.
+//! end of its stop) at its offer's price for its capacity type. Its disk is billed from its
+//! create to its delete, running or stopped, at its offer's disk price; the stopped part is
+//! counted apart. The run ends when the last job has ended; machines still billed then are
+//! billed up to that moment.
+//!
+//! Capacity: each offer and capacity type has outages in time ([`crate::profile`]); a create or
+//! a start during one fails with a capacity error, and so does one that draws the offer's
+//! `capacity_error_rate`. Either way the autoscaler sees what the coordinator records after a
+//! failed create: the offer skipped for a while ([`offer_unavailable_after_error`]); a stopped
+//! machine that could not start stays stopped.
 
 use crate::bounds::cancel_times;
-use crate::profile::SimProfile;
+use crate::profile::{Dist, OfferSim, SimProfile};
 use crate::rng::Rng;
 use crate::trace::TraceJob;
 use gpuci_core::fleet::{
@@ -28,22 +38,28 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 pub enum Policy {
     /// gpuci's autoscaler with each fleet's own settings (warm pool, schedules, idle action).
     Gpuci,
-    /// Enough on-demand machines for the trace's peak, running from start to end.
+    /// Enough on-demand machines for the trace's peak (at most the fleet's `max`), running
+    /// from start to end.
     AlwaysOn,
     /// Scale from demand, delete after 5 minutes idle, no warm pool, no schedules, no stop:
     /// what the AWS github-runner module and ARC do.
     #[serde(rename = "fixed-idle-5m")]
     FixedIdle5m,
+    /// Per fleet, the best fixed idle timeout in hindsight: every timeout of a grid is run
+    /// (delete after idle, no warm pool), and each fleet takes the cheapest that meets the wait
+    /// goal (else the one with the lowest p95 wait). What a user could tune, knowing the trace.
+    BestFixedIdle,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 3] = [Policy::Gpuci, Policy::AlwaysOn, Policy::FixedIdle5m];
+    pub const ALL: [Policy; 4] = [Policy::Gpuci, Policy::AlwaysOn, Policy::FixedIdle5m, Policy::BestFixedIdle];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Policy::Gpuci => "gpuci",
             Policy::AlwaysOn => "always-on",
             Policy::FixedIdle5m => "fixed-idle-5m",
+            Policy::BestFixedIdle => "best-fixed-idle",
         }
     }
 
@@ -51,6 +67,26 @@ impl Policy {
         Policy::ALL.into_iter().find(|p| p.as_str() == s)
     }
 }
+
+/// What one engine run does with machines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `decide` with each fleet's settings.
+    Decide,
+    /// The peak number of machines (at most `max`), on-demand, from start to end.
+    AlwaysOn,
+    /// `decide` with no warm pool, no schedules, delete after this many seconds idle.
+    FixedIdle(u64),
+}
+
+/// A run stops this long after the trace's last job would have ended with no wait, whatever
+/// is still queued: a policy that never gets a machine (a stopped machine whose start always
+/// fails) would otherwise retry for ever.
+pub const GIVE_UP_AFTER_S: u64 = 7 * 86_400;
+
+/// The coordinator's fleet reconcile interval (`fleet_interval`, 5 s by default): how soon
+/// it asks again after the provider refused a create or a start.
+pub const RECONCILE_S: u64 = 5;
 
 /// Counters of one fleet in one run.
 #[derive(Clone, Debug, Default)]
@@ -61,6 +97,15 @@ pub struct Tally {
     pub paid_gpu_s: f64,
     pub cost_usd: f64,
     pub ran_gpu_s: f64,
+    /// Disks, running and stopped.
+    pub disk_usd: f64,
+    /// The part of `disk_usd` while stopped.
+    pub stopped_disk_usd: f64,
+    /// `stopped_disk_usd` in GPU-seconds at the fleet's price per GPU-second (its first
+    /// offer, on-demand): what the same money buys of the fleet's GPUs.
+    pub stopped_disk_gpu_s: f64,
+    /// Machine-seconds stopped.
+    pub stopped_s: f64,
     /// Seconds each start of a job waited in the queue (a rerun waits from its interruption).
     pub waits: Vec<u64>,
     pub launched: u32,
@@ -68,7 +113,12 @@ pub struct Tally {
     pub starts: u32,
     pub boot_failures: u32,
     pub interruptions: u32,
+    /// Creates refused for want of capacity.
     pub capacity_errors: u32,
+    /// Starts of stopped machines refused for want of capacity.
+    pub start_capacity_errors: u32,
+    /// Jobs still queued or running when the run ended (see [`GIVE_UP_AFTER_S`]).
+    pub unfinished: u32,
 }
 
 pub struct Outcome {
@@ -114,6 +164,47 @@ struct Extra {
     billed_from: Option<UnixSecs>,
     price_per_hour: f64,
     gpus: u32,
+    /// Its disk: billed from here to its delete.
+    exists_from: UnixSecs,
+    stopped_from: Option<UnixSecs>,
+    disk_usd_per_hour: f64,
+}
+
+/// Capacity outages of one offer and capacity type, drawn in time from their own random
+/// stream, so every policy run with one seed meets the same ones.
+struct Outages {
+    rng: Rng,
+    per_s: f64,
+    length: Dist,
+    /// The current or next outage, `[from, to)`.
+    next: (UnixSecs, UnixSecs),
+    /// Known outages, `[from, to)`, unix seconds.
+    windows: Vec<(UnixSecs, UnixSecs)>,
+}
+
+impl Outages {
+    fn new(rng: Rng, per_day: f64, length: Dist, start: UnixSecs, windows: Vec<(UnixSecs, UnixSecs)>) -> Outages {
+        let mut o = Outages { rng, per_s: per_day / 86_400.0, length, next: (0, 0), windows };
+        o.next = o.draw(start);
+        o
+    }
+
+    fn draw(&mut self, after: UnixSecs) -> (UnixSecs, UnixSecs) {
+        let gap = self.rng.exp(self.per_s);
+        if !(gap.is_finite() && gap < 1e15) {
+            return (UnixSecs::MAX, UnixSecs::MAX);
+        }
+        let from = after.saturating_add(gap.ceil() as u64);
+        (from, from.saturating_add(self.length.sample(&mut self.rng)))
+    }
+
+    /// Whether the offer has no capacity at `t` (asked with `t` never going back).
+    fn out_at(&mut self, t: UnixSecs) -> bool {
+        while self.next.1 <= t {
+            self.next = self.draw(self.next.1);
+        }
+        self.next.0 <= t || self.windows.iter().any(|&(a, b)| a <= t && t < b)
+    }
 }
 
 pub struct Engine<'a> {
@@ -137,11 +228,17 @@ pub struct Engine<'a> {
     rng_boot: Vec<Rng>,
     rng_spot: Vec<Rng>,
     rng_capacity: Vec<Rng>,
+    /// By fleet, offer: each offer's behaviour, and its outages by capacity type
+    /// (`[on-demand, spot]`).
+    offers: Vec<Vec<OfferSim>>,
+    outages: Vec<Vec<[Outages; 2]>>,
+    /// By fleet: GPU-seconds per USD at the fleet's first offer's on-demand price (0 when free).
+    gpu_s_per_usd: Vec<f64>,
     tally: Vec<Tally>,
     next_machine: u64,
     now: UnixSecs,
     remaining: usize,
-    policy: Policy,
+    mode: Mode,
 }
 
 impl<'a> Engine<'a> {
@@ -151,11 +248,11 @@ impl<'a> Engine<'a> {
         fleets: &[FleetSpec],
         profiles: Vec<SimProfile>,
         trace: &'a [TraceJob],
-        policy: Policy,
+        mode: Mode,
         seed: u64,
         epoch: UnixSecs,
     ) -> Engine<'a> {
-        let fleets: Vec<FleetSpec> = fleets.iter().map(|f| adjust(f, policy)).collect();
+        let fleets: Vec<FleetSpec> = fleets.iter().map(|f| adjust(f, mode)).collect();
         let by_name: BTreeMap<&str, usize> = fleets.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
         let job_fleet: Vec<Option<usize>> = trace
             .iter()
@@ -163,7 +260,45 @@ impl<'a> Engine<'a> {
             .collect();
         let root = Rng::new(seed);
         let n = fleets.len() as u64;
+        let offers: Vec<Vec<OfferSim>> =
+            fleets.iter().zip(&profiles).map(|(f, p)| (0..f.offers.len()).map(|o| p.offer(f, o)).collect()).collect();
+        // Streams of their own, numbered apart from the others', so outages do not shift the
+        // boot, spot and capacity draws (nor those of another offer).
+        let outages = offers
+            .iter()
+            .zip(&profiles)
+            .enumerate()
+            .map(|(f, (sims, p))| {
+                sims.iter()
+                    .enumerate()
+                    .map(|(o, sim)| {
+                        let windows: Vec<(UnixSecs, UnixSecs)> =
+                            sim.outage_windows.iter().map(|&(a, b)| (epoch + a, epoch + b)).collect();
+                        let stream = |cap: u64| root.fork((1 << 32) | ((f as u64) << 16) | ((o as u64) << 1) | cap);
+                        [
+                            Outages::new(stream(0), sim.outages_per_day[0], p.capacity_outage, epoch, windows.clone()),
+                            Outages::new(stream(1), sim.outages_per_day[1], p.capacity_outage, epoch, windows),
+                        ]
+                    })
+                    .collect()
+            })
+            .collect();
+        let gpu_s_per_usd = fleets
+            .iter()
+            .map(|f| {
+                let per_gpu_s =
+                    f.offers.first().map_or(0.0, |o| o.price_per_hour) / 3600.0 / f64::from(f.machine.gpus.max(1));
+                if per_gpu_s > 0.0 {
+                    1.0 / per_gpu_s
+                } else {
+                    0.0
+                }
+            })
+            .collect();
         let mut e = Engine {
+            offers,
+            outages,
+            gpu_s_per_usd,
             any_budget: fleets.iter().any(|f| f.daily_budget.is_some()),
             closed_today: vec![0.0; fleets.len()],
             rng_boot: (0..n).map(|i| root.fork(3 * i + 1)).collect(),
@@ -188,7 +323,7 @@ impl<'a> Engine<'a> {
             next_machine: 1,
             now: epoch,
             remaining: trace.len(),
-            policy,
+            mode,
         };
         for (i, (j, cancel)) in trace.iter().zip(cancel_times(trace)).enumerate() {
             e.push(epoch + j.submit_s, Ev::Submit { job: i });
@@ -206,12 +341,17 @@ impl<'a> Engine<'a> {
     /// Run to the end of the last job.
     pub fn run(mut self, peak_machines: &[u32]) -> Outcome {
         let start = self.now;
-        if self.policy == Policy::AlwaysOn {
+        if self.mode == Mode::AlwaysOn {
             self.launch_always_on(peak_machines);
         }
         let mut unserved = 0;
+        let last_end = self.trace.iter().map(|j| j.submit_s + j.duration_s).max().unwrap_or(0);
+        let give_up = start.saturating_add(last_end).saturating_add(GIVE_UP_AFTER_S);
         while self.remaining > 0 {
             let Some(&Reverse((t, _))) = self.heap.peek() else { break };
+            if t > give_up {
+                break;
+            }
             self.now = t;
             while let Some(&Reverse((t2, ev))) = self.heap.peek() {
                 if t2 != t {
@@ -221,12 +361,26 @@ impl<'a> Engine<'a> {
                 unserved += self.handle(ev);
             }
             self.schedule();
-            if self.policy != Policy::AlwaysOn && self.remaining > 0 {
+            if self.mode != Mode::AlwaysOn && self.remaining > 0 {
                 self.autoscale();
+            }
+        }
+        // Jobs a policy never ran (it got no machine before the events ran out or it gave up):
+        // their wait so far counts, so a stuck policy cannot look fast.
+        for (job, j) in self.jobs.iter().enumerate() {
+            let Some(f) = self.job_fleet[job] else { continue };
+            match j.state {
+                JobState::Queued => {
+                    self.tally[f].waits.push(self.now.saturating_sub(j.queued_at));
+                    self.tally[f].unfinished += 1;
+                }
+                JobState::Running { .. } => self.tally[f].unfinished += 1,
+                JobState::Pending | JobState::Done => {}
             }
         }
         for k in 0..self.live.len() {
             self.close_billing(k);
+            self.close_disk(k);
         }
         Outcome { tallies: self.tally, horizon_s: self.now - start, unserved }
     }
@@ -279,6 +433,7 @@ impl<'a> Engine<'a> {
                         self.close_billing(k);
                         self.live[k].state = MachineState::Stopped;
                         self.live[k].since = self.now;
+                        self.extra[k].stopped_from = Some(self.now);
                     }
                 }
             }
@@ -369,6 +524,7 @@ impl<'a> Engine<'a> {
         self.tally[f].interruptions += 1;
         let name = self.fleets[f].name.clone();
         self.interruptions.entry(name).or_default().push(self.now);
+        self.close_disk(k);
         self.remove(k);
     }
 
@@ -389,6 +545,47 @@ impl<'a> Engine<'a> {
                 self.closed_today[x.fleet] +=
                     self.now.saturating_sub(from.max(day_start)) as f64 * x.price_per_hour / 3600.0;
             }
+        }
+    }
+
+    /// A stopped stretch ends (a start, a delete, the end of the run): its disk counts apart.
+    fn end_stopped(&mut self, k: usize) {
+        let x = &mut self.extra[k];
+        if let Some(from) = x.stopped_from.take() {
+            let secs = self.now.saturating_sub(from) as f64;
+            let usd = secs * x.disk_usd_per_hour / 3600.0;
+            let t = &mut self.tally[x.fleet];
+            t.stopped_s += secs;
+            t.stopped_disk_usd += usd;
+            t.stopped_disk_gpu_s += usd * self.gpu_s_per_usd[x.fleet];
+        }
+    }
+
+    /// The machine is gone (or the run ends): its disk is billed for its whole life.
+    fn close_disk(&mut self, k: usize) {
+        self.end_stopped(k);
+        let x = &self.extra[k];
+        let secs = self.now.saturating_sub(x.exists_from) as f64;
+        self.tally[x.fleet].disk_usd += secs * x.disk_usd_per_hour / 3600.0;
+    }
+
+    /// Whether the provider refuses a create (`start` false) or a start of offer `o` at
+    /// `capacity` now: an outage, or the offer's own error rate.
+    fn refused(&mut self, f: usize, o: usize, capacity: Capacity, start: bool) -> bool {
+        let Some(sim) = self.offers[f].get(o) else { return false };
+        let rate = if start { sim.start_capacity_error_rate } else { sim.capacity_error_rate };
+        let cap = usize::from(capacity == Capacity::Spot);
+        let out = self.outages[f][o][cap].out_at(self.now);
+        // Drawn whether or not an outage refuses it, so an outage does not shift later draws.
+        let coin = self.rng_capacity[f].f64() < rate;
+        out || coin
+    }
+
+    /// Ask `decide` again one reconcile interval from now, as the coordinator's loop does.
+    fn wake_after_refusal(&mut self) {
+        let w = self.now + RECONCILE_S;
+        if self.wakes.insert(w) {
+            self.push(w, Ev::Wake);
         }
     }
 
@@ -506,9 +703,10 @@ impl<'a> Engine<'a> {
         match action {
             Action::Create { fleet, offer, capacity, .. } => {
                 let Some(f) = self.fleets.iter().position(|s| s.name == fleet) else { return };
-                if self.rng_capacity[f].f64() < self.profiles[f].capacity_error_rate {
+                if self.refused(f, offer, capacity, false) {
                     self.tally[f].capacity_errors += 1;
                     self.unavailable.push(offer_unavailable_after_error(&fleet, offer, capacity, now));
+                    self.wake_after_refusal();
                     return;
                 }
                 let num = self.next_machine;
@@ -534,6 +732,9 @@ impl<'a> Engine<'a> {
                     billed_from: Some(now),
                     price_per_hour: price,
                     gpus: spec.machine.gpus,
+                    exists_from: now,
+                    stopped_from: None,
+                    disk_usd_per_hour: self.offers[f].get(offer).map_or(0.0, |o| o.disk_usd_per_hour),
                 });
                 self.tally[f].launched += 1;
                 let boot = self.profiles[f].boot.sample(&mut self.rng_boot[f]);
@@ -546,6 +747,16 @@ impl<'a> Engine<'a> {
                     return;
                 }
                 let f = self.extra[k].fleet;
+                let (offer, capacity) = (self.live[k].offer, self.live[k].capacity);
+                if self.refused(f, offer, capacity, true) {
+                    // It stays stopped; the autoscaler hears of it as of a failed create.
+                    self.tally[f].start_capacity_errors += 1;
+                    let name = self.fleets[f].name.clone();
+                    self.unavailable.push(offer_unavailable_after_error(&name, offer, capacity, now));
+                    self.wake_after_refusal();
+                    return;
+                }
+                self.end_stopped(k);
                 self.extra[k].epoch += 1;
                 self.extra[k].billed_from = Some(now);
                 self.live[k].state = MachineState::Booting;
@@ -569,6 +780,7 @@ impl<'a> Engine<'a> {
             Action::Delete { machine, .. } => {
                 if let Some(k) = self.machine_index(&machine) {
                     self.close_billing(k);
+                    self.close_disk(k);
                     self.remove(k);
                 }
             }
@@ -576,6 +788,7 @@ impl<'a> Engine<'a> {
                 if let Some(k) = self.machine_index(&machine) {
                     self.tally[self.extra[k].fleet].boot_failures += 1;
                     self.close_billing(k);
+                    self.close_disk(k);
                     self.remove(k);
                 }
             }
@@ -588,7 +801,7 @@ impl<'a> Engine<'a> {
             return;
         }
         let f = self.extra[k].fleet;
-        let rate = self.profiles[f].spot_interruptions_per_hour / 3600.0;
+        let rate = self.offers[f].get(self.live[k].offer).map_or(0.0, |o| o.spot_interruptions_per_hour) / 3600.0;
         let after = self.rng_spot[f].exp(rate);
         if after.is_finite() && after < 1e12 {
             let (num, epoch) = (self.extra[k].num, self.extra[k].epoch);
@@ -596,10 +809,12 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// Always-on: the peak number of machines per fleet, on-demand, connected from the start.
+    /// Always-on: the peak number of machines per fleet, never more than its `max`, on-demand,
+    /// connected from the start (bought ahead: no capacity error, no boot counted in waits).
     fn launch_always_on(&mut self, peak_machines: &[u32]) {
         for f in 0..self.fleets.len() {
-            for _ in 0..peak_machines.get(f).copied().unwrap_or(0).max(1) {
+            let n = peak_machines.get(f).copied().unwrap_or(0).min(self.fleets[f].max).max(1);
+            for _ in 0..n {
                 let num = self.next_machine;
                 self.next_machine += 1;
                 let spec = &self.fleets[f];
@@ -623,6 +838,9 @@ impl<'a> Engine<'a> {
                     billed_from: Some(self.now),
                     price_per_hour: price,
                     gpus: spec.machine.gpus,
+                    exists_from: self.now,
+                    stopped_from: None,
+                    disk_usd_per_hour: self.offers[f].first().map_or(0.0, |o| o.disk_usd_per_hour),
                 });
                 self.tally[f].launched += 1;
                 self.tally[f].boots += 1;
@@ -631,14 +849,35 @@ impl<'a> Engine<'a> {
     }
 }
 
-/// The fleet settings a policy runs with.
-fn adjust(f: &FleetSpec, policy: Policy) -> FleetSpec {
+/// The fleet settings a run uses.
+fn adjust(f: &FleetSpec, mode: Mode) -> FleetSpec {
     let mut f = f.clone();
-    if policy == Policy::FixedIdle5m {
+    if let Mode::FixedIdle(idle_s) = mode {
         f.min_idle = 0;
         f.warm.clear();
-        f.idle_timeout_s = 300;
+        f.idle_timeout_s = idle_s;
         f.idle_action = gpuci_core::fleet::IdleAction::Delete;
     }
     f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outages_come_at_their_rate_last_their_length_and_repeat_for_a_seed() {
+        // 24 a day of 10 minutes: up 3600 s on average, then down 600 s → down 1/7 of the time.
+        let length = Dist::Fixed { s: 600.0 };
+        let mut o = Outages::new(Rng::new(3), 24.0, length, 0, Vec::new());
+        let samples = 200 * 1440; // every minute of 200 days
+        let down = (0..samples).filter(|&m| o.out_at(m * 60)).count() as f64 / samples as f64;
+        assert!((down - 1.0 / 7.0).abs() < 0.01, "{down}");
+        let mut a = Outages::new(Rng::new(9), 24.0, length, 0, Vec::new());
+        let mut b = Outages::new(Rng::new(9), 24.0, length, 0, Vec::new());
+        assert!((0..10_000).all(|t| a.out_at(t * 7) == b.out_at(t * 7)));
+        // No rate: only the known windows, `[from, to)`.
+        let mut w = Outages::new(Rng::new(1), 0.0, length, 0, vec![(100, 200)]);
+        assert_eq!([99, 100, 199, 200, 1_000_000].map(|t| w.out_at(t)), [false, true, true, false, false]);
+    }
 }

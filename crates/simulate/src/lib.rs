@@ -2,9 +2,14 @@
 //! policy pays and how long jobs wait — `gpuci simulate`.
 //!
 //! The `gpuci` policy is the coordinator's own autoscaler, [`gpuci_core::fleet::decide`],
-//! driven by an event-driven simulation ([`engine`]); two baselines run beside it: always-on
-//! machines for the trace's peak, and scale-from-demand with a fixed 5-minute idle timeout.
-//! Figures are set against a lower bound computed from the trace alone ([`bounds`]).
+//! driven by an event-driven simulation ([`engine`]); three baselines run beside it: always-on
+//! machines for the trace's peak (at most each fleet's `max`), scale-from-demand with a fixed
+//! 5-minute idle timeout, and the best fixed idle timeout in hindsight (a sweep over
+//! [`IDLE_GRID_S`], per fleet). Figures are set against a floor computed from the trace alone
+//! ([`bounds`]): the zero-wait lower bound, the boots any policy must pay, and the packing waste
+//! of the fleet's machine size. Stopped machines bill their disk, and creates and starts meet
+//! capacity outages and spot machines interruptions at documented rates per offer
+//! ([`profile`]).
 //!
 //! What must not live here: I/O (the caller reads the config and the trace and prints the
 //! report), clocks, threads, an async runtime, and any rule of the autoscaler (those live in
@@ -18,8 +23,8 @@ pub mod profile;
 pub mod rng;
 pub mod trace;
 
-pub use engine::Policy;
-pub use profile::{Dist, SimProfile};
+pub use engine::{Mode, Policy};
+pub use profile::{Dist, OfferProfile, OfferSim, SimProfile};
 pub use trace::{parse_trace, TraceJob};
 
 use gpuci_core::fleet::{parse_fleets, FleetSpec, UnixSecs};
@@ -55,6 +60,10 @@ impl SimSettings {
     }
 }
 
+/// The idle timeouts (seconds) the best-fixed-idle baseline tries: from deleting a machine the
+/// moment it is idle to keeping it an hour.
+pub const IDLE_GRID_S: [u64; 11] = [0, 30, 60, 120, 180, 300, 600, 900, 1200, 1800, 3600];
+
 /// The figures of one fleet (or of all, `fleet = "total"`) under one policy.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Figures {
@@ -63,9 +72,27 @@ pub struct Figures {
     pub cancelled: u32,
     /// Job runs started again after a spot interruption.
     pub reruns: u32,
-    /// GPU-hours billed: machine GPUs × billed time.
+    /// Jobs that never ended: the policy got them no machine before the run gave up
+    /// ([`engine::GIVE_UP_AFTER_S`] after the trace's end). Their waits so far are in the
+    /// percentiles.
+    pub unfinished_jobs: u32,
+    /// GPU-hours billed: machine GPUs × billed time (running machines; a stopped machine's
+    /// disk is in `stopped_disk_gpu_hours`).
     pub paid_gpu_hours: f64,
+    /// Stopped machines' disks, in GPU-hours at the fleet's price per GPU-hour (its first
+    /// offer, on-demand).
+    pub stopped_disk_gpu_hours: f64,
+    /// `paid + stopped disk`: what the cost goal and the ratios judge.
+    pub charged_gpu_hours: f64,
+    /// Machines' instance prices (running time only).
     pub cost_usd: f64,
+    /// Disks, running and stopped.
+    pub disk_usd: f64,
+    /// The part of `disk_usd` while stopped.
+    pub stopped_disk_usd: f64,
+    /// `cost + disk`.
+    pub total_usd: f64,
+    pub stopped_machine_hours: f64,
     /// GPU-hours jobs actually ran in this simulation (cancelled and interrupted runs up to
     /// their end).
     pub ran_gpu_hours: f64,
@@ -73,9 +100,15 @@ pub struct Figures {
     pub lower_bound_gpu_hours: f64,
     /// See [`bounds`]: boots and idle gaps a clairvoyant autoscaler still pays.
     pub unavoidable_gpu_hours: f64,
-    /// `paid / lower bound`.
+    /// See [`bounds`]: GPUs of whole machines that no job fills, with zero wait.
+    pub packing_waste_gpu_hours: f64,
+    /// `lower bound + unavoidable + packing waste`.
+    pub floor_gpu_hours: f64,
+    /// `charged / lower bound`.
     pub ratio: f64,
-    /// The goal: `1.10 × lower bound + unavoidable`.
+    /// `charged / floor`.
+    pub floor_ratio: f64,
+    /// The goal: `1.10 × floor`.
     pub target_gpu_hours: f64,
     pub cost_goal_met: bool,
     pub wait_p50_s: u64,
@@ -91,7 +124,26 @@ pub struct Figures {
     pub starts: u32,
     pub boot_failures: u32,
     pub interruptions: u32,
+    /// Creates refused for want of capacity.
     pub capacity_errors: u32,
+    /// Starts of stopped machines refused for want of capacity.
+    pub start_capacity_errors: u32,
+    /// best-fixed-idle only: the idle timeout this fleet's figures come from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_s: Option<u64>,
+    /// Other policies, per fleet, when the sweep ran: the cheapest swept fixed idle timeout
+    /// whose p95 wait is no worse than this policy's. A policy beats the tuned baseline only
+    /// where it costs less than this. Absent: no swept timeout waits this little (or no sweep).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fixed_idle_at_same_wait: Option<SweptMatch>,
+}
+
+/// A point of the sweep that a policy is held against.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweptMatch {
+    pub idle_timeout_s: u64,
+    pub total_usd: f64,
+    pub wait_p95_s: u64,
 }
 
 /// One policy over the whole trace.
@@ -104,6 +156,25 @@ pub struct PolicyRun {
     pub horizon_s: u64,
 }
 
+/// One idle timeout of the best-fixed-idle sweep.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepPoint {
+    pub idle_timeout_s: u64,
+    pub fleets: Vec<SweepFleet>,
+}
+
+/// One fleet at one idle timeout of the sweep.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SweepFleet {
+    pub fleet: String,
+    pub charged_gpu_hours: f64,
+    pub total_usd: f64,
+    pub wait_p95_s: u64,
+    pub wait_goal_met: bool,
+    /// The timeout best-fixed-idle took for this fleet.
+    pub chosen: bool,
+}
+
 /// What `gpuci simulate` prints (`--json`: this, serialized).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Report {
@@ -112,6 +183,8 @@ pub struct Report {
     /// Jobs whose pool names no fleet (or asks more GPUs than its machines have).
     pub unserved_jobs: usize,
     pub runs: Vec<PolicyRun>,
+    /// The best-fixed-idle sweep, every timeout (empty when that policy did not run).
+    pub sweep: Vec<SweepPoint>,
 }
 
 /// Run one policy.
@@ -119,70 +192,212 @@ pub fn simulate(fleets: &[FleetSpec], sim: &SimSettings, trace: &[TraceJob], pol
     simulate_all(fleets, sim, trace, &[policy])
 }
 
-/// Run several policies over the same trace, side by side.
+/// Run several policies over the same trace, side by side (best-fixed-idle over
+/// [`IDLE_GRID_S`]).
 pub fn simulate_all(fleets: &[FleetSpec], sim: &SimSettings, trace: &[TraceJob], policies: &[Policy]) -> Report {
+    simulate_with_grid(fleets, sim, trace, policies, &IDLE_GRID_S)
+}
+
+/// [`simulate_all`] with the idle timeouts best-fixed-idle sweeps.
+pub fn simulate_with_grid(
+    fleets: &[FleetSpec],
+    sim: &SimSettings,
+    trace: &[TraceJob],
+    policies: &[Policy],
+    idle_grid_s: &[u64],
+) -> Report {
     let cancels = bounds::cancel_times(trace);
+    let profiles: Vec<SimProfile> = fleets.iter().map(|f| sim.profile(&f.name).clone()).collect();
     let bound: Vec<bounds::Bound> = fleets
         .iter()
-        .map(|f| {
+        .zip(&profiles)
+        .map(|(f, p)| {
             let runs: Vec<(u64, u64, u32)> = trace
                 .iter()
                 .zip(&cancels)
                 .filter(|(j, _)| j.pool == f.name && j.gpus <= f.machine.gpus)
                 .map(|(j, c)| (j.submit_s, bounds::ideal_run(j, *c), j.gpus))
                 .collect();
-            bounds::fleet_bound(&runs, f.machine.gpus, sim.profile(&f.name).boot.mean())
+            bounds::fleet_bound(&runs, f.machine.gpus, &machine_costs(f, p))
         })
         .collect();
     let peaks: Vec<u32> = bound.iter().map(|b| b.peak_machines).collect();
-    let profiles: Vec<SimProfile> = fleets.iter().map(|f| sim.profile(&f.name).clone()).collect();
+    let boots: Vec<f64> = profiles.iter().map(|p| p.boot.mean()).collect();
+    let run = |mode: Mode| engine::Engine::new(fleets, profiles.clone(), trace, mode, sim.seed, sim.epoch).run(&peaks);
     let mut runs = Vec::new();
+    let mut sweep = Vec::new();
     let mut unserved = 0;
     for &policy in policies {
-        let engine = engine::Engine::new(fleets, profiles.clone(), trace, policy, sim.seed, sim.epoch);
-        let out = engine.run(&peaks);
+        let mode = match policy {
+            Policy::Gpuci => Mode::Decide,
+            Policy::AlwaysOn => Mode::AlwaysOn,
+            Policy::FixedIdle5m => Mode::FixedIdle(300),
+            Policy::BestFixedIdle => {
+                let (best, points, unserved_here) = best_fixed_idle(fleets, &bound, &boots, idle_grid_s, &run);
+                unserved = unserved_here;
+                runs.push(best);
+                sweep = points;
+                continue;
+            }
+        };
+        let out = run(mode);
         unserved = out.unserved;
         let per_fleet: Vec<Figures> = fleets
             .iter()
             .zip(&out.tallies)
             .zip(&bound)
-            .zip(&profiles)
-            .map(|(((f, t), b), p)| {
-                figures(&f.name, std::slice::from_ref(t), std::slice::from_ref(b), &[p.boot.mean()])
-            })
+            .zip(&boots)
+            .map(|(((f, t), b), boot)| figures(&f.name, std::slice::from_ref(t), std::slice::from_ref(b), &[*boot]))
             .collect();
-        let boots: Vec<f64> = profiles.iter().map(|p| p.boot.mean()).collect();
         let mut total = figures("total", &out.tallies, &bound, &boots);
         total.wait_goal_met = per_fleet.iter().all(|f| f.wait_goal_met);
         runs.push(PolicyRun { policy, total, fleets: per_fleet, horizon_s: out.horizon_s });
     }
-    Report { seed: sim.seed, jobs: trace.len(), unserved_jobs: unserved, runs }
+    for run in runs.iter_mut().filter(|r| r.policy != Policy::BestFixedIdle) {
+        for (f, fig) in run.fleets.iter_mut().enumerate() {
+            fig.fixed_idle_at_same_wait = sweep
+                .iter()
+                .filter_map(|p| p.fleets.get(f).map(|g| (p.idle_timeout_s, g)))
+                .filter(|(_, g)| g.wait_p95_s <= fig.wait_p95_s)
+                .min_by(|a, b| a.1.total_usd.total_cmp(&b.1.total_usd))
+                .map(|(t, g)| SweptMatch { idle_timeout_s: t, total_usd: g.total_usd, wait_p95_s: g.wait_p95_s });
+        }
+    }
+    Report { seed: sim.seed, jobs: trace.len(), unserved_jobs: unserved, runs, sweep }
+}
+
+/// What a boot and a stop-and-start cost on a fleet's machines, for the floor.
+fn machine_costs(f: &FleetSpec, p: &SimProfile) -> bounds::MachineCosts {
+    let restart = f.provider.can_stop().then(|| {
+        let price = f.offers.first().map_or(0.0, |o| o.price_per_hour);
+        let disk = if f.offers.is_empty() { 0.0 } else { p.offer(f, 0).disk_usd_per_hour };
+        bounds::Restart {
+            stop_start_s: p.stop.mean() + p.start.mean(),
+            disk_share: if price > 0.0 { disk / price } else { 0.0 },
+        }
+    });
+    bounds::MachineCosts { boot_s: p.boot.mean(), restart }
+}
+
+/// Run every idle timeout of the grid; per fleet take the cheapest (total USD) that meets the
+/// wait goal, else the one with the lowest p95 wait (then the cheapest). Fleets do not share
+/// machines, jobs or random streams, so one fleet's choice does not change another's figures.
+fn best_fixed_idle(
+    fleets: &[FleetSpec],
+    bound: &[bounds::Bound],
+    boots: &[f64],
+    grid: &[u64],
+    run: &dyn Fn(Mode) -> engine::Outcome,
+) -> (PolicyRun, Vec<SweepPoint>, usize) {
+    let mut grid: Vec<u64> = grid.to_vec();
+    grid.sort_unstable();
+    grid.dedup();
+    if grid.is_empty() {
+        grid.push(300);
+    }
+    let outs: Vec<engine::Outcome> = grid.iter().map(|&t| run(Mode::FixedIdle(t))).collect();
+    let per: Vec<Vec<Figures>> = outs
+        .iter()
+        .map(|out| {
+            (0..fleets.len())
+                .map(|f| {
+                    figures(
+                        &fleets[f].name,
+                        std::slice::from_ref(&out.tallies[f]),
+                        std::slice::from_ref(&bound[f]),
+                        &[boots[f]],
+                    )
+                })
+                .collect()
+        })
+        .collect();
+    let chosen: Vec<usize> = (0..fleets.len())
+        .map(|f| {
+            let meets: Vec<usize> = (0..grid.len()).filter(|&i| per[i][f].wait_goal_met).collect();
+            if meets.is_empty() {
+                (0..grid.len())
+                    .min_by(|&a, &b| {
+                        let (x, y) = (&per[a][f], &per[b][f]);
+                        x.wait_p95_s.cmp(&y.wait_p95_s).then(x.total_usd.total_cmp(&y.total_usd))
+                    })
+                    .unwrap_or(0)
+            } else {
+                meets.into_iter().min_by(|&a, &b| per[a][f].total_usd.total_cmp(&per[b][f].total_usd)).unwrap_or(0)
+            }
+        })
+        .collect();
+    let points = grid
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| SweepPoint {
+            idle_timeout_s: t,
+            fleets: per[i]
+                .iter()
+                .enumerate()
+                .map(|(f, fig)| SweepFleet {
+                    fleet: fig.fleet.clone(),
+                    charged_gpu_hours: fig.charged_gpu_hours,
+                    total_usd: fig.total_usd,
+                    wait_p95_s: fig.wait_p95_s,
+                    wait_goal_met: fig.wait_goal_met,
+                    chosen: chosen[f] == i,
+                })
+                .collect(),
+        })
+        .collect();
+    let fleet_figures: Vec<Figures> = chosen
+        .iter()
+        .enumerate()
+        .map(|(f, &i)| Figures { idle_timeout_s: Some(grid[i]), ..per[i][f].clone() })
+        .collect();
+    let tallies: Vec<engine::Tally> = chosen.iter().enumerate().map(|(f, &i)| outs[i].tallies[f].clone()).collect();
+    let mut total = figures("total", &tallies, bound, boots);
+    total.wait_goal_met = fleet_figures.iter().all(|f| f.wait_goal_met);
+    let horizon_s = chosen.iter().map(|&i| outs[i].horizon_s).max().unwrap_or(0);
+    let unserved = outs.first().map_or(0, |o| o.unserved);
+    (PolicyRun { policy: Policy::BestFixedIdle, total, fleets: fleet_figures, horizon_s }, points, unserved)
 }
 
 fn figures(name: &str, tallies: &[engine::Tally], bounds: &[bounds::Bound], boot_means: &[f64]) -> Figures {
     let sum = |f: &dyn Fn(&engine::Tally) -> u32| tallies.iter().map(f).sum::<u32>();
+    let sumf = |f: &dyn Fn(&engine::Tally) -> f64| tallies.iter().map(f).sum::<f64>();
     let hours = |s: f64| s / 3600.0;
-    let paid = hours(tallies.iter().map(|t| t.paid_gpu_s).sum());
+    let paid = hours(sumf(&|t| t.paid_gpu_s));
+    let stopped_disk = hours(sumf(&|t| t.stopped_disk_gpu_s));
+    let charged = paid + stopped_disk;
     let lower = hours(bounds.iter().map(|b| b.lower_bound_gpu_s).sum());
     let unavoidable = hours(bounds.iter().map(|b| b.unavoidable_gpu_s).sum());
+    let packing = hours(bounds.iter().map(|b| b.packing_gpu_s).sum());
+    let floor = lower + unavoidable + packing;
     let mut waits: Vec<u64> = tallies.iter().flat_map(|t| t.waits.iter().copied()).collect();
     waits.sort_unstable();
     let boot_s = boot_means.iter().copied().fold(0.0, f64::max);
-    let target = 1.10 * lower + unavoidable;
+    let target = 1.10 * floor;
     let p95 = percentile(&waits, 95.0);
+    let (cost, disk) = (sumf(&|t| t.cost_usd), sumf(&|t| t.disk_usd));
     Figures {
         fleet: name.to_string(),
         jobs: sum(&|t| t.jobs),
         cancelled: sum(&|t| t.cancelled),
         reruns: sum(&|t| t.reruns),
+        unfinished_jobs: sum(&|t| t.unfinished),
         paid_gpu_hours: paid,
-        cost_usd: tallies.iter().map(|t| t.cost_usd).sum(),
-        ran_gpu_hours: hours(tallies.iter().map(|t| t.ran_gpu_s).sum()),
+        stopped_disk_gpu_hours: stopped_disk,
+        charged_gpu_hours: charged,
+        cost_usd: cost,
+        disk_usd: disk,
+        stopped_disk_usd: sumf(&|t| t.stopped_disk_usd),
+        total_usd: cost + disk,
+        stopped_machine_hours: hours(sumf(&|t| t.stopped_s)),
+        ran_gpu_hours: hours(sumf(&|t| t.ran_gpu_s)),
         lower_bound_gpu_hours: lower,
         unavoidable_gpu_hours: unavoidable,
-        ratio: if lower > 0.0 { paid / lower } else { 0.0 },
+        packing_waste_gpu_hours: packing,
+        floor_gpu_hours: floor,
+        ratio: if lower > 0.0 { charged / lower } else { 0.0 },
+        floor_ratio: if floor > 0.0 { charged / floor } else { 0.0 },
         target_gpu_hours: target,
-        cost_goal_met: paid <= target + 1e-9,
+        cost_goal_met: charged <= target + 1e-9,
         wait_p50_s: percentile(&waits, 50.0),
         wait_p95_s: p95,
         wait_p99_s: percentile(&waits, 99.0),
@@ -194,6 +409,9 @@ fn figures(name: &str, tallies: &[engine::Tally], bounds: &[bounds::Bound], boot
         boot_failures: sum(&|t| t.boot_failures),
         interruptions: sum(&|t| t.interruptions),
         capacity_errors: sum(&|t| t.capacity_errors),
+        start_capacity_errors: sum(&|t| t.start_capacity_errors),
+        idle_timeout_s: None,
+        fixed_idle_at_same_wait: None,
     }
 }
 
@@ -210,14 +428,16 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 #[derive(Clone, Debug, PartialEq)]
 pub struct CliOptions {
     pub seed: u64,
-    /// Empty: all three.
+    /// Empty: all of [`Policy::ALL`].
     pub policies: Vec<Policy>,
     pub epoch: UnixSecs,
+    /// The idle timeouts best-fixed-idle sweeps, seconds.
+    pub idle_grid_s: Vec<u64>,
 }
 
 impl Default for CliOptions {
     fn default() -> Self {
-        CliOptions { seed: 1, policies: Vec::new(), epoch: DEFAULT_EPOCH }
+        CliOptions { seed: 1, policies: Vec::new(), epoch: DEFAULT_EPOCH, idle_grid_s: IDLE_GRID_S.to_vec() }
     }
 }
 
@@ -236,6 +456,7 @@ pub fn run_cli(
         return Err(format!("{config_name}: no [[fleet]] to simulate"));
     }
     let profiles = profile::parse_profiles(config_name, config_text)?;
+    profile::check_offers(config_name, &fleets, &profiles)?;
     let trace = parse_trace(trace_name, trace_text).map_err(|e| e.to_string())?;
     let names: Vec<&str> = fleets.iter().map(|f| f.name.as_str()).collect();
     if let Some(j) = trace.iter().find(|j| !names.contains(&j.pool.as_str())) {
@@ -251,12 +472,22 @@ pub fn run_cli(
     }
     let sim = SimSettings { seed: opts.seed, epoch: opts.epoch, profiles, ..SimSettings::default() };
     let policies = if opts.policies.is_empty() { Policy::ALL.to_vec() } else { opts.policies.clone() };
-    Ok(simulate_all(&fleets, &sim, &trace, &policies))
+    Ok(simulate_with_grid(&fleets, &sim, &trace, &policies, &opts.idle_grid_s))
 }
 
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// `0s`, `30s`, `2m`, `1h`, `90s`: an idle timeout, short.
+fn short_secs(s: u64) -> String {
+    match s {
+        0 => "0s".into(),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 
@@ -268,21 +499,36 @@ impl fmt::Display for Report {
         }
         for run in &self.runs {
             writeln!(f)?;
-            writeln!(f, "policy {} (last job ended after {:.1} h)", run.policy, run.horizon_s as f64 / 3600.0)?;
+            if run.total.unfinished_jobs > 0 {
+                writeln!(f, "policy {}: {} jobs never ran to their end", run.policy, run.total.unfinished_jobs)?;
+            }
+            let timeouts: Vec<String> = run
+                .fleets
+                .iter()
+                .filter_map(|g| g.idle_timeout_s.map(|t| format!("{} {}", g.fleet, short_secs(t))))
+                .collect();
+            let chosen =
+                if timeouts.is_empty() { String::new() } else { format!("idle timeout {}; ", timeouts.join(", ")) };
+            writeln!(f, "policy {} ({chosen}last job ended after {:.1} h)", run.policy, run.horizon_s as f64 / 3600.0)?;
             writeln!(
                 f,
-                "  {:<10} {:>9} {:>9} {:>8} {:>6} {:>9} {:>6} {:>6} {:>6} {:>6} {:>8} {:>6} {:>6}",
+                "  {:<10} {:>9} {:>6} {:>9} {:>7} {:>8} {:>6} {:>10} {:>7} {:>5} {:>5} {:>5} {:>5} {:>8} {:>6} {:>9} {:>6} {:>5}",
                 "fleet",
                 "paid GPUh",
+                "+disk",
                 "bound",
                 "+boots",
-                "ratio",
-                "cost $",
+                "+packing",
+                "xfloor",
+                "total $",
+                "disk $",
                 "p50 s",
                 "p95 s",
                 "p99 s",
-                "boot s",
+                "boot",
                 "launched",
+                "starts",
+                "caperr c/s",
                 "interr",
                 "goals"
             )?;
@@ -294,29 +540,104 @@ impl fmt::Display for Report {
                 );
                 writeln!(
                     f,
-                    "  {:<10} {:>9.1} {:>9.1} {:>8.1} {:>6.3} {:>9.2} {:>6} {:>6} {:>6} {:>6.0} {:>8} {:>6} {:>6}",
+                    "  {:<10} {:>9.1} {:>6.1} {:>9.1} {:>7.1} {:>8.1} {:>6.3} {:>10.2} {:>7.2} {:>5} {:>5} {:>5} {:>5.0} {:>8} {:>6} {:>9} {:>6} {:>5}",
                     fig.fleet,
                     fig.paid_gpu_hours,
+                    fig.stopped_disk_gpu_hours,
                     fig.lower_bound_gpu_hours,
                     fig.unavoidable_gpu_hours,
-                    fig.ratio,
-                    fig.cost_usd,
+                    fig.packing_waste_gpu_hours,
+                    fig.floor_ratio,
+                    fig.total_usd,
+                    fig.disk_usd,
                     fig.wait_p50_s,
                     fig.wait_p95_s,
                     fig.wait_p99_s,
                     fig.boot_s,
                     fig.machines_launched,
+                    fig.starts,
+                    format!("{}/{}", fig.capacity_errors, fig.start_capacity_errors),
                     fig.interruptions,
                     goals
                 )?;
             }
         }
+        if let Some(first) = self.sweep.first() {
+            writeln!(f)?;
+            writeln!(f, "best-fixed-idle sweep (delete after idle, no warm pool): total $ / p95 wait s; * = taken")?;
+            write!(f, "  {:<6}", "idle")?;
+            for g in &first.fleets {
+                write!(f, " {:>20}", g.fleet)?;
+            }
+            writeln!(f)?;
+            for p in &self.sweep {
+                write!(f, "  {:<6}", short_secs(p.idle_timeout_s))?;
+                for g in &p.fleets {
+                    let cell = format!(
+                        "{:.2} / {}{}{}",
+                        g.total_usd,
+                        g.wait_p95_s,
+                        if g.wait_goal_met { "w" } else { " " },
+                        if g.chosen { "*" } else { " " }
+                    );
+                    write!(f, " {cell:>20}")?;
+                }
+                writeln!(f)?;
+            }
+        }
+        let matched: Vec<(&PolicyRun, &Figures)> = self
+            .runs
+            .iter()
+            .flat_map(|r| r.fleets.iter().map(move |g| (r, g)))
+            .filter(|(r, _)| r.policy != Policy::BestFixedIdle)
+            .collect();
+        if !self.sweep.is_empty() && !matched.is_empty() {
+            writeln!(f)?;
+            writeln!(
+                f,
+                "against the sweep at equal or better p95 wait (the cheapest fixed timeout that waits no longer):"
+            )?;
+            writeln!(
+                f,
+                "  {:<14} {:<10} {:>10} {:>5}   {:>6} {:>10} {:>5}  policy costs",
+                "policy", "fleet", "total $", "p95 s", "fixed", "total $", "p95 s"
+            )?;
+            for (r, g) in matched {
+                match &g.fixed_idle_at_same_wait {
+                    Some(m) => writeln!(
+                        f,
+                        "  {:<14} {:<10} {:>10.2} {:>5}   {:>6} {:>10.2} {:>5}  {:+.1} %",
+                        r.policy.as_str(),
+                        g.fleet,
+                        g.total_usd,
+                        g.wait_p95_s,
+                        short_secs(m.idle_timeout_s),
+                        m.total_usd,
+                        m.wait_p95_s,
+                        if m.total_usd > 0.0 { (g.total_usd / m.total_usd - 1.0) * 100.0 } else { 0.0 }
+                    )?,
+                    None => writeln!(
+                        f,
+                        "  {:<14} {:<10} {:>10.2} {:>5}   no swept timeout waits this little",
+                        r.policy.as_str(),
+                        g.fleet,
+                        g.total_usd,
+                        g.wait_p95_s
+                    )?,
+                }
+            }
+        }
         writeln!(f)?;
-        writeln!(f, "bound: GPU-hours of the jobs with zero wait (cancellations applied); +boots: what a")?;
         writeln!(
             f,
-            "clairvoyant autoscaler still pays for boots and short idle gaps. Goals: $ = paid <= 1.10 x bound"
+            "bound: GPU-hours of the jobs with zero wait (cancellations applied); +boots: boots and idle gaps"
         )?;
-        write!(f, "+ boots; w = p95 wait <= the mean boot time (total: every fleet's).")
+        writeln!(f, "a clairvoyant autoscaler still pays; +packing: GPUs of whole machines no job fills; floor = the")?;
+        writeln!(
+            f,
+            "three. +disk: stopped machines' disks in GPU-hours at the fleet's price; xfloor = (paid + disk) /"
+        )?;
+        writeln!(f, "floor. total $ = machines + disks. caperr: creates / starts refused for want of capacity.")?;
+        write!(f, "Goals: $ = paid + disk <= 1.10 x floor; w = p95 wait <= the mean boot time (total: every fleet's).")
     }
 }
