@@ -126,6 +126,10 @@ pub struct JobContext {
     pub default_network: JobNetwork,
     /// Limits for steps that give none, and the size of each scratch tmpfs.
     pub defaults: SlotDefaults,
+    /// Where jobs have no cgroup and the container's own process limit binds the agent and its
+    /// job together: the most processes a job may have (`RLIMIT_NPROC`), leaving the agent room
+    /// to run. A job that asks for more gets this.
+    pub pids_cap: Option<u32>,
     /// A container engine that answered `info`; only then does the agent advertise it.
     pub container_runtime: Option<gpuci_sandbox::ContainerRuntime>,
     pub health: HealthPolicy,
@@ -456,7 +460,7 @@ fn job_sandbox(
     spec.resources = resources.clone();
     let r = &mut spec.resources;
     r.memory = r.memory.or(ctx.defaults.memory);
-    r.pids = r.pids.or(ctx.defaults.pids);
+    r.pids = r.pids.or(ctx.defaults.pids).map(|p| ctx.pids_cap.map_or(p, |cap| p.min(cap)));
     r.cpu_millis = r.cpu_millis.or(ctx.defaults.cpu_millis);
     // Scratch tmpfs pages count against the memory limit; no single one may be larger.
     spec.scratch_size = spec.resources.memory.map(|m| m.0);

@@ -547,6 +547,13 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         bubblewrap: bwrap_problem.is_none(),
         default_network: config.job_network,
         defaults: job_defaults,
+        // The pod's pids.max counts the agent's threads and its job's processes together: a
+        // job held to RLIMIT_NPROC above it could fork until the agent cannot start a thread
+        // (outsider attack). The job gets what is left after a reserve for the agent.
+        pids_cap: container_limits.and_then(|l| l.pids).map(|p| {
+            let reserve = (p / 8).max(256);
+            u32::try_from(p.saturating_sub(reserve).max(16)).unwrap_or(u32::MAX)
+        }),
         slots: slots.clone(),
         container_runtime: container_runtime.clone(),
         health,

@@ -89,6 +89,10 @@ pub struct Sandbox {
     /// processes, is not trusted: another job claiming this one's id held up its clean-up and
     /// lost it its cgroup (outsider finding). Even then only processes of the job's uid count.
     by_marker: bool,
+    /// No cgroup, and a uid of the job's own: at cleanup every process of that uid is the job's
+    /// and goes, wherever it hid (a process that dropped its marker, left bubblewrap's PID
+    /// namespace alive by stopping its init under ptrace, or double-forked into a new session).
+    by_uid: bool,
     /// The uid the job's processes run as (the job user's, else the agent's).
     uid: u32,
     exit: Option<ExitInfo>,
@@ -314,6 +318,7 @@ impl Sandbox {
             pid: child.id().unwrap_or(0),
             child,
             by_marker: cgroup.is_none() || uid == 0,
+            by_uid: cgroup.is_none() && spec.user.is_some(),
             uid,
             cgroup,
             private_dev,
@@ -406,6 +411,11 @@ impl Sandbox {
             if self.by_marker {
                 left.extend(procscan::pids_with_marker(&self.job_id, self.uid));
             }
+            if self.by_uid {
+                left.extend(procscan::pids_of_uid(self.uid));
+                left.sort_unstable();
+                left.dedup();
+            }
             if left.is_empty() {
                 break;
             }
@@ -421,6 +431,14 @@ impl Sandbox {
             }
             if self.by_marker {
                 kill_marked(&self.job_id, self.uid)?;
+            }
+            if self.by_uid {
+                for pid in procscan::pids_of_uid(self.uid) {
+                    match kill(Pid::from_raw(pid), Signal::SIGKILL) {
+                        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+                        Err(source) => return Err(SandboxError::Kill { job_id: self.job_id.clone(), pid, source }),
+                    }
+                }
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

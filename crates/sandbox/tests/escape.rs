@@ -1258,3 +1258,39 @@ async fn any_agents_start_up_sweep_removes_warm_cgroups_left_empty_and_spares_li
     assert!(live_dir.exists(), "a live agent's warm cgroup was removed");
     live.discard().await;
 }
+
+/// Without a cgroup (a container that gives none), a job with a uid of its own leaves nothing
+/// behind, however it hid: here a process with an empty environment (no marker) in a session
+/// of its own, double-forked away from the job's tree. An outsider kept one alive in a pod by
+/// stopping bubblewrap's init under ptrace and spied on the slot's next job; every process of
+/// the job's uid now goes at cleanup.
+#[tokio::test]
+async fn without_a_cgroup_nothing_of_the_jobs_uid_outlives_it() {
+    if !ready("without_a_cgroup_nothing_of_the_jobs_uid_outlives_it", Needs { bwrap: false, cgroups: false }) {
+        return;
+    }
+    let root = workspaces();
+    let ws = mkws(&root.path().to_path_buf(), "hide");
+    let mut s = spec(
+        "hide",
+        &ws,
+        "(env -i /usr/bin/setsid /bin/sleep 300 </dev/null >/dev/null 2>&1 &) ; sleep 0.3; echo left",
+        Isolation::None,
+    );
+    s.cgroups = gpuci_sandbox::CgroupUse::Disabled;
+    let uid = s.user.expect("a job uid").uid;
+    let r = run(&s).await;
+    assert_eq!(r.out.trim(), "left", "{}", r.err);
+    let survivors: Vec<String> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|e| fs::read_to_string(e.path().join("status")).ok())
+        .filter(|st| {
+            !st.lines().any(|l| l.starts_with("State:") && l.contains('Z'))
+                && st.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&uid.to_string()))
+        })
+        .map(|st| st.lines().take(1).collect())
+        .collect();
+    assert!(survivors.is_empty(), "processes of the job's uid {uid} outlived it: {survivors:?}");
+}
