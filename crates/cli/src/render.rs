@@ -74,6 +74,15 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// A job's state as people read it: a soft failure says so.
+pub fn state_text(j: &JobSummary) -> String {
+    if j.soft_failed {
+        format!("{} (soft)", j.state)
+    } else {
+        j.state.to_string()
+    }
+}
+
 pub fn jobs_table(jobs: &[JobSummary]) -> String {
     let rows: Vec<Vec<String>> = jobs
         .iter()
@@ -87,7 +96,7 @@ pub fn jobs_table(jobs: &[JobSummary]) -> String {
                 j.id.to_string(),
                 j.pipeline_id.to_string(),
                 j.name.clone(),
-                j.state.to_string(),
+                state_text(j),
                 j.agent_name.clone().unwrap_or_else(|| "-".into()),
                 if j.gpus.is_empty() { "-".into() } else { j.gpus.len().to_string() },
                 when,
@@ -109,7 +118,10 @@ pub fn job_detail(j: &JobSummary) -> String {
         escape(&j.step_key),
         j.attempt
     );
-    let _ = writeln!(s, "state:    {}", j.state);
+    let _ = writeln!(s, "state:    {}", state_text(j));
+    if j.soft_failed {
+        let _ = writeln!(s, "          soft failed: its step's soft_fail covers this; the pipeline does not fail");
+    }
     let _ = writeln!(s, "reason:   {}", escape(&j.reason));
     if let Some(a) = &j.agent_name {
         let _ = writeln!(s, "agent:    {}", escape(a));
@@ -239,6 +251,12 @@ impl Progress {
                     }
                     JobState::Succeeded => format!("✓ {} succeeded in {took}", j.name),
                     JobState::Skipped => format!("- {} skipped: {}", j.name, j.reason),
+                    st if j.soft_failed => format!(
+                        "~ {} soft failed ({st}{}): {}; the pipeline does not fail",
+                        j.name,
+                        if took.is_empty() { String::new() } else { format!(" after {took}") },
+                        j.reason
+                    ),
                     st => format!(
                         "✗ {} {st}{}: {}",
                         j.name,
@@ -260,7 +278,7 @@ impl Progress {
                     latest.insert(&j.step_key, j);
                 }
                 for j in latest.values() {
-                    *counts.entry(j.state.to_string()).or_default() += 1;
+                    *counts.entry(state_text(j)).or_default() += 1;
                 }
                 let parts: Vec<String> = counts.iter().map(|(s, n)| format!("{n} {s}")).collect();
                 let _ = writeln!(
@@ -370,6 +388,7 @@ mod tests {
             step_key: "test".into(),
             name: "test".into(),
             state: JobState::Succeeded,
+            soft_failed: false,
             reason: "exited with code 0".into(),
             attempt: 1,
             agent_id: Some("a1".into()),
@@ -384,6 +403,20 @@ mod tests {
             cost: None,
             unenforced: vec![],
         }
+    }
+
+    /// Issue 30: a soft failure reads apart from a failure in `gpuci jobs` and `gpuci jobs show`.
+    #[test]
+    fn a_soft_failure_says_so() {
+        let mut j = job();
+        (j.state, j.exit_code, j.reason) = (JobState::Failed, Some(3), "exited with code 3".into());
+        assert!(jobs_table(std::slice::from_ref(&j)).contains("failed  "), "{}", jobs_table(&[j.clone()]));
+        assert!(!job_detail(&j).contains("soft"));
+        j.soft_failed = true;
+        assert!(jobs_table(std::slice::from_ref(&j)).contains(" failed (soft) "), "{}", jobs_table(&[j.clone()]));
+        let detail = job_detail(&j);
+        assert!(detail.contains("state:    failed (soft)\n"), "{detail}");
+        assert!(detail.contains("the pipeline does not fail"), "{detail}");
     }
 
     /// Issue 26: what the agent did not enforce stands out in `gpuci jobs show`, one key per

@@ -47,6 +47,82 @@ steps:
     assert_eq!(api.log_text(test.id), "testing\n");
 }
 
+/// Issue 30: a 2×2 matrix runs four jobs, each with its own values; a failure its step's
+/// `soft_fail` covers leaves the pipeline green and its dependents run.
+#[test]
+fn a_matrix_runs_a_job_per_combination_and_a_soft_failure_leaves_the_pipeline_succeeded() {
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--slots", "4", "--isolation", isolation()]);
+    let p = api.submit(
+        r#"
+steps:
+  - key: test
+    matrix:
+      setup:
+        python: ["3.11", "3.12"]
+        cuda: ["12.4", "12.6"]
+    env: {PY: "{{matrix.python}}"}
+    command: "echo python=$PY cuda={{matrix.cuda}}"
+  - key: flaky
+    depends_on: test
+    soft_fail: [3]
+    command: "echo flaky; exit 3"
+  - key: after-flaky
+    depends_on: flaky
+    command: echo ran after a soft failure
+"#,
+    );
+    assert_eq!(p.jobs.len(), 6, "{:#?}", p.jobs);
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{:#?}", done.jobs);
+    let combos = [("3.11", "12.4"), ("3.11", "12.6"), ("3.12", "12.4"), ("3.12", "12.6")];
+    for (j, (py, cuda)) in done.jobs.iter().zip(combos) {
+        assert_eq!(j.step_key, format!("test[python={py},cuda={cuda}]"));
+        assert_eq!(j.name, format!("test (python={py}, cuda={cuda})"));
+        assert_eq!(j.state, JobState::Succeeded, "{}: {}", j.name, j.reason);
+        assert_eq!(api.log_text(j.id), format!("python={py} cuda={cuda}\n"));
+    }
+    let by_key = |k: &str| done.jobs.iter().find(|j| j.step_key == k).unwrap().clone();
+    let (flaky, after) = (by_key("flaky"), by_key("after-flaky"));
+    // `depends_on` the matrix step waited for all four of its jobs.
+    let last_test = done.jobs[..4].iter().filter_map(|j| j.finished_at_ms).max().unwrap();
+    assert!(flaky.started_at_ms.unwrap() >= last_test);
+    assert_eq!((flaky.state, flaky.exit_code, flaky.soft_failed), (JobState::Failed, Some(3), true));
+    assert_eq!(api.log_text(flaky.id), "flaky\n");
+    assert_eq!(after.state, JobState::Succeeded, "{}", after.reason);
+    assert!(!after.soft_failed && !done.jobs[0].soft_failed);
+}
+
+/// Issue 30: `allow_dependency_failure` runs a step after its dependency failed; without it
+/// the step is skipped, as before; the pipeline still fails.
+#[test]
+fn allow_dependency_failure_runs_a_step_after_its_dependency_failed() {
+    let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--slots", "2", "--isolation", isolation()]);
+    let p = api.submit(
+        r#"
+steps:
+  - key: build
+    command: "echo building; exit 1"
+  - key: deploy
+    depends_on: build
+    command: echo deploying
+  - key: cleanup
+    depends_on: build
+    allow_dependency_failure: true
+    command: echo cleaning up
+"#,
+    );
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "failed", "{:#?}", done.jobs);
+    let by_key = |k: &str| done.jobs.iter().find(|j| j.step_key == k).unwrap().clone();
+    let (build, deploy, cleanup) = (by_key("build"), by_key("deploy"), by_key("cleanup"));
+    assert_eq!((build.state, build.soft_failed), (JobState::Failed, false));
+    assert_eq!(deploy.state, JobState::Skipped);
+    assert!(deploy.reason.contains("`build`") && deploy.reason.contains("failed"), "{}", deploy.reason);
+    assert_eq!(cleanup.state, JobState::Succeeded, "{}", cleanup.reason);
+    assert!(cleanup.started_at_ms.unwrap() >= build.finished_at_ms.unwrap());
+    assert_eq!(api.log_text(cleanup.id), "cleaning up\n");
+}
+
 #[test]
 fn cancelling_a_running_job_kills_its_whole_process_tree() {
     let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);

@@ -403,8 +403,8 @@ pub struct Brain {
     agents: BTreeMap<String, AgentState>,
     /// Every job not in a terminal state.
     active: BTreeMap<JobId, JobRecord>,
-    /// Latest attempt of each step: (pipeline, key) → (job, state).
-    steps: HashMap<(PipelineId, String), (JobId, JobState)>,
+    /// Latest attempt of each step: (pipeline, key) → (job, state, soft failed).
+    steps: HashMap<(PipelineId, String), (JobId, JobState, bool)>,
     quarantine: BTreeMap<String, Quarantine>,
     /// Reasons of cancels sent to agents and not yet confirmed.
     cancelling: HashMap<JobId, String>,
@@ -783,9 +783,10 @@ impl Brain {
     fn note_step(&mut self, j: &JobRecord) {
         let key = (j.pipeline_id, j.step.key.clone());
         match self.steps.get(&key) {
-            Some((id, _)) if *id > j.id => {}
+            Some((id, _, _)) if *id > j.id => {}
             _ => {
-                self.steps.insert(key, (j.id, j.state));
+                let soft = gpuci_core::progress::is_soft_failure(&j.step.soft_fail, j.state, j.exit_code);
+                self.steps.insert(key, (j.id, j.state, soft));
             }
         }
     }
@@ -1570,17 +1571,22 @@ impl Brain {
         (hosts, ids)
     }
 
-    /// Why a queued job cannot start yet, if something other than capacity holds it back.
+    /// Why a queued job cannot start yet, if something other than capacity holds it back:
+    /// `Ok` while it waits, `Err` when it can never run.
     fn blocked(&self, j: &JobRecord) -> Option<Result<String, String>> {
-        for dep in &j.step.depends_on {
-            match self.steps.get(&(j.pipeline_id, dep.clone())) {
-                Some((_, JobState::Succeeded)) => {}
-                Some((id, st)) if st.is_terminal() => {
-                    return Some(Err(format!("dependency `{dep}` (job {id}) {st}; this step never ran")));
-                }
-                Some((id, st)) => return Some(Ok(format!("waiting for `{dep}` (job {id}, {st})"))),
-                None => return Some(Err(format!("dependency `{dep}` does not exist"))),
-            }
+        use gpuci_core::progress::{gate, Attempt, Gate};
+        let latest = |dep: &str| {
+            self.steps.get(&(j.pipeline_id, dep.to_string())).map(|(id, state, soft)| Attempt {
+                step_key: "",
+                job_id: *id,
+                state: *state,
+                soft_failed: *soft,
+            })
+        };
+        match gate(&j.step, latest) {
+            Gate::Ready => {}
+            Gate::Wait(why) => return Some(Ok(why)),
+            Gate::Skip(why) => return Some(Err(why)),
         }
         if let Some(key) = self.group_of(j) {
             if let Some(other) = self

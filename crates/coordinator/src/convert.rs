@@ -10,6 +10,7 @@ pub fn job_summary(j: &JobRecord, agent_name: Option<String>) -> JobSummary {
         step_key: j.step.key.clone(),
         name: j.step.display_name().to_string(),
         state: j.state,
+        soft_failed: gpuci_core::progress::is_soft_failure(&j.step.soft_fail, j.state, j.exit_code),
         reason: j.reason.clone(),
         attempt: j.attempt,
         agent_id: j.agent_id.clone(),
@@ -26,23 +27,14 @@ pub fn job_summary(j: &JobRecord, agent_name: Option<String>) -> JobSummary {
     }
 }
 
-/// A pipeline's state: `running` while any job is unfinished, else the worst outcome.
+/// A pipeline's state: `running` while any job is unfinished, else the worst outcome that is
+/// not a soft failure (`gpuci_core::progress::pipeline_state`).
 pub fn pipeline_state(jobs: &[JobSummary]) -> String {
-    use gpuci_core::job::JobState::*;
-    // Only the latest attempt of each step counts.
-    let mut latest: std::collections::BTreeMap<&str, &JobSummary> = std::collections::BTreeMap::new();
-    for j in jobs {
-        match latest.get(j.step_key.as_str()) {
-            Some(o) if o.id > j.id => {}
-            _ => {
-                latest.insert(&j.step_key, j);
-            }
-        }
-    }
-    if latest.values().any(|j| !j.state.is_terminal()) {
-        return "running".into();
-    }
-    let worst =
-        [Lost, TimedOut, Failed, Cancelled, Skipped].into_iter().find(|s| latest.values().any(|j| j.state == *s));
-    worst.map_or("succeeded".into(), |s| s.to_string())
+    gpuci_core::progress::pipeline_state(jobs.iter().map(|j| gpuci_core::progress::Attempt {
+        step_key: &j.step_key,
+        job_id: j.id,
+        state: j.state,
+        soft_failed: j.soft_failed,
+    }))
+    .to_string()
 }

@@ -6,7 +6,8 @@
 //! cache scopes (which caches a job may read and write), repository identities (`repo`: a
 //! repository is named with its host; a bare `owner/name` in configs and stored data means
 //! that repository on the configured GitHub host) and concurrency groups (scoped per
-//! repository and trust class unless the server config shares one).
+//! repository and trust class unless the server config shares one), and how a pipeline's jobs
+//! combine (`progress`: soft failures, dependency gates, the pipeline's state).
 //!
 //! What must not live here: I/O of any kind (files, sockets, clocks, environment), an async
 //! runtime, logging side effects. Callers hand in the current time and the observed state;
@@ -23,6 +24,7 @@ pub mod job;
 pub mod mask;
 pub mod pipeline;
 pub mod placement;
+pub mod progress;
 pub mod quantity;
 pub mod repo;
 pub mod secret_scope;

@@ -102,6 +102,9 @@ steps:
         encrypted_secrets: Default::default(),
         environment: None,
         cache: vec![".cache/pip".into(), "target".into()],
+        soft_fail: Default::default(),
+        allow_dependency_failure: false,
+        matrix: None,
     };
     assert_eq!(p.steps[1], want);
 }

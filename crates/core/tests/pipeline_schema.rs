@@ -235,13 +235,15 @@ fn every_schema_key_is_known_to_the_parser() {
     let props = |def: &str| -> Vec<String> {
         schema["definitions"][def]["properties"].as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
     };
-    let wrap: [(&str, Wrap); 6] = [
+    let wrap: [(&str, Wrap); 8] = [
         ("RawPipeline", |k| format!("{k}: 1\n")),
         ("RawStep", |k| format!("steps:\n  - {k}: 1\n")),
         ("RawRetryPolicy", |k| format!("steps:\n  - retry: {{{k}: 1}}\n")),
         ("RawConcurrencySettings", |k| format!("steps:\n  - concurrency: {{{k}: 1}}\n")),
         ("RawGpu", |k| format!("steps:\n  - gpu: {{{k}: 1}}\n")),
         ("RawResources", |k| format!("steps:\n  - resources: {{{k}: 1}}\n")),
+        ("RawMatrix", |k| format!("steps:\n  - matrix: {{{k}: 1}}\n")),
+        ("RawExitStatusMap", |k| format!("steps:\n  - soft_fail: [{{{k}: 1}}]\n")),
     ];
     for (def, make) in wrap {
         let keys = props(def);

@@ -63,6 +63,10 @@ pub struct JobSummary {
     pub step_key: String,
     pub name: String,
     pub state: JobState,
+    /// A failure its step's `soft_fail` covers: the job is `failed` (or `timed_out`) but
+    /// does not fail its pipeline, and its dependents run (Buildkite's "soft failed").
+    #[serde(default)]
+    pub soft_failed: bool,
     /// Why the job is in its state: why it waits, why it failed, who cancelled it.
     pub reason: String,
     pub attempt: u32,

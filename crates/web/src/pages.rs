@@ -98,6 +98,16 @@ fn state_badge(state: JobState) -> Markup {
     html! { span class=(format!("badge s-{s}")) { (s) } }
 }
 
+/// A job's state; a soft failure (its step's `soft_fail`) says so, apart from a failure.
+fn job_badge(j: &JobSummary) -> Markup {
+    if j.soft_failed {
+        let s = j.state.as_str();
+        html! { span class=(format!("badge s-{s} soft")) title="soft failed: this does not fail the pipeline" { (s) " (soft)" } }
+    } else {
+        state_badge(j.state)
+    }
+}
+
 fn short_sha(sha: &str) -> &str {
     sha.get(..10).unwrap_or(sha)
 }
@@ -236,7 +246,7 @@ fn jobs_table(rows: &[JobRow], viewer: &Viewer, now_ms: i64, caption: &str) -> M
                             td { a href=(format!("/ui/jobs/{}", j.id)) { "#" (j.id) " " (crate::ansi::visible(&j.name)) }
                                 @if j.attempt > 1 { span.muted { " (attempt " (j.attempt) ")" } }
                                 br; a.muted href=(format!("/ui/pipelines/{}", j.pipeline_id)) { "pipeline " (j.pipeline_id) } }
-                            td { (state_badge(j.state)) }
+                            td { (job_badge(j)) }
                             td.reason { (crate::ansi::visible(&j.reason)) }
                             td { (job_duration(j, now_ms)) }
                             td { (origin_cell(&r.origin)) }
@@ -343,7 +353,7 @@ pub fn pipeline(id: i64, file_name: &str, state: &str, rows: &[JobRow], viewer: 
                                 if j.started_at_ms.is_some() { fmt_duration_ms(ended - started) } else { "not at all".into() });
                             li {
                                 a.tl-name href=(format!("/ui/jobs/{}", j.id)) { "#" (j.id) " " (crate::ansi::visible(&j.name)) }
-                                " " (state_badge(j.state))
+                                " " (job_badge(j))
                                 span.sr-only { ": " (words) }
                                 div.tl-track aria-hidden="true" title=(words) {
                                     @let (l, w) = pct(j.created_at_ms, assigned.min(started));
@@ -415,7 +425,7 @@ pub fn job(p: &JobPage, viewer: &Viewer, now_ms: i64) -> Markup {
         viewer,
         "Jobs",
         html! {
-            h1 { "#" (j.id) " " (crate::ansi::visible(&j.name)) " " span #job-state { (state_badge(j.state)) } }
+            h1 { "#" (j.id) " " (crate::ansi::visible(&j.name)) " " span #job-state { (job_badge(j)) } }
             p.reason #job-reason { (crate::ansi::visible(&j.reason)) }
             dl.facts {
                 dt { "Pipeline" } dd { a href=(format!("/ui/pipelines/{}", j.pipeline_id)) { (j.pipeline_id) } " · step " code { (j.step_key) } " · attempt " (j.attempt) }
@@ -479,7 +489,7 @@ pub fn charts_fragment(points: &[TelemetryPoint], memory_total: Option<u64>) -> 
 
 /// A job's state and reason, sent live.
 pub fn state_fragment(j: &JobSummary) -> String {
-    state_badge(j.state).into_string()
+    job_badge(j).into_string()
 }
 
 /// Hosts and their GPUs, and the fleets.
@@ -699,6 +709,7 @@ mod tests {
             step_key: "k".into(),
             name: name.into(),
             state: JobState::Queued,
+            soft_failed: false,
             reason: reason.into(),
             attempt: 1,
             agent_id: None,

@@ -20,8 +20,8 @@ use tokio_util::sync::CancellationToken;
 /// One thing to tell GitHub about a commit.
 #[derive(Clone, Debug)]
 pub enum Item {
-    /// A gpuci job's state.
-    Job { repo: Repo, sha: String, job: JobId, name: String, key: String, state: JobState, reason: String },
+    /// A gpuci job's state; `soft`: a failure its step's `soft_fail` covers.
+    Job { repo: Repo, sha: String, job: JobId, name: String, key: String, state: JobState, soft: bool, reason: String },
     /// The pipeline as a whole: waiting for approval, approved (its jobs report on their own),
     /// or failed (an invalid file, or gpuci could not start it).
     Pipeline { repo: Repo, sha: String, state: PipelineReport, title: String, summary: String },
@@ -84,9 +84,10 @@ impl Reporter {
 
     async fn send(&self, item: &Item) -> Result<(), gpuci_github::ApiError> {
         match (item, self.mode) {
-            (Item::Job { repo, sha, job, name, key, state, reason }, Report::Checks) => {
-                let (status, conclusion) = check_state(*state);
-                let output = CheckOutput { title: state.to_string(), summary: reason.clone() };
+            (Item::Job { repo, sha, job, name, key, state, soft, reason }, Report::Checks) => {
+                let (status, conclusion) = check_state(*state, *soft);
+                let title = if *soft { format!("{state} (soft fail)") } else { state.to_string() };
+                let output = CheckOutput { title, summary: reason.clone() };
                 match self.store.get_check_run(*job).await.ok().flatten() {
                     Some(id) => {
                         let update = CheckRunUpdate {
@@ -115,12 +116,16 @@ impl Reporter {
                     }
                 }
             }
-            (Item::Job { repo, sha, job, key, state, reason, .. }, Report::Statuses) => {
+            (Item::Job { repo, sha, job, key, state, soft, reason, .. }, Report::Statuses) => {
                 let status = CommitStatus {
-                    state: status_state(*state),
+                    state: if *soft { StatusState::Success } else { status_state(*state) },
                     context: format!("{PIPELINE_CONTEXT}/{key}"),
                     target_url: Some(self.logs_url(*job)),
-                    description: Some(format!("{state}: {reason}")),
+                    description: Some(if *soft {
+                        format!("{state} (soft fail): {reason}")
+                    } else {
+                        format!("{state}: {reason}")
+                    }),
                 };
                 self.client.create_status(repo, sha, &status).await
             }
@@ -170,8 +175,10 @@ pub(crate) fn next_attempt(now: SystemTime, error: &gpuci_github::ApiError, fail
     (error.is_transient() && (1..3).contains(&failures)).then(|| now + Duration::from_millis(500 << (failures - 1)))
 }
 
-fn check_state(s: JobState) -> (CheckStatus, Option<Conclusion>) {
+/// A soft failure is `neutral`: shown, but it does not fail the commit.
+fn check_state(s: JobState, soft: bool) -> (CheckStatus, Option<Conclusion>) {
     match s {
+        JobState::Failed | JobState::TimedOut if soft => (CheckStatus::Completed, Some(Conclusion::Neutral)),
         JobState::Queued => (CheckStatus::Queued, None),
         JobState::Assigned | JobState::Running => (CheckStatus::InProgress, None),
         JobState::Succeeded => (CheckStatus::Completed, Some(Conclusion::Success)),
@@ -194,6 +201,15 @@ fn status_state(s: JobState) -> StatusState {
 mod tests {
     use super::*;
     use gpuci_github::ApiError;
+
+    /// Issue 30: a soft failure shows on the commit without failing it.
+    #[test]
+    fn a_soft_failure_is_a_neutral_check_run() {
+        assert!(matches!(check_state(JobState::Failed, true).1, Some(Conclusion::Neutral)));
+        assert!(matches!(check_state(JobState::TimedOut, true).1, Some(Conclusion::Neutral)));
+        assert!(matches!(check_state(JobState::Failed, false).1, Some(Conclusion::Failure)));
+        assert!(matches!(check_state(JobState::Succeeded, true).1, Some(Conclusion::Success)));
+    }
 
     #[test]
     fn regression_issue_27_a_rate_limited_report_waits_for_githubs_time_not_our_backoff() {

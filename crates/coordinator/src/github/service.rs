@@ -913,6 +913,7 @@ impl Service {
                     name: j.name.clone(),
                     key: j.step_key.clone(),
                     state: j.state,
+                    soft: j.soft_failed,
                     reason: j.reason.clone(),
                 });
                 if j.state.is_terminal() {

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 mod parse;
 pub mod schema;
 
-pub use parse::{is_env_name, parse, PipelineError, PipelineErrors};
+pub use parse::{is_env_name, parse, PipelineError, PipelineErrors, MAX_MATRIX_JOBS, MAX_PIPELINE_JOBS};
 
 /// The queue timeout a step gets when it names none.
 pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
@@ -76,6 +76,16 @@ pub struct Step {
     /// Paths (relative to the workspace) kept per repository between jobs.
     #[serde(default)]
     pub cache: Vec<String>,
+    /// Failures that do not fail the pipeline (`soft_fail:`).
+    #[serde(default, skip_serializing_if = "SoftFail::is_never")]
+    pub soft_fail: SoftFail,
+    /// Run once every dependency has ended, whatever its outcome (`allow_dependency_failure:`);
+    /// otherwise a dependency that did not succeed skips this step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_dependency_failure: bool,
+    /// Set on each job a `matrix:` step expands to: that step's key and this job's values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matrix: Option<MatrixJob>,
 }
 
 impl Step {
@@ -110,7 +120,53 @@ impl Step {
             secrets: Vec::new(),
             encrypted_secrets: BTreeMap::new(),
             cache: Vec::new(),
+            soft_fail: SoftFail::Never,
+            allow_dependency_failure: false,
+            matrix: None,
         }
+    }
+}
+
+/// `soft_fail:` on a step: which failures leave the pipeline green. The job still ends
+/// `failed` (or `timed_out`) and is shown as soft failed; its dependents run as if it had
+/// succeeded. Decided by [`crate::progress::is_soft_failure`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SoftFail {
+    /// Every failure fails the pipeline (the default).
+    #[default]
+    Never,
+    /// `soft_fail: true`: the step failing or running past its timeout.
+    Always,
+    /// `soft_fail: [1, 42]`: the command exiting with one of these codes.
+    ExitCodes(Vec<i32>),
+}
+
+impl SoftFail {
+    pub fn is_never(&self) -> bool {
+        *self == SoftFail::Never
+    }
+}
+
+/// Which job of a `matrix:` step this is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MatrixJob {
+    /// The key of the step as written, which `depends_on` names.
+    pub step: String,
+    /// One value per axis, in the order the axes are written under `setup:`.
+    pub values: Vec<MatrixValue>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MatrixValue {
+    pub axis: String,
+    pub value: String,
+}
+
+impl MatrixJob {
+    /// `python=3.11, cuda=12.4`: how the job's name shows its values.
+    pub fn describe(&self, separator: &str) -> String {
+        self.values.iter().map(|v| format!("{}={}", v.axis, v.value)).collect::<Vec<_>>().join(separator)
     }
 }
 

@@ -19,17 +19,23 @@
 //! The accepted keys are the `*_KEYS` lists below; `schema.rs` has a test that keeps the JSON
 //! Schema and these lists equal.
 
-use super::{Concurrency, NetworkMode, Pipeline, Resources, RetryPolicy, SandboxMode, Step};
+use super::{Concurrency, NetworkMode, Pipeline, Resources, RetryPolicy, SandboxMode, SoftFail, Step};
 use crate::duration::Duration;
 use crate::gpu::{CmpOp, ComputeCapability, Constraint, GpuRequirements, Version};
 use crate::job::RetryOn;
 use crate::quantity::Bytes;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use yaml_rust2::parser::{Event, Parser, Tag};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
+mod matrix;
+
+#[cfg(test)]
+pub(crate) use matrix::MATRIX_KEYS;
+pub use matrix::{MAX_MATRIX_JOBS, MAX_PIPELINE_JOBS};
+
 /// One problem in a pipeline file. Displays as `file:line:column: field: message`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("{file}:{line}:{column}: {field}: {message}")]
 pub struct PipelineError {
     pub file: String,
@@ -83,11 +89,16 @@ pub(crate) const STEP_KEYS: &[&str] = &[
     "secrets",
     "environment",
     "cache",
+    "matrix",
+    "soft_fail",
+    "allow_dependency_failure",
 ];
 pub(crate) const RETRY_KEYS: &[&str] = &["count", "on"];
 pub(crate) const CONCURRENCY_KEYS: &[&str] = &["group", "cancel_in_progress"];
 pub(crate) const GPU_KEYS: &[&str] = &["memory", "compute_capability", "model", "driver", "cuda", "mig"];
 pub(crate) const RESOURCES_KEYS: &[&str] = &["memory", "cpus", "pids"];
+/// Keys of an item of `soft_fail:` in its Buildkite form, `- exit_status: 1`.
+pub(crate) const SOFT_FAIL_KEYS: &[&str] = &["exit_status"];
 
 /// Most GPUs one step may ask for; no host has more, and a typo like `gpus: 100` should fail
 /// here rather than queue forever.
@@ -102,7 +113,7 @@ const MAX_NODES: usize = 200_000;
 
 /// Parse and validate a pipeline file. `file` is only used in error messages.
 pub fn parse(file: &str, text: &str) -> Result<Pipeline, PipelineErrors> {
-    let mut cx = Ctx { file, errors: Vec::new() };
+    let mut cx = Ctx { file, errors: Vec::new(), jobs: 0, expanded_nodes: 0 };
     // A raw NUL ends the YAML reader's input early: what follows it would be dropped unseen.
     if let Some(at) = text.find('\0') {
         let line = text[..at].matches('\n').count() + 1;
@@ -117,6 +128,10 @@ pub fn parse(file: &str, text: &str) -> Result<Pipeline, PipelineErrors> {
             None
         }
     };
+    // A matrix step is read once per combination: the same error in a field without
+    // `{{matrix.…}}` would otherwise be reported once per job.
+    let mut seen = HashSet::new();
+    cx.errors.retain(|e| seen.insert(e.clone()));
     cx.errors.sort_by_key(|e| (e.line, e.column));
     match pipeline {
         Some(p) if cx.errors.is_empty() => Ok(p),
@@ -517,11 +532,17 @@ struct Draft {
     key_pos: Option<Pos>,
     /// `depends_on` entries: name, position, field path.
     deps: Vec<(String, Pos, String)>,
+    /// The jobs a `matrix:` step expands to, in order; empty for a plain step (it is `step`).
+    expanded: Vec<Step>,
 }
 
 struct Ctx<'f> {
     file: &'f str,
     errors: Vec<PipelineError>,
+    /// Jobs the steps read so far expand to (see [`MAX_PIPELINE_JOBS`]).
+    jobs: usize,
+    /// Nodes read for matrix combinations so far: bounds the work a small file can ask for.
+    expanded_nodes: usize,
 }
 
 impl Ctx<'_> {
@@ -820,22 +841,48 @@ impl Ctx<'_> {
             }
         }
         self.check_graph(&drafts, path);
-        all_read.then(|| drafts.into_iter().map(|d| d.step).collect())
+        if self.jobs > MAX_PIPELINE_JOBS {
+            self.err(
+                node.pos,
+                path,
+                format!(
+                    "the steps expand to {} jobs (matrices included), more than the {MAX_PIPELINE_JOBS} a pipeline may have",
+                    self.jobs
+                ),
+            );
+            return None;
+        }
+        all_read.then(|| matrix::flatten(drafts))
     }
 
-    /// The step as read, and whether it was read without errors; `None` when it is not a map.
+    /// The step as read (a matrix step: each of its jobs), and whether it was read without
+    /// errors; `None` when it is not a map.
     fn step(&mut self, node: &Node, path: &str, i: usize) -> Option<(Draft, bool)> {
         let fields = self.record(node, path, "a map of step settings", STEP_KEYS)?;
+        self.matrix_step(node, path, i, fields)
+    }
+
+    /// One reading of a step's fields. `unread` names fields that were given but left out of
+    /// `fields` (their errors are already reported), so that they do not count as missing.
+    fn read_step(
+        &mut self,
+        pos: Pos,
+        path: &str,
+        i: usize,
+        fields: &[(&str, Pos, &Node)],
+        unread: &[&str],
+    ) -> (Draft, bool) {
         let mut step = Step::new(format!("step-{}", i + 1), String::new());
         step.command.clear();
-        let mut draft = Draft { index: i, step: Step::new("", ""), pos: node.pos, key_pos: None, deps: Vec::new() };
+        let mut draft =
+            Draft { index: i, step: Step::new("", ""), pos, key_pos: None, deps: Vec::new(), expanded: Vec::new() };
         let mut ok = true;
-        let mut have_command = false;
+        let mut have_command = unread.contains(&"command");
         let mut gpus_field: Option<(&Node, Option<u32>)> = None;
         let mut gpu_field: Option<(Pos, GpuRequirements, bool)> = None;
 
         // Each arm records its own errors; `ok` only tracks whether the step is usable.
-        for (name, _, v) in fields {
+        for &(name, _, v) in fields {
             let p = join(path, name);
             let p = p.as_str();
             let good = match name {
@@ -886,13 +933,16 @@ impl Ctx<'_> {
                     step.encrypted_secrets = sealed;
                 }),
                 "cache" => self.cache(v, p).map(|c| step.cache = c),
+                "soft_fail" => self.soft_fail(v, p).map(|s| step.soft_fail = s),
+                "allow_dependency_failure" => self.bool(v, p).map(|b| step.allow_dependency_failure = b),
+                // Read by `matrix_step` before the fields.
                 _ => Some(()),
             };
             ok &= good.is_some();
         }
 
         if !have_command {
-            self.err(node.pos, join(path, "command"), "missing: every step needs a `command`");
+            self.err(pos, join(path, "command"), "missing: every step needs a `command`");
             ok = false;
         }
         // `gpu:` alone means one GPU with those properties; `gpus: 0` with properties is a contradiction.
@@ -915,7 +965,88 @@ impl Ctx<'_> {
         step.depends_on = draft.deps.iter().map(|(d, _, _)| d.clone()).collect();
 
         draft.step = step;
-        Some((draft, ok))
+        (draft, ok)
+    }
+
+    /// `soft_fail: true`, or a list of exit codes: `[1, 42]`, or Buildkite's
+    /// `[{exit_status: 1}, {exit_status: "*"}]`.
+    fn soft_fail(&mut self, node: &Node, path: &str) -> Option<SoftFail> {
+        const EXPECTED: &str = "true, false, or a list of exit codes like [1, 42]";
+        const CODE: &str = "an exit code";
+        let items = match &node.value {
+            Value::Scalar(Kind::Bool, _) => {
+                return self.bool(node, path).map(|b| if b { SoftFail::Always } else { SoftFail::Never })
+            }
+            Value::Seq(items) if items.is_empty() => {
+                self.err(
+                    node.pos,
+                    path,
+                    "an empty list soft-fails nothing; write `true`, or list exit codes like [1, 42]",
+                );
+                return None;
+            }
+            Value::Seq(items) => items,
+            _ => {
+                self.type_err(node, path, EXPECTED);
+                return None;
+            }
+        };
+        let mut codes: Vec<i32> = Vec::new();
+        let mut all = false;
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            let p = index(path, i);
+            // `{exit_status: N}` or `{exit_status: "*"}`, as Buildkite writes it.
+            let (code_node, code_path) = if let Value::Map(_) = item.value {
+                let Some(fields) = self.record(item, &p, "an exit code, or {exit_status: N}", SOFT_FAIL_KEYS) else {
+                    ok = false;
+                    continue;
+                };
+                let Some(&(_, _, v)) = fields.first() else {
+                    // An unknown key in its place is reported already.
+                    if matches!(&item.value, Value::Map(entries) if entries.is_empty()) {
+                        self.err(
+                            item.pos,
+                            join(&p, "exit_status"),
+                            "missing: name the exit code, e.g. `exit_status: 1`",
+                        );
+                    }
+                    ok = false;
+                    continue;
+                };
+                if v.str() == Some("*") {
+                    all = true;
+                    continue;
+                }
+                (v, join(&p, "exit_status"))
+            } else {
+                (item, p)
+            };
+            if int_value(code_node) == Some(0) {
+                self.err(
+                    code_node.pos,
+                    &code_path,
+                    "0 is success; list the non-zero exit codes that should not fail the pipeline",
+                );
+                ok = false;
+                continue;
+            }
+            let Some(code) = self.int_in(code_node, &code_path, 1, 255, CODE).and_then(|n| i32::try_from(n).ok())
+            else {
+                ok = false;
+                continue;
+            };
+            if codes.contains(&code) {
+                self.err(code_node.pos, &code_path, format!("`{code}` is listed twice"));
+                ok = false;
+            } else {
+                codes.push(code);
+            }
+        }
+        if !ok {
+            return None;
+        }
+        Some(if all { SoftFail::Always } else { SoftFail::ExitCodes(codes) })
     }
 
     fn step_key(&mut self, node: &Node, path: &str) -> Option<String> {

@@ -64,9 +64,9 @@ struct RawStep {
     retry: Option<RawRetry>,
     /// At most one job of a group runs at a time: a group name, or `{group, cancel_in_progress}`.
     concurrency: Option<RawConcurrency>,
-    /// Number of whole GPUs. Default 0, or 1 when `gpu` is given.
-    #[schemars(range(min = 0, max = 64))]
-    gpus: Option<u32>,
+    /// Number of whole GPUs. Default 0, or 1 when `gpu` is given. A matrix step may write
+    /// `"{{matrix.NAME}}"`.
+    gpus: Option<RawGpus>,
     /// Properties every GPU of the step must have.
     gpu: Option<RawGpu>,
     /// Limits enforced by the sandbox.
@@ -87,6 +87,73 @@ struct RawStep {
     secrets: Option<RawSecrets>,
     /// Paths, relative to the workspace, kept per repository between jobs.
     cache: Option<Vec<String>>,
+    /// Run the step once per combination of values: `{setup: {python: ["3.11", "3.12"]}}`,
+    /// optionally with `include` and `exclude`. `{{matrix.NAME}}` in `label`, `command`,
+    /// `env`, `image`, `gpus`, `gpu` and `agents` is replaced by each job's value.
+    matrix: Option<RawMatrix>,
+    /// Failures that do not fail the pipeline: `true` (any failure or timeout), or a list of
+    /// exit codes. The job still shows as failed, marked soft failed.
+    soft_fail: Option<RawSoftFail>,
+    /// Run once every dependency has ended, whatever its outcome (default: a dependency that
+    /// did not succeed skips this step).
+    allow_dependency_failure: Option<bool>,
+}
+
+/// A GPU count, or a matrix value that is one.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+enum RawGpus {
+    Count(#[schemars(range(min = 0, max = 64))] u32),
+    /// `"{{matrix.NAME}}"`
+    Interpolated(String),
+}
+
+/// `matrix:` on a step.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawMatrix {
+    /// Axis name → its values; the jobs are every combination, the first axis varying slowest.
+    setup: BTreeMap<String, Vec<RawScalar>>,
+    /// Combinations to add after the product, each giving a value for every axis.
+    include: Option<Vec<BTreeMap<String, RawScalar>>>,
+    /// Combinations to leave out; an entry naming some axes leaves out every combination
+    /// with those values.
+    exclude: Option<Vec<BTreeMap<String, RawScalar>>>,
+}
+
+/// `soft_fail: true`, or a list of exit codes (`[1, 42]`, or `[{exit_status: 1}]`).
+#[derive(JsonSchema)]
+#[serde(untagged)]
+enum RawSoftFail {
+    All(bool),
+    Codes(#[schemars(length(min = 1))] Vec<RawExitStatus>),
+}
+
+#[derive(JsonSchema)]
+#[serde(untagged)]
+enum RawExitStatus {
+    Code(#[schemars(range(min = 1, max = 255))] u8),
+    Buildkite(RawExitStatusMap),
+}
+
+/// Buildkite's form: `{exit_status: 1}`, or `{exit_status: "*"}` for any.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawExitStatusMap {
+    exit_status: RawExitCodeOrAny,
+}
+
+#[derive(JsonSchema)]
+#[serde(untagged)]
+enum RawExitCodeOrAny {
+    Code(#[schemars(range(min = 1, max = 255))] u8),
+    Any(RawAny),
+}
+
+#[derive(JsonSchema)]
+enum RawAny {
+    #[serde(rename = "*")]
+    Any,
 }
 
 /// A string, or a list of strings.
@@ -278,6 +345,8 @@ mod tests {
             ("RawConcurrencySettings", parse::CONCURRENCY_KEYS),
             ("RawGpu", parse::GPU_KEYS),
             ("RawResources", parse::RESOURCES_KEYS),
+            ("RawMatrix", parse::MATRIX_KEYS),
+            ("RawExitStatusMap", parse::SOFT_FAIL_KEYS),
         ] {
             assert_eq!(properties(&schema, def), set(keys), "{def} differs from the parser's keys");
         }
@@ -297,7 +366,8 @@ mod tests {
     fn limits_match_the_parser() {
         let schema = json_schema();
         let step = &schema["definitions"]["RawStep"]["properties"];
-        assert_eq!(step["gpus"]["maximum"], serde_json::json!(parse::MAX_GPUS as f64));
+        let gpus = &schema["definitions"]["RawGpus"]["anyOf"][0];
+        assert_eq!(gpus["maximum"], serde_json::json!(parse::MAX_GPUS as f64), "{step}");
         let retry = &schema["definitions"]["RawRetryPolicy"]["properties"]["count"];
         assert_eq!(retry["maximum"], serde_json::json!(parse::MAX_RETRIES as f64));
     }
