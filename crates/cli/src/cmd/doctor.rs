@@ -181,13 +181,21 @@ fn job_isolation_checks() -> Vec<gpuci_gpu::DoctorCheck> {
     let tun =
         std::fs::metadata("/dev/net/tun").map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777);
     out.push(match (pasta, &tun) {
-        (true, Ok(mode)) if mode & 0o006 == 0o006 => check(
-            "sandbox.network",
-            CheckStatus::Pass,
-            "pasta and /dev/net/tun: each slot gets a network namespace with egress and no view of the host's loopback"
-                .into(),
-            None,
-        ),
+        (true, Ok(mode)) if mode & 0o006 == 0o006 => match slot_network_made() {
+            Ok(()) => check(
+                "sandbox.network",
+                CheckStatus::Pass,
+                "pasta and /dev/net/tun: each slot gets a network namespace with egress and no view of the host's loopback"
+                    .into(),
+                None,
+            ),
+            Err(e) => check(
+                "sandbox.network",
+                CheckStatus::Fail,
+                format!("a slot's network namespace cannot be made here ({e}): `network: default` steps would get no network"),
+                Some("in a container, the agent needs user namespaces and /dev/net/tun (see docs/sandbox.md and docs/providers/kubernetes.md)".into()),
+            ),
+        },
         (false, _) => check(
             "sandbox.network",
             CheckStatus::Fail,
@@ -293,4 +301,18 @@ async fn job_sandbox_check() -> gpuci_gpu::DoctorCheck {
             }
         }
     }
+}
+
+/// A slot's network made for real, as the agent makes each (root only; an agent that is not
+/// root gives its jobs none): on uids leased like an agent's, so a running agent's are never
+/// touched, and gone at once.
+fn slot_network_made() -> Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(());
+    }
+    let lease = gpuci_agent::slots::lease(None, 1)?;
+    let ids = gpuci_agent::slots::users_for(lease.range, 1)?;
+    let net = gpuci_sandbox::SlotNetwork::start(ids[0].network, &[]).map_err(|e| e.to_string())?;
+    drop(net);
+    Ok(())
 }
