@@ -421,6 +421,8 @@ pub(crate) fn warm_spec(ctx: &JobContext, slot: &crate::slots::SlotGuard) -> Opt
             JobNetwork::Host | JobNetwork::None => None,
         },
         cgroups: gpuci_sandbox::CgroupUse::Auto,
+        // Where there is no cgroup: the usual job's process limit, set as it waits.
+        nproc: ready.resources.pids.map(u64::from),
         ready: Some(gpuci_sandbox::ReadySpec { name: name(n + 1), sandbox: ready }),
     })
 }

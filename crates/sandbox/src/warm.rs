@@ -88,6 +88,10 @@ pub struct WarmSpec {
     /// or the host's, fit).
     pub network: Option<Arc<OwnedFd>>,
     pub cgroups: CgroupUse,
+    /// Where it gets no cgroup (a container that gives none): the process limit of the job it
+    /// waits for, set now as `RLIMIT_NPROC` (it cannot be set later); only a job with exactly
+    /// that limit fits it. The agent gives its default job limit.
+    pub nproc: Option<u64>,
     /// Also start the sandbox itself for a job laid out like this one (see the module header).
     pub ready: Option<ReadySpec>,
 }
@@ -131,6 +135,8 @@ struct Waiter {
     group: File,
     seccomp: Vec<File>,
     cgroup: Option<JobCgroup>,
+    /// Without a cgroup: the `RLIMIT_NPROC` it was started with.
+    nproc: Option<u64>,
     bwrap: PathBuf,
 }
 
@@ -339,7 +345,9 @@ impl Waiter {
             (CgroupUse::Disabled, Some(_)) => Some("the job runs without cgroups"),
             (CgroupUse::Required, None) => Some("the job needs cgroups"),
             // Without a cgroup the process limit is an rlimit, set before the first exec.
-            (_, None) if spec.resources.pids.is_some() => Some("the job's process limit is set when it starts"),
+            (_, None) if spec.resources.pids.map(u64::from) != self.nproc => {
+                Some("the job's process limit is not the one this process was started with")
+            }
             _ => None,
         }
     }
@@ -677,9 +685,9 @@ fn spawn_stub(
             inherit,
             netns,
             user: Some((spec.user.uid, spec.user.gid)),
-            // Its job's process limit is not known yet: a job that needs one starts cold
-            // where there is no cgroup (`misfit`).
-            without_cgroup: cgroup.is_none().then_some(crate::child::WithoutCgroup { nproc: None }),
+            // Without a cgroup the process limit is set now, for the job it waits for: a job
+            // with another starts cold (`misfit`).
+            without_cgroup: cgroup.is_none().then_some(crate::child::WithoutCgroup { nproc: spec.nproc }),
         },
     );
     let program = if in_sandbox { bwrap.display().to_string() } else { STUB.to_string() };
@@ -707,6 +715,7 @@ fn spawn_stub(
         passwd,
         group,
         seccomp,
+        nproc: if cgroup.is_none() { spec.nproc } else { None },
         cgroup,
         bwrap: bwrap.to_path_buf(),
     })

@@ -695,6 +695,7 @@ fn warm_spec(spec: &SandboxSpec, name: String) -> gpuci_sandbox::WarmSpec {
         user: spec.user.expect("a job user"),
         network: None,
         cgroups: spec.cgroups,
+        nproc: spec.resources.pids.map(u64::from),
         ready: None,
     }
 }

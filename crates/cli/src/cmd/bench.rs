@@ -87,12 +87,12 @@ async fn sandbox(n: u32, gap: std::time::Duration) -> CliResult {
             user,
             network: None,
             cgroups,
+            nproc: Some(256),
             ready,
         };
         // The waiting shell alone, then a ready sandbox (its workspace made by the warm start).
-        // Without a cgroup a job's process limit is set as it starts, so no warm start fits
-        // it: only cold starts are measured there, as only they happen.
-        if cgroups == gpuci_sandbox::CgroupUse::Required {
+        // Without a cgroup the warm start's process limit is the job's (256), set as it waits.
+        {
             let shell =
                 WarmStart::prepare(warm_spec(format!("bench-w{pid}-{i}"), None)).await.map_err(anyhow::Error::from)?;
             tokio::time::sleep(gap).await;
