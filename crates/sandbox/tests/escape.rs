@@ -1271,7 +1271,7 @@ async fn without_a_cgroup_nothing_of_the_jobs_uid_outlives_it() {
         return;
     }
     let root = workspaces();
-    let ws = mkws(&root.path().to_path_buf(), "hide");
+    let ws = mkws(root.path(), "hide");
     let mut s = spec(
         "hide",
         &ws,
