@@ -116,7 +116,8 @@ fn record_state(r: &Value) -> &str {
 /// nothing of them is left running.
 #[test]
 fn local_machines_get_disjoint_gpus_and_go_away_when_idle() {
-    let f = start("");
+    // Deleted when idle, as the fleet says (a local fleet stops by default).
+    let f = start("idle_action = \"delete\"");
     let api = f.server.api();
     let two = "steps:\n  - key: a\n    gpus: 1\n    command: echo on $GPUCI_GPUS && sleep 3\n  - key: b\n    gpus: 1\n    command: echo on $GPUCI_GPUS && sleep 3\n";
     let p = api.submit(two);
@@ -150,7 +151,8 @@ fn local_machines_get_disjoint_gpus_and_go_away_when_idle() {
 /// starts the same machine again, as the same agent (no new registration, no new machine).
 #[test]
 fn an_idle_local_machine_is_stopped_and_started_again() {
-    let f = start("idle_action = \"stop\"");
+    // No idle_action: stop is the default where the provider can stop (issue 28).
+    let f = start("");
     let api = f.server.api();
     let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo first\n");
     assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", f.status());
@@ -200,7 +202,7 @@ fn a_local_fleet_that_would_share_every_gpu_is_refused_at_start() {
 #[test]
 fn a_repository_past_its_budget_gets_no_new_machine_and_says_so() {
     // $0.36 an hour: $0.0001 a second; the first job runs 2 s.
-    let f = start_with("", "[[budget]]\nrepository = \"acme/*\"\ndaily = 0.0001\n");
+    let f = start_with("idle_action = \"delete\"", "[[budget]]\nrepository = \"acme/*\"\ndaily = 0.0001\n");
     let api = f.server.api();
     let p = api.submit_from(
         "steps:\n  - key: a\n    gpus: 1\n    command: sleep 2\n",

@@ -18,8 +18,8 @@
 use crate::brain::{ask, Command, FleetView};
 use gpuci_core::fleet::ending::{classify_end, EndedMachine, MachineEnd};
 use gpuci_core::fleet::{
-    decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetSpec, Machine, MachineState,
-    QueuedJob, SkipCause, UnavailableOffer, UnixSecs,
+    decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetHistory, FleetSpec, Machine,
+    MachineState, QueuedJob, SkipCause, UnavailableOffer, UnixSecs,
 };
 use gpuci_core::placement::Needs;
 pub use gpuci_protocol::api::{FleetStatus, MachineStatus};
@@ -181,6 +181,16 @@ struct Loop {
     fleets: Vec<FleetRun>,
     unavailable: Vec<UnavailableOffer>,
     idle_since: HashMap<String, UnixSecs>,
+    /// When each stopped machine was first seen stopped: its stopped hold counts from here
+    /// (after a restart of the coordinator, from then: a stopped machine is kept longer, never
+    /// deleted sooner).
+    stopped_since: HashMap<String, UnixSecs>,
+    /// What the idle rules remember per fleet (`gpuci_core::fleet::idle`): arrivals are the
+    /// waiting jobs first seen, each on the first fleet it fits (a job placed on an idle
+    /// machine between two passes is not seen: the rule then errs toward letting machines go);
+    /// boot and start times are the rule's defaults. Rebuilt within a day after a restart.
+    history: BTreeMap<String, FleetHistory>,
+    seen_waiting: HashMap<i64, UnixSecs>,
     /// What each machine's provider said of it in the last listing (shown with it).
     provider_notes: HashMap<String, String>,
     interruptions: BTreeMap<String, Vec<UnixSecs>>,
@@ -270,6 +280,9 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         fleets: runs,
         unavailable: Vec::new(),
         idle_since: HashMap::new(),
+        stopped_since: HashMap::new(),
+        history: BTreeMap::new(),
+        seen_waiting: HashMap::new(),
         provider_notes: HashMap::new(),
         interruptions: BTreeMap::new(),
         interrupted_seen: std::collections::HashSet::new(),
@@ -591,8 +604,15 @@ impl Loop {
                 MachineState::Stopped => "stopped",
             }
             .into();
+            if state != MachineState::Stopped {
+                self.stopped_since.remove(&rec.id);
+            }
             let since = match state {
                 MachineState::Idle => *self.idle_since.entry(rec.id.clone()).or_insert(now),
+                MachineState::Stopped => {
+                    self.idle_since.remove(&rec.id);
+                    *self.stopped_since.entry(rec.id.clone()).or_insert(now)
+                }
                 // The boot clock counts from this coordinator's start at the earliest: an agent
                 // cannot connect to a coordinator that is not running.
                 MachineState::Requested | MachineState::Booting => {
@@ -694,6 +714,15 @@ impl Loop {
                 }
                 repos.get(&w.pipeline_id).cloned().flatten()
             };
+            // First seen waiting: an arrival for the fleet it would make demand for.
+            if let std::collections::hash_map::Entry::Vacant(e) = self.seen_waiting.entry(w.id) {
+                let at = ((w.since_ms / 1000) as u64).min(now);
+                e.insert(now);
+                let h = self.history.entry(fleets[0].clone()).or_default();
+                let k = h.arrivals.partition_point(|&t| t <= at);
+                h.arrivals.insert(k, at);
+                h.trim(now, gpuci_core::fleet::idle::STOPPED_WINDOW_S);
+            }
             queued.push(QueuedJob {
                 id: w.id.to_string(),
                 queued_since: (w.since_ms / 1000) as u64,
@@ -714,7 +743,10 @@ impl Loop {
             repo_spend_today: &repo_spend,
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
+            history: &self.history,
         });
+        // Jobs seen waiting are remembered for a day (a job waits longer only when stuck).
+        self.seen_waiting.retain(|_, seen| now.saturating_sub(*seen) < gpuci_core::fleet::idle::STOPPED_WINDOW_S);
         // A job waiting on a fleet whose provider is in trouble (its list did not come back
         // this pass, or it failed within the last minute) is told so, not only the fleet.
         let trouble: BTreeMap<&str, String> = self
@@ -994,7 +1026,13 @@ impl Loop {
                 wanted: s.map_or(0, |s| s.wanted),
                 max: run.spec.max,
                 min_idle: run.spec.min_idle,
-                why: s.map_or_else(String::new, |s| s.why.clone()),
+                // The decision, then how long idle and stopped machines are kept and why.
+                why: s.map_or_else(String::new, |s| {
+                    std::iter::once(s.why.as_str())
+                        .chain(s.rules.iter().map(String::as_str))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                }),
                 spend_today_usd: spend.get(&run.spec.name).copied().unwrap_or(0.0),
                 daily_budget_usd: run.spec.daily_budget,
                 budget_reached: s.is_some_and(|s| s.budget_reached),
@@ -1121,7 +1159,29 @@ impl Worker {
                         let from = pm.launched_at.map_or(now_ms, |t| (t as i64 * 1000).max(now_ms));
                         let _ = self.store.open_billing(machine, from).await;
                     }
-                    Err(e) => out.push(Effect::Error(format!("starting machine {machine}: {e}"))),
+                    Err(e) => {
+                        // A stopped machine is pinned to its offer: a start refused for want of
+                        // capacity skips the offer as a failed create does, so the autoscaler
+                        // creates on another offer instead of starting this one every pass.
+                        if e.is_capacity() {
+                            if let Some(o) = self.offer_of(rec) {
+                                let cause = match e.kind {
+                                    gpuci_providers::ErrorKind::Refused => SkipCause::Refused,
+                                    _ => SkipCause::Capacity,
+                                };
+                                out.push(Effect::Unavailable(
+                                    offer_unavailable_after_error(
+                                        &rec.fleet,
+                                        o,
+                                        capacity_of(rec),
+                                        now_ms as u64 / 1000,
+                                    )
+                                    .because(cause, format!("starting machine {machine}: {}", e.message)),
+                                ));
+                            }
+                        }
+                        out.push(Effect::Error(format!("starting machine {machine}: {e}")));
+                    }
                 }
             }
         }

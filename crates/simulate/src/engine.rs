@@ -26,8 +26,8 @@ use crate::profile::{Dist, OfferSim, SimProfile};
 use crate::rng::Rng;
 use crate::trace::TraceJob;
 use gpuci_core::fleet::{
-    decide, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetSpec, Machine, MachineState,
-    QueuedJob, UnavailableOffer, UnixSecs,
+    decide, idle, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetHistory, FleetSpec, Machine,
+    MachineState, QueuedJob, UnavailableOffer, UnixSecs,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -168,6 +168,8 @@ struct Extra {
     exists_from: UnixSecs,
     stopped_from: Option<UnixSecs>,
     disk_usd_per_hour: f64,
+    /// Its current boot is the start of a stopped machine (not a fresh create).
+    starting: bool,
 }
 
 /// Capacity outages of one offer and capacity type, drawn in time from their own random
@@ -221,6 +223,10 @@ pub struct Engine<'a> {
     queue_jobs: Vec<usize>,
     unavailable: Vec<UnavailableOffer>,
     interruptions: BTreeMap<String, Vec<UnixSecs>>,
+    /// What the idle rules remember, as the coordinator keeps it: arrivals, boot and start
+    /// times seen (sums and counts by fleet, `[boot, start]`).
+    history: BTreeMap<String, FleetHistory>,
+    seen_boots: Vec<[(u64, u64); 2]>,
     spend: BTreeMap<String, f64>,
     closed_today: Vec<f64>,
     day: u64,
@@ -295,6 +301,7 @@ impl<'a> Engine<'a> {
                 }
             })
             .collect();
+        let history = fleets.iter().map(|f| (f.name.clone(), FleetHistory::default())).collect();
         let mut e = Engine {
             offers,
             outages,
@@ -318,6 +325,8 @@ impl<'a> Engine<'a> {
             queue_jobs: Vec::new(),
             unavailable: Vec::new(),
             interruptions: BTreeMap::new(),
+            history,
+            seen_boots: vec![[(0, 0); 2]; n as usize],
             spend: BTreeMap::new(),
             day: epoch / 86_400,
             next_machine: 1,
@@ -395,6 +404,11 @@ impl<'a> Engine<'a> {
                     return 1;
                 };
                 self.tally[f].jobs += 1;
+                let now = self.now;
+                if let Some(h) = self.history.get_mut(&self.fleets[f].name) {
+                    h.arrivals.push(now);
+                    h.trim(now, idle::STOPPED_WINDOW_S);
+                }
                 self.enqueue(job, f);
             }
             Ev::Finish { job, attempt } => {
@@ -421,6 +435,18 @@ impl<'a> Engine<'a> {
             Ev::Ready { machine, epoch } => {
                 if let Some(k) = self.find(machine, epoch) {
                     if self.live[k].state == MachineState::Booting {
+                        let (f, took) = (self.extra[k].fleet, self.now.saturating_sub(self.live[k].since));
+                        let which = usize::from(self.extra[k].starting);
+                        let seen = &mut self.seen_boots[f][which];
+                        *seen = (seen.0 + took, seen.1 + 1);
+                        let mean = Some(seen.0 / seen.1);
+                        if let Some(h) = self.history.get_mut(&self.fleets[f].name) {
+                            if which == 1 {
+                                h.start_s = mean;
+                            } else {
+                                h.boot_s = mean;
+                            }
+                        }
                         self.live[k].state = MachineState::Idle;
                         self.live[k].since = self.now;
                         self.tally[self.extra[k].fleet].boots += 1;
@@ -665,6 +691,7 @@ impl<'a> Engine<'a> {
             repo_spend_today: &BTreeMap::new(),
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
+            history: &self.history,
         });
         for action in decision.actions {
             self.apply(action);
@@ -735,6 +762,7 @@ impl<'a> Engine<'a> {
                     exists_from: now,
                     stopped_from: None,
                     disk_usd_per_hour: self.offers[f].get(offer).map_or(0.0, |o| o.disk_usd_per_hour),
+                    starting: false,
                 });
                 self.tally[f].launched += 1;
                 let boot = self.profiles[f].boot.sample(&mut self.rng_boot[f]);
@@ -759,6 +787,7 @@ impl<'a> Engine<'a> {
                 self.end_stopped(k);
                 self.extra[k].epoch += 1;
                 self.extra[k].billed_from = Some(now);
+                self.extra[k].starting = true;
                 self.live[k].state = MachineState::Booting;
                 self.live[k].since = now;
                 self.tally[f].starts += 1;
@@ -841,6 +870,7 @@ impl<'a> Engine<'a> {
                     exists_from: self.now,
                     stopped_from: None,
                     disk_usd_per_hour: self.offers[f].first().map_or(0.0, |o| o.disk_usd_per_hour),
+                    starting: false,
                 });
                 self.tally[f].launched += 1;
                 self.tally[f].boots += 1;
@@ -855,7 +885,7 @@ fn adjust(f: &FleetSpec, mode: Mode) -> FleetSpec {
     if let Mode::FixedIdle(idle_s) = mode {
         f.min_idle = 0;
         f.warm.clear();
-        f.idle_timeout_s = idle_s;
+        f.idle_timeout_s = Some(idle_s);
         f.idle_action = gpuci_core::fleet::IdleAction::Delete;
     }
     f

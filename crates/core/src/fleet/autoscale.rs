@@ -11,8 +11,11 @@
 //! - **Warm pool.** A fleet keeps `min_idle` machines (the largest of the fleet's and its
 //!   active warm schedules') idle or booting with no job waiting for them. None while the
 //!   daily budget is reached.
-//! - **Stopped before new.** A fleet whose idle action is `stop` starts its stopped machines
-//!   (most recently stopped first) before it creates any.
+//! - **Stopped before new.** A fleet starts its stopped machines (most recently stopped first)
+//!   before it creates any — except one whose offer and capacity type are skipped now
+//!   ([`super::unavailable`]): a stopped machine is pinned to its offer, so a refused start
+//!   skips the offer as a failed create does, and the fleet creates on another offer instead
+//!   of asking for the same machine every pass.
 //! - **`max`** counts every machine that exists and holds GPUs: requested, booting, idle,
 //!   busy, draining and stopping. Stopped machines do not count (they hold no GPU and bill only
 //!   their disk); starting one counts again. So `max` bounds GPU spend per hour.
@@ -29,15 +32,21 @@
 //! - **Boot timeout.** A machine requested or booting for `boot_timeout` without its agent
 //!   connecting is deleted and counted as a boot failure ([`Action::BootFailed`]); its offer
 //!   is then skipped as after a capacity error, so a broken image is not booted in a loop.
-//! - **Idle timeout.** A machine idle for `idle_timeout` that no queued job is waiting for is
-//!   stopped or deleted (the fleet's idle action), oldest idle first, keeping the warm pool.
-//!   A machine that runs a job is never stopped or deleted here.
+//! - **Idle hold.** A machine idle for its hold that no queued job is waiting for is stopped or
+//!   deleted (the fleet's idle action), oldest idle first, keeping the warm pool. The hold is
+//!   `idle_timeout` when the fleet sets one, else rent or buy from the fleet's recent arrivals
+//!   ([`super::idle::idle_hold`]). A machine that runs a job is never stopped or deleted here.
+//! - **Stopped hold.** A stopped machine not started this pass is deleted after its hold:
+//!   `stopped_timeout`, else rent or buy of its disk against what a restart saves over a boot
+//!   ([`super::idle::stopped_hold`]); never, when a stopped machine costs nothing. Both holds
+//!   say why in [`FleetSummary::rules`] and in each stop's and delete's reason.
 //!
 //! Everything is ordered by ids and times, so the same input gives the same decision.
 //! [`Decision::wake_at`] says when the answer could change with no new event (a timeout, a
 //! schedule edge, an offer coming back, the breaker closing, midnight for a budget), so the
 //! reconcile loop (and the simulator) need not poll.
 
+use super::idle::{idle_hold, stopped_hold, FleetHistory};
 use super::unavailable::{no_offer_reason, offer_unavailable_after_error, SkipCause, UnavailableOffer};
 use super::{secs, Capacity, FleetSpec, IdleAction, UnixSecs};
 use crate::gpu::{GpuInfo, Version};
@@ -129,6 +138,9 @@ pub struct AutoscaleInput<'a> {
     /// Times of recent spot interruptions per fleet (any order; older than the breaker's
     /// window plus its on-demand period may be dropped by the caller).
     pub interruptions: &'a BTreeMap<String, Vec<UnixSecs>>,
+    /// What the idle rules remember per fleet (arrivals, boot and start times): see
+    /// [`super::idle`]. A fleet not named has no history (the rules' defaults).
+    pub history: &'a BTreeMap<String, FleetHistory>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -171,6 +183,9 @@ pub struct FleetSummary {
     pub why: String,
     pub breaker_open_until: Option<UnixSecs>,
     pub budget_reached: bool,
+    /// How long idle and stopped machines are kept now, and why ([`super::idle`]), for
+    /// `gpuci fleets`.
+    pub rules: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -321,6 +336,10 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
             MachineState::Requested | MachineState::Booting if free > 0 => {
                 w.booting.push(Slot { machine: i, free, claimed: false })
             }
+            // A stopped machine is pinned to its offer (an EC2 instance to its zone and type): while
+            // that offer is skipped (its start or a create was refused for want of capacity) it
+            // is not started again every pass; the fleet creates on another offer instead.
+            MachineState::Stopped if w.skips(m.offer, m.capacity) => w.held.push(i),
             MachineState::Stopped => w.stopped.push(i),
             _ => {}
         }
@@ -328,10 +347,12 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
     for w in &mut fleets {
         // Booting machines in the order they will likely connect.
         w.booting.sort_by_key(|s| (input.machines[s.machine].since, s.machine));
-        w.stopped.sort_by(|&a, &b| {
-            let (ma, mb) = (&input.machines[a], &input.machines[b]);
-            mb.since.cmp(&ma.since).then_with(|| ma.id.cmp(&mb.id))
-        });
+        for list in [&mut w.stopped, &mut w.held] {
+            list.sort_by(|&a, &b| {
+                let (ma, mb) = (&input.machines[a], &input.machines[b]);
+                mb.since.cmp(&ma.since).then_with(|| ma.id.cmp(&mb.id))
+            });
+        }
         w.can_grow = w.blocked.is_none() && w.counted < w.max && (w.offer.is_some() || !w.stopped.is_empty());
     }
 
@@ -403,7 +424,10 @@ struct FleetWork<'a> {
     max: u32,
     slots: Vec<Slot>,
     booting: Vec<Slot>,
+    /// Stopped machines that may be started now, most recently stopped first.
     stopped: Vec<usize>,
+    /// Stopped machines whose offer is skipped now: not started (see `decide`).
+    held: Vec<usize>,
     demand: Vec<&'a QueuedJob>,
     blocked: Option<Blocked>,
     breaker_until: Option<UnixSecs>,
@@ -413,6 +437,8 @@ struct FleetWork<'a> {
     /// Per offer and capacity type tried before `offer` (all of them when none), the skip that
     /// holds it back longest.
     skipped: Vec<UnavailableOffer>,
+    /// Every offer and capacity type of the fleet skipped now.
+    unavailable: Vec<(usize, Capacity)>,
     can_grow: bool,
     warm_target: u32,
 }
@@ -463,15 +489,27 @@ impl<'a> FleetWork<'a> {
             slots: Vec::new(),
             booting: Vec::new(),
             stopped: Vec::new(),
+            held: Vec::new(),
             demand: Vec::new(),
             blocked,
             breaker_until,
             offer,
             no_offer_until,
             skipped,
+            unavailable: input
+                .unavailable
+                .iter()
+                .filter(|u| u.fleet == spec.name && u.until > now)
+                .map(|u| (u.offer, u.capacity))
+                .collect(),
             can_grow: false,
             warm_target,
         }
+    }
+
+    /// Whether offer `o` at `cap` is skipped now (unavailable after an error).
+    fn skips(&self, o: usize, cap: Capacity) -> bool {
+        self.unavailable.iter().any(|&(uo, ucap)| uo == o && ucap == cap)
     }
 
     /// Give `job` free GPUs on a connected machine, else a booting one; the waiting reason.
@@ -546,6 +584,15 @@ fn grow_and_shrink(
             out.actions.push(Action::Start { machine: m.id.clone(), reason: why });
             given.push(format!("waiting for machine {} of fleet {} (starting, was stopped)", m.id, spec.name));
         } else if let Some((o, cap)) = w.offer {
+            let why = match w.held.first() {
+                Some(&i) => format!(
+                    "{why}; stopped machine {} is not started: its offer ({}, {}) is skipped after a refusal",
+                    input.machines[i].id,
+                    spec.offers.get(input.machines[i].offer).map_or_else(String::new, |o| o.label()),
+                    input.machines[i].capacity
+                ),
+                None => why,
+            };
             out.actions.push(Action::Create { fleet: spec.name.clone(), offer: o, capacity: cap, reason: why });
             given.push(format!(
                 "waiting for a new machine of fleet {} ({}, {cap}) to boot",
@@ -591,11 +638,16 @@ fn grow_and_shrink(
         .filter(|m| m.state == MachineState::Idle && !m.runs_jobs())
         .collect();
     idle.sort_by(|a, b| a.since.cmp(&b.since).then_with(|| a.id.cmp(&b.id)));
+    let history = input.history.get(&spec.name);
+    // How long an idle machine is kept: the fleet's `idle_timeout`, else rent or buy from its
+    // recent arrivals with as many machines waiting for them as are idle now.
+    let idle_rule = idle_hold(spec, history, idle.len() as u32, now);
+    let idle_after = idle_rule.after_s.unwrap_or(u64::MAX);
     let keep = (w.warm_target as usize).saturating_sub(booting_spare);
     let mut removable = idle.len().saturating_sub(keep);
     let mut removed = 0u32;
-    for m in idle {
-        let expires = m.since.saturating_add(spec.idle_timeout_s);
+    for m in &idle {
+        let expires = m.since.saturating_add(idle_after);
         if removable == 0 {
             break;
         }
@@ -603,13 +655,39 @@ fn grow_and_shrink(
             wake.at(expires);
             continue;
         }
-        let reason = format!("idle {} (idle_timeout {})", secs(now.saturating_sub(m.since)), secs(spec.idle_timeout_s));
+        let reason = format!("idle {}: {}", secs(now.saturating_sub(m.since)), idle_rule.why);
         out.actions.push(match spec.idle_action {
             IdleAction::Stop => Action::Stop { machine: m.id.clone(), reason },
             IdleAction::Delete => Action::Delete { machine: m.id.clone(), reason },
         });
         removable -= 1;
         removed += 1;
+    }
+
+    // Stopped machines not started now (the oldest stopped last in both lists) are deleted
+    // once their disk has cost what keeping them can save: `stopped_timeout`, else rent or
+    // buy (`super::idle::stopped_hold`). A stopped machine is never deleted the pass it is
+    // started, and one whose offer is skipped waits out its hold like the others.
+    let started_now = granted.min(w.stopped.len());
+    let left: Vec<&Machine> = w.stopped.iter().skip(started_now).chain(&w.held).map(|&i| &input.machines[i]).collect();
+    let waiting = (idle.len() + left.len()) as u32;
+    let stopped_rule = stopped_hold(spec, history, waiting, now);
+    let mut deleted_stopped = 0u32;
+    if let Some(after) = stopped_rule.after_s {
+        for m in &left {
+            let expires = m.since.saturating_add(after);
+            if now < expires {
+                wake.at(expires);
+                continue;
+            }
+            let reason = format!("stopped {}: {}", secs(now.saturating_sub(m.since)), stopped_rule.why);
+            out.actions.push(Action::Delete { machine: m.id.clone(), reason });
+            deleted_stopped += 1;
+        }
+    }
+    let mut rules = vec![idle_rule.why];
+    if spec.idle_action == IdleAction::Stop || !left.is_empty() {
+        rules.push(stopped_rule.why);
     }
 
     let starts = granted as u32 - created;
@@ -622,8 +700,19 @@ fn grow_and_shrink(
         )
     } else if want_more > 0 {
         short
-    } else if removed > 0 {
-        format!("{removed} idle past idle_timeout {}", secs(spec.idle_timeout_s))
+    } else if removed > 0 || deleted_stopped > 0 {
+        let mut parts = Vec::new();
+        if removed > 0 {
+            let verb = if spec.idle_action == IdleAction::Stop { "stopping" } else { "deleting" };
+            parts.push(format!("{verb} {removed} idle past {}", secs(idle_after)));
+        }
+        if deleted_stopped > 0 {
+            parts.push(format!(
+                "deleting {deleted_stopped} stopped past {}",
+                secs(stopped_rule.after_s.unwrap_or_default())
+            ));
+        }
+        parts.join(", ")
     } else {
         "enough machines".to_string()
     };
@@ -634,6 +723,7 @@ fn grow_and_shrink(
         why,
         breaker_open_until: w.breaker_until,
         budget_reached: matches!(w.blocked, Some(Blocked::Budget { .. })),
+        rules,
     }
 }
 

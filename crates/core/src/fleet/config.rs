@@ -111,6 +111,9 @@ struct FleetFile {
     #[serde(default)]
     idle_action: Option<Text<IdleAction>>,
     #[serde(default)]
+    stopped_timeout: Option<Text<Duration>>,
+    stopped_price_per_hour: Option<f64>,
+    #[serde(default)]
     warm: Vec<WarmFile>,
     daily_budget: Option<f64>,
     spot_breaker: Option<BreakerFile>,
@@ -256,8 +259,8 @@ impl TextValue for Minute {
     }
 }
 
-/// Defaults, documented in docs/simulate.md and the example below.
-const DEFAULT_IDLE_TIMEOUT_S: u64 = 10 * 60;
+/// Defaults, documented in docs/fleets.md and the example below. No idle or stopped timeout
+/// by default: both come from cost (`super::idle`).
 const DEFAULT_BOOT_TIMEOUT_S: u64 = 10 * 60;
 
 fn resolve(f: FleetFile, fail: &dyn Fn(&str, String) -> FleetConfigError) -> Result<FleetSpec, FleetConfigError> {
@@ -299,14 +302,20 @@ fn resolve(f: FleetFile, fail: &dyn Fn(&str, String) -> FleetConfigError) -> Res
             spot_price_per_hour: o.spot_price_per_hour,
         });
     }
-    let idle_action = f.idle_action.map_or(IdleAction::Delete, |a| a.0);
+    let capacity = f.capacity.map_or(CapacityPolicy::OnDemand, |c| c.0);
+    let idle_action = f.idle_action.map_or_else(
+        || super::idle::default_idle_action(provider, capacity == CapacityPolicy::OnDemand, &f.settings),
+        |a| a.0,
+    );
+    if let Some(p) = f.stopped_price_per_hour.filter(|&p| !(p.is_finite() && p >= 0.0)) {
+        return Err(fail("stopped_price_per_hour", format!("expected USD ≥ 0, got {p}")));
+    }
     if idle_action == IdleAction::Stop && !provider.can_stop() {
         return Err(fail(
             "idle_action",
             format!("\"stop\" needs a provider that can stop machines (aws, exec, local); {provider} cannot"),
         ));
     }
-    let capacity = f.capacity.map_or(CapacityPolicy::OnDemand, |c| c.0);
     if capacity != CapacityPolicy::OnDemand && !matches!(provider, ProviderKind::Aws | ProviderKind::Exec) {
         return Err(fail("capacity", format!("{provider} has no spot capacity; use \"on-demand\"")));
     }
@@ -392,9 +401,13 @@ fn resolve(f: FleetFile, fail: &dyn Fn(&str, String) -> FleetConfigError) -> Res
         capacity,
         min_idle: f.min_idle,
         max: f.max,
-        idle_timeout_s: f.idle_timeout.map_or(DEFAULT_IDLE_TIMEOUT_S, |d| d.0.as_std().as_secs()),
+        idle_timeout_s: f.idle_timeout.map(|d| d.0.as_std().as_secs()),
         boot_timeout_s,
         idle_action,
+        stopped_timeout_s: f.stopped_timeout.map(|d| d.0.as_std().as_secs()),
+        stopped_price_per_hour: f
+            .stopped_price_per_hour
+            .unwrap_or_else(|| super::idle::default_stopped_price(provider)),
         warm,
         daily_budget: f.daily_budget,
         spot_breaker,
@@ -569,7 +582,7 @@ price_per_hour = 0.5
         assert_eq!(f.name, "aws-t4");
         assert_eq!(f.provider, ProviderKind::Aws);
         assert_eq!(f.capacity, CapacityPolicy::SpotThenOnDemand);
-        assert_eq!((f.min_idle, f.max, f.idle_timeout_s, f.boot_timeout_s), (0, 8, 720, 480));
+        assert_eq!((f.min_idle, f.max, f.idle_timeout_s, f.boot_timeout_s), (0, 8, Some(720), 480));
         assert_eq!(f.idle_action, IdleAction::Stop);
         assert_eq!(f.daily_budget, Some(50.0));
         assert_eq!(f.settings.get("region").and_then(|v| v.as_str()), Some("us-east-1"));
@@ -591,11 +604,39 @@ price_per_hour = 0.5
     fn defaults() {
         let f = &parse_fleets("server.toml", MIN).expect("parses")[0];
         assert_eq!(f.capacity, CapacityPolicy::OnDemand);
+        // An exec program that does not say it can stop: delete.
         assert_eq!(f.idle_action, IdleAction::Delete);
-        assert_eq!((f.min_idle, f.idle_timeout_s, f.boot_timeout_s), (0, 600, 600));
+        assert_eq!((f.min_idle, f.idle_timeout_s, f.stopped_timeout_s, f.boot_timeout_s), (0, None, None, 600));
+        assert_eq!(f.stopped_price_per_hour, crate::fleet::idle::DEFAULT_STOPPED_PRICE_PER_HOUR);
         assert_eq!(f.spot_breaker, SpotBreaker::default());
         assert!(f.machine.container_runtime);
         assert!(f.daily_budget.is_none() && f.warm.is_empty() && f.simulate.is_none());
+    }
+
+    /// The stopped tier by default where the provider can stop the same machine and start it
+    /// again (aws on-demand, local, an exec program that says so); spot fleets delete.
+    #[test]
+    fn idle_action_defaults_to_stop_where_the_provider_can() {
+        let action = |text: &str| parse_fleets("server.toml", text).expect("parses")[0].idle_action;
+        assert_eq!(action(&MIN.replace("max = 3", "max = 3\n[fleet.settings]\nstop = true")), IdleAction::Stop);
+        let aws = MIN.replace("\"exec\"", "\"aws\"");
+        assert_eq!(action(&aws), IdleAction::Stop);
+        assert_eq!(action(&aws.replace("max = 3", "max = 3\ncapacity = \"spot\"")), IdleAction::Delete);
+        assert_eq!(action(&MIN.replace("\"exec\"", "\"local\"")), IdleAction::Stop);
+        assert_eq!(action(&MIN.replace("\"exec\"", "\"slurm\"")), IdleAction::Delete);
+        // Said in the config: as said.
+        assert_eq!(action(&aws.replace("max = 3", "max = 3\nidle_action = \"delete\"")), IdleAction::Delete);
+        let f = &parse_fleets(
+            "server.toml",
+            &aws.replace("max = 3", "max = 3\nstopped_timeout = \"2h\"\nstopped_price_per_hour = 0.05"),
+        )
+        .expect("parses")[0];
+        assert_eq!((f.stopped_timeout_s, f.stopped_price_per_hour), (Some(7200), 0.05));
+        let local = &parse_fleets("server.toml", &MIN.replace("\"exec\"", "\"local\"")).expect("parses")[0];
+        assert_eq!(local.stopped_price_per_hour, 0.0, "a site's own disks bill nobody");
+        let e =
+            parse_fleets("server.toml", &aws.replace("max = 3", "max = 3\nstopped_price_per_hour = -1.0")).unwrap_err();
+        assert!(e.to_string().contains("stopped_price_per_hour"), "{e}");
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod config;
 pub mod cost;
 pub mod ending;
 pub mod fit;
+pub mod idle;
 mod schedule;
 pub mod unavailable;
 
@@ -31,6 +32,7 @@ pub use autoscale::{
 };
 pub use budget::{parse_budgets, RepoBudget};
 pub use config::{parse_fleets, FleetConfigError};
+pub use idle::{FleetHistory, Hold};
 pub use schedule::{Days, WarmSchedule};
 pub use unavailable::{
     no_offer_reason, offer_unavailable_after_error, SkipCause, UnavailableOffer, CAPACITY_ERROR_BACKOFF_S,
@@ -242,9 +244,18 @@ pub struct FleetSpec {
     pub min_idle: u32,
     /// The most machines that may exist at once, stopped ones not counted (see [`decide`]).
     pub max: u32,
-    pub idle_timeout_s: u64,
+    /// Idle this long → stop or delete. `None` (the default): from cost, per pass
+    /// ([`idle::idle_hold`]: rent or buy from the fleet's recent arrivals).
+    pub idle_timeout_s: Option<u64>,
     pub boot_timeout_s: u64,
+    /// Default: `stop` where the provider can stop and the fleet is on-demand only (aws,
+    /// local, an exec program that says `stop = true`), else `delete`.
     pub idle_action: IdleAction,
+    /// Stopped this long → delete. `None` (the default): from cost ([`idle::stopped_hold`]).
+    pub stopped_timeout_s: Option<u64>,
+    /// What a stopped machine bills per hour (its disk), USD; the default is
+    /// [`idle::DEFAULT_STOPPED_PRICE_PER_HOUR`] on aws and exec, 0 on local.
+    pub stopped_price_per_hour: f64,
     pub warm: Vec<WarmSchedule>,
     /// USD per UTC day; no creates or starts once spend today reaches it.
     pub daily_budget: Option<f64>,

@@ -39,9 +39,11 @@ fn fleet(name: &str) -> FleetSpec {
         capacity: CapacityPolicy::OnDemand,
         min_idle: 0,
         max: 5,
-        idle_timeout_s: 600,
+        idle_timeout_s: Some(600),
         boot_timeout_s: 600,
         idle_action: IdleAction::Delete,
+        stopped_timeout_s: None,
+        stopped_price_per_hour: 0.0,
         warm: Vec::new(),
         daily_budget: None,
         spot_breaker: SpotBreaker::default(),
@@ -80,6 +82,7 @@ struct World {
     interruptions: BTreeMap<String, Vec<UnixSecs>>,
     budgets: Vec<crate::fleet::RepoBudget>,
     repo_spend: BTreeMap<String, f64>,
+    history: BTreeMap<String, FleetHistory>,
 }
 
 impl World {
@@ -94,6 +97,7 @@ impl World {
             interruptions: BTreeMap::new(),
             budgets: Vec::new(),
             repo_spend: BTreeMap::new(),
+            history: BTreeMap::new(),
         }
     }
 
@@ -108,6 +112,7 @@ impl World {
             repo_spend_today: &self.repo_spend,
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
+            history: &self.history,
         })
     }
 }
@@ -223,7 +228,9 @@ fn idle_past_timeout_is_deleted_keeping_min_idle() {
     let d = w.decide();
     // Two may go (three idle, one kept); only m-1 and m-2 are past 10m, oldest first.
     assert_eq!(short(&d), ["delete m-1", "delete m-2"]);
-    assert!(matches!(&d.actions[0], Action::Delete { reason, .. } if reason == "idle 15m00s (idle_timeout 10m00s)"));
+    assert!(
+        matches!(&d.actions[0], Action::Delete { reason, .. } if reason == "idle 15m00s: idle → delete after 10m00s (idle_timeout)")
+    );
     w.machines.truncate(2);
     assert_eq!(short(&w.decide()), ["delete m-1"], "m-2 stays as the warm pool");
 }
@@ -491,4 +498,112 @@ fn a_job_longer_than_the_fleets_time_limit_is_not_its_demand() {
     assert!(runs(&spec, None), "a job without a timeout may start anywhere");
     spec.machine.time_limit_s = None;
     assert!(runs(&spec, Some(100 * 3_600_000)));
+}
+
+/// A fleet on the defaults: idle and stopped times from cost, the stopped tier.
+fn stopping(name: &str) -> FleetSpec {
+    let mut f = fleet(name);
+    f.idle_timeout_s = None;
+    f.idle_action = IdleAction::Stop;
+    f.stopped_price_per_hour = 0.011;
+    f
+}
+
+/// Regression (issue 28): a stopped machine whose start was refused for want of capacity was
+/// started again every pass while the outage lasted (341,015 refused starts in the two-week
+/// simulation) and no machine was made on another offer.
+#[test]
+fn regression_a_refused_restart_holds_the_stopped_machine_and_the_fleet_creates_elsewhere() {
+    let mut w = World::new(vec![stopping("t4")]);
+    w.machines = vec![machine("m-1", "t4", MachineState::Stopped, NOW - 300)];
+    w.queued = vec![job("j1", NOW - 10, "t4")];
+    assert_eq!(short(&w.decide()), ["start m-1"]);
+    // The start was refused: the coordinator and the simulator mark the offer as after a
+    // failed create.
+    w.unavailable = vec![offer_unavailable_after_error("t4", 0, Capacity::OnDemand, NOW - 5)];
+    let d = w.decide();
+    assert_eq!(short(&d), ["create t4 #1 on-demand"], "the next offer, not the same stopped machine");
+    let Action::Create { reason, .. } = &d.actions[0] else { unreachable!() };
+    assert!(reason.contains("stopped machine m-1 is not started"), "{reason}");
+    // Every offer skipped: nothing is asked, and the fleet looks again when the skip ends.
+    w.unavailable.push(offer_unavailable_after_error("t4", 1, Capacity::OnDemand, NOW - 5));
+    let d = w.decide();
+    assert!(short(&d).is_empty(), "{:?}", short(&d));
+    assert_eq!(d.wake_at, Some(NOW - 5 + CAPACITY_ERROR_BACKOFF_S));
+}
+
+/// Idle time from cost: with no recent arrival an idle machine is let go early (half of what
+/// a stop and restart costs, in seconds of its price: stop 30 s + start 45 s + the 45 s a job
+/// would wait = 120 s → 60 s); with arrivals sooner than that, late (240 s).
+#[test]
+fn idle_time_comes_from_cost_and_the_fleets_arrivals() {
+    let mut w = World::new(vec![stopping("t4")]);
+    w.machines = vec![machine("m-1", "t4", MachineState::Idle, NOW - 61)];
+    let d = w.decide();
+    assert_eq!(short(&d), ["stop m-1"]);
+    assert!(d.fleets[0].rules[0].starts_with("idle → stop after 60 s (rent or buy: no job in the last hour"));
+    w.machines[0].since = NOW - 59;
+    let d = w.decide();
+    assert!(short(&d).is_empty());
+    assert_eq!(d.wake_at, Some(NOW + 1));
+
+    // 120 jobs in the last hour, one machine idle: one every 30 s, sooner than 120 s.
+    let arrivals: Vec<UnixSecs> = (0..120).map(|k| NOW - 3600 + 30 * k).collect();
+    w.history.insert("t4".into(), FleetHistory { arrivals, ..FleetHistory::default() });
+    w.machines[0].since = NOW - 239;
+    assert!(short(&w.decide()).is_empty(), "kept up to 2 × 120 s");
+    w.machines[0].since = NOW - 240;
+    let d = w.decide();
+    assert_eq!(short(&d), ["stop m-1"]);
+    assert!(d.fleets[0].rules[0].contains("sooner than a stop pays back in 2m00s"), "{}", d.fleets[0].rules[0]);
+
+    // A fleet that deletes: a boot and the boot a job waits, 2 × 120 s, halved with no arrival.
+    let mut f = fleet("t4");
+    f.idle_timeout_s = None;
+    let mut w = World::new(vec![f]);
+    w.machines = vec![machine("m-1", "t4", MachineState::Idle, NOW - 120)];
+    assert_eq!(short(&w.decide()), ["delete m-1"]);
+    w.machines[0].since = NOW - 119;
+    assert!(short(&w.decide()).is_empty());
+
+    // The operator's idle_timeout overrides the rule.
+    let mut f = stopping("t4");
+    f.idle_timeout_s = Some(600);
+    let mut w = World::new(vec![f]);
+    w.machines = vec![machine("m-1", "t4", MachineState::Idle, NOW - 300)];
+    let d = w.decide();
+    assert!(short(&d).is_empty());
+    assert_eq!(d.fleets[0].rules[0], "idle → stop after 10m00s (idle_timeout)");
+}
+
+/// A stopped machine's disk bills while it waits; it is deleted once that has cost what a
+/// restart saves over a fresh boot: (boot 120 s − start 45 s) × 2 (billed and waited) at
+/// $0.50/h = $0.0208, over $0.011/h of disk = 6,818 s; halved with no recent arrival.
+#[test]
+fn stopped_machines_are_deleted_when_their_disk_costs_more_than_a_boot_saves() {
+    let mut w = World::new(vec![stopping("t4")]);
+    w.machines = vec![
+        machine("m-1", "t4", MachineState::Stopped, NOW - 3409),
+        machine("m-2", "t4", MachineState::Stopped, NOW - 3000),
+    ];
+    let d = w.decide();
+    assert_eq!(short(&d), ["delete m-1"]);
+    assert_eq!(d.wake_at, Some(NOW + 409));
+    let Action::Delete { reason, .. } = &d.actions[0] else { unreachable!() };
+    assert!(reason.starts_with("stopped 56m49s: stopped → delete after 56m49s (rent or buy"), "{reason}");
+
+    // One that is started this pass is not deleted, however long it was stopped.
+    w.queued = vec![job("j1", NOW, "t4")];
+    w.machines[0].since = NOW - 100_000;
+    w.machines[1].since = NOW - 100_001;
+    assert_eq!(short(&w.decide()), ["start m-1", "delete m-2"]);
+
+    // A stopped machine that costs nothing (a local machine) is kept.
+    let mut f = stopping("t4");
+    f.stopped_price_per_hour = 0.0;
+    let mut w = World::new(vec![f]);
+    w.machines = vec![machine("m-1", "t4", MachineState::Stopped, NOW - 30 * 86_400)];
+    let d = w.decide();
+    assert!(short(&d).is_empty());
+    assert!(d.fleets[0].rules.iter().any(|r| r.contains("costs nothing")));
 }

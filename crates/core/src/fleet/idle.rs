@@ -1,0 +1,251 @@
+//! How long an idle machine is kept before it is stopped (or deleted), and how long a stopped
+//! one before it is deleted: rent or buy, from the fleet's own recent arrivals. Decided here
+//! and nowhere else; [`super::decide`] applies it when the fleet sets no `idle_timeout` /
+//! `stopped_timeout` of its own.
+//!
+//! **The rule (ski rental).** Keeping a machine is *renting*: it costs its price for every
+//! second it waits for a job. Letting it go is *buying*: the next job that needs it pays once
+//! for getting one back, in money (the seconds billed while it stops and starts again, or
+//! boots) and in waiting (the seconds that job waits, priced as seconds of the machine it
+//! waits for: [`WAIT_WEIGHT`]). Write `B` for that price in seconds of rent:
+//!
+//! - idle → stopped: `B = stop + start + start` (billed while stopping and starting, and the
+//!   start the job waits for); the stopped machine's disk is small beside it and left out;
+//! - idle → deleted (a fleet that cannot stop): `B = boot + boot`;
+//! - stopped → deleted: the rent is the disk (`stopped_price_per_hour`), and `B` is what a
+//!   fresh boot costs more than a start: `2 × (boot − start) × price`, over the disk's price.
+//!
+//! Deterministic ski rental (let go after `B`) pays at most **2×** what the best choice in
+//! hindsight pays for each gap, whatever the arrivals. gpuci uses a prediction, the
+//! learning-augmented form of Purohit, Svitkina and Kumar ("Improving online algorithms via
+//! ML predictions", NeurIPS 2018) with trust `λ = 1/2`: from the fleet's arrivals over the
+//! last hour (idle) or day (stopped), the gap until this machine is next needed is predicted
+//! as `machines waiting / arrival rate` (each waiting machine takes its turn). When that
+//! gap is longer than `B` (buying is the better bet), the machine is let go early, after
+//! `λB = B/2`; when it is shorter, late, after `B/λ = 2B`. Guarantee (per gap, in the cost
+//! model above): at most **1 + 1/λ = 3×** the hindsight optimum whatever the arrivals (a gap
+//! just past `B/2` pays `B/2 + B` against `B/2`; one just past `2B` pays `3B` against `B`), and
+//! at most `1 + λ = 1.5×` when the prediction is on the right side of `B`. The cost model
+//! prices waiting; the bill alone is at most that, plus nothing for waits.
+//!
+//! What the rule needs is plain data the caller keeps ([`FleetHistory`]): arrival times, and
+//! the boot and start times it has seen (defaults until it has seen some).
+
+use super::{secs, Capacity, FleetSpec, IdleAction, ProviderKind, UnixSecs};
+use serde::Serialize;
+
+/// Boot (create → agent connected) assumed before a fleet has booted a machine: a GPU VM
+/// image with the agent baked in.
+pub const DEFAULT_BOOT_S: u64 = 120;
+/// Start of a stopped machine → agent connected, assumed before one was seen (EC2: about a
+/// third of a fresh boot, no image to pull).
+pub const DEFAULT_START_S: u64 = 45;
+/// Stop request → stopped (billed until then). Not learned: providers rarely say when.
+pub const DEFAULT_STOP_S: u64 = 30;
+/// A stopped machine's disk per hour when the config says nothing, USD: 100 GB (a GPU image
+/// with drivers, CUDA and a container cache) of EBS gp3 at $0.08 per GB-month, 730 hours a
+/// month (aws.amazon.com/ebs/pricing). The same default the simulator bills.
+pub const DEFAULT_STOPPED_PRICE_PER_HOUR: f64 = 100.0 * 0.08 / 730.0;
+/// What a second a job waits for a machine is worth, in seconds of that machine's price.
+/// One: a user who would rather pay for an idle machine than wait for it values the wait at
+/// least so (always-on runners are that choice, made for every second of the day).
+pub const WAIT_WEIGHT: f64 = 1.0;
+/// The arrivals the idle rule reads: the last hour.
+pub const IDLE_WINDOW_S: u64 = 3600;
+/// The arrivals the stopped rule reads (its gaps are hours): the last day. The caller keeps
+/// at least this much of [`FleetHistory::arrivals`].
+pub const STOPPED_WINDOW_S: u64 = 86_400;
+
+/// What the rules remember of a fleet, kept by the caller (the coordinator's fleet loop, the
+/// simulator) and handed in.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct FleetHistory {
+    /// When jobs for this fleet arrived (queued), ascending; at least the last
+    /// [`STOPPED_WINDOW_S`] of them.
+    pub arrivals: Vec<UnixSecs>,
+    /// Mean seconds from create to connected of the fleet's recent boots; `None`: none seen.
+    pub boot_s: Option<u64>,
+    /// Mean seconds from start (of a stopped machine) to connected; `None`: none seen.
+    pub start_s: Option<u64>,
+}
+
+impl FleetHistory {
+    /// Arrivals in `[now - window, now]`.
+    pub fn arrivals_within(&self, now: UnixSecs, window: u64) -> usize {
+        let from = now.saturating_sub(window);
+        let a = self.arrivals.partition_point(|&t| t < from);
+        let b = self.arrivals.partition_point(|&t| t <= now);
+        b.saturating_sub(a)
+    }
+
+    /// Drop arrivals older than `now - keep` (amortized: only when they are many).
+    pub fn trim(&mut self, now: UnixSecs, keep: u64) {
+        let old = self.arrivals.partition_point(|&t| t + keep < now);
+        if old > 64 && old * 2 > self.arrivals.len() {
+            self.arrivals.drain(..old);
+        }
+    }
+}
+
+/// How long a machine is held in its state before the next step down, and why, in words
+/// (shown in the fleet's decision notes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Hold {
+    /// `None`: never (a stopped machine that costs nothing).
+    pub after_s: Option<u64>,
+    pub why: String,
+}
+
+/// The fleet's price per second of one machine: its first offer, at its first capacity type.
+fn price_per_s(spec: &FleetSpec) -> f64 {
+    let cap = spec.capacity.order(false).first().copied().unwrap_or(Capacity::OnDemand);
+    spec.offers.first().map_or(0.0, |o| o.price(cap)) / 3600.0
+}
+
+fn times(h: Option<&FleetHistory>) -> (u64, u64) {
+    let boot = h.and_then(|h| h.boot_s).unwrap_or(DEFAULT_BOOT_S);
+    let start = h.and_then(|h| h.start_s).unwrap_or(DEFAULT_START_S);
+    (boot, start)
+}
+
+/// Rent or buy with a prediction, trust 1/2: let go after `B/2` when the predicted gap is at
+/// least `B`, else after `2B`.
+fn threshold(buy_s: f64, predicted_gap_s: f64) -> (u64, bool) {
+    let early = predicted_gap_s >= buy_s;
+    let t = if early { buy_s / 2.0 } else { buy_s * 2.0 };
+    (t.max(0.0).round() as u64, early)
+}
+
+/// `12 jobs in the last hour, one per idle machine every 5m00s`.
+fn rate_words(arrivals: usize, window: u64, waiting: u32, gap: f64) -> String {
+    let span = if window == IDLE_WINDOW_S { "hour" } else { "day" };
+    if arrivals == 0 {
+        return format!("no job in the last {span}");
+    }
+    let who = if waiting <= 1 { "one every" } else { "one per waiting machine every" };
+    format!("{arrivals} job{} in the last {span}, {who} {}", if arrivals == 1 { "" } else { "s" }, secs(gap as u64))
+}
+
+/// How long an idle machine is kept, `idle` machines idle now (this one among them).
+pub fn idle_hold(spec: &FleetSpec, h: Option<&FleetHistory>, idle: u32, now: UnixSecs) -> Hold {
+    let verb = match spec.idle_action {
+        IdleAction::Stop => "stop",
+        IdleAction::Delete => "delete",
+    };
+    if let Some(t) = spec.idle_timeout_s {
+        return Hold { after_s: Some(t), why: format!("idle → {verb} after {} (idle_timeout)", secs(t)) };
+    }
+    let (boot, start) = times(h);
+    let (buy, parts) = match spec.idle_action {
+        IdleAction::Stop => (
+            (DEFAULT_STOP_S + start) as f64 + WAIT_WEIGHT * start as f64,
+            format!("stop {} + start {} + the start a job waits", secs(DEFAULT_STOP_S), secs(start)),
+        ),
+        IdleAction::Delete => {
+            (boot as f64 * (1.0 + WAIT_WEIGHT), format!("boot {} + the boot a job waits", secs(boot)))
+        }
+    };
+    let n = h.map_or(0, |h| h.arrivals_within(now, IDLE_WINDOW_S));
+    let gap = if n == 0 { f64::INFINITY } else { IDLE_WINDOW_S as f64 * f64::from(idle.max(1)) / n as f64 };
+    let (t, early) = threshold(buy, gap);
+    let bet = if early { "later than" } else { "sooner than" };
+    Hold {
+        after_s: Some(t),
+        why: format!(
+            "idle → {verb} after {} (rent or buy: {}, {bet} a {verb} pays back in {} of its price: {parts})",
+            secs(t),
+            rate_words(n, IDLE_WINDOW_S, idle, gap),
+            secs(buy as u64)
+        ),
+    }
+}
+
+/// How long a stopped machine is kept before it is deleted, `waiting` machines idle or
+/// stopped now (this one among them).
+pub fn stopped_hold(spec: &FleetSpec, h: Option<&FleetHistory>, waiting: u32, now: UnixSecs) -> Hold {
+    if let Some(t) = spec.stopped_timeout_s {
+        return Hold { after_s: Some(t), why: format!("stopped → delete after {} (stopped_timeout)", secs(t)) };
+    }
+    let disk_per_s = spec.stopped_price_per_hour / 3600.0;
+    if disk_per_s <= 0.0 {
+        return Hold { after_s: None, why: "stopped machines are kept: a stopped machine costs nothing here".into() };
+    }
+    let (boot, start) = times(h);
+    let extra = boot.saturating_sub(start);
+    let buy_usd = extra as f64 * (1.0 + WAIT_WEIGHT) * price_per_s(spec);
+    let buy = buy_usd / disk_per_s;
+    let n = h.map_or(0, |h| h.arrivals_within(now, STOPPED_WINDOW_S));
+    let gap = if n == 0 { f64::INFINITY } else { STOPPED_WINDOW_S as f64 * f64::from(waiting.max(1)) / n as f64 };
+    let (t, early) = threshold(buy, gap);
+    let bet = if early { "later than" } else { "sooner than" };
+    Hold {
+        after_s: Some(t),
+        why: format!(
+            "stopped → delete after {} (rent or buy: {}, {bet} its disk (${:.4}/h) costs what a boot costs more than a \
+             start (boot {} − start {}, billed and waited: ${buy_usd:.3}) in {})",
+            secs(t),
+            rate_words(n, STOPPED_WINDOW_S, waiting, gap),
+            spec.stopped_price_per_hour,
+            secs(boot),
+            secs(start),
+            secs(buy as u64)
+        ),
+    }
+}
+
+/// The idle action a fleet gets when its config names none: `stop` where the provider can
+/// stop and restart the same machine and the fleet buys on-demand only (a spot instance is
+/// not stopped and started again; a spot fleet deletes), else `delete`. An exec program
+/// stops only when it says so (`stop = true` in `[fleet.settings]`).
+pub fn default_idle_action(provider: ProviderKind, on_demand_only: bool, settings: &toml::Table) -> IdleAction {
+    let can = match provider {
+        ProviderKind::Exec => settings.get("stop").and_then(toml::Value::as_bool) == Some(true),
+        p => p.can_stop(),
+    };
+    if can && on_demand_only {
+        IdleAction::Stop
+    } else {
+        IdleAction::Delete
+    }
+}
+
+/// The stopped machine's price per hour when the config names none.
+pub fn default_stopped_price(provider: ProviderKind) -> f64 {
+    match provider {
+        ProviderKind::Aws | ProviderKind::Exec => DEFAULT_STOPPED_PRICE_PER_HOUR,
+        // A site's own disks bill nobody per machine; Slurm and pods do not stop.
+        ProviderKind::Local | ProviderKind::Slurm | ProviderKind::Kubernetes => 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::threshold;
+
+    /// What a threshold `t` pays for a gap, against the best in hindsight, with buying at `b`.
+    fn ratio(t: f64, b: f64, gap: f64) -> f64 {
+        let paid = if gap <= t { gap } else { t + b };
+        paid / gap.min(b)
+    }
+
+    /// The documented bound: whatever the prediction and the gap, at most 3× the hindsight
+    /// optimum (trust 1/2), and at most 1.5× when the prediction falls on the right side of B.
+    #[test]
+    fn rent_or_buy_with_a_prediction_is_at_most_three_times_the_hindsight_best() {
+        for b in [60.0, 120.0, 6818.0] {
+            for predicted in [0.0, b * 0.5, b, b * 3.0, f64::INFINITY] {
+                let (t, early) = threshold(b, predicted);
+                assert_eq!(early, predicted >= b);
+                for k in 1..=2000 {
+                    let gap = b * 5.0 * f64::from(k) / 2000.0;
+                    let r = ratio(t as f64, b, gap);
+                    assert!(r <= 3.0 + 2.0 / b, "b {b} predicted {predicted} gap {gap}: {r}");
+                    // The prediction was right: the real gap on the same side of B.
+                    if (gap >= b) == early {
+                        assert!(r <= 1.5 + 2.0 / b, "b {b} predicted {predicted} gap {gap}: {r}");
+                    }
+                }
+            }
+        }
+    }
+}
