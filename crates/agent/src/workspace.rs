@@ -37,6 +37,10 @@ pub enum WorkspaceError {
     Refused { id: String, entry: String, reason: String },
     #[error("upload {id}: unpacking failed: {reason}")]
     Unpack { id: String, reason: String },
+    /// The coordinator stored it once and has garbage-collected it since (410): waiting or
+    /// trying again cannot help. `message` is the coordinator's, and names the upload.
+    #[error("{message} (410 Gone)")]
+    Gone { id: String, message: String },
 }
 
 /// Where uploads come from: the coordinator, as this agent.
@@ -116,7 +120,15 @@ impl UploadSource {
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();
-            return Err(download(format!("GET {url}: {status}: {}", body.trim())));
+            // The coordinator's errors are `{"error": "..."}`: say the sentence, not the JSON.
+            let message = serde_json::from_str::<gpuci_protocol::api::ErrorBody>(&body)
+                .map(|b| b.error)
+                .unwrap_or_else(|_| body.trim().to_string());
+            if status == reqwest::StatusCode::GONE {
+                let message = if message.contains(id) { message } else { format!("upload {id} is gone: {message}") };
+                return Err(WorkspaceError::Gone { id: id.into(), message });
+            }
+            return Err(download(format!("GET {url}: {status}: {message}")));
         }
         let tmp = self.cache_dir.join(format!(".download-{id}-{}", rand::random::<u64>()));
         let result = async {

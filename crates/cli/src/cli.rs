@@ -300,6 +300,10 @@ pub struct ServerArgs {
     /// How often the fleets' reconcile loop asks providers what exists and decides.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub fleet_interval: std::time::Duration,
+    /// How often workspace uploads are garbage-collected (at start, then at this interval);
+    /// what goes is set by `[uploads]` in the config file.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub upload_collect_interval: std::time::Duration,
     /// The server's config file (TOML; the `[github]` section: App, webhook secret, runner
     /// pools; `[[fleet]]`s of machines made on demand). See docs/github.md, docs/fleets.md.
     #[arg(long, env = "GPUCI_CONFIG")]

@@ -269,8 +269,24 @@ impl Client {
         if let Some(note) = passed_over {
             eprintln!("note: {}", gpuci_core::text::escape(&note));
         }
+        // Only a file that says `if` anywhere can have a condition (a merge key or an alias
+        // still spells it): the rest do not wait on git for facts nobody reads.
+        let build = if source.contains("if") {
+            let top = tree.top.clone();
+            let facts = tokio::task::spawn_blocking(move || crate::worktree::build_facts(top.as_deref()))
+                .await
+                .map_err(|e| CliError::Other(anyhow::anyhow!("asking git about the build: {e}")))?;
+            tracing::debug!(ms = ms(), ?facts, "build facts");
+            facts
+        } else {
+            gpuci_core::condition::BuildFacts {
+                event: Some(gpuci_core::condition::BuildEvent::Manual),
+                ..Default::default()
+            }
+        };
         let p = self
             .submit(&SubmitPipeline {
+                build: Some(build),
                 file_name: file.display().to_string(),
                 source,
                 env: Default::default(),

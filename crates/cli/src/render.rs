@@ -383,6 +383,7 @@ mod tests {
 
     fn job() -> JobSummary {
         JobSummary {
+            skipped_by_condition: false,
             id: 7,
             pipeline_id: 3,
             step_key: "test".into(),

@@ -10,6 +10,7 @@
 
 use crate::{CliError, CliResult};
 use anyhow::Context;
+use gpuci_core::condition::{BuildEvent, BuildFacts, MAX_CHANGED_PATHS};
 use std::path::{Path, PathBuf};
 
 /// What git says about the directory a pipeline file lies in.
@@ -416,6 +417,56 @@ fn unquote(v: &str) -> Result<String, Unsure> {
         return Err(Unsure);
     }
     Ok(out)
+}
+
+/// What the build is, for steps' `if:`, from the work tree at `top` (docs/pipelines.md,
+/// "Conditions"): the event is `manual`; the branch is HEAD's (unknown when detached); the
+/// tag is one pointing at HEAD (the first by name; `""` when none); the commit is HEAD's.
+/// The changed paths are those that differ between the work tree (committed, staged or not,
+/// and untracked files that are not ignored: what is uploaded) and the merge-base of HEAD
+/// with the default branch (`origin/HEAD`, else `origin/main`, `origin/master`, `main`,
+/// `master`), or with `HEAD^` when HEAD is on the default branch itself; unknown when there
+/// is no such commit or more than `MAX_CHANGED_PATHS` paths changed.
+pub fn build_facts(top: Option<&Path>) -> BuildFacts {
+    let mut facts = BuildFacts { event: Some(BuildEvent::Manual), ..BuildFacts::default() };
+    let Some(top) = top else { return facts };
+    let line = |args: &[&str]| git_output(top, args).and_then(text);
+    facts.commit = line(&["rev-parse", "--verify", "-q", "HEAD"]);
+    if facts.commit.is_none() {
+        return facts;
+    }
+    facts.branch = line(&["symbolic-ref", "-q", "--short", "HEAD"]);
+    facts.tag = git_output(top, &["tag", "--points-at", "HEAD", "--sort=refname"])
+        .map(|out| String::from_utf8_lossy(&out).lines().next().unwrap_or_default().to_string());
+    let base = ["origin/HEAD", "origin/main", "origin/master", "main", "master"]
+        .iter()
+        .find_map(|b| line(&["merge-base", "HEAD", b]))
+        .and_then(|mb| {
+            if Some(&mb) == facts.commit.as_ref() {
+                line(&["rev-parse", "--verify", "-q", "HEAD^"])
+            } else {
+                Some(mb)
+            }
+        });
+    let Some(base) = base else { return facts };
+    let (Some(diff), Some(untracked)) = (
+        git_output(top, &["diff", "--name-only", "-z", "--no-renames", &base, "--"]),
+        git_output(top, &["ls-files", "-z", "--others", "--exclude-standard"]),
+    ) else {
+        return facts;
+    };
+    let mut paths: Vec<String> = diff
+        .split(|b| *b == 0)
+        .chain(untracked.split(|b| *b == 0))
+        .filter(|p| !p.is_empty())
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    paths.sort();
+    paths.dedup();
+    if paths.len() <= MAX_CHANGED_PATHS {
+        facts.changed = Some(paths);
+    }
+    facts
 }
 
 #[cfg(test)]

@@ -123,6 +123,80 @@ steps:
     assert_eq!(api.log_text(cleanup.id), "cleaning up\n");
 }
 
+/// Issue 30 item 3: `gpuci submit` in a git work tree sends its branch and changed paths; a
+/// step whose `if:` holds runs, one whose `if:` is false is created skipped with the condition
+/// and the facts it read, its dependent is skipped after it, and the pipeline succeeds.
+#[test]
+fn a_step_whose_condition_is_false_is_skipped_with_the_reason_and_the_pipeline_succeeds() {
+    use std::process::Command;
+    if Command::new("git").arg("--version").output().is_err() {
+        eprintln!("git is not installed; skipped");
+        return;
+    }
+    let (dir, server, _agent, api) = one_agent("30s", "a1", &["--slots", "2", "--isolation", isolation()]);
+    let repo = dir.path().join("repo");
+    std::fs::create_dir_all(repo.join("src")).unwrap();
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "commit.gpgsign=false"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    std::fs::write(repo.join("README.md"), "hi\n").unwrap();
+    git(&["init", "-q", "-b", "main"]);
+    git(&["add", "-A"]);
+    git(&["commit", "-q", "-m", "first"]);
+    git(&["checkout", "-q", "-b", "feature/kernels"]);
+    std::fs::write(repo.join("src/gemm.cu"), "// kernel\n").unwrap();
+    git(&["add", "-A"]);
+    git(&["commit", "-q", "-m", "kernel"]);
+    let file = repo.join(".gpuci.yml");
+    std::fs::write(
+        &file,
+        r#"steps:
+  - key: kernels
+    if: build.branch =~ /^feature\// && changed("src/**/*.cu") && build.event == "manual"
+    command: echo testing kernels
+  - key: deploy
+    if: build.branch == "main"
+    command: echo deploying
+  - key: announce
+    depends_on: deploy
+    command: echo announcing
+"#,
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("submit")
+        .arg(&file)
+        .args(["--wait", "--server", &server.url, "--token", &server.token])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "a skip by a condition does not fail the pipeline; stderr: {stderr}");
+    assert!(stderr.contains("deploy skipped: skipped: `if: build.branch == \"main\"` is false"), "{stderr}");
+
+    let id: i64 = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("pipeline ")?.split_once(" submitted")?.0.parse().ok())
+        .unwrap_or_else(|| panic!("no pipeline id in {stderr}"));
+    let done = api.wait_pipeline(id, T);
+    assert_eq!(done.state, "succeeded", "{:#?}", done.jobs);
+    let by_key = |k: &str| done.jobs.iter().find(|j| j.step_key == k).unwrap().clone();
+    let (kernels, deploy, announce) = (by_key("kernels"), by_key("deploy"), by_key("announce"));
+    assert_eq!(kernels.state, JobState::Succeeded, "{}", kernels.reason);
+    assert_eq!(api.log_text(kernels.id), "testing kernels\n");
+    assert_eq!((deploy.state, deploy.skipped_by_condition), (JobState::Skipped, true));
+    assert_eq!(deploy.reason, r#"skipped: `if: build.branch == "main"` is false (build.branch = "feature/kernels")"#);
+    assert!(deploy.started_at_ms.is_none() && deploy.agent_id.is_none(), "it never ran");
+    assert_eq!((announce.state, announce.skipped_by_condition), (JobState::Skipped, true));
+    assert!(announce.reason.contains("dependency `deploy` was skipped by a condition"), "{}", announce.reason);
+}
+
 #[test]
 fn cancelling_a_running_job_kills_its_whole_process_tree() {
     let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);

@@ -343,6 +343,7 @@ pub async fn submit_pipeline(
         ));
     }
     check_extra_env(&req.env)?;
+    let build = check_build_facts(req.build.clone().unwrap_or_default())?;
     if let Some(r) = &req.repository {
         if r.is_empty() || r.len() > 1024 || r.chars().any(char::is_control) {
             return Err(ApiError::new(
@@ -375,6 +376,9 @@ pub async fn submit_pipeline(
         Some(b64) => Some(crate::uploads::decode_inline(b64)?),
         None => None,
     };
+    // From the check that the upload exists (or storing the inline one) until the pipeline
+    // naming it is committed, no upload garbage collection runs (`crate::uploads`).
+    let pin = st.uploads.pin().await;
     if let Some(id) = &req.workspace_upload {
         if !st.uploads.exists(id) {
             return Err(ApiError::new(
@@ -407,7 +411,7 @@ pub async fn submit_pipeline(
     })?;
     // Stored (and synced) before the pipeline that names it is committed, as an upload is.
     let workspace_upload = match inline {
-        Some(bytes) => Some(st.uploads.put(bytes).await.map_err(|e| {
+        Some(bytes) => Some(st.uploads.put(&pin, bytes).await.map_err(|e| {
             tracing::error!(error = %e, "could not store a workspace sent with a pipeline");
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("storing the workspace: {e}"))
         })?),
@@ -422,11 +426,39 @@ pub async fn submit_pipeline(
             workspace_upload,
             repository: req.repository,
             origin: None,
+            build,
         }),
         reply,
     })
     .await?;
+    drop(pin);
     Ok((StatusCode::CREATED, Json(pipeline_summary(&st, p.id).await?)))
+}
+
+/// A submission's build facts: bounded, printable text (they end up in skip reasons), paths
+/// without NUL; more changed paths than [`MAX_CHANGED_PATHS`] is refused (send none: unknown).
+///
+/// [`MAX_CHANGED_PATHS`]: gpuci_core::condition::MAX_CHANGED_PATHS
+fn check_build_facts(b: gpuci_core::condition::BuildFacts) -> ApiResult<gpuci_core::condition::BuildFacts> {
+    use gpuci_core::condition::MAX_CHANGED_PATHS;
+    let bad = |what: &str| ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, format!("build.{what}"));
+    for (name, value) in [("branch", &b.branch), ("tag", &b.tag), ("commit", &b.commit)] {
+        if value.as_ref().is_some_and(|v| v.len() > 1024 || v.chars().any(char::is_control)) {
+            return Err(bad(&format!("{name} must be at most 1024 printable characters")));
+        }
+    }
+    if let Some(paths) = &b.changed {
+        if paths.len() > MAX_CHANGED_PATHS {
+            return Err(bad(&format!(
+                "changed lists {} paths, more than {MAX_CHANGED_PATHS}; leave it out (changes unknown)",
+                paths.len()
+            )));
+        }
+        if paths.iter().any(|p| p.is_empty() || p.len() > 4096 || p.contains('\0')) {
+            return Err(bad("changed: each path must be 1-4096 bytes without NUL"));
+        }
+    }
+    Ok(b)
 }
 
 /// The extra environment of a submission: names as in a pipeline's `env`, values without NUL.

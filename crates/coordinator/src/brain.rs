@@ -10,6 +10,7 @@
 
 use crate::hub::Hub;
 use crate::origin::{Origin, RunnerOrigin};
+use gpuci_core::condition::Decision;
 use gpuci_core::job::{should_retry, JobState, Outcome};
 use gpuci_core::pipeline::Pipeline;
 use gpuci_core::placement::{self, Deadline, GpuSlot, GpuSlotState, HostView, Needs};
@@ -100,6 +101,8 @@ pub struct Submission {
     pub repository: Option<String>,
     /// An [`Origin`](crate::origin::Origin) as JSON.
     pub origin: Option<String>,
+    /// What the build is, for steps' `if:` (unknown facts: `None`).
+    pub build: gpuci_core::condition::BuildFacts,
 }
 
 /// What to do with an agent's jobs when it connects: [`reconcile`]'s answer.
@@ -810,25 +813,29 @@ impl Brain {
     }
 
     async fn submit(&mut self, sub: Submission) -> Result<(PipelineRecord, Vec<JobRecord>), BrainError> {
-        let Submission { file_name, source, pipeline, extra_env, workspace_upload, repository, origin } = sub;
+        let Submission { file_name, source, pipeline, extra_env, workspace_upload, repository, origin, build } = sub;
         let now = now_ms();
+        // Conditions are decided now, once: the facts are the submission's and do not change.
+        let mut pipeline_env = extra_env.clone();
+        pipeline_env.extend(pipeline.env.clone());
+        let decisions = gpuci_core::condition::plan(&pipeline.steps, &build, &pipeline_env);
         let jobs = pipeline
             .steps
             .iter()
-            .map(|step| {
-                let mut env = extra_env.clone();
-                env.extend(pipeline.env.clone());
+            .zip(decisions)
+            .map(|(step, decision)| {
+                let mut env = pipeline_env.clone();
                 env.extend(step.env.clone());
-                NewJob {
-                    pipeline_id: 0,
-                    step: step.clone(),
-                    env,
-                    state: JobState::Queued,
-                    reason: "queued".into(),
-                    attempt: 1,
-                    retry_of: None,
-                    created_at_ms: now,
-                }
+                let mut step = step.clone();
+                let (state, reason) = match decision {
+                    Decision::Run { note: None } => (JobState::Queued, "queued".to_string()),
+                    Decision::Run { note: Some(note) } => (JobState::Queued, format!("queued: {note}")),
+                    Decision::Skip(why) => {
+                        step.skipped_by_condition = true;
+                        (JobState::Skipped, why)
+                    }
+                };
+                NewJob { pipeline_id: 0, step, env, state, reason, attempt: 1, retry_of: None, created_at_ms: now }
             })
             .collect();
         let (p, jobs) = self
@@ -1581,6 +1588,8 @@ impl Brain {
                 job_id: *id,
                 state: *state,
                 soft_failed: *soft,
+                // The gate skips after any skipped dependency; only the pipeline's state tells.
+                skipped_by_condition: false,
             })
         };
         match gate(&j.step, latest) {

@@ -11,6 +11,7 @@ pub fn job_summary(j: &JobRecord, agent_name: Option<String>) -> JobSummary {
         name: j.step.display_name().to_string(),
         state: j.state,
         soft_failed: gpuci_core::progress::is_soft_failure(&j.step.soft_fail, j.state, j.exit_code),
+        skipped_by_condition: gpuci_core::progress::is_skipped_by_condition(&j.step, j.state),
         reason: j.reason.clone(),
         attempt: j.attempt,
         agent_id: j.agent_id.clone(),
@@ -35,6 +36,7 @@ pub fn pipeline_state(jobs: &[JobSummary]) -> String {
         job_id: j.id,
         state: j.state,
         soft_failed: j.soft_failed,
+        skipped_by_condition: j.skipped_by_condition,
     }))
     .to_string()
 }

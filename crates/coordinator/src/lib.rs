@@ -23,6 +23,7 @@ pub mod repos;
 pub mod secrets;
 pub mod ui;
 pub mod uploads;
+pub mod uploads_gc;
 pub mod vault;
 
 use anyhow::Context;
@@ -68,8 +69,10 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub database: Database,
     pub timing: Timing,
-    /// Uploads unused this long, and needed by no unfinished job, are deleted.
-    pub upload_retention: std::time::Duration,
+    /// Upload garbage collection: uploads unused for `retention` and needed by no job that
+    /// may still run are deleted, as are the least recently used ones over `max_total`
+    /// (`[uploads]` in the server config; [`uploads_gc`]).
+    pub uploads_gc: uploads_gc::GcConfig,
     /// The `[github]` section of the config file, with its secrets read.
     pub github: Option<Arc<github::GithubConfig>>,
     /// The key secret values are sealed with; default `<data-dir>/secrets.key`.
@@ -143,7 +146,7 @@ impl Config {
             data_dir,
             database,
             timing: Timing::default(),
-            upload_retention: DEFAULT_UPLOAD_RETENTION,
+            uploads_gc: uploads_gc::GcConfig::default(),
             github: None,
             secrets_key_file: None,
             credential_files: Vec::new(),
@@ -214,35 +217,6 @@ impl AppState {
 pub const REPO_SECRETS_KEYS: &str = "repo-secrets-keys";
 
 pub const DEFAULT_MAX_LOG_BYTES: u64 = 101 * 1024 * 1024;
-
-pub const DEFAULT_UPLOAD_RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
-
-/// Hourly (and at start): delete uploads no unfinished job needs that were last used longer
-/// than `retention` ago.
-async fn collect_uploads(
-    store: Arc<dyn Store>,
-    uploads: uploads::Uploads,
-    retention: std::time::Duration,
-    shutdown: CancellationToken,
-) {
-    let mut every = tokio::time::interval(std::time::Duration::from_secs(3600));
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = every.tick() => {}
-        }
-        let Ok(active) = store.active_jobs().await else { continue };
-        let mut keep = std::collections::HashSet::new();
-        let pipelines: std::collections::BTreeSet<i64> = active.iter().map(|j| j.pipeline_id).collect();
-        for p in pipelines {
-            if let Ok(Some(p)) = store.get_pipeline(p).await {
-                keep.extend(p.workspace_upload);
-            }
-        }
-        let u = uploads.clone();
-        let _ = tokio::task::spawn_blocking(move || u.collect_garbage(&keep, retention)).await;
-    }
-}
 
 /// A started coordinator.
 pub struct Running {
@@ -496,7 +470,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         revoked_sessions: Arc::new(ui::Revoked::default()),
         live_streams: Arc::new(tokio::sync::Semaphore::new(ui::MAX_LIVE_STREAMS)),
     };
-    tokio::spawn(collect_uploads(st.store.clone(), st.uploads.clone(), config.upload_retention, shutdown.clone()));
+    tokio::spawn(uploads_gc::run(
+        st.store.clone(),
+        st.uploads.clone(),
+        st.metrics.clone(),
+        config.uploads_gc,
+        shutdown.clone(),
+    ));
     let app = router(st);
     let brain_task = tokio::spawn(brain.run(rx, shutdown.clone()));
     let sd = shutdown.clone();

@@ -16,6 +16,8 @@ pub struct Metrics {
     pub start_latency: HistogramVec,
     pub webhook_deliveries: IntCounterVec,
     pub provider_calls: IntCounterVec,
+    pub uploads_collected: IntCounterVec,
+    pub uploads_collected_bytes: IntCounterVec,
 }
 
 fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -56,6 +58,16 @@ impl Metrics {
                 "Calls to fleets' providers, by fleet, provider, call and result (ok, error).",
                 &["fleet", "provider", "call", "result"],
             ),
+            uploads_collected: counter(
+                "gpuci_uploads_collected_total",
+                "Workspace uploads deleted by garbage collection, by why (retention, max_total).",
+                &["why"],
+            ),
+            uploads_collected_bytes: counter(
+                "gpuci_uploads_collected_bytes_total",
+                "Bytes freed by deleting workspace uploads, by why (retention, max_total).",
+                &["why"],
+            ),
         }
     }
 
@@ -64,11 +76,19 @@ impl Metrics {
         r.register(Box::new(self.start_latency.clone()))?;
         r.register(Box::new(self.webhook_deliveries.clone()))?;
         r.register(Box::new(self.provider_calls.clone()))?;
+        r.register(Box::new(self.uploads_collected.clone()))?;
+        r.register(Box::new(self.uploads_collected_bytes.clone()))?;
         Ok(())
     }
 
     pub fn job_finished(&self, state: gpuci_core::job::JobState, reason: &str) {
         self.jobs_finished.with_label_values(&[state.as_str(), gpuci_core::job::reason_class(state, reason)]).inc();
+    }
+
+    /// An upload garbage collection deleted.
+    pub fn upload_collected(&self, why: gpuci_core::uploads::Why, bytes: u64) {
+        self.uploads_collected.with_label_values(&[why.as_str()]).inc();
+        self.uploads_collected_bytes.with_label_values(&[why.as_str()]).inc_by(bytes);
     }
 
     pub fn provider_call(&self, fleet: &str, provider: &str, call: &str, ok: bool) {
@@ -115,6 +135,8 @@ pub struct Snapshot {
     pub github_rate_remaining: Vec<(String, u64)>,
     /// `[[budget]]`s: (repository or owner/*, daily USD).
     pub repository_budgets: Vec<(String, f64)>,
+    /// Workspace uploads stored: (count, bytes).
+    pub uploads: (u64, u64),
 }
 
 fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
@@ -268,6 +290,13 @@ pub fn render(m: &Metrics, s: &Snapshot) -> prometheus::Result<String> {
     for (resource, remaining) in &s.github_rate_remaining {
         rate.with_label_values(&[resource]).set(*remaining as i64);
     }
+    let uploads =
+        IntGauge::new("gpuci_uploads", "Workspace uploads stored (the collector's last count, plus uploads since).")?;
+    r.register(Box::new(uploads.clone()))?;
+    uploads.set(i64::try_from(s.uploads.0).unwrap_or(i64::MAX));
+    let upload_bytes = IntGauge::new("gpuci_uploads_bytes", "Bytes of the workspace uploads stored.")?;
+    r.register(Box::new(upload_bytes.clone()))?;
+    upload_bytes.set(i64::try_from(s.uploads.1).unwrap_or(i64::MAX));
     let mut out = Vec::new();
     TextEncoder::new().encode(&r.gather(), &mut out)?;
     String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
@@ -390,6 +419,7 @@ async fn snapshot(st: &crate::AppState) -> Result<Snapshot, crate::api::ApiError
         }
         s.fleets.push((f.name.clone(), u64::from(f.wanted), f.spend_today_usd, f.daily_budget_usd));
     }
+    s.uploads = st.uploads.stored();
     s.repository_budgets = st.budgets.iter().map(|b| (b.repository.to_string(), b.daily)).collect();
     if let Some(gh) = &st.github {
         s.github_requests = gh.client.request_counts();

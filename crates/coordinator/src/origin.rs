@@ -3,6 +3,7 @@
 //! to decide what a job may have (secrets) and what placing it involves (registering a runner).
 
 use gpuci_core::cache::CacheOrigin;
+use gpuci_core::condition::{BuildEvent, BuildFacts};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,6 +42,9 @@ pub struct GithubOrigin {
     /// Pushes: the full ref pushed (`refs/heads/main`). Caches are kept per ref.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_ref: Option<String>,
+    /// Pull requests: the branch it comes from (`build.branch` in conditions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_branch: Option<String>,
     /// Pull requests: the branch it merges into; it may read that branch's cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_branch: Option<String>,
@@ -67,6 +71,30 @@ impl Origin {
                 None
             }
         }
+    }
+
+    /// What a GitHub build is, for steps' `if:`: its branch (a push's, or a pull request's
+    /// head branch), its tag (a push of `refs/tags/…`; `""` for a branch push; unknown for a
+    /// pull request), event and commit. Changed paths are not known from the webhook alone:
+    /// unknown, so `changed(…)` never skips a step on GitHub yet.
+    pub fn build_facts(&self) -> BuildFacts {
+        let Origin::Github(g) = self else { return BuildFacts::default() };
+        let event = match g.event.as_str() {
+            "push" => Some(BuildEvent::Push),
+            "pull_request" => Some(BuildEvent::PullRequest),
+            _ => None,
+        };
+        let git_ref = g.git_ref.as_deref();
+        let (branch, tag) = match (event, git_ref) {
+            (Some(BuildEvent::Push), Some(r)) => match (r.strip_prefix("refs/heads/"), r.strip_prefix("refs/tags/")) {
+                (Some(b), _) => (Some(b.to_string()), Some(String::new())),
+                (_, Some(t)) => (None, Some(t.to_string())),
+                _ => (None, None),
+            },
+            (Some(BuildEvent::PullRequest), _) => (g.head_branch.clone(), None),
+            _ => (None, None),
+        };
+        BuildFacts { branch, tag, event, commit: Some(g.sha.clone()), changed: None }
     }
 
     pub fn to_json(&self) -> String {
@@ -111,6 +139,7 @@ mod tests {
             pr: None,
             secrets: true,
             git_ref: Some("refs/heads/dev".into()),
+            head_branch: None,
             base_branch: None,
             default_branch: Some("main".into()),
             trusted: true,
@@ -131,5 +160,47 @@ mod tests {
             Origin::cache_origin(Some(old)),
             Some(CacheOrigin::PullRequest { number: 4, base_branch: None, default_branch: None, trusted: false })
         );
+    }
+
+    #[test]
+    fn build_facts_come_from_the_push_or_the_pull_request() {
+        let push = |git_ref: &str| {
+            Origin::Github(GithubOrigin {
+                repository: "octo/gpu".into(),
+                sha: "abc".into(),
+                event: "push".into(),
+                pr: None,
+                secrets: true,
+                git_ref: Some(git_ref.into()),
+                head_branch: None,
+                base_branch: None,
+                default_branch: Some("main".into()),
+                trusted: true,
+                approved_by: None,
+            })
+        };
+        let f = push("refs/heads/release/1.2").build_facts();
+        assert_eq!(
+            f,
+            BuildFacts {
+                branch: Some("release/1.2".into()),
+                tag: Some(String::new()),
+                event: Some(BuildEvent::Push),
+                commit: Some("abc".into()),
+                changed: None,
+            }
+        );
+        let f = push("refs/tags/v1.0").build_facts();
+        assert_eq!((f.branch, f.tag), (None, Some("v1.0".into())));
+        let Origin::Github(g) = push("refs/heads/x") else { unreachable!() };
+        let pr = Origin::Github(GithubOrigin {
+            event: "pull_request".into(),
+            pr: Some(7),
+            git_ref: None,
+            head_branch: Some("fix".into()),
+            ..g
+        });
+        let f = pr.build_facts();
+        assert_eq!((f.branch.as_deref(), f.tag, f.event), (Some("fix"), None, Some(BuildEvent::PullRequest)));
     }
 }

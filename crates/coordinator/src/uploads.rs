@@ -6,6 +6,15 @@
 //!
 //! The coordinator does not look inside the archive; agents unpack it, refusing entries that
 //! would land outside the workspace.
+//!
+//! Uploads are garbage-collected ([`crate::uploads_gc`]; the rules in `gpuci_core::uploads`).
+//! Content addressing makes that racy by nature: the bytes a collector is about to delete may
+//! be posted again, or named by a new pipeline, at that moment. So every use that makes an
+//! upload wanted (storing or touching its file, and checking it exists through committing
+//! the pipeline that names it) holds an [`UploadPin`], and the collector gathers its facts,
+//! decides and deletes holding the gate's other side: a use comes wholly before a pass
+//! (which then sees it) or wholly after (which then stores the file anew or is refused).
+//! A download of a collected upload that a pipeline names answers 410 Gone.
 
 use crate::api::{ApiError, ApiPath};
 use crate::auth::{bearer, verify_hash};
@@ -20,6 +29,8 @@ use futures::StreamExt;
 use gpuci_protocol::api::{ErrorBody, UploadInfo, MAX_INLINE_WORKSPACE_BYTES};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
 /// The largest upload accepted.
@@ -33,11 +44,55 @@ pub struct UploadsDoc;
 #[derive(Clone, Debug)]
 pub struct Uploads {
     dir: PathBuf,
+    /// Read side: a use in progress ([`UploadPin`]); write side: a collector pass.
+    gate: Arc<tokio::sync::RwLock<()>>,
+    /// How many uploads are stored and their bytes: as the collector's last pass counted
+    /// them, plus those stored since (for `/metrics`).
+    count: Arc<AtomicU64>,
+    bytes: Arc<AtomicU64>,
 }
+
+/// Held while an upload is being made wanted: from before its file is stored or touched, or
+/// checked to exist, until the pipeline that names it is committed (or the request gives up).
+/// While any pin is held, no collector pass runs. Hold it briefly: never over a download
+/// or a network call, since a waiting pass holds back new pins.
+#[must_use]
+pub struct UploadPin(#[allow(dead_code)] tokio::sync::OwnedRwLockReadGuard<()>);
 
 impl Uploads {
     pub fn new(dir: PathBuf) -> Self {
-        Uploads { dir }
+        Uploads { dir, gate: Arc::default(), count: Arc::default(), bytes: Arc::default() }
+    }
+
+    /// The directory the uploads are in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A pin: no collector pass runs until it is dropped.
+    pub async fn pin(&self) -> UploadPin {
+        UploadPin(self.gate.clone().read_owned().await)
+    }
+
+    /// The collector's side of the gate: no pin is held while it lives.
+    pub(crate) async fn exclusive(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.gate.clone().write_owned().await
+    }
+
+    /// Stored uploads and their bytes (the collector's last count, plus uploads since).
+    pub fn stored(&self) -> (u64, u64) {
+        (self.count.load(Ordering::Relaxed), self.bytes.load(Ordering::Relaxed))
+    }
+
+    /// Set by the collector, under its side of the gate.
+    pub(crate) fn set_stored(&self, count: u64, bytes: u64) {
+        self.count.store(count, Ordering::Relaxed);
+        self.bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    fn note_stored(&self, bytes: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// The file of upload `id`; `None` when `id` is not a sha256 in lowercase hex.
@@ -51,9 +106,11 @@ impl Uploads {
     }
 
     /// Store an archive the coordinator made itself (a repository at a commit); returns its id.
-    pub async fn put(&self, bytes: Vec<u8>) -> std::io::Result<String> {
+    /// The caller holds `_pin` until the pipeline naming it is committed.
+    pub async fn put(&self, _pin: &UploadPin, bytes: Vec<u8>) -> std::io::Result<String> {
         let dir = self.dir.clone();
-        tokio::task::spawn_blocking(move || {
+        let len = bytes.len() as u64;
+        let (id, new) = tokio::task::spawn_blocking(move || {
             use std::io::Write;
             std::fs::create_dir_all(&dir)?;
             let id = hex::encode(Sha256::digest(&bytes));
@@ -67,13 +124,18 @@ impl Uploads {
                 std::fs::rename(&tmp, &path)?;
                 drop(guard);
                 std::fs::File::open(&dir)?.sync_all()?;
+                Ok::<_, std::io::Error>((id, true))
             } else {
                 touch(&path);
+                Ok((id, false))
             }
-            Ok(id)
         })
         .await
-        .map_err(std::io::Error::other)?
+        .map_err(std::io::Error::other)??;
+        if new {
+            self.note_stored(len);
+        }
+        Ok(id)
     }
 }
 
@@ -178,6 +240,10 @@ pub async fn create_upload(
     }
     let id = hex::encode(hasher.finalize());
     let path = dir.join(format!("{id}.tar.gz"));
+    // Whether the file is there and storing or touching it happen with no collector pass
+    // between. (The client names the upload in a pipeline later: the touch makes it recent,
+    // and the collector's size cap leaves recent uploads alone.)
+    let _pin = st.uploads.pin().await;
     if !path.is_file() {
         // Synced before it gets its name: a pipeline that names it is committed after this.
         // (The same content stored already was synced then; it is not synced again.)
@@ -185,6 +251,7 @@ pub async fn create_upload(
         drop(file);
         tokio::fs::rename(&tmp, &path).await.map_err(|e| server_error("storing an upload", e))?;
         sync_dir(dir).await;
+        st.uploads.note_stored(bytes);
         tracing::info!(upload = %id, bytes, "upload stored");
     } else {
         // Used again: the collector counts age from the last use.
@@ -194,71 +261,19 @@ pub async fn create_upload(
     Ok((StatusCode::CREATED, Json(UploadInfo { id, bytes })))
 }
 
+/// What an agent (or anyone) fetching a collected upload is told; the agent fails the job with it.
+pub fn gone_message(id: &str) -> String {
+    format!(
+        "upload {id} is gone: the coordinator garbage-collected it after its pipelines finished and it went \
+         unused for the upload retention (`[uploads] retention` in the server config, 7d by default), or to \
+         keep uploads under `[uploads] max_total`; submit the pipeline again to upload its files anew"
+    )
+}
+
 /// Mark an upload as just used.
 fn touch(path: &Path) {
     if let Ok(f) = std::fs::File::options().write(true).open(path) {
         let _ = f.set_modified(std::time::SystemTime::now());
-    }
-}
-
-impl Uploads {
-    /// Delete uploads last used more than `older_than` ago that no unfinished job needs
-    /// (`keep`), and temporary files left by an interrupted upload. Returns how many went.
-    pub fn collect_garbage(&self, keep: &std::collections::HashSet<String>, older_than: std::time::Duration) -> usize {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
-        let now = std::time::SystemTime::now();
-        let mut removed = 0;
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let id = name.strip_suffix(".tar.gz");
-            let ours = name.starts_with(".tmp-") || id.is_some_and(valid_id);
-            if !ours || id.is_some_and(|id| keep.contains(id)) {
-                continue;
-            }
-            let age = e.metadata().and_then(|m| m.modified()).ok().and_then(|m| now.duration_since(m).ok());
-            if age.is_some_and(|a| a > older_than) && std::fs::remove_file(e.path()).is_ok() {
-                removed += 1;
-            }
-        }
-        if removed > 0 {
-            tracing::info!(removed, "old uploads removed");
-        }
-        removed
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn garbage_is_old_and_unneeded_uploads_and_stale_temporary_files() {
-        let dir = std::env::temp_dir().join(format!("gpuci-uploads-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let u = Uploads::new(dir.clone());
-        let id = |c: char| c.to_string().repeat(64);
-        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(10 * 86_400);
-        for (name, aged) in [
-            (format!("{}.tar.gz", id('a')), true),  // old, unneeded: goes
-            (format!("{}.tar.gz", id('b')), true),  // old, needed by a queued job: stays
-            (format!("{}.tar.gz", id('c')), false), // recent: stays
-            (".tmp-123".to_string(), true),         // interrupted upload: goes
-            ("notes.txt".to_string(), true),        // not ours: stays
-        ] {
-            let p = dir.join(&name);
-            std::fs::write(&p, b"x").unwrap();
-            if aged {
-                std::fs::File::options().write(true).open(&p).unwrap().set_modified(old).unwrap();
-            }
-        }
-        let keep = std::collections::HashSet::from([id('b')]);
-        assert_eq!(u.collect_garbage(&keep, std::time::Duration::from_secs(7 * 86_400)), 2);
-        assert!(!u.exists(&id('a')) && u.exists(&id('b')) && u.exists(&id('c')));
-        assert!(dir.join("notes.txt").exists() && !dir.join(".tmp-123").exists());
-        // Using an upload again makes it recent.
-        touch(&dir.join(format!("{}.tar.gz", id('b'))));
-        assert_eq!(u.collect_garbage(&std::collections::HashSet::new(), std::time::Duration::from_secs(86_400)), 0);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
 
@@ -304,7 +319,8 @@ async fn authorized(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
     responses((status = 200, description = "the upload", content_type = "application/gzip", body = Vec<u8>),
         (status = 400, description = "the id is not a sha256 in lowercase hex", body = ErrorBody),
         (status = 401, description = "missing or invalid API token or agent credential", body = ErrorBody),
-        (status = 404, description = "no such upload", body = ErrorBody)))]
+        (status = 404, description = "no such upload", body = ErrorBody),
+        (status = 410, description = "the upload was stored once (a pipeline names it) and has been garbage-collected since", body = ErrorBody)))]
 pub async fn get_upload(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -320,7 +336,11 @@ pub async fn get_upload(
     let file = match tokio::fs::File::open(&path).await {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(ApiError::new(StatusCode::NOT_FOUND, format!("upload {id} not found")))
+            // A pipeline names it: it was stored once and collected since.
+            if !st.store.upload_uses(std::slice::from_ref(&id)).await?.is_empty() {
+                return Err(ApiError::new(StatusCode::GONE, gone_message(&id)));
+            }
+            return Err(ApiError::new(StatusCode::NOT_FOUND, format!("upload {id} not found")));
         }
         Err(e) => {
             tracing::error!(error = %e, path = %path.display(), "could not open an upload");

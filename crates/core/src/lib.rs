@@ -7,7 +7,8 @@
 //! repository is named with its host; a bare `owner/name` in configs and stored data means
 //! that repository on the configured GitHub host) and concurrency groups (scoped per
 //! repository and trust class unless the server config shares one), and how a pipeline's jobs
-//! combine (`progress`: soft failures, dependency gates, the pipeline's state).
+//! combine (`progress`: soft failures, dependency gates, the pipeline's state), and which
+//! workspace uploads may be garbage-collected (`uploads`).
 //!
 //! What must not live here: I/O of any kind (files, sockets, clocks, environment), an async
 //! runtime, logging side effects. Callers hand in the current time and the observed state;
@@ -16,6 +17,7 @@
 pub mod audit;
 pub mod cache;
 pub mod concurrency;
+pub mod condition;
 pub mod duration;
 pub mod fleet;
 pub mod gpu;
@@ -30,5 +32,6 @@ pub mod repo;
 pub mod secret_scope;
 pub mod text;
 pub mod trust;
+pub mod uploads;
 
 pub use duration::Duration;

@@ -10,9 +10,14 @@
 //!   waits while any dependency is unfinished. When one ended otherwise the job is skipped
 //!   at once (it never runs), unless its step has `allow_dependency_failure: true`: then it
 //!   runs once every dependency has ended, whatever the outcome.
+//! - A job **skipped by a condition** (its `if:` was false, or through `depends_on` a
+//!   dependency's: `crate::condition::plan`, applied at submission) is a skipped dependency
+//!   like any other for the steps after it, but counts as neither success nor failure.
 //! - The **pipeline's state**, from the latest attempt of each step: `running` while any is
-//!   unfinished, else the worst outcome that is not a soft failure, in the order `lost`,
-//!   `timed_out`, `failed`, `cancelled`, `skipped`; `succeeded` when there is none.
+//!   unfinished, else the worst outcome that is not a soft failure nor a skip by a condition,
+//!   in the order `lost`, `timed_out`, `failed`, `cancelled`, `skipped`; `succeeded` when
+//!   there is none (a pipeline whose every step a condition skipped succeeded, as in GitHub
+//!   Actions).
 
 use crate::job::JobState;
 use crate::pipeline::{SoftFail, Step};
@@ -34,6 +39,13 @@ pub struct Attempt<'a> {
     pub job_id: i64,
     pub state: JobState,
     pub soft_failed: bool,
+    /// Created skipped because a condition was false (`Step::skipped_by_condition`).
+    pub skipped_by_condition: bool,
+}
+
+/// Whether a job of `step` in `state` was skipped by a condition rather than by an outcome.
+pub fn is_skipped_by_condition(step: &Step, state: JobState) -> bool {
+    state == JobState::Skipped && step.skipped_by_condition
 }
 
 /// What a queued job may do now, given its dependencies.
@@ -105,7 +117,7 @@ pub fn pipeline_state<'a>(jobs: impl IntoIterator<Item = Attempt<'a>>) -> Pipeli
     if latest.values().any(|j| !j.state.is_terminal()) {
         return PipelineState::Running;
     }
-    let counted = |s: JobState| latest.values().any(|j| j.state == s && !j.soft_failed);
+    let counted = |s: JobState| latest.values().any(|j| j.state == s && !j.soft_failed && !j.skipped_by_condition);
     let worst = [JobState::Lost, JobState::TimedOut, JobState::Failed, JobState::Cancelled, JobState::Skipped]
         .into_iter()
         .find(|s| counted(*s));
@@ -118,7 +130,7 @@ mod tests {
     use JobState::*;
 
     fn at(step_key: &str, job_id: i64, state: JobState) -> Attempt<'_> {
-        Attempt { step_key, job_id, state, soft_failed: false }
+        Attempt { step_key, job_id, state, soft_failed: false, skipped_by_condition: false }
     }
 
     fn soft(a: Attempt<'_>) -> Attempt<'_> {
@@ -227,5 +239,25 @@ mod tests {
             "a step allowed to run after a failure does not make the failure go away"
         );
         assert_eq!(pipeline_state(Vec::new()).as_str(), "succeeded");
+    }
+
+    #[test]
+    fn a_skip_by_a_condition_is_neither_success_nor_failure() {
+        let by_condition = |a: Attempt<'static>| Attempt { skipped_by_condition: true, ..a };
+        assert_eq!(
+            pipeline_state([at("a", 1, Succeeded), by_condition(at("deploy", 2, Skipped))]).as_str(),
+            "succeeded"
+        );
+        assert_eq!(pipeline_state([by_condition(at("a", 1, Skipped))]).as_str(), "succeeded");
+        assert_eq!(pipeline_state([at("a", 1, Failed), by_condition(at("b", 2, Skipped))]).as_str(), "failed");
+        assert_eq!(
+            pipeline_state([by_condition(at("a", 1, Skipped)), at("b", 2, Skipped)]).as_str(),
+            "skipped",
+            "a skip for another reason still counts"
+        );
+        let mut step = Step::new("deploy", "make deploy");
+        step.skipped_by_condition = true;
+        assert!(is_skipped_by_condition(&step, Skipped));
+        assert!(!is_skipped_by_condition(&step, Succeeded), "a retry run by hand is an ordinary job");
     }
 }

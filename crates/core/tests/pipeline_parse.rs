@@ -105,6 +105,8 @@ steps:
         soft_fail: Default::default(),
         allow_dependency_failure: false,
         matrix: None,
+        condition: None,
+        skipped_by_condition: false,
     };
     assert_eq!(p.steps[1], want);
 }

@@ -96,6 +96,8 @@ pub struct PullRequestEvent {
     pub action: PullRequestAction,
     pub number: u64,
     pub head_sha: String,
+    /// The branch the pull request comes from (`fix-kernel`), in its head repository.
+    pub head_ref: Option<String>,
     /// `None` when the head repository has been deleted.
     pub head_repo_full_name: Option<String>,
     pub base_repository: Repository,
@@ -163,6 +165,7 @@ pub fn parse_event(event_name: &str, delivery_id: &str, body: &[u8]) -> Result<E
                 action: p.action,
                 number: p.number,
                 head_sha: p.pull_request.head.sha,
+                head_ref: p.pull_request.head.git_ref,
                 head_repo_full_name,
                 base_repository,
                 author_association: p.pull_request.author_association,
@@ -271,6 +274,8 @@ mod wire {
     #[derive(Deserialize)]
     pub struct Head {
         pub sha: String,
+        #[serde(default, rename = "ref")]
+        pub git_ref: Option<String>,
         pub repo: Option<HeadRepo>,
     }
 

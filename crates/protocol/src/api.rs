@@ -31,6 +31,11 @@ pub struct SubmitPipeline {
     /// paths are kept per repository.
     #[serde(default)]
     pub repository: Option<String>,
+    /// What the build is (branch, tag, event, commit, changed paths), for steps' `if:`
+    /// conditions. Absent: every fact unknown, and a condition that needs one runs its step.
+    /// `gpuci submit` fills it from the work tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<gpuci_core::condition::BuildFacts>,
 }
 
 /// The largest workspace a `SubmitPipeline` may carry itself (`workspace_archive`, decoded);
@@ -67,6 +72,10 @@ pub struct JobSummary {
     /// does not fail its pipeline, and its dependents run (Buildkite's "soft failed").
     #[serde(default)]
     pub soft_failed: bool,
+    /// Skipped because its step's `if:` (or a dependency's) was false for the build: neither
+    /// success nor failure.
+    #[serde(default)]
+    pub skipped_by_condition: bool,
     /// Why the job is in its state: why it waits, why it failed, who cancelled it.
     pub reason: String,
     pub attempt: u32,

@@ -225,6 +225,11 @@ pub trait Store: Send + Sync + 'static {
     async fn pipeline_jobs(&self, pipeline: PipelineId) -> Result<Vec<JobRecord>>;
     async fn get_pipeline(&self, id: PipelineId) -> Result<Option<PipelineRecord>>;
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>>;
+    /// The pipelines that name any of these workspace uploads, each with how many of its jobs
+    /// may still run (queued, assigned, running) and its last activity (its creation, a job's
+    /// creation or end): what upload garbage collection decides on
+    /// (`gpuci_core::uploads::decide`). Ids no pipeline names are left out.
+    async fn upload_uses(&self, uploads: &[String]) -> Result<Vec<gpuci_core::uploads::PipelineUse>>;
     /// Where each of these pipelines came from: `(repository, origin JSON)` by id (unknown
     /// ids are left out).
     async fn pipeline_origins(

@@ -477,6 +477,21 @@ impl Store for PostgresStore {
         Ok(out)
     }
 
+    async fn upload_uses(&self, uploads: &[String]) -> Result<Vec<gpuci_core::uploads::PipelineUse>> {
+        let rows = sqlx::query(
+            "SELECT p.workspace_upload AS upload, p.id AS pipeline_id, \
+               (SELECT COUNT(*) FROM jobs j WHERE j.pipeline_id = p.id \
+                  AND j.state IN ('queued', 'assigned', 'running')) AS unfinished, \
+               GREATEST(p.created_at_ms, COALESCE((SELECT MAX(GREATEST(j.created_at_ms, COALESCE(j.finished_at_ms, 0))) \
+                  FROM jobs j WHERE j.pipeline_id = p.id), 0)) AS last_active_ms \
+             FROM pipelines p WHERE p.workspace_upload = ANY($1) ORDER BY p.id",
+        )
+        .bind(uploads.to_vec())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(upload_use_from_row).collect()
+    }
+
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
         let rows = sqlx::query(&format!("SELECT {PIPELINE_COLUMNS} FROM pipelines ORDER BY id DESC LIMIT $1"))
             .bind(i64::from(limit))
@@ -1046,6 +1061,15 @@ async fn insert_audit(conn: &mut sqlx::PgConnection, a: &NewAudit) -> Result<i64
     .fetch_one(conn)
     .await?;
     Ok(row.get(0))
+}
+
+fn upload_use_from_row(r: &PgRow) -> Result<gpuci_core::uploads::PipelineUse> {
+    Ok(gpuci_core::uploads::PipelineUse {
+        upload: r.try_get("upload")?,
+        pipeline_id: r.try_get("pipeline_id")?,
+        unfinished_jobs: u64::try_from(r.try_get::<i64, _>("unfinished")?).unwrap_or(0),
+        last_active_ms: r.try_get("last_active_ms")?,
+    })
 }
 
 fn audit_from_row(r: &PgRow) -> AuditRecord {

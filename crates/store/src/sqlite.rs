@@ -449,6 +449,30 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
+    async fn upload_uses(&self, uploads: &[String]) -> Result<Vec<gpuci_core::uploads::PipelineUse>> {
+        let mut out = Vec::new();
+        for chunk in uploads.chunks(500) {
+            let marks = vec!["?"; chunk.len()].join(",");
+            // Uses the partial index on pipelines(workspace_upload) and jobs(pipeline_id).
+            let sql = format!(
+                "SELECT p.workspace_upload AS upload, p.id AS pipeline_id, \
+                   (SELECT COUNT(*) FROM jobs j WHERE j.pipeline_id = p.id \
+                      AND j.state IN ('queued', 'assigned', 'running')) AS unfinished, \
+                   MAX(p.created_at_ms, COALESCE((SELECT MAX(MAX(j.created_at_ms, COALESCE(j.finished_at_ms, 0))) \
+                      FROM jobs j WHERE j.pipeline_id = p.id), 0)) AS last_active_ms \
+                 FROM pipelines p WHERE p.workspace_upload IN ({marks}) ORDER BY p.id"
+            );
+            let mut q = sqlx::query(&sql);
+            for id in chunk {
+                q = q.bind(id);
+            }
+            for row in q.fetch_all(&self.read).await? {
+                out.push(upload_use_from_row(&row)?);
+            }
+        }
+        Ok(out)
+    }
+
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
         let rows = sqlx::query(&format!("SELECT {PIPELINE_COLUMNS} FROM pipelines ORDER BY id DESC LIMIT ?"))
             .bind(i64::from(limit))
@@ -985,6 +1009,15 @@ async fn insert_audit(conn: &mut sqlx::SqliteConnection, a: &NewAudit) -> Result
     .execute(conn)
     .await?;
     Ok(done.last_insert_rowid())
+}
+
+fn upload_use_from_row(r: &SqliteRow) -> Result<gpuci_core::uploads::PipelineUse> {
+    Ok(gpuci_core::uploads::PipelineUse {
+        upload: r.try_get("upload")?,
+        pipeline_id: r.try_get("pipeline_id")?,
+        unfinished_jobs: u64::try_from(r.try_get::<i64, _>("unfinished")?).unwrap_or(0),
+        last_active_ms: r.try_get("last_active_ms")?,
+    })
 }
 
 fn audit_from_row(r: &SqliteRow) -> AuditRecord {

@@ -704,6 +704,7 @@ mod tests {
 
     fn summary(id: i64, name: &str, reason: &str) -> JobSummary {
         JobSummary {
+            skipped_by_condition: false,
             id,
             pipeline_id: 1,
             step_key: "k".into(),

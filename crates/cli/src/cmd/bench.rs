@@ -214,6 +214,7 @@ async fn dispatch_once(c: &Client) -> CliResult<Option<i64>> {
     let t0 = now_us();
     let p = c
         .submit(&SubmitPipeline {
+            build: None,
             file_name: "bench.yml".into(),
             source: PROBE.into(),
             env: Default::default(),
@@ -275,6 +276,7 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg, job_disk: u64) ->
     let t0 = std::time::Instant::now();
     let p = c
         .submit(&SubmitPipeline {
+            build: None,
             file_name: "throughput.yml".into(),
             source: yaml,
             env: Default::default(),
@@ -319,6 +321,7 @@ async fn dashboard(n: u32, requests: u32, isolation: IsolationArg) -> CliResult 
         }
         let sub = c
             .submit(&SubmitPipeline {
+                build: None,
                 file_name: format!("bench-{p}.yml"),
                 source: yaml,
                 env: Default::default(),

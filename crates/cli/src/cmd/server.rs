@@ -22,6 +22,7 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
     config.max_log_bytes = a.max_log_bytes;
     config.new_database = a.new_database;
     config.fleet_interval = a.fleet_interval;
+    config.uploads_gc.interval = a.upload_collect_interval;
     config.timing = Timing { heartbeat_interval: a.heartbeat, lost_after: a.lost_after, ..Timing::default() };
     if let Some(path) = &a.config {
         let text = std::fs::read_to_string(path)
@@ -54,6 +55,9 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
             if let Err(e) = gpuci_coordinator::fleets::provider_for(f, "check", "", &data_dir) {
                 return Err(CliError::Input(format!("{}: {e}", path.display())));
             }
+        }
+        if let Some(u) = &file.uploads {
+            u.apply(&mut config.uploads_gc);
         }
         if let Some(d) = &file.dashboard {
             config.public_repositories = d.public_repositories.iter().map(|r| r.0.clone()).collect();

@@ -224,6 +224,7 @@ impl Api {
             .post(format!("{}/api/v1/pipelines", self.url))
             .bearer_auth(&self.token)
             .json(&SubmitPipeline {
+                build: None,
                 file_name: "test.yml".into(),
                 source: yaml.into(),
                 env: Default::default(),

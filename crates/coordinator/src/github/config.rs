@@ -28,6 +28,34 @@ pub struct ServerFile {
     pub dashboard: Option<DashboardFile>,
     /// `[[concurrency.shared]]` (checked by `gpuci_core::concurrency::parse_shared_groups`).
     pub concurrency: Option<toml::Table>,
+    /// `[uploads]`: garbage collection of workspace uploads.
+    pub uploads: Option<UploadsFile>,
+}
+
+/// `[uploads]`: how long workspace uploads are kept (`crate::uploads_gc`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadsFile {
+    /// An upload no job that may still run needs is deleted once unused this long (since it
+    /// was last uploaded, or a pipeline naming it last changed). Default 7d; at least 1s.
+    #[serde(default = "default_upload_retention")]
+    pub retention: Parsed<Duration>,
+    /// The most all uploads together may hold (`50GiB`); over it, the least recently used
+    /// uploads no job needs go first. Default: no cap.
+    #[serde(default)]
+    pub max_total: Option<Parsed<Bytes>>,
+}
+
+fn default_upload_retention() -> Parsed<Duration> {
+    Parsed(Duration(crate::uploads_gc::DEFAULT_RETENTION))
+}
+
+impl UploadsFile {
+    /// The collector's settings (its interval is a flag, not in the file).
+    pub fn apply(&self, gc: &mut crate::uploads_gc::GcConfig) {
+        gc.retention = self.retention.0.as_std();
+        gc.max_total = self.max_total.as_ref().map(|b| b.0 .0);
+    }
 }
 
 /// `[dashboard]`: what the web dashboard shows without sign-in.
@@ -161,6 +189,13 @@ impl FieldValue for Duration {
     }
 }
 
+impl FieldValue for Bytes {
+    const EXPECTED: &'static str = "a size like 50GiB or 512MiB";
+    fn parse_field(s: &str) -> Option<Self> {
+        Bytes::from_str(s).ok()
+    }
+}
+
 impl FieldValue for Constraint<Bytes> {
     const EXPECTED: &'static str = "a memory size like >=40GiB";
     fn parse_field(s: &str) -> Option<Self> {
@@ -280,6 +315,12 @@ pub fn parse(file: &str, text: &str) -> Result<ServerFile, ConfigError> {
     })?;
     if let Some(g) = &parsed.github {
         validate(file, text, g)?;
+    }
+    if parsed.uploads.as_ref().is_some_and(|u| u.retention.0.as_std().is_zero()) {
+        let at = text.find("retention").map(|i| line_col(text, i)).map_or(String::new(), |(l, c)| format!(":{l}:{c}"));
+        return Err(ConfigError(format!(
+            "{file}{at}: uploads.retention: must be at least 1s (an upload is named by its pipeline a moment after it is sent)"
+        )));
     }
     Ok(parsed)
 }

@@ -439,6 +439,7 @@ impl Service {
                     workspace_upload: None,
                     repository: Some(r.repository.clone()),
                     origin: Some(origin.to_json()),
+                    build: Default::default(),
                 }),
                 reply,
             })
@@ -940,6 +941,7 @@ impl Service {
             pr: None,
             secrets: true,
             git_ref: Some(p.git_ref.clone()),
+            head_branch: None,
             base_branch: None,
             default_branch: p.default_branch.clone(),
             trusted: true,
@@ -967,6 +969,7 @@ impl Service {
             // Code from a fork never sees secrets, approved or not.
             secrets: !p.from_fork,
             git_ref: None,
+            head_branch: p.head_ref.clone(),
             base_branch: p.base_ref.clone(),
             default_branch: p.default_branch.clone(),
             // Nor do its caches reach a trusted job: approval lets it run, not write for others.
@@ -1083,13 +1086,19 @@ impl Service {
                 return;
             }
         };
-        let upload = match self.client.tarball(&repo, &origin.sha, MAX_TARBALL_BYTES).await {
+        let tgz = match self.client.tarball(&repo, &origin.sha, MAX_TARBALL_BYTES).await {
             Ok(t) => match tokio::task::spawn_blocking(move || strip_top_dir(&t)).await {
-                Ok(Ok(tgz)) => self.uploads.put(tgz).await.map_err(|e| e.to_string()),
-                Ok(Err(e)) => Err(e),
+                Ok(r) => r,
                 Err(e) => Err(e.to_string()),
             },
             Err(e) => Err(e.to_string()),
+        };
+        // Taken after the download (a pin holds upload garbage collection back) and held
+        // until the pipeline naming the upload is committed (`crate::uploads`).
+        let pin = self.uploads.pin().await;
+        let upload = match tgz {
+            Ok(tgz) => self.uploads.put(&pin, tgz).await.map_err(|e| e.to_string()),
+            Err(e) => Err(e),
         };
         let upload = match upload {
             Ok(id) => id,
@@ -1115,6 +1124,7 @@ impl Service {
         if let Some(pr) = origin.pr {
             env.insert("GITHUB_PR_NUMBER".into(), pr.to_string());
         }
+        let build = Origin::Github(origin.clone()).build_facts();
         let json = Origin::Github(origin.clone()).to_json();
         let result = self
             .ask(|reply| Command::Submit {
@@ -1126,10 +1136,12 @@ impl Service {
                     workspace_upload: Some(upload),
                     repository: Some(format!("github.com/{}", origin.repository.to_ascii_lowercase())),
                     origin: Some(json),
+                    build,
                 }),
                 reply,
             })
             .await;
+        drop(pin);
         match result {
             Ok((p, jobs)) => {
                 tracing::info!(pipeline = p.id, repository = %origin.repository, sha = %origin.sha, event = %origin.event, "pipeline started from GitHub");

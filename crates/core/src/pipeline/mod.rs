@@ -86,6 +86,15 @@ pub struct Step {
     /// Set on each job a `matrix:` step expands to: that step's key and this job's values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matrix: Option<MatrixJob>,
+    /// `if:`: the step runs only when this condition holds for the build
+    /// ([`crate::condition`]); validated when the file is parsed, decided at submission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
+    /// Set by the coordinator at submission, never by a file: the job was created skipped
+    /// because its condition (or, through `depends_on`, a dependency's) was false for the
+    /// build. Such a skip counts as neither success nor failure (`crate::progress`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub skipped_by_condition: bool,
 }
 
 impl Step {
@@ -123,6 +132,8 @@ impl Step {
             soft_fail: SoftFail::Never,
             allow_dependency_failure: false,
             matrix: None,
+            condition: None,
+            skipped_by_condition: false,
         }
     }
 }

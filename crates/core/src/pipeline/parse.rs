@@ -92,6 +92,7 @@ pub(crate) const STEP_KEYS: &[&str] = &[
     "matrix",
     "soft_fail",
     "allow_dependency_failure",
+    "if",
 ];
 pub(crate) const RETRY_KEYS: &[&str] = &["count", "on"];
 pub(crate) const CONCURRENCY_KEYS: &[&str] = &["group", "cancel_in_progress"];
@@ -113,7 +114,7 @@ const MAX_NODES: usize = 200_000;
 
 /// Parse and validate a pipeline file. `file` is only used in error messages.
 pub fn parse(file: &str, text: &str) -> Result<Pipeline, PipelineErrors> {
-    let mut cx = Ctx { file, errors: Vec::new(), jobs: 0, expanded_nodes: 0 };
+    let mut cx = Ctx { file, text, errors: Vec::new(), jobs: 0, expanded_nodes: 0 };
     // A raw NUL ends the YAML reader's input early: what follows it would be dropped unseen.
     if let Some(at) = text.find('\0') {
         let line = text[..at].matches('\n').count() + 1;
@@ -538,6 +539,8 @@ struct Draft {
 
 struct Ctx<'f> {
     file: &'f str,
+    /// The file's text, to place errors inside a value (`if:`).
+    text: &'f str,
     errors: Vec<PipelineError>,
     /// Jobs the steps read so far expand to (see [`MAX_PIPELINE_JOBS`]).
     jobs: usize,
@@ -935,6 +938,7 @@ impl Ctx<'_> {
                 "cache" => self.cache(v, p).map(|c| step.cache = c),
                 "soft_fail" => self.soft_fail(v, p).map(|s| step.soft_fail = s),
                 "allow_dependency_failure" => self.bool(v, p).map(|b| step.allow_dependency_failure = b),
+                "if" => self.condition(v, p).map(|c| step.condition = Some(c)),
                 // Read by `matrix_step` before the fields.
                 _ => Some(()),
             };
@@ -1047,6 +1051,39 @@ impl Ctx<'_> {
             return None;
         }
         Some(if all { SoftFail::Always } else { SoftFail::ExitCodes(codes) })
+    }
+
+    /// `if:`: a condition ([`crate::condition`]), checked now so that a typo fails the
+    /// submission rather than skipping a step. An error points at the token inside the value.
+    fn condition(&mut self, node: &Node, path: &str) -> Option<String> {
+        let text = match &node.value {
+            Value::Scalar(Kind::Bool, t) => t.clone(),
+            _ => self.string(node, path)?,
+        };
+        match crate::condition::Condition::parse(&text) {
+            Ok(_) => Some(text),
+            Err(e) => {
+                let pos = self.position_in(node, &text, e.offset);
+                self.err(pos, path, format!("{} (in `if: {}`)", e.message, quoted(&text)));
+                None
+            }
+        }
+    }
+
+    /// Where character `offset` of a scalar's text `value` lies in the file: exact when the
+    /// value is written on one line as it reads (plain, or quoted without escapes), else the
+    /// value's own position (a block scalar or an escape shifts characters; the message
+    /// quotes the condition).
+    fn position_in(&self, node: &Node, value: &str, offset: usize) -> Pos {
+        let Some(line) = self.text.lines().nth(node.pos.line.saturating_sub(1)) else { return node.pos };
+        let rest: String = line.chars().skip(node.pos.column.saturating_sub(1)).collect();
+        let skip = usize::from(rest.starts_with(['"', '\'']));
+        let written: String = rest.chars().skip(skip).collect();
+        if !value.contains('\n') && written.starts_with(value) {
+            Pos { line: node.pos.line, column: node.pos.column + skip + offset }
+        } else {
+            node.pos
+        }
     }
 
     fn step_key(&mut self, node: &Node, path: &str) -> Option<String> {

@@ -97,6 +97,12 @@ struct RawStep {
     /// Run once every dependency has ended, whatever its outcome (default: a dependency that
     /// did not succeed skips this step).
     allow_dependency_failure: Option<bool>,
+    /// Run the step only when this condition holds for the build, e.g.
+    /// `build.branch == "main"`, `build.tag =~ /^v/`, `changed("src/**/*.cu")`; `&&`, `||`,
+    /// `!` and parentheses. A false condition creates the job skipped, with the reason.
+    #[serde(rename = "if")]
+    #[schemars(length(min = 1, max = 1024))]
+    condition: Option<String>,
 }
 
 /// A GPU count, or a matrix value that is one.
