@@ -46,7 +46,11 @@ pub struct ProbeSpec<'a> {
 /// Starts one job sandbox as described and checks it from inside. `Ok` says what worked;
 /// `Err` says what failed, with the cause and fix when they are known.
 pub async fn job_sandbox(p: ProbeSpec<'_>) -> Result<String, String> {
-    let id = format!("probe-{}", std::process::id());
+    // Unique in this process too: several agents may start at once in one process (`gpuci
+    // up`, tests), and two probes of one name would share a cgroup.
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = format!("probe-{}-{n}", std::process::id());
     let dir = p.work_root.join(format!(".{id}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;

@@ -220,7 +220,9 @@ pub fn probe() -> Result<String, String> {
     let layout = layout().ok_or("no cgroup filesystem is mounted")?;
     let resources =
         Resources { memory: Some(gpuci_core::quantity::Bytes(256 << 20)), cpu_millis: None, pids: Some(64) };
-    let name = format!("probe-{}", std::process::id());
+    // Unique in this process: agents started at once in one process probe at once.
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = format!("probe-c{}-{}", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     let cg = JobCgroup::create(layout, &name, &resources, &[]).map_err(|e| {
         let here = layout.key_dirs().iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ");
         match layout {
