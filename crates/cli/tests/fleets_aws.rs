@@ -18,7 +18,7 @@ const T: Duration = Duration::from_secs(120);
 /// next), the instance's user data starts an agent with the machine's own registration token,
 /// the job runs there with its cost, and the idle instance is terminated.
 #[test]
-fn a_queued_job_makes_an_instance_whose_user_data_runs_it_and_the_idle_instance_is_terminated() {
+fn a_queued_job_makes_an_instance_whose_user_data_runs_it_and_the_idle_instance_is_stopped_then_terminated() {
     let Some(moto) = moto::start("fleets_aws") else { return };
     let proxy = moto::FaultProxy::start(&moto, vec![moto::Fault::capacity(&["InstanceType=g6.xlarge"])]);
     let dir = tempdir();
@@ -33,6 +33,7 @@ name = "l4"
 provider = "aws"
 max = 1
 idle_timeout = "2s"
+stopped_timeout = "3s"
 boot_timeout = "120s"
 [fleet.machine]
 gpu_model = "NVIDIA L4"
@@ -131,12 +132,14 @@ agent_args = ["--simulate-gpus", "1xL4", "--slots", "1", "--isolation", "{iso}",
     wait_until_or("the job's cost", T, || api.job(job_id).cost.is_some(), || format!("{:#?}", api.job(job_id)));
     let cost = api.job(job_id).cost.unwrap();
     assert_eq!((cost.fleet.as_str(), cost.price_per_hour), ("l4", 0.978), "the second offer's price: {cost:?}");
-    // Idle past idle_timeout: terminated at EC2.
+    // Idle past idle_timeout: stopped at EC2 (an on-demand fleet's default), then, stopped
+    // past stopped_timeout, terminated.
     let state = || {
         let d = moto::query(&moto, &[("Action", "DescribeInstances"), ("InstanceId.1", &id)]);
         d.split("<instanceState>").nth(1).and_then(|s| moto::xml_text(s, "name")).unwrap_or_default().to_string()
     };
-    wait_until_or("the idle instance terminated", T, || state() == "terminated", state);
+    wait_until_or("the idle instance stopped", T, || matches!(state().as_str(), "stopping" | "stopped"), state);
+    wait_until_or("the stopped instance terminated", T, || state() == "terminated", state);
     let _ = machine.kill();
     let _ = machine.wait();
 }
