@@ -97,7 +97,7 @@ pub async fn job_sandbox(p: ProbeSpec<'_>) -> Result<String, String> {
 
 /// bubblewrap's failure in words: its own line, then the cause and fix when known.
 pub fn explain(exit: &str, stderr: &str) -> String {
-    let line = stderr.lines().map(str::trim).filter(|l| !l.is_empty()).next_back().unwrap_or("no message");
+    let line = stderr.lines().map(str::trim).rfind(|l| !l.is_empty()).unwrap_or("no message");
     match gpuci_sandbox::diagnose(stderr) {
         Some(d) => format!("a job sandbox cannot start here ({line}): {}; fix: {}", d.cause, d.fix),
         None => format!("a job sandbox failed to start ({exit}): {line}"),

@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod client;
 pub mod cmd;
+pub mod init;
 pub mod logging;
 pub mod render;
 pub mod worktree;

@@ -738,7 +738,7 @@ fn pod_state(pod: &Pod) -> (ProviderState, Option<String>) {
                     let said = t
                         .message
                         .as_deref()
-                        .and_then(|m| m.lines().map(str::trim).filter(|l| !l.is_empty()).next_back())
+                        .and_then(|m| m.lines().map(str::trim).rfind(|l| !l.is_empty()))
                         .map(|l| format!(": {}", l.chars().take(600).collect::<String>()))
                         .unwrap_or_default();
                     Some(format!("{} (exit code {}){said}", t.reason.clone().unwrap_or_default(), t.exit_code))

@@ -117,6 +117,10 @@ fn settings_are_checked_before_anything_is_asked_of_the_cluster() {
         ("image = \"x\"\nagent_args = [\"--gpus\", \"0\"]", "gives the agent its GPUs"),
         ("image = \"x\"\nlabels = { \"gpuci.dev/fleet\" = \"other\" }", "gpuci.dev/ labels are gpuci's"),
         ("image = \"x\"\ntermination_grace_period = \"1s\"", "at least 5s"),
+        ("image = \"x\"\nsandbox = \"gvisor\"", "expected \"user-namespace\""),
+        ("image = \"x\"\nprivileged = true\nsandbox = \"user-namespace\"", "contradicts"),
+        ("image = \"x\"\ndevice_resources = { tun = \"1\" }", "extended resource"),
+        ("image = \"x\"\ndevice_resources = { \"squat.ai/tun\" = \"one\" }", "whole number"),
     ] {
         let e = KubeProvider::from_settings(&fleet(s), "c1").unwrap_err();
         assert!(e.contains(says), "{s}: {e}");
@@ -134,19 +138,7 @@ fn the_pod_asks_for_gpus_and_gets_no_credentials() {
         "c1",
     )
     .unwrap();
-    let req = CreateRequest {
-        machine: "m-1".into(),
-        offer: fleet("image = \"x\"").offers[0].clone(),
-        capacity: Capacity::OnDemand,
-        agent: gpuci_providers::AgentLaunch {
-            server: "http://gpuci:8080".into(),
-            registration_token: "gpuci_mreg.m-1.secret".into(),
-            tags: BTreeMap::new(),
-            name: "k8s-gpu-m-1".into(),
-            program: "gpuci".into(),
-            extra_args: vec!["--slots".into(), "1".into()],
-        },
-    };
+    let req = request(&["--slots", "1"]);
     let pod = serde_json::to_value(p.pod(&req).unwrap()).unwrap();
     let text = pod.to_string();
     assert!(!text.contains("secret\""), "the token is not in the pod: {text}");
@@ -215,15 +207,6 @@ fn privileged_and_plain_container_pods_are_what_they_say() {
         let sc = &spec["containers"][0]["securityContext"];
         assert_eq!(sc.get("privileged").and_then(|v| v.as_bool()).unwrap_or(false), privileged, "{settings}: {sc}");
         assert!(sc.get("procMount").is_none(), "{settings}");
-    }
-    for (settings, says) in [
-        ("image = \"x\"\nsandbox = \"gvisor\"", "expected \"user-namespace\""),
-        ("image = \"x\"\nprivileged = true\nsandbox = \"user-namespace\"", "contradicts"),
-        ("image = \"x\"\ndevice_resources = { tun = \"1\" }", "extended resource"),
-        ("image = \"x\"\ndevice_resources = { \"squat.ai/tun\" = \"one\" }", "whole number"),
-    ] {
-        let e = KubeProvider::from_settings(&fleet(settings), "c1").unwrap_err();
-        assert!(e.contains(says), "{settings}: {e}");
     }
 }
 
