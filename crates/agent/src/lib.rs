@@ -243,6 +243,14 @@ struct Agent {
     ends_at_ms: Option<i64>,
 }
 
+/// Whether a job ended the way an engine's stop signal (SIGHUP, SIGINT, SIGKILL, SIGTERM)
+/// ends it: killed by it, or exited with 128 + it, as bubblewrap (which runs every sandboxed
+/// job) and shells report a child the signal killed.
+fn ended_by_a_stop_signal(outcome: &gpuci_core::job::Outcome) -> bool {
+    use gpuci_core::job::Outcome;
+    matches!(outcome, Outcome::Signalled { signal: 1 | 2 | 9 | 15 } | Outcome::Exited { code: 129 | 130 | 137 | 143 })
+}
+
 /// How long a job's death by a signal waits for the engine's SIGTERM to this agent before its
 /// result is sent ([`Agent::suspect_signal`]).
 const SIGNAL_GRACE: Duration = Duration::from_millis(1500);
@@ -897,9 +905,7 @@ impl Agent {
             }
             JobEvent::Finished(mut f) => {
                 self.running.remove(&f.job_id);
-                if self.end_when_taken_back
-                    && matches!(f.outcome, gpuci_core::job::Outcome::Signalled { signal: 1 | 2 | 9 | 15 })
-                {
+                if self.end_when_taken_back && ended_by_a_stop_signal(&f.outcome) {
                     self.suspect_signal = true;
                 }
                 self.last_job_ended = Some(std::time::Instant::now());
@@ -1430,5 +1436,16 @@ mod tests {
         left.sort();
         assert_eq!(left, [".engine", "keep", "slot-0"]);
         assert!(outside.path().join("precious").exists(), "a link was followed");
+    }
+
+    #[test]
+    fn a_stop_signal_is_seen_whether_the_job_was_killed_or_exited_128_plus_it() {
+        use gpuci_core::job::Outcome;
+        for o in [Outcome::Signalled { signal: 15 }, Outcome::Exited { code: 143 }, Outcome::Exited { code: 137 }] {
+            assert!(super::ended_by_a_stop_signal(&o), "{o:?}");
+        }
+        for o in [Outcome::Exited { code: 1 }, Outcome::Signalled { signal: 11 }, Outcome::Exited { code: 139 }] {
+            assert!(!super::ended_by_a_stop_signal(&o), "{o:?}");
+        }
     }
 }

@@ -429,3 +429,49 @@ fn after_a_restored_backup_a_new_job_with_an_old_id_keeps_its_log() {
     let log = api.log_text(fresh);
     assert!(log.contains("new-two") && !log.contains("old-two"), "{log}");
 }
+
+/// A machine taken back (a Slurm `scancel`, a pod deleted): the engine's SIGTERM reaches the
+/// job and the agent at about the same time, and the job's death often reaches the agent
+/// first. Under bubblewrap a job killed by SIGTERM ends with status 143 (128 + the signal),
+/// not "killed by a signal". The job did nothing wrong: it is queued again, not failed (a CI
+/// finding: it failed whenever its death reached the agent before the agent's own SIGTERM).
+/// Here the job kills itself with SIGTERM and the notice comes just after its death.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_killed_by_the_engines_sigterm_just_before_the_agent_hears_of_it_is_queued_again() {
+    let (notice_tx, notice_rx) = tokio::sync::watch::channel(None::<String>);
+    let c = InProc::start_configured(
+        "fakehost-taken-back",
+        |_| {},
+        |a| {
+            a.taken_back = Some(notice_rx);
+            a.end_when_taken_back = true;
+        },
+    )
+    .await;
+    let api = c.api_in_blocking();
+    let step = "steps:\n  - key: a\n    gpus: 1\n    command: echo dying; sleep 0.5; kill -TERM $$; sleep 30\n";
+    let first = blocking(move || {
+        let api = api();
+        let p = api.submit(step);
+        let id = p.jobs[0].id;
+        api.wait_job(id, "its output", T, |_| api.log_text(id).contains("dying"));
+        id
+    })
+    .await;
+    // The job dies 0.5 s after its line; the agent hears of its machine's end 0.3 s after that.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    notice_tx.send(Some("Slurm is ending allocation 7 (scancel)".into())).unwrap();
+    let api = c.api_in_blocking();
+    let (old, next) = blocking(move || {
+        let api = api();
+        let old = api.wait_job(first, "ended", T, |j| j.state.is_terminal());
+        let pipeline = api.pipeline(old.pipeline_id);
+        (old, pipeline.jobs.into_iter().find(|j| j.id != first))
+    })
+    .await;
+    assert_eq!(old.state, JobState::Lost, "taken back, not failed: {old:#?}");
+    assert!(old.reason.contains("taken back"), "{}", old.reason);
+    let next = next.expect("queued again as its next attempt");
+    assert_eq!(next.attempt, 2, "{next:#?}");
+    c.stop().await;
+}

@@ -431,6 +431,15 @@ impl InProc {
 
     /// As [`InProc::start`], with the coordinator's config changed by `configure` first.
     pub async fn start_with(host: &str, configure: impl FnOnce(&mut gpuci_coordinator::Config)) -> InProc {
+        Self::start_configured(host, configure, |_| {}).await
+    }
+
+    /// As [`InProc::start_with`], with the agent's config changed by `agent` too.
+    pub async fn start_configured(
+        host: &str,
+        configure: impl FnOnce(&mut gpuci_coordinator::Config),
+        agent: impl FnOnce(&mut gpuci_agent::Config),
+    ) -> InProc {
         let dir = tempdir();
         let shutdown = CancellationToken::new();
         let mut config = gpuci_coordinator::Config::new("127.0.0.1:0".parse().unwrap(), dir.path().join("server"));
@@ -445,6 +454,7 @@ impl InProc {
         ac.isolation = gpuci_agent::IsolationPolicy::Auto;
         ac.post_job_timeout = Duration::from_millis(500);
         ac.gpu_backend = Some(fake.clone());
+        agent(&mut ac);
         let agent = tokio::spawn(gpuci_agent::run(ac, shutdown.clone()));
         let uuids = fake.uuids();
         InProc {
