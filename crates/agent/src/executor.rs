@@ -363,6 +363,15 @@ async fn execute(
     step("workspace filled");
     restore_cache(a, ctx, &workspace, out).await;
     step("caches restored");
+    if !a.step.artifacts_from.is_empty() {
+        let log = |l: String| out.system(l);
+        if let Err(error) = crate::artifacts_http::fetch_inputs(a.job_id, ctx.uploads.as_ref(), &workspace, &log).await {
+            out.system(format!("artifacts: {error}"));
+            let _ = remove_workspace(&workspace).await;
+            return fail(format!("artifacts: {error}"));
+        }
+        step("artifacts placed");
+    }
     if let Some(slot) = &slot {
         // Everything in the workspace is the job's: the upload, the restored caches.
         let (ws, user) = (workspace.clone(), slot.user());
@@ -386,6 +395,18 @@ async fn execute(
             result.0 = Outcome::DiskQuotaExceeded { limit, code };
         }
     }
+    // The step's files, before anything else touches the workspace.
+    let succeeded = matches!(result.0, Outcome::Exited { code: 0 });
+    let log = |l: String| out.system(l);
+    // The coordinator has the final word on every cap; these keep the agent from sending
+    // what no default coordinator would take.
+    let (uploads, max_file) = (ctx.uploads.as_ref(), gpuci_core::artifacts::Limits::default().max_file);
+    let spec = &a.step.artifacts;
+    crate::artifacts_http::upload(a.job_id, "artifacts", spec, max_file, uploads, &workspace, succeeded, &log).await;
+    // Test reports whatever the outcome: a failing step's report is the one people read.
+    let reports = gpuci_core::artifacts::ArtifactSpec { paths: a.step.test_reports.clone(), when: Default::default() };
+    let max_report = gpuci_core::test_report::MAX_REPORT_BYTES;
+    crate::artifacts_http::upload(a.job_id, "test reports", &reports, max_report, uploads, &workspace, true, &log).await;
     save_cache(a, ctx, &workspace, out).await;
     if let Err(e) = remove_workspace(&workspace).await {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");

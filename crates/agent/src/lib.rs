@@ -8,6 +8,8 @@
 //! agent's state; job tasks only send it events.
 
 pub mod allocation;
+pub mod artifacts;
+mod artifacts_http;
 pub mod cache;
 pub mod disk;
 mod executor;

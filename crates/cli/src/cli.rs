@@ -38,6 +38,8 @@ pub enum Command {
     Jobs(JobsArgs),
     /// Print a job's log.
     Logs(LogsArgs),
+    /// A job's artifacts: `list JOB`, `download JOB [GLOB] [--dir D]`.
+    Artifacts(crate::cmd::artifacts::ArtifactsArgs),
     /// Cancel a job.
     Cancel(CancelArgs),
     /// List agents with their GPUs.
@@ -58,6 +60,9 @@ pub enum Command {
     /// Named API tokens: each person or CI system its own, named in the audit log (admin
     /// token only).
     Token(TokenArgs),
+    /// Schedules: pipelines the coordinator submits on a cron schedule (`[[schedule]]` in
+    /// its config): next run, last runs and their state; `run NAME` fires one now.
+    Schedules(SchedulesArgs),
     /// Check this host as a GPU CI node.
     Doctor(DoctorArgs),
     /// Check a pipeline file without running it.
@@ -257,6 +262,10 @@ pub struct UpArgs {
     /// data dir was used before and its database is missing or empty. Use it once.
     #[arg(long)]
     pub new_database: bool,
+    /// The server's config file, as `gpuci server --config` takes it (`[github]`,
+    /// `[[fleet]]`, `[dashboard] public_repositories`, budgets, `[uploads]`).
+    #[arg(long, env = "GPUCI_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -328,6 +337,12 @@ pub struct ServerArgs {
     /// replaced; use it once, not in a service file.
     #[arg(long)]
     pub new_database: bool,
+    /// With a Postgres --database another coordinator leads: wait as its standby (not
+    /// listening) and take over within seconds when the leader stops renewing its claim
+    /// (killed, paused, cut off from the database), instead of refusing to start. The
+    /// standby's data dir holds copies of the leader's tokens and keys (docs/ha.md).
+    #[arg(long, env = "GPUCI_STANDBY")]
+    pub standby: bool,
 }
 
 #[derive(Args, Debug)]
@@ -503,7 +518,7 @@ pub struct AuditArgs {
     #[arg(long)]
     pub since: Option<String>,
     /// An action (secret.set, secret.rm, secrets-key.rotate, token.create, token.revoke,
-    /// approval.grant, job.cancel, job.retry, gpu.release) or the part before its dot (secret).
+    /// approval.grant, job.cancel, job.retry, gpu.release, schedule.run) or the part before its dot (secret).
     #[arg(long)]
     pub action: Option<String>,
     /// Entries of this actor: `admin`, a named token, a GitHub login.
@@ -514,6 +529,22 @@ pub struct AuditArgs {
     pub limit: u32,
     #[command(flatten)]
     pub client: ClientArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct SchedulesArgs {
+    #[command(subcommand)]
+    pub command: Option<SchedulesCommand>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SchedulesCommand {
+    /// List the schedules: cron, time zone, next run (local and UTC), last run and its state (the default).
+    List,
+    /// Fire a schedule now (also a disabled one); prints the pipeline it submitted.
+    Run { name: String },
 }
 
 #[derive(Args, Debug)]

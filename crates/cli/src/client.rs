@@ -160,6 +160,39 @@ impl Client {
         self.send_no_content(self.http.delete(url)).await
     }
 
+    /// Fire a schedule now (`POST /api/v1/schedules/{name}/run`).
+    pub async fn run_schedule(&self, name: &str) -> CliResult<gpuci_protocol::api::ScheduleFire> {
+        let mut url = reqwest::Url::parse(&self.url("/api/v1/schedules")).map_err(anyhow::Error::from)?;
+        url.path_segments_mut().map_err(|()| anyhow::anyhow!("bad server URL {}", self.base))?.push(name).push("run");
+        let resp = self
+            .http
+            .post(url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.base))?;
+        Ok(Self::check(resp).await?.json().await?)
+    }
+
+    /// GET `segments` under the base URL (each percent-encoded as one path segment) with
+    /// `query`, checked for errors; the body is the caller's to read (`gpuci artifacts download`).
+    pub async fn get_raw(&self, segments: &[&str], query: &[(&str, &str)]) -> CliResult<reqwest::Response> {
+        let mut url = reqwest::Url::parse(&self.base).map_err(|e| CliError::Input(format!("--server: {e}")))?;
+        url.path_segments_mut()
+            .map_err(|_| CliError::Input("--server: not a base URL".into()))?
+            .pop_if_empty()
+            .extend(segments);
+        url.query_pairs_mut().extend_pairs(query);
+        let resp = self
+            .http
+            .get(url)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .with_context(|| format!("reaching {}", self.base))?;
+        Self::check(resp).await
+    }
+
     /// Stream an NDJSON endpoint, calling `each` per item until it returns false or the stream ends.
     pub async fn stream<T: DeserializeOwned>(&self, path: &str, mut each: impl FnMut(T) -> bool) -> CliResult<()> {
         let resp = self
@@ -279,10 +312,11 @@ impl Client {
             tracing::debug!(ms = ms(), ?facts, "build facts");
             facts
         } else {
-            gpuci_core::condition::BuildFacts {
-                event: Some(gpuci_core::condition::BuildEvent::Manual),
-                ..Default::default()
-            }
+            // What the builds list shows (commit, subject, author, branch): cheap to ask.
+            let top = tree.top.clone();
+            tokio::task::spawn_blocking(move || crate::worktree::commit_facts(top.as_deref()))
+                .await
+                .map_err(|e| CliError::Other(anyhow::anyhow!("asking git about the commit: {e}")))?
         };
         let p = self
             .submit(&SubmitPipeline {

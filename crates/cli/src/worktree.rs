@@ -419,6 +419,27 @@ fn unquote(v: &str) -> Result<String, Unsure> {
     Ok(out)
 }
 
+/// The build's commit as the builds list shows it, from the work tree at `top`: the event
+/// (`manual`), HEAD's commit, subject and author, and the branch (unknown when detached). Two
+/// quick git calls: every `gpuci submit` sends these, conditions or not.
+pub fn commit_facts(top: Option<&Path>) -> BuildFacts {
+    let mut facts = BuildFacts { event: Some(BuildEvent::Manual), ..BuildFacts::default() };
+    let Some(top) = top else { return facts };
+    let Some(out) = git_output(top, &["log", "-1", "--no-show-signature", "--format=%H%x00%s%x00%an"]) else {
+        return facts;
+    };
+    let out = String::from_utf8_lossy(&out);
+    let mut parts = out.trim_end_matches('\n').splitn(3, '\0');
+    let mut next = || parts.next().map(str::to_string).filter(|s| !s.is_empty());
+    facts.commit = next();
+    facts.subject = next();
+    facts.author = next();
+    if facts.commit.is_some() {
+        facts.branch = git_output(top, &["symbolic-ref", "-q", "--short", "HEAD"]).and_then(text);
+    }
+    facts
+}
+
 /// What the build is, for steps' `if:`, from the work tree at `top` (docs/pipelines.md,
 /// "Conditions"): the event is `manual`; the branch is HEAD's (unknown when detached); the
 /// tag is one pointing at HEAD (the first by name; `""` when none); the commit is HEAD's.
@@ -428,14 +449,12 @@ fn unquote(v: &str) -> Result<String, Unsure> {
 /// `master`), or with `HEAD^` when HEAD is on the default branch itself; unknown when there
 /// is no such commit or more than `MAX_CHANGED_PATHS` paths changed.
 pub fn build_facts(top: Option<&Path>) -> BuildFacts {
-    let mut facts = BuildFacts { event: Some(BuildEvent::Manual), ..BuildFacts::default() };
+    let mut facts = commit_facts(top);
     let Some(top) = top else { return facts };
     let line = |args: &[&str]| git_output(top, args).and_then(text);
-    facts.commit = line(&["rev-parse", "--verify", "-q", "HEAD"]);
     if facts.commit.is_none() {
         return facts;
     }
-    facts.branch = line(&["symbolic-ref", "-q", "--short", "HEAD"]);
     facts.tag = git_output(top, &["tag", "--points-at", "HEAD", "--sort=refname"])
         .map(|out| String::from_utf8_lossy(&out).lines().next().unwrap_or_default().to_string());
     let base = ["origin/HEAD", "origin/main", "origin/master", "main", "master"]

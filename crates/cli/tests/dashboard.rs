@@ -251,9 +251,20 @@ async fn a_public_repositorys_job_opens_without_sign_in_and_a_private_one_does_n
     let body = b.text("body").await;
     assert!(body.contains("not found") && !body.contains("hello from"), "{body}");
     // The list shows the public job only; the fleet page needs sign-in.
-    b.client.goto(&format!("{}/ui/", c.url)).await.unwrap();
+    b.client.goto(&format!("{}/ui/jobs", c.url)).await.unwrap();
     let body = b.text("main").await;
     assert!(body.contains(&format!("#{open}")) && !body.contains(&format!("#{closed} ")), "{body}");
+    // So does the builds list (issue 30): the private repository's build is not there.
+    let api = c.api_in_blocking();
+    let (p_open, p_closed) = blocking(move || {
+        let api = api();
+        (api.job(open).pipeline_id, api.job(closed).pipeline_id)
+    })
+    .await;
+    b.client.goto(&format!("{}/ui/", c.url)).await.unwrap();
+    let builds = b.client.find(Locator::Css("main")).await.unwrap().html(false).await.unwrap();
+    assert!(builds.contains(&format!("id=\"build-{p_open}\"")), "{builds}");
+    assert!(!builds.contains(&format!("id=\"build-{p_closed}\"")) && !builds.contains("acme/secret"), "{builds}");
     b.client.goto(&format!("{}/ui/fleet", c.url)).await.unwrap();
     assert!(b.client.current_url().await.unwrap().path().starts_with("/ui/login"));
     // The live stream of a private job is refused too.
@@ -305,7 +316,7 @@ async fn the_main_pages_work_from_the_keyboard_and_render_for_screenshots() {
     assert!(body.contains("queue=nowhere"), "the queued job's reason: {body}");
     b.screenshot("queue").await;
 
-    b.client.goto(&format!("{}/ui/", c.url)).await.unwrap();
+    b.client.goto(&format!("{}/ui/jobs", c.url)).await.unwrap();
     b.screenshot("jobs").await;
     b.client.goto(&format!("{}/ui/pipelines/{pipeline}", c.url)).await.unwrap();
     b.wait_text("the timeline", |t| t.contains("Timeline")).await;
@@ -642,10 +653,22 @@ async fn a_look_alike_remote_with_an_at_sign_in_its_path_is_not_public() {
         assert_eq!(status, 404, "job {id} is not public: {page}");
         assert_eq!(get(format!("/ui/jobs/{id}/events")).await.0, 404);
     }
-    let (_, list) = get("/ui/".to_string()).await;
+    let (_, list) = get("/ui/jobs".to_string()).await;
     assert!(list.contains(&format!("#{open}")), "{list}");
     for id in [lookalike, gitlab] {
         assert!(!list.contains(&format!("#{id}<")) && !list.contains(&format!("#{id} ")), "{list}");
+    }
+    // The builds list (issue 30) decides the same way.
+    let (_, builds) = get("/ui/".to_string()).await;
+    let api = c.api_in_blocking();
+    let pipelines = blocking(move || {
+        let api = api();
+        [open, lookalike, gitlab].map(|j| api.job(j).pipeline_id)
+    })
+    .await;
+    assert!(builds.contains(&format!("id=\"build-{}\"", pipelines[0])), "{builds}");
+    for p in &pipelines[1..] {
+        assert!(!builds.contains(&format!("id=\"build-{p}\"")), "{builds}");
     }
     c.stop().await;
 }
@@ -696,5 +719,428 @@ async fn the_same_owner_and_name_on_two_hosts_are_two_repositories_in_metrics() 
         assert!(t0.elapsed() < T, "not two series, one per host, yet:\n{text}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    c.stop().await;
+}
+
+// ---- issue 30: the builds view and the dashboard's defects -----------------------------------
+
+/// A read-only session cookie from signing in over HTTP.
+async fn session_cookie(url: &str, token: &str) -> String {
+    let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let r = http.post(format!("{url}/ui/login")).form(&[("token", token.trim())]).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    r.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string()
+}
+
+/// Regression (issue 30): the memory chart's live updates were drawn without the GPUs'
+/// total, so a running job's page said "of 0.0 GiB" two seconds after it opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_memory_chart_keeps_its_total_on_live_updates() {
+    let c = InProc::start("dash-chart").await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    let (api, a, fake) = (c.api_in_blocking(), c.a.clone(), c.fake.clone());
+    let id = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let id = api.submit("steps:\n  - key: burn\n    gpus: 1\n    command: sleep 60\n").jobs[0].id;
+        api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+        fake.set(&a, |s| s.memory_used = Bytes(20 << 30));
+        id
+    })
+    .await;
+    b.sign_in(&c.url, &c.token, &format!("/ui/jobs/{id}")).await;
+    b.wait_text("the first chart", |t| t.contains("peak")).await;
+    // The total as the page was served (the leased GPU's memory), to hold live updates to.
+    let served = b.text("#charts").await;
+    let total = served.split(" of ").nth(1).and_then(|t| t.lines().next()).unwrap_or_default().to_string();
+    assert!(total.ends_with("GiB") && !total.starts_with("0.0"), "{served}");
+    // The charts are replaced by a live update: wait for a new figure, then read it.
+    b.client.execute("window.__fig = document.querySelector('#charts figure'); return 1", vec![]).await.unwrap();
+    let t0 = Instant::now();
+    loop {
+        let replaced =
+            b.client.execute("return document.querySelector('#charts figure') !== window.__fig", vec![]).await.unwrap();
+        if replaced == serde_json::json!(true) {
+            break;
+        }
+        assert!(t0.elapsed() < T, "no live chart update");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let charts = b.text("#charts").await;
+    assert!(charts.contains(&format!("peak 20.0 GiB of {total}")), "the leased H100's total, {total}: {charts}");
+    assert!(!charts.contains("of 0.0 GiB"), "{charts}");
+    let api = c.api_in_blocking();
+    blocking(move || api().cancel(id)).await;
+    b.close().await;
+    c.stop().await;
+}
+
+/// Regression (issue 30): the jobs list printed each GPU as its UUID's first 12 characters,
+/// the same for both GPUs of a simulated host (`GPU-<host hash>`). Each now has a name no
+/// other GPU on the page has, and its whole UUID as its title.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gpus_on_one_page_have_names_that_tell_them_apart() {
+    let c = InProc::start("dash-uuids").await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    assert_eq!(c.a[..12], c.b[..12], "the premise: the two simulated GPUs share a prefix");
+    let api = c.api_in_blocking();
+    let id = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let id = api.submit("steps:\n  - key: both\n    gpus: 2\n    command: echo two\n").jobs[0].id;
+        api.wait_job(id, "done", T, |j| j.state.is_terminal()).id
+    })
+    .await;
+    b.sign_in(&c.url, &c.token, "/ui/jobs").await;
+    let cells = b
+        .client
+        .execute(
+            &format!("return [...document.querySelectorAll('#job-{id} code.uuid')].map(e => [e.textContent, e.title])"),
+            vec![],
+        )
+        .await
+        .unwrap();
+    let cells: Vec<(String, String)> = serde_json::from_value(cells).unwrap();
+    assert_eq!(cells.len(), 2, "{cells:?}");
+    assert_ne!(cells[0].0, cells[1].0, "two GPUs, one name: {cells:?}");
+    let titles: std::collections::BTreeSet<&str> = cells.iter().map(|c| c.1.as_str()).collect();
+    assert_eq!(titles, [c.a.as_str(), c.b.as_str()].into_iter().collect(), "full UUIDs in the titles");
+    for (short, full) in &cells {
+        assert!(short.len() < full.len() && full.ends_with(short.trim_start_matches('…')), "{short} of {full}");
+    }
+    b.close().await;
+    c.stop().await;
+}
+
+/// Regression (issue 30): the raw log (`/api/v1/jobs/N/logs`, linked from the job page)
+/// answered 401 to a signed-in read-only user. It follows the job page's rules now: any
+/// dashboard session reads it, nobody reads a public repository's, and a private job's log
+/// is refused to nobody-signed-in as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_raw_log_follows_the_job_pages_read_rules() {
+    let c = InProc::start_with("dash-rawlog", |cfg| cfg.public_repositories = vec!["acme/open".into()]).await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    let api = c.api_in_blocking();
+    let (open, closed) = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let yaml = "steps:\n  - key: hello\n    gpus: 1\n    command: echo \"raw line from $GPUCI_STEP_KEY\"\n";
+        let open = api.submit_from(yaml, Some("https://github.com/acme/open.git")).jobs[0].id;
+        let closed = api.submit_from(yaml, Some("https://github.com/acme/secret.git")).jobs[0].id;
+        api.wait_job(open, "done", T, |j| j.state.is_terminal());
+        api.wait_job(closed, "done", T, |j| j.state.is_terminal());
+        (open, closed)
+    })
+    .await;
+    let read_token = std::fs::read_to_string(c.data_dir().join("server/read-token")).unwrap();
+    // In the browser, signed in read-only: the raw log the page links to opens (fetched as
+    // the link would be: Chromium saves NDJSON instead of showing it).
+    b.sign_in(&c.url, read_token.trim(), &format!("/ui/jobs/{closed}")).await;
+    let got = b
+        .client
+        .execute_async(
+            &format!("const done = arguments[arguments.length - 1]; fetch('/api/v1/jobs/{closed}/logs', {{credentials: 'same-origin'}}).then(r => r.text().then(t => done([r.status, t])))"),
+            vec![],
+        )
+        .await
+        .unwrap();
+    let (status, body): (u16, String) = serde_json::from_value(got).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("raw line from hello") && body.contains("\"end\""), "{body}");
+    b.close().await;
+    // Over HTTP: the read-only cookie, nobody, a made-up cookie, the API token.
+    let http = reqwest::Client::new();
+    let logs = |id: i64| format!("{}/api/v1/jobs/{id}/logs", c.url);
+    let reader = session_cookie(&c.url, &read_token).await;
+    let r = http.get(logs(closed)).header("cookie", &reader).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("raw line from hello"));
+    let r = http.get(logs(closed)).send().await.unwrap();
+    assert_eq!(r.status(), 401, "a private job's log, nobody signed in");
+    assert!(!r.text().await.unwrap().contains("raw line"));
+    let forged = reader.replace("gpuci_session=read.", "gpuci_session=admin.");
+    assert_eq!(http.get(logs(closed)).header("cookie", forged).send().await.unwrap().status(), 401);
+    assert_eq!(http.get(logs(999_999)).send().await.unwrap().status(), 401, "as a private job");
+    // A public repository's log, nobody signed in: gpuci's own lines lose GPU UUIDs.
+    let r = http.get(logs(open)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("raw line from hello"), "{text}");
+    assert!(!text.contains(&c.a) && !text.contains(&c.b), "no GPU UUIDs for anonymous readers: {text}");
+    // The API's own rules stand: the admin token reads; the read-only token as a bearer is
+    // still the API's 403.
+    assert_eq!(http.get(logs(closed)).bearer_auth(&c.token).send().await.unwrap().status(), 200);
+    assert_eq!(http.get(logs(closed)).bearer_auth(read_token.trim()).send().await.unwrap().status(), 403);
+    c.stop().await;
+}
+
+/// Issue 30: `gpuci up` says where the dashboard is and how to sign in, and takes the
+/// server's config file (`--config`) as `gpuci server` does: its public repositories apply,
+/// and a wrong file is refused before anything starts, naming itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gpuci_up_prints_the_dashboard_and_takes_a_config_file() {
+    let bin = env!("CARGO_BIN_EXE_gpuci");
+    let dir = tempdir();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[dashboard]\npublic_repositorys = [\"acme/open\"]\n").unwrap();
+    let out = Command::new(bin)
+        .args(["up", "--listen", "127.0.0.1:0", "--slots", "1", "--config"])
+        .arg(&bad)
+        .arg("--data-dir")
+        .arg(dir.path().join("bad-data"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("bad.toml") && err.contains("public_repositorys"), "{err}");
+    assert!(!dir.path().join("bad-data/gpuci.db").exists(), "nothing started");
+
+    let good = dir.path().join("gpuci.toml");
+    std::fs::write(&good, "[dashboard]\npublic_repositories = [\"acme/open\"]\n").unwrap();
+    let data = dir.path().join("data");
+    let mut up = Command::new(bin)
+        .args(["up", "--listen", "127.0.0.1:0", "--slots", "1", "--config"])
+        .arg(&good)
+        .arg("--data-dir")
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = up.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for l in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let t0 = Instant::now();
+    let line = loop {
+        let l = rx.recv_timeout(T.saturating_sub(t0.elapsed())).expect("gpuci up never named its dashboard");
+        if l.contains("dashboard:") {
+            break l;
+        }
+    };
+    assert!(line.contains("/ui/") && line.contains("api-token") && line.contains("read-token"), "{line}");
+    let url = line.split_whitespace().find(|w| w.starts_with("http://")).unwrap().to_string();
+    let token = std::fs::read_to_string(data.join("api-token")).unwrap();
+    let http = reqwest::Client::new();
+    let page = http.get(&url).bearer_auth(token.trim()).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("Builds"));
+    // The file's public repository is public: its build shows to nobody-signed-in.
+    let base = url.trim_end_matches("/ui/").to_string();
+    let submit = |repo: &str| {
+        http.post(format!("{base}/api/v1/pipelines")).bearer_auth(token.trim()).json(&serde_json::json!({
+            "file_name": "x.yml", "source": "steps:\n  - key: a\n    command: 'true'\n",
+            "repository": format!("https://github.com/acme/{repo}.git"),
+        }))
+    };
+    let open: serde_json::Value = submit("open").send().await.unwrap().json().await.unwrap();
+    let closed: serde_json::Value = submit("secret").send().await.unwrap().json().await.unwrap();
+    let list = http.get(&url).send().await.unwrap().text().await.unwrap();
+    assert!(list.contains(&format!("id=\"build-{}\"", open["id"])), "{list}");
+    assert!(!list.contains(&format!("id=\"build-{}\"", closed["id"])), "{list}");
+    let _ = up.kill();
+    let _ = up.wait();
+}
+
+/// Issue 30, the builds view end to end: the landing page lists builds newest first with
+/// their commit, branch, author and trigger (as `gpuci submit` sends them); a pipeline's page
+/// draws its steps' graph; "Retry failed" queues a new attempt of the failed step and of the
+/// step after it, and "Cancel all" stops what runs; a read-only viewer gets neither button
+/// and a 403 from the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn builds_list_pipeline_graph_retry_failed_and_cancel_all() {
+    let c = InProc::start("dash-builds").await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    let http = reqwest::Client::new();
+    let submit = |source: &str, facts: serde_json::Value| {
+        http.post(format!("{}/api/v1/pipelines", c.url)).bearer_auth(&c.token).json(&serde_json::json!({
+            "file_name": ".gpuci.yml", "source": source, "build": facts,
+            "repository": "https://github.com/acme/kernels.git",
+        }))
+    };
+    let api = c.api_in_blocking();
+    blocking(move || api().wait_agents(1, T)).await;
+    // `test` fails on its first attempt and passes on the next.
+    let failing = "steps:\n  - key: build\n    command: echo built\n  - key: test\n    depends_on: build\n    command: test \"$GPUCI_ATTEMPT\" -gt 1\n  - key: bench\n    depends_on: test\n    command: echo benched\n  - key: lint\n    command: echo linted\n";
+    let facts = serde_json::json!({
+        "event": "manual", "branch": "fix/<b>gemm</b>", "commit": "0123456789abcdef0123456789abcdef01234567",
+        "subject": "Faster GEMM <script>alert(1)</script>", "author": "Ada Lovelace",
+    });
+    let first: serde_json::Value = submit(failing, facts).send().await.unwrap().json().await.unwrap();
+    let first_id = first["id"].as_i64().unwrap();
+    let api = c.api_in_blocking();
+    let done = blocking(move || api().wait_pipeline(first_id, T)).await;
+    assert_eq!(done.state, "failed", "{done:?}");
+    let second: serde_json::Value = submit(TICKS, serde_json::json!({"event": "schedule", "branch": "main"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let second_id = second["id"].as_i64().unwrap();
+
+    // The landing page: newest first, with what was built.
+    b.sign_in(&c.url, &c.token, "/ui/").await;
+    let body = b
+        .wait_text("both builds", |t| t.contains(&format!("#{second_id}")) && t.contains(&format!("#{first_id}")))
+        .await;
+    assert!(body.find(&format!("#{second_id}")) < body.find(&format!("#{first_id}")), "newest first: {body}");
+    let row = b.text(&format!("#build-{first_id}")).await;
+    for want in [
+        "failed",
+        "acme/kernels",
+        "Faster GEMM <script>alert(1)</script>",
+        "fix/<b>gemm</b>",
+        "Ada Lovelace",
+        "manual",
+        "0123456789",
+    ] {
+        assert!(row.contains(want), "{want:?} in {row}");
+    }
+    assert!(b.text(&format!("#build-{second_id}")).await.contains("schedule"));
+    let scripts =
+        b.client.execute("return document.querySelectorAll('main script, main b').length", vec![]).await.unwrap();
+    assert_eq!(scripts, serde_json::json!(0), "the subject and branch are text");
+    b.screenshot("builds").await;
+
+    // The pipeline page: its graph, and the failed step retried with the step after it.
+    b.client.goto(&format!("{}/ui/pipelines/{first_id}", c.url)).await.unwrap();
+    b.wait_text("the graph", |t| t.contains("Steps")).await;
+    let nodes = b.client.find_all(Locator::Css("svg.graph g.node")).await.unwrap().len();
+    assert_eq!(nodes, 4);
+    let edges = b.client.find_all(Locator::Css("svg.graph path.edge")).await.unwrap().len();
+    assert_eq!(edges, 2, "build → test → bench");
+    b.screenshot("pipeline-graph").await;
+    let before: std::collections::BTreeSet<i64> = done.jobs.iter().map(|j| j.id).collect();
+    b.client.find(Locator::Css("form[action$='/retry-failed'] button")).await.unwrap().click().await.unwrap();
+    let api = c.api_in_blocking();
+    let after = blocking(move || {
+        let api = api();
+        wait_until("the retried steps to finish", T, || {
+            let p = api.pipeline(first_id);
+            p.jobs.len() == 6 && p.state == "succeeded"
+        });
+        api.pipeline(first_id)
+    })
+    .await;
+    let mut new: Vec<(String, u32)> =
+        after.jobs.iter().filter(|j| !before.contains(&j.id)).map(|j| (j.step_key.clone(), j.attempt)).collect();
+    new.sort();
+    assert_eq!(new, [("bench".to_string(), 2), ("test".to_string(), 2)], "only the failed step and what followed it");
+    b.wait_text("the retried pipeline", |t| t.contains("succeeded")).await;
+
+    // A read-only viewer: no buttons, and the API says 403 to its token.
+    let read_token = std::fs::read_to_string(c.data_dir().join("server/read-token")).unwrap();
+    let reader = session_cookie(&c.url, &read_token).await;
+    let page = http
+        .get(format!("{}/ui/pipelines/{second_id}", c.url))
+        .header("cookie", &reader)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("svg") && !page.contains("Cancel all") && !page.contains("retry-failed"), "{page}");
+    let api_post = |path: String, token: String| {
+        let http = http.clone();
+        async move { http.post(path).bearer_auth(token.trim()).send().await.unwrap().status() }
+    };
+    let cancel_url = format!("{}/api/v1/pipelines/{second_id}/cancel", c.url);
+    assert_eq!(api_post(cancel_url.clone(), read_token.clone()).await, 403);
+    assert_eq!(http.post(&cancel_url).header("cookie", &reader).send().await.unwrap().status(), 401);
+    let form = http
+        .post(format!("{}/ui/pipelines/{second_id}/cancel", c.url))
+        .header("cookie", &reader)
+        .form(&[("csrf", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(form.status(), 403, "a read-only session's form");
+    assert_eq!(
+        api_post(format!("{}/api/v1/pipelines/{first_id}/retry-failed", c.url), c.token.clone()).await,
+        409,
+        "nothing failed now"
+    );
+    assert_eq!(api_post(format!("{}/api/v1/pipelines/x/cancel", c.url), c.token.clone()).await, 400);
+    assert_eq!(api_post(format!("{}/api/v1/pipelines/999999/cancel", c.url), c.token.clone()).await, 404);
+    // "Cancel all" from the page, as the admin.
+    b.client.goto(&format!("{}/ui/pipelines/{second_id}", c.url)).await.unwrap();
+    b.wait_text("the running pipeline", |t| t.contains("Cancel all")).await;
+    b.client.find(Locator::Css("form[action$='/cancel'] button")).await.unwrap().click().await.unwrap();
+    let api = c.api_in_blocking();
+    let p = blocking(move || api().wait_pipeline(second_id, T)).await;
+    assert_eq!(p.state, "cancelled", "{p:?}");
+    assert!(p.jobs.iter().all(|j| j.reason.contains("dashboard")), "{p:?}");
+    b.close().await;
+    c.stop().await;
+}
+
+/// Issue 30: a log's sections (Buildkite's `--- `/`+++ `, Actions' `::group::`) fold and
+/// unfold, every line shows its time, and a hostile title stays text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn log_sections_fold_and_lines_show_their_time() {
+    let c = InProc::start("dash-sections").await;
+    let Some(b) = Browser::start().await else { return c.stop().await };
+    let api = c.api_in_blocking();
+    let id = blocking(move || {
+        let api = api();
+        api.wait_agents(1, T);
+        let yaml = r#"steps:
+  - key: sections
+    command: |
+      echo "before any section"
+      echo "--- :hammer: Build"
+      echo "compiling a"
+      echo "compiling b"
+      echo "::group::<img src=x onerror=alert(1)>"
+      echo "inside the group"
+      echo "::endgroup::"
+      echo "+++ Tests"
+      echo "test output"
+"#;
+        let id = api.submit(yaml).jobs[0].id;
+        api.wait_job(id, "done", T, |j| j.state.is_terminal()).id
+    })
+    .await;
+    b.sign_in(&c.url, &c.token, &format!("/ui/jobs/{id}")).await;
+    b.wait_text("the log", |t| t.contains("test output")).await;
+    let shown = |text: &'static str| {
+        let client = b.client.clone();
+        async move {
+            let js = format!(
+                "return [...document.querySelectorAll('#log li')].filter(l => l.textContent.includes({text:?})).map(l => l.offsetParent !== null)"
+            );
+            let v: Vec<bool> = serde_json::from_value(client.execute(&js, vec![]).await.unwrap()).unwrap();
+            assert_eq!(v.len(), 1, "{text}: {v:?}");
+            v[0]
+        }
+    };
+    assert!(shown("before any section").await);
+    assert!(!shown("compiling a").await, "`---` folds its section");
+    assert!(!shown("inside the group").await, "`::group::` folds its section");
+    assert!(shown("test output").await, "`+++` opens its section");
+    let toggles = b.client.find_all(Locator::Css("#log button.sec-toggle")).await.unwrap();
+    assert_eq!(toggles.len(), 3);
+    assert_eq!(toggles[0].text().await.unwrap().trim(), ":hammer: Build");
+    assert_eq!(toggles[1].text().await.unwrap().trim(), "<img src=x onerror=alert(1)>", "the title is text");
+    let imgs = b.client.execute("return document.querySelectorAll('#log img').length", vec![]).await.unwrap();
+    assert_eq!(imgs, serde_json::json!(0));
+    toggles[0].click().await.unwrap();
+    assert!(shown("compiling a").await && shown("compiling b").await, "unfolded");
+    assert_eq!(toggles[0].attr("aria-expanded").await.unwrap().as_deref(), Some("true"));
+    assert!(!shown("inside the group").await, "the other section stays folded");
+    // Each line carries its time.
+    let times = b.client.find_all(Locator::Css("#log li time.ts")).await.unwrap();
+    assert!(times.len() >= 9, "{}", times.len());
+    let t = times[0].text().await.unwrap();
+    assert!(t.len() == 8 && t.as_bytes()[2] == b':' && t.as_bytes()[5] == b':', "{t}");
+    b.screenshot("job-sections").await;
+    b.close().await;
     c.stop().await;
 }

@@ -343,7 +343,7 @@ fn a_used_data_dir_pointed_at_an_empty_postgres_database_is_refused() {
 /// Regression (outsider attacks): a second coordinator started on the first one's database
 /// (its own data dir) ran, took the first one's agents for gone ones and ended their jobs
 /// `lost`; and once the claim was made an advisory lock, a Postgres restart dropped it
-/// silently and a second one ran again. Coordinators cannot share a database yet: the second
+/// silently and a second one ran again. Without `--standby` the second
 /// is refused, after a Postgres restart too, and the first, killed and restarted, takes its
 /// database back at once.
 #[test]
@@ -356,11 +356,11 @@ fn a_second_coordinator_on_the_same_postgres_database_is_refused() {
     let mut first = Server::start_on(&dir.path().join("first"), "127.0.0.1:0", args.clone());
     let (code, err) = refused(&dir.path().join("second"), &["--database", &url]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("another gpuci coordinator uses it") && err.contains("first"), "{err}");
+    assert!(err.contains("another gpuci coordinator leads it") && err.contains("first"), "{err}");
     pg.crash_and_restart();
     let (code, err) = refused(&dir.path().join("second"), &["--database", &url]);
     assert_eq!(code, Some(1), "after a Postgres restart: {err}");
-    assert!(err.contains("another gpuci coordinator uses it"), "{err}");
+    assert!(err.contains("another gpuci coordinator leads it"), "{err}");
     assert!(first.api().agents().is_empty(), "the first coordinator still answers");
     first.kill9();
     let mut again = Server::start_on(&dir.path().join("first"), "127.0.0.1:0", args);

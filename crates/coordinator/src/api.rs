@@ -29,7 +29,7 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "gpuci coordinator API", description = "Submit pipelines, follow jobs and logs, inspect agents and GPUs."),
-    paths(submit_pipeline, get_pipeline, watch_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, list_fleets, cost_report, release_gpu, register_agent, agent_channel, server_info, ready, crate::metrics::scrape, openapi_json),
+    paths(submit_pipeline, get_pipeline, watch_pipeline, crate::pipeline_actions::retry_failed, crate::pipeline_actions::cancel_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, list_fleets, cost_report, release_gpu, register_agent, agent_channel, server_info, ready, crate::metrics::scrape, openapi_json),
     components(schemas(ErrorBody, PipelineErrorBody, LogEvent, WatchEvent, crate::fleets::FleetStatus, crate::fleets::MachineStatus)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
@@ -46,6 +46,7 @@ impl utoipa::Modify for BearerAuth {
         openapi.merge(crate::uploads::UploadsDoc::openapi());
         openapi.merge(crate::github::api::GithubApiDoc::openapi());
         openapi.merge(crate::audit::AuditDoc::openapi());
+        openapi.merge(crate::schedules::SchedulesDoc::openapi());
         document_auth(openapi);
     }
 }
@@ -193,7 +194,7 @@ impl IntoResponse for ApiError {
 impl From<BrainError> for ApiError {
     fn from(e: BrainError) -> Self {
         let status = match &e {
-            BrainError::JobNotFound(_) => StatusCode::NOT_FOUND,
+            BrainError::JobNotFound(_) | BrainError::PipelineNotFound(_) => StatusCode::NOT_FOUND,
             BrainError::AlreadyFinished { .. } | BrainError::NotQuarantined(_) | BrainError::Conflict(_) => {
                 StatusCode::CONFLICT
             }
@@ -234,7 +235,7 @@ impl ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// Send a command to the scheduler and wait for its answer.
 pub async fn ask<T>(
@@ -625,8 +626,15 @@ pub async fn job_logs(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<JobId>,
     ApiQuery(q): ApiQuery<LogsQuery>,
+    scrub: Option<axum::Extension<crate::ui::LogScrub>>,
 ) -> ApiResult<Response> {
     load_job(&st, id).await?;
+    // An anonymous reader of a public job's log: gpuci's own lines scrubbed (`ui::log_access`).
+    let scrub = scrub.map(|s| s.0);
+    let line = move |e: &LogEvent| match (e, &scrub) {
+        (LogEvent::Line(l), Some(s)) => line(&LogEvent::Line(s.line(l.clone()))),
+        _ => line(e),
+    };
     let mut events = st.hub.subscribe();
     let (tx, rx) = mpsc::channel::<Bytes>(256);
     tokio::spawn(async move {

@@ -58,6 +58,8 @@ impl Default for Timing {
 pub enum BrainError {
     #[error("job {0} not found")]
     JobNotFound(JobId),
+    #[error("pipeline {0} not found")]
+    PipelineNotFound(PipelineId),
     #[error("job {job} is already {state}")]
     AlreadyFinished { job: JobId, state: JobState },
     #[error("GPU {0} is not quarantined")]
@@ -144,6 +146,9 @@ pub fn reconcile(ours: &[(JobId, JobState)], holds: &[JobId], journal_incomplete
 /// cancel that was accepted and sent, until the job ends.
 const CANCELLING: &str = "cancelling: ";
 
+/// Commands handled between two placement passes at most ([`Brain::run`]).
+const COMMANDS_PER_PASS: usize = 1024;
+
 /// Why an event from a connection the agent has since replaced is not applied (the agent
 /// sends it again on its current one).
 const STALE: &str = "from an earlier connection of this agent";
@@ -189,6 +194,19 @@ pub enum Command {
         job: JobId,
         by: String,
         reply: Reply<JobRecord>,
+    },
+    /// "Retry failed" on a pipeline: a new attempt of each job `gpuci_core::rerun` names.
+    RetryFailed {
+        pipeline: PipelineId,
+        by: String,
+        reply: Reply<Vec<JobRecord>>,
+    },
+    /// "Cancel all": every unfinished job of a pipeline; answers the jobs it cancelled (or
+    /// is cancelling).
+    CancelPipeline {
+        pipeline: PipelineId,
+        reason: String,
+        reply: Reply<Vec<JobRecord>>,
     },
     AgentConnected {
         agent_id: String,
@@ -427,6 +445,12 @@ pub struct Brain {
     /// The last reap: a reap much later than its tick means the coordinator did not run in
     /// between (see [`heard_after_stall`]).
     last_tick: Option<Instant>,
+    /// Something changed that may let a job be placed (or need a new reason): a placement
+    /// pass runs once the commands already waiting are handled ([`Brain::run`]), not once per
+    /// command — with thousands of agents, a pass per heartbeat-sized event queued the
+    /// heartbeats themselves behind passes until every agent counted as lost (load test,
+    /// issue 29).
+    schedule_due: bool,
     /// Jobs of lost agents whose log already says output may be missing, while their end
     /// waits to be stored ([`Brain::end_jobs_of_lost`]).
     noted_lost: BTreeSet<JobId>,
@@ -505,6 +529,7 @@ impl Brain {
             registering: HashMap::new(),
             placements: 0,
             last_tick: None,
+            schedule_due: false,
             noted_lost: BTreeSet::new(),
             store_deaf: false,
             unplaceable: BTreeSet::new(),
@@ -614,7 +639,7 @@ impl Brain {
     pub async fn run(mut self, mut rx: mpsc::Receiver<Command>, shutdown: CancellationToken) {
         let mut tick = tokio::time::interval(self.timing.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        self.schedule().await;
+        self.place_now().await;
         loop {
             let cmd = tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -622,6 +647,18 @@ impl Brain {
                 c = rx.recv() => match c { Some(c) => c, None => break },
             };
             self.handle(cmd).await;
+            // Everything already waiting first (heartbeats, results), in arrival order, at
+            // most a bounded batch so a flood cannot hold placement off for ever; then one
+            // placement pass for all of it.
+            for _ in 0..COMMANDS_PER_PASS {
+                match rx.try_recv() {
+                    Ok(cmd) => self.handle(cmd).await,
+                    Err(_) => break,
+                }
+            }
+            if std::mem::take(&mut self.schedule_due) {
+                self.place_now().await;
+            }
         }
         tracing::debug!("scheduler stopped");
     }
@@ -644,6 +681,16 @@ impl Brain {
             }
             Command::Retry { job, by, reply } => {
                 let r = self.retry(job, &by).await;
+                let _ = reply.send(r);
+                self.schedule().await;
+            }
+            Command::RetryFailed { pipeline, by, reply } => {
+                let r = self.retry_failed(pipeline, &by).await;
+                let _ = reply.send(r);
+                self.schedule().await;
+            }
+            Command::CancelPipeline { pipeline, reason, reply } => {
+                let r = self.cancel_pipeline(pipeline, reason).await;
                 let _ = reply.send(r);
                 self.schedule().await;
             }
@@ -846,6 +893,16 @@ impl Brain {
             )
             .await?;
         self.group_scopes.insert(p.id, self.group_scope(p.repository.as_deref(), p.origin.as_deref()));
+        // What the builds list shows (branch, commit, subject, author, trigger). Display
+        // only: a pipeline whose facts cannot be stored runs all the same, listed without them.
+        match serde_json::to_string(&gpuci_core::builds::for_list(&build)) {
+            Ok(json) => {
+                if let Err(e) = self.store.put_pipeline_build(p.id, &json).await {
+                    tracing::warn!(pipeline = p.id, error = %e, "could not store the build facts for the builds list");
+                }
+            }
+            Err(e) => tracing::warn!(pipeline = p.id, error = %e, "build facts not serializable"),
+        }
         for j in &jobs {
             self.publish(j);
         }
@@ -941,6 +998,62 @@ impl Brain {
         tracing::info!(job = rec.id, retry_of = id, by, "job retried by hand");
         self.publish(&rec);
         Ok(rec)
+    }
+
+    /// A new attempt of each job of the pipeline that `gpuci_core::rerun::retry_failed`
+    /// names. All are stored before the scheduler runs (one command), so no new dependent is
+    /// gated on its dependency's old, failed attempt.
+    async fn retry_failed(&mut self, pipeline: PipelineId, by: &str) -> Result<Vec<JobRecord>, BrainError> {
+        let p = self.store.get_pipeline(pipeline).await?.ok_or(BrainError::PipelineNotFound(pipeline))?;
+        if matches!(Origin::parse(p.origin.as_deref()), Some(Origin::ActionsRunner(_))) {
+            return Err(BrainError::Conflict(format!(
+                "pipeline {pipeline} ran a GitHub Actions runner; re-run the workflow on GitHub instead"
+            )));
+        }
+        let jobs = self.store.pipeline_jobs(pipeline).await?;
+        let plan = gpuci_core::rerun::retry_failed(jobs.iter().map(|j| gpuci_core::rerun::PipelineJob {
+            job_id: j.id,
+            step_key: &j.step.key,
+            depends_on: &j.step.depends_on,
+            state: j.state,
+            soft_failed: gpuci_core::progress::is_soft_failure(&j.step.soft_fail, j.state, j.exit_code),
+            skipped_by_condition: gpuci_core::progress::is_skipped_by_condition(&j.step, j.state),
+        }));
+        if plan.is_empty() {
+            return Err(BrainError::Conflict(format!("pipeline {pipeline} has no failed job to retry")));
+        }
+        let now = now_ms();
+        let mut out = Vec::new();
+        for (id, why) in plan {
+            let Some(job) = jobs.iter().find(|j| j.id == id) else { continue };
+            let why = match why {
+                gpuci_core::rerun::Why::Failed => format!("retry of job {id} ({})", job.state),
+                gpuci_core::rerun::Why::DependsOn(dep) => format!("retry of job {id}: `{dep}` runs again"),
+            };
+            let rec = self.store.insert_job(next_attempt(job, format!("{why}, asked by {by}"), now)).await?;
+            self.publish(&rec);
+            out.push(rec);
+        }
+        tracing::info!(pipeline, jobs = out.len(), by, "failed jobs of the pipeline retried by hand");
+        Ok(out)
+    }
+
+    async fn cancel_pipeline(&mut self, pipeline: PipelineId, reason: String) -> Result<Vec<JobRecord>, BrainError> {
+        if self.store.get_pipeline(pipeline).await?.is_none() {
+            return Err(BrainError::PipelineNotFound(pipeline));
+        }
+        let ids: Vec<JobId> =
+            self.active.values().filter(|j| j.pipeline_id == pipeline).map(|j| j.id).collect::<Vec<_>>();
+        let mut out = Vec::new();
+        for id in ids {
+            match self.cancel(id, reason.clone()).await {
+                Ok(j) => out.push(j),
+                // Ended meanwhile: nothing to cancel.
+                Err(BrainError::AlreadyFinished { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
 
     /// End a job, release its GPUs, quarantine failed ones, and queue a retry if the policy says so.
@@ -1661,7 +1774,13 @@ impl Brain {
     }
 
     /// One scheduling pass: skip what can never run, place what fits, explain the rest.
+    /// Asks for a placement pass: it runs once the commands already waiting are handled.
     async fn schedule(&mut self) {
+        self.schedule_due = true;
+    }
+
+    /// A placement pass: every queued job placed where it fits, or told why it waits.
+    async fn place_now(&mut self) {
         self.note_group_scopes().await;
         // Skips cascade through depends_on; repeat until nothing changes.
         loop {

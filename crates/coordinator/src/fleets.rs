@@ -190,6 +190,8 @@ struct Loop {
     /// machine between two passes is not seen: the rule then errs toward letting machines go);
     /// boot and start times are the rule's defaults. Rebuilt within a day after a restart.
     history: BTreeMap<String, FleetHistory>,
+    /// Arrival profiles, step run times and upcoming fan-out, learned from the store.
+    inputs: crate::fleet_inputs::FleetInputs,
     seen_waiting: HashMap<i64, UnixSecs>,
     /// What each machine's provider said of it in the last listing (shown with it).
     provider_notes: HashMap<String, String>,
@@ -282,6 +284,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         idle_since: HashMap::new(),
         stopped_since: HashMap::new(),
         history: BTreeMap::new(),
+        inputs: crate::fleet_inputs::FleetInputs::default(),
         seen_waiting: HashMap::new(),
         provider_notes: HashMap::new(),
         interruptions: BTreeMap::new(),
@@ -733,6 +736,12 @@ impl Loop {
         }
         let spend = self.spend_today(now).await;
         let repo_spend = self.repo_spend_today(now).await;
+        self.inputs.refresh(self.deps.store.as_ref(), &specs, now).await;
+        for s in &specs {
+            self.history.entry(s.name.clone()).or_default().profile = self.inputs.profile(&s.name);
+        }
+        let active = self.deps.store.active_jobs().await.unwrap_or_default();
+        let upcoming = self.inputs.upcoming(&active, &specs, now);
         let decision = decide(&AutoscaleInput {
             now,
             fleets: &specs,
@@ -744,6 +753,7 @@ impl Loop {
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
             history: &self.history,
+            upcoming: &upcoming,
         });
         // Jobs seen waiting are remembered for a day (a job waits longer only when stuck).
         self.seen_waiting.retain(|_, seen| now.saturating_sub(*seen) < gpuci_core::fleet::idle::STOPPED_WINDOW_S);

@@ -1,25 +1,32 @@
 //! gpuci-coordinator: the server. REST API and the agent channel (axum), the scheduler that
-//! owns live state ([`brain`]), reapers for queue timeouts and lost agents, fleets, the web
-//! dashboard ([`ui`]), `/metrics` ([`metrics`]) and the OpenAPI document.
+//! owns live state ([`brain`]), reapers for queue timeouts and lost agents, fleets, cron
+//! schedules ([`schedules`]), the web dashboard ([`ui`]), `/metrics` ([`metrics`]) and the
+//! OpenAPI document.
 //!
 //! It must not run jobs or touch GPUs itself (agents do), and must not hold state outside the
 //! scheduler task and the store, but for what is only ever shown: running jobs' latest GPU
 //! samples ([`live`]) and counters. Shutdown is handed in as a `CancellationToken`.
 
 pub mod api;
+pub mod artifacts;
+pub mod artifacts_gc;
+pub mod test_reports;
 pub mod audit;
 pub mod auth;
 pub mod brain;
 mod channel;
 mod convert;
 pub mod datadir;
+mod fleet_inputs;
 pub mod fleets;
 pub mod github;
 pub mod hub;
 pub mod live;
 pub mod metrics;
 pub mod origin;
+pub mod pipeline_actions;
 pub mod repos;
+pub mod schedules;
 pub mod secrets;
 pub mod ui;
 pub mod uploads;
@@ -73,6 +80,8 @@ pub struct Config {
     /// may still run are deleted, as are the least recently used ones over `max_total`
     /// (`[uploads]` in the server config; [`uploads_gc`]).
     pub uploads_gc: uploads_gc::GcConfig,
+    /// Artifacts' caps, retention and size cap (`[artifacts]`; [`artifacts_gc`]).
+    pub artifacts: artifacts_gc::ArtifactsConfig,
     /// The `[github]` section of the config file, with its secrets read.
     pub github: Option<Arc<github::GithubConfig>>,
     /// The key secret values are sealed with; default `<data-dir>/secrets.key`.
@@ -82,6 +91,9 @@ pub struct Config {
     pub credential_files: Vec<PathBuf>,
     /// An agent in this process keeps its data dir, and so the jobs' workspaces, inside the
     /// data dir (`gpuci up`): the data dir is 0711 so job users can pass through it.
+    /// With a Postgres database another coordinator leads: wait as its standby and take over
+    /// when its claim lapses, instead of refusing to start.
+    pub standby: bool,
     pub agent_inside: bool,
     /// The most log this coordinator stores per job (bytes of text, a newline counted as one),
     /// whatever an agent sends: agents cut a job's log at their own cap; this one is defence in
@@ -104,6 +116,8 @@ pub struct Config {
     /// database file is missing or empty). Without it that is refused
     /// ([`datadir::check_database`]); with it, a database that holds data is still never replaced.
     pub new_database: bool,
+    /// The `[[schedule]]`s of the config file: pipelines submitted on a cron schedule ([`schedules`]).
+    pub schedules: Vec<gpuci_core::schedule_config::ScheduleSpec>,
 }
 
 impl Config {
@@ -147,10 +161,12 @@ impl Config {
             database,
             timing: Timing::default(),
             uploads_gc: uploads_gc::GcConfig::default(),
+            artifacts: artifacts_gc::ArtifactsConfig::default(),
             github: None,
             secrets_key_file: None,
             credential_files: Vec::new(),
             agent_inside: false,
+            standby: false,
             max_log_bytes: DEFAULT_MAX_LOG_BYTES,
             fleets: Vec::new(),
             budgets: Vec::new(),
@@ -158,6 +174,7 @@ impl Config {
             public_repositories: Vec::new(),
             concurrency_shared: Vec::new(),
             new_database: false,
+            schedules: Vec::new(),
         }
     }
 }
@@ -177,6 +194,8 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Workspace uploads: `<data-dir>/uploads`.
     pub uploads: uploads::Uploads,
+    /// Artifacts: `<data-dir>/artifacts` ([`artifacts`]).
+    pub artifacts: artifacts::Artifacts,
     /// Set when GitHub is configured: what the webhook endpoint needs.
     pub github: Option<github::Handle>,
     /// Per-job cap on stored log ([`Config::max_log_bytes`]).
@@ -202,6 +221,8 @@ pub struct AppState {
     pub revoked_sessions: Arc<ui::Revoked>,
     /// Live streams (server-sent events) open at once, at most [`ui::MAX_LIVE_STREAMS`].
     pub live_streams: Arc<tokio::sync::Semaphore>,
+    /// The schedules and their task's queue.
+    pub schedules: schedules::Handle,
 }
 
 impl AppState {
@@ -233,10 +254,11 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/pipelines", post(api::submit_pipeline))
         .route("/api/v1/pipelines/{id}", get(api::get_pipeline))
         .route("/api/v1/pipelines/{id}/watch", get(api::watch_pipeline))
+        .route("/api/v1/pipelines/{id}/retry-failed", post(pipeline_actions::retry_failed))
+        .route("/api/v1/pipelines/{id}/cancel", post(pipeline_actions::cancel_pipeline))
         .route("/api/v1/jobs", get(api::list_jobs))
         .route("/api/v1/jobs/{id}", get(api::get_job))
         .route("/api/v1/jobs/{id}/cancel", post(api::cancel_job))
-        .route("/api/v1/jobs/{id}/logs", get(api::job_logs))
         .route("/api/v1/agents", get(api::list_agents))
         .route("/api/v1/fleets", get(api::list_fleets))
         .route("/api/v1/cost", get(api::cost_report))
@@ -247,15 +269,29 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/secrets-key", get(secrets::public_key).post(secrets::rotate_key))
         .route("/api/v1/uploads", post(uploads::create_upload))
         .route("/api/v1/secrets/{name}", axum::routing::put(secrets::set_secret).delete(secrets::delete_secret))
+        .route("/api/v1/schedules", get(schedules::list_schedules))
+        .route("/api/v1/schedules/{name}/run", post(schedules::run_schedule))
         .route("/api/v1/audit", get(audit::list_audit))
         .route("/api/v1/tokens", get(audit::list_tokens).post(audit::create_token))
         .route("/api/v1/tokens/{name}", axum::routing::delete(audit::revoke_token))
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), api::require_api_token));
+    // The raw log follows the job page's read rules (a dashboard session reads it too).
+    let logs = Router::new()
+        .route("/api/v1/jobs/{id}/logs", get(api::job_logs))
+        .route("/api/v1/jobs/{id}/artifacts", get(artifacts::list))
+        .route("/api/v1/jobs/{id}/test-report", get(test_reports::job_report))
+        .route("/api/v1/jobs/{id}/artifact", get(artifacts::download))
+        .route_layer(axum::middleware::from_fn_with_state(st.clone(), ui::log_access));
     Router::new()
         .merge(authed)
+        .merge(logs)
         .route("/api/v1/agents/register", post(api::register_agent))
         .route("/api/v1/agents/connect", get(channel::connect))
         .route("/api/v1/uploads/{id}", get(uploads::get_upload))
+        // Agents, with their credential (`artifacts`).
+        .route("/api/v1/jobs/{id}/artifact-upload", axum::routing::put(artifacts::upload))
+        .route("/api/v1/jobs/{id}/artifact-inputs", get(artifacts::inputs))
+        .route("/api/v1/jobs/{id}/artifact-inputs/{sha256}", get(artifacts::input_blob))
         .route("/api/v1/openapi.json", get(openapi_json))
         .route("/api/v1/github/webhook", post(github::webhook::receive).layer(webhook_limit))
         .route("/healthz", get(api::server_info))
@@ -273,6 +309,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     use utoipa::OpenApi;
     let mut doc = api::ApiDoc::openapi();
     doc.merge(secrets::SecretsDoc::openapi());
+    doc.merge(artifacts::ArtifactsDoc::openapi());
     doc.merge(github::webhook::WebhookDoc::openapi());
     doc
 }
@@ -335,21 +372,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 Ok(s) => {
                     let holder = sole_use_holder(&config.data_dir)?;
                     let process = format!("pid {} ({})", std::process::id(), uuid::Uuid::new_v4());
-                    let claim = s.claim_sole_use(&holder, &process, SOLE_USE_LEASE).await.with_context(|| {
-                        format!("claiming database {} for this coordinator", gpuci_store::redact_url(url))
+                    let claim = lead_or_stand_by(&s, &holder, &process, url, config.standby, &shutdown).await?;
+                    tracing::info!(epoch = claim.epoch, "this coordinator leads the database");
+                    let s = s.fence(claim.epoch).await.with_context(|| {
+                        format!("connecting to database {} as its leader", gpuci_store::redact_url(url))
                     })?;
-                    if let Err(held) = claim {
-                        anyhow::bail!(
-                            "database {}: another gpuci coordinator uses it ({}, {}; renewed {:.0}s ago). Coordinators \
-                             cannot share a database yet: each would take the other's agents for gone ones and end \
-                             their jobs `lost`. A coordinator that is gone gives it up {}s after its last renewal",
-                            gpuci_store::redact_url(url),
-                            held.holder,
-                            held.process,
-                            held.renewed_secs_ago,
-                            SOLE_USE_LEASE.as_secs()
-                        );
-                    }
                     sole_use = Some((s.clone(), holder, process));
                     Arc::new(s)
                 }
@@ -446,6 +473,18 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         },
         shutdown.clone(),
     );
+    let schedules = schedules::start(
+        config.schedules.clone(),
+        schedules::Deps {
+            store: store.clone(),
+            brain: tx.clone(),
+            uploads: uploads.clone(),
+            work_dir: config.data_dir.join("schedules"),
+        },
+        shutdown.clone(),
+    )
+    .await
+    .context("arming the schedules")?;
     let st = AppState {
         store,
         brain: tx,
@@ -457,6 +496,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         conn_seq: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
         uploads,
+        artifacts: artifacts::Artifacts::new(config.data_dir.join("artifacts"), config.artifacts.limits),
         github,
         max_log_bytes: config.max_log_bytes,
         fleets: fleet_statuses,
@@ -469,6 +509,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         github_api_url: config.github.as_ref().map(|g| g.api_url.clone()),
         revoked_sessions: Arc::new(ui::Revoked::default()),
         live_streams: Arc::new(tokio::sync::Semaphore::new(ui::MAX_LIVE_STREAMS)),
+        schedules,
     };
     tokio::spawn(uploads_gc::run(
         st.store.clone(),
@@ -477,6 +518,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         config.uploads_gc,
         shutdown.clone(),
     ));
+    tokio::spawn(artifacts_gc::run(st.store.clone(), st.artifacts.clone(), config.artifacts, shutdown.clone()));
     let app = router(st);
     let brain_task = tokio::spawn(brain.run(rx, shutdown.clone()));
     let sd = shutdown.clone();
@@ -507,8 +549,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
 
 /// How long a coordinator's claim on a Postgres database lasts without renewal; renewed every
 /// [`SOLE_USE_RENEW`].
-pub const SOLE_USE_LEASE: std::time::Duration = std::time::Duration::from_secs(15);
-const SOLE_USE_RENEW: std::time::Duration = std::time::Duration::from_secs(3);
+pub const SOLE_USE_LEASE: std::time::Duration = std::time::Duration::from_secs(4);
+const SOLE_USE_RENEW: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Who claims a database: this host and data dir (the same coordinator restarted takes its
 /// claim back at once; its data dir lock shows the earlier run is gone).
@@ -535,6 +577,68 @@ fn sole_use_holder(data_dir: &std::path::Path) -> anyhow::Result<String> {
     Ok(format!("{}:{} ({id})", host.trim(), dir.display()))
 }
 
+/// Claims the database for this coordinator. Held by another: refused, or with `standby`,
+/// tried again every [`STANDBY_RETRY`] until the holder's claim lapses (it stopped renewing:
+/// killed, paused, cut off) or `shutdown`.
+async fn lead_or_stand_by(
+    store: &PostgresStore,
+    holder: &str,
+    process: &str,
+    url: &str,
+    standby: bool,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<gpuci_store::Claim> {
+    let mut told = false;
+    loop {
+        let claim = store.claim_sole_use(holder, process, SOLE_USE_LEASE).await;
+        let held = match claim {
+            Ok(Ok(claim)) => return Ok(claim),
+            Ok(Err(held)) => held,
+            // Standing by, the database may come and go: the leader is affected as much.
+            Err(e) if standby && e.is_unavailable() => {
+                tracing::warn!(error = %e, "standing by: cannot reach the database; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => anyhow::bail!("shut down while standing by; this coordinator never led"),
+                    _ = tokio::time::sleep(STANDBY_RETRY) => continue,
+                }
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("claiming database {} for this coordinator", gpuci_store::redact_url(url))
+                })
+            }
+        };
+        if !standby {
+            anyhow::bail!(
+                "database {}: another gpuci coordinator leads it ({}, {}; renewed {:.0}s ago). A second \
+                 coordinator on one database runs as a standby (--standby): it takes over when the leader's \
+                 claim lapses, {}s after its last renewal",
+                gpuci_store::redact_url(url),
+                held.holder,
+                held.process,
+                held.renewed_secs_ago,
+                SOLE_USE_LEASE.as_secs()
+            );
+        }
+        if !told {
+            tracing::info!(
+                leader = %held.holder,
+                process = %held.process,
+                "standing by: another coordinator leads this database; taking over if its claim lapses ({}s without renewal)",
+                SOLE_USE_LEASE.as_secs()
+            );
+            told = true;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => anyhow::bail!("shut down while standing by; this coordinator never led"),
+            _ = tokio::time::sleep(STANDBY_RETRY) => {}
+        }
+    }
+}
+
+/// How often a standby coordinator tries to claim the database.
+const STANDBY_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Renews the claim on a Postgres database (none: nothing to do, never returns) and returns
 /// only when it is lost: it lapsed (this coordinator did not renew it for [`SOLE_USE_LEASE`])
 /// and another coordinator took it. A database that cannot be reached is retried: nothing is
@@ -553,9 +657,9 @@ async fn keep_sole_use(claim: Option<(PostgresStore, String, String)>) -> anyhow
             }
             Ok(false) => {
                 return anyhow::anyhow!(
-                    "another coordinator holds this coordinator's database now (a claim passes on when it \
-                     was not renewed for {}s: this coordinator did not run, or could not reach the database, \
-                     that long): two coordinators must never run on one database",
+                    "this coordinator no longer leads its database: another coordinator (a standby) took it \
+                     over, as a claim passes on when it was not renewed for {}s (this coordinator did not run, \
+                     or could not reach the database, that long); stopping, as two must never lead one database",
                     SOLE_USE_LEASE.as_secs()
                 )
             }

@@ -94,7 +94,7 @@ impl Origin {
             (Some(BuildEvent::PullRequest), _) => (g.head_branch.clone(), None),
             _ => (None, None),
         };
-        BuildFacts { branch, tag, event, commit: Some(g.sha.clone()), changed: None }
+        BuildFacts { branch, tag, event, commit: Some(g.sha.clone()), changed: None, subject: None, author: None }
     }
 
     pub fn to_json(&self) -> String {
@@ -188,6 +188,8 @@ mod tests {
                 event: Some(BuildEvent::Push),
                 commit: Some("abc".into()),
                 changed: None,
+                subject: None,
+                author: None,
             }
         );
         let f = push("refs/tags/v1.0").build_facts();

@@ -29,10 +29,12 @@ pub enum AuditAction {
     JobRetry,
     /// A quarantined GPU returned to service.
     GpuRelease,
+    /// A schedule fired by hand (`gpuci schedules run`).
+    ScheduleRun,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 9] = [
+    pub const ALL: [AuditAction; 10] = [
         AuditAction::SecretSet,
         AuditAction::SecretRm,
         AuditAction::SecretsKeyRotate,
@@ -42,6 +44,7 @@ impl AuditAction {
         AuditAction::JobCancel,
         AuditAction::JobRetry,
         AuditAction::GpuRelease,
+        AuditAction::ScheduleRun,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -55,6 +58,7 @@ impl AuditAction {
             AuditAction::JobCancel => "job.cancel",
             AuditAction::JobRetry => "job.retry",
             AuditAction::GpuRelease => "gpu.release",
+            AuditAction::ScheduleRun => "schedule.run",
         }
     }
 }

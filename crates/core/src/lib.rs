@@ -8,13 +8,17 @@
 //! that repository on the configured GitHub host) and concurrency groups (scoped per
 //! repository and trust class unless the server config shares one), and how a pipeline's jobs
 //! combine (`progress`: soft failures, dependency gates, the pipeline's state), and which
-//! workspace uploads may be garbage-collected (`uploads`).
+//! workspace uploads may be garbage-collected (`uploads`), and the rules of artifacts
+//! (`artifacts`: patterns, paths, caps, retention), and when cron schedules fire (`schedule`,
+//! with the server config's `[[schedule]]` in `schedule_config`).
 //!
 //! What must not live here: I/O of any kind (files, sockets, clocks, environment), an async
 //! runtime, logging side effects. Callers hand in the current time and the observed state;
 //! functions hand back decisions. That keeps the core exhaustively testable.
 
+pub mod artifacts;
 pub mod audit;
+pub mod builds;
 pub mod cache;
 pub mod concurrency;
 pub mod condition;
@@ -28,8 +32,13 @@ pub mod pipeline;
 pub mod placement;
 pub mod progress;
 pub mod quantity;
+pub mod log_sections;
 pub mod repo;
+pub mod rerun;
+pub mod schedule;
+pub mod schedule_config;
 pub mod secret_scope;
+pub mod test_report;
 pub mod text;
 pub mod trust;
 pub mod uploads;

@@ -197,6 +197,49 @@ pub struct UploadInfo {
     pub bytes: u64,
 }
 
+/// One stored artifact of a job (`GET /api/v1/jobs/{id}/artifacts`; what an upload answers).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ArtifactInfo {
+    /// The job that uploaded it.
+    pub job_id: JobId,
+    /// Relative to the job's workspace.
+    pub path: String,
+    pub size: u64,
+    /// The sha256 of its bytes, in lowercase hex.
+    pub sha256: String,
+    pub created_at_ms: i64,
+    /// For an upload that is one of the step's `test_reports:`: what the coordinator read
+    /// (`4 tests: 3 passed, 1 failed, …`) or why it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// `GET /api/v1/jobs/{id}/test-report`: the job's JUnit reports read together.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct JobTestReport {
+    /// Counts over every report that could be read, and their failed tests.
+    pub summary: gpuci_core::test_report::TestReport,
+    /// Each report file, with why it could not be read.
+    pub files: Vec<TestReportFile>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TestReportFile {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// `GET /api/v1/jobs/{id}/artifact-inputs` (agents only): the artifacts a job gets in its
+/// workspace before its command runs, from the steps it names in `artifacts_from:`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ArtifactInputs {
+    pub files: Vec<ArtifactInfo>,
+    /// What the agent should say in the job's log (a step named that has not uploaded any).
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
 /// `GET /api/v1/fleets`.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FleetStatus {
@@ -260,7 +303,7 @@ pub struct AuditEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<String>,
     /// `secret.set`, `secret.rm`, `secrets-key.rotate`, `token.create`, `token.revoke`,
-    /// `approval.grant`, `job.cancel`, `job.retry`, `gpu.release`.
+    /// `approval.grant`, `job.cancel`, `job.retry`, `gpu.release`, `schedule.run`.
     pub action: String,
     /// What it acted on: a secret's name and scope, a job, a token's name, a GPU.
     pub object: String,
@@ -294,4 +337,46 @@ pub struct CreatedToken {
     pub name: String,
     pub token: String,
     pub credential: String,
+}
+
+/// A schedule (`[[schedule]]` in the server config), as `GET /api/v1/schedules` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ScheduleSummary {
+    pub name: String,
+    /// The cron expression as configured.
+    pub cron: String,
+    /// The IANA time zone the expression is read in.
+    pub timezone: String,
+    /// Where the pipeline is fetched from: a local path or a git URL.
+    pub repository: String,
+    /// `None`: the repository's default branch.
+    pub branch: Option<String>,
+    /// The pipeline file's path in the repository.
+    pub pipeline: String,
+    pub enabled: bool,
+    /// When it fires next (ms since the epoch); `None` when disabled or never again.
+    pub next_run_ms: Option<i64>,
+    /// The same instant in the schedule's time zone, RFC 3339 with the offset.
+    pub next_run_local: Option<String>,
+    /// Its latest fires, newest first (at most 10).
+    pub fires: Vec<ScheduleFire>,
+}
+
+/// One fire of a schedule.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ScheduleFire {
+    pub id: i64,
+    /// `cron` or `manual`.
+    pub cause: String,
+    /// The occurrence it is for (a manual fire: when it was asked for).
+    pub scheduled_at_ms: i64,
+    pub fired_at_ms: i64,
+    /// A catch-up after downtime: the first of the occurrences passed over (they did not run).
+    pub skipped_from_ms: Option<i64>,
+    /// The pipeline it submitted.
+    pub pipeline_id: Option<PipelineId>,
+    /// That pipeline's state now (`running`, `succeeded`, `failed`, ...).
+    pub pipeline_state: Option<String>,
+    /// Why it submitted no pipeline; `None` with no pipeline: still firing.
+    pub error: Option<String>,
 }

@@ -106,12 +106,34 @@ pub fn cancel_times(trace: &[TraceJob]) -> Vec<Option<u64>> {
     out
 }
 
-/// The ideal run time of each job: its duration, cut at its cancel time.
-pub fn ideal_run(job: &TraceJob, cancel_at: Option<u64>) -> u64 {
+/// The ideal run time of a job that starts at `start`: its duration, cut at its cancel time.
+pub fn ideal_run(job: &TraceJob, start: u64, cancel_at: Option<u64>) -> u64 {
     match cancel_at {
-        Some(c) => job.duration_s.min(c.saturating_sub(job.submit_s)),
+        Some(c) => job.duration_s.min(c.saturating_sub(start)),
         None => job.duration_s,
     }
+}
+
+/// The ideal start and run of each job (trace order, which [`crate::trace::parse_trace`]
+/// keeps with every job after those it waits on): at its submit, or when the last job it
+/// waits on ends with no wait; a job that waits on one cancelled before its end is never run
+/// (run 0), as the simulator skips it.
+pub fn ideal_runs(trace: &[TraceJob], cancels: &[Option<u64>]) -> Vec<(u64, u64)> {
+    let index: HashMap<&str, usize> = trace.iter().enumerate().map(|(i, j)| (j.id.as_str(), i)).collect();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(trace.len());
+    let mut skipped = vec![false; trace.len()];
+    for (i, j) in trace.iter().enumerate() {
+        let mut start = j.submit_s;
+        for d in &j.after {
+            let Some(&k) = index.get(d.as_str()).filter(|&&k| k < i) else { continue };
+            let (s, r) = out[k];
+            start = start.max(s + r);
+            skipped[i] |= skipped[k] || r < trace[k].duration_s;
+        }
+        let run = if skipped[i] { 0 } else { ideal_run(j, start, cancels[i]) };
+        out.push((start, run));
+    }
+    out
 }
 
 /// The bound of one fleet from its jobs' ideal runs `(start, run, gpus)`.
@@ -173,6 +195,8 @@ mod tests {
             gpus: 1,
             group: group.into(),
             cancel_in_progress: cancel,
+            after: Vec::new(),
+            step: String::new(),
         }
     }
 
@@ -187,8 +211,8 @@ mod tests {
             job("e", 70, 100, "main", false), // cancel_in_progress = 0: d runs on
         ];
         assert_eq!(cancel_times(&trace), [Some(50), Some(50), None, None, None, None]);
-        assert_eq!(ideal_run(&trace[0], Some(50)), 50);
-        assert_eq!(ideal_run(&trace[0], Some(500)), 100);
+        assert_eq!(ideal_run(&trace[0], 0, Some(50)), 50);
+        assert_eq!(ideal_run(&trace[0], 0, Some(500)), 100);
     }
 
     const BOOT_60: MachineCosts = MachineCosts { boot_s: 60.0, restart: None };

@@ -26,8 +26,8 @@ use crate::profile::{Dist, OfferSim, SimProfile};
 use crate::rng::Rng;
 use crate::trace::TraceJob;
 use gpuci_core::fleet::{
-    decide, idle, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetHistory, FleetSpec, Machine,
-    MachineState, QueuedJob, UnavailableOffer, UnixSecs,
+    decide, idle, offer_unavailable_after_error, Action, ArrivalProfile, AutoscaleInput, Capacity, FleetHistory,
+    FleetSpec, Machine, MachineState, QueuedJob, StepState, UnavailableOffer, UnixSecs,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -144,8 +144,17 @@ enum Ev {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum JobState {
     Pending,
+    /// Submitted, waiting on other jobs ([`crate::pipelines`]).
+    Blocked,
     Queued,
-    Running { machine: u64, start: UnixSecs },
+    /// A job that needs no GPU, running off the fleets.
+    Off {
+        start: UnixSecs,
+    },
+    Running {
+        machine: u64,
+        start: UnixSecs,
+    },
     Done,
 }
 
@@ -245,6 +254,10 @@ pub struct Engine<'a> {
     now: UnixSecs,
     remaining: usize,
     mode: Mode,
+    /// Jobs that wait on others, and the steps' run times.
+    pipelines: crate::pipelines::Deps,
+    /// Jobs no fleet can serve (counted when they would have been queued).
+    unserved: usize,
 }
 
 impl<'a> Engine<'a> {
@@ -262,7 +275,7 @@ impl<'a> Engine<'a> {
         let by_name: BTreeMap<&str, usize> = fleets.iter().enumerate().map(|(i, f)| (f.name.as_str(), i)).collect();
         let job_fleet: Vec<Option<usize>> = trace
             .iter()
-            .map(|j| by_name.get(j.pool.as_str()).copied().filter(|&f| fleets[f].machine.gpus >= j.gpus))
+            .map(|j| by_name.get(j.pool.as_str()).copied().filter(|&f| j.gpus > 0 && fleets[f].machine.gpus >= j.gpus))
             .collect();
         let root = Rng::new(seed);
         let n = fleets.len() as u64;
@@ -301,7 +314,15 @@ impl<'a> Engine<'a> {
                 }
             })
             .collect();
-        let history = fleets.iter().map(|f| (f.name.clone(), FleetHistory::default())).collect();
+        // The gpuci policy learns its arrival profile from the trace as it goes (never ahead);
+        // the baselines learn nothing.
+        let history = fleets
+            .iter()
+            .map(|f| {
+                let profile = (mode == Mode::Decide).then(|| ArrivalProfile::new(epoch));
+                (f.name.clone(), FleetHistory { profile, ..FleetHistory::default() })
+            })
+            .collect();
         let mut e = Engine {
             offers,
             outages,
@@ -333,6 +354,8 @@ impl<'a> Engine<'a> {
             now: epoch,
             remaining: trace.len(),
             mode,
+            pipelines: crate::pipelines::Deps::new(trace),
+            unserved: 0,
         };
         for (i, (j, cancel)) in trace.iter().zip(cancel_times(trace)).enumerate() {
             e.push(epoch + j.submit_s, Ev::Submit { job: i });
@@ -353,7 +376,6 @@ impl<'a> Engine<'a> {
         if self.mode == Mode::AlwaysOn {
             self.launch_always_on(peak_machines);
         }
-        let mut unserved = 0;
         let last_end = self.trace.iter().map(|j| j.submit_s + j.duration_s).max().unwrap_or(0);
         let give_up = start.saturating_add(last_end).saturating_add(GIVE_UP_AFTER_S);
         while self.remaining > 0 {
@@ -367,7 +389,7 @@ impl<'a> Engine<'a> {
                     break;
                 }
                 self.heap.pop();
-                unserved += self.handle(ev);
+                self.handle(ev);
             }
             self.schedule();
             if self.mode != Mode::AlwaysOn && self.remaining > 0 {
@@ -384,40 +406,93 @@ impl<'a> Engine<'a> {
                     self.tally[f].unfinished += 1;
                 }
                 JobState::Running { .. } => self.tally[f].unfinished += 1,
-                JobState::Pending | JobState::Done => {}
+                JobState::Pending | JobState::Blocked | JobState::Off { .. } | JobState::Done => {}
             }
         }
         for k in 0..self.live.len() {
             self.close_billing(k);
             self.close_disk(k);
         }
-        Outcome { tallies: self.tally, horizon_s: self.now - start, unserved }
+        Outcome { tallies: self.tally, horizon_s: self.now - start, unserved: self.unserved }
     }
 
-    /// Returns 1 for a job no fleet can serve.
-    fn handle(&mut self, ev: Ev) -> usize {
+    /// A job is queued (at its submit, or when the jobs it waits on have ended): on its
+    /// fleet, off the fleets when it needs no GPU, or nowhere when no fleet can serve it.
+    fn release(&mut self, job: usize) {
+        if self.trace[job].gpus == 0 {
+            self.jobs[job].state = JobState::Off { start: self.now };
+            let attempt = self.jobs[job].attempt;
+            self.push(self.now + self.trace[job].duration_s, Ev::Finish { job, attempt });
+            return;
+        }
+        let Some(f) = self.job_fleet[job] else {
+            self.unserved += 1;
+            self.jobs[job].state = JobState::Done;
+            self.remaining -= 1;
+            self.ended(job, false);
+            return;
+        };
+        let now = self.now;
+        if let Some(h) = self.history.get_mut(&self.fleets[f].name) {
+            h.arrivals.push(now);
+            h.trim(now, idle::STOPPED_WINDOW_S);
+            if let Some(p) = h.profile.as_mut() {
+                p.record(now);
+            }
+        }
+        self.enqueue(job, f);
+    }
+
+    /// `job` ended for good (`ok`: it finished): the jobs waiting on it go on, or are
+    /// cancelled when it did not finish.
+    fn ended(&mut self, job: usize, ok: bool) {
+        let mut work = vec![(job, ok)];
+        while let Some((j, ok)) = work.pop() {
+            for (d, runs) in self.pipelines.ended(j, ok) {
+                if runs {
+                    self.release(d);
+                } else {
+                    self.cancelled(d);
+                    work.push((d, false));
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, ev: Ev) {
         match ev {
             Ev::Submit { job } => {
-                let Some(f) = self.job_fleet[job] else {
+                if let Some(f) = self.job_fleet[job] {
+                    self.tally[f].jobs += 1;
+                }
+                if self.pipelines.must_wait(job) {
+                    self.jobs[job].state = JobState::Blocked;
+                } else {
+                    self.release(job);
+                }
+            }
+            Ev::Finish { job, attempt } => match self.jobs[job].state {
+                JobState::Running { machine, start } if self.jobs[job].attempt == attempt => {
+                    self.end_job(job, machine, start);
+                    if let Some(f) = self.job_fleet[job] {
+                        // Its work, for the arrival profile: run time × its share of a machine.
+                        let share = f64::from(self.trace[job].gpus) / f64::from(self.fleets[f].machine.gpus.max(1));
+                        let (at, ran) = (self.jobs[job].queued_at, (self.now - start) as f64);
+                        if let Some(p) = self.history.get_mut(&self.fleets[f].name).and_then(|h| h.profile.as_mut()) {
+                            p.record_work(at, ran * share);
+                        }
+                    }
+                    self.pipelines.durations.record(self.trace[job].step_name(), self.now - start);
+                    self.ended(job, true);
+                }
+                JobState::Off { start } if self.jobs[job].attempt == attempt => {
                     self.jobs[job].state = JobState::Done;
                     self.remaining -= 1;
-                    return 1;
-                };
-                self.tally[f].jobs += 1;
-                let now = self.now;
-                if let Some(h) = self.history.get_mut(&self.fleets[f].name) {
-                    h.arrivals.push(now);
-                    h.trim(now, idle::STOPPED_WINDOW_S);
+                    self.pipelines.durations.record(self.trace[job].step_name(), self.now - start);
+                    self.ended(job, true);
                 }
-                self.enqueue(job, f);
-            }
-            Ev::Finish { job, attempt } => {
-                if let JobState::Running { machine, start } = self.jobs[job].state {
-                    if self.jobs[job].attempt == attempt {
-                        self.end_job(job, machine, start);
-                    }
-                }
-            }
+                _ => {}
+            },
             Ev::Cancel { job } => match self.jobs[job].state {
                 JobState::Queued => {
                     if let Some(pos) = self.queue_jobs.iter().position(|&j| j == job) {
@@ -425,10 +500,22 @@ impl<'a> Engine<'a> {
                         self.queue.remove(pos);
                     }
                     self.cancelled(job);
+                    self.ended(job, false);
                 }
                 JobState::Running { machine, start } => {
                     self.end_job(job, machine, start);
                     self.cancelled(job);
+                    self.ended(job, false);
+                }
+                JobState::Blocked => {
+                    self.pipelines.blocked.remove(&job);
+                    self.cancelled(job);
+                    self.ended(job, false);
+                }
+                JobState::Off { .. } => {
+                    self.jobs[job].attempt += 1;
+                    self.cancelled(job);
+                    self.ended(job, false);
                 }
                 JobState::Pending | JobState::Done => {}
             },
@@ -474,7 +561,6 @@ impl<'a> Engine<'a> {
                 self.wakes.remove(&self.now);
             }
         }
-        0
     }
 
     fn enqueue(&mut self, job: usize, fleet: usize) {
@@ -681,6 +767,32 @@ impl<'a> Engine<'a> {
         if self.any_budget {
             self.update_spend();
         }
+        for h in self.history.values_mut() {
+            if let Some(p) = h.profile.as_mut() {
+                p.observe_until(now);
+            }
+        }
+        // The blocked jobs' expected starts (the gpuci policy only: the baselines react to the
+        // queue alone).
+        let upcoming = if self.mode == Mode::Decide {
+            let jobs = &self.jobs;
+            let (fleets, job_fleet) = (&self.fleets, &self.job_fleet);
+            self.pipelines.upcoming(
+                self.trace,
+                |j| match jobs[j].state {
+                    JobState::Pending | JobState::Blocked => Some(StepState::Blocked),
+                    JobState::Queued => Some(StepState::Queued),
+                    JobState::Running { start, .. } | JobState::Off { start } => {
+                        Some(StepState::Running { since: start })
+                    }
+                    JobState::Done => None,
+                },
+                |j| job_fleet[j].map(|f| fleets[f].name.clone()),
+                now,
+            )
+        } else {
+            Vec::new()
+        };
         let decision = decide(&AutoscaleInput {
             now,
             fleets: &self.fleets,
@@ -692,6 +804,7 @@ impl<'a> Engine<'a> {
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
             history: &self.history,
+            upcoming: &upcoming,
         });
         for action in decision.actions {
             self.apply(action);

@@ -17,6 +17,18 @@ pub fn two_weeks(seed: u64) -> Vec<TraceJob> {
 
 /// `days` days from a Monday 00:00 with about `target_jobs` jobs.
 pub fn generate(seed: u64, days: u32, target_jobs: u32) -> Vec<TraceJob> {
+    generate_with(seed, days, target_jobs, false)
+}
+
+/// As [`generate`], and every push first runs a build with no GPU (lognormal, median 3
+/// minutes) that its GPU jobs wait on (`after`): the fan-out of a pipeline whose tests need
+/// the build. The GPU jobs are the same as [`generate`]'s for the seed; the builds are drawn
+/// from a stream of their own.
+pub fn pipelines(seed: u64, days: u32, target_jobs: u32) -> Vec<TraceJob> {
+    generate_with(seed, days, target_jobs, true)
+}
+
+fn generate_with(seed: u64, days: u32, target_jobs: u32, builds: bool) -> Vec<TraceJob> {
     let minutes = u64::from(days) * 1440;
     let shape = |minute: u64| -> f64 {
         let day = (minute / 1440) % 7;
@@ -67,21 +79,44 @@ pub fn generate(seed: u64, days: u32, target_jobs: u32) -> Vec<TraceJob> {
     pushes.sort_unstable();
     let horizon = minutes * 60;
     let mut jobs = Vec::new();
+    let mut build_rng = Rng::new(seed ^ 0xb111d);
     for (second, pr) in pushes.into_iter().filter(|(s, _)| *s < horizon) {
+        let build = builds.then(|| {
+            let duration = build_rng.lognormal(180.0, 0.4).clamp(30.0, 3600.0) as u64;
+            let (group, cancel) = match pr {
+                Some(n) => (format!("pr{n}-build"), true),
+                None => ("main-build".to_string(), false),
+            };
+            jobs.push(TraceJob {
+                id: format!("B{}", jobs.len()),
+                submit_s: second,
+                duration_s: duration,
+                pool: "build".into(),
+                gpus: 0,
+                group,
+                cancel_in_progress: cancel,
+                after: Vec::new(),
+                step: "build".into(),
+            });
+            jobs.len() - 1
+        });
         let mut add = |pool: &str, gpus: u32, median: f64, sigma: f64, rng: &mut Rng| {
+            let after = build.map(|b| vec![jobs[b].id.clone()]).unwrap_or_default();
             let duration = rng.lognormal(median, sigma).clamp(30.0, 4.0 * 3600.0) as u64;
             let (group, cancel) = match pr {
                 Some(n) => (format!("pr{n}-{pool}"), true),
                 None => (format!("main-{pool}"), false),
             };
             jobs.push(TraceJob {
-                id: String::new(),
+                id: format!("#{}", jobs.len()),
                 submit_s: second,
                 duration_s: duration,
                 pool: pool.to_string(),
                 gpus,
                 group,
                 cancel_in_progress: cancel,
+                after,
+                step: String::new(),
             });
         };
         for _ in 0..rng.range(1, 3) {
@@ -96,8 +131,14 @@ pub fn generate(seed: u64, days: u32, target_jobs: u32) -> Vec<TraceJob> {
             add("h100x2", 2, 2400.0, 0.4, &mut rng);
         }
     }
-    for (i, j) in jobs.iter_mut().enumerate() {
-        j.id = format!("J{:06}", i + 1);
+    // Ids in order; `after` follows its build's new id.
+    let ids: std::collections::HashMap<String, String> =
+        jobs.iter().enumerate().map(|(i, j)| (j.id.clone(), format!("J{:06}", i + 1))).collect();
+    for j in &mut jobs {
+        j.id = ids.get(&j.id).cloned().unwrap_or_default();
+        for a in &mut j.after {
+            *a = ids.get(a.as_str()).cloned().unwrap_or_default();
+        }
     }
     jobs
 }
@@ -105,6 +146,23 @@ pub fn generate(seed: u64, days: u32, target_jobs: u32) -> Vec<TraceJob> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pipelines_add_a_build_each_push_waits_on_and_keep_the_gpu_jobs() {
+        let plain = generate(4, 2, 2_000);
+        let piped = pipelines(4, 2, 2_000);
+        let gpu: Vec<(u64, u64, &str)> =
+            piped.iter().filter(|j| j.gpus > 0).map(|j| (j.submit_s, j.duration_s, j.pool.as_str())).collect();
+        assert_eq!(gpu, plain.iter().map(|j| (j.submit_s, j.duration_s, j.pool.as_str())).collect::<Vec<_>>());
+        let index: std::collections::HashMap<&str, &TraceJob> = piped.iter().map(|j| (j.id.as_str(), j)).collect();
+        for j in piped.iter().filter(|j| j.gpus > 0) {
+            let [b] = &j.after[..] else { panic!("{j:?} waits on one build") };
+            let b = index[b.as_str()];
+            assert_eq!((b.gpus, b.submit_s, b.step.as_str()), (0, j.submit_s, "build"));
+        }
+        let csv = crate::trace::to_csv(&piped);
+        assert_eq!(crate::trace::parse_trace("p.csv", &csv).expect("parses"), piped);
+    }
 
     #[test]
     fn deterministic_and_about_the_size_asked() {

@@ -19,6 +19,7 @@
 pub mod bounds;
 pub mod engine;
 pub mod gen;
+mod pipelines;
 pub mod profile;
 pub mod rng;
 pub mod trace;
@@ -207,6 +208,7 @@ pub fn simulate_with_grid(
     idle_grid_s: &[u64],
 ) -> Report {
     let cancels = bounds::cancel_times(trace);
+    let ideal = bounds::ideal_runs(trace, &cancels);
     let profiles: Vec<SimProfile> = fleets.iter().map(|f| sim.profile(&f.name).clone()).collect();
     let bound: Vec<bounds::Bound> = fleets
         .iter()
@@ -214,9 +216,9 @@ pub fn simulate_with_grid(
         .map(|(f, p)| {
             let runs: Vec<(u64, u64, u32)> = trace
                 .iter()
-                .zip(&cancels)
-                .filter(|(j, _)| j.pool == f.name && j.gpus <= f.machine.gpus)
-                .map(|(j, c)| (j.submit_s, bounds::ideal_run(j, *c), j.gpus))
+                .zip(&ideal)
+                .filter(|(j, _)| j.pool == f.name && j.gpus > 0 && j.gpus <= f.machine.gpus)
+                .map(|(j, &(start, run))| (start, run, j.gpus))
                 .collect();
             bounds::fleet_bound(&runs, f.machine.gpus, &machine_costs(f, p))
         })
@@ -459,7 +461,8 @@ pub fn run_cli(
     profile::check_offers(config_name, &fleets, &profiles)?;
     let trace = parse_trace(trace_name, trace_text).map_err(|e| e.to_string())?;
     let names: Vec<&str> = fleets.iter().map(|f| f.name.as_str()).collect();
-    if let Some(j) = trace.iter().find(|j| !names.contains(&j.pool.as_str())) {
+    // A job with no GPU runs off the fleets: its pool names none.
+    if let Some(j) = trace.iter().find(|j| j.gpus > 0 && !names.contains(&j.pool.as_str())) {
         return Err(format!(
             "{trace_name}: job {}: pool: no fleet named {:?} in {config_name} (fleets: {})",
             j.id,

@@ -15,13 +15,15 @@
 //! Secret values are stored sealed (ChaCha20-Poly1305, see `sealing.rs`) under a key the
 //! database never holds; the coordinator keeps the key, seals and opens.
 
+mod artifacts;
 mod postgres;
 mod records;
 mod rows;
 mod sealing;
 mod sqlite;
 
-pub use postgres::{redact_url, PostgresStore, SoleUseHeld};
+pub use artifacts::{ArtifactRecord, TestReportRecord};
+pub use postgres::{redact_url, Claim, PostgresStore, SoleUseHeld};
 pub use records::*;
 pub use sealing::{seal_plaintext_secrets, sealed_with, SealError, SecretsAtRest, SecretsKey, KEY_LEN};
 pub use sqlite::SqliteStore;
@@ -89,6 +91,9 @@ fn db_code(e: &sqlx::Error) -> Option<(DbCode<'_>, &str)> {
     let code = d.code()?.parse().ok()?;
     Some((DbCode::Sqlite(code), d.message()))
 }
+
+/// The SQLSTATE of a write refused by fencing (`migrations/postgres/0013_fencing.sql`).
+const FENCED: &str = "GF001";
 
 // SQLite primary result codes (the low byte of an extended one).
 const SQLITE_BUSY: i32 = 5;
@@ -165,6 +170,13 @@ impl StoreError {
         }
     }
 
+    /// Whether the database refused a write because this coordinator no longer leads it:
+    /// another claimed it since this store was [fenced](crate::PostgresStore::fence). Nothing
+    /// was written; retrying cannot help, and the coordinator must stop.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, StoreError::Db(e) if matches!(db_code(e), Some((DbCode::Postgres(FENCED), _))))
+    }
+
     /// Whether the stored data cannot be read as a gpuci database: a damaged file, a file
     /// that is not a database, rows that do not decode.
     pub fn is_damaged(&self) -> bool {
@@ -236,6 +248,16 @@ pub trait Store: Send + Sync + 'static {
         &self,
         ids: &[PipelineId],
     ) -> Result<std::collections::HashMap<PipelineId, (Option<String>, Option<String>)>>;
+    /// Pipelines newest first, those with an id below `before` when given: a page of the
+    /// builds list.
+    async fn pipelines_before(&self, before: Option<PipelineId>, limit: u32) -> Result<Vec<PipelineRecord>>;
+    /// Every job (every attempt) of these pipelines, by id.
+    async fn jobs_of_pipelines(&self, ids: &[PipelineId]) -> Result<Vec<JobRecord>>;
+    /// Record what a pipeline builds (JSON of `BuildFacts`, as the builds list shows it);
+    /// a second call replaces the first.
+    async fn put_pipeline_build(&self, pipeline: PipelineId, facts: &str) -> Result<()>;
+    /// What these pipelines build, by id (those without a record are left out).
+    async fn pipeline_builds(&self, ids: &[PipelineId]) -> Result<std::collections::HashMap<PipelineId, String>>;
 
     /// Store lines of a job's log. `first_seq`: the writer numbered them (the agent: line
     /// `first_seq + i`), and any already stored (seq not above the highest stored) is skipped,
@@ -322,6 +344,25 @@ pub trait Store: Send + Sync + 'static {
     async fn set_check_run(&self, job: JobId, check_run_id: i64) -> Result<()>;
     async fn get_check_run(&self, job: JobId) -> Result<Option<i64>>;
 
+    // Schedules.
+    /// When a coordinator last looked at the schedule, recording `now_ms` when it is new.
+    async fn arm_schedule(&self, name: &str, now_ms: i64) -> Result<i64>;
+    /// Record that the schedule was looked at `now_ms` (fired or not, enabled or not).
+    async fn schedule_checked(&self, name: &str, now_ms: i64) -> Result<()>;
+    /// When any schedule was last looked at: the last pass of the coordinator that ran before.
+    async fn schedules_last_checked(&self) -> Result<Option<i64>>;
+    /// Record a fire (its `id`, `pipeline_id` and `error` are ignored) before submitting it;
+    /// `None` when this occurrence was recorded already (it must not fire again).
+    async fn record_schedule_fire(&self, fire: &ScheduleFireRecord) -> Result<Option<i64>>;
+    /// Set what became of a fire: its pipeline, or why there is none.
+    async fn finish_schedule_fire(&self, id: i64, pipeline: Option<PipelineId>, error: Option<&str>) -> Result<()>;
+    /// Fires cut short by a stop (neither pipeline nor error) get `error`; how many.
+    async fn interrupt_schedule_fires(&self, error: &str) -> Result<u64>;
+    /// The occurrence of the latest `cron` fire of the schedule.
+    async fn last_cron_fire(&self, name: &str) -> Result<Option<i64>>;
+    /// The schedule's fires (every schedule's when `None`), newest first.
+    async fn schedule_fires(&self, name: Option<&str>, limit: u32) -> Result<Vec<ScheduleFireRecord>>;
+
     // Fleets.
     /// Insert or replace a machine's row.
     async fn put_machine(&self, machine: &MachineRecord) -> Result<()>;
@@ -333,4 +374,20 @@ pub trait Store: Send + Sync + 'static {
     async fn close_billing(&self, machine: &str, to_ms: i64) -> Result<()>;
     /// Billing stretches that were open at or after `since_ms`.
     async fn billing_since(&self, since_ms: i64) -> Result<Vec<BillingInterval>>;
+
+    // Artifacts (`artifacts.rs`).
+    /// Record an artifact; one of the same job and path is replaced.
+    async fn put_artifact(&self, a: &ArtifactRecord) -> Result<()>;
+    /// A job's artifacts, by path.
+    async fn job_artifacts(&self, job: JobId) -> Result<Vec<ArtifactRecord>>;
+    /// Every artifact, oldest first (for retention).
+    async fn all_artifacts(&self) -> Result<Vec<ArtifactRecord>>;
+    /// Bytes of all artifacts of `repository` (`None`: of jobs with no repository).
+    async fn repository_artifact_bytes(&self, repository: Option<&str>) -> Result<u64>;
+    /// Forget these artifacts (job, path), in one transaction.
+    async fn delete_artifacts(&self, keys: &[(JobId, String)]) -> Result<()>;
+    /// Record the reading of a test report; one of the same job and path is replaced.
+    async fn put_test_report(&self, r: &TestReportRecord) -> Result<()>;
+    /// A job's test reports, by path.
+    async fn job_test_reports(&self, job: JobId) -> Result<Vec<TestReportRecord>>;
 }

@@ -27,6 +27,8 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// How the pool connects: [`fence`](Self::fence) opens a new pool with the same options.
+    options: PgConnectOptions,
 }
 
 impl PostgresStore {
@@ -45,12 +47,9 @@ impl PostgresStore {
     }
 
     async fn connect_with(url: &str, existing: bool) -> Result<Self> {
-        let opts = PgConnectOptions::from_str(url)?.application_name("gpuci").options([("synchronous_commit", "on")]);
-        let pool = PgPoolOptions::new()
-            .max_connections(16)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(opts)
-            .await?;
+        let options =
+            PgConnectOptions::from_str(url)?.application_name("gpuci").options([("synchronous_commit", "on")]);
+        let pool = Self::pool(options.clone()).await?;
         if existing {
             let tables: Vec<String> = sqlx::query_scalar(
                 "SELECT table_name::text FROM information_schema.tables \
@@ -63,7 +62,28 @@ impl PostgresStore {
             }
         }
         MIGRATOR.run(&pool).await?;
-        Ok(Self { pool })
+        Ok(Self { pool, options })
+    }
+
+    async fn pool(options: PgConnectOptions) -> Result<PgPool> {
+        Ok(PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?)
+    }
+
+    /// This store with every write fenced by `epoch`, the one [`claim_sole_use`] returned: its
+    /// connections carry the epoch, and the database refuses each of their writes once another
+    /// coordinator has claimed the database since ([`StoreError::is_fenced`]; the trigger in
+    /// `migrations/postgres/0013_fencing.sql`). The unfenced pool is closed.
+    ///
+    /// [`claim_sole_use`]: Self::claim_sole_use
+    pub async fn fence(self, epoch: i64) -> Result<Self> {
+        let options = self.options.clone().options([("gpuci.epoch", epoch.to_string())]);
+        let pool = Self::pool(options.clone()).await?;
+        self.pool.close().await;
+        Ok(Self { pool, options })
     }
 
     /// Claim this database for one coordinator, as `holder` (its host and data dir) in
@@ -81,21 +101,22 @@ impl PostgresStore {
         holder: &str,
         process: &str,
         lease: Duration,
-    ) -> Result<std::result::Result<(), SoleUseHeld>> {
-        let claimed: Option<String> = sqlx::query_scalar(
-            "INSERT INTO coordinator_lease (id, holder, process, renewed_at) VALUES (1, $1, $2, now()) \
-             ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, process = EXCLUDED.process, renewed_at = now() \
+    ) -> Result<std::result::Result<Claim, SoleUseHeld>> {
+        let claimed: Option<i64> = sqlx::query_scalar(
+            "INSERT INTO coordinator_lease (id, holder, process, renewed_at, epoch) VALUES (1, $1, $2, now(), 1) \
+             ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, process = EXCLUDED.process, renewed_at = now(), \
+                epoch = coordinator_lease.epoch + 1 \
              WHERE coordinator_lease.holder = EXCLUDED.holder \
                 OR coordinator_lease.renewed_at < now() - make_interval(secs => $3) \
-             RETURNING holder",
+             RETURNING epoch",
         )
         .bind(holder)
         .bind(process)
         .bind(lease.as_secs_f64())
         .fetch_optional(&self.pool)
         .await?;
-        if claimed.is_some() {
-            return Ok(Ok(()));
+        if let Some(epoch) = claimed {
+            return Ok(Ok(Claim { epoch }));
         }
         let row = sqlx::query(
             "SELECT holder, process, EXTRACT(EPOCH FROM now() - renewed_at)::float8 AS age FROM coordinator_lease WHERE id = 1",
@@ -138,6 +159,13 @@ impl PostgresStore {
             .await?;
         row.map(|r| job_from_row(&r)).transpose()?.ok_or(StoreError::JobNotFound(id))
     }
+}
+
+/// A claim made ([`PostgresStore::claim_sole_use`]): `epoch` counts the claims ever made on
+/// the database, this one included; [`PostgresStore::fence`] makes the store's writes carry it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Claim {
+    pub epoch: i64,
 }
 
 /// Who holds the database ([`PostgresStore::claim_sole_use`]).
@@ -490,6 +518,48 @@ impl Store for PostgresStore {
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(upload_use_from_row).collect()
+    }
+
+    async fn pipelines_before(&self, before: Option<PipelineId>, limit: u32) -> Result<Vec<PipelineRecord>> {
+        let rows =
+            sqlx::query(&format!("SELECT {PIPELINE_COLUMNS} FROM pipelines WHERE id < $1 ORDER BY id DESC LIMIT $2"))
+                .bind(before.unwrap_or(i64::MAX))
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.iter().map(pipeline_from_row).collect())
+    }
+
+    async fn jobs_of_pipelines(&self, ids: &[PipelineId]) -> Result<Vec<JobRecord>> {
+        let rows = sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE pipeline_id = ANY($1) ORDER BY id"))
+            .bind(ids.to_vec())
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(job_from_row).collect()
+    }
+
+    async fn put_pipeline_build(&self, pipeline: PipelineId, facts: &str) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO pipeline_builds (pipeline_id, facts) VALUES ($1, $2) \
+             ON CONFLICT (pipeline_id) DO UPDATE SET facts = EXCLUDED.facts",
+        )
+        .bind(pipeline)
+        .bind(facts)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn pipeline_builds(&self, ids: &[PipelineId]) -> Result<std::collections::HashMap<PipelineId, String>> {
+        let rows = sqlx::query("SELECT pipeline_id, facts FROM pipeline_builds WHERE pipeline_id = ANY($1)")
+            .bind(ids.to_vec())
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = std::collections::HashMap::new();
+        for row in rows {
+            out.insert(row.try_get::<i64, _>("pipeline_id")?, row.try_get("facts")?);
+        }
+        Ok(out)
     }
 
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
@@ -990,6 +1060,104 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn arm_schedule(&self, name: &str, now_ms: i64) -> Result<i64> {
+        sqlx::query("INSERT INTO schedule_state (name, checked_at_ms) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+            .bind(name)
+            .bind(now_ms)
+            .execute(&self.pool)
+            .await?;
+        let row = sqlx::query("SELECT checked_at_ms FROM schedule_state WHERE name = $1")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.get("checked_at_ms"))
+    }
+
+    async fn schedule_checked(&self, name: &str, now_ms: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO schedule_state (name, checked_at_ms) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET checked_at_ms = excluded.checked_at_ms",
+        )
+        .bind(name)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn schedules_last_checked(&self) -> Result<Option<i64>> {
+        let row = sqlx::query("SELECT MAX(checked_at_ms) AS last FROM schedule_state").fetch_one(&self.pool).await?;
+        Ok(row.get("last"))
+    }
+
+    async fn record_schedule_fire(&self, f: &ScheduleFireRecord) -> Result<Option<i64>> {
+        let row = sqlx::query(
+            "INSERT INTO schedule_fires (schedule, cause, scheduled_at_ms, fired_at_ms, skipped_from_ms) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING id",
+        )
+        .bind(&f.schedule)
+        .bind(&f.cause)
+        .bind(f.scheduled_at_ms)
+        .bind(f.fired_at_ms)
+        .bind(f.skipped_from_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.get("id")))
+    }
+
+    async fn finish_schedule_fire(&self, id: i64, pipeline: Option<PipelineId>, error: Option<&str>) -> Result<()> {
+        sqlx::query("UPDATE schedule_fires SET pipeline_id = $1, error = $2 WHERE id = $3")
+            .bind(pipeline)
+            .bind(error)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn interrupt_schedule_fires(&self, error: &str) -> Result<u64> {
+        let done = sqlx::query("UPDATE schedule_fires SET error = $1 WHERE pipeline_id IS NULL AND error IS NULL")
+            .bind(error)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn last_cron_fire(&self, name: &str) -> Result<Option<i64>> {
+        let row = sqlx::query(
+            "SELECT MAX(scheduled_at_ms) AS last FROM schedule_fires WHERE schedule = $1 AND cause = 'cron'",
+        )
+        .bind(name)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.get("last"))
+    }
+
+    async fn schedule_fires(&self, name: Option<&str>, limit: u32) -> Result<Vec<ScheduleFireRecord>> {
+        let rows = sqlx::query(
+            "SELECT id, schedule, cause, scheduled_at_ms, fired_at_ms, skipped_from_ms, pipeline_id, error \
+             FROM schedule_fires WHERE ($1 IS NULL OR schedule = $2) ORDER BY id DESC LIMIT $3",
+        )
+        .bind(name)
+        .bind(name)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r: &PgRow| ScheduleFireRecord {
+                id: r.get("id"),
+                schedule: r.get("schedule"),
+                cause: r.get("cause"),
+                scheduled_at_ms: r.get("scheduled_at_ms"),
+                fired_at_ms: r.get("fired_at_ms"),
+                skipped_from_ms: r.get("skipped_from_ms"),
+                pipeline_id: r.get("pipeline_id"),
+                error: r.get("error"),
+            })
+            .collect())
+    }
+
     async fn machines(&self, active_only: bool) -> Result<Vec<MachineRecord>> {
         let filter = if active_only { "WHERE ended_at_ms IS NULL" } else { "" };
         let sql =
@@ -1042,6 +1210,34 @@ impl Store for PostgresStore {
                 to_ms: r.get("to_ms"),
             })
             .collect())
+    }
+
+    async fn put_artifact(&self, a: &ArtifactRecord) -> Result<()> {
+        crate::artifacts::postgres::put(&self.pool, a).await
+    }
+
+    async fn job_artifacts(&self, job: JobId) -> Result<Vec<ArtifactRecord>> {
+        crate::artifacts::postgres::of_job(&self.pool, job).await
+    }
+
+    async fn all_artifacts(&self) -> Result<Vec<ArtifactRecord>> {
+        crate::artifacts::postgres::all(&self.pool).await
+    }
+
+    async fn repository_artifact_bytes(&self, repository: Option<&str>) -> Result<u64> {
+        crate::artifacts::postgres::repository_bytes(&self.pool, repository).await
+    }
+
+    async fn delete_artifacts(&self, keys: &[(JobId, String)]) -> Result<()> {
+        crate::artifacts::postgres::delete(&self.pool, keys).await
+    }
+
+    async fn put_test_report(&self, r: &TestReportRecord) -> Result<()> {
+        crate::artifacts::postgres_reports::put(&self.pool, r).await
+    }
+
+    async fn job_test_reports(&self, job: JobId) -> Result<Vec<TestReportRecord>> {
+        crate::artifacts::postgres_reports::of_job(&self.pool, job).await
     }
 }
 

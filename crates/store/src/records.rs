@@ -325,3 +325,21 @@ pub fn approval_audit(a: &ApprovalRecord) -> NewAudit {
         outcome: "ok".into(),
     }
 }
+
+/// One fire of a schedule, recorded before its pipeline is submitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduleFireRecord {
+    pub id: i64,
+    pub schedule: String,
+    /// `cron` (the schedule came due) or `manual` (`gpuci schedules run`).
+    pub cause: String,
+    /// The occurrence it is for (a manual fire: when it was asked for).
+    pub scheduled_at_ms: i64,
+    pub fired_at_ms: i64,
+    /// A catch-up after downtime: the first of the occurrences passed over (none ran).
+    pub skipped_from_ms: Option<i64>,
+    /// The pipeline submitted; `None` while firing, or when it failed (`error`).
+    pub pipeline_id: Option<PipelineId>,
+    /// Why no pipeline was submitted (the source could not be fetched, the file is invalid).
+    pub error: Option<String>,
+}

@@ -473,6 +473,58 @@ impl Store for SqliteStore {
         Ok(out)
     }
 
+    async fn pipelines_before(&self, before: Option<PipelineId>, limit: u32) -> Result<Vec<PipelineRecord>> {
+        let rows =
+            sqlx::query(&format!("SELECT {PIPELINE_COLUMNS} FROM pipelines WHERE id < ? ORDER BY id DESC LIMIT ?"))
+                .bind(before.unwrap_or(i64::MAX))
+                .bind(i64::from(limit))
+                .fetch_all(&self.read)
+                .await?;
+        Ok(rows.iter().map(pipeline_from_row).collect())
+    }
+
+    async fn jobs_of_pipelines(&self, ids: &[PipelineId]) -> Result<Vec<JobRecord>> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(500) {
+            let marks = vec!["?"; chunk.len()].join(",");
+            let sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE pipeline_id IN ({marks}) ORDER BY id");
+            let mut q = sqlx::query(&sql);
+            for id in chunk {
+                q = q.bind(id);
+            }
+            for r in q.fetch_all(&self.read).await? {
+                out.push(job_from_row(&r)?);
+            }
+        }
+        out.sort_by_key(|j| j.id);
+        Ok(out)
+    }
+
+    async fn put_pipeline_build(&self, pipeline: PipelineId, facts: &str) -> Result<()> {
+        sqlx::query("INSERT OR REPLACE INTO pipeline_builds (pipeline_id, facts) VALUES (?, ?)")
+            .bind(pipeline)
+            .bind(facts)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn pipeline_builds(&self, ids: &[PipelineId]) -> Result<std::collections::HashMap<PipelineId, String>> {
+        let mut out = std::collections::HashMap::new();
+        for chunk in ids.chunks(500) {
+            let marks = vec!["?"; chunk.len()].join(",");
+            let sql = format!("SELECT pipeline_id, facts FROM pipeline_builds WHERE pipeline_id IN ({marks})");
+            let mut q = sqlx::query(&sql);
+            for id in chunk {
+                q = q.bind(id);
+            }
+            for r in q.fetch_all(&self.read).await? {
+                out.insert(r.try_get::<i64, _>("pipeline_id")?, r.try_get("facts")?);
+            }
+        }
+        Ok(out)
+    }
+
     async fn list_pipelines(&self, limit: u32) -> Result<Vec<PipelineRecord>> {
         let rows = sqlx::query(&format!("SELECT {PIPELINE_COLUMNS} FROM pipelines ORDER BY id DESC LIMIT ?"))
             .bind(i64::from(limit))
@@ -819,6 +871,104 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn arm_schedule(&self, name: &str, now_ms: i64) -> Result<i64> {
+        sqlx::query("INSERT INTO schedule_state (name, checked_at_ms) VALUES (?, ?) ON CONFLICT DO NOTHING")
+            .bind(name)
+            .bind(now_ms)
+            .execute(&self.pool)
+            .await?;
+        let row = sqlx::query("SELECT checked_at_ms FROM schedule_state WHERE name = ?")
+            .bind(name)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.get("checked_at_ms"))
+    }
+
+    async fn schedule_checked(&self, name: &str, now_ms: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO schedule_state (name, checked_at_ms) VALUES (?, ?) \
+             ON CONFLICT (name) DO UPDATE SET checked_at_ms = excluded.checked_at_ms",
+        )
+        .bind(name)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn schedules_last_checked(&self) -> Result<Option<i64>> {
+        let row = sqlx::query("SELECT MAX(checked_at_ms) AS last FROM schedule_state").fetch_one(&self.read).await?;
+        Ok(row.get("last"))
+    }
+
+    async fn record_schedule_fire(&self, f: &ScheduleFireRecord) -> Result<Option<i64>> {
+        let row = sqlx::query(
+            "INSERT INTO schedule_fires (schedule, cause, scheduled_at_ms, fired_at_ms, skipped_from_ms) \
+             VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING id",
+        )
+        .bind(&f.schedule)
+        .bind(&f.cause)
+        .bind(f.scheduled_at_ms)
+        .bind(f.fired_at_ms)
+        .bind(f.skipped_from_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| r.get("id")))
+    }
+
+    async fn finish_schedule_fire(&self, id: i64, pipeline: Option<PipelineId>, error: Option<&str>) -> Result<()> {
+        sqlx::query("UPDATE schedule_fires SET pipeline_id = ?, error = ? WHERE id = ?")
+            .bind(pipeline)
+            .bind(error)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn interrupt_schedule_fires(&self, error: &str) -> Result<u64> {
+        let done = sqlx::query("UPDATE schedule_fires SET error = ? WHERE pipeline_id IS NULL AND error IS NULL")
+            .bind(error)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn last_cron_fire(&self, name: &str) -> Result<Option<i64>> {
+        let row = sqlx::query(
+            "SELECT MAX(scheduled_at_ms) AS last FROM schedule_fires WHERE schedule = ? AND cause = 'cron'",
+        )
+        .bind(name)
+        .fetch_one(&self.read)
+        .await?;
+        Ok(row.get("last"))
+    }
+
+    async fn schedule_fires(&self, name: Option<&str>, limit: u32) -> Result<Vec<ScheduleFireRecord>> {
+        let rows = sqlx::query(
+            "SELECT id, schedule, cause, scheduled_at_ms, fired_at_ms, skipped_from_ms, pipeline_id, error \
+             FROM schedule_fires WHERE (? IS NULL OR schedule = ?) ORDER BY id DESC LIMIT ?",
+        )
+        .bind(name)
+        .bind(name)
+        .bind(i64::from(limit))
+        .fetch_all(&self.read)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r: &SqliteRow| ScheduleFireRecord {
+                id: r.get("id"),
+                schedule: r.get("schedule"),
+                cause: r.get("cause"),
+                scheduled_at_ms: r.get("scheduled_at_ms"),
+                fired_at_ms: r.get("fired_at_ms"),
+                skipped_from_ms: r.get("skipped_from_ms"),
+                pipeline_id: r.get("pipeline_id"),
+                error: r.get("error"),
+            })
+            .collect())
+    }
+
     async fn machines(&self, active_only: bool) -> Result<Vec<MachineRecord>> {
         let filter = if active_only { "WHERE ended_at_ms IS NULL" } else { "" };
         let sql = format!(r#"SELECT {MACHINE_COLUMNS} FROM machines {filter} ORDER BY requested_at_ms, id"#);
@@ -870,6 +1020,34 @@ impl Store for SqliteStore {
                 to_ms: r.get("to_ms"),
             })
             .collect())
+    }
+
+    async fn put_artifact(&self, a: &ArtifactRecord) -> Result<()> {
+        crate::artifacts::sqlite::put(&self.pool, a).await
+    }
+
+    async fn job_artifacts(&self, job: JobId) -> Result<Vec<ArtifactRecord>> {
+        crate::artifacts::sqlite::of_job(&self.read, job).await
+    }
+
+    async fn all_artifacts(&self) -> Result<Vec<ArtifactRecord>> {
+        crate::artifacts::sqlite::all(&self.read).await
+    }
+
+    async fn repository_artifact_bytes(&self, repository: Option<&str>) -> Result<u64> {
+        crate::artifacts::sqlite::repository_bytes(&self.read, repository).await
+    }
+
+    async fn delete_artifacts(&self, keys: &[(JobId, String)]) -> Result<()> {
+        crate::artifacts::sqlite::delete(&self.pool, keys).await
+    }
+
+    async fn put_test_report(&self, r: &TestReportRecord) -> Result<()> {
+        crate::artifacts::sqlite_reports::put(&self.pool, r).await
+    }
+
+    async fn job_test_reports(&self, job: JobId) -> Result<Vec<TestReportRecord>> {
+        crate::artifacts::sqlite_reports::of_job(&self.read, job).await
     }
 
     async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>> {

@@ -29,6 +29,8 @@
         lines[i].classList.remove("hit-current");
         if (q && hit) matches.push(lines[i]);
       }
+      // While searching, folded sections show their matching lines.
+      log.classList.toggle("searching", !!q);
       count.textContent = q ? matches.length + (matches.length === 1 ? " line matches" : " lines match") : "";
     };
     var jump = function (step) {
@@ -53,6 +55,38 @@
       var target = document.getElementById(location.hash.slice(1));
       if (target) { follow.checked = false; target.scrollIntoView({ block: "center" }); }
     }
+    // Sections (`--- title`, `::group::title`, marked by the server as data-sec): each
+    // header folds the lines after it, up to the next header or `::endgroup::`.
+    var section = null;
+    var setFold = function (head, folded) {
+      head.classList.toggle("folded", folded);
+      var b = head.querySelector(".sec-toggle");
+      if (b) b.setAttribute("aria-expanded", folded ? "false" : "true");
+      var lines = log.querySelectorAll('li[data-g="' + head.id + '"]');
+      for (var i = 0; i < lines.length; i++) lines[i].classList.toggle("folded-out", folded);
+    };
+    var place = function (li) {
+      var m = li.dataset.sec;
+      if (m === "open") {
+        section = li;
+        var b = li.querySelector(".sec-toggle");
+        if (b) {
+          b.hidden = false;
+          var t = li.querySelector(".sec-title");
+          if (t) t.hidden = true;
+          b.addEventListener("click", function () { setFold(li, !li.classList.contains("folded")); });
+        }
+        return;
+      }
+      if (section) {
+        li.dataset.g = section.id;
+        if (section.classList.contains("folded")) li.classList.add("folded-out");
+      }
+      if (m === "close") section = null;
+    };
+    for (var k = 0; k < log.children.length; k++) place(log.children[k]);
+    // A failed job's last section is open: that is where it failed.
+    if (section && log.dataset.live !== "1" && log.dataset.state !== "succeeded") setFold(section, false);
     var atBottom = function () { return log.scrollHeight - log.scrollTop - log.clientHeight < 40; };
     if (follow.checked && !location.hash) log.scrollTop = log.scrollHeight;
     log.addEventListener("scroll", function () { if (!atBottom()) follow.checked = false; });
@@ -71,6 +105,7 @@
           log.removeChild(log.firstElementChild);
         }
         var li = log.lastElementChild;
+        if (li) place(li);
         if (q() && li) {
           var hit = matchLine(li, q());
           li.classList.toggle("hidden", !hit);

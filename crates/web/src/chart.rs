@@ -51,7 +51,8 @@ pub fn charts(points: &[TelemetryPoint], memory_total: Option<u64>) -> Markup {
                 div.axis { span { "0 s" } span { (format!("{t_max:.0} s")) } }
             }
             figure.chart {
-                figcaption { "Memory " span.muted { "mean " (gib(mean_mem)) ", peak " (gib(peak_mem)) " of " (gib(mem_top)) } }
+                // "of" only with a known total: never "of 0.0 GiB" (the peak is not a total).
+                figcaption { "Memory " span.muted { "mean " (gib(mean_mem)) ", peak " (gib(peak_mem)) @if let Some(m) = memory_total { " of " (gib(m as f64)) } } }
                 svg viewBox=(format!("0 0 {W} {H}")) preserveAspectRatio="none" role="img" aria-label=(mem_words) {
                     polyline.mem points=(polyline(&mem, t_max, mem_top)) {}
                 }
@@ -78,5 +79,14 @@ mod tests {
         assert!(html.contains("peak 100 %"));
         assert!(html.contains("0.0,120.0 600.0,60.0"), "memory at half of 80 GiB: {html}");
         assert!(html.contains("peak 40.0 GiB of 80.0 GiB"));
+    }
+
+    /// Regression: live updates drew the chart without the GPUs' total, and it said
+    /// "of 0.0 GiB". Without a total it names none.
+    #[test]
+    fn an_unknown_total_is_not_shown_as_zero() {
+        let p = TelemetryPoint { t_s: 1.0, utilization_pct: 0.0, memory_bytes: 0, power_watts: None };
+        let html = charts(&[p], None).into_string();
+        assert!(!html.contains(" of "), "{html}");
     }
 }

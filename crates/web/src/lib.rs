@@ -9,11 +9,17 @@
 
 pub mod ansi;
 mod audit;
+mod builds;
 mod chart;
+mod gpu_ids;
 mod pages;
+mod pipeline;
 
 pub use audit::*;
+pub use builds::{builds, trigger, BuildRow};
+pub use gpu_ids::short_gpu_ids;
 pub use pages::*;
+pub use pipeline::{graph, layout_graph, pipeline, Node, PipelinePage};
 
 /// The stylesheet, served at [`CSS_PATH`].
 pub const CSS: &str = include_str!("../assets/gpuci.css");

@@ -68,7 +68,7 @@ pub struct JobFilters {
     pub fleet: String,
 }
 
-fn fmt_duration_ms(ms: i64) -> String {
+pub(crate) fn fmt_duration_ms(ms: i64) -> String {
     let s = ms.max(0) / 1000;
     match s {
         0 if ms < 1000 => format!("{} ms", ms.max(0)),
@@ -78,7 +78,7 @@ fn fmt_duration_ms(ms: i64) -> String {
     }
 }
 
-fn fmt_time(ms: i64) -> String {
+pub(crate) fn fmt_time(ms: i64) -> String {
     jiff::Timestamp::from_millisecond(ms)
         .map_or_else(|_| ms.to_string(), |t| t.strftime("%Y-%m-%d %H:%M:%S UTC").to_string())
 }
@@ -93,13 +93,13 @@ pub fn job_duration(j: &JobSummary, now_ms: i64) -> String {
     }
 }
 
-fn state_badge(state: JobState) -> Markup {
+pub(crate) fn state_badge(state: JobState) -> Markup {
     let s = state.as_str();
     html! { span class=(format!("badge s-{s}")) { (s) } }
 }
 
 /// A job's state; a soft failure (its step's `soft_fail`) says so, apart from a failure.
-fn job_badge(j: &JobSummary) -> Markup {
+pub(crate) fn job_badge(j: &JobSummary) -> Markup {
     if j.soft_failed {
         let s = j.state.as_str();
         html! { span class=(format!("badge s-{s} soft")) title="soft failed: this does not fail the pipeline" { (s) " (soft)" } }
@@ -108,14 +108,15 @@ fn job_badge(j: &JobSummary) -> Markup {
     }
 }
 
-fn short_sha(sha: &str) -> &str {
+pub(crate) fn short_sha(sha: &str) -> &str {
     sha.get(..10).unwrap_or(sha)
 }
 
 /// The shell of every page: skip link, navigation, main.
 pub fn layout(title: &str, viewer: &Viewer, active: &str, body: Markup) -> Markup {
     let nav: &[(&str, &str, bool)] = &[
-        ("/ui/", "Jobs", false),
+        ("/ui/", "Builds", false),
+        ("/ui/jobs", "Jobs", false),
         ("/ui/queue", "Queue", true),
         ("/ui/fleet", "Fleet", true),
         ("/ui/spend", "Spend", true),
@@ -165,7 +166,7 @@ pub fn layout(title: &str, viewer: &Viewer, active: &str, body: Markup) -> Marku
     }
 }
 
-fn post_button(action: &str, viewer: &Viewer, label: &str, class: &str) -> Markup {
+pub(crate) fn post_button(action: &str, viewer: &Viewer, label: &str, class: &str) -> Markup {
     html! {
         form.inline method="post" action=(action) {
             input type="hidden" name="csrf" value=(viewer.csrf);
@@ -201,7 +202,7 @@ pub fn message(title: &str, viewer: &Viewer, text: &str) -> Markup {
     layout(title, viewer, "", html! { h1 { (title) } p { (text) } })
 }
 
-fn origin_cell(o: &Origin) -> Markup {
+pub(crate) fn origin_cell(o: &Origin) -> Markup {
     html! {
         @if let Some(repo) = &o.repository {
             @match &o.repository_url {
@@ -228,8 +229,9 @@ fn origin_cell(o: &Origin) -> Markup {
     }
 }
 
-fn jobs_table(rows: &[JobRow], viewer: &Viewer, now_ms: i64, caption: &str) -> Markup {
+pub(crate) fn jobs_table(rows: &[JobRow], viewer: &Viewer, now_ms: i64, caption: &str) -> Markup {
     let infra = viewer.signed_in();
+    let short = crate::short_gpu_ids(rows.iter().flat_map(|r| r.job.gpus.iter().map(String::as_str)));
     html! {
         div.scroll {
             table.jobs {
@@ -252,7 +254,7 @@ fn jobs_table(rows: &[JobRow], viewer: &Viewer, now_ms: i64, caption: &str) -> M
                             td { (origin_cell(&r.origin)) }
                             @if infra {
                                 td { (j.agent_name.as_deref().unwrap_or("")) @if let Some(f) = &r.fleet { br; span.muted { "fleet " (f) } } }
-                                td { @for g in &j.gpus { code.uuid title=(g) { (g.get(..12).unwrap_or(g)) } " " } }
+                                td { @for g in &j.gpus { code.uuid title=(g) { (short.get(g).map_or(g.as_str(), String::as_str)) } " " } }
                             }
                         }
                     }
@@ -281,7 +283,7 @@ pub fn jobs(
         html! {
             h1 { "Jobs" }
             @if !viewer.signed_in() { p.muted { "Showing public repositories only. " a href="/ui/login" { "Sign in" } " to see everything." } }
-            form.filters method="get" action="/ui/" role="search" aria-label="Filter jobs" {
+            form.filters method="get" action="/ui/jobs" role="search" aria-label="Filter jobs" {
                 label { "Repository " select name="repo" {
                     option value="" { "any" }
                     @for r in repositories { option value=(r) selected[*r == filters.repository] { (r) } }
@@ -300,7 +302,7 @@ pub fn jobs(
             div #live data-live="jobs" {
                 (jobs_table(rows, viewer, now_ms, &format!("{} jobs, newest first", rows.len())))
                 @if let Some(before) = next_page {
-                    p { a href=(format!("/ui/?repo={}&state={}&fleet={}&before={before}", enc(&filters.repository), enc(&filters.state), enc(&filters.fleet))) { "Older jobs" } }
+                    p { a href=(format!("/ui/jobs?repo={}&state={}&fleet={}&before={before}", enc(&filters.repository), enc(&filters.state), enc(&filters.fleet))) { "Older jobs" } }
                 }
             }
         },
@@ -320,63 +322,6 @@ pub fn enc(s: &str) -> String {
     out
 }
 
-/// A pipeline: its jobs and their timeline.
-pub fn pipeline(id: i64, file_name: &str, state: &str, rows: &[JobRow], viewer: &Viewer, now_ms: i64) -> Markup {
-    let start = rows.iter().map(|r| r.job.created_at_ms).min().unwrap_or(now_ms);
-    let end = rows.iter().map(|r| r.job.finished_at_ms.unwrap_or(now_ms)).max().unwrap_or(now_ms).max(start + 1);
-    let span = (end - start) as f64;
-    let pct = |a: i64, b: i64| -> (f64, f64) {
-        let l = (a - start) as f64 / span * 100.0;
-        let w = ((b - a).max(0) as f64 / span * 100.0).max(0.3);
-        (l, w)
-    };
-    layout(
-        &format!("Pipeline {id}"),
-        viewer,
-        "Jobs",
-        html! {
-            h1 { "Pipeline " (id) " " span.muted { (file_name) } }
-            p { "State: " strong { (state) } " · " (rows.len()) " jobs · " (fmt_duration_ms(end - start)) }
-            div #live data-live="pipeline" {
-                section aria-labelledby="tl" {
-                    h2 #tl { "Timeline" }
-                    p.legend { span.k.waiting { "waiting" } " " span.k.assigned { "assigned" } " " span.k.running { "running" } }
-                    ol.timeline {
-                        @for r in rows {
-                            @let j = &r.job;
-                            @let assigned = j.assigned_at_ms.or(j.started_at_ms).unwrap_or(j.finished_at_ms.unwrap_or(now_ms));
-                            @let started = j.started_at_ms.unwrap_or(j.finished_at_ms.unwrap_or(now_ms));
-                            @let ended = j.finished_at_ms.unwrap_or(now_ms);
-                            @let words = format!("waited {}, assigned {}, ran {}",
-                                fmt_duration_ms(assigned.min(started) - j.created_at_ms),
-                                fmt_duration_ms(started - assigned.min(started)),
-                                if j.started_at_ms.is_some() { fmt_duration_ms(ended - started) } else { "not at all".into() });
-                            li {
-                                a.tl-name href=(format!("/ui/jobs/{}", j.id)) { "#" (j.id) " " (crate::ansi::visible(&j.name)) }
-                                " " (job_badge(j))
-                                span.sr-only { ": " (words) }
-                                div.tl-track aria-hidden="true" title=(words) {
-                                    @let (l, w) = pct(j.created_at_ms, assigned.min(started));
-                                    span.seg.waiting style=(format!("left:{l:.2}%;width:{w:.2}%")) {}
-                                    @if j.assigned_at_ms.is_some() || j.started_at_ms.is_some() {
-                                        @let (l, w) = pct(assigned.min(started), started);
-                                        span.seg.assigned style=(format!("left:{l:.2}%;width:{w:.2}%")) {}
-                                    }
-                                    @if j.started_at_ms.is_some() {
-                                        @let (l, w) = pct(started, ended);
-                                        span.seg.running style=(format!("left:{l:.2}%;width:{w:.2}%")) {}
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-                (jobs_table(rows, viewer, now_ms, "Jobs of this pipeline"))
-            }
-        },
-    )
-}
-
 /// One log line as the job page lists it (also sent live).
 /// The most of one line a page shows (the raw log has all of it).
 pub const MAX_LINE_SHOWN: usize = 4096;
@@ -393,12 +338,37 @@ pub fn log_line(l: &LogLine) -> Markup {
         gpuci_protocol::agent::Stream::Stderr => "l err",
         gpuci_protocol::agent::Stream::System => "l sys",
     };
+    // Sections are the job's own markers (`--- title`, `::group::title`): gpuci's lines never
+    // open or close one. The title is text, cut and escaped like the rest of the line.
+    let section = if system { None } else { gpuci_core::log_sections::marker(shown) };
+    let (sec, folded) = match &section {
+        Some(gpuci_core::log_sections::Marker::Open { collapsed, .. }) => (Some("open"), *collapsed),
+        Some(gpuci_core::log_sections::Marker::Close) => (Some("close"), false),
+        None => (None, false),
+    };
+    let class = match (sec, folded) {
+        (Some("open"), true) => format!("{class} sec folded"),
+        (Some("open"), false) => format!("{class} sec"),
+        _ => class.to_string(),
+    };
+    let ts = jiff::Timestamp::from_microsecond(l.ts_us).ok();
     html! {
-        li id=(format!("L{}", l.seq)) class=(class) {
+        li id=(format!("L{}", l.seq)) class=(class) data-sec=[sec] {
             a.ln href=(format!("#L{}", l.seq)) aria-label=(format!("line {}", l.seq)) { (l.seq) }
+            @if let Some(t) = ts {
+                time.ts datetime=(t.to_string()) title=(t.strftime("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()) { (t.strftime("%H:%M:%S").to_string()) }
+            }
             // gpuci's own lines carry a mark no colour escape can draw.
-            span.t { @if system { span.sysmark { "gpuci" } " " } (crate::ansi::to_html(shown))
-                @if !rest.is_empty() { span.cut { " … " (rest.len()) " more bytes (the raw log has the whole line)" } } }
+            @match &section {
+                Some(gpuci_core::log_sections::Marker::Open { title, .. }) => {
+                    // Shown (and made a control) by the script; without it every line shows.
+                    span.t { button.sec-toggle type="button" hidden aria-expanded=(if folded { "false" } else { "true" }) { (crate::ansi::visible(title)) } span.sec-title { (crate::ansi::visible(title)) } }
+                }
+                _ => {
+                    span.t { @if system { span.sysmark { "gpuci" } " " } (crate::ansi::to_html(shown))
+                        @if !rest.is_empty() { span.cut { " … " (rest.len()) " more bytes (the raw log has the whole line)" } } }
+                }
+            }
         }
     }
 }
@@ -471,9 +441,9 @@ pub fn job(p: &JobPage, viewer: &Viewer, now_ms: i64) -> Markup {
                     label.follow { input #log-follow type="checkbox" checked; " follow" }
                 }
                 @if p.skipped_lines > 0 {
-                    p.muted { (p.skipped_lines) " earlier lines not shown. " a href=(format!("/api/v1/jobs/{}/logs", j.id)) { "Whole log (NDJSON, needs the token)" } }
+                    p.muted { (p.skipped_lines) " earlier lines not shown. " a href=(format!("/api/v1/jobs/{}/logs", j.id)) { "Whole log (NDJSON)" } }
                 }
-                ol.log #log data-job=(j.id) data-after=(last_seq) data-live=(if live { "1" } else { "0" }) aria-label="Log lines" {
+                ol.log #log data-job=(j.id) data-after=(last_seq) data-live=(if live { "1" } else { "0" }) data-state=(j.state.as_str()) aria-label="Log lines" {
                     @for l in &p.lines { (log_line(l)) }
                 }
                 @if p.lines.is_empty() && !live { p.muted { "No output." } }
@@ -781,6 +751,27 @@ mod tests {
         assert!(!html.contains("sysmark"));
         let own = log_line(&LogLine { seq: 2, ts_us: 0, stream: Stream::System, text: "log cut".into() }).into_string();
         assert!(own.contains("class=\"sysmark\""));
+    }
+
+    /// Sections and timestamps: a marker line becomes a header with its title as text (a
+    /// hostile title stays escaped and bounded); gpuci's own lines never open one.
+    #[test]
+    fn section_markers_become_headers_and_lines_carry_their_time() {
+        let line = |seq: i64, stream: Stream, text: &str| {
+            log_line(&LogLine { seq, ts_us: 1_700_000_000_123_456, stream, text: text.into() }).into_string()
+        };
+        let h = line(1, Stream::Stdout, "--- :hammer: Build");
+        assert!(h.contains("data-sec=\"open\"") && h.contains("folded") && h.contains(":hammer: Build"), "{h}");
+        assert!(h.contains("<time class=\"ts\" datetime=\"2023-11-14T22:13:20.123456Z\""), "{h}");
+        let h = line(2, Stream::Stdout, "+++ Tests");
+        assert!(h.contains("data-sec=\"open\"") && !h.contains("folded"), "{h}");
+        assert!(line(3, Stream::Stdout, "::endgroup::").contains("data-sec=\"close\""));
+        let evil = format!("::group::<img src=x onerror=alert(1)>{}", "A".repeat(50_000));
+        let h = line(4, Stream::Stderr, &evil);
+        assert!(!h.contains("<img") && h.contains("&lt;img"), "{h}");
+        assert!(h.len() < 2_000, "{} bytes", h.len());
+        assert!(!line(5, Stream::System, "--- not a section").contains("data-sec"));
+        assert!(!line(6, Stream::Stdout, "---").contains("data-sec"), "a YAML separator is a line");
     }
 
     #[test]

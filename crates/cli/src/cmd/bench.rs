@@ -347,8 +347,10 @@ async fn dashboard(n: u32, requests: u32, isolation: IsolationArg) -> CliResult 
     let token = bench.local.server.api_token.expose().to_string();
     let pages = [
         "/ui/".to_string(),
-        "/ui/?repo=acme/repo3".to_string(),
-        "/ui/?state=succeeded".to_string(),
+        format!("/ui/?before={mid}"),
+        "/ui/jobs".to_string(),
+        "/ui/jobs?repo=acme/repo3".to_string(),
+        "/ui/jobs?state=succeeded".to_string(),
         format!("/ui/pipelines/{mid}"),
         format!("/ui/jobs/{job}"),
         "/ui/queue".to_string(),

@@ -17,10 +17,19 @@ pub async fn jobs(a: JobsArgs) -> CliResult {
     let c = Client::from_args(&a.client)?;
     if let Some(JobsSub::Show { id }) = a.show {
         let j = c.job(id).await?;
+        let report = crate::cmd::artifacts::job_test_report(&c, id).await?;
         if a.client.json {
-            print_json(&j)?;
+            // The job record, with `test_report` when the job has any.
+            let mut v = serde_json::to_value(&j).map_err(anyhow::Error::from)?;
+            if let (Some(r), Some(obj)) = (&report, v.as_object_mut()) {
+                obj.insert("test_report".into(), serde_json::to_value(r).map_err(anyhow::Error::from)?);
+            }
+            print_json(&v)?;
         } else {
             print!("{}", job_detail(&j));
+            if let Some(r) = &report {
+                print!("{}", crate::cmd::artifacts::render_test_report(r));
+            }
         }
         return Ok(0);
     }

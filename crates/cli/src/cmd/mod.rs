@@ -1,12 +1,14 @@
 //! One module per subcommand. Each returns an exit code or a [`CliError`].
 
 mod agent;
+pub mod artifacts;
 mod audit;
 mod bench;
 mod doctor;
 mod jobs;
 pub mod local;
 mod run;
+mod schedules;
 mod server;
 mod submit;
 mod up;
@@ -35,6 +37,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Submit(a) => submit::run(a).await,
         Command::Jobs(a) => jobs::jobs(a).await,
         Command::Logs(a) => jobs::logs(a).await,
+        Command::Artifacts(a) => artifacts::run(a).await,
         Command::Cancel(a) => jobs::cancel(a).await,
         Command::Agents(a) => agents(a).await,
         Command::Fleets(a) => fleets(a).await,
@@ -46,6 +49,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Secret(a) => secret(a).await,
         Command::Audit(a) => audit::run(a).await,
         Command::Token(a) => audit::token(a).await,
+        Command::Schedules(a) => schedules::run(a).await,
         Command::Doctor(a) => doctor::run(a).await,
         Command::Validate(a) => validate(a),
         Command::Schema => {

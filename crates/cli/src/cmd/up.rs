@@ -24,6 +24,8 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
     let db = data_dir.join("gpuci.db");
     let key_file = a.secrets_key_file.as_deref().map(std::path::absolute).transpose()?;
     let key_shown = key_file.clone().unwrap_or_else(|| data_dir.join("secrets.key"));
+    // Read and checked before anything starts: a wrong file names itself and where.
+    let file = a.config.as_deref().map(|p| super::server::ConfigFile::load(p, &data_dir)).transpose()?;
     let local = local::start_configured(
         &data_dir,
         a.listen,
@@ -33,6 +35,9 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
         |c| {
             c.secrets_key_file = key_file;
             c.new_database = a.new_database;
+            if let Some(f) = file {
+                f.apply(c);
+            }
         },
         shutdown.clone(),
     )
@@ -40,6 +45,11 @@ pub async fn run(a: UpArgs, shutdown: CancellationToken) -> CliResult {
     let url = local.server.url.clone();
     println!("{url}");
     eprintln!("gpuci is up at {url}");
+    eprintln!(
+        "  dashboard: {url}/ui/ (sign in with the API token in {}, or the read-only token in {})",
+        data_dir.join("api-token").display(),
+        data_dir.join("read-token").display()
+    );
     eprintln!("  data:   {} (database {})", data_dir.display(), db.display());
     eprintln!("  key:    {} (seals secret values; back it up apart from the database)", key_shown.display());
     eprintln!(

@@ -333,7 +333,7 @@ impl Slurm {
             let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
             let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
             let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
-            if !vars.iter().any(|v| *v == conf.as_bytes()) {
+            if !vars.contains(&conf.as_bytes()) {
                 continue;
             }
             let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();

@@ -30,6 +30,11 @@ pub struct ServerFile {
     pub concurrency: Option<toml::Table>,
     /// `[uploads]`: garbage collection of workspace uploads.
     pub uploads: Option<UploadsFile>,
+    /// `[artifacts]`: caps and retention of artifacts (`crate::artifacts_gc::ArtifactsFile`).
+    pub artifacts: Option<crate::artifacts_gc::ArtifactsFile>,
+    /// `[[schedule]]`s (checked by `gpuci_core::schedule_config::parse_schedules`).
+    #[serde(default)]
+    pub schedule: Vec<toml::Table>,
 }
 
 /// `[uploads]`: how long workspace uploads are kept (`crate::uploads_gc`).

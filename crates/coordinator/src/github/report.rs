@@ -87,7 +87,13 @@ impl Reporter {
             (Item::Job { repo, sha, job, name, key, state, soft, reason }, Report::Checks) => {
                 let (status, conclusion) = check_state(*state, *soft);
                 let title = if *soft { format!("{state} (soft fail)") } else { state.to_string() };
-                let output = CheckOutput { title, summary: reason.clone() };
+                let mut summary = reason.clone();
+                if state.is_terminal() {
+                    if let Ok(Some(r)) = crate::test_reports::of_job(self.store.as_ref(), *job).await {
+                        summary.push_str(&crate::test_reports::markdown(&r));
+                    }
+                }
+                let output = CheckOutput { title, summary };
                 match self.store.get_check_run(*job).await.ok().flatten() {
                     Some(id) => {
                         let update = CheckRunUpdate {

@@ -84,11 +84,11 @@ async fn receive_inner(
     let Some(gh) = &st.github else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "GitHub is not configured on this coordinator"));
     };
-    verify_signature(gh.webhook_secret.expose().as_bytes(), &body, header(&headers, SIGNATURE_HEADER))
+    verify_signature(gh.webhook_secret.expose().as_bytes(), &body, header(headers, SIGNATURE_HEADER))
         .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()))?;
-    let event_name = header(&headers, "x-github-event")
+    let event_name = header(headers, "x-github-event")
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing X-GitHub-Event header"))?;
-    let delivery = header(&headers, "x-github-delivery")
+    let delivery = header(headers, "x-github-delivery")
         .filter(|d| !d.is_empty() && d.len() <= 128)
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing or invalid X-GitHub-Delivery header"))?;
     let event =

@@ -79,6 +79,13 @@ pub struct BuildFacts {
     /// when nothing changed, `None` when nobody knows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub changed: Option<Vec<String>>,
+    /// The commit's subject (its message's first line). Shown in the builds list; no
+    /// condition reads it (a commit message is the author's to choose, not a fact to gate on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// The commit's author (name), or who pushed or opened the pull request. Shown only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
 }
 
 /// What started a build.

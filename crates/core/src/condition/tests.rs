@@ -9,6 +9,8 @@ fn facts() -> BuildFacts {
         event: Some(BuildEvent::Push),
         commit: Some("abc123".into()),
         changed: Some(vec!["src/kernels/gemm.cu".into(), "README.md".into()]),
+        subject: None,
+        author: None,
     }
 }
 

@@ -46,7 +46,9 @@
 //! schedule edge, an offer coming back, the breaker closing, midnight for a budget), so the
 //! reconcile loop (and the simulator) need not poll.
 
-use super::idle::{idle_hold, stopped_hold, FleetHistory};
+use super::fanout::UpcomingJob;
+use super::idle::{idle_hold, stopped_hold, stopped_hold_in_line, FleetHistory};
+use super::profile::{learned_warm, LearnedWarm};
 use super::unavailable::{no_offer_reason, offer_unavailable_after_error, SkipCause, UnavailableOffer};
 use super::{secs, Capacity, FleetSpec, IdleAction, UnixSecs};
 use crate::gpu::{GpuInfo, Version};
@@ -141,6 +143,9 @@ pub struct AutoscaleInput<'a> {
     /// What the idle rules remember per fleet (arrivals, boot and start times): see
     /// [`super::idle`]. A fleet not named has no history (the rules' defaults).
     pub history: &'a BTreeMap<String, FleetHistory>,
+    /// GPU jobs not queued yet, with when they are expected to be ([`super::fanout`]): demand
+    /// once that is within one boot time of their fleet.
+    pub upcoming: &'a [UpcomingJob],
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -306,8 +311,15 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
         }
     }
     let input = &AutoscaleInput { unavailable: &unavailable, ..*input };
+    // Upcoming jobs within one boot time of their fleet, as queued jobs that will be (their
+    // `queued_since` is when they are expected): machines for them are asked for now.
+    let (ahead, ahead_wake) = super::fanout::within_lead(input, &fleet_index);
+    let ahead_ids: std::collections::BTreeSet<&str> = ahead.iter().map(|j| j.id.as_str()).collect();
     let mut fleets: Vec<FleetWork> = input.fleets.iter().map(|spec| FleetWork::new(spec, input)).collect();
     let mut wake = Wake(None);
+    if let Some(t) = ahead_wake {
+        wake.at(t);
+    }
 
     // Boot timeouts, and the supply of GPUs on machines that exist.
     for &i in &order {
@@ -395,11 +407,36 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
             fleets[f].demand.push(job);
         }
     }
+    // Then the jobs expected within a boot (after every queued one: they take what is left).
+    for job in &ahead {
+        let candidates: Vec<usize> = job
+            .fleets
+            .iter()
+            .filter_map(|n| fleet_index.get(n.as_str()).copied())
+            .filter(|&f| input.fleets[f].machine.gpus >= job.gpus)
+            .collect();
+        let Some(&first) = candidates.first() else { continue };
+        if job
+            .repository
+            .as_deref()
+            .and_then(|repo| super::budget::reached(input.budgets, input.repo_spend_today, repo))
+            .is_some()
+        {
+            continue;
+        }
+        if let Some(f) = candidates.iter().copied().find(|&f| fleets[f].claim(job, input, now).is_some()) {
+            fleets[f].ahead += 1;
+            continue;
+        }
+        let f = candidates.iter().copied().find(|&f| fleets[f].can_grow).unwrap_or(first);
+        fleets[f].ahead += 1;
+        fleets[f].demand.push(job);
+    }
 
     // Per fleet: grow, then shrink.
     for (f, spec) in input.fleets.iter().enumerate() {
         let w = &mut fleets[f];
-        let summary = grow_and_shrink(spec, w, input, &mut out, &mut wake);
+        let summary = grow_and_shrink(spec, w, input, &ahead_ids, &mut out, &mut wake);
         out.fleets.push(summary);
     }
     out.wake_at = wake.0;
@@ -441,6 +478,10 @@ struct FleetWork<'a> {
     unavailable: Vec<(usize, Capacity)>,
     can_grow: bool,
     warm_target: u32,
+    /// Upcoming jobs counted on this fleet (on a spare machine or as demand).
+    ahead: u32,
+    /// The warm pool the arrival profile asks for now (none under an active schedule).
+    learned: Option<LearnedWarm>,
 }
 
 impl<'a> FleetWork<'a> {
@@ -482,6 +523,16 @@ impl<'a> FleetWork<'a> {
                 }
             }
         }
+        // An active `[[fleet.warm]]` schedule is the operator's word; outside one the profile
+        // learned from the fleet's arrivals may ask for more than `min_idle`.
+        let history = input.history.get(&spec.name);
+        let scheduled = spec.warm.iter().any(|w| w.active_at(now));
+        let learned = match (scheduled, history.and_then(|h| h.profile.as_ref())) {
+            (false, Some(p)) => {
+                learned_warm(p, now, boot_s(history), super::idle::idle_buy_s(spec, history).0, spec.max)
+            }
+            _ => None,
+        };
         let warm_target = if matches!(blocked, Some(Blocked::Budget { .. })) { 0 } else { spec.min_idle_at(now) };
         FleetWork {
             counted: 0,
@@ -504,6 +555,8 @@ impl<'a> FleetWork<'a> {
                 .collect(),
             can_grow: false,
             warm_target,
+            ahead: 0,
+            learned,
         }
     }
 
@@ -540,13 +593,22 @@ fn grow_and_shrink(
     spec: &FleetSpec,
     w: &mut FleetWork<'_>,
     input: &AutoscaleInput<'_>,
+    ahead: &std::collections::BTreeSet<&str>,
     out: &mut Decision,
     wake: &mut Wake,
 ) -> FleetSummary {
     let now = input.now;
     // New machines for the unmatched jobs, packed first-fit (largest first).
     let mut demand = w.demand.clone();
-    demand.sort_by(|a, b| b.gpus.cmp(&a.gpus).then(a.queued_since.cmp(&b.queued_since)).then(a.id.cmp(&b.id)));
+    // Queued jobs' machines first; upcoming jobs fill what is left of them, then get their own.
+    let is_ahead = |j: &QueuedJob| ahead.contains(j.id.as_str());
+    demand.sort_by(|a, b| {
+        is_ahead(a)
+            .cmp(&is_ahead(b))
+            .then(b.gpus.cmp(&a.gpus))
+            .then(a.queued_since.cmp(&b.queued_since))
+            .then(a.id.cmp(&b.id))
+    });
     let mut bins: Vec<(u32, Vec<&QueuedJob>)> = Vec::new();
     for job in demand {
         match bins.iter_mut().find(|(free, _)| *free >= job.gpus) {
@@ -562,7 +624,24 @@ fn grow_and_shrink(
         w.slots.iter().filter(|s| !s.claimed && input.machines[s.machine].state == MachineState::Idle).count();
     let booting_spare = w.booting.iter().filter(|s| !s.claimed).count();
     let spare = (idle_spare + booting_spare) as u32;
-    let warm_missing = w.warm_target.saturating_sub(spare);
+    // Machines the profile wants ready (idle, busy or booting) ahead of a busy hour.
+    let alive = input
+        .machines
+        .iter()
+        .filter(|m| {
+            m.fleet == spec.name
+                && matches!(
+                    m.state,
+                    MachineState::Requested | MachineState::Booting | MachineState::Idle | MachineState::Busy
+                )
+        })
+        .count() as u32;
+    let ready_target = match (&w.learned, &w.blocked) {
+        (Some(l), None) => l.ready,
+        _ => 0,
+    };
+    let ready_missing = ready_target.saturating_sub(alive + bins.len() as u32);
+    let warm_missing = w.warm_target.saturating_sub(spare).max(ready_missing);
     let want_more = bins.len() as u32 + warm_missing;
     let room = w.max.saturating_sub(w.counted);
     let grant = if w.blocked.is_some() { 0 } else { want_more.min(room) };
@@ -574,10 +653,28 @@ fn grow_and_shrink(
     for k in 0..grant {
         let for_jobs = (k as usize) < bins.len();
         let why = if for_jobs {
-            let n = bins[k as usize].1.len();
-            format!("{n} queued job{} fit{} no existing machine", plural(n), if n == 1 { "s" } else { "" })
+            let jobs = &bins[k as usize].1;
+            let n = jobs.iter().filter(|j| !is_ahead(j)).count();
+            let m = jobs.len() - n;
+            match (n, m) {
+                (_, 0) => {
+                    format!("{n} queued job{} fit{} no existing machine", plural(n), if n == 1 { "s" } else { "" })
+                }
+                (0, m) => format!(
+                    "fan-out: {m} job{} of a running pipeline expected within one boot ({})",
+                    plural(m),
+                    secs(boot_s(input.history.get(&spec.name)))
+                ),
+                (n, m) => {
+                    format!("{n} queued job{} and {m} expected within one boot fit no existing machine", plural(n))
+                }
+            }
         } else {
-            format!("warm pool: {} idle wanted, {} spare", w.warm_target, spare)
+            if ready_missing > w.warm_target.saturating_sub(spare) {
+                format!("warm from history: {ready_target} ready wanted, {alive} up")
+            } else {
+                format!("warm pool: {} idle wanted, {} spare", w.warm_target, spare)
+            }
         };
         if let Some(&i) = stopped.next() {
             let m = &input.machines[i];
@@ -608,7 +705,7 @@ fn grow_and_shrink(
     let short = blocked_reason(spec, w, room.saturating_sub(granted as u32), now);
     for (k, (_, jobs)) in bins.iter().enumerate() {
         let reason = given.get(k).cloned().unwrap_or_else(|| short.clone());
-        for job in jobs {
+        for job in jobs.iter().filter(|j| !is_ahead(j)) {
             out.waiting.insert(job.id.clone(), reason.clone());
         }
     }
@@ -643,7 +740,10 @@ fn grow_and_shrink(
     // recent arrivals with as many machines waiting for them as are idle now.
     let idle_rule = idle_hold(spec, history, idle.len() as u32, now);
     let idle_after = idle_rule.after_s.unwrap_or(u64::MAX);
-    let keep = (w.warm_target as usize).saturating_sub(booting_spare);
+    // Idle machines kept: the warm pool, and what the profile wants ready beyond the busy and
+    // booting ones.
+    let others = alive.saturating_sub(idle.len() as u32);
+    let keep = (w.warm_target as usize).saturating_sub(booting_spare).max(ready_target.saturating_sub(others) as usize);
     let mut removable = idle.len().saturating_sub(keep);
     let mut removed = 0u32;
     for m in &idle {
@@ -673,29 +773,50 @@ fn grow_and_shrink(
     let waiting = (idle.len() + left.len()) as u32;
     let stopped_rule = stopped_hold(spec, history, waiting, now);
     let mut deleted_stopped = 0u32;
-    if let Some(after) = stopped_rule.after_s {
-        for m in &left {
-            let expires = m.since.saturating_add(after);
-            if now < expires {
-                wake.at(expires);
-                continue;
-            }
-            let reason = format!("stopped {}: {}", secs(now.saturating_sub(m.since)), stopped_rule.why);
-            out.actions.push(Action::Delete { machine: m.id.clone(), reason });
-            deleted_stopped += 1;
+    // Each by its place in line when the fleet's work is known (`stopped_hold_in_line`).
+    let in_use = (alive as usize).saturating_sub(idle.len()) + started_now;
+    let ups = if left.is_empty() { Vec::new() } else { history.map(|h| h.level_ups(now)).unwrap_or_default() };
+    for (k, m) in left.iter().enumerate() {
+        let place = (idle.len() + k + 1) as u32;
+        let rule = stopped_hold_in_line(spec, history, in_use as u32, place, &ups, now);
+        let rule = rule.as_ref().unwrap_or(&stopped_rule);
+        let Some(after) = rule.after_s else { continue };
+        let expires = m.since.saturating_add(after);
+        if now < expires {
+            wake.at(expires);
+            continue;
         }
+        let reason = format!("stopped {}: {}", secs(now.saturating_sub(m.since)), rule.why);
+        out.actions.push(Action::Delete { machine: m.id.clone(), reason });
+        deleted_stopped += 1;
     }
     let mut rules = vec![idle_rule.why];
+    if let Some(l) = &w.learned {
+        rules.push(l.why.clone());
+        wake.at(l.next_change);
+    } else if spec.warm.iter().any(|s| s.active_at(now)) {
+        rules.push(format!("warm: {} idle (a [[fleet.warm]] schedule, over what history suggests)", w.warm_target));
+    }
+    if w.ahead > 0 {
+        rules.push(format!(
+            "fan-out: {} GPU job{} of running pipelines expected within one boot ({}) count as demand now",
+            w.ahead,
+            plural(w.ahead as usize),
+            secs(boot_s(history))
+        ));
+    }
     if spec.idle_action == IdleAction::Stop || !left.is_empty() {
         rules.push(stopped_rule.why);
     }
 
     let starts = granted as u32 - created;
     let why = if granted > 0 {
+        let all = bins.iter().map(|b| b.1.len()).sum::<usize>();
+        let soon = bins.iter().flat_map(|b| &b.1).filter(|j| is_ahead(j)).count();
+        let soon = if soon > 0 { format!(" ({soon} of them expected within one boot)") } else { String::new() };
         format!(
-            "{} job{} without a machine, warm pool {}: starting {starts}, creating {created}",
-            bins.iter().map(|b| b.1.len()).sum::<usize>(),
-            plural(bins.iter().map(|b| b.1.len()).sum::<usize>()),
+            "{all} job{}{soon} without a machine, warm pool {}: starting {starts}, creating {created}",
+            plural(all),
             w.warm_target
         )
     } else if want_more > 0 {
@@ -707,10 +828,7 @@ fn grow_and_shrink(
             parts.push(format!("{verb} {removed} idle past {}", secs(idle_after)));
         }
         if deleted_stopped > 0 {
-            parts.push(format!(
-                "deleting {deleted_stopped} stopped past {}",
-                secs(stopped_rule.after_s.unwrap_or_default())
-            ));
+            parts.push(format!("deleting {deleted_stopped} stopped past their hold"));
         }
         parts.join(", ")
     } else {
@@ -725,6 +843,11 @@ fn grow_and_shrink(
         budget_reached: matches!(w.blocked, Some(Blocked::Budget { .. })),
         rules,
     }
+}
+
+/// The fleet's boot time: what it has seen, else the default.
+pub(super) fn boot_s(h: Option<&FleetHistory>) -> u64 {
+    h.and_then(|h| h.boot_s).unwrap_or(super::idle::DEFAULT_BOOT_S)
 }
 
 /// Why a booting machine is given up: its agent did not connect in time.

@@ -67,6 +67,9 @@ pub struct FleetHistory {
     pub boot_s: Option<u64>,
     /// Mean seconds from start (of a stopped machine) to connected; `None`: none seen.
     pub start_s: Option<u64>,
+    /// Arrivals per hour of the week over a longer past ([`super::profile`]); `None`: not
+    /// kept by the caller.
+    pub profile: Option<super::profile::ArrivalProfile>,
 }
 
 impl FleetHistory {
@@ -135,16 +138,7 @@ pub fn idle_hold(spec: &FleetSpec, h: Option<&FleetHistory>, idle: u32, now: Uni
     if let Some(t) = spec.idle_timeout_s {
         return Hold { after_s: Some(t), why: format!("idle → {verb} after {} (idle_timeout)", secs(t)) };
     }
-    let (boot, start) = times(h);
-    let (buy, parts) = match spec.idle_action {
-        IdleAction::Stop => (
-            (DEFAULT_STOP_S + start) as f64 + WAIT_WEIGHT * start as f64,
-            format!("stop {} + start {} + the start a job waits", secs(DEFAULT_STOP_S), secs(start)),
-        ),
-        IdleAction::Delete => {
-            (boot as f64 * (1.0 + WAIT_WEIGHT), format!("boot {} + the boot a job waits", secs(boot)))
-        }
-    };
+    let (buy, parts) = idle_buy_s(spec, h);
     let n = h.map_or(0, |h| h.arrivals_within(now, IDLE_WINDOW_S));
     let gap = if n == 0 { f64::INFINITY } else { IDLE_WINDOW_S as f64 * f64::from(idle.max(1)) / n as f64 };
     let (t, early) = threshold(buy, gap);
@@ -157,6 +151,21 @@ pub fn idle_hold(spec: &FleetSpec, h: Option<&FleetHistory>, idle: u32, now: Uni
             rate_words(n, IDLE_WINDOW_S, idle, gap),
             secs(buy as u64)
         ),
+    }
+}
+
+/// What letting an idle machine go costs the next job that needs it, in seconds of the
+/// machine's rent (`B` of the module header), and its parts in words.
+pub fn idle_buy_s(spec: &FleetSpec, h: Option<&FleetHistory>) -> (f64, String) {
+    let (boot, start) = times(h);
+    match spec.idle_action {
+        IdleAction::Stop => (
+            (DEFAULT_STOP_S + start) as f64 + WAIT_WEIGHT * start as f64,
+            format!("stop {} + start {} + the start a job waits", secs(DEFAULT_STOP_S), secs(start)),
+        ),
+        IdleAction::Delete => {
+            (boot as f64 * (1.0 + WAIT_WEIGHT), format!("boot {} + the boot a job waits", secs(boot)))
+        }
     }
 }
 
@@ -174,22 +183,122 @@ pub fn stopped_hold(spec: &FleetSpec, h: Option<&FleetHistory>, waiting: u32, no
     let extra = boot.saturating_sub(start);
     let buy_usd = extra as f64 * (1.0 + WAIT_WEIGHT) * price_per_s(spec);
     let buy = buy_usd / disk_per_s;
-    let n = h.map_or(0, |h| h.arrivals_within(now, STOPPED_WINDOW_S));
+    // The last day's arrivals, or the profile's next day when it expects more (stopped
+    // machines are kept ahead of the usual busy hours: `super::profile`).
+    let last_day = h.map_or(0, |h| h.arrivals_within(now, STOPPED_WINDOW_S));
+    let next_day = h
+        .and_then(|h| h.profile.as_ref())
+        .and_then(|p| p.expected_within(now, STOPPED_WINDOW_S))
+        .map_or(0, |e| e.round() as usize);
+    let ahead = next_day > last_day;
+    let n = last_day.max(next_day);
     let gap = if n == 0 { f64::INFINITY } else { STOPPED_WINDOW_S as f64 * f64::from(waiting.max(1)) / n as f64 };
     let (t, early) = threshold(buy, gap);
     let bet = if early { "later than" } else { "sooner than" };
+    let mut said = rate_words(n, STOPPED_WINDOW_S, waiting, gap);
+    if ahead {
+        said = said.replace("in the last day", "expected in the next day (history)");
+    }
     Hold {
         after_s: Some(t),
         why: format!(
             "stopped → delete after {} (rent or buy: {}, {bet} its disk (${:.4}/h) costs what a boot costs more than a \
              start (boot {} − start {}, billed and waited: ${buy_usd:.3}) in {})",
             secs(t),
-            rate_words(n, STOPPED_WINDOW_S, waiting, gap),
+            said,
             spec.stopped_price_per_hour,
             secs(boot),
             secs(start),
             secs(buy as u64)
         ),
+    }
+}
+
+/// The stopped hold of the machine `place`-th in line to be used again (idle machines first,
+/// then stopped ones, the most recently stopped first: the order [`super::decide`] starts
+/// them in) while `in_use` machines are busy or booting. A fleet starts its stopped machines
+/// one after another, so the third in line is needed only when three more jobs than the busy
+/// machines run at once, which is rarer than one more: keeping it for the fleet's whole
+/// arrival rate (as [`stopped_hold`] does) pays its disk for hours for a start that seldom
+/// comes. The gap until it is needed is predicted from the fleet's own last day: each arrival
+/// keeps a machine busy for the fleet's mean run time (from its arrival profile), and the
+/// times the machines so in use went up to `n = in_use + place` are counted
+/// ([`FleetHistory::level_ups`]); the predicted gap is the day over that count. Bursts (a push
+/// that fans out into three shards) count as they came: three machines at once. The
+/// rent-or-buy threshold and its bound are those of the module header, per machine. `None`
+/// when the mean run time is not known (no arrival profile): then [`stopped_hold`] decides.
+pub fn stopped_hold_in_line(
+    spec: &FleetSpec,
+    h: Option<&FleetHistory>,
+    in_use: u32,
+    place: u32,
+    ups: &[u32],
+    now: UnixSecs,
+) -> Option<Hold> {
+    if spec.stopped_timeout_s.is_some() || spec.stopped_price_per_hour <= 0.0 {
+        return None;
+    }
+    let profile = h?.profile.as_ref()?;
+    profile.mean_work_s()?;
+    let n = in_use + place.max(1);
+    let count = ups.get(n as usize - 1).copied().unwrap_or(0);
+    let disk_per_s = spec.stopped_price_per_hour / 3600.0;
+    let (boot, start) = times(h);
+    let buy = boot.saturating_sub(start) as f64 * (1.0 + WAIT_WEIGHT) * price_per_s(spec) / disk_per_s;
+    // The hours ahead are not the day's average: a profile that expects a quiet night (or a
+    // busy morning) scales the day's count by the arrivals it expects within `B` against the
+    // day's share of them.
+    let last_day = h.map_or(0, |h| h.arrivals_within(now, STOPPED_WINDOW_S)) as f64;
+    let scale = match profile.expected_within(now, buy.round() as u64) {
+        Some(ahead) if last_day > 0.0 => ahead / (last_day * buy / STOPPED_WINDOW_S as f64),
+        _ => 1.0,
+    };
+    let per_day = f64::from(count) * scale;
+    let gap = if per_day > 0.0 { STOPPED_WINDOW_S as f64 / per_day } else { f64::INFINITY };
+    let (t, early) = threshold(buy, gap);
+    let bet = if early { "later than" } else { "sooner than" };
+    Some(Hold {
+        after_s: Some(t),
+        why: format!(
+            "stopped → delete after {} (rent or buy: {place} in line with {in_use} in use; the fleet went up to {n} \
+             at once {count} time{} in the last day{}, {bet} its disk costs what a start saves over a boot in {})",
+            secs(t),
+            if count == 1 { "" } else { "s" },
+            if (scale - 1.0).abs() > 0.05 {
+                format!(", and the next {} usually brings {scale:.2}× the day's rate", secs(buy as u64))
+            } else {
+                String::new()
+            },
+            secs(buy as u64)
+        ),
+    })
+}
+
+impl FleetHistory {
+    /// Over the last [`STOPPED_WINDOW_S`], how many times the machines kept busy by the
+    /// arrivals (each for the fleet's mean run time, from its profile) went up to `n` at once,
+    /// for `n` = 1, 2, … (index `n − 1`). Empty without a profile. Pure: arrivals alone.
+    pub fn level_ups(&self, now: UnixSecs) -> Vec<u32> {
+        let Some(run) = self.profile.as_ref().and_then(|p| p.mean_work_s()) else { return Vec::new() };
+        let run = run.round().max(1.0) as u64;
+        let from = now.saturating_sub(STOPPED_WINDOW_S);
+        let a =
+            &self.arrivals[self.arrivals.partition_point(|&t| t < from)..self.arrivals.partition_point(|&t| t <= now)];
+        let mut ups: Vec<u32> = Vec::new();
+        let (mut level, mut ended) = (0usize, 0usize);
+        for (i, &t) in a.iter().enumerate() {
+            // Ends (same run for all, so in arrival order) at or before this arrival first.
+            while ended < i && a[ended] + run <= t {
+                ended += 1;
+                level -= 1;
+            }
+            level += 1;
+            if ups.len() < level {
+                ups.resize(level, 0);
+            }
+            ups[level - 1] += 1;
+        }
+        ups
     }
 }
 

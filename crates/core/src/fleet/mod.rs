@@ -22,8 +22,10 @@ pub mod budget;
 mod config;
 pub mod cost;
 pub mod ending;
+pub mod fanout;
 pub mod fit;
 pub mod idle;
+pub mod profile;
 mod schedule;
 pub mod unavailable;
 
@@ -32,7 +34,9 @@ pub use autoscale::{
 };
 pub use budget::{parse_budgets, RepoBudget};
 pub use config::{parse_fleets, FleetConfigError};
+pub use fanout::{PipelineStep, StepDurations, StepState, UpcomingJob};
 pub use idle::{FleetHistory, Hold};
+pub use profile::ArrivalProfile;
 pub use schedule::{Days, WarmSchedule};
 pub use unavailable::{
     no_offer_reason, offer_unavailable_after_error, SkipCause, UnavailableOffer, CAPACITY_ERROR_BACKOFF_S,

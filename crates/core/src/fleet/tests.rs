@@ -83,6 +83,7 @@ struct World {
     budgets: Vec<crate::fleet::RepoBudget>,
     repo_spend: BTreeMap<String, f64>,
     history: BTreeMap<String, FleetHistory>,
+    upcoming: Vec<UpcomingJob>,
 }
 
 impl World {
@@ -98,6 +99,7 @@ impl World {
             budgets: Vec::new(),
             repo_spend: BTreeMap::new(),
             history: BTreeMap::new(),
+            upcoming: Vec::new(),
         }
     }
 
@@ -113,6 +115,7 @@ impl World {
             unavailable: &self.unavailable,
             interruptions: &self.interruptions,
             history: &self.history,
+            upcoming: &self.upcoming,
         })
     }
 }
@@ -607,3 +610,6 @@ fn stopped_machines_are_deleted_when_their_disk_costs_more_than_a_boot_saves() {
     assert!(short(&d).is_empty());
     assert!(d.fleets[0].rules.iter().any(|r| r.contains("costs nothing")));
 }
+
+/// Fan-out demand and warm capacity learned from history (issue 28).
+mod learned;

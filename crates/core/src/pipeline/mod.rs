@@ -4,6 +4,7 @@
 //! `file:line:column`, the field, and what was expected. `schema` publishes a JSON Schema of
 //! the file format for editors. Nothing outside this module sees raw YAML.
 
+use crate::artifacts::ArtifactSpec;
 use crate::duration::Duration;
 use crate::gpu::GpuRequirements;
 use crate::job::RetryOn;
@@ -76,6 +77,17 @@ pub struct Step {
     /// Paths (relative to the workspace) kept per repository between jobs.
     #[serde(default)]
     pub cache: Vec<String>,
+    /// Files uploaded when the step ends (`artifacts:`; [`crate::artifacts`]).
+    #[serde(default, skip_serializing_if = "ArtifactSpec::is_empty")]
+    pub artifacts: ArtifactSpec,
+    /// Keys of steps (each in `depends_on`) whose artifacts are placed in the workspace before
+    /// the command runs (`artifacts_from:`); a matrix step's key stands for all of its jobs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts_from: Vec<String>,
+    /// JUnit XML files (globs) uploaded when the step ends, whatever its outcome, and read by
+    /// the coordinator (`test_reports:`; [`crate::test_report`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub test_reports: Vec<String>,
     /// Failures that do not fail the pipeline (`soft_fail:`).
     #[serde(default, skip_serializing_if = "SoftFail::is_never")]
     pub soft_fail: SoftFail,
@@ -129,6 +141,9 @@ impl Step {
             secrets: Vec::new(),
             encrypted_secrets: BTreeMap::new(),
             cache: Vec::new(),
+            artifacts: ArtifactSpec::default(),
+            artifacts_from: Vec::new(),
+            test_reports: Vec::new(),
             soft_fail: SoftFail::Never,
             allow_dependency_failure: false,
             matrix: None,

@@ -28,8 +28,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use yaml_rust2::parser::{Event, Parser, Tag};
 use yaml_rust2::scanner::{Marker, TScalarStyle};
 
+mod artifacts;
 mod matrix;
 
+#[cfg(test)]
+pub(crate) use artifacts::ARTIFACTS_KEYS;
 #[cfg(test)]
 pub(crate) use matrix::MATRIX_KEYS;
 pub use matrix::{MAX_MATRIX_JOBS, MAX_PIPELINE_JOBS};
@@ -89,6 +92,9 @@ pub(crate) const STEP_KEYS: &[&str] = &[
     "secrets",
     "environment",
     "cache",
+    "artifacts",
+    "artifacts_from",
+    "test_reports",
     "matrix",
     "soft_fail",
     "allow_dependency_failure",
@@ -883,6 +889,7 @@ impl Ctx<'_> {
         let mut have_command = unread.contains(&"command");
         let mut gpus_field: Option<(&Node, Option<u32>)> = None;
         let mut gpu_field: Option<(Pos, GpuRequirements, bool)> = None;
+        let mut artifacts_from: Vec<(String, Pos, String)> = Vec::new();
 
         // Each arm records its own errors; `ok` only tracks whether the step is usable.
         for &(name, _, v) in fields {
@@ -936,6 +943,9 @@ impl Ctx<'_> {
                     step.encrypted_secrets = sealed;
                 }),
                 "cache" => self.cache(v, p).map(|c| step.cache = c),
+                "artifacts" => self.artifacts(v, p).map(|a| step.artifacts = a),
+                "artifacts_from" => self.artifacts_from(v, p).map(|a| artifacts_from = a),
+                "test_reports" => self.test_reports(v, p).map(|t| step.test_reports = t),
                 "soft_fail" => self.soft_fail(v, p).map(|s| step.soft_fail = s),
                 "allow_dependency_failure" => self.bool(v, p).map(|b| step.allow_dependency_failure = b),
                 "if" => self.condition(v, p).map(|c| step.condition = Some(c)),
@@ -967,6 +977,18 @@ impl Ctx<'_> {
         }
         step.gpu = gpu;
         step.depends_on = draft.deps.iter().map(|(d, _, _)| d.clone()).collect();
+        // Artifacts come from steps that have ended before this one starts: its dependencies.
+        for (key, at, p) in &artifacts_from {
+            if !step.depends_on.contains(key) && !unread.contains(&"depends_on") {
+                self.err(
+                    *at,
+                    p,
+                    format!("`{key}` is not in this step's `depends_on`; artifacts come only from steps it waits for"),
+                );
+                ok = false;
+            }
+        }
+        step.artifacts_from = artifacts_from.into_iter().map(|(k, _, _)| k).collect();
 
         draft.step = step;
         (draft, ok)

@@ -87,6 +87,16 @@ struct RawStep {
     secrets: Option<RawSecrets>,
     /// Paths, relative to the workspace, kept per repository between jobs.
     cache: Option<Vec<String>>,
+    /// Files uploaded when the step ends: globs relative to the workspace (`dist/*.whl`,
+    /// `reports/**`), or `{paths, when}` with `when` one of `always` (default), `on_success`,
+    /// `on_failure`. No `..`, no absolute paths; symlinks and special files are refused.
+    artifacts: Option<RawArtifacts>,
+    /// Keys of steps (each also in `depends_on`) whose artifacts are placed in this step's
+    /// workspace before its command runs.
+    artifacts_from: Option<StringOrList>,
+    /// JUnit XML reports (globs relative to the workspace), uploaded whatever the outcome and
+    /// read by the coordinator: counts and failed tests in `gpuci jobs show` and the check run.
+    test_reports: Option<StringOrList>,
     /// Run the step once per combination of values: `{setup: {python: ["3.11", "3.12"]}}`,
     /// optionally with `include` and `exclude`. `{{matrix.NAME}}` in `label`, `command`,
     /// `env`, `image`, `gpus`, `gpu` and `agents` is replaced by each job's value.
@@ -103,6 +113,33 @@ struct RawStep {
     #[serde(rename = "if")]
     #[schemars(length(min = 1, max = 1024))]
     condition: Option<String>,
+}
+
+/// `artifacts:`: a glob, a list of globs, or `{paths, when}`.
+#[derive(JsonSchema)]
+#[serde(untagged)]
+enum RawArtifacts {
+    One(#[schemars(length(min = 1))] String),
+    List(#[schemars(length(min = 1, max = 64))] Vec<String>),
+    Settings(RawArtifactSettings),
+}
+
+/// `artifacts:` as a map.
+#[derive(JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawArtifactSettings {
+    /// Globs relative to the workspace.
+    paths: StringOrList,
+    /// When to upload: `always` (default), `on_success` or `on_failure`.
+    when: Option<RawArtifactWhen>,
+}
+
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+enum RawArtifactWhen {
+    Always,
+    OnSuccess,
+    OnFailure,
 }
 
 /// A GPU count, or a matrix value that is one.
@@ -353,6 +390,7 @@ mod tests {
             ("RawResources", parse::RESOURCES_KEYS),
             ("RawMatrix", parse::MATRIX_KEYS),
             ("RawExitStatusMap", parse::SOFT_FAIL_KEYS),
+            ("RawArtifactSettings", parse::ARTIFACTS_KEYS),
         ] {
             assert_eq!(properties(&schema, def), set(keys), "{def} differs from the parser's keys");
         }

@@ -130,6 +130,11 @@ pub(super) fn flatten(drafts: Vec<Draft>) -> Vec<Step> {
                 .iter()
                 .flat_map(|dep| jobs_of.get(dep).cloned().unwrap_or_else(|| vec![dep.clone()]))
                 .collect();
+            s.artifacts_from = s
+                .artifacts_from
+                .iter()
+                .flat_map(|dep| jobs_of.get(dep).cloned().unwrap_or_else(|| vec![dep.clone()]))
+                .collect();
             out.push(s);
         }
     }

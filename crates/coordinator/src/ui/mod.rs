@@ -3,6 +3,12 @@
 //! public repositories' jobs and logs), the data each page needs, and live updates as
 //! server-sent events. Pages are rendered by `gpuci_web`; changes go through the brain as the
 //! API's do. Every change a page makes is a POST that carries the session's form token.
+//!
+//! This file holds who is looking, sign-in, the shared data (origins, rows, scrubbing) and
+//! live streams; each page's handlers live in their own file: `builds` (the landing page and
+//! the jobs list), `pipeline` (graph, retry failed, cancel all), `job` (page, live stream, and
+//! the raw log's read rules), `fleet` (queue, fleet, spend, audit). It must not decide what a
+//! pipeline's summary or a retry is: those are `gpuci_core::builds` and `gpuci_core::rerun`.
 
 use crate::api::{agent_names, ask, summarize, ApiError};
 use crate::brain::{now_ms, Command};
@@ -29,6 +35,17 @@ use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use tokio::sync::broadcast;
 
+mod builds;
+mod fleet;
+mod job;
+mod pipeline;
+use builds::*;
+use fleet::*;
+pub(crate) use job::log_access;
+pub use job::LogScrub;
+use job::*;
+use pipeline::*;
+
 const COOKIE: &str = "gpuci_session";
 /// Over HTTPS (a proxy saying `X-Forwarded-Proto: https`): `Secure`, and bound to this host
 /// alone (`__Host-`), so no page on another port or subdomain ever receives it.
@@ -51,7 +68,8 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(|| async { Redirect::to("/ui/") }))
         .route("/ui", get(|| async { Redirect::to("/ui/") }))
-        .route("/ui/", get(jobs_page))
+        .route("/ui/", get(builds_page))
+        .route("/ui/jobs", get(jobs_page))
         .route("/ui/login", get(login_page).post(login))
         .route("/ui/logout", post(logout))
         .route("/ui/jobs/{id}", get(job_page))
@@ -59,6 +77,8 @@ pub fn router() -> Router<AppState> {
         .route("/ui/jobs/{id}/cancel", post(cancel))
         .route("/ui/jobs/{id}/retry", post(retry))
         .route("/ui/pipelines/{id}", get(pipeline_page))
+        .route("/ui/pipelines/{id}/retry-failed", post(retry_failed))
+        .route("/ui/pipelines/{id}/cancel", post(cancel_all))
         .route("/ui/queue", get(queue_page))
         .route("/ui/fleet", get(fleet_page))
         .route("/ui/spend", get(spend_page))
@@ -210,6 +230,8 @@ fn anonymous() -> Viewer {
 
 /// A change from a page: the viewer must be an admin, and a cookie session must send back its
 /// form token from a page of this origin.
+// An axum response is the error a handler answers with, as is; boxing it buys nothing.
+#[allow(clippy::result_large_err)]
 fn may_change(st: &AppState, headers: &HeaderMap, csrf: &str) -> Result<Viewer, Response> {
     let v = viewer(st, headers);
     if v.role != Role::Admin {
@@ -419,114 +441,6 @@ fn fleets(st: &AppState) -> Vec<crate::fleets::FleetStatus> {
     st.fleets.read().map(|f| f.clone()).unwrap_or_default()
 }
 
-// ---- pages ----------------------------------------------------------------------------------
-
-#[derive(Deserialize, Default)]
-struct JobsQuery {
-    #[serde(default)]
-    repo: String,
-    #[serde(default)]
-    state: String,
-    #[serde(default)]
-    fleet: String,
-    before: Option<i64>,
-}
-
-async fn jobs_page(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<JobsQuery>) -> Response {
-    let v = viewer(&st, &headers);
-    match jobs_inner(&st, &v, q).await {
-        Ok(m) => html(m),
-        Err(e) => api_error(&v, e),
-    }
-}
-
-async fn jobs_inner(st: &AppState, v: &Viewer, q: JobsQuery) -> Result<Markup, ApiError> {
-    let mut states = Vec::new();
-    if !q.state.is_empty() {
-        states.push(q.state.parse::<JobState>().map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e))?);
-    }
-    let filtering = !q.repo.is_empty() || !q.fleet.is_empty() || !v.signed_in();
-    // With a filter the store cannot apply, read a larger window and filter it here; the next
-    // page starts after the window (so a run of jobs the viewer may not see never ends the
-    // listing).
-    let window = match (filtering, v.signed_in()) {
-        (false, _) => PAGE as u32 + 1,
-        (true, true) => 5_000,
-        (true, false) => 1_000,
-    };
-    let jobs = st.store.list_jobs(&JobFilter { states, pipeline: None, limit: Some(window), before: q.before }).await?;
-    // Filter on the records (cheap), then make rows of what is shown only.
-    let known = agent_names(st.store.as_ref()).await;
-    let origins = origins(st, jobs.iter().map(|j| j.pipeline_id).collect()).await?;
-    let want_repo = (!q.repo.is_empty()).then(|| repo_key(st, &q.repo));
-    let fleet_of =
-        |j: &gpuci_store::JobRecord| j.agent_id.as_ref().and_then(|a| known.machines.get(a)).map(|m| m.fleet.as_str());
-    let kept: Vec<gpuci_store::JobRecord> = jobs
-        .iter()
-        .filter(|j| {
-            let o = origins.get(&j.pipeline_id);
-            (v.signed_in() || o.is_some_and(|o| o.public))
-                && want_repo.as_ref().is_none_or(|w| {
-                    o.and_then(|o| o.repository.as_deref()).map(|r| repo_key(st, r)).as_ref() == Some(w)
-                })
-                && (q.fleet.is_empty() || fleet_of(j) == Some(q.fleet.as_str()))
-        })
-        .take(PAGE + 1)
-        .cloned()
-        .collect();
-    let next_page = if kept.len() > PAGE {
-        kept.get(PAGE - 1).map(|j| j.id)
-    } else if jobs.len() == window as usize {
-        jobs.last().map(|j| j.id)
-    } else {
-        None
-    };
-    let mut all: Vec<JobRow> = summarize(&kept[..kept.len().min(PAGE)], &known)
-        .into_iter()
-        .map(|job| {
-            let origin = origins.get(&job.pipeline_id).cloned().unwrap_or_default();
-            let fleet = job.cost.as_ref().map(|c| c.fleet.clone());
-            JobRow { job, origin, fleet }
-        })
-        .collect();
-    let mut repositories: BTreeSet<String> = origins.values().filter_map(|o| o.repository.clone()).collect();
-    if !v.signed_in() {
-        repositories = st.public_repositories.iter().map(ToString::to_string).collect();
-        let scrub = Scrub::load(st).await;
-        for r in &mut all {
-            scrub.row(r);
-        }
-    }
-    if !q.repo.is_empty() {
-        repositories.insert(q.repo.clone());
-    }
-    let fleets: Vec<String> = st.fleets.read().map(|f| f.iter().map(|f| f.name.clone()).collect()).unwrap_or_default();
-    let filters = gpuci_web::JobFilters { repository: q.repo, state: q.state, fleet: q.fleet };
-    Ok(gpuci_web::jobs(&all, &filters, &repositories.into_iter().collect::<Vec<_>>(), &fleets, next_page, v, now_ms()))
-}
-
-/// The job and its row, if this viewer may see it.
-async fn visible_job(st: &AppState, v: &Viewer, id: JobId) -> Result<JobRow, Response> {
-    // One answer for a job that does not exist and one this viewer may not see.
-    let not_found = || {
-        let hint = if v.signed_in() { "" } else { " (sign in to see private repositories' jobs)" };
-        page_error(StatusCode::NOT_FOUND, v, "Not found", &format!("job {id} not found{hint}"))
-    };
-    let j = match st.store.get_job(id).await {
-        Ok(Some(j)) => j,
-        Ok(None) => return Err(not_found()),
-        Err(e) => return Err(api_error(v, e.into())),
-    };
-    let mut row = rows(st, &[j]).await.map_err(|e| api_error(v, e))?.remove(0);
-    if !v.signed_in() {
-        if !row.origin.public {
-            return Err(not_found());
-        }
-        Scrub::load(st).await.row(&mut row);
-    }
-    Ok(row)
-}
-
 /// What anonymous viewers must not learn from a public job's reason and gpuci's own lines in
 /// its log: the names of agents and the UUIDs of GPUs.
 struct Scrub {
@@ -593,223 +507,6 @@ fn scrub_uuids(s: &str) -> String {
     }
     out.push_str(rest);
     out
-}
-
-async fn job_page(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let v = viewer(&st, &headers);
-    let id = match job_id(&st, &headers, &id) {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
-    let row = match visible_job(&st, &v, id).await {
-        Ok(r) => r,
-        Err(r) => return r,
-    };
-    match job_inner(&st, &v, row).await {
-        Ok(m) => html(m),
-        Err(e) => api_error(&v, e),
-    }
-}
-
-async fn job_inner(st: &AppState, v: &Viewer, row: JobRow) -> Result<Markup, ApiError> {
-    let id = row.job.id;
-    let (count, last) = st.store.log_extent(id).await?;
-    let _ = count;
-    let after = (last - LOG_TAIL).max(0);
-    let mut lines = Vec::new();
-    let mut from = after;
-    loop {
-        let chunk = st.store.read_logs(id, from, 1000).await?;
-        let n = chunk.len();
-        if let Some(l) = chunk.last() {
-            from = l.seq;
-        }
-        lines.extend(chunk);
-        if n < 1000 {
-            break;
-        }
-    }
-    // Within the byte budget, the newest lines win.
-    let mut bytes = 0usize;
-    let keep_from = lines
-        .iter()
-        .rposition(|l| {
-            bytes += l.text.len().min(gpuci_web::MAX_LINE_SHOWN);
-            bytes > LOG_TAIL_BYTES
-        })
-        .map_or(0, |i| i + 1);
-    let after = after + keep_from as i64;
-    let lines: Vec<_> = lines.into_iter().skip(keep_from).collect();
-    let lines = if v.signed_in() {
-        lines
-    } else {
-        let scrub = Scrub::load(st).await;
-        lines.into_iter().map(|l| scrub.line(l)).collect()
-    };
-    let points = match (&row.job.telemetry, st.live.job(id)) {
-        (Some(t), _) if !t.series.is_empty() => t.series.clone(),
-        (_, Some(l)) => l.points,
-        _ => Vec::new(),
-    };
-    let memory_total = memory_of(st, &row.job).await;
-    let retried_by = if row.job.state.is_terminal() {
-        st.store
-            .pipeline_jobs(row.job.pipeline_id)
-            .await?
-            .iter()
-            .find(|j| j.step.key == row.job.step_key && j.id > id)
-            .map(|j| j.id)
-    } else {
-        None
-    };
-    if let Some(check) = st.store.get_check_run(id).await? {
-        let mut row = row;
-        if let (Some(url), Some(_)) = (&row.origin.repository_url, &row.origin.sha) {
-            row.origin.check_run_url = Some(format!("{url}/runs/{check}"));
-        }
-        let page = gpuci_web::JobPage { row, lines, skipped_lines: after, points, memory_total, retried_by };
-        return Ok(gpuci_web::job(&page, v, now_ms()));
-    }
-    let page = gpuci_web::JobPage { row, lines, skipped_lines: after, points, memory_total, retried_by };
-    Ok(gpuci_web::job(&page, v, now_ms()))
-}
-
-/// The leased GPUs' memory together, from their agent's inventory.
-async fn memory_of(st: &AppState, j: &JobSummary) -> Option<u64> {
-    if j.gpus.is_empty() {
-        return None;
-    }
-    let agents = ask(st, |reply| Command::Agents { reply }).await.ok()?;
-    let total: u64 = agents
-        .iter()
-        .flat_map(|a| a.gpus.iter())
-        .filter(|g| j.gpus.contains(&g.info.uuid))
-        .map(|g| g.info.memory.0)
-        .sum();
-    (total > 0).then_some(total)
-}
-
-#[derive(Deserialize)]
-struct AfterQuery {
-    after: Option<i64>,
-}
-
-/// A job page's live stream: `line` (rendered), `state`, `charts`, and `end` once it finished.
-async fn job_events(
-    State(st): State<AppState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Query(q): Query<AfterQuery>,
-) -> Response {
-    let v = viewer(&st, &headers);
-    let id = match job_id(&st, &headers, &id) {
-        Ok(id) => id,
-        Err(r) => return r,
-    };
-    if let Err(r) = visible_job(&st, &v, id).await {
-        return r;
-    }
-    let Some(permit) = stream_permit(&st, &v) else { return too_many_streams(&v) };
-    let scrub = if v.signed_in() { None } else { Some(Scrub::load(&st).await) };
-    // A reconnecting browser says where it was.
-    let resume = headers.get("last-event-id").and_then(|h| h.to_str().ok()).and_then(|s| s.parse::<i64>().ok());
-    let mut last = resume.or(q.after).unwrap_or(0).max(0);
-    let mut events = st.hub.subscribe();
-    let (tx, rx) = tokio::sync::mpsc::channel::<SseEvent>(LIVE_QUEUE);
-    tokio::spawn(async move {
-        let _permit = permit;
-        let tx = Stalling(tx);
-        let line_event = |l: &gpuci_protocol::api::LogLine| {
-            let scrubbed;
-            let l = match &scrub {
-                Some(s) => {
-                    scrubbed = s.line(l.clone());
-                    &scrubbed
-                }
-                None => l,
-            };
-            let html = gpuci_web::log_line(l).into_string();
-            SseEvent::default()
-                .event("line")
-                .id(l.seq.to_string())
-                .data(serde_json::json!({"seq": l.seq, "html": html}).to_string())
-        };
-        let state_event = |j: &JobSummary| {
-            SseEvent::default().event("state").data(
-                serde_json::json!({
-                    "badge": gpuci_web::state_fragment(j),
-                    "reason": gpuci_web::ansi::visible(&scrub.as_ref().map_or_else(|| j.reason.clone(), |s| s.text(&j.reason))),
-                    "duration": gpuci_web::job_duration(j, now_ms()),
-                })
-                .to_string(),
-            )
-        };
-        let mut last_charts = std::time::Instant::now() - std::time::Duration::from_secs(10);
-        loop {
-            // Catch up from the store (at first, and after falling behind the hub).
-            loop {
-                let Ok(lines) = st.store.read_logs(id, last, 1000).await else { return };
-                let n = lines.len();
-                for l in &lines {
-                    last = l.seq;
-                    if tx.send(line_event(l)).await.is_err() {
-                        return;
-                    }
-                }
-                if n < 1000 {
-                    break;
-                }
-            }
-            let Ok(Some(job)) = st.store.get_job(id).await else { return };
-            if job.state.is_terminal() {
-                let s = crate::convert::job_summary(&job, None);
-                let _ = tx.send(state_event(&s)).await;
-                let _ = tx.send(SseEvent::default().event("end").data(job.state.as_str())).await;
-                return;
-            }
-            loop {
-                let ev = tokio::select! {
-                    _ = tx.0.closed() => return,
-                    _ = st.shutdown.cancelled() => return,
-                    ev = events.recv() => ev,
-                };
-                match ev {
-                    Ok(Event::Log { job_id, line, .. }) if job_id == id && line.seq == last + 1 => {
-                        last = line.seq;
-                        if tx.send(line_event(&line)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(Event::Log { job_id, line, .. }) if job_id == id && line.seq > last + 1 => break,
-                    Ok(Event::Job(j)) if j.id == id => {
-                        if j.state.is_terminal() {
-                            break;
-                        }
-                        if tx.send(state_event(&j)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Ok(Event::Telemetry { job_id, .. }) if job_id == id && last_charts.elapsed().as_secs() >= 2 => {
-                        last_charts = std::time::Instant::now();
-                        if let Some(l) = st.live.job(id) {
-                            let html = gpuci_web::charts_fragment(&l.points, None).into_string();
-                            let e =
-                                SseEvent::default().event("charts").data(serde_json::json!({"html": html}).to_string());
-                            if tx.send(e).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => break,
-                    Err(broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        }
-    });
-    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let stream = futures::StreamExt::map(stream, Ok::<_, Infallible>);
-    Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
 /// List pages' live stream: `job` whenever a job this viewer may see changes (no data: the
@@ -904,159 +601,6 @@ fn too_many_streams(v: &Viewer) -> Response {
     r
 }
 
-async fn pipeline_page(State(st): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let v = viewer(&st, &headers);
-    let Ok(id) = id.parse::<i64>() else {
-        return page_error(StatusCode::BAD_REQUEST, &v, "Bad request", "a pipeline id is a number");
-    };
-    let not_found = |v: &Viewer| page_error(StatusCode::NOT_FOUND, v, "Not found", &format!("pipeline {id} not found"));
-    let p = match st.store.get_pipeline(id).await {
-        Ok(Some(p)) => p,
-        Ok(None) => return not_found(&v),
-        Err(e) => return api_error(&v, e.into()),
-    };
-    // Whether this viewer may see it, before its jobs are read: a private pipeline answers as
-    // fast as one that does not exist.
-    if !v.signed_in()
-        && !origins(&st, [id].into()).await.ok().and_then(|o| o.get(&id).map(|o| o.public)).unwrap_or(false)
-    {
-        return not_found(&v);
-    }
-    let jobs = match st.store.pipeline_jobs(id).await {
-        Ok(j) => j,
-        Err(e) => return api_error(&v, e.into()),
-    };
-    let mut rows = match rows(&st, &jobs).await {
-        Ok(r) => r,
-        Err(e) => return api_error(&v, e),
-    };
-    if !v.signed_in() {
-        let scrub = Scrub::load(&st).await;
-        for r in &mut rows {
-            scrub.row(r);
-        }
-    }
-    let summaries: Vec<JobSummary> = rows.iter().map(|r| r.job.clone()).collect();
-    let state = crate::convert::pipeline_state(&summaries);
-    html(gpuci_web::pipeline(id, &p.file_name, &state, &rows, &v, now_ms()))
-}
-
-async fn queue_page(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    let v = viewer(&st, &headers);
-    if !v.signed_in() {
-        return sign_in_first("/ui/queue");
-    }
-    let jobs = match st
-        .store
-        .list_jobs(&JobFilter { states: vec![JobState::Queued], limit: Some(10_000), ..Default::default() })
-        .await
-    {
-        Ok(j) => j,
-        Err(e) => return api_error(&v, e.into()),
-    };
-    match rows(&st, &jobs).await {
-        Ok(r) => html(gpuci_web::queue(&r, &v, now_ms())),
-        Err(e) => api_error(&v, e),
-    }
-}
-
-async fn fleet_page(State(st): State<AppState>, headers: HeaderMap) -> Response {
-    let v = viewer(&st, &headers);
-    if !v.signed_in() {
-        return sign_in_first("/ui/fleet");
-    }
-    let agents = match ask(&st, |reply| Command::Agents { reply }).await {
-        Ok(a) => a,
-        Err(e) => return api_error(&v, e.into()),
-    };
-    let mut util = std::collections::BTreeMap::new();
-    for (_, j) in st.live.snapshot() {
-        for (uuid, s) in j.gpus {
-            util.insert(uuid, (s.utilization_pct, s.memory_bytes));
-        }
-    }
-    html(gpuci_web::fleet(&agents, &util, &fleets(&st), &v, now_ms()))
-}
-
-#[derive(Deserialize)]
-struct SpendQuery {
-    days: Option<u32>,
-}
-
-async fn spend_page(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<SpendQuery>) -> Response {
-    let v = viewer(&st, &headers);
-    if !v.signed_in() {
-        return sign_in_first("/ui/spend");
-    }
-    let days = q.days.unwrap_or(7).clamp(1, 366);
-    let now = now_ms();
-    const DAY: i64 = 86_400_000;
-    let from = (now.div_euclid(DAY) - i64::from(days) + 1) * DAY;
-    let github_host = st.github_host();
-    let (machines, stretches, runs) = match crate::fleets::cost_inputs(st.store.as_ref(), from, &github_host).await {
-        Ok(x) => x,
-        Err(e) => return api_error(&v, e.into()),
-    };
-    let report = gpuci_core::fleet::cost::report(&machines, &stretches, &runs, from, now);
-    let today = now.div_euclid(DAY) * DAY;
-    let mut spent: HashMap<String, f64> = HashMap::new();
-    for r in gpuci_core::fleet::cost::report(&machines, &stretches, &runs, today, now).rows {
-        if let Some(repo) = r.repository.filter(|r| r != gpuci_core::fleet::cost::NO_REPOSITORY) {
-            *spent.entry(repo).or_insert(0.0) += r.usd;
-        }
-    }
-    let budgets: Vec<(String, f64, f64)> = st
-        .budgets
-        .iter()
-        .map(|b| {
-            let s: f64 = spent.iter().filter(|(repo, _)| b.covers(repo)).map(|(_, usd)| usd).sum();
-            (b.repository.to_string(), s, b.daily)
-        })
-        .collect();
-    html(gpuci_web::spend(&report, &fleets(&st), &budgets, days, &v))
-}
-
-#[derive(Deserialize, Default)]
-struct AuditPageQuery {
-    since: Option<String>,
-    action: Option<String>,
-    actor: Option<String>,
-}
-
-/// The audit log: the admin's alone (it names every token and who used it); the read-only
-/// token and anonymous visitors never see it.
-async fn audit_page(State(st): State<AppState>, headers: HeaderMap, Query(q): Query<AuditPageQuery>) -> Response {
-    let v = viewer(&st, &headers);
-    match v.role {
-        Role::Admin => {}
-        Role::Reader => {
-            return page_error(StatusCode::FORBIDDEN, &v, "Not allowed", "the audit log is for the admin token only")
-        }
-        Role::Anonymous => return sign_in_first("/ui/audit"),
-    }
-    // Empty form fields mean no filter.
-    let given = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
-    let query = crate::audit::AuditQuery {
-        since: given(&q.since),
-        action: given(&q.action),
-        actor: given(&q.actor),
-        limit: Some(PAGE as u32 * 5),
-    };
-    let filters = gpuci_web::AuditFilters {
-        since: query.since.clone().unwrap_or_default(),
-        action: query.action.clone().unwrap_or_default(),
-        actor: query.actor.clone().unwrap_or_default(),
-    };
-    let entries = match query.filter(now_ms()) {
-        Ok(f) => crate::audit::recent(&st, &f).await,
-        Err(e) => Err(e),
-    };
-    match entries {
-        Ok(e) => html(gpuci_web::audit(&e, &filters, &v)),
-        Err(e) => api_error(&v, e),
-    }
-}
-
 // ---- changes --------------------------------------------------------------------------------
 
 /// A change from a page: checked (admin, form token), asked of the brain, then back to the
@@ -1086,6 +630,8 @@ async fn change<T>(
 }
 
 /// A job id from the path; a bad one answers 400 (before anything else is checked).
+// An axum response is the error a handler answers with, as is; boxing it buys nothing.
+#[allow(clippy::result_large_err)]
 fn job_id(st: &AppState, headers: &HeaderMap, raw: &str) -> Result<JobId, Response> {
     raw.parse::<JobId>()
         .map_err(|_| page_error(StatusCode::BAD_REQUEST, &viewer(st, headers), "Bad request", "a job id is a number"))

@@ -1,0 +1,129 @@
+//! Several coordinators on one Postgres database (issue 29): one leads, by a claim in the
+//! database; a standby (`gpuci server --standby`) takes over when the leader is killed or stops
+//! renewing its claim, and a former leader writes nothing after the takeover (the database
+//! refuses it: crates/store/migrations/postgres/0013_fencing.sql). Real processes, a real
+//! Postgres server.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+// The store suite's throwaway Postgres server (a real one: initdb, pg_ctl).
+#[path = "../../store/tests/common/pg.rs"]
+#[allow(dead_code)] // the store suite uses more of it than these tests
+mod pg;
+
+use common::*;
+use gpuci_core::job::JobState;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+
+/// What a standby's data dir holds of the leader's (docs/ha.md): the tokens agents and users
+/// hold, and the key secrets are sealed with.
+const SHARED: [&str; 4] = ["api-token", "registration-token", "read-token", "secrets.key"];
+
+fn free_address() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// A data dir for a standby of the coordinator whose data dir is `leader`.
+fn standby_dir(leader: &Path, dir: PathBuf) -> PathBuf {
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in SHARED {
+        std::fs::copy(leader.join(f), dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    dir
+}
+
+/// `gpuci server --standby`, started now; the thread returns once it serves (it prints its
+/// address only when it leads).
+fn start_standby(data_dir: PathBuf, listen: String, mut args: Vec<String>) -> std::thread::JoinHandle<Server> {
+    args.push("--standby".into());
+    std::thread::spawn(move || Server::start_on(&data_dir, &listen, args))
+}
+
+fn database(name: &str) -> Option<(pg::PgServer, String)> {
+    let pg = pg::PgServer::start()?;
+    let url = tokio::runtime::Runtime::new().unwrap().block_on(pg.create_database(name));
+    Some((pg, url))
+}
+
+/// The leader killed with SIGKILL while two jobs run and two wait: the standby, on the same
+/// address (in production a load balancer or a DNS name in front of both), leads within
+/// seconds; the agent reconnects, the running jobs finish on it and are settled once, the
+/// queued ones start; nothing runs twice, nothing is lost. Prints the time from the kill to
+/// the standby serving (BENCHMARKS.md quotes it).
+#[test]
+fn a_standby_takes_over_from_a_killed_leader_and_every_job_runs_exactly_once() {
+    let Some((_pg, url)) = database("gpuci_failover") else { return };
+    let dir = tempdir();
+    let listen = free_address();
+    let args: Vec<String> =
+        ["--database", &url, "--heartbeat", "200ms", "--lost-after", "30s"].iter().map(|s| s.to_string()).collect();
+    let mut leader = Server::start_on(&dir.path().join("a"), &listen, args.clone());
+    let standby = start_standby(standby_dir(&leader.data_dir, dir.path().join("b")), listen.clone(), args);
+    let _agent = Agent::start(&leader, &dir.path().join("agent"), "ha-agent", &["--slots", "2"]);
+    let api = leader.api();
+    api.wait_agents(1, T);
+    let mut yaml = String::from("steps:\n");
+    for k in 0..4 {
+        yaml.push_str(&format!(
+            "  - key: s{k}\n    command: echo start {k} attempt $GPUCI_ATTEMPT; sleep 3; echo done {k}\n"
+        ));
+    }
+    let p = api.submit(&yaml);
+    for j in &p.jobs[..2] {
+        api.wait_job(j.id, "running", T, |j| j.state == JobState::Running);
+    }
+    assert!(!standby.is_finished(), "the standby served while the leader led");
+    let t0 = Instant::now();
+    leader.kill9();
+    let standby = standby.join().expect("the standby took over");
+    let took = t0.elapsed();
+    eprintln!("BENCH failover: leader killed (SIGKILL) -> standby serving: {:.2} s", took.as_secs_f64());
+    let api = standby.api();
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    assert_eq!(done.jobs.len(), 4, "a job was queued again: {done:#?}");
+    for j in &done.jobs {
+        assert_eq!(j.attempt, 1, "{j:#?}");
+        let log = api.log_text(j.id);
+        assert_eq!(log.matches("start ").count(), 1, "job {} ran {}: {log}", j.id, log.matches("start ").count());
+        assert!(log.contains("done "), "job {}: {log}", j.id);
+        assert_eq!(log.lines().filter(|l| l.contains("done ")).count(), 1, "a line doubled: {log}");
+    }
+}
+
+/// A leader paused (SIGSTOP) past its claim's lease: the standby takes over, and the former
+/// leader, resumed, learns it no longer leads and stops by itself; the new leader keeps serving.
+#[test]
+fn a_paused_leader_loses_its_claim_and_stops_when_resumed() {
+    let Some((_pg, url)) = database("gpuci_paused") else { return };
+    let dir = tempdir();
+    let args: Vec<String> = ["--database", &url, "--heartbeat", "200ms"].iter().map(|s| s.to_string()).collect();
+    let mut leader = Server::start_on(&dir.path().join("a"), &free_address(), args.clone());
+    let p = leader.api().submit("steps:\n  - key: before\n    command: echo queued before the pause\n");
+    // Its own address: the paused leader still holds its port.
+    let standby = start_standby(standby_dir(&leader.data_dir, dir.path().join("b")), free_address(), args);
+    let pid = leader.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let t0 = Instant::now();
+    let standby = standby.join().expect("the standby took over");
+    eprintln!("BENCH failover: leader paused (SIGSTOP) -> standby serving: {:.2} s", t0.elapsed().as_secs_f64());
+    assert!(std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(s) = leader.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t1.elapsed() < T, "the former leader runs on after it lost its claim");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!status.success(), "{status}");
+    // What was queued before is the new leader's, and it still takes work.
+    let api = standby.api();
+    assert_eq!(api.job(p.jobs[0].id).state, JobState::Queued);
+    let after = api.submit("steps:\n  - key: after\n    command: echo after\n");
+    assert_eq!(api.job(after.jobs[0].id).state, JobState::Queued);
+}
