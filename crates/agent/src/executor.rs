@@ -365,7 +365,8 @@ async fn execute(
     step("caches restored");
     if !a.step.artifacts_from.is_empty() {
         let log = |l: String| out.system(l);
-        if let Err(error) = crate::artifacts_http::fetch_inputs(a.job_id, ctx.uploads.as_ref(), &workspace, &log).await {
+        if let Err(error) = crate::artifacts_http::fetch_inputs(a.job_id, ctx.uploads.as_ref(), &workspace, &log).await
+        {
             out.system(format!("artifacts: {error}"));
             let _ = remove_workspace(&workspace).await;
             return fail(format!("artifacts: {error}"));
@@ -406,7 +407,8 @@ async fn execute(
     // Test reports whatever the outcome: a failing step's report is the one people read.
     let reports = gpuci_core::artifacts::ArtifactSpec { paths: a.step.test_reports.clone(), when: Default::default() };
     let max_report = gpuci_core::test_report::MAX_REPORT_BYTES;
-    crate::artifacts_http::upload(a.job_id, "test reports", &reports, max_report, uploads, &workspace, true, &log).await;
+    crate::artifacts_http::upload(a.job_id, "test reports", &reports, max_report, uploads, &workspace, true, &log)
+        .await;
     save_cache(a, ctx, &workspace, out).await;
     if let Err(e) = remove_workspace(&workspace).await {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");

@@ -253,6 +253,10 @@ fn ended_by_a_stop_signal(outcome: &gpuci_core::job::Outcome) -> bool {
     matches!(outcome, Outcome::Signalled { signal: 1 | 2 | 9 | 15 } | Outcome::Exited { code: 129 | 130 | 137 | 143 })
 }
 
+/// The least time without any frame from the coordinator (pongs included) after which the
+/// agent drops the connection and connects again: three heartbeat intervals, at least this.
+const SILENCE_LIMIT_MIN: Duration = Duration::from_secs(10);
+
 /// How long a job's death by a signal waits for the engine's SIGTERM to this agent before its
 /// result is sent ([`Agent::suspect_signal`]).
 const SIGNAL_GRACE: Duration = Duration::from_millis(1500);
@@ -1032,6 +1036,8 @@ impl Agent {
             let left = Duration::from_millis((end - executor::now_us() / 1000).max(0) as u64);
             tokio::time::Instant::now() + left.saturating_sub(END_MARGIN)
         });
+        let mut last_heard = tokio::time::Instant::now();
+        let silence_limit = (heartbeat * 3).max(SILENCE_LIMIT_MIN);
         loop {
             // A notice is told before anything else this turn: a cluster engine's SIGTERM
             // reaches the jobs too, and their ends must not reach the coordinator first (they
@@ -1062,6 +1068,17 @@ impl Agent {
                     }
                 }
                 _ = tick.tick() => {
+                    // A coordinator that stopped answering (frozen, its host gone without
+                    // closing the connection) is left for a new connection, which a load
+                    // balancer sends to whichever coordinator leads now. Pings are answered
+                    // by the coordinator's connection itself, however busy its scheduler.
+                    if last_heard.elapsed() > silence_limit {
+                        return Ok(SessionEnd::Disconnected(format!(
+                            "the coordinator did not answer for {}s",
+                            last_heard.elapsed().as_secs()
+                        )));
+                    }
+                    sink.send(Message::Ping(Vec::new().into())).await?;
                     let samples = self.ctx.live.take();
                     if !samples.is_empty() {
                         send(&mut sink, &AgentMessage::Telemetry { samples }).await?;
@@ -1091,7 +1108,7 @@ impl Agent {
                     }
                     self.send_outbox(&mut sink).await?;
                 }
-                msg = stream.next() => match msg {
+                msg = stream.next() => match msg.inspect(|m| if m.is_ok() { last_heard = tokio::time::Instant::now() }) {
                     Some(Ok(Message::Text(t))) => match serde_json::from_str::<CoordinatorMessage>(&t) {
                         Ok(m) => if let Some(end) = self.on_message(m) { return Ok(end) },
                         Err(e) => tracing::warn!(error = %e, "unreadable message from coordinator; ignored"),

@@ -475,3 +475,55 @@ async fn a_job_killed_by_the_engines_sigterm_just_before_the_agent_hears_of_it_i
     assert_eq!(next.attempt, 2, "{next:#?}");
     c.stop().await;
 }
+
+/// A coordinator that stops answering without closing the connection (frozen with SIGSTOP, a
+/// VM paused, its host cut off): the agent leaves it after three heartbeats' worth of silence
+/// (at least 10 s) and connects again, which a load balancer sends to the coordinator that
+/// leads now. Before, it waited on the silent connection for ever, and a standby that took
+/// over ended the agent's running jobs `lost` and ran them again (outsider attack). Played by
+/// a bare WebSocket server that welcomes the agent and then reads nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_leaves_a_coordinator_that_stopped_answering_and_connects_again() {
+    use futures::{SinkExt, StreamExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let dir = tempdir();
+    let data = dir.path().join("agent");
+    std::fs::create_dir_all(&data).unwrap();
+    let identity = serde_json::json!({ "agent_id": "a-1", "credential": "c", "server": url });
+    std::fs::write(data.join("agent.json"), identity.to_string()).unwrap();
+    let mut ac = gpuci_agent::Config::new(url.clone(), data);
+    ac.name = "silent-test".into();
+    // Registered before (its agent.json above), no journal yet: it starts with a new one.
+    ac.reset_journal = true;
+    ac.slots = 1;
+    ac.isolation = gpuci_agent::IsolationPolicy::Auto;
+    let gpus = gpuci_gpu::SimulatedGpus::from_spec("1xH100-80GB", "silent").unwrap().gpus().to_vec();
+    ac.gpu_backend = Some(std::sync::Arc::new(gpuci_gpu::FakeGpus::new(gpus)));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let mut agent = tokio::spawn(gpuci_agent::run(ac, shutdown.clone()));
+    // The first connection: welcomed, then never read again (pings unanswered).
+    let first = tokio::select! {
+        a = listener.accept() => a.unwrap().0,
+        r = &mut agent => panic!("the agent ended before it connected: {r:?}"),
+    };
+    let tcp = first;
+    let mut ws = tokio_tungstenite::accept_async(tcp).await.unwrap();
+    let hello = ws.next().await.unwrap().unwrap();
+    assert!(hello.to_text().unwrap().contains("\"hello\""), "{hello:?}");
+    let welcome = gpuci_protocol::agent::CoordinatorMessage::Welcome {
+        agent_id: "a-1".into(),
+        heartbeat_interval_ms: 200,
+        forget: vec![],
+    };
+    ws.send(serde_json::to_string(&welcome).unwrap().into()).await.unwrap();
+    let t0 = std::time::Instant::now();
+    // A second connection, while the first is still open.
+    let second = tokio::time::timeout(T, listener.accept()).await;
+    let after = t0.elapsed();
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(5), agent).await;
+    drop(ws);
+    assert!(second.is_ok(), "the agent stayed on a coordinator that answered nothing for {after:?}");
+    eprintln!("left a silent coordinator after {:.1} s", after.as_secs_f64());
+}

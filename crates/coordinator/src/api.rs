@@ -918,6 +918,13 @@ pub async fn ready(State(st): State<AppState>) -> ApiResult<&'static str> {
     if st.brain.is_closed() || st.shutdown.is_cancelled() {
         return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting down"));
     }
+    if !*st.leading.borrow() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not leading: this coordinator's claim on the database could not be renewed for longer than it lasts, \
+             and a standby may lead now",
+        ));
+    }
     st.store.list_pipelines(1).await.map_err(|e| {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the database does not answer: {}", e.reason()))
     })?;

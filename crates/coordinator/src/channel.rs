@@ -37,6 +37,12 @@ pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSock
     let Some(cred) = bearer(&headers) else {
         return ApiError::new(StatusCode::UNAUTHORIZED, "missing agent credential").into_response();
     };
+    // Out of contact with its database past its claim, another coordinator may lead: the
+    // agent goes to it (through the load balancer or DNS name it uses) rather than here.
+    if !*st.leading.borrow() {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "this coordinator does not lead now; try again")
+            .into_response();
+    }
     let known = match st.store.get_agent(&agent_id).await {
         Ok(a) => a,
         Err(e) => return ApiError::from(e).into_response(),
@@ -112,9 +118,12 @@ async fn serve(st: AppState, agent_id: String, registered_as: String, socket: We
     // Per job this agent sent samples of: whether it is the agent's own running job.
     let mut sampled: HashMap<JobId, bool> = HashMap::new();
     let mut last_seen_sent = Instant::now();
+    let mut leading = st.leading.clone();
     loop {
         let msg = tokio::select! {
             _ = st.shutdown.cancelled() => break,
+            // Stepped aside (see `connect`): the agent reconnects, to the leader.
+            Ok(_) = leading.wait_for(|l| !*l) => break,
             m = stream.next() => m,
         };
         let text = match msg {

@@ -10,7 +10,6 @@
 pub mod api;
 pub mod artifacts;
 pub mod artifacts_gc;
-pub mod test_reports;
 pub mod audit;
 pub mod auth;
 pub mod brain;
@@ -28,6 +27,7 @@ pub mod pipeline_actions;
 pub mod repos;
 pub mod schedules;
 pub mod secrets;
+pub mod test_reports;
 pub mod ui;
 pub mod uploads;
 pub mod uploads_gc;
@@ -181,6 +181,9 @@ impl Config {
 
 #[derive(Clone)]
 pub struct AppState {
+    /// Whether this coordinator leads its database now (always, with SQLite): while false it
+    /// answers `/readyz` with 503 and takes no agent ([`keep_sole_use`]).
+    pub leading: tokio::sync::watch::Receiver<bool>,
     pub store: Arc<dyn Store>,
     pub brain: mpsc::Sender<brain::Command>,
     pub hub: Arc<hub::Hub>,
@@ -325,7 +328,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     // One coordinator per data dir (and, below, per Postgres database), held for its life.
     let data_dir_lock = datadir::lock(&config.data_dir)?;
     // A Postgres database's claim, renewed while this coordinator runs.
-    let mut sole_use: Option<(PostgresStore, String, String)> = None;
+    let mut renewal: Option<tokio::task::JoinHandle<anyhow::Error>> = None;
+    // Whether this coordinator may act as the database's leader now: false while its claim
+    // could not be renewed for longer than it lasts (it may have passed to a standby).
+    let (leading_tx, leading) = tokio::sync::watch::channel(true);
     let mut must_be_gpuci = false;
     if let Database::Sqlite(db) = &config.database {
         // Before anything new is written: the tokens made below would hide that this dir
@@ -377,7 +383,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     let s = s.fence(claim.epoch).await.with_context(|| {
                         format!("connecting to database {} as its leader", gpuci_store::redact_url(url))
                     })?;
-                    sole_use = Some((s.clone(), holder, process));
+                    // Renewed from now on, not once start-up is done: loading a large
+                    // database may take longer than the claim lasts.
+                    renewal = Some(tokio::spawn(keep_sole_use(s.clone(), holder, process, leading_tx.clone())));
                     Arc::new(s)
                 }
                 Err(e @ gpuci_store::StoreError::NotGpuci(_)) => anyhow::bail!(
@@ -486,6 +494,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     .await
     .context("arming the schedules")?;
     let st = AppState {
+        leading,
         store,
         brain: tx,
         hub,
@@ -533,7 +542,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         let served = axum::serve(listener, app).with_graceful_shutdown(async move { sd.cancelled().await });
         let result = tokio::select! {
             r = served => r.map_err(anyhow::Error::from),
-            lost = keep_sole_use(sole_use) => {
+            lost = async {
+                match renewal {
+                    Some(task) => task.await.unwrap_or_else(|e| anyhow::anyhow!("the claim's renewal failed: {e}")),
+                    None => std::future::pending().await,
+                }
+            } => {
                 tracing::error!(error = %lost, "stopping");
                 shutdown_on_loss.cancel();
                 Err(lost)
@@ -590,7 +604,11 @@ async fn lead_or_stand_by(
 ) -> anyhow::Result<gpuci_store::Claim> {
     let mut told = false;
     loop {
-        let claim = store.claim_sole_use(holder, process, SOLE_USE_LEASE).await;
+        let claim = if standby {
+            store.claim_as_standby(holder, process, SOLE_USE_LEASE).await
+        } else {
+            store.claim_sole_use(holder, process, SOLE_USE_LEASE).await
+        };
         let held = match claim {
             Ok(Ok(claim)) => return Ok(claim),
             Ok(Err(held)) => held,
@@ -639,12 +657,21 @@ async fn lead_or_stand_by(
 /// How often a standby coordinator tries to claim the database.
 const STANDBY_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Renews the claim on a Postgres database (none: nothing to do, never returns) and returns
-/// only when it is lost: it lapsed (this coordinator did not renew it for [`SOLE_USE_LEASE`])
-/// and another coordinator took it. A database that cannot be reached is retried: nothing is
-/// written meanwhile, by this coordinator or any other.
-async fn keep_sole_use(claim: Option<(PostgresStore, String, String)>) -> anyhow::Error {
-    let Some((store, holder, process)) = claim else { return std::future::pending().await };
+/// Renews the claim on a Postgres database every [`SOLE_USE_RENEW`] and returns only when it
+/// is lost: another coordinator took it (it lapsed: this one did not run, or could not reach
+/// the database, for [`SOLE_USE_LEASE`]). While renewals fail for longer than the claim lasts,
+/// a standby may lead already: this coordinator steps aside (`leading` false: `/readyz`
+/// answers 503, agents are disconnected and refused, so a load balancer and the agents turn
+/// to the new leader) until a renewal succeeds again — then nobody took the claim and it leads
+/// on — or is refused, and it stops. Its writes are refused by the database meanwhile anyway
+/// once another claimed it (fencing).
+async fn keep_sole_use(
+    store: PostgresStore,
+    holder: String,
+    process: String,
+    leading: tokio::sync::watch::Sender<bool>,
+) -> anyhow::Error {
+    let mut last_renewed = std::time::Instant::now();
     let mut failing = false;
     loop {
         tokio::time::sleep(SOLE_USE_RENEW).await;
@@ -653,21 +680,35 @@ async fn keep_sole_use(claim: Option<(PostgresStore, String, String)>) -> anyhow
                 if failing {
                     tracing::info!("the claim on the database is renewed again");
                 }
+                if !*leading.borrow() {
+                    tracing::warn!("leading again: nobody took the claim while the database could not be reached");
+                }
+                leading.send_replace(true);
                 failing = false;
+                last_renewed = std::time::Instant::now();
             }
             Ok(false) => {
+                leading.send_replace(false);
                 return anyhow::anyhow!(
                     "this coordinator no longer leads its database: another coordinator (a standby) took it \
                      over, as a claim passes on when it was not renewed for {}s (this coordinator did not run, \
                      or could not reach the database, that long); stopping, as two must never lead one database",
                     SOLE_USE_LEASE.as_secs()
-                )
+                );
             }
             Err(e) => {
                 if !failing {
                     tracing::warn!(error = %e, "could not renew the claim on the database; retrying");
                 }
                 failing = true;
+                if last_renewed.elapsed() > SOLE_USE_LEASE && *leading.borrow() {
+                    tracing::error!(
+                        "the claim on the database was not renewed for {}s: a standby may lead now; taking no \
+                         agents and answering /readyz with 503 until it is renewed or taken",
+                        SOLE_USE_LEASE.as_secs()
+                    );
+                    leading.send_replace(false);
+                }
             }
         }
     }

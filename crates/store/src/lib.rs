@@ -23,7 +23,7 @@ mod sealing;
 mod sqlite;
 
 pub use artifacts::{ArtifactRecord, TestReportRecord};
-pub use postgres::{redact_url, Claim, PostgresStore, SoleUseHeld};
+pub use postgres::{redact_url, Claim, PostgresStore, SoleUseHeld, IDLE_IN_TRANSACTION};
 pub use records::*;
 pub use sealing::{seal_plaintext_secrets, sealed_with, SealError, SecretsAtRest, SecretsKey, KEY_LEN};
 pub use sqlite::SqliteStore;

@@ -79,8 +79,17 @@ impl PostgresStore {
     /// `migrations/postgres/0013_fencing.sql`). The unfenced pool is closed.
     ///
     /// [`claim_sole_use`]: Self::claim_sole_use
+    ///
+    /// The fenced sessions are also ended by the server when they sit inside a transaction
+    /// for [`IDLE_IN_TRANSACTION`] (the coordinator frozen or cut off mid-write): the rows they
+    /// hold, the claim's among them, would otherwise keep a standby from taking over for as
+    /// long as the freeze lasts (outsider attack: for ever under SIGSTOP, two hours of TCP
+    /// keepalive when cut off). The transaction is rolled back; nothing half-written stays.
     pub async fn fence(self, epoch: i64) -> Result<Self> {
-        let options = self.options.clone().options([("gpuci.epoch", epoch.to_string())]);
+        let options = self.options.clone().options([
+            ("gpuci.epoch", epoch.to_string()),
+            ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION.as_millis().to_string()),
+        ]);
         let pool = Self::pool(options.clone()).await?;
         self.pool.close().await;
         Ok(Self { pool, options })
@@ -102,24 +111,57 @@ impl PostgresStore {
         process: &str,
         lease: Duration,
     ) -> Result<std::result::Result<Claim, SoleUseHeld>> {
+        self.claim(holder, process, lease, false).await
+    }
+
+    /// As [`claim_sole_use`](Self::claim_sole_use) for a standby: only a lapsed claim passes,
+    /// even one of the same holder (a copy of the leader's data dir on another machine, a
+    /// restored backup, a cloned VM: the data dir lock cannot tell a live leader there).
+    pub async fn claim_as_standby(
+        &self,
+        holder: &str,
+        process: &str,
+        lease: Duration,
+    ) -> Result<std::result::Result<Claim, SoleUseHeld>> {
+        self.claim(holder, process, lease, true).await
+    }
+
+    async fn claim(
+        &self,
+        holder: &str,
+        process: &str,
+        lease: Duration,
+        standby: bool,
+    ) -> Result<std::result::Result<Claim, SoleUseHeld>> {
+        // The claim waits for writes under way (they hold its row in share mode), but not for
+        // ever: a leader frozen inside a transaction holds it until its session is ended
+        // (`idle_in_transaction_session_timeout`, see `fence`); meanwhile this fails as
+        // transient and the caller asks again. Its age is judged by the clock when the row is
+        // finally updated (`clock_timestamp()`), not when this statement began to wait.
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SET LOCAL lock_timeout = '1s'").execute(&mut *tx).await?;
         let claimed: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO coordinator_lease (id, holder, process, renewed_at, epoch) VALUES (1, $1, $2, now(), 1) \
-             ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, process = EXCLUDED.process, renewed_at = now(), \
-                epoch = coordinator_lease.epoch + 1 \
-             WHERE coordinator_lease.holder = EXCLUDED.holder \
-                OR coordinator_lease.renewed_at < now() - make_interval(secs => $3) \
+            "INSERT INTO coordinator_lease (id, holder, process, renewed_at, epoch) \
+             VALUES (1, $1, $2, clock_timestamp(), 1) \
+             ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, process = EXCLUDED.process, \
+                renewed_at = clock_timestamp(), epoch = coordinator_lease.epoch + 1 \
+             WHERE (coordinator_lease.holder = EXCLUDED.holder AND NOT $4) \
+                OR coordinator_lease.renewed_at < clock_timestamp() - make_interval(secs => $3) \
              RETURNING epoch",
         )
         .bind(holder)
         .bind(process)
         .bind(lease.as_secs_f64())
-        .fetch_optional(&self.pool)
+        .bind(standby)
+        .fetch_optional(&mut *tx)
         .await?;
+        tx.commit().await?;
         if let Some(epoch) = claimed {
             return Ok(Ok(Claim { epoch }));
         }
         let row = sqlx::query(
-            "SELECT holder, process, EXTRACT(EPOCH FROM now() - renewed_at)::float8 AS age FROM coordinator_lease WHERE id = 1",
+            "SELECT holder, process, EXTRACT(EPOCH FROM clock_timestamp() - renewed_at)::float8 AS age \
+             FROM coordinator_lease WHERE id = 1",
         )
         .fetch_one(&self.pool)
         .await?;
@@ -134,7 +176,7 @@ impl PostgresStore {
     /// another took it): the coordinator must stop.
     pub async fn renew_sole_use(&self, holder: &str, process: &str) -> Result<bool> {
         let done = sqlx::query(
-            "UPDATE coordinator_lease SET renewed_at = now() WHERE id = 1 AND holder = $1 AND process = $2",
+            "UPDATE coordinator_lease SET renewed_at = clock_timestamp() WHERE id = 1 AND holder = $1 AND process = $2",
         )
         .bind(holder)
         .bind(process)
@@ -160,6 +202,10 @@ impl PostgresStore {
         row.map(|r| job_from_row(&r)).transpose()?.ok_or(StoreError::JobNotFound(id))
     }
 }
+
+/// How long a leader's session may sit inside a transaction before the server ends it
+/// ([`PostgresStore::fence`]): a takeover waits at most this long for a frozen leader.
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(5);
 
 /// A claim made ([`PostgresStore::claim_sole_use`]): `epoch` counts the claims ever made on
 /// the database, this one included; [`PostgresStore::fence`] makes the store's writes carry it.

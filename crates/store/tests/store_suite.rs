@@ -646,6 +646,46 @@ async fn postgres_a_former_leaders_writes_are_refused_by_the_database_after_a_ta
     assert!(unfenced.is_empty(), "tables without the fencing trigger: {unfenced:?}");
 }
 
+/// A leader frozen (SIGSTOP, a paused VM, cut off) in the middle of a write holds the claim's
+/// row in share mode: a standby's takeover waited for as long as the freeze lasted (outsider
+/// attack). The leader's sessions are ended by the server after `IDLE_IN_TRANSACTION` inside
+/// a transaction, the standby's claim fails fast meanwhile (transient) and succeeds once the
+/// row is free; its age is judged when it is taken. A standby never takes a live claim, even
+/// of its own holder (a copied data dir).
+#[tokio::test]
+async fn postgres_a_leader_frozen_inside_a_write_cannot_hold_off_a_takeover() {
+    let Some(server) = pg::PgServer::start() else { return };
+    let url = server.create_database("frozen").await;
+    let lease = std::time::Duration::from_secs(2);
+    let leader = PostgresStore::connect(&url).await.unwrap();
+    let standby = PostgresStore::connect(&url).await.unwrap();
+    let first = leader.claim_sole_use("host:/a", "run 1", lease).await.unwrap().expect("first claim");
+    let held = standby.claim_as_standby("host:/a", "run 2", lease).await.unwrap();
+    assert!(held.is_err(), "a standby took a live claim of its own holder: {held:?}");
+    // The leader's session as `fence` opens it, frozen inside a write.
+    let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url).unwrap().options([
+        ("gpuci.epoch", first.epoch.to_string()),
+        ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION.as_millis().to_string()),
+    ]);
+    let mut frozen = <sqlx::PgConnection as sqlx::Connection>::connect_with(&options).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut frozen).await.unwrap();
+    sqlx::query("DELETE FROM agents").execute(&mut frozen).await.unwrap();
+    let t0 = std::time::Instant::now();
+    let claim = loop {
+        match standby.claim_as_standby("host:/b", "run 1", lease).await {
+            Ok(Ok(claim)) => break claim,
+            Ok(Err(_)) => {}
+            Err(e) => assert!(e.is_transient() || e.is_unavailable(), "{e}"),
+        }
+        assert!(t0.elapsed() < IDLE_IN_TRANSACTION * 4, "no takeover while the leader is frozen in a write");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(claim.epoch > first.epoch);
+    assert!(t0.elapsed() >= lease, "taken before the claim lapsed");
+    let after = sqlx::query("COMMIT").execute(&mut frozen).await;
+    assert!(after.is_err(), "the frozen leader's write committed after the takeover");
+}
+
 /// Machines of fleets and their billing stretches: upsert by id, active ones listed, one open
 /// stretch at a time, closed never before it opened.
 async fn machines_suite(s: &dyn Store) {
