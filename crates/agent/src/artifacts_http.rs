@@ -14,6 +14,9 @@ use sha2::{Digest, Sha256};
 use std::path::Path;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Uploads refused over a cap in a row after which the rest are not sent.
+const CAPPED_IN_A_ROW_STOP: usize = 20;
+
 /// Refusals said one by one in the job's log; past this, only their count.
 const MAX_REFUSALS_SHOWN: usize = 50;
 
@@ -66,6 +69,10 @@ pub async fn upload(
     let walker =
         tokio::task::spawn_blocking(move || collect(&ws, &patterns, max_file, |f| tx.blocking_send(f).is_ok()));
     let (mut stored, mut bytes, mut refused) = (0u64, 0u64, 0usize);
+    // Caps the coordinator answers in a row (413, 507): past a few, the job's or the
+    // repository's cap is reached and every further file would be sent only to be refused
+    // (outsider attack: 30,000 files kept a slot busy for half an hour).
+    let mut capped_in_a_row = 0usize;
     while let Some(found) = rx.recv().await {
         let (path, reason) = match found {
             Found::File { path, file, size } => match put(source, job, &path, file, size).await {
@@ -75,17 +82,30 @@ pub async fn upload(
                     }
                     stored += 1;
                     bytes += size;
+                    capped_in_a_row = 0;
                     continue;
                 }
-                Err(e) => (path, e),
+                Err((e, capped)) => {
+                    capped_in_a_row = if capped { capped_in_a_row + 1 } else { 0 };
+                    (path, e)
+                }
             },
             Found::Refused { path, reason } => (path, reason),
         };
+        if capped_in_a_row >= CAPPED_IN_A_ROW_STOP {
+            log(format!(
+                "{what}: stopped: the coordinator refused the last {CAPPED_IN_A_ROW_STOP} over a cap (last: {reason})"
+            ));
+            refused += 1;
+            break;
+        }
         refused += 1;
         if refused <= MAX_REFUSALS_SHOWN {
             log(format!("{what}: {path:?} refused: {reason}"));
         }
     }
+    // The collection stops at its next file once nobody takes them.
+    drop(rx);
     match walker.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => log(format!("{what}: the workspace could not be read: {e}")),
@@ -108,7 +128,7 @@ async fn put(
     path: &str,
     file: std::fs::File,
     size: u64,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, (String, bool)> {
     let url = format!("{}/api/v1/jobs/{job}/artifact-upload", source.server);
     let body = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file).take(size));
     let resp = source
@@ -121,11 +141,12 @@ async fn put(
         .body(reqwest::Body::wrap_stream(body))
         .send()
         .await
-        .map_err(|e| format!("upload failed: {e}"))?;
+        .map_err(|e| (format!("upload failed: {e}"), false))?;
     if resp.status().is_success() {
         Ok(resp.json::<gpuci_protocol::api::ArtifactInfo>().await.ok().and_then(|i| i.note))
     } else {
-        Err(format!("the coordinator refused it: {}", error_of(resp).await))
+        let capped = matches!(resp.status().as_u16(), 413 | 507);
+        Err((format!("the coordinator refused it: {}", error_of(resp).await), capped))
     }
 }
 

@@ -131,6 +131,9 @@ pub struct PathQuery {
     path: String,
 }
 
+/// The free space an artifact upload must leave on the coordinator's disk.
+const MIN_FREE_DISK: u64 = 2 << 30;
+
 /// Store one artifact of a running job (the job's agent only): the body, streamed.
 #[utoipa::path(put, path = "/api/v1/jobs/{id}/artifact-upload", security(("agent_credential" = [])),
     params(("id" = i64, Path, description = "job id"), PathQuery,
@@ -143,7 +146,8 @@ pub struct PathQuery {
         (status = 404, description = "no such job", body = ErrorBody),
         (status = 409, description = "the job has ended", body = ErrorBody),
         (status = 411, description = "no Content-Length", body = ErrorBody),
-        (status = 413, description = "over a cap (per file, job or repository)", body = ErrorBody)))]
+        (status = 413, description = "over a cap (per file, job or repository)", body = ErrorBody),
+        (status = 507, description = "the coordinator's disk is nearly full", body = ErrorBody)))]
 pub async fn upload(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<JobId>,
@@ -170,6 +174,24 @@ pub async fn upload(
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e}"))
     };
     tokio::fs::create_dir_all(&dir).await.map_err(|e| server_error("creating the artifacts directory", e))?;
+    // The caps count what jobs declare, not what the coordinator's disk holds: a sparse file
+    // costs its job nothing and the coordinator its whole size (outsider attack). Whatever
+    // the caps allow, an upload that would leave less than MIN_FREE_DISK free is refused, so
+    // the database and the logs beside it keep their room.
+    if let Ok(fs) = nix::sys::statvfs::statvfs(&dir) {
+        let free = fs.blocks_available() * fs.fragment_size();
+        if free.saturating_sub(declared) < MIN_FREE_DISK {
+            tracing::warn!(free, job = id, "artifact refused: the coordinator's disk is nearly full");
+            return Err(ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                format!(
+                    "artifact {}: the coordinator's disk would have less than {} free; not stored",
+                    q.path,
+                    gpuci_core::quantity::Bytes(MIN_FREE_DISK)
+                ),
+            ));
+        }
+    }
     let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4()));
     let guard = TempFile(tmp.clone());
     let mut file = tokio::fs::File::create(&tmp).await.map_err(|e| server_error("creating an artifact file", e))?;

@@ -96,7 +96,9 @@ pub fn markdown(r: &JobTestReport) -> String {
     let code = |s: &str| s.replace('`', "'").replace(['\n', '\r'], " ");
     let mut out = format!("\n\n### Tests\n\n**{}**\n", r.summary.describe());
     for f in r.files.iter().filter(|f| f.error.is_some()) {
-        out.push_str(&format!("\n- `{}` not read: {}\n", code(&f.path), code(f.error.as_deref().unwrap_or(""))));
+        // The reason quotes the hostile file (an element's name): inside a code span, like
+        // the path, or it renders as a link, an image or a mention (outsider attack).
+        out.push_str(&format!("\n- `{}` not read: `{}`\n", code(&f.path), code(f.error.as_deref().unwrap_or(""))));
     }
     for t in &r.summary.failed {
         let name = if t.classname.is_empty() { t.name.clone() } else { format!("{}.{}", t.classname, t.name) };
@@ -142,5 +144,20 @@ mod tests {
         // Only our own fences: the opening and the closing one.
         assert_eq!(md.matches("````").count(), 2, "{md}");
         assert!(!md.contains("```\n![img]"), "{md}");
+    }
+
+    #[test]
+    fn a_reason_quoting_the_report_stays_inside_a_code_span() {
+        let hostile =
+            "the root element is <[click-me](https://evil.example/phish)![img](https://evil.example/t.png)@octocat>";
+        let r = JobTestReport {
+            summary: TestReport::default(),
+            files: vec![gpuci_protocol::api::TestReportFile { path: "rep/md.xml".into(), error: Some(hostile.into()) }],
+        };
+        let md = markdown(&r);
+        let line = md.lines().find(|l| l.contains("not read")).expect("the file's line");
+        // Everything after the path sits in one code span: no link, image or mention renders.
+        let reason = line.split_once("not read: ").unwrap().1;
+        assert!(reason.starts_with('`') && reason.ends_with('`') && reason.matches('`').count() == 2, "{line}");
     }
 }

@@ -109,6 +109,13 @@ pub fn check_path(path: &str) -> Result<(), String> {
     if path.chars().any(char::is_control) {
         return Err("the path contains a control character (newline, tab, NUL)".into());
     }
+    if let Some(c) = path.chars().find(|c| invisible(*c)) {
+        return Err(format!(
+            "the path contains U+{:04X}, an invisible formatting character (a direction override shows \
+             `gpj.exe` as `exe.jpg`)",
+            c as u32
+        ));
+    }
     for c in path.split('/') {
         match c {
             "" => return Err("the path has an empty component (`//` or a trailing `/`)".into()),
@@ -118,6 +125,12 @@ pub fn check_path(path: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Unicode format characters that change how a name is shown without showing themselves:
+/// direction marks, embeddings, overrides and isolates, zero-width characters, the BOM.
+fn invisible(c: char) -> bool {
+    matches!(c as u32, 0x061C | 0x200B..=0x200F | 0x202A..=0x202E | 0x2060..=0x2064 | 0x2066..=0x206F | 0xFEFF)
 }
 
 fn glob(p: &str) -> Result<globset::Glob, globset::Error> {
@@ -313,6 +326,15 @@ mod tests {
         }
         assert!(check_path("dist/gpuci-1.0.whl").is_ok());
         assert!(check_path(&"a".repeat(MAX_PATH_LEN + 1)).is_err());
+    }
+
+    /// Outsider finding: `out/\u{202E}gpj.exe` listed as `out/exe.jpg`.
+    #[test]
+    fn names_that_show_as_something_else_are_refused() {
+        for p in ["out/\u{202E}gpj.exe", "a\u{200B}b", "\u{2066}x", "x\u{FEFF}"] {
+            assert!(check_path(p).unwrap_err().contains("invisible"), "{p:?}");
+        }
+        assert!(check_path("résumé/ünïcode-名前.txt").is_ok());
     }
 
     #[test]

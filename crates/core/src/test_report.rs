@@ -17,6 +17,10 @@ pub const MAX_REPORT_BYTES: u64 = 64 << 20;
 pub const MAX_DEPTH: usize = 64;
 pub const MAX_FAILED_KEPT: usize = 100;
 pub const MAX_MESSAGE_CHARS: usize = 4096;
+/// Test and class names are cut at this many characters (they are stored and shown).
+pub const MAX_NAME_CHARS: usize = 512;
+/// The most attributes one element may have.
+pub const MAX_ATTRIBUTES: usize = 256;
 
 /// One report's (or several reports') counts and failed tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -62,14 +66,31 @@ impl TestReport {
     }
 }
 
+/// The value of attribute `key`, cut at [`MAX_NAME_CHARS`]. Attributes are read without the
+/// parser's check for duplicates, which compares each with every earlier one: 300,000
+/// attributes on one element took minutes of the coordinator's CPU (outsider attack). An
+/// element with more than [`MAX_ATTRIBUTES`] is refused instead.
 fn attr(e: &BytesStart, key: &[u8]) -> Result<String, String> {
-    for a in e.attributes() {
+    let mut found = None;
+    for (n, a) in e.attributes().with_checks(false).enumerate() {
+        if n >= MAX_ATTRIBUTES {
+            return Err(format!("an element with more than {MAX_ATTRIBUTES} attributes"));
+        }
         let a = a.map_err(|e| format!("bad attribute: {e}"))?;
-        if a.key.as_ref() == key {
-            return a.unescape_value().map(|v| v.into_owned()).map_err(|e| format!("bad attribute value: {e}"));
+        if found.is_none() && a.key.as_ref() == key {
+            let v = a.unescape_value().map_err(|e| format!("bad attribute value: {e}"))?;
+            found = Some(cut(&v, MAX_NAME_CHARS));
         }
     }
-    Ok(String::new())
+    Ok(found.unwrap_or_default())
+}
+
+/// `text` cut at `max` characters, saying so.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
 }
 
 fn push_text(into: &mut String, text: &str) {
@@ -106,7 +127,7 @@ pub fn parse_junit(bytes: &[u8]) -> Result<TestReport, String> {
             Event::Start(e) | Event::Empty(e) if depth == 0 && saw_root => {
                 return Err(format!(
                     "a second root element <{}> at byte {at}",
-                    String::from_utf8_lossy(e.name().as_ref())
+                    cut(&String::from_utf8_lossy(e.name().as_ref()), 64)
                 ));
             }
             Event::Start(ref e) | Event::Empty(ref e) => {
@@ -117,7 +138,7 @@ pub fn parse_junit(bytes: &[u8]) -> Result<TestReport, String> {
                     if root.as_ref() != b"testsuites" && root.as_ref() != b"testsuite" {
                         return Err(format!(
                             "the root element is <{}>, not <testsuites> or <testsuite>: not a JUnit report",
-                            String::from_utf8_lossy(root.as_ref())
+                            cut(&String::from_utf8_lossy(root.as_ref()), 64)
                         ));
                     }
                 }
@@ -276,5 +297,30 @@ mod tests {
         assert_eq!((r.tests, r.failures), (500, 500));
         assert_eq!(r.failed.len(), MAX_FAILED_KEPT);
         assert!(r.failed.iter().all(|f| f.message.chars().count() <= MAX_MESSAGE_CHARS));
+    }
+
+    #[test]
+    fn an_element_with_very_many_attributes_is_refused_quickly() {
+        let mut xml = String::from("<testsuite><testcase");
+        for i in 0..300_000 {
+            xml.push_str(&format!(" a{i}=\"\""));
+        }
+        xml.push_str("/></testsuite>");
+        // Before: minutes of CPU comparing each attribute with every earlier one.
+        let err = parse_junit(xml.as_bytes()).expect_err("refused");
+        assert!(err.contains("attributes"), "{err}");
+    }
+
+    #[test]
+    fn long_names_are_cut() {
+        let long = "n".repeat(600_000);
+        let xml =
+            format!("<testsuite><testcase classname=\"{long}\" name=\"{long}\"><failure/></testcase></testsuite>");
+        let r = parse_junit(xml.as_bytes()).unwrap();
+        assert_eq!(r.failed.len(), 1);
+        assert!(r.failed[0].name.chars().count() <= MAX_NAME_CHARS + 1);
+        assert!(r.failed[0].classname.chars().count() <= MAX_NAME_CHARS + 1);
+        let err = parse_junit(format!("<{long}/>").as_bytes()).unwrap_err();
+        assert!(err.len() < 300, "{}", err.len());
     }
 }

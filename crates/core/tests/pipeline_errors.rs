@@ -62,7 +62,7 @@ fn unknown_key_without_a_close_match_lists_the_keys() {
         error("steps:\n  - command: make\n    frobnicate: 1\n"),
         "ci.yml:3:5: steps[0].frobnicate: unknown key `frobnicate`; expected one of: key, label, command, env, timeout, \
          queue_timeout, agents, depends_on, retry, concurrency, gpus, gpu, resources, network, sandbox, image, secrets, environment, cache, \
-         matrix, soft_fail, allow_dependency_failure, if"
+         artifacts, artifacts_from, test_reports, matrix, soft_fail, allow_dependency_failure, if"
     );
 }
 

@@ -34,6 +34,11 @@ pub enum ArtifactsCommand {
         /// Where to put them (made if missing); default the current directory.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
+        /// Replace files that are already there. Without it an existing file is an error and
+        /// nothing is downloaded: an artifact is the job's, and a job may name its files
+        /// `.git/config` or `.envrc` (outsider finding).
+        #[arg(long)]
+        overwrite: bool,
     },
 }
 
@@ -61,11 +66,19 @@ pub async fn run(a: ArtifactsArgs) -> CliResult<u8> {
             }
             Ok(0)
         }
-        ArtifactsCommand::Download { job, glob, dir } => download(&client, job, glob.as_deref(), &dir).await,
+        ArtifactsCommand::Download { job, glob, dir, overwrite } => {
+            download(&client, job, glob.as_deref(), &dir, overwrite).await
+        }
     }
 }
 
-async fn download(client: &Client, job: i64, glob: Option<&str>, dir: &std::path::Path) -> CliResult<u8> {
+async fn download(
+    client: &Client,
+    job: i64,
+    glob: Option<&str>,
+    dir: &std::path::Path,
+    overwrite: bool,
+) -> CliResult<u8> {
     let list: Vec<ArtifactInfo> = client.get(&format!("/api/v1/jobs/{job}/artifacts")).await?;
     let wanted: Vec<&ArtifactInfo> = match glob {
         Some(g) => {
@@ -79,6 +92,21 @@ async fn download(client: &Client, job: i64, glob: Option<&str>, dir: &std::path
             Some(g) => format!("job {job} has no artifact matching {g:?} ({} in all)", list.len()),
             None => format!("job {job} has no artifacts"),
         }));
+    }
+    if !overwrite {
+        let there: Vec<&str> = wanted
+            .iter()
+            .filter(|f| std::fs::symlink_metadata(dir.join(&f.path)).is_ok())
+            .map(|f| f.path.as_str())
+            .collect();
+        if !there.is_empty() {
+            return Err(CliError::Input(format!(
+                "{} already there in {} ({}); nothing downloaded. Download into an empty --dir, or pass --overwrite",
+                there.len(),
+                dir.display(),
+                there.iter().take(5).map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", ")
+            )));
+        }
     }
     std::fs::create_dir_all(dir).map_err(|e| CliError::Input(format!("--dir {}: {e}", dir.display())))?;
     let mut bytes = 0;
