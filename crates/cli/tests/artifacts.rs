@@ -98,6 +98,17 @@ steps:
     assert_eq!(hex::encode(Sha256::digest(&blob)), listed[0].sha256);
     assert_eq!(std::fs::read(dest.join("dist/sub/note.txt")).unwrap(), b"hello\n");
     assert!(!dest.join("sums.txt").exists(), "the glob chose the files");
+    // Files already there are not replaced without --overwrite (a job may name its files
+    // `.git/config`), and nothing is written then.
+    std::fs::write(dest.join("dist/sub/note.txt"), b"mine\n").unwrap();
+    let again = ["artifacts", "download", &build.id.to_string(), "dist/**", "--dir", dest.to_str().unwrap()];
+    let out = gpuci(&server, &again);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--overwrite"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(dest.join("dist/sub/note.txt")).unwrap(), b"mine\n");
+    let out = gpuci(&server, &[&again[..], &["--overwrite"]].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(dest.join("dist/sub/note.txt")).unwrap(), b"hello\n");
     let out = gpuci(&server, &["artifacts", "download", &build.id.to_string(), "nothing/*"]);
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no artifact matching"));
