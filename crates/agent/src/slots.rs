@@ -34,16 +34,76 @@ pub const DEFAULT_JOB_UIDS: (u32, u32) = (1_500_000_000, 1_500_000_000 + BLOCK -
 pub const BLOCK: u32 = 256;
 /// Default blocks tried before giving up (agents on one host).
 const BLOCKS: u32 = 1024;
-/// Lock files, one per leased block, held (`flock`) for the agent's life.
+/// Where the uid locks live (see [`try_lock`]).
 const LOCK_DIR: &str = "/run/gpuci-sandbox/uids";
 
 /// A held lease on a uid range: no other agent on this host uses these uids while it lives.
 /// Two agents with one range would run jobs as the same uids and kill each other's slot
-/// networks (an agent clears what a dead predecessor left on its uids at start).
+/// networks. Each uid the slots use is locked on its own, so ranges that only overlap are
+/// caught as surely as equal ones; and whatever a dead predecessor left running as these
+/// uids is ended before the lease is handed out.
 #[derive(Debug)]
 pub struct UidLease {
     pub range: (u32, u32),
-    _lock: nix::fcntl::Flock<std::fs::File>,
+    _locks: Vec<nix::fcntl::Flock<std::fs::File>>,
+}
+
+/// Lock files, one per job or network uid in use, held (`flock`) for the agent's life. A lock
+/// file's name is its uid (the first uid of a block, as agents that locked whole blocks
+/// named theirs).
+fn try_lock(uid: u32) -> Result<Option<nix::fcntl::Flock<std::fs::File>>, String> {
+    let path = format!("{LOCK_DIR}/{uid}.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("opening {path}: {e}"))?;
+    match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(l) => Ok(Some(l)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(format!("locking {path}: {e}")),
+    }
+}
+
+/// Why a range could not be leased.
+enum Refused {
+    /// Another live agent holds one of its uids.
+    Held(u32),
+    /// Processes left by a dead agent run as its uids and could not be ended.
+    Occupied(String),
+    Failed(String),
+}
+
+/// Locks every uid `slots` slots use in `range`, then ends what runs as them.
+fn take(range: (u32, u32), slots: u32) -> Result<UidLease, Refused> {
+    let uids: Vec<u32> =
+        users_for(range, slots).map_err(Refused::Failed)?.iter().flat_map(|s| [s.job.uid, s.network.uid]).collect();
+    let mut locks = Vec::with_capacity(uids.len());
+    for &uid in &uids {
+        match try_lock(uid).map_err(Refused::Failed)? {
+            Some(l) => locks.push(l),
+            None => return Err(Refused::Held(uid)),
+        }
+    }
+    match gpuci_sandbox::end_processes_of(&uids, std::time::Duration::from_secs(5)) {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(
+            processes = n,
+            uids = %format!("{}-{}", range.0, range.0 + 2 * slots - 1),
+            "killed processes an earlier agent left running as these job uids"
+        ),
+        Err(left) => {
+            let list: Vec<String> = left.iter().take(8).map(|(pid, uid)| format!("pid {pid} (uid {uid})")).collect();
+            return Err(Refused::Occupied(format!(
+                "processes left by an earlier agent still run as these job uids and could not be ended: {}{}; \
+                 a job must be the only process of its uid",
+                list.join(", "),
+                if left.len() > 8 { format!(" and {} more", left.len() - 8) } else { String::new() }
+            )));
+        }
+    }
+    Ok(UidLease { range, _locks: locks })
 }
 
 /// Leases `explicit` (`--job-uids`), or else the first free default block.
@@ -58,20 +118,6 @@ pub fn lease(explicit: Option<(u32, u32)>, slots: u32) -> Result<UidLease, Strin
         .mode(0o700)
         .create(LOCK_DIR)
         .map_err(|e| format!("creating {LOCK_DIR}: {e}"))?;
-    let try_lock = |start: u32| -> Result<Option<nix::fcntl::Flock<std::fs::File>>, String> {
-        let path = format!("{LOCK_DIR}/{start}.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| format!("opening {path}: {e}"))?;
-        match nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(l) => Ok(Some(l)),
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-            Err((_, e)) => Err(format!("locking {path}: {e}")),
-        }
-    };
     let uid_map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
     if let Some(range) = explicit {
         users_for(range, slots)?;
@@ -84,13 +130,14 @@ pub fn lease(explicit: Option<(u32, u32)>, slots: u32) -> Result<UidLease, Strin
                 uid_map.split_whitespace().collect::<Vec<_>>().join(" ")
             ));
         }
-        return match try_lock(range.0)? {
-            Some(lock) => Ok(UidLease { range, _lock: lock }),
-            None => Err(format!(
-                "--job-uids {}-{}: another agent on this host holds these uids; give each agent its own range",
+        return take(range, slots).map_err(|why| match why {
+            Refused::Held(uid) => format!(
+                "--job-uids {}-{}: another agent on this host holds uid {uid} of these; give each agent its own range",
                 range.0, range.1
-            )),
-        };
+            ),
+            Refused::Occupied(e) => format!("--job-uids {}-{}: {e}", range.0, range.1),
+            Refused::Failed(e) => e,
+        });
     }
     if 2 * slots > BLOCK {
         return Err(format!(
@@ -106,12 +153,24 @@ pub fn lease(explicit: Option<(u32, u32)>, slots: u32) -> Result<UidLease, Strin
             uid_map.split_whitespace().collect::<Vec<_>>().join(" ")
         ));
     }
+    let mut occupied = Vec::new();
     for &start in &starts {
-        if let Some(lock) = try_lock(start)? {
-            return Ok(UidLease { range: (start, start + BLOCK - 1), _lock: lock });
+        match take((start, start + BLOCK - 1), slots) {
+            Ok(lease) => return Ok(lease),
+            Err(Refused::Held(_)) => {}
+            Err(Refused::Occupied(e)) => {
+                // Never run jobs beside such a process; another block may be clean.
+                tracing::error!(block = start, "{e}");
+                occupied.push(format!("{start}-{}: {e}", start + BLOCK - 1));
+            }
+            Err(Refused::Failed(e)) => return Err(e),
         }
     }
-    Err(format!("all {} default blocks of job uids are held by other agents: give --job-uids", starts.len()))
+    if occupied.is_empty() {
+        Err(format!("all {} default blocks of job uids are held by other agents: give --job-uids", starts.len()))
+    } else {
+        Err(format!("no default block of job uids is free and clean: {}", occupied.join("; ")))
+    }
 }
 
 /// `(inside start, count)` of each line of a `uid_map` (`inside outside count`).
@@ -363,6 +422,63 @@ mod tests {
         let start = a.range.0;
         drop(a);
         assert!(lease(Some((start, start + 7)), 4).is_ok(), "free again once its agent is gone");
+    }
+
+    /// A free range for the tests below: explicit, so it never meets a default block a
+    /// running agent (another test's) holds.
+    fn test_range(n: u32) -> (u32, u32) {
+        let start = 3_000_000_000 + (std::process::id() % 10_000) * 1_024 + n * 128;
+        (start, start + 63)
+    }
+
+    #[test]
+    fn an_agent_ends_what_a_dead_agent_left_running_on_its_uids() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI=true: this test needs root (job uids)");
+            eprintln!("SKIP: job uids need root");
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        let range = test_range(0);
+        let first = lease(Some(range), 4).expect("a free range");
+        // What a killed agent's job (or warm start) left: a process of a slot's job uid and
+        // one of a slot's network uid, still running once the agent's lease is gone.
+        let mut left: Vec<_> = [range.0 + 2, range.0 + 5]
+            .iter()
+            .map(|&uid| std::process::Command::new("sleep").arg("300").uid(uid).gid(uid).spawn().expect("sleep"))
+            .collect();
+        drop(first);
+        let second = lease(Some(range), 4).expect("the range is free again");
+        for child in &mut left {
+            // The lease returns once they are gone: reaped or a zombie, never running.
+            let gone = match child.try_wait() {
+                Ok(Some(_)) => true,
+                _ => std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+                    .map(|s| s.lines().any(|l| l.starts_with("State:") && l.contains('Z')))
+                    .unwrap_or(true),
+            };
+            let _ = child.kill();
+            let _ = child.wait();
+            assert!(gone, "pid {} of an earlier agent still runs as a job uid the new agent leased", child.id());
+        }
+        drop(second);
+    }
+
+    #[test]
+    fn overlapping_ranges_are_never_leased_twice() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI=true: this test needs root (job uids)");
+            eprintln!("SKIP: leases live in /run (root)");
+            return;
+        }
+        let (lo, hi) = test_range(1);
+        let a = lease(Some((lo, hi)), 32).expect("a free range");
+        // Another agent's range starting inside the first one's: slot 0 of the second would
+        // run its jobs as slot 16 of the first.
+        let e = lease(Some((lo + 32, hi + 32)), 16).expect_err("an overlapping range");
+        assert!(e.contains("another agent"), "{e}");
+        drop(a);
+        assert!(lease(Some((lo + 32, hi + 32)), 16).is_ok(), "free once the first agent is gone");
     }
 
     #[test]

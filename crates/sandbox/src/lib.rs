@@ -272,6 +272,33 @@ pub fn sweep(prefix: &str) -> SweepReport {
     report
 }
 
+/// Ends every process running as one of `uids` — uids an agent has just leased, so whatever
+/// runs as them was left by an agent that is gone (a job or warm start that outlived a
+/// SIGKILL, a slot network's holder). A job must be the only process of its uid: a leftover
+/// could signal or trace the next job of that uid and read its secrets. SIGKILLs until none
+/// is left or `within` passes; returns how many were killed, or the ones still running
+/// (pid, uid) when some could not be ended (not permitted, or stuck in the kernel).
+pub fn end_processes_of(uids: &[u32], within: std::time::Duration) -> Result<usize, Vec<(i32, u32)>> {
+    let uids: Vec<u32> = uids.iter().copied().filter(|&u| u != 0).collect();
+    let deadline = std::time::Instant::now() + within;
+    let mut killed = std::collections::HashSet::new();
+    loop {
+        let left = procscan::pids_of_uids(&uids);
+        if left.is_empty() {
+            return Ok(killed.len());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(left);
+        }
+        for &(pid, _) in &left {
+            if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok() {
+                killed.insert(pid);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// Whether a cgroup name is an agent's warm start: `<agent prefix>-warm-<slot>-<n>`, the
 /// prefix 1 to 12 letters and digits (`gpuci-agent` names them so; nothing else matches).
 pub fn is_warm_name(name: &str) -> bool {

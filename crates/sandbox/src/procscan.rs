@@ -55,20 +55,30 @@ fn pids_where(matches: impl Fn(&[u8]) -> bool) -> Vec<i32> {
 /// Zombies are not counted: they run nothing and hold nothing (an orphaned job process stays
 /// one until the host's init reaps it, which on some hosts takes a while).
 pub(crate) fn pids_of_uid(uid: u32) -> Vec<i32> {
+    pids_of_uids(&[uid]).into_iter().map(|(pid, _)| pid).collect()
+}
+
+/// Live processes (pid, the matching uid) any of whose uids is in `uids`, in one pass over
+/// `/proc`; zombies are not counted, as in [`pids_of_uid`].
+pub(crate) fn pids_of_uids(uids: &[u32]) -> Vec<(i32, u32)> {
     let Ok(rd) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let want = uid.to_string();
+    let me = std::process::id() as i32;
     rd.flatten()
         .filter_map(|e| {
             let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            if pid == me {
+                return None;
+            }
             let status = fs::read_to_string(e.path().join("status")).ok()?;
             let state = status.lines().find_map(|l| l.strip_prefix("State:"))?.trim_start();
             if state.starts_with('Z') || state.starts_with('X') {
                 return None;
             }
-            let uids = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
-            uids.split_whitespace().any(|u| u == want).then_some(pid)
+            let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+            let uid = line.split_whitespace().filter_map(|u| u.parse::<u32>().ok()).find(|u| uids.contains(u))?;
+            Some((pid, uid))
         })
         .collect()
 }
