@@ -441,6 +441,16 @@ fn a_push_runs_the_commits_pipeline_from_its_tarball_and_reports_check_runs() {
     );
     let run = s.gh.check_runs(REPO).into_iter().find(|r| r["name"] == json!("gpuci / test")).unwrap();
     assert!(run["details_url"].as_str().unwrap().ends_with(&format!("/ui/jobs/{}", job.id)), "{run:#}");
+    // The builds list names the push's commit subject and author, from the webhook.
+    let page = s
+        .api
+        .raw()
+        .get(format!("{}/ui/", s.server.url))
+        .bearer_auth(&s.server.token)
+        .send()
+        .and_then(|r| r.text())
+        .expect("builds page");
+    assert!(page.contains("test commit") && page.contains("test-pusher"), "no subject or author:\n{page}");
     s.assert_spec_clean();
 }
 

@@ -59,6 +59,13 @@ pub struct GithubOrigin {
     /// Pull requests that ran on a maintainer's approval (of this head SHA): who approved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approved_by: Option<String>,
+    /// What the builds list shows: the head commit's subject (a push) or the pull request's
+    /// title, and its author. The author's own words: display only, never a fact a
+    /// condition or a trust decision reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
 }
 
 impl Origin {
@@ -94,7 +101,15 @@ impl Origin {
             (Some(BuildEvent::PullRequest), _) => (g.head_branch.clone(), None),
             _ => (None, None),
         };
-        BuildFacts { branch, tag, event, commit: Some(g.sha.clone()), changed: None, subject: None, author: None }
+        BuildFacts {
+            branch,
+            tag,
+            event,
+            commit: Some(g.sha.clone()),
+            changed: None,
+            subject: g.subject.clone(),
+            author: g.author.clone(),
+        }
     }
 
     pub fn to_json(&self) -> String {
@@ -144,6 +159,8 @@ mod tests {
             default_branch: Some("main".into()),
             trusted: true,
             approved_by: None,
+            subject: None,
+            author: None,
         });
         assert_eq!(
             Origin::cache_origin(Some(&push.to_json())),
@@ -176,7 +193,9 @@ mod tests {
                 base_branch: None,
                 default_branch: Some("main".into()),
                 trusted: true,
-                approved_by: None,
+                approved_by: Some("maintainer".into()),
+                subject: Some("Speed up the kernel".into()),
+                author: Some("ada".into()),
             })
         };
         let f = push("refs/heads/release/1.2").build_facts();
@@ -188,8 +207,8 @@ mod tests {
                 event: Some(BuildEvent::Push),
                 commit: Some("abc".into()),
                 changed: None,
-                subject: None,
-                author: None,
+                subject: Some("Speed up the kernel".into()),
+                author: Some("ada".into()),
             }
         );
         let f = push("refs/tags/v1.0").build_facts();

@@ -115,6 +115,10 @@ pub struct PullRequestEvent {
     pub base_ref: Option<String>,
     /// The base repository's default branch (`main`).
     pub default_branch: Option<String>,
+    /// The pull request's title (shown in builds lists; the author's words, display only).
+    pub title: Option<String>,
+    /// Who opened the pull request (login).
+    pub author: Option<String>,
 }
 
 /// A `push` event.
@@ -129,6 +133,11 @@ pub struct PushEvent {
     pub installation_id: Option<u64>,
     /// The repository's default branch (`main`).
     pub default_branch: Option<String>,
+    /// The first line of the pushed head commit's message (display only).
+    pub subject: Option<String>,
+    /// The head commit's author (GitHub login when GitHub knows it, else the name in the
+    /// commit), or else who pushed.
+    pub author: Option<String>,
 }
 
 /// Parses a delivery whose signature has already been verified.
@@ -175,11 +184,22 @@ pub fn parse_event(event_name: &str, delivery_id: &str, body: &[u8]) -> Result<E
                 installation_id: p.installation.map(|i| i.id),
                 base_ref,
                 default_branch,
+                title: p.pull_request.title,
+                author: p.pull_request.user.map(|u| u.login),
             })
         }
         "push" => {
             let p: wire::PushPayload = decode(event_name, delivery_id, body)?;
+            let subject = p.head_commit.as_ref().and_then(|c| c.message.lines().next()).map(str::to_owned);
+            let author = p
+                .head_commit
+                .and_then(|c| c.author)
+                .and_then(|a| a.username.or(a.name))
+                .or_else(|| p.pusher.and_then(|u| u.name))
+                .or_else(|| p.sender.map(|s| s.login));
             Event::Push(PushEvent {
+                subject,
+                author,
                 git_ref: p.git_ref,
                 after: p.after,
                 deleted: p.deleted,
@@ -269,6 +289,10 @@ mod wire {
         pub head: Head,
         pub base: Base,
         pub author_association: AuthorAssociation,
+        #[serde(default)]
+        pub title: Option<String>,
+        #[serde(default)]
+        pub user: Option<Owner>,
     }
 
     #[derive(Deserialize)]
@@ -305,5 +329,35 @@ mod wire {
         pub deleted: bool,
         pub repository: Repository,
         pub installation: Option<Installation>,
+        /// `null` when the push deleted the ref.
+        #[serde(default)]
+        pub head_commit: Option<HeadCommit>,
+        #[serde(default)]
+        pub pusher: Option<Pusher>,
+        #[serde(default)]
+        pub sender: Option<Owner>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct HeadCommit {
+        #[serde(default)]
+        pub message: String,
+        #[serde(default)]
+        pub author: Option<CommitAuthor>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct CommitAuthor {
+        #[serde(default)]
+        pub name: Option<String>,
+        /// Present when the commit's e-mail belongs to a GitHub account.
+        #[serde(default)]
+        pub username: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Pusher {
+        #[serde(default)]
+        pub name: Option<String>,
     }
 }

@@ -63,6 +63,8 @@ fn github_example_pull_request_labeled() {
     assert_eq!(pr.author_association, AuthorAssociation::Owner);
     assert_eq!(pr.base_repository.full_name, "Codertocat/Hello-World");
     assert!(!pr.from_fork);
+    assert_eq!(pr.title.as_deref(), Some("Update the README with new information."));
+    assert_eq!(pr.author.as_deref(), Some("Codertocat"), "who opened it, not who labelled it");
 }
 
 #[test]
@@ -133,6 +135,22 @@ fn push() {
     assert_eq!(push.after, "5555555555555555555555555555555555555555");
     assert!(!push.deleted);
     assert_eq!(push.repository, kernels_repo());
+    assert_eq!(push.subject.as_deref(), Some("Fix the reduction kernel on sm_90"), "the message's first line");
+    assert_eq!(push.author.as_deref(), Some("ada"), "the author's login");
+}
+
+#[test]
+fn a_push_names_its_author_by_what_the_payload_has() {
+    let body = String::from_utf8(fixture("push.json")).expect("utf8");
+    let mut v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    // A commit e-mail GitHub does not know: no username, the name in the commit.
+    v["head_commit"]["author"].as_object_mut().expect("author").remove("username");
+    let Ok(Event::Push(p)) = parse_event("push", "d-11", v.to_string().as_bytes()) else { panic!("parses") };
+    assert_eq!(p.author.as_deref(), Some("Ada Lovelace"));
+    // A deleted ref: head_commit is null; who pushed.
+    v["head_commit"] = serde_json::Value::Null;
+    let Ok(Event::Push(p)) = parse_event("push", "d-12", v.to_string().as_bytes()) else { panic!("parses") };
+    assert_eq!((p.subject, p.author.as_deref()), (None, Some("ada")));
 }
 
 #[test]

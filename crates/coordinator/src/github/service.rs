@@ -946,6 +946,8 @@ impl Service {
             default_branch: p.default_branch.clone(),
             trusted: true,
             approved_by: None,
+            subject: p.subject.clone(),
+            author: p.author.clone(),
         };
         self.run_pipeline(origin, Some(p.git_ref.clone())).await;
     }
@@ -975,6 +977,8 @@ impl Service {
             // Nor do its caches reach a trusted job: approval lets it run, not write for others.
             trusted,
             approved_by: None,
+            subject: p.title.clone(),
+            author: p.author.clone(),
         };
         let label = self.cfg.approval_label.clone();
         match p.action {
