@@ -324,3 +324,58 @@ fn a_schedule_disabled_over_its_time_owes_nothing_when_enabled_again() {
     wait_until("the barrier schedule to fire", Duration::from_secs(60), || !fires(&api, "barrier").is_empty());
     assert!(fires(&api, "was-off").is_empty(), "no catch-up for a time it was disabled over");
 }
+
+#[test]
+fn the_dashboard_lists_schedules_and_the_admin_runs_one_by_hand() {
+    let dir = tempdir();
+    let repo = repo(dir.path());
+    let config = dir.path().join("server.toml");
+    let text = format!(
+        "{}{}",
+        schedule("by-hand", "0 0 1 1 *", "Europe/Berlin", &repo.display().to_string(), "enabled = false"),
+        schedule("weekly", "30 6 * * 1", "Asia/Tokyo", &repo.display().to_string(), "branch = \"main\""),
+    );
+    write_config(&config, &text).unwrap();
+    let server = start(&dir.path().join("server"), &config);
+    let api = server.api();
+    let http = reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let page = |token: Option<&str>| {
+        let mut r = http.get(format!("{}/ui/schedules", server.url));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send().unwrap()
+    };
+    // A schedule names repositories: not for anonymous viewers.
+    let anon = page(None);
+    assert!(anon.status().is_redirection(), "{}", anon.status());
+    assert!(anon.headers()["location"].to_str().unwrap().contains("/ui/login"));
+
+    let html = page(Some(&server.token)).text().unwrap();
+    for want in ["by-hand", "Europe/Berlin", "disabled", "weekly", "30 6 * * 1", "+09:00", "Run now", "none yet"] {
+        assert!(html.contains(want), "the schedules page lacks {want:?}:\n{html}");
+    }
+
+    // "Run now" fires it and goes to its pipeline; the fire is listed as manual.
+    let r = http
+        .post(format!("{}/ui/schedules/by-hand/run", server.url))
+        .bearer_auth(&server.token)
+        .form(&[("csrf", "")])
+        .send()
+        .unwrap();
+    assert!(r.status().is_redirection(), "{}: {}", r.status(), r.text().unwrap_or_default());
+    let to = r.headers()["location"].to_str().unwrap().to_string();
+    let fire = fires(&api, "by-hand").remove(0);
+    assert_eq!(fire.cause, "manual");
+    let id = fire.pipeline_id.expect("a pipeline");
+    assert_eq!(to, format!("/ui/pipelines/{id}"));
+    assert!(page(Some(&server.token)).text().unwrap().contains(&format!("pipeline {id}")));
+    // An unknown schedule: 404 with the names configured.
+    let r = http
+        .post(format!("{}/ui/schedules/nope/run", server.url))
+        .bearer_auth(&server.token)
+        .form(&[("csrf", "")])
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}

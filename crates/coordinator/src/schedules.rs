@@ -398,13 +398,18 @@ async fn git(dir: &Path, args: &[&str], max: u64) -> Result<Vec<u8>, String> {
     responses((status = 200, body = Vec<ScheduleSummary>),
         (status = 503, description = "the database cannot be read now", body = ErrorBody)))]
 pub async fn list_schedules(State(st): State<AppState>) -> Result<Json<Vec<ScheduleSummary>>, ApiError> {
+    Ok(Json(summaries(&st).await?))
+}
+
+/// Every configured schedule with its next run and latest fires (the API and the dashboard).
+pub(crate) async fn summaries(st: &AppState) -> Result<Vec<ScheduleSummary>, ApiError> {
     let now = Timestamp::now();
     let mut out = Vec::new();
     for spec in st.schedules.specs.iter() {
         let next = spec.enabled.then(|| next_after(&spec.cron, &spec.tz, now)).flatten();
         let mut fires = Vec::new();
         for f in st.store.schedule_fires(Some(&spec.name), 10).await? {
-            fires.push(fire_summary(&st, f).await?);
+            fires.push(fire_summary(st, f).await?);
         }
         out.push(ScheduleSummary {
             name: spec.name.clone(),
@@ -419,7 +424,7 @@ pub async fn list_schedules(State(st): State<AppState>) -> Result<Json<Vec<Sched
             fires,
         });
     }
-    Ok(Json(out))
+    Ok(out)
 }
 
 async fn fire_summary(st: &AppState, f: ScheduleFireRecord) -> Result<ScheduleFire, ApiError> {
@@ -454,6 +459,15 @@ pub async fn run_schedule(
     axum::Extension(actor): axum::Extension<crate::audit::Actor>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<(StatusCode, Json<ScheduleFire>), ApiError> {
+    Ok((StatusCode::CREATED, Json(fire_now(&st, &actor, name).await?)))
+}
+
+/// Fires schedule `name` now, on the record as `actor` (the API and the dashboard).
+pub(crate) async fn fire_now(
+    st: &AppState,
+    actor: &crate::audit::Actor,
+    name: String,
+) -> Result<ScheduleFire, ApiError> {
     if !st.schedules.specs.iter().any(|s| s.name == name) {
         let known: Vec<&str> = st.schedules.specs.iter().map(|s| s.name.as_str()).collect();
         return Err(ApiError::new(
@@ -484,8 +498,8 @@ pub async fn run_schedule(
         Ok(p) => format!("schedule {name} (pipeline {p})"),
         Err(_) => format!("schedule {name}"),
     };
-    crate::audit::record(&st, &actor, gpuci_core::audit::AuditAction::ScheduleRun, object, &outcome).await?;
-    Ok((StatusCode::CREATED, Json(fire_summary(&st, fire).await?)))
+    crate::audit::record(st, actor, gpuci_core::audit::AuditAction::ScheduleRun, object, &outcome).await?;
+    fire_summary(st, fire).await
 }
 
 #[derive(utoipa::OpenApi)]

@@ -14,12 +14,14 @@ mod chart;
 mod gpu_ids;
 mod pages;
 mod pipeline;
+mod schedules;
 
 pub use audit::*;
 pub use builds::{builds, trigger, BuildRow};
 pub use gpu_ids::short_gpu_ids;
 pub use pages::*;
 pub use pipeline::{graph, layout_graph, pipeline, Node, PipelinePage};
+pub use schedules::schedules;
 
 /// The stylesheet, served at [`CSS_PATH`].
 pub const CSS: &str = include_str!("../assets/gpuci.css");

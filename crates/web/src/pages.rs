@@ -120,6 +120,7 @@ pub fn layout(title: &str, viewer: &Viewer, active: &str, body: Markup) -> Marku
         ("/ui/queue", "Queue", true),
         ("/ui/fleet", "Fleet", true),
         ("/ui/spend", "Spend", true),
+        ("/ui/schedules", "Schedules", true),
     ];
     html! {
         (DOCTYPE)

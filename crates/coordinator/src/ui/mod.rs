@@ -39,6 +39,7 @@ mod builds;
 mod fleet;
 mod job;
 mod pipeline;
+mod schedules;
 use builds::*;
 use fleet::*;
 pub(crate) use job::log_access;
@@ -83,6 +84,8 @@ pub fn router() -> Router<AppState> {
         .route("/ui/fleet", get(fleet_page))
         .route("/ui/spend", get(spend_page))
         .route("/ui/audit", get(audit_page))
+        .route("/ui/schedules", get(schedules::schedules_page))
+        .route("/ui/schedules/{name}/run", post(schedules::run_now))
         .route("/ui/gpus/{uuid}/release", post(release))
         .route("/ui/events", get(list_events))
         .route(gpuci_web::CSS_PATH, get(|| async { asset("text/css; charset=utf-8", gpuci_web::CSS) }))
