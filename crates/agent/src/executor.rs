@@ -570,6 +570,39 @@ async fn fill_workspace(
     Ok(())
 }
 
+/// The job's steps socket, its address put in `env`; `None` (said in the log) when it has
+/// no token or the socket cannot be made.
+fn steps_socket(
+    a: &Assignment,
+    ctx: &JobContext,
+    workspace: &std::path::Path,
+    slot: Option<&crate::slots::SlotGuard>,
+    out: &Emitter,
+    env: &mut BTreeMap<String, String>,
+) -> Option<crate::steps_proxy::StepsProxy> {
+    if !a.secrets.0.contains_key("GPUCI_JOB_TOKEN") {
+        return None;
+    }
+    let source = ctx.uploads.as_ref()?;
+    let source = crate::workspace::UploadSource {
+        http: source.http.clone(),
+        server: source.server.clone(),
+        agent_id: source.agent_id.clone(),
+        credential: String::new(),
+        cache_dir: source.cache_dir.clone(),
+    };
+    match crate::steps_proxy::StepsProxy::start(a.job_id, workspace, slot.map(|s| s.user()), source) {
+        Ok((proxy, url)) => {
+            env.insert(crate::steps_proxy::API_URL_ENV.into(), url);
+            Some(proxy)
+        }
+        Err(e) => {
+            out.system(format!("gpuci pipeline upload: not available to this job ({e})"));
+            None
+        }
+    }
+}
+
 fn job_env(a: &Assignment, workspace: &std::path::Path) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     env.insert("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
@@ -665,6 +698,9 @@ async fn execute_in(
     }
     spec.env = job_env(a, workspace);
     spec.isolation = isolation;
+    // `gpuci pipeline upload` from inside the job: a socket of its own, served while its
+    // process runs (`steps_proxy`). Only for a job the coordinator gave a token.
+    let _steps = steps_socket(a, ctx, workspace, slot, out, &mut spec.env);
     if let Some(dir) = &a.runner_dir {
         // The runner writes beside its files; give it a writable view of the install, not the install.
         let runner = if isolation == Isolation::Bubblewrap {

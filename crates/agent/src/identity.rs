@@ -35,50 +35,78 @@ pub struct Unreachable {
     pub why: String,
 }
 
-/// Load the stored identity for `server`, or register with `registration_token`; true when
-/// registered anew (jobs held for an earlier registration are not this identity's).
-pub async fn load_or_register(
-    http: &reqwest::Client,
-    data_dir: &Path,
-    server: &str,
-    name: &str,
-    registration_token: Option<&str>,
-) -> anyhow::Result<(Identity, bool)> {
+/// The stored identity, when it belongs to the coordinators `server` names (a comma-separated
+/// list: one URL in common is enough, as every coordinator of one database knows the agents
+/// registered with any of them); `None`: register.
+pub fn load(data_dir: &Path, server: &str) -> anyhow::Result<Option<Identity>> {
     let path = data_dir.join("agent.json");
     make_private(data_dir, true)?;
     make_private(&path, false)?;
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let id: Identity = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
-        if id.server == server {
-            return Ok((id, false));
-        }
-        tracing::info!(old = %id.server, new = server, "stored identity is for another coordinator; registering again");
+    let Ok(text) = std::fs::read_to_string(&path) else { return Ok(None) };
+    let id: Identity = serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))?;
+    if same_coordinators(&id.server, server) {
+        return Ok(Some(id));
     }
+    tracing::info!(old = %id.server, new = server, "stored identity is for another coordinator; registering again");
+    Ok(None)
+}
+
+/// Whether two lists of coordinator URLs (comma-separated) name one URL in common.
+pub fn same_coordinators(a: &str, b: &str) -> bool {
+    let urls = |s: &str| s.split(',').map(|u| u.trim().trim_end_matches('/').to_string()).collect::<Vec<_>>();
+    let b = urls(b);
+    urls(a).iter().any(|u| !u.is_empty() && b.contains(u))
+}
+
+/// Register with `registration_token` at the first of `targets` (best first, see [`follow`])
+/// that answers; `server` (the URLs as configured) is stored with the identity.
+///
+/// [`follow`]: crate::follow
+pub async fn register(
+    data_dir: &Path,
+    server: &str,
+    targets: &[crate::follow::Target],
+    name: &str,
+    registration_token: Option<&str>,
+) -> anyhow::Result<Identity> {
+    let path = data_dir.join("agent.json");
     let Some(token) = registration_token else {
         bail!("this agent is not registered with {server}: pass --registration-token (or GPUCI_REGISTRATION_TOKEN), found in the coordinator's data dir as registration-token");
     };
-    let resp = http
-        .post(format!("{server}/api/v1/agents/register"))
-        .bearer_auth(token)
-        .json(&RegisterRequest { name: name.to_string() })
-        .send()
-        .await
-        .map_err(|e| Unreachable { server: server.to_string(), why: format!("{:#}", anyhow::Error::new(e)) })?;
-    if resp.status().is_server_error() {
-        // A proxy in front of a coordinator that is down answers 502/503: as unreachable.
-        let why = format!("answered {}", resp.status());
-        return Err(Unreachable { server: server.to_string(), why }.into());
+    let mut unreachable = Unreachable { server: server.to_string(), why: "no coordinator leads now".into() };
+    for t in targets {
+        let http = t.client(reqwest::Client::builder().timeout(std::time::Duration::from_secs(30)))?;
+        let resp = match http
+            .post(format!("{}/api/v1/agents/register", t.base))
+            .bearer_auth(token)
+            .json(&RegisterRequest { name: name.to_string() })
+            .send()
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                unreachable = Unreachable { server: t.base.clone(), why: format!("{:#}", anyhow::Error::new(e)) };
+                continue;
+            }
+        };
+        if resp.status().is_server_error() {
+            // A proxy in front of a coordinator that is down answers 502/503, a standby 503:
+            // as unreachable.
+            unreachable = Unreachable { server: t.base.clone(), why: format!("answered {}", resp.status()) };
+            continue;
+        }
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp.text().await.unwrap_or_default();
+            bail!("registration with {} refused ({status}): {body}", t.base);
+        }
+        let r: RegisterResponse = resp.json().await.context("reading registration answer")?;
+        let id = Identity { agent_id: r.agent_id, credential: r.credential, server: server.to_string() };
+        write_private(&path, &serde_json::to_string_pretty(&id)?)?;
+        tracing::info!(agent = %id.agent_id, coordinator = %t.base, "registered");
+        return Ok(id);
     }
-    if !resp.status().is_success() {
-        let status = resp.status();
-        let body = resp.text().await.unwrap_or_default();
-        bail!("registration with {server} refused ({status}): {body}");
-    }
-    let r: RegisterResponse = resp.json().await.context("reading registration answer")?;
-    let id = Identity { agent_id: r.agent_id, credential: r.credential, server: server.to_string() };
-    write_private(&path, &serde_json::to_string_pretty(&id)?)?;
-    tracing::info!(agent = %id.agent_id, "registered");
-    Ok((id, true))
+    Err(unreachable.into())
 }
 
 /// Take the group and other read/write bits off the data dir (creating it) or the credential
@@ -124,4 +152,18 @@ fn write_private(path: &Path, contents: &str) -> anyhow::Result<()> {
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_identity_is_kept_when_the_coordinator_list_names_its_coordinator() {
+        assert!(same_coordinators("http://a:1", "http://a:1/"));
+        assert!(same_coordinators("http://a:1", "http://b:2, http://a:1"));
+        assert!(same_coordinators("http://a:1,http://b:2", "http://b:2"));
+        assert!(!same_coordinators("http://a:1", "http://b:2,http://c:3"));
+        assert!(!same_coordinators("", "http://b:2"));
+    }
 }

@@ -13,6 +13,7 @@ mod artifacts_http;
 pub mod cache;
 pub mod disk;
 mod executor;
+pub mod follow;
 pub mod fstree;
 pub mod gpulock;
 pub mod grant;
@@ -26,6 +27,7 @@ pub mod outbox;
 pub mod probe;
 pub mod series;
 pub mod slots;
+pub mod steps_proxy;
 pub mod tenancy;
 pub mod unenforced;
 pub mod workspace;
@@ -52,7 +54,8 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Clone)]
 pub struct Config {
-    /// Coordinator base URL, e.g. `http://127.0.0.1:8070`.
+    /// Coordinator base URL, e.g. `http://127.0.0.1:8070`, or several, comma-separated: the
+    /// agent talks to the one that leads ([`follow`]).
     pub server: String,
     pub registration_token: Option<String>,
     pub name: String,
@@ -243,6 +246,8 @@ struct Agent {
     suspect_signal: bool,
     /// [`Config::ends_at_ms`].
     ends_at_ms: Option<i64>,
+    /// The coordinators given, and the one talked to now.
+    coordinators: follow::Coordinators,
 }
 
 /// Whether a job ended the way an engine's stop signal (SIGHUP, SIGINT, SIGKILL, SIGTERM)
@@ -312,8 +317,10 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         ),
         Err(e) => return Err(e).with_context(|| format!("opening the journal {}", journal_path.display())),
     };
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build()?;
-    let (identity, registered_anew) = match register(&config, &http, started, &shutdown).await? {
+    let mut coordinators = follow::Coordinators::new(
+        follow::parse_urls(&[&config.server]).with_context(|| format!("--server {}", config.server))?,
+    );
+    let (identity, registered_anew) = match register(&config, &mut coordinators, started, &shutdown).await? {
         Registered::Yes(id, anew) => (id, anew),
         Registered::No(ended) => return Ok(ended),
     };
@@ -579,7 +586,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         caches: Arc::new(cache::CacheStore::open(config.data_dir.join("cache"), config.cache_limits)),
         uploads: Some(
             workspace::UploadSource::new(
-                &identity.server,
+                coordinators.current(),
                 &identity.agent_id,
                 &identity.credential,
                 config.data_dir.join("uploads"),
@@ -687,6 +694,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         told_taken_back: false,
         suspect_signal: false,
         ends_at_ms: config.ends_at_ms,
+        coordinators,
     };
     agent.check_disk();
     let ended = agent.run(identity, shutdown).await;
@@ -701,41 +709,60 @@ enum Registered {
     No(Ended),
 }
 
-/// [`identity::load_or_register`]; an agent that may leave retries a registration that cannot
-/// reach the coordinator until it is due to leave (a machine whose coordinator died before its
-/// agent registered must not bill forever; without the flag the first failure ends the agent).
+/// [`identity::load`] or [`identity::register`] with the coordinator that leads; an agent
+/// that may leave retries a registration that cannot reach a coordinator until it is due to
+/// leave (a machine whose coordinator died before its agent registered must not bill
+/// forever), and so does one given several coordinators (a failover may be under way);
+/// otherwise the first failure ends the agent.
 async fn register(
     config: &Config,
-    http: &reqwest::Client,
+    coordinators: &mut follow::Coordinators,
     started: std::time::Instant,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<Registered> {
-    let mut backoff = Duration::from_secs(1);
+    if let Some(id) = identity::load(&config.data_dir, &config.server)? {
+        return Ok(Registered::Yes(id, false));
+    }
+    let mut failures = 0;
     loop {
-        let e = match identity::load_or_register(
-            http,
+        let (targets, said) = coordinators.candidates().await;
+        let e = match identity::register(
             &config.data_dir,
             &config.server,
+            &targets,
             &config.name,
             config.registration_token.as_deref(),
         )
         .await
         {
-            Ok((id, anew)) => return Ok(Registered::Yes(id, anew)),
+            Ok(id) => return Ok(Registered::Yes(id, true)),
             Err(e) => e,
         };
-        let Some(limit) = config.leave_after_unreachable else { return Err(e) };
         if e.downcast_ref::<identity::Unreachable>().is_none() {
             return Err(e);
         }
-        let facts = leave::Facts { last_connected: started, last_job_ended: None, running_jobs: 0 };
-        let recheck_at = match leave::decide(limit, &facts, std::time::Instant::now()) {
-            leave::Verdict::Leave { unreachable_for } => {
-                return Ok(Registered::No(leaving(&config.server, unreachable_for)));
+        let several = coordinators.urls().len() > 1 || !said.is_empty();
+        let recheck_at = match config.leave_after_unreachable {
+            None if !several => return Err(e),
+            None => None,
+            Some(limit) => {
+                let facts = leave::Facts { last_connected: started, last_job_ended: None, running_jobs: 0 };
+                match leave::decide(limit, &facts, std::time::Instant::now()) {
+                    leave::Verdict::Leave { unreachable_for } => {
+                        return Ok(Registered::No(leaving(&config.server, unreachable_for)));
+                    }
+                    leave::Verdict::Stay { recheck_at } => recheck_at,
+                }
             }
-            leave::Verdict::Stay { recheck_at } => recheck_at,
         };
-        tracing::warn!(error = %format!("{e:#}"), retry_in = ?backoff, "cannot register");
+        // Several coordinators: a failover takes seconds, asked again soon; one: as before.
+        let backoff = if several {
+            gpuci_core::coordinators::backoff(failures, true, rand::random::<f64>())
+        } else {
+            Duration::from_secs(1u64 << failures.min(5)).min(Duration::from_secs(30))
+        };
+        failures = failures.saturating_add(1);
+        tracing::warn!(error = %format!("{e:#}"), coordinators = %said, retry_in = ?backoff, "cannot register");
         let mut wait = tokio::time::Instant::now() + backoff;
         if let Some(at) = recheck_at {
             wait = wait.min(tokio::time::Instant::from_std(at));
@@ -744,7 +771,6 @@ async fn register(
             _ = shutdown.cancelled() => return Ok(Registered::No(Ended::Shutdown)),
             _ = tokio::time::sleep_until(wait) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 
@@ -785,7 +811,8 @@ impl Agent {
     }
 
     async fn run(&mut self, id: identity::Identity, shutdown: CancellationToken) -> anyhow::Result<Ended> {
-        let mut backoff = Duration::from_millis(100);
+        // Tries in a row that found no coordinator to talk to.
+        let mut failures = 0;
         'connect: loop {
             if shutdown.is_cancelled() {
                 break;
@@ -794,19 +821,25 @@ impl Agent {
             if std::mem::take(&mut self.welcomed) {
                 self.last_connected = std::time::Instant::now();
             }
-            match ended {
+            // Jittered exponential backoff, capped at 5 s (1 s while several coordinators answer
+            // and none leads: a takeover); job events are still collected meanwhile.
+            let wait = match ended {
                 Ok(SessionEnd::Shutdown) => break,
                 Ok(SessionEnd::Done) => return Ok(Ended::Shutdown),
                 Ok(SessionEnd::Refused(why)) => bail!("the coordinator refused this agent: {why}"),
                 Ok(SessionEnd::Disconnected(why)) => {
                     tracing::warn!(why, "disconnected from coordinator; reconnecting");
-                    backoff = Duration::from_millis(100);
+                    failures = 0;
+                    gpuci_core::coordinators::backoff(failures, false, rand::random::<f64>())
                 }
-                Err(e) => tracing::warn!(error = %format!("{e:#}"), retry_in = ?backoff, "cannot reach coordinator"),
-            }
-            // Jittered exponential backoff, capped at 5 s; job events are still collected meanwhile.
-            let jitter = rand::random::<u64>() % (backoff.as_millis() as u64 / 2 + 1);
-            let wait = backoff + Duration::from_millis(jitter);
+                Err(e) => {
+                    let leaderless = e.downcast_ref::<follow::NoLeader>().is_some();
+                    let wait = gpuci_core::coordinators::backoff(failures, leaderless, rand::random::<f64>());
+                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?wait, "cannot reach coordinator");
+                    wait
+                }
+            };
+            failures = failures.saturating_add(1);
             let deadline = tokio::time::Instant::now() + wait;
             loop {
                 // Asked again after every job event: the last job's end restarts the clock.
@@ -825,7 +858,6 @@ impl Agent {
                     Some(ev) = self.events_rx.recv() => self.drain_events(ev),
                 }
             }
-            backoff = (backoff * 2).min(Duration::from_secs(5));
         }
         // Shutting down: stop jobs; their results are lost with us unless sent in time.
         for c in self.running.values() {
@@ -961,26 +993,25 @@ impl Agent {
     }
 
     async fn session(&mut self, id: &identity::Identity, shutdown: &CancellationToken) -> anyhow::Result<SessionEnd> {
-        let url = format!("{}/api/v1/agents/connect", id.server.replacen("http", "ws", 1));
-        let mut req = url.as_str().into_client_request()?;
-        req.headers_mut().insert("authorization", format!("Bearer {}", id.credential).parse()?);
-        req.headers_mut().insert("x-gpuci-agent-id", id.agent_id.parse()?);
-        let (ws, _) = tokio::time::timeout(
-            Duration::from_secs(10),
-            tokio_tungstenite::connect_async_with_config(req, None, true),
-        )
-        .await
-        .context("connect timed out")?
-        .map_err(|e| match &e {
-            tokio_tungstenite::tungstenite::Error::Http(r) if r.status() == 401 => anyhow::anyhow!(
-                "the coordinator at {} does not know this agent's credential (401): it was started on \
-                 another database, or this agent was removed there. To register again, move agent.json \
-                 (in the agent's data dir) aside and start the agent with --registration-token (jobs held \
-                 for the old registration are then given up)",
-                id.server
-            ),
-            _ => anyhow::Error::new(e).context("connecting"),
-        })?;
+        let (targets, said) = self.coordinators.candidates().await;
+        if targets.is_empty() {
+            return Err(follow::NoLeader { said }.into());
+        }
+        let mut failed = Vec::new();
+        let mut connected = None;
+        for t in &targets {
+            match connect(t, id).await {
+                Ok(ws) => {
+                    connected = Some((ws, t));
+                    break;
+                }
+                // Refused for its credential: no other coordinator of its database knows it either.
+                Err(e) if targets.len() == 1 || e.downcast_ref::<Unknown>().is_some() => return Err(e),
+                Err(e) => failed.push(format!("{}: {e:#}", t.base)),
+            }
+        }
+        let Some((ws, target)) = connected else { bail!("no coordinator answered: {}", failed.join("; ")) };
+        self.coordinators.used(target);
         let (mut sink, mut stream) = ws.split();
         let mut hello = self.hello_base.clone();
         hello.running = self.holds.iter().copied().collect();
@@ -1020,7 +1051,7 @@ impl Agent {
             Err(_) => bail!("no welcome within 15s"),
         };
         self.welcomed = true;
-        tracing::info!(server = %id.server, running = self.running.len(), "connected to coordinator");
+        tracing::info!(server = %target.base, running = self.running.len(), "connected to coordinator");
         self.send_outbox(&mut sink).await?;
         let mut tick = tokio::time::interval(heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -1219,6 +1250,46 @@ impl Agent {
 
 /// Lines per log event.
 const LINES_PER_EVENT: usize = 1000;
+
+/// The agent channel could not be opened because the coordinator does not know this agent's
+/// credential (401).
+#[derive(Debug, thiserror::Error)]
+#[error("the coordinator at {server} does not know this agent's credential (401): it was started on another database, or this agent was removed there. To register again, move agent.json (in the agent's data dir) aside and start the agent with --registration-token (jobs held for the old registration are then given up)")]
+struct Unknown {
+    server: String,
+}
+
+type Channel = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Open the agent channel to `target` (at its address, when it has one: one of several a name
+/// resolved to).
+async fn connect(target: &follow::Target, id: &identity::Identity) -> anyhow::Result<Channel> {
+    let url = format!("{}/api/v1/agents/connect", target.base.replacen("http", "ws", 1));
+    let mut req = url.as_str().into_client_request()?;
+    req.headers_mut().insert("authorization", format!("Bearer {}", id.credential).parse()?);
+    req.headers_mut().insert("x-gpuci-agent-id", id.agent_id.parse()?);
+    let opened = tokio::time::timeout(Duration::from_secs(10), async {
+        match target.addr {
+            Some(addr) => {
+                let tcp =
+                    tokio::net::TcpStream::connect(addr).await.map_err(tokio_tungstenite::tungstenite::Error::Io)?;
+                let _ = tcp.set_nodelay(true);
+                let tcp = tokio_tungstenite::MaybeTlsStream::Plain(tcp);
+                tokio_tungstenite::client_async_with_config(req, tcp, None).await
+            }
+            None => tokio_tungstenite::connect_async_with_config(req, None, true).await,
+        }
+    })
+    .await
+    .context("connect timed out")?;
+    let (ws, _) = opened.map_err(|e| match &e {
+        tokio_tungstenite::tungstenite::Error::Http(r) if r.status() == 401 => {
+            anyhow::Error::new(Unknown { server: target.base.clone() })
+        }
+        _ => anyhow::Error::new(e).context("connecting"),
+    })?;
+    Ok(ws)
+}
 
 async fn send<S>(sink: &mut S, msg: &AgentMessage) -> anyhow::Result<()>
 where

@@ -46,7 +46,8 @@ pub enum WorkspaceError {
 /// Where uploads come from: the coordinator, as this agent.
 pub struct UploadSource {
     pub http: reqwest::Client,
-    pub server: String,
+    /// The coordinator the agent talks to now: after a failover, the new leader.
+    pub server: crate::follow::Current,
     pub agent_id: String,
     pub credential: String,
     pub cache_dir: PathBuf,
@@ -70,19 +71,18 @@ fn sha256_file(path: &Path) -> std::io::Result<String> {
 }
 
 impl UploadSource {
-    pub fn new(server: &str, agent_id: &str, credential: &str, cache_dir: PathBuf) -> reqwest::Result<Self> {
+    pub fn new(
+        server: crate::follow::Current,
+        agent_id: &str,
+        credential: &str,
+        cache_dir: PathBuf,
+    ) -> reqwest::Result<Self> {
         // No overall timeout: an upload may be large. A stalled connection still ends.
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))
             .read_timeout(Duration::from_secs(120))
             .build()?;
-        Ok(UploadSource {
-            http,
-            server: server.trim_end_matches('/').to_string(),
-            agent_id: agent_id.to_string(),
-            credential: credential.to_string(),
-            cache_dir,
-        })
+        Ok(UploadSource { http, server, agent_id: agent_id.to_string(), credential: credential.to_string(), cache_dir })
     }
 
     /// The cached archive of upload `id`, downloaded if it is not cached (or the cached copy

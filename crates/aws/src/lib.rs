@@ -22,6 +22,10 @@
 //! looks for an instance with the machine's tag first, too (which also covers a coordinator
 //! that crashed between two offers).
 
+/// Shared blob storage in an S3-compatible bucket (the coordinator's uploads and artifacts):
+/// here because it is the same SDK family, so it adds no second HTTP or TLS stack.
+pub mod s3;
+
 use async_trait::async_trait;
 pub use aws_sdk_ec2::config::Credentials as AwsCredentials;
 use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};

@@ -40,6 +40,8 @@ pub enum Command {
     Logs(LogsArgs),
     /// A job's artifacts: `list JOB`, `download JOB [GLOB] [--dir D]`.
     Artifacts(crate::cmd::artifacts::ArtifactsArgs),
+    /// From inside a running job: `upload FILE` adds FILE's steps to the job's own pipeline.
+    Pipeline(crate::cmd::pipeline::PipelineArgs),
     /// Cancel a job.
     Cancel(CancelArgs),
     /// List agents with their GPUs.
@@ -80,9 +82,10 @@ pub enum Command {
 /// Where the API is and how to authenticate.
 #[derive(Args, Debug, Clone)]
 pub struct ClientArgs {
-    /// Coordinator URL.
-    #[arg(long, env = "GPUCI_SERVER", default_value = "http://127.0.0.1:8070", global = true)]
-    pub server: String,
+    /// Coordinator URL; several (repeated, or comma-separated): the one that leads, asked by
+    /// its /readyz (a name with several addresses: each address is asked).
+    #[arg(long, env = "GPUCI_SERVER", default_value = "http://127.0.0.1:8070", global = true, value_delimiter = ',')]
+    pub server: Vec<String>,
     /// API token; by default read from <data-dir>/api-token.
     #[arg(long, env = "GPUCI_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
@@ -337,18 +340,23 @@ pub struct ServerArgs {
     /// replaced; use it once, not in a service file.
     #[arg(long)]
     pub new_database: bool,
-    /// With a Postgres --database another coordinator leads: wait as its standby (not
-    /// listening) and take over within seconds when the leader stops renewing its claim
-    /// (killed, paused, cut off from the database), instead of refusing to start. The
-    /// standby's data dir holds copies of the leader's tokens and keys (docs/ha.md).
+    /// With a Postgres --database another coordinator leads: wait as its standby (on
+    /// --listen, answering /healthz 200 and everything else 503, so load balancers and agents
+    /// given several coordinators pass it by) and take over within seconds when the leader
+    /// stops renewing its claim (killed, paused, cut off from the database), instead of
+    /// refusing to start. The standby's data dir holds copies of the leader's tokens and keys
+    /// (docs/ha.md).
     #[arg(long, env = "GPUCI_STANDBY")]
     pub standby: bool,
 }
 
 #[derive(Args, Debug)]
 pub struct AgentArgs {
-    #[arg(long, env = "GPUCI_SERVER")]
-    pub server: String,
+    /// Coordinator URL; several (repeated, or comma-separated) where a standby stands beside
+    /// the leader: the agent talks to the one that leads, asked by its /readyz, and moves to
+    /// the new leader after a failover (a name with several addresses: each is asked).
+    #[arg(long, env = "GPUCI_SERVER", required = true, value_delimiter = ',')]
+    pub server: Vec<String>,
     /// Needed the first time only; afterwards the agent's own credential in its data dir is used.
     #[arg(long, env = "GPUCI_REGISTRATION_TOKEN", hide_env_values = true)]
     pub registration_token: Option<String>,
@@ -518,7 +526,8 @@ pub struct AuditArgs {
     #[arg(long)]
     pub since: Option<String>,
     /// An action (secret.set, secret.rm, secrets-key.rotate, token.create, token.revoke,
-    /// approval.grant, job.cancel, job.retry, gpu.release, schedule.run) or the part before its dot (secret).
+    /// approval.grant, job.cancel, job.retry, gpu.release, schedule.run, pipeline.upload) or the part
+    /// before its dot (secret).
     #[arg(long)]
     pub action: Option<String>,
     /// Entries of this actor: `admin`, a named token, a GitHub login.
@@ -707,8 +716,15 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub config: PathBuf,
     /// CSV with a header: job_id, submit_s, duration_s, pool, gpus, group, cancel_in_progress.
-    #[arg(long)]
-    pub trace: PathBuf,
+    #[arg(long, required_unless_present = "from_store", conflicts_with = "from_store")]
+    pub trace: Option<PathBuf>,
+    /// Replay the coordinator's own job history instead of a trace: its SQLite file (copied,
+    /// never written) or its postgres:// URL. Jobs that started in the last --days days.
+    #[arg(long, value_name = "DATABASE")]
+    pub from_store: Option<String>,
+    /// With --from-store: how many days of history.
+    #[arg(long, default_value_t = 14, requires = "from_store")]
+    pub days: u32,
     /// Seed of the simulated boot times, interruptions and capacity errors.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

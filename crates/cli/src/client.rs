@@ -20,6 +20,14 @@ impl Client {
         Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
     }
 
+    /// A client of the coordinator that leads among `servers` (see [`leader`]).
+    pub fn of_leader(servers: &[String], token: &str) -> CliResult<Self> {
+        let urls = gpuci_agent::follow::parse_urls(servers).map_err(|e| CliError::Input(format!("--server: {e}")))?;
+        let target = leader(urls)?;
+        let http = target.client(reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5)))?;
+        Ok(Client { http, base: target.base, token: token.to_string() })
+    }
+
     /// From `--server`/`--token`, or the token file in the data dir.
     pub fn from_args(a: &ClientArgs) -> CliResult<Self> {
         let token = match &a.token {
@@ -35,7 +43,7 @@ impl Client {
                 })?
             }
         };
-        Self::new(&a.server, &token)
+        Self::of_leader(&a.server, &token)
     }
 
     fn url(&self, path: &str) -> String {
@@ -364,6 +372,55 @@ enum Workspace {
     Uploaded(String),
     /// Small: sent with the pipeline (base64 of the archive).
     Inline(String),
+}
+
+/// How long the CLI waits for one of several coordinators to lead (a takeover takes seconds,
+/// docs/ha.md) before it gives up.
+const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The coordinator to talk to: the one URL given, or among several (and every address of a
+/// name) the one whose `/readyz` says it leads, asked once when the command starts.
+///
+/// Asked on a thread of its own with its own runtime: `from_args` is called from async
+/// commands on a current-thread runtime, where it cannot wait on a future, and making it
+/// async would change every command for a moment's wait at start.
+fn leader(urls: Vec<String>) -> CliResult<gpuci_agent::follow::Target> {
+    let coordinators = gpuci_agent::follow::Coordinators::new(urls);
+    let asked = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let rt =
+                    tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(anyhow::Error::from)?;
+                rt.block_on(async {
+                    let t0 = std::time::Instant::now();
+                    let mut failures = 0;
+                    loop {
+                        let (targets, said) = coordinators.candidates().await;
+                        if let Some(t) = targets.into_iter().next() {
+                            return Ok(t);
+                        }
+                        if t0.elapsed() >= LEADER_WAIT {
+                            return Err(CliError::Other(anyhow::anyhow!(
+                                "none of the coordinators leads now ({said}); waited {}s",
+                                LEADER_WAIT.as_secs()
+                            )));
+                        }
+                        if failures == 0 {
+                            eprintln!("no coordinator leads now ({said}); waiting up to {}s", LEADER_WAIT.as_secs());
+                        }
+                        // Jitter from the clock: a CLI has no need of a better random source here.
+                        let nanos = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.subsec_nanos());
+                        tokio::time::sleep(gpuci_core::coordinators::backoff(failures, true, f64::from(nanos) / 1e9))
+                            .await;
+                        failures += 1;
+                    }
+                })
+            })
+            .join()
+    });
+    asked.unwrap_or_else(|_| Err(CliError::Other(anyhow::anyhow!("finding the leading coordinator failed"))))
 }
 
 fn scope_query(scope: &crate::cli::SecretScopeArgs) -> Vec<(&'static str, String)> {

@@ -143,10 +143,18 @@ pub fn job_detail(j: &JobSummary) -> String {
         let _ = writeln!(s, "ran:      {}", elapsed(fin.unwrap_or_else(now_ms) - st));
     }
     if let Some(c) = &j.cost {
+        let whole = match c.overhead_usd {
+            Some(o) => format!(
+                "${:.4}: ${:.4} while it ran + ${o:.4} its share of the machine's boot and idle{}",
+                c.usd + o,
+                c.usd,
+                if j.finished_at_ms.is_none() { " so far" } else { "" }
+            ),
+            None => format!("${:.4}", c.usd),
+        };
         let _ = writeln!(
             s,
-            "cost:     ${:.4} (machine {} of fleet {}, ${:.3}/h)",
-            c.usd,
+            "cost:     {whole} (machine {} of fleet {}, ${:.3}/h)",
             escape(&c.machine),
             escape(&c.fleet),
             c.price_per_hour

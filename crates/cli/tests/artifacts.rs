@@ -358,3 +358,51 @@ steps:
     assert_eq!(v["test_report"]["summary"]["failures"], 1, "{v}");
     assert_eq!(v["id"], job.id);
 }
+
+/// A fork's pull request fills only its own share of the repository cap (a fifth), never the
+/// trusted jobs' room. The fork's origin is written into the coordinator's database as the
+/// GitHub integration writes it (the GitHub tests cover how it gets there).
+#[test]
+fn a_forks_artifacts_fill_their_own_share_and_never_the_trusted_jobs_room() {
+    let dir = tempdir();
+    let config = dir.path().join("server.toml");
+    std::fs::write(&config, "[artifacts]\nmax_repository = \"5KiB\"\n").unwrap();
+    let args: Vec<String> =
+        ["--heartbeat", "200ms", "--lost-after", "30s", "--config", config.to_str().unwrap()].map(String::from).into();
+    let server = Server::start_on(&dir.path().join("server"), "127.0.0.1:0", args);
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    // The fork's job waits for its origin to be set (the test does it at once).
+    let fork = api.submit(
+        "steps:\n  - key: fork\n    command: |\n      sleep 3\n      head -c 900 /dev/zero > small.bin\n      head -c 2048 /dev/zero > big.bin\n    artifacts: [\"*.bin\"]\n",
+    );
+    let origin = serde_json::json!({"kind": "github", "repository": "octo/kernels", "sha": "1".repeat(40),
+        "event": "pull_request", "pr": 7, "secrets": false})
+    .to_string();
+    let db = dir.path().join("server").join("gpuci.db");
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).busy_timeout(Duration::from_secs(10));
+        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.unwrap();
+        sqlx::query("UPDATE pipelines SET origin = ? WHERE id = ?").bind(&origin).bind(fork.id).execute(&mut conn).await.unwrap();
+    });
+    let done = api.wait_pipeline(fork.id, T);
+    let job = job_of(&done, "fork");
+    let stored: Vec<_> = artifacts(&api, job.id).into_iter().map(|a| a.path).collect();
+    assert_eq!(stored, ["small.bin"], "a fifth of 5 KiB is 1 KiB: the 2 KiB file is over it");
+    let log = api.log_system(job.id).join("\n");
+    assert!(log.contains("\"big.bin\" refused") && log.contains("untrusted"), "{log}");
+    // A trusted job of the same repository (no repository here: the same class of jobs) still
+    // has its whole 5 KiB: the fork's 900 bytes are not in its count.
+    let trusted = api.submit(
+        "steps:\n  - key: main\n    command: head -c 4608 /dev/zero > release.bin\n    artifacts: [release.bin]\n",
+    );
+    let done = api.wait_pipeline(trusted.id, T);
+    let job = job_of(&done, "main");
+    assert_eq!(
+        artifacts(&api, job.id).into_iter().map(|a| a.path).collect::<Vec<_>>(),
+        ["release.bin"],
+        "{:?}",
+        api.log_system(job.id)
+    );
+}

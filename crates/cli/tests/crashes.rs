@@ -527,3 +527,110 @@ async fn an_agent_leaves_a_coordinator_that_stopped_answering_and_connects_again
     assert!(second.is_ok(), "the agent stayed on a coordinator that answered nothing for {after:?}");
     eprintln!("left a silent coordinator after {:.1} s", after.as_secs_f64());
 }
+
+/// Group commit (issue 29): a placement pass stores all its assignments in one transaction
+/// and sends none before it commits. Here the coordinator's database refuses every
+/// assignment (a trigger, as a full disk or a fenced leader would refuse the whole commit):
+/// no job reaches the agent, each says why it waits, and once the database takes writes
+/// again each runs exactly once, with no other event needed to place it again.
+#[test]
+fn a_placement_pass_whose_commit_fails_sends_nothing_and_its_jobs_run_once_afterwards() {
+    let dir = tempdir();
+    let ledger = shared_dir(&dir, "ledger").join("started");
+    std::fs::write(&ledger, "").unwrap();
+    std::fs::set_permissions(&ledger, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let db = server.data_dir.join("gpuci.db");
+    let sql = |sql: &'static str| {
+        let db = db.clone();
+        tokio::runtime::Runtime::new().unwrap().block_on(async move {
+            let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).busy_timeout(Duration::from_secs(10));
+            let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.unwrap();
+            sqlx::query(sql).execute(&mut conn).await.unwrap();
+        })
+    };
+    sql("CREATE TRIGGER refuse_assignments BEFORE UPDATE OF state ON jobs WHEN NEW.state = 'assigned' \
+         BEGIN SELECT RAISE(ABORT, 'injected: assignments refused'); END");
+    let args = ["--slots", "4", "--isolation", isolation(), "--allow-unsandboxed"];
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &args);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let mut yaml = String::from("steps:\n");
+    for i in 0..4 {
+        yaml.push_str(&format!(
+            "  - key: s{i}\n    sandbox: none\n    command: \"echo $GPUCI_JOB_ID >> {}\"\n",
+            ledger.display()
+        ));
+    }
+    let p = api.submit(&yaml);
+    for j in &p.jobs {
+        let j = api.wait_job(j.id, "its refused placement", T, |j| j.reason.contains("could not be stored"));
+        assert_eq!(j.state, JobState::Queued, "{j:?}");
+        assert!(j.reason.contains("injected: assignments refused"), "{}", j.reason);
+    }
+    // Passes keep being refused meanwhile (each tick); none may have reached the agent.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(starts(&ledger).is_empty(), "an assignment that was never stored ran: {:?}", starts(&ledger));
+    assert!(p.jobs.iter().all(|j| api.job(j.id).state == JobState::Queued));
+    sql("DROP TRIGGER refuse_assignments");
+    let done = api.wait_pipeline(p.id, T);
+    let ran = starts(&ledger);
+    assert_eq!(ran.len(), 4, "{ran:?} {:#?}", done.jobs);
+    for j in &done.jobs {
+        assert_eq!(j.state, JobState::Succeeded, "{j:#?}");
+        assert_eq!(ran.get(&j.id), Some(&1), "job {} ran {:?} times", j.id, ran.get(&j.id));
+    }
+    assert_eq!(done.jobs.len(), 4, "{:#?}", done.jobs);
+}
+
+/// Group commit (issue 29): agents' starts are stored in one transaction per run of commands
+/// and acknowledged only after it commits. Here the database refuses every start (a trigger):
+/// nothing is acknowledged, the agent sends its events again, and once the database takes
+/// writes again each job's start and result are stored once and no job ran twice.
+#[test]
+fn starts_whose_commit_fails_are_not_acknowledged_and_are_stored_once_when_sent_again() {
+    let dir = tempdir();
+    let ledger = shared_dir(&dir, "ledger").join("started");
+    std::fs::write(&ledger, "").unwrap();
+    std::fs::set_permissions(&ledger, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let db = server.data_dir.join("gpuci.db");
+    let sql = |sql: &'static str| {
+        let db = db.clone();
+        tokio::runtime::Runtime::new().unwrap().block_on(async move {
+            let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).busy_timeout(Duration::from_secs(10));
+            let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.unwrap();
+            sqlx::query(sql).execute(&mut conn).await.unwrap();
+        })
+    };
+    sql("CREATE TRIGGER refuse_starts BEFORE UPDATE OF state ON jobs WHEN NEW.state = 'running' \
+         BEGIN SELECT RAISE(ABORT, 'injected: starts refused'); END");
+    let args = ["--slots", "4", "--isolation", isolation(), "--allow-unsandboxed"];
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &args);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let mut yaml = String::from("steps:\n");
+    for i in 0..4 {
+        yaml.push_str(&format!(
+            "  - key: s{i}\n    sandbox: none\n    command: \"echo $GPUCI_JOB_ID >> {}\"\n",
+            ledger.display()
+        ));
+    }
+    let p = api.submit(&yaml);
+    wait_until("every job to run on the agent", T, || starts(&ledger).len() == 4);
+    // Their starts (and so their results, which follow them) cannot be stored meanwhile.
+    std::thread::sleep(Duration::from_secs(2));
+    for j in &p.jobs {
+        let j = api.job(j.id);
+        assert_eq!(j.state, JobState::Assigned, "a start the store refused counts: {j:?}");
+    }
+    sql("DROP TRIGGER refuse_starts");
+    let done = api.wait_pipeline(p.id, T);
+    let ran = starts(&ledger);
+    assert_eq!(done.jobs.len(), 4, "{:#?}", done.jobs);
+    for j in &done.jobs {
+        assert_eq!(j.state, JobState::Succeeded, "{j:#?}");
+        assert!(j.started_at_ms.is_some(), "{j:#?}");
+        assert_eq!(ran.get(&j.id), Some(&1), "job {} ran {:?} times", j.id, ran.get(&j.id));
+    }
+}

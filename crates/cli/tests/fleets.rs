@@ -174,6 +174,17 @@ fn scales_from_zero_on_demand_and_back_to_zero_when_idle() {
     let total = report["total_usd"].as_f64().unwrap();
     assert!((total - status["spend_today_usd"].as_f64().unwrap()).abs() < 0.01, "{report:#} vs {status:#}");
     assert!(report["overhead_usd"].as_f64().unwrap() > 0.0, "boot and idle are overhead: {report:#}");
+    // One job's whole cost: its share while it ran plus its part of its machine's boot and
+    // idle. Machines that ran jobs are paid for by them in full.
+    let costs: Vec<_> = done.jobs.iter().map(|j| api.job(j.id).cost.unwrap()).collect();
+    let whole: f64 = costs.iter().map(|c| c.usd + c.overhead_usd.expect("its share of boot and idle")).sum();
+    assert!(costs.iter().all(|c| c.overhead_usd.unwrap() > 0.0), "{costs:?}");
+    let used: std::collections::BTreeSet<_> = costs.iter().map(|c| c.machine.clone()).collect();
+    if used.len() == made.len() {
+        assert!((whole - total).abs() < 1e-6, "jobs' whole costs {whole} vs billed {total}: {costs:?}");
+    } else {
+        assert!(whole < total && whole > expected, "jobs' whole costs {whole} vs billed {total}: {costs:?}");
+    }
     let out = std::process::Command::new(BIN)
         .args(["cost", "--days", "1", "--server", &f.server.url, "--token", &f.server.token])
         .output()

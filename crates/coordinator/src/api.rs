@@ -175,6 +175,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// An error with a whole body (a pipeline file's errors).
+    pub(crate) fn with_body(status: StatusCode, body: ErrorBody) -> Self {
+        ApiError { status, body }
+    }
+
     pub fn new(status: StatusCode, msg: impl Into<String>) -> Self {
         ApiError { status, body: ErrorBody { error: msg.into(), pipeline_errors: Vec::new() } }
     }
@@ -299,6 +304,7 @@ pub(crate) fn summarize(jobs: &[gpuci_store::JobRecord], known: &Known) -> Vec<J
                     machine: m.id.clone(),
                     fleet: m.fleet.clone(),
                     price_per_hour: m.price_per_hour,
+                    overhead_usd: None,
                 });
             }
             s
@@ -381,7 +387,10 @@ pub async fn submit_pipeline(
     // naming it is committed, no upload garbage collection runs (`crate::uploads`).
     let pin = st.uploads.pin().await;
     if let Some(id) = &req.workspace_upload {
-        if !st.uploads.exists(id) {
+        let stored = st.uploads.contains(id).await.map_err(|e| {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("workspace_upload: looking for upload {id}: {e}"))
+        })?;
+        if !stored {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 format!("workspace_upload: no upload {id:?} (POST /api/v1/uploads first)"),
@@ -539,7 +548,9 @@ pub(crate) async fn load_job(st: &AppState, id: JobId) -> ApiResult<gpuci_store:
         (status = 404, description = "no such job", body = ErrorBody)))]
 pub async fn get_job(State(st): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<JobSummary>> {
     let j = load_job(&st, id).await?;
-    Ok(Json(summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0)))
+    let mut s = summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0);
+    crate::job_cost::add_overhead(st.store.as_ref(), &mut s).await;
+    Ok(Json(s))
 }
 
 /// Cancel a job: a queued job ends at once; a running one when its agent has killed its process tree.

@@ -2,12 +2,16 @@
 //! files a job names in `artifacts_from:` before its command runs; people list and download
 //! them. The rules (paths, caps, retention) are `gpuci_core::artifacts`'; this applies them.
 //!
-//! Storage: content-addressed in `<data-dir>/artifacts/<sha256>` (streamed to a temporary
-//! file, synced, renamed: a reader never sees half a file, and the same bytes are stored
-//! once), one store row per job and path ([`gpuci_store::ArtifactRecord`]). Garbage
-//! collection ([`crate::artifacts_gc`]) deletes rows past retention and then every blob no
-//! row names, holding the gate's write side; an upload holds its read side from the rename
-//! until its row is committed, so a blob is never collected between the two.
+//! Storage: content-addressed as `<sha256>` in the blob store ([`crate::blobs`]:
+//! `<data-dir>/artifacts/` by default, or a shared S3 bucket), streamed to a temporary file
+//! in `<data-dir>/artifacts` while hashed, then stored (renamed into place, or uploaded): a
+//! reader never sees half a file, and the same bytes are stored once; one store row per job
+//! and path ([`gpuci_store::ArtifactRecord`]). Garbage collection ([`crate::artifacts_gc`])
+//! deletes rows past retention and then every blob no row names, holding the gate's write
+//! side; an upload holds its read side from the rename until its row is committed, so a blob
+//! is never collected between the two. With a shared store the upload to it happens before
+//! the gate and the caps' lock (never a network call under either), and a collector on any
+//! coordinator spares unnamed blobs younger than a grace period instead.
 //!
 //! Who may do what:
 //! - Upload (`PUT /api/v1/jobs/{id}/artifact-upload?path=P`): only the agent the job is
@@ -21,12 +25,10 @@
 //!   token, the same rule as the job's log (`/api/v1/jobs/{id}/logs`). A download is always
 //!   `application/octet-stream` with `nosniff` and `attachment`: a job's HTML never renders
 //!   on the coordinator's origin.
-//!
-//! Not here yet: an S3-compatible store (issue 30 asks for it as an option); the local
-//! directory is the only backend.
 
 use crate::api::{ApiError, ApiPath, ApiQuery};
 use crate::auth::{bearer, verify_hash};
+use crate::blobs::{Blob, BlobError, BlobStore, LocalBlobs};
 use crate::channel::AGENT_ID_HEADER;
 use crate::AppState;
 use axum::body::Body;
@@ -48,7 +50,9 @@ use tokio::io::AsyncWriteExt;
 /// Where artifacts live and the caps they obey.
 #[derive(Clone, Debug)]
 pub struct Artifacts {
+    /// The local directory: the blobs themselves with the local store, else their staging.
     dir: PathBuf,
+    blobs: Arc<dyn BlobStore>,
     pub limits: Limits,
     /// Read side: an upload between its rename and its row; write side: a collector pass.
     gate: Arc<tokio::sync::RwLock<()>>,
@@ -57,9 +61,17 @@ pub struct Artifacts {
 }
 
 impl Artifacts {
+    /// Artifacts in the local directory `dir`.
     pub fn new(dir: PathBuf, limits: Limits) -> Self {
+        let blobs = Arc::new(LocalBlobs::new(dir.clone()));
+        Self::with_store(dir, limits, blobs)
+    }
+
+    /// Artifacts in `blobs`, staged in `dir`.
+    pub fn with_store(dir: PathBuf, limits: Limits, blobs: Arc<dyn BlobStore>) -> Self {
         Artifacts {
             dir,
+            blobs,
             limits,
             gate: Arc::new(tokio::sync::RwLock::new(())),
             admit: Arc::new(tokio::sync::Mutex::new(())),
@@ -70,9 +82,21 @@ impl Artifacts {
         &self.dir
     }
 
-    /// The blob of `sha256`, when the name is one.
+    pub fn blobs(&self) -> &Arc<dyn BlobStore> {
+        &self.blobs
+    }
+
+    /// The local file of blob `sha256` (with the local store), when the name is one.
     pub fn blob(&self, sha256: &str) -> Option<PathBuf> {
         crate::uploads::valid_id(sha256).then(|| self.dir.join(sha256))
+    }
+
+    /// The bytes of blob `sha256`, streamed; `None` when it is not stored (or not a name).
+    pub async fn open(&self, sha256: &str) -> Result<Option<Blob>, BlobError> {
+        if !crate::uploads::valid_id(sha256) {
+            return Ok(None);
+        }
+        self.blobs.open(sha256).await
     }
 
     pub(crate) async fn exclusive(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
@@ -147,6 +171,7 @@ const MIN_FREE_DISK: u64 = 2 << 30;
         (status = 409, description = "the job has ended", body = ErrorBody),
         (status = 411, description = "no Content-Length", body = ErrorBody),
         (status = 413, description = "over a cap (per file, job or repository)", body = ErrorBody),
+        (status = 503, description = "the blob store (an S3 bucket) could not be written", body = ErrorBody),
         (status = 507, description = "the coordinator's disk is nearly full", body = ErrorBody)))]
 pub async fn upload(
     State(st): State<AppState>,
@@ -163,9 +188,16 @@ pub async fn upload(
     else {
         return Err(ApiError::new(StatusCode::LENGTH_REQUIRED, "an artifact upload needs a Content-Length"));
     };
-    let repository = st.store.get_pipeline(job.pipeline_id).await?.and_then(|p| p.repository);
+    let pipeline = st.store.get_pipeline(job.pipeline_id).await?;
+    // A fork's pull request (or any origin not trusted) fills its own share, never the room of
+    // the repository's trusted jobs.
+    let untrusted = pipeline.as_ref().is_none_or(|p| {
+        gpuci_core::concurrency::TrustClass::of(crate::origin::Origin::cache_origin(p.origin.as_deref()).as_ref())
+            != gpuci_core::concurrency::TrustClass::Trusted
+    });
+    let repository = pipeline.and_then(|p| p.repository);
     let refused = |why: String| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("artifact {}: {why}", q.path));
-    let before = usage(&st, id, &q.path, repository.as_deref()).await?;
+    let before = usage(&st, id, &q.path, repository.as_deref(), untrusted).await?;
     admit(&st.artifacts.limits, &before, declared).map_err(refused)?;
 
     let dir = st.artifacts.dir.clone();
@@ -211,30 +243,45 @@ pub async fn upload(
     if bytes != declared {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "the body is shorter than its Content-Length"));
     }
-    file.sync_all().await.map_err(|e| server_error("syncing an artifact", e))?;
+    file.flush().await.map_err(|e| server_error("writing an artifact", e))?;
     drop(file);
     let sha256 = hex::encode(hasher.finalize());
+    let blobs = st.artifacts.blobs.clone();
+    // A shared store is written now, outside the lock and the gate: a multi-GiB upload must
+    // not hold every other job's artifacts (or a collector pass) back. Were the caps to refuse
+    // it below, the blob no row names goes at a collector pass after the grace period.
+    if blobs.shared() {
+        store_blob(blobs.as_ref(), &sha256, &tmp, bytes, id, &q.path).await?;
+    }
     let record = ArtifactRecord {
         job_id: id,
         path: q.path.clone(),
         size: bytes,
         sha256: sha256.clone(),
         repository: repository.clone(),
+        untrusted,
         created_at_ms: crate::brain::now_ms(),
     };
     {
         let _admit = st.artifacts.admit.lock().await;
-        let now = usage(&st, id, &q.path, repository.as_deref()).await?;
+        let now = usage(&st, id, &q.path, repository.as_deref(), untrusted).await?;
         admit(&st.artifacts.limits, &now, bytes).map_err(refused)?;
         let _pin = st.artifacts.gate.read().await;
-        let path = dir.join(&sha256);
-        if !path.is_file() {
-            tokio::fs::rename(&tmp, &path).await.map_err(|e| server_error("storing an artifact", e))?;
-            if let Ok(d) = std::fs::File::open(&dir) {
-                let _ = d.sync_all();
-            }
+        if !blobs.shared() {
+            // Synced and renamed into place (or, when there, touched).
+            store_blob(blobs.as_ref(), &sha256, &tmp, bytes, id, &q.path).await?;
         }
         st.store.put_artifact(&record).await?;
+    }
+    if blobs.shared() {
+        // A collector pass of this process that listed the blob as old before the write above
+        // may have deleted it after (it held the gate, so it is over now); every later pass
+        // sees the row. So: there, or stored again.
+        match blobs.exists(&sha256).await {
+            Ok(true) => {}
+            Ok(false) => store_blob(blobs.as_ref(), &sha256, &tmp, bytes, id, &q.path).await?,
+            Err(e) => tracing::warn!(error = %e, job = id, "could not check a stored artifact"),
+        }
     }
     drop(guard);
     tracing::info!(job = id, path = %record.path, bytes, "artifact stored");
@@ -247,16 +294,37 @@ pub async fn upload(
     Ok((StatusCode::CREATED, Json(answer)))
 }
 
+async fn store_blob(
+    blobs: &dyn BlobStore,
+    sha256: &str,
+    staged: &Path,
+    bytes: u64,
+    job: JobId,
+    path: &str,
+) -> Result<(), ApiError> {
+    blobs.store(sha256, staged, bytes).await.map(|_| ()).map_err(|e| {
+        tracing::error!(error = %e, job, "could not store an artifact");
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("storing artifact {path}: {e}"))
+    })
+}
+
 /// What job `id` has stored, without the artifact at `path` (an upload of the same path
 /// replaces it), and what its repository has.
-async fn usage(st: &AppState, id: JobId, path: &str, repository: Option<&str>) -> Result<Usage, ApiError> {
+async fn usage(
+    st: &AppState,
+    id: JobId,
+    path: &str,
+    repository: Option<&str>,
+    untrusted: bool,
+) -> Result<Usage, ApiError> {
     let mine = st.store.job_artifacts(id).await?;
     let replaced: u64 = mine.iter().filter(|a| a.path == path).map(|a| a.size).sum();
     let others: Vec<&ArtifactRecord> = mine.iter().filter(|a| a.path != path).collect();
     Ok(Usage {
         job_bytes: others.iter().map(|a| a.size).sum(),
         job_files: others.len() as u64,
-        repository_bytes: st.store.repository_artifact_bytes(repository).await?.saturating_sub(replaced),
+        repository_bytes: st.store.repository_artifact_bytes(repository, untrusted).await?.saturating_sub(replaced),
+        untrusted,
     })
 }
 
@@ -322,7 +390,8 @@ pub async fn inputs(
         (status = 403, description = "the job is not this agent's", body = ErrorBody),
         (status = 404, description = "not one of the job's inputs", body = ErrorBody),
         (status = 409, description = "the job has ended", body = ErrorBody),
-        (status = 410, description = "deleted by retention", body = ErrorBody)))]
+        (status = 410, description = "deleted by retention", body = ErrorBody),
+        (status = 503, description = "the blob store (an S3 bucket) could not be read", body = ErrorBody)))]
 pub async fn input_blob(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -354,7 +423,8 @@ pub async fn list(
     responses((status = 200, description = "the bytes", content_type = "application/octet-stream", body = Vec<u8>),
         (status = 401, description = "missing or invalid API token", body = ErrorBody),
         (status = 404, description = "no such job or artifact", body = ErrorBody),
-        (status = 410, description = "deleted by retention", body = ErrorBody)))]
+        (status = 410, description = "deleted by retention", body = ErrorBody),
+        (status = 503, description = "the blob store (an S3 bucket) could not be read", body = ErrorBody)))]
 pub async fn download(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<JobId>,
@@ -370,19 +440,19 @@ pub async fn download(
 }
 
 async fn serve_blob(st: &AppState, sha256: &str, name: Option<&str>) -> Result<Response, ApiError> {
-    let Some(path) = st.artifacts.blob(sha256) else {
+    if !crate::uploads::valid_id(sha256) {
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "an artifact is named by its sha256 in lowercase hex"));
-    };
-    let file = match tokio::fs::File::open(&path).await {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    }
+    let blob = match st.artifacts.open(sha256).await {
+        Ok(Some(b)) => b,
+        Ok(None) => {
             return Err(ApiError::new(StatusCode::GONE, format!("artifact {sha256} was deleted (retention)")));
         }
         Err(e) => {
-            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("opening artifact {sha256}: {e}")));
+            tracing::error!(error = %e, "could not open an artifact");
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("opening artifact {sha256}: {e}")));
         }
     };
-    let len = file.metadata().await.map(|m| m.len()).ok();
     let mut r = Response::builder()
         .header(header::CONTENT_TYPE, "application/octet-stream")
         .header(header::X_CONTENT_TYPE_OPTIONS, "nosniff")
@@ -390,10 +460,8 @@ async fn serve_blob(st: &AppState, sha256: &str, name: Option<&str>) -> Result<R
     if let Some(name) = name {
         r = r.header(header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\""));
     }
-    if let Some(len) = len {
-        r = r.header(header::CONTENT_LENGTH, len);
-    }
-    Ok(r.body(Body::from_stream(tokio_util::io::ReaderStream::new(file)))
+    r = r.header(header::CONTENT_LENGTH, blob.bytes);
+    Ok(r.body(Body::from_stream(tokio_util::io::ReaderStream::new(blob.body)))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
 }
 

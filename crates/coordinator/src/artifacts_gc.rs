@@ -1,12 +1,14 @@
 //! Artifact garbage collection (`[artifacts] retention`, `max_total`): a timer task that,
 //! every `interval` (and at start), reads every artifact row, asks
 //! `gpuci_core::artifacts::collect` which go, deletes those rows, and then deletes every blob
-//! in `<data-dir>/artifacts` that no row names any more (and temporary files of uploads that
-//! stopped an hour ago). It decides nothing itself.
+//! in the artifacts' blob store that no row names any more (and temporary files of uploads
+//! that stopped an hour ago, in `<data-dir>/artifacts`). It decides nothing itself.
 //!
 //! A pass holds the artifacts gate's write side ([`Artifacts::exclusive`]) throughout; an
 //! upload holds the read side from renaming its blob into place until its row is committed,
-//! so a blob is never collected between the two.
+//! so a blob is never collected between the two. A shared store (S3, several coordinators)
+//! is written by other processes the gate cannot hold back: there an unnamed blob goes only
+//! once its last write is older than `shared_grace` (module docs of [`crate::blobs`]).
 
 use crate::artifacts::Artifacts;
 use crate::github::config::Parsed;
@@ -32,6 +34,9 @@ pub struct ArtifactsConfig {
     /// The most all artifacts together may hold; `None`: no cap beyond the per-repository one.
     pub max_total: Option<u64>,
     pub interval: Duration,
+    /// With a shared store: how old an unnamed blob must be to go
+    /// ([`crate::blobs::SHARED_GRACE`]; tests shorten it).
+    pub shared_grace: Duration,
 }
 
 impl Default for ArtifactsConfig {
@@ -41,6 +46,7 @@ impl Default for ArtifactsConfig {
             retention: DEFAULT_RETENTION,
             max_total: None,
             interval: DEFAULT_INTERVAL,
+            shared_grace: crate::blobs::SHARED_GRACE,
         }
     }
 }
@@ -143,35 +149,41 @@ pub async fn pass(
     let gone: HashSet<usize> = gone.into_iter().collect();
     let named: HashSet<String> =
         rows.iter().enumerate().filter(|(i, _)| !gone.contains(i)).map(|(_, a)| a.sha256.clone()).collect();
+    let store = artifacts.blobs();
+    // With a shared store, a blob written since this moment may be another coordinator's
+    // upload whose row is not committed yet.
+    let young_after = if store.shared() {
+        now_ms.saturating_sub(i64::try_from(config.shared_grace.as_millis()).unwrap_or(i64::MAX))
+    } else {
+        i64::MAX
+    };
+    let (mut blobs, mut freed_bytes) = (0, 0);
+    for b in store.list().await? {
+        if !crate::uploads::valid_id(&b.name) || named.contains(&b.name) || b.modified_ms > young_after {
+            continue;
+        }
+        match store.delete(&b.name).await {
+            Ok(()) => {
+                blobs += 1;
+                freed_bytes += b.bytes;
+            }
+            Err(e) => tracing::warn!(error = %e, blob = %b.name, "could not delete an artifact blob"),
+        }
+    }
     let dir = artifacts.dir().to_path_buf();
-    let (blobs, freed_bytes) = tokio::task::spawn_blocking(move || sweep(&dir, &named)).await??;
+    tokio::task::spawn_blocking(move || remove_stale_temps(&dir)).await??;
     Ok(PassReport { rows: keys.len(), blobs, freed_bytes })
 }
 
-/// Deletes blobs not in `named` and stale temporary files; returns blobs deleted and bytes.
-fn sweep(dir: &std::path::Path, named: &HashSet<String>) -> std::io::Result<(usize, u64)> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, 0)),
-        Err(e) => return Err(e),
-    };
-    let (mut blobs, mut bytes) = (0, 0);
-    for e in entries {
-        let e = e?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Ok(m) = e.metadata() else { continue };
-        if !m.is_file() {
-            continue;
-        }
-        let stale = m.modified().ok().and_then(|t| t.elapsed().ok()).is_some_and(|age| age > STALE_TEMP);
-        let delete =
-            if crate::uploads::valid_id(&name) { !named.contains(&name) } else { name.starts_with(".tmp-") && stale };
-        if delete && std::fs::remove_file(e.path()).is_ok() && !name.starts_with(".tmp-") {
-            blobs += 1;
-            bytes += m.len();
+/// Deletes the temporary files of uploads that stopped [`STALE_TEMP`] ago.
+fn remove_stale_temps(dir: &std::path::Path) -> Result<(), crate::blobs::BlobError> {
+    for f in crate::blobs::list_dir(dir)? {
+        let age = crate::brain::now_ms().saturating_sub(f.modified_ms);
+        if f.name.starts_with(".tmp-") && age > i64::try_from(STALE_TEMP.as_millis()).unwrap_or(i64::MAX) {
+            let _ = std::fs::remove_file(dir.join(&f.name));
         }
     }
-    Ok((blobs, bytes))
+    Ok(())
 }
 
 #[cfg(test)]
@@ -198,6 +210,7 @@ mod tests {
             size,
             sha256: sha.into(),
             repository: None,
+            untrusted: false,
             created_at_ms,
         };
         let now = 100 * DAY_MS;

@@ -7,6 +7,15 @@
 //!
 //! Dispatch is event-driven: every command that can free or add capacity or work runs a
 //! scheduling pass at once; nothing waits for the tick.
+//!
+//! Group commit: the brain handles every command already waiting (up to
+//! `COMMANDS_PER_PASS`) and then runs one placement pass. Agents' starts and plain results
+//! in that run are stored in one transaction (`Brain::flush_events`) and answered, so
+//! acknowledged, only after it commits; a placement pass stores all its assignments in one
+//! transaction (`Brain::commit_placements`) and sends none before it commits, and the
+//! reasons of the jobs it could not place in another. One fsync per batch, not per job: that
+//! write, one at a time, was what bounded placement (BENCHMARKS.md, "The coordinator under
+//! load").
 
 use crate::hub::Hub;
 use crate::origin::{Origin, RunnerOrigin};
@@ -21,7 +30,8 @@ use gpuci_protocol::agent::{
 use gpuci_protocol::api::{AgentSummary, GpuView};
 use gpuci_protocol::{JobId, PipelineId};
 use gpuci_store::{
-    AgentUpdate, JobChange, JobRecord, NewJob, NewPipeline, PipelineRecord, Quarantine, Store, StoreError,
+    AgentUpdate, JobChange, JobRecord, JobUpdate, NewAssignment, NewJob, NewPipeline, PipelineRecord, Quarantine,
+    Store, StoreError,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -298,6 +308,14 @@ pub enum Command {
         agent: String,
         reason: String,
     },
+    /// Steps a running job adds to its own pipeline (`crate::dynamic_steps`); its token was
+    /// checked by the caller.
+    AddSteps {
+        job: JobId,
+        file_name: String,
+        source: String,
+        reply: oneshot::Sender<Result<Vec<JobRecord>, crate::dynamic_steps::AddError>>,
+    },
     Tick,
 }
 
@@ -411,6 +429,49 @@ struct AgentState {
     ends_at_ms: Option<i64>,
 }
 
+/// A job placed by a pass, waiting for the pass's one commit ([`Brain::commit_placements`]).
+struct Placed {
+    job: JobRecord,
+    agent_id: String,
+    gpus: Vec<String>,
+    secrets: BTreeMap<String, String>,
+    workspace_upload: Option<String>,
+    cache: gpuci_core::cache::CacheScope,
+    origin: Option<Origin>,
+    trusted: bool,
+    repository: Option<String>,
+    log_from: u64,
+}
+
+/// Records why `j` waits unless that is already what it says.
+fn note_reason(reasons: &mut Vec<(JobRecord, String)>, j: &JobRecord, why: String) {
+    if j.reason != why {
+        reasons.push((j.clone(), why));
+    }
+}
+
+/// Agents' events (starts, plain results) handled and not yet stored: stored together in
+/// one transaction ([`Brain::flush_events`]), and answered (so acknowledged to the agent,
+/// which sends an event again until it is) only after that commit.
+#[derive(Default)]
+struct EventBatch {
+    updates: Vec<JobUpdate>,
+    /// What each update does in memory once stored.
+    after: Vec<AfterCommit>,
+    /// Each event's answer: what its update says, or `None` (nothing to store).
+    answers: Vec<(EventReply, Option<usize>)>,
+    /// The update of each job in the batch.
+    index: HashMap<JobId, usize>,
+}
+
+/// Where an agent's event is answered (the channel acknowledges it on `Ok`).
+type EventReply = oneshot::Sender<Result<(), String>>;
+
+enum AfterCommit {
+    Started { started_at_ms: i64 },
+    Finished { quarantine: Vec<Quarantine> },
+}
+
 pub struct Brain {
     store: Arc<dyn Store>,
     /// Opens the sealed secret values the store hands back.
@@ -451,6 +512,8 @@ pub struct Brain {
     /// heartbeats themselves behind passes until every agent counted as lost (load test,
     /// issue 29).
     schedule_due: bool,
+    /// Agents' events waiting for one commit together ([`Brain::flush_events`]).
+    events: EventBatch,
     /// Jobs of lost agents whose log already says output may be missing, while their end
     /// waits to be stored ([`Brain::end_jobs_of_lost`]).
     noted_lost: BTreeSet<JobId>,
@@ -530,6 +593,7 @@ impl Brain {
             placements: 0,
             last_tick: None,
             schedule_due: false,
+            events: EventBatch::default(),
             noted_lost: BTreeSet::new(),
             store_deaf: false,
             unplaceable: BTreeSet::new(),
@@ -656,6 +720,7 @@ impl Brain {
                     Err(_) => break,
                 }
             }
+            self.flush_events().await;
             if std::mem::take(&mut self.schedule_due) {
                 self.place_now().await;
             }
@@ -664,6 +729,11 @@ impl Brain {
     }
 
     async fn handle(&mut self, cmd: Command) {
+        // Agents' events wait for one commit together, but never past a command that could
+        // read or change what they change: commands apply in arrival order.
+        if !matches!(cmd, Command::AgentStarted { .. } | Command::AgentFinished { .. } | Command::AgentSeen { .. }) {
+            self.flush_events().await;
+        }
         match cmd {
             Command::Submit { sub, reply } => {
                 let r = self.submit(*sub).await;
@@ -700,25 +770,30 @@ impl Brain {
                 self.schedule().await;
             }
             Command::AgentStarted { agent_id, conn, job, started_at_ms, unenforced, reply } => {
-                let r = if self.is_current(&agent_id, conn) {
+                if self.is_current(&agent_id, conn) {
                     self.touch(&agent_id);
                     if let Some(a) = self.agents.get_mut(&agent_id) {
                         a.first_job_at_ms.get_or_insert(started_at_ms);
                     }
-                    self.job_started(&agent_id, job, started_at_ms, unenforced).await
+                    // Stored and answered with the other events of this run of commands.
+                    self.batch_start(&agent_id, job, started_at_ms, unenforced, reply);
                 } else {
-                    Err(STALE.into())
-                };
-                let _ = reply.send(r);
+                    let _ = reply.send(Err(STALE.into()));
+                }
             }
             Command::AgentFinished { agent_id, conn, finished, reply } => {
-                let r = if self.is_current(&agent_id, conn) {
+                if self.is_current(&agent_id, conn) {
                     self.touch(&agent_id);
-                    self.job_finished(&agent_id, finished).await
+                    // A plain result joins the batch; any other (a retry, a requeue, a start
+                    // that went missing) is applied alone, after the batch before it.
+                    if let Some((finished, reply)) = self.batch_finish(&agent_id, finished, reply) {
+                        self.flush_events().await;
+                        let r = self.job_finished(&agent_id, finished).await;
+                        let _ = reply.send(r);
+                    }
                 } else {
-                    Err(STALE.into())
-                };
-                let _ = reply.send(r);
+                    let _ = reply.send(Err(STALE.into()));
+                }
                 self.schedule().await;
             }
             Command::AgentGpus { agent_id, conn, gpus, health } => {
@@ -812,6 +887,27 @@ impl Brain {
                 if changed {
                     self.schedule().await;
                 }
+            }
+            Command::AddSteps { job, file_name, source, reply } => {
+                // Only while the job runs: its end (however it ends) ends its token.
+                let r = match self.active.get(&job) {
+                    Some(j)
+                        if matches!(j.state, JobState::Assigned | JobState::Running)
+                            && !self.cancelling.contains_key(&job) =>
+                    {
+                        let j = j.clone();
+                        crate::dynamic_steps::add(self.store.as_ref(), &j, &file_name, &source).await
+                    }
+                    _ => Err(crate::dynamic_steps::AddError::NotRunning(job)),
+                };
+                if let Ok(jobs) = &r {
+                    for j in jobs {
+                        self.publish(j);
+                    }
+                    tracing::info!(job, added = jobs.len(), file = %file_name, "steps added by a running job");
+                    self.schedule().await;
+                }
+                let _ = reply.send(r);
             }
             Command::Tick => {
                 self.reap().await;
@@ -1096,19 +1192,24 @@ impl Brain {
         } else {
             (self.store.update_job(job.id, &expect, change).await?, None)
         };
-        self.ready_since.remove(&job.id);
+        self.finished(&rec, next.as_ref(), quarantine);
+        Ok(rec)
+    }
+
+    /// A job's end stored (with its retry, if any): memory, watchers and metrics follow.
+    fn finished(&mut self, rec: &JobRecord, next: Option<&JobRecord>, quarantine: Vec<Quarantine>) {
+        self.ready_since.remove(&rec.id);
         for q in quarantine {
             tracing::warn!(gpu = %q.gpu_uuid, agent = %q.agent_id, reason = %q.reason, "GPU quarantined");
             self.quarantine.insert(q.gpu_uuid.clone(), q);
         }
-        self.cancelling.remove(&job.id);
+        self.cancelling.remove(&rec.id);
         self.metrics.job_finished(rec.state, &rec.reason);
-        self.publish(&rec);
+        self.publish(rec);
         tracing::info!(job = rec.id, state = %rec.state, reason = %rec.reason, "job finished");
         if let Some(next) = next {
-            self.publish(&next);
+            self.publish(next);
         }
-        Ok(rec)
     }
 
     async fn agent_connected(
@@ -1251,6 +1352,41 @@ impl Brain {
     /// Record a start, with what the agent did not enforce for the job (kept with the job for
     /// `gpuci jobs show`, the API and the job page). Idempotent: a start already recorded, or
     /// of a job that has ended or is not this agent's, changes nothing.
+    /// The stored change a job's start makes, or `None` when it changes nothing (the job is
+    /// not this agent's, or not waiting to start).
+    fn start_change(
+        &self,
+        agent_id: &str,
+        id: JobId,
+        started_at_ms: i64,
+        unenforced: Vec<gpuci_protocol::agent::Unenforced>,
+    ) -> Option<JobChange> {
+        let j = self.active.get(&id)?;
+        if j.agent_id.as_deref() != Some(agent_id) || j.state != JobState::Assigned {
+            return None;
+        }
+        let reason = match self.cancelling.get(&id) {
+            // The stored record of an accepted cancel stays until the job ends.
+            Some(r) => format!("{CANCELLING}{r}"),
+            None => format!("running on {}", self.agents.get(agent_id).map_or(agent_id, |a| a.name.as_str())),
+        };
+        Some(JobChange {
+            state: Some(JobState::Running),
+            reason: Some(reason),
+            started_at_ms: Some(started_at_ms),
+            unenforced: Some(unenforced),
+            ..Default::default()
+        })
+    }
+
+    /// A start stored: counted and published.
+    fn started(&mut self, rec: &JobRecord, started_at_ms: i64) {
+        let queue = rec.step.agents.get("queue").map_or("default", String::as_str);
+        let waited = (started_at_ms - rec.created_at_ms).max(0) as f64 / 1000.0;
+        self.metrics.start_latency.with_label_values(&[queue]).observe(waited);
+        self.publish(rec);
+    }
+
     async fn job_started(
         &mut self,
         agent_id: &str,
@@ -1258,28 +1394,10 @@ impl Brain {
         started_at_ms: i64,
         unenforced: Vec<gpuci_protocol::agent::Unenforced>,
     ) -> Result<(), String> {
-        let Some(j) = self.active.get(&id) else { return Ok(()) };
-        if j.agent_id.as_deref() != Some(agent_id) || j.state != JobState::Assigned {
-            return Ok(());
-        }
-        let reason = match self.cancelling.get(&id) {
-            // The stored record of an accepted cancel stays until the job ends.
-            Some(r) => format!("{CANCELLING}{r}"),
-            None => format!("running on {}", self.agents.get(agent_id).map_or(agent_id, |a| a.name.as_str())),
-        };
-        let change = JobChange {
-            state: Some(JobState::Running),
-            reason: Some(reason),
-            started_at_ms: Some(started_at_ms),
-            unenforced: Some(unenforced),
-            ..Default::default()
-        };
+        let Some(change) = self.start_change(agent_id, id, started_at_ms, unenforced) else { return Ok(()) };
         match self.store.update_job(id, &[JobState::Assigned], change).await {
             Ok(rec) => {
-                let queue = rec.step.agents.get("queue").map_or("default", String::as_str);
-                let waited = (started_at_ms - rec.created_at_ms).max(0) as f64 / 1000.0;
-                self.metrics.start_latency.with_label_values(&[queue]).observe(waited);
-                self.publish(&rec);
+                self.started(&rec, started_at_ms);
                 Ok(())
             }
             Err(e) if self.ended_in_store(id, &e).await => Ok(()),
@@ -1287,6 +1405,133 @@ impl Brain {
                 tracing::error!(job = id, error = %e, "could not record job start; the agent will send it again");
                 Err(format!("recording the start of job {id}: {e}"))
             }
+        }
+    }
+
+    /// Adds a start to the batch ([`Brain::flush_events`]).
+    fn batch_start(
+        &mut self,
+        agent_id: &str,
+        job: JobId,
+        started_at_ms: i64,
+        unenforced: Vec<gpuci_protocol::agent::Unenforced>,
+        reply: EventReply,
+    ) {
+        // A start sent again (a resend) while the job has an update in the batch answers as
+        // that update does.
+        let item = match self.events.index.get(&job) {
+            Some(i) => Some(*i),
+            None => self.start_change(agent_id, job, started_at_ms, unenforced).map(|change| {
+                self.push_update(
+                    JobUpdate { job, expect: vec![JobState::Assigned], change },
+                    AfterCommit::Started { started_at_ms },
+                )
+            }),
+        };
+        self.events.answers.push((reply, item));
+    }
+
+    /// Adds a plain result (a running job of this agent's ends, no retry, nothing to note in
+    /// its log) to the batch, or hands it back to be applied alone ([`Brain::job_finished`]).
+    fn batch_finish(&mut self, agent_id: &str, f: JobFinished, reply: EventReply) -> Option<(JobFinished, EventReply)> {
+        let Some(job) = self.active.get(&f.job_id) else {
+            // Already ended (cancelled while the agent was away, or sent twice): nothing to store.
+            self.events.answers.push((reply, None));
+            return None;
+        };
+        let (state, reason) = f.outcome.verdict_after_cancel(self.cancelling.get(&f.job_id).map(String::as_str));
+        let plain = job.agent_id.as_deref() == Some(agent_id)
+            && job.state == JobState::Running
+            && !self.events.index.contains_key(&f.job_id)
+            && !matches!(f.outcome, Outcome::Lost { .. })
+            && !should_retry(&job.step, state, job.attempt);
+        if !plain {
+            return Some((f, reply));
+        }
+        let now = now_ms();
+        let quarantine: Vec<Quarantine> = f
+            .gpu_health
+            .iter()
+            .filter_map(|(uuid, h)| match h {
+                GpuHealth::Unhealthy { reason } => Some(Quarantine {
+                    gpu_uuid: uuid.clone(),
+                    agent_id: agent_id.to_string(),
+                    reason: format!("job {}: {reason}", f.job_id),
+                    since_ms: now,
+                }),
+                GpuHealth::Healthy => None,
+            })
+            .collect();
+        let exit_code = match f.outcome {
+            Outcome::Exited { code } => Some(code),
+            _ => None,
+        };
+        // As `finish` stores it.
+        let change = JobChange {
+            state: Some(state),
+            reason: Some(reason),
+            finished_at_ms: Some(now),
+            exit_code,
+            telemetry: f.telemetry,
+            release_leases: true,
+            quarantine: quarantine.clone(),
+            ..Default::default()
+        };
+        let expect = vec![JobState::Queued, JobState::Assigned, JobState::Running];
+        let item = self.push_update(JobUpdate { job: f.job_id, expect, change }, AfterCommit::Finished { quarantine });
+        self.events.answers.push((reply, Some(item)));
+        None
+    }
+
+    fn push_update(&mut self, update: JobUpdate, after: AfterCommit) -> usize {
+        let b = &mut self.events;
+        b.index.insert(update.job, b.updates.len());
+        b.updates.push(update);
+        b.after.push(after);
+        b.updates.len() - 1
+    }
+
+    /// Group commit of agents' events: every start and plain result handled since the last
+    /// flush is stored in one transaction, and each is answered (so acknowledged to its
+    /// agent) only after that commit. A failed commit answers each with the error: nothing is
+    /// acknowledged, and the agents send their events again.
+    async fn flush_events(&mut self) {
+        if self.events.answers.is_empty() {
+            return;
+        }
+        let EventBatch { updates, after, answers, .. } = std::mem::take(&mut self.events);
+        let outcome: Vec<Result<(), String>> = if updates.is_empty() {
+            Vec::new()
+        } else {
+            match self.store.update_jobs(&updates).await {
+                Err(e) => {
+                    tracing::error!(events = updates.len(), error = %e, "could not record agents' events; they will send them again");
+                    updates.iter().map(|u| Err(format!("recording an event of job {}: {e}", u.job))).collect()
+                }
+                Ok(results) => {
+                    let mut outcome = Vec::with_capacity(results.len());
+                    for ((u, r), after) in updates.iter().zip(results).zip(after) {
+                        outcome.push(match r {
+                            Ok(rec) => {
+                                match after {
+                                    AfterCommit::Started { started_at_ms } => self.started(&rec, started_at_ms),
+                                    AfterCommit::Finished { quarantine } => self.finished(&rec, None, quarantine),
+                                }
+                                Ok(())
+                            }
+                            Err(e) if self.ended_in_store(u.job, &e).await => Ok(()),
+                            Err(e) => {
+                                tracing::error!(job = u.job, error = %e, "could not record an agent's event; it will send it again");
+                                Err(format!("recording an event of job {}: {e}", u.job))
+                            }
+                        });
+                    }
+                    outcome
+                }
+            }
+        };
+        for (reply, item) in answers {
+            let _ = reply.send(item.map_or(Ok(()), |i| outcome[i].clone()));
         }
     }
 
@@ -1809,6 +2054,14 @@ impl Brain {
         let queued: Vec<JobRecord> = self.active.values().filter(|j| j.state == JobState::Queued).cloned().collect();
         let mut placed_groups: BTreeSet<gpuci_core::concurrency::GroupKey> = BTreeSet::new();
         let mut unplaceable = BTreeSet::new();
+        // Why each job waits, written in one transaction at the end of the pass.
+        let mut reasons: Vec<(JobRecord, String)> = Vec::new();
+        // This pass's assignments, stored in one transaction before any is sent.
+        let mut placed: Vec<Placed> = Vec::new();
+        // The job tokens of this pass (`crate::dynamic_steps`), stored together.
+        let mut job_tokens: Vec<(JobId, String)> = Vec::new();
+        // Pipelines read this pass (a pipeline's steps are placed one after another).
+        let mut pipelines: HashMap<PipelineId, PipelineRecord> = HashMap::new();
         for j in queued {
             let why = match self.blocked(&j) {
                 Some(Ok(why)) | Some(Err(why)) => Some(why),
@@ -1822,7 +2075,7 @@ impl Brain {
             };
             if let Some(why) = why {
                 self.ready_since.remove(&j.id);
-                self.set_reason(&j, why).await;
+                note_reason(&mut reasons, &j, why);
                 continue;
             }
             self.ready_since.entry(j.id).or_insert_with(now_ms);
@@ -1947,7 +2200,7 @@ impl Brain {
                 match opened {
                     Ok(v) => (v, given),
                     Err(why) => {
-                        self.set_reason(&j, why).await;
+                        note_reason(&mut reasons, &j, why);
                         continue;
                     }
                 }
@@ -1986,41 +2239,48 @@ impl Brain {
                 Ok(p) => {
                     let agent_id = ids[p.host].clone();
                     tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
-                    let (workspace_upload, cache, origin, trusted, repository) =
-                        match self.store.get_pipeline(j.pipeline_id).await {
-                            Ok(Some(p)) => {
-                                let origin = Origin::parse(p.origin.as_deref());
-                                // Caches by repository and trust class: what may be restored and
-                                // where the job saves is the core's rule (`cache::scope`).
-                                // Keyed by the repository's identity with its host: two spellings
-                                // of one remote share a cache, two hosts never do, and a remote
-                                // that names no repository unambiguously gets none.
-                                let repository = crate::repos::name_of_pipeline(
-                                    p.repository.as_deref(),
-                                    p.origin.as_deref(),
-                                    &self.github_host,
-                                );
-                                let cache = match (&repository, Origin::cache_origin(p.origin.as_deref())) {
-                                    (Some(repository), Some(o)) if !j.step.cache.is_empty() => {
-                                        gpuci_core::cache::scope(repository, &o)
-                                    }
-                                    _ => gpuci_core::cache::CacheScope::none(),
-                                };
-                                let trusted = gpuci_core::trust::may_run_unsandboxed(
-                                    Origin::cache_origin(p.origin.as_deref()).as_ref(),
-                                );
-                                // The agent's tenant (who may share a host with a job outside the
-                                // sandbox): the identity, else the remote as given, never merged
-                                // with pipelines that name no repository.
-                                let tenant = repository.or(p.repository);
-                                (p.workspace_upload, cache, origin, trusted, tenant)
+                    let pipeline = match pipelines.get(&j.pipeline_id) {
+                        Some(p) => Ok(Some(p.clone())),
+                        None => self.store.get_pipeline(j.pipeline_id).await.inspect(|p| {
+                            if let Some(p) = p {
+                                pipelines.insert(p.id, p.clone());
                             }
-                            Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false, None),
-                            Err(e) => {
-                                tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
-                                continue;
-                            }
-                        };
+                        }),
+                    };
+                    let (workspace_upload, cache, origin, trusted, repository) = match pipeline {
+                        Ok(Some(p)) => {
+                            let origin = Origin::parse(p.origin.as_deref());
+                            // Caches by repository and trust class: what may be restored and
+                            // where the job saves is the core's rule (`cache::scope`).
+                            // Keyed by the repository's identity with its host: two spellings
+                            // of one remote share a cache, two hosts never do, and a remote
+                            // that names no repository unambiguously gets none.
+                            let repository = crate::repos::name_of_pipeline(
+                                p.repository.as_deref(),
+                                p.origin.as_deref(),
+                                &self.github_host,
+                            );
+                            let cache = match (&repository, Origin::cache_origin(p.origin.as_deref())) {
+                                (Some(repository), Some(o)) if !j.step.cache.is_empty() => {
+                                    gpuci_core::cache::scope(repository, &o)
+                                }
+                                _ => gpuci_core::cache::CacheScope::none(),
+                            };
+                            let trusted = gpuci_core::trust::may_run_unsandboxed(
+                                Origin::cache_origin(p.origin.as_deref()).as_ref(),
+                            );
+                            // The agent's tenant (who may share a host with a job outside the
+                            // sandbox): the identity, else the remote as given, never merged
+                            // with pipelines that name no repository.
+                            let tenant = repository.or(p.repository);
+                            (p.workspace_upload, cache, origin, trusted, tenant)
+                        }
+                        Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false, None),
+                        Err(e) => {
+                            tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
+                            continue;
+                        }
+                    };
 
                     // The audit record of which secrets (names and scopes, never values) this
                     // run is given, in the job's log, before the agent's lines.
@@ -2042,69 +2302,29 @@ impl Brain {
                             continue;
                         }
                     };
-                    match self.store.assign_job(j.id, &agent_id, &p.gpus, now_ms()).await {
-                        Ok(rec) => {
-                            if let Some(key) = self.group_of(&rec) {
-                                placed_groups.insert(key);
-                            }
-                            self.publish(&rec);
-                            let mut env = rec.env.clone();
-                            env.insert("GPUCI".into(), "true".into());
-                            env.insert("GPUCI_JOB_ID".into(), rec.id.to_string());
-                            env.insert("GPUCI_PIPELINE_ID".into(), rec.pipeline_id.to_string());
-                            env.insert("GPUCI_STEP_KEY".into(), rec.step.key.clone());
-                            env.insert("GPUCI_ATTEMPT".into(), rec.attempt.to_string());
-                            let runner = match origin {
-                                Some(Origin::ActionsRunner(r)) => Some(r),
-                                _ => None,
-                            };
-                            let assignment = Assignment {
-                                job_id: rec.id,
-                                pipeline_id: rec.pipeline_id,
-                                name: rec.step.display_name().to_string(),
-                                step: rec.step.clone(),
-                                env,
-                                gpus: rec.gpus.clone(),
-                                secrets: gpuci_protocol::agent::SecretValues(secrets),
-                                workspace_upload: workspace_upload.clone(),
-                                cache,
-                                runner_dir: runner.as_ref().map(|r| r.install_dir.clone()),
-                                trusted,
-                                repository,
-                                log_from,
-                            };
-                            match (runner, &self.registrar) {
-                                (None, _) => {
-                                    // If the send fails the connection is gone; the reconnect (or
-                                    // the lost-agent reaper) settles the job.
-                                    self.send(&agent_id, CoordinatorMessage::Assign(Box::new(assignment)));
-                                }
-                                (Some(r), Some((registrar, tx))) => {
-                                    // The GPUs are leased; register the runner without holding up
-                                    // the scheduler, and send the assignment when GitHub answers.
-                                    self.placements += 1;
-                                    let placement = self.placements;
-                                    self.registering.insert(rec.id, (placement, assignment));
-                                    let (registrar, tx, job, agent) =
-                                        (registrar.clone(), tx.clone(), rec.id, agent_id.clone());
-                                    tokio::spawn(async move {
-                                        let result = registrar.register(job, &agent, &r).await;
-                                        let _ = tx.send(Command::RunnerRegistered { job, placement, result }).await;
-                                    });
-                                }
-                                (Some(_), None) => {
-                                    let why = "an Actions runner job, but GitHub is not configured on this coordinator"
-                                        .to_string();
-                                    if let Err(e) =
-                                        self.finish(&rec, JobState::Failed, why, None, None, Vec::new()).await
-                                    {
-                                        tracing::error!(job = rec.id, error = %e, "could not fail job");
-                                    }
-                                }
-                            }
-                        }
-                        Err(e) => tracing::error!(job = j.id, error = %e, "could not assign job"),
+                    // Its job token (`crate::dynamic_steps`), stored as a hash before the
+                    // assignments are, and given as a secret: the job's log masks it.
+                    let mut secrets = secrets;
+                    if !matches!(origin, Some(Origin::ActionsRunner(_))) {
+                        let (token, row) = crate::dynamic_steps::new_token(j.id);
+                        secrets.insert(crate::dynamic_steps::JOB_TOKEN_ENV.to_string(), token);
+                        job_tokens.push(row);
                     }
+                    if let Some(key) = self.group_of(&j) {
+                        placed_groups.insert(key);
+                    }
+                    placed.push(Placed {
+                        agent_id,
+                        gpus: p.gpus,
+                        job: j,
+                        secrets,
+                        workspace_upload,
+                        cache,
+                        origin,
+                        trusted,
+                        repository,
+                        log_from,
+                    });
                 }
                 Err(u) => {
                     let mut reason = if unsandboxed && u.reason.contains(UNSANDBOXED_TAG) {
@@ -2127,8 +2347,28 @@ impl Brain {
                         reason = if self.budget_held(&j).await { note } else { format!("{reason}; {note}") };
                     }
                     unplaceable.insert(j.id);
-                    self.set_reason(&j, reason).await
+                    note_reason(&mut reasons, &j, reason);
                 }
+            }
+        }
+        if let Err(e) = crate::dynamic_steps::store_tokens(self.store.as_ref(), &job_tokens).await {
+            // They run without `gpuci pipeline upload` rather than with a token that opens nothing.
+            tracing::error!(jobs = job_tokens.len(), error = %e, "could not store the job tokens of a placement pass");
+            for p in &mut placed {
+                p.secrets.remove(crate::dynamic_steps::JOB_TOKEN_ENV);
+            }
+        }
+        self.commit_placements(placed, &mut reasons).await;
+        if !reasons.is_empty() {
+            let rows: Vec<(JobId, String)> = reasons.iter().map(|(j, why)| (j.id, why.clone())).collect();
+            match self.store.set_reasons(&rows).await {
+                Ok(()) => {
+                    for (mut rec, why) in reasons {
+                        rec.reason = why;
+                        self.publish(&rec);
+                    }
+                }
+                Err(e) => tracing::error!(jobs = rows.len(), error = %e, "could not record why jobs wait"),
             }
         }
         if let Some(wake) = &self.fleet_wake {
@@ -2137,6 +2377,100 @@ impl Brain {
             }
         }
         self.unplaceable = unplaceable;
+    }
+
+    /// Group commit of a placement pass: every assignment is stored in one transaction, and
+    /// only after it commits is any sent (an assignment is never sent before it is durable).
+    /// If the commit fails, nothing is sent, the jobs stay queued (saying why) and the next
+    /// pass places them again.
+    async fn commit_placements(&mut self, placed: Vec<Placed>, reasons: &mut Vec<(JobRecord, String)>) {
+        if placed.is_empty() {
+            return;
+        }
+        let batch: Vec<NewAssignment> = placed
+            .iter()
+            .map(|p| NewAssignment { job: p.job.id, agent_id: p.agent_id.clone(), gpus: p.gpus.clone() })
+            .collect();
+        let results = match self.store.assign_jobs(&batch, now_ms()).await {
+            Ok(results) => results,
+            Err(e) => {
+                tracing::error!(jobs = batch.len(), error = %e, "could not store a placement pass's assignments; none sent");
+                for p in placed {
+                    let name = self.agents.get(&p.agent_id).map_or(p.agent_id.as_str(), |a| a.name.as_str());
+                    let why = format!(
+                        "waiting: placed on {name}, but the assignment could not be stored ({}); placing again",
+                        e.reason()
+                    );
+                    note_reason(reasons, &p.job, why);
+                }
+                // Not before the next command or tick: a store that stays down is not hammered.
+                self.schedule_due = true;
+                return;
+            }
+        };
+        for (placed, result) in placed.into_iter().zip(results) {
+            let Placed {
+                agent_id, secrets, workspace_upload, cache, origin, trusted, repository, log_from, job, ..
+            } = placed;
+            let rec = match result {
+                Ok(rec) => rec,
+                Err(e) => {
+                    tracing::error!(job = job.id, error = %e, "could not assign job");
+                    continue;
+                }
+            };
+            self.publish(&rec);
+            let mut env = rec.env.clone();
+            env.insert("GPUCI".into(), "true".into());
+            env.insert("GPUCI_JOB_ID".into(), rec.id.to_string());
+            env.insert("GPUCI_PIPELINE_ID".into(), rec.pipeline_id.to_string());
+            env.insert("GPUCI_STEP_KEY".into(), rec.step.key.clone());
+            env.insert("GPUCI_ATTEMPT".into(), rec.attempt.to_string());
+            let runner = match origin {
+                Some(Origin::ActionsRunner(r)) => Some(r),
+                _ => None,
+            };
+            let assignment = Assignment {
+                job_id: rec.id,
+                pipeline_id: rec.pipeline_id,
+                name: rec.step.display_name().to_string(),
+                step: rec.step.clone(),
+                env,
+                gpus: rec.gpus.clone(),
+                secrets: gpuci_protocol::agent::SecretValues(secrets),
+                workspace_upload: workspace_upload.clone(),
+                cache,
+                runner_dir: runner.as_ref().map(|r| r.install_dir.clone()),
+                trusted,
+                repository,
+                log_from,
+            };
+            match (runner, &self.registrar) {
+                (None, _) => {
+                    // If the send fails the connection is gone; the reconnect (or
+                    // the lost-agent reaper) settles the job.
+                    self.send(&agent_id, CoordinatorMessage::Assign(Box::new(assignment)));
+                }
+                (Some(r), Some((registrar, tx))) => {
+                    // The GPUs are leased; register the runner without holding up
+                    // the scheduler, and send the assignment when GitHub answers.
+                    self.placements += 1;
+                    let placement = self.placements;
+                    self.registering.insert(rec.id, (placement, assignment));
+                    let (registrar, tx, job, agent) = (registrar.clone(), tx.clone(), rec.id, agent_id.clone());
+                    tokio::spawn(async move {
+                        let result = registrar.register(job, &agent, &r).await;
+                        let _ = tx.send(Command::RunnerRegistered { job, placement, result }).await;
+                    });
+                }
+                (Some(_), None) => {
+                    let why = "an Actions runner job, but GitHub is not configured on this coordinator".to_string();
+                    if let Err(e) = self.finish(&rec, JobState::Failed, why, None, None, Vec::new()).await {
+                        tracing::error!(job = rec.id, error = %e, "could not fail job");
+                    }
+                }
+            }
+        }
     }
 
     /// Whether `job`'s repository is past its budget today (then it runs on no fleet machine).
@@ -2188,19 +2522,6 @@ impl Brain {
                 }
             }
         }
-    }
-
-    async fn set_reason(&mut self, j: &JobRecord, reason: String) {
-        if j.reason == reason {
-            return;
-        }
-        if let Err(e) = self.store.set_reason(j.id, &reason).await {
-            tracing::error!(job = j.id, error = %e, "could not record reason");
-            return;
-        }
-        let mut rec = j.clone();
-        rec.reason = reason;
-        self.publish(&rec);
     }
 
     /// The agent's machine is being taken back: it takes no new job, and each job it runs is

@@ -119,111 +119,128 @@ async fn serve(st: AppState, agent_id: String, registered_as: String, socket: We
     let mut sampled: HashMap<JobId, bool> = HashMap::new();
     let mut last_seen_sent = Instant::now();
     let mut leading = st.leading.clone();
-    loop {
-        let msg = tokio::select! {
-            _ = st.shutdown.cancelled() => break,
-            // Stepped aside (see `connect`): the agent reconnects, to the leader.
-            Ok(_) = leading.wait_for(|l| !*l) => break,
-            m = stream.next() => m,
-        };
-        let text = match msg {
-            Some(Ok(Message::Text(t))) => t,
-            Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
-            Some(Ok(_)) => continue,
-        };
-        let msg = match serde_json::from_str::<AgentMessage>(&text) {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(agent = %agent_id, error = %e, "unreadable message from agent; ignored");
-                continue;
-            }
-        };
-        let cmd = match msg {
-            AgentMessage::Heartbeat => Some(Command::AgentSeen { agent_id: agent_id.clone(), conn }),
-            AgentMessage::Gpus { gpus, health } => {
-                Some(Command::AgentGpus { agent_id: agent_id.clone(), conn, gpus, health })
-            }
-            AgentMessage::Paused { reason } => Some(Command::AgentPaused { agent_id: agent_id.clone(), conn, reason }),
-            AgentMessage::Interrupted { reason } => {
-                Some(Command::AgentInterrupted { agent_id: agent_id.clone(), conn, reason })
-            }
-            AgentMessage::Hello(_) => None,
-            AgentMessage::Telemetry { mut samples } => {
-                samples.truncate(MAX_SAMPLES_PER_MESSAGE);
-                if sampled.len() > 4096 {
-                    sampled.clear();
+    // Stepping aside also ends a turn that waits on the database (a write that hangs: the
+    // database cut off by a partition that drops packets), which the `select!` below would
+    // only see after it; until then the socket is neither read (no pongs) nor closed, and the
+    // agent would stay until its silence limit.
+    let mut aside = st.leading.clone();
+    let session = async {
+        loop {
+            let msg = tokio::select! {
+                _ = st.shutdown.cancelled() => break,
+                // Stepped aside (see `connect`): the agent reconnects, to the leader.
+                Ok(_) = leading.wait_for(|l| !*l) => break,
+                m = stream.next() => m,
+            };
+            let text = match msg {
+                Some(Ok(Message::Text(t))) => t,
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(_)) => continue,
+            };
+            let msg = match serde_json::from_str::<AgentMessage>(&text) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!(agent = %agent_id, error = %e, "unreadable message from agent; ignored");
+                    continue;
                 }
-                let mut mine = Vec::with_capacity(samples.len());
-                for s in samples {
-                    let own = match sampled.get(&s.job_id) {
-                        Some(own) => *own,
-                        None => {
-                            let own = matches!(st.store.get_job(s.job_id).await,
+            };
+            let cmd = match msg {
+                AgentMessage::Heartbeat => Some(Command::AgentSeen { agent_id: agent_id.clone(), conn }),
+                AgentMessage::Gpus { gpus, health } => {
+                    Some(Command::AgentGpus { agent_id: agent_id.clone(), conn, gpus, health })
+                }
+                AgentMessage::Paused { reason } => {
+                    Some(Command::AgentPaused { agent_id: agent_id.clone(), conn, reason })
+                }
+                AgentMessage::Interrupted { reason } => {
+                    Some(Command::AgentInterrupted { agent_id: agent_id.clone(), conn, reason })
+                }
+                AgentMessage::Hello(_) => None,
+                AgentMessage::Telemetry { mut samples } => {
+                    samples.truncate(MAX_SAMPLES_PER_MESSAGE);
+                    if sampled.len() > 4096 {
+                        sampled.clear();
+                    }
+                    let mut mine = Vec::with_capacity(samples.len());
+                    for s in samples {
+                        let own = match sampled.get(&s.job_id) {
+                            Some(own) => *own,
+                            None => {
+                                let own = matches!(st.store.get_job(s.job_id).await,
                                 Ok(Some(j)) if j.agent_id.as_deref() == Some(agent_id.as_str()) && !j.state.is_terminal());
-                            sampled.insert(s.job_id, own);
-                            own
+                                sampled.insert(s.job_id, own);
+                                own
+                            }
+                        };
+                        if own {
+                            mine.push(s);
+                        }
+                    }
+                    for (job, point) in st.live.record(&agent_id, mine) {
+                        st.hub.telemetry(job, point);
+                    }
+                    None
+                }
+                AgentMessage::Event { n, event } => {
+                    let applied = match event {
+                        JobEvent::Log { job_id, first_seq, lines } => {
+                            store_lines(&st, &agent_id, &mut logs, job_id, first_seq, lines).await
+                        }
+                        JobEvent::Started { job_id, started_at_us, unenforced, .. } => {
+                            let (reply, answer) = oneshot::channel();
+                            let cmd = Command::AgentStarted {
+                                agent_id: agent_id.clone(),
+                                conn,
+                                job: job_id,
+                                started_at_ms: started_at_us / 1000,
+                                unenforced,
+                                reply,
+                            };
+                            ask(&st, cmd, answer).await
+                        }
+                        JobEvent::Finished(finished) => {
+                            if let Err(why) = note_lost_lines(&st, &agent_id, &mut logs, &finished).await {
+                                tracing::warn!(agent = %agent_id, event = n, why, "closing the connection; the agent sends it again");
+                                break;
+                            }
+                            st.live.end(finished.job_id);
+                            let (reply, answer) = oneshot::channel();
+                            ask(
+                                &st,
+                                Command::AgentFinished { agent_id: agent_id.clone(), conn, finished, reply },
+                                answer,
+                            )
+                            .await
                         }
                     };
-                    if own {
-                        mine.push(s);
+                    if let Err(why) = applied {
+                        // Not acknowledged: the agent sends it again after reconnecting.
+                        tracing::warn!(agent = %agent_id, event = n, why, "could not apply an agent's event; closing its connection so it sends it again later");
+                        break;
                     }
-                }
-                for (job, point) in st.live.record(&agent_id, mine) {
-                    st.hub.telemetry(job, point);
-                }
-                None
-            }
-            AgentMessage::Event { n, event } => {
-                let applied = match event {
-                    JobEvent::Log { job_id, first_seq, lines } => {
-                        store_lines(&st, &agent_id, &mut logs, job_id, first_seq, lines).await
-                    }
-                    JobEvent::Started { job_id, started_at_us, unenforced, .. } => {
-                        let (reply, answer) = oneshot::channel();
-                        let cmd = Command::AgentStarted {
-                            agent_id: agent_id.clone(),
-                            conn,
-                            job: job_id,
-                            started_at_ms: started_at_us / 1000,
-                            unenforced,
-                            reply,
-                        };
-                        ask(&st, cmd, answer).await
-                    }
-                    JobEvent::Finished(finished) => {
-                        if let Err(why) = note_lost_lines(&st, &agent_id, &mut logs, &finished).await {
-                            tracing::warn!(agent = %agent_id, event = n, why, "closing the connection; the agent sends it again");
-                            break;
+                    match acks.upgrade() {
+                        Some(tx) => {
+                            let _ = tx.send(CoordinatorMessage::Acked { upto: n });
                         }
-                        st.live.end(finished.job_id);
-                        let (reply, answer) = oneshot::channel();
-                        ask(&st, Command::AgentFinished { agent_id: agent_id.clone(), conn, finished, reply }, answer)
-                            .await
+                        None => break,
                     }
-                };
-                if let Err(why) = applied {
-                    // Not acknowledged: the agent sends it again after reconnecting.
-                    tracing::warn!(agent = %agent_id, event = n, why, "could not apply an agent's event; closing its connection so it sends it again later");
+                    // Output counts as a sign of life; tell the brain at most once a second.
+                    (last_seen_sent.elapsed() > Duration::from_secs(1)).then(|| {
+                        last_seen_sent = Instant::now();
+                        Command::AgentSeen { agent_id: agent_id.clone(), conn }
+                    })
+                }
+            };
+            if let Some(cmd) = cmd {
+                if st.brain.send(cmd).await.is_err() {
                     break;
                 }
-                match acks.upgrade() {
-                    Some(tx) => {
-                        let _ = tx.send(CoordinatorMessage::Acked { upto: n });
-                    }
-                    None => break,
-                }
-                // Output counts as a sign of life; tell the brain at most once a second.
-                (last_seen_sent.elapsed() > Duration::from_secs(1)).then(|| {
-                    last_seen_sent = Instant::now();
-                    Command::AgentSeen { agent_id: agent_id.clone(), conn }
-                })
-            }
-        };
-        if let Some(cmd) = cmd {
-            if st.brain.send(cmd).await.is_err() {
-                break;
             }
         }
+    };
+    tokio::select! {
+        _ = session => {}
+        Ok(_) = aside.wait_for(|l| !*l) => {}
     }
     let _ = st.brain.send(Command::AgentDisconnected { agent_id: agent_id.clone(), conn }).await;
     writer.abort();

@@ -60,6 +60,11 @@ impl FleetInputs {
         self.profiles.get(fleet).cloned()
     }
 
+    /// How long runs of the step with this key usually take (the median of its recent runs).
+    pub fn expected_run_s(&self, step_key: &str) -> Option<u64> {
+        self.durations.expected(step_key)
+    }
+
     /// The GPU jobs of active pipelines that wait on other steps, with their expected start.
     pub fn upcoming(&self, active: &[JobRecord], specs: &[FleetSpec], now: UnixSecs) -> Vec<UpcomingJob> {
         let steps = pipeline_steps(active, specs, now);

@@ -18,8 +18,8 @@
 use crate::brain::{ask, Command, FleetView};
 use gpuci_core::fleet::ending::{classify_end, EndedMachine, MachineEnd};
 use gpuci_core::fleet::{
-    decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, Capacity, FleetHistory, FleetSpec, Machine,
-    MachineState, QueuedJob, SkipCause, UnavailableOffer, UnixSecs,
+    decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, Backoffs, Capacity, FleetHistory, FleetSpec,
+    Machine, MachineState, QueuedJob, SkipCause, UnavailableOffer, UnixSecs,
 };
 use gpuci_core::placement::Needs;
 pub use gpuci_protocol::api::{FleetStatus, MachineStatus};
@@ -149,7 +149,14 @@ struct FleetRun {
 /// What carrying out a fleet's actions changes in the loop's memory.
 enum Effect {
     Error(String),
+    /// An offer refused or failed: skipped for as long as its back-off says.
     Unavailable(UnavailableOffer),
+    /// The provider took a create or a start of this offer: its back-off starts again.
+    Took {
+        fleet: String,
+        offer: usize,
+        capacity: Capacity,
+    },
     /// The machine is no longer idle (deleted, stopped).
     Gone(String),
 }
@@ -180,6 +187,10 @@ struct Loop {
     deps: Deps,
     fleets: Vec<FleetRun>,
     unavailable: Vec<UnavailableOffer>,
+    /// Each offer's errors in a row: how long its next skip is (`gpuci_core::fleet::backoff`:
+    /// capacity errors from 15 s, doubling, reset by a create or start the provider took).
+    /// Lost on a restart: every offer then starts again from its first skip.
+    backoffs: Backoffs,
     idle_since: HashMap<String, UnixSecs>,
     /// When each stopped machine was first seen stopped: its stopped hold counts from here
     /// (after a restart of the coordinator, from then: a stopped machine is kept longer, never
@@ -281,6 +292,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         deps,
         fleets: runs,
         unavailable: Vec::new(),
+        backoffs: Backoffs::default(),
         idle_since: HashMap::new(),
         stopped_since: HashMap::new(),
         history: BTreeMap::new(),
@@ -343,6 +355,7 @@ impl Loop {
         let now = now_s();
         let now_ms = now as i64 * 1000;
         self.unavailable.retain(|u| u.until > now);
+        self.backoffs.forget(now);
         let records = match self.deps.store.machines(true).await {
             Ok(r) => r,
             Err(e) => {
@@ -514,10 +527,10 @@ impl Loop {
                         ),
                     };
                     if let Some(o) = offer {
-                        self.unavailable.push(
-                            offer_unavailable_after_error(&fleet.name, o, capacity_of(rec), now)
-                                .because(SkipCause::BootFailed, what.clone()),
-                        );
+                        let u = offer_unavailable_after_error(&fleet.name, o, capacity_of(rec), now)
+                            .because(SkipCause::BootFailed, what.clone());
+                        let skip = self.backoffs.error(u, now);
+                        self.unavailable.push(skip);
                     }
                     notes.push((
                         fi,
@@ -732,6 +745,8 @@ impl Loop {
                 gpus: w.gpu.count,
                 fleets,
                 repository,
+                // Filled in below from its step's recent runs (for budgets).
+                expected_run_s: None,
             });
         }
         let spend = self.spend_today(now).await;
@@ -742,6 +757,12 @@ impl Loop {
         }
         let active = self.deps.store.active_jobs().await.unwrap_or_default();
         let upcoming = self.inputs.upcoming(&active, &specs, now);
+        // Each waiting job's expected run, from its step's recent runs: a fleet or repository
+        // under a budget counts it before a machine is made for it.
+        let steps: HashMap<String, &str> = active.iter().map(|j| (j.id.to_string(), j.step.key.as_str())).collect();
+        for q in &mut queued {
+            q.expected_run_s = steps.get(&q.id).and_then(|key| self.inputs.expected_run_s(key));
+        }
         let decision = decide(&AutoscaleInput {
             now,
             fleets: &specs,
@@ -924,7 +945,11 @@ impl Loop {
             for effect in effects {
                 match effect {
                     Effect::Error(what) => self.error(fi, what),
-                    Effect::Unavailable(u) => self.unavailable.push(u),
+                    Effect::Unavailable(u) => {
+                        let skip = self.backoffs.error(u, now_s());
+                        self.unavailable.push(skip);
+                    }
+                    Effect::Took { fleet, offer, capacity } => self.backoffs.success(&fleet, offer, capacity),
                     Effect::Gone(machine) => {
                         self.idle_since.remove(&machine);
                     }
@@ -1154,6 +1179,9 @@ impl Worker {
                 tracing::info!(fleet = %rec.fleet, machine = %machine, "starting: {reason}");
                 match p.start(machine).await {
                     Ok(pm) => {
+                        if let Some(o) = self.offer_of(rec) {
+                            out.push(Effect::Took { fleet: rec.fleet.clone(), offer: o, capacity: capacity_of(rec) });
+                        }
                         let started = MachineRecord {
                             state: "booting".into(),
                             reason: Some(reason.clone()),
@@ -1276,6 +1304,7 @@ impl Worker {
         });
         match answer {
             Ok(pm) => {
+                out.push(Effect::Took { fleet: fleet.name.clone(), offer: offer_at, capacity });
                 let made = MachineRecord {
                     provider_id: Some(pm.provider_id.clone()),
                     state: "booting".into(),

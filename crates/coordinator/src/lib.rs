@@ -12,14 +12,17 @@ pub mod artifacts;
 pub mod artifacts_gc;
 pub mod audit;
 pub mod auth;
+pub mod blobs;
 pub mod brain;
 mod channel;
 mod convert;
 pub mod datadir;
+pub mod dynamic_steps;
 mod fleet_inputs;
 pub mod fleets;
 pub mod github;
 pub mod hub;
+mod job_cost;
 pub mod live;
 pub mod metrics;
 pub mod origin;
@@ -27,6 +30,7 @@ pub mod pipeline_actions;
 pub mod repos;
 pub mod schedules;
 pub mod secrets;
+mod standby;
 pub mod test_reports;
 pub mod ui;
 pub mod uploads;
@@ -82,6 +86,9 @@ pub struct Config {
     pub uploads_gc: uploads_gc::GcConfig,
     /// Artifacts' caps, retention and size cap (`[artifacts]`; [`artifacts_gc`]).
     pub artifacts: artifacts_gc::ArtifactsConfig,
+    /// Where uploads' and artifacts' bytes live (`[blobs]`; [`blobs`]): the data dir by
+    /// default, or an S3 bucket every coordinator of the database shares.
+    pub blobs: blobs::BlobsConfig,
     /// The `[github]` section of the config file, with its secrets read.
     pub github: Option<Arc<github::GithubConfig>>,
     /// The key secret values are sealed with; default `<data-dir>/secrets.key`.
@@ -162,6 +169,7 @@ impl Config {
             timing: Timing::default(),
             uploads_gc: uploads_gc::GcConfig::default(),
             artifacts: artifacts_gc::ArtifactsConfig::default(),
+            blobs: blobs::BlobsConfig::default(),
             github: None,
             secrets_key_file: None,
             credential_files: Vec::new(),
@@ -293,6 +301,7 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/uploads/{id}", get(uploads::get_upload))
         // Agents, with their credential (`artifacts`).
         .route("/api/v1/jobs/{id}/artifact-upload", axum::routing::put(artifacts::upload))
+        .route("/api/v1/jobs/{id}/steps", post(dynamic_steps::add_steps))
         .route("/api/v1/jobs/{id}/artifact-inputs", get(artifacts::inputs))
         .route("/api/v1/jobs/{id}/artifact-inputs/{sha256}", get(artifacts::input_blob))
         .route("/api/v1/openapi.json", get(openapi_json))
@@ -313,6 +322,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = api::ApiDoc::openapi();
     doc.merge(secrets::SecretsDoc::openapi());
     doc.merge(artifacts::ArtifactsDoc::openapi());
+    doc.merge(dynamic_steps::DynamicStepsDoc::openapi());
     doc.merge(github::webhook::WebhookDoc::openapi());
     doc
 }
@@ -329,6 +339,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let data_dir_lock = datadir::lock(&config.data_dir)?;
     // A Postgres database's claim, renewed while this coordinator runs.
     let mut renewal: Option<tokio::task::JoinHandle<anyhow::Error>> = None;
+    // A standby answers on its address while it waits (`/readyz` 503), and leads on that socket.
+    let mut standing_by: Option<standby::StandingBy> = None;
     // Whether this coordinator may act as the database's leader now: false while its claim
     // could not be renewed for longer than it lasts (it may have passed to a standby).
     let (leading_tx, leading) = tokio::sync::watch::channel(true);
@@ -344,6 +356,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             datadir::restrict(std::path::Path::new(&p))?;
         }
     }
+    // A bucket this coordinator cannot reach is refused now, before it leads or waits to.
+    let (upload_blobs, artifact_blobs) = blobs::open(&config.blobs, &config.data_dir).await?;
     let store: Arc<dyn Store> = match &config.database {
         Database::Sqlite(p) => {
             match if must_be_gpuci { SqliteStore::open_existing(p).await } else { SqliteStore::open(p).await } {
@@ -378,6 +392,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                 Ok(s) => {
                     let holder = sole_use_holder(&config.data_dir)?;
                     let process = format!("pid {} ({})", std::process::id(), uuid::Uuid::new_v4());
+                    if config.standby {
+                        standing_by = standby::listen(config.listen)?;
+                    }
                     let claim = lead_or_stand_by(&s, &holder, &process, url, config.standby, &shutdown).await?;
                     tracing::info!(epoch = claim.epoch, "this coordinator leads the database");
                     let s = s.fence(claim.epoch).await.with_context(|| {
@@ -436,9 +453,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         .with_fleet_wake(fleet_wake.clone())
         .with_repositories(config.github_host(), config.concurrency_shared.clone());
     let (tx, rx) = mpsc::channel(4096);
-    let uploads = uploads::Uploads::new(config.data_dir.join("uploads"));
-    let listener =
-        tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
+    let uploads = uploads::Uploads::with_store(config.data_dir.join("uploads"), upload_blobs);
+    let listener = match standing_by.take() {
+        Some(s) => s.take_over().await.with_context(|| format!("serving on {}", config.listen))?,
+        None => {
+            tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?
+        }
+    };
     let addr = listener.local_addr()?;
     let github = match &config.github {
         None => None,
@@ -505,7 +526,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         conn_seq: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
         uploads,
-        artifacts: artifacts::Artifacts::new(config.data_dir.join("artifacts"), config.artifacts.limits),
+        artifacts: artifacts::Artifacts::with_store(
+            config.data_dir.join("artifacts"),
+            config.artifacts.limits,
+            artifact_blobs,
+        ),
         github,
         max_log_bytes: config.max_log_bytes,
         fleets: fleet_statuses,
@@ -675,7 +700,15 @@ async fn keep_sole_use(
     let mut failing = false;
     loop {
         tokio::time::sleep(SOLE_USE_RENEW).await;
-        match store.renew_sole_use(&holder, &process).await {
+        // A database that stops answering without closing the connection (a partition that
+        // drops packets) would hold a renewal forever, and with it the stepping aside below:
+        // a renewal that takes longer than what is left of the claim counts as failed.
+        let left = SOLE_USE_LEASE.saturating_sub(last_renewed.elapsed()).max(SOLE_USE_RENEW);
+        let renewed = match tokio::time::timeout(left, store.renew_sole_use(&holder, &process)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer from the database within {}ms", left.as_millis())),
+        };
+        match renewed {
             Ok(true) => {
                 if failing {
                     tracing::info!("the claim on the database is renewed again");

@@ -23,13 +23,20 @@ pub async fn read(st: &AppState, a: &ArtifactRecord) -> Result<String, ApiError>
             gpuci_core::quantity::Bytes(MAX_REPORT_BYTES)
         ))
     } else {
-        match st.artifacts.blob(&a.sha256) {
-            None => Err("no stored file".to_string()),
-            Some(path) => tokio::task::spawn_blocking(move || {
-                std::fs::read(&path).map_err(|e| format!("reading it: {e}")).and_then(|b| parse_junit(&b))
-            })
-            .await
-            .unwrap_or_else(|e| Err(e.to_string())),
+        // Read whole (it is under the report cap), then parsed off the async threads.
+        match st.artifacts.open(&a.sha256).await {
+            Ok(None) => Err("no stored file".to_string()),
+            Err(e) => Err(format!("reading it: {e}")),
+            Ok(Some(blob)) => {
+                use tokio::io::AsyncReadExt;
+                let mut bytes = Vec::with_capacity(usize::try_from(a.size).unwrap_or(0));
+                match blob.body.take(MAX_REPORT_BYTES).read_to_end(&mut bytes).await {
+                    Err(e) => Err(format!("reading it: {e}")),
+                    Ok(_) => tokio::task::spawn_blocking(move || parse_junit(&bytes))
+                        .await
+                        .unwrap_or_else(|e| Err(e.to_string())),
+                }
+            }
         }
     };
     let (record, note) = match parsed {

@@ -1,7 +1,8 @@
 //! `/api/v1/uploads`: the files a job's workspace starts from. A client (`gpuci submit`) posts
-//! a gzip'ed tar; it is stored content-addressed as `<data-dir>/uploads/<sha256>.tar.gz`
-//! (written to a temporary file, synced, renamed: a reader never sees half a file, and the
-//! same content is stored once). A pipeline names it by id (`SubmitPipeline::workspace_upload`)
+//! a gzip'ed tar; it is stored content-addressed as `<sha256>.tar.gz` in the blob store
+//! ([`crate::blobs`]: `<data-dir>/uploads/` by default, or a shared S3 bucket), written to a
+//! temporary file while hashed, synced, then stored: a reader never sees half a file, and the
+//! same content is stored once. A pipeline names it by id (`SubmitPipeline::workspace_upload`)
 //! and each agent downloads it with its own credential before running a job.
 //!
 //! The coordinator does not look inside the archive; agents unpack it, refusing entries that
@@ -15,9 +16,17 @@
 //! decides and deletes holding the gate's other side: a use comes wholly before a pass
 //! (which then sees it) or wholly after (which then stores the file anew or is refused).
 //! A download of a collected upload that a pipeline names answers 410 Gone.
+//!
+//! With a shared store (S3) the gate is this process's only: another coordinator's collector
+//! is kept off a new upload by its fresh last write (an upload is written again each time
+//! it is posted, and the size cap spares uploads used in the last `FRESH_MS`; module docs of
+//! [`crate::blobs`]). A posted upload is written to the shared store before the pin is
+//! taken, never under it; an archive the coordinator makes itself ([`Uploads::put`]) is
+//! written under its caller's pin (it must exist before the pipeline naming it commits).
 
 use crate::api::{ApiError, ApiPath};
 use crate::auth::{bearer, verify_hash};
+use crate::blobs::{BlobError, BlobStore, LocalBlobs};
 use crate::channel::AGENT_ID_HEADER;
 use crate::AppState;
 use axum::body::Body;
@@ -40,10 +49,12 @@ pub const MAX_UPLOAD_BYTES: u64 = 512 << 20;
 #[openapi(paths(create_upload, get_upload), components(schemas(UploadInfo)))]
 pub struct UploadsDoc;
 
-/// Where uploads live: `<data-dir>/uploads`.
+/// Where uploads live: a blob store, and `<data-dir>/uploads` (the store itself by default;
+/// with a shared store, where uploads are staged on their way to it).
 #[derive(Clone, Debug)]
 pub struct Uploads {
     dir: PathBuf,
+    blobs: Arc<dyn BlobStore>,
     /// Read side: a use in progress ([`UploadPin`]); write side: a collector pass.
     gate: Arc<tokio::sync::RwLock<()>>,
     /// How many uploads are stored and their bytes: as the collector's last pass counted
@@ -60,13 +71,24 @@ pub struct Uploads {
 pub struct UploadPin(#[allow(dead_code)] tokio::sync::OwnedRwLockReadGuard<()>);
 
 impl Uploads {
+    /// Uploads in the local directory `dir`.
     pub fn new(dir: PathBuf) -> Self {
-        Uploads { dir, gate: Arc::default(), count: Arc::default(), bytes: Arc::default() }
+        let blobs = Arc::new(LocalBlobs::new(dir.clone()));
+        Self::with_store(dir, blobs)
     }
 
-    /// The directory the uploads are in.
+    /// Uploads in `blobs`, staged in `dir`.
+    pub fn with_store(dir: PathBuf, blobs: Arc<dyn BlobStore>) -> Self {
+        Uploads { dir, blobs, gate: Arc::default(), count: Arc::default(), bytes: Arc::default() }
+    }
+
+    /// The local directory: the uploads themselves with the local store, else their staging.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    pub fn blobs(&self) -> &Arc<dyn BlobStore> {
+        &self.blobs
     }
 
     /// A pin: no collector pass runs until it is dropped.
@@ -95,14 +117,24 @@ impl Uploads {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
-    /// The file of upload `id`; `None` when `id` is not a sha256 in lowercase hex.
+    /// The local file of upload `id` (with the local store); `None` when `id` is not a
+    /// sha256 in lowercase hex.
     pub fn path(&self, id: &str) -> Option<PathBuf> {
-        valid_id(id).then(|| self.dir.join(format!("{id}.tar.gz")))
+        valid_id(id).then(|| self.dir.join(blob_name(id)))
     }
 
-    /// Whether upload `id` is stored.
+    /// Whether upload `id` is in the local directory (the local store's test helper; a
+    /// request asks [`Uploads::contains`]).
     pub fn exists(&self, id: &str) -> bool {
         self.path(id).is_some_and(|p| p.is_file())
+    }
+
+    /// Whether upload `id` is stored, in whichever store.
+    pub async fn contains(&self, id: &str) -> Result<bool, BlobError> {
+        if !valid_id(id) {
+            return Ok(false);
+        }
+        self.blobs.exists(&blob_name(id)).await
     }
 
     /// Store an archive the coordinator made itself (a repository at a commit); returns its id.
@@ -110,33 +142,34 @@ impl Uploads {
     pub async fn put(&self, _pin: &UploadPin, bytes: Vec<u8>) -> std::io::Result<String> {
         let dir = self.dir.clone();
         let len = bytes.len() as u64;
-        let (id, new) = tokio::task::spawn_blocking(move || {
-            use std::io::Write;
-            std::fs::create_dir_all(&dir)?;
-            let id = hex::encode(Sha256::digest(&bytes));
-            let path = dir.join(format!("{id}.tar.gz"));
-            if !path.is_file() {
-                let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4()));
-                let guard = TempFile(tmp.clone());
+        let tmp = dir.join(format!(".tmp-{}", uuid::Uuid::new_v4()));
+        let guard = TempFile(tmp.clone());
+        let id = {
+            let tmp = tmp.clone();
+            tokio::task::spawn_blocking(move || {
+                use std::io::Write;
+                std::fs::create_dir_all(&dir)?;
+                let id = hex::encode(Sha256::digest(&bytes));
                 let mut f = std::fs::File::create(&tmp)?;
                 f.write_all(&bytes)?;
                 f.sync_all()?;
-                std::fs::rename(&tmp, &path)?;
-                drop(guard);
-                std::fs::File::open(&dir)?.sync_all()?;
-                Ok::<_, std::io::Error>((id, true))
-            } else {
-                touch(&path);
-                Ok((id, false))
-            }
-        })
-        .await
-        .map_err(std::io::Error::other)??;
+                Ok::<_, std::io::Error>(id)
+            })
+            .await
+            .map_err(std::io::Error::other)??
+        };
+        let new = self.blobs.store(&blob_name(&id), &tmp, len).await.map_err(std::io::Error::other)?;
+        drop(guard);
         if new {
             self.note_stored(len);
         }
         Ok(id)
     }
+}
+
+/// The blob an upload is stored as.
+pub fn blob_name(id: &str) -> String {
+    format!("{id}.tar.gz")
 }
 
 /// A sha256 in lowercase hex: 64 characters of `0-9a-f`.
@@ -183,7 +216,8 @@ fn is_gzip_content_type(v: &str) -> bool {
     responses((status = 201, body = UploadInfo),
         (status = 400, description = "the body is empty or not gzip data", body = ErrorBody),
         (status = 413, description = "the body is larger than 512 MiB", body = ErrorBody),
-        (status = 415, description = "the content type is not `application/gzip`", body = ErrorBody)))]
+        (status = 415, description = "the content type is not `application/gzip`", body = ErrorBody),
+        (status = 503, description = "the blob store (an S3 bucket) could not be written", body = ErrorBody)))]
 pub async fn create_upload(
     State(st): State<AppState>,
     req: Request,
@@ -239,23 +273,36 @@ pub async fn create_upload(
         return Err(ApiError::new(StatusCode::BAD_REQUEST, "the upload is not gzip data (expected a .tar.gz)"));
     }
     let id = hex::encode(hasher.finalize());
-    let path = dir.join(format!("{id}.tar.gz"));
-    // Whether the file is there and storing or touching it happen with no collector pass
-    // between. (The client names the upload in a pipeline later: the touch makes it recent,
-    // and the collector's size cap leaves recent uploads alone.)
-    let _pin = st.uploads.pin().await;
-    if !path.is_file() {
-        // Synced before it gets its name: a pipeline that names it is committed after this.
-        // (The same content stored already was synced then; it is not synced again.)
-        file.sync_all().await.map_err(|e| server_error("syncing an upload", e))?;
-        drop(file);
-        tokio::fs::rename(&tmp, &path).await.map_err(|e| server_error("storing an upload", e))?;
-        sync_dir(dir).await;
+    file.flush().await.map_err(|e| server_error("writing an upload", e))?;
+    drop(file);
+    // Whether the blob is there and storing or touching it happen with no collector pass
+    // of this process between (the store syncs the file before it gets its name). The
+    // client names the upload in a pipeline later: the touch makes it recent, and the
+    // collector's size cap leaves recent uploads alone. A shared store is written before
+    // the pin: never a network call under it.
+    let pin = if st.uploads.blobs.shared() { None } else { Some(st.uploads.pin().await) };
+    let new = st.uploads.blobs.store(&blob_name(&id), &tmp, bytes).await.map_err(|e| {
+        tracing::error!(error = %e, "could not store an upload");
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("storing upload {id}: {e}"))
+    })?;
+    drop(pin);
+    if st.uploads.blobs.shared() {
+        // A collector pass of this process that listed the object as old before the write
+        // above may have deleted it after: once any pass in progress is over (the pin), it is
+        // there or stored again; later passes see its fresh last write.
+        let _pin = st.uploads.pin().await;
+        let there = st.uploads.blobs.exists(&blob_name(&id)).await.unwrap_or(true);
+        if !there {
+            st.uploads
+                .blobs
+                .store(&blob_name(&id), &tmp, bytes)
+                .await
+                .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("storing upload {id}: {e}")))?;
+        }
+    }
+    if new {
         st.uploads.note_stored(bytes);
-        tracing::info!(upload = %id, bytes, "upload stored");
-    } else {
-        // Used again: the collector counts age from the last use.
-        touch(&path);
+        tracing::info!(upload = %id, bytes, location = %st.uploads.blobs.location(), "upload stored");
     }
     drop(guard);
     Ok((StatusCode::CREATED, Json(UploadInfo { id, bytes })))
@@ -270,24 +317,12 @@ pub fn gone_message(id: &str) -> String {
     )
 }
 
-/// Mark an upload as just used.
-fn touch(path: &Path) {
-    if let Ok(f) = std::fs::File::options().write(true).open(path) {
-        let _ = f.set_modified(std::time::SystemTime::now());
-    }
-}
-
 struct TempFile(PathBuf);
 
 impl Drop for TempFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
-}
-
-async fn sync_dir(dir: &Path) {
-    let dir = dir.to_path_buf();
-    let _ = tokio::task::spawn_blocking(move || std::fs::File::open(dir).and_then(|d| d.sync_all())).await;
 }
 
 /// Whether the request carries the API token, or (with `x-gpuci-agent-id`) the credential of
@@ -320,22 +355,23 @@ async fn authorized(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
         (status = 400, description = "the id is not a sha256 in lowercase hex", body = ErrorBody),
         (status = 401, description = "missing or invalid API token or agent credential", body = ErrorBody),
         (status = 404, description = "no such upload", body = ErrorBody),
-        (status = 410, description = "the upload was stored once (a pipeline names it) and has been garbage-collected since", body = ErrorBody)))]
+        (status = 410, description = "the upload was stored once (a pipeline names it) and has been garbage-collected since", body = ErrorBody),
+        (status = 503, description = "the blob store (an S3 bucket) could not be read", body = ErrorBody)))]
 pub async fn get_upload(
     State(st): State<AppState>,
     headers: HeaderMap,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     authorized(&st, &headers).await?;
-    let Some(path) = st.uploads.path(&id) else {
+    if !valid_id(&id) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "an upload id is a sha256 in lowercase hex (64 characters)",
         ));
-    };
-    let file = match tokio::fs::File::open(&path).await {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    }
+    let blob = match st.uploads.blobs.open(&blob_name(&id)).await {
+        Ok(Some(b)) => b,
+        Ok(None) => {
             // A pipeline names it: it was stored once and collected since.
             if !st.store.upload_uses(std::slice::from_ref(&id)).await?.is_empty() {
                 return Err(ApiError::new(StatusCode::GONE, gone_message(&id)));
@@ -343,15 +379,13 @@ pub async fn get_upload(
             return Err(ApiError::new(StatusCode::NOT_FOUND, format!("upload {id} not found")));
         }
         Err(e) => {
-            tracing::error!(error = %e, path = %path.display(), "could not open an upload");
-            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("opening upload {id}: {e}")));
+            tracing::error!(error = %e, "could not open an upload");
+            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("opening upload {id}: {e}")));
         }
     };
-    let len = file.metadata().await.map(|m| m.len()).ok();
-    let mut r = Response::builder().header(header::CONTENT_TYPE, "application/gzip");
-    if let Some(len) = len {
-        r = r.header(header::CONTENT_LENGTH, len);
-    }
-    Ok(r.body(Body::from_stream(tokio_util::io::ReaderStream::new(file)))
+    Ok(Response::builder()
+        .header(header::CONTENT_TYPE, "application/gzip")
+        .header(header::CONTENT_LENGTH, blob.bytes)
+        .body(Body::from_stream(tokio_util::io::ReaderStream::new(blob.body)))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
 }

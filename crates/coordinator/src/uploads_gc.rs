@@ -1,5 +1,6 @@
-//! Upload garbage collection for the local uploads directory (`<data-dir>/uploads`): a timer
-//! task that, every [`DEFAULT_INTERVAL`] (and at start), gathers facts, asks
+//! Upload garbage collection for the uploads' blob store ([`crate::blobs`]: the local
+//! `<data-dir>/uploads`, or a shared bucket) and the temporary files in the local directory:
+//! a timer task that, every [`DEFAULT_INTERVAL`] (and at start), gathers facts, asks
 //! `gpuci_core::uploads::decide` which uploads go, and deletes them. It decides nothing itself.
 //!
 //! A pass holds the uploads gate's write side ([`Uploads::exclusive`]) from reading the
@@ -11,14 +12,17 @@
 //! deletes).
 //!
 //! The gate is in this process: one coordinator owns a data dir (the SQLite default, or
-//! Postgres with one coordinator). Uploads shared by several coordinators need the same
-//! exclusion where they are stored (issue 29); the decision is the same function.
+//! Postgres with one coordinator). With a store shared by several coordinators the decision
+//! is the same function over the store's listing (an object's last write is its
+//! `modified_ms`), and another coordinator's new upload is kept by the freshness rules
+//! (module docs of [`crate::blobs`]).
 
+use crate::blobs::{list_dir, BlobError, Listed};
 use crate::metrics::Metrics;
-use crate::uploads::{valid_id, Uploads};
+use crate::uploads::{blob_name, valid_id, Uploads};
 use gpuci_core::uploads::{decide, Deletion, Plan, Policy, StoredUpload, TempFile};
 use gpuci_store::Store;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -60,8 +64,8 @@ impl GcConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum GcError {
-    #[error("reading the uploads directory {dir}: {source}")]
-    Scan { dir: PathBuf, source: std::io::Error },
+    #[error("listing the uploads in {location}: {source}")]
+    Scan { location: String, source: BlobError },
     #[error("asking the store which pipelines name {count} upload(s): {source}")]
     Store { count: usize, source: gpuci_store::StoreError },
     #[error("the uploads directory task: {0}")]
@@ -131,11 +135,17 @@ pub async fn run(
 pub async fn pass(store: &dyn Store, uploads: &Uploads, config: GcConfig) -> Result<PassReport, GcError> {
     let _exclusive = uploads.exclusive().await;
     let dir = uploads.dir().to_path_buf();
-    let scanned = {
+    let blobs = uploads.blobs().clone();
+    let scan_error = |source| GcError::Scan { location: blobs.location(), source };
+    let listed = blobs.list().await.map_err(scan_error)?;
+    // The temporary files are local whatever the store (with the local one, among its files).
+    let local = if blobs.shared() {
         let dir = dir.clone();
-        tokio::task::spawn_blocking(move || scan(&dir)).await?
+        tokio::task::spawn_blocking(move || list_dir(&dir)).await?.map_err(scan_error)?
+    } else {
+        listed.clone()
     };
-    let (stored, temps) = scanned.map_err(|source| GcError::Scan { dir: dir.clone(), source })?;
+    let (stored, temps) = classify(listed, local);
     let ids: Vec<String> = stored.iter().map(|u| u.id.clone()).collect();
     let uses = if ids.is_empty() {
         Vec::new()
@@ -144,9 +154,24 @@ pub async fn pass(store: &dyn Store, uploads: &Uploads, config: GcConfig) -> Res
     };
     let plan = decide(now_ms(), config.policy(), &stored, &uses, &temps);
     let Plan { delete, delete_temp, kept, kept_bytes, over_cap_bytes, .. } = plan;
-    let (deleted, temps_deleted) = {
+    let mut deleted = Vec::with_capacity(delete.len());
+    for d in delete {
+        let ok = match blobs.delete(&blob_name(&d.id)).await {
+            Ok(()) => {
+                tracing::debug!(upload = %d.id, bytes = d.bytes, why = d.why.as_str(), "upload deleted");
+                true
+            }
+            Err(e) => {
+                tracing::warn!(upload = %d.id, error = %e, "could not delete an upload");
+                false
+            }
+        };
+        deleted.push((d, ok));
+    }
+    let temps_deleted = {
         let dir = dir.clone();
-        tokio::task::spawn_blocking(move || remove(&dir, delete, &delete_temp)).await?
+        let any_deleted = deleted.iter().any(|(_, ok)| *ok);
+        tokio::task::spawn_blocking(move || remove_temps(&dir, &delete_temp, any_deleted)).await?
     };
     // Those that could not be deleted are still there.
     let failed_bytes: u64 = deleted.iter().filter(|(_, ok)| !ok).map(|(d, _)| d.bytes).sum();
@@ -169,65 +194,41 @@ fn now_ms() -> i64 {
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn modified_ms(m: &std::fs::Metadata) -> i64 {
-    m.modified()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+/// The uploads (`<sha256>.tar.gz`) among `listed` and the temporary files (`.tmp-*`) among
+/// `local`; nothing else there is ours and nothing else is looked at.
+fn classify(listed: Vec<Listed>, local: Vec<Listed>) -> (Vec<StoredUpload>, Vec<TempFile>) {
+    let uploads = listed
+        .into_iter()
+        .filter_map(|l| {
+            let id = l.name.strip_suffix(".tar.gz").filter(|id| valid_id(id))?.to_string();
+            Some(StoredUpload { id, bytes: l.bytes, modified_ms: l.modified_ms })
+        })
+        .collect();
+    let temps = local
+        .into_iter()
+        .filter(|l| l.name.starts_with(".tmp-"))
+        .map(|l| TempFile { name: l.name, bytes: l.bytes, modified_ms: l.modified_ms })
+        .collect();
+    (uploads, temps)
 }
 
-/// The uploads (`<sha256>.tar.gz`) and temporary files (`.tmp-*`) in `dir`; nothing else there
-/// is ours and nothing else is looked at. A missing directory holds nothing.
-fn scan(dir: &Path) -> std::io::Result<(Vec<StoredUpload>, Vec<TempFile>)> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
-        Err(e) => return Err(e),
-    };
-    let (mut uploads, mut temps) = (Vec::new(), Vec::new());
-    for e in entries {
-        let e = e?;
-        let name = e.file_name().to_string_lossy().into_owned();
-        // Gone between the listing and the look: a temporary file renamed into place.
-        let Ok(m) = e.metadata() else { continue };
-        if !m.is_file() {
-            continue;
-        }
-        if let Some(id) = name.strip_suffix(".tar.gz").filter(|id| valid_id(id)) {
-            uploads.push(StoredUpload { id: id.to_string(), bytes: m.len(), modified_ms: modified_ms(&m) });
-        } else if name.starts_with(".tmp-") {
-            temps.push(TempFile { name, bytes: m.len(), modified_ms: modified_ms(&m) });
-        }
-    }
-    Ok((uploads, temps))
-}
-
-/// Delete what the plan names; each deletion with whether it went (already gone counts).
-fn remove(dir: &Path, delete: Vec<Deletion>, temps: &[String]) -> (Vec<(Deletion, bool)>, usize) {
+/// Delete the temporary files the plan names; how many went (already gone counts). The
+/// deletes (and, with the local store, the uploads deleted before) are durable before the
+/// pass reports them.
+fn remove_temps(dir: &Path, temps: &[String], any_deleted: bool) -> usize {
     let gone = |p: &Path| match std::fs::remove_file(p) {
         Ok(()) => true,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
         Err(e) => {
-            tracing::warn!(path = %p.display(), error = %e, "could not delete an upload");
+            tracing::warn!(path = %p.display(), error = %e, "could not delete a temporary upload file");
             false
         }
     };
-    let deleted: Vec<(Deletion, bool)> = delete
-        .into_iter()
-        .map(|d| {
-            let ok = gone(&dir.join(format!("{}.tar.gz", d.id)));
-            if ok {
-                tracing::debug!(upload = %d.id, bytes = d.bytes, why = d.why.as_str(), "upload deleted");
-            }
-            (d, ok)
-        })
-        .collect();
     let temps_deleted = temps.iter().filter(|t| gone(&dir.join(t))).count();
-    if deleted.iter().any(|(_, ok)| *ok) || temps_deleted > 0 {
-        // The deletes are durable before the pass reports them.
+    if any_deleted || temps_deleted > 0 {
         let _ = std::fs::File::open(dir).and_then(|d| d.sync_all());
     }
-    (deleted, temps_deleted)
+    temps_deleted
 }
 
 #[cfg(test)]
@@ -237,6 +238,7 @@ mod tests {
     use gpuci_core::job::JobState;
     use gpuci_core::pipeline::Step;
     use gpuci_store::{JobChange, NewJob, NewPipeline, SqliteStore};
+    use std::path::PathBuf;
 
     const DAY: Duration = Duration::from_secs(86_400);
 

@@ -214,9 +214,17 @@ pub struct Usage {
     /// Bytes and files of this job's artifacts.
     pub job_bytes: u64,
     pub job_files: u64,
-    /// Bytes of all artifacts of the job's repository (jobs with no repository: of every such job).
+    /// Bytes of all artifacts of the job's repository (jobs with no repository: of every such
+    /// job) on the job's side: its trusted jobs', or its untrusted jobs' when `untrusted`.
     pub repository_bytes: u64,
+    /// The job is untrusted (a pull request from a fork, an Actions runner job): its
+    /// repository's untrusted jobs share a budget of [`UNTRUSTED_SHARE`] of the repository
+    /// cap, apart from the trusted jobs', so they can never keep the trusted jobs' out.
+    pub untrusted: bool,
 }
+
+/// The part of `max_repository` a repository's untrusted jobs share: one fifth.
+pub const UNTRUSTED_SHARE: u64 = 5;
 
 /// Whether an artifact of `size` bytes may be stored given `usage`; `Err` says which cap.
 pub fn admit(limits: &Limits, usage: &Usage, size: u64) -> Result<(), String> {
@@ -234,7 +242,18 @@ pub fn admit(limits: &Limits, usage: &Usage, size: u64) -> Result<(), String> {
             gib(limits.max_job)
         ));
     }
-    if usage.repository_bytes.saturating_add(size) > limits.max_repository {
+    if usage.untrusted {
+        let cap = limits.max_repository / UNTRUSTED_SHARE;
+        if usage.repository_bytes.saturating_add(size) > cap {
+            return Err(format!(
+                "the repository's untrusted jobs' artifacts (pull requests from forks and the like) would reach {}, \
+                 over their share of the per-repository cap, {} (a fifth of {}; the trusted jobs' room is apart)",
+                gib(usage.repository_bytes.saturating_add(size)),
+                gib(cap),
+                gib(limits.max_repository)
+            ));
+        }
+    } else if usage.repository_bytes.saturating_add(size) > limits.max_repository {
         return Err(format!(
             "the repository's artifacts would reach {}, over the per-repository cap of {}",
             gib(usage.repository_bytes.saturating_add(size)),
@@ -349,12 +368,25 @@ mod tests {
         let l = Limits { max_file: 100, max_job: 150, max_repository: 1000, max_files_per_job: 3 };
         assert!(admit(&l, &Usage::default(), 100).is_ok());
         assert!(admit(&l, &Usage::default(), 101).unwrap_err().contains("per-file"));
-        let u = Usage { job_bytes: 100, job_files: 1, repository_bytes: 100 };
+        let u = Usage { job_bytes: 100, job_files: 1, repository_bytes: 100, untrusted: false };
         assert!(admit(&l, &u, 51).unwrap_err().contains("per-job"));
-        let u = Usage { job_bytes: 0, job_files: 3, repository_bytes: 0 };
+        let u = Usage { job_bytes: 0, job_files: 3, repository_bytes: 0, untrusted: false };
         assert!(admit(&l, &u, 1).unwrap_err().contains("3 artifacts"));
-        let u = Usage { job_bytes: 0, job_files: 0, repository_bytes: 950 };
+        let u = Usage { job_bytes: 0, job_files: 0, repository_bytes: 950, untrusted: false };
         assert!(admit(&l, &u, 51).unwrap_err().contains("per-repository"));
+    }
+
+    #[test]
+    fn untrusted_jobs_share_a_fifth_of_the_repository_cap_apart_from_trusted_ones() {
+        let l = Limits { max_file: 1000, max_job: 1000, max_repository: 1000, max_files_per_job: 100 };
+        // Untrusted jobs (their own bytes counted) stop at 200 of the 1000.
+        let fork = |bytes| Usage { repository_bytes: bytes, untrusted: true, ..Usage::default() };
+        assert!(admit(&l, &fork(150), 50).is_ok());
+        let e = admit(&l, &fork(150), 51).unwrap_err();
+        assert!(e.contains("untrusted") && e.contains("a fifth"), "{e}");
+        // Trusted jobs count only trusted bytes: a fork that filled its share takes none of theirs.
+        let trusted = |bytes| Usage { repository_bytes: bytes, untrusted: false, ..Usage::default() };
+        assert!(admit(&l, &trusted(0), 1000).is_ok());
     }
 
     #[test]

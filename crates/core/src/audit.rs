@@ -31,10 +31,12 @@ pub enum AuditAction {
     GpuRelease,
     /// A schedule fired by hand (`gpuci schedules run`).
     ScheduleRun,
+    /// Steps added to a running pipeline by one of its jobs (`gpuci pipeline upload`).
+    PipelineUpload,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 10] = [
+    pub const ALL: [AuditAction; 11] = [
         AuditAction::SecretSet,
         AuditAction::SecretRm,
         AuditAction::SecretsKeyRotate,
@@ -45,6 +47,7 @@ impl AuditAction {
         AuditAction::JobRetry,
         AuditAction::GpuRelease,
         AuditAction::ScheduleRun,
+        AuditAction::PipelineUpload,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +62,7 @@ impl AuditAction {
             AuditAction::JobRetry => "job.retry",
             AuditAction::GpuRelease => "gpu.release",
             AuditAction::ScheduleRun => "schedule.run",
+            AuditAction::PipelineUpload => "pipeline.upload",
         }
     }
 }

@@ -10,7 +10,9 @@
 //! combine (`progress`: soft failures, dependency gates, the pipeline's state), and which
 //! workspace uploads may be garbage-collected (`uploads`), and the rules of artifacts
 //! (`artifacts`: patterns, paths, caps, retention), and when cron schedules fire (`schedule`,
-//! with the server config's `[[schedule]]` in `schedule_config`).
+//! with the server config's `[[schedule]]` in `schedule_config`), and which of several
+//! coordinators an agent or the CLI talks to (`coordinators`: the one whose `/readyz` says it
+//! leads).
 //!
 //! What must not live here: I/O of any kind (files, sockets, clocks, environment), an async
 //! runtime, logging side effects. Callers hand in the current time and the observed state;
@@ -22,6 +24,7 @@ pub mod builds;
 pub mod cache;
 pub mod concurrency;
 pub mod condition;
+pub mod coordinators;
 pub mod duration;
 pub mod fleet;
 pub mod gpu;

@@ -109,6 +109,11 @@ pub struct JobCost {
     pub fleet: String,
     /// The machine's price, USD per hour.
     pub price_per_hour: f64,
+    /// Its part of the machine's overhead so far (boot, idle, GPUs no job leased), split over
+    /// the jobs that ran on the machine by GPU-time; `usd` + this is what the job cost. Given
+    /// for one job (`GET /api/v1/jobs/{id}`, its page, its GitHub check), not in lists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_usd: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
@@ -379,4 +384,22 @@ pub struct ScheduleFire {
     pub pipeline_state: Option<String>,
     /// Why it submitted no pipeline; `None` with no pipeline: still firing.
     pub error: Option<String>,
+}
+
+/// `POST /api/v1/jobs/{id}/steps` (`gpuci pipeline upload`, from inside job `id`, with its
+/// `GPUCI_JOB_TOKEN`): steps to add to the job's own pipeline, as a pipeline file.
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UploadSteps {
+    /// Name shown in errors, e.g. `.gpuci/generated.yml`.
+    pub file_name: String,
+    /// The YAML text.
+    pub source: String,
+}
+
+/// The answer to [`UploadSteps`]: the jobs added, in file order (a matrix step: each job).
+#[derive(Clone, Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StepsAdded {
+    pub pipeline_id: PipelineId,
+    pub jobs: Vec<JobSummary>,
 }

@@ -18,16 +18,18 @@
 //! Capacity: each offer and capacity type has outages in time ([`crate::profile`]); a create or
 //! a start during one fails with a capacity error, and so does one that draws the offer's
 //! `capacity_error_rate`. Either way the autoscaler sees what the coordinator records after a
-//! failed create: the offer skipped for a while ([`offer_unavailable_after_error`]); a stopped
-//! machine that could not start stays stopped.
+//! failed create: the offer skipped for as long as its back-off says
+//! ([`gpuci_core::fleet::backoff`]: from 15 s, doubling per refusal in a row, reset by a
+//! success), kept per run as the coordinator keeps it; a stopped machine that could not start
+//! stays stopped.
 
 use crate::bounds::cancel_times;
 use crate::profile::{Dist, OfferSim, SimProfile};
 use crate::rng::Rng;
 use crate::trace::TraceJob;
 use gpuci_core::fleet::{
-    decide, idle, offer_unavailable_after_error, Action, ArrivalProfile, AutoscaleInput, Capacity, FleetHistory,
-    FleetSpec, Machine, MachineState, QueuedJob, StepState, UnavailableOffer, UnixSecs,
+    decide, idle, offer_unavailable_after_error, Action, ArrivalProfile, AutoscaleInput, Backoffs, Capacity,
+    FleetHistory, FleetSpec, Machine, MachineState, QueuedJob, StepState, UnavailableOffer, UnixSecs,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -231,6 +233,8 @@ pub struct Engine<'a> {
     queue: Vec<QueuedJob>,
     queue_jobs: Vec<usize>,
     unavailable: Vec<UnavailableOffer>,
+    /// Each offer's refusals in a row: how long the next skip is.
+    backoffs: Backoffs,
     interruptions: BTreeMap<String, Vec<UnixSecs>>,
     /// What the idle rules remember, as the coordinator keeps it: arrivals, boot and start
     /// times seen (sums and counts by fleet, `[boot, start]`).
@@ -345,6 +349,7 @@ impl<'a> Engine<'a> {
             queue: Vec::new(),
             queue_jobs: Vec::new(),
             unavailable: Vec::new(),
+            backoffs: Backoffs::default(),
             interruptions: BTreeMap::new(),
             history,
             seen_boots: vec![[(0, 0); 2]; n as usize],
@@ -573,6 +578,7 @@ impl<'a> Engine<'a> {
             gpus: j.gpus,
             fleets: vec![self.fleets[fleet].name.clone()],
             repository: None,
+            expected_run_s: self.pipelines.durations.expected(j.step_name()),
         });
         self.queue_jobs.push(job);
     }
@@ -758,6 +764,7 @@ impl<'a> Engine<'a> {
     fn autoscale(&mut self) {
         let now = self.now;
         self.unavailable.retain(|u| u.until > now);
+        self.backoffs.forget(now);
         for spec in &self.fleets {
             if let Some(times) = self.interruptions.get_mut(&spec.name) {
                 let keep = spec.spot_breaker.window_s + spec.spot_breaker.on_demand_for_s;
@@ -845,10 +852,12 @@ impl<'a> Engine<'a> {
                 let Some(f) = self.fleets.iter().position(|s| s.name == fleet) else { return };
                 if self.refused(f, offer, capacity, false) {
                     self.tally[f].capacity_errors += 1;
-                    self.unavailable.push(offer_unavailable_after_error(&fleet, offer, capacity, now));
+                    let skip = self.backoffs.error(offer_unavailable_after_error(&fleet, offer, capacity, now), now);
+                    self.unavailable.push(skip);
                     self.wake_after_refusal();
                     return;
                 }
+                self.backoffs.success(&fleet, offer, capacity);
                 let num = self.next_machine;
                 self.next_machine += 1;
                 let spec = &self.fleets[f];
@@ -893,10 +902,13 @@ impl<'a> Engine<'a> {
                     // It stays stopped; the autoscaler hears of it as of a failed create.
                     self.tally[f].start_capacity_errors += 1;
                     let name = self.fleets[f].name.clone();
-                    self.unavailable.push(offer_unavailable_after_error(&name, offer, capacity, now));
+                    let skip = self.backoffs.error(offer_unavailable_after_error(&name, offer, capacity, now), now);
+                    self.unavailable.push(skip);
                     self.wake_after_refusal();
                     return;
                 }
+                let name = self.fleets[f].name.clone();
+                self.backoffs.success(&name, offer, capacity);
                 self.end_stopped(k);
                 self.extra[k].epoch += 1;
                 self.extra[k].billed_from = Some(now);

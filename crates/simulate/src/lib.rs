@@ -19,6 +19,7 @@
 pub mod bounds;
 pub mod engine;
 pub mod gen;
+pub mod history;
 mod pipelines;
 pub mod profile;
 pub mod rng;

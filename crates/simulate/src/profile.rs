@@ -117,7 +117,7 @@ pub struct SimProfile {
     /// (default [`DEFAULT_SPOT_INTERRUPTIONS_PER_HOUR`]).
     pub spot_interruptions_per_hour: Option<f64>,
     /// Chance that one create fails with a capacity error on its own, outside any outage
-    /// (the offer is then skipped for [`gpuci_core::fleet::CAPACITY_ERROR_BACKOFF_S`]). Default 0.
+    /// (the offer is then skipped for its back-off, `gpuci_core::fleet::backoff`). Default 0.
     pub capacity_error_rate: f64,
     /// The same for a start of a stopped machine; default: `capacity_error_rate`.
     pub start_capacity_error_rate: Option<f64>,

@@ -240,19 +240,17 @@ fn stopped_machines_bill_their_disk() {
 
 // The stop config again, and the offer has no capacity from 900 to 1100 s.
 //   gpuci: a as above; m1 stopped at 250.
-//   t=1000 b → start m1: refused, once. The offer is skipped for 10 minutes (until 1600), as
-//          after a failed create, and the stopped machine with it: it is not started again
-//          every pass (issue 28: 341,015 refused starts on the two weeks), and with no other
-//          offer nothing is created either.
-//   t=1110 c waits too.
-//   t=1600 the skip ends: start m1 (for b) and create m2 (for c); both ready 1660, b and c run
-//          1660–1760 (waits 660 and 550). m1 had been stopped 1350 s, short of its stopped
-//          hold (rent or buy: boot 60 s − start 45 s (default, none seen), × 2 at $3.60/h =
-//          $0.03 over $0.036/h of disk = 3000 s; no arrival in the day's last … → half: 1500 s).
-//   paid 250 + 160 + 160 = 570 GPU-s; stopped 250–1600 = 1350 s = $0.0135.
-//   fixed-idle-5m: m1 deleted at 460; b at 1000 → create refused (1 capacity error; offer
-//   skipped until 1600); c at 1110 waits too; at 1600 two creates, ready 1660: b waits 660,
-//   c 550.
+//   t=1000 b → start m1: refused. The offer is skipped as after a failed create, and the
+//          stopped machine with it: it is not started again every pass (issue 28: 341,015
+//          refused starts on the two weeks), but by its back-off (15 s, doubling): refused
+//          again at 1015 and 1045, started at 1105 (the outage ended at 1100): ready 1165, b
+//          runs 1165–1265 (waits 165). Before the back-off the skip was a fixed 10 minutes: b
+//          waited 660 s.
+//   t=1110 c: m1 is taken by b → create m2, ready 1170, c runs 1170–1270 (waits 60).
+//   paid 250 + (1105–1270) 165 + (1110–1270) 160 = 575 GPU-s; stopped 250–1105 = 855 s =
+//   $0.00855.
+//   fixed-idle-5m: m1 deleted at 460; b at 1000 → creates refused at 1000, 1015, 1045; made at
+//   1105 (b waits 165); c at 1110 gets its own (waits 60).
 // With a second offer (no outage), gpuci creates there one reconcile interval after the
 // refusal: m2 at 1005 (ready 1065, b waits 65), m3 at 1110 for c (ready 1170, waits 60).
 #[test]
@@ -262,15 +260,15 @@ fn regression_a_refused_restart_is_not_retried_every_pass_and_the_fleet_creates_
     let trace = format!("{HEADER}a,0,100,t4,1\nb,1000,100,t4,1\nc,1110,100,t4,1\n");
     let report = run_cli(&config, "server.toml", &trace, "trace.csv", &CliOptions::default()).expect("runs");
     let t = &run(&report, Policy::Gpuci).total;
-    assert_eq!((t.start_capacity_errors, t.capacity_errors, t.starts, t.machines_launched), (1, 0, 1, 2));
-    assert_eq!((t.wait_p50_s, t.wait_p95_s), (550, 660));
-    assert!(close(secs(t.paid_gpu_hours), 570.0), "{}", secs(t.paid_gpu_hours));
-    assert!(close(t.stopped_disk_usd, 0.0135), "{}", t.stopped_disk_usd);
+    assert_eq!((t.start_capacity_errors, t.capacity_errors, t.starts, t.machines_launched), (3, 0, 1, 2));
+    assert_eq!((t.wait_p50_s, t.wait_p95_s), (60, 165));
+    assert!(close(secs(t.paid_gpu_hours), 575.0), "{}", secs(t.paid_gpu_hours));
+    assert!(close(t.stopped_disk_usd, 0.00855), "{}", t.stopped_disk_usd);
 
     let d = &run(&report, Policy::FixedIdle5m).total;
-    assert_eq!((d.capacity_errors, d.start_capacity_errors, d.machines_launched), (1, 0, 3));
-    assert_eq!((d.wait_p50_s, d.wait_p95_s), (550, 660));
-    assert!(close(secs(d.paid_gpu_hours), 460.0 + 2.0 * 160.0), "{}", secs(d.paid_gpu_hours));
+    assert_eq!((d.capacity_errors, d.start_capacity_errors, d.machines_launched), (3, 0, 3));
+    assert_eq!((d.wait_p50_s, d.wait_p95_s), (60, 165));
+    assert!(close(secs(d.paid_gpu_hours), 460.0 + 165.0 + 160.0), "{}", secs(d.paid_gpu_hours));
     assert!(report.to_string().contains("caperr c/s"));
 
     let two_offers = STOP_CONFIG.replace(
@@ -282,7 +280,9 @@ fn regression_a_refused_restart_is_not_retried_every_pass_and_the_fleet_creates_
     );
     let report = run_cli(&config, "server.toml", &trace, "trace.csv", &CliOptions::default()).expect("runs");
     let t = &run(&report, Policy::Gpuci).total;
-    assert_eq!((t.start_capacity_errors, t.capacity_errors, t.starts, t.machines_launched), (1, 0, 0, 3));
+    // m1's offer is asked again 15 s after its refusal, so c (1110, after the outage) starts
+    // m1 (ready 1170, waits 60) instead of a third machine being made.
+    assert_eq!((t.start_capacity_errors, t.capacity_errors, t.starts, t.machines_launched), (1, 0, 1, 2));
     assert_eq!((t.wait_p50_s, t.wait_p95_s), (60, 65));
 }
 
@@ -442,13 +442,13 @@ spot_capacity_outages_per_day = 0
     assert_ne!(other.runs[0].fleets[0].interruptions, fast.interruptions);
 }
 
-// Starts always refused: the stopped machine is tried once per skip (1000, 1600) and deleted
-// at its stopped hold (1500 s after its stop at 250: 1750, as above); and creates are always
-// refused too from 500 s on (an outage that never ends: at 2200, then every 10 minutes). So
-// b never runs. The run gives up 7 days
-// after the trace's end (1100 s) and counts b as unfinished, with its wait so far in the
-// percentiles: up to the last look before then (the last refused create at 2200 + 1006 × 600
-// = 605,800 s, and the look 5 s after it): 604,805 s.
+// Starts always refused: the stopped machine is tried once per skip of its back-off (1000,
+// 1015, 1045, 1105, 1225, 1465) and deleted at its stopped hold (1500 s after its stop at 250:
+// 1750, as above); and creates are always refused too from 500 s on (an outage that never
+// ends: at 1945, when the offer's last skip ends, then every 10 minutes, the back-off's cap).
+// So b never runs. The run gives up 7 days after the trace's end (1100 s) and counts b as
+// unfinished, with its wait so far in the percentiles: up to the last look before then (the
+// last refused create at 1945 + 1006 × 600 = 605,545 s, and the look 5 s after it): 604,550 s.
 #[test]
 fn a_policy_that_never_gets_a_machine_ends_the_run_and_shows_in_the_waits() {
     let config = format!(
@@ -459,15 +459,19 @@ fn a_policy_that_never_gets_a_machine_ends_the_run_and_shows_in_the_waits() {
     let opts = CliOptions { policies: vec![Policy::Gpuci], ..CliOptions::default() };
     let report = run_cli(&config, "server.toml", &trace, "trace.csv", &opts).expect("runs");
     let t = &report.runs[0].total;
-    assert_eq!((t.unfinished_jobs, t.wait_p99_s, t.starts), (1, 2200 + 1006 * 600 + 5 - 1000, 0));
-    assert_eq!(t.start_capacity_errors, 2);
-    assert_eq!(t.capacity_errors, (1100 + 7 * 86_400 - 2200) / 600 + 1);
+    // Refused starts at 1000, 1015, 1045, 1105, 1225, 1465 (skips 15 s doubling); the stopped
+    // machine is deleted at its hold (1750); creates from 1945 (the offer's skip of 480 s
+    // ends), every 600 s (the back-off's cap) until the run gives up (1100 + 7 days).
+    assert_eq!((t.unfinished_jobs, t.wait_p99_s, t.starts), (1, 1945 + 1006 * 600 + 5 - 1000, 0));
+    assert_eq!(t.start_capacity_errors, 6);
+    assert_eq!(t.capacity_errors, (1100 + 7 * 86_400 - 1945) / 600 + 1);
     assert!(close(secs(t.paid_gpu_hours), 250.0));
     assert!(report.to_string().contains("1 jobs never ran to their end"));
 }
 
-// Starts always refused, creates not: the stopped machine is deleted at its stopped hold
-// (1750) and a new one made when the skip ends (2200): b runs after all (ready 2260).
+// Starts always refused, creates not: starts refused at 1000, 1015, 1045, 1105, 1225, 1465
+// (the back-off doubling from 15 s); the stopped machine is deleted at its stopped hold (1750)
+// and a new one made when the offer's skip ends (1945): b runs after all (ready 2005).
 #[test]
 fn a_stopped_machine_that_never_starts_is_deleted_and_replaced() {
     let config = STOP_CONFIG.replace("stop = \"fixed 30s\"", "stop = \"fixed 30s\"\nstart_capacity_error_rate = 1.0");
@@ -475,5 +479,5 @@ fn a_stopped_machine_that_never_starts_is_deleted_and_replaced() {
     let opts = CliOptions { policies: vec![Policy::Gpuci], ..CliOptions::default() };
     let report = run_cli(&config, "server.toml", &trace, "trace.csv", &opts).expect("runs");
     let t = &report.runs[0].total;
-    assert_eq!((t.unfinished_jobs, t.start_capacity_errors, t.machines_launched, t.wait_p95_s), (0, 2, 2, 1260));
+    assert_eq!((t.unfinished_jobs, t.start_capacity_errors, t.machines_launched, t.wait_p95_s), (0, 6, 2, 1005));
 }

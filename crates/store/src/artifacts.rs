@@ -17,6 +17,9 @@ pub struct ArtifactRecord {
     pub sha256: String,
     /// The repository of the job's pipeline, for the per-repository cap.
     pub repository: Option<String>,
+    /// Uploaded by an untrusted job (a pull request from a fork, ...): counted against the
+    /// repository's untrusted budget, apart from its trusted jobs' (`gpuci_core::artifacts::admit`).
+    pub untrusted: bool,
     pub created_at_ms: i64,
 }
 
@@ -31,7 +34,7 @@ pub struct TestReportRecord {
     pub error: Option<String>,
 }
 
-const COLUMNS: &str = "job_id, path, size, sha256, repository, created_at_ms";
+const COLUMNS: &str = "job_id, path, size, sha256, repository, untrusted, created_at_ms";
 
 fn from_row<R: Row>(r: &R) -> Result<ArtifactRecord>
 where
@@ -39,6 +42,7 @@ where
     for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
     for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
     for<'a> Option<String>: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> bool: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
 {
     let size: i64 = r.try_get("size")?;
     Ok(ArtifactRecord {
@@ -47,6 +51,7 @@ where
         size: u64::try_from(size).unwrap_or(0),
         sha256: r.try_get("sha256")?,
         repository: r.try_get("repository")?,
+        untrusted: r.try_get("untrusted")?,
         created_at_ms: r.try_get("created_at_ms")?,
     })
 }
@@ -56,12 +61,13 @@ pub(crate) mod sqlite {
     use sqlx::SqlitePool;
 
     pub async fn put(pool: &SqlitePool, a: &ArtifactRecord) -> Result<()> {
-        sqlx::query(&format!("INSERT OR REPLACE INTO artifacts ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)"))
+        sqlx::query(&format!("INSERT OR REPLACE INTO artifacts ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)"))
             .bind(a.job_id)
             .bind(&a.path)
             .bind(i64::try_from(a.size).unwrap_or(i64::MAX))
             .bind(&a.sha256)
             .bind(&a.repository)
+            .bind(a.untrusted)
             .bind(a.created_at_ms)
             .execute(pool)
             .await?;
@@ -83,9 +89,10 @@ pub(crate) mod sqlite {
         rows.iter().map(from_row).collect()
     }
 
-    pub async fn repository_bytes(pool: &SqlitePool, repository: Option<&str>) -> Result<u64> {
-        let row = sqlx::query("SELECT COALESCE(SUM(size), 0) FROM artifacts WHERE repository IS ?")
+    pub async fn repository_bytes(pool: &SqlitePool, repository: Option<&str>, untrusted: bool) -> Result<u64> {
+        let row = sqlx::query("SELECT COALESCE(SUM(size), 0) FROM artifacts WHERE repository IS ? AND untrusted = ?")
             .bind(repository)
+            .bind(untrusted)
             .fetch_one(pool)
             .await?;
         Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
@@ -184,15 +191,16 @@ pub(crate) mod postgres {
 
     pub async fn put(pool: &PgPool, a: &ArtifactRecord) -> Result<()> {
         sqlx::query(&format!(
-            "INSERT INTO artifacts ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job_id, path) DO UPDATE \
+            "INSERT INTO artifacts ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (job_id, path) DO UPDATE \
              SET size = EXCLUDED.size, sha256 = EXCLUDED.sha256, repository = EXCLUDED.repository, \
-             created_at_ms = EXCLUDED.created_at_ms"
+             untrusted = EXCLUDED.untrusted, created_at_ms = EXCLUDED.created_at_ms"
         ))
         .bind(a.job_id)
         .bind(&a.path)
         .bind(i64::try_from(a.size).unwrap_or(i64::MAX))
         .bind(&a.sha256)
         .bind(&a.repository)
+        .bind(a.untrusted)
         .bind(a.created_at_ms)
         .execute(pool)
         .await?;
@@ -214,11 +222,13 @@ pub(crate) mod postgres {
         rows.iter().map(from_row).collect()
     }
 
-    pub async fn repository_bytes(pool: &PgPool, repository: Option<&str>) -> Result<u64> {
+    pub async fn repository_bytes(pool: &PgPool, repository: Option<&str>, untrusted: bool) -> Result<u64> {
         let row = sqlx::query(
-            "SELECT COALESCE(SUM(size), 0)::BIGINT FROM artifacts WHERE repository IS NOT DISTINCT FROM $1",
+            "SELECT COALESCE(SUM(size), 0)::BIGINT FROM artifacts \
+             WHERE repository IS NOT DISTINCT FROM $1 AND untrusted = $2",
         )
         .bind(repository)
+        .bind(untrusted)
         .fetch_one(pool)
         .await?;
         Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))

@@ -16,6 +16,8 @@
 //! database never holds; the coordinator keeps the key, seals and opens.
 
 mod artifacts;
+pub mod compat;
+mod job_tokens;
 mod postgres;
 mod records;
 mod rows;
@@ -23,6 +25,7 @@ mod sealing;
 mod sqlite;
 
 pub use artifacts::{ArtifactRecord, TestReportRecord};
+pub use job_tokens::JobTokenRecord;
 pub use postgres::{redact_url, Claim, PostgresStore, SoleUseHeld, IDLE_IN_TRANSACTION};
 pub use records::*;
 pub use sealing::{seal_plaintext_secrets, sealed_with, SealError, SecretsAtRest, SecretsKey, KEY_LEN};
@@ -57,6 +60,9 @@ pub enum StoreError {
     /// without gpuci's tables.
     #[error("it holds no gpuci tables ({})", if .0.is_empty() { "it has no tables at all".to_string() } else { format!("its tables: {}", .0.join(", ")) })]
     NotGpuci(Vec<String>),
+    /// The database was migrated by a newer gpuci past what this one can run on.
+    #[error("{0}")]
+    TooOld(compat::TooOld),
 }
 
 impl From<sqlx::Error> for StoreError {
@@ -206,6 +212,15 @@ impl StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+impl StoreError {
+    /// Whether this error refuses one item of a batch ([`Store::assign_jobs`],
+    /// [`Store::update_jobs`]) rather than the whole transaction: the item's own state
+    /// was not what it needed, and the database itself is fine.
+    fn refuses_only_the_item(&self) -> bool {
+        matches!(self, StoreError::Conflict { .. } | StoreError::GpuLeased { .. } | StoreError::JobNotFound(_))
+    }
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Create a pipeline and all its jobs (queued) in one transaction.
@@ -214,6 +229,21 @@ pub trait Store: Send + Sync + 'static {
     async fn insert_job(&self, job: NewJob) -> Result<JobRecord>;
     /// queued → assigned, taking the GPU leases in the same transaction.
     async fn assign_job(&self, id: JobId, agent_id: &str, gpus: &[String], now_ms: i64) -> Result<JobRecord>;
+    /// Group commit of a placement pass: [`Store::assign_job`] for each of `batch`, all in ONE
+    /// transaction (one fsync for the pass, not one per job). `Err`: nothing was stored (the
+    /// database failed, or this store was fenced); the caller sends no assignment and the jobs
+    /// stay queued. `Ok`: one answer per assignment, in order: the job as assigned, or why that
+    /// one was refused ([`StoreError::Conflict`]: no longer queued; [`StoreError::GpuLeased`];
+    /// [`StoreError::JobNotFound`]), which stored nothing of it and did not hold back the others.
+    async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<JobRecord>>>;
+    /// Group commit of agents' events: [`Store::update_job`] for each of `batch` in ONE
+    /// transaction, with the same all-or-nothing and per-item answers as
+    /// [`Store::assign_jobs`] (a [`StoreError::Conflict`] or [`StoreError::JobNotFound`]
+    /// refuses only its own change).
+    async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>>;
+    /// [`Store::set_reason`] for many jobs in one transaction (why each queued job waits,
+    /// written once per placement pass rather than once per job).
+    async fn set_reasons(&self, reasons: &[(JobId, String)]) -> Result<()>;
     /// Move a job to another state if it is currently in one of `expect`; optionally release
     /// its GPU leases and quarantine GPUs, all in one transaction.
     async fn update_job(&self, id: JobId, expect: &[JobState], change: JobChange) -> Result<JobRecord>;
@@ -382,12 +412,28 @@ pub trait Store: Send + Sync + 'static {
     async fn job_artifacts(&self, job: JobId) -> Result<Vec<ArtifactRecord>>;
     /// Every artifact, oldest first (for retention).
     async fn all_artifacts(&self) -> Result<Vec<ArtifactRecord>>;
-    /// Bytes of all artifacts of `repository` (`None`: of jobs with no repository).
-    async fn repository_artifact_bytes(&self, repository: Option<&str>) -> Result<u64>;
+    /// Bytes of all artifacts of `repository` (`None`: of jobs with no repository) uploaded by
+    /// its untrusted jobs (`untrusted`), or by its trusted ones.
+    async fn repository_artifact_bytes(&self, repository: Option<&str>, untrusted: bool) -> Result<u64>;
     /// Forget these artifacts (job, path), in one transaction.
     async fn delete_artifacts(&self, keys: &[(JobId, String)]) -> Result<()>;
     /// Record the reading of a test report; one of the same job and path is replaced.
     async fn put_test_report(&self, r: &TestReportRecord) -> Result<()>;
     /// A job's test reports, by path.
     async fn job_test_reports(&self, job: JobId) -> Result<Vec<TestReportRecord>>;
+
+    // Dynamic steps (`gpuci pipeline upload`).
+    /// Store the sha256 of each job's token for adding steps (`(job, sha256)`; replacing an
+    /// earlier one of the job, its upload count back to 0), in one commit; rows of jobs that
+    /// have ended are deleted in the same commit.
+    async fn put_job_tokens(&self, tokens: &[(JobId, String)], now_ms: i64) -> Result<()>;
+    /// The job's token row, if it has one.
+    async fn job_token(&self, job: JobId) -> Result<Option<JobTokenRecord>>;
+    /// Forget the job's token (the job ended).
+    async fn delete_job_token(&self, job: JobId) -> Result<()>;
+    /// One upload of job `by`: `jobs` added (to the pipelines they name) and the job's upload
+    /// count raised, in one commit. `None`, and nothing added, when the job has no token row
+    /// or has made `max_uploads` already.
+    async fn add_uploaded_jobs(&self, by: JobId, jobs: Vec<NewJob>, max_uploads: u32)
+        -> Result<Option<Vec<JobRecord>>>;
 }

@@ -36,17 +36,23 @@ impl PostgresStore {
     /// migrations. Migrations take Postgres's advisory lock, so coordinators starting together
     /// apply them once.
     pub async fn connect(url: &str) -> Result<Self> {
-        Self::connect_with(url, false).await
+        Self::connect_with(url, false, i64::MAX).await
+    }
+
+    /// As [`connect_existing`](Self::connect_existing), as a coordinator whose newest
+    /// migration is `newest` would: the rolling-upgrade tests' stand-in for the previous version.
+    pub async fn connect_as_of(url: &str, newest: i64) -> Result<Self> {
+        Self::connect_with(url, true, newest).await
     }
 
     /// As [`connect`](Self::connect), but refuses ([`StoreError::NotGpuci`], before anything
     /// is written) a database without gpuci's tables: for a coordinator whose data dir shows
     /// it ran before, an empty database means the wrong one, not a first start.
     pub async fn connect_existing(url: &str) -> Result<Self> {
-        Self::connect_with(url, true).await
+        Self::connect_with(url, true, i64::MAX).await
     }
 
-    async fn connect_with(url: &str, existing: bool) -> Result<Self> {
+    async fn connect_with(url: &str, existing: bool, newest: i64) -> Result<Self> {
         let options =
             PgConnectOptions::from_str(url)?.application_name("gpuci").options([("synchronous_commit", "on")]);
         let pool = Self::pool(options.clone()).await?;
@@ -61,7 +67,37 @@ impl PostgresStore {
                 return Err(StoreError::NotGpuci(tables));
             }
         }
-        MIGRATOR.run(&pool).await?;
+        // Under Postgres's advisory lock, as sqlx takes it for the migrations themselves, so a
+        // coordinator of the next version migrating at the same moment is seen whole or not at all.
+        let m = crate::compat::migrator(&MIGRATOR, newest);
+        let mut lock = pool.acquire().await?;
+        sqlx::query("SELECT pg_advisory_lock(7460656)").execute(&mut *lock).await?;
+        let checked = async {
+            let applied: Option<i64> = sqlx::query_scalar(
+                "SELECT MAX(version) FROM _sqlx_migrations WHERE to_regclass('_sqlx_migrations') IS NOT NULL",
+            )
+            .fetch_one(&mut *lock)
+            .await
+            .ok()
+            .flatten();
+            let oldest: Option<i64> = if applied.is_some() {
+                sqlx::query_scalar(
+                    "SELECT oldest_reader FROM schema_compat WHERE id = 1 AND to_regclass('schema_compat') IS NOT NULL",
+                )
+                .fetch_optional(&mut *lock)
+                .await
+                .ok()
+                .flatten()
+            } else {
+                None
+            };
+            crate::compat::decide(applied, crate::compat::newest(&m), oldest).map_err(StoreError::TooOld)
+        }
+        .await;
+        let _ = sqlx::query("SELECT pg_advisory_unlock(7460656)").execute(&mut *lock).await;
+        drop(lock);
+        checked?;
+        m.run(&pool).await?;
         Ok(Self { pool, options })
     }
 
@@ -300,6 +336,199 @@ async fn upsert_quarantine<'e, E: sqlx::PgExecutor<'e>>(exec: E, q: &Quarantine)
     Ok(())
 }
 
+/// The writes of [`Store::assign_job`], inside the caller's transaction. A refusal may
+/// follow leases already taken: the caller rolls back (the transaction, or a savepoint).
+async fn assign_in(
+    conn: &mut sqlx::PgConnection,
+    id: JobId,
+    agent_id: &str,
+    gpus: &[String],
+    now_ms: i64,
+) -> Result<JobRecord> {
+    // The job row lock makes queued → assigned a compare-and-set: a second assignment of
+    // the same job waits here and then finds it no longer queued.
+    let cur = PostgresStore::job_for_update(&mut *conn, id).await?;
+    if cur.state != JobState::Queued {
+        return Err(StoreError::Conflict { job: id, expected: "queued".into(), found: cur.state });
+    }
+    // Leases already held: the same error, naming the same GPU, as SQLite.
+    for g in gpus {
+        if let Some(holder) = lease_holder(&mut *conn, g).await? {
+            return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
+        }
+    }
+    // Take them in sorted order, so two assignments racing for overlapping GPUs wait on
+    // each other instead of deadlocking.
+    let mut sorted: Vec<&String> = gpus.iter().collect();
+    sorted.sort();
+    for g in sorted {
+        // The primary key on gpu_uuid decides who gets a GPU, not the look-up above: an
+        // insert racing another transaction's uncommitted lease of the same GPU waits for
+        // it, then does nothing if that one committed. Returning early leaves the leases already
+        // taken to the caller's rollback.
+        loop {
+            let inserted = sqlx::query(
+                "INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (gpu_uuid) DO NOTHING",
+            )
+            .bind(g)
+            .bind(agent_id)
+            .bind(id)
+            .bind(now_ms)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if inserted == 1 {
+                break;
+            }
+            if let Some(holder) = lease_holder(&mut *conn, g).await? {
+                return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
+            }
+            // Released between the insert and the look-up: try again.
+        }
+    }
+    let gpus_json = serde_json::to_string(gpus).map_err(|e| corrupt("gpus", e))?;
+    sqlx::query(
+        "UPDATE jobs SET state = 'assigned', reason = $1, agent_id = $2, gpus_json = $3, assigned_at_ms = $4 \
+         WHERE id = $5",
+    )
+    .bind(format!("assigned to agent {agent_id}"))
+    .bind(agent_id)
+    .bind(gpus_json)
+    .bind(now_ms)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    PostgresStore::job_in(&mut *conn, id).await?.ok_or(StoreError::JobNotFound(id))
+}
+
+/// [`Store::assign_jobs`] in a handful of statements whatever the batch's size (one round
+/// trip per job and GPU made a pass of 1,000 cost thousands): lock the batch's jobs, read the
+/// leases of its GPUs, decide each assignment in order as [`assign_in`] would, then write the
+/// accepted ones set-based. `None` (nothing written) when another transaction leased one of
+/// the GPUs between the read and the write: the caller goes job by job.
+async fn assign_set_based(
+    pool: &PgPool,
+    batch: &[NewAssignment],
+    now_ms: i64,
+) -> Result<Option<Vec<Result<JobRecord>>>> {
+    use std::collections::HashMap;
+    let mut tx = pool.begin().await?;
+    let ids: Vec<JobId> = batch.iter().map(|a| a.job).collect();
+    // Locked in id order: two batches over the same jobs wait, never deadlock.
+    let rows = sqlx::query("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut state: HashMap<JobId, JobState> = HashMap::with_capacity(rows.len());
+    for r in &rows {
+        let text: String = r.get(1);
+        let s: JobState = text.parse().map_err(|e| corrupt("state", e))?;
+        state.insert(r.get(0), s);
+    }
+    let all_gpus: Vec<&str> = batch.iter().flat_map(|a| a.gpus.iter().map(String::as_str)).collect();
+    let mut held: HashMap<String, JobId> =
+        sqlx::query("SELECT gpu_uuid, job_id FROM gpu_leases WHERE gpu_uuid = ANY($1)")
+            .bind(&all_gpus)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+    // Each answer: the index of its accepted assignment, or why it was refused.
+    let mut decided: Vec<std::result::Result<usize, StoreError>> = Vec::with_capacity(batch.len());
+    let mut accepted: Vec<&NewAssignment> = Vec::new();
+    for a in batch {
+        let refused = match state.get(&a.job) {
+            None => Some(StoreError::JobNotFound(a.job)),
+            Some(s) if *s != JobState::Queued => {
+                Some(StoreError::Conflict { job: a.job, expected: "queued".into(), found: *s })
+            }
+            Some(_) => {
+                a.gpus.iter().find_map(|g| held.get(g).map(|h| StoreError::GpuLeased { gpu: g.clone(), holder: *h }))
+            }
+        };
+        match refused {
+            Some(e) => decided.push(Err(e)),
+            None => {
+                for g in &a.gpus {
+                    held.insert(g.clone(), a.job);
+                }
+                state.insert(a.job, JobState::Assigned);
+                decided.push(Ok(accepted.len()));
+                accepted.push(a);
+            }
+        }
+    }
+    if !accepted.is_empty() {
+        let (mut gpu, mut agent, mut job) = (Vec::new(), Vec::new(), Vec::new());
+        for a in &accepted {
+            for g in &a.gpus {
+                gpu.push(g.as_str());
+                agent.push(a.agent_id.as_str());
+                job.push(a.job);
+            }
+        }
+        let leased = sqlx::query(
+            "INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) \
+             SELECT g, a, j, $4 FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS l(g, a, j) \
+             ON CONFLICT (gpu_uuid) DO NOTHING",
+        )
+        .bind(&gpu)
+        .bind(&agent)
+        .bind(&job)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if leased != gpu.len() as u64 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let mut ids = Vec::with_capacity(accepted.len());
+        let (mut reasons, mut agents, mut gpus_json) = (Vec::new(), Vec::new(), Vec::new());
+        for a in &accepted {
+            ids.push(a.job);
+            reasons.push(format!("assigned to agent {}", a.agent_id));
+            agents.push(a.agent_id.as_str());
+            gpus_json.push(serde_json::to_string(&a.gpus).map_err(|e| corrupt("gpus", e))?);
+        }
+        sqlx::query(
+            "UPDATE jobs SET state = 'assigned', reason = u.reason, agent_id = u.agent, gpus_json = u.gpus, \
+             assigned_at_ms = $5 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[]) AS u(id, reason, agent, gpus) \
+             WHERE jobs.id = u.id",
+        )
+        .bind(&ids)
+        .bind(&reasons)
+        .bind(&agents)
+        .bind(&gpus_json)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+    }
+    let ids: Vec<JobId> = accepted.iter().map(|a| a.job).collect();
+    let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(ids.len());
+    if !ids.is_empty() {
+        for r in sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ANY($1)"))
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?
+        {
+            let rec = job_from_row(&r)?;
+            records.insert(rec.id, rec);
+        }
+    }
+    tx.commit().await?;
+    let out = decided
+        .into_iter()
+        .map(|d| match d {
+            Ok(i) => records.remove(&accepted[i].job).ok_or(StoreError::JobNotFound(accepted[i].job)),
+            Err(e) => Err(e),
+        })
+        .collect();
+    Ok(Some(out))
+}
+
 /// The change of [`Store::update_job`], inside the caller's transaction.
 async fn update_job_in(tx: &mut sqlx::PgConnection, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
     // Locked until commit: the state checked is the state replaced (compare-and-set).
@@ -394,63 +623,65 @@ impl Store for PostgresStore {
 
     async fn assign_job(&self, id: JobId, agent_id: &str, gpus: &[String], now_ms: i64) -> Result<JobRecord> {
         let mut tx = self.pool.begin().await?;
-        // The job row lock makes queued → assigned a compare-and-set: a second assignment of
-        // the same job waits here and then finds it no longer queued.
-        let cur = Self::job_for_update(&mut tx, id).await?;
-        if cur.state != JobState::Queued {
-            return Err(StoreError::Conflict { job: id, expected: "queued".into(), found: cur.state });
-        }
-        // Leases already held: the same error, naming the same GPU, as SQLite.
-        for g in gpus {
-            if let Some(holder) = lease_holder(&mut tx, g).await? {
-                return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
-            }
-        }
-        // Take them in sorted order, so two assignments racing for overlapping GPUs wait on
-        // each other instead of deadlocking.
-        let mut sorted: Vec<&String> = gpus.iter().collect();
-        sorted.sort();
-        for g in sorted {
-            // The primary key on gpu_uuid decides who gets a GPU, not the look-up above: an
-            // insert racing another transaction's uncommitted lease of the same GPU waits for
-            // it, then does nothing if that one committed. Returning early drops `tx`, which
-            // rolls back the leases already taken.
-            loop {
-                let inserted = sqlx::query(
-                    "INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (gpu_uuid) DO NOTHING",
-                )
-                .bind(g)
-                .bind(agent_id)
-                .bind(id)
-                .bind(now_ms)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if inserted == 1 {
-                    break;
-                }
-                if let Some(holder) = lease_holder(&mut tx, g).await? {
-                    return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
-                }
-                // Released between the insert and the look-up: try again.
-            }
-        }
-        let gpus_json = serde_json::to_string(gpus).map_err(|e| corrupt("gpus", e))?;
-        sqlx::query(
-            "UPDATE jobs SET state = 'assigned', reason = $1, agent_id = $2, gpus_json = $3, assigned_at_ms = $4 \
-             WHERE id = $5",
-        )
-        .bind(format!("assigned to agent {agent_id}"))
-        .bind(agent_id)
-        .bind(gpus_json)
-        .bind(now_ms)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        let rec = assign_in(&mut tx, id, agent_id, gpus, now_ms).await?;
         tx.commit().await?;
         Ok(rec)
+    }
+
+    async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<JobRecord>>> {
+        // The pool's connections carry the fencing epoch: a former leader's batch is refused
+        // by the database as a whole (`StoreError::is_fenced`).
+        if let Some(out) = assign_set_based(&self.pool, batch, now_ms).await? {
+            return Ok(out);
+        }
+        // A lease raced in by another transaction: job by job, each under a savepoint, so a
+        // refused one leaves nothing behind and the others stand.
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(batch.len());
+        for a in batch {
+            sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;
+            match assign_in(&mut tx, a.job, &a.agent_id, &a.gpus, now_ms).await {
+                Err(e) if e.refuses_only_the_item() => {
+                    sqlx::query("ROLLBACK TO SAVEPOINT item").execute(&mut *tx).await?;
+                    out.push(Err(e));
+                }
+                r => out.push(Ok(r?)),
+            }
+            sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>> {
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(batch.len());
+        for u in batch {
+            sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;
+            match update_job_in(&mut tx, u.job, &u.expect, u.change.clone()).await {
+                Err(e) if e.refuses_only_the_item() => {
+                    sqlx::query("ROLLBACK TO SAVEPOINT item").execute(&mut *tx).await?;
+                    out.push(Err(e));
+                }
+                r => out.push(Ok(r?)),
+            }
+            sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn set_reasons(&self, reasons: &[(JobId, String)]) -> Result<()> {
+        if reasons.is_empty() {
+            return Ok(());
+        }
+        let (ids, texts): (Vec<JobId>, Vec<&str>) = reasons.iter().map(|(id, r)| (*id, r.as_str())).unzip();
+        sqlx::query("UPDATE jobs SET reason = r.reason FROM UNNEST($1::bigint[], $2::text[]) AS r(id, reason) WHERE jobs.id = r.id")
+            .bind(ids)
+            .bind(texts)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     async fn update_job(&self, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
@@ -1270,8 +1501,8 @@ impl Store for PostgresStore {
         crate::artifacts::postgres::all(&self.pool).await
     }
 
-    async fn repository_artifact_bytes(&self, repository: Option<&str>) -> Result<u64> {
-        crate::artifacts::postgres::repository_bytes(&self.pool, repository).await
+    async fn repository_artifact_bytes(&self, repository: Option<&str>, untrusted: bool) -> Result<u64> {
+        crate::artifacts::postgres::repository_bytes(&self.pool, repository, untrusted).await
     }
 
     async fn delete_artifacts(&self, keys: &[(JobId, String)]) -> Result<()> {
@@ -1284,6 +1515,40 @@ impl Store for PostgresStore {
 
     async fn job_test_reports(&self, job: JobId) -> Result<Vec<TestReportRecord>> {
         crate::artifacts::postgres_reports::of_job(&self.pool, job).await
+    }
+
+    async fn put_job_tokens(&self, tokens: &[(JobId, String)], now_ms: i64) -> Result<()> {
+        crate::job_tokens::postgres::put(&self.pool, tokens, now_ms).await
+    }
+
+    async fn job_token(&self, job: JobId) -> Result<Option<crate::JobTokenRecord>> {
+        crate::job_tokens::postgres::get(&self.pool, job).await
+    }
+
+    async fn delete_job_token(&self, job: JobId) -> Result<()> {
+        crate::job_tokens::postgres::delete(&self.pool, job).await
+    }
+
+    async fn add_uploaded_jobs(
+        &self,
+        by: JobId,
+        jobs: Vec<NewJob>,
+        max_uploads: u32,
+    ) -> Result<Option<Vec<JobRecord>>> {
+        let mut tx = self.pool.begin().await?;
+        if !crate::job_tokens::postgres::count_upload(&mut tx, by, max_uploads).await? {
+            return Ok(None);
+        }
+        let mut ids = Vec::with_capacity(jobs.len());
+        for j in &jobs {
+            ids.push(insert_job_in(&mut tx, j.pipeline_id, j).await?);
+        }
+        let mut records = Vec::with_capacity(ids.len());
+        for id in ids {
+            records.push(Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?);
+        }
+        tx.commit().await?;
+        Ok(Some(records))
     }
 }
 

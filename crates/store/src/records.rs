@@ -71,6 +71,24 @@ pub struct JobRecord {
     pub unenforced: Vec<Unenforced>,
 }
 
+/// One assignment of a placement pass ([`Store::assign_jobs`](crate::Store::assign_jobs)):
+/// queued → assigned to `agent_id`, leasing `gpus`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewAssignment {
+    pub job: JobId,
+    pub agent_id: String,
+    pub gpus: Vec<String>,
+}
+
+/// A job's stored state changes of a batch ([`Store::update_jobs`](crate::Store::update_jobs)):
+/// [`Store::update_job`](crate::Store::update_job)'s arguments.
+#[derive(Clone, Debug)]
+pub struct JobUpdate {
+    pub job: JobId,
+    pub expect: Vec<JobState>,
+    pub change: JobChange,
+}
+
 /// A state change. Fields left `None` keep their value.
 #[derive(Clone, Debug, Default)]
 pub struct JobChange {

@@ -16,6 +16,23 @@ crate::rows::row_mappers!(SqliteRow);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
+/// Runs the migrations up to `newest` that are not applied yet, after checking that a schema
+/// newer than them is one this coordinator still runs on ([`crate::compat`]).
+async fn migrate(pool: &SqlitePool, newest: i64) -> Result<()> {
+    let m = crate::compat::migrator(&MIGRATOR, newest);
+    // Errors here mean "no such table" on a new or pre-compat database.
+    let applied: Option<i64> =
+        sqlx::query_scalar("SELECT MAX(version) FROM _sqlx_migrations").fetch_one(pool).await.ok().flatten();
+    let oldest: Option<i64> = sqlx::query_scalar("SELECT oldest_reader FROM schema_compat WHERE id = 1")
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten();
+    crate::compat::decide(applied, crate::compat::newest(&m), oldest).map_err(StoreError::TooOld)?;
+    m.run(pool).await?;
+    Ok(())
+}
+
 /// Writes go through one connection, reads through a small pool. SQLite allows one writer
 /// at a time; a second connection that upgrades a read transaction to a write one fails with
 /// SQLITE_BUSY at once (the busy timeout does not apply to that deadlock), so in-process
@@ -34,7 +51,13 @@ impl SqliteStore {
     /// the umask. `secure_delete` zeroes what a write frees, so a replaced value (a secret
     /// sealed after being stored in plain text) leaves no copy in free pages.
     pub async fn open(path: &Path) -> Result<Self> {
-        Self::open_with(path, false).await
+        Self::open_with(path, false, i64::MAX).await
+    }
+
+    /// As [`open_existing`](Self::open_existing), as a coordinator whose newest migration is
+    /// `newest` would: the rolling-upgrade tests' stand-in for the previous version.
+    pub async fn open_as_of(path: &Path, newest: i64) -> Result<Self> {
+        Self::open_with(path, true, newest).await
     }
 
     /// Open a database that must already be gpuci's: like [`open`](Self::open), but a file
@@ -42,10 +65,10 @@ impl SqliteStore {
     /// [`StoreError::NotGpuci`] before anything is written to it, instead of being made into
     /// a new, empty gpuci database.
     pub async fn open_existing(path: &Path) -> Result<Self> {
-        Self::open_with(path, true).await
+        Self::open_with(path, true, i64::MAX).await
     }
 
-    async fn open_with(path: &Path, existing: bool) -> Result<Self> {
+    async fn open_with(path: &Path, existing: bool, newest: i64) -> Result<Self> {
         if existing {
             // Looked at through a plain connection first: the one below would already switch
             // the file to WAL mode, a write.
@@ -78,7 +101,7 @@ impl SqliteStore {
             .after_release(|conn, _| fit_for_next_write(conn))
             .connect_with(opts.clone())
             .await?;
-        MIGRATOR.run(&pool).await?;
+        migrate(&pool, newest).await?;
         let read = SqlitePoolOptions::new().max_connections(4).connect_with(opts.read_only(true)).await?;
         Ok(Self { pool, read })
     }
@@ -88,7 +111,7 @@ impl SqliteStore {
         let opts = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
         // One connection: every connection to :memory: is a different database.
         let pool = SqlitePoolOptions::new().max_connections(1).connect_with(opts).await?;
-        MIGRATOR.run(&pool).await?;
+        migrate(&pool, i64::MAX).await?;
         Ok(Self { read: pool.clone(), pool })
     }
 
@@ -206,6 +229,52 @@ async fn upsert_quarantine<'e, E: sqlx::SqliteExecutor<'e>>(exec: E, q: &Quarant
     Ok(())
 }
 
+/// The writes of [`Store::assign_job`], inside the caller's transaction. Every check comes
+/// before the first write, so a refusal has written nothing.
+async fn assign_in(
+    conn: &mut sqlx::SqliteConnection,
+    id: JobId,
+    agent_id: &str,
+    gpus: &[String],
+    now_ms: i64,
+) -> Result<JobRecord> {
+    let cur = SqliteStore::job_in(&mut *conn, id).await?.ok_or(StoreError::JobNotFound(id))?;
+    if cur.state != JobState::Queued {
+        return Err(StoreError::Conflict { job: id, expected: "queued".into(), found: cur.state });
+    }
+    for g in gpus {
+        let holder: Option<i64> = sqlx::query("SELECT job_id FROM gpu_leases WHERE gpu_uuid = ?")
+            .bind(g)
+            .fetch_optional(&mut *conn)
+            .await?
+            .map(|r| r.get(0));
+        if let Some(holder) = holder {
+            return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
+        }
+    }
+    for g in gpus {
+        sqlx::query("INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) VALUES (?, ?, ?, ?)")
+            .bind(g)
+            .bind(agent_id)
+            .bind(id)
+            .bind(now_ms)
+            .execute(&mut *conn)
+            .await?;
+    }
+    let gpus_json = serde_json::to_string(gpus).map_err(|e| corrupt("gpus", e))?;
+    sqlx::query(
+        "UPDATE jobs SET state = 'assigned', reason = ?, agent_id = ?, gpus_json = ?, assigned_at_ms = ? WHERE id = ?",
+    )
+    .bind(format!("assigned to agent {agent_id}"))
+    .bind(agent_id)
+    .bind(gpus_json)
+    .bind(now_ms)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    SqliteStore::job_in(&mut *conn, id).await?.ok_or(StoreError::JobNotFound(id))
+}
+
 /// The change of [`Store::update_job`], inside the caller's transaction.
 async fn update_job_in(
     tx: &mut sqlx::SqliteConnection,
@@ -304,39 +373,55 @@ impl Store for SqliteStore {
 
     async fn assign_job(&self, id: JobId, agent_id: &str, gpus: &[String], now_ms: i64) -> Result<JobRecord> {
         let mut tx = self.pool.begin().await?;
-        let cur = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
-        if cur.state != JobState::Queued {
-            return Err(StoreError::Conflict { job: id, expected: "queued".into(), found: cur.state });
-        }
-        for g in gpus {
-            let holder: Option<i64> = sqlx::query("SELECT job_id FROM gpu_leases WHERE gpu_uuid = ?")
-                .bind(g)
-                .fetch_optional(&mut *tx)
-                .await?
-                .map(|r| r.get(0));
-            if let Some(holder) = holder {
-                return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
-            }
-            sqlx::query("INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) VALUES (?, ?, ?, ?)")
-                .bind(g)
-                .bind(agent_id)
-                .bind(id)
-                .bind(now_ms)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let gpus_json = serde_json::to_string(gpus).map_err(|e| corrupt("gpus", e))?;
-        sqlx::query("UPDATE jobs SET state = 'assigned', reason = ?, agent_id = ?, gpus_json = ?, assigned_at_ms = ? WHERE id = ?")
-            .bind(format!("assigned to agent {agent_id}"))
-            .bind(agent_id)
-            .bind(gpus_json)
-            .bind(now_ms)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        let rec = Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
+        let rec = assign_in(&mut tx, id, agent_id, gpus, now_ms).await?;
         tx.commit().await?;
         Ok(rec)
+    }
+
+    async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<JobRecord>>> {
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(batch.len());
+        for a in batch {
+            // A savepoint per item: a refused one leaves nothing behind and the others stand.
+            sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;
+            match assign_in(&mut tx, a.job, &a.agent_id, &a.gpus, now_ms).await {
+                Err(e) if e.refuses_only_the_item() => {
+                    sqlx::query("ROLLBACK TO SAVEPOINT item").execute(&mut *tx).await?;
+                    out.push(Err(e));
+                }
+                r => out.push(Ok(r?)),
+            }
+            sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>> {
+        let mut tx = self.pool.begin().await?;
+        let mut out = Vec::with_capacity(batch.len());
+        for u in batch {
+            sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;
+            match update_job_in(&mut tx, u.job, &u.expect, u.change.clone()).await {
+                Err(e) if e.refuses_only_the_item() => {
+                    sqlx::query("ROLLBACK TO SAVEPOINT item").execute(&mut *tx).await?;
+                    out.push(Err(e));
+                }
+                r => out.push(Ok(r?)),
+            }
+            sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    async fn set_reasons(&self, reasons: &[(JobId, String)]) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        for (id, reason) in reasons {
+            sqlx::query("UPDATE jobs SET reason = ? WHERE id = ?").bind(reason).bind(id).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     async fn update_job(&self, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
@@ -1034,8 +1119,8 @@ impl Store for SqliteStore {
         crate::artifacts::sqlite::all(&self.read).await
     }
 
-    async fn repository_artifact_bytes(&self, repository: Option<&str>) -> Result<u64> {
-        crate::artifacts::sqlite::repository_bytes(&self.read, repository).await
+    async fn repository_artifact_bytes(&self, repository: Option<&str>, untrusted: bool) -> Result<u64> {
+        crate::artifacts::sqlite::repository_bytes(&self.read, repository, untrusted).await
     }
 
     async fn delete_artifacts(&self, keys: &[(JobId, String)]) -> Result<()> {
@@ -1048,6 +1133,40 @@ impl Store for SqliteStore {
 
     async fn job_test_reports(&self, job: JobId) -> Result<Vec<TestReportRecord>> {
         crate::artifacts::sqlite_reports::of_job(&self.read, job).await
+    }
+
+    async fn put_job_tokens(&self, tokens: &[(JobId, String)], now_ms: i64) -> Result<()> {
+        crate::job_tokens::sqlite::put(&self.pool, tokens, now_ms).await
+    }
+
+    async fn job_token(&self, job: JobId) -> Result<Option<crate::JobTokenRecord>> {
+        crate::job_tokens::sqlite::get(&self.pool, job).await
+    }
+
+    async fn delete_job_token(&self, job: JobId) -> Result<()> {
+        crate::job_tokens::sqlite::delete(&self.pool, job).await
+    }
+
+    async fn add_uploaded_jobs(
+        &self,
+        by: JobId,
+        jobs: Vec<NewJob>,
+        max_uploads: u32,
+    ) -> Result<Option<Vec<JobRecord>>> {
+        let mut tx = self.pool.begin().await?;
+        if !crate::job_tokens::sqlite::count_upload(&mut tx, by, max_uploads).await? {
+            return Ok(None);
+        }
+        let mut ids = Vec::with_capacity(jobs.len());
+        for j in &jobs {
+            ids.push(insert_job_in(&mut tx, j.pipeline_id, j).await?);
+        }
+        let mut records = Vec::with_capacity(ids.len());
+        for id in ids {
+            records.push(Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?);
+        }
+        tx.commit().await?;
+        Ok(Some(records))
     }
 
     async fn secret_values(&self, names: &[String]) -> Result<std::collections::BTreeMap<String, String>> {

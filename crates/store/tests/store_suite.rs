@@ -9,6 +9,7 @@ mod pg;
 use gpuci_core::job::JobState;
 use gpuci_core::pipeline::Step;
 use gpuci_protocol::agent::{LogChunk, Stream};
+use gpuci_protocol::JobId;
 use gpuci_store::*;
 use std::collections::BTreeMap;
 
@@ -608,6 +609,15 @@ async fn postgres_a_former_leaders_writes_are_refused_by_the_database_after_a_ta
     assert!(refused.to_string().contains("no longer leads"), "{refused}");
     let refused = a.update_job(jobs[0].id, &[JobState::Queued], JobChange::default()).await.expect_err("an update");
     assert!(refused.is_fenced(), "{refused}");
+    // A placement pass's group commit is refused as a whole, and nothing of it is stored.
+    let batch = [NewAssignment { job: jobs[0].id, agent_id: "agent-1".into(), gpus: vec!["GPU-F".into()] }];
+    let refused = a.assign_jobs(&batch, 5).await.expect_err("a fenced placement pass");
+    assert!(refused.is_fenced(), "{refused}");
+    assert_eq!(b.get_job(jobs[0].id).await.unwrap().unwrap().state, JobState::Queued);
+    assert!(b.leases().await.unwrap().is_empty());
+    let starts = [JobUpdate { job: jobs[0].id, expect: vec![JobState::Queued], change: JobChange::default() }];
+    assert!(a.update_jobs(&starts).await.expect_err("fenced events").is_fenced());
+    assert!(a.set_reasons(&[(jobs[0].id, "x".into())]).await.expect_err("fenced reasons").is_fenced());
     b.insert_agent(&agent("the-new-leader")).await.expect("the new leader writes");
     let names: Vec<String> = b.list_agents().await.unwrap().into_iter().map(|a| a.id).collect();
     assert_eq!(names, ["the-new-leader", "written-while-leading"]);
@@ -1061,6 +1071,7 @@ async fn artifacts_suite(s: &dyn Store) {
         size,
         sha256: format!("{size:064x}"),
         repository: repo.map(str::to_string),
+        untrusted: false,
         created_at_ms: at,
     };
     s.put_artifact(&art(1, "dist/b.whl", 10, Some("github.com/o/r"), 100)).await.unwrap();
@@ -1074,15 +1085,23 @@ async fn artifacts_suite(s: &dyn Store) {
         got,
         [art(1, "dist/a.whl", 20, Some("github.com/o/r"), 200), art(1, "dist/b.whl", 11, Some("github.com/o/r"), 300)]
     );
-    assert_eq!(s.repository_artifact_bytes(Some("github.com/o/r")).await.unwrap(), 31);
-    assert_eq!(s.repository_artifact_bytes(None).await.unwrap(), 5);
-    assert_eq!(s.repository_artifact_bytes(Some("github.com/none")).await.unwrap(), 0);
+    assert_eq!(s.repository_artifact_bytes(Some("github.com/o/r"), false).await.unwrap(), 31);
+    assert_eq!(s.repository_artifact_bytes(None, false).await.unwrap(), 5);
+    assert_eq!(s.repository_artifact_bytes(Some("github.com/none"), false).await.unwrap(), 0);
+    // A fork's artifacts are summed apart from the trusted jobs'.
+    s.put_artifact(&ArtifactRecord { untrusted: true, ..art(4, "fork.bin", 100, Some("github.com/o/r"), 400) })
+        .await
+        .unwrap();
+    assert_eq!(s.repository_artifact_bytes(Some("github.com/o/r"), false).await.unwrap(), 31);
+    assert_eq!(s.repository_artifact_bytes(Some("github.com/o/r"), true).await.unwrap(), 100);
+    assert!(s.job_artifacts(4).await.unwrap()[0].untrusted);
+    s.delete_artifacts(&[(4, "fork.bin".into())]).await.unwrap();
     let all: Vec<_> = s.all_artifacts().await.unwrap().into_iter().map(|a| (a.job_id, a.path)).collect();
     assert_eq!(all, [(2, "log.txt".into()), (3, "x".into()), (1, "dist/a.whl".into()), (1, "dist/b.whl".into())]);
     s.delete_artifacts(&[(1, "dist/a.whl".into()), (2, "log.txt".into()), (9, "none".into())]).await.unwrap();
     assert_eq!(s.job_artifacts(1).await.unwrap().len(), 1);
     assert!(s.job_artifacts(2).await.unwrap().is_empty());
-    assert_eq!(s.repository_artifact_bytes(Some("github.com/o/r")).await.unwrap(), 11);
+    assert_eq!(s.repository_artifact_bytes(Some("github.com/o/r"), false).await.unwrap(), 11);
 }
 
 #[tokio::test]
@@ -1195,4 +1214,290 @@ async fn postgres_store_passes_test_reports_suite() {
     let Some(server) = pg::PgServer::start() else { return };
     let s = PostgresStore::connect(&server.create_database("test_reports").await).await.unwrap();
     test_reports_suite(&s).await;
+}
+
+/// Dynamic steps: a job's token is stored as a hash, one row per job; each upload is counted
+/// in the commit that adds its jobs, and past the cap nothing is added; a new token resets the
+/// count; rows of ended jobs go when the next token is stored.
+async fn job_tokens_suite(s: &dyn Store) {
+    let np = NewPipeline {
+        origin: None,
+        file_name: "x".into(),
+        source: String::new(),
+        workspace_upload: None,
+        repository: None,
+        created_at_ms: 1,
+    };
+    let (p, jobs) = s.create_pipeline(np, vec![new_job("a"), new_job("b")]).await.unwrap();
+    let (a, b) = (jobs[0].id, jobs[1].id);
+    assert_eq!(s.job_token(a).await.unwrap(), None);
+    // Without a token row nothing can be added.
+    let added = s.add_uploaded_jobs(a, vec![NewJob { pipeline_id: p.id, ..new_job("x") }], 2).await.unwrap();
+    assert!(added.is_none());
+    assert_eq!(s.pipeline_jobs(p.id).await.unwrap().len(), 2);
+
+    s.put_job_tokens(&[(a, "aa11".into())], 5).await.unwrap();
+    let t = s.job_token(a).await.unwrap().unwrap();
+    assert_eq!((t.job_id, t.token_sha256.as_str(), t.uploads, t.created_at_ms), (a, "aa11", 0, 5));
+    for (i, key) in ["x", "y"].iter().enumerate() {
+        let added = s
+            .add_uploaded_jobs(a, vec![NewJob { pipeline_id: p.id, ..new_job(key) }], 2)
+            .await
+            .unwrap()
+            .expect("under the cap");
+        assert_eq!(added.len(), 1);
+        assert_eq!((added[0].pipeline_id, added[0].step.key.as_str()), (p.id, *key));
+        assert_eq!(s.job_token(a).await.unwrap().unwrap().uploads, i as u32 + 1);
+    }
+    let over = s.add_uploaded_jobs(a, vec![NewJob { pipeline_id: p.id, ..new_job("z") }], 2).await.unwrap();
+    assert!(over.is_none(), "a third upload over a cap of 2");
+    assert_eq!(s.pipeline_jobs(p.id).await.unwrap().len(), 4, "nothing added past the cap");
+
+    // A new token for the job replaces the old hash and its count.
+    s.put_job_tokens(&[(a, "bb22".into())], 6).await.unwrap();
+    let t = s.job_token(a).await.unwrap().unwrap();
+    assert_eq!((t.token_sha256.as_str(), t.uploads), ("bb22", 0));
+
+    // Job a ends; storing b's token clears a's row.
+    s.update_job(a, &[JobState::Queued], JobChange { state: Some(JobState::Cancelled), ..Default::default() })
+        .await
+        .unwrap();
+    s.put_job_tokens(&[(b, "cc33".into())], 7).await.unwrap();
+    assert_eq!(s.job_token(a).await.unwrap(), None);
+    assert!(s.job_token(b).await.unwrap().is_some());
+    s.delete_job_token(b).await.unwrap();
+    assert_eq!(s.job_token(b).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn sqlite_store_passes_job_tokens_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    job_tokens_suite(&SqliteStore::open(&dir.path().join("gpuci.db")).await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn postgres_store_passes_job_tokens_suite() {
+    let Some(server) = pg::PgServer::start() else { return };
+    let s = PostgresStore::connect(&server.create_database("job_tokens").await).await.unwrap();
+    job_tokens_suite(&s).await;
+}
+
+/// Group commit (issue 29): a placement pass's assignments, a batch of agents' events and a
+/// pass's reasons are each one transaction. An item whose own state refuses it is answered
+/// with its error and stores nothing; the others stand. A batch the database refuses stores
+/// nothing at all.
+async fn group_commit_suite(s: &dyn Store, fail_assignments: impl std::future::Future<Output = ()>) {
+    let pipeline = NewPipeline {
+        origin: None,
+        file_name: "g.yml".into(),
+        source: "steps: []".into(),
+        workspace_upload: None,
+        repository: None,
+        created_at_ms: 1,
+    };
+    let keys = ["a", "b", "c", "d", "e"];
+    let (_, jobs) = s.create_pipeline(pipeline, keys.iter().map(|k| new_job(k)).collect()).await.unwrap();
+    let id: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    let assign = |job: JobId, gpus: &[&str]| NewAssignment {
+        job,
+        agent_id: "agent-1".into(),
+        gpus: gpus.iter().map(|g| g.to_string()).collect(),
+    };
+    s.assign_job(id[4], "agent-2", &["GPU-4".into()], 1).await.unwrap();
+    let batch = [
+        assign(id[0], &["GPU-0", "GPU-1"]),
+        // Wants a GPU an earlier item of the same batch took, then one leased before.
+        assign(id[1], &["GPU-2", "GPU-1"]),
+        assign(id[2], &["GPU-3", "GPU-4"]),
+        // No longer queued.
+        assign(id[4], &["GPU-5"]),
+        assign(id[3], &[]),
+        assign(999_999, &["GPU-6"]),
+    ];
+    let out = s.assign_jobs(&batch, 7).await.unwrap();
+    assert_eq!(out.len(), batch.len());
+    let a = out[0].as_ref().unwrap();
+    assert_eq!(
+        (a.state, a.gpus.clone(), a.agent_id.as_deref()),
+        (JobState::Assigned, vec!["GPU-0".into(), "GPU-1".into()], Some("agent-1"))
+    );
+    assert!(
+        matches!(&out[1], Err(StoreError::GpuLeased { gpu, holder }) if gpu == "GPU-1" && *holder == id[0]),
+        "{:?}",
+        out[1]
+    );
+    assert!(
+        matches!(&out[2], Err(StoreError::GpuLeased { gpu, holder }) if gpu == "GPU-4" && *holder == id[4]),
+        "{:?}",
+        out[2]
+    );
+    assert!(matches!(&out[3], Err(StoreError::Conflict { found: JobState::Assigned, .. })), "{:?}", out[3]);
+    assert_eq!(out[4].as_ref().unwrap().state, JobState::Assigned);
+    assert!(matches!(&out[5], Err(StoreError::JobNotFound(999_999))), "{:?}", out[5]);
+    // The refused ones left nothing behind: no lease of GPU-2 or GPU-3, still queued.
+    let mut leased: Vec<(String, JobId)> =
+        s.leases().await.unwrap().into_iter().map(|l| (l.gpu_uuid, l.job_id)).collect();
+    leased.sort();
+    assert_eq!(leased, [("GPU-0".into(), id[0]), ("GPU-1".into(), id[0]), ("GPU-4".into(), id[4])]);
+    for j in [id[1], id[2]] {
+        let j = s.get_job(j).await.unwrap().unwrap();
+        assert_eq!((j.state, j.agent_id, j.gpus.len()), (JobState::Queued, None, 0));
+    }
+
+    // Starts: compare-and-set per item, one transaction.
+    let start = |job: JobId| JobUpdate {
+        job,
+        expect: vec![JobState::Assigned],
+        change: JobChange { state: Some(JobState::Running), started_at_ms: Some(9), ..Default::default() },
+    };
+    // The same job twice in one batch: the second finds it assigned.
+    let out = s.assign_jobs(&[assign(id[1], &["GPU-8"]), assign(id[1], &["GPU-9"])], 8).await.unwrap();
+    assert_eq!(out[0].as_ref().unwrap().gpus, vec!["GPU-8".to_string()]);
+    assert!(matches!(&out[1], Err(StoreError::Conflict { found: JobState::Assigned, .. })), "{:?}", out[1]);
+    s.update_job(
+        id[1],
+        &[JobState::Assigned],
+        JobChange { state: Some(JobState::Queued), clear_assignment: true, ..Default::default() },
+    )
+    .await
+    .unwrap();
+    let out = s.update_jobs(&[start(id[0]), start(id[1]), start(id[3])]).await.unwrap();
+    assert_eq!(out[0].as_ref().unwrap().state, JobState::Running);
+    assert!(matches!(&out[1], Err(StoreError::Conflict { found: JobState::Queued, .. })), "{:?}", out[1]);
+    assert_eq!(out[2].as_ref().unwrap().started_at_ms, Some(9));
+    assert_eq!(s.get_job(id[1]).await.unwrap().unwrap().state, JobState::Queued);
+
+    // Reasons of a pass.
+    s.set_reasons(&[(id[1], "waiting for GPUs".into()), (id[2], "waiting for agent-3".into())]).await.unwrap();
+    assert_eq!(s.get_job(id[1]).await.unwrap().unwrap().reason, "waiting for GPUs");
+    assert_eq!(s.get_job(id[2]).await.unwrap().unwrap().reason, "waiting for agent-3");
+    s.set_reasons(&[]).await.unwrap();
+
+    // A batch the database refuses (here a trigger refuses any assignment) stores nothing.
+    fail_assignments.await;
+    let err = s.assign_jobs(&[assign(id[1], &["GPU-7"]), assign(id[2], &["GPU-8"])], 11).await.unwrap_err();
+    assert!(!matches!(err, StoreError::Conflict { .. } | StoreError::GpuLeased { .. }), "{err}");
+    for j in [id[1], id[2]] {
+        assert_eq!(s.get_job(j).await.unwrap().unwrap().state, JobState::Queued);
+    }
+    assert_eq!(s.leases().await.unwrap().len(), 3, "the refused batch leased GPUs");
+}
+
+const REFUSE_ASSIGNMENTS_SQLITE: &str = "CREATE TRIGGER refuse_assignments BEFORE UPDATE OF state ON jobs \
+     WHEN NEW.state = 'assigned' BEGIN SELECT RAISE(ABORT, 'injected: assignments refused'); END";
+
+#[tokio::test]
+async fn sqlite_store_passes_group_commit_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpuci.db");
+    let s = SqliteStore::open(&path).await.unwrap();
+    let fail = async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&path);
+        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.unwrap();
+        sqlx::query(REFUSE_ASSIGNMENTS_SQLITE).execute(&mut conn).await.unwrap();
+    };
+    group_commit_suite(&s, fail).await;
+}
+
+#[tokio::test]
+async fn postgres_store_passes_group_commit_suite() {
+    let Some(server) = pg::PgServer::start() else { return };
+    let url = server.create_database("group_commit").await;
+    let s = PostgresStore::connect(&url).await.unwrap();
+    let fail = async {
+        let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await.unwrap();
+        sqlx::query(
+            "CREATE FUNCTION refuse_assignments() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION 'injected: assignments refused'; END $$",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::query(
+            "CREATE TRIGGER refuse_assignments BEFORE UPDATE OF state ON jobs FOR EACH ROW \
+             WHEN (NEW.state = 'assigned') EXECUTE FUNCTION refuse_assignments()",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    };
+    group_commit_suite(&s, fail).await;
+}
+
+/// What group commit saves (run by hand: `cargo test -p gpuci-store --test store_suite --
+/// --ignored --nocapture bench_group_commit`): 4,000 queued jobs assigned one transaction
+/// each (as the scheduler did) and in transactions of 1,000 (a placement pass), then started
+/// the same two ways, on a SQLite file (WAL, `synchronous=FULL`) and on Postgres. BENCHMARKS.md,
+/// "The coordinator under load", quotes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark, run by hand"]
+async fn bench_group_commit() {
+    const JOBS: usize = 4_000;
+    const BATCH: usize = 1_000;
+    async fn run(name: &str, s: &dyn Store) {
+        for batched in [false, true] {
+            let pipeline = NewPipeline {
+                origin: None,
+                file_name: "x.yml".into(),
+                source: "steps: []".into(),
+                workspace_upload: None,
+                repository: None,
+                created_at_ms: 1,
+            };
+            let (_, jobs) =
+                s.create_pipeline(pipeline, (0..JOBS).map(|i| new_job(&format!("s{i}"))).collect()).await.unwrap();
+            let tag = if batched { "b" } else { "o" };
+            let assignments: Vec<NewAssignment> = jobs
+                .iter()
+                .enumerate()
+                .map(|(i, j)| NewAssignment {
+                    job: j.id,
+                    agent_id: "agent".into(),
+                    gpus: vec![format!("GPU-{tag}{i}")],
+                })
+                .collect();
+            let t0 = std::time::Instant::now();
+            if batched {
+                for chunk in assignments.chunks(BATCH) {
+                    assert!(s.assign_jobs(chunk, 2).await.unwrap().iter().all(|r| r.is_ok()));
+                }
+            } else {
+                for a in &assignments {
+                    s.assign_job(a.job, &a.agent_id, &a.gpus, 2).await.unwrap();
+                }
+            }
+            let assign_s = t0.elapsed().as_secs_f64();
+            let starts: Vec<JobUpdate> = jobs
+                .iter()
+                .map(|j| JobUpdate {
+                    job: j.id,
+                    expect: vec![JobState::Assigned],
+                    change: JobChange { state: Some(JobState::Running), started_at_ms: Some(3), ..Default::default() },
+                })
+                .collect();
+            let t0 = std::time::Instant::now();
+            if batched {
+                for chunk in starts.chunks(BATCH) {
+                    assert!(s.update_jobs(chunk).await.unwrap().iter().all(|r| r.is_ok()));
+                }
+            } else {
+                for u in &starts {
+                    s.update_job(u.job, &u.expect, u.change.clone()).await.unwrap();
+                }
+            }
+            let start_s = t0.elapsed().as_secs_f64();
+            let how = if batched { format!("batches of {BATCH}") } else { "one by one".to_string() };
+            eprintln!(
+                "BENCH {name}, {how}: {:.0} assignments/s, {:.0} starts/s",
+                JOBS as f64 / assign_s,
+                JOBS as f64 / start_s
+            );
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    run("SQLite file", &SqliteStore::open(&dir.path().join("gpuci.db")).await.unwrap()).await;
+    if let Some(server) = pg::PgServer::start() {
+        let s = PostgresStore::connect(&server.create_database("bench_group_commit").await).await.unwrap();
+        run("Postgres", &s).await;
+    }
 }

@@ -408,7 +408,16 @@ pub fn job(p: &JobPage, viewer: &Viewer, now_ms: i64) -> Markup {
                     dt { "Agent" } dd { (j.agent_name.as_deref().unwrap_or("—")) @if let Some(f) = &p.row.fleet { " · fleet " (f) } }
                     dt { "GPUs" } dd { @if j.gpus.is_empty() { "none" } @for g in &j.gpus { code.uuid { (g) } " " } }
                 }
-                @if let Some(c) = &j.cost { dt { "Cost" } dd { "$" (format!("{:.4}", c.usd)) " (" (c.fleet) ", machine " (c.machine) ", $" (format!("{:.2}", c.price_per_hour)) "/h)" } }
+                @if let Some(c) = &j.cost { dt { "Cost" } dd {
+                    @match c.overhead_usd {
+                        Some(o) => {
+                            "$" (format!("{:.4}", c.usd + o)) ": $" (format!("{:.4}", c.usd)) " while it ran, $" (format!("{:.4}", o))
+                            " its share of the machine's boot and idle" @if j.finished_at_ms.is_none() { " so far" }
+                        }
+                        None => { "$" (format!("{:.4}", c.usd)) }
+                    }
+                    " (" (c.fleet) ", machine " (c.machine) ", $" (format!("{:.2}", c.price_per_hour)) "/h)"
+                } }
                 @if let Some(code) = j.exit_code { dt { "Exit code" } dd { (code) } }
                 // What its agent ran it without (its operator's opt-outs, issue 26).
                 @if !j.unenforced.is_empty() {

@@ -8,7 +8,8 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     let data_dir = a.data_dir.unwrap_or_else(|| default_data_dir("gpuci-agent"));
     // Absolute: the data dir is hidden from jobs, and the sandbox hides absolute paths only.
     let data_dir = std::path::absolute(&data_dir)?;
-    let mut c = gpuci_agent::Config::new(a.server, data_dir);
+    let servers = gpuci_agent::follow::parse_urls(&a.server).map_err(|e| CliError::Input(format!("--server: {e}")))?;
+    let mut c = gpuci_agent::Config::new(servers.join(","), data_dir);
     // Jobs must not see the registration token file either, nor what the operator names.
     let mut hide = a.hide.clone();
     if let Some(f) = &a.registration_token_file {

@@ -7,9 +7,11 @@ mod bench;
 mod doctor;
 mod jobs;
 pub mod local;
+pub mod pipeline;
 mod run;
 mod schedules;
 mod server;
+mod simulate_store;
 mod submit;
 mod up;
 
@@ -38,6 +40,7 @@ pub async fn dispatch(cli: Cli) -> u8 {
         Command::Jobs(a) => jobs::jobs(a).await,
         Command::Logs(a) => jobs::logs(a).await,
         Command::Artifacts(a) => artifacts::run(a).await,
+        Command::Pipeline(a) => pipeline::run(a).await,
         Command::Cancel(a) => jobs::cancel(a).await,
         Command::Agents(a) => agents(a).await,
         Command::Fleets(a) => fleets(a).await,
@@ -129,17 +132,42 @@ pub fn read_pipeline(path: &Path) -> CliResult<(String, Pipeline)> {
 fn simulate(a: crate::cli::SimulateArgs) -> CliResult {
     let read =
         |p: &Path| std::fs::read_to_string(p).map_err(|e| CliError::Input(format!("cannot read {}: {e}", p.display())));
-    let (config, trace) = (read(&a.config)?, read(&a.trace)?);
-    let opts = gpuci_simulate::CliOptions { seed: a.seed, policies: a.policies, ..Default::default() };
+    let config = read(&a.config)?;
+    let mut opts = gpuci_simulate::CliOptions { seed: a.seed, policies: a.policies, ..Default::default() };
+    let (trace, trace_name) = match (&a.trace, &a.from_store) {
+        (Some(t), None) => (read(t)?, t.display().to_string()),
+        (None, Some(source)) => {
+            // The coordinator's own history, replayed on the config's fleets (read-only).
+            let fleets = gpuci_core::fleet::parse_fleets(&a.config.display().to_string(), &config)
+                .map_err(|e| CliError::Input(e.to_string()))?;
+            let since_ms =
+                (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64
+                    - i64::from(a.days) * 86_400)
+                    * 1000;
+            let replay = simulate_store::load(source, &fleets, since_ms).map_err(CliError::Input)?;
+            if replay.jobs.is_empty() {
+                return Err(CliError::Input(format!(
+                    "--from-store: no job ran in the last {} days ({} never ran, {} fit no fleet)",
+                    a.days, replay.not_run, replay.no_fleet
+                )));
+            }
+            eprintln!(
+                "replaying {} jobs of the last {} days from the store ({} left out: never ran or still running; {} GPU jobs fit no fleet of {})",
+                replay.jobs.len(),
+                a.days,
+                replay.not_run,
+                replay.no_fleet,
+                a.config.display()
+            );
+            opts.epoch = replay.epoch;
+            let name = format!("store {}", gpuci_store::redact_url(source));
+            (gpuci_simulate::trace::to_csv(&replay.jobs), name)
+        }
+        _ => return Err(CliError::Input("give --trace FILE or --from-store DATABASE, one of them".into())),
+    };
     let started = std::time::Instant::now();
-    let report = gpuci_simulate::run_cli(
-        &config,
-        &a.config.display().to_string(),
-        &trace,
-        &a.trace.display().to_string(),
-        &opts,
-    )
-    .map_err(CliError::Input)?;
+    let report = gpuci_simulate::run_cli(&config, &a.config.display().to_string(), &trace, &trace_name, &opts)
+        .map_err(CliError::Input)?;
     eprintln!("simulated in {:.1} s", started.elapsed().as_secs_f64());
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?);

@@ -49,6 +49,7 @@ pub struct ConfigFile {
     concurrency_shared: Vec<gpuci_core::concurrency::SharedGroup>,
     uploads: Option<gpuci_coordinator::github::config::UploadsFile>,
     artifacts: Option<gpuci_coordinator::artifacts_gc::ArtifactsFile>,
+    blobs: gpuci_coordinator::blobs::BlobsConfig,
     public_repositories: Option<Vec<String>>,
     github: Option<gpuci_coordinator::github::GithubConfig>,
     schedules: Vec<gpuci_core::schedule_config::ScheduleSpec>,
@@ -88,6 +89,10 @@ impl ConfigFile {
                 return Err(CliError::Input(format!("{}: {e}", path.display())));
             }
         }
+        let blobs = match &file.blobs {
+            Some(b) => b.resolve().map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?,
+            None => Default::default(),
+        };
         let github = match file.github {
             Some(gh) => Some(gh.resolve().map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?),
             None => None,
@@ -99,6 +104,7 @@ impl ConfigFile {
             concurrency_shared,
             uploads: file.uploads,
             artifacts: file.artifacts,
+            blobs,
             public_repositories: file.dashboard.map(|d| d.public_repositories.iter().map(|r| r.0.clone()).collect()),
             github,
             schedules,
@@ -117,6 +123,7 @@ impl ConfigFile {
         if let Some(a) = &self.artifacts {
             a.apply(&mut config.artifacts);
         }
+        config.blobs = self.blobs;
         if let Some(p) = self.public_repositories {
             config.public_repositories = p;
         }

@@ -32,6 +32,8 @@ pub struct ServerFile {
     pub uploads: Option<UploadsFile>,
     /// `[artifacts]`: caps and retention of artifacts (`crate::artifacts_gc::ArtifactsFile`).
     pub artifacts: Option<crate::artifacts_gc::ArtifactsFile>,
+    /// `[blobs]`: where uploads' and artifacts' bytes live (`crate::blobs::BlobsFile`).
+    pub blobs: Option<crate::blobs::BlobsFile>,
     /// `[[schedule]]`s (checked by `gpuci_core::schedule_config::parse_schedules`).
     #[serde(default)]
     pub schedule: Vec<toml::Table>,

@@ -40,8 +40,10 @@ pub(super) async fn job_page(State(st): State<AppState>, headers: HeaderMap, Pat
     }
 }
 
-pub(super) async fn job_inner(st: &AppState, v: &Viewer, row: JobRow) -> Result<Markup, ApiError> {
+pub(super) async fn job_inner(st: &AppState, v: &Viewer, mut row: JobRow) -> Result<Markup, ApiError> {
     let id = row.job.id;
+    // Only where the cost shows at all (not to anonymous viewers of a public job).
+    crate::job_cost::add_overhead(st.store.as_ref(), &mut row.job).await;
     let (count, last) = st.store.log_extent(id).await?;
     let _ = count;
     let after = (last - LOG_TAIL).max(0);

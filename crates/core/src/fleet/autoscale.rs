@@ -20,14 +20,19 @@
 //!   busy, draining and stopping. Stopped machines do not count (they hold no GPU and bill only
 //!   their disk); starting one counts again. So `max` bounds GPU spend per hour.
 //! - **Budget.** When the fleet's spend today (UTC day, handed in) reaches `daily_budget`, no
-//!   create and no start until 00:00 UTC. Running and idle machines are left to their rules.
+//!   create and no start until 00:00 UTC. Below it, the machines for jobs are made in queue
+//!   order only while spend plus their expected cost (boot or start, and the longest expected
+//!   run of their jobs: [`super::budget::machine_usd`]) stays within it; the rest wait, say
+//!   why, and no warm machine is made. A repository's budget counts its jobs' expected shares
+//!   the same way before one makes demand. Running and idle machines are left to their rules.
 //!   A job whose repository's budget is reached ([`super::budget`]) is no demand and claims
 //!   no fleet machine until then (the scheduler holds it off them: [`super::budget::all_reached`]);
 //!   it says why it waits.
 //! - **Capacity.** The policy and the spot breaker give the capacity types in order
 //!   ([`CapacityPolicy::order`]); within a type the offers are tried in order, skipping those
 //!   marked unavailable (a capacity error, a refusal, a boot failure: [`super::unavailable`])
-//!   until their time passes. When every offer is skipped, the fleet and its waiting jobs say
+//!   until their time passes (how long: each offer's back-off, [`super::backoff`], kept by
+//!   the caller). When every offer is skipped, the fleet and its waiting jobs say
 //!   which of those happened, in the provider's words ([`super::no_offer_reason`]).
 //! - **Boot timeout.** A machine requested or booting for `boot_timeout` without its agent
 //!   connecting is deleted and counted as a boot failure ([`Action::BootFailed`]); its offer
@@ -70,6 +75,9 @@ pub struct QueuedJob {
     pub fleets: Vec<String>,
     /// `owner/name` of the repository it is for, if any (for repository budgets).
     pub repository: Option<String>,
+    /// How long it is expected to run (its step's recent runs: [`super::fanout::StepDurations`]),
+    /// for budgets ([`super::budget`]); `None`: not known.
+    pub expected_run_s: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -369,6 +377,7 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
     }
 
     // Match queued jobs to existing machines; the rest is demand.
+    let mut pending: BTreeMap<String, (f64, usize)> = BTreeMap::new();
     let mut jobs: Vec<&QueuedJob> = input.queued.iter().collect();
     jobs.sort_by(|a, b| a.queued_since.cmp(&b.queued_since).then_with(|| a.id.cmp(&b.id)));
     for job in jobs {
@@ -404,6 +413,13 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
         }
         if !placed {
             let f = candidates.iter().copied().find(|&f| fleets[f].can_grow).unwrap_or(candidates[0]);
+            // A machine made for it would be paid by its repository's budget too: counted
+            // with what this pass gave the repository's other jobs before it is asked for.
+            if let Some(e) = repo_budget_would_pass(job, &input.fleets[f], input, &mut pending) {
+                out.waiting.insert(job.id.clone(), e.reason());
+                wake.at(next_utc_midnight(now));
+                continue;
+            }
             fleets[f].demand.push(job);
         }
     }
@@ -429,6 +445,9 @@ pub fn decide(input: &AutoscaleInput<'_>) -> Decision {
             continue;
         }
         let f = candidates.iter().copied().find(|&f| fleets[f].can_grow).unwrap_or(first);
+        if repo_budget_would_pass(job, &input.fleets[f], input, &mut pending).is_some() {
+            continue;
+        }
         fleets[f].ahead += 1;
         fleets[f].demand.push(job);
     }
@@ -644,6 +663,51 @@ fn grow_and_shrink(
     let warm_missing = w.warm_target.saturating_sub(spare).max(ready_missing);
     let want_more = bins.len() as u32 + warm_missing;
     let room = w.max.saturating_sub(w.counted);
+    // Under a daily budget, the machines for jobs are made only while spend today plus their
+    // expected cost (boot or start, and their longest job's expected run) stays within it
+    // (`super::budget`): a machine is not made for work the budget will not cover.
+    let mut over_budget: Option<(usize, super::budget::Expected)> = None;
+    if let (Some(budget), None) = (spec.daily_budget, &w.blocked) {
+        let spent = input.spend_today.get(&spec.name).copied().unwrap_or(0.0);
+        let history = input.history.get(&spec.name);
+        let price = price_now(spec, w.offer);
+        let costs: Vec<f64> = bins
+            .iter()
+            .enumerate()
+            .map(|(k, (_, jobs))| {
+                let up = if k < w.stopped.len() {
+                    history.and_then(|h| h.start_s).unwrap_or(super::idle::DEFAULT_START_S)
+                } else {
+                    boot_s(history)
+                };
+                // Nothing known of any of its jobs: nothing expected (spend alone decides).
+                match jobs.iter().filter_map(|j| expected_run_s(j, spec, history)).max() {
+                    Some(run) => super::budget::machine_usd(price, up, run),
+                    None => 0.0,
+                }
+            })
+            .collect();
+        let n = super::budget::admit(budget, spent, &costs);
+        if n < bins.len() {
+            let admitted: f64 = costs[..n].iter().sum();
+            over_budget = Some((
+                n,
+                super::budget::Expected {
+                    whose: format!("fleet {}", spec.name),
+                    daily: budget,
+                    spent,
+                    admitted,
+                    admitted_n: n,
+                    next: costs[n],
+                },
+            ));
+        }
+    }
+    let want_more = match &over_budget {
+        // No warm machine either: the budget is spoken for.
+        Some((n, _)) => *n as u32,
+        None => want_more,
+    };
     let grant = if w.blocked.is_some() { 0 } else { want_more.min(room) };
 
     // Stopped machines first, then new ones.
@@ -702,7 +766,13 @@ fn grow_and_shrink(
         }
     }
     let granted = given.len();
-    let short = blocked_reason(spec, w, room.saturating_sub(granted as u32), now);
+    let short = match &over_budget {
+        Some((n, e)) if granted >= *n => {
+            wake.at(next_utc_midnight(now));
+            e.reason()
+        }
+        _ => blocked_reason(spec, w, room.saturating_sub(granted as u32), now),
+    };
     for (k, (_, jobs)) in bins.iter().enumerate() {
         let reason = given.get(k).cloned().unwrap_or_else(|| short.clone());
         for job in jobs.iter().filter(|j| !is_ahead(j)) {
@@ -808,6 +878,9 @@ fn grow_and_shrink(
     if spec.idle_action == IdleAction::Stop || !left.is_empty() {
         rules.push(stopped_rule.why);
     }
+    if let Some((_, e)) = &over_budget {
+        rules.push(format!("budget: {}", e.reason()));
+    }
 
     let starts = granted as u32 - created;
     let why = if granted > 0 {
@@ -848,6 +921,49 @@ fn grow_and_shrink(
 /// The fleet's boot time: what it has seen, else the default.
 pub(super) fn boot_s(h: Option<&FleetHistory>) -> u64 {
     h.and_then(|h| h.boot_s).unwrap_or(super::idle::DEFAULT_BOOT_S)
+}
+
+/// How long `job` is expected to run on a machine of `spec`: its own expected run, else the
+/// fleet's mean work per job (machine-seconds, as a whole machine's: scaled to the job's
+/// share); `None`: nothing known, and then nothing is expected of it (a budget judges it by
+/// spend alone, as before: the first run of a step is not held back on a guess).
+fn expected_run_s(job: &QueuedJob, spec: &FleetSpec, history: Option<&FleetHistory>) -> Option<u64> {
+    job.expected_run_s.or_else(|| {
+        let work = history?.profile.as_ref()?.mean_work_s()?;
+        let share = f64::from(job.gpus.max(1)) / f64::from(spec.machine.gpus.max(1));
+        Some((work / share.min(1.0)).round() as u64)
+    })
+}
+
+/// The price per hour a machine of `spec` is bought at now: the offer a create would use, else
+/// the first offer on-demand.
+fn price_now(spec: &FleetSpec, offer: Option<(usize, Capacity)>) -> f64 {
+    match offer {
+        Some((o, cap)) => spec.offers.get(o).map_or(0.0, |x| x.price(cap)),
+        None => spec.offers.first().map_or(0.0, |x| x.price_per_hour),
+    }
+}
+
+/// The repository budget `job`'s expected share on a new machine of `spec` would pass, if any;
+/// else its cost is added to what this pass admitted for its repository (`pending`).
+fn repo_budget_would_pass(
+    job: &QueuedJob,
+    spec: &FleetSpec,
+    input: &AutoscaleInput<'_>,
+    pending: &mut BTreeMap<String, (f64, usize)>,
+) -> Option<super::budget::Expected> {
+    let repo = job.repository.as_deref()?;
+    if input.budgets.is_empty() {
+        return None;
+    }
+    let run = expected_run_s(job, spec, input.history.get(&spec.name))?;
+    let cost = super::budget::job_usd(price_now(spec, None), job.gpus, spec.machine.gpus, run);
+    if let Some(e) = super::budget::would_pass(input.budgets, input.repo_spend_today, pending, repo, cost) {
+        return Some(e);
+    }
+    let p = pending.entry(repo.to_string()).or_insert((0.0, 0));
+    *p = (p.0 + cost, p.1 + 1);
+    None
 }
 
 /// Why a booting machine is given up: its agent did not connect in time.

@@ -23,6 +23,19 @@
 //! Spend is what the cost report attributes to the repository: its jobs' shares of their
 //! machines (GPUs leased × price, per second). Boot and idle time are the fleet's overhead,
 //! capped by the fleet's own `daily_budget`.
+//!
+//! **Expected cost before a machine is made.** Spend so far is not enough: a budget checked
+//! against it alone lets the last dollars start machines (and jobs) that will pass it
+//! mid-job. So before a machine is made, what it will cost is counted ([`Expected`]): for a
+//! fleet's `daily_budget`, the machine's boot (or start) and the expected run of the longest
+//! job it is made for, at its price ([`machine_usd`]); for a repository's budget, the job's
+//! share of that run ([`job_usd`]). Machines (and jobs) are admitted in queue order while
+//! spend + what was admitted before in the same pass + their own cost stays within the budget
+//! ([`admit`]); the rest wait, and say so ([`Expected::reason`]). A job's expected run is its
+//! step's median of recent runs when known (`super::fanout::StepDurations`), else the fleet's
+//! mean work per job (`super::profile`), else nothing is expected of it (only spend counts,
+//! as before). Running machines are not stopped for a budget: a job that started runs to its
+//! end.
 
 use super::config::{line_col, FleetConfigError};
 use crate::repo::RepoPattern;
@@ -85,6 +98,84 @@ pub fn reached(budgets: &[RepoBudget], spend: &BTreeMap<String, f64>, repository
 /// the jobs of the repositories they cover off fleet machines.
 pub fn all_reached(budgets: &[RepoBudget], spend: &BTreeMap<String, f64>) -> Vec<RepoBudget> {
     budgets.iter().filter(|b| b.spent(spend) >= b.daily).cloned().collect()
+}
+
+/// What a machine made for jobs is expected to cost, USD: billed from its create (or start)
+/// through its boot and the longest expected run of its jobs.
+pub fn machine_usd(price_per_hour: f64, boot_s: u64, run_s: u64) -> f64 {
+    price_per_hour * (boot_s + run_s) as f64 / 3600.0
+}
+
+/// A job's expected share of its machine, USD: its GPUs over the machine's, for its run.
+pub fn job_usd(price_per_hour: f64, job_gpus: u32, machine_gpus: u32, run_s: u64) -> f64 {
+    super::job_cost(run_s as i64 * 1000, job_gpus, machine_gpus, price_per_hour)
+}
+
+/// How many of `costs` (in order) fit within `budget` after `spent`: the longest prefix whose
+/// running sum keeps `spent + sum ≤ budget`. An item that does not fit stops the count (a later,
+/// cheaper one does not jump the queue).
+pub fn admit(budget: f64, spent: f64, costs: &[f64]) -> usize {
+    let mut sum = spent;
+    for (k, c) in costs.iter().enumerate() {
+        if sum + c > budget + 1e-9 {
+            return k;
+        }
+        sum += c;
+    }
+    costs.len()
+}
+
+/// A budget that the expected cost of what would be made next would pass.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Expected {
+    /// `fleet t4` or `repository github.com/acme/x`.
+    pub whose: String,
+    pub daily: f64,
+    pub spent: f64,
+    /// Expected for what this pass admitted before (machines or jobs), and how many.
+    pub admitted: f64,
+    pub admitted_n: usize,
+    /// Expected for the one that does not fit.
+    pub next: f64,
+}
+
+impl Expected {
+    pub fn reason(&self) -> String {
+        let before = if self.admitted_n > 0 {
+            format!(" + ${:.2} expected for {} already given machines", self.admitted, self.admitted_n)
+        } else {
+            String::new()
+        };
+        format!(
+            "{}: daily budget ${:.2}: ${:.2} spent{before} + ${:.2} expected for this one (boot and expected run) \
+             would pass it; no machine is made for it, so none is stopped mid-job",
+            self.whose, self.daily, self.spent, self.next
+        )
+    }
+}
+
+/// The first budget covering `repository` that `spend` plus what this pass admitted for the
+/// repositories it covers (`pending`, USD by repository) plus `cost` would pass.
+pub fn would_pass(
+    budgets: &[RepoBudget],
+    spend: &BTreeMap<String, f64>,
+    pending: &BTreeMap<String, (f64, usize)>,
+    repository: &str,
+    cost: f64,
+) -> Option<Expected> {
+    budgets.iter().filter(|b| b.covers(repository)).find_map(|b| {
+        let spent = b.spent(spend);
+        let (admitted, admitted_n) =
+            pending.iter().filter(|(r, _)| b.covers(r)).fold((0.0, 0), |(usd, n), (_, (u, k))| (usd + u, n + k));
+        (spent + admitted + cost > b.daily + 1e-9).then(|| Expected {
+            whose: format!("repository {}", b.repository),
+            daily: b.daily,
+            spent,
+            admitted,
+            admitted_n,
+            next: cost,
+        })
+    })
 }
 
 #[derive(Deserialize)]
@@ -198,6 +289,36 @@ mod tests {
         for bad in ["a/..", "/b", "a/", "a/b/c", "a b/c", "*/*"] {
             assert!(parse(&format!("[[budget]]\nrepository = \"{bad}\"\ndaily = 1.0\n")).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn machines_are_admitted_in_order_while_spend_and_expected_cost_fit() {
+        // $10 budget, $7 spent: a $2 machine fits, the next $2 would make $11.
+        assert_eq!(admit(10.0, 7.0, &[2.0, 2.0, 0.5]), 1, "a cheaper later one does not jump the queue");
+        assert_eq!(admit(10.0, 7.0, &[1.5, 1.5]), 2, "exactly the budget fits");
+        assert_eq!(admit(10.0, 10.0, &[0.0]), 1, "nothing expected: spend alone decides, as before");
+        assert_eq!(admit(10.0, 10.5, &[0.1]), 0);
+        // A T4 ($0.526/h) booting 2 minutes for a 58-minute job: one hour, $0.526.
+        assert!((machine_usd(0.526, 120, 3480) - 0.526).abs() < 1e-12);
+        assert!((job_usd(8.0, 2, 8, 1800) - 1.0).abs() < 1e-12, "2 of 8 GPUs for half an hour of $8/h");
+    }
+
+    #[test]
+    fn a_repository_budget_counts_what_the_pass_already_admitted() {
+        let budgets = parse("[[budget]]\nrepository = \"acme/*\"\ndaily = 10.0\n").unwrap();
+        let spend: BTreeMap<String, f64> = [("github.com/acme/a".to_string(), 6.0)].into_iter().collect();
+        let mut pending = BTreeMap::new();
+        assert!(would_pass(&budgets, &spend, &pending, "github.com/acme/b", 3.0).is_none());
+        pending.insert("github.com/acme/a".to_string(), (3.0, 1));
+        let e = would_pass(&budgets, &spend, &pending, "github.com/acme/b", 3.0).expect("6 + 3 + 3 > 10");
+        assert_eq!((e.spent, e.admitted, e.admitted_n, e.next), (6.0, 3.0, 1, 3.0));
+        assert_eq!(
+            e.reason(),
+            "repository github.com/acme/*: daily budget $10.00: $6.00 spent + $3.00 expected for 1 already given \
+             machines + $3.00 expected for this one (boot and expected run) would pass it; no machine is made for it, \
+             so none is stopped mid-job"
+        );
+        assert!(would_pass(&budgets, &spend, &pending, "github.com/other/x", 100.0).is_none(), "no budget, no limit");
     }
 
     #[test]

@@ -128,9 +128,61 @@ pub fn report(machines: &[BilledMachine], stretches: &[Stretch], runs: &[Run], f
     rep
 }
 
+/// A job's part of its machine's overhead — the billed time no job's own share covers: boot,
+/// idle, GPUs no job leased — so far (open stretches and runs end at `now_ms`), split over the
+/// runs on the machine by GPU-time. `runs` are every run on machine `m` (others are ignored),
+/// `job` the index of the job's own run in it. A machine that ran jobs exists for them: what
+/// it cost beyond their running time is theirs too, in proportion to what each used.
+pub fn overhead_share(m: &BilledMachine, stretches: &[Stretch], runs: &[Run], job: usize, now_ms: i64) -> f64 {
+    let Some(mine) = runs.get(job).filter(|r| r.machine == m.id) else { return 0.0 };
+    if m.gpus == 0 {
+        return 0.0;
+    }
+    let stretches: Vec<&Stretch> = stretches.iter().filter(|s| s.machine == m.id).collect();
+    let span = |from: i64, to: Option<i64>| (from, to.unwrap_or(now_ms).min(now_ms));
+    let billed_ms: i64 = stretches.iter().map(|s| overlap(span(s.from_ms, s.to_ms), (i64::MIN, i64::MAX))).sum();
+    // A run counts only where the machine was billed (as in the report).
+    let gpu_ms = |r: &Run| -> f64 {
+        let ran: i64 = stretches.iter().map(|s| overlap(span(s.from_ms, s.to_ms), span(r.from_ms, r.to_ms))).sum();
+        ran as f64 * f64::from(r.gpus.min(m.gpus))
+    };
+    let used: f64 = runs.iter().filter(|r| r.machine == m.id).map(gpu_ms).sum();
+    if used <= 0.0 {
+        return 0.0;
+    }
+    let usd_per_gpu_ms = m.price_per_hour / 3_600_000.0 / f64::from(m.gpus);
+    let overhead = (billed_ms as f64 * f64::from(m.gpus) - used).max(0.0) * usd_per_gpu_ms;
+    overhead * gpu_ms(mine) / used
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_carries_its_part_of_its_machines_boot_and_idle() {
+        // A 4-GPU machine at $8/h billed 2 h (booting and idle around its jobs); a 2-GPU job
+        // for 1 h and a 1-GPU job for 30 min. Used: 2 GPU-h + 0.5 GPU-h of 8 GPU-h billed;
+        // overhead 5.5 GPU-h × $2 = $11, split 2 : 0.5.
+        let machine = m("m1", 4, 8.0);
+        let stretches = [Stretch { machine: "m1".into(), from_ms: 0, to_ms: Some(2 * H) }];
+        let run = |gpus, from_ms, to_ms| Run { machine: "m1".into(), repository: None, gpus, from_ms, to_ms };
+        let runs = [run(2, H / 2, Some(3 * H / 2)), run(1, 0, Some(H / 2))];
+        let a = overhead_share(&machine, &stretches, &runs, 0, 10 * H);
+        let b = overhead_share(&machine, &stretches, &runs, 1, 10 * H);
+        assert!((a - 8.8).abs() < 1e-9 && (b - 2.2).abs() < 1e-9, "{a} {b}");
+        // With the jobs' own $5, the machine's $16 is paid in full by its jobs.
+        let own = crate::fleet::job_cost(H, 2, 4, 8.0) + crate::fleet::job_cost(H / 2, 1, 4, 8.0);
+        assert!((a + b + own - 16.0).abs() < 1e-9);
+        // A machine still up: its idle so far, up to now.
+        let open = [Stretch { machine: "m1".into(), from_ms: 0, to_ms: None }];
+        let at_1h = overhead_share(&machine, &open, &[run(4, 0, Some(H / 2))], 0, H);
+        assert!((at_1h - 4.0).abs() < 1e-9, "half an hour idle on 4 GPUs at $2/GPU-h: {at_1h}");
+        // Another machine's run, or a job not on this machine, carries nothing.
+        let other = [Run { machine: "m2".into(), ..run(1, 0, Some(H)) }];
+        assert_eq!(overhead_share(&machine, &stretches, &other, 0, 10 * H), 0.0);
+        assert_eq!(overhead_share(&machine, &stretches, &runs, 5, 10 * H), 0.0);
+    }
 
     const H: i64 = 3_600_000;
 

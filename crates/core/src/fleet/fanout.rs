@@ -103,6 +103,8 @@ pub struct UpcomingJob {
     pub fleets: Vec<String>,
     pub repository: Option<String>,
     pub expected_at: UnixSecs,
+    /// Its step's expected run (median of recent runs), for budgets; `None`: never ran.
+    pub expected_run_s: Option<u64>,
 }
 
 /// The blocked GPU steps whose start can be expected, with when. Pure; steps in a cycle (which
@@ -122,6 +124,7 @@ pub fn upcoming(steps: &[PipelineStep], durations: &StepDurations, now: UnixSecs
                 fleets: s.fleets.clone(),
                 repository: s.repository.clone(),
                 expected_at: at,
+                expected_run_s: durations.expected(&s.step),
             });
         }
     }
@@ -158,6 +161,7 @@ pub(super) fn within_lead(
                 gpus: u.gpus,
                 fleets: u.fleets.clone(),
                 repository: u.repository.clone(),
+                expected_run_s: u.expected_run_s,
             });
         } else {
             next = Some(next.map_or(from, |n| n.min(from)));

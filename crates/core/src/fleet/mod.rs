@@ -18,6 +18,7 @@
 //! `/usr/share/zoneinfo`.
 
 mod autoscale;
+pub mod backoff;
 pub mod budget;
 mod config;
 pub mod cost;
@@ -32,6 +33,7 @@ pub mod unavailable;
 pub use autoscale::{
     breaker_open_until, decide, fits, Action, AutoscaleInput, Decision, FleetSummary, Machine, MachineState, QueuedJob,
 };
+pub use backoff::Backoffs;
 pub use budget::{parse_budgets, RepoBudget};
 pub use config::{parse_fleets, FleetConfigError};
 pub use fanout::{PipelineStep, StepDurations, StepState, UpcomingJob};

@@ -52,7 +52,14 @@ fn fleet(name: &str) -> FleetSpec {
 }
 
 fn job(id: &str, since: UnixSecs, fleet: &str) -> QueuedJob {
-    QueuedJob { id: id.into(), queued_since: since, gpus: 1, fleets: vec![fleet.into()], repository: None }
+    QueuedJob {
+        id: id.into(),
+        queued_since: since,
+        gpus: 1,
+        fleets: vec![fleet.into()],
+        repository: None,
+        expected_run_s: None,
+    }
 }
 
 fn machine(id: &str, fleet: &str, state: MachineState, since: UnixSecs) -> Machine {
@@ -168,6 +175,7 @@ fn a_multi_gpu_machine_takes_several_small_jobs() {
         gpus: 3,
         fleets: vec!["a100x4".into()],
         repository: None,
+        expected_run_s: None,
     });
     // 3 + 1 on one machine, then 1+1+1+1 on the next: first fit, largest first.
     assert_eq!(short(&w.decide()), ["create a100x4 #0 on-demand", "create a100x4 #0 on-demand"]);
@@ -177,6 +185,7 @@ fn a_multi_gpu_machine_takes_several_small_jobs() {
         gpus: 8,
         fleets: vec!["a100x4".into()],
         repository: None,
+        expected_run_s: None,
     });
     let d = w.decide();
     assert_eq!(d.waiting["huge"], "no fleet has a machine that fits this job (8 GPUs)");
@@ -287,8 +296,105 @@ fn budget_reached_blocks_creates_and_says_until_when() {
     assert_eq!(d.waiting["j1"], "fleet aws-t4: daily budget $50.00 reached ($50.12 spent); waiting until 00:00 UTC");
     assert_eq!(d.wake_at, Some(1_704_153_600), "midnight UTC");
     assert!(d.fleets[0].budget_reached);
-    w.spend.insert("aws-t4".into(), 49.99);
+    w.spend.insert("aws-t4".into(), 49.0);
     assert_eq!(w.decide().actions.len(), 3, "one for the job and two idle for the warm pool");
+    // $49.99 spent and a 10-minute job: its machine (2-minute boot + 10 minutes at $0.50/h,
+    // $0.10) would pass $50: it is not made, and the job says so (before, spend alone counted:
+    // it was).
+    w.spend.insert("aws-t4".into(), 49.99);
+    w.queued[0].expected_run_s = Some(600);
+    let d = w.decide();
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert!(
+        d.waiting["j1"].starts_with("fleet aws-t4: daily budget $50.00: $49.99 spent + $0.10 expected"),
+        "{}",
+        d.waiting["j1"]
+    );
+    // A step that never ran: nothing is expected of it; spend alone decides, as before.
+    w.queued[0].expected_run_s = None;
+    assert_eq!(w.decide().actions.len(), 3);
+}
+
+/// Issue 28: a fleet under a budget counts what the machines it would make are expected to
+/// cost (boot and their jobs' expected runs) before making them, so it does not start
+/// machines whose jobs the budget will not cover.
+#[test]
+fn a_budget_counts_the_expected_cost_of_queued_and_upcoming_jobs_before_scaling_up() {
+    let mut f = fleet("t4");
+    f.daily_budget = Some(50.0);
+    let mut w = World::new(vec![f]);
+    w.spend.insert("t4".into(), 47.0);
+    // Three 2-hour jobs: $0.50/h × (2 min boot + 2 h) = $1.0167 each; $47 + 2 × 1.0167 fits,
+    // a third would make $50.05.
+    w.queued =
+        (0..3).map(|i| QueuedJob { expected_run_s: Some(7200), ..job(&format!("j{i}"), NOW + i, "t4") }).collect();
+    let d = w.decide();
+    assert_eq!(short(&d), ["create t4 #0 on-demand", "create t4 #0 on-demand"]);
+    assert_eq!(
+        d.waiting["j2"],
+        "fleet t4: daily budget $50.00: $47.00 spent + $2.03 expected for 2 already given machines + $1.02 expected \
+         for this one (boot and expected run) would pass it; no machine is made for it, so none is stopped mid-job"
+    );
+    assert!(d.fleets[0].why.contains("creating 2"), "{}", d.fleets[0].why);
+    assert!(
+        d.fleets[0].rules.iter().any(|r| r.starts_with("budget: fleet t4: daily budget $50.00")),
+        "{:?}",
+        d.fleets[0].rules
+    );
+    assert_eq!(d.wake_at, Some(1_704_153_600), "the budget frees at midnight UTC");
+    // Short jobs all fit.
+    w.queued.iter_mut().for_each(|j| j.expected_run_s = Some(600));
+    assert_eq!(w.decide().actions.len(), 3);
+    // An upcoming fan-out job counts after the queued ones: it is the one left out.
+    w.queued.truncate(2);
+    w.queued.iter_mut().for_each(|j| j.expected_run_s = Some(7200));
+    w.upcoming = vec![UpcomingJob {
+        id: "shard".into(),
+        gpus: 1,
+        fleets: vec!["t4".into()],
+        repository: None,
+        expected_at: NOW + 60,
+        expected_run_s: Some(7200),
+    }];
+    let d = w.decide();
+    assert_eq!(short(&d), ["create t4 #0 on-demand", "create t4 #0 on-demand"]);
+    assert!(d.fleets[0].why.contains("creating 2"), "{}", d.fleets[0].why);
+    // Nothing known of the jobs' runs: nothing expected, spend alone decides, as before.
+    w.upcoming.clear();
+    w.queued.iter_mut().for_each(|j| j.expected_run_s = None);
+    assert_eq!(w.decide().actions.len(), 2);
+}
+
+/// A repository's budget counts each of its jobs' expected shares before a machine is made
+/// for it, with what the same pass gave its other jobs.
+#[test]
+fn a_repository_budget_counts_the_expected_cost_of_its_queued_jobs() {
+    let mut w = World::new(vec![fleet("t4")]);
+    w.budgets =
+        crate::fleet::parse_budgets("s.toml", "[[budget]]\nrepository = \"acme/*\"\ndaily = 2.0\n", "github.com")
+            .expect("parses");
+    w.repo_spend.insert("github.com/acme/kernels".into(), 1.0);
+    let of = |id: &str, repo: &str, since| QueuedJob {
+        repository: Some(repo.into()),
+        expected_run_s: Some(3600), // $0.50 each at $0.50/h
+        ..job(id, since, "t4")
+    };
+    w.queued = vec![
+        of("a", "github.com/acme/kernels", NOW),
+        of("b", "github.com/acme/docs", NOW + 1),
+        of("c", "github.com/acme/kernels", NOW + 2),
+        of("d", "github.com/other/x", NOW + 3),
+    ];
+    let d = w.decide();
+    assert_eq!(short(&d).len(), 3, "a, b (1 + 0.5 + 0.5 = 2) and d; not c");
+    assert!(
+        d.waiting["c"].starts_with(
+            "repository github.com/acme/*: daily budget $2.00: $1.00 spent + $1.00 expected for 2 already given machines"
+        ),
+        "{}",
+        d.waiting["c"]
+    );
+    assert!(d.waiting["d"].contains("new machine"), "{}", d.waiting["d"]);
 }
 
 /// A repository past its budget: its job makes no machine, takes none that exists, and says
@@ -431,6 +537,7 @@ fn a_job_that_fits_two_fleets_goes_to_the_first_that_can_grow() {
         gpus: 1,
         fleets: vec!["a".into(), "b".into()],
         repository: None,
+        expected_run_s: None,
     }];
     assert_eq!(short(&w.decide()), ["create b #0 on-demand"]);
 }

@@ -1,8 +1,10 @@
 //! Offers skipped for a while, why, and what the fleet and its waiting jobs say about it.
 //!
-//! An offer (with its capacity type) is skipped for [`CAPACITY_ERROR_BACKOFF_S`] after one of
-//! three things, because asked again at once it would most likely fail again, and each try may
-//! be paid for:
+//! An offer (with its capacity type) is skipped for a while after one of three things, because
+//! asked again at once it would most likely fail again, and each try may be paid for (how long:
+//! the offer's back-off, learned from its own errors in a row, [`super::backoff`]; a skip made
+//! here without that state, [`offer_unavailable_after_error`], lasts
+//! [`CAPACITY_ERROR_BACKOFF_S`], the longest a capacity skip gets):
 //! - **Capacity**: the provider has no capacity for it now, or an account quota is reached
 //!   (`InsufficientInstanceCapacity`, a Kubernetes ResourceQuota, a host with no free GPU);
 //! - **Refused**: the platform refuses what the fleet asks for (a Kubernetes admission or Pod
@@ -20,7 +22,9 @@
 use super::{secs, Capacity, FleetSpec, ProviderKind, UnixSecs};
 use serde::Serialize;
 
-/// How long an offer is skipped after a capacity error, a refusal or a boot failure.
+/// How long a skip made by [`offer_unavailable_after_error`] lasts: the back-off's longest
+/// capacity skip and its first fault skip ([`super::backoff`]). Callers that keep the offers'
+/// back-off ([`super::Backoffs::error`]) replace it with the learned one.
 pub const CAPACITY_ERROR_BACKOFF_S: u64 = 10 * 60;
 
 /// At most this many characters of a provider's message go into a reason (a Pod Security
@@ -58,8 +62,10 @@ impl UnavailableOffer {
     }
 }
 
-/// A capacity error from the provider for (`offer`, `capacity`): skip it for a while. Another
-/// cause, and the provider's words, with [`UnavailableOffer::because`].
+/// A capacity error from the provider for (`offer`, `capacity`): skip it for
+/// [`CAPACITY_ERROR_BACKOFF_S`] (the coordinator and the simulator pass it through
+/// [`super::Backoffs::error`], which sets the offer's learned skip). Another cause, and the
+/// provider's words, with [`UnavailableOffer::because`].
 pub fn offer_unavailable_after_error(fleet: &str, offer: usize, capacity: Capacity, now: UnixSecs) -> UnavailableOffer {
     UnavailableOffer {
         fleet: fleet.to_string(),

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 mod parse;
 pub mod schema;
+pub mod upload;
 
 pub use parse::{is_env_name, parse, PipelineError, PipelineErrors, MAX_MATRIX_JOBS, MAX_PIPELINE_JOBS};
 

@@ -120,7 +120,18 @@ const MAX_NODES: usize = 200_000;
 
 /// Parse and validate a pipeline file. `file` is only used in error messages.
 pub fn parse(file: &str, text: &str) -> Result<Pipeline, PipelineErrors> {
-    let mut cx = Ctx { file, text, errors: Vec::new(), jobs: 0, expanded_nodes: 0 };
+    parse_in(file, text, None)
+}
+
+/// [`parse`], for steps added to a running pipeline (`super::upload`) when `existing` is given:
+/// its keys may be named by `depends_on` and not taken again, its jobs count towards the cap.
+pub(crate) fn parse_in(
+    file: &str,
+    text: &str,
+    existing: Option<&super::upload::Existing>,
+) -> Result<Pipeline, PipelineErrors> {
+    let jobs = existing.map_or(0, |e| e.jobs);
+    let mut cx = Ctx { file, text, errors: Vec::new(), jobs, expanded_nodes: 0, existing };
     // A raw NUL ends the YAML reader's input early: what follows it would be dropped unseen.
     if let Some(at) = text.find('\0') {
         let line = text[..at].matches('\n').count() + 1;
@@ -552,6 +563,8 @@ struct Ctx<'f> {
     jobs: usize,
     /// Nodes read for matrix combinations so far: bounds the work a small file can ask for.
     expanded_nodes: usize,
+    /// The running pipeline steps are added to (`gpuci pipeline upload`); `None` for a file.
+    existing: Option<&'f super::upload::Existing>,
 }
 
 impl Ctx<'_> {
@@ -851,11 +864,15 @@ impl Ctx<'_> {
         }
         self.check_graph(&drafts, path);
         if self.jobs > MAX_PIPELINE_JOBS {
+            let with = match self.existing {
+                Some(e) => format!(" with the pipeline's {} jobs", e.jobs),
+                None => String::new(),
+            };
             self.err(
                 node.pos,
                 path,
                 format!(
-                    "the steps expand to {} jobs (matrices included), more than the {MAX_PIPELINE_JOBS} a pipeline may have",
+                    "the steps expand to {} jobs{with} (matrices included), more than the {MAX_PIPELINE_JOBS} a pipeline may have",
                     self.jobs
                 ),
             );
@@ -922,8 +939,18 @@ impl Ctx<'_> {
                 "network" => self.choice(v, p, &["default", "none"]).map(|n| {
                     step.network = if n == "none" { NetworkMode::None } else { NetworkMode::Default };
                 }),
-                "sandbox" => self.choice(v, p, &["default", "none"]).map(|n| {
+                "sandbox" => self.choice(v, p, &["default", "none"]).and_then(|n| {
+                    // Trust is the pipeline's origin's, never the uploaded file's.
+                    if n == "none" && self.existing.is_some_and(|e| !e.may_run_unsandboxed) {
+                        self.err(
+                            v.pos,
+                            p,
+                            "a step added by a job of an untrusted origin cannot run outside the sandbox",
+                        );
+                        return None;
+                    }
                     step.sandbox = if n == "none" { SandboxMode::None } else { SandboxMode::Default };
+                    Some(())
                 }),
                 "image" => self.image(v, p).map(|img| step.image = Some(img)),
                 "environment" => self.word(v, p, "an environment name").and_then(|e| {
@@ -1506,8 +1533,23 @@ impl Ctx<'_> {
     fn check_graph(&mut self, drafts: &[Draft], path: &str) {
         // Keys: the first holder of a key keeps it.
         let mut owner: HashMap<&str, usize> = HashMap::new();
+        let existing = self.existing;
         for (i, d) in drafts.iter().enumerate() {
             let key = d.step.key.as_str();
+            if existing.is_some_and(|e| e.has(key)) {
+                let (at, field) = match d.key_pos {
+                    Some(p) => (p, format!("{path}[{}].key", d.index)),
+                    None => (d.pos, format!("{path}[{}]", d.index)),
+                };
+                self.err(
+                    at,
+                    field,
+                    format!(
+                        "step key `{key}` is already used by a step of this pipeline; give the added step another key"
+                    ),
+                );
+                continue;
+            }
             let Some(&first) = owner.get(key) else {
                 owner.insert(key, i);
                 continue;
@@ -1552,6 +1594,9 @@ impl Ctx<'_> {
                     self.err(*pos, p, format!("step `{dep}` cannot depend on itself"));
                 } else if let Some(&j) = owner.get(dep.as_str()) {
                     edges[i].push((j, *pos, p.clone()));
+                } else if existing.is_some_and(|e| e.has(dep)) {
+                    // A step of the running pipeline: it cannot depend on the new ones, so
+                    // no cycle runs through it.
                 } else {
                     let hint = match suggest(dep, keys.iter().copied()) {
                         Some(s) => format!(", did you mean `{s}`?"),

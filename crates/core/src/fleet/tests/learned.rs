@@ -4,7 +4,14 @@
 use super::*;
 
 fn upcoming(id: &str, at: UnixSecs) -> UpcomingJob {
-    UpcomingJob { id: id.into(), gpus: 1, fleets: vec!["t4".into()], repository: None, expected_at: at }
+    UpcomingJob {
+        id: id.into(),
+        gpus: 1,
+        fleets: vec!["t4".into()],
+        repository: None,
+        expected_at: at,
+        expected_run_s: None,
+    }
 }
 
 #[test]

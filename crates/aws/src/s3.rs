@@ -1,0 +1,361 @@
+//! An S3-compatible bucket as plain async calls on plain types: the coordinator's shared blob
+//! storage (uploads and artifacts that every coordinator on one database reads; docs/ha.md).
+//! The coordinator wraps a [`Bucket`] in its own `BlobStore` trait; this module knows keys,
+//! files and byte streams, never what they hold.
+//!
+//! - Credentials come from the standard AWS chain (environment, the shared config and
+//!   credentials files or the file the operator names, web identity, the instance's or task's
+//!   role), never from gpuci's config file.
+//! - Bodies stream: a put reads its (already staged, synced) local file part by part; a
+//!   multipart upload for anything over [`PART_BYTES`], each part read from the file at its
+//!   offset, so memory holds one part at most; a get hands back the response body as an
+//!   `AsyncRead`.
+//! - The SDK's request checksums are off unless an operation requires them: S3-compatible
+//!   stores (MinIO, R2, moto) differ on the trailing-checksum (`aws-chunked`) encoding, and
+//!   the coordinator names every object by the sha256 of its bytes anyway.
+//!
+//! What it must not do: decide what to keep (the coordinator's collectors do), or retry a
+//! failed multipart upload on its own beyond the SDK's per-request retries (the caller gets
+//! the error; the upload is aborted so no parts linger).
+
+use aws_sdk_s3::config::{BehaviorVersion, Region};
+use aws_sdk_s3::error::ProvideErrorMetadata;
+use aws_sdk_s3::primitives::{ByteStream, Length};
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::time::Duration;
+
+/// Objects larger than this are sent as a multipart upload of parts this size (the last
+/// smaller). S3's minimum part is 5 MiB and its most parts 10,000: 8 MiB parts carry objects
+/// up to 78 GiB, far above any cap gpuci sets.
+pub const PART_BYTES: u64 = 8 << 20;
+
+/// Where the blobs are (`[blobs]` with `backend = "s3"`; docs/artifacts.md).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct S3Settings {
+    pub bucket: String,
+    /// Every key starts with it (no leading or trailing `/`); empty: the bucket's root.
+    pub prefix: String,
+    /// Another endpoint than AWS's (MinIO, R2, a test server); `None`: AWS's for the region.
+    pub endpoint: Option<String>,
+    pub region: String,
+    /// `https://endpoint/bucket/key` instead of `https://bucket.endpoint/key`: what most
+    /// S3-compatible servers want.
+    pub path_style: bool,
+    /// A profile of the shared AWS config files to take credentials from; `None`: the chain's
+    /// default (`AWS_PROFILE`, else `default`).
+    pub profile: Option<String>,
+    /// A credentials file (the AWS shared-credentials format) read in place of
+    /// `~/.aws/credentials`.
+    pub credentials_file: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum S3Error {
+    #[error("s3://{bucket}/{key}: no such object")]
+    NotFound { bucket: String, key: String },
+    /// What S3 (or the network on the way) answered, with its error code when it sent one.
+    #[error("s3://{bucket}/{key}: {operation}: {message}")]
+    Service { bucket: String, key: String, operation: &'static str, message: String },
+    #[error("s3://{bucket}/{key}: reading {file}: {source}")]
+    File { bucket: String, key: String, file: PathBuf, source: std::io::Error },
+}
+
+/// One object as listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// The key without the bucket's prefix and the listed directory: a bare name.
+    pub name: String,
+    pub bytes: u64,
+    /// Its last write (Unix ms): for a multipart upload, when the upload began.
+    pub modified_ms: i64,
+}
+
+/// An object's bytes, streamed.
+pub struct Object {
+    pub bytes: u64,
+    pub body: Pin<Box<dyn tokio::io::AsyncRead + Send>>,
+}
+
+/// One bucket (and prefix) through one client.
+#[derive(Clone, Debug)]
+pub struct Bucket {
+    client: aws_sdk_s3::Client,
+    settings: S3Settings,
+}
+
+fn http_client() -> aws_sdk_s3::config::SharedHttpClient {
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https()
+}
+
+/// What S3 said, as one line: its code and message when it sent them.
+fn describe<E, R>(e: &aws_sdk_s3::error::SdkError<E, R>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    use aws_sdk_s3::error::SdkError;
+    match e {
+        SdkError::ServiceError(s) => {
+            let err = s.err();
+            match (err.code(), err.message()) {
+                (Some(c), Some(m)) => format!("{c}: {m}"),
+                (Some(c), None) => c.to_string(),
+                _ => format!("{}", aws_sdk_s3::error::DisplayErrorContext(e)),
+            }
+        }
+        _ => format!("{}", aws_sdk_s3::error::DisplayErrorContext(e)),
+    }
+}
+
+impl Bucket {
+    /// A client for `settings`, with credentials from the standard AWS chain. Makes no call:
+    /// [`Bucket::check`] does.
+    pub async fn connect(settings: S3Settings) -> Bucket {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(http_client())
+            .region(Region::new(settings.region.clone()));
+        if let Some(p) = &settings.profile {
+            loader = loader.profile_name(p);
+        }
+        if let Some(f) = &settings.credentials_file {
+            #[allow(deprecated)] // the alias is the only public path to the type in aws-config 1.x
+            let files = aws_config::profile::profile_file::ProfileFiles::builder()
+                .include_default_config_file(true)
+                .with_file(aws_config::profile::profile_file::ProfileFileKind::Credentials, f)
+                .build();
+            loader = loader.profile_files(files);
+        }
+        let shared = loader.load().await;
+        Self::from_sdk_config(&shared, settings)
+    }
+
+    /// As [`Bucket::connect`], with fixed credentials (tests).
+    pub fn with_credentials(settings: S3Settings, credentials: crate::AwsCredentials) -> Bucket {
+        let shared = aws_config::SdkConfig::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(settings.region.clone()))
+            .credentials_provider(aws_sdk_s3::config::SharedCredentialsProvider::new(credentials))
+            .http_client(http_client())
+            .build();
+        Self::from_sdk_config(&shared, settings)
+    }
+
+    fn from_sdk_config(shared: &aws_config::SdkConfig, settings: S3Settings) -> Bucket {
+        use aws_sdk_s3::config::{RequestChecksumCalculation, ResponseChecksumValidation};
+        let mut config = aws_sdk_s3::config::Builder::from(shared)
+            .force_path_style(settings.path_style)
+            .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+            .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
+            .retry_config(aws_sdk_s3::config::retry::RetryConfig::standard().with_max_attempts(3))
+            .timeout_config(
+                aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    // No whole-operation timeout: a GET's body streams to a slow client
+                    // for as long as it takes; each attempt must start answering within this.
+                    .read_timeout(Duration::from_secs(60))
+                    .build(),
+            );
+        if let Some(url) = &settings.endpoint {
+            config = config.endpoint_url(url);
+        }
+        Bucket { client: aws_sdk_s3::Client::from_conf(config.build()), settings }
+    }
+
+    pub fn settings(&self) -> &S3Settings {
+        &self.settings
+    }
+
+    /// `s3://bucket/prefix`, for messages.
+    pub fn url(&self) -> String {
+        format!("s3://{}/{}", self.settings.bucket, self.settings.prefix)
+    }
+
+    fn key(&self, name: &str) -> String {
+        if self.settings.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}/{name}", self.settings.prefix)
+        }
+    }
+
+    fn service(&self, key: &str, operation: &'static str, message: String) -> S3Error {
+        S3Error::Service { bucket: self.settings.bucket.clone(), key: key.to_string(), operation, message }
+    }
+
+    /// `HeadBucket`: the bucket exists and these credentials reach it.
+    pub async fn check(&self) -> Result<(), S3Error> {
+        self.client
+            .head_bucket()
+            .bucket(&self.settings.bucket)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.service("", "HeadBucket", describe(&e)))
+    }
+
+    /// Store the `bytes` bytes of `file` as `name` (a key under the prefix), replacing what
+    /// was there. The file must not change meanwhile.
+    pub async fn put_file(&self, name: &str, file: &Path, bytes: u64) -> Result<(), S3Error> {
+        let key = self.key(name);
+        let read_error = |source| S3Error::File {
+            bucket: self.settings.bucket.clone(),
+            key: key.clone(),
+            file: file.to_path_buf(),
+            source,
+        };
+        let part = |offset: u64, length: u64| {
+            ByteStream::read_from().path(file).offset(offset).length(Length::Exact(length)).build()
+        };
+        if bytes <= PART_BYTES {
+            let body = part(0, bytes).await.map_err(|e| read_error(std::io::Error::other(e)))?;
+            self.client
+                .put_object()
+                .bucket(&self.settings.bucket)
+                .key(&key)
+                .content_length(i64::try_from(bytes).unwrap_or(i64::MAX))
+                .body(body)
+                .send()
+                .await
+                .map_err(|e| self.service(&key, "PutObject", describe(&e)))?;
+            return Ok(());
+        }
+        let created = self
+            .client
+            .create_multipart_upload()
+            .bucket(&self.settings.bucket)
+            .key(&key)
+            .send()
+            .await
+            .map_err(|e| self.service(&key, "CreateMultipartUpload", describe(&e)))?;
+        let Some(upload_id) = created.upload_id().map(str::to_string) else {
+            return Err(self.service(&key, "CreateMultipartUpload", "the answer names no upload id".into()));
+        };
+        let sent = async {
+            let mut parts = Vec::new();
+            let mut offset = 0;
+            let mut number = 1;
+            while offset < bytes {
+                let length = PART_BYTES.min(bytes - offset);
+                let body = part(offset, length).await.map_err(|e| read_error(std::io::Error::other(e)))?;
+                let done = self
+                    .client
+                    .upload_part()
+                    .bucket(&self.settings.bucket)
+                    .key(&key)
+                    .upload_id(&upload_id)
+                    .part_number(number)
+                    .content_length(i64::try_from(length).unwrap_or(i64::MAX))
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| self.service(&key, "UploadPart", describe(&e)))?;
+                parts.push(CompletedPart::builder().part_number(number).set_e_tag(done.e_tag).build());
+                offset += length;
+                number += 1;
+            }
+            let completed = self
+                .client
+                .complete_multipart_upload()
+                .bucket(&self.settings.bucket)
+                .key(&key)
+                .upload_id(&upload_id)
+                .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+                .send()
+                .await;
+            match completed {
+                Ok(_) => Ok(()),
+                // A 200 whose body the SDK cannot read: some S3-compatible servers (moto 5.x)
+                // answer `<CompleteMultipartUploadResponse>` where S3 says `…Result`. (A real
+                // failure of a complete comes as an error document, which is no 200.) Whether
+                // the object is there, whole, decides.
+                Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 200) => {
+                    match self.head(name).await? {
+                        Some(n) if n == bytes => Ok(()),
+                        _ => Err(self.service(&key, "CompleteMultipartUpload", describe(&e))),
+                    }
+                }
+                Err(e) => Err(self.service(&key, "CompleteMultipartUpload", describe(&e))),
+            }
+        }
+        .await;
+        if sent.is_err() {
+            // Parts of an unfinished upload are billed until aborted.
+            let _ = self
+                .client
+                .abort_multipart_upload()
+                .bucket(&self.settings.bucket)
+                .key(&key)
+                .upload_id(&upload_id)
+                .send()
+                .await;
+        }
+        sent
+    }
+
+    /// The bytes of `name`, streamed; [`S3Error::NotFound`] when there is no such object.
+    pub async fn get(&self, name: &str) -> Result<Object, S3Error> {
+        let key = self.key(name);
+        match self.client.get_object().bucket(&self.settings.bucket).key(&key).send().await {
+            Ok(o) => Ok(Object {
+                bytes: o.content_length().and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
+                body: Box::pin(o.body.into_async_read()),
+            }),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => {
+                Err(S3Error::NotFound { bucket: self.settings.bucket.clone(), key })
+            }
+            Err(e) => Err(self.service(&key, "GetObject", describe(&e))),
+        }
+    }
+
+    /// The size of `name`, or `None` when there is no such object.
+    pub async fn head(&self, name: &str) -> Result<Option<u64>, S3Error> {
+        let key = self.key(name);
+        match self.client.head_object().bucket(&self.settings.bucket).key(&key).send().await {
+            Ok(o) => Ok(Some(o.content_length().and_then(|n| u64::try_from(n).ok()).unwrap_or(0))),
+            Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(None),
+            Err(e) => Err(self.service(&key, "HeadObject", describe(&e))),
+        }
+    }
+
+    /// Delete `name`; an object already gone is no error (S3 answers the same).
+    pub async fn delete(&self, name: &str) -> Result<(), S3Error> {
+        let key = self.key(name);
+        self.client
+            .delete_object()
+            .bucket(&self.settings.bucket)
+            .key(&key)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| self.service(&key, "DeleteObject", describe(&e)))
+    }
+
+    /// Every object directly under `dir/` (a key under the prefix), all pages.
+    pub async fn list(&self, dir: &str) -> Result<Vec<Listed>, S3Error> {
+        let start = format!("{}/", self.key(dir));
+        let mut out = Vec::new();
+        let mut pages =
+            self.client.list_objects_v2().bucket(&self.settings.bucket).prefix(&start).into_paginator().send();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| self.service(&start, "ListObjectsV2", describe(&e)))?;
+            for o in page.contents() {
+                let Some(name) = o.key().and_then(|k| k.strip_prefix(&start)) else { continue };
+                if name.contains('/') {
+                    continue;
+                }
+                out.push(Listed {
+                    name: name.to_string(),
+                    bytes: o.size().and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
+                    modified_ms: o.last_modified().map_or(0, |t| t.to_millis().unwrap_or(0)),
+                });
+            }
+        }
+        Ok(out)
+    }
+}

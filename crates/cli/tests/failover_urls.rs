@@ -1,0 +1,367 @@
+//! Several coordinators at different addresses, as agents and the CLI see them (issue 29):
+//! they are given every coordinator's URL (`--server A,B`) and follow the one that leads, by
+//! its `/readyz`. Real processes, a real Postgres server, the leader on 127.0.0.1 and the
+//! standby on 127.0.0.2.
+//!
+//! - The leader killed (SIGKILL) with jobs running and queued: the agent moves to the new
+//!   leader by itself; every job ends once; the CLI, with the same arguments, works before
+//!   and after.
+//! - The leader cut off from Postgres (a TCP proxy between them that stops passing bytes, as
+//!   a partition that drops packets does): the standby, connected directly, takes over; the
+//!   former leader steps aside (`/readyz` 503) and, once the network heals, stops rather than
+//!   lead again; the agent moves; jobs settle once; no GPU is left leased.
+//!
+//! Times are printed (`BENCH` lines, quoted in BENCHMARKS.md), never asserted.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+mod common;
+#[path = "../../store/tests/common/pg.rs"]
+#[allow(dead_code)] // the store suite uses more of it than these tests
+mod pg;
+
+use common::*;
+use gpuci_core::job::JobState;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const T: Duration = Duration::from_secs(60);
+const SHARED: [&str; 4] = ["api-token", "registration-token", "read-token", "secrets.key"];
+
+fn database(name: &str) -> Option<(pg::PgServer, String)> {
+    let pg = pg::PgServer::start()?;
+    let url = tokio::runtime::Runtime::new().unwrap().block_on(pg.create_database(name));
+    Some((pg, url))
+}
+
+fn free_address(ip: &str) -> String {
+    let l = std::net::TcpListener::bind((ip, 0)).unwrap_or_else(|e| panic!("binding {ip}: {e}"));
+    l.local_addr().unwrap().to_string()
+}
+
+/// A `gpuci server` process; it prints its URL once it leads.
+struct Coord {
+    child: Child,
+    listen: String,
+    data_dir: PathBuf,
+    printed: mpsc::Receiver<String>,
+}
+
+impl Coord {
+    fn start(data_dir: &Path, listen: &str, args: &[String]) -> Coord {
+        let mut child = Command::new(BIN)
+            .args(["server", "--listen", listen, "--data-dir"])
+            .arg(data_dir)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn gpuci server");
+        let out = child.stdout.take().unwrap();
+        let (tx, printed) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            if BufReader::new(out).read_line(&mut line).is_ok() {
+                let _ = tx.send(line.trim().to_string());
+            }
+        });
+        Coord { child, listen: listen.to_string(), data_dir: data_dir.to_path_buf(), printed }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.listen)
+    }
+
+    /// Waits until it leads (prints its URL).
+    fn wait_leading(&self, limit: Duration) {
+        let url = self.printed.recv_timeout(limit).unwrap_or_else(|e| panic!("{} did not lead: {e}", self.listen));
+        assert_eq!(url, self.url());
+    }
+
+    fn leads_now(&self) -> bool {
+        self.printed.try_recv().is_ok()
+    }
+
+    fn token(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("api-token")).unwrap().trim().to_string()
+    }
+
+    fn api(&self) -> Api {
+        Api::new(&self.url(), &self.token())
+    }
+
+    /// A standby of this coordinator, with copies of its tokens and keys (docs/ha.md).
+    fn standby(&self, dir: PathBuf, listen: &str, args: &[String]) -> Coord {
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in SHARED {
+            std::fs::copy(self.data_dir.join(f), dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        }
+        let mut args = args.to_vec();
+        args.push("--standby".into());
+        Coord::start(&dir, listen, &args)
+    }
+}
+
+impl Drop for Coord {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `/readyz`'s status, or `None` when nothing answers within a second.
+fn status(url: &str, path: &str) -> Option<u16> {
+    let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(1)).build().unwrap();
+    http.get(format!("{url}{path}")).send().ok().map(|r| r.status().as_u16())
+}
+
+/// An agent given every coordinator's URL.
+fn agent(urls: &str, registration_token: &str, dir: &Path) -> Agent {
+    let iso = isolation();
+    let child = Command::new(BIN)
+        .args(["agent", "--server", urls, "--registration-token", registration_token, "--data-dir"])
+        .arg(dir)
+        .args(["--name", "ha-agent", "--slots", "2", "--simulate-gpus", "2xH100-80GB", "--isolation", iso])
+        .args((iso == "none").then_some("--allow-unsandboxed"))
+        .env("GPUCI_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn gpuci agent");
+    Agent { child, data_dir: dir.to_path_buf() }
+}
+
+/// `gpuci ARGS --server URLS --token TOKEN`: its stdout; fails the test when it fails.
+fn cli(urls: &str, token: &str, args: &[&str]) -> String {
+    let out = Command::new(BIN).args(args).args(["--server", urls, "--token", token]).output().expect("run gpuci");
+    assert!(
+        out.status.success(),
+        "gpuci {args:?} --server {urls}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The ids `gpuci jobs --json` lists.
+fn cli_job_ids(urls: &str, token: &str) -> Vec<i64> {
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&cli(urls, token, &["jobs", "--json"])).unwrap();
+    listed.iter().map(|j| j["id"].as_i64().unwrap()).collect()
+}
+
+/// Four one-GPU steps that print a start and a done line around `sleep`.
+fn pipeline_file(dir: &Path, tag: &str, secs: u32) -> PathBuf {
+    let mut yaml = String::from("steps:\n");
+    for k in 0..4 {
+        yaml.push_str(&format!(
+            "  - key: {tag}{k}\n    gpus: 1\n    command: echo start {tag}{k} attempt $GPUCI_ATTEMPT; sleep {secs}; echo done {tag}{k}\n"
+        ));
+    }
+    let path = dir.join(format!("{tag}.yml"));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// Waits until the agent is connected to `api`'s coordinator; how long that took from `t0`.
+fn agent_connected(api: &Api, t0: Instant) -> Duration {
+    api.wait_agents(1, T);
+    t0.elapsed()
+}
+
+/// Every job of pipeline `id` succeeded once: attempt 1, its start and done lines once each.
+fn settled_once(api: &Api, id: i64) {
+    let done = api.wait_pipeline(id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    assert_eq!(done.jobs.len(), 4, "{done:#?}");
+    for j in &done.jobs {
+        assert_eq!(j.attempt, 1, "{j:#?}");
+        let log = api.log_text(j.id);
+        assert_eq!(log.lines().filter(|l| l.contains("start ")).count(), 1, "job {} started again: {log}", j.id);
+        assert_eq!(
+            log.lines().filter(|l| l.contains("done ")).count(),
+            1,
+            "job {}: a line lost or doubled: {log}",
+            j.id
+        );
+    }
+}
+
+/// No GPU is leased and the agent runs nothing.
+fn no_lease_held(api: &Api) {
+    wait_until_or(
+        "every GPU free",
+        T,
+        || api.agents().iter().all(|a| a.running.is_empty() && a.gpus.iter().all(|g| g.state == "free")),
+        || format!("{:#?}", api.agents()),
+    );
+}
+
+fn args(url: &str) -> Vec<String> {
+    ["--database", url, "--heartbeat", "200ms", "--lost-after", "30s"].iter().map(|s| s.to_string()).collect()
+}
+
+/// The leader killed while two jobs run and two wait; the agent and the CLI were given both
+/// coordinators' URLs and keep them.
+#[test]
+fn given_both_urls_the_agent_and_the_cli_follow_the_leader_through_a_kill() {
+    let Some((_pg, db)) = database("gpuci_failover_urls") else { return };
+    let dir = tempdir();
+    let leader = Coord::start(&dir.path().join("a"), &free_address("127.0.0.1"), &args(&db));
+    leader.wait_leading(T);
+    let standby = leader.standby(dir.path().join("b"), &free_address("127.0.0.2"), &args(&db));
+    // A standby listens and says it does not lead; its process is up.
+    wait_until("the standby listens", T, || status(&standby.url(), "/healthz") == Some(200));
+    assert_eq!(status(&standby.url(), "/readyz"), Some(503));
+    assert_eq!(status(&standby.url(), "/api/v1/jobs"), Some(503), "a standby serves no API");
+    assert_eq!(status(&leader.url(), "/readyz"), Some(200));
+
+    // The standby first: the agent and the CLI pick the leader wherever it is in the list.
+    let urls = format!("{},{}", standby.url(), leader.url());
+    let token = leader.token();
+    let reg = std::fs::read_to_string(leader.data_dir.join("registration-token")).unwrap().trim().to_string();
+    let _agent = agent(&urls, &reg, &dir.path().join("agent"));
+    leader.api().wait_agents(1, T);
+    let file = pipeline_file(dir.path(), "k", 3);
+    let id: i64 = cli(&urls, &token, &["submit", file.to_str().unwrap(), "--no-upload"]).trim().parse().unwrap();
+    let p = leader.api().pipeline(id);
+    for j in &p.jobs[..2] {
+        leader.api().wait_job(j.id, "running", T, |j| j.state == JobState::Running);
+    }
+    assert!(cli_job_ids(&urls, &token).contains(&p.jobs[0].id));
+    assert!(!standby.leads_now(), "the standby led while the leader led");
+
+    let registered = leader.api().agents();
+    let t0 = Instant::now();
+    let mut leader = leader;
+    let _ = leader.child.kill();
+    let _ = leader.child.wait();
+    standby.wait_leading(T);
+    let took = t0.elapsed();
+    let api = standby.api();
+    let connected = agent_connected(&api, t0);
+    // Its registration holds with the new leader: the same agent, not registered anew.
+    let now: Vec<String> = api.agents().into_iter().map(|a| a.id).collect();
+    assert_eq!(now, registered.into_iter().map(|a| a.id).collect::<Vec<_>>());
+    eprintln!("BENCH failover-urls: leader killed (SIGKILL) -> standby serving: {:.2} s", took.as_secs_f64());
+    eprintln!(
+        "BENCH failover-urls: leader killed (SIGKILL) -> agent connected to the new leader: {:.2} s",
+        connected.as_secs_f64()
+    );
+    settled_once(&api, id);
+    no_lease_held(&api);
+
+    // The CLI, with the same arguments: the dead leader is skipped.
+    let jobs = cli_job_ids(&urls, &token);
+    for j in &p.jobs {
+        assert!(jobs.contains(&j.id), "{jobs:?}");
+    }
+    let file = pipeline_file(dir.path(), "after", 0);
+    let after: i64 = cli(&urls, &token, &["submit", file.to_str().unwrap(), "--no-upload"]).trim().parse().unwrap();
+    settled_once(&api, after);
+}
+
+/// A TCP proxy on 127.0.0.1 in front of Postgres that can stop passing bytes on every
+/// connection, old and new (a partition that drops packets: nothing is refused or closed,
+/// nothing answers), and heal.
+struct Partition {
+    addr: std::net::SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Partition {
+    fn new(upstream: std::net::SocketAddr) -> Partition {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        rt.spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                let mut watch = watch.clone();
+                tokio::spawn(async move {
+                    // While cut, a new connection is held, unanswered, until healed, then
+                    // closed: its sender learns nothing in between.
+                    if *watch.borrow() {
+                        let _ = watch.wait_for(|c| !*c).await;
+                        return;
+                    }
+                    let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await else { return };
+                    let cut = tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut down, &mut up) => false,
+                        _ = watch.wait_for(|c| *c) => true,
+                    };
+                    // Cut: pass no more bytes and hold both ends, unanswered; healed, close
+                    // them (TCP would have given up on them by then).
+                    if cut {
+                        let _ = watch.wait_for(|c| !*c).await;
+                    }
+                    drop((down, up));
+                });
+            }
+        });
+        Partition { addr, cut, _rt: rt }
+    }
+
+    fn set(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// The leader cut off from Postgres while jobs run: the standby (connected directly) takes
+/// over; the former leader steps aside (`/readyz` 503, its agent let go) and, healed, stops
+/// rather than lead again; the agent moves; every job settles once; no GPU stays leased.
+#[test]
+fn a_leader_cut_off_from_its_database_steps_aside_and_does_not_lead_again_when_healed() {
+    let Some((_pg, db)) = database("gpuci_partition") else { return };
+    // postgres://user@127.0.0.1:PORT/db: the leader's goes through the proxy.
+    let port: u16 = db.rsplit_once(':').unwrap().1.split('/').next().unwrap().parse().unwrap();
+    let proxy = Partition::new(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    let through_proxy = db.replace(&format!(":{port}/"), &format!(":{}/", proxy.addr.port()));
+    let dir = tempdir();
+    let leader = Coord::start(&dir.path().join("a"), &free_address("127.0.0.1"), &args(&through_proxy));
+    leader.wait_leading(T);
+    let standby = leader.standby(dir.path().join("b"), &free_address("127.0.0.2"), &args(&db));
+    wait_until("the standby listens", T, || status(&standby.url(), "/healthz") == Some(200));
+    let urls = format!("{},{}", leader.url(), standby.url());
+    let reg = std::fs::read_to_string(leader.data_dir.join("registration-token")).unwrap().trim().to_string();
+    let _agent = agent(&urls, &reg, &dir.path().join("agent"));
+    leader.api().wait_agents(1, T);
+    let p = leader.api().submit(&std::fs::read_to_string(pipeline_file(dir.path(), "p", 4)).unwrap());
+    for j in &p.jobs[..2] {
+        leader.api().wait_job(j.id, "running", T, |j| j.state == JobState::Running);
+    }
+
+    let t0 = Instant::now();
+    proxy.set(true);
+    standby.wait_leading(T);
+    let took = t0.elapsed();
+    let api = standby.api();
+    let connected = agent_connected(&api, t0);
+    wait_until("the former leader steps aside", T, || status(&leader.url(), "/readyz") == Some(503));
+    let aside = t0.elapsed();
+    eprintln!("BENCH partition: leader cut off from Postgres -> standby serving: {:.2} s", took.as_secs_f64());
+    eprintln!("BENCH partition: cut -> agent connected to the new leader: {:.2} s", connected.as_secs_f64());
+    eprintln!("BENCH partition: cut -> former leader's /readyz 503 (seen by then): {:.2} s", aside.as_secs_f64());
+    settled_once(&api, p.id);
+
+    // Healed: the former leader finds its claim taken and stops; it never says it leads.
+    let mut leader = leader;
+    proxy.set(false);
+    let t1 = Instant::now();
+    let exited = loop {
+        assert_ne!(status(&leader.url(), "/readyz"), Some(200), "the former leader leads again after the heal");
+        if let Some(s) = leader.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t1.elapsed() < T, "the former leader runs on after the heal");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!exited.success(), "{exited}");
+    // The new leader keeps its agent and its work.
+    no_lease_held(&api);
+    api.wait_agents(1, T);
+    let after = api.submit(&std::fs::read_to_string(pipeline_file(dir.path(), "q", 0)).unwrap());
+    settled_once(&api, after.id);
+}

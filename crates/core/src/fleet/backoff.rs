@@ -1,0 +1,248 @@
+//! How long an offer is skipped after an error, learned from that offer's own recent errors:
+//! exponential back-off, reset by a success. Decided here and nowhere else; the caller (the
+//! coordinator's fleet loop, the simulator) keeps the state ([`Backoffs`], plain data) and
+//! hands what it yields ([`UnavailableOffer`]s) to [`super::decide`].
+//!
+//! **Why not a constant.** A capacity outage of an instance type in a zone lasts from seconds
+//! to hours. A fixed skip of ten minutes made a fleet with one offer wait out at least ten
+//! minutes of every outage, however short (in the simulation of the sample week the 2-GPU fleet's
+//! p95 wait was 650 s against a 186 s boot: every job that met an outage waited the skip).
+//! Asking again costs one API call (a refused `RunInstances` is not billed), so the first
+//! retry is soon; each further refusal in a row doubles the skip, so a long outage is asked
+//! about a handful of times an hour, not every pass. A success (a create or start the provider
+//! took) resets the offer; so does a quiet spell ([`FORGET_AFTER_S`] past the last skip with
+//! no new error: the outage it measured is over or forgotten).
+//!
+//! | cause | first skip | then | at most |
+//! |---|---|---|---|
+//! | capacity (`InsufficientInstanceCapacity`, quota, no free GPU) | [`FIRST_CAPACITY_SKIP_S`] | ×2 | [`MAX_CAPACITY_SKIP_S`] |
+//! | refused by the platform, boot failure | [`FIRST_FAULT_SKIP_S`] | ×2 | [`MAX_FAULT_SKIP_S`] |
+//!
+//! A refusal or a boot failure needs a person (a policy, an image) more often than time: a
+//! short retry there would pay for a boot that fails again (each up to `boot_timeout`), so
+//! those start where the fixed skip was and only grow. Bound: within an outage of length `L`
+//! an offer is asked at most `2 + log2(L / first)` times up to the cap, then once per cap, and
+//! it is asked again at most `max(L, first)` after the outage ends (doubling: the last skip
+//! is no longer than all before it together, plus the first).
+//!
+//! Other offers are tried meanwhile: [`super::decide`] takes the next offer that is not
+//! skipped, as before.
+
+use super::unavailable::{SkipCause, UnavailableOffer};
+use super::{Capacity, UnixSecs};
+use serde::{Deserialize, Serialize};
+
+/// The first skip after a capacity error: one reconcile pass or two of a coordinator, and
+/// long enough that a burst of creates in one pass does not ask a refusing zone again at once.
+pub const FIRST_CAPACITY_SKIP_S: u64 = 15;
+/// The longest skip after capacity errors in a row: the old fixed skip.
+pub const MAX_CAPACITY_SKIP_S: u64 = 10 * 60;
+/// The first skip after a refusal or a boot failure (the old fixed skip).
+pub const FIRST_FAULT_SKIP_S: u64 = 10 * 60;
+/// The longest skip after refusals or boot failures in a row.
+pub const MAX_FAULT_SKIP_S: u64 = 60 * 60;
+/// An offer with no error for this long after its last skip ended starts again from the first
+/// skip.
+pub const FORGET_AFTER_S: u64 = 30 * 60;
+
+/// One offer's errors in a row, since its last success.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferErrors {
+    /// Errors in a row (≥ 1).
+    pub streak: u32,
+    /// When the last skip ends.
+    pub until: UnixSecs,
+}
+
+/// How long an offer is skipped after its `streak`-th error in a row (`streak` ≥ 1) of `cause`.
+pub fn skip_for(cause: SkipCause, streak: u32) -> u64 {
+    let (first, max) = match cause {
+        SkipCause::Capacity => (FIRST_CAPACITY_SKIP_S, MAX_CAPACITY_SKIP_S),
+        SkipCause::Refused | SkipCause::BootFailed => (FIRST_FAULT_SKIP_S, MAX_FAULT_SKIP_S),
+    };
+    let doublings = streak.saturating_sub(1).min(20);
+    first.saturating_mul(1u64 << doublings).min(max)
+}
+
+/// The offer's state after an error of `cause` at `now`, given its state before (`None`: no
+/// error since its last success).
+pub fn after_error(before: Option<OfferErrors>, cause: SkipCause, now: UnixSecs) -> OfferErrors {
+    match before {
+        // Refused while still skipped: another answer to the same ask (several creates of one
+        // pass, a start and a create at once), not a new one in a row.
+        Some(b) if now < b.until => {
+            OfferErrors { streak: b.streak, until: b.until.max(now.saturating_add(skip_for(cause, b.streak))) }
+        }
+        Some(b) if now < b.until.saturating_add(FORGET_AFTER_S) => {
+            let streak = b.streak.saturating_add(1);
+            OfferErrors { streak, until: now.saturating_add(skip_for(cause, streak)) }
+        }
+        _ => OfferErrors { streak: 1, until: now.saturating_add(skip_for(cause, 1)) },
+    }
+}
+
+/// Every offer's back-off, by fleet, offer index and capacity type: what the caller keeps
+/// (the coordinator's fleet loop, in memory: lost on restart, when every offer starts again
+/// from its first skip; the simulator, per run).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Backoffs {
+    pub offers: Vec<OfferBackoff>,
+}
+
+/// One offer's entry in [`Backoffs`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OfferBackoff {
+    pub fleet: String,
+    pub offer: usize,
+    pub capacity: Capacity,
+    pub errors: OfferErrors,
+}
+
+impl Backoffs {
+    /// An error of the offer `u` names (its cause and words; its `until` is replaced): the
+    /// skip to hand to `decide`, as long as the offer's streak says.
+    pub fn error(&mut self, u: UnavailableOffer, now: UnixSecs) -> UnavailableOffer {
+        let next = match self.find(&u.fleet, u.offer, u.capacity) {
+            Some(k) => {
+                let next = after_error(Some(self.offers[k].errors), u.cause, now);
+                self.offers[k].errors = next;
+                next
+            }
+            None => {
+                let next = after_error(None, u.cause, now);
+                self.offers.push(OfferBackoff {
+                    fleet: u.fleet.clone(),
+                    offer: u.offer,
+                    capacity: u.capacity,
+                    errors: next,
+                });
+                next
+            }
+        };
+        UnavailableOffer { until: next.until, ..u }
+    }
+
+    /// The provider took a create or a start of this offer: its next error is a first one.
+    pub fn success(&mut self, fleet: &str, offer: usize, capacity: Capacity) {
+        if let Some(k) = self.find(fleet, offer, capacity) {
+            self.offers.swap_remove(k);
+        }
+    }
+
+    fn find(&self, fleet: &str, offer: usize, capacity: Capacity) -> Option<usize> {
+        self.offers.iter().position(|o| o.fleet == fleet && o.offer == offer && o.capacity == capacity)
+    }
+
+    /// Drop what no later error would read (quiet past [`FORGET_AFTER_S`]).
+    pub fn forget(&mut self, now: UnixSecs) {
+        self.offers.retain(|o| now < o.errors.until.saturating_add(FORGET_AFTER_S));
+    }
+
+    /// Errors in a row of an offer now (0: none remembered).
+    pub fn streak(&self, fleet: &str, offer: usize, capacity: Capacity) -> u32 {
+        self.find(fleet, offer, capacity).map_or(0, |k| self.offers[k].errors.streak)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::offer_unavailable_after_error;
+    use proptest::prelude::*;
+
+    const NOW: UnixSecs = 1_704_103_200;
+
+    #[test]
+    fn capacity_errors_back_off_from_fifteen_seconds_doubling_to_ten_minutes() {
+        let skips: Vec<u64> = (1..=8).map(|n| skip_for(SkipCause::Capacity, n)).collect();
+        assert_eq!(skips, [15, 30, 60, 120, 240, 480, 600, 600]);
+        assert_eq!(skip_for(SkipCause::BootFailed, 1), 600);
+        assert_eq!(skip_for(SkipCause::Refused, 3), 2400);
+        assert_eq!(skip_for(SkipCause::Refused, 40), 3600);
+        assert_eq!(skip_for(SkipCause::Capacity, u32::MAX), 600);
+    }
+
+    /// An outage of 15 minutes on a fleet's only offer: with the fixed skip the fleet asked
+    /// again 10 and 20 minutes after the first refusal (its jobs waited 20 minutes); with the
+    /// back-off it asks a handful of times and gets its machine within a minute of the end.
+    #[test]
+    fn a_fifteen_minute_outage_ends_within_a_minute_of_the_fleet_asking_again() {
+        let (start, end) = (NOW, NOW + 900);
+        let mut b = Backoffs::default();
+        let mut t = start;
+        let mut asks = 0;
+        loop {
+            asks += 1;
+            if t >= end {
+                b.success("h100", 0, Capacity::OnDemand);
+                break;
+            }
+            t = b.error(offer_unavailable_after_error("h100", 0, Capacity::OnDemand, t), t).until;
+        }
+        assert_eq!(asks, 7, "at 0, 15, 45, 105, 225, 465 s refused; made at 945 s");
+        assert!(t - end <= 60, "asked again {} s after the outage ended", t - end);
+        assert_eq!(b.streak("h100", 0, Capacity::OnDemand), 0, "a success resets it");
+    }
+
+    #[test]
+    fn a_success_or_a_quiet_spell_starts_the_offer_again_from_the_first_skip() {
+        let mut b = Backoffs::default();
+        let u = || offer_unavailable_after_error("t4", 1, Capacity::Spot, NOW);
+        assert_eq!(b.error(u(), NOW).until, NOW + 15);
+        assert_eq!(b.error(u(), NOW + 15).until, NOW + 15 + 30);
+        assert_eq!(b.streak("t4", 1, Capacity::Spot), 2);
+        // Another offer, another capacity type: their own streaks.
+        assert_eq!(b.streak("t4", 1, Capacity::OnDemand), 0);
+        b.success("t4", 1, Capacity::Spot);
+        assert_eq!(b.error(u(), NOW + 100).until, NOW + 115);
+        // No error for FORGET_AFTER_S past the skip: a first error again, and forgotten.
+        let later = NOW + 115 + FORGET_AFTER_S;
+        b.forget(later);
+        assert_eq!(b.streak("t4", 1, Capacity::Spot), 0);
+        assert_eq!(b.error(u(), later).until, later + 15);
+        // The words and the cause are kept; only the time is the back-off's.
+        let said = b.error(u().because(SkipCause::Refused, "denied"), later + 20);
+        assert_eq!((said.cause, said.message.as_str(), said.until), (SkipCause::Refused, "denied", later + 20 + 1200));
+    }
+
+    /// Several creates of one pass refused at once are one refusal in a row, not five: the
+    /// skip does not jump to four minutes because a burst asked for five machines.
+    #[test]
+    fn refusals_of_one_pass_count_once() {
+        let mut b = Backoffs::default();
+        let u = || offer_unavailable_after_error("t4", 0, Capacity::OnDemand, NOW);
+        for _ in 0..5 {
+            assert_eq!(b.error(u(), NOW).until, NOW + 15);
+        }
+        assert_eq!(b.streak("t4", 0, Capacity::OnDemand), 1);
+        assert_eq!(b.error(u(), NOW + 15).until, NOW + 45, "the next ask, refused: the second in a row");
+    }
+
+    #[test]
+    fn the_state_is_plain_data_that_round_trips() {
+        let mut b = Backoffs::default();
+        b.error(offer_unavailable_after_error("t4", 0, Capacity::OnDemand, NOW), NOW);
+        let json = serde_json::to_string(&b).expect("serializes");
+        assert_eq!(serde_json::from_str::<Backoffs>(&json).expect("parses"), b);
+    }
+
+    proptest! {
+        /// Whatever the outage and the times asked, the offer is asked again at most
+        /// max(outage, first skip) after the outage ends, and at most 2 + log2(L/15) + L/600
+        /// times within it.
+        #[test]
+        fn the_back_off_finds_the_end_of_an_outage_soon_and_asks_seldom(len in 1u64..20_000, delay in 0u64..30) {
+            let (start, end) = (NOW, NOW + len);
+            let mut b = Backoffs::default();
+            let mut t = start;
+            let mut asks = 0u64;
+            while t < end {
+                asks += 1;
+                t = b.error(offer_unavailable_after_error("f", 0, Capacity::OnDemand, t), t).until + delay;
+            }
+            prop_assert!(t - end <= len.max(FIRST_CAPACITY_SKIP_S) + delay, "late by {}", t - end);
+            let bound = 2 + (len as f64 / 15.0).log2().max(0.0).ceil() as u64 + len / MAX_CAPACITY_SKIP_S;
+            prop_assert!(asks <= bound, "{asks} asks > {bound}");
+        }
+    }
+}

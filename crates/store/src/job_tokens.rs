@@ -1,0 +1,132 @@
+//! Job tokens (`job_tokens` table, migrations sqlite 0015 / postgres 0014): the sha256 of the
+//! token a running job uses to add steps to its own pipeline (`gpuci pipeline upload`), and
+//! how many uploads it has made. The token itself is never stored. The SQL of both backends
+//! lives here (but adding the uploaded jobs, which shares the job insert of each backend);
+//! their `Store` impls only call it.
+
+use crate::Result;
+use gpuci_protocol::JobId;
+use sqlx::Row;
+
+/// A job's token for adding steps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobTokenRecord {
+    pub job_id: JobId,
+    /// Lowercase hex sha256 of the token.
+    pub token_sha256: String,
+    /// Uploads the job has made with it.
+    pub uploads: u32,
+    pub created_at_ms: i64,
+}
+
+/// Rows of jobs that have ended: their tokens open nothing (each use checks the job runs),
+/// so they are only clutter. One primary-key look-up per token row (the table holds the tokens
+/// of running jobs and of those ended since the last pass), never a scan of `jobs`.
+const ENDED: &str = "DELETE FROM job_tokens WHERE (SELECT state FROM jobs WHERE jobs.id = job_tokens.job_id) \
+                     NOT IN ('queued', 'assigned', 'running')";
+
+fn from_row<R: Row>(r: &R) -> Result<JobTokenRecord>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> i32: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(JobTokenRecord {
+        job_id: r.try_get("job_id")?,
+        token_sha256: r.try_get("token_sha256")?,
+        uploads: u32::try_from(r.try_get::<i32, _>("uploads")?).unwrap_or(0),
+        created_at_ms: r.try_get("created_at_ms")?,
+    })
+}
+
+pub(crate) mod sqlite {
+    use super::*;
+    use sqlx::SqlitePool;
+
+    pub async fn put(pool: &SqlitePool, tokens: &[(JobId, String)], now_ms: i64) -> Result<()> {
+        let mut tx = pool.begin().await?;
+        sqlx::query(ENDED).execute(&mut *tx).await?;
+        for (job, sha256) in tokens {
+            sqlx::query(
+            "INSERT INTO job_tokens (job_id, token_sha256, uploads, created_at_ms) VALUES (?, ?, 0, ?) \
+             ON CONFLICT (job_id) DO UPDATE SET token_sha256 = excluded.token_sha256, uploads = 0, created_at_ms = excluded.created_at_ms",
+        )
+            .bind(job)
+            .bind(sha256)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn get(pool: &SqlitePool, job: JobId) -> Result<Option<JobTokenRecord>> {
+        let row = sqlx::query("SELECT job_id, token_sha256, uploads, created_at_ms FROM job_tokens WHERE job_id = ?")
+            .bind(job)
+            .fetch_optional(pool)
+            .await?;
+        row.map(|r| from_row(&r)).transpose()
+    }
+
+    pub async fn delete(pool: &SqlitePool, job: JobId) -> Result<()> {
+        sqlx::query("DELETE FROM job_tokens WHERE job_id = ?").bind(job).execute(pool).await?;
+        Ok(())
+    }
+
+    /// One more upload of `job`, unless it has made `max` already; whether it was counted.
+    pub async fn count_upload(conn: &mut sqlx::SqliteConnection, job: JobId, max: u32) -> Result<bool> {
+        let r = sqlx::query("UPDATE job_tokens SET uploads = uploads + 1 WHERE job_id = ? AND uploads < ?")
+            .bind(job)
+            .bind(i64::from(max))
+            .execute(conn)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+}
+
+pub(crate) mod postgres {
+    use super::*;
+    use sqlx::PgPool;
+
+    pub async fn put(pool: &PgPool, tokens: &[(JobId, String)], now_ms: i64) -> Result<()> {
+        let mut tx = pool.begin().await?;
+        sqlx::query(ENDED).execute(&mut *tx).await?;
+        for (job, sha256) in tokens {
+            sqlx::query(
+            "INSERT INTO job_tokens (job_id, token_sha256, uploads, created_at_ms) VALUES ($1, $2, 0, $3) \
+             ON CONFLICT (job_id) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, uploads = 0, created_at_ms = EXCLUDED.created_at_ms",
+        )
+            .bind(job)
+            .bind(sha256)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn get(pool: &PgPool, job: JobId) -> Result<Option<JobTokenRecord>> {
+        let row = sqlx::query("SELECT job_id, token_sha256, uploads, created_at_ms FROM job_tokens WHERE job_id = $1")
+            .bind(job)
+            .fetch_optional(pool)
+            .await?;
+        row.map(|r| from_row(&r)).transpose()
+    }
+
+    pub async fn delete(pool: &PgPool, job: JobId) -> Result<()> {
+        sqlx::query("DELETE FROM job_tokens WHERE job_id = $1").bind(job).execute(pool).await?;
+        Ok(())
+    }
+
+    pub async fn count_upload(conn: &mut sqlx::PgConnection, job: JobId, max: u32) -> Result<bool> {
+        let r = sqlx::query("UPDATE job_tokens SET uploads = uploads + 1 WHERE job_id = $1 AND uploads < $2")
+            .bind(job)
+            .bind(i32::try_from(max).unwrap_or(i32::MAX))
+            .execute(conn)
+            .await?;
+        Ok(r.rows_affected() == 1)
+    }
+}
