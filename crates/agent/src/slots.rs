@@ -442,11 +442,33 @@ mod tests {
         let range = test_range(0);
         let first = lease(Some(range), 4).expect("a free range");
         // What a killed agent's job (or warm start) left: a process of a slot's job uid and
-        // one of a slot's network uid, still running once the agent's lease is gone.
+        // one of a slot's network uid, still running once the agent's lease is gone; and one
+        // whose main thread has exited while another thread runs on (its status reads
+        // `State: Z`, an outsider's way of hiding a spy from the sweep).
         let mut left: Vec<_> = [range.0 + 2, range.0 + 5]
             .iter()
             .map(|&uid| std::process::Command::new("sleep").arg("300").uid(uid).gid(uid).spawn().expect("sleep"))
             .collect();
+        let hidden = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import ctypes, threading, time\n\
+                 threading.Thread(target=lambda: time.sleep(300)).start()\n\
+                 ctypes.CDLL(None).pthread_exit(None)",
+            ])
+            .uid(range.0)
+            .gid(range.0)
+            .spawn()
+            .expect("python3");
+        let status = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        for _ in 0..200 {
+            if status(hidden.id()).contains("State:\tZ") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(status(hidden.id()).contains("Threads:\t2"), "{}", status(hidden.id()));
+        left.push(hidden);
         drop(first);
         let second = lease(Some(range), 4).expect("the range is free again");
         for child in &mut left {
@@ -454,7 +476,10 @@ mod tests {
             let gone = match child.try_wait() {
                 Ok(Some(_)) => true,
                 _ => std::fs::read_to_string(format!("/proc/{}/status", child.id()))
-                    .map(|s| s.lines().any(|l| l.starts_with("State:") && l.contains('Z')))
+                    .map(|s| {
+                        s.lines().any(|l| l.starts_with("State:") && l.contains('Z'))
+                            && s.lines().any(|l| l.starts_with("Threads:") && l.trim_end().ends_with('1'))
+                    })
                     .unwrap_or(true),
             };
             let _ = child.kill();

@@ -53,7 +53,10 @@ fn pids_where(matches: impl Fn(&[u8]) -> bool) -> Vec<i32> {
 
 /// Pids of live processes any of whose uids (real, effective, saved, file system) is `uid`.
 /// Zombies are not counted: they run nothing and hold nothing (an orphaned job process stays
-/// one until the host's init reaps it, which on some hosts takes a while).
+/// one until the host's init reaps it, which on some hosts takes a while). A process whose
+/// main thread has exited while other threads run reads `State: Z` too, and is very much
+/// alive (an outsider hid a thread that read later jobs' environments that way): only a
+/// zombie with no thread left but its own is skipped.
 pub(crate) fn pids_of_uid(uid: u32) -> Vec<i32> {
     pids_of_uids(&[uid]).into_iter().map(|(pid, _)| pid).collect()
 }
@@ -72,8 +75,7 @@ pub(crate) fn pids_of_uids(uids: &[u32]) -> Vec<(i32, u32)> {
                 return None;
             }
             let status = fs::read_to_string(e.path().join("status")).ok()?;
-            let state = status.lines().find_map(|l| l.strip_prefix("State:"))?.trim_start();
-            if state.starts_with('Z') || state.starts_with('X') {
+            if is_dead(&status) {
                 return None;
             }
             let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
@@ -81,4 +83,26 @@ pub(crate) fn pids_of_uids(uids: &[u32]) -> Vec<(i32, u32)> {
             Some((pid, uid))
         })
         .collect()
+}
+
+/// Whether a process's `/proc/PID/status` says it runs nothing: a zombie (or dead) whose thread
+/// group has no other thread. A zombie leader of a group with live threads is alive.
+fn is_dead(status: &str) -> bool {
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::trim);
+    let zombie = field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+    let threads = field("Threads:").and_then(|t| t.parse::<u32>().ok()).unwrap_or(1);
+    zombie && threads <= 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_zombie_leader_with_live_threads_is_alive() {
+        assert!(is_dead("Name:\tsleep\nState:\tZ (zombie)\nThreads:\t1\n"));
+        assert!(!is_dead("Name:\tpython3\nState:\tZ (zombie)\nThreads:\t2\n"), "its other thread runs");
+        assert!(!is_dead("Name:\tsleep\nState:\tS (sleeping)\nThreads:\t1\n"));
+        assert!(is_dead("State:\tX (dead)\n"));
+    }
 }

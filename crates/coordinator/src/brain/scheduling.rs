@@ -1,0 +1,647 @@
+//! The placement pass: the hosts as placement sees them, one pass over the queue
+//! ([`Brain::place_now`]) whose assignments are stored in one transaction and sent only after
+//! it commits ([`Brain::commit_placements`]), repository budgets, and Actions runner
+//! registrations of placed runner jobs. Also which secrets a job's origin may have.
+
+use super::*;
+
+impl Brain {
+    /// Host views of connected agents, with GPU lease and quarantine state.
+    fn hosts(&self) -> (Vec<HostView>, Vec<String>) {
+        let leased: HashMap<&str, JobId> =
+            self.active.values().flat_map(|j| j.gpus.iter().map(move |g| (g.as_str(), j.id))).collect();
+        let mut ids = Vec::new();
+        let mut hosts = Vec::new();
+        for a in self.agents.values().filter(|a| a.link == Link::Connected) {
+            let busy = self
+                .active
+                .values()
+                .filter(|j| j.agent_id.as_deref() == Some(&a.id) && j.state != JobState::Queued)
+                .count() as u32;
+            let gpus = a
+                .gpus
+                .iter()
+                .map(|g| {
+                    let state = if let Some(q) = self.quarantine.get(&g.uuid) {
+                        GpuSlotState::Quarantined { reason: q.reason.clone() }
+                    } else if let Some(GpuHealth::Unhealthy { reason }) = a.health.get(&g.uuid) {
+                        GpuSlotState::Quarantined { reason: reason.clone() }
+                    } else if let Some(j) = leased.get(g.uuid.as_str()) {
+                        GpuSlotState::Leased { job_id: j.to_string() }
+                    } else {
+                        GpuSlotState::Free
+                    };
+                    GpuSlot { info: g.clone(), state }
+                })
+                .collect();
+            let mut tags = a.tags.clone();
+            // Agents no fleet made, so that a job held off fleet machines can ask for one.
+            tags.entry(gpuci_providers::TAG_FLEET.to_string()).or_insert_with(|| NOT_A_FLEET_MACHINE.to_string());
+            hosts.push(HostView {
+                agent_id: a.id.clone(),
+                name: a.name.clone(),
+                tags,
+                free_slots: if a.paused.is_some() || a.interrupted.is_some() || a.withdrawn.is_some() {
+                    0
+                } else {
+                    a.slots.saturating_sub(busy)
+                },
+                total_slots: a.slots,
+                container_runtime: a.container_runtime.is_some(),
+                gpus,
+                ends_at_ms: a.ends_at_ms,
+                // No slot at all is never "busy": placement names the agent and why. An agent
+                // older than the `refuses` field is described by its isolation line.
+                refuses: (a.slots == 0)
+                    .then(|| a.refuses.clone().unwrap_or_else(|| format!("it offers no job slots ({})", a.isolation))),
+            });
+            ids.push(a.id.clone());
+        }
+        (hosts, ids)
+    }
+
+    /// One scheduling pass: skip what can never run, place what fits, explain the rest.
+    /// Asks for a placement pass: it runs once the commands already waiting are handled.
+    pub(super) async fn schedule(&mut self) {
+        self.schedule_due = true;
+    }
+
+    /// A placement pass: every queued job placed where it fits, or told why it waits.
+    pub(super) async fn place_now(&mut self) {
+        self.note_group_scopes().await;
+        // Skips cascade through depends_on; repeat until nothing changes.
+        loop {
+            let skips: Vec<(JobRecord, String)> = self
+                .active
+                .values()
+                .filter(|j| j.state == JobState::Queued)
+                .filter_map(|j| match self.blocked(j) {
+                    Some(Err(why)) => Some((j.clone(), why)),
+                    _ => None,
+                })
+                .collect();
+            if skips.is_empty() {
+                break;
+            }
+            for (j, why) in skips {
+                if let Err(e) = self.finish(&j, JobState::Skipped, why, None, None, Vec::new()).await {
+                    tracing::error!(job = j.id, error = %e, "could not skip job");
+                }
+            }
+        }
+        let (hosts, ids) = self.hosts();
+        // The indexed cluster answers each job without scanning every host; it is rebuilt per
+        // pass from live state, so it can never drift from it.
+        let mut cluster = placement::Cluster::new(hosts);
+        let queued: Vec<JobRecord> = self.active.values().filter(|j| j.state == JobState::Queued).cloned().collect();
+        let mut placed_groups: BTreeSet<gpuci_core::concurrency::GroupKey> = BTreeSet::new();
+        let mut unplaceable = BTreeSet::new();
+        // Why each job waits, written in one transaction at the end of the pass.
+        let mut reasons: Vec<(JobRecord, String)> = Vec::new();
+        // This pass's assignments, stored in one transaction before any is sent.
+        let mut placed: Vec<Placed> = Vec::new();
+        // The job tokens of this pass (`crate::dynamic_steps`), stored together.
+        let mut job_tokens: Vec<(JobId, String)> = Vec::new();
+        // Pipelines read this pass (a pipeline's steps are placed one after another).
+        let mut pipelines: HashMap<PipelineId, PipelineRecord> = HashMap::new();
+        for j in queued {
+            let why = match self.blocked(&j) {
+                Some(Ok(why)) | Some(Err(why)) => Some(why),
+                None => None,
+            };
+            let why = match (why, self.group_of(&j)) {
+                (None, Some(key)) if placed_groups.contains(&key) => {
+                    Some(format!("waiting for another job in concurrency group {key}"))
+                }
+                (w, _) => w,
+            };
+            if let Some(why) = why {
+                self.ready_since.remove(&j.id);
+                note_reason(&mut reasons, &j, why);
+                continue;
+            }
+            self.ready_since.entry(j.id).or_insert_with(now_ms);
+            // Each secret the step names must exist in a scope that covers the job (the
+            // narrowest wins: `core::secret_scope`); otherwise the job could only fail later,
+            // on a GPU, after waiting its turn. Refusals end the job with the reason.
+            let (secrets, given) = if j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty() {
+                (BTreeMap::new(), Vec::new())
+            } else {
+                let pipeline = match self.store.get_pipeline(j.pipeline_id).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
+                        continue;
+                    }
+                };
+                let stored = match self.store.secret_names().await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::error!(job = j.id, error = %e, "could not read secrets");
+                        continue;
+                    }
+                };
+                let mut source = secret_source(pipeline.as_ref(), &self.github_host);
+                source.environment = j.step.environment.clone();
+                let mut given: Vec<(String, SecretScope)> = Vec::new();
+                let mut refused: Option<String> = None;
+                // Values encrypted in the pipeline file open here, where the key lives, and
+                // only for the repository, ref and name they were encrypted for.
+                let mut from_file: BTreeMap<String, String> = BTreeMap::new();
+                for (name, text) in &j.step.encrypted_secrets {
+                    let opened = match &self.repo_keys {
+                        None => Err("this coordinator keeps no key for encrypted secrets".to_string()),
+                        Some(ring) => {
+                            let ring = ring.read().unwrap_or_else(|e| e.into_inner());
+                            ring.decrypt(text).map_err(|e| e.to_string())
+                        }
+                    };
+                    let checked = opened
+                        .map_err(|why| format!("encrypted secret `{name}`: {why}"))
+                        .and_then(|sealed| Ok((sealed.scope(), sealed.check(name, &source)?.to_string())));
+                    match checked {
+                        Ok((scope, value)) => {
+                            from_file.insert(name.clone(), value);
+                            given.push((name.clone(), scope));
+                        }
+                        Err(why) => {
+                            refused = Some(why);
+                            break;
+                        }
+                    }
+                }
+                for name in &j.step.secrets {
+                    let scopes: Vec<SecretScope> = stored
+                        .iter()
+                        .filter_map(|(row, _)| SecretScope::parse_storage_name(row))
+                        .filter(|(n, _)| n == name)
+                        .map(|(_, scope)| scope)
+                        .collect();
+                    if refused.is_some() {
+                        break;
+                    }
+                    match gpuci_core::secret_scope::choose(name, &scopes, &source) {
+                        Ok(scope) => given.push((name.clone(), scope.clone())),
+                        Err(r) => {
+                            refused = Some(r.to_string());
+                            break;
+                        }
+                    }
+                }
+                if let Some(why) = refused {
+                    if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
+                        tracing::error!(job = j.id, error = %e, "could not fail job");
+                    }
+                    continue;
+                }
+                let stored_given: Vec<(String, SecretScope)> =
+                    given.iter().filter(|(n, _)| !from_file.contains_key(n)).cloned().collect();
+                let rows: Vec<String> = stored_given.iter().map(|(n, scope)| scope.storage_name(n)).collect();
+                let sealed = match self.store.secret_values(&rows).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        tracing::error!(job = j.id, error = %e, "could not read secrets");
+                        continue;
+                    }
+                };
+                let mut opened = Ok(from_file);
+                let mut unopenable: Option<String> = None;
+                for ((name, scope), row) in stored_given.iter().zip(&rows) {
+                    // Deleted since the names were read: the next pass decides again.
+                    let Some(text) = sealed.get(row) else {
+                        opened = Err(format!("waiting: secret `{name}` changed while the job was placed"));
+                        break;
+                    };
+                    match self.secrets_key.open(row, text) {
+                        Ok(v) => {
+                            if let Ok(m) = &mut opened {
+                                m.insert(name.clone(), v);
+                            }
+                        }
+                        // Start-up checked every row's key; a row written since by a
+                        // coordinator with another key, or altered, lands here. Waiting
+                        // mends nothing (issue 27: the job sat until its queue timeout):
+                        // the job fails now, naming the secret (never its value) and the fix.
+                        Err(e) => {
+                            unopenable = Some(format!(
+                                "secret `{name}` (scope: {scope}) does not open with this coordinator's secrets key: {e}; \
+                                 set it again (`gpuci secret set {name}` in that scope) or start the coordinator \
+                                 with the key file it was sealed with (--secrets-key-file)"
+                            ));
+                            break;
+                        }
+                    }
+                }
+                if let Some(why) = unopenable {
+                    tracing::warn!(job = j.id, reason = %why, "job failed: a secret does not open");
+                    if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
+                        tracing::error!(job = j.id, error = %e, "could not fail job");
+                    }
+                    continue;
+                }
+                match opened {
+                    Ok(v) => (v, given),
+                    Err(why) => {
+                        note_reason(&mut reasons, &j, why);
+                        continue;
+                    }
+                }
+            };
+            // `sandbox: none` runs only where the agent allows it.
+            let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
+            // Limits a step asks for run only where they hold, or where the operator allowed
+            // them unenforced (the job's log then says so): never silently without them.
+            let r = &j.step.resources;
+            let limited = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();
+            let held = self.budget_held(&j).await;
+            let tags = if unsandboxed || held || limited {
+                let mut t = j.step.agents.clone();
+                if unsandboxed {
+                    t.insert(UNSANDBOXED_TAG.to_string(), "allowed".to_string());
+                }
+                if limited {
+                    t.insert(RESOURCES_TAG.to_string(), "taken".to_string());
+                }
+                if held {
+                    t.insert(gpuci_providers::TAG_FLEET.to_string(), NOT_A_FLEET_MACHINE.to_string());
+                }
+                std::borrow::Cow::Owned(t)
+            } else {
+                std::borrow::Cow::Borrowed(&j.step.agents)
+            };
+            let needs = Needs {
+                tags: &tags,
+                gpu: &j.step.gpu,
+                container: j.step.image.is_some(),
+                deadline: job_deadline(j.step.timeout, now_ms()),
+            };
+            // Applied to this pass's view at once; if the commit below fails the GPUs only
+            // look taken until the next pass.
+            match cluster.place_and_apply(&j.id.to_string(), &needs) {
+                Ok(p) => {
+                    let agent_id = ids[p.host].clone();
+                    tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
+                    let pipeline = match pipelines.get(&j.pipeline_id) {
+                        Some(p) => Ok(Some(p.clone())),
+                        None => self.store.get_pipeline(j.pipeline_id).await.inspect(|p| {
+                            if let Some(p) = p {
+                                pipelines.insert(p.id, p.clone());
+                            }
+                        }),
+                    };
+                    let (workspace_upload, cache, origin, trusted, repository) = match pipeline {
+                        Ok(Some(p)) => {
+                            let origin = Origin::parse(p.origin.as_deref());
+                            // Caches by repository and trust class: what may be restored and
+                            // where the job saves is the core's rule (`cache::scope`).
+                            // Keyed by the repository's identity with its host: two spellings
+                            // of one remote share a cache, two hosts never do, and a remote
+                            // that names no repository unambiguously gets none.
+                            let repository = crate::repos::name_of_pipeline(
+                                p.repository.as_deref(),
+                                p.origin.as_deref(),
+                                &self.github_host,
+                            );
+                            let cache = match (&repository, Origin::cache_origin(p.origin.as_deref())) {
+                                (Some(repository), Some(o)) if !j.step.cache.is_empty() => {
+                                    gpuci_core::cache::scope(repository, &o)
+                                }
+                                _ => gpuci_core::cache::CacheScope::none(),
+                            };
+                            let trusted = gpuci_core::trust::may_run_unsandboxed(
+                                Origin::cache_origin(p.origin.as_deref()).as_ref(),
+                            );
+                            // The agent's tenant (who may share a host with a job outside the
+                            // sandbox): the identity, else the remote as given, never merged
+                            // with pipelines that name no repository.
+                            let tenant = repository.or(p.repository);
+                            (p.workspace_upload, cache, origin, trusted, tenant)
+                        }
+                        Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false, None),
+                        Err(e) => {
+                            tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
+                            continue;
+                        }
+                    };
+
+                    // The audit record of which secrets (names and scopes, never values) this
+                    // run is given, in the job's log, before the agent's lines.
+                    if !given.is_empty() {
+                        let list: Vec<String> = given
+                            .iter()
+                            .map(|(n, scope)| match j.step.encrypted_secrets.contains_key(n) {
+                                true => format!("{n} (encrypted in the pipeline for {scope})"),
+                                false => format!("{n} (scope: {scope})"),
+                            })
+                            .collect();
+                        self.note_in_log(&j, format!("secrets given to this run: {}", list.join(", "))).await;
+                    }
+                    // A requeued job keeps its log; this run's lines are numbered after it.
+                    let log_from = match self.store.log_extent(j.id).await {
+                        Ok((_, last)) => last as u64 + 1,
+                        Err(e) => {
+                            tracing::error!(job = j.id, error = %e, "could not read the job's log");
+                            continue;
+                        }
+                    };
+                    // Its job token (`crate::dynamic_steps`), stored as a hash before the
+                    // assignments are, and given as a secret: the job's log masks it.
+                    let mut secrets = secrets;
+                    if !matches!(origin, Some(Origin::ActionsRunner(_))) {
+                        let (token, row) = crate::dynamic_steps::new_token(j.id);
+                        secrets.insert(crate::dynamic_steps::JOB_TOKEN_ENV.to_string(), token);
+                        job_tokens.push(row);
+                    }
+                    if let Some(key) = self.group_of(&j) {
+                        placed_groups.insert(key);
+                    }
+                    placed.push(Placed {
+                        agent_id,
+                        gpus: p.gpus,
+                        job: j,
+                        secrets,
+                        workspace_upload,
+                        cache,
+                        origin,
+                        trusted,
+                        repository,
+                        log_from,
+                    });
+                }
+                Err(u) => {
+                    let mut reason = if unsandboxed && u.reason.contains(UNSANDBOXED_TAG) {
+                        "needs an agent that allows `sandbox: none`; every matching agent refuses it (start one with --allow-unsandboxed)"
+                            .to_string()
+                    } else if limited && u.reason.contains(RESOURCES_TAG) {
+                        "sets resources: (memory, cpus or pids), and no matching agent can enforce them (an agent needs \
+                         job cgroups of its own: a systemd unit with Delegate=yes for one that is not root, a delegated \
+                         cgroup in a container, where only the container's own limits apply otherwise; or start it with \
+                         --allow-unenforced-limits to run such steps with their limits unenforced, said in their logs)"
+                            .to_string()
+                    } else {
+                        u.reason
+                    };
+                    // An agent that takes no jobs (no working sandbox, no disk quota) is named
+                    // with its reason by placement itself (`HostView::refuses`), never "busy".
+                    if let Some(note) = self.fleet_notes.get(&j.id).cloned() {
+                        // A held job's placement reason names the stand-in tag; the budget is
+                        // the reason.
+                        reason = if self.budget_held(&j).await { note } else { format!("{reason}; {note}") };
+                    }
+                    unplaceable.insert(j.id);
+                    note_reason(&mut reasons, &j, reason);
+                }
+            }
+        }
+        if let Err(e) = crate::dynamic_steps::store_tokens(self.store.as_ref(), &job_tokens).await {
+            // They run without `gpuci pipeline upload` rather than with a token that opens nothing.
+            tracing::error!(jobs = job_tokens.len(), error = %e, "could not store the job tokens of a placement pass");
+            for p in &mut placed {
+                p.secrets.remove(crate::dynamic_steps::JOB_TOKEN_ENV);
+            }
+        }
+        self.commit_placements(placed, &mut reasons).await;
+        if !reasons.is_empty() {
+            let rows: Vec<(JobId, String)> = reasons.iter().map(|(j, why)| (j.id, why.clone())).collect();
+            match self.store.set_reasons(&rows).await {
+                Ok(()) => {
+                    for (mut rec, why) in reasons {
+                        rec.reason = why;
+                        self.publish(&rec);
+                    }
+                }
+                Err(e) => tracing::error!(jobs = rows.len(), error = %e, "could not record why jobs wait"),
+            }
+        }
+        if let Some(wake) = &self.fleet_wake {
+            if unplaceable.iter().any(|j| !self.unplaceable.contains(j)) {
+                wake.notify_one();
+            }
+        }
+        self.unplaceable = unplaceable;
+    }
+
+    /// Group commit of a placement pass: every assignment is stored in one transaction, and
+    /// only after it commits is any sent (an assignment is never sent before it is durable).
+    /// If the commit fails, nothing is sent, the jobs stay queued (saying why) and the next
+    /// pass places them again.
+    async fn commit_placements(&mut self, placed: Vec<Placed>, reasons: &mut Vec<(JobRecord, String)>) {
+        if placed.is_empty() {
+            return;
+        }
+        let batch: Vec<NewAssignment> = placed
+            .iter()
+            .map(|p| NewAssignment { job: p.job.id, agent_id: p.agent_id.clone(), gpus: p.gpus.clone() })
+            .collect();
+        let results = match self.store.assign_jobs(&batch, now_ms()).await {
+            Ok(results) => results,
+            Err(e) => {
+                tracing::error!(jobs = batch.len(), error = %e, "could not store a placement pass's assignments; none sent");
+                for p in placed {
+                    let name = self.agents.get(&p.agent_id).map_or(p.agent_id.as_str(), |a| a.name.as_str());
+                    let why = format!(
+                        "waiting: placed on {name}, but the assignment could not be stored ({}); placing again",
+                        e.reason()
+                    );
+                    note_reason(reasons, &p.job, why);
+                }
+                // Not before the next command or tick: a store that stays down is not hammered.
+                self.schedule_due = true;
+                return;
+            }
+        };
+        for (placed, result) in placed.into_iter().zip(results) {
+            let Placed {
+                agent_id, secrets, workspace_upload, cache, origin, trusted, repository, log_from, job, ..
+            } = placed;
+            let rec = match result {
+                Ok(rec) => rec,
+                Err(e) => {
+                    tracing::error!(job = job.id, error = %e, "could not assign job");
+                    continue;
+                }
+            };
+            self.publish(&rec);
+            let mut env = rec.env.clone();
+            env.insert("GPUCI".into(), "true".into());
+            env.insert("GPUCI_JOB_ID".into(), rec.id.to_string());
+            env.insert("GPUCI_PIPELINE_ID".into(), rec.pipeline_id.to_string());
+            env.insert("GPUCI_STEP_KEY".into(), rec.step.key.clone());
+            env.insert("GPUCI_ATTEMPT".into(), rec.attempt.to_string());
+            let runner = match origin {
+                Some(Origin::ActionsRunner(r)) => Some(r),
+                _ => None,
+            };
+            let assignment = Assignment {
+                job_id: rec.id,
+                pipeline_id: rec.pipeline_id,
+                name: rec.step.display_name().to_string(),
+                step: rec.step.clone(),
+                env,
+                gpus: rec.gpus.clone(),
+                secrets: gpuci_protocol::agent::SecretValues(secrets),
+                workspace_upload: workspace_upload.clone(),
+                cache,
+                runner_dir: runner.as_ref().map(|r| r.install_dir.clone()),
+                trusted,
+                repository,
+                log_from,
+            };
+            match (runner, &self.registrar) {
+                (None, _) => {
+                    // If the send fails the connection is gone; the reconnect (or
+                    // the lost-agent reaper) settles the job.
+                    self.send(&agent_id, CoordinatorMessage::Assign(Box::new(assignment)));
+                }
+                (Some(r), Some((registrar, tx))) => {
+                    // The GPUs are leased; register the runner without holding up
+                    // the scheduler, and send the assignment when GitHub answers.
+                    self.placements += 1;
+                    let placement = self.placements;
+                    self.registering.insert(rec.id, (placement, assignment));
+                    let (registrar, tx, job, agent) = (registrar.clone(), tx.clone(), rec.id, agent_id.clone());
+                    tokio::spawn(async move {
+                        let result = registrar.register(job, &agent, &r).await;
+                        let _ = tx.send(Command::RunnerRegistered { job, placement, result }).await;
+                    });
+                }
+                (Some(_), None) => {
+                    let why = "an Actions runner job, but GitHub is not configured on this coordinator".to_string();
+                    if let Err(e) = self.finish(&rec, JobState::Failed, why, None, None, Vec::new()).await {
+                        tracing::error!(job = rec.id, error = %e, "could not fail job");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether `job`'s repository is past its budget today (then it runs on no fleet machine).
+    async fn budget_held(&mut self, job: &JobRecord) -> bool {
+        if self.budgets_reached.is_empty() {
+            return false;
+        }
+        let repository = match self.repository_of.get(&job.pipeline_id) {
+            Some(r) => r.clone(),
+            None => {
+                let r = match self.store.get_pipeline(job.pipeline_id).await {
+                    Ok(p) => p.and_then(|p| {
+                        crate::repos::name_of_pipeline(p.repository.as_deref(), p.origin.as_deref(), &self.github_host)
+                    }),
+                    // Unknown for now: held, as a budget must not lift for want of a read.
+                    Err(_) => return true,
+                };
+                self.repository_of.insert(job.pipeline_id, r.clone());
+                r
+            }
+        };
+        repository.is_some_and(|r| self.budgets_reached.iter().any(|b| b.covers(&r)))
+    }
+
+    pub(super) async fn runner_registered(&mut self, id: JobId, placement: u64, result: Result<RunnerGrant, String>) {
+        let current = self.registering.get(&id).is_some_and(|(p, _)| *p == placement);
+        let job = self.active.get(&id).filter(|j| j.state == JobState::Assigned).cloned();
+        let (Some(job), true) = (job, current) else {
+            // Cancelled, or requeued (and perhaps placed again) meanwhile: this runner is not needed.
+            if let (Ok(grant), Some((registrar, _))) = (result, &self.registrar) {
+                let registrar = registrar.clone();
+                tokio::spawn(async move { registrar.discard(grant).await });
+            }
+            return;
+        };
+        let Some((_, mut assignment)) = self.registering.remove(&id) else { return };
+        match result {
+            Ok(grant) => {
+                tracing::info!(job = id, runner = %grant.runner_name, "runner registered");
+                assignment.secrets.0.insert(JIT_CONFIG_ENV.to_string(), grant.jit_config);
+                assignment.env.insert("GPUCI_RUNNER_NAME".into(), grant.runner_name);
+                let agent = job.agent_id.clone().unwrap_or_default();
+                self.send(&agent, CoordinatorMessage::Assign(Box::new(assignment)));
+            }
+            Err(e) => {
+                let why = format!("could not register an Actions runner with GitHub: {e}");
+                if let Err(e) = self.finish(&job, JobState::Failed, why, None, None, Vec::new()).await {
+                    tracing::error!(job = id, error = %e, "could not fail job");
+                }
+            }
+        }
+    }
+}
+
+/// Where a job came from, for choosing its secrets' scopes.
+pub(super) fn secret_source(
+    pipeline: Option<&gpuci_store::PipelineRecord>,
+    github_host: &str,
+) -> gpuci_core::secret_scope::JobSource {
+    use gpuci_core::secret_scope::JobSource;
+    let origin = pipeline.and_then(|p| Origin::parse(p.origin.as_deref()));
+    match origin {
+        Some(Origin::Github(g)) => {
+            let (git_ref, description) = match (g.event.as_str(), g.pr) {
+                ("pull_request", Some(n)) if !g.secrets => {
+                    let d = match &g.approved_by {
+                        Some(by) => {
+                            format!("an approved pull request from a fork ({} #{n}, approved by {by})", g.repository)
+                        }
+                        None => format!("a pull request from a fork ({} #{n})", g.repository),
+                    };
+                    (Some(format!("refs/pull/{n}/merge")), d)
+                }
+                ("pull_request", Some(n)) => {
+                    (Some(format!("refs/pull/{n}/merge")), format!("pull request {} #{n}", g.repository))
+                }
+                _ => {
+                    let r = g.git_ref.clone();
+                    let d = format!("a push to {} {}", g.repository, r.as_deref().unwrap_or("(ref unknown)"));
+                    (r, d)
+                }
+            };
+            JobSource {
+                // Approval policy: a fork's pull request that ran on a maintainer's approval
+                // may get values set for approved forks, and nothing else.
+                approved_fork: !g.secrets && g.approved_by.is_some(),
+                repository: Some(g.repository),
+                git_ref,
+                environment: None,
+                may_have_secrets: g.secrets,
+                description,
+            }
+        }
+        Some(Origin::ActionsRunner(r)) => JobSource {
+            description: format!("an Actions runner job for {}", r.repository),
+            repository: Some(r.repository),
+            git_ref: None,
+            environment: None,
+            may_have_secrets: true,
+            approved_fork: false,
+        },
+        // An origin that is stored but cannot be read (a newer coordinator's, a damaged row)
+        // is not "submitted through the API": whoever it was, it gets no secret.
+        None if pipeline.is_some_and(|p| p.origin.is_some()) => JobSource {
+            repository: None,
+            git_ref: None,
+            environment: None,
+            may_have_secrets: false,
+            approved_fork: false,
+            description: "a pipeline whose recorded origin cannot be read (no secrets)".to_string(),
+        },
+        None => {
+            // `gpuci submit` reports its work tree's origin URL (or path); scopes name
+            // repositories as `owner/name` on the GitHub host, `host/path` elsewhere.
+            let repository = pipeline
+                .and_then(|p| p.repository.as_deref())
+                .and_then(|r| gpuci_core::secret_scope::repository_of_remote(r, github_host));
+            let description = match &repository {
+                Some(r) => format!("a pipeline submitted through the API from a work tree of {r}"),
+                None => "a pipeline submitted through the API (no repository)".to_string(),
+            };
+            JobSource {
+                repository,
+                git_ref: None,
+                environment: None,
+                may_have_secrets: true,
+                approved_fork: false,
+                description,
+            }
+        }
+    }
+}

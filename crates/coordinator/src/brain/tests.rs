@@ -1,0 +1,107 @@
+//! Tests of the brain's pure helpers and of state that must survive a restart.
+
+use super::scheduling::secret_source;
+use super::*;
+
+/// Regression: a stored origin that does not parse fell into the "submitted through the
+/// API" branch, which may have every secret.
+#[test]
+fn a_pipeline_whose_origin_cannot_be_read_gets_no_secret() {
+    let p = gpuci_store::PipelineRecord {
+        id: 1,
+        file_name: "x.yml".into(),
+        source: String::new(),
+        workspace_upload: None,
+        repository: Some("https://github.com/acme/x.git".into()),
+        origin: Some("{\"kind\": \"from-the-future\"".into()),
+        created_at_ms: 0,
+    };
+    let s = secret_source(Some(&p), "github.com");
+    assert!(!s.may_have_secrets, "{s:?}");
+    let api = gpuci_store::PipelineRecord { origin: None, ..p };
+    assert!(secret_source(Some(&api), "github.com").may_have_secrets);
+}
+
+/// Regression (outsider attack): a cancel accepted (stored, acknowledged, sent) was only
+/// remembered in memory; after a restart the coordinator neither sent it again nor judged
+/// the job's result as cancelled, and the job ran to `succeeded`. The stored reason is the
+/// record of it, and a restarted coordinator picks it up.
+#[tokio::test]
+async fn a_cancel_accepted_before_a_restart_is_still_under_way_after_it() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let job = |state| gpuci_store::NewJob {
+        pipeline_id: 0,
+        step: gpuci_core::pipeline::Step::new("a", "sleep 60"),
+        env: BTreeMap::new(),
+        state,
+        reason: "waiting".into(),
+        attempt: 1,
+        retry_of: None,
+        created_at_ms: 1,
+    };
+    let pipeline = gpuci_store::NewPipeline {
+        file_name: "x.yml".into(),
+        source: String::new(),
+        workspace_upload: None,
+        repository: None,
+        origin: None,
+        created_at_ms: 1,
+    };
+    let (_, jobs) = store.create_pipeline(pipeline, vec![job(JobState::Queued), job(JobState::Queued)]).await.unwrap();
+    store.set_reason(jobs[0].id, &format!("{CANCELLING}cancelled by user")).await.unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let brain = Brain::load(store, Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    assert_eq!(brain.cancelling.get(&jobs[0].id).map(String::as_str), Some("cancelled by user"));
+    assert!(!brain.cancelling.contains_key(&jobs[1].id));
+}
+
+#[test]
+fn silence_is_counted_only_while_the_coordinator_ran() {
+    let t0 = Instant::now();
+    let s = |secs| Duration::from_secs(secs);
+    let tick = Duration::from_millis(200);
+    // Heard at t0; the coordinator ran 5 s, then stalled 15 s: 5.2 s of silence counted.
+    let heard = heard_after_stall(t0, s(15), tick, t0 + s(20));
+    assert_eq!((t0 + s(20)).duration_since(heard), s(5) + tick);
+    // Heard during the stall's last moments (a message read on waking): never in the future.
+    assert_eq!(heard_after_stall(t0 + s(19), s(15), tick, t0 + s(20)), t0 + s(20));
+    assert!(!stalled(t0, t0 + Duration::from_millis(900), tick), "a late tick is not a stall");
+    assert!(stalled(t0, t0 + s(15), tick));
+}
+
+/// Regression (outsider attack): a coordinator stalled for 8 s every 9 s gave its agents a
+/// fresh `lost_after` at each stall, so a dead agent was never declared lost and its jobs
+/// stayed `running`. Silence adds up across stalls.
+#[test]
+fn a_dead_agent_is_lost_after_lost_after_of_running_time_however_often_the_coordinator_stalls() {
+    let t0 = Instant::now();
+    let (tick, lost_after) = (Duration::from_millis(200), Duration::from_secs(10));
+    let mut last_seen = t0; // the agent died here
+    let mut now = t0;
+    let mut ran = Duration::ZERO;
+    let lost_at = loop {
+        // 1 s of running (ticks), then an 8 s stall.
+        now += Duration::from_secs(1);
+        ran += Duration::from_secs(1);
+        if now.saturating_duration_since(last_seen) > lost_after {
+            break ran;
+        }
+        let stall = Duration::from_secs(8);
+        now += stall;
+        last_seen = heard_after_stall(last_seen, stall, tick, now);
+        assert!(ran < Duration::from_secs(60), "never declared lost");
+    };
+    assert!(lost_at <= lost_after + Duration::from_secs(2), "lost after {lost_at:?} of running time");
+}
+
+#[test]
+fn an_agent_settles_its_jobs_by_what_its_journal_holds() {
+    let ours = [(1, JobState::Assigned), (2, JobState::Running), (3, JobState::Assigned), (4, JobState::Running)];
+    let holds = [3, 4, 9];
+    let plan = reconcile(&ours, &holds, false);
+    assert_eq!(plan, Reconciled { keep: vec![3, 4], forget: vec![9], requeue: vec![1], lost: vec![2] });
+    // An incomplete journal may have dropped job 1's arrival: it may have run, so it is
+    // lost, never handed out again.
+    let plan = reconcile(&ours, &holds, true);
+    assert_eq!(plan, Reconciled { keep: vec![3, 4], forget: vec![9], requeue: vec![], lost: vec![1, 2] });
+}
