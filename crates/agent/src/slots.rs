@@ -231,6 +231,11 @@ pub fn parse_uid_range(s: &str) -> Result<(u32, u32), String> {
     if end == u32::MAX {
         return Err(format!("{s:?}: {end} is the kernel's invalid uid"));
     }
+    // bubblewrap takes uids as signed ints: one of 2^31 or more cannot be mapped into a job's
+    // user namespace, and the agent would find no working sandbox (outsider finding).
+    if end > i32::MAX as u32 {
+        return Err(format!("{s:?}: job uids must be below 2147483648 (bubblewrap cannot map {end})"));
+    }
     Ok((start, end))
 }
 
@@ -529,7 +534,7 @@ mod tests {
     #[test]
     fn ranges_parse_and_give_one_network_owner_and_one_uid_per_slot() {
         assert_eq!(parse_uid_range("200000-200063"), Ok((200000, 200063)));
-        for bad in ["", "5", "0-10", "10-5", "a-b", "1-4294967295"] {
+        for bad in ["", "5", "0-10", "10-5", "a-b", "1-4294967295", "2700000000-2700000063"] {
             assert!(parse_uid_range(bad).is_err(), "{bad}");
         }
         let ids = users_for((200000, 200007), 4).expect("8 uids for 4 slots");

@@ -13,7 +13,7 @@
 //! socket's own job, whatever path the request names. The credential is the job's token
 //! (`GPUCI_JOB_TOKEN`), never the agent's: the coordinator decides, and the agent lends the
 //! job no authority of its own. One connection at a time, each bounded in size and time.
-//! The socket belongs to the job's user (mode 0600): another job's user cannot connect.
+//! The socket belongs to the job's user, in its 0700 workspace: another job's user cannot reach it.
 //!
 //! [`UploadSteps`]: gpuci_protocol::api::UploadSteps
 
@@ -63,13 +63,14 @@ impl StepsProxy {
         }
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).map_err(|e| format!("binding {}: {e}", path.display()))?;
-        let owned = (|| {
-            use std::os::unix::fs::PermissionsExt;
-            if let Some(u) = owner {
-                std::os::unix::fs::lchown(&path, Some(u.uid), Some(u.gid))?;
-            }
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        })();
+        // Given to the job's user with `lchown`, which never follows a link; no chmod by path,
+        // which would (a process of the job's uid could swap the socket for a link to a host
+        // file between the bind and the chmod: an outsider's finding). The workspace is 0700
+        // and the job's: nobody but the job and root reaches the socket, whatever its mode.
+        let owned = match owner {
+            Some(u) => std::os::unix::fs::lchown(&path, Some(u.uid), Some(u.gid)),
+            None => Ok(()),
+        };
         if let Err(e) = owned {
             let _ = std::fs::remove_file(&path);
             return Err(format!("giving {} to the job's user: {e}", path.display()));

@@ -163,13 +163,15 @@ fn key_clashes_bad_files_and_too_many_uploads_add_nothing_and_say_why() {
     let (_dir, _server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
     let clash = upload_lines("clash.yml", "steps:\n  - key: gen\n    command: echo\n");
     let bad = upload_lines("bad.yml", "steps:\n  - key: x\n    comand: echo\n");
-    // 17 uploads of one step each: the 17th is over the cap of 16.
+    // 17 uploads of one step each after the two refused ones: refused uploads count too, so
+    // the 15th is over the cap of 16 — and a bad file past the cap is not even read.
     let many = "for i in $(seq 1 17); do\n\
                 printf '{\"file_name\":\"g.yml\",\"source\":\"steps:\\\\n  - key: k%s\\\\n    command: echo\\\\n\"}' \"$i\" > /tmp/b.json\n\
                 c=$(curl -sS --unix-socket \"${GPUCI_API_URL#unix:}\" -H \"Authorization: Bearer $GPUCI_JOB_TOKEN\" -H 'Content-Type: application/json' --data-binary @/tmp/b.json -o /tmp/a -w '%{http_code}' http://agent/steps)\n\
                 echo \"upload $i: $c $(cat /tmp/a)\"\n\
                 done";
-    let script = format!("{clash}\n{bad}\n{many}");
+    let late_bad = upload_lines("late.yml", "steps:\n  - key: y\n    comand: echo\n");
+    let script = format!("{clash}\n{bad}\n{many}\n{late_bad}");
     let p = api.submit(&one_step("gen", &script));
     let done = api.wait_pipeline(p.id, T);
     let gen = job(&done, "gen");
@@ -183,15 +185,18 @@ fn key_clashes_bad_files_and_too_many_uploads_add_nothing_and_say_why() {
     // A bad file: its position and field.
     let bad = log.lines().filter(|l| l.starts_with("status=422")).nth(1).unwrap_or_else(|| panic!("{log}"));
     assert!(bad.contains("\"file\":\"bad.yml\",\"line\":3,\"column\":5,\"field\":\"steps[0].comand\""), "{bad}");
-    for i in 1..=16 {
+    for i in 1..=14 {
         assert!(line(&format!("upload {i}: ")).contains(": 201 "), "{log}");
     }
-    let over = line("upload 17: ");
-    assert!(over.contains(": 429 ") && over.contains("16 uploads"), "{over}");
-    // Only the 16 accepted uploads added anything.
+    for i in 15..=17 {
+        let over = line(&format!("upload {i}: "));
+        assert!(over.contains(": 429 ") && over.contains("16 uploads"), "{over}");
+    }
+    assert!(line("status=429").contains("16 uploads"), "the late bad file is refused by the cap: {log}");
+    // Only the 14 accepted uploads added anything.
     let keys: Vec<&str> = done.jobs.iter().map(|j| j.step_key.as_str()).collect();
-    assert_eq!(done.jobs.len(), 17, "{keys:?}");
-    assert!(!keys.contains(&"x") && !keys.contains(&"k17"), "{keys:?}");
+    assert_eq!(done.jobs.len(), 15, "{keys:?}");
+    assert!(!keys.contains(&"x") && !keys.contains(&"k15") && !keys.contains(&"y"), "{keys:?}");
     assert_eq!(done.state, "succeeded", "{done:#?}");
 }
 

@@ -216,6 +216,32 @@ steps:
     assert_eq!(error(two), "ci.yml:2:38: steps[0].depends_on: dependency cycle: a -> b -> a");
 }
 
+/// An outsider's file: a chain of 1,000 steps whose second half each also depend on the
+/// first 86 — 43,000 back edges, each a cycle of hundreds of steps. It made 43,000 errors and
+/// 244 MB of text (and held the coordinator's scheduler half a minute per upload); a handful
+/// of cycles, each named by its ends, is what a user needs.
+#[test]
+fn a_file_of_countless_long_cycles_gets_a_few_short_errors() {
+    let mut yaml = String::from("steps:\n");
+    for i in 0..1000 {
+        let mut deps: Vec<String> = (i < 999).then(|| format!("k{}", i + 1)).into_iter().collect();
+        if i >= 500 {
+            deps.extend((0..86).map(|j| format!("k{j}")));
+        }
+        yaml.push_str(&format!("  - {{key: k{i}, command: x, depends_on: [{}]}}\n", deps.join(", ")));
+    }
+    let errs = errors(&yaml);
+    assert!(
+        (1..=8).contains(&errs.len()),
+        "{} errors: {:?}",
+        errs.len(),
+        errs.iter().map(|e| e.chars().take(160).collect::<String>()).collect::<Vec<_>>()
+    );
+    let text: usize = errs.iter().map(String::len).sum();
+    assert!(text < 4096, "{text} bytes of errors: {:?}", &errs[..1]);
+    assert!(errs[0].contains("dependency cycle (") && errs[0].contains(" -> … -> "), "{}", errs[0]);
+}
+
 #[test]
 fn durations() {
     assert_eq!(
@@ -493,4 +519,13 @@ fn a_nul_byte_in_a_tag_name_or_raw_in_the_file_is_refused() {
         errors("steps:\n  - command: echo visible\0\n  - command: echo hidden-step\n"),
         ["ci.yml:2:26: (syntax): the file contains a NUL byte; a pipeline file is text"]
     );
+}
+
+#[test]
+fn an_env_too_large_for_every_job_to_carry_is_refused_at_the_map() {
+    let big = "x".repeat(33 * 1024);
+    let e = error(&format!("env:\n  BIG: {big}\nsteps:\n  - command: echo\n"));
+    assert!(e.starts_with("ci.yml:2:3: env: ") && e.contains("more than the 32768"), "{}", &e[..120.min(e.len())]);
+    let e = error(&format!("steps:\n  - command: echo\n    env:\n      BIG: {big}\n"));
+    assert!(e.contains("steps[0].env: ") && e.contains("bytes of variables"), "{}", &e[..120.min(e.len())]);
 }

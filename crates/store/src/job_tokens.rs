@@ -50,7 +50,7 @@ pub(crate) mod sqlite {
         for (job, sha256) in tokens {
             sqlx::query(
             "INSERT INTO job_tokens (job_id, token_sha256, uploads, created_at_ms) VALUES (?, ?, 0, ?) \
-             ON CONFLICT (job_id) DO UPDATE SET token_sha256 = excluded.token_sha256, uploads = 0, created_at_ms = excluded.created_at_ms",
+             ON CONFLICT (job_id) DO UPDATE SET token_sha256 = excluded.token_sha256, created_at_ms = excluded.created_at_ms",
         )
             .bind(job)
             .bind(sha256)
@@ -75,6 +75,11 @@ pub(crate) mod sqlite {
         Ok(())
     }
 
+    pub async fn count_failed(pool: &SqlitePool, job: JobId) -> Result<()> {
+        sqlx::query("UPDATE job_tokens SET uploads = uploads + 1 WHERE job_id = ?").bind(job).execute(pool).await?;
+        Ok(())
+    }
+
     /// One more upload of `job`, unless it has made `max` already; whether it was counted.
     pub async fn count_upload(conn: &mut sqlx::SqliteConnection, job: JobId, max: u32) -> Result<bool> {
         let r = sqlx::query("UPDATE job_tokens SET uploads = uploads + 1 WHERE job_id = ? AND uploads < ?")
@@ -96,7 +101,7 @@ pub(crate) mod postgres {
         for (job, sha256) in tokens {
             sqlx::query(
             "INSERT INTO job_tokens (job_id, token_sha256, uploads, created_at_ms) VALUES ($1, $2, 0, $3) \
-             ON CONFLICT (job_id) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, uploads = 0, created_at_ms = EXCLUDED.created_at_ms",
+             ON CONFLICT (job_id) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, created_at_ms = EXCLUDED.created_at_ms",
         )
             .bind(job)
             .bind(sha256)
@@ -118,6 +123,11 @@ pub(crate) mod postgres {
 
     pub async fn delete(pool: &PgPool, job: JobId) -> Result<()> {
         sqlx::query("DELETE FROM job_tokens WHERE job_id = $1").bind(job).execute(pool).await?;
+        Ok(())
+    }
+
+    pub async fn count_failed(pool: &PgPool, job: JobId) -> Result<()> {
+        sqlx::query("UPDATE job_tokens SET uploads = uploads + 1 WHERE job_id = $1").bind(job).execute(pool).await?;
         Ok(())
     }
 

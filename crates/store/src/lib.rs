@@ -431,6 +431,9 @@ pub trait Store: Send + Sync + 'static {
     async fn job_token(&self, job: JobId) -> Result<Option<JobTokenRecord>>;
     /// Forget the job's token (the job ended).
     async fn delete_job_token(&self, job: JobId) -> Result<()>;
+    /// Count an upload of `job` that added nothing (a bad file): refused uploads use up the
+    /// job's uploads too, so a flood of them ends at the cap.
+    async fn count_failed_upload(&self, job: JobId) -> Result<()>;
     /// One upload of job `by`: `jobs` added (to the pipelines they name) and the job's upload
     /// count raised, in one commit. `None`, and nothing added, when the job has no token row
     /// or has made `max_uploads` already.

@@ -1529,6 +1529,10 @@ impl Store for PostgresStore {
         crate::job_tokens::postgres::delete(&self.pool, job).await
     }
 
+    async fn count_failed_upload(&self, job: JobId) -> Result<()> {
+        crate::job_tokens::postgres::count_failed(&self.pool, job).await
+    }
+
     async fn add_uploaded_jobs(
         &self,
         by: JobId,

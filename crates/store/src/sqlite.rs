@@ -1147,6 +1147,10 @@ impl Store for SqliteStore {
         crate::job_tokens::sqlite::delete(&self.pool, job).await
     }
 
+    async fn count_failed_upload(&self, job: JobId) -> Result<()> {
+        crate::job_tokens::sqlite::count_failed(&self.pool, job).await
+    }
+
     async fn add_uploaded_jobs(
         &self,
         by: JobId,

@@ -1253,10 +1253,11 @@ async fn job_tokens_suite(s: &dyn Store) {
     assert!(over.is_none(), "a third upload over a cap of 2");
     assert_eq!(s.pipeline_jobs(p.id).await.unwrap().len(), 4, "nothing added past the cap");
 
-    // A new token for the job replaces the old hash and its count.
+    // A new token for the job (placed again after a requeue) replaces the old hash and keeps
+    // its count: a requeue is no way to a fresh set of uploads (outsider finding).
     s.put_job_tokens(&[(a, "bb22".into())], 6).await.unwrap();
     let t = s.job_token(a).await.unwrap().unwrap();
-    assert_eq!((t.token_sha256.as_str(), t.uploads), ("bb22", 0));
+    assert_eq!((t.token_sha256.as_str(), t.uploads), ("bb22", 2));
 
     // Job a ends; storing b's token clears a's row.
     s.update_job(a, &[JobState::Queued], JobChange { state: Some(JobState::Cancelled), ..Default::default() })

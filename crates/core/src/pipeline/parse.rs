@@ -837,6 +837,17 @@ impl Ctx<'_> {
                 env.insert(name.to_string(), value);
             }
         }
+        // Every job of the pipeline carries its environment: a large one, times 1,024 jobs, was
+        // a quarter of a gigabyte in the database from one upload (outsider finding).
+        let bytes: usize = env.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if bytes > MAX_ENV_BYTES {
+            self.err(
+                node.pos,
+                path,
+                format!("{bytes} bytes of variables, more than the {MAX_ENV_BYTES} one `env:` may hold"),
+            );
+            return None;
+        }
         Some(env)
     }
 
@@ -1613,15 +1624,34 @@ impl Ctx<'_> {
             let Some((_, pos, p)) = edges[a].iter().find(|(j, _, _)| *j == b) else {
                 continue;
             };
-            let names: Vec<&str> = cycle.iter().map(|&k| keys[k]).collect();
-            self.err(*pos, p.clone(), format!("dependency cycle: {}", names.join(" -> ")));
+            // A long cycle is named by its ends: a hostile file's 1,000-step cycles, each
+            // spelt out, made a quarter of a gigabyte of errors.
+            let mut names: Vec<&str> = cycle.iter().map(|&k| keys[k]).collect();
+            let steps = names.len() - 1;
+            if names.len() > MAX_CYCLE_NAMES {
+                let tail = names.split_off(names.len() - MAX_CYCLE_NAMES / 2);
+                names.truncate(MAX_CYCLE_NAMES / 2);
+                names.push("…");
+                names.extend(tail);
+            }
+            let len = if steps > MAX_CYCLE_NAMES { format!(" ({steps} steps)") } else { String::new() };
+            self.err(*pos, p.clone(), format!("dependency cycle{len}: {}", names.join(" -> ")));
         }
     }
 }
 
-/// Every elementary cycle found by a depth-first search, each as step indices starting at its
-/// smallest index and ending where it started (`[0, 2, 0]`), without repeats. Iterative, so
-/// that a long chain of steps cannot overflow the stack.
+/// Bytes (names and values) one `env:` map may hold, the pipeline's or a step's.
+pub const MAX_ENV_BYTES: usize = 32 * 1024;
+
+/// Cycles reported at most; one is enough to fix, and a hostile file can hold tens of
+/// thousands (each back edge of a long chain is one).
+const MAX_CYCLES: usize = 8;
+/// Step keys a reported cycle names (its first and last halves).
+const MAX_CYCLE_NAMES: usize = 12;
+
+/// Cycles found by a depth-first search (at most [`MAX_CYCLES`]), each as step indices
+/// starting at its smallest index and ending where it started (`[0, 2, 0]`), without repeats.
+/// Iterative, so that a long chain of steps cannot overflow the stack.
 fn find_cycles(edges: &[Vec<(usize, Pos, String)>]) -> Vec<Vec<usize>> {
     #[derive(Clone, Copy, PartialEq)]
     enum Color {
@@ -1656,6 +1686,9 @@ fn find_cycles(edges: &[Vec<(usize, Pos, String)>]) -> Vec<Vec<usize>> {
                         cycle.push(cycle[0]);
                         if !cycles.contains(&cycle) {
                             cycles.push(cycle);
+                            if cycles.len() == MAX_CYCLES {
+                                return cycles;
+                            }
                         }
                     }
                     Color::Black => {}
