@@ -384,7 +384,12 @@ fn a_forks_artifacts_fill_their_own_share_and_never_the_trusted_jobs_room() {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).busy_timeout(Duration::from_secs(10));
         let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.unwrap();
-        sqlx::query("UPDATE pipelines SET origin = ? WHERE id = ?").bind(&origin).bind(fork.id).execute(&mut conn).await.unwrap();
+        sqlx::query("UPDATE pipelines SET origin = ? WHERE id = ?")
+            .bind(&origin)
+            .bind(fork.id)
+            .execute(&mut conn)
+            .await
+            .unwrap();
     });
     let done = api.wait_pipeline(fork.id, T);
     let job = job_of(&done, "fork");
