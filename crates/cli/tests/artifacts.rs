@@ -377,20 +377,7 @@ fn a_forks_artifacts_fill_their_own_share_and_never_the_trusted_jobs_room() {
     let fork = api.submit(
         "steps:\n  - key: fork\n    command: |\n      sleep 3\n      head -c 900 /dev/zero > small.bin\n      head -c 2048 /dev/zero > big.bin\n    artifacts: [\"*.bin\"]\n",
     );
-    let origin = serde_json::json!({"kind": "github", "repository": "octo/kernels", "sha": "1".repeat(40),
-        "event": "pull_request", "pr": 7, "secrets": false})
-    .to_string();
-    let db = dir.path().join("server").join("gpuci.db");
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).busy_timeout(Duration::from_secs(10));
-        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.unwrap();
-        sqlx::query("UPDATE pipelines SET origin = ? WHERE id = ?")
-            .bind(&origin)
-            .bind(fork.id)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    });
+    make_fork_pull_request(&dir.path().join("server").join("gpuci.db"), fork.id);
     let done = api.wait_pipeline(fork.id, T);
     let job = job_of(&done, "fork");
     let stored: Vec<_> = artifacts(&api, job.id).into_iter().map(|a| a.path).collect();

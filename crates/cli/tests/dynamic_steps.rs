@@ -213,20 +213,7 @@ fn a_fork_pull_requests_added_step_gets_no_secret_and_no_unsandboxed_run() {
     let script =
         format!("sleep 5\n{}\n{}", upload_lines("steal.yml", wants_secret), upload_lines("escape.yml", unsandboxed));
     let p = api.submit(&one_step("gen", &script));
-    let origin = json!({"kind": "github", "repository": "octo/kernels", "sha": "1".repeat(40),
-        "event": "pull_request", "pr": 7, "secrets": false})
-    .to_string();
-    let db = dir.path().join("server").join("gpuci.db");
-    tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).busy_timeout(Duration::from_secs(10));
-        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.unwrap();
-        sqlx::query("UPDATE pipelines SET origin = ? WHERE id = ?")
-            .bind(&origin)
-            .bind(p.id)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    });
+    make_fork_pull_request(&dir.path().join("server").join("gpuci.db"), p.id);
     let done = api.wait_pipeline(p.id, T);
     let gen = job(&done, "gen");
     let log = api.log_text(gen.id);

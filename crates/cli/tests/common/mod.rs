@@ -498,3 +498,24 @@ pub async fn blocking<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static)
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     }
 }
+
+/// Makes pipeline `pipeline` of the coordinator whose SQLite database is `db` come from a pull
+/// request from a fork (#7 of `octo/kernels`), written as the GitHub integration writes such an
+/// origin (the GitHub tests cover how it gets there). For tests of what untrusted jobs may do;
+/// the pipeline's jobs must not have started yet.
+#[allow(dead_code)] // not every test binary acts out a fork
+pub fn make_fork_pull_request(db: &Path, pipeline: i64) {
+    let origin = serde_json::json!({"kind": "github", "repository": "octo/kernels", "sha": "1".repeat(40),
+        "event": "pull_request", "pr": 7, "secrets": false})
+    .to_string();
+    tokio::runtime::Runtime::new().expect("runtime").block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(db).busy_timeout(Duration::from_secs(10));
+        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.expect("database");
+        sqlx::query("UPDATE pipelines SET origin = ? WHERE id = ?")
+            .bind(&origin)
+            .bind(pipeline)
+            .execute(&mut conn)
+            .await
+            .expect("origin set");
+    });
+}
