@@ -357,6 +357,56 @@ steps:
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["test_report"]["summary"]["failures"], 1, "{v}");
     assert_eq!(v["id"], job.id);
+
+    // The job's page: the counts, the failed test with its message, the unreadable file, and
+    // the report files as artifacts with their download links.
+    let page = api
+        .raw()
+        .get(format!("{}/ui/jobs/{}", server.url, job.id))
+        .bearer_auth(api.token())
+        .send()
+        .and_then(|r| r.text())
+        .unwrap();
+    for want in [
+        "3 tests: 1 passed, 1 failed, 0 errors, 1 skipped",
+        "tests.test_kernels.test_mul",
+        "x = 3 &amp; y = 4",
+        "laughs.xml",
+        &format!("/api/v1/jobs/{}/artifact?path=report.xml", job.id),
+    ] {
+        assert!(page.contains(want), "the job page lacks {want:?}:\n{page}");
+    }
+    assert!(!page.contains("<!ENTITY"), "nothing of a hostile report is markup");
+}
+
+/// A public repository's artifacts and test report follow its public view: anonymous viewers
+/// see them on the job page and download them; a private repository's need a token.
+#[test]
+fn a_public_repositorys_artifacts_are_open_to_anonymous_viewers_and_a_private_ones_are_not() {
+    let dir = tempdir();
+    let config = dir.path().join("server.toml");
+    std::fs::write(&config, "[dashboard]\npublic_repositories = [\"acme/open\"]\n").unwrap();
+    let args: Vec<String> =
+        ["--heartbeat", "200ms", "--lost-after", "30s", "--config", config.to_str().unwrap()].map(String::from).into();
+    let server = Server::start_on(&dir.path().join("server"), "127.0.0.1:0", args);
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let yaml = "steps:\n  - key: build\n    command: echo wheel-bytes > dist.whl\n    artifacts: [dist.whl]\n";
+    let open = api.submit_from(yaml, Some("https://github.com/acme/open.git"));
+    let closed = api.submit_from(yaml, Some("https://github.com/acme/secret.git"));
+    let open = job_of(&api.wait_pipeline(open.id, T), "build").id;
+    let closed = job_of(&api.wait_pipeline(closed.id, T), "build").id;
+    let anon = reqwest::blocking::Client::new();
+    let get = |path: String| anon.get(format!("{}{path}", server.url)).send().unwrap();
+    let r = get(format!("/api/v1/jobs/{open}/artifact?path=dist.whl"));
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().unwrap(), "wheel-bytes\n");
+    assert_eq!(get(format!("/api/v1/jobs/{open}/artifacts")).status(), 200);
+    assert!(get(format!("/ui/jobs/{open}")).text().unwrap().contains("dist.whl"));
+    for path in [format!("/api/v1/jobs/{closed}/artifact?path=dist.whl"), format!("/api/v1/jobs/{closed}/artifacts")] {
+        assert_eq!(get(path.clone()).status(), 401, "{path}");
+    }
 }
 
 /// A fork's pull request fills only its own share of the repository cap (a fifth), never the

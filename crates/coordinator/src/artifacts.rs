@@ -104,7 +104,7 @@ impl Artifacts {
     }
 }
 
-fn info(a: &ArtifactRecord) -> ArtifactInfo {
+pub(crate) fn info(a: &ArtifactRecord) -> ArtifactInfo {
     ArtifactInfo {
         job_id: a.job_id,
         path: a.path.clone(),

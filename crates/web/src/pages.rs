@@ -385,6 +385,10 @@ pub struct JobPage {
     pub memory_total: Option<u64>,
     /// Whether a newer attempt of this step exists.
     pub retried_by: Option<i64>,
+    /// What the job stored (`artifacts:`), by path.
+    pub artifacts: Vec<gpuci_protocol::api::ArtifactInfo>,
+    /// Its JUnit reports read together (`test_reports:`), if it had any.
+    pub tests: Option<gpuci_protocol::api::JobTestReport>,
 }
 
 pub fn job(p: &JobPage, viewer: &Viewer, now_ms: i64) -> Markup {
@@ -440,6 +444,41 @@ pub fn job(p: &JobPage, viewer: &Viewer, now_ms: i64) -> Markup {
                         p.muted { "Peak memory " (chart::gib(t.peak_memory_bytes as f64)) ", mean utilisation " (format!("{:.0}", t.mean_utilization_pct)) " %, "
                             (format!("{:.1}", t.gpu_seconds)) " GPU-seconds, " (t.samples) " samples." }
                     }
+                }
+            }
+            @if let Some(t) = &p.tests {
+                section aria-labelledby="tests-h" {
+                    h2 #tests-h { "Tests" }
+                    p #tests-summary { strong { (t.summary.describe()) } }
+                    @for f in t.files.iter().filter(|f| f.error.is_some()) {
+                        p.muted { code { (crate::ansi::visible(&f.path)) } " not read: " (crate::ansi::visible(f.error.as_deref().unwrap_or(""))) }
+                    }
+                    @if !t.summary.failed.is_empty() {
+                        ul.failed-tests { @for f in &t.summary.failed {
+                            li {
+                                span class="badge s-failed" { (f.kind) } " "
+                                code { @if !f.classname.is_empty() { (crate::ansi::visible(&f.classname)) "." } (crate::ansi::visible(&f.name)) }
+                                @if !f.message.is_empty() { pre.test-message { (crate::ansi::visible(&f.message)) } }
+                            }
+                        } }
+                    }
+                }
+            }
+            @if !p.artifacts.is_empty() {
+                section aria-labelledby="artifacts-h" {
+                    h2 #artifacts-h { "Artifacts" }
+                    div.scroll { table {
+                        caption { (p.artifacts.len()) " files, by path" }
+                        thead { tr { th scope="col" { "Path" } th scope="col" { "Size" } th scope="col" { "sha256" } } }
+                        tbody { @for a in &p.artifacts {
+                            tr {
+                                td { a href=(format!("/api/v1/jobs/{}/artifact?path={}", j.id, enc(&a.path))) download { (crate::ansi::visible(&a.path)) } }
+                                td { (gpuci_core::quantity::Bytes(a.size).to_string()) }
+                                td { code title=(a.sha256) { (a.sha256.get(..12).unwrap_or(&a.sha256)) } }
+                            }
+                        } }
+                    } }
+                    p.muted { "Or: " code { "gpuci artifacts download " (j.id) } }
                 }
             }
             section aria-labelledby="log-h" {
@@ -719,8 +758,16 @@ mod tests {
         assert!(!html.contains("<img src=x"), "{html}");
         assert!(!html.contains("<script>x"), "{html}");
         let line = LogLine { seq: 1, ts_us: 0, stream: Stream::Stdout, text: "</li><script>alert(1)</script>".into() };
-        let page =
-            JobPage { row, lines: vec![line], skipped_lines: 0, points: vec![], memory_total: None, retried_by: None };
+        let page = JobPage {
+            row,
+            lines: vec![line],
+            skipped_lines: 0,
+            points: vec![],
+            memory_total: None,
+            retried_by: None,
+            artifacts: vec![],
+            tests: None,
+        };
         let html = job(&page, &admin, 1000).into_string();
         assert!(html.contains("&lt;/li&gt;&lt;script&gt;"), "{html}");
     }
@@ -739,6 +786,8 @@ mod tests {
             points: vec![],
             memory_total: None,
             retried_by: None,
+            artifacts: vec![],
+            tests: None,
         };
         assert!(!job(&page(row.clone()), &v, 0).into_string().contains("NOT enforced"));
         row.job.unenforced = vec![
@@ -790,8 +839,16 @@ mod tests {
         let row = JobRow { job: summary(1, "t", "r"), origin: Origin::default(), fleet: None };
         let html = jobs(std::slice::from_ref(&row), &JobFilters::default(), &[], &[], None, &anon, 0).into_string();
         assert!(!html.contains("ws-1") && !html.contains("GPU-abc"), "{html}");
-        let page =
-            JobPage { row, lines: vec![], skipped_lines: 0, points: vec![], memory_total: None, retried_by: None };
+        let page = JobPage {
+            row,
+            lines: vec![],
+            skipped_lines: 0,
+            points: vec![],
+            memory_total: None,
+            retried_by: None,
+            artifacts: vec![],
+            tests: None,
+        };
         let html = job(&page, &anon, 0).into_string();
         assert!(!html.contains("Cancel job") && !html.contains("ws-1"), "{html}");
         let reader = Viewer { role: Role::Reader, csrf: "c".into() };

@@ -93,15 +93,16 @@ pub(super) async fn job_inner(st: &AppState, v: &Viewer, mut row: JobRow) -> Res
     } else {
         None
     };
+    let artifacts = st.store.job_artifacts(id).await?.iter().map(crate::artifacts::info).collect();
+    let tests = crate::test_reports::of_job(st.store.as_ref(), id).await?;
+    let mut row = row;
     if let Some(check) = st.store.get_check_run(id).await? {
-        let mut row = row;
         if let (Some(url), Some(_)) = (&row.origin.repository_url, &row.origin.sha) {
             row.origin.check_run_url = Some(format!("{url}/runs/{check}"));
         }
-        let page = gpuci_web::JobPage { row, lines, skipped_lines: after, points, memory_total, retried_by };
-        return Ok(gpuci_web::job(&page, v, now_ms()));
     }
-    let page = gpuci_web::JobPage { row, lines, skipped_lines: after, points, memory_total, retried_by };
+    let page =
+        gpuci_web::JobPage { row, lines, skipped_lines: after, points, memory_total, retried_by, artifacts, tests };
     Ok(gpuci_web::job(&page, v, now_ms()))
 }
 
@@ -280,12 +281,14 @@ pub(crate) async fn log_access(
     if v.signed_in() {
         return next.run(req).await;
     }
+    // A public job's log, artifacts and test report, as its page shows them.
     let id = req
         .uri()
         .path()
         .strip_prefix("/api/v1/jobs/")
-        .and_then(|p| p.strip_suffix("/logs"))
-        .and_then(|p| p.parse::<JobId>().ok());
+        .and_then(|p| p.split_once('/'))
+        .filter(|(_, what)| matches!(*what, "logs" | "artifacts" | "artifact" | "test-report"))
+        .and_then(|(id, _)| id.parse::<JobId>().ok());
     if let Some(id) = id {
         if visible_job(&st, &v, id).await.is_ok() {
             req.extensions_mut().insert(LogScrub(std::sync::Arc::new(Scrub::load(&st).await)));
