@@ -19,6 +19,20 @@ fn setup() -> (tempfile::TempDir, Server, Agent, Api) {
     one_agent("30s", "a1", &["--isolation", isolation()])
 }
 
+/// A coordinator with `config` as its server config, and one agent.
+fn setup_with_config(config: &str) -> (tempfile::TempDir, Server, Agent, Api) {
+    let dir = tempdir();
+    let path = dir.path().join("server.toml");
+    std::fs::write(&path, config).unwrap();
+    let args: Vec<String> =
+        ["--heartbeat", "200ms", "--lost-after", "30s", "--config", path.to_str().unwrap()].map(String::from).into();
+    let server = Server::start_on(&dir.path().join("server"), "127.0.0.1:0", args);
+    let agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    (dir, server, agent, api)
+}
+
 fn artifacts(api: &Api, job: i64) -> Vec<ArtifactInfo> {
     api.get(&format!("/api/v1/jobs/{job}/artifacts"))
 }
@@ -265,15 +279,7 @@ fn only_the_jobs_agent_uploads_and_only_a_token_reads() {
 
 #[test]
 fn caps_from_the_server_config_refuse_with_the_reason_and_a_matrix_passes_all_its_jobs_files() {
-    let dir = tempdir();
-    let config = dir.path().join("server.toml");
-    std::fs::write(&config, "[artifacts]\nmax_file = \"1KiB\"\nmax_job = \"1MiB\"\n").unwrap();
-    let args: Vec<String> =
-        ["--heartbeat", "200ms", "--lost-after", "30s", "--config", config.to_str().unwrap()].map(String::from).into();
-    let server = Server::start_on(&dir.path().join("server"), "127.0.0.1:0", args);
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, _server, _agent, api) = setup_with_config("[artifacts]\nmax_file = \"1KiB\"\nmax_job = \"1MiB\"\n");
     let p = api.submit(
         r#"
 steps:
@@ -383,15 +389,7 @@ steps:
 /// see them on the job page and download them; a private repository's need a token.
 #[test]
 fn a_public_repositorys_artifacts_are_open_to_anonymous_viewers_and_a_private_ones_are_not() {
-    let dir = tempdir();
-    let config = dir.path().join("server.toml");
-    std::fs::write(&config, "[dashboard]\npublic_repositories = [\"acme/open\"]\n").unwrap();
-    let args: Vec<String> =
-        ["--heartbeat", "200ms", "--lost-after", "30s", "--config", config.to_str().unwrap()].map(String::from).into();
-    let server = Server::start_on(&dir.path().join("server"), "127.0.0.1:0", args);
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (_dir, server, _agent, api) = setup_with_config("[dashboard]\npublic_repositories = [\"acme/open\"]\n");
     let yaml = "steps:\n  - key: build\n    command: echo wheel-bytes > dist.whl\n    artifacts: [dist.whl]\n";
     let open = api.submit_from(yaml, Some("https://github.com/acme/open.git"));
     let closed = api.submit_from(yaml, Some("https://github.com/acme/secret.git"));
@@ -414,15 +412,7 @@ fn a_public_repositorys_artifacts_are_open_to_anonymous_viewers_and_a_private_on
 /// GitHub integration writes it (the GitHub tests cover how it gets there).
 #[test]
 fn a_forks_artifacts_fill_their_own_share_and_never_the_trusted_jobs_room() {
-    let dir = tempdir();
-    let config = dir.path().join("server.toml");
-    std::fs::write(&config, "[artifacts]\nmax_repository = \"5KiB\"\n").unwrap();
-    let args: Vec<String> =
-        ["--heartbeat", "200ms", "--lost-after", "30s", "--config", config.to_str().unwrap()].map(String::from).into();
-    let server = Server::start_on(&dir.path().join("server"), "127.0.0.1:0", args);
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", isolation()]);
-    let api = server.api();
-    api.wait_agents(1, T);
+    let (dir, _server, _agent, api) = setup_with_config("[artifacts]\nmax_repository = \"5KiB\"\n");
     // The fork's job waits for its origin to be set (the test does it at once).
     let fork = api.submit(
         "steps:\n  - key: fork\n    command: |\n      sleep 3\n      head -c 900 /dev/zero > small.bin\n      head -c 2048 /dev/zero > big.bin\n    artifacts: [\"*.bin\"]\n",
