@@ -157,6 +157,11 @@ async fn machines_are_process_groups_created_once_listed_and_deleted() {
     for bytes in on_disk {
         assert!(!String::from_utf8_lossy(&bytes).contains("gpuci_mreg"), "the token was written down");
     }
+    // The script writes its env file before it starts its child: wait for both processes.
+    let until = Instant::now() + Duration::from_secs(20);
+    while host.processes(&spec, "m-1").len() < 2 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(host.processes(&spec, "m-1").len(), 2, "the agent and its child");
 
     // Asked again (a coordinator that crashed after asking): the same machine, no second one.
