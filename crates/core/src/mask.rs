@@ -264,9 +264,10 @@ impl Masker {
     /// continues it, not shows it). Should that be longer than `max_carry` bytes (a job padding
     /// a value with escape sequences), only the shown characters are carried, and of a long
     /// open sequence only its introducer: what is dropped is invisible, the value is still
-    /// caught. Should even that not fit (a value longer than `max_carry`), the longest shown
-    /// tail that fits is carried: `max_carry` bounds memory and guarantees progress, and every
-    /// value that fits in it is still caught.
+    /// caught. Should even that not fit (a derived form or a value longer than `max_carry`),
+    /// the longest shown tail that fits beside an open sequence's introducer is carried:
+    /// `max_carry` bounds memory and guarantees progress, and every value of up to
+    /// `max_carry − 3` bytes is still caught.
     pub fn cut(&self, piece: &str, max_carry: usize) -> (String, String) {
         let masked = self.mask(piece);
         if self.longest_chars < 2 {
@@ -292,7 +293,11 @@ impl Masker {
                 (now, carry)
             }
             None => {
-                let open = if open.len() <= max_carry { open } else { short };
+                // Room for shown characters first: of an open sequence only its introducer
+                // (at most 3 bytes). Carrying the whole sequence instead cost a 40-character
+                // value its first characters when its base64 form (the longest searched)
+                // did not fit: CI's proptest, `max_carry` 48.
+                let open = if short.len() <= max_carry { short } else { String::new() };
                 let room = max_carry.saturating_sub(open.len());
                 let mut from = v.text.len().saturating_sub(room).max(from);
                 while !v.text.is_char_boundary(from) {
@@ -647,6 +652,24 @@ mod tests {
             let out = through_cuts(&m, &line, &[at, 1000], 64);
             assert!(!out.contains("s3cr3t-token"), "cut at {at}: {out}");
         }
+    }
+
+    /// Regression (CI's proptest): a 40-character value whose base64 form (the longest
+    /// searched, 56 characters) did not fit a 48-byte carry, cut inside an OSC sequence: the
+    /// carry kept the whole open sequence and only 34 shown characters, and the value showed.
+    #[test]
+    fn a_value_that_fits_the_carry_is_masked_when_its_derived_forms_do_not() {
+        let secret = "AaAAAaa0a0aAAAAAaAaAa00A0A0AaaaaaAA0AAAA";
+        let m = Masker::new([secret]);
+        let (r, b, o, n, z) = ("\r", "\u{1b}[1;31m", "\u{1b}]8;;http://e\u{1b}\\", "\u{1b}[0m", "\u{200b}");
+        let seqs = [
+            n, "", r, r, z, "", r, o, o, r, b, n, n, n, z, n, z, o, "", r, b, b, b, "", z, z, b, b, r, z, r, b, o, b,
+            b, b, b, o, o, n,
+        ];
+        let hidden: String = secret.chars().zip(seqs).map(|(c, s)| format!("{c}{s}")).collect();
+        let line = format!("{}{hidden}{}{secret}", "-".repeat(40), "=".repeat(20));
+        let out = through_cuts(&m, &line, &[5, 12], 48);
+        assert!(!visible(&out).text.contains(secret), "{out:?}");
     }
 
     #[test]
