@@ -11,7 +11,16 @@
 //! A request to one address of a name still carries the name (`Host`, and a TLS server name
 //! where there is TLS): reqwest is told the address for that name per client, and the agent
 //! channel's TCP connection is made to the address and the WebSocket handshake sent over it.
+//!
+//! **Nothing is sent a credential before it proves the installation's key**
+//! ([`gpuci_core::coordinator_identity`]): every endpoint about to be used, the single one
+//! too, is asked `GET /api/v1/identity` with a fresh nonce. With a key pinned (given with
+//! `--coordinator-key`, or learnt at the first use and kept by the caller), an endpoint that
+//! cannot prove it is never used, and the refusal is logged as an error; with none pinned
+//! yet, the key the first endpoint used proves becomes the pin (trust on first use, as
+//! `ssh` does), and an endpoint too old to answer is used as before.
 
+use gpuci_core::coordinator_identity::{self as identity, IdentityProof};
 use gpuci_core::coordinators::{self, Endpoint, Seen};
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -20,6 +29,8 @@ use std::time::Duration;
 /// How long one `/readyz` may take before its endpoint counts as unreachable. A leader
 /// answers at once; a frozen or cut-off one never does.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest answer to an identity challenge that is read.
+const MAX_PROOF_BYTES: usize = 4096;
 /// How long a name may take to resolve.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -30,6 +41,8 @@ pub struct Coordinators {
     /// The endpoint used last (its URL and address): first among leaders next time.
     last: Option<Endpoint>,
     current: Current,
+    /// The installation's key every endpoint must prove (`None`: none pinned yet).
+    pin: Option<String>,
 }
 
 /// The base URL of the coordinator used now, shared with whoever makes requests beside the
@@ -63,6 +76,9 @@ pub struct Target {
     pub base: String,
     pub addr: Option<SocketAddr>,
     endpoint: Endpoint,
+    /// The key it proved (`None`: not asked yet, or a coordinator too old to answer while
+    /// no key was pinned).
+    pub key: Option<String>,
 }
 
 impl Target {
@@ -118,7 +134,18 @@ pub fn parse_urls<S: AsRef<str>>(given: &[S]) -> Result<Vec<String>, UrlError> {
 impl Coordinators {
     pub fn new(urls: Vec<String>) -> Coordinators {
         let current = Current::new(urls.first().map(String::as_str).unwrap_or_default());
-        Coordinators { urls, last: None, current }
+        Coordinators { urls, last: None, current, pin: None }
+    }
+
+    /// Only endpoints that prove `key` are used from now on (`None`: learn it at first use).
+    pub fn with_pin(mut self, key: Option<String>) -> Coordinators {
+        self.pin = key;
+        self
+    }
+
+    /// The key endpoints must prove now, if one is pinned.
+    pub fn pinned(&self) -> Option<&str> {
+        self.pin.as_deref()
     }
 
     pub fn urls(&self) -> &[String] {
@@ -130,12 +157,54 @@ impl Coordinators {
         self.current.clone()
     }
 
-    /// The endpoints to try now, the leader first (see [`gpuci_core::coordinators`]); empty
-    /// when none leads. The second value says what each endpoint answered, for the log.
+    /// The endpoints to try now, the leader first (see [`gpuci_core::coordinators`]), each
+    /// having proved the pinned key; empty when none leads (or none that leads proves it).
+    /// The second value says what each endpoint answered, for the log.
     pub async fn candidates(&self) -> (Vec<Target>, String) {
+        let (targets, said) = self.leaders().await;
+        let proved = futures::future::join_all(targets.iter().map(|t| prove(t, self.pin.as_deref()))).await;
+        let mut kept = Vec::new();
+        let mut refused = Vec::new();
+        for (mut t, p) in targets.into_iter().zip(proved) {
+            match p {
+                Ok(key) => {
+                    t.key = key;
+                    kept.push(t);
+                }
+                Err(why) => {
+                    tracing::error!(coordinator = %t.base, address = ?t.addr, %why,
+                        "not talking to this address: it did not prove the coordinators' identity key; no credential was sent");
+                    refused.push(format!("{}: identity not proved: {why}", t.base));
+                }
+            }
+        }
+        // Without a pin, only endpoints that agree with the first one's key (two installations
+        // listed together are a mistake: the first is used, the other said).
+        if self.pin.is_none() {
+            if let Some(first) = kept.first().and_then(|t| t.key.clone()) {
+                kept.retain(|t| {
+                    let same = t.key.as_deref().is_none_or(|k| k == first);
+                    if !same {
+                        refused.push(format!("{}: holds another installation's key", t.base));
+                    }
+                    same
+                });
+            }
+        }
+        let said = match (said.is_empty(), refused.is_empty()) {
+            (_, true) => said,
+            (true, false) => refused.join(", "),
+            (false, false) => format!("{said}; {}", refused.join(", ")),
+        };
+        (kept, said)
+    }
+
+    /// The endpoints whose `/readyz` says they lead, the one used last first.
+    async fn leaders(&self) -> (Vec<Target>, String) {
         let resolved = futures::future::join_all(self.urls.iter().map(|u| resolve(u))).await;
         let endpoints = coordinators::endpoints(&resolved);
-        let target = |e: &Endpoint| Target { base: self.urls[e.url].clone(), addr: e.addr, endpoint: e.clone() };
+        let target =
+            |e: &Endpoint| Target { base: self.urls[e.url].clone(), addr: e.addr, endpoint: e.clone(), key: None };
         if !coordinators::needs_probe(endpoints.len()) {
             // One: used by its URL, as before several were possible.
             let e = endpoints.first().cloned().unwrap_or(Endpoint { url: 0, addr: None });
@@ -157,10 +226,18 @@ impl Coordinators {
         (picked.into_iter().map(|i| targets[i].clone()).collect(), said)
     }
 
-    /// `target` is the one talked to now.
-    pub fn used(&mut self, target: &Target) {
+    /// `target` is the one talked to now. With no key pinned yet, the one it proved is pinned
+    /// from now on; returned when that happened, for the caller to keep.
+    pub fn used(&mut self, target: &Target) -> Option<String> {
         self.last = Some(target.endpoint.clone());
         self.current.set(&target.base);
+        match (&self.pin, &target.key) {
+            (None, Some(k)) => {
+                self.pin = Some(k.clone());
+                Some(k.clone())
+            }
+            _ => None,
+        }
     }
 }
 
@@ -198,6 +275,50 @@ async fn probe(target: &Target) -> Seen {
         Ok(_) => Seen::NotLeading,
         Err(_) => Seen::Unreachable,
     }
+}
+
+/// The host a request to `base` names (`Host`): the URL's host, and its port unless it is
+/// the scheme's default.
+fn asked_host(base: &str) -> Option<String> {
+    let u = reqwest::Url::parse(base).ok()?;
+    let host = u.host_str()?;
+    Some(match u.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    })
+}
+
+/// Asks `target` to prove the installation's key with a fresh nonce: `Ok(Some(key))` proved;
+/// `Ok(None)`: no key pinned, and the coordinator predates the proof (404) or did not answer:
+/// used as before; `Err`: why it is not to be sent anything.
+async fn prove(target: &Target, pinned: Option<&str>) -> Result<Option<String>, String> {
+    let host = asked_host(&target.base).ok_or("not a URL with a host")?;
+    let http = target.client(reqwest::Client::builder().timeout(PROBE_TIMEOUT)).map_err(|e| e.to_string())?;
+    let nonce = identity::nonce(rand::random());
+    let resp = match http.get(format!("{}/api/v1/identity", target.base)).query(&[("nonce", &nonce)]).send().await {
+        Ok(r) => r,
+        // Nothing pinned: used as before, and its own error (the same, most likely) told.
+        Err(_) if pinned.is_none() => return Ok(None),
+        Err(e) => return Err(format!("no answer: {e}")),
+    };
+    if resp.status() == reqwest::StatusCode::NOT_FOUND && pinned.is_none() {
+        tracing::warn!(coordinator = %target.base, "this coordinator cannot prove an identity key (older than the agent?): used unpinned; upgrade it");
+        return Ok(None);
+    }
+    if !resp.status().is_success() {
+        return Err(format!("it answered {}", resp.status()));
+    }
+    // A proof is a few hundred bytes: a larger answer is not one (and is not read whole).
+    let mut resp = resp;
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_PROOF_BYTES {
+            return Err("its answer is not a proof (too long)".into());
+        }
+    }
+    let proof: IdentityProof = serde_json::from_slice(&body).map_err(|e| format!("its answer is not a proof: {e}"))?;
+    identity::verify(&proof, &nonce, &host, pinned).map(Some).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -248,6 +369,23 @@ mod tests {
         assert_eq!(picked[0].addr, None);
     }
 
+    /// With a key pinned, an address that cannot prove it is not used, whatever it answers:
+    /// nothing (a coordinator down), 404 (too old, or pretending), or another key.
+    #[tokio::test]
+    async fn with_a_key_pinned_only_an_address_that_proves_it_is_used() {
+        let key = identity::SigningIdentity::from_secret(&[1; 32]).public_key();
+        let legacy = serve_readyz(200).await;
+        for url in [legacy.clone(), "http://127.0.0.1:9".to_string()] {
+            let c = Coordinators::new(vec![url.clone()]).with_pin(Some(key.clone()));
+            let (picked, said) = c.candidates().await;
+            assert!(picked.is_empty(), "{url}: {said}");
+            assert!(said.contains("identity not proved"), "{said}");
+            // Unpinned: used as before.
+            let c = Coordinators::new(vec![url.clone()]);
+            assert_eq!(c.candidates().await.0.len(), 1, "{url}");
+        }
+    }
+
     async fn serve_readyz(status: u16) -> String {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
@@ -256,7 +394,9 @@ mod tests {
             while let Ok((mut s, _)) = l.accept().await {
                 tokio::spawn(async move {
                     let mut buf = [0u8; 1024];
-                    let _ = s.read(&mut buf).await;
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    // A coordinator older than the identity proof: 404 there.
+                    let status = if buf[..n].starts_with(b"GET /api/v1/identity") { 404 } else { status };
                     let resp = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
                     let _ = s.write_all(resp.as_bytes()).await;
                 });

@@ -18,6 +18,11 @@ pub struct Identity {
     pub credential: String,
     /// The coordinator this identity belongs to.
     pub server: String,
+    /// The coordinators' identity key, pinned when the agent registered (or, for an agent
+    /// registered before keys existed, when it first met one that proves a key): no address
+    /// that cannot prove it is sent the credential ([`crate::follow`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_key: Option<String>,
 }
 
 impl std::fmt::Debug for Identity {
@@ -101,12 +106,26 @@ pub async fn register(
             bail!("registration with {} refused ({status}): {body}", t.base);
         }
         let r: RegisterResponse = resp.json().await.context("reading registration answer")?;
-        let id = Identity { agent_id: r.agent_id, credential: r.credential, server: server.to_string() };
+        let id = Identity {
+            agent_id: r.agent_id,
+            credential: r.credential,
+            server: server.to_string(),
+            coordinator_key: t.key.clone(),
+        };
         write_private(&path, &serde_json::to_string_pretty(&id)?)?;
-        tracing::info!(agent = %id.agent_id, coordinator = %t.base, "registered");
+        tracing::info!(agent = %id.agent_id, coordinator = %t.base, key = ?id.coordinator_key, "registered");
         return Ok(id);
     }
     Err(unreachable.into())
+}
+
+/// Keeps `key` as the coordinators' identity key of the stored identity (first met by an
+/// agent registered before keys existed).
+pub fn pin(data_dir: &Path, id: &mut Identity, key: &str) -> anyhow::Result<()> {
+    id.coordinator_key = Some(key.to_string());
+    write_private(&data_dir.join("agent.json"), &serde_json::to_string_pretty(id)?)?;
+    tracing::warn!(key, "pinned the coordinators' identity key (first met): from now on only coordinators that prove it are sent this agent's credential");
+    Ok(())
 }
 
 /// Take the group and other read/write bits off the data dir (creating it) or the credential

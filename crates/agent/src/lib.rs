@@ -58,6 +58,10 @@ pub struct Config {
     /// agent talks to the one that leads ([`follow`]).
     pub server: String,
     pub registration_token: Option<String>,
+    /// The coordinators' identity key (`ed25519:<hex>`, `--coordinator-key`), pinned from the
+    /// first contact so that not even the registration token goes to an address that cannot
+    /// prove it; `None`: pinned at registration, trust on first use ([`follow`]).
+    pub coordinator_key: Option<String>,
     pub name: String,
     pub data_dir: PathBuf,
     pub slots: u32,
@@ -142,6 +146,7 @@ impl Config {
         Config {
             server: server.into().trim_end_matches('/').to_string(),
             registration_token: None,
+            coordinator_key: None,
             name: host,
             data_dir,
             slots: 4,
@@ -248,6 +253,8 @@ struct Agent {
     ends_at_ms: Option<i64>,
     /// The coordinators given, and the one talked to now.
     coordinators: follow::Coordinators,
+    /// Where `agent.json` is (a key pinned at first use is kept there).
+    data_dir: PathBuf,
 }
 
 /// Whether a job ended the way an engine's stop signal (SIGHUP, SIGINT, SIGKILL, SIGTERM)
@@ -317,13 +324,32 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         ),
         Err(e) => return Err(e).with_context(|| format!("opening the journal {}", journal_path.display())),
     };
+    let given_key = match &config.coordinator_key {
+        Some(k) => Some(
+            gpuci_core::coordinator_identity::parse_key(k).map_err(|e| anyhow::anyhow!("--coordinator-key: {e}"))?,
+        ),
+        None => None,
+    };
     let mut coordinators = follow::Coordinators::new(
         follow::parse_urls(&[&config.server]).with_context(|| format!("--server {}", config.server))?,
-    );
+    )
+    .with_pin(given_key.clone());
     let (identity, registered_anew) = match register(&config, &mut coordinators, started, &shutdown).await? {
         Registered::Yes(id, anew) => (id, anew),
         Registered::No(ended) => return Ok(ended),
     };
+    // The key given wins over the one kept; the one kept holds when none is given.
+    match (&given_key, &identity.coordinator_key) {
+        (Some(given), Some(kept)) if given != kept => {
+            tracing::warn!(
+                given,
+                kept,
+                "--coordinator-key differs from the key this agent pinned when it registered: using the one given"
+            );
+        }
+        (None, Some(kept)) => coordinators = coordinators.with_pin(Some(kept.clone())),
+        _ => {}
+    }
     // Jobs held in the journal were assigned through the earlier registration. Under a new one
     // (another coordinator; one started over on a new database; `agent.json` gone) their
     // results could only reach a coordinator that never assigned them to this identity, and
@@ -695,6 +721,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         suspect_signal: false,
         ends_at_ms: config.ends_at_ms,
         coordinators,
+        data_dir: config.data_dir.clone(),
     };
     agent.check_disk();
     let ended = agent.run(identity, shutdown).await;
@@ -1011,7 +1038,11 @@ impl Agent {
             }
         }
         let Some((ws, target)) = connected else { bail!("no coordinator answered: {}", failed.join("; ")) };
-        self.coordinators.used(target);
+        if let Some(key) = self.coordinators.used(target) {
+            // An agent registered before identity keys: the first key met is kept.
+            let mut id = id.clone();
+            identity::pin(&self.data_dir, &mut id, &key)?;
+        }
         let (mut sink, mut stream) = ws.split();
         let mut hello = self.hello_base.clone();
         hello.running = self.holds.iter().copied().collect();

@@ -92,6 +92,11 @@ pub struct ClientArgs {
     /// The coordinator's data dir (to find the API token on the same machine).
     #[arg(long, env = "GPUCI_DATA_DIR", global = true)]
     pub data_dir: Option<PathBuf>,
+    /// The coordinators' identity key (`ed25519:…`, in the coordinator's data dir as
+    /// coordinator-key.pub; read from there by default): the API token goes only to an
+    /// address that proves it.
+    #[arg(long, env = "GPUCI_COORDINATOR_KEY", global = true)]
+    pub coordinator_key: Option<String>,
     /// Machine-readable output on stdout.
     #[arg(long, global = true)]
     pub json: bool,
@@ -363,6 +368,11 @@ pub struct AgentArgs {
     /// Read the registration token from this file.
     #[arg(long, env = "GPUCI_REGISTRATION_TOKEN_FILE")]
     pub registration_token_file: Option<PathBuf>,
+    /// The coordinators' identity key (`ed25519:…`, in the coordinator's data dir as
+    /// coordinator-key.pub): no address that cannot prove it is sent any credential, the
+    /// registration token included. Default: pinned at registration (first use).
+    #[arg(long, env = "GPUCI_COORDINATOR_KEY")]
+    pub coordinator_key: Option<String>,
     /// Default: $XDG_DATA_HOME/gpuci-agent or ~/.local/share/gpuci-agent.
     #[arg(long, env = "GPUCI_AGENT_DATA_DIR")]
     pub data_dir: Option<PathBuf>,

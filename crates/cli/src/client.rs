@@ -20,20 +20,21 @@ impl Client {
         Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
     }
 
-    /// A client of the coordinator that leads among `servers` (see [`leader`]).
-    pub fn of_leader(servers: &[String], token: &str) -> CliResult<Self> {
+    /// A client of the coordinator that leads among `servers` (see [`leader`]) and proves the
+    /// identity key `pin` (when one is given).
+    pub fn of_leader(servers: &[String], token: &str, pin: Option<String>) -> CliResult<Self> {
         let urls = gpuci_agent::follow::parse_urls(servers).map_err(|e| CliError::Input(format!("--server: {e}")))?;
-        let target = leader(urls)?;
+        let target = leader(urls, pin)?;
         let http = target.client(reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5)))?;
         Ok(Client { http, base: target.base, token: token.to_string() })
     }
 
-    /// From `--server`/`--token`, or the token file in the data dir.
+    /// From `--server`/`--token`/`--coordinator-key`, or the token and key files in the data dir.
     pub fn from_args(a: &ClientArgs) -> CliResult<Self> {
+        let dir = a.data_dir.clone().unwrap_or_else(|| default_data_dir("gpuci"));
         let token = match &a.token {
             Some(t) => t.clone(),
             None => {
-                let dir = a.data_dir.clone().unwrap_or_else(|| default_data_dir("gpuci"));
                 let path = dir.join("api-token");
                 std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|e| {
                     CliError::Input(format!(
@@ -43,7 +44,24 @@ impl Client {
                 })?
             }
         };
-        Self::of_leader(&a.server, &token)
+        let pin = match &a.coordinator_key {
+            Some(k) => Some(
+                gpuci_core::coordinator_identity::parse_key(k)
+                    .map_err(|e| CliError::Input(format!("--coordinator-key: {e}")))?,
+            ),
+            // On the coordinator's machine: the key it wrote beside the token.
+            None => std::fs::read_to_string(dir.join(gpuci_coordinator::identity::PUBLIC_KEY_FILE))
+                .ok()
+                .and_then(|k| gpuci_core::coordinator_identity::parse_key(&k).ok()),
+        };
+        if pin.is_none() && a.server.len() > 1 {
+            eprintln!(
+                "note: no coordinator identity key pinned (--coordinator-key or GPUCI_COORDINATOR_KEY; the \
+                 coordinator's data dir has it as coordinator-key.pub): the API token goes to whichever address \
+                 leads"
+            );
+        }
+        Self::of_leader(&a.server, &token, pin)
     }
 
     fn url(&self, path: &str) -> String {
@@ -384,8 +402,8 @@ const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 /// Asked on a thread of its own with its own runtime: `from_args` is called from async
 /// commands on a current-thread runtime, where it cannot wait on a future, and making it
 /// async would change every command for a moment's wait at start.
-fn leader(urls: Vec<String>) -> CliResult<gpuci_agent::follow::Target> {
-    let coordinators = gpuci_agent::follow::Coordinators::new(urls);
+fn leader(urls: Vec<String>, pin: Option<String>) -> CliResult<gpuci_agent::follow::Target> {
+    let coordinators = gpuci_agent::follow::Coordinators::new(urls).with_pin(pin);
     let asked = std::thread::scope(|scope| {
         scope
             .spawn(|| {

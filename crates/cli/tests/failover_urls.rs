@@ -119,9 +119,15 @@ fn status(url: &str, path: &str) -> Option<u16> {
 
 /// An agent given every coordinator's URL.
 fn agent(urls: &str, registration_token: &str, dir: &Path) -> Agent {
+    agent_with(urls, registration_token, dir, &[])
+}
+
+fn agent_with(urls: &str, registration_token: &str, dir: &Path, extra: &[&str]) -> Agent {
     let iso = isolation();
     let child = Command::new(BIN)
-        .args(["agent", "--server", urls, "--registration-token", registration_token, "--data-dir"])
+        .args(["agent", "--server", urls, "--registration-token", registration_token])
+        .args(extra)
+        .arg("--data-dir")
         .arg(dir)
         .args(["--name", "ha-agent", "--slots", "2", "--simulate-gpus", "2xH100-80GB", "--isolation", iso])
         .args((iso == "none").then_some("--allow-unsandboxed"))
@@ -364,4 +370,123 @@ fn a_leader_cut_off_from_its_database_steps_aside_and_does_not_lead_again_when_h
     api.wait_agents(1, T);
     let after = api.submit(&std::fs::read_to_string(pipeline_file(dir.path(), "q", 0)).unwrap());
     settled_once(&api, after.id);
+}
+
+/// Something else answering at a listed address (a retired coordinator's address given to
+/// another host, a rogue service): it says it leads, proves a key of its own (or, `legacy`,
+/// answers the identity challenge 404 like a coordinator too old to have one), and records
+/// every request it is sent.
+struct Impostor {
+    url: String,
+    heard: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    legacy: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Impostor {
+    fn start(ip: &str) -> Impostor {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let legacy = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let own = gpuci_core::coordinator_identity::SigningIdentity::from_secret(&[42; 32]);
+        let (h, l) = (heard.clone(), legacy.clone());
+        std::thread::spawn(move || {
+            for mut s in listener.incoming().flatten() {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut buf = vec![0u8; 64 << 10];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                let line = req.lines().next().unwrap_or_default().to_string();
+                let host = req
+                    .lines()
+                    .find_map(|l| l.strip_prefix("host: ").or_else(|| l.strip_prefix("Host: ")))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string();
+                h.lock().unwrap().push(req);
+                let (status, body) = if line.starts_with("GET /api/v1/identity") {
+                    let nonce = line.split("nonce=").nth(1).and_then(|r| r.split([' ', '&']).next()).unwrap_or("");
+                    match own.prove(nonce, &host) {
+                        Ok(p) if !l.load(std::sync::atomic::Ordering::SeqCst) => {
+                            (200, serde_json::to_string(&p).unwrap())
+                        }
+                        _ => (404, String::new()),
+                    }
+                } else {
+                    (200, "{}".to_string())
+                };
+                let _ = s.write_all(
+                    format!("HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len())
+                        .as_bytes(),
+                );
+            }
+        });
+        Impostor { url, heard, legacy }
+    }
+
+    /// Requests it was sent that carried a credential, or the `secret` anywhere.
+    fn given_credentials(&self, secret: &str) -> Vec<String> {
+        let heard = self.heard.lock().unwrap();
+        heard
+            .iter()
+            .filter(|r| r.to_ascii_lowercase().contains("\nauthorization:") || r.contains(secret))
+            .map(|r| r.lines().next().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    fn identity_asks(&self) -> usize {
+        self.heard.lock().unwrap().iter().filter(|r| r.starts_with("GET /api/v1/identity")).count()
+    }
+}
+
+/// An impostor listed before the real coordinator (both say they lead): with the key given,
+/// the agent registers and connects with the real one only, and the CLI lists jobs there;
+/// the impostor is asked to prove the key and is sent nothing else. An agent that pinned the
+/// key when it registered (no key given) later refuses the impostor, even one answering like
+/// a coordinator too old to prove a key, while the real coordinator is down. Before the proof
+/// existed, the agent registered with the first address that answered `/readyz` 200.
+#[test]
+fn an_address_that_cannot_prove_the_coordinators_key_is_never_sent_a_credential() {
+    let dir = tempdir();
+    let real = Coord::start(&dir.path().join("a"), &free_address("127.0.0.1"), &[]);
+    real.wait_leading(T);
+    let key = std::fs::read_to_string(real.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
+    assert!(key.starts_with("ed25519:"), "{key}");
+    let reg = std::fs::read_to_string(real.data_dir.join("registration-token")).unwrap().trim().to_string();
+    let impostor = Impostor::start("127.0.0.2");
+    let urls = format!("{},{}", impostor.url, real.url());
+
+    // Given the key.
+    let given = agent_with(&urls, &reg, &dir.path().join("agent-given"), &["--coordinator-key", &key]);
+    real.api().wait_agents(1, T);
+    let token = real.token();
+    let out = Command::new(BIN)
+        .args(["jobs", "--json", "--server", &urls, "--token", &token, "--coordinator-key", &key])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(impostor.identity_asks() >= 2, "the impostor was asked to prove the key");
+    assert_eq!(impostor.given_credentials(&reg), Vec::<String>::new(), "the impostor was sent a credential");
+    assert_eq!(impostor.given_credentials(&token), Vec::<String>::new());
+    drop(given);
+
+    // Pinned at registration through the real coordinator alone; later the real one is down
+    // and the impostor (too old to prove a key, it says) is listed first.
+    let pinned_dir = dir.path().join("agent-pinned");
+    let first = agent(&real.url(), &reg, &pinned_dir);
+    wait_until("the second agent connects", T, || real.api().agents().len() == 2);
+    let stored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(pinned_dir.join("agent.json")).unwrap()).unwrap();
+    assert_eq!(stored["coordinator_key"], serde_json::Value::String(key.clone()), "{stored}");
+    drop(first);
+    drop(real);
+    impostor.legacy.store(true, std::sync::atomic::Ordering::SeqCst);
+    let asked_before = impostor.identity_asks();
+    let later = agent(&urls, &reg, &pinned_dir);
+    wait_until("the agent asks the impostor to prove the key, twice", T, || {
+        impostor.identity_asks() >= asked_before + 2
+    });
+    drop(later);
+    assert_eq!(impostor.given_credentials(&reg), Vec::<String>::new(), "the impostor was sent a credential");
 }

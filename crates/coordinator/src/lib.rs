@@ -22,6 +22,7 @@ mod fleet_inputs;
 pub mod fleets;
 pub mod github;
 pub mod hub;
+pub mod identity;
 mod job_cost;
 pub mod live;
 pub mod metrics;
@@ -199,6 +200,8 @@ pub struct AppState {
     pub registration_token: Secret,
     /// Seals secret values before they are stored ([`vault`]).
     pub secrets_key: Arc<gpuci_store::SecretsKey>,
+    /// The installation's identity key, proved to agents and the CLI ([`identity`]).
+    pub identity: Arc<gpuci_core::coordinator_identity::SigningIdentity>,
     /// Opens secrets encrypted in pipeline files; its current public key is handed out.
     pub repo_keys: Arc<std::sync::RwLock<gpuci_repo_secrets::KeyRing>>,
     pub conn_seq: Arc<AtomicU64>,
@@ -308,6 +311,7 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/github/webhook", post(github::webhook::receive).layer(webhook_limit))
         .route("/healthz", get(api::server_info))
         .route("/readyz", get(api::ready))
+        .route("/api/v1/identity", get(identity::prove))
         .route("/metrics", get(metrics::scrape))
         .merge(ui::router())
         .fallback(|| async {
@@ -321,6 +325,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     use utoipa::OpenApi;
     let mut doc = api::ApiDoc::openapi();
     doc.merge(secrets::SecretsDoc::openapi());
+    doc.merge(identity::IdentityDoc::openapi());
     doc.merge(artifacts::ArtifactsDoc::openapi());
     doc.merge(dynamic_steps::DynamicStepsDoc::openapi());
     doc.merge(github::webhook::WebhookDoc::openapi());
@@ -438,6 +443,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         .context("[dashboard] public_repositories")?;
     let metrics = Arc::new(metrics::Metrics::new());
     let secrets_key = Arc::new(vault::unlock(store.as_ref(), &config.secrets_key_source()).await?);
+    let identity = Arc::new(
+        identity::load_or_create(store.as_ref(), &secrets_key, &config.data_dir)
+            .await
+            .context("the coordinator identity key")?,
+    );
     // The keys secrets encrypted in pipeline files open with: beside the database, never in it.
     let keys_dir = config.data_dir.join(REPO_SECRETS_KEYS);
     let repo_keys = Arc::new(std::sync::RwLock::new(
@@ -522,6 +532,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         api_token: api_token.clone(),
         registration_token: registration_token.clone(),
         secrets_key,
+        identity,
         repo_keys,
         conn_seq: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),

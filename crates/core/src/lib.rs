@@ -24,6 +24,7 @@ pub mod builds;
 pub mod cache;
 pub mod concurrency;
 pub mod condition;
+pub mod coordinator_identity;
 pub mod coordinators;
 pub mod duration;
 pub mod fleet;

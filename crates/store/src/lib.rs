@@ -17,6 +17,7 @@
 
 mod artifacts;
 pub mod compat;
+mod coordinator_identity;
 mod job_tokens;
 mod postgres;
 mod records;
@@ -25,6 +26,7 @@ mod sealing;
 mod sqlite;
 
 pub use artifacts::{ArtifactRecord, TestReportRecord};
+pub use coordinator_identity::StoredIdentity;
 pub use job_tokens::JobTokenRecord;
 pub use postgres::{redact_url, Claim, PostgresStore, SoleUseHeld, IDLE_IN_TRANSACTION};
 pub use records::*;
@@ -434,6 +436,11 @@ pub trait Store: Send + Sync + 'static {
     /// Count an upload of `job` that added nothing (a bad file): refused uploads use up the
     /// job's uploads too, so a flood of them ends at the cap.
     async fn count_failed_upload(&self, job: JobId) -> Result<()>;
+
+    // The installation's identity key.
+    /// The stored identity; when there is none yet, `new` is stored first (the first
+    /// coordinator of a database makes it; a concurrent one reads the winner's).
+    async fn coordinator_identity(&self, new: &StoredIdentity, now_ms: i64) -> Result<StoredIdentity>;
     /// One upload of job `by`: `jobs` added (to the pipelines they name) and the job's upload
     /// count raised, in one commit. `None`, and nothing added, when the job has no token row
     /// or has made `max_uploads` already.

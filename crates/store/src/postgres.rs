@@ -1529,6 +1529,10 @@ impl Store for PostgresStore {
         crate::job_tokens::postgres::delete(&self.pool, job).await
     }
 
+    async fn coordinator_identity(&self, new: &crate::StoredIdentity, now_ms: i64) -> Result<crate::StoredIdentity> {
+        crate::coordinator_identity::postgres::get_or_put(&self.pool, new, now_ms).await
+    }
+
     async fn count_failed_upload(&self, job: JobId) -> Result<()> {
         crate::job_tokens::postgres::count_failed(&self.pool, job).await
     }

@@ -1147,6 +1147,10 @@ impl Store for SqliteStore {
         crate::job_tokens::sqlite::delete(&self.pool, job).await
     }
 
+    async fn coordinator_identity(&self, new: &crate::StoredIdentity, now_ms: i64) -> Result<crate::StoredIdentity> {
+        crate::coordinator_identity::sqlite::get_or_put(&self.pool, new, now_ms).await
+    }
+
     async fn count_failed_upload(&self, job: JobId) -> Result<()> {
         crate::job_tokens::sqlite::count_failed(&self.pool, job).await
     }

@@ -27,6 +27,7 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
         ),
         (None, None) => None,
     };
+    c.coordinator_key = a.coordinator_key;
     if let Some(n) = a.name {
         c.name = n;
     }

@@ -1,0 +1,131 @@
+//! This installation's identity key ([`gpuci_core::coordinator_identity`]): made once per
+//! database by the first coordinator that starts, its secret sealed with the secrets key and
+//! kept in the database, so every coordinator of that database (a standby, a restart, a
+//! rolling upgrade) proves the same key. Agents and the CLI pin it and ask for a proof
+//! (`GET /api/v1/identity?nonce=…`) before they send an address any credential.
+//!
+//! The public key is also written to `<data-dir>/coordinator-key.pub`, for an operator to
+//! hand to agents (`--coordinator-key`) and for the CLI on this host.
+//!
+//! Must not: hand out or log the secret; answer without a well-formed nonce.
+
+use crate::api::ApiError;
+use crate::AppState;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use gpuci_core::coordinator_identity::{IdentityProof, SigningIdentity, SECRET_LEN};
+use gpuci_store::{SecretsKey, Store, StoredIdentity};
+use std::path::Path;
+
+/// The name the secret is sealed under (binds the sealed value to this use).
+const SEALED_AS: &str = "gpuci:coordinator-identity";
+/// The file beside the data dir's tokens that holds the public key.
+pub const PUBLIC_KEY_FILE: &str = "coordinator-key.pub";
+
+/// The installation's key: the stored one, or a new one stored now.
+pub async fn load_or_create(store: &dyn Store, key: &SecretsKey, data_dir: &Path) -> anyhow::Result<SigningIdentity> {
+    let fresh = SigningIdentity::from_secret(&rand::random::<[u8; SECRET_LEN]>());
+    let new = StoredIdentity {
+        public_key: fresh.public_key(),
+        sealed_secret: key.seal(SEALED_AS, &hex::encode(fresh.secret())),
+    };
+    let stored = store.coordinator_identity(&new, crate::brain::now_ms()).await?;
+    let opened = key.open(SEALED_AS, &stored.sealed_secret).map_err(|e| {
+        anyhow::anyhow!(
+            "the coordinator identity key in the database does not open with this coordinator's secrets key \
+             (key {}): {e}; every coordinator of one database needs the same secrets key file",
+            key.id()
+        )
+    })?;
+    let secret: [u8; SECRET_LEN] = hex::decode(opened.trim())
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| anyhow::anyhow!("the coordinator identity key in the database is malformed"))?;
+    let identity = SigningIdentity::from_secret(&secret);
+    if identity.public_key() != stored.public_key {
+        anyhow::bail!(
+            "the coordinator identity key in the database does not match its public key {}",
+            stored.public_key
+        );
+    }
+    let file = data_dir.join(PUBLIC_KEY_FILE);
+    if std::fs::read_to_string(&file).ok().as_deref().map(str::trim) != Some(identity.public_key().as_str()) {
+        std::fs::write(&file, format!("{}\n", identity.public_key()))
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
+    }
+    if stored.sealed_secret == new.sealed_secret {
+        tracing::info!(key = %identity.public_key(), file = %file.display(), "made this installation's coordinator identity key; agents and the CLI pin it");
+    } else {
+        tracing::info!(key = %identity.public_key(), "coordinator identity key");
+    }
+    Ok(identity)
+}
+
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+pub struct Challenge {
+    /// 64 lowercase hex digits, fresh for each ask.
+    nonce: String,
+}
+
+/// Proves this coordinator holds the installation's key: signs the nonce and the host the
+/// request named. No credential needed: it is asked before one is sent.
+#[utoipa::path(get, path = "/api/v1/identity", params(Challenge), security(()),
+    responses((status = 200, body = IdentityProof), (status = 400, body = gpuci_protocol::api::ErrorBody, description = "no well-formed nonce or Host")))]
+pub async fn prove(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+    Query(c): Query<Challenge>,
+) -> Result<Json<IdentityProof>, ApiError> {
+    // HTTP/1.1 names it in `Host`; HTTP/2 in the request's authority.
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| uri.authority().map(|a| a.as_str()))
+        .filter(|h| !h.is_empty() && h.len() <= 255)
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "the request names no Host"))?;
+    st.identity.prove(&c.nonce, host).map(Json).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(prove), components(schemas(IdentityProof)))]
+pub struct IdentityDoc;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests: a panic is the failure report
+mod tests {
+    use super::*;
+    use gpuci_store::SqliteStore;
+
+    fn fresh_dir(tag: &str) -> std::path::PathBuf {
+        let d =
+            std::env::temp_dir().join(format!("gpuci-identity-{tag}-{}-{}", std::process::id(), rand::random::<u64>()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Every coordinator of one database proves one key (a restart, a standby with the same
+    /// secrets key); a coordinator with another secrets key is refused at start, naming why,
+    /// rather than proving a key of its own that every pinned agent would refuse.
+    #[tokio::test]
+    async fn one_database_one_key_and_a_wrong_secrets_key_is_refused() {
+        let dir = fresh_dir("a");
+        let store = SqliteStore::open(&dir.join("gpuci.db")).await.unwrap();
+        let (key, bytes) = SecretsKey::generate();
+        let a = load_or_create(&store, &key, &dir).await.unwrap();
+        let b = load_or_create(&store, &SecretsKey::from_bytes(&bytes), &dir).await.unwrap();
+        assert_eq!(a.public_key(), b.public_key());
+        let written = std::fs::read_to_string(&dir.join(PUBLIC_KEY_FILE)).unwrap();
+        assert_eq!(written.trim(), a.public_key());
+        let (other, _) = SecretsKey::generate();
+        let e = load_or_create(&store, &other, &dir).await.unwrap_err().to_string();
+        assert!(e.contains("same secrets key"), "{e}");
+        // Another database: another installation, another key.
+        let dir2 = fresh_dir("b");
+        let store2 = SqliteStore::open(&dir2.join("gpuci.db")).await.unwrap();
+        assert_ne!(load_or_create(&store2, &key, &dir2).await.unwrap().public_key(), a.public_key());
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&dir2);
+    }
+}
