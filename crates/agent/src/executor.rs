@@ -403,12 +403,18 @@ async fn execute(
     // what no default coordinator would take.
     let (uploads, max_file) = (ctx.uploads.as_ref(), gpuci_core::artifacts::Limits::default().max_file);
     let spec = &a.step.artifacts;
-    crate::artifacts_http::upload(a.job_id, "artifacts", spec, max_file, uploads, &workspace, succeeded, &log).await;
+    let mut lost =
+        crate::artifacts_http::upload(a.job_id, "artifacts", spec, max_file, uploads, &workspace, succeeded, &log)
+            .await;
     // Test reports whatever the outcome: a failing step's report is the one people read.
     let reports = gpuci_core::artifacts::ArtifactSpec { paths: a.step.test_reports.clone(), when: Default::default() };
     let max_report = gpuci_core::test_report::MAX_REPORT_BYTES;
-    crate::artifacts_http::upload(a.job_id, "test reports", &reports, max_report, uploads, &workspace, true, &log)
-        .await;
+    lost.extend(
+        crate::artifacts_http::upload(a.job_id, "test reports", &reports, max_report, uploads, &workspace, true, &log)
+            .await,
+    );
+    // Green means the artifacts are there: one the coordinator could not store fails the step.
+    result.0 = crate::transfer_retry::outcome_after_uploads(result.0, &lost);
     save_cache(a, ctx, &workspace, out).await;
     if let Err(e) = remove_workspace(&workspace).await {
         tracing::warn!(job = a.job_id, error = %e, "could not remove workspace");
@@ -590,6 +596,7 @@ fn steps_socket(
         agent_id: source.agent_id.clone(),
         credential: String::new(),
         cache_dir: source.cache_dir.clone(),
+        retry: source.retry,
     };
     match crate::steps_proxy::StepsProxy::start(a.job_id, workspace, slot.map(|s| s.user()), source) {
         Ok((proxy, url)) => {

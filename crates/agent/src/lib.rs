@@ -29,6 +29,7 @@ pub mod series;
 pub mod slots;
 pub mod steps_proxy;
 pub mod tenancy;
+mod transfer_retry;
 pub mod unenforced;
 pub mod workspace;
 

@@ -1,6 +1,8 @@
 //! A job's workspace from its pipeline's upload: download the gzip'ed tar from the coordinator
 //! (with this agent's credential), keep it in a small cache under `<data-dir>/uploads/` (named
-//! by its sha256, checked before every use), and unpack it into the workspace.
+//! by its sha256, checked before every use), and unpack it into the workspace. A download
+//! cut off or answered 5xx (a coordinator failover) is made again from its start, at the
+//! coordinator leading then, within the bound of [`crate::transfer_retry`].
 //!
 //! Unpacking guarantees that, whatever the order of the entries, nothing is written outside the
 //! workspace and no link is left in it that leads outside. It refuses, and fails the job on
@@ -14,6 +16,7 @@
 //! the link's relative target from another directory); device files and FIFOs. Ownership,
 //! set-id bits and extended attributes from the archive are not kept; the permission bits are.
 
+use crate::transfer_retry::{retry, Failure};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use std::io::Write;
@@ -51,6 +54,8 @@ pub struct UploadSource {
     pub agent_id: String,
     pub credential: String,
     pub cache_dir: PathBuf,
+    /// How a transfer cut off (a failover) is tried again.
+    pub retry: crate::transfer_retry::Policy,
 }
 
 impl std::fmt::Debug for UploadSource {
@@ -82,7 +87,14 @@ impl UploadSource {
             .connect_timeout(Duration::from_secs(30))
             .read_timeout(Duration::from_secs(120))
             .build()?;
-        Ok(UploadSource { http, server, agent_id: agent_id.to_string(), credential: credential.to_string(), cache_dir })
+        Ok(UploadSource {
+            http,
+            server,
+            agent_id: agent_id.to_string(),
+            credential: credential.to_string(),
+            cache_dir,
+            retry: Default::default(),
+        })
     }
 
     /// The cached archive of upload `id`, downloaded if it is not cached (or the cached copy
@@ -107,7 +119,30 @@ impl UploadSource {
             tracing::warn!(upload = id, "cached upload does not match its id; downloading again");
             let _ = std::fs::remove_file(&path);
         }
-        let download = |reason: String| WorkspaceError::Download { id: id.into(), reason };
+        let tmp = self.cache_dir.join(format!(".download-{id}-{}", rand::random::<u64>()));
+        // A try cut off or answered 5xx (a failover) is made again, at the coordinator leading
+        // then and from the start of the file; a final answer ends the tries as it is.
+        let on_retry = |e: &Failure, wait: Duration| {
+            tracing::warn!(upload = id, error = %e, wait_ms = wait.as_millis() as u64, "upload download cut off; trying again");
+        };
+        let result = match retry(&self.retry, || self.download_once(id, &path, &tmp), on_retry).await {
+            Ok(done) => done,
+            Err(gave_up) => Err(WorkspaceError::Download { id: id.into(), reason: gave_up.to_string() }),
+        };
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result?;
+        self.prune(id);
+        Ok(path)
+    }
+
+    /// One try of downloading upload `id` into `tmp` (made anew) and renaming it to `path`.
+    /// `Err`: the try failed and may be made again (or not: [`Failure::is_transient`]);
+    /// `Ok(Err)`: a final answer (gone, a checksum that does not match, the cache's disk).
+    async fn download_once(&self, id: &str, path: &Path, tmp: &Path) -> Result<Result<(), WorkspaceError>, Failure> {
+        let cache = |path: &Path, source| WorkspaceError::Cache { id: id.into(), path: path.to_path_buf(), source };
+        // The coordinator leading now (after a failover, the new one).
         let url = format!("{}/api/v1/uploads/{id}", self.server);
         let resp = self
             .http
@@ -116,7 +151,7 @@ impl UploadSource {
             .header("x-gpuci-agent-id", &self.agent_id)
             .send()
             .await
-            .map_err(|e| download(format!("GET {url}: {e}")))?;
+            .map_err(|e| Failure::Transport(format!("GET {url}: {e}")))?;
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();
@@ -126,39 +161,48 @@ impl UploadSource {
                 .unwrap_or_else(|_| body.trim().to_string());
             if status == reqwest::StatusCode::GONE {
                 let message = if message.contains(id) { message } else { format!("upload {id} is gone: {message}") };
-                return Err(WorkspaceError::Gone { id: id.into(), message });
+                return Ok(Err(WorkspaceError::Gone { id: id.into(), message }));
             }
-            return Err(download(format!("GET {url}: {status}: {message}")));
+            let failure =
+                Failure::Status { status: status.as_u16(), message: format!("GET {url}: {status}: {message}") };
+            if failure.is_transient() {
+                return Err(failure);
+            }
+            return Ok(Err(WorkspaceError::Download { id: id.into(), reason: failure.to_string() }));
         }
-        let tmp = self.cache_dir.join(format!(".download-{id}-{}", rand::random::<u64>()));
-        let result = async {
-            let mut file = {
-                use std::os::unix::fs::OpenOptionsExt;
-                std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)
+        let expected = resp.content_length();
+        // Each try writes the file from its start.
+        let _ = std::fs::remove_file(tmp);
+        let opened = {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(tmp)
+        };
+        let mut file = match opened {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(cache(tmp, e))),
+        };
+        let mut hasher = Sha256::new();
+        let mut got: u64 = 0;
+        let mut stream = resp.bytes_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk =
+                chunk.map_err(|e| Failure::Transport(format!("reading {url}: cut off after {got} bytes: {e}")))?;
+            got += chunk.len() as u64;
+            hasher.update(&chunk);
+            if let Err(e) = file.write_all(&chunk) {
+                return Ok(Err(cache(tmp, e)));
             }
-            .map_err(|e| cache(&tmp, e))?;
-            let mut hasher = Sha256::new();
-            let mut stream = resp.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| download(format!("reading {url}: {e}")))?;
-                hasher.update(&chunk);
-                file.write_all(&chunk).map_err(|e| cache(&tmp, e))?;
-            }
-            // Not synced: a copy torn by a crash is found out on its next use (its hash is
-            // checked against its id then) and fetched again. On the path to a job's start.
-            let actual = hex::encode(hasher.finalize());
-            if actual != id {
-                return Err(WorkspaceError::Checksum { id: id.into(), actual });
-            }
-            std::fs::rename(&tmp, &path).map_err(|e| cache(&path, e))
         }
-        .await;
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+        if expected.is_some_and(|n| got < n) {
+            return Err(Failure::Transport(format!("reading {url}: cut off after {got} bytes")));
         }
-        result?;
-        self.prune(id);
-        Ok(path)
+        // Not synced: a copy torn by a crash is found out on its next use (its hash is
+        // checked against its id then) and fetched again. On the path to a job's start.
+        let actual = hex::encode(hasher.finalize());
+        if actual != id {
+            return Ok(Err(WorkspaceError::Checksum { id: id.into(), actual }));
+        }
+        Ok(std::fs::rename(tmp, path).map_err(|e| cache(path, e)))
     }
 
     /// Keep the [`CACHE_KEEP`] most recently used uploads (and always `keep`).

@@ -82,6 +82,9 @@ impl JobState {
     }
 }
 
+/// How the reason of [`Outcome::ArtifactsLost`] begins.
+const ARTIFACTS_LOST: &str = "exited with code 0, but its artifacts were not stored";
+
 /// A small, fixed set of words for why a job ended, from its state and reason (a metric's
 /// label: bounded, unlike the reason itself).
 pub fn reason_class(state: JobState, reason: &str) -> &'static str {
@@ -94,6 +97,7 @@ pub fn reason_class(state: JobState, reason: &str) -> &'static str {
         JobState::Skipped => "skipped",
         JobState::TimedOut if r.starts_with("still queued") => "queue_timeout",
         JobState::TimedOut => "timeout",
+        JobState::Failed if r.starts_with(ARTIFACTS_LOST) => "artifacts_lost",
         JobState::Failed if r.starts_with("exited with code") => "exit_code",
         JobState::Failed if r.starts_with("killed by signal") => "signal",
         JobState::Failed if r.starts_with("out of memory") => "out_of_memory",
@@ -171,6 +175,12 @@ pub enum Outcome {
     Lost {
         reason: String,
     },
+    /// The job's command succeeded, but an artifact it names could not be stored: the
+    /// coordinator was unreachable or failing for the whole retry bound (not a cap, not a
+    /// file refused). Green must mean the artifacts are there.
+    ArtifactsLost {
+        error: String,
+    },
 }
 
 impl Outcome {
@@ -203,6 +213,7 @@ impl Outcome {
             ),
             Outcome::StartFailed { error } => (JobState::Failed, format!("could not start: {error}")),
             Outcome::Lost { reason } => (JobState::Lost, reason.clone()),
+            Outcome::ArtifactsLost { error } => (JobState::Failed, format!("{ARTIFACTS_LOST}: {error}")),
         }
     }
 
@@ -286,6 +297,16 @@ mod tests {
         assert!(!Queued.can_become(Lost));
         let e = transition("j1", Running, Queued).unwrap_err();
         assert_eq!(e.to_string(), "job j1: illegal transition running → queued");
+    }
+
+    #[test]
+    fn a_step_whose_artifacts_were_lost_fails_with_its_own_class() {
+        let (state, reason) =
+            Outcome::ArtifactsLost { error: "artifact \"a\" could not be stored: 503".into() }.verdict();
+        assert_eq!(state, Failed);
+        assert!(reason.contains("artifacts were not stored") && reason.contains("503"), "{reason}");
+        assert_eq!(reason_class(state, &reason), "artifacts_lost");
+        assert_eq!(reason_class(Failed, "exited with code 3"), "exit_code");
     }
 
     #[test]

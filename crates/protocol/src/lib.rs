@@ -13,7 +13,32 @@ pub mod api;
 /// job, `Hello::running` lists every job the agent holds.
 /// 3: `Paused` (an agent whose disk is nearly full takes no new jobs), `Hello::paused` and
 /// `Hello::journal_incomplete`.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: `Outcome::ArtifactsLost` (a step whose artifacts could not be stored fails).
+pub const PROTOCOL_VERSION: u32 = 4;
+
+/// The oldest agent protocol a coordinator still takes: during a rolling upgrade the
+/// coordinators go first and the agents follow (docs/ha.md), so a coordinator must take the
+/// agents of the version before it. An older agent sends nothing a newer coordinator cannot
+/// read (4 added an outcome only agents send), and the coordinator sends it nothing new.
+pub const OLDEST_AGENT_PROTOCOL: u32 = 3;
+
+/// Whether a coordinator of this build takes an agent that speaks `version`.
+pub fn takes_agent(version: u32) -> bool {
+    (OLDEST_AGENT_PROTOCOL..=PROTOCOL_VERSION).contains(&version)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Coordinators upgraded before their agents keep them: the version before is taken, a
+    /// newer one (an agent upgraded first) and a much older one are refused.
+    #[test]
+    fn a_coordinator_takes_agents_of_the_version_before() {
+        assert!(super::takes_agent(super::PROTOCOL_VERSION));
+        assert!(super::takes_agent(super::PROTOCOL_VERSION - 1));
+        assert!(!super::takes_agent(super::PROTOCOL_VERSION + 1));
+        assert!(!super::takes_agent(2));
+    }
+}
 
 /// Job ids are small integers people can type (`gpuci logs 42`).
 pub type JobId = i64;

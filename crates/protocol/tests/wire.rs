@@ -75,3 +75,13 @@ fn unknown_messages_are_errors_not_panics() {
     assert!(serde_json::from_str::<CoordinatorMessage>(r#"{"type": "reboot"}"#).is_err());
     assert!(serde_json::from_str::<AgentMessage>("not json").is_err());
 }
+
+/// Protocol 4: a step whose artifacts could not be stored (the coordinator unreachable past the
+/// agent's retries) ends with this outcome, and fails.
+#[test]
+fn an_artifacts_lost_outcome_has_a_stable_shape() {
+    let o = Outcome::ArtifactsLost { error: "artifact \"a.whl\" could not be stored: 503".into() };
+    let v = serde_json::to_value(&o).unwrap();
+    assert_eq!(v, json!({"kind": "artifacts_lost", "error": "artifact \"a.whl\" could not be stored: 503"}));
+    assert_eq!(serde_json::from_value::<Outcome>(v).unwrap(), o);
+}

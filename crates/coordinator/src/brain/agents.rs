@@ -67,11 +67,12 @@ impl Brain {
         hello: Hello,
         tx: AgentTx,
     ) -> Result<(), BrainError> {
-        if hello.protocol != gpuci_protocol::PROTOCOL_VERSION {
+        if !gpuci_protocol::takes_agent(hello.protocol) {
             let why = format!(
-                "agent speaks protocol {}, coordinator speaks {}",
+                "agent speaks protocol {}, coordinator speaks {} (and takes agents of {} and later)",
                 hello.protocol,
-                gpuci_protocol::PROTOCOL_VERSION
+                gpuci_protocol::PROTOCOL_VERSION,
+                gpuci_protocol::OLDEST_AGENT_PROTOCOL
             );
             let _ = tx.send(CoordinatorMessage::Refused { reason: why.clone() });
             return Err(BrainError::AgentRefused(why));
