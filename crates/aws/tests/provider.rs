@@ -63,6 +63,7 @@ fn request(spec: &FleetSpec, machine: &str, offer: usize, capacity: Capacity) ->
         agent: AgentLaunch {
             server: "https://gpuci.example.org".into(),
             registration_token: format!("gpuci_mreg.{machine}.00ff"),
+            coordinator_key: Some("ed25519:00".into()),
             tags,
             name: format!("{}-{machine}", spec.name),
             program: "/usr/local/bin/gpuci".into(),
@@ -103,6 +104,7 @@ async fn creates_lists_stops_starts_and_deletes_instances_by_their_tags() {
     use base64::Engine as _;
     let script = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(data).unwrap()).unwrap();
     assert!(script.contains("GPUCI_REGISTRATION_TOKEN='gpuci_mreg.m-1.00ff'"), "{script}");
+    assert!(script.contains("GPUCI_COORDINATOR_KEY='ed25519:00'\nexport GPUCI_COORDINATOR_KEY\n"), "{script}");
     assert!(script.contains("exec '/usr/local/bin/gpuci' 'agent' '--server' 'https://gpuci.example.org'"), "{script}");
     assert!(script.contains("'--tag' 'gpuci.machine=m-1'"), "{script}");
     let described = moto::query(&moto, &[("Action", "DescribeInstances"), ("InstanceId.1", &m.provider_id)]);

@@ -503,6 +503,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             coordinator_id: coordinator_id.expose().chars().filter(|c| c.is_ascii_alphanumeric()).take(24).collect(),
             server_url: format!("http://{addr}"),
             registration_token: registration_token.expose().to_string(),
+            coordinator_key: identity.public_key(),
             interval: config.fleet_interval,
             data_dir: config.data_dir.clone(),
             budgets: config.budgets.clone(),

@@ -622,6 +622,9 @@ impl KubeProvider {
             // container's termination message, and the fleet shows it.
             "terminationMessagePolicy": "FallbackToLogsOnError",
         });
+        if let (Some(k), Some(env)) = (&req.agent.coordinator_key, container["env"].as_array_mut()) {
+            env.push(json!({"name": "GPUCI_COORDINATOR_KEY", "value": k}));
+        }
         if let Some(p) = &s.image_pull_policy {
             container["imagePullPolicy"] = json!(p);
         }

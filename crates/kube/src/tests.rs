@@ -163,6 +163,7 @@ fn request(extra: &[&str]) -> CreateRequest {
         agent: gpuci_providers::AgentLaunch {
             server: "http://gpuci:8080".into(),
             registration_token: "gpuci_mreg.m-1.secret".into(),
+            coordinator_key: Some(format!("ed25519:{}", "ab".repeat(32))),
             tags: BTreeMap::new(),
             name: "k8s-gpu-m-1".into(),
             program: "gpuci".into(),
@@ -178,6 +179,12 @@ fn the_default_pod_is_user_namespaced_with_proc_unmasked_and_not_privileged() {
     let spec = &pod["spec"];
     assert_eq!(spec["hostUsers"], false, "{spec}");
     let sc = &spec["containers"][0]["securityContext"];
+    // The agent pins the coordinators' key from its first contact.
+    let env = spec["containers"][0]["env"].as_array().unwrap();
+    assert!(
+        env.iter().any(|e| e["name"] == "GPUCI_COORDINATOR_KEY" && e["value"] == format!("ed25519:{}", "ab".repeat(32))),
+        "{env:?}"
+    );
     assert_eq!(sc["procMount"], "Unmasked");
     assert_eq!(sc["capabilities"]["add"], json!(["SYS_ADMIN"]));
     assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");

@@ -53,6 +53,12 @@ pub struct AgentLaunch {
     /// token, see the coordinator's `auth::machine_token`). Never logged.
     #[serde(skip_serializing)]
     pub registration_token: String,
+    /// The coordinators' identity key (public), handed to the agent in
+    /// `GPUCI_COORDINATOR_KEY` so it sends even its registration token only to an address that
+    /// proves it (an agent too old to know the variable ignores it). `None`: the agent pins
+    /// the key it meets at registration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator_key: Option<String>,
     /// [`TAG_FLEET`] and [`TAG_MACHINE`] plus the fleet's machine tags.
     pub tags: BTreeMap<String, String>,
     pub name: String,
@@ -63,7 +69,8 @@ pub struct AgentLaunch {
 }
 
 impl AgentLaunch {
-    /// The command line that starts the agent (the token goes in `GPUCI_REGISTRATION_TOKEN`).
+    /// The command line that starts the agent (the token goes in `GPUCI_REGISTRATION_TOKEN`,
+    /// the coordinators' key in `GPUCI_COORDINATOR_KEY`).
     pub fn command(&self) -> Vec<String> {
         let mut c = vec![self.program.clone(), "agent".into(), "--server".into(), self.server.clone()];
         c.extend(["--name".into(), self.name.clone()]);
@@ -79,8 +86,12 @@ impl AgentLaunch {
     pub fn user_data(&self) -> String {
         let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
         let words: Vec<String> = self.command().iter().map(|w| quote(w)).collect();
+        let key = match &self.coordinator_key {
+            Some(k) => format!("GPUCI_COORDINATOR_KEY={}\nexport GPUCI_COORDINATOR_KEY\n", quote(k)),
+            None => String::new(),
+        };
         format!(
-            "#!/bin/sh\n# gpuci agent for fleet machine {}\nGPUCI_REGISTRATION_TOKEN={}\nexport GPUCI_REGISTRATION_TOKEN\nexec {}\n",
+            "#!/bin/sh\n# gpuci agent for fleet machine {}\nGPUCI_REGISTRATION_TOKEN={}\nexport GPUCI_REGISTRATION_TOKEN\n{key}exec {}\n",
             self.tags.get(TAG_MACHINE).map(String::as_str).unwrap_or("?"),
             quote(&self.registration_token),
             words.join(" ")

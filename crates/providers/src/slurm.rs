@@ -552,8 +552,12 @@ impl Provider for SlurmProvider {
         args.extend(self.sbatch_args.iter().cloned());
         let script = self.script(req);
         let token = req.agent.registration_token.as_str();
+        let mut env = vec![("GPUCI_REGISTRATION_TOKEN", token)];
+        if let Some(k) = &req.agent.coordinator_key {
+            env.push(("GPUCI_COORDINATOR_KEY", k.as_str()));
+        }
         let out = self
-            .run("sbatch", &args, &[("GPUCI_REGISTRATION_TOKEN", token)], Some(&script))
+            .run("sbatch", &args, &env, Some(&script))
             .await
             .map_err(|e| ProviderError::new(e.kind, self.redact(&e.message)))?;
         let id = out.trim().split(';').next().unwrap_or("").trim().to_string();

@@ -79,6 +79,7 @@ impl Host {
             agent: AgentLaunch {
                 server: "http://127.0.0.1:9".into(),
                 registration_token: format!("gpuci_mreg.{machine}.00ff"),
+                coordinator_key: None,
                 tags,
                 name: format!("{}-{machine}", spec.name),
                 program: self.program.display().to_string(),

@@ -22,17 +22,22 @@
 //! ([`gpuci_core::fleet::backoff`]: from 15 s, doubling per refusal in a row, reset by a
 //! success), kept per run as the coordinator keeps it; a stopped machine that could not start
 //! stays stopped.
+//!
+//! Layout: this file holds the event loop and the jobs' side; `autoscaling` plays the fleets
+//! loop (ask `decide`, apply its actions).
 
 use crate::bounds::cancel_times;
 use crate::profile::{Dist, OfferSim, SimProfile};
 use crate::rng::Rng;
 use crate::trace::TraceJob;
 use gpuci_core::fleet::{
-    decide, idle, offer_unavailable_after_error, Action, ArrivalProfile, AutoscaleInput, Backoffs, Capacity,
-    FleetHistory, FleetSpec, Machine, MachineState, QueuedJob, StepState, UnavailableOffer, UnixSecs,
+    idle, ArrivalProfile, Backoffs, Capacity, FleetHistory, FleetSpec, Machine, MachineState, QueuedJob,
+    UnavailableOffer, UnixSecs,
 };
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+mod autoscaling;
 
 /// How machines are managed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -761,208 +766,6 @@ impl<'a> Engine<'a> {
         self.queue_jobs.retain(|_| *it.next().unwrap_or(&true));
     }
 
-    fn autoscale(&mut self) {
-        let now = self.now;
-        self.unavailable.retain(|u| u.until > now);
-        self.backoffs.forget(now);
-        for spec in &self.fleets {
-            if let Some(times) = self.interruptions.get_mut(&spec.name) {
-                let keep = spec.spot_breaker.window_s + spec.spot_breaker.on_demand_for_s;
-                times.retain(|&t| t + keep > now);
-            }
-        }
-        if self.any_budget {
-            self.update_spend();
-        }
-        for h in self.history.values_mut() {
-            if let Some(p) = h.profile.as_mut() {
-                p.observe_until(now);
-            }
-        }
-        // The blocked jobs' expected starts (the gpuci policy only: the baselines react to the
-        // queue alone).
-        let upcoming = if self.mode == Mode::Decide {
-            let jobs = &self.jobs;
-            let (fleets, job_fleet) = (&self.fleets, &self.job_fleet);
-            self.pipelines.upcoming(
-                self.trace,
-                |j| match jobs[j].state {
-                    JobState::Pending | JobState::Blocked => Some(StepState::Blocked),
-                    JobState::Queued => Some(StepState::Queued),
-                    JobState::Running { start, .. } | JobState::Off { start } => {
-                        Some(StepState::Running { since: start })
-                    }
-                    JobState::Done => None,
-                },
-                |j| job_fleet[j].map(|f| fleets[f].name.clone()),
-                now,
-            )
-        } else {
-            Vec::new()
-        };
-        let decision = decide(&AutoscaleInput {
-            now,
-            fleets: &self.fleets,
-            queued: &self.queue,
-            machines: &self.live,
-            spend_today: &self.spend,
-            budgets: &[],
-            repo_spend_today: &BTreeMap::new(),
-            unavailable: &self.unavailable,
-            interruptions: &self.interruptions,
-            history: &self.history,
-            upcoming: &upcoming,
-        });
-        for action in decision.actions {
-            self.apply(action);
-        }
-        if let Some(w) = decision.wake_at.filter(|&w| w > now) {
-            if self.wakes.insert(w) {
-                self.push(w, Ev::Wake);
-            }
-        }
-    }
-
-    fn update_spend(&mut self) {
-        let day = self.now / 86_400;
-        if day != self.day {
-            self.day = day;
-            self.closed_today.iter_mut().for_each(|c| *c = 0.0);
-        }
-        let day_start = day * 86_400;
-        let mut spend = self.closed_today.clone();
-        for x in &self.extra {
-            if let Some(from) = x.billed_from {
-                spend[x.fleet] += self.now.saturating_sub(from.max(day_start)) as f64 * x.price_per_hour / 3600.0;
-            }
-        }
-        for (f, s) in spend.into_iter().enumerate() {
-            self.spend.insert(self.fleets[f].name.clone(), s);
-        }
-    }
-
-    fn machine_index(&self, id: &str) -> Option<usize> {
-        self.live.iter().position(|m| m.id == id)
-    }
-
-    fn apply(&mut self, action: Action) {
-        let now = self.now;
-        match action {
-            Action::Create { fleet, offer, capacity, .. } => {
-                let Some(f) = self.fleets.iter().position(|s| s.name == fleet) else { return };
-                if self.refused(f, offer, capacity, false) {
-                    self.tally[f].capacity_errors += 1;
-                    let skip = self.backoffs.error(offer_unavailable_after_error(&fleet, offer, capacity, now), now);
-                    self.unavailable.push(skip);
-                    self.wake_after_refusal();
-                    return;
-                }
-                self.backoffs.success(&fleet, offer, capacity);
-                let num = self.next_machine;
-                self.next_machine += 1;
-                let spec = &self.fleets[f];
-                let price = spec.offers.get(offer).map_or(0.0, |o| o.price(capacity));
-                self.live.push(Machine {
-                    id: format!("m-{num:07}"),
-                    fleet,
-                    offer,
-                    capacity,
-                    state: MachineState::Booting,
-                    created_at: now,
-                    since: now,
-                    gpus_busy: 0,
-                    jobs: Vec::new(),
-                    note: None,
-                });
-                self.extra.push(Extra {
-                    num,
-                    fleet: f,
-                    epoch: 0,
-                    billed_from: Some(now),
-                    price_per_hour: price,
-                    gpus: spec.machine.gpus,
-                    exists_from: now,
-                    stopped_from: None,
-                    disk_usd_per_hour: self.offers[f].get(offer).map_or(0.0, |o| o.disk_usd_per_hour),
-                    starting: false,
-                });
-                self.tally[f].launched += 1;
-                let boot = self.profiles[f].boot.sample(&mut self.rng_boot[f]);
-                self.push(now + boot, Ev::Ready { machine: num, epoch: 0 });
-                self.arm_interruption(self.live.len() - 1);
-            }
-            Action::Start { machine, .. } => {
-                let Some(k) = self.machine_index(&machine) else { return };
-                if self.live[k].state != MachineState::Stopped {
-                    return;
-                }
-                let f = self.extra[k].fleet;
-                let (offer, capacity) = (self.live[k].offer, self.live[k].capacity);
-                if self.refused(f, offer, capacity, true) {
-                    // It stays stopped; the autoscaler hears of it as of a failed create.
-                    self.tally[f].start_capacity_errors += 1;
-                    let name = self.fleets[f].name.clone();
-                    let skip = self.backoffs.error(offer_unavailable_after_error(&name, offer, capacity, now), now);
-                    self.unavailable.push(skip);
-                    self.wake_after_refusal();
-                    return;
-                }
-                let name = self.fleets[f].name.clone();
-                self.backoffs.success(&name, offer, capacity);
-                self.end_stopped(k);
-                self.extra[k].epoch += 1;
-                self.extra[k].billed_from = Some(now);
-                self.extra[k].starting = true;
-                self.live[k].state = MachineState::Booting;
-                self.live[k].since = now;
-                self.tally[f].starts += 1;
-                let t = self.profiles[f].start.sample(&mut self.rng_boot[f]);
-                let (num, epoch) = (self.extra[k].num, self.extra[k].epoch);
-                self.push(now + t, Ev::Ready { machine: num, epoch });
-                self.arm_interruption(k);
-            }
-            Action::Stop { machine, .. } => {
-                let Some(k) = self.machine_index(&machine) else { return };
-                let f = self.extra[k].fleet;
-                self.extra[k].epoch += 1;
-                self.live[k].state = MachineState::Stopping;
-                self.live[k].since = now;
-                let t = self.profiles[f].stop.sample(&mut self.rng_boot[f]);
-                let (num, epoch) = (self.extra[k].num, self.extra[k].epoch);
-                self.push(now + t, Ev::Stopped { machine: num, epoch });
-            }
-            Action::Delete { machine, .. } => {
-                if let Some(k) = self.machine_index(&machine) {
-                    self.close_billing(k);
-                    self.close_disk(k);
-                    self.remove(k);
-                }
-            }
-            Action::BootFailed { machine, .. } => {
-                if let Some(k) = self.machine_index(&machine) {
-                    self.tally[self.extra[k].fleet].boot_failures += 1;
-                    self.close_billing(k);
-                    self.close_disk(k);
-                    self.remove(k);
-                }
-            }
-        }
-    }
-
-    /// A spot machine gets its interruption time when it is created or started.
-    fn arm_interruption(&mut self, k: usize) {
-        if self.live[k].capacity != Capacity::Spot {
-            return;
-        }
-        let f = self.extra[k].fleet;
-        let rate = self.offers[f].get(self.live[k].offer).map_or(0.0, |o| o.spot_interruptions_per_hour) / 3600.0;
-        let after = self.rng_spot[f].exp(rate);
-        if after.is_finite() && after < 1e12 {
-            let (num, epoch) = (self.extra[k].num, self.extra[k].epoch);
-            self.push(self.now + (after.ceil() as u64).max(1), Ev::Interrupt { machine: num, epoch });
-        }
-    }
-
     /// Always-on: the peak number of machines per fleet, never more than its `max`, on-demand,
     /// connected from the start (bought ahead: no capacity error, no boot counted in waits).
     fn launch_always_on(&mut self, peak_machines: &[u32]) {
@@ -1017,22 +820,4 @@ fn adjust(f: &FleetSpec, mode: Mode) -> FleetSpec {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn outages_come_at_their_rate_last_their_length_and_repeat_for_a_seed() {
-        // 24 a day of 10 minutes: up 3600 s on average, then down 600 s → down 1/7 of the time.
-        let length = Dist::Fixed { s: 600.0 };
-        let mut o = Outages::new(Rng::new(3), 24.0, length, 0, Vec::new());
-        let samples = 200 * 1440; // every minute of 200 days
-        let down = (0..samples).filter(|&m| o.out_at(m * 60)).count() as f64 / samples as f64;
-        assert!((down - 1.0 / 7.0).abs() < 0.01, "{down}");
-        let mut a = Outages::new(Rng::new(9), 24.0, length, 0, Vec::new());
-        let mut b = Outages::new(Rng::new(9), 24.0, length, 0, Vec::new());
-        assert!((0..10_000).all(|t| a.out_at(t * 7) == b.out_at(t * 7)));
-        // No rate: only the known windows, `[from, to)`.
-        let mut w = Outages::new(Rng::new(1), 0.0, length, 0, vec![(100, 200)]);
-        assert_eq!([99, 100, 199, 200, 1_000_000].map(|t| w.out_at(t)), [false, true, true, false, false]);
-    }
-}
+mod tests;
