@@ -14,6 +14,18 @@
 //!   stores (MinIO, R2, moto) differ on the trailing-checksum (`aws-chunked`) encoding, and
 //!   the coordinator names every object by the sha256 of its bytes anyway.
 //!
+//! - Every call is bounded, so a hung or unreachable S3 fails a request in seconds, with a
+//!   one-line cause naming the endpoint, instead of holding it (outsider attack: a hung S3
+//!   held a 1-second job for two minutes). A connection must open within
+//!   [`CONNECT_TIMEOUT`]; a call without a body must be answered within [`CALL_TIMEOUT`] per
+//!   attempt, [`MAX_ATTEMPTS`] attempts. A call that sends a body (`PutObject`, `UploadPart`:
+//!   at most [`PART_BYTES`] each) gets [`CALL_TIMEOUT`] plus its size at [`MIN_RATE`] per
+//!   attempt: a large upload is cut only if one of its parts stops moving, never for its
+//!   total length; completing a multipart upload gets a minute plus the object's size at
+//!   16 MiB/s (S3 assembles the parts first). A download's body, once its headers came, may stream for as long as the
+//!   client reads, but S3 may not go silent for longer than [`BODY_IDLE`].
+//!   (The SDK's `read_timeout` is not used: it bounds sending the request body too.)
+//!
 //! What it must not do: decide what to keep (the coordinator's collectors do), or retry a
 //! failed multipart upload on its own beyond the SDK's per-request retries (the caller gets
 //! the error; the upload is aborted so no parts linger).
@@ -30,6 +42,20 @@ use std::time::Duration;
 /// smaller). S3's minimum part is 5 MiB and its most parts 10,000: 8 MiB parts carry objects
 /// up to 78 GiB, far above any cap gpuci sets.
 pub const PART_BYTES: u64 = 8 << 20;
+
+/// A TCP (and TLS) connection to the endpoint must be up within this.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// One attempt of a call without a body (and a `GetObject` until its headers): S3 answers
+/// these in milliseconds; ten seconds is a server in trouble.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts per call (the first and one retry, the SDK's standard back-off between): the
+/// caller (an agent's upload, a collector pass) tries again later on its own.
+pub const MAX_ATTEMPTS: u32 = 2;
+/// The slowest a body may go up before its attempt is given up: 256 KiB/s, so an 8 MiB
+/// part has 10 s + 32 s.
+pub const MIN_RATE: u64 = 256 << 10;
+/// How long a download's body may bring no byte.
+pub const BODY_IDLE: Duration = Duration::from_secs(30);
 
 /// Where the blobs are (`[blobs]` with `backend = "s3"`; docs/artifacts.md).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,11 +119,26 @@ fn http_client() -> aws_sdk_s3::config::SharedHttpClient {
         .build_https()
 }
 
-/// What S3 said, as one line: its code and message when it sent them.
-fn describe<E, R>(e: &aws_sdk_s3::error::SdkError<E, R>) -> String
+/// An error and its sources as one line, `outer: inner: …`, each said once (hyper repeats
+/// its cause). Never the `Debug` dump `DisplayErrorContext` appends.
+fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(e);
+    while let Some(err) = next {
+        let text = err.to_string().replace(['\n', '\r'], " ");
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    parts.join(": ")
+}
+
+/// What S3 said, as one line: its code and message when it sent them, else the cause (a
+/// refused connection, a timeout) and where it was sent (`(http://127.0.0.1:9)`).
+fn describe<E>(e: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>, at: &str) -> String
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug,
 {
     use aws_sdk_s3::error::SdkError;
     match e {
@@ -106,10 +147,69 @@ where
             match (err.code(), err.message()) {
                 (Some(c), Some(m)) => format!("{c}: {m}"),
                 (Some(c), None) => c.to_string(),
-                _ => format!("{}", aws_sdk_s3::error::DisplayErrorContext(e)),
+                // A HEAD's error has no body: the status is all there is.
+                _ => format!("HTTP {} from {at}", s.raw().status().as_u16()),
             }
         }
-        _ => format!("{}", aws_sdk_s3::error::DisplayErrorContext(e)),
+        _ => format!("{} ({at})", one_line(e)),
+    }
+}
+
+/// Timeouts for a call that sends `bytes` of body (module docs).
+fn body_timeouts(bytes: u64) -> aws_sdk_s3::config::Builder {
+    attempt_timeouts(CALL_TIMEOUT + Duration::from_secs(bytes / MIN_RATE))
+}
+
+/// Timeouts for completing a multipart upload of `bytes`: S3 assembles the parts before it
+/// answers (AWS: "could take several minutes", keeping the connection alive with
+/// whitespace), so a minute plus the object's size at 16 MiB/s.
+fn complete_timeouts(bytes: u64) -> aws_sdk_s3::config::Builder {
+    attempt_timeouts(Duration::from_secs(60 + bytes / (16 << 20)))
+}
+
+fn attempt_timeouts(attempt: Duration) -> aws_sdk_s3::config::Builder {
+    aws_sdk_s3::config::Builder::new().timeout_config(
+        aws_sdk_s3::config::timeout::TimeoutConfig::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .operation_attempt_timeout(attempt)
+            // Both attempts and the back-off between.
+            .operation_timeout(attempt * MAX_ATTEMPTS + Duration::from_secs(5))
+            .build(),
+    )
+}
+
+/// A download's body that fails when S3 sends nothing for [`BODY_IDLE`]. Only waits on S3
+/// count: the body is read when the client wants more, never ahead of it.
+struct IdleBody {
+    inner: Pin<Box<dyn tokio::io::AsyncRead + Send>>,
+    idle: Option<Pin<Box<tokio::time::Sleep>>>,
+    what: String,
+}
+
+impl tokio::io::AsyncRead for IdleBody {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::future::Future;
+        use std::task::Poll;
+        match self.inner.as_mut().poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                self.idle = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => {
+                let idle = self.idle.get_or_insert_with(|| Box::pin(tokio::time::sleep(BODY_IDLE)));
+                match idle.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("{}: S3 sent no byte for {}s", self.what, BODY_IDLE.as_secs()),
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
     }
 }
 
@@ -152,13 +252,14 @@ impl Bucket {
             .force_path_style(settings.path_style)
             .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
             .response_checksum_validation(ResponseChecksumValidation::WhenRequired)
-            .retry_config(aws_sdk_s3::config::retry::RetryConfig::standard().with_max_attempts(3))
+            .retry_config(aws_sdk_s3::config::retry::RetryConfig::standard().with_max_attempts(MAX_ATTEMPTS))
             .timeout_config(
                 aws_sdk_s3::config::timeout::TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(5))
-                    // No whole-operation timeout: a GET's body streams to a slow client
-                    // for as long as it takes; each attempt must start answering within this.
-                    .read_timeout(Duration::from_secs(60))
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    // A GetObject's operation ends with its headers: its body streams on,
+                    // watched by `IdleBody`. Calls with a body override these (`body_timeouts`).
+                    .operation_attempt_timeout(CALL_TIMEOUT)
+                    .operation_timeout(CALL_TIMEOUT * MAX_ATTEMPTS + Duration::from_secs(5))
                     .build(),
             );
         if let Some(url) = &settings.endpoint {
@@ -188,6 +289,27 @@ impl Bucket {
         S3Error::Service { bucket: self.settings.bucket.clone(), key: key.to_string(), operation, message }
     }
 
+    /// Where requests go, for messages: the endpoint, or AWS's for the region.
+    fn at(&self) -> String {
+        match &self.settings.endpoint {
+            Some(e) => e.clone(),
+            None => format!("AWS S3 in {}", self.settings.region),
+        }
+    }
+
+    /// [`S3Error::Service`] from what the SDK answered.
+    fn failed<E>(
+        &self,
+        key: &str,
+        operation: &'static str,
+        e: &aws_sdk_s3::error::SdkError<E, aws_sdk_s3::config::http::HttpResponse>,
+    ) -> S3Error
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        self.service(key, operation, describe(e, &self.at()))
+    }
+
     /// `HeadBucket`: the bucket exists and these credentials reach it.
     pub async fn check(&self) -> Result<(), S3Error> {
         self.client
@@ -196,7 +318,7 @@ impl Bucket {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| self.service("", "HeadBucket", describe(&e)))
+            .map_err(|e| self.failed("", "HeadBucket", &e))
     }
 
     /// Store the `bytes` bytes of `file` as `name` (a key under the prefix), replacing what
@@ -220,9 +342,11 @@ impl Bucket {
                 .key(&key)
                 .content_length(i64::try_from(bytes).unwrap_or(i64::MAX))
                 .body(body)
+                .customize()
+                .config_override(body_timeouts(bytes))
                 .send()
                 .await
-                .map_err(|e| self.service(&key, "PutObject", describe(&e)))?;
+                .map_err(|e| self.failed(&key, "PutObject", &e))?;
             return Ok(());
         }
         let created = self
@@ -232,7 +356,7 @@ impl Bucket {
             .key(&key)
             .send()
             .await
-            .map_err(|e| self.service(&key, "CreateMultipartUpload", describe(&e)))?;
+            .map_err(|e| self.failed(&key, "CreateMultipartUpload", &e))?;
         let Some(upload_id) = created.upload_id().map(str::to_string) else {
             return Err(self.service(&key, "CreateMultipartUpload", "the answer names no upload id".into()));
         };
@@ -252,9 +376,11 @@ impl Bucket {
                     .part_number(number)
                     .content_length(i64::try_from(length).unwrap_or(i64::MAX))
                     .body(body)
+                    .customize()
+                    .config_override(body_timeouts(length))
                     .send()
                     .await
-                    .map_err(|e| self.service(&key, "UploadPart", describe(&e)))?;
+                    .map_err(|e| self.failed(&key, "UploadPart", &e))?;
                 parts.push(CompletedPart::builder().part_number(number).set_e_tag(done.e_tag).build());
                 offset += length;
                 number += 1;
@@ -266,6 +392,8 @@ impl Bucket {
                 .key(&key)
                 .upload_id(&upload_id)
                 .multipart_upload(CompletedMultipartUpload::builder().set_parts(Some(parts)).build())
+                .customize()
+                .config_override(complete_timeouts(bytes))
                 .send()
                 .await;
             match completed {
@@ -277,10 +405,10 @@ impl Bucket {
                 Err(e) if e.raw_response().is_some_and(|r| r.status().as_u16() == 200) => {
                     match self.head(name).await? {
                         Some(n) if n == bytes => Ok(()),
-                        _ => Err(self.service(&key, "CompleteMultipartUpload", describe(&e))),
+                        _ => Err(self.failed(&key, "CompleteMultipartUpload", &e)),
                     }
                 }
-                Err(e) => Err(self.service(&key, "CompleteMultipartUpload", describe(&e))),
+                Err(e) => Err(self.failed(&key, "CompleteMultipartUpload", &e)),
             }
         }
         .await;
@@ -304,12 +432,16 @@ impl Bucket {
         match self.client.get_object().bucket(&self.settings.bucket).key(&key).send().await {
             Ok(o) => Ok(Object {
                 bytes: o.content_length().and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
-                body: Box::pin(o.body.into_async_read()),
+                body: Box::pin(IdleBody {
+                    inner: Box::pin(o.body.into_async_read()),
+                    idle: None,
+                    what: format!("s3://{}/{key} at {}", self.settings.bucket, self.at()),
+                }),
             }),
             Err(e) if e.as_service_error().is_some_and(|s| s.is_no_such_key()) => {
                 Err(S3Error::NotFound { bucket: self.settings.bucket.clone(), key })
             }
-            Err(e) => Err(self.service(&key, "GetObject", describe(&e))),
+            Err(e) => Err(self.failed(&key, "GetObject", &e)),
         }
     }
 
@@ -319,7 +451,7 @@ impl Bucket {
         match self.client.head_object().bucket(&self.settings.bucket).key(&key).send().await {
             Ok(o) => Ok(Some(o.content_length().and_then(|n| u64::try_from(n).ok()).unwrap_or(0))),
             Err(e) if e.as_service_error().is_some_and(|s| s.is_not_found()) => Ok(None),
-            Err(e) => Err(self.service(&key, "HeadObject", describe(&e))),
+            Err(e) => Err(self.failed(&key, "HeadObject", &e)),
         }
     }
 
@@ -333,7 +465,7 @@ impl Bucket {
             .send()
             .await
             .map(|_| ())
-            .map_err(|e| self.service(&key, "DeleteObject", describe(&e)))
+            .map_err(|e| self.failed(&key, "DeleteObject", &e))
     }
 
     /// Every object directly under `dir/` (a key under the prefix), all pages.
@@ -343,7 +475,7 @@ impl Bucket {
         let mut pages =
             self.client.list_objects_v2().bucket(&self.settings.bucket).prefix(&start).into_paginator().send();
         while let Some(page) = pages.next().await {
-            let page = page.map_err(|e| self.service(&start, "ListObjectsV2", describe(&e)))?;
+            let page = page.map_err(|e| self.failed(&start, "ListObjectsV2", &e))?;
             for o in page.contents() {
                 let Some(name) = o.key().and_then(|k| k.strip_prefix(&start)) else { continue };
                 if name.contains('/') {
@@ -352,10 +484,17 @@ impl Bucket {
                 out.push(Listed {
                     name: name.to_string(),
                     bytes: o.size().and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
-                    modified_ms: o.last_modified().map_or(0, |t| t.to_millis().unwrap_or(0)),
+                    // No date (a server that sends none): as if written now, so a collector's
+                    // grace period spares it rather than taking it as ancient.
+                    modified_ms: o.last_modified().and_then(|t| t.to_millis().ok()).unwrap_or_else(now_ms),
                 });
             }
         }
         Ok(out)
     }
+}
+
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }

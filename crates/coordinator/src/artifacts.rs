@@ -171,7 +171,7 @@ const MIN_FREE_DISK: u64 = 2 << 30;
         (status = 409, description = "the job has ended", body = ErrorBody),
         (status = 411, description = "no Content-Length", body = ErrorBody),
         (status = 413, description = "over a cap (per file, job or repository)", body = ErrorBody),
-        (status = 503, description = "the blob store (an S3 bucket) could not be written", body = ErrorBody),
+        (status = 503, description = "the blob store (an S3 bucket) could not be written: nothing was recorded; send it again", body = ErrorBody),
         (status = 507, description = "the coordinator's disk is nearly full", body = ErrorBody)))]
 pub async fn upload(
     State(st): State<AppState>,
@@ -276,10 +276,16 @@ pub async fn upload(
     if blobs.shared() {
         // A collector pass of this process that listed the blob as old before the write above
         // may have deleted it after (it held the gate, so it is over now); every later pass
-        // sees the row. So: there, or stored again.
+        // sees the row. So: there, or stored again. Stored again failing, the row goes: no row
+        // may name a blob that is not there (the agent is told 503 and sends it again).
         match blobs.exists(&sha256).await {
             Ok(true) => {}
-            Ok(false) => store_blob(blobs.as_ref(), &sha256, &tmp, bytes, id, &q.path).await?,
+            Ok(false) => {
+                if let Err(e) = store_blob(blobs.as_ref(), &sha256, &tmp, bytes, id, &q.path).await {
+                    let _ = st.store.delete_artifacts(&[(id, q.path.clone())]).await;
+                    return Err(e);
+                }
+            }
             Err(e) => tracing::warn!(error = %e, job = id, "could not check a stored artifact"),
         }
     }
@@ -303,9 +309,16 @@ async fn store_blob(
     path: &str,
 ) -> Result<(), ApiError> {
     blobs.store(sha256, staged, bytes).await.map(|_| ()).map_err(|e| {
-        tracing::error!(error = %e, job, "could not store an artifact");
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("storing artifact {path}: {e}"))
+        tracing::error!(error = %e, job, path, location = %blobs.location(), "could not store an artifact");
+        unavailable(&format!("artifact {path} was not stored"), &e)
     })
+}
+
+/// 503, which the agent sends again after a while: the blob store (an S3 bucket, or the
+/// local directory) could not be written or read. Never 2xx (the artifact would be lost with
+/// the job green), never 4xx (the request was fine) nor 507 (the coordinator's own disk).
+pub(crate) fn unavailable(what: &str, e: &BlobError) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the artifact store is unavailable: {e}; {what}"))
 }
 
 /// What job `id` has stored, without the artifact at `path` (an upload of the same path
@@ -390,7 +403,7 @@ pub async fn inputs(
         (status = 403, description = "the job is not this agent's", body = ErrorBody),
         (status = 404, description = "not one of the job's inputs", body = ErrorBody),
         (status = 409, description = "the job has ended", body = ErrorBody),
-        (status = 410, description = "deleted by retention", body = ErrorBody),
+        (status = 410, description = "recorded, but its blob is no longer in the store (removed outside gpuci)", body = ErrorBody),
         (status = 503, description = "the blob store (an S3 bucket) could not be read", body = ErrorBody)))]
 pub async fn input_blob(
     State(st): State<AppState>,
@@ -423,7 +436,7 @@ pub async fn list(
     responses((status = 200, description = "the bytes", content_type = "application/octet-stream", body = Vec<u8>),
         (status = 401, description = "missing or invalid API token", body = ErrorBody),
         (status = 404, description = "no such job or artifact", body = ErrorBody),
-        (status = 410, description = "deleted by retention", body = ErrorBody),
+        (status = 410, description = "recorded, but its blob is no longer in the store (removed outside gpuci)", body = ErrorBody),
         (status = 503, description = "the blob store (an S3 bucket) could not be read", body = ErrorBody)))]
 pub async fn download(
     State(st): State<AppState>,
@@ -446,11 +459,23 @@ async fn serve_blob(st: &AppState, sha256: &str, name: Option<&str>) -> Result<R
     let blob = match st.artifacts.open(sha256).await {
         Ok(Some(b)) => b,
         Ok(None) => {
-            return Err(ApiError::new(StatusCode::GONE, format!("artifact {sha256} was deleted (retention)")));
+            // A row names it, and retention deletes the row first (a download then answers
+            // 404), so it went some other way: deleted from the store by hand or by a
+            // lifecycle rule, lost with a disk, taken by another coordinator's collector
+            // around a takeover (module docs of `crate::blobs`) — or collected by retention
+            // in the moment between reading the row and opening the blob.
+            return Err(ApiError::new(
+                StatusCode::GONE,
+                format!(
+                    "artifact {sha256} is recorded but no longer in the artifact store ({}): it was removed outside \
+                     gpuci's retention (by hand, a bucket lifecycle rule, a lost disk); run the job again to make it anew",
+                    st.artifacts.blobs.location()
+                ),
+            ));
         }
         Err(e) => {
             tracing::error!(error = %e, "could not open an artifact");
-            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("opening artifact {sha256}: {e}")));
+            return Err(unavailable(&format!("artifact {sha256} cannot be read now"), &e));
         }
     };
     let mut r = Response::builder()

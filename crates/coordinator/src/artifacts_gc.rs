@@ -7,8 +7,9 @@
 //! A pass holds the artifacts gate's write side ([`Artifacts::exclusive`]) throughout; an
 //! upload holds the read side from renaming its blob into place until its row is committed,
 //! so a blob is never collected between the two. A shared store (S3, several coordinators)
-//! is written by other processes the gate cannot hold back: there an unnamed blob goes only
-//! once its last write is older than `shared_grace` (module docs of [`crate::blobs`]).
+//! is written by other processes the gate cannot hold back: so a blob no row names goes only
+//! once its last write (mtime, or S3's `LastModified`) is older than `shared_grace`, an hour
+//! (module docs of [`crate::blobs`]); the local store follows the same rule.
 
 use crate::artifacts::Artifacts;
 use crate::github::config::Parsed;
@@ -34,8 +35,8 @@ pub struct ArtifactsConfig {
     /// The most all artifacts together may hold; `None`: no cap beyond the per-repository one.
     pub max_total: Option<u64>,
     pub interval: Duration,
-    /// With a shared store: how old an unnamed blob must be to go
-    /// ([`crate::blobs::SHARED_GRACE`]; tests shorten it).
+    /// How old a blob no row names must be to go ([`crate::blobs::SHARED_GRACE`]; tests
+    /// shorten it).
     pub shared_grace: Duration,
 }
 
@@ -150,13 +151,10 @@ pub async fn pass(
     let named: HashSet<String> =
         rows.iter().enumerate().filter(|(i, _)| !gone.contains(i)).map(|(_, a)| a.sha256.clone()).collect();
     let store = artifacts.blobs();
-    // With a shared store, a blob written since this moment may be another coordinator's
-    // upload whose row is not committed yet.
-    let young_after = if store.shared() {
-        now_ms.saturating_sub(i64::try_from(config.shared_grace.as_millis()).unwrap_or(i64::MAX))
-    } else {
-        i64::MAX
-    };
+    // A blob written since this moment may be an upload whose row is not committed yet: with
+    // a shared store, another coordinator's, which this gate does not hold back. The local
+    // store gets the same rule (its uploads are under the gate; the hour costs only space).
+    let young_after = now_ms.saturating_sub(i64::try_from(config.shared_grace.as_millis()).unwrap_or(i64::MAX));
     let (mut blobs, mut freed_bytes) = (0, 0);
     for b in store.list().await? {
         if !crate::uploads::valid_id(&b.name) || named.contains(&b.name) || b.modified_ms > young_after {
@@ -213,7 +211,8 @@ mod tests {
             untrusted: false,
             created_at_ms,
         };
-        let now = 100 * DAY_MS;
+        // Every blob was written over the grace period before `now`.
+        let now = crate::brain::now_ms() + 2 * 3_600_000;
         // Job 1 is 40 days old; job 2 is a day old and shares one blob with it.
         store.put_artifact(&row(1, "old.bin", &old, 10, now - 40 * DAY_MS)).await.unwrap();
         store.put_artifact(&row(1, "shared.bin", &shared, 20, now - 40 * DAY_MS)).await.unwrap();
@@ -231,6 +230,31 @@ mod tests {
         assert_eq!(report.rows, 1);
         let left: Vec<String> = store.job_artifacts(2).await.unwrap().into_iter().map(|a| a.path).collect();
         assert_eq!(left.len(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Regression (outsider attack): with the local store a blob no row named went at the
+    /// next pass whatever its age; the documented hour's grace holds on every store.
+    #[tokio::test]
+    async fn a_fresh_unnamed_blob_survives_a_pass_and_an_old_one_goes() {
+        let dir = std::env::temp_dir().join(format!("gpuci-artifacts-gc-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(dir.join("artifacts")).unwrap();
+        let store = SqliteStore::open(&dir.join("gpuci.db")).await.unwrap();
+        let artifacts = Artifacts::new(dir.join("artifacts"), Default::default());
+        let (fresh, old) = ("e".repeat(64), "f".repeat(64));
+        for sha in [&fresh, &old] {
+            std::fs::write(artifacts.dir().join(sha), b"bytes").unwrap();
+        }
+        let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
+        std::fs::File::options()
+            .write(true)
+            .open(artifacts.dir().join(&old))
+            .unwrap()
+            .set_modified(two_hours_ago)
+            .unwrap();
+        let report = pass(&store, &artifacts, ArtifactsConfig::default(), crate::brain::now_ms()).await.unwrap();
+        assert_eq!((report.blobs, report.freed_bytes), (1, 5));
+        assert!(artifacts.dir().join(&fresh).exists() && !artifacts.dir().join(&old).exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

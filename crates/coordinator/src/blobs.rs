@@ -16,8 +16,9 @@
 //!
 //! Collection and shared stores: a collector pass in one process excludes that process's
 //! writers by a gate (`crate::uploads`, `crate::artifacts`), which cannot exclude another
-//! coordinator's. So with a shared store ([`BlobStore::shared`]) a blob no row names is
-//! deleted only once its last write is older than a grace period, and every store of a blob
+//! coordinator's. So a blob no row names is deleted only once its last write is older than a
+//! grace period ([`SHARED_GRACE`]; on every store, though the local one needs it only for
+//! workspace uploads not yet named by a pipeline), and with a shared store every store of a blob
 //! writes it again (refreshing its last write) rather than trusting that it is there. The
 //! write happens outside the gate (no network call under it), so a pass of the same process
 //! may list the blob as old just before the write and delete it just after; the writer
@@ -25,8 +26,13 @@
 //! again if not. What is left, and is not closed by construction: the same interleaving with
 //! a pass of *another* coordinator, whose gate the writer cannot take, landing its delete
 //! after the writer's check. Only the leader serves the API, so that needs two coordinators
-//! that both act as leader (around a takeover). A download then answers 410 Gone, as for a
-//! blob past retention; nothing is served wrong.
+//! that both act as leader (around a takeover). A download then answers 410 Gone (a row
+//! whose blob is missing); nothing is served wrong.
+//!
+//! Failures: a blob that could not be stored or read is a [`BlobError`]; the HTTP handlers
+//! answer it with 503 ("the artifact store is unavailable: …"), which clients send again,
+//! and record no row for a blob that did not land. Every S3 call is bounded
+//! (`gpuci_aws::s3`'s timeouts), so that answer comes in seconds when S3 hangs.
 
 use async_trait::async_trait;
 use std::path::{Path, PathBuf};
@@ -34,8 +40,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How old an unnamed blob in a shared store must be before a collector deletes it: longer
-/// than any store of a blob takes from its write to the commit of the row that names it.
+/// How old a blob no row (or pipeline) names must be before a collector deletes it, on every
+/// store: longer than any store of a blob takes from its write to the commit of the row that
+/// names it, and than a client takes from posting an upload to submitting its pipeline.
 pub const SHARED_GRACE: Duration = Duration::from_secs(3600);
 
 #[derive(Debug, thiserror::Error)]
@@ -61,8 +68,8 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug {
     /// Where, for messages: a directory or `s3://bucket/prefix/namespace`.
     fn location(&self) -> String;
 
-    /// Whether other coordinators write here too (see the module docs): collectors then
-    /// delete only unnamed blobs older than [`SHARED_GRACE`].
+    /// Whether other coordinators write here too (see the module docs): a store then writes
+    /// a blob again rather than trusting that it is there.
     fn shared(&self) -> bool;
 
     /// Make the `bytes` bytes of `staged` (a synced local file the caller removes afterwards,
@@ -80,6 +87,12 @@ pub trait BlobStore: Send + Sync + std::fmt::Debug {
 
     /// Every blob (and, locally, every other file) there.
     async fn list(&self) -> Result<Vec<Listed>, BlobError>;
+
+    /// Whether the store answers now ([`crate::blobs_watch`]); a local directory always does
+    /// (its failures are the disk's, reported where they happen).
+    async fn check(&self) -> Result<(), BlobError> {
+        Ok(())
+    }
 }
 
 /// A directory of the data dir.
@@ -254,6 +267,10 @@ impl BlobStore for S3Blobs {
     async fn list(&self) -> Result<Vec<Listed>, BlobError> {
         Ok(self.bucket.list(self.namespace).await?)
     }
+
+    async fn check(&self) -> Result<(), BlobError> {
+        Ok(self.bucket.check().await?)
+    }
 }
 
 /// Which backend (`[blobs]` in the server config).
@@ -274,10 +291,17 @@ pub async fn open(config: &BlobsConfig, data_dir: &Path) -> anyhow::Result<(Arc<
             Arc::new(LocalBlobs::new(data_dir.join("artifacts"))),
         )),
         BlobsConfig::S3(s) => {
+            if let Some(url) = &s.endpoint {
+                check_resolved(url).await?;
+            }
             let bucket = gpuci_aws::s3::Bucket::connect(s.clone()).await;
+            // Bounded (gpuci_aws::s3's timeouts): a silent endpoint fails the start in
+            // seconds, saying so, rather than holding it.
             bucket.check().await.map_err(|e| {
+                let at = s.endpoint.clone().unwrap_or_else(|| format!("AWS's endpoint for {}", s.region));
                 anyhow::anyhow!(
-                    "[blobs] bucket {:?}: the bucket cannot be reached, so the coordinator does not start: {e}",
+                    "[blobs] bucket {:?} at {at}: the bucket cannot be reached, so the coordinator does not start \
+                     (uploads and artifacts could not be stored): {e}",
                     s.bucket
                 )
             })?;
@@ -297,8 +321,9 @@ pub struct BlobsFile {
     pub bucket: Option<String>,
     /// A key prefix inside the bucket (`gpuci/prod`).
     pub prefix: Option<String>,
-    /// An endpoint other than AWS's: `https://minio.example:9000`.
-    pub endpoint: Option<String>,
+    /// An endpoint other than AWS's: `https://minio.example:9000`. Checked as it is read
+    /// ([`Endpoint`]), so a refusal names the file, line and column.
+    pub endpoint: Option<Endpoint>,
     pub region: Option<String>,
     /// Path-style addressing (MinIO and most S3-compatible servers want it). Default false.
     pub path_style: Option<bool>,
@@ -354,12 +379,6 @@ impl BlobsFile {
                 if prefix.split('/').any(|p| p == ".." || p == ".") || prefix.contains("//") {
                     return Err(field("prefix", &format!("{prefix:?}: no `.`, `..` or empty parts")));
                 }
-                if let Some(e) = &self.endpoint {
-                    let rest = e.strip_prefix("https://").or_else(|| e.strip_prefix("http://"));
-                    if rest.is_none_or(|r| r.is_empty() || r.contains(char::is_whitespace)) {
-                        return Err(field("endpoint", &format!("{e:?}: expected an http:// or https:// URL")));
-                    }
-                }
                 if let Some(f) = &self.credentials_file {
                     if !f.is_file() {
                         return Err(field("credentials_file", &format!("{}: no such file", f.display())));
@@ -368,13 +387,133 @@ impl BlobsFile {
                 Ok(BlobsConfig::S3(gpuci_aws::s3::S3Settings {
                     bucket,
                     prefix,
-                    endpoint: self.endpoint.clone(),
+                    endpoint: self.endpoint.as_ref().map(|e| e.0.clone()),
                     region,
                     path_style: self.path_style.unwrap_or(false),
                     profile: self.profile.clone(),
                     credentials_file: self.credentials_file.clone(),
                 }))
             }
+        }
+    }
+}
+
+/// `[blobs] endpoint`: an `http://` or `https://` URL whose host is not link-local.
+///
+/// Link-local addresses (169.254.0.0/16, fe80::/10) are where clouds serve instance metadata
+/// and the instance's role credentials (169.254.169.254, fd00:ec2::254 aside). An endpoint
+/// there sends the coordinator's signed S3 requests, and reads their answers as blobs, to
+/// that service: refused. The host is read as the resolver would read it, so `2852039166`,
+/// `0xa9fea9fe` and `169.254.43518` are 169.254.169.254 too. A *name* that resolves there is
+/// not known until it is resolved: [`open`] checks the addresses at start.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "String")]
+pub struct Endpoint(pub String);
+
+impl TryFrom<String> for Endpoint {
+    type Error = String;
+
+    fn try_from(url: String) -> Result<Self, String> {
+        let bad = |why: &str| format!("[blobs] endpoint {url:?}: {why}");
+        let Some(rest) = url.strip_prefix("https://").or_else(|| url.strip_prefix("http://")) else {
+            return Err(bad("expected an http:// or https:// URL"));
+        };
+        if rest.is_empty() || rest.contains(char::is_whitespace) {
+            return Err(bad("expected an http:// or https:// URL"));
+        }
+        let Some((host, _)) = host_port(&url) else {
+            return Err(bad("the URL names no host"));
+        };
+        if host_ip(&host).is_some_and(is_link_local) {
+            return Err(bad(
+                "a link-local address (169.254.0.0/16, fe80::/10) is where the cloud's instance metadata and \
+                 role credentials are served, never an S3 endpoint",
+            ));
+        }
+        Ok(Endpoint(url))
+    }
+}
+
+/// The host (without brackets) and port of an `http://` or `https://` URL.
+fn host_port(url: &str) -> Option<(String, u16)> {
+    let (rest, default_port) = match url.strip_prefix("https://") {
+        Some(r) => (r, 443),
+        None => (url.strip_prefix("http://")?, 80),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host_and_port = authority.rsplit('@').next().unwrap_or_default();
+    let (host, port) = match host_and_port.strip_prefix('[') {
+        Some(v6) => {
+            let (host, after) = v6.split_once(']')?;
+            (host, after.strip_prefix(':'))
+        }
+        None => match host_and_port.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_and_port, None),
+        },
+    };
+    let port = match port {
+        Some(p) => p.parse().ok()?,
+        None => default_port,
+    };
+    (!host.is_empty()).then(|| (host.to_string(), port))
+}
+
+/// Refuses an endpoint whose name resolves to a link-local address (module docs of
+/// [`Endpoint`]); one that does not resolve now is left to the bucket check to report.
+async fn check_resolved(url: &str) -> anyhow::Result<()> {
+    let Some((host, port)) = host_port(url) else { return Ok(()) };
+    if let Ok(addrs) = tokio::net::lookup_host((host.as_str(), port)).await {
+        for a in addrs {
+            if is_link_local(a.ip()) {
+                anyhow::bail!(
+                    "[blobs] endpoint {url:?}: {host} resolves to {}, a link-local address (where the cloud's \
+                     instance metadata and role credentials are served), never an S3 endpoint; the coordinator \
+                     does not start",
+                    a.ip()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The address `host` names literally, read as the C resolver reads a numeric host
+/// (`inet_aton`: one to four parts, each decimal, `0x` hex or `0` octal).
+fn host_ip(host: &str) -> Option<std::net::IpAddr> {
+    if let Ok(v6) = host.parse::<std::net::Ipv6Addr>() {
+        return Some(v6.into());
+    }
+    let parts: Vec<u64> = host
+        .trim_end_matches('.')
+        .split('.')
+        .map(|p| {
+            let p = p.to_ascii_lowercase();
+            if let Some(hex) = p.strip_prefix("0x") {
+                u64::from_str_radix(hex, 16).ok()
+            } else if p.len() > 1 && p.starts_with('0') {
+                u64::from_str_radix(&p[1..], 8).ok()
+            } else {
+                p.parse().ok()
+            }
+        })
+        .collect::<Option<_>>()?;
+    let v = match parts.as_slice() {
+        [a] => *a,
+        [a, b] if *a < 256 => (a << 24) | b,
+        [a, b, c] if *a < 256 && *b < 256 => (a << 24) | (b << 16) | c,
+        [a, b, c, d] if [a, b, c, d].iter().all(|x| **x < 256) => (a << 24) | (b << 16) | (c << 8) | d,
+        _ => return None,
+    };
+    u32::try_from(v).ok().map(|v| std::net::Ipv4Addr::from(v).into())
+}
+
+/// 169.254.0.0/16 or fe80::/10 (also as an IPv4-mapped IPv6 address).
+fn is_link_local(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_link_local(),
+        std::net::IpAddr::V6(v6) => {
+            (v6.segments()[0] & 0xffc0) == 0xfe80 || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_link_local())
         }
     }
 }
@@ -429,6 +568,42 @@ mod tests {
         ] {
             let e = parse(text).unwrap_err();
             assert!(e.contains(names), "{text:?}: {e}");
+        }
+    }
+
+    /// Regression (outsider attack): an endpoint in the cloud's metadata range was accepted,
+    /// so the coordinator's signed requests went to the instance metadata service. Refused
+    /// as the config is read, naming the file, line, column and field; every spelling the
+    /// resolver reads as such an address too.
+    #[test]
+    fn a_link_local_endpoint_is_refused_with_where_it_is() {
+        let text = |endpoint: &str| {
+            format!(
+                "[blobs]\nbackend = \"s3\"\nbucket = \"ci-blobs\"\nregion = \"us-east-1\"\nendpoint = \"{endpoint}\"\n"
+            )
+        };
+        for endpoint in [
+            "http://169.254.169.254",
+            "http://169.254.169.254:80/latest/meta-data",
+            "https://user@169.254.0.1:9000",
+            "http://[fe80::1]:9000",
+            "http://[febf::1]",
+            "http://[::ffff:169.254.169.254]",
+            "http://2852039166",
+            "http://0xa9fea9fe",
+            "http://0251.0376.0251.0376",
+            "http://169.254.43518",
+        ] {
+            let e = crate::github::config::parse("server.toml", &text(endpoint)).unwrap_err().to_string();
+            assert!(e.starts_with("server.toml:5:12: "), "{endpoint}: {e}");
+            assert!(e.contains("[blobs] endpoint") && e.contains("link-local"), "{endpoint}: {e}");
+        }
+        for fine in
+            ["http://127.0.0.1:9000", "https://s3.eu-west-1.amazonaws.com", "http://[::1]:9000", "http://169.255.0.1"]
+        {
+            let f = crate::github::config::parse("server.toml", &text(fine)).unwrap();
+            let BlobsConfig::S3(s) = f.blobs.unwrap().resolve().unwrap() else { panic!("{fine}: not s3") };
+            assert_eq!(s.endpoint.as_deref(), Some(fine));
         }
     }
 

@@ -13,6 +13,7 @@ pub mod artifacts_gc;
 pub mod audit;
 pub mod auth;
 pub mod blobs;
+pub mod blobs_watch;
 pub mod brain;
 mod channel;
 mod convert;
@@ -565,6 +566,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         shutdown.clone(),
     ));
     tokio::spawn(artifacts_gc::run(st.store.clone(), st.artifacts.clone(), config.artifacts, shutdown.clone()));
+    tokio::spawn(blobs_watch::run(st.artifacts.blobs().clone(), shutdown.clone()));
     let app = router(st);
     let brain_task = tokio::spawn(brain.run(rx, shutdown.clone()));
     let sd = shutdown.clone();

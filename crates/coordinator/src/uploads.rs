@@ -282,8 +282,8 @@ pub async fn create_upload(
     // the pin: never a network call under it.
     let pin = if st.uploads.blobs.shared() { None } else { Some(st.uploads.pin().await) };
     let new = st.uploads.blobs.store(&blob_name(&id), &tmp, bytes).await.map_err(|e| {
-        tracing::error!(error = %e, "could not store an upload");
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("storing upload {id}: {e}"))
+        tracing::error!(error = %e, location = %st.uploads.blobs.location(), "could not store an upload");
+        unavailable(&format!("upload {id} was not stored; send it again"), &e)
     })?;
     drop(pin);
     if st.uploads.blobs.shared() {
@@ -297,7 +297,7 @@ pub async fn create_upload(
                 .blobs
                 .store(&blob_name(&id), &tmp, bytes)
                 .await
-                .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("storing upload {id}: {e}")))?;
+                .map_err(|e| unavailable(&format!("upload {id} was not stored; send it again"), &e))?;
         }
     }
     if new {
@@ -306,6 +306,12 @@ pub async fn create_upload(
     }
     drop(guard);
     Ok((StatusCode::CREATED, Json(UploadInfo { id, bytes })))
+}
+
+/// 503: the blob store (an S3 bucket, or the local directory) could not be written or read;
+/// the client or agent sends the request again after a while. Never a 4xx: the request was fine.
+fn unavailable(what: &str, e: &BlobError) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("the workspace upload store is unavailable: {e}; {what}"))
 }
 
 /// What an agent (or anyone) fetching a collected upload is told; the agent fails the job with it.
@@ -380,7 +386,7 @@ pub async fn get_upload(
         }
         Err(e) => {
             tracing::error!(error = %e, "could not open an upload");
-            return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("opening upload {id}: {e}")));
+            return Err(unavailable(&format!("upload {id} cannot be read now"), &e));
         }
     };
     Ok(Response::builder()

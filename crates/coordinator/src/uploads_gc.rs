@@ -45,11 +45,19 @@ pub struct GcConfig {
     /// The most all uploads together may hold; `None`: no cap.
     pub max_total: Option<u64>,
     pub interval: Duration,
+    /// An upload no pipeline names yet is kept this long after its last write, whatever the
+    /// retention and the cap (rule 5 of `gpuci_core::uploads`; [`crate::blobs::SHARED_GRACE`]).
+    pub unnamed_grace: Duration,
 }
 
 impl Default for GcConfig {
     fn default() -> Self {
-        GcConfig { retention: DEFAULT_RETENTION, max_total: None, interval: DEFAULT_INTERVAL }
+        GcConfig {
+            retention: DEFAULT_RETENTION,
+            max_total: None,
+            interval: DEFAULT_INTERVAL,
+            unnamed_grace: crate::blobs::SHARED_GRACE,
+        }
     }
 }
 
@@ -58,6 +66,7 @@ impl GcConfig {
         Policy {
             retention_ms: i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX),
             max_total: self.max_total,
+            unnamed_grace_ms: i64::try_from(self.unnamed_grace.as_millis()).unwrap_or(i64::MAX),
         }
     }
 }
@@ -263,7 +272,7 @@ mod tests {
     }
 
     fn config() -> GcConfig {
-        GcConfig { retention: 7 * DAY, max_total: None, interval: DEFAULT_INTERVAL }
+        GcConfig { retention: 7 * DAY, ..GcConfig::default() }
     }
 
     fn age(path: &Path, by: Duration) {
@@ -373,6 +382,24 @@ mod tests {
         assert_eq!(store_upload(&u2, &bytes).await, id2);
         assert!(u2.exists(&id2));
         assert_eq!(u2.stored(), (1, bytes.len() as u64));
+    }
+
+    /// Regression (outsider attack): an upload no pipeline named yet went at the next pass
+    /// under a short retention or the cap, before the pipeline naming it came. Kept for the
+    /// hour's grace from its last write; an older unnamed one goes.
+    #[tokio::test]
+    async fn a_fresh_unnamed_upload_survives_a_pass_and_an_old_one_goes() {
+        let dir = TempDir::new();
+        let store = SqliteStore::open(&dir.path().join("gpuci.db")).await.unwrap();
+        let u = Uploads::new(dir.path().join("uploads"));
+        let fresh = store_upload(&u, b"\x1f\x8bjust posted").await;
+        let old = store_upload(&u, b"\x1f\x8bposted long ago").await;
+        age(&u.path(&fresh).unwrap(), Duration::from_secs(10 * 60));
+        age(&u.path(&old).unwrap(), Duration::from_secs(2 * 3600));
+        let strict = GcConfig { retention: Duration::from_secs(1), max_total: Some(0), ..GcConfig::default() };
+        let r = pass(&store, &u, strict).await.unwrap();
+        assert_eq!(r.deleted.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), [old.as_str()]);
+        assert!(u.exists(&fresh) && !u.exists(&old));
     }
 
     #[tokio::test]

@@ -20,6 +20,11 @@
 //!    When what is left is pinned or fresh, the plan says by how much it stays over.
 //! 4. A temporary file (an upload being written, or one a crash interrupted) goes once it has
 //!    not been written for [`STALE_TEMP_MS`]; a live upload writes to it continuously.
+//! 5. An upload no pipeline names yet, last written less than `unnamed_grace_ms` ago (an hour:
+//!    the coordinator's `SHARED_GRACE`), is kept whatever the retention and the cap: it was
+//!    just stored, and its pipeline — a client's next request, or another coordinator's
+//!    commit on a shared bucket, which no gate of this process holds back — is on its way.
+//!    Its last write is the file's mtime, or the object's `LastModified` in S3.
 //!
 //! Deciding here does not make deleting safe against a new use arriving between the facts and
 //! the delete: the collector holds its gate over gathering, deciding and deleting, and every new
@@ -70,6 +75,8 @@ pub struct Policy {
     pub retention_ms: i64,
     /// The most all uploads together may hold, if capped.
     pub max_total: Option<u64>,
+    /// An upload no pipeline names, written less than this ago, stays (rule 5).
+    pub unnamed_grace_ms: i64,
 }
 
 /// Why an upload goes.
@@ -118,15 +125,16 @@ pub struct Plan {
 /// Decide which uploads and temporary files go at `now_ms` (module docs: the rules).
 /// `uses` may name uploads that are not stored (deleted before); they are ignored.
 pub fn decide(now_ms: i64, policy: Policy, uploads: &[StoredUpload], uses: &[PipelineUse], temps: &[TempFile]) -> Plan {
-    // Per upload: pinned, and its last use.
-    let mut facts: BTreeMap<&str, (bool, i64)> = BTreeMap::new();
+    // Per upload: pinned, its last use, and whether any pipeline names it.
+    let mut facts: BTreeMap<&str, (bool, i64, bool)> = BTreeMap::new();
     for u in uploads {
-        facts.insert(u.id.as_str(), (false, u.modified_ms));
+        facts.insert(u.id.as_str(), (false, u.modified_ms, false));
     }
     for p in uses {
-        if let Some((pinned, last)) = facts.get_mut(p.upload.as_str()) {
+        if let Some((pinned, last, named)) = facts.get_mut(p.upload.as_str()) {
             *pinned |= p.unfinished_jobs > 0;
             *last = (*last).max(p.last_active_ms);
+            *named = true;
         }
     }
     let retention = policy.retention_ms.max(0);
@@ -140,10 +148,13 @@ pub fn decide(now_ms: i64, policy: Policy, uploads: &[StoredUpload], uses: &[Pip
         if !seen.insert(u.id.as_str()) {
             continue;
         }
-        let (pinned, last) = facts[u.id.as_str()];
+        let (pinned, last, named) = facts[u.id.as_str()];
         let idle = now_ms.saturating_sub(last);
+        let in_grace = !named && now_ms.saturating_sub(u.modified_ms) < policy.unnamed_grace_ms;
         if pinned {
             plan.pinned += 1;
+        } else if in_grace {
+            // Rule 5: neither the retention nor the cap takes it yet.
         } else if idle > retention {
             plan.delete.push(Deletion { id: u.id.clone(), bytes: u.bytes, why: Why::Retention });
             continue;
@@ -192,7 +203,7 @@ mod tests {
     }
 
     fn week() -> Policy {
-        Policy { retention_ms: 7 * D, max_total: None }
+        Policy { retention_ms: 7 * D, max_total: None, unnamed_grace_ms: 0 }
     }
 
     fn deleted(plan: &Plan) -> Vec<(char, Why)> {
@@ -240,7 +251,7 @@ mod tests {
             up('e', 40, NOW - 60_000), // fresh: the cap never takes it
         ];
         let uses = [used('b', 1, 2, NOW - 4 * D), used('c', 2, 0, NOW - 3 * D)];
-        let policy = Policy { retention_ms: 7 * D, max_total: Some(100) };
+        let policy = Policy { retention_ms: 7 * D, max_total: Some(100), unnamed_grace_ms: 0 };
         let plan = decide(NOW, policy, &uploads, &uses, &[]);
         assert_eq!(deleted(&plan), [('a', Why::MaxTotal), ('c', Why::MaxTotal), ('d', Why::MaxTotal)]);
         assert_eq!((plan.kept, plan.kept_bytes, plan.pinned, plan.over_cap_bytes), (2, 80, 1, 0));
@@ -250,7 +261,7 @@ mod tests {
     fn pinned_and_fresh_uploads_may_leave_the_total_over_the_cap() {
         let uploads = [up('a', 500, NOW - 30 * D), up('b', 300, NOW - 1000), up('c', 10, NOW - 9 * D)];
         let uses = [used('a', 1, 1, NOW - 30 * D)];
-        let policy = Policy { retention_ms: 7 * D, max_total: Some(100) };
+        let policy = Policy { retention_ms: 7 * D, max_total: Some(100), unnamed_grace_ms: 0 };
         let plan = decide(NOW, policy, &uploads, &uses, &[]);
         assert_eq!(deleted(&plan), [('c', Why::Retention)]);
         assert_eq!((plan.kept_bytes, plan.over_cap_bytes), (800, 700));
@@ -259,7 +270,7 @@ mod tests {
     #[test]
     fn ties_in_age_go_by_id_and_retention_comes_before_the_cap() {
         let uploads = [up('b', 10, NOW - D), up('a', 10, NOW - D), up('z', 10, NOW - 8 * D)];
-        let policy = Policy { retention_ms: 7 * D, max_total: Some(10) };
+        let policy = Policy { retention_ms: 7 * D, max_total: Some(10), unnamed_grace_ms: 0 };
         let plan = decide(NOW, policy, &uploads, &[], &[]);
         assert_eq!(deleted(&plan), [('z', Why::Retention), ('a', Why::MaxTotal)]);
     }
@@ -267,11 +278,27 @@ mod tests {
     #[test]
     fn a_short_retention_shortens_the_fresh_window() {
         // Retention 1s (tests): an upload used 2s ago is past both.
-        let policy = Policy { retention_ms: 1000, max_total: Some(0) };
+        let policy = Policy { retention_ms: 1000, max_total: Some(0), unnamed_grace_ms: 0 };
         let plan = decide(NOW, policy, &[up('a', 1, NOW - 2000)], &[], &[]);
         assert_eq!(deleted(&plan), [('a', Why::Retention)]);
         let plan = decide(NOW, policy, &[up('a', 1, NOW - 1000)], &[], &[]);
         assert_eq!(deleted(&plan), [('a', Why::MaxTotal)]);
+    }
+
+    /// Regression (outsider attack): an upload no pipeline named yet went at the first pass
+    /// with a short retention or over the cap, before its pipeline (a client's next request,
+    /// another coordinator's commit) arrived. An hour's grace from its last write.
+    #[test]
+    fn an_unnamed_upload_stays_for_the_grace_period_then_follows_the_rules() {
+        let policy = Policy { retention_ms: 1000, max_total: Some(0), unnamed_grace_ms: H };
+        let fresh = [up('a', 10, NOW - 10 * 60_000)];
+        let plan = decide(NOW, policy, &fresh, &[], &[]);
+        assert_eq!((deleted(&plan), plan.kept, plan.over_cap_bytes), (vec![], 1, 10));
+        let old = [up('a', 10, NOW - 2 * H)];
+        assert_eq!(deleted(&decide(NOW, policy, &old, &[], &[])), [('a', Why::Retention)]);
+        // Named by a finished pipeline, the grace is not its to claim: the usual rules.
+        let named = [used('a', 1, 0, NOW - 10 * 60_000)];
+        assert_eq!(deleted(&decide(NOW, policy, &fresh, &named, &[])), [('a', Why::Retention)]);
     }
 
     #[test]
@@ -295,6 +322,7 @@ mod tests {
             uses in prop::collection::vec((0u8..12, 0u64..3, 0i64..20 * D), 0..12),
             retention in 0i64..10 * D,
             cap in prop::option::of(0u64..5000),
+            grace in prop_oneof![Just(0i64), 0i64..2 * D],
         ) {
             let now = 20 * D;
             let c = |n: u8| char::from(b'a' + n);
@@ -303,12 +331,15 @@ mod tests {
             uploads.dedup_by(|a, b| a.id == b.id);
             let uses: Vec<PipelineUse> =
                 uses.iter().enumerate().map(|(i, &(n, u, at))| used(c(n), i as i64, u, at)).collect();
-            let policy = Policy { retention_ms: retention, max_total: cap };
+            let policy = Policy { retention_ms: retention, max_total: cap, unnamed_grace_ms: grace };
             let plan = decide(now, policy, &uploads, &uses, &[]);
             let pinned: std::collections::BTreeSet<&str> =
                 uses.iter().filter(|u| u.unfinished_jobs > 0).map(|u| u.upload.as_str()).collect();
             for d in &plan.delete {
                 prop_assert!(!pinned.contains(d.id.as_str()), "pinned {} deleted", d.id);
+                let u = uploads.iter().find(|u| u.id == d.id).unwrap();
+                let named = uses.iter().any(|p| p.upload == d.id);
+                prop_assert!(named || now - u.modified_ms >= grace, "unnamed {} deleted within the grace", d.id);
             }
             prop_assert_eq!(plan.delete.len() as u64 + plan.kept, uploads.len() as u64);
             let total: u64 = uploads.iter().map(|u| u.bytes).sum();
@@ -319,7 +350,8 @@ mod tests {
                 let fresh = retention.min(FRESH_MS);
                 let movable = uploads.iter().any(|u| {
                     let last = uses.iter().filter(|p| p.upload == u.id).map(|p| p.last_active_ms).fold(u.modified_ms, i64::max);
-                    !deleted.contains(u.id.as_str()) && !pinned.contains(u.id.as_str()) && now - last >= fresh
+                    let in_grace = !uses.iter().any(|p| p.upload == u.id) && now - u.modified_ms < grace;
+                    !deleted.contains(u.id.as_str()) && !pinned.contains(u.id.as_str()) && now - last >= fresh && !in_grace
                 });
                 prop_assert!(plan.kept_bytes <= cap || !movable, "over the cap with a deletable upload left: {plan:?}");
             }
