@@ -490,3 +490,53 @@ fn an_address_that_cannot_prove_the_coordinators_key_is_never_sent_a_credential(
     drop(later);
     assert_eq!(impostor.given_credentials(&reg), Vec::<String>::new(), "the impostor was sent a credential");
 }
+
+/// The leader killed (SIGKILL) while an agent streams it a 400 MB artifact: the agent sends
+/// it again, from its start, to the standby that took over; the job succeeds, and the new
+/// leader holds the artifact once, with the bytes the step wrote. (Before, the cut-off upload
+/// was only a line in the job's log and the job was green without its artifact.)
+#[test]
+fn an_artifact_upload_cut_off_by_a_failover_is_stored_by_the_new_leader() {
+    let Some((_pg, db)) = database("gpuci_failover_artifact") else { return };
+    let dir = tempdir();
+    let leader = Coord::start(&dir.path().join("a"), &free_address("127.0.0.1"), &args(&db));
+    leader.wait_leading(T);
+    let standby = leader.standby(dir.path().join("b"), &free_address("127.0.0.2"), &args(&db));
+    wait_until("the standby listens", T, || status(&standby.url(), "/healthz") == Some(200));
+    let urls = format!("{},{}", leader.url(), standby.url());
+    let reg = std::fs::read_to_string(leader.data_dir.join("registration-token")).unwrap().trim().to_string();
+    let _agent = agent(&urls, &reg, &dir.path().join("agent"));
+    leader.api().wait_agents(1, T);
+    let p = leader.api().submit(
+        "steps:\n  - key: big\n    command: head -c 400000000 /dev/urandom > big.bin; sha256sum big.bin\n    artifacts: big.bin\n",
+    );
+    let job = p.jobs[0].id;
+    // Killed once the upload is under way: its staged file at the leader has bytes.
+    let staging = leader.data_dir.join("artifacts");
+    let upload_under_way = || {
+        std::fs::read_dir(&staging).into_iter().flatten().flatten().any(|e| {
+            e.file_name().to_string_lossy().starts_with(".tmp-") && e.metadata().is_ok_and(|m| m.len() > 0)
+        })
+    };
+    wait_until("the artifact upload is under way at the leader", Duration::from_secs(120), upload_under_way);
+    let mut leader = leader;
+    let _ = leader.child.kill();
+    let _ = leader.child.wait();
+    standby.wait_leading(T);
+    let api = standby.api();
+    let done = api.wait_job(job, "ended", Duration::from_secs(240), |j| j.state.is_terminal());
+    let log = api.log_text(job);
+    assert_eq!(done.state, JobState::Succeeded, "{done:#?}\n{log}");
+    let written = log
+        .lines()
+        .find_map(|l| l.strip_suffix("  big.bin").filter(|h| h.len() == 64))
+        .unwrap_or_else(|| panic!("no sha256sum line: {log}"))
+        .to_string();
+    let listed: Vec<serde_json::Value> = api.get(&format!("/api/v1/jobs/{job}/artifacts"));
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["path"], "big.bin");
+    assert_eq!(listed[0]["size"], 400_000_000u64);
+    assert_eq!(listed[0]["sha256"], written.as_str(), "the stored bytes are not the step's");
+    let system = api.log_system(job);
+    assert!(system.iter().any(|l| l.contains("big.bin") && l.contains("again")), "no retry said: {system:?}");
+}
