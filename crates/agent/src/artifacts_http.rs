@@ -180,7 +180,8 @@ async fn put_once(
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
     // The coordinator leading now (after a failover, the new one).
-    let url = format!("{}/api/v1/jobs/{job}/artifact-upload", source.server);
+    let (http, base) = source.endpoint().await?;
+    let url = format!("{base}/api/v1/jobs/{job}/artifact-upload");
     let sent = Arc::new(AtomicU64::new(0));
     let read_error: Arc<Mutex<Option<String>>> = Arc::default();
     let (sent2, read_error2) = (sent.clone(), read_error.clone());
@@ -209,8 +210,7 @@ async fn put_once(
             }
         }
     });
-    let request = source
-        .http
+    let request = http
         .put(&url)
         .query(&[("path", path)])
         .bearer_auth(&source.credential)
@@ -308,9 +308,9 @@ pub async fn fetch_inputs(
 }
 
 async fn list_inputs(source: &UploadSource, job: JobId) -> Result<ArtifactInputs, Failure> {
-    let url = format!("{}/api/v1/jobs/{job}/artifact-inputs", source.server);
-    let resp = source
-        .http
+    let (http, base) = source.endpoint().await?;
+    let url = format!("{base}/api/v1/jobs/{job}/artifact-inputs");
+    let resp = http
         .get(&url)
         .bearer_auth(&source.credential)
         .header("x-gpuci-agent-id", &source.agent_id)
@@ -339,9 +339,9 @@ async fn fetch_one(
     out.set_len(0).map_err(local)?;
     out.seek(std::io::SeekFrom::Start(0)).map_err(local)?;
     let mut out = tokio::fs::File::from_std(out);
-    let url = format!("{}/api/v1/jobs/{job}/artifact-inputs/{}", source.server, f.sha256);
-    let resp = source
-        .http
+    let (http, base) = source.endpoint().await?;
+    let url = format!("{base}/api/v1/jobs/{job}/artifact-inputs/{}", f.sha256);
+    let resp = http
         .get(&url)
         .bearer_auth(&source.credential)
         .header("x-gpuci-agent-id", &source.agent_id)

@@ -45,21 +45,58 @@ pub struct Coordinators {
     pin: Option<String>,
 }
 
-/// The base URL of the coordinator used now, shared with whoever makes requests beside the
-/// agent channel (workspace and artifact transfers): they follow the agent to a new leader.
-/// Shows as that URL.
+/// The coordinator used now, shared with whoever makes requests beside the agent channel
+/// (workspace and artifact transfers, the job's `gpuci pipeline upload`): they follow the
+/// agent to a new leader, to the address it proved the key on, and ask for the proof again
+/// before each request ([`Current::proven`]). Shows as its URL.
 #[derive(Clone, Debug)]
-pub struct Current(Arc<RwLock<String>>);
+pub struct Current(Arc<RwLock<CurrentState>>);
+
+#[derive(Debug)]
+struct CurrentState {
+    base: String,
+    /// The endpoint the agent channel uses (`None`: not connected yet).
+    target: Option<Target>,
+    /// The key it must prove.
+    pin: Option<String>,
+}
 
 impl Current {
     pub fn new(url: &str) -> Current {
-        Current(Arc::new(RwLock::new(url.trim_end_matches('/').to_string())))
+        let base = url.trim_end_matches('/').to_string();
+        Current(Arc::new(RwLock::new(CurrentState { base, target: None, pin: None })))
     }
     pub fn get(&self) -> String {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.read().unwrap_or_else(|e| e.into_inner()).base.clone()
     }
-    fn set(&self, url: &str) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = url.to_string();
+    fn set(&self, target: &Target, pin: Option<String>) {
+        let mut s = self.0.write().unwrap_or_else(|e| e.into_inner());
+        *s = CurrentState { base: target.base.clone(), target: Some(target.clone()), pin };
+    }
+
+    /// A client for the coordinator used now (built by `build`), reaching the address it
+    /// proved its key on, and its base URL; with a key pinned, the address proves it again
+    /// first (it may have changed hands since the agent connected: outsider finding, a killed
+    /// coordinator's address taken over while transfers went on). `Err`: why not (worth
+    /// trying again: a reconnect may find a coordinator that proves it).
+    pub async fn proven(
+        &self,
+        build: impl Fn(reqwest::ClientBuilder) -> reqwest::ClientBuilder,
+    ) -> Result<(reqwest::Client, String), String> {
+        let (base, target, pin) = {
+            let s = self.0.read().unwrap_or_else(|e| e.into_inner());
+            (s.base.clone(), s.target.clone(), s.pin.clone())
+        };
+        let Some(target) = target else {
+            return build(reqwest::Client::builder()).build().map(|c| (c, base)).map_err(|e| e.to_string());
+        };
+        if let Some(pin) = pin.as_deref() {
+            prove(&target, Some(pin))
+                .await
+                .map_err(|why| format!("{} did not prove the coordinators' identity key: {why}", target.base))?;
+        }
+        let client = target.client(build(reqwest::Client::builder())).map_err(|e| e.to_string())?;
+        Ok((client, target.base))
     }
 }
 
@@ -120,6 +157,15 @@ pub fn parse_urls<S: AsRef<str>>(given: &[S]) -> Result<Vec<String>, UrlError> {
         let parsed = reqwest::Url::parse(u).map_err(|e| UrlError::Bad { url: u.to_string(), why: e.to_string() })?;
         if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
             return Err(UrlError::Bad { url: u.to_string(), why: "expected http://HOST[:PORT] or https://…".into() });
+        }
+        // A user and password would go, as Basic auth, to every address asked, before any
+        // proves the coordinators' key (outsider finding). Not echoed: it may hold a password.
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            let shown = format!("{}://…@{}", parsed.scheme(), parsed.host_str().unwrap_or_default());
+            return Err(UrlError::Bad {
+                url: shown,
+                why: "a user or password in the URL is not taken: the coordinator is not reached with them".into(),
+            });
         }
         if !out.iter().any(|o| o == u) {
             out.push(u.to_string());
@@ -230,14 +276,15 @@ impl Coordinators {
     /// from now on; returned when that happened, for the caller to keep.
     pub fn used(&mut self, target: &Target) -> Option<String> {
         self.last = Some(target.endpoint.clone());
-        self.current.set(&target.base);
-        match (&self.pin, &target.key) {
+        let learnt = match (&self.pin, &target.key) {
             (None, Some(k)) => {
                 self.pin = Some(k.clone());
                 Some(k.clone())
             }
             _ => None,
-        }
+        };
+        self.current.set(target, self.pin.clone());
+        learnt
     }
 }
 
@@ -335,6 +382,8 @@ mod tests {
         assert!(e.contains("127.0.0.2:2"), "{e}");
         let e = parse_urls(&["ftp://h"]).unwrap_err().to_string();
         assert!(e.contains("ftp://h") && e.contains("http://"), "{e}");
+        let e = parse_urls(&["http://admin:s3cret@127.0.0.2:8080"]).unwrap_err().to_string();
+        assert!(e.contains("user or password") && !e.contains("s3cret"), "{e}");
     }
 
     /// Two coordinators on loopback addresses: one answers /readyz 503 (a standby), the other
@@ -384,6 +433,58 @@ mod tests {
             let c = Coordinators::new(vec![url.clone()]);
             assert_eq!(c.candidates().await.0.len(), 1, "{url}");
         }
+    }
+
+    /// Outsider finding: transfers went to the address the agent had connected to, asked
+    /// nothing, after that address changed hands (the coordinator killed, another process on
+    /// its port). Each transfer now asks that address to prove the pinned key first.
+    #[tokio::test]
+    async fn transfers_ask_the_address_to_prove_the_key_again() {
+        let ours = identity::SigningIdentity::from_secret(&[1; 32]);
+        let theirs = identity::SigningIdentity::from_secret(&[2; 32]);
+        let swapped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let url = serve_proofs(vec![ours.clone(), theirs], swapped.clone()).await;
+        let mut c = Coordinators::new(vec![url.clone()]).with_pin(Some(ours.public_key()));
+        let (picked, said) = c.candidates().await;
+        assert_eq!(picked.len(), 1, "{said}");
+        c.used(&picked[0]);
+        let current = c.current();
+        let (_, base) = current.proven(|b| b).await.unwrap();
+        assert_eq!(base, url);
+        // The address now answers with another key: no client for it.
+        swapped.store(true, std::sync::atomic::Ordering::SeqCst);
+        let e = current.proven(|b| b).await.unwrap_err();
+        assert!(e.contains("not the pinned"), "{e}");
+    }
+
+    /// A coordinator that proves `keys[0]` (or `keys[1]` once `swapped`) for the host asked.
+    async fn serve_proofs(keys: Vec<identity::SigningIdentity>, swapped: Arc<std::sync::atomic::AtomicBool>) -> String {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            while let Ok((mut s, _)) = l.accept().await {
+                let (keys, swapped) = (keys.clone(), swapped.clone());
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    let req = String::from_utf8_lossy(&buf[..n]).to_string();
+                    let line = req.lines().next().unwrap_or_default();
+                    let host = req
+                        .lines()
+                        .find_map(|l| l.strip_prefix("host: ").or_else(|| l.strip_prefix("Host: ")))
+                        .unwrap_or_default()
+                        .trim();
+                    let nonce = line.split("nonce=").nth(1).and_then(|r| r.split([' ', '&']).next()).unwrap_or("");
+                    let k = &keys[usize::from(swapped.load(std::sync::atomic::Ordering::SeqCst))];
+                    let body = k.prove(nonce, host).map(|p| serde_json::to_string(&p).unwrap()).unwrap_or_default();
+                    let resp =
+                        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                    let _ = s.write_all(resp.as_bytes()).await;
+                });
+            }
+        });
+        url
     }
 
     async fn serve_readyz(status: u16) -> String {

@@ -56,6 +56,15 @@ pub fn load(data_dir: &Path, server: &str) -> anyhow::Result<Option<Identity>> {
     Ok(None)
 }
 
+/// The coordinators' key the stored identity pinned, whatever coordinators it names: a new
+/// `--server` list does not unpin it (outsider finding: an agent given a list with no URL in
+/// common registered anew with whatever proved any key). Moving an agent to another
+/// installation takes `--coordinator-key` or removing `agent.json`.
+pub fn kept_key(data_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(data_dir.join("agent.json")).ok()?;
+    serde_json::from_str::<Identity>(&text).ok()?.coordinator_key
+}
+
 /// Whether two lists of coordinator URLs (comma-separated) name one URL in common.
 pub fn same_coordinators(a: &str, b: &str) -> bool {
     let urls = |s: &str| s.split(',').map(|u| u.trim().trim_end_matches('/').to_string()).collect::<Vec<_>>();

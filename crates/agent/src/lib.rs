@@ -334,7 +334,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
     let mut coordinators = follow::Coordinators::new(
         follow::parse_urls(&[&config.server]).with_context(|| format!("--server {}", config.server))?,
     )
-    .with_pin(given_key.clone());
+    .with_pin(given_key.clone().or_else(|| identity::kept_key(&config.data_dir)));
     let (identity, registered_anew) = match register(&config, &mut coordinators, started, &shutdown).await? {
         Registered::Yes(id, anew) => (id, anew),
         Registered::No(ended) => return Ok(ended),

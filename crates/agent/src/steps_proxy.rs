@@ -163,9 +163,18 @@ async fn serve(job: JobId, mut conn: UnixStream, source: &UploadSource) {
             return;
         }
     };
-    let url = format!("{}/api/v1/jobs/{job}/steps", source.server);
-    let mut post = source
-        .http
+    // Only to the coordinator that proves the key now: the request carries the job's token.
+    let (http, base) = match source.endpoint().await {
+        Ok(e) => e,
+        Err(e) => {
+            let answer = response(502, &error_body(&format!("the agent has no coordinator to send this to now: {e}")));
+            let _ = conn.write_all(&answer).await;
+            let _ = conn.shutdown().await;
+            return;
+        }
+    };
+    let url = format!("{base}/api/v1/jobs/{job}/steps");
+    let mut post = http
         .post(&url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .header("x-gpuci-agent-id", &source.agent_id)

@@ -76,6 +76,16 @@ fn sha256_file(path: &Path) -> std::io::Result<String> {
 }
 
 impl UploadSource {
+    /// A client for the coordinator leading now, at the address where it proved (just now)
+    /// the coordinators' identity key, and its base URL; an address that cannot prove it is a
+    /// failure worth trying again (the agent may reconnect to one that can).
+    pub async fn endpoint(&self) -> Result<(reqwest::Client, String), crate::transfer_retry::Failure> {
+        self.server
+            .proven(|b| b.connect_timeout(Duration::from_secs(30)).read_timeout(Duration::from_secs(120)))
+            .await
+            .map_err(crate::transfer_retry::Failure::Transport)
+    }
+
     pub fn new(
         server: crate::follow::Current,
         agent_id: &str,
@@ -143,9 +153,9 @@ impl UploadSource {
     async fn download_once(&self, id: &str, path: &Path, tmp: &Path) -> Result<Result<(), WorkspaceError>, Failure> {
         let cache = |path: &Path, source| WorkspaceError::Cache { id: id.into(), path: path.to_path_buf(), source };
         // The coordinator leading now (after a failover, the new one).
-        let url = format!("{}/api/v1/uploads/{id}", self.server);
-        let resp = self
-            .http
+        let (http, base) = self.endpoint().await?;
+        let url = format!("{base}/api/v1/uploads/{id}");
+        let resp = http
             .get(&url)
             .bearer_auth(&self.credential)
             .header("x-gpuci-agent-id", &self.agent_id)

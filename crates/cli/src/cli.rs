@@ -22,6 +22,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: a few hundred bytes between variants cost nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Coordinator and one local agent in one process, with an embedded SQLite store.
@@ -353,6 +355,13 @@ pub struct ServerArgs {
     /// (docs/ha.md).
     #[arg(long, env = "GPUCI_STANDBY")]
     pub standby: bool,
+    /// A name (or address) agents and the CLI reach this coordinator by, repeated or
+    /// comma-separated: it proves its identity key only for these and for the address a
+    /// request comes in on, so a relay at another address gets no proof (docs/ha.md). Give the
+    /// DNS names in agents' --server and, behind NAT or a load balancer, the address they dial.
+    /// None given: any name is signed (a relay by name is then not stopped).
+    #[arg(long = "public-name", env = "GPUCI_PUBLIC_NAMES", value_delimiter = ',')]
+    pub public_names: Vec<String>,
 }
 
 #[derive(Args, Debug)]

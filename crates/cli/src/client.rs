@@ -49,10 +49,18 @@ impl Client {
                 gpuci_core::coordinator_identity::parse_key(k)
                     .map_err(|e| CliError::Input(format!("--coordinator-key: {e}")))?,
             ),
-            // On the coordinator's machine: the key it wrote beside the token.
-            None => std::fs::read_to_string(dir.join(gpuci_coordinator::identity::PUBLIC_KEY_FILE))
-                .ok()
-                .and_then(|k| gpuci_core::coordinator_identity::parse_key(&k).ok()),
+            // On the coordinator's machine: the key it wrote beside the token (a file that is
+            // there but not a key is an error, not a reason to go unpinned).
+            None => {
+                let path = dir.join(gpuci_coordinator::identity::PUBLIC_KEY_FILE);
+                match std::fs::read_to_string(&path) {
+                    Ok(k) => Some(
+                        gpuci_core::coordinator_identity::parse_key(&k)
+                            .map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?,
+                    ),
+                    Err(_) => None,
+                }
+            }
         };
         if pin.is_none() && a.server.len() > 1 {
             eprintln!(

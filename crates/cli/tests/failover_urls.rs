@@ -384,6 +384,13 @@ struct Impostor {
 
 impl Impostor {
     fn start(ip: &str) -> Impostor {
+        Impostor::start_relaying(ip, None)
+    }
+
+    /// With `relay_to`: identity challenges are passed on to that coordinator (host:port)
+    /// with the agent's own `Host`, and its answer passed back, as whoever holds a listed
+    /// address can do without being in the middle of anything.
+    fn start_relaying(ip: &str, relay_to: Option<String>) -> Impostor {
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -405,6 +412,19 @@ impl Impostor {
                     .trim()
                     .to_string();
                 h.lock().unwrap().push(req);
+                if let (true, Some(real)) = (line.starts_with("GET /api/v1/identity"), relay_to.as_deref()) {
+                    let target = line.split(' ').nth(1).unwrap_or("/");
+                    if let Ok(mut up) = std::net::TcpStream::connect(real) {
+                        let _ = up.set_read_timeout(Some(Duration::from_secs(5)));
+                        let _ = up.write_all(
+                            format!("GET {target} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").as_bytes(),
+                        );
+                        let mut answer = Vec::new();
+                        let _ = up.read_to_end(&mut answer);
+                        let _ = s.write_all(&answer);
+                    }
+                    continue;
+                }
                 let (status, body) = if line.starts_with("GET /api/v1/identity") {
                     let nonce = line.split("nonce=").nth(1).and_then(|r| r.split([' ', '&']).next()).unwrap_or("");
                     match own.prove(nonce, &host) {
@@ -489,6 +509,18 @@ fn an_address_that_cannot_prove_the_coordinators_key_is_never_sent_a_credential(
     });
     drop(later);
     assert_eq!(impostor.given_credentials(&reg), Vec::<String>::new(), "the impostor was sent a credential");
+
+    // Given a list with no URL in common with the one it registered through, the agent
+    // registers anew, but only with an address that proves the key it pinned (outsider
+    // finding: the new list unpinned it, and the impostor got the registration token).
+    impostor.legacy.store(false, std::sync::atomic::Ordering::SeqCst);
+    let asked_before = impostor.identity_asks();
+    let moved = agent(&impostor.url, &reg, &pinned_dir);
+    wait_until("the agent asks the impostor to prove the key, twice", T, || {
+        impostor.identity_asks() >= asked_before + 2
+    });
+    drop(moved);
+    assert_eq!(impostor.given_credentials(&reg), Vec::<String>::new(), "the impostor was sent a credential");
 }
 
 /// The leader killed (SIGKILL) while an agent streams it a 400 MB artifact: the agent sends
@@ -513,11 +545,12 @@ fn an_artifact_upload_cut_off_by_a_failover_is_stored_by_the_new_leader() {
     let job = p.jobs[0].id;
     // Killed once the upload is under way: its staged file at the leader has bytes.
     let staging = leader.data_dir.join("artifacts");
-    let upload_under_way = || {
-        std::fs::read_dir(&staging).into_iter().flatten().flatten().any(|e| {
-            e.file_name().to_string_lossy().starts_with(".tmp-") && e.metadata().is_ok_and(|m| m.len() > 0)
-        })
-    };
+    let upload_under_way =
+        || {
+            std::fs::read_dir(&staging).into_iter().flatten().flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with(".tmp-") && e.metadata().is_ok_and(|m| m.len() > 0)
+            })
+        };
     wait_until("the artifact upload is under way at the leader", Duration::from_secs(120), upload_under_way);
     let mut leader = leader;
     let _ = leader.child.kill();
@@ -539,4 +572,31 @@ fn an_artifact_upload_cut_off_by_a_failover_is_stored_by_the_new_leader() {
     assert_eq!(listed[0]["sha256"], written.as_str(), "the stored bytes are not the step's");
     let system = api.log_system(job);
     assert!(system.iter().any(|l| l.contains("big.bin") && l.contains("again")), "no retry said: {system:?}");
+}
+
+/// Whoever holds a listed address passes the agent's identity challenge on to the real
+/// coordinator with the agent's `Host`: the coordinator does not sign for a host that is not
+/// its own (an address other than the one the request came in on), so the relay has no
+/// proof and is sent nothing. (Outsider finding: the coordinator signed for any host, and the
+/// relay was sent the registration token, the agent credential and the API token.)
+#[test]
+fn a_relay_at_a_listed_address_gets_no_proof_and_no_credential() {
+    let dir = tempdir();
+    let real = Coord::start(&dir.path().join("a"), &free_address("127.0.0.1"), &[]);
+    real.wait_leading(T);
+    let key = std::fs::read_to_string(real.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
+    let reg = std::fs::read_to_string(real.data_dir.join("registration-token")).unwrap().trim().to_string();
+    let relay = Impostor::start_relaying("127.0.0.2", Some(real.listen.clone()));
+    let urls = format!("{},{}", relay.url, real.url());
+    let _agent = agent_with(&urls, &reg, &dir.path().join("agent"), &["--coordinator-key", &key]);
+    real.api().wait_agents(1, T);
+    let token = real.token();
+    let out = Command::new(BIN)
+        .args(["jobs", "--json", "--server", &urls, "--token", &token, "--coordinator-key", &key])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(relay.identity_asks() >= 2, "the relay was asked to prove the key");
+    assert_eq!(relay.given_credentials(&reg), Vec::<String>::new(), "the relay was sent a credential");
+    assert_eq!(relay.given_credentials(&token), Vec::<String>::new());
 }

@@ -68,14 +68,49 @@ pub struct Challenge {
     nonce: String,
 }
 
+/// The local address a connection came in on: what an address literal in `Host` must be for
+/// this coordinator to sign for it ([`gpuci_core::coordinator_identity::signs_for`]).
+#[derive(Clone, Copy, Debug)]
+pub struct LocalAddr(pub std::net::SocketAddr);
+
+/// The coordinator's listener: TCP with Nagle off on every connection (an assignment is one
+/// small frame that must leave now, not after the peer's delayed ACK, 40 ms on Linux), whose
+/// connections know their local address ([`LocalAddr`]).
+pub struct Listener(pub tokio::net::TcpListener);
+
+impl axum::serve::Listener for Listener {
+    type Io = tokio::net::TcpStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (io, addr) = axum::serve::Listener::accept(&mut self.0).await;
+        let _ = io.set_nodelay(true);
+        (io, addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Listener>> for LocalAddr {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Listener>) -> Self {
+        LocalAddr(stream.io().local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into()))
+    }
+}
+
 /// Proves this coordinator holds the installation's key: signs the nonce and the host the
-/// request named. No credential needed: it is asked before one is sent.
+/// request named, when that host is its own. No credential needed: it is asked before one is
+/// sent.
 #[utoipa::path(get, path = "/api/v1/identity", params(Challenge), security(()),
-    responses((status = 200, body = IdentityProof), (status = 400, body = gpuci_protocol::api::ErrorBody, description = "no well-formed nonce or Host")))]
+    responses((status = 200, body = IdentityProof),
+        (status = 400, body = gpuci_protocol::api::ErrorBody, description = "no well-formed nonce or Host"),
+        (status = 421, body = gpuci_protocol::api::ErrorBody, description = "the Host is not one of this coordinator's")))]
 pub async fn prove(
     State(st): State<AppState>,
     headers: HeaderMap,
     uri: axum::http::Uri,
+    local: Option<axum::Extension<axum::extract::ConnectInfo<LocalAddr>>>,
     Query(c): Query<Challenge>,
 ) -> Result<Json<IdentityProof>, ApiError> {
     // HTTP/1.1 names it in `Host`; HTTP/2 in the request's authority.
@@ -85,6 +120,16 @@ pub async fn prove(
         .or_else(|| uri.authority().map(|a| a.as_str()))
         .filter(|h| !h.is_empty() && h.len() <= 255)
         .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "the request names no Host"))?;
+    let local = local.map(|axum::Extension(axum::extract::ConnectInfo(LocalAddr(a)))| a);
+    if !gpuci_core::coordinator_identity::signs_for(host, local, &st.public_names) {
+        tracing::warn!(host, ?local, "refused to prove the identity key for a host that is not this coordinator's (a relay, or a name or address missing from --public-name)");
+        return Err(ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "{host:?} is not this coordinator's: it proves its key only for the address a request comes in on and the names given with --public-name; add the name or address agents use there"
+            ),
+        ));
+    }
     st.identity.prove(&c.nonce, host).map(Json).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))
 }
 
@@ -116,7 +161,7 @@ mod tests {
         let a = load_or_create(&store, &key, &dir).await.unwrap();
         let b = load_or_create(&store, &SecretsKey::from_bytes(&bytes), &dir).await.unwrap();
         assert_eq!(a.public_key(), b.public_key());
-        let written = std::fs::read_to_string(&dir.join(PUBLIC_KEY_FILE)).unwrap();
+        let written = std::fs::read_to_string(dir.join(PUBLIC_KEY_FILE)).unwrap();
         assert_eq!(written.trim(), a.public_key());
         let (other, _) = SecretsKey::generate();
         let e = load_or_create(&store, &other, &dir).await.unwrap_err().to_string();

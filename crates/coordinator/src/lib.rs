@@ -95,6 +95,10 @@ pub struct Config {
     pub github: Option<Arc<github::GithubConfig>>,
     /// The key secret values are sealed with; default `<data-dir>/secrets.key`.
     pub secrets_key_file: Option<PathBuf>,
+    /// The names (and addresses, behind NAT or a load balancer) agents and the CLI reach this
+    /// coordinator by (`--public-name`): it proves its identity key for those and for the
+    /// address a request comes in on. Empty: for any name, and for its own addresses only.
+    pub public_names: Vec<String>,
     /// Files read at start that hold credentials (the config file, the GitHub App key, the
     /// webhook secret): hidden from jobs of an agent in the same process.
     pub credential_files: Vec<PathBuf>,
@@ -174,6 +178,7 @@ impl Config {
             blobs: blobs::BlobsConfig::default(),
             github: None,
             secrets_key_file: None,
+            public_names: Vec::new(),
             credential_files: Vec::new(),
             agent_inside: false,
             standby: false,
@@ -203,6 +208,9 @@ pub struct AppState {
     pub secrets_key: Arc<gpuci_store::SecretsKey>,
     /// The installation's identity key, proved to agents and the CLI ([`identity`]).
     pub identity: Arc<gpuci_core::coordinator_identity::SigningIdentity>,
+    /// Names (and addresses) this coordinator is reached by besides its socket's own
+    /// address ([`Config::public_names`]).
+    pub public_names: Arc<Vec<String>>,
     /// Opens secrets encrypted in pipeline files; its current public key is handed out.
     pub repo_keys: Arc<std::sync::RwLock<gpuci_repo_secrets::KeyRing>>,
     pub conn_seq: Arc<AtomicU64>,
@@ -535,6 +543,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         registration_token: registration_token.clone(),
         secrets_key,
         identity,
+        public_names: Arc::new(config.public_names.clone()),
         repo_keys,
         conn_seq: Arc::new(AtomicU64::new(1)),
         shutdown: shutdown.clone(),
@@ -572,13 +581,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let sd = shutdown.clone();
     let shutdown_on_loss = shutdown.clone();
     let task = tokio::spawn(async move {
-        // No Nagle: an assignment is one small frame that must leave now, not after the
-        // peer's delayed ACK (40 ms on Linux).
-        use axum::serve::ListenerExt;
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let served = axum::serve(listener, app).with_graceful_shutdown(async move { sd.cancelled().await });
+        // No Nagle, and each connection knows the address it came in on.
+        let listener = identity::Listener(listener);
+        let served = axum::serve(listener, app.into_make_service_with_connect_info::<identity::LocalAddr>())
+            .with_graceful_shutdown(async move { sd.cancelled().await });
         let result = tokio::select! {
             r = served => r.map_err(anyhow::Error::from),
             lost = async {

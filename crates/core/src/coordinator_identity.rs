@@ -19,8 +19,9 @@
 //! Pure: signing and checking over plain strings; the key's storage, the HTTP endpoint and
 //! the pin's file are the coordinator's, the agent's and the CLI's.
 
-use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, SocketAddr};
 
 /// How a public key is written: `ed25519:` and 64 hex digits.
 pub const KEY_PREFIX: &str = "ed25519:";
@@ -80,8 +81,51 @@ pub fn parse_key(given: &str) -> Result<String, IdentityError> {
     let bad = || IdentityError::BadKey(given.trim().chars().take(80).collect());
     let hexpart = given.trim().strip_prefix(KEY_PREFIX).ok_or_else(bad)?;
     let bytes: [u8; 32] = hex::decode(hexpart).ok().and_then(|b| b.try_into().ok()).ok_or_else(bad)?;
-    VerifyingKey::from_bytes(&bytes).map_err(|_| bad())?;
+    // A weak key (a point of small order) verifies forged signatures: never one to pin.
+    let vk = VerifyingKey::from_bytes(&bytes).map_err(|_| bad())?;
+    if vk.is_weak() {
+        return Err(bad());
+    }
     Ok(format!("{KEY_PREFIX}{}", hex::encode(bytes)))
+}
+
+/// Whether a coordinator signs for `asked` (the `Host` a challenge names), given the local
+/// address the request came in on and the names it was told are its own
+/// (`--public-name`). A coordinator that signed for any host would let whoever holds a
+/// listed address relay an agent's challenge to it with the agent's `Host`:
+/// - a name or address in `names` (any port): signed;
+/// - an address literal: signed only when it is the address the request came in on (what the
+///   agent dialled reached this socket directly, not through a relay; behind NAT or a load
+///   balancer, list the address the agents use in `names`);
+/// - a name: signed when `names` is empty (a coordinator told nothing about its names cannot
+///   tell a relay's from its own; docs/ha.md), refused otherwise.
+pub fn signs_for(asked: &str, local: Option<SocketAddr>, names: &[String]) -> bool {
+    let Some((host, port)) = split_host(asked) else { return false };
+    if names.iter().any(|n| n.trim().trim_start_matches('[').trim_end_matches(']').eq_ignore_ascii_case(host)) {
+        return true;
+    }
+    match host.parse::<IpAddr>() {
+        Ok(ip) => local.is_some_and(|l| l.ip().to_canonical() == ip.to_canonical() && port.unwrap_or(80) == l.port()),
+        Err(_) => names.is_empty(),
+    }
+}
+
+/// `host[:port]` or `[v6]:port` → (host without brackets, port).
+fn split_host(asked: &str) -> Option<(&str, Option<u16>)> {
+    if let Some(rest) = asked.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        return match after.strip_prefix(':') {
+            Some(p) => Some((host, Some(p.parse().ok()?))),
+            None if after.is_empty() => Some((host, None)),
+            None => None,
+        };
+    }
+    match asked.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => Some((h, Some(p.parse().ok()?))),
+        Some(_) => None,
+        None => Some((asked, None)),
+    }
+    .filter(|(h, _)| !h.is_empty())
 }
 
 /// The installation's key, to sign with. Never printed.
@@ -139,7 +183,8 @@ pub fn verify(proof: &IdentityProof, nonce: &str, host: &str, pinned: Option<&st
     let sig: [u8; 64] =
         hex::decode(&proof.signature).ok().and_then(|b| b.try_into().ok()).ok_or(IdentityError::BadSignature)?;
     // Signed with the proof's own host: case may differ from what was asked, the name not.
-    vk.verify(&message(nonce, &proof.host), &Signature::from_bytes(&sig)).map_err(|_| IdentityError::BadSignature)?;
+    vk.verify_strict(&message(nonce, &proof.host), &Signature::from_bytes(&sig))
+        .map_err(|_| IdentityError::BadSignature)?;
     if let Some(pinned) = pinned {
         let pinned = parse_key(pinned)?;
         if pinned != key {
@@ -207,6 +252,41 @@ mod tests {
             me.public_key()
         );
         assert!(parse_key("ssh-ed25519 AAAA").is_err());
+    }
+
+    /// Outsider finding: the coordinator signed for any `Host`, so a listed address held by
+    /// someone else relayed an agent's challenge to it and got a proof for its own host.
+    #[test]
+    fn a_coordinator_signs_only_for_hosts_that_are_its_own() {
+        let local: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        let none: &[String] = &[];
+        assert!(signs_for("127.0.0.1:8080", Some(local), none));
+        assert!(!signs_for("127.0.0.2:8080", Some(local), none), "a relay at another address");
+        assert!(!signs_for("127.0.0.1:9090", Some(local), none));
+        assert!(!signs_for("127.0.0.1", Some(local), none), "port 80 implied");
+        assert!(!signs_for("127.0.0.1:8080", None, none));
+        let v6: SocketAddr = "[::ffff:127.0.0.1]:8080".parse().unwrap();
+        assert!(signs_for("127.0.0.1:8080", Some(v6), none), "a dual-stack socket");
+        assert!(signs_for("[::1]:8080", Some("[::1]:8080".parse().unwrap()), none));
+        // Names: any, until names are given; then those only (and listed addresses).
+        assert!(signs_for("ci.example.org:8080", Some(local), none));
+        let names = vec!["CI.example.org".to_string(), "10.0.0.5".to_string()];
+        assert!(signs_for("ci.example.org:8080", Some(local), &names));
+        assert!(!signs_for("old-ci.example.org:8080", Some(local), &names));
+        assert!(signs_for("10.0.0.5:80", Some(local), &names), "a load balancer's address, listed");
+        for junk in ["", ":80", "[::1", "a:b:c", "h:99999", "[::1]x"] {
+            assert!(!signs_for(junk, Some(local), &names), "{junk:?}");
+        }
+    }
+
+    #[test]
+    fn a_weak_key_is_never_taken() {
+        // The identity point (small order): any signature of the form R=identity verifies.
+        let weak = format!("{KEY_PREFIX}01{}", "00".repeat(31));
+        assert!(matches!(parse_key(&weak), Err(IdentityError::BadKey(_))));
+        let n = nonce([3; 32]);
+        let forged = IdentityProof { key: weak.clone(), host: "h".into(), signature: format!("01{}", "00".repeat(63)) };
+        assert!(verify(&forged, &n, "h", None).is_err());
     }
 
     #[test]
