@@ -1,7 +1,8 @@
 //! Dynamic steps: a running job adds steps to its own pipeline (`gpuci pipeline upload`).
 //!
 //! The credential is a job token: a fresh random token made when the job is given to an
-//! agent ([`issue`]), stored only as its sha256 (`job_tokens`), sent to the agent with the
+//! agent ([`new_token`]), stored only as its sha256 (`job_tokens`, written by the job's
+//! assignment in the placement pass's one transaction), sent to the agent with the
 //! job's secrets (so the agent hands it to the job as `GPUCI_JOB_TOKEN` and masks it in the
 //! job's log like any secret). It does one thing: `POST /api/v1/jobs/{id}/steps` for the job
 //! it was made for, while that job is assigned or running. It is not an API token, so every
@@ -41,21 +42,13 @@ pub const JOB_TOKEN_ENV: &str = "GPUCI_JOB_TOKEN";
 /// What a job token starts with: a reader of a log or a leak report can tell what it is.
 pub const JOB_TOKEN_PREFIX: &str = "gpuci_job_";
 
-/// A new token for `job`: the value the job gets, and its row (`(job, sha256)`) for
-/// [`store_tokens`].
-pub(crate) fn new_token(job: JobId) -> (String, (JobId, String)) {
+/// A new job token: the value the job gets, and its sha256, which the placement pass stores
+/// with the job's assignment (`NewAssignment::token_sha256`), in the same commit: a job never
+/// holds a token the coordinator does not know, and a refused assignment stores none.
+pub(crate) fn new_token() -> (String, String) {
     let token = crate::auth::generate(JOB_TOKEN_PREFIX);
-    let row = (job, crate::auth::hash(token.expose()));
-    (token.expose().to_string(), row)
-}
-
-/// The tokens of one placement pass, stored in one commit before its assignments are (so a
-/// job never holds a token the coordinator does not know).
-pub(crate) async fn store_tokens(store: &dyn Store, rows: &[(JobId, String)]) -> Result<(), StoreError> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    store.put_job_tokens(rows, crate::brain::now_ms()).await
+    let sha256 = crate::auth::hash(token.expose());
+    (token.expose().to_string(), sha256)
 }
 
 /// Why an upload added nothing.

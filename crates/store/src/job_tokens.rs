@@ -3,6 +3,11 @@
 //! how many uploads it has made. The token itself is never stored. The SQL of both backends
 //! lives here (but adding the uploaded jobs, which shares the job insert of each backend);
 //! their `Store` impls only call it.
+//!
+//! A placed job's token is written by its assignment (`NewAssignment::token_sha256`), in the
+//! placement pass's one transaction: a refused assignment stores no token, and a pass costs
+//! one commit, not one for its tokens and one for its assignments. The rows of ended jobs are
+//! swept once per pass, in the same transaction ([`sqlite::sweep_ended`]).
 
 use crate::Result;
 use gpuci_protocol::JobId;
@@ -46,19 +51,32 @@ pub(crate) mod sqlite {
 
     pub async fn put(pool: &SqlitePool, tokens: &[(JobId, String)], now_ms: i64) -> Result<()> {
         let mut tx = pool.begin().await?;
-        sqlx::query(ENDED).execute(&mut *tx).await?;
+        sweep_ended(&mut tx).await?;
         for (job, sha256) in tokens {
-            sqlx::query(
+            put_in(&mut tx, *job, sha256, now_ms).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Deletes the rows of ended jobs, inside the caller's transaction.
+    pub async fn sweep_ended(conn: &mut sqlx::SqliteConnection) -> Result<()> {
+        sqlx::query(ENDED).execute(conn).await?;
+        Ok(())
+    }
+
+    /// Stores `job`'s token hash inside the caller's transaction (replacing an earlier one of
+    /// the job, its upload count kept).
+    pub async fn put_in(conn: &mut sqlx::SqliteConnection, job: JobId, sha256: &str, now_ms: i64) -> Result<()> {
+        sqlx::query(
             "INSERT INTO job_tokens (job_id, token_sha256, uploads, created_at_ms) VALUES (?, ?, 0, ?) \
              ON CONFLICT (job_id) DO UPDATE SET token_sha256 = excluded.token_sha256, created_at_ms = excluded.created_at_ms",
         )
-            .bind(job)
-            .bind(sha256)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
+        .bind(job)
+        .bind(sha256)
+        .bind(now_ms)
+        .execute(conn)
+        .await?;
         Ok(())
     }
 
@@ -97,19 +115,37 @@ pub(crate) mod postgres {
 
     pub async fn put(pool: &PgPool, tokens: &[(JobId, String)], now_ms: i64) -> Result<()> {
         let mut tx = pool.begin().await?;
-        sqlx::query(ENDED).execute(&mut *tx).await?;
-        for (job, sha256) in tokens {
-            sqlx::query(
-            "INSERT INTO job_tokens (job_id, token_sha256, uploads, created_at_ms) VALUES ($1, $2, 0, $3) \
+        sweep_ended(&mut tx).await?;
+        // One row per job (the last given), as one statement may not upsert a row twice.
+        let last: std::collections::BTreeMap<JobId, &str> = tokens.iter().map(|(j, h)| (*j, h.as_str())).collect();
+        let (jobs, hashes): (Vec<JobId>, Vec<&str>) = last.into_iter().unzip();
+        put_all_in(&mut tx, &jobs, &hashes, now_ms).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Deletes the rows of ended jobs, inside the caller's transaction.
+    pub async fn sweep_ended(conn: &mut sqlx::PgConnection) -> Result<()> {
+        sqlx::query(ENDED).execute(conn).await?;
+        Ok(())
+    }
+
+    /// Stores each `jobs[i]`'s token hash `hashes[i]` inside the caller's transaction, in one
+    /// statement whatever their number (replacing an earlier one of a job, its upload count kept).
+    pub async fn put_all_in(conn: &mut sqlx::PgConnection, jobs: &[JobId], hashes: &[&str], now_ms: i64) -> Result<()> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO job_tokens (job_id, token_sha256, uploads, created_at_ms) \
+             SELECT j, h, 0, $3 FROM UNNEST($1::bigint[], $2::text[]) AS t(j, h) \
              ON CONFLICT (job_id) DO UPDATE SET token_sha256 = EXCLUDED.token_sha256, created_at_ms = EXCLUDED.created_at_ms",
         )
-            .bind(job)
-            .bind(sha256)
-            .bind(now_ms)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
+        .bind(jobs)
+        .bind(hashes)
+        .bind(now_ms)
+        .execute(conn)
+        .await?;
         Ok(())
     }
 

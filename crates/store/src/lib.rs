@@ -237,6 +237,8 @@ pub trait Store: Send + Sync + 'static {
     /// stay queued. `Ok`: one answer per assignment, in order: the job as assigned, or why that
     /// one was refused ([`StoreError::Conflict`]: no longer queued; [`StoreError::GpuLeased`];
     /// [`StoreError::JobNotFound`]), which stored nothing of it and did not hold back the others.
+    /// An assignment's `token_sha256` is stored with it (as [`Store::put_job_tokens`] would),
+    /// so exactly when it is; a batch with tokens also deletes ended jobs' token rows.
     async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<JobRecord>>>;
     /// Group commit of agents' events: [`Store::update_job`] for each of `batch` in ONE
     /// transaction, with the same all-or-nothing and per-item answers as
@@ -426,8 +428,9 @@ pub trait Store: Send + Sync + 'static {
 
     // Dynamic steps (`gpuci pipeline upload`).
     /// Store the sha256 of each job's token for adding steps (`(job, sha256)`; replacing an
-    /// earlier one of the job, its upload count back to 0), in one commit; rows of jobs that
-    /// have ended are deleted in the same commit.
+    /// earlier one of the job, its upload count kept), in one commit; rows of jobs that have
+    /// ended are deleted in the same commit. A placement pass stores its tokens with its
+    /// assignments instead ([`NewAssignment::token_sha256`]).
     async fn put_job_tokens(&self, tokens: &[(JobId, String)], now_ms: i64) -> Result<()>;
     /// The job's token row, if it has one.
     async fn job_token(&self, job: JobId) -> Result<Option<JobTokenRecord>>;

@@ -414,6 +414,9 @@ async fn assign_set_based(
 ) -> Result<Option<Vec<Result<JobRecord>>>> {
     use std::collections::HashMap;
     let mut tx = pool.begin().await?;
+    if batch.iter().any(|a| a.token_sha256.is_some()) {
+        crate::job_tokens::postgres::sweep_ended(&mut tx).await?;
+    }
     let ids: Vec<JobId> = batch.iter().map(|a| a.job).collect();
     // Locked in id order: two batches over the same jobs wait, never deadlock.
     let rows = sqlx::query("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
@@ -505,6 +508,11 @@ async fn assign_set_based(
         .bind(now_ms)
         .execute(&mut *tx)
         .await?;
+        // The job tokens of the accepted ones (each job at most once: a second assignment of
+        // a job in the batch was refused above).
+        let (tokened, hashes): (Vec<JobId>, Vec<&str>) =
+            accepted.iter().filter_map(|a| a.token_sha256.as_deref().map(|h| (a.job, h))).unzip();
+        crate::job_tokens::postgres::put_all_in(&mut tx, &tokened, &hashes, now_ms).await?;
     }
     let ids: Vec<JobId> = accepted.iter().map(|a| a.job).collect();
     let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(ids.len());
@@ -637,10 +645,22 @@ impl Store for PostgresStore {
         // A lease raced in by another transaction: job by job, each under a savepoint, so a
         // refused one leaves nothing behind and the others stand.
         let mut tx = self.pool.begin().await?;
+        if batch.iter().any(|a| a.token_sha256.is_some()) {
+            crate::job_tokens::postgres::sweep_ended(&mut tx).await?;
+        }
         let mut out = Vec::with_capacity(batch.len());
         for a in batch {
             sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;
-            match assign_in(&mut tx, a.job, &a.agent_id, &a.gpus, now_ms).await {
+            let assigned = match assign_in(&mut tx, a.job, &a.agent_id, &a.gpus, now_ms).await {
+                Ok(rec) => match &a.token_sha256 {
+                    Some(h) => crate::job_tokens::postgres::put_all_in(&mut tx, &[a.job], &[h.as_str()], now_ms)
+                        .await
+                        .map(|()| rec),
+                    None => Ok(rec),
+                },
+                Err(e) => Err(e),
+            };
+            match assigned {
                 Err(e) if e.refuses_only_the_item() => {
                     sqlx::query("ROLLBACK TO SAVEPOINT item").execute(&mut *tx).await?;
                     out.push(Err(e));

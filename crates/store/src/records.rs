@@ -78,6 +78,10 @@ pub struct NewAssignment {
     pub job: JobId,
     pub agent_id: String,
     pub gpus: Vec<String>,
+    /// The sha256 (lowercase hex) of the job token this run is given (dynamic steps,
+    /// `job_tokens`), stored with the assignment in its transaction, replacing an earlier one
+    /// of the job: stored exactly when the assignment is. `None`: the run gets no token.
+    pub token_sha256: Option<String>,
 }
 
 /// A job's stored state changes of a batch ([`Store::update_jobs`](crate::Store::update_jobs)):

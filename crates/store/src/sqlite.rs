@@ -380,11 +380,23 @@ impl Store for SqliteStore {
 
     async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<JobRecord>>> {
         let mut tx = self.pool.begin().await?;
+        if batch.iter().any(|a| a.token_sha256.is_some()) {
+            crate::job_tokens::sqlite::sweep_ended(&mut tx).await?;
+        }
         let mut out = Vec::with_capacity(batch.len());
         for a in batch {
             // A savepoint per item: a refused one leaves nothing behind and the others stand.
             sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;
-            match assign_in(&mut tx, a.job, &a.agent_id, &a.gpus, now_ms).await {
+            let assigned = match assign_in(&mut tx, a.job, &a.agent_id, &a.gpus, now_ms).await {
+                Ok(rec) => match &a.token_sha256 {
+                    Some(sha256) => {
+                        crate::job_tokens::sqlite::put_in(&mut tx, a.job, sha256, now_ms).await.map(|()| rec)
+                    }
+                    None => Ok(rec),
+                },
+                Err(e) => Err(e),
+            };
+            match assigned {
                 Err(e) if e.refuses_only_the_item() => {
                     sqlx::query("ROLLBACK TO SAVEPOINT item").execute(&mut *tx).await?;
                     out.push(Err(e));

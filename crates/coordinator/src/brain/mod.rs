@@ -11,11 +11,11 @@
 //! Group commit: the brain handles every command already waiting (up to
 //! `COMMANDS_PER_PASS`) and then runs one placement pass. Agents' starts and plain results
 //! in that run are stored in one transaction (`Brain::flush_events`) and answered, so
-//! acknowledged, only after it commits; a placement pass stores all its assignments in one
-//! transaction (`Brain::commit_placements`) and sends none before it commits, and the
-//! reasons of the jobs it could not place in another. One fsync per batch, not per job: that
-//! write, one at a time, was what bounded placement (BENCHMARKS.md, "The coordinator under
-//! load").
+//! acknowledged, only after it commits; a placement pass stores all its assignments, with
+//! their job tokens' hashes, in one transaction (`Brain::commit_placements`) and sends none
+//! before it commits, and the reasons of the jobs it could not place in another. One fsync
+//! per batch, not per job: that write, one at a time, was what bounded placement
+//! (BENCHMARKS.md, "The coordinator under load").
 //!
 //! The parts, each an `impl Brain` block over the state defined here:
 //! - `mod.rs`: the commands ([`Command`]), the [`Brain`] and its state, loading it from the store;
@@ -386,6 +386,9 @@ struct Placed {
     trusted: bool,
     repository: Option<String>,
     log_from: u64,
+    /// The sha256 of the job token in `secrets` (`crate::dynamic_steps`), stored with the
+    /// assignment.
+    token_sha256: Option<String>,
 }
 
 /// Records why `j` waits unless that is already what it says.

@@ -10,14 +10,20 @@ impl Brain {
     fn hosts(&self) -> (Vec<HostView>, Vec<String>) {
         let leased: HashMap<&str, JobId> =
             self.active.values().flat_map(|j| j.gpus.iter().map(move |g| (g.as_str(), j.id))).collect();
+        // Each agent's slots in use, counted in one walk over the active jobs: counting them
+        // agent by agent walked every active job once per agent, and at 2,000 agents and
+        // 10,000 jobs that was most of a placement pass (BENCHMARKS.md, "The coordinator
+        // under load").
+        let mut busy: HashMap<&str, u32> = HashMap::new();
+        for j in self.active.values().filter(|j| j.state != JobState::Queued) {
+            if let Some(agent) = j.agent_id.as_deref() {
+                *busy.entry(agent).or_default() += 1;
+            }
+        }
         let mut ids = Vec::new();
         let mut hosts = Vec::new();
         for a in self.agents.values().filter(|a| a.link == Link::Connected) {
-            let busy = self
-                .active
-                .values()
-                .filter(|j| j.agent_id.as_deref() == Some(&a.id) && j.state != JobState::Queued)
-                .count() as u32;
+            let busy = busy.get(a.id.as_str()).copied().unwrap_or(0);
             let gpus = a
                 .gpus
                 .iter()
@@ -100,8 +106,6 @@ impl Brain {
         let mut reasons: Vec<(JobRecord, String)> = Vec::new();
         // This pass's assignments, stored in one transaction before any is sent.
         let mut placed: Vec<Placed> = Vec::new();
-        // The job tokens of this pass (`crate::dynamic_steps`), stored together.
-        let mut job_tokens: Vec<(JobId, String)> = Vec::new();
         // Pipelines read this pass (a pipeline's steps are placed one after another).
         let mut pipelines: HashMap<PipelineId, PipelineRecord> = HashMap::new();
         for j in queued {
@@ -344,13 +348,14 @@ impl Brain {
                             continue;
                         }
                     };
-                    // Its job token (`crate::dynamic_steps`), stored as a hash before the
-                    // assignments are, and given as a secret: the job's log masks it.
+                    // Its job token (`crate::dynamic_steps`), stored as a hash with the
+                    // assignment, and given as a secret: the job's log masks it.
                     let mut secrets = secrets;
+                    let mut token_sha256 = None;
                     if !matches!(origin, Some(Origin::ActionsRunner(_))) {
-                        let (token, row) = crate::dynamic_steps::new_token(j.id);
+                        let (token, sha256) = crate::dynamic_steps::new_token();
                         secrets.insert(crate::dynamic_steps::JOB_TOKEN_ENV.to_string(), token);
-                        job_tokens.push(row);
+                        token_sha256 = Some(sha256);
                     }
                     if let Some(key) = self.group_of(&j) {
                         placed_groups.insert(key);
@@ -366,6 +371,7 @@ impl Brain {
                         trusted,
                         repository,
                         log_from,
+                        token_sha256,
                     });
                 }
                 Err(u) => {
@@ -393,13 +399,6 @@ impl Brain {
                 }
             }
         }
-        if let Err(e) = crate::dynamic_steps::store_tokens(self.store.as_ref(), &job_tokens).await {
-            // They run without `gpuci pipeline upload` rather than with a token that opens nothing.
-            tracing::error!(jobs = job_tokens.len(), error = %e, "could not store the job tokens of a placement pass");
-            for p in &mut placed {
-                p.secrets.remove(crate::dynamic_steps::JOB_TOKEN_ENV);
-            }
-        }
         self.commit_placements(placed, &mut reasons).await;
         if !reasons.is_empty() {
             let rows: Vec<(JobId, String)> = reasons.iter().map(|(j, why)| (j.id, why.clone())).collect();
@@ -421,8 +420,9 @@ impl Brain {
         self.unplaceable = unplaceable;
     }
 
-    /// Group commit of a placement pass: every assignment is stored in one transaction, and
-    /// only after it commits is any sent (an assignment is never sent before it is durable).
+    /// Group commit of a placement pass: every assignment is stored in one transaction, with
+    /// its job token's hash, and only after it commits is any sent (an assignment is never
+    /// sent before it is durable, and a job never holds a token the store does not know).
     /// If the commit fails, nothing is sent, the jobs stay queued (saying why) and the next
     /// pass places them again.
     async fn commit_placements(&mut self, placed: Vec<Placed>, reasons: &mut Vec<(JobRecord, String)>) {
@@ -431,7 +431,12 @@ impl Brain {
         }
         let batch: Vec<NewAssignment> = placed
             .iter()
-            .map(|p| NewAssignment { job: p.job.id, agent_id: p.agent_id.clone(), gpus: p.gpus.clone() })
+            .map(|p| NewAssignment {
+                job: p.job.id,
+                agent_id: p.agent_id.clone(),
+                gpus: p.gpus.clone(),
+                token_sha256: p.token_sha256.clone(),
+            })
             .collect();
         let results = match self.store.assign_jobs(&batch, now_ms()).await {
             Ok(results) => results,

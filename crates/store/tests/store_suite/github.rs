@@ -1,0 +1,99 @@
+//! The GitHub integration's records: deliveries, workflow job records, runners, approvals and
+//! check runs.
+
+use crate::pg;
+use gpuci_store::*;
+
+/// The GitHub integration's records: deliveries deduplicate, job records insert once, runners,
+/// approvals per SHA and check run ids round-trip.
+async fn github_suite(s: &dyn Store) {
+    assert!(s.record_delivery("d-1", "workflow_job", 1).await.unwrap());
+    assert!(!s.record_delivery("d-1", "workflow_job", 2).await.unwrap(), "a redelivery is not new");
+    assert!(s.record_delivery("d-2", "ping", 3).await.unwrap());
+
+    let mut job = GithubJobRecord {
+        id: 77,
+        repository: "octo/gpu".into(),
+        run_id: 5,
+        name: "test".into(),
+        labels: vec!["self-hosted".into(), "gpu".into()],
+        pool: "h100".into(),
+        state: "queued".into(),
+        runner_job_id: None,
+        runner_name: None,
+        reason: "queued".into(),
+        queued_at_ms: 10,
+        updated_at_ms: 10,
+        runner_exits: 0,
+        last_runner_exit: None,
+        check_failures: 0,
+        retry_at_ms: None,
+    };
+    assert!(s.insert_github_job(&job).await.unwrap());
+    let mut twice = job.clone();
+    twice.name = "other".into();
+    assert!(!s.insert_github_job(&twice).await.unwrap());
+    assert_eq!(s.get_github_job(77).await.unwrap().unwrap(), job);
+    // The backoff state survives a restart: it is in the record.
+    job.runner_exits = 3;
+    job.last_runner_exit = Some("exit 0, 'Must not run interactively with sudo'".into());
+    job.check_failures = 2;
+    job.retry_at_ms = Some(12_345);
+    s.put_github_job(&job).await.unwrap();
+    assert_eq!(s.get_github_job(77).await.unwrap().unwrap(), job);
+    job.state = "completed".into();
+    job.runner_name = Some("gpuci-1".into());
+    s.put_github_job(&job).await.unwrap();
+    assert_eq!(s.get_github_job(77).await.unwrap().unwrap().runner_name.as_deref(), Some("gpuci-1"));
+    assert!(s.github_jobs(true, 10).await.unwrap().is_empty());
+    assert_eq!(s.github_jobs(false, 10).await.unwrap().len(), 1);
+    assert!(s.get_github_job(78).await.unwrap().is_none());
+
+    let mut runner = RunnerRecord {
+        name: "gpuci-1".into(),
+        job_id: 3,
+        pool: "h100".into(),
+        repository: "octo/gpu".into(),
+        org: None,
+        runner_id: None,
+        github_job_id: None,
+        state: "queued".into(),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    s.put_runner(&runner).await.unwrap();
+    assert_eq!(s.runners(true).await.unwrap(), vec![runner.clone()]);
+    runner.state = "done".into();
+    runner.runner_id = Some(9);
+    s.put_runner(&runner).await.unwrap();
+    assert!(s.runners(true).await.unwrap().is_empty());
+    assert_eq!(s.get_runner("gpuci-1").await.unwrap().unwrap().runner_id, Some(9));
+
+    let approval = ApprovalRecord {
+        repository: "octo/gpu".into(),
+        pr: 4,
+        head_sha: "abc".into(),
+        approved_by: "maintainer".into(),
+        approved_at_ms: 5,
+    };
+    s.put_approval(&approval).await.unwrap();
+    assert_eq!(s.get_approval("octo/gpu", 4, "abc").await.unwrap(), Some(approval));
+    assert_eq!(s.get_approval("octo/gpu", 4, "def").await.unwrap(), None, "an approval is for one SHA");
+
+    assert_eq!(s.get_check_run(3).await.unwrap(), None);
+    s.set_check_run(3, 1234).await.unwrap();
+    assert_eq!(s.get_check_run(3).await.unwrap(), Some(1234));
+}
+
+#[tokio::test]
+async fn sqlite_file_store_passes_github_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    github_suite(&SqliteStore::open(&dir.path().join("gpuci.db")).await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn postgres_store_passes_github_suite() {
+    let Some(server) = pg::PgServer::start() else { return };
+    let s = PostgresStore::connect(&server.create_database("github").await).await.unwrap();
+    github_suite(&s).await;
+}
