@@ -336,8 +336,9 @@ fn asked_host(base: &str) -> Option<String> {
 }
 
 /// Asks `target` to prove the installation's key with a fresh nonce: `Ok(Some(key))` proved;
-/// `Ok(None)`: no key pinned, and the coordinator predates the proof (404) or did not answer:
-/// used as before; `Err`: why it is not to be sent anything.
+/// `Ok(None)`: no key pinned, and the coordinator predates the proof (404), does not know
+/// itself by the address used (421) or did not answer: used as before; `Err`: why it is not
+/// to be sent anything.
 async fn prove(target: &Target, pinned: Option<&str>) -> Result<Option<String>, String> {
     let host = asked_host(&target.base).ok_or("not a URL with a host")?;
     let http = target.client(reqwest::Client::builder().timeout(PROBE_TIMEOUT)).map_err(|e| e.to_string())?;
@@ -350,6 +351,12 @@ async fn prove(target: &Target, pinned: Option<&str>) -> Result<Option<String>, 
     };
     if resp.status() == reqwest::StatusCode::NOT_FOUND && pinned.is_none() {
         tracing::warn!(coordinator = %target.base, "this coordinator cannot prove an identity key (older than the agent?): used unpinned; upgrade it");
+        return Ok(None);
+    }
+    if resp.status() == reqwest::StatusCode::MISDIRECTED_REQUEST && pinned.is_none() {
+        // It does not know itself by the address dialled (NAT, a port mapping, a load
+        // balancer): nothing pinned, so used as before, and said.
+        tracing::warn!(coordinator = %target.base, "this coordinator does not prove its identity key for the address used (add it with `gpuci server --public-name`): used unpinned");
         return Ok(None);
     }
     if !resp.status().is_success() {
