@@ -131,9 +131,29 @@ def pick_version(asked: str) -> str:
     return min(shipped, key=lambda v: (abs(minor_number(v) - want), minor_number(v)))
 
 
+class _NoDuplicateKeys(yaml.SafeLoader):
+    """A loader that refuses a key given twice in one mapping: PyYAML keeps the last, kubectl
+    and kustomize may keep another, and either way one of them is lost (the privileged
+    example's ConfigMap had two `data:` keys, and its server.toml went missing)."""
+
+
+def _mapping_without_duplicates(loader, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"the key {key!r} is given twice", key_node.start_mark)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_NoDuplicateKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def load_docs(path: Path, report: Report) -> list[Doc]:
     try:
-        raw = list(yaml.safe_load_all(path.read_text()))
+        raw = list(yaml.load_all(path.read_text(), Loader=_NoDuplicateKeys))
     except (OSError, yaml.YAMLError) as e:
         report.fail_file(rel(path), f"cannot read YAML: {e}")
         return []
