@@ -39,6 +39,13 @@ use crate::types::{
 };
 pub use crate::types::{JitConfig, JitRunnerSpec};
 
+// The operations, one module per API area; the plumbing (credentials, retries, rate limits,
+// paging) stays here.
+mod actions;
+mod checks;
+mod repos;
+mod runners;
+
 const API_VERSION: &str = "2022-11-28";
 const USER_AGENT: &str = concat!("gpuci/", env!("CARGO_PKG_VERSION"));
 /// Installation tokens live one hour; refresh this long before `expires_at` so a token is never
@@ -49,11 +56,6 @@ const PER_PAGE: u32 = 100;
 /// At most this many pages (1000 items) per listing: enough for any one repository's live runs and
 /// jobs, and a bound on how long a reconcile pass can spend on one listing.
 const MAX_PAGES: u32 = 10;
-/// GitHub rejects commit status descriptions longer than this (in characters).
-const STATUS_DESCRIPTION_MAX_CHARS: usize = 140;
-/// How long a tarball download may take, start to end (512 MiB over a slow link).
-const TARBALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
-
 /// How the client tries again after an answer that may change: see the module header.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -442,238 +444,6 @@ impl Client {
         token
     }
 
-    /// Registers a just-in-time runner on `repo`.
-    pub async fn generate_jitconfig(&self, repo: &Repo, spec: &JitRunnerSpec) -> Result<JitConfig, ApiError> {
-        const OP: &str = "generate JIT runner config";
-        let path = repo_path(OP, repo, &["actions", "runners", "generate-jitconfig"])?;
-        let resp: wire::JitConfigResponse =
-            self.send(OP, Method::POST, &path, &[], Auth::Repo(repo), Some(spec)).await?.success()?.json()?;
-        Ok(jit_config(resp))
-    }
-
-    /// Registers a just-in-time runner on organisation `org`.
-    pub async fn generate_org_jitconfig(&self, org: &str, spec: &JitRunnerSpec) -> Result<JitConfig, ApiError> {
-        const OP: &str = "generate organization JIT runner config";
-        let path = org_path(OP, org, &["actions", "runners", "generate-jitconfig"])?;
-        let resp: wire::JitConfigResponse =
-            self.send(OP, Method::POST, &path, &[], Auth::Org(org), Some(spec)).await?.success()?.json()?;
-        Ok(jit_config(resp))
-    }
-
-    /// Removes a runner from `repo`; one that is already gone (404) counts as removed.
-    pub async fn delete_runner(&self, repo: &Repo, runner_id: u64) -> Result<(), ApiError> {
-        const OP: &str = "delete repository runner";
-        let path = repo_path(OP, repo, &["actions", "runners", &runner_id.to_string()])?;
-        let reply = self.send(OP, Method::DELETE, &path, &[], Auth::Repo(repo), NO_BODY).await?;
-        if reply.status != StatusCode::NOT_FOUND {
-            reply.success()?;
-        }
-        Ok(())
-    }
-
-    /// Removes a runner from organisation `org`; one that is already gone (404) counts as removed.
-    pub async fn delete_org_runner(&self, org: &str, runner_id: u64) -> Result<(), ApiError> {
-        const OP: &str = "delete organization runner";
-        let path = org_path(OP, org, &["actions", "runners", &runner_id.to_string()])?;
-        let reply = self.send(OP, Method::DELETE, &path, &[], Auth::Org(org), NO_BODY).await?;
-        if reply.status != StatusCode::NOT_FOUND {
-            reply.success()?;
-        }
-        Ok(())
-    }
-
-    /// The self-hosted runners registered on `repo` (all pages, up to 1000 runners).
-    pub async fn list_runners(&self, repo: &Repo) -> Result<Vec<Runner>, ApiError> {
-        const OP: &str = "list repository runners";
-        let path = repo_path(OP, repo, &["actions", "runners"])?;
-        self.paginate(OP, &path, Vec::new(), Auth::Repo(repo), |page: wire::RunnerPage| page.runners).await
-    }
-
-    /// Cancels a workflow run; one that already finished (409) counts as cancelled.
-    pub async fn cancel_run(&self, repo: &Repo, run_id: u64) -> Result<(), ApiError> {
-        const OP: &str = "cancel workflow run";
-        let path = repo_path(OP, repo, &["actions", "runs", &run_id.to_string(), "cancel"])?;
-        let reply = self.send(OP, Method::POST, &path, &[], Auth::Repo(repo), NO_BODY).await?;
-        if reply.status != StatusCode::CONFLICT {
-            reply.success()?;
-        }
-        Ok(())
-    }
-
-    /// GET /repos/{owner}/{repo}/actions/runs?status=..&head_sha=..&per_page=100, following pages up to 10.
-    pub async fn list_runs(
-        &self,
-        repo: &Repo,
-        status: Option<&str>,
-        head_sha: Option<&str>,
-    ) -> Result<Vec<WorkflowRun>, ApiError> {
-        const OP: &str = "list workflow runs";
-        let path = repo_path(OP, repo, &["actions", "runs"])?;
-        let mut query = Vec::new();
-        if let Some(status) = status {
-            query.push(("status", status.to_owned()));
-        }
-        if let Some(head_sha) = head_sha {
-            query.push(("head_sha", head_sha.to_owned()));
-        }
-        self.paginate(OP, &path, query, Auth::Repo(repo), |page: wire::RunPage| {
-            page.workflow_runs.into_iter().map(WorkflowRun::from).collect()
-        })
-        .await
-    }
-
-    /// The jobs of the latest attempt of a workflow run (all pages, up to 1000 jobs).
-    pub async fn list_run_jobs(&self, repo: &Repo, run_id: u64) -> Result<Vec<WorkflowJob>, ApiError> {
-        const OP: &str = "list workflow run jobs";
-        let path = repo_path(OP, repo, &["actions", "runs", &run_id.to_string(), "jobs"])?;
-        self.paginate(OP, &path, Vec::new(), Auth::Repo(repo), |page: wire::JobPage| {
-            page.jobs.into_iter().map(WorkflowJob::from).collect()
-        })
-        .await
-    }
-
-    pub async fn get_job(&self, repo: &Repo, job_id: u64) -> Result<WorkflowJob, ApiError> {
-        const OP: &str = "get workflow job";
-        let path = repo_path(OP, repo, &["actions", "jobs", &job_id.to_string()])?;
-        let job: wire::WorkflowJob =
-            self.send(OP, Method::GET, &path, &[], Auth::Repo(repo), NO_BODY).await?.success()?.json()?;
-        Ok(job.into())
-    }
-
-    /// Creates a check run and returns its id. Check runs are a GitHub App feature: GitHub refuses
-    /// personal access tokens, so with one this fails at once with [`ApiError::AppOnly`] (use
-    /// [`Client::create_status`] instead).
-    pub async fn create_check_run(&self, repo: &Repo, run: &NewCheckRun) -> Result<u64, ApiError> {
-        const OP: &str = "create check run";
-        if !self.is_app() {
-            return Err(ApiError::AppOnly { operation: OP });
-        }
-        let path = repo_path(OP, repo, &["check-runs"])?;
-        let created: wire::CheckRun =
-            self.send(OP, Method::POST, &path, &[], Auth::Repo(repo), Some(run)).await?.success()?.json()?;
-        Ok(created.id)
-    }
-
-    /// Updates the fields of a check run that are set in `update` (GitHub App only, as above).
-    pub async fn update_check_run(
-        &self,
-        repo: &Repo,
-        check_run_id: u64,
-        update: &CheckRunUpdate,
-    ) -> Result<(), ApiError> {
-        const OP: &str = "update check run";
-        if !self.is_app() {
-            return Err(ApiError::AppOnly { operation: OP });
-        }
-        let path = repo_path(OP, repo, &["check-runs", &check_run_id.to_string()])?;
-        self.send(OP, Method::PATCH, &path, &[], Auth::Repo(repo), Some(update)).await?.success()?;
-        Ok(())
-    }
-
-    /// Sets a commit status on `sha`. A description over GitHub's 140 characters is cut to fit (with
-    /// `…`) rather than rejected, since it is only a summary.
-    pub async fn create_status(&self, repo: &Repo, sha: &str, status: &CommitStatus) -> Result<(), ApiError> {
-        const OP: &str = "create commit status";
-        let path = repo_path(OP, repo, &["statuses", sha])?;
-        let mut status = status.clone();
-        if let Some(description) = &mut status.description {
-            if description.chars().count() > STATUS_DESCRIPTION_MAX_CHARS {
-                *description = description.chars().take(STATUS_DESCRIPTION_MAX_CHARS - 1).chain(['…']).collect();
-            }
-        }
-        self.send(OP, Method::POST, &path, &[], Auth::Repo(repo), Some(&status)).await?.success()?;
-        Ok(())
-    }
-
-    /// Removes `label` from an issue or pull request; a label that is not there (404) counts as removed.
-    pub async fn remove_label(&self, repo: &Repo, issue_number: u64, label: &str) -> Result<(), ApiError> {
-        const OP: &str = "remove label";
-        let path = repo_path(OP, repo, &["issues", &issue_number.to_string(), "labels", label])?;
-        let reply = self.send(OP, Method::DELETE, &path, &[], Auth::Repo(repo), NO_BODY).await?;
-        if reply.status != StatusCode::NOT_FOUND {
-            reply.success()?;
-        }
-        Ok(())
-    }
-
-    /// `username`'s role on `repo`; [`Permission::None`] when GitHub does not know them (404).
-    pub async fn collaborator_permission(&self, repo: &Repo, username: &str) -> Result<Permission, ApiError> {
-        const OP: &str = "get collaborator permission";
-        let path = repo_path(OP, repo, &["collaborators", username, "permission"])?;
-        let reply = self.send(OP, Method::GET, &path, &[], Auth::Repo(repo), NO_BODY).await?;
-        if reply.status == StatusCode::NOT_FOUND {
-            return Ok(Permission::None);
-        }
-        let resp: wire::CollaboratorPermission = reply.success()?.json()?;
-        Ok(Permission::from_response(resp.role_name.as_deref(), resp.permission.as_deref()))
-    }
-
-    /// GET contents/{path}?ref=..; None on 404; decodes the base64 `content` (GitHub wraps lines with \n).
-    ///
-    /// Directories, symlinks, submodules and files over 1 MB (for which GitHub sends no content) are
-    /// [`ApiError::UnsupportedContent`].
-    pub async fn file_contents(&self, repo: &Repo, path: &str, git_ref: &str) -> Result<Option<Vec<u8>>, ApiError> {
-        const OP: &str = "get repository content";
-        let file_segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-        let mut segments = vec!["contents"];
-        segments.extend(&file_segments);
-        let url_path = repo_path(OP, repo, &segments)?;
-        let query = [("ref", git_ref.to_owned())];
-        let reply = self.send(OP, Method::GET, &url_path, &query, Auth::Repo(repo), NO_BODY).await?;
-        if reply.status == StatusCode::NOT_FOUND {
-            return Ok(None);
-        }
-        let unsupported =
-            |reason: String| ApiError::UnsupportedContent { operation: OP, path: path.to_owned(), reason };
-        let entry = match reply.success()?.json()? {
-            wire::Contents::Directory(entries) => {
-                return Err(unsupported(format!("is a directory ({} entries), not a file", entries.len())))
-            }
-            wire::Contents::Entry(entry) => entry,
-        };
-        if entry.kind != "file" {
-            return Err(unsupported(format!("is a {}, not a file", entry.kind)));
-        }
-        match (entry.encoding.as_deref(), entry.content) {
-            (Some("base64"), Some(content)) => {
-                decode_base64(&content).map(Some).ok_or_else(|| unsupported("content is not valid base64".into()))
-            }
-            (encoding, _) => Err(unsupported(format!(
-                "GitHub sent no inline content (encoding {encoding:?}; files over 1 MB are not inlined)"
-            ))),
-        }
-    }
-
-    /// GET tarball/{ref}; follows GitHub's redirect; refuses bodies over max_bytes (ApiError variant, not transient).
-    ///
-    /// GitHub redirects to another host (codeload); the HTTP client drops the `Authorization` header on
-    /// such a redirect, so the token never leaves for a host it was not issued for.
-    pub async fn tarball(&self, repo: &Repo, git_ref: &str, max_bytes: u64) -> Result<Vec<u8>, ApiError> {
-        const OP: &str = "download tarball";
-        let mut segments = vec!["tarball"];
-        segments.extend(git_ref.split('/'));
-        let path = repo_path(OP, repo, &segments)?;
-        let too_large = ApiError::TooLarge { operation: OP, limit: max_bytes };
-        let transport = |source| ApiError::Transport { operation: OP, source };
-        let mut resp =
-            match self.exchange(OP, Method::GET, &path, &[], Auth::Repo(repo), NO_BODY, TARBALL_TIMEOUT).await? {
-                Answer::Success(resp) => resp,
-                Answer::Other(reply) => return reply.success().map(|_| Vec::new()),
-            };
-        if resp.content_length().is_some_and(|len| len > max_bytes) {
-            return Err(too_large);
-        }
-        // Counted as it streams: a chunked response has no length to check up front.
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(transport)? {
-            if (body.len() + chunk.len()) as u64 > max_bytes {
-                return Err(too_large);
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Ok(body)
-    }
-
     /// GETs `path` page by page (`per_page=100&page=N`) while GitHub's `Link` header names a next page,
     /// up to [`MAX_PAGES`].
     async fn paginate<P: DeserializeOwned, T>(
@@ -878,14 +648,6 @@ async fn read(operation: &'static str, resp: reqwest::Response) -> Result<Reply,
     Ok(Reply { operation, status, headers, body })
 }
 
-fn jit_config(resp: wire::JitConfigResponse) -> JitConfig {
-    JitConfig {
-        runner_id: resp.runner.id,
-        runner_name: resp.runner.name,
-        encoded_jit_config: Secret::new(resp.encoded_jit_config),
-    }
-}
-
 /// `/repos/{owner}/{name}/{segments...}`, each part percent-encoded.
 fn repo_path(operation: &'static str, repo: &Repo, segments: &[&str]) -> Result<String, ApiError> {
     let mut parts = vec!["repos", repo.owner.as_str(), repo.name.as_str()];
@@ -962,82 +724,4 @@ fn decode_base64(text: &str) -> Option<Vec<u8>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base64_decodes_github_wrapped_content() {
-        assert_eq!(decode_base64("aGVs\nbG8g\nd29y\nbGQ=\n").as_deref(), Some(&b"hello world"[..]));
-        assert_eq!(decode_base64("YQ==").as_deref(), Some(&b"a"[..]));
-        assert_eq!(decode_base64("YWI=").as_deref(), Some(&b"ab"[..]));
-        assert_eq!(decode_base64("").as_deref(), Some(&b""[..]));
-        assert_eq!(decode_base64("+/+/").as_deref(), Some(&[0xfb, 0xff, 0xbf][..]));
-        for bad in ["YQ=", "Y===", "YQ==YQ==", "YQ!=", "YW\u{e9}="] {
-            assert_eq!(decode_base64(bad), None, "{bad:?}");
-        }
-    }
-
-    fn policy() -> RetryPolicy {
-        RetryPolicy {
-            attempts: 4,
-            base: std::time::Duration::from_secs(1),
-            max_backoff: std::time::Duration::from_secs(3),
-            max_wait: std::time::Duration::from_secs(20),
-            timeout: std::time::Duration::from_secs(30),
-        }
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_its_cap_with_half_of_it_random() {
-        let p = policy();
-        let secs = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64());
-        // Without jitter the lower half, with the most jitter the whole pause.
-        assert_eq!(secs(retry_pause(&p, 1, 0.0)), Some(0.5));
-        assert_eq!(secs(retry_pause(&p, 2, 0.0)), Some(1.0));
-        assert_eq!(secs(retry_pause(&p, 3, 0.0)), Some(1.5), "capped at 3 s");
-        for failed in 1..4 {
-            for jitter in [0.0, 0.3, 0.999, 7.0, -1.0] {
-                let pause = retry_pause(&p, failed, jitter).expect("a retry is left");
-                let full = (p.base * (1 << (failed - 1))).min(p.max_backoff);
-                assert!(pause >= full / 2 && pause <= full, "{failed} {jitter}: {pause:?}");
-            }
-        }
-        assert_eq!(retry_pause(&p, 4, 0.5), None, "four tries in all");
-        assert_eq!(retry_pause(&p, 0, 0.5), None);
-        // Huge failure counts neither overflow nor exceed the cap (attempts permitting).
-        let many = RetryPolicy { attempts: u32::MAX, ..p };
-        assert!(retry_pause(&many, 1000, 0.9).is_some_and(|d| d <= many.max_backoff));
-    }
-
-    #[test]
-    fn only_requests_that_may_arrive_twice_are_retried_after_a_5xx() {
-        assert!(repeatable(&Method::GET, "get workflow job"));
-        assert!(repeatable(&Method::DELETE, "delete repository runner"));
-        assert!(repeatable(&Method::POST, "cancel workflow run"));
-        assert!(!repeatable(&Method::POST, "generate JIT runner config"));
-        assert!(!repeatable(&Method::POST, "create check run"));
-    }
-
-    #[test]
-    fn jitter_is_in_range() {
-        for _ in 0..100 {
-            let j = jitter();
-            assert!((0.0..1.0).contains(&j), "{j}");
-        }
-    }
-
-    #[test]
-    fn paths_are_encoded_segment_by_segment() {
-        let repo = Repo::parse("gpu-lab/kernels").expect("repo");
-        assert_eq!(
-            repo_path("t", &repo, &["issues", "5", "labels", "needs gpu/ci: 100%"]).expect("path"),
-            "/repos/gpu-lab/kernels/issues/5/labels/needs%20gpu%2Fci%3A%20100%25"
-        );
-        for bad in ["..", ".", ""] {
-            let err = repo_path("t", &repo, &["labels", bad]).expect_err("dot segment");
-            assert!(matches!(err, ApiError::InvalidArgument { .. }) && !err.is_transient(), "{err:?}");
-        }
-        let sneaky = Repo { owner: "..".into(), name: "x".into() };
-        assert!(repo_path("t", &sneaky, &[]).is_err());
-    }
-}
+mod tests;

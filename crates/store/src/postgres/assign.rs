@@ -1,0 +1,259 @@
+//! Postgres backend: the writes that assign a job to GPUs and move it between states, each inside
+//! the caller's transaction (the `Store` impl in `postgres.rs` owns the transaction and its commit).
+
+use super::*;
+
+async fn lease_holder(conn: &mut sqlx::PgConnection, gpu: &str) -> Result<Option<JobId>> {
+    let row = sqlx::query("SELECT job_id FROM gpu_leases WHERE gpu_uuid = $1").bind(gpu).fetch_optional(conn).await?;
+    Ok(row.map(|r| r.get(0)))
+}
+
+/// The writes of [`Store::assign_job`], inside the caller's transaction. A refusal may
+/// follow leases already taken: the caller rolls back (the transaction, or a savepoint).
+pub(super) async fn assign_in(
+    conn: &mut sqlx::PgConnection,
+    id: JobId,
+    agent_id: &str,
+    gpus: &[String],
+    now_ms: i64,
+) -> Result<JobRecord> {
+    // The job row lock makes queued → assigned a compare-and-set: a second assignment of
+    // the same job waits here and then finds it no longer queued.
+    let cur = PostgresStore::job_for_update(&mut *conn, id).await?;
+    if cur.state != JobState::Queued {
+        return Err(StoreError::Conflict { job: id, expected: "queued".into(), found: cur.state });
+    }
+    // Leases already held: the same error, naming the same GPU, as SQLite.
+    for g in gpus {
+        if let Some(holder) = lease_holder(&mut *conn, g).await? {
+            return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
+        }
+    }
+    // Take them in sorted order, so two assignments racing for overlapping GPUs wait on
+    // each other instead of deadlocking.
+    let mut sorted: Vec<&String> = gpus.iter().collect();
+    sorted.sort();
+    for g in sorted {
+        // The primary key on gpu_uuid decides who gets a GPU, not the look-up above: an
+        // insert racing another transaction's uncommitted lease of the same GPU waits for
+        // it, then does nothing if that one committed. Returning early leaves the leases already
+        // taken to the caller's rollback.
+        loop {
+            let inserted = sqlx::query(
+                "INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (gpu_uuid) DO NOTHING",
+            )
+            .bind(g)
+            .bind(agent_id)
+            .bind(id)
+            .bind(now_ms)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+            if inserted == 1 {
+                break;
+            }
+            if let Some(holder) = lease_holder(&mut *conn, g).await? {
+                return Err(StoreError::GpuLeased { gpu: g.clone(), holder });
+            }
+            // Released between the insert and the look-up: try again.
+        }
+    }
+    let gpus_json = serde_json::to_string(gpus).map_err(|e| corrupt("gpus", e))?;
+    sqlx::query(
+        "UPDATE jobs SET state = 'assigned', reason = $1, agent_id = $2, gpus_json = $3, assigned_at_ms = $4 \
+         WHERE id = $5",
+    )
+    .bind(format!("assigned to agent {agent_id}"))
+    .bind(agent_id)
+    .bind(gpus_json)
+    .bind(now_ms)
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    PostgresStore::job_in(&mut *conn, id).await?.ok_or(StoreError::JobNotFound(id))
+}
+
+/// [`Store::assign_jobs`] in a handful of statements whatever the batch's size (one round
+/// trip per job and GPU made a pass of 1,000 cost thousands): lock the batch's jobs, read the
+/// leases of its GPUs, decide each assignment in order as [`assign_in`] would, then write the
+/// accepted ones set-based. `None` (nothing written) when another transaction leased one of
+/// the GPUs between the read and the write: the caller goes job by job.
+pub(super) async fn assign_set_based(
+    pool: &PgPool,
+    batch: &[NewAssignment],
+    now_ms: i64,
+) -> Result<Option<Vec<Result<JobRecord>>>> {
+    use std::collections::HashMap;
+    let mut tx = pool.begin().await?;
+    if batch.iter().any(|a| a.token_sha256.is_some()) {
+        crate::job_tokens::postgres::sweep_ended(&mut tx).await?;
+    }
+    let ids: Vec<JobId> = batch.iter().map(|a| a.job).collect();
+    // Locked in id order: two batches over the same jobs wait, never deadlock.
+    let rows = sqlx::query("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut state: HashMap<JobId, JobState> = HashMap::with_capacity(rows.len());
+    for r in &rows {
+        let text: String = r.get(1);
+        let s: JobState = text.parse().map_err(|e| corrupt("state", e))?;
+        state.insert(r.get(0), s);
+    }
+    let all_gpus: Vec<&str> = batch.iter().flat_map(|a| a.gpus.iter().map(String::as_str)).collect();
+    let mut held: HashMap<String, JobId> =
+        sqlx::query("SELECT gpu_uuid, job_id FROM gpu_leases WHERE gpu_uuid = ANY($1)")
+            .bind(&all_gpus)
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+    // Each answer: the index of its accepted assignment, or why it was refused.
+    let mut decided: Vec<std::result::Result<usize, StoreError>> = Vec::with_capacity(batch.len());
+    let mut accepted: Vec<&NewAssignment> = Vec::new();
+    for a in batch {
+        let refused = match state.get(&a.job) {
+            None => Some(StoreError::JobNotFound(a.job)),
+            Some(s) if *s != JobState::Queued => {
+                Some(StoreError::Conflict { job: a.job, expected: "queued".into(), found: *s })
+            }
+            Some(_) => {
+                a.gpus.iter().find_map(|g| held.get(g).map(|h| StoreError::GpuLeased { gpu: g.clone(), holder: *h }))
+            }
+        };
+        match refused {
+            Some(e) => decided.push(Err(e)),
+            None => {
+                for g in &a.gpus {
+                    held.insert(g.clone(), a.job);
+                }
+                state.insert(a.job, JobState::Assigned);
+                decided.push(Ok(accepted.len()));
+                accepted.push(a);
+            }
+        }
+    }
+    if !accepted.is_empty() {
+        let (mut gpu, mut agent, mut job) = (Vec::new(), Vec::new(), Vec::new());
+        for a in &accepted {
+            for g in &a.gpus {
+                gpu.push(g.as_str());
+                agent.push(a.agent_id.as_str());
+                job.push(a.job);
+            }
+        }
+        let leased = sqlx::query(
+            "INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) \
+             SELECT g, a, j, $4 FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS l(g, a, j) \
+             ON CONFLICT (gpu_uuid) DO NOTHING",
+        )
+        .bind(&gpu)
+        .bind(&agent)
+        .bind(&job)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if leased != gpu.len() as u64 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let mut ids = Vec::with_capacity(accepted.len());
+        let (mut reasons, mut agents, mut gpus_json) = (Vec::new(), Vec::new(), Vec::new());
+        for a in &accepted {
+            ids.push(a.job);
+            reasons.push(format!("assigned to agent {}", a.agent_id));
+            agents.push(a.agent_id.as_str());
+            gpus_json.push(serde_json::to_string(&a.gpus).map_err(|e| corrupt("gpus", e))?);
+        }
+        sqlx::query(
+            "UPDATE jobs SET state = 'assigned', reason = u.reason, agent_id = u.agent, gpus_json = u.gpus, \
+             assigned_at_ms = $5 FROM UNNEST($1::bigint[], $2::text[], $3::text[], $4::text[]) AS u(id, reason, agent, gpus) \
+             WHERE jobs.id = u.id",
+        )
+        .bind(&ids)
+        .bind(&reasons)
+        .bind(&agents)
+        .bind(&gpus_json)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        // The job tokens of the accepted ones (each job at most once: a second assignment of
+        // a job in the batch was refused above).
+        let (tokened, hashes): (Vec<JobId>, Vec<&str>) =
+            accepted.iter().filter_map(|a| a.token_sha256.as_deref().map(|h| (a.job, h))).unzip();
+        crate::job_tokens::postgres::put_all_in(&mut tx, &tokened, &hashes, now_ms).await?;
+    }
+    let ids: Vec<JobId> = accepted.iter().map(|a| a.job).collect();
+    let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(ids.len());
+    if !ids.is_empty() {
+        for r in sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ANY($1)"))
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await?
+        {
+            let rec = job_from_row(&r)?;
+            records.insert(rec.id, rec);
+        }
+    }
+    tx.commit().await?;
+    let out = decided
+        .into_iter()
+        .map(|d| match d {
+            Ok(i) => records.remove(&accepted[i].job).ok_or(StoreError::JobNotFound(accepted[i].job)),
+            Err(e) => Err(e),
+        })
+        .collect();
+    Ok(Some(out))
+}
+
+/// The change of [`Store::update_job`], inside the caller's transaction.
+pub(super) async fn update_job_in(
+    tx: &mut sqlx::PgConnection,
+    id: JobId,
+    expect: &[JobState],
+    c: JobChange,
+) -> Result<JobRecord> {
+    // Locked until commit: the state checked is the state replaced (compare-and-set).
+    let cur = PostgresStore::job_for_update(&mut *tx, id).await?;
+    if !expect.is_empty() && !expect.contains(&cur.state) {
+        let expected = expect.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|");
+        return Err(StoreError::Conflict { job: id, expected, found: cur.state });
+    }
+    let telemetry = c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
+    let unenforced =
+        c.unenforced.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("unenforced", e))?;
+    sqlx::query(
+        "UPDATE jobs SET state = COALESCE($1, state), reason = COALESCE($2, reason), \
+         started_at_ms = COALESCE($3, started_at_ms), finished_at_ms = COALESCE($4, finished_at_ms), \
+         exit_code = COALESCE($5, exit_code), telemetry_json = COALESCE($6, telemetry_json), \
+         unenforced_json = COALESCE($7, unenforced_json) WHERE id = $8",
+    )
+    .bind(c.state.map(JobState::as_str))
+    .bind(c.reason)
+    .bind(c.started_at_ms)
+    .bind(c.finished_at_ms)
+    .bind(c.exit_code)
+    .bind(telemetry)
+    .bind(unenforced)
+    .bind(id)
+    .execute(&mut *tx)
+    .await?;
+    if c.clear_assignment {
+        sqlx::query(
+            "UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL, unenforced_json = NULL WHERE id = $1",
+        )
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    if c.release_leases || c.clear_assignment {
+        sqlx::query("DELETE FROM gpu_leases WHERE job_id = $1").bind(id).execute(&mut *tx).await?;
+    }
+    for q in &c.quarantine {
+        upsert_quarantine(&mut *tx, q).await?;
+    }
+    PostgresStore::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))
+}
