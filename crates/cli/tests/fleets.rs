@@ -562,7 +562,10 @@ fn spot_interruptions_requeue_the_job_once_and_trip_the_breaker() {
     assert!(api.log_text(jobs[2].id).contains("done"));
     // Two spot machines interrupted, then on-demand only: the breaker.
     let mut made = f.made();
-    made.sort_by_key(|m| m["launched_at"].as_i64().unwrap_or(0));
+    // In the order they were asked for: machine ids are UUIDv7s, which begin with their
+    // creation time in milliseconds (`launched_at` is in seconds: two in one second tied,
+    // and the order of the state files decided; a flake).
+    made.sort_by_key(|m| m["machine"].as_str().unwrap_or_default().to_string());
     let capacities: Vec<&str> = made.iter().map(|m| m["capacity"].as_str().unwrap_or("?")).collect();
     assert_eq!(capacities, ["spot", "spot", "on-demand"], "{made:#?}");
     let status = f.status();
@@ -875,4 +878,53 @@ fn an_agent_whose_machine_is_already_being_taken_back_takes_no_job() {
     assert_eq!(j.state, gpuci_core::job::JobState::Queued, "{j:#?}");
     assert_eq!(j.attempt, 1);
     api.cancel(j.id);
+}
+
+/// A coordinator restarted while its only offers refuse (a capacity outage) keeps their
+/// back-off: it does not ask them again at once, and their skips keep growing from where they
+/// were instead of starting again at 15 s. (Before, the back-off lived in memory only: the
+/// restarted coordinator asked every refusing offer at its first pass.)
+#[test]
+fn a_restart_during_a_capacity_outage_keeps_the_offers_back_off() {
+    let dir = tempdir();
+    let calls = dir.path().join("creates.log");
+    let wrapper = dir.path().join("provider.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n[ \"$1\" = create ] && date +%s >> '{}'\nexec python3 '{}' \"$@\"\n",
+            calls.display(),
+            reference_program().display()
+        ),
+    )
+    .unwrap();
+    let toml = fleet_toml(&dir.path().join("machines"), "", "fail_create = {\"*\" = \"capacity\"}").replace(
+        &format!("command = [\"python3\", \"{}\"]", reference_program().display()),
+        &format!("command = [\"sh\", \"{}\"]", wrapper.display()),
+    );
+    let mut server = server_with(dir.path(), &toml);
+    let api = server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo never\n");
+    let creates = || std::fs::read_to_string(&calls).unwrap_or_default().lines().count();
+    // Both offers refused twice: each skip now 30 s (15 s, then doubled).
+    // Each refusal taken in by the loop (its machine record ended first): no create is in
+    // flight when the coordinator is killed (one killed during a create finds its record and
+    // waits for that machine instead: the exactly-once rule, not the back-off).
+    let refusals = || {
+        let fleets: Vec<Value> = api.get("/api/v1/fleets");
+        fleets.first().map_or(0, |f| f["recent_errors"].to_string().matches("simulated capacity error").count())
+    };
+    wait_until("both offers refused twice", Duration::from_secs(90), || refusals() >= 4 && creates() == refusals());
+    let before = creates();
+    server.restart_hard();
+    // Several passes of the restarted coordinator (300 ms apart) while the job still waits.
+    let api = server.api();
+    wait_until("the restarted coordinator has made passes", T, || {
+        let fleets: Vec<Value> = api.get("/api/v1/fleets");
+        fleets.first().is_some_and(|f| f["why"] != "not reconciled yet")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(creates(), before, "the restarted coordinator asked refusing offers again at once");
+    assert_eq!(api.job(p.jobs[0].id).state, gpuci_core::job::JobState::Queued);
+    api.cancel(p.jobs[0].id);
 }

@@ -36,6 +36,7 @@ mod launch;
 mod pass;
 mod provider;
 mod reconcile;
+mod remember;
 #[cfg(test)]
 mod tests;
 mod worker;
@@ -130,8 +131,11 @@ struct Loop {
     unavailable: Vec<UnavailableOffer>,
     /// Each offer's errors in a row: how long its next skip is (`gpuci_core::fleet::backoff`:
     /// capacity errors from 15 s, doubling, reset by a create or start the provider took).
-    /// Lost on a restart: every offer then starts again from its first skip.
+    /// Kept in the store with `unavailable` after each pass that changed them, taken back
+    /// when the loop starts ([`remember`]).
     backoffs: Backoffs,
+    /// The back-off as last kept (JSON), so a pass that changed nothing writes nothing.
+    kept_backoffs: String,
     idle_since: HashMap<String, UnixSecs>,
     /// When each stopped machine was first seen stopped: its stopped hold counts from here
     /// (after a restart of the coordinator, from then: a stopped machine is kept longer, never
@@ -221,6 +225,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         fleets: runs,
         unavailable: Vec::new(),
         backoffs: Backoffs::default(),
+        kept_backoffs: String::new(),
         idle_since: HashMap::new(),
         stopped_since: HashMap::new(),
         history: BTreeMap::new(),

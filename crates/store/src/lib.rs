@@ -18,6 +18,7 @@
 mod artifacts;
 pub mod compat;
 mod coordinator_identity;
+mod coordinator_state;
 mod job_tokens;
 mod postgres;
 mod records;
@@ -444,6 +445,12 @@ pub trait Store: Send + Sync + 'static {
     /// The stored identity; when there is none yet, `new` is stored first (the first
     /// coordinator of a database makes it; a concurrent one reads the winner's).
     async fn coordinator_identity(&self, new: &StoredIdentity, now_ms: i64) -> Result<StoredIdentity>;
+
+    // What the coordinator's loops keep across restarts and takeovers.
+    /// The document kept under `name`, if any.
+    async fn coordinator_state(&self, name: &str) -> Result<Option<String>>;
+    /// Keep `json` under `name`, replacing what was kept.
+    async fn put_coordinator_state(&self, name: &str, json: &str, now_ms: i64) -> Result<()>;
     /// One upload of job `by`: `jobs` added (to the pipelines they name) and the job's upload
     /// count raised, in one commit. `None`, and nothing added, when the job has no token row
     /// or has made `max_uploads` already.

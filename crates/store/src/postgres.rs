@@ -899,6 +899,14 @@ impl Store for PostgresStore {
         crate::coordinator_identity::postgres::get_or_put(&self.pool, new, now_ms).await
     }
 
+    async fn coordinator_state(&self, name: &str) -> Result<Option<String>> {
+        crate::coordinator_state::postgres::get(&self.pool, name).await
+    }
+
+    async fn put_coordinator_state(&self, name: &str, json: &str, now_ms: i64) -> Result<()> {
+        crate::coordinator_state::postgres::put(&self.pool, name, json, now_ms).await
+    }
+
     async fn count_failed_upload(&self, job: JobId) -> Result<()> {
         crate::job_tokens::postgres::count_failed(&self.pool, job).await
     }

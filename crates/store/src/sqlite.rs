@@ -777,6 +777,14 @@ impl Store for SqliteStore {
         crate::coordinator_identity::sqlite::get_or_put(&self.pool, new, now_ms).await
     }
 
+    async fn coordinator_state(&self, name: &str) -> Result<Option<String>> {
+        crate::coordinator_state::sqlite::get(&self.pool, name).await
+    }
+
+    async fn put_coordinator_state(&self, name: &str, json: &str, now_ms: i64) -> Result<()> {
+        crate::coordinator_state::sqlite::put(&self.pool, name, json, now_ms).await
+    }
+
     async fn count_failed_upload(&self, job: JobId) -> Result<()> {
         crate::job_tokens::sqlite::count_failed(&self.pool, job).await
     }

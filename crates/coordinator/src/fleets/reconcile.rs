@@ -26,9 +26,11 @@ impl Loop {
 
     pub(super) async fn run(mut self, shutdown: CancellationToken) {
         self.recall_interruptions().await;
+        self.recall_backoffs().await;
         tracing::info!(fleets = self.fleets.len(), coordinator = %self.deps.coordinator_id, "fleets reconcile loop on");
         loop {
             self.pass().await;
+            self.keep_backoffs().await;
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(self.deps.interval) => {}

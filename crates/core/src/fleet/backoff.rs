@@ -83,8 +83,8 @@ pub fn after_error(before: Option<OfferErrors>, cause: SkipCause, now: UnixSecs)
 }
 
 /// Every offer's back-off, by fleet, offer index and capacity type: what the caller keeps
-/// (the coordinator's fleet loop, in memory: lost on restart, when every offer starts again
-/// from its first skip; the simulator, per run).
+/// (the coordinator's fleet loop, kept in the store across restarts and takeovers; the
+/// simulator, per run).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Backoffs {
     pub offers: Vec<OfferBackoff>,

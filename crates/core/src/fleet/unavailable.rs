@@ -20,7 +20,7 @@
 //! which sent people looking for capacity when the cluster had refused the pod.
 
 use super::{secs, Capacity, FleetSpec, ProviderKind, UnixSecs};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How long a skip made by [`offer_unavailable_after_error`] lasts: the back-off's longest
 /// capacity skip and its first fault skip ([`super::backoff`]). Callers that keep the offers'
@@ -32,7 +32,7 @@ pub const CAPACITY_ERROR_BACKOFF_S: u64 = 10 * 60;
 pub const MAX_WORDS: usize = 400;
 
 /// Why an offer is skipped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SkipCause {
     /// No capacity for it now, or an account quota.
@@ -44,7 +44,7 @@ pub enum SkipCause {
 }
 
 /// An offer skipped until `until`, and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnavailableOffer {
     pub fleet: String,
     pub offer: usize,
