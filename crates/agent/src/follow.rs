@@ -90,12 +90,15 @@ impl Current {
         let Some(target) = target else {
             return build(reqwest::Client::builder()).build().map(|c| (c, base)).map_err(|e| e.to_string());
         };
+        // One client for the proof and the request after it: the request goes over the
+        // connection the proof came back on (kept alive), not a new one that someone could
+        // have taken the address for in between.
+        let client = target.client(build(reqwest::Client::builder())).map_err(|e| e.to_string())?;
         if let Some(pin) = pin.as_deref() {
-            prove(&target, Some(pin))
+            prove_with(&client, &target, Some(pin))
                 .await
                 .map_err(|why| format!("{} did not prove the coordinators' identity key: {why}", target.base))?;
         }
-        let client = target.client(build(reqwest::Client::builder())).map_err(|e| e.to_string())?;
         Ok((client, target.base))
     }
 }
@@ -119,6 +122,12 @@ pub struct Target {
 }
 
 impl Target {
+    /// A target at `addr` for `base`, as [`Coordinators::candidates`] makes one (tests).
+    #[cfg(test)]
+    pub(crate) fn at(base: &str, addr: SocketAddr) -> Target {
+        Target { base: base.to_string(), addr: Some(addr), endpoint: Endpoint { url: 0, addr: Some(addr) }, key: None }
+    }
+
     /// A reqwest client that sends requests for this target's base URL to its address.
     pub fn client(&self, builder: reqwest::ClientBuilder) -> reqwest::Result<reqwest::Client> {
         match (self.addr, host_name(&self.base)) {
@@ -252,9 +261,12 @@ impl Coordinators {
         let target =
             |e: &Endpoint| Target { base: self.urls[e.url].clone(), addr: e.addr, endpoint: e.clone(), key: None };
         if !coordinators::needs_probe(endpoints.len()) {
-            // One: used by its URL, as before several were possible.
+            // One: used without asking /readyz, as before several were possible; at the
+            // address its name resolved to now, so that the identity proof and every request
+            // after it reach the same address (a name that resolves elsewhere a moment later
+            // is not followed until the agent asks again).
             let e = endpoints.first().cloned().unwrap_or(Endpoint { url: 0, addr: None });
-            return (vec![Target { addr: None, ..target(&e) }], String::new());
+            return (vec![target(&e)], String::new());
         }
         let targets: Vec<Target> = endpoints.iter().map(target).collect();
         let seen = futures::future::join_all(targets.iter().map(probe)).await;
@@ -340,10 +352,16 @@ fn asked_host(base: &str) -> Option<String> {
 /// itself by the address used (421) or did not answer: used as before; `Err`: why it is not
 /// to be sent anything.
 async fn prove(target: &Target, pinned: Option<&str>) -> Result<Option<String>, String> {
+    let http = target.client(reqwest::Client::builder()).map_err(|e| e.to_string())?;
+    prove_with(&http, target, pinned).await
+}
+
+/// [`prove`] with a client of the caller's (bound to the target's address).
+async fn prove_with(http: &reqwest::Client, target: &Target, pinned: Option<&str>) -> Result<Option<String>, String> {
     let host = asked_host(&target.base).ok_or("not a URL with a host")?;
-    let http = target.client(reqwest::Client::builder().timeout(PROBE_TIMEOUT)).map_err(|e| e.to_string())?;
     let nonce = identity::nonce(rand::random());
-    let resp = match http.get(format!("{}/api/v1/identity", target.base)).query(&[("nonce", &nonce)]).send().await {
+    let asked = http.get(format!("{}/api/v1/identity", target.base)).query(&[("nonce", &nonce)]).timeout(PROBE_TIMEOUT);
+    let resp = match asked.send().await {
         Ok(r) => r,
         // Nothing pinned: used as before, and its own error (the same, most likely) told.
         Err(_) if pinned.is_none() => return Ok(None),
@@ -422,7 +440,7 @@ mod tests {
         let (picked, _) = c.candidates().await;
         assert_eq!(picked.len(), 1);
         assert_eq!(picked[0].base, "http://127.0.0.1:9");
-        assert_eq!(picked[0].addr, None);
+        assert_eq!(picked[0].addr, Some("127.0.0.1:9".parse().unwrap()));
     }
 
     /// With a key pinned, an address that cannot prove it is not used, whatever it answers:

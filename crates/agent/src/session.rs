@@ -280,8 +280,10 @@ pub(crate) async fn connect(target: &follow::Target, id: &identity::Identity) ->
                 let tcp =
                     tokio::net::TcpStream::connect(addr).await.map_err(tokio_tungstenite::tungstenite::Error::Io)?;
                 let _ = tcp.set_nodelay(true);
-                let tcp = tokio_tungstenite::MaybeTlsStream::Plain(tcp);
-                tokio_tungstenite::client_async_with_config(req, tcp, None).await
+                // TLS for a `wss://` URL (the name in the URL is the one checked in the
+                // certificate), plain for `ws://`: never the handshake, which carries the
+                // credential, in the clear to a TLS port (outsider finding).
+                tokio_tungstenite::client_async_tls_with_config(req, tcp, None, None).await
             }
             None => tokio_tungstenite::connect_async_with_config(req, None, true).await,
         }
@@ -305,4 +307,39 @@ where
     let text = serde_json::to_string(msg)?;
     sink.send(Message::Text(text.into())).await?;
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // tests: a panic is the failure report
+mod tests {
+    use super::*;
+
+    /// Outsider finding: with an `https://` URL reached at one of its addresses, the agent
+    /// sent the WebSocket handshake, with its credential, in plain text to the TLS port. Now
+    /// the first bytes it sends there are a TLS ClientHello.
+    #[tokio::test]
+    async fn an_https_coordinator_at_an_address_gets_tls_not_the_credential_in_the_clear() {
+        use tokio::io::AsyncReadExt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let heard = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap_or(0);
+            buf.truncate(n);
+            buf
+        });
+        let target = follow::Target::at(&format!("https://localhost:{}", addr.port()), addr);
+        let id = identity::Identity {
+            agent_id: "a1".into(),
+            credential: "gpuci_agent_SECRET".into(),
+            server: target.base.clone(),
+            coordinator_key: None,
+        };
+        let _ = connect(&target, &id).await;
+        let first = heard.await.unwrap();
+        assert!(!first.is_empty(), "nothing was sent");
+        assert_eq!(first[0], 0x16, "not a TLS handshake record: {:?}", String::from_utf8_lossy(&first));
+        assert!(!String::from_utf8_lossy(&first).contains("SECRET"));
+    }
 }

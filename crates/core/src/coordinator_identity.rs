@@ -11,10 +11,11 @@
 //! the key, a recorded answer does not fit a new nonce, and an answer a real coordinator
 //! gave for its own host does not fit another host.
 //!
-//! What this does not stop: a relay that forwards the challenge to a real coordinator with
-//! the agent's `Host` header, i.e. a machine-in-the-middle on the path to a listed address.
-//! Plain HTTP cannot stop that; TLS (an `https://` URL with a certificate for the name)
-//! can, and docs/ha.md says so.
+//! What this does not stop: a machine in the middle of the path to a coordinator's own
+//! address (plain HTTP; use TLS), someone who can listen on another address a listed name
+//! resolves to, and the moment between a proof and the request after it (separate
+//! connections; docs/ha.md). A relay at another address or port is stopped: a coordinator
+//! signs only for its own ([`signs_for`]).
 //!
 //! Pure: signing and checking over plain strings; the key's storage, the HTTP endpoint and
 //! the pin's file are the coordinator's, the agent's and the CLI's.
@@ -91,9 +92,10 @@ pub fn parse_key(given: &str) -> Result<String, IdentityError> {
 
 /// Whether a coordinator signs for `asked` (the `Host` a challenge names), given the local
 /// address the request came in on and the names it was told are its own
-/// (`--public-name`). A coordinator that signed for any host would let whoever holds a
-/// listed address relay an agent's challenge to it with the agent's `Host`:
-/// - a name or address in `names` (any port): signed;
+/// (`--public-name NAME[:PORT]`). A coordinator that signed for any host would let whoever
+/// holds a listed address relay an agent's challenge to it with the agent's `Host`:
+/// - a name or address in `names`: signed for the port listed with it, or, listed without
+///   one, for no port (the scheme's default) and the port this coordinator listens on;
 /// - an address literal: signed only when it is the address the request came in on (what the
 ///   agent dialled reached this socket directly, not through a relay; behind NAT or a load
 ///   balancer, list the address the agents use in `names`);
@@ -101,7 +103,18 @@ pub fn parse_key(given: &str) -> Result<String, IdentityError> {
 ///   tell a relay's from its own; docs/ha.md), refused otherwise.
 pub fn signs_for(asked: &str, local: Option<SocketAddr>, names: &[String]) -> bool {
     let Some((host, port)) = split_host(asked) else { return false };
-    if names.iter().any(|n| n.trim().trim_start_matches('[').trim_end_matches(']').eq_ignore_ascii_case(host)) {
+    // A listed `name:port` is that port only; a bare `name` is the name with no port (the
+    // scheme's default, as behind a load balancer) or with the port this coordinator listens
+    // on. Any port would let a relay on another port of the same host pass (outsider finding).
+    let listed = names.iter().filter_map(|n| split_host(n.trim())).any(|(name, listed_port)| {
+        name.eq_ignore_ascii_case(host)
+            && match (listed_port, port) {
+                (Some(lp), p) => p == Some(lp),
+                (None, None) => true,
+                (None, Some(p)) => local.is_some_and(|l| l.port() == p),
+            }
+    });
+    if listed {
         return true;
     }
     match host.parse::<IpAddr>() {
@@ -270,10 +283,15 @@ mod tests {
         assert!(signs_for("[::1]:8080", Some("[::1]:8080".parse().unwrap()), none));
         // Names: any, until names are given; then those only (and listed addresses).
         assert!(signs_for("ci.example.org:8080", Some(local), none));
-        let names = vec!["CI.example.org".to_string(), "10.0.0.5".to_string()];
-        assert!(signs_for("ci.example.org:8080", Some(local), &names));
+        let names = vec!["CI.example.org".to_string(), "10.0.0.5:80".to_string(), "lb.example.org:443".to_string()];
+        assert!(signs_for("ci.example.org:8080", Some(local), &names), "the port it listens on");
+        assert!(signs_for("ci.example.org", Some(local), &names), "the scheme's default port");
+        assert!(!signs_for("ci.example.org:8081", Some(local), &names), "a relay on another port of the host");
         assert!(!signs_for("old-ci.example.org:8080", Some(local), &names));
         assert!(signs_for("10.0.0.5:80", Some(local), &names), "a load balancer's address, listed");
+        assert!(signs_for("lb.example.org:443", Some(local), &names));
+        assert!(!signs_for("lb.example.org:8443", Some(local), &names));
+        assert!(!signs_for("lb.example.org", Some(local), &names), "listed with a port: that port only");
         for junk in ["", ":80", "[::1", "a:b:c", "h:99999", "[::1]x"] {
             assert!(!signs_for(junk, Some(local), &names), "{junk:?}");
         }
