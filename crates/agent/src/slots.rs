@@ -494,6 +494,50 @@ mod tests {
         drop(second);
     }
 
+    /// A dead agent's leftovers frozen in their cgroup (the agent was killed between freezing
+    /// a job's cgroup to end it and thawing it): SIGKILL alone does not end a frozen process,
+    /// so a new agent that leased those uids gave up on them after 5 s (a CI failure: a warm
+    /// start's `sleep` frozen for 43 minutes). The sweep thaws them and they end.
+    #[test]
+    fn an_agent_ends_a_dead_agents_leftovers_even_when_they_are_frozen() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI=true: this test needs root (job uids)");
+            eprintln!("SKIP: job uids need root");
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        let v1 = std::path::Path::new("/sys/fs/cgroup/freezer");
+        let (dir, freeze, frozen, thawed) = if v1.join("freezer.state").exists() || v1.is_dir() {
+            (v1.join(format!("gpuci-test-frozen-{}", std::process::id())), "freezer.state", "FROZEN", "THAWED")
+        } else {
+            let root = std::path::Path::new("/sys/fs/cgroup");
+            (root.join(format!("gpuci-test-frozen-{}", std::process::id())), "cgroup.freeze", "1", "0")
+        };
+        if std::fs::create_dir_all(&dir).is_err() {
+            assert!(std::env::var("CI").is_err(), "CI=true: this test needs a freezer cgroup");
+            eprintln!("SKIP: no freezer cgroup here");
+            return;
+        }
+        let range = test_range(2);
+        let first = lease(Some(range), 4).expect("a free range");
+        let mut child =
+            std::process::Command::new("sleep").arg("300").uid(range.0 + 2).gid(range.0 + 2).spawn().expect("sleep");
+        std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).expect("into the cgroup");
+        std::fs::write(dir.join(freeze), frozen).expect("frozen");
+        drop(first);
+        let second = lease(Some(range), 4);
+        let gone = matches!(child.try_wait(), Ok(Some(_)))
+            || std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+                .map(|s| s.lines().any(|l| l.starts_with("State:") && l.contains('Z')))
+                .unwrap_or(true);
+        let _ = std::fs::write(dir.join(freeze), thawed);
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir(&dir);
+        assert!(second.is_ok(), "the uids were refused: {:?}", second.err());
+        assert!(gone, "the frozen leftover still runs as a job uid the new agent leased");
+    }
+
     #[test]
     fn overlapping_ranges_are_never_leased_twice() {
         if !nix::unistd::geteuid().is_root() {

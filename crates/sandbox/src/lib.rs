@@ -294,8 +294,38 @@ pub fn end_processes_of(uids: &[u32], within: std::time::Duration) -> Result<usi
             if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok() {
                 killed.insert(pid);
             }
+            // A frozen process takes its SIGKILL only when thawed: an agent killed between
+            // freezing a cgroup to end it and thawing it leaves its processes frozen for good
+            // (seen: a warm start's `sleep` frozen for 43 minutes, which held a later agent's
+            // uids until its start gave up).
+            thaw_cgroup_of(pid);
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Thaws the freezer cgroup `pid` is in (cgroup v1 `freezer.state`, v2 `cgroup.freeze`), if
+/// it is frozen. Only for processes of a dead agent's job uids ([`end_processes_of`]).
+fn thaw_cgroup_of(pid: i32) {
+    let Ok(cgroups) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return };
+    for line in cgroups.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let path = path.trim_start_matches('/');
+        if path.split('/').any(|c| c == "..") {
+            continue;
+        }
+        if controllers.split(',').any(|c| c == "freezer") {
+            let state = std::path::Path::new("/sys/fs/cgroup/freezer").join(path).join("freezer.state");
+            if std::fs::read_to_string(&state).is_ok_and(|s| s.trim() != "THAWED") {
+                let _ = std::fs::write(&state, "THAWED");
+            }
+        } else if controllers.is_empty() {
+            let freeze = std::path::Path::new("/sys/fs/cgroup").join(path).join("cgroup.freeze");
+            if std::fs::read_to_string(&freeze).is_ok_and(|s| s.trim() == "1") {
+                let _ = std::fs::write(&freeze, "0");
+            }
+        }
     }
 }
 

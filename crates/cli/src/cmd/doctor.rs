@@ -268,10 +268,13 @@ async fn job_sandbox_check() -> gpuci_gpu::DoctorCheck {
         // The job uid must be able to reach its workspace inside.
         std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o711))
             .map_err(|e| e.to_string())?;
-        let user = root.then(|| {
-            let (lo, _) = first_job_uids();
-            gpuci_sandbox::JobUser { uid: lo, gid: lo }
-        });
+        // A job uid leased like an agent's (held until the probe ends): never one a running
+        // agent's job is using, and never swept by an agent starting meanwhile.
+        let lease = if root { Some(gpuci_agent::slots::lease(None, 1)?) } else { None };
+        let user = match &lease {
+            Some(l) => Some(gpuci_agent::slots::users_for(l.range, 1)?[0].job),
+            None => None,
+        };
         let cgroups = if root && gpuci_sandbox::probe_cgroups().is_ok() {
             gpuci_sandbox::CgroupUse::Required
         } else {

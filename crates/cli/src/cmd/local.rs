@@ -64,7 +64,7 @@ pub async fn start_configured(
 
 /// The local agent's flags that it would refuse, refused before anything starts (exit 2): the
 /// agent refuses them too, but inside its own task, where `gpuci up` and `gpuci run` only saw
-/// that it never connected ("the local agent did not connect within 5s").
+/// that it never connected ("the local agent did not connect within 30s").
 pub fn check_agent_args(agent: &LocalAgentArgs) -> Result<(), crate::CliError> {
     if agent.isolation == crate::cli::IsolationArg::None && !agent.jobs.allow_unsandboxed {
         return Err(crate::CliError::Input(
@@ -89,13 +89,25 @@ pub fn hidden_forms(paths: &[PathBuf]) -> Vec<PathBuf> {
     out
 }
 
+/// How long the local agent may take to connect: its start probes a real sandbox, makes its
+/// slots' networks and ends what a dead agent left on its uids (up to 5 s alone), which on a
+/// busy 2-core machine took more than the 5 s once allowed.
+const AGENT_START: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Wait until the local agent is connected, so the first job does not wait for it.
 pub async fn wait_for_agent(client: &crate::client::Client) -> anyhow::Result<()> {
-    for _ in 0..200 {
+    let t0 = std::time::Instant::now();
+    let mut said = false;
+    while t0.elapsed() < AGENT_START {
         if client.agents().await.map_err(|e| anyhow::anyhow!("{e}"))?.iter().any(|a| a.state == "connected") {
             return Ok(());
         }
+        if !said && t0.elapsed() >= std::time::Duration::from_secs(5) {
+            eprintln!("waiting for the local agent to start (up to {}s)", AGENT_START.as_secs());
+            said = true;
+        }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    Err(anyhow::anyhow!("the local agent did not connect within 5s")).context("starting the local agent")
+    Err(anyhow::anyhow!("the local agent did not connect within {}s", AGENT_START.as_secs()))
+        .context("starting the local agent")
 }
