@@ -504,7 +504,7 @@ async fn an_agent_leaves_a_coordinator_that_stopped_answering_and_connects_again
     let mut agent = tokio::spawn(gpuci_agent::run(ac, shutdown.clone()));
     // The first connection: welcomed, then never read again (pings unanswered).
     let first = tokio::select! {
-        a = listener.accept() => a.unwrap().0,
+        a = accept_channel(&listener) => a,
         r = &mut agent => panic!("the agent ended before it connected: {r:?}"),
     };
     let tcp = first;
@@ -519,13 +519,37 @@ async fn an_agent_leaves_a_coordinator_that_stopped_answering_and_connects_again
     ws.send(serde_json::to_string(&welcome).unwrap().into()).await.unwrap();
     let t0 = std::time::Instant::now();
     // A second connection, while the first is still open.
-    let second = tokio::time::timeout(T, listener.accept()).await;
+    let second = tokio::time::timeout(T, accept_channel(&listener)).await;
     let after = t0.elapsed();
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(5), agent).await;
     drop(ws);
     assert!(second.is_ok(), "the agent stayed on a coordinator that answered nothing for {after:?}");
     eprintln!("left a silent coordinator after {:.1} s", after.as_secs_f64());
+}
+
+/// The next connection that is the agent channel: an identity challenge before it (the
+/// agent asks each address to prove the coordinators' key) is answered 404, as a coordinator
+/// too old to have one answers (this stand-in has none).
+async fn accept_channel(listener: &tokio::net::TcpListener) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    loop {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut head = [0u8; 64];
+        let mut n = 0;
+        for _ in 0..100 {
+            n = tcp.peek(&mut head).await.unwrap_or(0);
+            if n >= 20 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if head[..n].starts_with(b"GET /api/v1/identity") {
+            let _ = tcp.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+            continue;
+        }
+        return tcp;
+    }
 }
 
 /// Group commit (issue 29): a placement pass stores all its assignments in one transaction

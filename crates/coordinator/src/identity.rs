@@ -4,8 +4,9 @@
 //! rolling upgrade) proves the same key. Agents and the CLI pin it and ask for a proof
 //! (`GET /api/v1/identity?nonce=…`) before they send an address any credential.
 //!
-//! The public key is also written to `<data-dir>/coordinator-key.pub`, for an operator to
-//! hand to agents (`--coordinator-key`) and for the CLI on this host.
+//! The secret is also kept in `<data-dir>/coordinator-key` (0600), so a database made anew
+//! keeps the installation's key; the public key in `<data-dir>/coordinator-key.pub`, for an
+//! operator to hand to agents (`--coordinator-key`) and for the CLI on this host.
 //!
 //! Must not: hand out or log the secret; answer without a well-formed nonce.
 
@@ -22,44 +23,74 @@ use std::path::Path;
 const SEALED_AS: &str = "gpuci:coordinator-identity";
 /// The file beside the data dir's tokens that holds the public key.
 pub const PUBLIC_KEY_FILE: &str = "coordinator-key.pub";
+/// The file that holds the secret (hex, 0600): the key stays the installation's when its
+/// database is made anew (`--new-database`), as its tokens and secrets key do.
+pub const SECRET_KEY_FILE: &str = "coordinator-key";
 
-/// The installation's key: the stored one, or a new one stored now.
+/// The installation's key. Kept in the data dir ([`SECRET_KEY_FILE`]) and, sealed with the
+/// secrets key, in the database (so a standby that has the secrets key has the key too).
+/// - the file and the database agree: that key;
+/// - a file and no key in the database (a new database, an upgrade): the file's, recorded;
+/// - no file and a key in the database (a standby, a data dir made anew): the database's,
+///   written to the file;
+/// - neither: a new key, in both;
+/// - they disagree: refused (this data dir belongs to another installation than the database).
 pub async fn load_or_create(store: &dyn Store, key: &SecretsKey, data_dir: &Path) -> anyhow::Result<SigningIdentity> {
-    let fresh = SigningIdentity::from_secret(&rand::random::<[u8; SECRET_LEN]>());
+    let file = data_dir.join(SECRET_KEY_FILE);
+    let from_file = match std::fs::read_to_string(&file) {
+        Ok(text) => {
+            Some(parse_secret(&text).ok_or_else(|| anyhow::anyhow!("{}: not a coordinator key", file.display()))?)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(anyhow::anyhow!("reading {}: {e}", file.display())),
+    };
+    let fresh = from_file.clone().unwrap_or_else(|| SigningIdentity::from_secret(&rand::random::<[u8; SECRET_LEN]>()));
     let new = StoredIdentity {
         public_key: fresh.public_key(),
         sealed_secret: key.seal(SEALED_AS, &hex::encode(fresh.secret())),
     };
     let stored = store.coordinator_identity(&new, crate::brain::now_ms()).await?;
-    let opened = key.open(SEALED_AS, &stored.sealed_secret).map_err(|e| {
-        anyhow::anyhow!(
-            "the coordinator identity key in the database does not open with this coordinator's secrets key \
-             (key {}): {e}; every coordinator of one database needs the same secrets key file",
-            key.id()
-        )
-    })?;
-    let secret: [u8; SECRET_LEN] = hex::decode(opened.trim())
-        .ok()
-        .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| anyhow::anyhow!("the coordinator identity key in the database is malformed"))?;
-    let identity = SigningIdentity::from_secret(&secret);
-    if identity.public_key() != stored.public_key {
-        anyhow::bail!(
-            "the coordinator identity key in the database does not match its public key {}",
+    let identity = match from_file {
+        Some(mine) if mine.public_key() == stored.public_key => mine,
+        Some(mine) => anyhow::bail!(
+            "this data dir's coordinator identity key ({}, in {}) is not the database's ({}): the data dir belongs to another installation; use the leader's data dir files (docs/ha.md)",
+            mine.public_key(),
+            file.display(),
             stored.public_key
-        );
+        ),
+        None => {
+            let opened = key.open(SEALED_AS, &stored.sealed_secret).map_err(|e| {
+                anyhow::anyhow!(
+                    "the coordinator identity key in the database does not open with this coordinator's secrets key \
+                     (key {}): {e}; every coordinator of one database needs the same secrets key file",
+                    key.id()
+                )
+            })?;
+            let identity = parse_secret(&opened)
+                .ok_or_else(|| anyhow::anyhow!("the coordinator identity key in the database is malformed"))?;
+            if identity.public_key() != stored.public_key {
+                anyhow::bail!(
+                    "the coordinator identity key in the database does not match its public key {}",
+                    stored.public_key
+                );
+            }
+            crate::auth::write_private(&file, &format!("{}\n", hex::encode(identity.secret())))
+                .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
+            identity
+        }
+    };
+    let public = data_dir.join(PUBLIC_KEY_FILE);
+    if std::fs::read_to_string(&public).ok().as_deref().map(str::trim) != Some(identity.public_key().as_str()) {
+        std::fs::write(&public, format!("{}\n", identity.public_key()))
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", public.display()))?;
     }
-    let file = data_dir.join(PUBLIC_KEY_FILE);
-    if std::fs::read_to_string(&file).ok().as_deref().map(str::trim) != Some(identity.public_key().as_str()) {
-        std::fs::write(&file, format!("{}\n", identity.public_key()))
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", file.display()))?;
-    }
-    if stored.sealed_secret == new.sealed_secret {
-        tracing::info!(key = %identity.public_key(), file = %file.display(), "made this installation's coordinator identity key; agents and the CLI pin it");
-    } else {
-        tracing::info!(key = %identity.public_key(), "coordinator identity key");
-    }
+    tracing::info!(key = %identity.public_key(), file = %public.display(), "coordinator identity key (agents and the CLI pin it)");
     Ok(identity)
+}
+
+fn parse_secret(text: &str) -> Option<SigningIdentity> {
+    let secret: [u8; SECRET_LEN] = hex::decode(text.trim()).ok()?.try_into().ok()?;
+    Some(SigningIdentity::from_secret(&secret))
 }
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]
@@ -150,27 +181,43 @@ mod tests {
         d
     }
 
-    /// Every coordinator of one database proves one key (a restart, a standby with the same
-    /// secrets key); a coordinator with another secrets key is refused at start, naming why,
-    /// rather than proving a key of its own that every pinned agent would refuse.
+    /// Every coordinator of one database proves one key: a restart, a standby with its own
+    /// data dir and the same secrets key (the key comes from the database, then its file); a
+    /// coordinator with another secrets key and no key file is refused at start. A database
+    /// made anew in the same data dir keeps the key (its file), as agents pinned it (the CI
+    /// failure of `a_result_held_for_an_earlier_registration_never_ends_a_job_of_a_new_database`:
+    /// the pinned agent refused the coordinator after `--new-database`). A data dir of another
+    /// installation on a database with a key is refused.
     #[tokio::test]
-    async fn one_database_one_key_and_a_wrong_secrets_key_is_refused() {
+    async fn one_key_per_installation_across_standbys_and_a_new_database() {
         let dir = fresh_dir("a");
         let store = SqliteStore::open(&dir.join("gpuci.db")).await.unwrap();
         let (key, bytes) = SecretsKey::generate();
         let a = load_or_create(&store, &key, &dir).await.unwrap();
-        let b = load_or_create(&store, &SecretsKey::from_bytes(&bytes), &dir).await.unwrap();
-        assert_eq!(a.public_key(), b.public_key());
+        assert_eq!(load_or_create(&store, &key, &dir).await.unwrap().public_key(), a.public_key(), "a restart");
         let written = std::fs::read_to_string(dir.join(PUBLIC_KEY_FILE)).unwrap();
         assert_eq!(written.trim(), a.public_key());
+        // A standby: its own data dir, the same secrets key.
+        let standby = fresh_dir("s");
+        let b = load_or_create(&store, &SecretsKey::from_bytes(&bytes), &standby).await.unwrap();
+        assert_eq!(b.public_key(), a.public_key());
+        // Another secrets key, no key file: refused.
         let (other, _) = SecretsKey::generate();
-        let e = load_or_create(&store, &other, &dir).await.unwrap_err().to_string();
+        let stranger = fresh_dir("x");
+        let e = load_or_create(&store, &other, &stranger).await.unwrap_err().to_string();
         assert!(e.contains("same secrets key"), "{e}");
-        // Another database: another installation, another key.
-        let dir2 = fresh_dir("b");
-        let store2 = SqliteStore::open(&dir2.join("gpuci.db")).await.unwrap();
-        assert_ne!(load_or_create(&store2, &key, &dir2).await.unwrap().public_key(), a.public_key());
-        let _ = std::fs::remove_dir_all(&dir);
-        let _ = std::fs::remove_dir_all(&dir2);
+        // The database made anew in the same data dir: the same key.
+        let store2 = SqliteStore::open(&dir.join("gpuci-new.db")).await.unwrap();
+        assert_eq!(load_or_create(&store2, &key, &dir).await.unwrap().public_key(), a.public_key());
+        // Another installation's data dir on this database: refused.
+        let other_dir = fresh_dir("o");
+        let store3 = SqliteStore::open(&other_dir.join("gpuci.db")).await.unwrap();
+        let c = load_or_create(&store3, &key, &other_dir).await.unwrap();
+        assert_ne!(c.public_key(), a.public_key(), "another database, another key");
+        let e = load_or_create(&store, &key, &other_dir).await.unwrap_err().to_string();
+        assert!(e.contains("another installation"), "{e}");
+        for d in [dir, standby, stranger, other_dir] {
+            let _ = std::fs::remove_dir_all(&d);
+        }
     }
 }
