@@ -272,7 +272,12 @@ fn real_answers_match_the_documented_responses() {
     let cases: Vec<(&str, &str, Response, u16)> = vec![
         ("get", "/healthz", http.get(format!("{url}/healthz")).send().unwrap(), 200),
         ("get", "/api/v1/openapi.json", http.get(format!("{url}/api/v1/openapi.json")).send().unwrap(), 200),
-        ("get", "/api/v1/identity", http.get(format!("{url}/api/v1/identity?nonce={}", "ab".repeat(32))).send().unwrap(), 200),
+        (
+            "get",
+            "/api/v1/identity",
+            http.get(format!("{url}/api/v1/identity?nonce={}", "ab".repeat(32))).send().unwrap(),
+            200,
+        ),
         ("get", "/api/v1/identity", http.get(format!("{url}/api/v1/identity?nonce=xyz")).send().unwrap(), 400),
         ("get", "/api/v1/jobs/{id}", get(&format!("/api/v1/jobs/{job}")), 200),
         ("get", "/api/v1/jobs/{id}", get("/api/v1/jobs/999999"), 404),

@@ -182,7 +182,8 @@ fn the_default_pod_is_user_namespaced_with_proc_unmasked_and_not_privileged() {
     // The agent pins the coordinators' key from its first contact.
     let env = spec["containers"][0]["env"].as_array().unwrap();
     assert!(
-        env.iter().any(|e| e["name"] == "GPUCI_COORDINATOR_KEY" && e["value"] == format!("ed25519:{}", "ab".repeat(32))),
+        env.iter()
+            .any(|e| e["name"] == "GPUCI_COORDINATOR_KEY" && e["value"] == format!("ed25519:{}", "ab".repeat(32))),
         "{env:?}"
     );
     assert_eq!(sc["procMount"], "Unmasked");
