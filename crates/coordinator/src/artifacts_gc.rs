@@ -12,7 +12,7 @@
 //! (module docs of [`crate::blobs`]); the local store follows the same rule.
 
 use crate::artifacts::Artifacts;
-use crate::github::config::Parsed;
+use crate::parsed::Parsed;
 use gpuci_core::quantity::Bytes;
 use gpuci_store::Store;
 use std::collections::HashSet;

@@ -8,6 +8,8 @@ use std::io::Write;
 use std::path::Path;
 use subtle::ConstantTimeEq;
 
+pub const AGENT_ID_HEADER: &str = "x-gpuci-agent-id";
+
 /// A secret string that never prints.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -106,6 +108,23 @@ pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
 /// `Authorization: Bearer <token>` → token.
 pub fn bearer(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+}
+
+/// Sessions signed out before they expired: (signature, expiry in Unix seconds). In memory:
+/// a restart forgets them (a new token ends every session for good).
+#[derive(Default)]
+pub struct RevokedSessions(std::sync::Mutex<std::collections::HashMap<String, i64>>);
+
+impl RevokedSessions {
+    pub(crate) fn add(&self, sig: &str, expires: i64) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, e| *e >= now);
+        m.insert(sig.to_string(), expires);
+    }
+    pub(crate) fn contains(&self, sig: &str) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).contains_key(sig)
+    }
 }
 
 #[cfg(test)]

@@ -9,10 +9,10 @@
 //! acknowledgement: the agent reconnects after a backoff and sends it again. So a job's end is
 //! never seen before its last line, and nothing the agent was told is stored is not.
 
-use crate::api::ApiError;
 use crate::auth::{bearer, verify_hash};
 use crate::brain::Command;
-use crate::AppState;
+use crate::error::ApiError;
+use crate::state::AppState;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 /// Samples one telemetry message may carry (an agent buffers at most this many).
 const MAX_SAMPLES_PER_MESSAGE: usize = 4096;
 
-pub const AGENT_ID_HEADER: &str = "x-gpuci-agent-id";
+pub use crate::auth::AGENT_ID_HEADER;
 
 pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
     let Some(agent_id) = headers.get(AGENT_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string) else {

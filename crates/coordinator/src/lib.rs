@@ -10,7 +10,6 @@
 pub mod api;
 pub mod artifacts;
 pub mod artifacts_gc;
-pub mod audit;
 pub mod auth;
 pub mod blobs;
 pub mod blobs_watch;
@@ -18,7 +17,7 @@ pub mod brain;
 mod channel;
 mod convert;
 pub mod datadir;
-pub mod dynamic_steps;
+pub mod error;
 mod fleet_inputs;
 pub mod fleets;
 pub mod github;
@@ -28,11 +27,11 @@ mod job_cost;
 pub mod live;
 pub mod metrics;
 pub mod origin;
-pub mod pipeline_actions;
+pub mod parsed;
 pub mod repos;
 pub mod schedules;
-pub mod secrets;
 mod standby;
+pub mod state;
 pub mod test_reports;
 pub mod ui;
 pub mod uploads;
@@ -51,7 +50,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use api::{audit, pipeline_actions, secrets};
 pub use brain::Timing;
+pub use state::AppState;
 
 /// Where state lives.
 #[derive(Clone)]
@@ -194,67 +195,6 @@ impl Config {
     }
 }
 
-#[derive(Clone)]
-pub struct AppState {
-    /// Whether this coordinator leads its database now (always, with SQLite): while false it
-    /// answers `/readyz` with 503 and takes no agent ([`keep_sole_use`]).
-    pub leading: tokio::sync::watch::Receiver<bool>,
-    pub store: Arc<dyn Store>,
-    pub brain: mpsc::Sender<brain::Command>,
-    pub hub: Arc<hub::Hub>,
-    pub api_token: Secret,
-    pub registration_token: Secret,
-    /// Seals secret values before they are stored ([`vault`]).
-    pub secrets_key: Arc<gpuci_store::SecretsKey>,
-    /// The installation's identity key, proved to agents and the CLI ([`identity`]).
-    pub identity: Arc<gpuci_core::coordinator_identity::SigningIdentity>,
-    /// Names (and addresses) this coordinator is reached by besides its socket's own
-    /// address ([`Config::public_names`]).
-    pub public_names: Arc<Vec<String>>,
-    /// Opens secrets encrypted in pipeline files; its current public key is handed out.
-    pub repo_keys: Arc<std::sync::RwLock<gpuci_repo_secrets::KeyRing>>,
-    pub conn_seq: Arc<AtomicU64>,
-    pub shutdown: CancellationToken,
-    /// Workspace uploads: `<data-dir>/uploads`.
-    pub uploads: uploads::Uploads,
-    /// Artifacts: `<data-dir>/artifacts` ([`artifacts`]).
-    pub artifacts: artifacts::Artifacts,
-    /// Set when GitHub is configured: what the webhook endpoint needs.
-    pub github: Option<github::Handle>,
-    /// Per-job cap on stored log ([`Config::max_log_bytes`]).
-    pub max_log_bytes: u64,
-    /// What each fleet has and wants, as the reconcile loop last saw it.
-    pub fleets: fleets::Statuses,
-    /// Held while a machine's registration token is checked and spent, so two registrations
-    /// with one token cannot both pass (one coordinator per database: this process is all).
-    pub machine_registrations: Arc<tokio::sync::Mutex<()>>,
-    /// Counters and histograms for `/metrics`.
-    pub metrics: Arc<metrics::Metrics>,
-    /// Running jobs' latest GPU samples.
-    pub live: Arc<live::LiveTelemetry>,
-    /// Signs in to the dashboard and scrapes `/metrics`; changes nothing (`<data-dir>/read-token`).
-    pub read_token: Secret,
-    /// Repositories whose jobs and logs the dashboard shows without sign-in.
-    pub public_repositories: Arc<Vec<gpuci_core::repo::RepoId>>,
-    /// Repository budgets (the spend page).
-    pub budgets: Arc<Vec<gpuci_core::fleet::RepoBudget>>,
-    /// GitHub's API address, when GitHub is configured (links to repositories and check runs).
-    pub github_api_url: Option<String>,
-    /// Dashboard sessions signed out before they expired.
-    pub revoked_sessions: Arc<ui::Revoked>,
-    /// Live streams (server-sent events) open at once, at most [`ui::MAX_LIVE_STREAMS`].
-    pub live_streams: Arc<tokio::sync::Semaphore>,
-    /// The schedules and their task's queue.
-    pub schedules: schedules::Handle,
-}
-
-impl AppState {
-    /// The GitHub host a bare `owner/name` is on ([`Config::github_host`]).
-    pub fn github_host(&self) -> String {
-        gpuci_core::repo::github_host_of_api_url(self.github_api_url.as_deref())
-    }
-}
-
 /// Default per-job log cap: the agents' default (100 MiB) and room for gpuci's own lines.
 /// The data dir's key ring for secrets encrypted in pipeline files (`gpuci secret encrypt`):
 /// one file per key, 0600, in a 0700 directory. Coordinators sharing a database need the same.
@@ -272,7 +212,7 @@ pub struct Running {
 }
 
 pub fn router(st: AppState) -> Router {
-    let webhook_limit = axum::extract::DefaultBodyLimit::max(github::webhook::MAX_PAYLOAD_BYTES);
+    let webhook_limit = axum::extract::DefaultBodyLimit::max(api::webhook::MAX_PAYLOAD_BYTES);
     let authed = Router::new()
         .route("/api/v1/pipelines", post(api::submit_pipeline))
         .route("/api/v1/pipelines/{id}", get(api::get_pipeline))
@@ -285,15 +225,15 @@ pub fn router(st: AppState) -> Router {
         .route("/api/v1/agents", get(api::list_agents))
         .route("/api/v1/fleets", get(api::list_fleets))
         .route("/api/v1/cost", get(api::cost_report))
-        .route("/api/v1/github/jobs", get(github::api::list_github_jobs))
-        .route("/api/v1/github/status", get(github::api::github_status))
+        .route("/api/v1/github/jobs", get(api::github::list_github_jobs))
+        .route("/api/v1/github/status", get(api::github::github_status))
         .route("/api/v1/gpus/{uuid}/release", post(api::release_gpu))
         .route("/api/v1/secrets", get(secrets::list_secrets))
         .route("/api/v1/secrets-key", get(secrets::public_key).post(secrets::rotate_key))
-        .route("/api/v1/uploads", post(uploads::create_upload))
+        .route("/api/v1/uploads", post(api::uploads::create_upload))
         .route("/api/v1/secrets/{name}", axum::routing::put(secrets::set_secret).delete(secrets::delete_secret))
-        .route("/api/v1/schedules", get(schedules::list_schedules))
-        .route("/api/v1/schedules/{name}/run", post(schedules::run_schedule))
+        .route("/api/v1/schedules", get(api::schedules::list_schedules))
+        .route("/api/v1/schedules/{name}/run", post(api::schedules::run_schedule))
         .route("/api/v1/audit", get(audit::list_audit))
         .route("/api/v1/tokens", get(audit::list_tokens).post(audit::create_token))
         .route("/api/v1/tokens/{name}", axum::routing::delete(audit::revoke_token))
@@ -301,27 +241,27 @@ pub fn router(st: AppState) -> Router {
     // The raw log follows the job page's read rules (a dashboard session reads it too).
     let logs = Router::new()
         .route("/api/v1/jobs/{id}/logs", get(api::job_logs))
-        .route("/api/v1/jobs/{id}/artifacts", get(artifacts::list))
-        .route("/api/v1/jobs/{id}/test-report", get(test_reports::job_report))
-        .route("/api/v1/jobs/{id}/artifact", get(artifacts::download))
+        .route("/api/v1/jobs/{id}/artifacts", get(api::artifacts::list))
+        .route("/api/v1/jobs/{id}/test-report", get(api::artifacts::job_report))
+        .route("/api/v1/jobs/{id}/artifact", get(api::artifacts::download))
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), ui::log_access));
     Router::new()
         .merge(authed)
         .merge(logs)
         .route("/api/v1/agents/register", post(api::register_agent))
         .route("/api/v1/agents/connect", get(channel::connect))
-        .route("/api/v1/uploads/{id}", get(uploads::get_upload))
+        .route("/api/v1/uploads/{id}", get(api::uploads::get_upload))
         // Agents, with their credential (`artifacts`).
-        .route("/api/v1/jobs/{id}/artifact-upload", axum::routing::put(artifacts::upload))
-        .route("/api/v1/jobs/{id}/steps", post(dynamic_steps::add_steps))
-        .route("/api/v1/jobs/{id}/artifact-inputs", get(artifacts::inputs))
-        .route("/api/v1/jobs/{id}/artifact-inputs/{sha256}", get(artifacts::input_blob))
+        .route("/api/v1/jobs/{id}/artifact-upload", axum::routing::put(api::artifacts::upload))
+        .route("/api/v1/jobs/{id}/steps", post(api::dynamic_steps::add_steps))
+        .route("/api/v1/jobs/{id}/artifact-inputs", get(api::artifacts::inputs))
+        .route("/api/v1/jobs/{id}/artifact-inputs/{sha256}", get(api::artifacts::input_blob))
         .route("/api/v1/openapi.json", get(openapi_json))
-        .route("/api/v1/github/webhook", post(github::webhook::receive).layer(webhook_limit))
+        .route("/api/v1/github/webhook", post(api::webhook::receive).layer(webhook_limit))
         .route("/healthz", get(api::server_info))
         .route("/readyz", get(api::ready))
-        .route("/api/v1/identity", get(identity::prove))
-        .route("/metrics", get(metrics::scrape))
+        .route("/api/v1/identity", get(api::identity::prove))
+        .route("/metrics", get(api::metrics::scrape))
         .merge(ui::router())
         .fallback(|| async {
             api::ApiError::new(axum::http::StatusCode::NOT_FOUND, "no such endpoint; see /api/v1/openapi.json")
@@ -334,10 +274,10 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     use utoipa::OpenApi;
     let mut doc = api::ApiDoc::openapi();
     doc.merge(secrets::SecretsDoc::openapi());
-    doc.merge(identity::IdentityDoc::openapi());
-    doc.merge(artifacts::ArtifactsDoc::openapi());
-    doc.merge(dynamic_steps::DynamicStepsDoc::openapi());
-    doc.merge(github::webhook::WebhookDoc::openapi());
+    doc.merge(api::identity::IdentityDoc::openapi());
+    doc.merge(api::artifacts::ArtifactsDoc::openapi());
+    doc.merge(api::dynamic_steps::DynamicStepsDoc::openapi());
+    doc.merge(api::webhook::WebhookDoc::openapi());
     doc
 }
 
@@ -563,7 +503,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         public_repositories: Arc::new(public_repositories),
         budgets: Arc::new(config.budgets.clone()),
         github_api_url: config.github.as_ref().map(|g| g.api_url.clone()),
-        revoked_sessions: Arc::new(ui::Revoked::default()),
+        revoked_sessions: Arc::new(auth::RevokedSessions::default()),
         live_streams: Arc::new(tokio::sync::Semaphore::new(ui::MAX_LIVE_STREAMS)),
         schedules,
     };

@@ -8,7 +8,7 @@
 //! server stops and the coordinator serves on the very same socket (connections that arrive
 //! in between wait in its backlog), so its address never stops accepting.
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;

@@ -1,13 +1,11 @@
 //! Test reports (`test_reports:` on a step): when an agent uploads one of the step's report
 //! files as an artifact, the coordinator reads it (`gpuci_core::test_report::parse_junit`:
 //! bounded size and depth, no DOCTYPE, no entity of the file's own) off the async threads and
-//! records the reading; `GET /api/v1/jobs/{id}/test-report` and the GitHub check run show
+//! records the reading; `GET /api/v1/jobs/{id}/test-report` ([`crate::api::artifacts`]) and
+//! the GitHub check run show
 //! the counts and failed tests of all of a job's reports together.
 
-use crate::api::{ApiError, ApiPath};
-use crate::AppState;
-use axum::extract::State;
-use axum::Json;
+use crate::artifacts::Artifacts;
 use gpuci_core::test_report::{parse_junit, TestReport, MAX_REPORT_BYTES};
 use gpuci_protocol::api::{JobTestReport, TestReportFile};
 use gpuci_protocol::JobId;
@@ -15,7 +13,7 @@ use gpuci_store::{ArtifactRecord, Store, TestReportRecord};
 
 /// Reads the stored artifact `a` as a JUnit report and records the reading; returns what
 /// the agent says in the job's log.
-pub async fn read(st: &AppState, a: &ArtifactRecord) -> Result<String, ApiError> {
+pub async fn read(store: &dyn Store, artifacts: &Artifacts, a: &ArtifactRecord) -> gpuci_store::Result<String> {
     let parsed = if a.size > MAX_REPORT_BYTES {
         Err(format!(
             "{} is over the cap of {} for a test report; not read",
@@ -24,7 +22,7 @@ pub async fn read(st: &AppState, a: &ArtifactRecord) -> Result<String, ApiError>
         ))
     } else {
         // Read whole (it is under the report cap), then parsed off the async threads.
-        match st.artifacts.open(&a.sha256).await {
+        match artifacts.open(&a.sha256).await {
             Ok(None) => Err("no stored file".to_string()),
             Err(e) => Err(format!("reading it: {e}")),
             Ok(Some(blob)) => {
@@ -54,7 +52,7 @@ pub async fn read(st: &AppState, a: &ArtifactRecord) -> Result<String, ApiError>
             format!("test report not read: {e}"),
         ),
     };
-    st.store.put_test_report(&record).await?;
+    store.put_test_report(&record).await?;
     Ok(note)
 }
 
@@ -74,23 +72,6 @@ pub async fn of_job(store: &dyn Store, job: JobId) -> gpuci_store::Result<Option
         out.files.push(TestReportFile { path: r.path, error });
     }
     Ok(Some(out))
-}
-
-/// `GET /api/v1/jobs/{id}/test-report` (API token, as the job's log): 404 when the job has
-/// none.
-#[utoipa::path(get, path = "/api/v1/jobs/{id}/test-report", params(("id" = i64, Path, description = "job id")),
-    responses((status = 200, description = "the job's test reports read together", body = JobTestReport),
-        (status = 401, description = "missing or invalid API token", body = gpuci_protocol::api::ErrorBody),
-        (status = 404, description = "no such job, or it has no test reports", body = gpuci_protocol::api::ErrorBody)))]
-pub async fn job_report(
-    State(st): State<AppState>,
-    ApiPath(id): ApiPath<JobId>,
-) -> Result<Json<JobTestReport>, ApiError> {
-    crate::api::load_job(&st, id).await?;
-    match of_job(st.store.as_ref(), id).await? {
-        Some(r) => Ok(Json(r)),
-        None => Err(ApiError::new(axum::http::StatusCode::NOT_FOUND, format!("job {id} has no test reports"))),
-    }
 }
 
 /// Longest test-report section in a check run summary (GitHub takes 65,535 characters in all).

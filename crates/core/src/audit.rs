@@ -1,7 +1,7 @@
 //! The audit log's vocabulary: the actions it records, how its times are written and read,
 //! and how a credential is named in it without being revealed.
 //!
-//! The coordinator decides what to record (`gpuci_coordinator::audit`); the store keeps the
+//! The coordinator decides what to record (`gpuci_coordinator::api::audit`); the store keeps the
 //! entries as plain strings. The names here are part of the stable output of `gpuci audit
 //! --json` and `GET /api/v1/audit`: add new ones, never rename one.
 

@@ -204,9 +204,9 @@ impl Brain {
                             && !self.cancelling.contains_key(&job) =>
                     {
                         let j = j.clone();
-                        crate::dynamic_steps::add(self.store.as_ref(), &j, &file_name, &source).await
+                        crate::brain::dynamic_steps::add(self.store.as_ref(), &j, &file_name, &source).await
                     }
-                    _ => Err(crate::dynamic_steps::AddError::NotRunning(job)),
+                    _ => Err(crate::brain::dynamic_steps::AddError::NotRunning(job)),
                 };
                 if let Ok(jobs) = &r {
                     for j in jobs {

@@ -52,6 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 mod agents;
 mod dispatch;
+pub mod dynamic_steps;
 mod groups;
 mod pipelines;
 mod queries;
@@ -297,13 +298,13 @@ pub enum Command {
         agent: String,
         reason: String,
     },
-    /// Steps a running job adds to its own pipeline (`crate::dynamic_steps`); its token was
+    /// Steps a running job adds to its own pipeline (`crate::brain::dynamic_steps`); its token was
     /// checked by the caller.
     AddSteps {
         job: JobId,
         file_name: String,
         source: String,
-        reply: oneshot::Sender<Result<Vec<JobRecord>, crate::dynamic_steps::AddError>>,
+        reply: oneshot::Sender<Result<Vec<JobRecord>, crate::brain::dynamic_steps::AddError>>,
     },
     Tick,
 }
@@ -386,7 +387,7 @@ struct Placed {
     trusted: bool,
     repository: Option<String>,
     log_from: u64,
-    /// The sha256 of the job token in `secrets` (`crate::dynamic_steps`), stored with the
+    /// The sha256 of the job token in `secrets` (`crate::brain::dynamic_steps`), stored with the
     /// assignment.
     token_sha256: Option<String>,
 }

@@ -348,13 +348,13 @@ impl Brain {
                             continue;
                         }
                     };
-                    // Its job token (`crate::dynamic_steps`), stored as a hash with the
+                    // Its job token (`crate::brain::dynamic_steps`), stored as a hash with the
                     // assignment, and given as a secret: the job's log masks it.
                     let mut secrets = secrets;
                     let mut token_sha256 = None;
                     if !matches!(origin, Some(Origin::ActionsRunner(_))) {
-                        let (token, sha256) = crate::dynamic_steps::new_token();
-                        secrets.insert(crate::dynamic_steps::JOB_TOKEN_ENV.to_string(), token);
+                        let (token, sha256) = crate::brain::dynamic_steps::new_token();
+                        secrets.insert(crate::brain::dynamic_steps::JOB_TOKEN_ENV.to_string(), token);
                         token_sha256 = Some(sha256);
                     }
                     if let Some(key) = self.group_of(&j) {

@@ -7,7 +7,7 @@ use super::cost::cost_inputs;
 use super::{now_s, Effect, Loop, Worker, RECENT_ERRORS, WAKE_GAP};
 use super::{FleetStatus, MachineStatus};
 use crate::brain::{ask, Command};
-use gpuci_core::fleet::{Action, UnixSecs};
+use gpuci_core::fleet::{Action, SkipCause, UnixSecs};
 use gpuci_store::MachineRecord;
 use std::collections::{BTreeMap, HashMap};
 use tokio_util::sync::CancellationToken;
@@ -116,10 +116,22 @@ impl Loop {
                 match effect {
                     Effect::Error(what) => self.error(fi, what),
                     Effect::Unavailable(u) => {
-                        let skip = self.backoffs.error(u, now_s());
+                        let now = now_s();
+                        // A create or start refused for want of capacity opens (or extends) the
+                        // offer's outage, which the idle rule reads (`gpuci_core::fleet::idle`);
+                        // a platform's refusal or a failed boot is no outage.
+                        if u.cause == SkipCause::Capacity {
+                            self.history.entry(u.fleet.clone()).or_default().refused(u.offer, u.capacity, now);
+                        }
+                        let skip = self.backoffs.error(u, now);
                         self.unavailable.push(skip);
                     }
-                    Effect::Took { fleet, offer, capacity } => self.backoffs.success(&fleet, offer, capacity),
+                    Effect::Took { fleet, offer, capacity } => {
+                        self.backoffs.success(&fleet, offer, capacity);
+                        if let Some(h) = self.history.get_mut(&fleet) {
+                            h.took(offer, capacity, now_s());
+                        }
+                    }
                     Effect::Gone(machine) => {
                         self.idle_since.remove(&machine);
                     }

@@ -7,12 +7,10 @@
 //! GitHub never run on the scheduler: a runner's registration is the [`Registrar`]'s, results
 //! go out through the reporter's queue in order.
 
-pub mod api;
 pub mod backoff;
 pub mod config;
 mod report;
 pub mod service;
-pub mod webhook;
 
 use crate::brain::{self, RunnerGrant, RunnerRegistrar};
 use crate::origin::RunnerOrigin;

@@ -26,7 +26,7 @@ pub(super) async fn fleet_page(State(st): State<AppState>, headers: HeaderMap) -
     if !v.signed_in() {
         return sign_in_first("/ui/fleet");
     }
-    let agents = match ask(&st, |reply| Command::Agents { reply }).await {
+    let agents = match st.ask(|reply| Command::Agents { reply }).await {
         Ok(a) => a,
         Err(e) => return api_error(&v, e.into()),
     };
@@ -105,7 +105,7 @@ pub(super) async fn audit_page(
     }
     // Empty form fields mean no filter.
     let given = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
-    let query = crate::audit::AuditQuery {
+    let query = crate::api::audit::AuditQuery {
         since: given(&q.since),
         action: given(&q.action),
         actor: given(&q.actor),
@@ -117,7 +117,7 @@ pub(super) async fn audit_page(
         actor: query.actor.clone().unwrap_or_default(),
     };
     let entries = match query.filter(now_ms()) {
-        Ok(f) => crate::audit::recent(&st, &f).await,
+        Ok(f) => crate::api::audit::recent(&st, &f).await,
         Err(e) => Err(e),
     };
     match entries {

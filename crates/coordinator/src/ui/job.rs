@@ -1,6 +1,7 @@
 //! A job's page and its live stream: state, log, GPU charts.
 
 use super::*;
+use crate::api::LogScrub;
 
 /// The job and its row, if this viewer may see it.
 pub(super) async fn visible_job(st: &AppState, v: &Viewer, id: JobId) -> Result<JobRow, Response> {
@@ -111,7 +112,7 @@ pub(super) async fn memory_of(st: &AppState, j: &JobSummary) -> Option<u64> {
     if j.gpus.is_empty() {
         return None;
     }
-    let agents = ask(st, |reply| Command::Agents { reply }).await.ok()?;
+    let agents = st.ask(|reply| Command::Agents { reply }).await.ok()?;
     let total: u64 = agents
         .iter()
         .flat_map(|a| a.gpus.iter())
@@ -253,17 +254,6 @@ pub(super) async fn job_events(
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }
 
-/// Said to the raw log's handler when an anonymous visitor reads a public job's log: gpuci's
-/// own lines lose agent names and GPU UUIDs, as on the job page.
-#[derive(Clone)]
-pub struct LogScrub(std::sync::Arc<Scrub>);
-
-impl LogScrub {
-    pub(crate) fn line(&self, l: gpuci_protocol::api::LogLine) -> gpuci_protocol::api::LogLine {
-        self.0.line(l)
-    }
-}
-
 /// Who may read a job's raw log (`GET /api/v1/jobs/N/logs`, linked from the job page): the
 /// job page's rules. A bearer token is the API's to judge (the admin or a named token). Without
 /// one, a dashboard session (the read-only one too) reads every job's log, and nobody reads a
@@ -291,7 +281,8 @@ pub(crate) async fn log_access(
         .and_then(|(id, _)| id.parse::<JobId>().ok());
     if let Some(id) = id {
         if visible_job(&st, &v, id).await.is_ok() {
-            req.extensions_mut().insert(LogScrub(std::sync::Arc::new(Scrub::load(&st).await)));
+            let scrub = Scrub::load(&st).await;
+            req.extensions_mut().insert(LogScrub(std::sync::Arc::new(move |l| scrub.line(l))));
             return next.run(req).await;
         }
     }

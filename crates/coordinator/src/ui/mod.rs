@@ -10,11 +10,12 @@
 //! the raw log's read rules), `fleet` (queue, fleet, spend, audit). It must not decide what a
 //! pipeline's summary or a retry is: those are `gpuci_core::builds` and `gpuci_core::rerun`.
 
-use crate::api::{agent_names, ask, summarize, ApiError};
+use crate::api::{agent_names, summarize};
 use crate::brain::{now_ms, Command};
+use crate::error::ApiError;
 use crate::hub::Event;
 use crate::origin::Origin as PipelineOrigin;
-use crate::AppState;
+use crate::state::AppState;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -43,7 +44,6 @@ mod schedules;
 use builds::*;
 use fleet::*;
 pub(crate) use job::log_access;
-pub use job::LogScrub;
 use job::*;
 use pipeline::*;
 
@@ -159,23 +159,6 @@ fn cookie_values<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Ite
             (k == name).then_some(v)
         },
     )
-}
-
-/// Sessions signed out before they expired: (signature, expiry in Unix seconds). In memory:
-/// a restart forgets them (a new token ends every session for good).
-#[derive(Default)]
-pub struct Revoked(std::sync::Mutex<HashMap<String, i64>>);
-
-impl Revoked {
-    fn add(&self, sig: &str, expires: i64) {
-        let now = now_ms() / 1000;
-        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        m.retain(|_, e| *e >= now);
-        m.insert(sig.to_string(), expires);
-    }
-    fn contains(&self, sig: &str) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).contains_key(sig)
-    }
 }
 
 /// A session cookie's role, expiry and signature, when it is one this server signed, unexpired
@@ -620,10 +603,10 @@ async fn change<T>(
         Ok(v) => v,
         Err(r) => return r,
     };
-    let answer = ask(st, make).await;
+    let answer = st.ask(make).await;
     // On the record before the page says it is done (only the admin token signs in to change).
-    let actor = crate::audit::Actor::dashboard(&st.api_token);
-    if let Err(e) = crate::audit::record(st, &actor, action, object, &answer).await {
+    let actor = crate::api::audit::Actor::dashboard(&st.api_token);
+    if let Err(e) = crate::api::audit::record(st, &actor, action, object, &answer).await {
         return api_error(&v, e);
     }
     match answer {

@@ -7,7 +7,7 @@ pub(super) async fn schedules_page(State(st): State<AppState>, headers: HeaderMa
     if !v.signed_in() {
         return sign_in_first("/ui/schedules");
     }
-    match crate::schedules::summaries(&st).await {
+    match crate::api::schedules::summaries(&st).await {
         Ok(list) => html(gpuci_web::schedules(&list, &v, now_ms())),
         Err(e) => api_error(&v, e),
     }
@@ -25,8 +25,8 @@ pub(super) async fn run_now(
         Ok(v) => v,
         Err(r) => return r,
     };
-    let actor = crate::audit::Actor::dashboard(&st.api_token);
-    match crate::schedules::fire_now(&st, &actor, name).await {
+    let actor = crate::api::audit::Actor::dashboard(&st.api_token);
+    match crate::api::schedules::fire_now(&st, &actor, name).await {
         Ok(fire) => match fire.pipeline_id {
             Some(p) => Redirect::to(&format!("/ui/pipelines/{p}")).into_response(),
             None => Redirect::to("/ui/schedules").into_response(),

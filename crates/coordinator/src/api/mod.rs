@@ -3,14 +3,13 @@
 //! input. The OpenAPI document is generated from these handlers' annotations.
 
 use crate::auth::{self, bearer};
-use crate::brain::{BrainError, Command};
+use crate::brain::Command;
 use crate::convert::{job_summary, pipeline_state};
 use crate::hub::Event;
-use crate::AppState;
+use crate::state::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, JsonRejection};
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
-use axum::http::request::Parts;
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -20,33 +19,32 @@ use gpuci_protocol::agent::{RegisterRequest, RegisterResponse};
 use gpuci_protocol::api::*;
 use gpuci_protocol::{JobId, PipelineId};
 use gpuci_store::{AgentRecord, JobFilter, Store};
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{broadcast, mpsc};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "gpuci coordinator API", description = "Submit pipelines, follow jobs and logs, inspect agents and GPUs."),
-    paths(submit_pipeline, get_pipeline, watch_pipeline, crate::pipeline_actions::retry_failed, crate::pipeline_actions::cancel_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, list_fleets, cost_report, release_gpu, register_agent, agent_channel, server_info, ready, crate::metrics::scrape, openapi_json),
+    paths(submit_pipeline, get_pipeline, watch_pipeline, pipeline_actions::retry_failed, pipeline_actions::cancel_pipeline, list_jobs, get_job, cancel_job, job_logs, list_agents, list_fleets, cost_report, release_gpu, register_agent, agent_channel, server_info, ready, metrics::scrape, openapi_json),
     components(schemas(ErrorBody, PipelineErrorBody, LogEvent, WatchEvent, crate::fleets::FleetStatus, crate::fleets::MachineStatus)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
 pub struct ApiDoc;
 
-/// Completes the document: the secrets and uploads endpoints (`crate::secrets`,
+/// Completes the document: the secrets and uploads endpoints (`crate::api::secrets`,
 /// `crate::uploads`, documented there) go in
 /// first so that they, too, get the security schemes and 401 answers of [`document_auth`].
 struct BearerAuth;
 impl utoipa::Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        openapi.merge(crate::secrets::SecretsDoc::openapi());
-        openapi.merge(crate::uploads::UploadsDoc::openapi());
-        openapi.merge(crate::github::api::GithubApiDoc::openapi());
-        openapi.merge(crate::audit::AuditDoc::openapi());
-        openapi.merge(crate::schedules::SchedulesDoc::openapi());
+        openapi.merge(crate::api::secrets::SecretsDoc::openapi());
+        openapi.merge(uploads::UploadsDoc::openapi());
+        openapi.merge(github::GithubApiDoc::openapi());
+        openapi.merge(crate::api::audit::AuditDoc::openapi());
+        openapi.merge(schedules::SchedulesDoc::openapi());
         document_auth(openapi);
     }
 }
@@ -99,163 +97,39 @@ pub fn document_auth(openapi: &mut utoipa::openapi::OpenApi) {
     }
 }
 
-/// `Path`, answering a segment that does not parse (an id that is not an integer, or beyond
-/// i64) with a JSON 400 instead of axum's plain-text one.
-pub struct ApiPath<T>(pub T);
+pub mod artifacts;
+pub mod audit;
+pub mod dynamic_steps;
+pub mod github;
+pub mod identity;
+pub mod metrics;
+pub mod pipeline_actions;
+pub mod schedules;
+pub mod secrets;
+pub mod uploads;
+pub mod webhook;
 
-impl<T, S> FromRequestParts<S> for ApiPath<T>
-where
-    T: DeserializeOwned + Send,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
+use crate::error::{client_or_server, json_rejection};
+pub use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        match Path::<T>::from_request_parts(parts, state).await {
-            Ok(Path(v)) => Ok(ApiPath(v)),
-            Err(e) => Err(ApiError::new(client_or_server(e.status()), e.body_text())),
-        }
+/// Said to the raw log's handler (by the dashboard's `ui::log_access`) when an anonymous
+/// visitor reads a public job's log: gpuci's own lines lose agent names and GPU UUIDs, as on
+/// the job page. The function is the dashboard's; the API only applies it.
+#[derive(Clone)]
+pub struct LogScrub(pub std::sync::Arc<dyn Fn(LogLine) -> LogLine + Send + Sync>);
+
+impl LogScrub {
+    fn line(&self, l: LogLine) -> LogLine {
+        (self.0)(l)
     }
-}
-
-/// `Query`, answering a malformed query string with a JSON 400.
-pub struct ApiQuery<T>(pub T);
-
-impl<T, S> FromRequestParts<S> for ApiQuery<T>
-where
-    T: DeserializeOwned + Send,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        match Query::<T>::from_request_parts(parts, state).await {
-            Ok(Query(v)) => Ok(ApiQuery(v)),
-            Err(e) => Err(ApiError::new(client_or_server(e.status()), e.body_text())),
-        }
-    }
-}
-
-/// `Json`, answering any unreadable body (no JSON content type, bad syntax, wrong types,
-/// unknown fields) with a JSON 400, or 413 when it is too large.
-pub struct ApiJson<T>(pub T);
-
-impl<T, S> FromRequest<S> for ApiJson<T>
-where
-    T: DeserializeOwned,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(ApiJson(v)),
-            Err(e) => Err(json_rejection(e)),
-        }
-    }
-}
-
-/// A user's mistake is a 400 (413 for a body over the limit); an extractor that cannot work at
-/// all (a route/handler mismatch) stays a 500.
-fn client_or_server(status: StatusCode) -> StatusCode {
-    match status {
-        StatusCode::PAYLOAD_TOO_LARGE => status,
-        s if s.is_server_error() => s,
-        _ => StatusCode::BAD_REQUEST,
-    }
-}
-
-fn json_rejection(e: JsonRejection) -> ApiError {
-    ApiError::new(client_or_server(e.status()), e.body_text())
-}
-
-pub struct ApiError {
-    status: StatusCode,
-    body: ErrorBody,
-}
-
-impl ApiError {
-    /// An error with a whole body (a pipeline file's errors).
-    pub(crate) fn with_body(status: StatusCode, body: ErrorBody) -> Self {
-        ApiError { status, body }
-    }
-
-    pub fn new(status: StatusCode, msg: impl Into<String>) -> Self {
-        ApiError { status, body: ErrorBody { error: msg.into(), pipeline_errors: Vec::new() } }
-    }
-
-    /// The status and the message (for pages that show the error in HTML).
-    pub fn parts(&self) -> (StatusCode, String) {
-        (self.status, self.body.error.clone())
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
-    }
-}
-
-impl From<BrainError> for ApiError {
-    fn from(e: BrainError) -> Self {
-        let status = match &e {
-            BrainError::JobNotFound(_) | BrainError::PipelineNotFound(_) => StatusCode::NOT_FOUND,
-            BrainError::AlreadyFinished { .. } | BrainError::NotQuarantined(_) | BrainError::Conflict(_) => {
-                StatusCode::CONFLICT
-            }
-            BrainError::AgentRefused(_) => StatusCode::BAD_REQUEST,
-            BrainError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            // Commands change state: what failed is storing the change.
-            BrainError::Store(e) => return ApiError::store(e, "could not store this"),
-        };
-        if status.is_server_error() {
-            tracing::error!(error = %e, "request failed");
-        }
-        ApiError::new(status, e.to_string())
-    }
-}
-
-impl From<gpuci_store::StoreError> for ApiError {
-    fn from(e: gpuci_store::StoreError) -> Self {
-        ApiError::store(&e, "could not use its database")
-    }
-}
-
-impl ApiError {
-    /// A store error: 503 with the database's reason when the database cannot do it now (a
-    /// full disk, an I/O error, a lost connection): nothing was stored and the same request
-    /// may succeed later; anything else is a 500. `doing`: what the coordinator could not
-    /// do, after "the coordinator".
-    pub fn store(e: &gpuci_store::StoreError, doing: &str) -> Self {
-        if e.is_unavailable() {
-            tracing::warn!(error = %e, "request refused: the database cannot take it now");
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("the coordinator {doing}: {}; try again later", e.reason()),
-            )
-        } else {
-            tracing::error!(error = %e, "request failed");
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("the coordinator {doing}: {e}"))
-        }
-    }
-}
-
-pub(crate) type ApiResult<T> = Result<T, ApiError>;
-
-/// Send a command to the scheduler and wait for its answer.
-pub async fn ask<T>(
-    st: &AppState,
-    make: impl FnOnce(oneshot::Sender<Result<T, BrainError>>) -> Command,
-) -> Result<T, BrainError> {
-    crate::brain::ask(&st.brain, make).await
 }
 
 /// Requests under `/api/v1` (but registration and the agent channel, which carry their own
 /// credentials) need the API token.
 pub async fn require_api_token(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     match bearer(req.headers()) {
-        // The caller, for handlers that record who did what (`crate::audit`).
-        Some(t) => match crate::audit::identify(&st, t).await {
+        // The caller, for handlers that record who did what (`crate::api::audit`).
+        Some(t) => match crate::api::audit::identify(&st, t).await {
             Ok(actor) => {
                 req.extensions_mut().insert(actor);
                 next.run(req).await
@@ -380,7 +254,7 @@ pub async fn submit_pipeline(
                 "give workspace_upload or workspace_archive, not both",
             ))
         }
-        Some(b64) => Some(crate::uploads::decode_inline(b64)?),
+        Some(b64) => Some(uploads::decode_inline(b64)?),
         None => None,
     };
     // From the check that the upload exists (or storing the inline one) until the pipeline
@@ -397,27 +271,29 @@ pub async fn submit_pipeline(
             ));
         }
     }
-    let pipeline = gpuci_core::pipeline::parse(&req.file_name, &req.source).map_err(|errs| ApiError {
-        status: StatusCode::UNPROCESSABLE_ENTITY,
-        body: ErrorBody {
-            error: format!(
-                "{} is not a valid pipeline ({} error{})",
-                req.file_name,
-                errs.0.len(),
-                if errs.0.len() == 1 { "" } else { "s" }
-            ),
-            pipeline_errors: errs
-                .0
-                .into_iter()
-                .map(|e| PipelineErrorBody {
-                    file: e.file,
-                    line: e.line,
-                    column: e.column,
-                    field: e.field,
-                    message: e.message,
-                })
-                .collect(),
-        },
+    let pipeline = gpuci_core::pipeline::parse(&req.file_name, &req.source).map_err(|errs| {
+        ApiError::with_body(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorBody {
+                error: format!(
+                    "{} is not a valid pipeline ({} error{})",
+                    req.file_name,
+                    errs.0.len(),
+                    if errs.0.len() == 1 { "" } else { "s" }
+                ),
+                pipeline_errors: errs
+                    .0
+                    .into_iter()
+                    .map(|e| PipelineErrorBody {
+                        file: e.file,
+                        line: e.line,
+                        column: e.column,
+                        field: e.field,
+                        message: e.message,
+                    })
+                    .collect(),
+            },
+        )
     })?;
     // Stored (and synced) before the pipeline that names it is committed, as an upload is.
     let workspace_upload = match inline {
@@ -427,20 +303,21 @@ pub async fn submit_pipeline(
         })?),
         None => req.workspace_upload,
     };
-    let (p, _) = ask(&st, |reply| Command::Submit {
-        sub: Box::new(crate::brain::Submission {
-            file_name: req.file_name,
-            source: req.source,
-            pipeline,
-            extra_env: req.env,
-            workspace_upload,
-            repository: req.repository,
-            origin: None,
-            build,
-        }),
-        reply,
-    })
-    .await?;
+    let (p, _) = st
+        .ask(|reply| Command::Submit {
+            sub: Box::new(crate::brain::Submission {
+                file_name: req.file_name,
+                source: req.source,
+                pipeline,
+                extra_env: req.env,
+                workspace_upload,
+                repository: req.repository,
+                origin: None,
+                build,
+            }),
+            reply,
+        })
+        .await?;
     drop(pin);
     Ok((StatusCode::CREATED, Json(pipeline_summary(&st, p.id).await?)))
 }
@@ -563,7 +440,7 @@ pub async fn get_job(State(st): State<AppState>, ApiPath(id): ApiPath<JobId>) ->
         (status = 503, description = "the server is shutting down, or its database cannot store this now (a full disk); try again later", body = ErrorBody)))]
 pub async fn cancel_job(
     State(st): State<AppState>,
-    axum::Extension(actor): axum::Extension<crate::audit::Actor>,
+    axum::Extension(actor): axum::Extension<crate::api::audit::Actor>,
     ApiPath(id): ApiPath<JobId>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
@@ -584,9 +461,10 @@ pub async fn cancel_job(
         Json::<Option<CancelRequest>>::from_bytes(&body).map_err(json_rejection)?.0
     };
     let reason = req.and_then(|b| b.reason).unwrap_or_else(|| "cancelled by user".into());
-    let j = ask(&st, |reply| Command::Cancel { job: id, reason, reply }).await;
+    let j = st.ask(|reply| Command::Cancel { job: id, reason, reply }).await;
     let audited =
-        crate::audit::record(&st, &actor, gpuci_core::audit::AuditAction::JobCancel, format!("job {id}"), &j).await;
+        crate::api::audit::record(&st, &actor, gpuci_core::audit::AuditAction::JobCancel, format!("job {id}"), &j)
+            .await;
     // A cancel that failed answers with its own error (a full disk is a 503 either way); one
     // that took effect but could not be recorded says so.
     let j = j?;
@@ -637,7 +515,7 @@ pub async fn job_logs(
     State(st): State<AppState>,
     ApiPath(id): ApiPath<JobId>,
     ApiQuery(q): ApiQuery<LogsQuery>,
-    scrub: Option<axum::Extension<crate::ui::LogScrub>>,
+    scrub: Option<axum::Extension<LogScrub>>,
 ) -> ApiResult<Response> {
     load_job(&st, id).await?;
     // An anonymous reader of a public job's log: gpuci's own lines scrubbed (`ui::log_access`).
@@ -777,7 +655,7 @@ pub async fn watch_pipeline(State(st): State<AppState>, ApiPath(id): ApiPath<Pip
     responses((status = 200, body = Vec<AgentSummary>),
         (status = 503, description = "the server is shutting down", body = ErrorBody)))]
 pub async fn list_agents(State(st): State<AppState>) -> ApiResult<Json<Vec<AgentSummary>>> {
-    Ok(Json(ask(&st, |reply| Command::Agents { reply }).await?))
+    Ok(Json(st.ask(|reply| Command::Agents { reply }).await?))
 }
 
 /// Return a quarantined GPU to service by hand.
@@ -788,12 +666,13 @@ pub async fn list_agents(State(st): State<AppState>) -> ApiResult<Json<Vec<Agent
         (status = 503, description = "the server is shutting down, or its database cannot store this now (a full disk); try again later", body = ErrorBody)))]
 pub async fn release_gpu(
     State(st): State<AppState>,
-    axum::Extension(actor): axum::Extension<crate::audit::Actor>,
+    axum::Extension(actor): axum::Extension<crate::api::audit::Actor>,
     ApiPath(uuid): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
     let object = format!("GPU {uuid}");
-    let done = ask(&st, |reply| Command::ReleaseGpu { uuid, reply }).await;
-    let audited = crate::audit::record(&st, &actor, gpuci_core::audit::AuditAction::GpuRelease, object, &done).await;
+    let done = st.ask(|reply| Command::ReleaseGpu { uuid, reply }).await;
+    let audited =
+        crate::api::audit::record(&st, &actor, gpuci_core::audit::AuditAction::GpuRelease, object, &done).await;
     done?;
     audited?;
     Ok(StatusCode::NO_CONTENT)

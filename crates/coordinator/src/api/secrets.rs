@@ -8,9 +8,9 @@
 //! scopes; a job gets the narrowest that covers it (`gpuci_core::secret_scope`). Setting a
 //! name again in the same scope replaces (rotates) its value.
 
-use crate::api::ApiError;
-use crate::audit::Actor;
-use crate::AppState;
+use crate::api::audit::Actor;
+use crate::error::ApiError;
+use crate::state::AppState;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
@@ -201,7 +201,7 @@ pub async fn delete_secret(
         let err = ApiError::new(StatusCode::NOT_FOUND, format!("no secret named {name:?} for {scope}"));
         // A miss is on the record too: someone tried to remove a secret that is not there.
         let missed: Result<(), String> = Err("not found".into());
-        crate::audit::record(&st, &actor, AuditAction::SecretRm, object(&name, &scope), &missed).await?;
+        crate::api::audit::record(&st, &actor, AuditAction::SecretRm, object(&name, &scope), &missed).await?;
         Err(err)
     }
 }
@@ -241,7 +241,7 @@ pub async fn rotate_key(
         Ok(id) => format!("key {id}"),
         Err(_) => "key for encrypted secrets".to_string(),
     };
-    crate::audit::record(&st, &actor, AuditAction::SecretsKeyRotate, object, &rotated).await?;
+    crate::api::audit::record(&st, &actor, AuditAction::SecretsKeyRotate, object, &rotated).await?;
     let id = rotated.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     tracing::info!(key_id = %id, actor = %actor.name, "new key for encrypted secrets");
     Ok(Json(key))

@@ -17,9 +17,9 @@
 //! the answer: nothing is acknowledged unrecorded, and if the entry cannot be stored the
 //! caller gets a 503 that says the change happened but is not on the record.
 
-use crate::api::{ApiError, ApiQuery};
 use crate::auth::{self, Secret};
-use crate::AppState;
+use crate::error::{ApiError, ApiQuery};
+use crate::state::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};

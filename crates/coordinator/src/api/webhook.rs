@@ -2,9 +2,9 @@
 //! body before anything is parsed; a forged or unsigned delivery (401) and an unparseable one
 //! (400) change nothing. A redelivery (same `X-GitHub-Delivery`) is acknowledged and ignored.
 
-use super::Inbound;
-use crate::api::ApiError;
-use crate::AppState;
+use crate::error::ApiError;
+use crate::github::Inbound;
+use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

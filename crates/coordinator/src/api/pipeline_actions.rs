@@ -4,9 +4,10 @@
 //! every `/api/v1` change), each recorded in the audit log before the answer. The dashboard's
 //! buttons (`ui::pipeline`) ask the brain the same commands after their own checks.
 
-use crate::api::{agent_names, ask, summarize, ApiPath, ApiResult};
+use crate::api::{agent_names, summarize};
 use crate::brain::Command;
-use crate::AppState;
+use crate::error::{ApiPath, ApiResult};
+use crate::state::AppState;
 use axum::extract::State;
 use axum::{Extension, Json};
 use gpuci_core::audit::AuditAction;
@@ -23,13 +24,13 @@ use gpuci_protocol::PipelineId;
         (status = 503, description = "the server is shutting down, or its database cannot store this now; try again later", body = ErrorBody)))]
 pub async fn retry_failed(
     State(st): State<AppState>,
-    Extension(actor): Extension<crate::audit::Actor>,
+    Extension(actor): Extension<crate::api::audit::Actor>,
     ApiPath(id): ApiPath<PipelineId>,
 ) -> ApiResult<Json<Vec<JobSummary>>> {
     let by = format!("{} {}", actor.kind, actor.name);
-    let r = ask(&st, |reply| Command::RetryFailed { pipeline: id, by, reply }).await;
+    let r = st.ask(|reply| Command::RetryFailed { pipeline: id, by, reply }).await;
     let audited =
-        crate::audit::record(&st, &actor, AuditAction::JobRetry, format!("pipeline {id} (failed jobs)"), &r).await;
+        crate::api::audit::record(&st, &actor, AuditAction::JobRetry, format!("pipeline {id} (failed jobs)"), &r).await;
     let jobs = r?;
     audited?;
     Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref()).await)))
@@ -44,13 +45,13 @@ pub async fn retry_failed(
         (status = 503, description = "the server is shutting down, or its database cannot store this now; try again later", body = ErrorBody)))]
 pub async fn cancel_pipeline(
     State(st): State<AppState>,
-    Extension(actor): Extension<crate::audit::Actor>,
+    Extension(actor): Extension<crate::api::audit::Actor>,
     ApiPath(id): ApiPath<PipelineId>,
 ) -> ApiResult<Json<Vec<JobSummary>>> {
     let reason = format!("pipeline cancelled by {}", actor.name);
-    let r = ask(&st, |reply| Command::CancelPipeline { pipeline: id, reason, reply }).await;
+    let r = st.ask(|reply| Command::CancelPipeline { pipeline: id, reason, reply }).await;
     let audited =
-        crate::audit::record(&st, &actor, AuditAction::JobCancel, format!("pipeline {id} (all jobs)"), &r).await;
+        crate::api::audit::record(&st, &actor, AuditAction::JobCancel, format!("pipeline {id} (all jobs)"), &r).await;
     let jobs = r?;
     audited?;
     Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref()).await)))

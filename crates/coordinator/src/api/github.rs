@@ -7,8 +7,8 @@
 //! body stays the list it always was): those of the credential with the fewest requests left,
 //! `x-gpuci-github-ratelimit-{limit,remaining,used,reset,credential}`, named after GitHub's own.
 
-use crate::api::ApiError;
-use crate::AppState;
+use crate::error::ApiError;
+use crate::state::AppState;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::Json;
