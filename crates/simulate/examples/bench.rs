@@ -6,7 +6,8 @@
 //! idle and stopped times from cost, stop where the provider can, `min_idle = 0`) beside the
 //! settings of `traces/*.toml`, so the default policy is judged with no tuning.
 //!
-//! Run: `cargo run --release -p gpuci-simulate --example bench [SEED] [sample-only]`. The trace is generated
+//! Run: `cargo run --release -p gpuci-simulate --example bench [SEED] [sample-only] [defaults-only]`
+//! (`defaults-only`: only the gpuci policy with the default idle settings, on every trace). The trace is generated
 //! in memory (`gen::two_weeks`), so nothing big is committed; everything is deterministic for a
 //! seed, only the timings vary. `GPUCI_TRACE_OUT=path` also writes the generated trace as CSV.
 
@@ -15,11 +16,19 @@ use std::time::Instant;
 
 const FLEETS: &str = include_str!("../../../traces/two-weeks-fleets.toml");
 const SAMPLE_FLEETS: &str = include_str!("../../../traces/sample-fleets.toml");
+/// `defaults-only`: skip the runs of the fleets as configured (every policy and the sweep).
+static DEFAULTS_ONLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn defaults_only() -> bool {
+    DEFAULTS_ONLY.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 fn main() {
     let seed = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1);
     let opts = CliOptions { seed, ..CliOptions::default() };
-    if std::env::args().nth(2).as_deref() != Some("sample-only") {
+    let flags: Vec<String> = std::env::args().skip(2).collect();
+    DEFAULTS_ONLY.store(flags.iter().any(|f| f == "defaults-only"), std::sync::atomic::Ordering::Relaxed);
+    if !flags.iter().any(|f| f == "sample-only") {
         two_weeks(seed, &opts);
     }
     sample_week(&opts);
@@ -41,9 +50,11 @@ fn held_out_issue28(seed: u64, opts: &CliOptions) {
         ),
     ] {
         let csv = trace::to_csv(&jobs);
-        match run_cli(&fleets, "traces/sample-fleets.toml", &csv, &name, opts) {
-            Ok(report) => println!("\n{name}: {} jobs\n{report}", jobs.len()),
-            Err(e) => eprintln!("{e}"),
+        if !defaults_only() {
+            match run_cli(&fleets, "traces/sample-fleets.toml", &csv, &name, opts) {
+                Ok(report) => println!("\n{name}: {} jobs\n{report}", jobs.len()),
+                Err(e) => eprintln!("{e}"),
+            }
         }
         default_policy(&fleets, &csv, &name, opts);
     }
@@ -57,9 +68,11 @@ fn held_out(seed: u64, opts: &CliOptions) {
     let csv = trace::to_csv(&jobs);
     let fleets = sample_fleets();
     let name = format!("held-out (gen::generate({}, 14, 3000))", seed + 6);
-    match run_cli(&fleets, "traces/sample-fleets.toml", &csv, &name, opts) {
-        Ok(report) => println!("\n{name}: {} jobs\n{report}", jobs.len()),
-        Err(e) => eprintln!("{e}"),
+    if !defaults_only() {
+        match run_cli(&fleets, "traces/sample-fleets.toml", &csv, &name, opts) {
+            Ok(report) => println!("\n{name}: {} jobs\n{report}", jobs.len()),
+            Err(e) => eprintln!("{e}"),
+        }
     }
     default_policy(&fleets, &csv, &name, opts);
 }
@@ -78,6 +91,10 @@ fn two_weeks(seed: u64, opts: &CliOptions) {
     // GPUCI_FLEETS=path tries another fleet config (for tuning) without a rebuild.
     let fleets = std::env::var("GPUCI_FLEETS").ok().and_then(|p| std::fs::read_to_string(p).ok());
     let fleets = fleets.as_deref().unwrap_or(FLEETS);
+    if defaults_only() {
+        default_policy(fleets, &csv, "two-weeks.csv", opts);
+        return;
+    }
     match run_cli(fleets, "two-weeks-fleets.toml", &csv, "two-weeks.csv", opts) {
         Ok(report) => {
             let took = started.elapsed();
@@ -120,9 +137,11 @@ fn sample_week(opts: &CliOptions) {
         // GPUCI_SAMPLE_FLEETS=path tries another fleet config (for tuning) without a rebuild.
         Ok(text) => {
             let fleets = sample_fleets();
-            match run_cli(&fleets, "traces/sample-fleets.toml", &text, sample, opts) {
-                Ok(report) => println!("\nsample week ({sample}):\n{report}"),
-                Err(e) => eprintln!("{e}"),
+            if !defaults_only() {
+                match run_cli(&fleets, "traces/sample-fleets.toml", &text, sample, opts) {
+                    Ok(report) => println!("\nsample week ({sample}):\n{report}"),
+                    Err(e) => eprintln!("{e}"),
+                }
             }
             default_policy(&fleets, &text, sample, opts);
         }

@@ -115,6 +115,9 @@ pub struct Tally {
     pub stopped_s: f64,
     /// Seconds each start of a job waited in the queue (a rerun waits from its interruption).
     pub waits: Vec<u64>,
+    /// The same waits less the seconds every machine the fleet's `max` allows was busy with
+    /// other jobs (a wait the config causes, which always-on within `max` pays too).
+    pub waits_own: Vec<u64>,
     pub launched: u32,
     pub boots: u32,
     pub starts: u32,
@@ -169,6 +172,8 @@ struct Job {
     state: JobState,
     attempt: u32,
     queued_at: UnixSecs,
+    /// Of its wait so far, the seconds its fleet was at `max` with every machine busy.
+    at_max_s: u64,
 }
 
 /// What the simulator knows of a machine beyond what `decide` sees.
@@ -237,6 +242,8 @@ pub struct Engine<'a> {
     extra: Vec<Extra>,
     queue: Vec<QueuedJob>,
     queue_jobs: Vec<usize>,
+    /// Per fleet: every machine `max` allows busy, as of the last event ([`Engine::note_at_max`]).
+    at_max: Vec<bool>,
     unavailable: Vec<UnavailableOffer>,
     /// Each offer's refusals in a row: how long the next skip is.
     backoffs: Backoffs,
@@ -346,13 +353,17 @@ impl<'a> Engine<'a> {
             profiles,
             trace,
             job_fleet,
-            jobs: trace.iter().map(|_| Job { state: JobState::Pending, attempt: 0, queued_at: 0 }).collect(),
+            jobs: trace
+                .iter()
+                .map(|_| Job { state: JobState::Pending, attempt: 0, queued_at: 0, at_max_s: 0 })
+                .collect(),
             heap: BinaryHeap::with_capacity(trace.len() * 2),
             wakes: BTreeSet::new(),
             live: Vec::new(),
             extra: Vec::new(),
             queue: Vec::new(),
             queue_jobs: Vec::new(),
+            at_max: Vec::new(),
             unavailable: Vec::new(),
             backoffs: Backoffs::default(),
             interruptions: BTreeMap::new(),
@@ -393,6 +404,7 @@ impl<'a> Engine<'a> {
             if t > give_up {
                 break;
             }
+            self.count_at_max(t);
             self.now = t;
             while let Some(&Reverse((t2, ev))) = self.heap.peek() {
                 if t2 != t {
@@ -405,6 +417,7 @@ impl<'a> Engine<'a> {
             if self.mode != Mode::AlwaysOn && self.remaining > 0 {
                 self.autoscale();
             }
+            self.note_at_max();
         }
         // Jobs a policy never ran (it got no machine before the events ran out or it gave up):
         // their wait so far counts, so a stuck policy cannot look fast.
@@ -413,6 +426,7 @@ impl<'a> Engine<'a> {
             match j.state {
                 JobState::Queued => {
                     self.tally[f].waits.push(self.now.saturating_sub(j.queued_at));
+                    self.tally[f].waits_own.push(self.now.saturating_sub(j.queued_at).saturating_sub(j.at_max_s));
                     self.tally[f].unfinished += 1;
                 }
                 JobState::Running { .. } => self.tally[f].unfinished += 1,
@@ -424,6 +438,31 @@ impl<'a> Engine<'a> {
             self.close_disk(k);
         }
         Outcome { tallies: self.tally, horizon_s: self.now - start, unserved: self.unserved }
+    }
+
+    /// Which fleets have every machine their `max` allows busy with jobs now (state holds until
+    /// the next event): a job queued for one waits for the config, not the policy.
+    fn note_at_max(&mut self) {
+        let mut busy = vec![0u32; self.fleets.len()];
+        for (m, x) in self.live.iter().zip(&self.extra) {
+            if m.state == MachineState::Busy {
+                busy[x.fleet] += 1;
+            }
+        }
+        self.at_max = self.fleets.iter().zip(busy).map(|(spec, b)| spec.max > 0 && b >= spec.max).collect();
+    }
+
+    /// The seconds until `t` (the next event) at `max` go to the queued jobs of those fleets.
+    fn count_at_max(&mut self, t: UnixSecs) {
+        let dt = t.saturating_sub(self.now);
+        if dt == 0 || !self.at_max.iter().any(|&a| a) {
+            return;
+        }
+        for &job in &self.queue_jobs {
+            if self.job_fleet[job].is_some_and(|f| self.at_max.get(f) == Some(&true)) {
+                self.jobs[job].at_max_s += dt;
+            }
+        }
     }
 
     /// A job is queued (at its submit, or when the jobs it waits on have ended): on its
@@ -577,6 +616,7 @@ impl<'a> Engine<'a> {
         let j = &self.trace[job];
         self.jobs[job].state = JobState::Queued;
         self.jobs[job].queued_at = self.now;
+        self.jobs[job].at_max_s = 0;
         self.queue.push(QueuedJob {
             id: j.id.clone(),
             queued_since: self.now,
@@ -746,6 +786,7 @@ impl<'a> Engine<'a> {
             *keep_q = false;
             let wait = self.now - self.jobs[job].queued_at;
             self.tally[f].waits.push(wait);
+            self.tally[f].waits_own.push(wait.saturating_sub(self.jobs[job].at_max_s));
             self.jobs[job].state = JobState::Running { machine: self.extra[k].num, start: self.now };
             let m = &mut self.live[k];
             m.gpus_busy += gpus;

@@ -116,6 +116,10 @@ pub struct Figures {
     pub wait_p50_s: u64,
     pub wait_p95_s: u64,
     pub wait_p99_s: u64,
+    /// p95 of the waits less the time every machine the fleet's `max` allows was busy with
+    /// other jobs: the wait the policy is answerable for. Reported beside the goal, which is
+    /// judged on `wait_p95_s` (the wait users see).
+    pub wait_p95_own_s: u64,
     /// The fleet's mean boot time; the wait goal is p95 ≤ this.
     pub boot_s: f64,
     pub wait_goal_met: bool,
@@ -377,6 +381,8 @@ fn figures(name: &str, tallies: &[engine::Tally], bounds: &[bounds::Bound], boot
     let boot_s = boot_means.iter().copied().fold(0.0, f64::max);
     let target = 1.10 * floor;
     let p95 = percentile(&waits, 95.0);
+    let mut own: Vec<u64> = tallies.iter().flat_map(|t| t.waits_own.iter().copied()).collect();
+    own.sort_unstable();
     let (cost, disk) = (sumf(&|t| t.cost_usd), sumf(&|t| t.disk_usd));
     Figures {
         fleet: name.to_string(),
@@ -404,6 +410,7 @@ fn figures(name: &str, tallies: &[engine::Tally], bounds: &[bounds::Bound], boot
         wait_p50_s: percentile(&waits, 50.0),
         wait_p95_s: p95,
         wait_p99_s: percentile(&waits, 99.0),
+        wait_p95_own_s: percentile(&own, 95.0),
         boot_s,
         wait_goal_met: p95 as f64 <= boot_s,
         machines_launched: sum(&|t| t.launched),
@@ -516,7 +523,7 @@ impl fmt::Display for Report {
             writeln!(f, "policy {} ({chosen}last job ended after {:.1} h)", run.policy, run.horizon_s as f64 / 3600.0)?;
             writeln!(
                 f,
-                "  {:<10} {:>9} {:>6} {:>9} {:>7} {:>8} {:>6} {:>10} {:>7} {:>5} {:>5} {:>5} {:>5} {:>8} {:>6} {:>9} {:>6} {:>5}",
+                "  {:<10} {:>9} {:>6} {:>9} {:>7} {:>8} {:>6} {:>10} {:>7} {:>5} {:>5} {:>5} {:>5} {:>5} {:>8} {:>6} {:>9} {:>6} {:>5}",
                 "fleet",
                 "paid GPUh",
                 "+disk",
@@ -529,6 +536,7 @@ impl fmt::Display for Report {
                 "p50 s",
                 "p95 s",
                 "p99 s",
+                "p95-m",
                 "boot",
                 "launched",
                 "starts",
@@ -544,7 +552,7 @@ impl fmt::Display for Report {
                 );
                 writeln!(
                     f,
-                    "  {:<10} {:>9.1} {:>6.1} {:>9.1} {:>7.1} {:>8.1} {:>6.3} {:>10.2} {:>7.2} {:>5} {:>5} {:>5} {:>5.0} {:>8} {:>6} {:>9} {:>6} {:>5}",
+                    "  {:<10} {:>9.1} {:>6.1} {:>9.1} {:>7.1} {:>8.1} {:>6.3} {:>10.2} {:>7.2} {:>5} {:>5} {:>5} {:>5} {:>5.0} {:>8} {:>6} {:>9} {:>6} {:>5}",
                     fig.fleet,
                     fig.paid_gpu_hours,
                     fig.stopped_disk_gpu_hours,
@@ -557,6 +565,7 @@ impl fmt::Display for Report {
                     fig.wait_p50_s,
                     fig.wait_p95_s,
                     fig.wait_p99_s,
+                    fig.wait_p95_own_s,
                     fig.boot_s,
                     fig.machines_launched,
                     fig.starts,
@@ -642,6 +651,11 @@ impl fmt::Display for Report {
             "three. +disk: stopped machines' disks in GPU-hours at the fleet's price; xfloor = (paid + disk) /"
         )?;
         writeln!(f, "floor. total $ = machines + disks. caperr: creates / starts refused for want of capacity.")?;
+        writeln!(
+            f,
+            "p95-m: p95 of the waits less the time every machine the fleet's max allows was busy (the config's"
+        )?;
+        writeln!(f, "share, which always-on within max pays too); the wait goal is judged on p95 s, not on it.")?;
         write!(f, "Goals: $ = paid + disk <= 1.10 x floor; w = p95 wait <= the mean boot time (total: every fleet's).")
     }
 }

@@ -443,12 +443,13 @@ spot_capacity_outages_per_day = 0
 }
 
 // Starts always refused: the stopped machine is tried once per skip of its back-off (1000,
-// 1015, 1045, 1105, 1225, 1465) and deleted at its stopped hold (1500 s after its stop at 250:
-// 1750, as above); and creates are always refused too from 500 s on (an outage that never
-// ends: at 1945, when the offer's last skip ends, then every 10 minutes, the back-off's cap).
-// So b never runs. The run gives up 7 days after the trace's end (1100 s) and counts b as
-// unfinished, with its wait so far in the percentiles: up to the last look before then (the
-// last refused create at 1945 + 1006 × 600 = 605,545 s, and the look 5 s after it): 604,550 s.
+// 1015, 1045, 1105, 1225, then every 120 s, the back-off's cap: 1345, 1465, 1585, 1705) and
+// deleted at its stopped hold (1500 s after its stop at 250: 1750, as above); and creates are
+// always refused too from 500 s on (an outage that never ends: at 1825, when the offer's last
+// skip ends, then every 2 minutes). So b never runs. The run gives up 7 days after the
+// trace's end (1100 s) and counts b as unfinished, with its wait so far in the percentiles: up
+// to the last look before then (the last refused create at 1825 + 5033 × 120 = 605,785 s,
+// and the look 5 s after it): 604,790 s.
 #[test]
 fn a_policy_that_never_gets_a_machine_ends_the_run_and_shows_in_the_waits() {
     let config = format!(
@@ -459,19 +460,20 @@ fn a_policy_that_never_gets_a_machine_ends_the_run_and_shows_in_the_waits() {
     let opts = CliOptions { policies: vec![Policy::Gpuci], ..CliOptions::default() };
     let report = run_cli(&config, "server.toml", &trace, "trace.csv", &opts).expect("runs");
     let t = &report.runs[0].total;
-    // Refused starts at 1000, 1015, 1045, 1105, 1225, 1465 (skips 15 s doubling); the stopped
-    // machine is deleted at its hold (1750); creates from 1945 (the offer's skip of 480 s
-    // ends), every 600 s (the back-off's cap) until the run gives up (1100 + 7 days).
-    assert_eq!((t.unfinished_jobs, t.wait_p99_s, t.starts), (1, 1945 + 1006 * 600 + 5 - 1000, 0));
-    assert_eq!(t.start_capacity_errors, 6);
-    assert_eq!(t.capacity_errors, (1100 + 7 * 86_400 - 1945) / 600 + 1);
+    // Refused starts at 1000, 1015, 1045, 1105, 1225 (skips 15 s doubling), then every 120 s
+    // (the back-off's cap) to 1705; the stopped machine is deleted at its hold (1750); creates
+    // from 1825 (the offer's last skip ends), every 120 s until the run gives up (1100 + 7 days).
+    assert_eq!((t.unfinished_jobs, t.wait_p99_s, t.starts), (1, 1825 + 5033 * 120 + 5 - 1000, 0));
+    assert_eq!(t.start_capacity_errors, 9);
+    assert_eq!(t.capacity_errors, (1100 + 7 * 86_400 - 1825) / 120 + 1);
     assert!(close(secs(t.paid_gpu_hours), 250.0));
     assert!(report.to_string().contains("1 jobs never ran to their end"));
 }
 
-// Starts always refused, creates not: starts refused at 1000, 1015, 1045, 1105, 1225, 1465
-// (the back-off doubling from 15 s); the stopped machine is deleted at its stopped hold (1750)
-// and a new one made when the offer's skip ends (1945): b runs after all (ready 2005).
+// Starts always refused, creates not: starts refused at 1000, 1015, 1045, 1105, 1225 (the
+// back-off doubling from 15 s), 1345, 1465, 1585, 1705 (its cap, 120 s); the stopped machine is
+// deleted at its stopped hold (1750) and a new one made when the offer's skip ends (1825): b
+// runs after all (ready 1885).
 #[test]
 fn a_stopped_machine_that_never_starts_is_deleted_and_replaced() {
     let config = STOP_CONFIG.replace("stop = \"fixed 30s\"", "stop = \"fixed 30s\"\nstart_capacity_error_rate = 1.0");
@@ -479,5 +481,5 @@ fn a_stopped_machine_that_never_starts_is_deleted_and_replaced() {
     let opts = CliOptions { policies: vec![Policy::Gpuci], ..CliOptions::default() };
     let report = run_cli(&config, "server.toml", &trace, "trace.csv", &opts).expect("runs");
     let t = &report.runs[0].total;
-    assert_eq!((t.unfinished_jobs, t.start_capacity_errors, t.machines_launched, t.wait_p95_s), (0, 6, 2, 1005));
+    assert_eq!((t.unfinished_jobs, t.start_capacity_errors, t.machines_launched, t.wait_p95_s), (0, 9, 2, 885));
 }

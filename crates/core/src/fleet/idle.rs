@@ -7,13 +7,24 @@
 //! second it waits for a job. Letting it go is *buying*: the next job that needs it pays once
 //! for getting one back, in money (the seconds billed while it stops and starts again, or
 //! boots) and in waiting (the seconds that job waits, priced as seconds of the machine it
-//! waits for: [`WAIT_WEIGHT`]). Write `B` for that price in seconds of rent:
+//! waits for: [`WAIT_WEIGHT`]) where that wait is one the fleet's promise counts: a job
+//! waits at most one boot (the wait goal). Write `B` for that price in seconds of rent:
 //!
-//! - idle → stopped: `B = stop + start + start` (billed while stopping and starting, and the
-//!   start the job waits for); the stopped machine's disk is small beside it and left out;
-//! - idle → deleted (a fleet that cannot stop): `B = boot + boot`;
+//! - idle → stopped: `B = stop + start` (billed while stopping and starting). The start the
+//!   next job waits for (about a third of a boot) is within the promise and not priced (until
+//!   issue 28, session 5, it was: `B = stop + start + start`, which kept T4s idle 60–240 s where
+//!   the bill alone says 38–150 s, for a wait no goal counts). The stopped machine's disk is
+//!   small beside it and left out;
+//! - idle → stopped **during a capacity outage of every offer the fleet may buy**
+//!   ([`FleetHistory::outage_since`]): a stopped machine cannot be started again until the
+//!   outage ends, so the next job would wait the outage's rest as well, which passes the
+//!   promise: `B = stop + start + rest`, the rest expected as long again as the outage has
+//!   lasted so far ([`outage_rest_s`]);
+//! - idle → deleted (a fleet that cannot stop): `B = boot + boot` (the job waits a boot);
 //! - stopped → deleted: the rent is the disk (`stopped_price_per_hour`), and `B` is what a
-//!   fresh boot costs more than a start: `2 × (boot − start) × price`, over the disk's price.
+//!   fresh boot costs more than a start: `2 × (boot − start) × price`, over the disk's price
+//!   (the job that finds no stopped machine waits a boot instead of a start: the wait the
+//!   promise is about, priced).
 //!
 //! Deterministic ski rental (let go after `B`) pays at most **2×** what the best choice in
 //! hindsight pays for each gap, whatever the arrivals. gpuci uses a prediction, the
@@ -48,7 +59,9 @@ pub const DEFAULT_STOP_S: u64 = 30;
 pub const DEFAULT_STOPPED_PRICE_PER_HOUR: f64 = 100.0 * 0.08 / 730.0;
 /// What a second a job waits for a machine is worth, in seconds of that machine's price.
 /// One: a user who would rather pay for an idle machine than wait for it values the wait at
-/// least so (always-on runners are that choice, made for every second of the day).
+/// least so (always-on runners are that choice, made for every second of the day). Applied
+/// to waits the fleet's promise (at most one boot) is about: a boot instead of a start, an
+/// outage's rest; not to the start of a stopped machine, which is within it.
 pub const WAIT_WEIGHT: f64 = 1.0;
 /// The arrivals the idle rule reads: the last hour.
 pub const IDLE_WINDOW_S: u64 = 3600;
@@ -70,7 +83,28 @@ pub struct FleetHistory {
     /// Arrivals per hour of the week over a longer past ([`super::profile`]); `None`: not
     /// kept by the caller.
     pub profile: Option<super::profile::ArrivalProfile>,
+    /// Capacity outages of the fleet's offers as the fleet met them: a create or a start
+    /// refused for want of capacity opens one ([`FleetHistory::refused`]), the provider taking
+    /// a create or a start of that offer closes it ([`FleetHistory::took`]). The caller keeps
+    /// it beside the offers' back-off.
+    pub outages: Vec<OutageSeen>,
 }
+
+/// One capacity outage of one offer and capacity type, as the fleet met it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct OutageSeen {
+    pub offer: usize,
+    pub capacity: Capacity,
+    /// The first refusal.
+    pub since: UnixSecs,
+    /// The latest refusal.
+    pub last: UnixSecs,
+    /// When the provider took a create or a start of the offer again; `None`: not yet.
+    pub over: Option<UnixSecs>,
+}
+
+/// How long the outages the fleet met are remembered (a week: the arrival profile's span).
+pub const OUTAGES_KEPT_S: u64 = 7 * 86_400;
 
 impl FleetHistory {
     /// Arrivals in `[now - window, now]`.
@@ -81,12 +115,54 @@ impl FleetHistory {
         b.saturating_sub(a)
     }
 
-    /// Drop arrivals older than `now - keep` (amortized: only when they are many).
+    /// Drop arrivals older than `now - keep` (amortized: only when they are many), and
+    /// outages over for longer than [`OUTAGES_KEPT_S`].
     pub fn trim(&mut self, now: UnixSecs, keep: u64) {
         let old = self.arrivals.partition_point(|&t| t + keep < now);
         if old > 64 && old * 2 > self.arrivals.len() {
             self.arrivals.drain(..old);
         }
+        self.outages.retain(|o| o.over.unwrap_or(o.last).saturating_add(OUTAGES_KEPT_S) > now);
+    }
+
+    /// The provider refused a create or a start of `offer` at `capacity` for want of capacity.
+    pub fn refused(&mut self, offer: usize, capacity: Capacity, now: UnixSecs) {
+        match self.outages.iter_mut().find(|o| o.offer == offer && o.capacity == capacity && o.over.is_none()) {
+            Some(o) => o.last = o.last.max(now),
+            None => self.outages.push(OutageSeen { offer, capacity, since: now, last: now, over: None }),
+        }
+    }
+
+    /// The provider took a create or a start of `offer` at `capacity`: its outage is over.
+    pub fn took(&mut self, offer: usize, capacity: Capacity, now: UnixSecs) {
+        for o in self.outages.iter_mut().filter(|o| o.offer == offer && o.capacity == capacity && o.over.is_none()) {
+            o.over = Some(now);
+        }
+    }
+
+    /// When the outage began that holds back every offer and capacity type the fleet may buy
+    /// now, if one does (the latest beginning of them): no machine of the fleet can be created
+    /// or started until it ends. An outage not refused again within
+    /// [`super::backoff::FORGET_AFTER_S`] is taken as over, as the back-off forgets it.
+    pub fn outage_since(&self, spec: &FleetSpec, now: UnixSecs) -> Option<UnixSecs> {
+        let caps = spec.capacity.order(false);
+        if spec.offers.is_empty() || caps.is_empty() {
+            return None;
+        }
+        let mut latest = None::<UnixSecs>;
+        for &cap in caps {
+            for o in 0..spec.offers.len() {
+                let open = self.outages.iter().find(|x| {
+                    x.offer == o
+                        && x.capacity == cap
+                        && x.over.is_none()
+                        && x.since <= now
+                        && now < x.last.saturating_add(super::backoff::FORGET_AFTER_S)
+                })?;
+                latest = Some(latest.map_or(open.since, |l| l.max(open.since)));
+            }
+        }
+        latest
     }
 }
 
@@ -138,7 +214,18 @@ pub fn idle_hold(spec: &FleetSpec, h: Option<&FleetHistory>, idle: u32, now: Uni
     if let Some(t) = spec.idle_timeout_s {
         return Hold { after_s: Some(t), why: format!("idle → {verb} after {} (idle_timeout)", secs(t)) };
     }
-    let (buy, parts) = idle_buy_s(spec, h);
+    let (mut buy, mut parts) = idle_buy_s(spec, h);
+    // In an outage of every offer the fleet may buy, a machine let go cannot be had again
+    // until the outage ends: the next job that needs it waits the rest of the outage too.
+    if let Some(since) = h.and_then(|h| h.outage_since(spec, now)) {
+        let rest = outage_rest_s(since, now);
+        buy += WAIT_WEIGHT * rest as f64;
+        parts = format!(
+            "{parts}, and the rest of a capacity outage of its offers ({} so far, so about {} more)",
+            secs(now.saturating_sub(since)),
+            secs(rest)
+        );
+    }
     let n = h.map_or(0, |h| h.arrivals_within(now, IDLE_WINDOW_S));
     let gap = if n == 0 { f64::INFINITY } else { IDLE_WINDOW_S as f64 * f64::from(idle.max(1)) / n as f64 };
     let (t, early) = threshold(buy, gap);
@@ -154,14 +241,24 @@ pub fn idle_hold(spec: &FleetSpec, h: Option<&FleetHistory>, idle: u32, now: Uni
     }
 }
 
+/// How much longer an outage seen since `since` is expected to last at `now`: as long as it
+/// has lasted (the median rest of a span known only by its age: Gott's delta-t argument, no
+/// assumption on how long outages are), and at least the first capacity skip (an outage just
+/// met has lasted at least until the fleet asks again).
+pub fn outage_rest_s(since: UnixSecs, now: UnixSecs) -> u64 {
+    now.saturating_sub(since).max(super::backoff::FIRST_CAPACITY_SKIP_S)
+}
+
 /// What letting an idle machine go costs the next job that needs it, in seconds of the
 /// machine's rent (`B` of the module header), and its parts in words.
 pub fn idle_buy_s(spec: &FleetSpec, h: Option<&FleetHistory>) -> (f64, String) {
     let (boot, start) = times(h);
     match spec.idle_action {
+        // The start a job then waits is not priced: it is shorter than a boot, what the
+        // fleet promises a job waits at most (see [`WAIT_WEIGHT`]).
         IdleAction::Stop => (
-            (DEFAULT_STOP_S + start) as f64 + WAIT_WEIGHT * start as f64,
-            format!("stop {} + start {} + the start a job waits", secs(DEFAULT_STOP_S), secs(start)),
+            (DEFAULT_STOP_S + start) as f64,
+            format!("stop {} + start {}; a start's wait is within one boot", secs(DEFAULT_STOP_S), secs(start)),
         ),
         IdleAction::Delete => {
             (boot as f64 * (1.0 + WAIT_WEIGHT), format!("boot {} + the boot a job waits", secs(boot)))

@@ -37,7 +37,7 @@ pub use backoff::Backoffs;
 pub use budget::{parse_budgets, RepoBudget};
 pub use config::{parse_fleets, FleetConfigError};
 pub use fanout::{PipelineStep, StepDurations, StepState, UpcomingJob};
-pub use idle::{FleetHistory, Hold};
+pub use idle::{FleetHistory, Hold, OutageSeen};
 pub use profile::ArrivalProfile;
 pub use schedule::{Days, WarmSchedule};
 pub use unavailable::{

@@ -13,8 +13,8 @@
 //! and the work that arrived then, as the mean number of machines it kept busy, `ρ` (each
 //! job's run time × its share of a machine, per second observed: Little's law). The idle
 //! rule ([`super::idle`]) keeps a machine while its next job is expected within `B` seconds
-//! (its rent-or-buy price: stop + start + the start a job waits, or boot + the boot a job
-//! waits), i.e. when `λ · B ≥ 1`. In such an hour the fleet has `⌈ρ⌉` machines
+//! (its rent-or-buy price: stop + start, or boot + the boot a job waits), i.e. when
+//! `λ · B ≥ 1`. In such an hour the fleet has `⌈ρ⌉` machines
 //! ready (idle, busy or booting) one boot before it begins: the machines the idle rule would
 //! keep once the hour's jobs arrive are made before they do, and the hour's first jobs find
 //! them instead of waiting a boot each. In a quieter hour (`λ · B < 1`) nothing is made

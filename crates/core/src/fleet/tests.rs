@@ -643,29 +643,35 @@ fn regression_a_refused_restart_holds_the_stopped_machine_and_the_fleet_creates_
 }
 
 /// Idle time from cost: with no recent arrival an idle machine is let go early (half of what
-/// a stop and restart costs, in seconds of its price: stop 30 s + start 45 s + the 45 s a job
-/// would wait = 120 s → 60 s); with arrivals sooner than that, late (240 s).
+/// a stop and restart bills, in seconds of its price: stop 30 s + start 45 s = 75 s → 38 s;
+/// the 45 s a job then waits for the start is within one boot, the wait the fleet promises,
+/// and is not priced); with arrivals sooner than that, late (150 s).
 #[test]
 fn idle_time_comes_from_cost_and_the_fleets_arrivals() {
     let mut w = World::new(vec![stopping("t4")]);
-    w.machines = vec![machine("m-1", "t4", MachineState::Idle, NOW - 61)];
+    w.machines = vec![machine("m-1", "t4", MachineState::Idle, NOW - 38)];
     let d = w.decide();
     assert_eq!(short(&d), ["stop m-1"]);
-    assert!(d.fleets[0].rules[0].starts_with("idle → stop after 60 s (rent or buy: no job in the last hour"));
-    w.machines[0].since = NOW - 59;
+    assert!(
+        d.fleets[0].rules[0].starts_with("idle → stop after 38 s (rent or buy: no job in the last hour"),
+        "{}",
+        d.fleets[0].rules[0]
+    );
+    assert!(d.fleets[0].rules[0].ends_with("stop 30 s + start 45 s; a start's wait is within one boot)"));
+    w.machines[0].since = NOW - 37;
     let d = w.decide();
     assert!(short(&d).is_empty());
     assert_eq!(d.wake_at, Some(NOW + 1));
 
-    // 120 jobs in the last hour, one machine idle: one every 30 s, sooner than 120 s.
+    // 120 jobs in the last hour, one machine idle: one every 30 s, sooner than 75 s.
     let arrivals: Vec<UnixSecs> = (0..120).map(|k| NOW - 3600 + 30 * k).collect();
     w.history.insert("t4".into(), FleetHistory { arrivals, ..FleetHistory::default() });
-    w.machines[0].since = NOW - 239;
-    assert!(short(&w.decide()).is_empty(), "kept up to 2 × 120 s");
-    w.machines[0].since = NOW - 240;
+    w.machines[0].since = NOW - 149;
+    assert!(short(&w.decide()).is_empty(), "kept up to 2 × 75 s");
+    w.machines[0].since = NOW - 150;
     let d = w.decide();
     assert_eq!(short(&d), ["stop m-1"]);
-    assert!(d.fleets[0].rules[0].contains("sooner than a stop pays back in 2m00s"), "{}", d.fleets[0].rules[0]);
+    assert!(d.fleets[0].rules[0].contains("sooner than a stop pays back in 75 s"), "{}", d.fleets[0].rules[0]);
 
     // A fleet that deletes: a boot and the boot a job waits, 2 × 120 s, halved with no arrival.
     let mut f = fleet("t4");
@@ -720,3 +726,6 @@ fn stopped_machines_are_deleted_when_their_disk_costs_more_than_a_boot_saves() {
 
 /// Fan-out demand and warm capacity learned from history (issue 28).
 mod learned;
+
+/// Idle machines through capacity outages of the fleet's offers (issue 28).
+mod outage;

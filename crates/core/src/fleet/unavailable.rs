@@ -4,7 +4,7 @@
 //! asked again at once it would most likely fail again, and each try may be paid for (how long:
 //! the offer's back-off, learned from its own errors in a row, [`super::backoff`]; a skip made
 //! here without that state, [`offer_unavailable_after_error`], lasts
-//! [`CAPACITY_ERROR_BACKOFF_S`], the longest a capacity skip gets):
+//! [`CAPACITY_ERROR_BACKOFF_S`]):
 //! - **Capacity**: the provider has no capacity for it now, or an account quota is reached
 //!   (`InsufficientInstanceCapacity`, a Kubernetes ResourceQuota, a host with no free GPU);
 //! - **Refused**: the platform refuses what the fleet asks for (a Kubernetes admission or Pod
@@ -22,9 +22,9 @@
 use super::{secs, Capacity, FleetSpec, ProviderKind, UnixSecs};
 use serde::{Deserialize, Serialize};
 
-/// How long a skip made by [`offer_unavailable_after_error`] lasts: the back-off's longest
-/// capacity skip and its first fault skip ([`super::backoff`]). Callers that keep the offers'
-/// back-off ([`super::Backoffs::error`]) replace it with the learned one.
+/// How long a skip made by [`offer_unavailable_after_error`] lasts: the back-off's first fault
+/// skip (and its longest capacity skip until issue 28, session 5: [`super::backoff`]). Callers
+/// that keep the offers' back-off ([`super::Backoffs::error`]) replace it with the learned one.
 pub const CAPACITY_ERROR_BACKOFF_S: u64 = 10 * 60;
 
 /// At most this many characters of a provider's message go into a reason (a Pod Security

@@ -90,6 +90,19 @@ impl Engine<'_> {
         }
     }
 
+    /// What the fleet's history remembers of its offers' outages (as the coordinator keeps it):
+    /// a refusal for want of capacity opens one, a create or start the provider took ends it.
+    fn outage_seen(&mut self, f: usize, offer: usize, capacity: Capacity, took: bool) {
+        let now = self.now;
+        if let Some(h) = self.history.get_mut(&self.fleets[f].name) {
+            if took {
+                h.took(offer, capacity, now);
+            } else {
+                h.refused(offer, capacity, now);
+            }
+        }
+    }
+
     fn machine_index(&self, id: &str) -> Option<usize> {
         self.live.iter().position(|m| m.id == id)
     }
@@ -103,10 +116,12 @@ impl Engine<'_> {
                     self.tally[f].capacity_errors += 1;
                     let skip = self.backoffs.error(offer_unavailable_after_error(&fleet, offer, capacity, now), now);
                     self.unavailable.push(skip);
+                    self.outage_seen(f, offer, capacity, false);
                     self.wake_after_refusal();
                     return;
                 }
                 self.backoffs.success(&fleet, offer, capacity);
+                self.outage_seen(f, offer, capacity, true);
                 let num = self.next_machine;
                 self.next_machine += 1;
                 let spec = &self.fleets[f];
@@ -153,11 +168,13 @@ impl Engine<'_> {
                     let name = self.fleets[f].name.clone();
                     let skip = self.backoffs.error(offer_unavailable_after_error(&name, offer, capacity, now), now);
                     self.unavailable.push(skip);
+                    self.outage_seen(f, offer, capacity, false);
                     self.wake_after_refusal();
                     return;
                 }
                 let name = self.fleets[f].name.clone();
                 self.backoffs.success(&name, offer, capacity);
+                self.outage_seen(f, offer, capacity, true);
                 self.end_stopped(k);
                 self.extra[k].epoch += 1;
                 self.extra[k].billed_from = Some(now);

@@ -194,6 +194,7 @@ fn t4_with_a_day_of_work() -> (FleetSpec, FleetHistory) {
         boot_s: Some(124),
         start_s: Some(45),
         profile: Some(profile),
+        ..FleetHistory::default()
     };
     (f, h)
 }
