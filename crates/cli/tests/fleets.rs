@@ -928,3 +928,86 @@ fn a_restart_during_a_capacity_outage_keeps_the_offers_back_off() {
     assert_eq!(api.job(p.jobs[0].id).state, gpuci_core::job::JobState::Queued);
     api.cancel(p.jobs[0].id);
 }
+
+/// An idle machine is kept through a capacity outage of its fleet's only offer (a machine let
+/// go could not be had again until the outage ends), also across a coordinator restart, and
+/// let go as usual once the offer takes a create again. Before, the coordinator never told the
+/// idle rule of the outages it met: the machine was stopped after the usual hold (38 s: half of
+/// stop 30 s + start 45 s), outage or not.
+#[test]
+fn an_idle_machine_is_kept_through_a_capacity_outage_of_its_only_offer() {
+    let dir = tempdir();
+    let calls = dir.path().join("calls.log");
+    let outage = dir.path().join("outage");
+    let wrapper = dir.path().join("provider.sh");
+    // The reference program, except that while `outage` exists every create and start is
+    // refused for want of capacity. Every call is logged, refusals as `OP refused`.
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif {{ [ \"$1\" = create ] || [ \"$1\" = start ]; }} && [ -e '{outage}' ]; then\n  cat >/dev/null\n  \
+             echo \"$1 refused\" >> '{calls}'\n  echo '{{\"error\": {{\"kind\": \"capacity\", \"message\": \"no capacity (test outage)\"}}}}'\n  \
+             exit 1\nfi\necho \"$1\" >> '{calls}'\nexec python3 '{reference}' \"$@\"\n",
+            outage = outage.display(),
+            calls = calls.display(),
+            reference = reference_program().display()
+        ),
+    )
+    .unwrap();
+    // One offer, stopping, the idle hold from cost (no idle_timeout).
+    let toml = fleet_toml(&dir.path().join("machines"), "idle_action = \"stop\"", "stop = true")
+        .replace("idle_timeout = \"2s\"\n", "")
+        .replace("[[fleet.offer]]\ninstance_type = \"large\"\nzone = \"lab-b\"\nprice_per_hour = 7.2\n", "")
+        .replace(
+            &format!("command = [\"python3\", \"{}\"]", reference_program().display()),
+            &format!("command = [\"sh\", \"{}\"]", wrapper.display()),
+        );
+    assert!(!toml.contains("idle_timeout") && !toml.contains("large"), "{toml}");
+    let mut server = server_with(dir.path(), &toml);
+    let log = || std::fs::read_to_string(&calls).unwrap_or_default();
+    let count = |op: &str| log().lines().filter(|l| *l == op).count();
+    let fleet = |api: &Api| -> Value { api.get::<Vec<Value>>("/api/v1/fleets")[0].clone() };
+    let api = server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo first\n");
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", fleet(&api));
+
+    // The outage begins. Two jobs: one runs on the idle machine, the other asks for a second
+    // machine and is refused, then runs on the first machine after the first job.
+    std::fs::write(&outage, "").unwrap();
+    let two = "steps:\n  - key: a\n    gpus: 1\n    command: sleep 3\n  - key: b\n    gpus: 1\n    command: sleep 3\n";
+    let p = api.submit(two);
+    wait_until_or("a create refused", T, || count("create refused") >= 1, log);
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", fleet(&api));
+
+    // Restarted (or taken over) during the outage: the idle machine's hold counts afresh, and
+    // the outage must still be known.
+    server.restart_hard();
+    let api = server.api();
+    wait_until_or(
+        "the machine idle again after the restart",
+        T,
+        || fleet(&api)["machines"].as_array().is_some_and(|m| m.len() == 1 && m[0]["state"] == "idle"),
+        || format!("{:#}", fleet(&api)),
+    );
+    // Past the usual hold (38 s), well within the outage's (75 s + the outage's age).
+    std::thread::sleep(Duration::from_secs(55));
+    let s = fleet(&api);
+    assert_eq!(count("stop"), 0, "the idle machine was stopped during the outage: {}\n{s:#}", log());
+    assert_eq!(count("delete"), 0, "{}", log());
+    assert_eq!(s["machines"][0]["state"], "idle", "{s:#}");
+
+    // The outage ends: the offer takes the next create (a second machine for the second of two
+    // jobs), and both machines idle afterwards are stopped after the usual hold, not the
+    // outage's (which would be over two minutes by now).
+    std::fs::remove_file(&outage).unwrap();
+    let p = api.submit(two);
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", fleet(&api));
+    assert_eq!(count("create"), 2, "{}", log());
+    wait_until_or(
+        "both idle machines stopped once the offer took a create",
+        Duration::from_secs(90),
+        || count("stop") == 2,
+        || format!("{}\n{:#}", log(), fleet(&api)),
+    );
+    assert_eq!(count("start refused"), 0, "{}", log());
+}

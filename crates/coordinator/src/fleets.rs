@@ -144,7 +144,9 @@ struct Loop {
     /// What the idle rules remember per fleet (`gpuci_core::fleet::idle`): arrivals are the
     /// waiting jobs first seen, each on the first fleet it fits (a job placed on an idle
     /// machine between two passes is not seen: the rule then errs toward letting machines go);
-    /// boot and start times are the rule's defaults. Rebuilt within a day after a restart.
+    /// boot and start times are the rule's defaults. Rebuilt within a day after a restart,
+    /// except the capacity outages met (creates and starts refused for want of capacity, until
+    /// one is taken: `reconcile`), which are kept in the store with the back-off ([`remember`]).
     history: BTreeMap<String, FleetHistory>,
     /// Arrival profiles, step run times and upcoming fan-out, learned from the store.
     inputs: crate::fleet_inputs::FleetInputs,
