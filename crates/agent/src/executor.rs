@@ -466,7 +466,13 @@ async fn execute_in(
     }
     // `image:` steps run in the container engine, which then owns namespaces and limits;
     // the engine's client runs in a plain sandbox so its process tree is still ours to kill.
-    let mut container: Option<(gpuci_sandbox::ContainerRuntime, String, PathBuf, PathBuf)> = None;
+    let mut container: Option<(
+        gpuci_sandbox::ContainerRuntime,
+        String,
+        PathBuf,
+        PathBuf,
+        gpuci_sandbox::ContainerReaper,
+    )> = None;
     if let Some(image) = &step.image {
         let Some(rt) = ctx.container_runtime.clone() else {
             return (
@@ -543,14 +549,27 @@ async fn execute_in(
         spec.user = None;
         spec.network = gpuci_sandbox::Network::Host;
         spec.scratch_size = None;
-        container = Some((rt, name, env_file, profile));
+        // The engine's client dies with the agent, but conmon and the container do not: the
+        // reaper removes the container should the agent go (however) before it has.
+        let reaper = match gpuci_sandbox::ContainerReaper::start(&rt, &spec.job_id, &name) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_file(&env_file);
+                let _ = std::fs::remove_file(&profile);
+                let error = format!("{e}: refusing to run a container that could outlive the agent");
+                return (Outcome::StartFailed { error }, None);
+            }
+        };
+        container = Some((rt, name, env_file, profile, reaper));
     }
     let (mut sandbox, stdout, stderr) = match Sandbox::spawn_warm(&spec, warm.0.take()) {
         Ok(s) => s,
         Err(e) => {
-            if let Some((_, _, env_file, profile)) = &container {
+            if let Some((_, _, env_file, profile, reaper)) = container {
                 let _ = std::fs::remove_file(env_file);
                 let _ = std::fs::remove_file(profile);
+                // No client, no container; a reaper left armed would only remove nothing.
+                let _ = reaper.disarm().await;
             }
             return (Outcome::StartFailed { error: e.to_string() }, None);
         }
@@ -616,11 +635,15 @@ async fn execute_in(
             Outcome::Cancelled { reason: "cancelled".into() }
         }
     };
-    if let Some((rt, name, env_file, profile)) = &container {
+    if let Some((rt, name, env_file, profile, reaper)) = container {
         // Killing the engine's client does not stop the container; remove it by name.
-        let _ = tokio::process::Command::new(&rt.path).args(["rm", "-f", "-v", name.as_str()]).output().await;
+        let argv = gpuci_sandbox::container::remove_argv(&rt, &name);
+        let _ = tokio::process::Command::new(&argv[0]).args(&argv[1..]).output().await;
         let _ = std::fs::remove_file(env_file);
         let _ = std::fs::remove_file(profile);
+        if let Err(e) = reaper.disarm().await {
+            out.system(format!("{e}: the container was not guarded against the agent's death"));
+        }
     }
     // Whatever the job left behind (daemons, setsid'd children) dies here.
     if let Err(e) = sandbox.cleanup().await {

@@ -261,3 +261,69 @@ fn the_engine_client_runs_nothing_from_the_jobs_workspace() {
     assert!(!out.status.success(), "the image cannot be pulled here: {}", String::from_utf8_lossy(&out.stderr));
     assert!(!marker.exists(), "the job's credential helper ran on the host: {:?}", std::fs::read_to_string(&marker));
 }
+
+/// Real uids of the processes running now.
+fn running_uids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+        .filter_map(|st| st.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// Regression (outsider attack): an image step outlived `kill -9` of its agent. The engine's
+/// client died with the agent, but conmon and the container kept running as the job's uid,
+/// with its environment and workspace (a GPU job kept its GPU), while the coordinator marked
+/// the job lost and could run it again elsewhere; only a restart of the same agent ended it.
+/// Nothing of an image step may outlive its agent, however it ends.
+#[test]
+fn an_image_step_does_not_outlive_its_agent_killed_with_sigkill() {
+    if image().is_none() {
+        return;
+    }
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let mut agent = Agent::start(&server, &dir.path().join("agent"), "c4", &["--isolation", isolation()]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    // A detached child that ignores TERM and HUP, and a long sleep: neither ends on its own.
+    let script = "echo uid=$(busybox id -u)\n\
+        (busybox setsid sh -c 'trap \"\" TERM HUP; while :; do busybox sleep 1; done' &)\n\
+        echo started\n\
+        busybox sleep 600";
+    let p = api.submit(&format!(
+        "steps:\n  - key: long\n    image: {IMAGE}\n    network: none\n    command: {}\n",
+        serde_json::to_string(script).unwrap()
+    ));
+    let id = p.jobs[0].id;
+    wait_until_or(
+        "the image step to start",
+        T,
+        || full_log(&server, id).contains("[stdout] started"),
+        || format!("{:?}\n{}", api.job(id), full_log(&server, id)),
+    );
+    let log = full_log(&server, id);
+    let uid: u32 = log.lines().find_map(|l| l.strip_prefix("[stdout] uid=")).unwrap().trim().parse().unwrap();
+    assert_ne!(uid, 0, "the job runs as a uid of its own: {log}");
+    assert!(running_uids().contains(&uid), "the job's processes run as uid {uid}");
+    assert_eq!(containers_ending(&format!("-job-{id}")).len(), 1, "the job's container is there");
+
+    agent.kill9();
+    // Bounded wait, not a speed check: the container, conmon and every process of the job's
+    // uid must go without an agent (before the fix they ran for the full 600 s).
+    wait_until_or(
+        "nothing of the image step to be left after its agent's kill -9",
+        Duration::from_secs(90),
+        || containers_ending(&format!("-job-{id}")).is_empty() && !running_uids().contains(&uid),
+        || {
+            format!(
+                "containers: {:?}; processes of uid {uid}: {}",
+                containers_ending(&format!("-job-{id}")),
+                running_uids().iter().filter(|u| **u == uid).count()
+            )
+        },
+    );
+}

@@ -10,7 +10,8 @@
 //! environment only. The environment goes through an `--env-file` the caller writes with
 //! [`env_file_contents`] into a private (0600) file and deletes after start, because the engine
 //! client's command line is world-readable. The container is named `gpuci-<job_id>` and labelled
-//! `gpuci.job-id=<job_id>` so the agent can `kill`/`rm` it and a sweep can find orphans.
+//! `gpuci.job-id=<job_id>` so the agent can remove it ([`remove_argv`]) and a sweep can find
+//! orphans; should the agent die first, the step's reaper removes it (`crate::reaper`).
 //!
 //! The step runs as `bash -eo pipefail -c SCRIPT` when the image has bash, else (busybox,
 //! alpine) as `sh -e -c SCRIPT` with a note on stderr: see [`shell_argv`].
@@ -36,6 +37,19 @@ use crate::{validate_job_id, ContainerEngine, ContainerRuntime, SandboxError, Sa
 /// The name given to a job's container.
 pub fn container_name(job_id: &str) -> String {
     format!("gpuci-{job_id}")
+}
+
+/// The argument vector (program first) that kills container `name` at once (SIGKILL, no grace
+/// period: a job may ignore SIGTERM) and removes it with its anonymous volumes. The agent runs
+/// it when a step ends, and the step's reaper (`crate::ContainerReaper`) when the agent is gone.
+pub fn remove_argv(runtime: &ContainerRuntime, name: &str) -> Vec<String> {
+    let mut a = vec![runtime.path.display().to_string(), "rm".into(), "--force".into()];
+    if runtime.engine == ContainerEngine::Podman {
+        // Docker's `rm --force` sends SIGKILL; podman's stops with SIGTERM and waits 10 s first.
+        a.push("--time=0".into());
+    }
+    a.extend(["--volumes".into(), name.to_string()]);
+    a
 }
 
 /// `KEY=VALUE` lines for `--env-file`, with the job-id marker added. Engines cannot represent
@@ -279,6 +293,17 @@ mod tests {
         let (code, stdout, stderr) = run(dir.path().to_str().expect("utf-8"));
         assert_eq!((code, stdout.as_str()), (Some(0), "start\nafter-pipe\n"));
         assert!(stderr.contains("bash is not in this image"), "{stderr}");
+    }
+
+    #[test]
+    fn removal_kills_at_once() {
+        let podman = ContainerRuntime { engine: ContainerEngine::Podman, path: "/usr/bin/podman".into() };
+        assert_eq!(
+            remove_argv(&podman, "gpuci-j7").join(" "),
+            "/usr/bin/podman rm --force --time=0 --volumes gpuci-j7"
+        );
+        let docker = ContainerRuntime { engine: ContainerEngine::Docker, path: "/usr/bin/docker".into() };
+        assert_eq!(remove_argv(&docker, "gpuci-j7").join(" "), "/usr/bin/docker rm --force --volumes gpuci-j7");
     }
 
     #[test]
