@@ -13,6 +13,14 @@
 //! - The SDK's request checksums are off unless an operation requires them: S3-compatible
 //!   stores (MinIO, R2, moto) differ on the trailing-checksum (`aws-chunked`) encoding, and
 //!   the coordinator names every object by the sha256 of its bytes anyway.
+//! - Every body is sent with its `Content-MD5` (computed here from the file, part by part),
+//!   which S3 (and MinIO, Ceph, R2, GCS) verifies: bytes changed on the way are refused
+//!   (`BadDigest`), never stored as good. (Outsider attack: a proxy that flipped a byte of
+//!   a `PutObject` body had the corrupt bytes stored and the producing job end green.) moto
+//!   does not verify it; the tests stand in for S3 there.
+//! - A put is checked after it returns: the object must be there at its size (`HeadObject`;
+//!   S3 reads after writes consistently). A store that answers 200 without storing is an
+//!   error, never a silent loss (outsider attack: the artifact row named a missing blob).
 //!
 //! - Every call is bounded, so a hung or unreachable S3 fails a request in seconds, with a
 //!   one-line cause naming the endpoint, instead of holding it (outsider attack: a hung S3
@@ -335,19 +343,21 @@ impl Bucket {
             ByteStream::read_from().path(file).offset(offset).length(Length::Exact(length)).build()
         };
         if bytes <= PART_BYTES {
+            let md5 = content_md5(file, 0, bytes).await.map_err(read_error)?;
             let body = part(0, bytes).await.map_err(|e| read_error(std::io::Error::other(e)))?;
             self.client
                 .put_object()
                 .bucket(&self.settings.bucket)
                 .key(&key)
                 .content_length(i64::try_from(bytes).unwrap_or(i64::MAX))
+                .content_md5(md5)
                 .body(body)
                 .customize()
                 .config_override(body_timeouts(bytes))
                 .send()
                 .await
                 .map_err(|e| self.failed(&key, "PutObject", &e))?;
-            return Ok(());
+            return self.stored(name, &key, "PutObject", bytes).await;
         }
         let created = self
             .client
@@ -366,6 +376,7 @@ impl Bucket {
             let mut number = 1;
             while offset < bytes {
                 let length = PART_BYTES.min(bytes - offset);
+                let md5 = content_md5(file, offset, length).await.map_err(read_error)?;
                 let body = part(offset, length).await.map_err(|e| read_error(std::io::Error::other(e)))?;
                 let done = self
                     .client
@@ -375,6 +386,7 @@ impl Bucket {
                     .upload_id(&upload_id)
                     .part_number(number)
                     .content_length(i64::try_from(length).unwrap_or(i64::MAX))
+                    .content_md5(md5)
                     .body(body)
                     .customize()
                     .config_override(body_timeouts(length))
@@ -397,7 +409,7 @@ impl Bucket {
                 .send()
                 .await;
             match completed {
-                Ok(_) => Ok(()),
+                Ok(_) => self.stored(name, &key, "CompleteMultipartUpload", bytes).await,
                 // A 200 whose body the SDK cannot read: some S3-compatible servers (moto 5.x)
                 // answer `<CompleteMultipartUploadResponse>` where S3 says `…Result`. (A real
                 // failure of a complete comes as an error document, which is no 200.) Whether
@@ -424,6 +436,25 @@ impl Bucket {
                 .await;
         }
         sent
+    }
+
+    /// After a put S3 answered with success: `name` must be there with its `bytes` bytes. A
+    /// store that said 200 and kept nothing (or something else) is an error, so the caller
+    /// records nothing for the object and sends it again later.
+    async fn stored(&self, name: &str, key: &str, operation: &'static str, bytes: u64) -> Result<(), S3Error> {
+        match self.head(name).await? {
+            Some(n) if n == bytes => Ok(()),
+            Some(n) => Err(self.service(
+                key,
+                operation,
+                format!("S3 answered success, but the object is {n} bytes, not the {bytes} sent; not stored"),
+            )),
+            None => Err(self.service(
+                key,
+                operation,
+                "S3 answered success, but the object is not there (HeadObject: no such object); not stored".into(),
+            )),
+        }
     }
 
     /// The bytes of `name`, streamed; [`S3Error::NotFound`] when there is no such object.
@@ -492,6 +523,38 @@ impl Bucket {
         }
         Ok(out)
     }
+}
+
+/// The `Content-MD5` header (base64 of the MD5) of `length` bytes of `file` at `offset`: at
+/// most one part ([`PART_BYTES`]), read in pieces, off the async threads.
+async fn content_md5(file: &Path, offset: u64, length: u64) -> Result<String, std::io::Error> {
+    use base64::Engine;
+    use md5::Digest;
+    use std::io::{Read, Seek};
+    let file = file.to_path_buf();
+    let digest = tokio::task::spawn_blocking(move || {
+        let mut f = std::fs::File::open(&file)?;
+        f.seek(std::io::SeekFrom::Start(offset))?;
+        let mut hasher = md5::Md5::new();
+        let mut buf = vec![0u8; 256 << 10];
+        let mut left = length;
+        while left > 0 {
+            let want = usize::try_from(left.min(buf.len() as u64)).unwrap_or(buf.len());
+            let n = f.read(&mut buf[..want])?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "the file is shorter than its size",
+                ));
+            }
+            hasher.update(&buf[..n]);
+            left -= n as u64;
+        }
+        Ok(hasher.finalize())
+    })
+    .await
+    .map_err(std::io::Error::other)??;
+    Ok(base64::engine::general_purpose::STANDARD.encode(digest))
 }
 
 fn now_ms() -> i64 {

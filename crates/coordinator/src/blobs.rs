@@ -33,6 +33,14 @@
 //! answer it with 503 ("the artifact store is unavailable: …"), which clients send again,
 //! and record no row for a blob that did not land. Every S3 call is bounded
 //! (`gpuci_aws::s3`'s timeouts), so that answer comes in seconds when S3 hangs.
+//!
+//! Integrity: a store into S3 sends each body with its `Content-MD5` (S3 refuses bytes
+//! changed on the way) and is checked afterwards (the object there, at its size), so a
+//! store that failed, or that S3 only said it did, is an error and no row names the blob.
+//! A download is checked against the blob's name as it streams ([`checked`]): bytes that do
+//! not hash to it end the response in an error, short of its length, never as a clean 200.
+
+pub mod checked;
 
 use async_trait::async_trait;
 use std::path::{Path, PathBuf};
@@ -243,7 +251,9 @@ impl BlobStore for S3Blobs {
     async fn store(&self, name: &str, staged: &Path, bytes: u64) -> Result<bool, BlobError> {
         let existed = self.bucket.head(&self.name(name)).await?.is_some();
         // Written again even when it is there: its last write is what keeps a collector on
-        // another coordinator from taking it (module docs).
+        // another coordinator from taking it (module docs). Sent with its Content-MD5 and
+        // checked to be there at its size afterwards (`Bucket::put_file`): an error, not a
+        // row for a blob that is missing or corrupt.
         self.bucket.put_file(&self.name(name), staged, bytes).await?;
         Ok(!existed)
     }

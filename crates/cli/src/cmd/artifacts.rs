@@ -3,7 +3,11 @@
 //! A download writes each file under `--dir` (default: the current directory) at its path,
 //! with the agent's rules for placing artifacts (`gpuci_agent::artifacts::create_in`): a
 //! path that would leave the directory, or a link on the way, is refused; every file is
-//! checked against its sha256. Paths written go to stdout, one a line; the summary to stderr.
+//! checked against its sha256. Each file is written to a temporary file beside its place
+//! (`.gpuci-part-…`) and renamed into place only once its bytes match its sha256: a download
+//! that is cut off or does not match leaves nothing at the file's path (outsider finding: a
+//! corrupt or truncated file stayed there, and a rerun refused it as already there). Paths
+//! written go to stdout, one a line; the summary to stderr.
 
 use crate::cli::ClientArgs;
 use crate::client::Client;
@@ -110,24 +114,37 @@ async fn download(
     }
     std::fs::create_dir_all(dir).map_err(|e| CliError::Input(format!("--dir {}: {e}", dir.display())))?;
     let mut bytes = 0;
-    for f in &wanted {
-        let mut file = gpuci_agent::artifacts::create_in(dir, &f.path)
+    for (i, f) in wanted.iter().enumerate() {
+        // Beside its place (the same directory, so the rename is atomic), checked by the same
+        // rules; removed on every way out but the rename.
+        let part = match f.path.rsplit_once('/') {
+            Some((parent, _)) => format!("{parent}/.gpuci-part-{}-{i}", std::process::id()),
+            None => format!(".gpuci-part-{}-{i}", std::process::id()),
+        };
+        let mut file = gpuci_agent::artifacts::create_in(dir, &part)
             .map_err(|e| CliError::Input(format!("artifact {:?}: refused: {e}", f.path)))?;
+        let partial = Partial(dir.join(&part));
         let job_s = job.to_string();
         let resp = client.get_raw(&["api", "v1", "jobs", job_s.as_str(), "artifact"], &[("path", &f.path)]).await?;
         let mut hasher = Sha256::new();
         let mut stream = resp.bytes_stream();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
+            let chunk = chunk.map_err(|e| {
+                anyhow::anyhow!("artifact {:?}: the download broke off ({e}); nothing written at its path", f.path)
+            })?;
             hasher.update(&chunk);
             file.write_all(&chunk).map_err(|e| anyhow::anyhow!("writing {}: {e}", f.path))?;
         }
         if hex::encode(hasher.finalize()) != f.sha256 {
             return Err(CliError::Other(anyhow::anyhow!(
-                "artifact {:?}: the download does not match its sha256",
+                "artifact {:?}: the download does not match its sha256; nothing written at its path",
                 f.path
             )));
         }
+        file.sync_all().map_err(|e| anyhow::anyhow!("writing {}: {e}", f.path))?;
+        drop(file);
+        std::fs::rename(&partial.0, dir.join(&f.path)).map_err(|e| anyhow::anyhow!("writing {}: {e}", f.path))?;
+        std::mem::forget(partial);
         bytes += f.size;
         println!("{}", dir.join(&f.path).display());
     }
@@ -138,6 +155,15 @@ async fn download(
         dir.display()
     );
     Ok(0)
+}
+
+/// A download's temporary file, removed when dropped (forgotten once renamed into place).
+struct Partial(PathBuf);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// A job's test reports for `gpuci jobs show`: counts, then each failed test with the first

@@ -410,8 +410,15 @@ async fn serve_blob(st: &AppState, sha256: &str, name: Option<&str>) -> Result<R
         r = r.header(header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\""));
     }
     r = r.header(header::CONTENT_LENGTH, blob.bytes);
-    Ok(r.body(Body::from_stream(tokio_util::io::ReaderStream::new(blob.body)))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
+    // Checked against its name as it streams: bytes the store changed end the body in an
+    // error short of its length (`crate::blobs::checked`), never a clean 200.
+    let body = crate::blobs::checked::checked(
+        blob,
+        sha256.to_string(),
+        format!("artifact {sha256}"),
+        st.artifacts.blobs.location(),
+    );
+    Ok(r.body(Body::from_stream(body)).unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
 }
 
 /// `GET /api/v1/jobs/{id}/test-report` (API token, as the job's log): 404 when the job has

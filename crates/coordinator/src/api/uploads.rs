@@ -226,9 +226,13 @@ pub async fn get_upload(
             return Err(unavailable(&format!("upload {id} cannot be read now"), &e));
         }
     };
+    // Checked against its id (its sha256) as it streams: bytes the store changed end the
+    // body in an error short of its length (`crate::blobs::checked`), never a clean 200.
+    let bytes = blob.bytes;
+    let body = crate::blobs::checked::checked(blob, id.clone(), format!("upload {id}"), st.uploads.blobs.location());
     Ok(Response::builder()
         .header(header::CONTENT_TYPE, "application/gzip")
-        .header(header::CONTENT_LENGTH, blob.bytes)
-        .body(Body::from_stream(tokio_util::io::ReaderStream::new(blob.body)))
+        .header(header::CONTENT_LENGTH, bytes)
+        .body(Body::from_stream(body))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response()))
 }
