@@ -827,6 +827,57 @@ fn a_listed_machine_the_store_does_not_know_is_adopted() {
     assert_eq!(made_in(&state).len(), 1, "{:#?}", made_in(&state));
 }
 
+/// A create that outlives its row (a coordinator killed mid-create; the next one ended the
+/// row unlisted and asked for a replacement; the first create then finished) leaves a machine
+/// at the provider with this installation's tags and no live row. With the fleet at `max`
+/// already, it is deleted, never adopted past `max` nor left running untracked (attack3 F-D:
+/// "2 machines, wants 2 (max 1)").
+#[test]
+fn a_machine_whose_row_was_ended_is_deleted_when_the_fleet_is_at_max() {
+    let dir = tempdir();
+    let toml = fleet_toml(&dir.path().join("machines"), "", "")
+        .replace("max = 2", "max = 1")
+        .replace("idle_timeout = \"2s\"", "idle_timeout = \"10m\"");
+    let mut server = server_with(dir.path(), &toml);
+    let state = dir.path().join("machines");
+    let api = server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo ok\n");
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded");
+    let first = made_in(&state)[0]["machine"].as_str().unwrap().to_string();
+    server.kill9();
+    // What the next coordinator did: ended the row (not listed within its grace) and recorded
+    // a replacement, whose create is under way (requested, not listed yet).
+    let db = dir.path().join("server/gpuci.db");
+    let script = r#"
+import sqlite3, sys, time
+c = sqlite3.connect(sys.argv[1]); c.row_factory = sqlite3.Row
+now = int(time.time() * 1000)
+row = dict(c.execute('SELECT * FROM machines WHERE id = ?', (sys.argv[2],)).fetchone())
+c.execute("UPDATE machines SET state = 'ended', ended_at_ms = ?, reason = 'gone at the provider' WHERE id = ?", (now, sys.argv[2]))
+row.update(id='m-replacement0001', state='requested', requested_at_ms=now, provider_id=None, agent_id=None,
+           running_at_ms=None, connected_at_ms=None, first_job_at_ms=None, ended_at_ms=None)
+c.execute('INSERT INTO machines (%s) VALUES (%s)' % (','.join(row), ','.join('?' * len(row))), list(row.values()))
+c.commit()
+"#;
+    let done = std::process::Command::new("python3").args(["-c", script]).arg(&db).arg(&first).status().unwrap();
+    assert!(done.success());
+    server.restart_hard();
+    let running = |m: &str| {
+        made_in(&state).iter().any(|r| r["machine"] == m && (r["state"] == "running" || r["state"] == "pending"))
+    };
+    let api = server.api();
+    let fleets = || api.get::<Vec<Value>>("/api/v1/fleets");
+    wait_until_or(
+        "the machine with no live row deleted at the provider",
+        T,
+        || !running(&first),
+        || format!("{:#?}\n{:#?}", made_in(&state), fleets()),
+    );
+    let fleet = fleets().into_iter().find(|f| f["name"] == "l4").unwrap();
+    assert!(fleet["count"].as_u64().unwrap() <= 1, "{fleet:#}");
+    assert_eq!(made_in(&state).len(), 1, "no other machine made: {:#?}", made_in(&state));
+}
+
 /// A coordinator restart does not take a busy machine for one that never booted: after the
 /// restart, before its agent has reconnected, the machine is held, not deleted, and the job on
 /// it finishes once.

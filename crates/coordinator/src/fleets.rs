@@ -49,9 +49,6 @@ use provider::Counted;
 /// Provider errors kept per fleet for `gpuci fleets`.
 const RECENT_ERRORS: usize = 10;
 
-/// A machine asked for but not yet listed by its provider counts as requested this long.
-const LIST_GRACE_MS: i64 = 120_000;
-
 /// How long a woken reconcile loop waits before its pass, so that jobs submitted together
 /// are decided together.
 const WAKE_GAP: Duration = Duration::from_millis(100);
@@ -131,9 +128,12 @@ struct Loop {
     unavailable: Vec<UnavailableOffer>,
     /// Each offer's errors in a row: how long its next skip is (`gpuci_core::fleet::backoff`:
     /// capacity errors from 15 s, doubling, reset by a create or start the provider took).
-    /// Kept in the store with `unavailable` after each pass that changed them, taken back
-    /// when the loop starts ([`remember`]).
+    /// Kept in the store with `unavailable` after each pass that changed them and as soon as a
+    /// worker's refusals are taken in (not a pass later: a coordinator killed in between asked
+    /// the refusing offer again at once), taken back when the loop starts ([`remember`]).
     backoffs: Backoffs,
+    /// Notified when a fleet's worker has finished: its effects are taken in and kept then.
+    worker_done: Arc<tokio::sync::Notify>,
     /// The back-off as last kept (JSON), so a pass that changed nothing writes nothing.
     kept_backoffs: String,
     idle_since: HashMap<String, UnixSecs>,
@@ -228,6 +228,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         unavailable: Vec::new(),
         backoffs: Backoffs::default(),
         kept_backoffs: String::new(),
+        worker_done: Arc::new(tokio::sync::Notify::new()),
         idle_since: HashMap::new(),
         stopped_since: HashMap::new(),
         history: BTreeMap::new(),

@@ -5,9 +5,10 @@
 //! create, delete, stop or start: those are the worker's, off the loop's task.
 
 use super::provider::{adopted, valid_machine_id};
-use super::{capacity_of, now_s, Loop, LIST_GRACE_MS, LIST_WAIT};
+use super::{capacity_of, now_s, Loop, LIST_WAIT};
 use crate::brain::{ask, Command, FleetView};
 use gpuci_core::fleet::ending::{classify_end, EndedMachine, MachineEnd};
+use gpuci_core::fleet::strays::{create_timeout_s, place_stray, requested_grace_s, Stray, StrayFate};
 use gpuci_core::fleet::{
     decide, fits, offer_unavailable_after_error, Action, AutoscaleInput, FleetSpec, Machine, MachineState, QueuedJob,
     SkipCause,
@@ -38,7 +39,9 @@ impl Loop {
         // partial view could create duplicates or delete what runs).
         let mut listed: BTreeMap<String, ProviderMachine> = BTreeMap::new();
         let mut ok_fleets = vec![false; self.fleets.len()];
-        let mut adopt: Vec<MachineRecord> = Vec::new();
+        // Listed with this installation's tags and no live row: adopted or deleted once the
+        // fleet's count is known (`gpuci_core::fleet::strays`).
+        let mut strays: Vec<(usize, ProviderMachine)> = Vec::new();
         let mut list_errors = Vec::new();
         // Every fleet's list at once, each its own task: a pass waits a short while for them,
         // and a fleet whose provider has not answered by then sits this pass out while its list
@@ -101,8 +104,7 @@ impl Loop {
                             continue;
                         }
                         if !records.contains_key(&m.machine) && m.state != ProviderState::Terminated {
-                            tracing::info!(fleet = %fleet.name, machine = %m.machine, "adopting a machine this coordinator's store did not know");
-                            adopt.push(adopted(fleet, &m, now_ms));
+                            strays.push((i, m.clone()));
                         }
                         listed.insert(m.machine.clone(), m);
                     }
@@ -111,15 +113,54 @@ impl Loop {
                     .push((i, format!("listing machines failed: {e}; nothing decided for this fleet this pass"))),
             }
         }
+        // Each stray is adopted while its fleet has room under `max` for it, else deleted: a
+        // create that outlived its row (a coordinator killed mid-create, its create finished
+        // after the next coordinator's grace) is never counted beyond `max`, nor left running
+        // untracked. Counted: the fleet's live rows not stopped, then each stray adopted.
+        let mut counted: Vec<u32> = self
+            .fleets
+            .iter()
+            .map(|f| {
+                records
+                    .values()
+                    .filter(|r| r.fleet == f.spec.name && !matches!(r.state.as_str(), "stopped" | "stopping" | "ended"))
+                    .filter(|r| {
+                        !listed.get(&r.id).is_some_and(|pm| {
+                            matches!(
+                                pm.state,
+                                ProviderState::Terminated | ProviderState::Stopped | ProviderState::Stopping
+                            )
+                        })
+                    })
+                    .count() as u32
+            })
+            .collect();
+        let mut stray_deletes: Vec<MachineRecord> = Vec::new();
+        for (fi, m) in strays {
+            let fleet = &self.fleets[fi].spec;
+            let stopped = matches!(m.state, ProviderState::Stopped | ProviderState::Stopping);
+            let rec = adopted(fleet, &m, now_ms);
+            match place_stray(fleet.max, counted[fi], Stray { stopped }) {
+                StrayFate::Adopt => {
+                    tracing::info!(fleet = %fleet.name, machine = %m.machine, "adopting a machine this coordinator's store did not know");
+                    if !stopped {
+                        counted[fi] += 1;
+                    }
+                    // Recorded at once, whatever the join below changes: billing refers to the row.
+                    if let Err(e) = self.deps.store.put_machine(&rec).await {
+                        tracing::warn!(machine = %rec.id, error = %e, "fleets: cannot record an adopted machine");
+                    }
+                    records.insert(rec.id.clone(), rec);
+                }
+                StrayFate::Delete { reason } => {
+                    tracing::warn!(fleet = %fleet.name, machine = %m.machine, "deleting a machine with no live record: {reason}");
+                    list_errors.push((fi, format!("machine {}: {reason}; deleted", m.machine)));
+                    stray_deletes.push(MachineRecord { reason: Some(reason), ..rec });
+                }
+            }
+        }
         for (i, what) in list_errors {
             self.error(i, what);
-        }
-        // Recorded at once, whatever the join below changes: billing refers to the row.
-        for rec in adopt {
-            if let Err(e) = self.deps.store.put_machine(&rec).await {
-                tracing::warn!(machine = %rec.id, error = %e, "fleets: cannot record an adopted machine");
-            }
-            records.insert(rec.id.clone(), rec);
         }
         // The scheduler's view is taken after the lists: an agent that registered before its
         // machine was listed as ended is then known to have registered (`ending`).
@@ -149,6 +190,8 @@ impl Loop {
                 continue;
             }
             let fleet = &self.fleets[fi].spec;
+            // A create may take the provider's own timeout: its row waits at least that long.
+            let grace_ms = requested_grace_s(create_timeout_s(fleet.provider, &fleet.settings)) as i64 * 1000;
             let before = rec.clone();
             let pm = listed.get(&rec.id);
             let gone = match pm {
@@ -159,7 +202,7 @@ impl Loop {
                 // watch, a pod relabelled by someone else): its machine is plainly there.
                 None if agents.contains_key(rec.id.as_str()) => false,
                 None => {
-                    now_ms - rec.requested_at_ms > LIST_GRACE_MS
+                    now_ms - rec.requested_at_ms > grace_ms
                         || (rec.running_at_ms.is_some() && rec.connected_at_ms.is_some())
                 }
                 Some(pm) => pm.state == ProviderState::Terminated,
@@ -239,6 +282,15 @@ impl Loop {
                 }
             }
             if let Some(a) = agent {
+                if rec.connected_at_ms.is_none() {
+                    // Booted: its offer's boot failures in a row are over (a create the
+                    // provider took does not end them, `Backoffs::success`).
+                    if let Some(o) =
+                        fleet.offers.iter().position(|o| o.instance_type == rec.instance_type && o.zone == rec.zone)
+                    {
+                        self.backoffs.booted(&fleet.name, o, capacity_of(rec));
+                    }
+                }
                 rec.agent_id = Some(a.agent_id.clone());
                 rec.connected_at_ms.get_or_insert(now_ms);
                 if let Some(t) = a.first_job_at_ms.filter(|t| *t >= rec.requested_at_ms) {
@@ -528,6 +580,16 @@ impl Loop {
         for machine in lost_machines {
             let reason = "its agent is lost (silent past lost_after); the machine is of no use".to_string();
             actions.push(Action::Delete { machine, reason });
+        }
+        // Strays past `max`: deleted (an agent connected from one is first withdrawn, and one
+        // running a job is kept until it runs none, as for any delete).
+        for mut rec in stray_deletes {
+            if let Some(a) = agents.get(rec.id.as_str()) {
+                rec.agent_id = Some(a.agent_id.clone());
+            }
+            let reason = rec.reason.clone().unwrap_or_default();
+            actions.push(Action::Delete { machine: rec.id.clone(), reason });
+            records.insert(rec.id.clone(), rec);
         }
         self.dispatch(actions, &records, now_ms).await;
         // The breaker looks back `window_s` and holds for `on_demand_for_s`: older times go.

@@ -28,15 +28,28 @@ impl Loop {
         self.recall_interruptions().await;
         self.recall_backoffs().await;
         tracing::info!(fleets = self.fleets.len(), coordinator = %self.deps.coordinator_id, "fleets reconcile loop on");
+        let (wake, worker_done) = (self.deps.wake.clone(), self.worker_done.clone());
         loop {
             self.pass().await;
             self.keep_backoffs().await;
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(self.deps.interval) => {}
-                _ = self.deps.wake.notified() => {
-                    // A burst of submissions is one pass, not one each.
-                    tokio::time::sleep(WAKE_GAP.min(self.deps.interval)).await;
+            let next = tokio::time::Instant::now() + self.deps.interval;
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep_until(next) => break,
+                    _ = wake.notified() => {
+                        // A burst of submissions is one pass, not one each.
+                        tokio::time::sleep(WAKE_GAP.min(self.deps.interval)).await;
+                        break;
+                    }
+                    // A refusal is kept as soon as it is taken in, not after the next pass: a
+                    // coordinator killed in between would ask the refusing offer again at once.
+                    _ = worker_done.notified() => {
+                        // Its task ends just after it notifies.
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                        self.collect_workers().await;
+                        self.keep_backoffs().await;
+                    }
                 }
             }
         }
@@ -212,11 +225,15 @@ impl Loop {
             };
             let records: BTreeMap<String, MachineRecord> =
                 records.iter().filter(|(_, r)| r.fleet == run.spec.name).map(|(k, v)| (k.clone(), v.clone())).collect();
+            let done = self.worker_done.clone();
             run.worker = Some(tokio::spawn(async move {
                 let mut effects = Vec::new();
                 for a in &actions {
                     worker.apply(a, &records, now_ms, &mut effects).await;
                 }
+                // Woken after this returns: the loop takes the effects in (a finished
+                // handle) a moment later; `notify_one` keeps the wake-up if none waits yet.
+                let _notify = NotifyOnDrop(done);
                 effects
             }));
         }
@@ -314,5 +331,14 @@ pub(super) fn machine_status(r: &MachineRecord, state: &str) -> MachineStatus {
         connected_at_ms: r.connected_at_ms,
         first_job_at_ms: r.first_job_at_ms,
         note: None,
+    }
+}
+
+/// Notifies the loop when dropped: after the worker's task has handed its effects back.
+struct NotifyOnDrop(std::sync::Arc<tokio::sync::Notify>);
+
+impl Drop for NotifyOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
     }
 }

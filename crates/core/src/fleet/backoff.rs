@@ -59,6 +59,12 @@ pub struct OfferErrors {
     pub streak: u32,
     /// When the last skip ends.
     pub until: UnixSecs,
+    /// The last error was a machine that did not boot: only a machine of the offer that booted
+    /// (its agent registered) ends the streak, not a create the provider took (else a broken
+    /// image's streak never passed 1: every boot failure follows a create that was taken).
+    /// Absent from a document kept before it was (read as `false`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub boot_failed: bool,
 }
 
 /// How long an offer is skipped after its `streak`-th error in a row (`streak` ≥ 1) of `cause`.
@@ -77,14 +83,24 @@ pub fn after_error(before: Option<OfferErrors>, cause: SkipCause, now: UnixSecs)
     match before {
         // Refused while still skipped: another answer to the same ask (several creates of one
         // pass, a start and a create at once), not a new one in a row.
-        Some(b) if now < b.until => {
-            OfferErrors { streak: b.streak, until: b.until.max(now.saturating_add(skip_for(cause, b.streak))) }
-        }
+        Some(b) if now < b.until => OfferErrors {
+            streak: b.streak,
+            until: b.until.max(now.saturating_add(skip_for(cause, b.streak))),
+            boot_failed: b.boot_failed || cause == SkipCause::BootFailed,
+        },
         Some(b) if now < b.until.saturating_add(FORGET_AFTER_S) => {
             let streak = b.streak.saturating_add(1);
-            OfferErrors { streak, until: now.saturating_add(skip_for(cause, streak)) }
+            OfferErrors {
+                streak,
+                until: now.saturating_add(skip_for(cause, streak)),
+                boot_failed: cause == SkipCause::BootFailed,
+            }
         }
-        _ => OfferErrors { streak: 1, until: now.saturating_add(skip_for(cause, 1)) },
+        _ => OfferErrors {
+            streak: 1,
+            until: now.saturating_add(skip_for(cause, 1)),
+            boot_failed: cause == SkipCause::BootFailed,
+        },
     }
 }
 
@@ -129,8 +145,21 @@ impl Backoffs {
         UnavailableOffer { until: next.until, ..u }
     }
 
-    /// The provider took a create or a start of this offer: its next error is a first one.
+    /// The provider took a create or a start of this offer: its next error is a first one,
+    /// unless the streak is of machines that did not boot ([`OfferErrors::boot_failed`]): a
+    /// create taken says nothing of whether the next machine boots, so that streak goes on
+    /// (and the skip doubles) until a machine of the offer boots ([`Backoffs::booted`]).
     pub fn success(&mut self, fleet: &str, offer: usize, capacity: Capacity) {
+        if let Some(k) = self.find(fleet, offer, capacity) {
+            if !self.offers[k].errors.boot_failed {
+                self.offers.swap_remove(k);
+            }
+        }
+    }
+
+    /// A machine of this offer booted (its agent registered): whatever its errors in a row,
+    /// the next one is a first one.
+    pub fn booted(&mut self, fleet: &str, offer: usize, capacity: Capacity) {
         if let Some(k) = self.find(fleet, offer, capacity) {
             self.offers.swap_remove(k);
         }
@@ -223,6 +252,38 @@ mod tests {
         }
         assert_eq!(b.streak("t4", 0, Capacity::OnDemand), 1);
         assert_eq!(b.error(u(), NOW + 15).until, NOW + 45, "the next ask, refused: the second in a row");
+    }
+
+    /// A broken image: each machine of the offer is created (the provider takes the create)
+    /// and then fails its boot. The taken create must not end the streak, so the skip doubles
+    /// per failure up to an hour, as docs/fleets.md says; a machine that boots ends it.
+    #[test]
+    fn boot_failures_double_although_each_create_was_taken() {
+        let mut b = Backoffs::default();
+        let boot_timeout = 600;
+        let failed = |t| {
+            offer_unavailable_after_error("l4", 0, Capacity::OnDemand, t).because(SkipCause::BootFailed, "no agent")
+        };
+        let mut t = NOW;
+        let mut skips = Vec::new();
+        for _ in 0..5 {
+            let until = b.error(failed(t), t).until;
+            skips.push(until - t);
+            // Skipped until then; a machine is created (taken) and fails its boot again.
+            t = until;
+            b.success("l4", 0, Capacity::OnDemand);
+            t += boot_timeout;
+        }
+        assert_eq!(skips, [600, 1200, 2400, 3600, 3600]);
+        assert_eq!(b.streak("l4", 0, Capacity::OnDemand), 5);
+        b.booted("l4", 0, Capacity::OnDemand);
+        assert_eq!(b.streak("l4", 0, Capacity::OnDemand), 0, "a machine that booted ends the streak");
+        assert_eq!(b.error(failed(t), t).until, t + 600);
+        // Capacity refusals are still ended by a create the provider took.
+        let cap = |t| offer_unavailable_after_error("l4", 1, Capacity::OnDemand, t);
+        b.error(cap(t), t);
+        b.success("l4", 1, Capacity::OnDemand);
+        assert_eq!(b.streak("l4", 1, Capacity::OnDemand), 0);
     }
 
     #[test]

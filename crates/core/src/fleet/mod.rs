@@ -28,6 +28,7 @@ pub mod fit;
 pub mod idle;
 pub mod profile;
 mod schedule;
+pub mod strays;
 pub mod unavailable;
 
 pub use autoscale::{
