@@ -95,6 +95,47 @@ fn a_standby_takes_over_from_a_killed_leader_and_every_job_runs_exactly_once() {
     }
 }
 
+/// A standby serves the API and the dashboard by passing them on to the leader it proved
+/// (`crates/coordinator/src/proxy.rs`): a pipeline submitted, followed and read through the
+/// standby's address runs on the leader once; `/readyz` there still says it does not lead; a
+/// wrong token is refused by the leader as on its own address.
+#[test]
+fn a_standby_passes_the_api_and_the_dashboard_on_to_the_leader() {
+    let Some((_pg, url)) = database("gpuci_standby_proxy") else { return };
+    let dir = tempdir();
+    let args: Vec<String> =
+        ["--database", &url, "--heartbeat", "200ms", "--lost-after", "30s"].iter().map(|s| s.to_string()).collect();
+    let leader = Server::start_on(&dir.path().join("a"), &free_address(), args.clone());
+    let standby_address = free_address();
+    let _standby = start_standby(standby_dir(&leader.data_dir, dir.path().join("b")), standby_address.clone(), args);
+    let _agent = Agent::start(&leader, &dir.path().join("agent"), "ha-agent", &["--slots", "1"]);
+    leader.api().wait_agents(1, T);
+    let via = Api::new(&format!("http://{standby_address}"), &leader.token);
+    let http = reqwest::blocking::Client::new();
+    // The standby listens before it leads: wait for its /healthz.
+    let deadline = Instant::now() + T;
+    while http.get(format!("{}/healthz", via.url)).send().map(|r| r.status().as_u16()).unwrap_or(0) != 200 {
+        assert!(Instant::now() < deadline, "the standby never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let ready = http.get(format!("{}/readyz", via.url)).send().unwrap();
+    assert_eq!(ready.status().as_u16(), 503, "a standby does not say it leads");
+
+    let p = via.submit("steps:\n  - key: one\n    command: echo through the standby\n");
+    let done = via.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}");
+    let log = via.log_text(done.jobs[0].id);
+    assert_eq!(log.matches("through the standby").count(), 1, "{log}");
+    let on_leader = leader.api().wait_pipeline(p.id, T);
+    assert_eq!(on_leader.jobs.len(), 1, "the leader ran it, once: {on_leader:#?}");
+
+    let wrong = http.get(format!("{}/api/v1/jobs", via.url)).bearer_auth("not-the-token").send().unwrap();
+    assert_eq!(wrong.status().as_u16(), 401, "the leader judges the token");
+    let page = http.get(format!("{}/ui/login", via.url)).send().unwrap();
+    assert!(page.status().is_success(), "the dashboard's sign-in page: {}", page.status());
+    assert!(page.text().unwrap().contains("<html"), "an HTML page");
+}
+
 /// A leader paused (SIGSTOP) past its claim's lease: the standby takes over, and the former
 /// leader, resumed, learns it no longer leads and stops by itself; the new leader keeps serving.
 #[test]

@@ -119,6 +119,64 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, List
     }
 }
 
+/// The state name the installation's coordinator id is kept under ([`coordinator_id`]).
+const COORDINATOR_ID_STATE: &str = "coordinator_id";
+/// The data dir's copy of it.
+pub const COORDINATOR_ID_FILE: &str = "coordinator-id";
+
+/// The installation's coordinator id: the tag (`gpuci.coordinator`) every fleet machine is
+/// made with and listed by, so it must be the same on every coordinator of a database, or a
+/// coordinator that takes over would not see the machines its predecessor made (orphaned,
+/// and made again). Kept in the database, with a copy in `<data-dir>/coordinator-id`:
+/// - the database has one: that one (a data dir that says another is told so loudly and
+///   rewritten: machines tagged with its old id are not this installation's to manage);
+/// - only the file (a single coordinator from before the id was kept in the database, or a
+///   database made anew): the file's, recorded;
+/// - neither: a new one, in both.
+///
+/// Called by the leader only (after its claim), so two coordinators never make one each.
+pub async fn coordinator_id(store: &dyn Store, data_dir: &Path) -> anyhow::Result<String> {
+    use anyhow::Context;
+    let file = data_dir.join(COORDINATOR_ID_FILE);
+    let in_file = match std::fs::read_to_string(&file) {
+        Ok(s) if !s.trim().is_empty() => Some(s.trim().to_string()),
+        Ok(_) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("reading {}", file.display()))),
+    };
+    let in_db: Option<String> = match store.coordinator_state(COORDINATOR_ID_STATE).await? {
+        Some(json) => Some(serde_json::from_str(&json).context("the database's coordinator id is damaged")?),
+        None => None,
+    };
+    let id = match (in_db, in_file) {
+        (Some(db), Some(f)) if db == f => return Ok(db),
+        (Some(db), Some(f)) => {
+            tracing::warn!(
+                database = %db,
+                data_dir = %f,
+                "this data dir's coordinator id differs from its database's: using the database's (the installation's);                  fleet machines tagged gpuci.coordinator={f} are not managed by this installation and must be removed by hand                  if any exist"
+            );
+            db
+        }
+        (Some(db), None) => db,
+        (None, Some(f)) => {
+            store
+                .put_coordinator_state(COORDINATOR_ID_STATE, &serde_json::to_string(&f)?, crate::brain::now_ms())
+                .await?;
+            return Ok(f);
+        }
+        (None, None) => {
+            let new = crate::auth::generate("gpuci_coord").expose().to_string();
+            store
+                .put_coordinator_state(COORDINATOR_ID_STATE, &serde_json::to_string(&new)?, crate::brain::now_ms())
+                .await?;
+            new
+        }
+    };
+    crate::auth::write_private(&file, &id).with_context(|| format!("writing {}", file.display()))?;
+    Ok(id)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // tests: a panic is the failure report
 mod tests {
@@ -170,5 +228,27 @@ mod tests {
         for d in [dir, standby, stranger, other_dir] {
             let _ = std::fs::remove_dir_all(&d);
         }
+    }
+
+    /// Every coordinator of a database tags fleet machines with one id, whatever its data dir
+    /// held (a standby's own file included), so one that takes over lists its predecessor's
+    /// machines; a single coordinator's existing id is kept.
+    #[tokio::test]
+    async fn every_coordinator_of_a_database_tags_machines_with_one_id() {
+        let dbs = fresh_dir("ids");
+        let store = gpuci_store::SqliteStore::open(&dbs.join("one.db")).await.unwrap();
+        let (a, b, c) = (fresh_dir("a"), fresh_dir("b"), fresh_dir("c"));
+        std::fs::write(a.as_path().join(COORDINATOR_ID_FILE), "gpuci_coord_fromafile\n").unwrap();
+        std::fs::write(b.as_path().join(COORDINATOR_ID_FILE), "gpuci_coord_standbysown").unwrap();
+        let first = coordinator_id(&store, a.as_path()).await.unwrap();
+        assert_eq!(first, "gpuci_coord_fromafile", "an existing id is kept");
+        assert_eq!(coordinator_id(&store, b.as_path()).await.unwrap(), first, "a standby's own file gives way");
+        assert_eq!(std::fs::read_to_string(b.as_path().join(COORDINATOR_ID_FILE)).unwrap(), first);
+        assert_eq!(coordinator_id(&store, c.as_path()).await.unwrap(), first, "a new data dir");
+        let fresh = gpuci_store::SqliteStore::open(&dbs.join("two.db")).await.unwrap();
+        let d = fresh_dir("d");
+        let made = coordinator_id(&fresh, d.as_path()).await.unwrap();
+        assert!(made.starts_with("gpuci_coord"), "{made}");
+        assert_eq!(coordinator_id(&fresh, &fresh_dir("e")).await.unwrap(), made);
     }
 }

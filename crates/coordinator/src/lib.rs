@@ -28,6 +28,7 @@ pub mod live;
 pub mod metrics;
 pub mod origin;
 pub mod parsed;
+mod proxy;
 pub mod repos;
 pub mod schedules;
 mod standby;
@@ -295,6 +296,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let mut renewal: Option<tokio::task::JoinHandle<anyhow::Error>> = None;
     // A standby answers on its address while it waits (`/readyz` 503), and leads on that socket.
     let mut standing_by: Option<standby::StandingBy> = None;
+    // The claim's epoch, once this coordinator leads a Postgres database.
+    let mut led_epoch: Option<i64> = None;
     // Whether this coordinator may act as the database's leader now: false while its claim
     // could not be renewed for longer than it lasts (it may have passed to a standby).
     let (leading_tx, leading) = tokio::sync::watch::channel(true);
@@ -347,10 +350,16 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     let holder = sole_use_holder(&config.data_dir)?;
                     let process = format!("pid {} ({})", std::process::id(), uuid::Uuid::new_v4());
                     if config.standby {
-                        standing_by = standby::listen(config.listen)?;
+                        let webhooks = config.github.as_ref().map(|gh| standby::Webhooks {
+                            store: Arc::new(s.clone()) as Arc<dyn Store>,
+                            secret: gh.webhook_secret.clone(),
+                        });
+                        let proxy = proxy::Proxy::new(Arc::new(s.clone()) as Arc<dyn Store>)?;
+                        standing_by = standby::listen(config.listen, webhooks, Some(proxy))?;
                     }
                     let claim = lead_or_stand_by(&s, &holder, &process, url, config.standby, &shutdown).await?;
                     tracing::info!(epoch = claim.epoch, "this coordinator leads the database");
+                    led_epoch = Some(claim.epoch);
                     let s = s.fence(claim.epoch).await.with_context(|| {
                         format!("connecting to database {} as its leader", gpuci_store::redact_url(url))
                     })?;
@@ -420,6 +429,19 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
         }
     };
     let addr = listener.local_addr()?;
+    if let Some(epoch) = led_epoch {
+        // Where a standby passes requests on to (`proxy`): written by the leader only (fenced).
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+        let record = proxy::LeaderRecord {
+            urls: proxy::leader_urls(addr, &config.public_names, hostname.as_deref()),
+            key: identity.public_key(),
+            epoch,
+        };
+        store
+            .put_coordinator_state(proxy::LEADER_STATE, &serde_json::to_string(&record)?, brain::now_ms())
+            .await
+            .context("recording where this coordinator leads")?;
+    }
     let github = match &config.github {
         None => None,
         Some(gh) => {
@@ -442,14 +464,13 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     };
     // The fleets' loop talks to the brain and the store; agents on its machines connect here
     // with the registration token.
-    let coordinator_id =
-        auth::load_or_create(&config.data_dir.join("coordinator-id"), "gpuci_coord").context("coordinator id file")?;
+    let coordinator_id = identity::coordinator_id(store.as_ref(), &config.data_dir).await.context("coordinator id")?;
     let fleet_statuses = fleets::start(
         config.fleets.clone(),
         fleets::Deps {
             store: store.clone(),
             brain: tx.clone(),
-            coordinator_id: coordinator_id.expose().chars().filter(|c| c.is_ascii_alphanumeric()).take(24).collect(),
+            coordinator_id: coordinator_id.chars().filter(|c| c.is_ascii_alphanumeric()).take(24).collect(),
             server_url: format!("http://{addr}"),
             registration_token: registration_token.expose().to_string(),
             coordinator_key: identity.public_key(),

@@ -1,18 +1,34 @@
 //! What a standby coordinator answers on its address while another leads (docs/ha.md):
-//! `/healthz` 200 (the process is up), `/readyz` 503 and every other request 503 ("a standby:
-//! ask the leader"), so a load balancer's health check, an agent or the CLI given several
-//! coordinators (which ask each `/readyz`) can tell it from a leader and from a dead host.
-//! A standby serves nothing else: it has loaded no state and holds no claim.
+//! `/healthz` 200 (the process is up) and `/readyz` 503, so a load balancer's health check, an
+//! agent or the CLI given several coordinators (which ask each `/readyz`) can tell it from a
+//! leader and from a dead host.
+//!
+//! With GitHub configured, it **accepts webhook deliveries**
+//! (`POST /api/v1/github/webhook`), checked as the leader checks them and queued in the
+//! database (`Store::queue_delivery`, recorded as a delivery in the same transaction), where
+//! the leader takes them (`github::service`) — GitHub does not send a failed delivery again by
+//! itself, so one sent to a standby, or during a failover, must not be refused. Its database
+//! connections are not fenced (it holds no claim), which the fence allows.
+//!
+//! Everything else (the API, the dashboard) it passes on to the leader, once the leader has
+//! proved the installation's identity key at the address it recorded (`crate::proxy`); 503
+//! when it cannot. It has loaded no state and holds no claim.
 //!
 //! The socket is bound once, at start, and kept: when the standby takes over, this small
 //! server stops and the coordinator serves on the very same socket (connections that arrive
 //! in between wait in its backlog), so its address never stops accepting.
 
+use crate::api::webhook::{duplicate, reply, verify, Verified, WebhookReply, MAX_PAYLOAD_BYTES};
 use crate::error::ApiError;
-use axum::http::StatusCode;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use axum::Json;
+use gpuci_store::Store;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// The standby's server: [`StandingBy::take_over`] stops it and hands back the socket.
@@ -25,7 +41,11 @@ pub struct StandingBy {
 /// Bind `listen` and answer as a standby on it. An address already in use (a leader on the
 /// same host and port, which only works for a leader that dies, docs/ha.md) is not an error
 /// here: `None`, and the coordinator binds it when it takes over, as before standbys listened.
-pub fn listen(listen: SocketAddr) -> anyhow::Result<Option<StandingBy>> {
+pub fn listen(
+    listen: SocketAddr,
+    webhooks: Option<Webhooks>,
+    proxy: Option<crate::proxy::Proxy>,
+) -> anyhow::Result<Option<StandingBy>> {
     let listener = match std::net::TcpListener::bind(listen) {
         Ok(l) => l,
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
@@ -37,10 +57,27 @@ pub fn listen(listen: SocketAddr) -> anyhow::Result<Option<StandingBy>> {
     listener.set_nonblocking(true)?;
     let served = tokio::net::TcpListener::from_std(listener.try_clone()?)?;
     let stop = CancellationToken::new();
-    let app = axum::Router::new()
-        .route("/healthz", get(crate::api::server_info))
-        .route("/readyz", get(not_leading))
-        .fallback(not_leading);
+    let mut app =
+        axum::Router::new().route("/healthz", get(crate::api::server_info)).route("/readyz", get(not_leading));
+    app = match proxy {
+        // Everything else to the leader, when this standby can prove one (`crate::proxy`).
+        Some(p) => {
+            let p = Arc::new(p);
+            app.fallback(move |req: axum::extract::Request| {
+                let p = p.clone();
+                async move { p.forward(req).await }
+            })
+        }
+        None => app.fallback(not_leading),
+    };
+    if let Some(w) = webhooks {
+        let limit = axum::extract::DefaultBodyLimit::max(MAX_PAYLOAD_BYTES);
+        app = app.merge(
+            axum::Router::new()
+                .route("/api/v1/github/webhook", axum::routing::post(queue_webhook).layer(limit))
+                .with_state(Arc::new(w)),
+        );
+    }
     let until = stop.clone();
     let task = tokio::spawn(async move {
         let served = axum::serve(served, app).with_graceful_shutdown(async move { until.cancelled().await });
@@ -72,4 +109,31 @@ async fn not_leading() -> axum::response::Response {
         "a standby: another coordinator leads this database; this one takes over if its claim lapses",
     )
     .into_response()
+}
+
+/// What a standby needs to accept webhook deliveries: the database (unfenced) and the secret.
+pub struct Webhooks {
+    pub store: Arc<dyn Store>,
+    pub secret: gpuci_github::Secret,
+}
+
+/// A delivery to a standby: checked, then queued for the leader (202), or known already (200).
+async fn queue_webhook(
+    State(w): State<Arc<Webhooks>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<WebhookReply>), ApiError> {
+    let (event_name, delivery) = match verify(w.secret.expose().as_bytes(), &headers, &body)? {
+        Verified::Answered(answer) => return Ok(answer),
+        Verified::ToAct { event_name, delivery, .. } => (event_name, delivery),
+    };
+    if !w.store.queue_delivery(&delivery, &event_name, &body, crate::brain::now_ms()).await? {
+        return Ok(duplicate(&delivery, &event_name));
+    }
+    tracing::info!(%delivery, event = event_name, "webhook accepted by this standby; queued for the leader");
+    Ok(reply(
+        StatusCode::ACCEPTED,
+        "accepted",
+        format!("{event_name} delivery {delivery} (queued by a standby for the leader)"),
+    ))
 }

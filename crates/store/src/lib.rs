@@ -362,6 +362,11 @@ pub trait Store: Send + Sync + 'static {
     // GitHub integration.
     /// Remember a webhook delivery; false when it was already recorded (a redelivery).
     async fn record_delivery(&self, delivery: &str, event: &str, now_ms: i64) -> Result<bool>;
+    /// Record a webhook delivery (as [`Store::record_delivery`]) and keep its body for the
+    /// leader to act on, in one transaction; false when it was already recorded.
+    async fn queue_delivery(&self, delivery: &str, event: &str, body: &[u8], now_ms: i64) -> Result<bool>;
+    /// Take (delete and answer) up to `limit` queued deliveries, oldest first.
+    async fn take_queued_deliveries(&self, limit: u32) -> Result<Vec<QueuedDelivery>>;
     /// Insert a workflow job record unless one with its id exists; false when it did.
     async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool>;
     async fn put_github_job(&self, job: &GithubJobRecord) -> Result<()>;

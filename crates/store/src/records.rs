@@ -158,6 +158,16 @@ pub struct Quarantine {
     pub since_ms: i64,
 }
 
+/// A webhook delivery a coordinator accepted and left for the leader to act on
+/// ([`Store::queue_delivery`](crate::Store::queue_delivery)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QueuedDelivery {
+    pub delivery: String,
+    pub event: String,
+    pub body: Vec<u8>,
+    pub received_at_ms: i64,
+}
+
 /// A GitHub workflow job that matched a runner pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GithubJobRecord {

@@ -637,6 +637,14 @@ impl Store for SqliteStore {
         SqliteStore::record_delivery(self, delivery, event, now_ms).await
     }
 
+    async fn queue_delivery(&self, delivery: &str, event: &str, body: &[u8], now_ms: i64) -> Result<bool> {
+        SqliteStore::queue_delivery(self, delivery, event, body, now_ms).await
+    }
+
+    async fn take_queued_deliveries(&self, limit: u32) -> Result<Vec<QueuedDelivery>> {
+        SqliteStore::take_queued_deliveries(self, limit).await
+    }
+
     async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool> {
         SqliteStore::insert_github_job(self, job).await
     }

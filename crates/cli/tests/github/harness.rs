@@ -88,41 +88,7 @@ impl Setup {
             Runner::ExitsAtOnce(message) => install_runner_that_exits(&runner_dir, 0, message).unwrap(),
             Runner::NotInstalled => {}
         }
-        let secret_file = dir.path().join("webhook-secret");
-        std::fs::write(&secret_file, SECRET).unwrap();
-        let auth = match token {
-            None => format!("app_id = {APP_ID}\nprivate_key_file = \"{}\"", fixture("test-app-key.pem").display()),
-            Some(t) => {
-                let f = dir.path().join("github-token");
-                std::fs::write(&f, format!("{t}\n")).unwrap();
-                format!("token_file = \"{}\"", f.display())
-            }
-        };
-        let config = dir.path().join("gpuci-server.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"
-[github]
-api_url = "{api}"
-{auth}
-webhook_secret_file = "{secret}"
-reconcile_interval = "{reconcile}"
-repositories = ["{REPO}"]
-
-[[github.pool]]
-name = "gpu"
-labels = ["gpu"]
-repositories = ["{REPO}"]
-install_dir = "{runner}"
-{pool}
-"#,
-                api = gh.url,
-                secret = secret_file.display(),
-                runner = runner_dir.display(),
-            ),
-        )
-        .unwrap();
+        let config = write_config(dir.path(), &gh, pool, reconcile, token, &runner_dir);
         let server = Server::start_on(
             &dir.path().join("server"),
             "127.0.0.1:0",
@@ -204,3 +170,51 @@ pub(crate) fn reason_of(s: &Setup, id: u64) -> String {
 }
 
 pub(crate) const ROOT_REFUSAL: &str = "Must not run interactively with sudo";
+
+/// The server's config file in `dir`: `[github]` pointing at `gh` (App credentials, or the
+/// personal access token `token`), with the one pool (`gpu`, labels `gpu`) plus `pool`.
+pub(crate) fn write_config(
+    dir: &std::path::Path,
+    gh: &TestGitHub,
+    pool: &str,
+    reconcile: &str,
+    token: Option<&str>,
+    runner_dir: &std::path::Path,
+) -> PathBuf {
+    let secret_file = dir.join("webhook-secret");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let auth = match token {
+        None => format!("app_id = {APP_ID}\nprivate_key_file = \"{}\"", fixture("test-app-key.pem").display()),
+        Some(t) => {
+            let f = dir.join("github-token");
+            std::fs::write(&f, format!("{t}\n")).unwrap();
+            format!("token_file = \"{}\"", f.display())
+        }
+    };
+    let config = dir.join("gpuci-server.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[github]
+api_url = "{api}"
+{auth}
+webhook_secret_file = "{secret}"
+reconcile_interval = "{reconcile}"
+repositories = ["{REPO}"]
+
+[[github.pool]]
+name = "gpu"
+labels = ["gpu"]
+repositories = ["{REPO}"]
+install_dir = "{runner}"
+{pool}
+"#,
+            api = gh.url,
+            secret = secret_file.display(),
+            runner = runner_dir.display(),
+        ),
+    )
+    .unwrap();
+    config
+}

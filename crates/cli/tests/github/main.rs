@@ -17,6 +17,7 @@ mod harness;
 mod pipelines;
 mod runners;
 mod secrets;
+mod standby;
 
 use common::*;
 use gpuci_core::job::JobState;

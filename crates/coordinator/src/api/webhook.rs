@@ -1,6 +1,8 @@
 //! `POST /api/v1/github/webhook`: GitHub's deliveries. The signature is checked over the raw
 //! body before anything is parsed; a forged or unsigned delivery (401) and an unparseable one
 //! (400) change nothing. A redelivery (same `X-GitHub-Delivery`) is acknowledged and ignored.
+//! A standby accepts deliveries too (`crate::standby`): checked the same way here, then queued
+//! in the database for the leader.
 
 use crate::error::ApiError;
 use crate::github::Inbound;
@@ -84,26 +86,12 @@ async fn receive_inner(
     let Some(gh) = &st.github else {
         return Err(ApiError::new(StatusCode::NOT_FOUND, "GitHub is not configured on this coordinator"));
     };
-    verify_signature(gh.webhook_secret.expose().as_bytes(), &body, header(headers, SIGNATURE_HEADER))
-        .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()))?;
-    let event_name = header(headers, "x-github-event")
-        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing X-GitHub-Event header"))?;
-    let delivery = header(headers, "x-github-delivery")
-        .filter(|d| !d.is_empty() && d.len() <= 128)
-        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing or invalid X-GitHub-Delivery header"))?;
-    let event =
-        parse_event(event_name, delivery, &body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
-    let reply = |status: StatusCode, s: &str, detail: String| (status, Json(WebhookReply { status: s.into(), detail }));
-    match &event {
-        Event::Ignored { name } => {
-            return Ok(reply(StatusCode::ACCEPTED, "ignored", format!("gpuci does not act on `{name}` events")))
-        }
-        Event::Ping => return Ok(reply(StatusCode::ACCEPTED, "accepted", "pong".into())),
-        _ => {}
-    }
-    if !st.store.record_delivery(delivery, event_name, crate::brain::now_ms()).await? {
-        tracing::info!(%delivery, event = event_name, "webhook redelivery ignored");
-        return Ok(reply(StatusCode::OK, "duplicate", format!("delivery {delivery} was already handled")));
+    let (event_name, delivery, event) = match verify(gh.webhook_secret.expose().as_bytes(), headers, &body)? {
+        Verified::Answered(answer) => return Ok(answer),
+        Verified::ToAct { event_name, delivery, event } => (event_name, delivery, event),
+    };
+    if !st.store.record_delivery(&delivery, &event_name, crate::brain::now_ms()).await? {
+        return Ok(duplicate(&delivery, &event_name));
     }
     tracing::debug!(%delivery, event = event_name, "webhook accepted");
     gh.inbound
@@ -111,4 +99,44 @@ async fn receive_inner(
         .await
         .map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the coordinator is shutting down"))?;
     Ok(reply(StatusCode::ACCEPTED, "accepted", format!("{event_name} delivery {delivery}")))
+}
+
+/// A delivery whose signature and headers were checked.
+pub(crate) enum Verified {
+    /// Nothing to act on (a ping, an event gpuci ignores): the answer.
+    Answered((StatusCode, Json<WebhookReply>)),
+    /// An event to act on, once its delivery is recorded.
+    ToAct { event_name: String, delivery: String, event: Event },
+}
+
+/// Checks a delivery: the signature over the raw body first (401), then the headers and the
+/// payload (400). Shared by the leader, which acts on it, and a standby, which queues it.
+pub(crate) fn verify(secret: &[u8], headers: &HeaderMap, body: &[u8]) -> Result<Verified, ApiError> {
+    verify_signature(secret, body, header(headers, SIGNATURE_HEADER))
+        .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, e.to_string()))?;
+    let event_name = header(headers, "x-github-event")
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing X-GitHub-Event header"))?;
+    let delivery = header(headers, "x-github-delivery")
+        .filter(|d| !d.is_empty() && d.len() <= 128)
+        .ok_or_else(|| ApiError::new(StatusCode::BAD_REQUEST, "missing or invalid X-GitHub-Delivery header"))?;
+    let event =
+        parse_event(event_name, delivery, body).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+    match &event {
+        Event::Ignored { name } => Ok(Verified::Answered(reply(
+            StatusCode::ACCEPTED,
+            "ignored",
+            format!("gpuci does not act on `{name}` events"),
+        ))),
+        Event::Ping => Ok(Verified::Answered(reply(StatusCode::ACCEPTED, "accepted", "pong".into()))),
+        _ => Ok(Verified::ToAct { event_name: event_name.to_string(), delivery: delivery.to_string(), event }),
+    }
+}
+
+pub(crate) fn reply(status: StatusCode, s: &str, detail: String) -> (StatusCode, Json<WebhookReply>) {
+    (status, Json(WebhookReply { status: s.into(), detail }))
+}
+
+pub(crate) fn duplicate(delivery: &str, event_name: &str) -> (StatusCode, Json<WebhookReply>) {
+    tracing::info!(%delivery, event = event_name, "webhook redelivery ignored");
+    reply(StatusCode::OK, "duplicate", format!("delivery {delivery} was already handled"))
 }

@@ -66,6 +66,10 @@ pub struct Deps {
     pub tick: Duration,
 }
 
+/// How often the leader takes the webhook deliveries standbys queued, and how many at a time.
+const INBOX_EVERY: Duration = Duration::from_secs(1);
+const INBOX_BATCH: u32 = 100;
+
 /// Start the service and its reporter; returns what the webhook endpoint needs.
 pub fn start(cfg: Arc<GithubConfig>, client: Arc<Client>, deps: Deps, shutdown: CancellationToken) -> Handle {
     let (tx, rx) = mpsc::channel(4096);
@@ -142,6 +146,8 @@ impl Service {
         // The first reconcile runs at once: webhooks missed while gpuci was down.
         let mut reconcile = tokio::time::interval(self.cfg.reconcile_interval);
         reconcile.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut inbox = tokio::time::interval(INBOX_EVERY);
+        inbox.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -160,6 +166,38 @@ impl Service {
                 },
                 _ = tick.tick() => self.tick().await,
                 _ = reconcile.tick() => self.reconcile().await,
+                _ = inbox.tick() => self.take_inbox().await,
+            }
+        }
+    }
+
+    /// Acts on the deliveries standbys accepted and queued (`crate::standby`), oldest first.
+    /// Taken (deleted) before they are acted on, as a delivery this coordinator received is
+    /// acted on once it is recorded: a crash between the two loses it, and reconciliation
+    /// finds a missed workflow job again.
+    async fn take_inbox(&mut self) {
+        loop {
+            let taken = match self.store.take_queued_deliveries(INBOX_BATCH).await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not take the webhook deliveries standbys queued; trying again");
+                    return;
+                }
+            };
+            let full = taken.len() == INBOX_BATCH as usize;
+            for d in taken {
+                match gpuci_github::parse_event(&d.event, &d.delivery, &d.body) {
+                    Ok(e) => {
+                        tracing::info!(delivery = %d.delivery, event = %d.event, "acting on a webhook delivery a standby accepted");
+                        self.event(e).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(delivery = %d.delivery, error = %e, "a queued webhook delivery does not parse; dropped")
+                    }
+                }
+            }
+            if !full {
+                return;
             }
         }
     }

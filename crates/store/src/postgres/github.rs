@@ -40,6 +40,52 @@ impl PostgresStore {
         Ok(done.rows_affected() == 1)
     }
 
+    pub(super) async fn queue_delivery(&self, delivery: &str, event: &str, body: &[u8], now_ms: i64) -> Result<bool> {
+        let mut tx = self.pool.begin().await?;
+        let done = sqlx::query(
+            "INSERT INTO github_deliveries (delivery, event, received_at_ms) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        )
+        .bind(delivery)
+        .bind(event)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        if done.rows_affected() != 1 {
+            return Ok(false);
+        }
+        sqlx::query("INSERT INTO github_inbox (delivery, event, body, received_at_ms) VALUES ($1, $2, $3, $4)")
+            .bind(delivery)
+            .bind(event)
+            .bind(body)
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    pub(super) async fn take_queued_deliveries(&self, limit: u32) -> Result<Vec<QueuedDelivery>> {
+        let rows = sqlx::query(
+            "DELETE FROM github_inbox WHERE delivery IN \
+             (SELECT delivery FROM github_inbox ORDER BY received_at_ms, delivery LIMIT $1) \
+             RETURNING delivery, event, body, received_at_ms",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out: Vec<QueuedDelivery> = rows
+            .into_iter()
+            .map(|r| QueuedDelivery {
+                delivery: r.get("delivery"),
+                event: r.get("event"),
+                body: r.get("body"),
+                received_at_ms: r.get("received_at_ms"),
+            })
+            .collect();
+        out.sort_by(|a, b| (a.received_at_ms, &a.delivery).cmp(&(b.received_at_ms, &b.delivery)));
+        Ok(out)
+    }
+
     pub(super) async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool> {
         let sql = format!(
             "INSERT INTO github_jobs ({GITHUB_JOB_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \

@@ -11,6 +11,25 @@ async fn github_suite(s: &dyn Store) {
     assert!(!s.record_delivery("d-1", "workflow_job", 2).await.unwrap(), "a redelivery is not new");
     assert!(s.record_delivery("d-2", "ping", 3).await.unwrap());
 
+    // Queued for the leader (a standby's deliveries): recorded as deliveries too, so a
+    // redelivery to either path is known; taken once, oldest first, with their bodies.
+    assert!(s.queue_delivery("d-3", "workflow_job", br#"{"n":3}"#, 5).await.unwrap());
+    assert!(s.queue_delivery("d-4", "push", &[0, 159, 255], 4).await.unwrap());
+    assert!(!s.queue_delivery("d-3", "workflow_job", b"again", 6).await.unwrap(), "a redelivery is not new");
+    assert!(!s.queue_delivery("d-1", "workflow_job", b"{}", 6).await.unwrap(), "handled by the leader already");
+    assert!(!s.record_delivery("d-4", "push", 7).await.unwrap(), "queued is recorded");
+    let taken = s.take_queued_deliveries(10).await.unwrap();
+    let got: Vec<_> =
+        taken.iter().map(|d| (d.delivery.as_str(), d.event.as_str(), d.body.as_slice(), d.received_at_ms)).collect();
+    assert_eq!(got, vec![("d-4", "push", &[0u8, 159, 255][..], 4), ("d-3", "workflow_job", &br#"{"n":3}"#[..], 5)]);
+    assert!(s.take_queued_deliveries(10).await.unwrap().is_empty(), "taken once");
+    for i in 0..5 {
+        assert!(s.queue_delivery(&format!("q-{i}"), "push", b"{}", 100 + i).await.unwrap());
+    }
+    let first = s.take_queued_deliveries(2).await.unwrap();
+    assert_eq!(first.iter().map(|d| d.delivery.as_str()).collect::<Vec<_>>(), ["q-0", "q-1"]);
+    assert_eq!(s.take_queued_deliveries(10).await.unwrap().len(), 3);
+
     let mut job = GithubJobRecord {
         id: 77,
         repository: "octo/gpu".into(),
