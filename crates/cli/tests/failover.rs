@@ -107,7 +107,7 @@ fn a_standby_passes_the_api_and_the_dashboard_on_to_the_leader() {
         ["--database", &url, "--heartbeat", "200ms", "--lost-after", "30s"].iter().map(|s| s.to_string()).collect();
     let leader = Server::start_on(&dir.path().join("a"), &free_address(), args.clone());
     let standby_address = free_address();
-    let _standby = start_standby(standby_dir(&leader.data_dir, dir.path().join("b")), standby_address.clone(), args);
+    let standby = start_standby(standby_dir(&leader.data_dir, dir.path().join("b")), standby_address.clone(), args);
     let _agent = Agent::start(&leader, &dir.path().join("agent"), "ha-agent", &["--slots", "1"]);
     leader.api().wait_agents(1, T);
     let via = Api::new(&format!("http://{standby_address}"), &leader.token);
@@ -134,6 +134,9 @@ fn a_standby_passes_the_api_and_the_dashboard_on_to_the_leader() {
     let page = http.get(format!("{}/ui/login", via.url)).send().unwrap();
     assert!(page.status().is_success(), "the dashboard's sign-in page: {}", page.status());
     assert!(page.text().unwrap().contains("<html"), "an HTML page");
+    // The standby's thread returns once it leads: end the leader so it does, and both stop.
+    drop(leader);
+    drop(standby.join().expect("the standby took over"));
 }
 
 /// A leader paused (SIGSTOP) past its claim's lease: the standby takes over, and the former
