@@ -309,7 +309,11 @@ fn an_image_step_does_not_outlive_its_agent_killed_with_sigkill() {
     let uid: u32 = log.lines().find_map(|l| l.strip_prefix("[stdout] uid=")).unwrap().trim().parse().unwrap();
     assert_ne!(uid, 0, "the job runs as a uid of its own: {log}");
     assert!(running_uids().contains(&uid), "the job's processes run as uid {uid}");
-    assert_eq!(containers_ending(&format!("-job-{id}")).len(), 1, "the job's container is there");
+    // This agent's container: the tests of this file run at once, each with a job 1.
+    let agents: Vec<gpuci_protocol::api::AgentSummary> = api.get("/api/v1/agents");
+    let prefix: String = agents[0].id.chars().filter(char::is_ascii_alphanumeric).take(12).collect();
+    let mine = format!("{prefix}-job-{id}");
+    assert_eq!(containers_ending(&mine).len(), 1, "the job's container is there");
 
     agent.kill9();
     // Bounded wait, not a speed check: the container, conmon and every process of the job's
@@ -317,11 +321,11 @@ fn an_image_step_does_not_outlive_its_agent_killed_with_sigkill() {
     wait_until_or(
         "nothing of the image step to be left after its agent's kill -9",
         Duration::from_secs(90),
-        || containers_ending(&format!("-job-{id}")).is_empty() && !running_uids().contains(&uid),
+        || containers_ending(&mine).is_empty() && !running_uids().contains(&uid),
         || {
             format!(
                 "containers: {:?}; processes of uid {uid}: {}",
-                containers_ending(&format!("-job-{id}")),
+                containers_ending(&mine),
                 running_uids().iter().filter(|u| **u == uid).count()
             )
         },
