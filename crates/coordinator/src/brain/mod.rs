@@ -25,6 +25,7 @@
 //! - `agents.rs`: connecting ([`reconcile`]), links, GPUs, the reaper, machines taken back;
 //! - `groups.rs`: dependencies and concurrency groups that hold a queued job back;
 //! - `scheduling.rs`: the placement pass and its one commit, runner registrations, secrets' source;
+//! - `budgets.rs`: whether a job's repository is past its budget (held off fleet machines);
 //! - `queries.rs`: read-only views for the API and the fleets ([`FleetView`]);
 //! - `tests.rs`: tests of the pure helpers and of what survives a restart.
 
@@ -51,6 +52,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 mod agents;
+mod budgets;
 mod dispatch;
 pub mod dynamic_steps;
 mod groups;
