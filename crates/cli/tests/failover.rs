@@ -134,6 +134,28 @@ fn a_standby_passes_the_api_and_the_dashboard_on_to_the_leader() {
     let page = http.get(format!("{}/ui/login", via.url)).send().unwrap();
     assert!(page.status().is_success(), "the dashboard's sign-in page: {}", page.status());
     assert!(page.text().unwrap().contains("<html"), "an HTML page");
+    // A dashboard form sent from a page the standby served (its Origin is the standby's):
+    // the leader checks it against the Host the browser used, which the standby passes on.
+    let browser = reqwest::blocking::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();
+    let signed_in =
+        browser.post(format!("{}/ui/login", via.url)).form(&[("token", leader.token.trim())]).send().unwrap();
+    assert_eq!(signed_in.status().as_u16(), 303);
+    let cookie = signed_in.headers()["set-cookie"].to_str().unwrap().split(';').next().unwrap().to_string();
+    let long = via.submit("steps:\n  - key: long\n    command: sleep 120\n");
+    let id = long.jobs[0].id;
+    via.wait_job(id, "running", T, |j| j.state == JobState::Running);
+    let page =
+        browser.get(format!("{}/ui/jobs/{id}", via.url)).header("cookie", &cookie).send().unwrap().text().unwrap();
+    let csrf = page.split("name=\"csrf\" value=\"").nth(1).and_then(|s| s.split('"').next()).expect("a form token");
+    let cancelled = browser
+        .post(format!("{}/ui/jobs/{id}/cancel", via.url))
+        .header("cookie", &cookie)
+        .header("origin", &via.url)
+        .form(&[("csrf", csrf)])
+        .send()
+        .unwrap();
+    assert_eq!(cancelled.status().as_u16(), 303, "{}", cancelled.text().unwrap_or_default());
+    assert_eq!(via.wait_job(id, "cancelled", T, |j| j.state.is_terminal()).state, JobState::Cancelled);
     // The standby's thread returns once it leads: end the leader so it does, and both stop.
     drop(leader);
     drop(standby.join().expect("the standby took over"));

@@ -30,6 +30,9 @@ const MAX_SAMPLES_PER_MESSAGE: usize = 4096;
 
 pub use crate::auth::AGENT_ID_HEADER;
 
+/// Read and write buffer of each agent's WebSocket.
+const LINK_BUFFER_BYTES: usize = 16 << 10;
+
 pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
     let Some(agent_id) = headers.get(AGENT_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string) else {
         return ApiError::new(StatusCode::BAD_REQUEST, format!("missing {AGENT_ID_HEADER} header")).into_response();
@@ -52,7 +55,14 @@ pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSock
         return ApiError::new(StatusCode::UNAUTHORIZED, "unknown agent or wrong credential; register again")
             .into_response();
     };
-    ws.max_message_size(64 << 20).on_upgrade(move |socket| serve(st, agent_id, known.name, socket))
+    // Buffers sized for the messages an agent link carries (heartbeats, job events, log
+    // batches of a few KiB): the 128 KiB default read buffer, allocated for every connection,
+    // was most of a coordinator's memory per connected agent (BENCHMARKS.md, "The coordinator
+    // under load"). Larger messages still arrive whole; they take more reads.
+    ws.max_message_size(64 << 20)
+        .read_buffer_size(LINK_BUFFER_BYTES)
+        .write_buffer_size(LINK_BUFFER_BYTES)
+        .on_upgrade(move |socket| serve(st, agent_id, known.name, socket))
 }
 
 /// Why an agent registered as `name` may not claim the fleet machine its hello's tags name: a

@@ -83,6 +83,41 @@ pub async fn load_or_create(store: &dyn Store, key: &SecretsKey, data_dir: &Path
     Ok(identity)
 }
 
+/// The installation's public key as a standby knows it without trusting the database's word:
+/// its data dir's own secret ([`SECRET_KEY_FILE`]) if it has one, else the database's sealed
+/// secret opened with this coordinator's secrets key and checked against the public key
+/// beside it (someone who can write the database but lacks the secrets key cannot make a
+/// sealed key that opens). `None` while no coordinator has made the key. Writes nothing.
+pub async fn installation_key(store: &dyn Store, key_file: &Path, data_dir: &Path) -> anyhow::Result<Option<String>> {
+    let file = data_dir.join(SECRET_KEY_FILE);
+    match std::fs::read_to_string(&file) {
+        Ok(text) => {
+            let mine =
+                parse_secret(&text).ok_or_else(|| anyhow::anyhow!("{}: not a coordinator key", file.display()))?;
+            return Ok(Some(mine.public_key()));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => anyhow::bail!("reading {}: {e}", file.display()),
+    }
+    let Some(stored) = store.stored_identity().await? else { return Ok(None) };
+    let bytes =
+        std::fs::read(key_file).map_err(|e| anyhow::anyhow!("reading the secrets key {}: {e}", key_file.display()))?;
+    let key = SecretsKey::from_file_contents(&bytes)
+        .map_err(|e| anyhow::anyhow!("the secrets key {}: {e}", key_file.display()))?;
+    let opened = key.open(SEALED_AS, &stored.sealed_secret).map_err(|e| {
+        anyhow::anyhow!(
+            "the identity key in the database does not open with this coordinator's secrets key (key {}): {e}",
+            key.id()
+        )
+    })?;
+    let identity =
+        parse_secret(&opened).ok_or_else(|| anyhow::anyhow!("the identity key in the database is malformed"))?;
+    if identity.public_key() != stored.public_key {
+        anyhow::bail!("the identity key in the database does not match its public key {}", stored.public_key);
+    }
+    Ok(Some(identity.public_key()))
+}
+
 fn parse_secret(text: &str) -> Option<SigningIdentity> {
     let secret: [u8; SECRET_LEN] = hex::decode(text.trim()).ok()?.try_into().ok()?;
     Some(SigningIdentity::from_secret(&secret))

@@ -347,14 +347,30 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
             };
             match connected {
                 Ok(s) => {
+                    // Encrypted? Server verified? Said at every start, and as a warning naming
+                    // the fix when a remote host is reached with less than verify-full (the
+                    // rule: gpuci_store::DbTls::warning).
+                    let database = gpuci_store::redact_url(url);
+                    match s.tls().warning() {
+                        Some(warning) => tracing::warn!(%database, connection = %s.tls(), "{warning}"),
+                        None => tracing::info!(%database, connection = %s.tls(), "database connection"),
+                    }
                     let holder = sole_use_holder(&config.data_dir)?;
                     let process = format!("pid {} ({})", std::process::id(), uuid::Uuid::new_v4());
                     if config.standby {
                         let webhooks = config.github.as_ref().map(|gh| standby::Webhooks {
                             store: Arc::new(s.clone()) as Arc<dyn Store>,
                             secret: gh.webhook_secret.clone(),
+                            intake: api::webhook_intake::Intake::new(gh.webhook_limits),
                         });
-                        let proxy = proxy::Proxy::new(Arc::new(s.clone()) as Arc<dyn Store>)?;
+                        let source = match config.secrets_key_source() {
+                            vault::KeySource::File(p) => p,
+                            vault::KeySource::Ephemeral => config.data_dir.join("secrets.key"),
+                        };
+                        let proxy = proxy::Proxy::new(
+                            Arc::new(s.clone()) as Arc<dyn Store>,
+                            proxy::KeySource { secrets_key_file: source, data_dir: config.data_dir.clone() },
+                        );
                         standing_by = standby::listen(config.listen, webhooks, Some(proxy))?;
                     }
                     let claim = lead_or_stand_by(&s, &holder, &process, url, config.standby, &shutdown).await?;

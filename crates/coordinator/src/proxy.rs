@@ -3,8 +3,12 @@
 //! where it is reached and its identity key in the database ([`LEADER_STATE`], a fenced write:
 //! only the coordinator that holds the claim can make it); a standby reads that record, asks
 //! the address to prove the key (`GET /api/v1/identity`, as agents and the CLI do) and only
-//! then sends it a request, credentials included. An address that cannot prove it (a record
-//! left by a dead leader whose port another process took) is sent nothing: 503.
+//! then sends it a request, credentials included, **on the connection the proof was made on**
+//! (a proof holds for one TCP connection, never for an address: a process that takes a dead
+//! leader's port is sent nothing). The key it asks for is the installation's as this standby
+//! knows it (its data dir's key, or the database's sealed key opened with its secrets key),
+//! never the record's: a record that names another key (written by someone who can write the
+//! database) is refused, loudly. The client's `Host` goes on as it came.
 //!
 //! Not passed on: the agent channel (a WebSocket; agents given several addresses find the
 //! leader themselves), `/readyz` (a standby's own answer), the identity proof (it proves the
@@ -15,10 +19,13 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use gpuci_core::coordinator_identity::{self as identity, IdentityProof};
 use gpuci_store::Store;
+use hyper::client::conn::http1::SendRequest;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,29 +66,58 @@ pub fn leader_urls(addr: SocketAddr, public_names: &[String], hostname: Option<&
     urls
 }
 
-/// How long a proved address is used before it is proved again.
-const PROVED_FOR: Duration = Duration::from_secs(10);
-/// Connecting to the leader, and its proof.
+/// A leader's connection is proved once and used while it stays open and busy at most this
+/// long idle: a proof holds for the TCP connection it was made on, never for an address.
+const IDLE_FOR: Duration = Duration::from_secs(30);
+/// Proved connections kept for later requests.
+const MAX_IDLE: usize = 32;
+/// The leader's record is read again after this long.
+const RECORD_FOR: Duration = Duration::from_secs(1);
+/// Connecting to the leader, its proof, and its answer's head.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const PROOF_TIMEOUT: Duration = Duration::from_secs(5);
+const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+/// Requests passed on at once; more are answered 503.
+const MAX_IN_FLIGHT: usize = 1024;
 /// A proof is a few hundred bytes.
 const MAX_PROOF_BYTES: usize = 4096;
+
+/// How a standby knows the installation's key (`crate::identity::installation_key`): never from
+/// the leader's record, which anyone who can write the database could have written.
+pub struct KeySource {
+    pub secrets_key_file: PathBuf,
+    pub data_dir: PathBuf,
+}
+
+/// One TCP connection to the leader, on which the installation's key was proved.
+struct Proved {
+    base: String,
+    epoch: i64,
+    sender: SendRequest<Body>,
+    since: Instant,
+}
 
 /// A standby's way to the leader.
 pub struct Proxy {
     store: Arc<dyn Store>,
-    http: reqwest::Client,
-    /// The address last proved, and when.
-    proved: Mutex<Option<(String, Instant)>>,
+    source: KeySource,
+    /// The installation's key, once known.
+    pinned: tokio::sync::OnceCell<String>,
+    record: Mutex<Option<(LeaderRecord, Instant)>>,
+    idle: Arc<Mutex<Vec<Proved>>>,
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl Proxy {
-    pub fn new(store: Arc<dyn Store>) -> anyhow::Result<Proxy> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
-        Ok(Proxy { store, http, proved: Mutex::new(None) })
+    pub fn new(store: Arc<dyn Store>, source: KeySource) -> Proxy {
+        Proxy {
+            store,
+            source,
+            pinned: tokio::sync::OnceCell::new(),
+            record: Mutex::new(None),
+            idle: Arc::new(Mutex::new(Vec::new())),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+        }
     }
 
     /// Passes `req` on to the leader and its answer back; 503 when there is no leader this
@@ -91,43 +127,81 @@ impl Proxy {
         if path == "/readyz" || path == "/api/v1/identity" || is_upgrade(req.headers()) {
             return not_passed_on();
         }
-        let base = match self.leader().await {
-            Ok(b) => b,
+        // Only a path (`OPTIONS *`, an authority form: nothing to pass on).
+        let Some(target) = req.uri().path_and_query().filter(|p| p.as_str().starts_with('/')).cloned() else {
+            return crate::error::ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "a standby passes on only requests for a path",
+            )
+            .into_response();
+        };
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+            return unavailable("it is passing on as many requests as it may");
+        };
+        let record = match self.leader_record().await {
+            Ok(r) => r,
             Err(why) => return unavailable(&why),
         };
-        let target = format!("{base}{}", req.uri().path_and_query().map_or("/", |p| p.as_str()));
         let (parts, body) = req.into_parts();
         let mut headers = without_hop_by_hop(&parts.headers);
-        headers.remove(header::HOST);
         headers.insert(header::VIA, axum::http::HeaderValue::from_static("1.1 gpuci-standby"));
-        let sent = self
-            .http
-            .request(parts.method, &target)
-            .headers(headers)
-            .body(reqwest::Body::wrap_stream(body.into_data_stream()))
-            .send()
-            .await;
-        match sent {
-            Ok(resp) => {
-                let mut out = Response::builder().status(resp.status());
-                if let Some(h) = out.headers_mut() {
-                    *h = without_hop_by_hop(resp.headers());
-                }
-                out.body(Body::from_stream(resp.bytes_stream())).unwrap_or_else(|e| unavailable(&e.to_string()))
-            }
-            Err(e) => {
-                // Proved again before the next request: it may have gone.
-                *self.proved.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                unavailable(&format!("the leader at {base} did not answer: {e}"))
+        let mut out = axum::http::Request::new(body);
+        *out.method_mut() = parts.method;
+        *out.uri_mut() = target.into();
+        *out.headers_mut() = headers;
+        let mut conn = match self.checkout(&record).await {
+            Ok(c) => c,
+            Err(why) => return unavailable(&why),
+        };
+        // The client's `Host` goes on as it came (the leader checks a form's `Origin` against
+        // it); a request without one names the leader's.
+        if !out.headers().contains_key(header::HOST) {
+            if let Ok(v) = axum::http::HeaderValue::from_str(&host_of(&conn.base).unwrap_or_default()) {
+                out.headers_mut().insert(header::HOST, v);
             }
         }
+        let mut sent = tokio::time::timeout(HEAD_TIMEOUT, conn.sender.try_send_request(out)).await;
+        // A kept connection the leader closed before the request went out: once more, on a
+        // connection proved now.
+        if let Ok(Err(e)) = &mut sent {
+            if let Some(again) = e.take_message() {
+                conn = match self.prove_one(&record).await {
+                    Ok(c) => c,
+                    Err(why) => return unavailable(&why),
+                };
+                sent = tokio::time::timeout(HEAD_TIMEOUT, conn.sender.try_send_request(again)).await;
+            }
+        }
+        let resp = match sent {
+            Err(_) => {
+                return unavailable(&format!(
+                    "the leader at {} sent no answer within {} s",
+                    conn.base,
+                    HEAD_TIMEOUT.as_secs()
+                ))
+            }
+            Ok(Err(e)) => return unavailable(&format!("the leader at {} did not answer: {}", conn.base, e.error())),
+            Ok(Ok(resp)) => resp,
+        };
+        self.keep_when_free(conn);
+        let (parts, body) = resp.into_parts();
+        let mut answer =
+            Response::new(Body::from_stream(http_body_util::BodyExt::into_data_stream(body).map(move |chunk| {
+                // Counted as in flight until its body ends.
+                let _ = &permit;
+                chunk
+            })));
+        *answer.status_mut() = parts.status;
+        *answer.headers_mut() = without_hop_by_hop(&parts.headers);
+        answer
     }
 
-    /// A leader's base URL this standby has proved lately, or one it proves now.
-    async fn leader(&self) -> Result<String, String> {
-        if let Some((base, at)) = self.proved.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            if at.elapsed() < PROVED_FOR {
-                return Ok(base);
+    /// The leader's record, read at most every [`RECORD_FOR`]; refused when it names another
+    /// key than the installation's.
+    async fn leader_record(&self) -> Result<LeaderRecord, String> {
+        if let Some((r, at)) = self.record.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            if at.elapsed() < RECORD_FOR {
+                return Ok(r);
             }
         }
         let record = match self.store.coordinator_state(LEADER_STATE).await {
@@ -136,12 +210,63 @@ impl Proxy {
             Ok(None) => return Err("no coordinator has said where it leads yet".into()),
             Err(e) => return Err(format!("the database does not answer: {e}")),
         };
+        let pinned = self.installation_key().await?;
+        if record.key != pinned {
+            tracing::error!(
+                recorded = %record.key, installation = %pinned, urls = ?record.urls,
+                "the leader's record in the database names another identity key than this installation's: \
+                 someone wrote it who is not a coordinator of this installation; nothing is passed on to it"
+            );
+            return Err("the leader's record names another key than this installation's".into());
+        }
+        *self.record.lock().unwrap_or_else(|e| e.into_inner()) = Some((record.clone(), Instant::now()));
+        Ok(record)
+    }
+
+    async fn installation_key(&self) -> Result<String, String> {
+        self.pinned
+            .get_or_try_init(|| async {
+                match crate::identity::installation_key(
+                    self.store.as_ref(),
+                    &self.source.secrets_key_file,
+                    &self.source.data_dir,
+                )
+                .await
+                {
+                    Ok(Some(k)) => Ok(k),
+                    Ok(None) => Err("no coordinator has made the installation's identity key yet".to_string()),
+                    Err(e) => Err(format!("this standby cannot tell the installation's identity key: {e:#}")),
+                }
+            })
+            .await
+            .cloned()
+    }
+
+    /// A kept connection to the leader of `record`, or one proved now.
+    async fn checkout(&self, record: &LeaderRecord) -> Result<Proved, String> {
+        loop {
+            let kept = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+            let Some(c) = kept else { break };
+            if c.epoch == record.epoch
+                && record.urls.contains(&c.base)
+                && c.since.elapsed() < IDLE_FOR
+                && c.sender.is_ready()
+                && !c.sender.is_closed()
+            {
+                return Ok(c);
+            }
+        }
+        self.prove_one(record).await
+    }
+
+    /// A new connection to the first address of `record` that proves the installation's key
+    /// on it.
+    async fn prove_one(&self, record: &LeaderRecord) -> Result<Proved, String> {
         let mut why = Vec::new();
         for base in &record.urls {
-            match self.prove(base, &record.key).await {
-                Ok(()) => {
-                    *self.proved.lock().unwrap_or_else(|e| e.into_inner()) = Some((base.clone(), Instant::now()));
-                    return Ok(base.clone());
+            match prove(base, &record.key).await {
+                Ok(sender) => {
+                    return Ok(Proved { base: base.clone(), epoch: record.epoch, sender, since: Instant::now() })
                 }
                 Err(e) => why.push(format!("{base}: {e}")),
             }
@@ -149,39 +274,74 @@ impl Proxy {
         Err(format!("no address of the leader proved the installation's key ({})", why.join("; ")))
     }
 
-    async fn prove(&self, base: &str, key: &str) -> Result<(), String> {
-        let host = reqwest::Url::parse(base)
-            .ok()
-            .and_then(|u| {
-                u.host_str().map(|h| match u.port() {
-                    Some(p) => format!("{h}:{p}"),
-                    None => h.to_string(),
-                })
-            })
-            .ok_or("not a URL with a host")?;
-        let nonce = identity::nonce(rand::random());
-        let mut resp = self
-            .http
-            .get(format!("{base}/api/v1/identity"))
-            .query(&[("nonce", &nonce)])
-            .timeout(PROOF_TIMEOUT)
-            .send()
+    /// Keeps `conn` for another request once its answer has been read.
+    fn keep_when_free(&self, mut conn: Proved) {
+        let idle = self.idle.clone();
+        tokio::spawn(async move {
+            if matches!(tokio::time::timeout(IDLE_FOR, conn.sender.ready()).await, Ok(Ok(()))) {
+                conn.since = Instant::now();
+                let mut idle = idle.lock().unwrap_or_else(|e| e.into_inner());
+                if idle.len() < MAX_IDLE {
+                    idle.push(conn);
+                }
+            }
+        });
+    }
+}
+
+/// `HOST:PORT` of a base URL.
+fn host_of(base: &str) -> Option<String> {
+    let u = reqwest::Url::parse(base).ok()?;
+    let host = u.host_str()?;
+    Some(match u.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    })
+}
+
+/// A connection to `base` on which `key` was proved: the request that follows goes on this
+/// same connection, so a process that took the address after the proof is sent nothing.
+async fn prove(base: &str, key: &str) -> Result<SendRequest<Body>, String> {
+    let url = reqwest::Url::parse(base).map_err(|e| format!("not a URL: {e}"))?;
+    if url.scheme() != "http" {
+        return Err(format!("a standby reaches the leader over http only, not {}", url.scheme()));
+    }
+    let host = host_of(base).ok_or("not a URL with a host")?;
+    let addr = (
+        url.host_str().unwrap_or_default().trim_matches(|c| c == '[' || c == ']').to_string(),
+        url.port_or_known_default().unwrap_or(80),
+    );
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| "no connection within 3 s".to_string())?
+        .map_err(|e| format!("no connection: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake::<_, Body>(hyper_util::rt::TokioIo::new(stream))
             .await
-            .map_err(|e| format!("no answer: {e}"))?;
+            .map_err(|e| format!("no HTTP: {e}"))?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let nonce = identity::nonce(rand::random());
+    let asked = axum::http::Request::get(format!("/api/v1/identity?nonce={nonce}"))
+        .header(header::HOST, &host)
+        .body(Body::empty())
+        .map_err(|e| e.to_string())?;
+    let proof = async {
+        let resp = sender.send_request(asked).await.map_err(|e| format!("no answer: {e}"))?;
         if !resp.status().is_success() {
             return Err(format!("it answered {}", resp.status()));
         }
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.map_err(|e| e.to_string())? {
-            body.extend_from_slice(&chunk);
-            if body.len() > MAX_PROOF_BYTES {
-                return Err("its answer is not a proof (too long)".into());
-            }
-        }
-        let proof: IdentityProof =
-            serde_json::from_slice(&body).map_err(|e| format!("its answer is not a proof: {e}"))?;
-        identity::verify(&proof, &nonce, &host, Some(key)).map(|_| ()).map_err(|e| e.to_string())
-    }
+        let body = http_body_util::BodyExt::collect(http_body_util::Limited::new(resp.into_body(), MAX_PROOF_BYTES))
+            .await
+            .map_err(|e| format!("its answer is not a proof: {e}"))?
+            .to_bytes();
+        serde_json::from_slice::<IdentityProof>(&body).map_err(|e| format!("its answer is not a proof: {e}"))
+    };
+    let proof = tokio::time::timeout(PROOF_TIMEOUT, proof).await.map_err(|_| "no proof within 5 s".to_string())??;
+    identity::verify(&proof, &nonce, &host, Some(key)).map_err(|e| e.to_string())?;
+    Ok(sender)
 }
 
 fn is_upgrade(headers: &HeaderMap) -> bool {
@@ -251,6 +411,161 @@ mod tests {
         assert!(leader_urls(any, &[], None).is_empty());
         let v6: SocketAddr = "[::1]:9000".parse().unwrap();
         assert_eq!(leader_urls(v6, &["[fd00::1]:9001".into()], None), ["http://[::1]:9000", "http://[fd00::1]:9001"]);
+    }
+
+    use gpuci_core::coordinator_identity::SigningIdentity;
+    use gpuci_store::SqliteStore;
+    use tokio_util::sync::CancellationToken;
+
+    /// What a server behind the proxy saw: each request's path, `Authorization` and `Host`.
+    type Seen = Arc<Mutex<Vec<(String, Option<String>, Option<String>)>>>;
+
+    /// A server on `addr` that proves `identity` (if given) and answers every other request
+    /// 200, noting it. Stopped (its connections closed) when `stop` is cancelled.
+    async fn server(
+        addr: SocketAddr,
+        identity: Option<SigningIdentity>,
+        stop: CancellationToken,
+    ) -> (SocketAddr, Seen) {
+        let seen: Seen = Arc::default();
+        let noted = seen.clone();
+        let app = axum::Router::new()
+            .route(
+                "/api/v1/identity",
+                axum::routing::get(
+                    move |h: HeaderMap, q: axum::extract::Query<std::collections::HashMap<String, String>>| {
+                        let identity = identity.clone();
+                        async move {
+                            let host =
+                                h.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+                            match identity {
+                                Some(i) => axum::Json(i.prove(&q["nonce"], &host).unwrap()).into_response(),
+                                None => StatusCode::NOT_FOUND.into_response(),
+                            }
+                        }
+                    },
+                ),
+            )
+            .fallback(move |req: Request| {
+                let noted = noted.clone();
+                async move {
+                    let h =
+                        |n: header::HeaderName| req.headers().get(n).and_then(|v| v.to_str().ok()).map(String::from);
+                    noted.lock().unwrap().push((
+                        req.uri().path().to_string(),
+                        h(header::AUTHORIZATION),
+                        h(header::HOST),
+                    ));
+                    "served"
+                }
+            });
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await.unwrap();
+        });
+        (addr, seen)
+    }
+
+    fn data_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("gpuci-proxy-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// A standby of an installation whose key is `installation` (in its data dir), the
+    /// database's leader record naming `recorded_key` at `at`.
+    async fn standby(name: &str, installation: &SigningIdentity, recorded_key: &str, at: SocketAddr) -> Proxy {
+        let dir = data_dir(name);
+        std::fs::write(dir.join(crate::identity::SECRET_KEY_FILE), hex::encode(installation.secret())).unwrap();
+        let store = Arc::new(SqliteStore::in_memory().await.unwrap());
+        let record = LeaderRecord { urls: vec![format!("http://{at}")], key: recorded_key.to_string(), epoch: 1 };
+        store.put_coordinator_state(LEADER_STATE, &serde_json::to_string(&record).unwrap(), 0).await.unwrap();
+        Proxy::new(store, KeySource { secrets_key_file: dir.join("secrets.key"), data_dir: dir })
+    }
+
+    fn get(path: &str, host: &str) -> Request {
+        axum::http::Request::get(path)
+            .header(header::AUTHORIZATION, "Bearer gpuci_api_victim")
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap()
+    }
+
+    fn key() -> SigningIdentity {
+        SigningIdentity::from_secret(&rand::random())
+    }
+
+    #[tokio::test]
+    async fn a_leader_record_naming_another_key_is_sent_nothing() {
+        // Someone who can write the database (not a coordinator: no secrets key, no identity
+        // key) records a server of theirs, proving a key of theirs, as the leader.
+        let (installation, rogue) = (key(), key());
+        let stop = CancellationToken::new();
+        let (at, seen) = server("127.0.0.1:0".parse().unwrap(), Some(rogue.clone()), stop.clone()).await;
+        let proxy = standby("rogue", &installation, &rogue.public_key(), at).await;
+        let answer = proxy.forward(get("/api/v1/jobs", "standby:8072")).await;
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(seen.lock().unwrap().is_empty(), "the rogue server was sent {:?}", seen.lock().unwrap());
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_process_that_takes_the_dead_leaders_port_is_sent_nothing() {
+        let installation = key();
+        let stop = CancellationToken::new();
+        let (at, leader_saw) = server("127.0.0.1:0".parse().unwrap(), Some(installation.clone()), stop.clone()).await;
+        let proxy = standby("squat", &installation, &installation.public_key(), at).await;
+        let answer = proxy.forward(get("/api/v1/jobs", "ci.example.org:8072")).await;
+        assert_eq!(answer.status(), StatusCode::OK);
+        let _ = http_body_util::BodyExt::collect(answer.into_body()).await;
+        // The leader had the client's Host (a form's Origin is checked against it) and token.
+        assert_eq!(
+            leader_saw.lock().unwrap().clone(),
+            [("/api/v1/jobs".to_string(), Some("Bearer gpuci_api_victim".into()), Some("ci.example.org:8072".into()))]
+        );
+        // The leader dies; another process binds its port at once, proving nothing.
+        stop.cancel();
+        let squatter = loop {
+            match tokio::net::TcpListener::bind(at).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        drop(squatter);
+        let (_, squatter_saw) = server(at, None, CancellationToken::new()).await;
+        let answer = proxy.forward(get("/api/v1/jobs", "ci.example.org:8072")).await;
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(squatter_saw.lock().unwrap().is_empty(), "the squatter was sent {:?}", squatter_saw.lock().unwrap());
+    }
+
+    #[tokio::test]
+    async fn the_key_comes_from_the_databases_sealed_secret_when_the_data_dir_has_none() {
+        let installation = key();
+        let (secrets, bytes) = gpuci_store::SecretsKey::generate();
+        let dir = data_dir("sealed");
+        std::fs::write(dir.join("secrets.key"), bytes).unwrap();
+        let store = Arc::new(SqliteStore::in_memory().await.unwrap());
+        let stored = gpuci_store::StoredIdentity {
+            public_key: installation.public_key(),
+            sealed_secret: secrets.seal("gpuci:coordinator-identity", &hex::encode(installation.secret())),
+        };
+        store.coordinator_identity(&stored, 0).await.unwrap();
+        let got = crate::identity::installation_key(store.as_ref(), &dir.join("secrets.key"), &dir).await.unwrap();
+        assert_eq!(got, Some(installation.public_key()));
+        // A standby with another secrets key cannot tell the key: it passes nothing on.
+        let dir2 = data_dir("sealed-other");
+        std::fs::write(dir2.join("secrets.key"), gpuci_store::SecretsKey::generate().1).unwrap();
+        assert!(crate::identity::installation_key(store.as_ref(), &dir2.join("secrets.key"), &dir2).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_request_for_no_path_is_refused() {
+        let installation = key();
+        let proxy = standby("star", &installation, &installation.public_key(), "127.0.0.1:9".parse().unwrap()).await;
+        let req = axum::http::Request::builder().method("OPTIONS").uri("*").body(Body::empty()).unwrap();
+        assert_eq!(proxy.forward(req).await.status(), StatusCode::BAD_REQUEST);
     }
 
     #[test]

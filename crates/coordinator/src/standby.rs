@@ -4,8 +4,10 @@
 //! leader and from a dead host.
 //!
 //! With GitHub configured, it **accepts webhook deliveries**
-//! (`POST /api/v1/github/webhook`), checked as the leader checks them and queued in the
-//! database (`Store::queue_delivery`, recorded as a delivery in the same transaction), where
+//! (`POST /api/v1/github/webhook`), admitted and checked as the leader does it
+//! (`api::webhook_intake`, `api::webhook::verify`; a replayed body is refused as there) and
+//! queued in the database (`Store::queue_delivery_once`, recorded as a delivery, and its body's
+//! hash, in the same transaction), where
 //! the leader takes them (`github::service`) — GitHub does not send a failed delivery again by
 //! itself, so one sent to a standby, or during a failover, must not be refused. Its database
 //! connections are not fenced (it holds no claim), which the fence allows.
@@ -18,15 +20,16 @@
 //! server stops and the coordinator serves on the very same socket (connections that arrive
 //! in between wait in its backlog), so its address never stops accepting.
 
-use crate::api::webhook::{duplicate, reply, verify, Verified, WebhookReply, MAX_PAYLOAD_BYTES};
+use crate::api::webhook::{reply, seen_before, verify, Verified, WebhookReply};
+use crate::api::webhook_intake::{Intake, Refused};
 use crate::error::ApiError;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Json;
-use gpuci_store::Store;
+use gpuci_store::{NewDelivery, Store};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -71,10 +74,10 @@ pub fn listen(
         None => app.fallback(not_leading),
     };
     if let Some(w) = webhooks {
-        let limit = axum::extract::DefaultBodyLimit::max(MAX_PAYLOAD_BYTES);
+        // The body's limits are `Intake`'s (it reads the body itself).
         app = app.merge(
             axum::Router::new()
-                .route("/api/v1/github/webhook", axum::routing::post(queue_webhook).layer(limit))
+                .route("/api/v1/github/webhook", axum::routing::post(queue_webhook))
                 .with_state(Arc::new(w)),
         );
     }
@@ -111,24 +114,42 @@ async fn not_leading() -> axum::response::Response {
     .into_response()
 }
 
-/// What a standby needs to accept webhook deliveries: the database (unfenced) and the secret.
+/// What a standby needs to accept webhook deliveries: the database (unfenced), the secret and
+/// its own gate for bodies.
 pub struct Webhooks {
     pub store: Arc<dyn Store>,
     pub secret: gpuci_github::Secret,
+    pub intake: Intake,
 }
 
-/// A delivery to a standby: checked, then queued for the leader (202), or known already (200).
+/// A delivery to a standby: admitted, checked, then queued for the leader (202), or known
+/// already (200).
 async fn queue_webhook(
     State(w): State<Arc<Webhooks>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
+) -> Result<(StatusCode, Json<WebhookReply>), Refused> {
+    let admitted = w.intake.admit(&headers, body).await?;
+    Ok(queue_admitted(&w, &headers, &admitted.body).await?)
+}
+
+async fn queue_admitted(
+    w: &Webhooks,
+    headers: &HeaderMap,
+    body: &[u8],
 ) -> Result<(StatusCode, Json<WebhookReply>), ApiError> {
-    let (event_name, delivery) = match verify(w.secret.expose().as_bytes(), &headers, &body)? {
+    let (event_name, delivery, body_sha256) = match verify(w.secret.expose().as_bytes(), headers, body)? {
         Verified::Answered(answer) => return Ok(answer),
-        Verified::ToAct { event_name, delivery, .. } => (event_name, delivery),
+        Verified::ToAct { event_name, delivery, body_sha256, .. } => (event_name, delivery, body_sha256),
     };
-    if !w.store.queue_delivery(&delivery, &event_name, &body, crate::brain::now_ms()).await? {
-        return Ok(duplicate(&delivery, &event_name));
+    let record = NewDelivery {
+        delivery: &delivery,
+        event: &event_name,
+        body_sha256: Some(&body_sha256),
+        now_ms: crate::brain::now_ms(),
+    };
+    if let Some(answer) = seen_before(w.store.queue_delivery_once(&record, body).await?, &delivery, &event_name) {
+        return Ok(answer);
     }
     tracing::info!(%delivery, event = event_name, "webhook accepted by this standby; queued for the leader");
     Ok(reply(

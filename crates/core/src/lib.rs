@@ -12,7 +12,9 @@
 //! (`artifacts`: patterns, paths, caps, retention), and when cron schedules fire (`schedule`,
 //! with the server config's `[[schedule]]` in `schedule_config`), and which of several
 //! coordinators an agent or the CLI talks to (`coordinators`: the one whose `/readyz` says it
-//! leads).
+//! leads), and the scheduler's reaper, requeue and budget-hold decisions (`reap`: lost agents
+//! and queue timeouts; `requeue`: retries and jobs on machines taken back; `reconnect`: an
+//! agent's jobs when it connects; `budget_hold`).
 //!
 //! What must not live here: I/O of any kind (files, sockets, clocks, environment), an async
 //! runtime, logging side effects. Callers hand in the current time and the observed state;
@@ -20,6 +22,7 @@
 
 pub mod artifacts;
 pub mod audit;
+pub mod budget_hold;
 pub mod builds;
 pub mod cache;
 pub mod concurrency;
@@ -37,7 +40,10 @@ pub mod pipeline;
 pub mod placement;
 pub mod progress;
 pub mod quantity;
+pub mod reap;
+pub mod reconnect;
 pub mod repo;
+pub mod requeue;
 pub mod rerun;
 pub mod schedule;
 pub mod schedule_config;

@@ -29,4 +29,4 @@ pub use types::{
     CheckOutput, CheckRunUpdate, CheckStatus, CommitStatus, Conclusion, JitConfig, JitRunnerSpec, NewCheckRun,
     Permission, Repo, Runner, StatusState, WorkflowJob, WorkflowRun,
 };
-pub use webhook::{verify_signature, WebhookError, SIGNATURE_HEADER};
+pub use webhook::{signature_digest, verify_signature, WebhookError, SIGNATURE_HEADER};

@@ -34,6 +34,10 @@ pub(crate) mod sqlite {
     use super::*;
     use sqlx::SqlitePool;
 
+    pub async fn get(pool: &SqlitePool) -> Result<Option<StoredIdentity>> {
+        sqlx::query(SELECT).fetch_optional(pool).await?.map(|r| from_row(&r)).transpose()
+    }
+
     pub async fn get_or_put(pool: &SqlitePool, new: &StoredIdentity, now_ms: i64) -> Result<StoredIdentity> {
         sqlx::query(
             "INSERT INTO coordinator_identity (id, public_key, sealed_secret, created_at_ms) VALUES (1, ?, ?, ?) \
@@ -51,6 +55,10 @@ pub(crate) mod sqlite {
 pub(crate) mod postgres {
     use super::*;
     use sqlx::PgPool;
+
+    pub async fn get(pool: &PgPool) -> Result<Option<StoredIdentity>> {
+        sqlx::query(SELECT).fetch_optional(pool).await?.map(|r| from_row(&r)).transpose()
+    }
 
     pub async fn get_or_put(pool: &PgPool, new: &StoredIdentity, now_ms: i64) -> Result<StoredIdentity> {
         // Read first: a coordinator that finds the row (a restart, a standby taking over)

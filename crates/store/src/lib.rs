@@ -19,6 +19,7 @@ mod artifacts;
 pub mod compat;
 mod coordinator_identity;
 mod coordinator_state;
+mod github_replay;
 mod job_tokens;
 mod postgres;
 mod records;
@@ -28,8 +29,9 @@ mod sqlite;
 
 pub use artifacts::{ArtifactRecord, TestReportRecord};
 pub use coordinator_identity::StoredIdentity;
+pub use github_replay::{DeliverySeen, NewDelivery, Pruned};
 pub use job_tokens::JobTokenRecord;
-pub use postgres::{redact_url, Claim, PostgresStore, SoleUseHeld, IDLE_IN_TRANSACTION};
+pub use postgres::{redact_url, Claim, DbTls, DbTlsVerdict, PostgresStore, SoleUseHeld, IDLE_IN_TRANSACTION};
 pub use records::*;
 pub use sealing::{seal_plaintext_secrets, sealed_with, SealError, SecretsAtRest, SecretsKey, KEY_LEN};
 pub use sqlite::SqliteStore;
@@ -309,6 +311,9 @@ pub trait Store: Send + Sync + 'static {
     /// [`LOG_LINE_COST`](gpuci_protocol::agent::LOG_LINE_COST) per line) and its highest line
     /// number (0: none).
     async fn log_extent(&self, job: JobId) -> Result<(u64, i64)>;
+    /// The highest line number of each job's stored log (jobs with none are left out): where
+    /// a placed job's next run numbers its lines from, read for a whole placement pass at once.
+    async fn last_log_lines(&self, jobs: &[JobId]) -> Result<std::collections::HashMap<JobId, i64>>;
 
     async fn insert_agent(&self, agent: &AgentRecord) -> Result<()>;
     async fn get_agent(&self, id: &str) -> Result<Option<AgentRecord>>;
@@ -367,6 +372,19 @@ pub trait Store: Send + Sync + 'static {
     async fn queue_delivery(&self, delivery: &str, event: &str, body: &[u8], now_ms: i64) -> Result<bool>;
     /// Take (delete and answer) up to `limit` queued deliveries, oldest first.
     async fn take_queued_deliveries(&self, limit: u32) -> Result<Vec<QueuedDelivery>>;
+    /// Remember a webhook delivery and, with `body_sha256`, its body (`github_replay.rs`): a
+    /// new delivery id with a body recorded before is a replay, and nothing is recorded.
+    async fn record_delivery_once(&self, d: &NewDelivery<'_>) -> Result<DeliverySeen>;
+    /// As [`Store::record_delivery_once`], and keep `body` for the leader (as
+    /// [`Store::queue_delivery`]) in the same transaction when it is new.
+    async fn queue_delivery_once(&self, d: &NewDelivery<'_>, body: &[u8]) -> Result<DeliverySeen>;
+    /// Forget deliveries, recorded bodies and workflow job tombstones older than `before_ms`.
+    async fn prune_github_records(&self, before_ms: i64) -> Result<Pruned>;
+    /// Remember that GitHub said workflow job `job_id` was `action` (`in_progress`,
+    /// `completed`) before gpuci knew it; the first word is kept.
+    async fn put_github_tombstone(&self, job_id: i64, action: &str, now_ms: i64) -> Result<()>;
+    /// What GitHub said of workflow job `job_id` before gpuci knew it, if anything.
+    async fn github_tombstone(&self, job_id: i64) -> Result<Option<String>>;
     /// Insert a workflow job record unless one with its id exists; false when it did.
     async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool>;
     async fn put_github_job(&self, job: &GithubJobRecord) -> Result<()>;
@@ -450,6 +468,8 @@ pub trait Store: Send + Sync + 'static {
     /// The stored identity; when there is none yet, `new` is stored first (the first
     /// coordinator of a database makes it; a concurrent one reads the winner's).
     async fn coordinator_identity(&self, new: &StoredIdentity, now_ms: i64) -> Result<StoredIdentity>;
+    /// The stored identity, if a coordinator has made it; never writes (a standby's read).
+    async fn stored_identity(&self) -> Result<Option<StoredIdentity>>;
 
     // What the coordinator's loops keep across restarts and takeovers.
     /// The document kept under `name`, if any.

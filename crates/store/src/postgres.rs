@@ -28,8 +28,10 @@ mod logs;
 mod machines;
 mod schedules;
 mod secrets;
+mod tls;
 use assign::{assign_in, assign_set_based, update_job_in};
 use audit::insert_audit;
+pub use tls::{DbTls, DbTlsVerdict};
 
 crate::rows::row_mappers!(PgRow);
 
@@ -41,12 +43,16 @@ pub struct PostgresStore {
     pool: PgPool,
     /// How the pool connects: [`fence`](Self::fence) opens a new pool with the same options.
     options: PgConnectOptions,
+    /// How the first connection was protected, for the coordinator's start-up line.
+    tls: DbTls,
 }
 
 impl PostgresStore {
     /// Connect to `url` (`postgres://user:password@host:port/database`) and run pending
     /// migrations. Migrations take Postgres's advisory lock, so coordinators starting together
-    /// apply them once.
+    /// apply them once. The URL's `sslmode`, `sslrootcert`, `sslcert` and `sslkey` work as in
+    /// libpq (TLS by rustls with ring; `sslrootcert` is trusted in addition to the system's
+    /// roots); [`tls`](Self::tls) says what the connection got.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, false, i64::MAX).await
     }
@@ -68,6 +74,7 @@ impl PostgresStore {
         let options =
             PgConnectOptions::from_str(url)?.application_name("gpuci").options([("synchronous_commit", "on")]);
         let pool = Self::pool(options.clone()).await?;
+        let tls = DbTls::new(&options, Self::session_tls(&pool).await);
         if existing {
             let tables: Vec<String> = sqlx::query_scalar(
                 "SELECT table_name::text FROM information_schema.tables \
@@ -110,7 +117,26 @@ impl PostgresStore {
         drop(lock);
         checked?;
         m.run(&pool).await?;
-        Ok(Self { pool, options })
+        Ok(Self { pool, options, tls })
+    }
+
+    /// The TLS version of a session of `pool`, as the server reports it; `None` for plain
+    /// text, and when the view cannot be read (it can for one's own session since 9.5).
+    async fn session_tls(pool: &PgPool) -> Option<String> {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT CASE WHEN ssl THEN version END FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+        )
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten()
+        .flatten()
+    }
+
+    /// Whether the connection is encrypted and the server verified, as found when the store
+    /// was opened (every connection uses the same options).
+    pub fn tls(&self) -> &DbTls {
+        &self.tls
     }
 
     async fn pool(options: PgConnectOptions) -> Result<PgPool> {
@@ -139,8 +165,9 @@ impl PostgresStore {
             ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION.as_millis().to_string()),
         ]);
         let pool = Self::pool(options.clone()).await?;
+        let tls = DbTls::new(&options, Self::session_tls(&pool).await);
         self.pool.close().await;
-        Ok(Self { pool, options })
+        Ok(Self { pool, options, tls })
     }
 
     /// Claim this database for one coordinator, as `holder` (its host and data dir) in
@@ -270,15 +297,32 @@ pub struct SoleUseHeld {
     pub renewed_secs_ago: f64,
 }
 
-/// `url` with its password replaced by `***`, for logs and error messages.
+/// `url` with its password replaced by `***`, for logs and error messages: the one in the
+/// user info and a `password=` query parameter (libpq and sqlx take both).
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://").map(|i| i + 3) else { return url.to_string() };
     let rest = &url[scheme_end..];
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else { return url.to_string() };
-    let Some(colon) = authority[..at].find(':') else { return url.to_string() };
-    format!("{}{}:***{}", &url[..scheme_end], &authority[..colon], &rest[at..])
+    let authority = match authority.rfind('@').and_then(|at| Some((at, authority[..at].find(':')?))) {
+        Some((at, colon)) => format!("{}:***{}", &authority[..colon], &authority[at..]),
+        None => authority.to_string(),
+    };
+    let tail = &rest[authority_end..];
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => p.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", params.join("&"))
+        }
+        None => tail.to_string(),
+    };
+    format!("{}{authority}{tail}", &url[..scheme_end])
 }
 
 async fn insert_job_in(conn: &mut sqlx::PgConnection, pipeline_id: PipelineId, j: &NewJob) -> Result<JobId> {
@@ -618,6 +662,10 @@ impl Store for PostgresStore {
         PostgresStore::log_extent(self, job).await
     }
 
+    async fn last_log_lines(&self, jobs: &[JobId]) -> Result<std::collections::HashMap<JobId, i64>> {
+        PostgresStore::last_log_lines(self, jobs).await
+    }
+
     async fn insert_agent(&self, a: &AgentRecord) -> Result<()> {
         sqlx::query(
             "INSERT INTO agents (id, name, credential_hash, registered_at_ms, last_seen_ms, state, reason, hello_json) \
@@ -767,6 +815,26 @@ impl Store for PostgresStore {
         PostgresStore::take_queued_deliveries(self, limit).await
     }
 
+    async fn record_delivery_once(&self, d: &NewDelivery<'_>) -> Result<DeliverySeen> {
+        crate::github_replay::postgres::record(&self.pool, d).await
+    }
+
+    async fn queue_delivery_once(&self, d: &NewDelivery<'_>, body: &[u8]) -> Result<DeliverySeen> {
+        crate::github_replay::postgres::queue(&self.pool, d, body).await
+    }
+
+    async fn prune_github_records(&self, before_ms: i64) -> Result<Pruned> {
+        crate::github_replay::postgres::prune(&self.pool, before_ms).await
+    }
+
+    async fn put_github_tombstone(&self, job_id: i64, action: &str, now_ms: i64) -> Result<()> {
+        crate::github_replay::postgres::put_tombstone(&self.pool, job_id, action, now_ms).await
+    }
+
+    async fn github_tombstone(&self, job_id: i64) -> Result<Option<String>> {
+        crate::github_replay::postgres::tombstone(&self.pool, job_id).await
+    }
+
     async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool> {
         PostgresStore::insert_github_job(self, job).await
     }
@@ -907,6 +975,10 @@ impl Store for PostgresStore {
         crate::coordinator_identity::postgres::get_or_put(&self.pool, new, now_ms).await
     }
 
+    async fn stored_identity(&self) -> Result<Option<crate::StoredIdentity>> {
+        crate::coordinator_identity::postgres::get(&self.pool).await
+    }
+
     async fn coordinator_state(&self, name: &str) -> Result<Option<String>> {
         crate::coordinator_state::postgres::get(&self.pool, name).await
     }
@@ -961,5 +1033,10 @@ mod tests {
         assert_eq!(redact_url("postgres://gpuci@db/gpuci"), "postgres://gpuci@db/gpuci");
         assert_eq!(redact_url("postgres://db/gpuci?user=a"), "postgres://db/gpuci?user=a");
         assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(
+            redact_url("postgres://db/gpuci?sslmode=verify-full&password=s3cr3t&sslrootcert=/ca.pem"),
+            "postgres://db/gpuci?sslmode=verify-full&password=***&sslrootcert=/ca.pem"
+        );
+        assert_eq!(redact_url("postgres://u:pw@db?password=pw2"), "postgres://u:***@db?password=***");
     }
 }

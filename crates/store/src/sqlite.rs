@@ -537,6 +537,10 @@ impl Store for SqliteStore {
         SqliteStore::log_extent(self, job).await
     }
 
+    async fn last_log_lines(&self, jobs: &[JobId]) -> Result<std::collections::HashMap<JobId, i64>> {
+        SqliteStore::last_log_lines(self, jobs).await
+    }
+
     async fn insert_agent(&self, a: &AgentRecord) -> Result<()> {
         sqlx::query(
             "INSERT INTO agents (id, name, credential_hash, registered_at_ms, last_seen_ms, state, reason, hello_json) \
@@ -643,6 +647,26 @@ impl Store for SqliteStore {
 
     async fn take_queued_deliveries(&self, limit: u32) -> Result<Vec<QueuedDelivery>> {
         SqliteStore::take_queued_deliveries(self, limit).await
+    }
+
+    async fn record_delivery_once(&self, d: &NewDelivery<'_>) -> Result<DeliverySeen> {
+        crate::github_replay::sqlite::record(&self.pool, d).await
+    }
+
+    async fn queue_delivery_once(&self, d: &NewDelivery<'_>, body: &[u8]) -> Result<DeliverySeen> {
+        crate::github_replay::sqlite::queue(&self.pool, d, body).await
+    }
+
+    async fn prune_github_records(&self, before_ms: i64) -> Result<Pruned> {
+        crate::github_replay::sqlite::prune(&self.pool, before_ms).await
+    }
+
+    async fn put_github_tombstone(&self, job_id: i64, action: &str, now_ms: i64) -> Result<()> {
+        crate::github_replay::sqlite::put_tombstone(&self.pool, job_id, action, now_ms).await
+    }
+
+    async fn github_tombstone(&self, job_id: i64) -> Result<Option<String>> {
+        crate::github_replay::sqlite::tombstone(&self.read, job_id).await
     }
 
     async fn insert_github_job(&self, job: &GithubJobRecord) -> Result<bool> {
@@ -783,6 +807,10 @@ impl Store for SqliteStore {
 
     async fn coordinator_identity(&self, new: &crate::StoredIdentity, now_ms: i64) -> Result<crate::StoredIdentity> {
         crate::coordinator_identity::sqlite::get_or_put(&self.pool, new, now_ms).await
+    }
+
+    async fn stored_identity(&self) -> Result<Option<crate::StoredIdentity>> {
+        crate::coordinator_identity::sqlite::get(&self.pool).await
     }
 
     async fn coordinator_state(&self, name: &str) -> Result<Option<String>> {

@@ -18,6 +18,7 @@ mod pipelines;
 mod runners;
 mod secrets;
 mod standby;
+mod webhooks;
 
 use common::*;
 use gpuci_core::job::JobState;

@@ -128,3 +128,95 @@ fn a_standby_accepts_webhooks_for_the_leader_and_keeps_one_sent_during_a_failove
     assert_eq!(all.iter().filter(|j| j.step_key == "from-push").count(), 1, "the push's pipeline, once: {all:#?}");
     assert_eq!(all.len(), 3, "one runner job per workflow job and the push's job: {all:#?}");
 }
+
+/// The webhook defences hold on a standby too (docs/github.md, "Webhook limits and replays"):
+/// an unsigned body is refused before it is read; a signed body the leader acted on, sent to
+/// the standby under a fresh delivery id, is not queued (and one the standby queued is not
+/// acted on again through the leader); and a `workflow_job` the leader heard had completed
+/// gets no runner when its `queued` delivery, queued by the standby, is taken after.
+#[test]
+fn a_standby_refuses_unread_bodies_and_replays_and_its_late_queued_delivery_gets_no_runner() {
+    use super::webhooks::{push_body, response_head, start_post_to, workflow_job};
+    let Some(pg) = pg::PgServer::start() else { return };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let url = rt.block_on(pg.create_database("gpuci_gh_standby_attacks"));
+    let gh = rt.block_on(TestGitHub::start(Options {
+        webhook_secret: SECRET.into(),
+        app_id: APP_ID,
+        app_public_key_pem: Some(std::fs::read_to_string(fixture("test-app-key.pub.pem")).unwrap()),
+        ..Options::default()
+    }));
+    gh.add_repo(REPO, 31);
+    let (first, second) = ("7777777777777777777777777777777777777777", "8888888888888888888888888888888888888888");
+    gh.set_tree(REPO, first, &[(".gpuci.yml", "steps:\n  - key: first\n    command: \"true\"\n")]);
+    gh.set_tree(REPO, second, &[(".gpuci.yml", "steps:\n  - key: second\n    command: \"true\"\n")]);
+    let dir = tempdir();
+    let config = write_config(dir.path(), &gh, "forks = \"allow\"", "1h", None, &dir.path().join("actions-runner"));
+    let args: Vec<String> =
+        ["--database", &url, "--heartbeat", "200ms", "--lost-after", "30s", "--config", &config.display().to_string()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    let mut leader = Server::start_on(&dir.path().join("a"), "127.0.0.1:0", args.clone());
+    let standby_address = free_address();
+    let standby_data = standby_dir(&leader.data_dir, dir.path().join("b"));
+    let standby = {
+        let (address, mut args) = (standby_address.clone(), args.clone());
+        args.push("--standby".into());
+        std::thread::spawn(move || Server::start_on(&standby_data, &address, args))
+    };
+    wait_listening(&standby_address);
+    let to_leader = format!("{}/api/v1/github/webhook", leader.url);
+    let to_standby = format!("http://{standby_address}/api/v1/github/webhook");
+
+    let headers = [("X-GitHub-Event", "push"), ("X-GitHub-Delivery", "s-big")];
+    let mut s = start_post_to(&standby_address, &headers, 20 << 20, &[b' '; 64 << 10]);
+    let head = response_head(&mut s);
+    assert!(head.starts_with("HTTP/1.1 401"), "an unsigned 20 MB body, answered before it was sent: {head:?}");
+
+    let send = |body: &[u8], delivery: &str| {
+        let signature = gpuci_github_testserver::sign_webhook(SECRET, body);
+        rt.block_on(gh.send_raw("push", body, Some(&signature), delivery))
+    };
+    let (one, two) = (push_body(first), push_body(second));
+    gh.set_webhook_url(&to_leader);
+    assert_eq!(send(&one, "s-1").0, 202, "the leader acts on the first push");
+    gh.set_webhook_url(&to_standby);
+    let (code, text) = send(&one, "s-2");
+    assert_eq!(code, 200, "its body replayed to the standby: {text}");
+    assert_eq!(send(&two, "s-3").0, 202, "the standby queues the second push");
+    gh.set_webhook_url(&to_leader);
+    let (code, text) = send(&two, "s-4");
+    assert_eq!(code, 200, "its body replayed to the leader: {text}");
+
+    // The leader hears a job completed; the standby then queues its (late) `queued` delivery,
+    // and a live job after it: taken in order, so once the live job has a record the late
+    // one was seen.
+    let late = 900301;
+    let (code, text) = rt.block_on(gh.send_event("workflow_job", workflow_job("completed", late)));
+    assert_eq!(code, 202, "{text}");
+    gh.set_webhook_url(&to_standby);
+    let (code, text) = rt.block_on(gh.send_event("workflow_job", workflow_job("queued", late)));
+    assert_eq!(code, 202, "queued by the standby: {text}");
+    let live = rt.block_on(gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "true", true));
+    assert_eq!(live.status, 202);
+    let api = leader.api();
+    let records = wait_github_jobs(&api, &[live.job_id], "the leader takes the standby's deliveries");
+    assert!(!records.iter().any(|r| r["id"] == json!(late)), "no record for the ended job: {records:#?}");
+
+    let deadline = std::time::Instant::now() + T;
+    let jobs = loop {
+        let jobs: Vec<gpuci_protocol::api::JobSummary> = api.get("/api/v1/jobs");
+        if jobs.iter().any(|j| j.step_key == "second") || std::time::Instant::now() > deadline {
+            break jobs;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for key in ["first", "second"] {
+        assert_eq!(jobs.iter().filter(|j| j.step_key == key).count(), 1, "push {key}'s pipeline once: {jobs:#?}");
+    }
+    assert_eq!(jobs.len(), 3, "the two pushes' jobs and the live workflow job's runner: {jobs:#?}");
+    // The standby is only a `Server` (stopped when dropped) once it leads.
+    leader.kill9();
+    drop(standby.join().expect("the standby took over"));
+}

@@ -1,63 +1,20 @@
 //! Agents and their links: settling an agent's jobs when it connects ([`reconcile`]),
 //! GPU health and release, disconnects, the reaper that declares silent agents lost (allowing
 //! for the coordinator's own stalls, [`heard_after_stall`]), and machines being taken back.
+//!
+//! Every decision here is a pure function of gpuci-core over plain data gathered from the
+//! brain's state: `reconnect::reconcile` on connect, `reap::decide` at each tick,
+//! `requeue::on_interrupted` for a machine taken back. The methods below gather that data,
+//! call the function and apply its answer (store first, then memory, then the agents); they
+//! decide nothing themselves.
 
 use super::*;
 
-/// What to do with an agent's jobs when it connects: [`reconcile`]'s answer.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Reconciled {
-    /// Ours and held by the agent: its events (start, output, result) will follow.
-    pub keep: Vec<JobId>,
-    /// Held by the agent but not (or no longer) ours: it is told why and stops them.
-    pub forget: Vec<JobId>,
-    /// Assigned to it, never received: back to the queue.
-    pub requeue: Vec<JobId>,
-    /// Running on it by our record (or assigned, when its journal is incomplete), unknown to
-    /// it: ended `lost`.
-    pub lost: Vec<JobId>,
-}
-
-/// Settle an agent's jobs on connect. `ours`: the active jobs assigned to it, with their
-/// state; `holds`: the jobs it holds (its journal: received and not yet acknowledged as
-/// finished). The agent journals an assignment before starting it, so a job it does not hold
-/// never started there and may be handed out again; one we had recorded as running, it must
-/// have lost (its data dir was replaced). When the agent says its journal may lack records
-/// (`journal_incomplete`), a job it does not hold may have started there all the same: lost
-/// too, never handed out again as if it had not run.
-pub fn reconcile(ours: &[(JobId, JobState)], holds: &[JobId], journal_incomplete: bool) -> Reconciled {
-    let held: BTreeSet<JobId> = holds.iter().copied().collect();
-    let mine: BTreeSet<JobId> = ours.iter().map(|(id, _)| *id).collect();
-    let mut r = Reconciled { forget: held.difference(&mine).copied().collect(), ..Default::default() };
-    for (id, state) in ours {
-        match (held.contains(id), state) {
-            (true, _) => r.keep.push(*id),
-            (false, JobState::Assigned) if !journal_incomplete => r.requeue.push(*id),
-            (false, _) => r.lost.push(*id),
-        }
-    }
-    r
-}
-
-/// When an agent counts as last heard after the coordinator did not run for `stall` (SIGSTOP,
-/// a paused VM, a blocked disk): moved forward by the time it was not running, less the one
-/// tick it would have waited anyway, never past `now`. A coordinator that did not run heard
-/// nobody, however faithfully its agents sent heartbeats; counting that time declared every
-/// healthy agent lost the moment it ran again (outsider attack: a 15 s stall with
-/// `lost_after` 10 s ended every running job `lost`). Moving, not resetting: silence adds up
-/// across stalls, so a coordinator that stalls again and again still finds a dead agent lost
-/// after `lost_after` of its own running time (resetting gave it a fresh `lost_after` at
-/// every stall, and its jobs stayed `running` for ever).
-pub fn heard_after_stall(last_seen: Instant, stall: Duration, tick: Duration, now: Instant) -> Instant {
-    last_seen.checked_add(stall.saturating_sub(tick)).map_or(now, |t| t.min(now))
-}
-
-/// Whether the reaper's timer came this late: the coordinator was not running in between.
-/// A tick that is late by less than a second (a slow store write, a loaded host) is not a
-/// stall; heartbeats keep coming through those.
-pub fn stalled(previous_tick: Instant, now: Instant, tick: Duration) -> bool {
-    now.saturating_duration_since(previous_tick) > 2 * tick + Duration::from_secs(1)
-}
+// The decisions are gpuci-core's (`reconnect`, `reap`, `requeue`); re-exported where callers
+// found them before.
+pub use gpuci_core::reap::{heard_after_stall, stalled};
+pub use gpuci_core::reconnect::{reconcile, Reconciled};
+use gpuci_core::{reap, requeue};
 
 impl Brain {
     pub(super) async fn agent_connected(
@@ -136,7 +93,7 @@ impl Brain {
                     &[JobState::Assigned],
                     JobChange {
                         state: Some(JobState::Queued),
-                        reason: Some(format!("requeued: agent {} reconnected without having received it", hello.name)),
+                        reason: Some(gpuci_core::reconnect::requeue_reason(&hello.name)),
                         clear_assignment: true,
                         ..Default::default()
                     },
@@ -146,18 +103,7 @@ impl Brain {
         }
         for id in plan.lost {
             let Some(j) = self.active.get(&id).cloned() else { continue };
-            let why = match &hello.journal_incomplete {
-                Some(gap) => format!(
-                    "agent {} came back saying {gap}; it may have received and started this job, so it is not \
-                     handed out again as never received; the job's outcome and any output not yet received are unknown",
-                    hello.name
-                ),
-                None => format!(
-                    "agent {} came back without any record of this job (its data dir was lost or replaced); \
-                     the job's outcome and any output not yet received are unknown",
-                    hello.name
-                ),
-            };
+            let why = gpuci_core::reconnect::lost_reason(&hello.name, hello.journal_incomplete.as_deref());
             self.note_in_log(&j, format!("output may be missing from here on: {why}")).await;
             self.finish(&j, JobState::Lost, why, None, None, Vec::new()).await?;
         }
@@ -291,7 +237,9 @@ impl Brain {
         true
     }
 
-    /// Timer work: queue timeouts, silent agents, lost agents.
+    /// Timer work: queue timeouts, silent agents, lost agents. Decided by
+    /// [`reap::decide`] over the agents' silences and the active jobs; applied here in its
+    /// order.
     pub(super) async fn reap(&mut self) {
         let now = Instant::now();
         let now_wall = now_ms();
@@ -317,61 +265,70 @@ impl Brain {
             // Still no writes: nobody's silence counts (queue timeouts wait too: they are writes).
             return;
         }
-        // Silent but connected → drop the connection; away too long → lost.
-        let ids: Vec<String> = self.agents.keys().cloned().collect();
-        let mut lost_any = false;
-        for id in ids {
-            let (link, age) = {
-                let a = &self.agents[&id];
-                (a.link, now.saturating_duration_since(a.last_seen))
-            };
-            if link == Link::Connected && age > self.timing.lost_after {
-                // Silent for `lost_after`: that is lost, now, not after another `lost_after`.
-                self.agent_disconnected(&id, "missed heartbeats", true).await;
-            }
-            let a = &self.agents[&id];
-            if a.link == Link::Disconnected && now.saturating_duration_since(a.last_seen) > self.timing.lost_after {
-                self.agent_lost(&id).await;
-                lost_any = true;
-            } else if a.link == Link::Lost && self.active.values().any(|j| j.agent_id.as_deref() == Some(id.as_str())) {
-                let (name, secs) = (a.name.clone(), (now_wall - a.last_seen_ms).max(0) / 1000);
-                self.end_jobs_of_lost(&id, &name, secs).await;
-                lost_any = true;
-            }
+        let plan = {
+            let agents: Vec<reap::AgentSeen<'_>> = self
+                .agents
+                .values()
+                .map(|a| reap::AgentSeen {
+                    id: &a.id,
+                    name: &a.name,
+                    link: link_seen(a.link),
+                    silent_for: now.saturating_duration_since(a.last_seen),
+                    last_seen_ms: a.last_seen_ms,
+                })
+                .collect();
+            let jobs: Vec<reap::ActiveJob<'_>> = self
+                .active
+                .values()
+                .map(|j| reap::ActiveJob {
+                    id: j.id,
+                    state: j.state,
+                    agent: j.agent_id.as_deref(),
+                    ready_since_ms: self.ready_since.get(&j.id).copied(),
+                    queue_timeout: j.step.effective_queue_timeout(),
+                    reason: &j.reason,
+                    cancelling: self.cancelling.get(&j.id).map(String::as_str),
+                    noted_lost: self.noted_lost.contains(&j.id),
+                })
+                .collect();
+            reap::decide(&agents, &jobs, now_wall, self.timing.lost_after)
+        };
+        for lost in &plan.lost {
+            self.apply_lost(lost).await;
         }
-        // Queue timeouts.
-        let expired: Vec<JobRecord> = self
-            .active
-            .values()
-            .filter(|j| j.state == JobState::Queued)
-            .filter(|j| {
-                self.ready_since
-                    .get(&j.id)
-                    .is_some_and(|t| now_wall - t > j.step.effective_queue_timeout().as_millis() as i64)
-            })
-            .cloned()
-            .collect();
-        for j in &expired {
-            let why = format!("still queued after queue_timeout {}: {}", j.step.effective_queue_timeout(), j.reason);
-            if let Err(e) = self.finish(j, JobState::TimedOut, why, None, None, Vec::new()).await {
+        for t in &plan.timed_out {
+            // Still queued: nothing above ends a queued job, but the answer is applied to what is.
+            let Some(j) = self.active.get(&t.job).filter(|j| j.state == JobState::Queued).cloned() else { continue };
+            if let Err(e) = self.finish(&j, JobState::TimedOut, t.reason.clone(), None, None, Vec::new()).await {
                 tracing::error!(job = j.id, error = %e, "could not time out job");
             }
         }
-        if lost_any || !expired.is_empty() {
+        if plan.schedules() {
             self.schedule().await;
         }
     }
 
-    async fn agent_lost(&mut self, agent_id: &str) {
-        let (name, secs) = {
-            let a = &self.agents[agent_id];
-            (a.name.clone(), (now_ms() - a.last_seen_ms).max(0) / 1000)
-        };
-        let update = AgentUpdate {
-            state: Some("lost".into()),
-            reason: Some(format!("no heartbeat for {secs}s")),
-            ..Default::default()
-        };
+    /// One lost agent of [`reap::decide`]'s answer: its connection dropped, it declared lost
+    /// (stored first: while the store takes no writes, nothing else of it is done), its jobs
+    /// ended.
+    async fn apply_lost(&mut self, lost: &reap::LostAgent) {
+        let id = lost.agent.as_str();
+        if lost.drop_connection {
+            // Silent for `lost_after`: that is lost, now, not after another `lost_after`.
+            self.agent_disconnected(id, reap::MISSED_HEARTBEATS, true).await;
+        }
+        if let Some(declared) = &lost.declare {
+            if !self.declare_lost(id, declared).await {
+                return;
+            }
+        }
+        self.end_jobs_of_lost(&lost.jobs).await;
+    }
+
+    /// Store that the agent is lost, then hold it so; false when the store took no write.
+    async fn declare_lost(&mut self, agent_id: &str, declared: &reap::Declared) -> bool {
+        let update =
+            AgentUpdate { state: Some("lost".into()), reason: Some(declared.stored.clone()), ..Default::default() };
         if let Err(e) = self.store.update_agent(agent_id, update).await {
             // The store takes no writes, so the coordinator cannot hear its agents either:
             // their events cannot be stored and their connections are closed to have them sent
@@ -380,36 +337,31 @@ impl Brain {
                 tracing::warn!(error = %e, "the store takes no writes: no agent is declared lost until it does, and then each gets lost_after to be heard");
             }
             self.store_deaf = true;
-            return;
+            return false;
         }
         self.unsaved_links.remove(agent_id);
         if let Some(a) = self.agents.get_mut(agent_id) {
             a.link = Link::Lost;
-            a.reason = format!("lost: no heartbeat for {secs}s");
+            a.reason = declared.shown.clone();
+            tracing::warn!(agent = agent_id, name = %a.name, "agent lost");
         }
-        tracing::warn!(agent = agent_id, name = %name, "agent lost");
-        self.end_jobs_of_lost(agent_id, &name, secs).await;
+        true
     }
 
-    /// End the jobs of a lost agent. Called when it is declared lost and, for any it still
-    /// has (the store could not take the end then: a full disk, the database away), again on
-    /// every reap until they are ended: a job of a dead agent never stays `running`
-    /// (outsider attack: one failed write left it so until the coordinator restarted).
-    async fn end_jobs_of_lost(&mut self, agent_id: &str, name: &str, secs: i64) {
-        let jobs: Vec<JobRecord> =
-            self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).cloned().collect();
-        for j in jobs {
-            let why = match self.cancelling.get(&j.id) {
-                Some(r) => r.clone(),
-                None => format!(
-                    "agent {name} stopped sending heartbeats (last seen {secs}s ago); the job's outcome is unknown"
-                ),
-            };
-            let state = if self.cancelling.contains_key(&j.id) { JobState::Cancelled } else { JobState::Lost };
-            if state == JobState::Lost && self.noted_lost.insert(j.id) {
-                self.note_in_log(&j, format!("output may be missing from here on: {why}")).await;
+    /// End the jobs of a lost agent as [`reap::decide`] says. Done when it is declared lost
+    /// and, for any it still has (the store could not take the end then: a full disk, the
+    /// database away), again on every reap until they are ended: a job of a dead agent never
+    /// stays `running` (outsider attack: one failed write left it so until the coordinator
+    /// restarted).
+    async fn end_jobs_of_lost(&mut self, ends: &[reap::LostJob]) {
+        for end in ends {
+            let Some(j) = self.active.get(&end.job).cloned() else { continue };
+            if let Some(note) = &end.log_note {
+                if self.noted_lost.insert(j.id) {
+                    self.note_in_log(&j, note.clone()).await;
+                }
             }
-            match self.finish(&j, state, why, None, None, Vec::new()).await {
+            match self.finish(&j, end.state, end.reason.clone(), None, None, Vec::new()).await {
                 Ok(_) => {
                     self.noted_lost.remove(&j.id);
                 }
@@ -423,8 +375,9 @@ impl Brain {
 
     /// The agent's machine is being taken back: it takes no new job, and each job it runs is
     /// ended `lost` and queued again as its next attempt in the same commit, whatever the
-    /// step's retry policy (the job did nothing wrong). Once: a notice repeated after a
-    /// reconnect finds those jobs ended already. The agent is told to stop the old runs.
+    /// step's retry policy (the job did nothing wrong), until [`requeue::on_interrupted`]
+    /// says it was taken back too often. Once: a notice repeated after a reconnect finds those
+    /// jobs ended already. The agent is told to stop the old runs.
     pub(super) async fn agent_interrupted(&mut self, agent_id: &str, reason: String) {
         let Some(a) = self.agents.get_mut(agent_id) else { return };
         let first = a.interrupted.is_none();
@@ -433,51 +386,60 @@ impl Brain {
         if first {
             tracing::warn!(agent = %name, %reason, "the agent's machine is being taken back");
         }
-        let jobs: Vec<JobRecord> = self
+        let jobs: BTreeMap<JobId, JobRecord> = self
             .active
             .values()
             .filter(|j| j.agent_id.as_deref() == Some(agent_id))
-            .filter(|j| matches!(j.state, JobState::Assigned | JobState::Running))
-            .cloned()
+            .map(|j| (j.id, j.clone()))
             .collect();
-        for job in jobs {
-            let now = now_ms();
-            let why = format!("lost: machine {name} is being taken back ({reason})");
-            // A job taken back again and again (a spot market in a storm, a notice that comes
-            // and goes) stops being queued again at some point, saying so.
-            if job.attempt >= MAX_INTERRUPTED_ATTEMPTS {
-                let why = format!("{why}; not queued again: this was attempt {}", job.attempt);
-                if let Err(e) = self.finish(&job, JobState::Lost, why.clone(), None, None, Vec::new()).await {
-                    tracing::error!(job = job.id, error = %e, "could not end a job of an interrupted machine");
+        let on: Vec<requeue::OnMachine> =
+            jobs.values().map(|j| requeue::OnMachine { id: j.id, state: j.state, attempt: j.attempt }).collect();
+        for (id, what) in requeue::on_interrupted(&name, &reason, &on) {
+            let Some(job) = jobs.get(&id) else { continue };
+            match what {
+                requeue::Interruption::EndLost { reason: why } => {
+                    if let Err(e) = self.finish(job, JobState::Lost, why.clone(), None, None, Vec::new()).await {
+                        tracing::error!(job = job.id, error = %e, "could not end a job of an interrupted machine");
+                    }
+                    self.send(agent_id, CoordinatorMessage::Cancel { job_id: job.id, reason: why });
                 }
-                self.send(agent_id, CoordinatorMessage::Cancel { job_id: job.id, reason: why });
-                continue;
-            }
-            self.note_in_log(&job, format!("{why}; this run is stopped and the job queued again")).await;
-            let change = JobChange {
-                state: Some(JobState::Lost),
-                reason: Some(format!("{why}; queued again as attempt {}", job.attempt + 1)),
-                finished_at_ms: Some(now),
-                release_leases: true,
-                ..Default::default()
-            };
-            let next =
-                next_attempt(&job, format!("queued again: job {} was on a machine being taken back", job.id), now);
-            match self.store.update_job_and_insert(job.id, &[JobState::Assigned, JobState::Running], change, next).await
-            {
-                Ok((rec, next)) => {
-                    self.ready_since.remove(&rec.id);
-                    self.cancelling.remove(&rec.id);
-                    self.registering.remove(&rec.id);
-                    self.publish(&rec);
-                    self.publish(&next);
-                    self.send(agent_id, CoordinatorMessage::Cancel { job_id: rec.id, reason: why.clone() });
-                    tracing::info!(job = rec.id, next = next.id, "job on an interrupted machine queued again");
-                }
-                Err(e) => {
-                    tracing::error!(job = job.id, error = %e, "could not queue again a job of an interrupted machine")
+                requeue::Interruption::Requeue { log_note, ended, next, cancel } => {
+                    self.note_in_log(job, log_note).await;
+                    let now = now_ms();
+                    let change = JobChange {
+                        state: Some(JobState::Lost),
+                        reason: Some(ended),
+                        finished_at_ms: Some(now),
+                        release_leases: true,
+                        ..Default::default()
+                    };
+                    let next = next_attempt(job, next, now);
+                    let expect = [JobState::Assigned, JobState::Running];
+                    match self.store.update_job_and_insert(job.id, &expect, change, next).await {
+                        Ok((rec, next)) => {
+                            self.ready_since.remove(&rec.id);
+                            self.cancelling.remove(&rec.id);
+                            self.registering.remove(&rec.id);
+                            self.publish(&rec);
+                            self.publish(&next);
+                            self.send(agent_id, CoordinatorMessage::Cancel { job_id: rec.id, reason: cancel });
+                            tracing::info!(job = rec.id, next = next.id, "job on an interrupted machine queued again");
+                        }
+                        Err(e) => {
+                            tracing::error!(job = job.id, error = %e, "could not queue again a job of an interrupted machine")
+                        }
+                    }
                 }
             }
         }
+    }
+}
+
+/// The brain's link as the reaper's decision reads it.
+fn link_seen(link: Link) -> reap::Link {
+    match link {
+        Link::Connected => reap::Link::Connected,
+        Link::Disconnected => reap::Link::Disconnected,
+        Link::Lost => reap::Link::Lost,
     }
 }

@@ -6,7 +6,7 @@ use super::*;
 impl Brain {
     /// Why a queued job cannot start yet, if something other than capacity holds it back:
     /// `Ok` while it waits, `Err` when it can never run.
-    pub(super) fn blocked(&self, j: &JobRecord) -> Option<Result<String, String>> {
+    pub(super) fn blocked(&self, j: &JobRecord, groups: &GroupIndex) -> Option<Result<String, String>> {
         use gpuci_core::progress::{gate, Attempt, Gate};
         let latest = |dep: &str| {
             self.steps.get(&(j.pipeline_id, dep.to_string())).map(|(id, state, soft)| Attempt {
@@ -24,22 +24,33 @@ impl Brain {
             Gate::Skip(why) => return Some(Err(why)),
         }
         if let Some(key) = self.group_of(j) {
-            if let Some(other) = self
-                .active
-                .values()
-                .find(|o| o.id != j.id && o.state != JobState::Queued && self.group_of(o).as_ref() == Some(&key))
-            {
-                return Some(Ok(format!("waiting for job {} in concurrency group {key}", other.id)));
+            let (holder, first_queued) = groups.0.get(&key).copied().unwrap_or_default();
+            if let Some(other) = holder.filter(|o| *o != j.id) {
+                return Some(Ok(format!("waiting for job {other} in concurrency group {key}")));
             }
-            if let Some(other) = self
-                .active
-                .values()
-                .find(|o| o.id < j.id && o.state == JobState::Queued && self.group_of(o).as_ref() == Some(&key))
-            {
-                return Some(Ok(format!("waiting behind job {} in concurrency group {key}", other.id)));
+            if let Some(other) = first_queued.filter(|o| *o < j.id) {
+                return Some(Ok(format!("waiting behind job {other} in concurrency group {key}")));
             }
         }
         None
+    }
+
+    /// Each concurrency group's first job (by id) that holds it (started, not queued) and its
+    /// first queued job: read once a pass, so that each job's check is a look-up, not a walk
+    /// over every active job (with thousands queued in groups, that walk per job was a pass
+    /// quadratic in the queue).
+    pub(super) fn group_index(&self) -> GroupIndex {
+        let mut index: BTreeMap<gpuci_core::concurrency::GroupKey, (Option<JobId>, Option<JobId>)> = BTreeMap::new();
+        for o in self.active.values() {
+            if let Some(key) = self.group_of(o) {
+                let (holder, first_queued) = index.entry(key).or_default();
+                match o.state {
+                    JobState::Queued => first_queued.get_or_insert(o.id),
+                    _ => holder.get_or_insert(o.id),
+                };
+            }
+        }
+        GroupIndex(index)
     }
 
     /// The concurrency group `j` is in, scoped (`gpuci_core::concurrency::group_key`). A
@@ -86,3 +97,6 @@ impl Brain {
         }
     }
 }
+
+/// Per concurrency group: its first holder and its first queued job ([`Brain::group_index`]).
+pub(super) struct GroupIndex(BTreeMap<gpuci_core::concurrency::GroupKey, (Option<JobId>, Option<JobId>)>);

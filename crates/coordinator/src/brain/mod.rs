@@ -32,7 +32,7 @@
 use crate::hub::Hub;
 use crate::origin::{Origin, RunnerOrigin};
 use gpuci_core::condition::Decision;
-use gpuci_core::job::{should_retry, JobState, Outcome};
+use gpuci_core::job::{JobState, Outcome};
 use gpuci_core::pipeline::Pipeline;
 use gpuci_core::placement::{self, Deadline, GpuSlot, GpuSlotState, HostView, Needs};
 use gpuci_core::secret_scope::SecretScope;
@@ -311,7 +311,9 @@ pub enum Command {
     Tick,
 }
 
-/// The queued next attempt of `job` (a retry, or a run after its machine was taken back).
+/// The queued next attempt of `job` (a retry, or a run after its machine was taken back), as
+/// the store takes it. Whether there is one, and its `reason`, is decided in gpuci-core
+/// (`requeue::on_end`, `requeue::on_interrupted`); this only builds the record.
 fn next_attempt(job: &JobRecord, reason: String, now: i64) -> NewJob {
     NewJob {
         pipeline_id: job.pipeline_id,
@@ -325,8 +327,9 @@ fn next_attempt(job: &JobRecord, reason: String, now: i64) -> NewJob {
     }
 }
 
-/// A job on a machine taken back is queued again until this attempt; then it ends `lost`.
-pub const MAX_INTERRUPTED_ATTEMPTS: u32 = 5;
+/// A job on a machine taken back is queued again until this attempt; then it ends `lost`
+/// (the rule is gpuci-core's, `requeue::on_interrupted`).
+pub use gpuci_core::requeue::MAX_INTERRUPTED_ATTEMPTS;
 
 /// What of a host's remaining time a job is given beyond its timeout: to be killed at the
 /// timeout and have its result reported before the host ends.

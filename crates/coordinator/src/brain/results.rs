@@ -1,8 +1,13 @@
 //! A job's life after placement: agents' starts and results, stored in one transaction per
 //! batch ([`Brain::flush_events`]) and answered only after it commits; ending a job
 //! ([`Brain::finish`]), queueing its retry, and notes written into its log.
+//!
+//! Whether an ended job is retried, and whether a job whose GPU failed its pre-job check goes
+//! back to the queue, is decided by gpuci-core's `requeue` over the job's plain data; this
+//! stores and publishes what it says.
 
 use super::*;
+use gpuci_core::requeue;
 
 impl Brain {
     /// End a job, release its GPUs, quarantine failed ones, and queue a retry if the policy says so.
@@ -16,18 +21,13 @@ impl Brain {
         quarantine: Vec<Quarantine>,
     ) -> Result<JobRecord, BrainError> {
         let now = now_ms();
-        // A job that never left the queue (queue timeout) did not fail; retrying it would
-        // only wait again.
-        let retry = job.state != JobState::Queued && should_retry(&job.step, state, job.attempt);
-        let reason = if retry {
-            format!("{reason}; retrying (attempt {} of {})", job.attempt + 1, job.step.retry.count + 1)
-        } else {
-            reason
-        };
+        // Whether it runs again, and the reasons: `requeue::on_end` (a job that never left
+        // the queue is never retried).
+        let ending = requeue::on_end(job.id, &job.step, job.state, job.attempt, state, reason);
         let expect = [JobState::Queued, JobState::Assigned, JobState::Running];
         let change = JobChange {
             state: Some(state),
-            reason: Some(reason),
+            reason: Some(ending.reason),
             finished_at_ms: Some(now),
             exit_code,
             telemetry,
@@ -38,8 +38,8 @@ impl Brain {
         // The end and its retry are one commit: were the retry a second write, a failure
         // between the two would leave a job ended without the retry its policy promised.
         // Nothing below (memory, watchers, the log) changes until it is stored.
-        let (rec, next) = if retry {
-            let next = next_attempt(job, format!("retry of job {} ({state})", job.id), now);
+        let (rec, next) = if let Some(retry) = ending.retry {
+            let next = next_attempt(job, retry, now);
             let (rec, next) = self.store.update_job_and_insert(job.id, &expect, change, next).await?;
             (rec, Some(next))
         } else {
@@ -173,7 +173,7 @@ impl Brain {
             && job.state == JobState::Running
             && !self.events.index.contains_key(&f.job_id)
             && !matches!(f.outcome, Outcome::Lost { .. })
-            && !should_retry(&job.step, state, job.attempt);
+            && !requeue::retries(&job.step, job.state, state, job.attempt);
         if !plain {
             return Some((f, reply));
         }
@@ -303,10 +303,9 @@ impl Brain {
             .collect();
         // The job never started because a leased GPU failed its pre-job check: that is the
         // GPU's fault, not the job's. Quarantine the GPU and put the job back in the queue.
-        if job.state == JobState::Assigned && matches!(f.outcome, Outcome::StartFailed { .. }) && !quarantine.is_empty()
-        {
-            let gpus: Vec<String> = quarantine.iter().map(|q: &Quarantine| q.gpu_uuid.clone()).collect();
-            let why = format!("requeued: GPU {} failed its health check and was quarantined", gpus.join(", "));
+        // (`requeue::after_start_failed`.)
+        let gpus: Vec<String> = quarantine.iter().map(|q: &Quarantine| q.gpu_uuid.clone()).collect();
+        if let Some(why) = requeue::after_start_failed(job.state, &f.outcome, &gpus) {
             let change = JobChange {
                 state: Some(JobState::Queued),
                 reason: Some(why),

@@ -77,11 +77,12 @@ impl Brain {
         self.note_group_scopes().await;
         // Skips cascade through depends_on; repeat until nothing changes.
         loop {
+            let groups = self.group_index();
             let skips: Vec<(JobRecord, String)> = self
                 .active
                 .values()
                 .filter(|j| j.state == JobState::Queued)
-                .filter_map(|j| match self.blocked(j) {
+                .filter_map(|j| match self.blocked(j, &groups) {
                     Some(Err(why)) => Some((j.clone(), why)),
                     _ => None,
                 })
@@ -99,32 +100,64 @@ impl Brain {
         // The indexed cluster answers each job without scanning every host; it is rebuilt per
         // pass from live state, so it can never drift from it.
         let mut cluster = placement::Cluster::new(hosts);
-        let queued: Vec<JobRecord> = self.active.values().filter(|j| j.state == JobState::Queued).cloned().collect();
+        // Ids, not records: a pass over 100,000 queued jobs cloned every record (BENCHMARKS.md,
+        // "The coordinator under load"); a record is cloned only to be placed or to change.
+        let queued: Vec<JobId> = self.active.values().filter(|j| j.state == JobState::Queued).map(|j| j.id).collect();
+        let groups = self.group_index();
+        let now = now_ms();
         let mut placed_groups: BTreeSet<gpuci_core::concurrency::GroupKey> = BTreeSet::new();
-        let mut unplaceable = BTreeSet::new();
+        let mut unplaceable = Vec::new();
+        // Needs that found no place this pass, and why: a pass only takes capacity, so a
+        // later job with the same needs finds none either and is told the same.
+        let mut full = FullShapes::default();
         // Why each job waits, written in one transaction at the end of the pass.
         let mut reasons: Vec<(JobRecord, String)> = Vec::new();
         // This pass's assignments, stored in one transaction before any is sent.
         let mut placed: Vec<Placed> = Vec::new();
         // Pipelines read this pass (a pipeline's steps are placed one after another).
         let mut pipelines: HashMap<PipelineId, PipelineRecord> = HashMap::new();
-        for j in queued {
-            let why = match self.blocked(&j) {
+        for id in queued {
+            let held = match self.active.get(&id) {
+                Some(j) if !self.budgets_reached.is_empty() => {
+                    let j = j.clone();
+                    self.budget_held(&j).await
+                }
+                Some(_) => false,
+                None => continue,
+            };
+            let Some(j) = self.active.get(&id) else { continue };
+            let why = match self.blocked(j, &groups) {
                 Some(Ok(why)) | Some(Err(why)) => Some(why),
                 None => None,
             };
-            let why = match (why, self.group_of(&j)) {
+            let why = match (why, self.group_of(j)) {
                 (None, Some(key)) if placed_groups.contains(&key) => {
                     Some(format!("waiting for another job in concurrency group {key}"))
                 }
                 (w, _) => w,
             };
             if let Some(why) = why {
-                self.ready_since.remove(&j.id);
-                note_reason(&mut reasons, &j, why);
+                self.ready_since.remove(&id);
+                note_reason(&mut reasons, j, why);
                 continue;
             }
-            self.ready_since.entry(j.id).or_insert_with(now_ms);
+            self.ready_since.entry(id).or_insert(now);
+            // `sandbox: none` runs only where the agent allows it.
+            let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
+            // Limits a step asks for run only where they hold, or where the operator allowed
+            // them unenforced (the job's log then says so): never silently without them.
+            let r = &j.step.resources;
+            let limited = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();
+            // A job with secrets is still checked below: one it may not have ends it now.
+            if j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty() {
+                if let Some(reason) = full.reason(&Shape::of(j, unsandboxed, limited, held)) {
+                    let reason = with_fleet_note(reason, held, self.fleet_notes.get(&id));
+                    unplaceable.push(id);
+                    note_reason(&mut reasons, j, reason);
+                    continue;
+                }
+            }
+            let j = j.clone();
             // Each secret the step names must exist in a scope that covers the job (the
             // narrowest wins: `core::secret_scope`); otherwise the job could only fail later,
             // on a GPU, after waiting its turn. Refusals end the job with the reason.
@@ -251,13 +284,6 @@ impl Brain {
                     }
                 }
             };
-            // `sandbox: none` runs only where the agent allows it.
-            let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
-            // Limits a step asks for run only where they hold, or where the operator allowed
-            // them unenforced (the job's log then says so): never silently without them.
-            let r = &j.step.resources;
-            let limited = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();
-            let held = self.budget_held(&j).await;
             let tags = if unsandboxed || held || limited {
                 let mut t = j.step.agents.clone();
                 if unsandboxed {
@@ -277,7 +303,7 @@ impl Brain {
                 tags: &tags,
                 gpu: &j.step.gpu,
                 container: j.step.image.is_some(),
-                deadline: job_deadline(j.step.timeout, now_ms()),
+                deadline: job_deadline(j.step.timeout, now),
             };
             // Applied to this pass's view at once; if the commit below fails the GPUs only
             // look taken until the next pass.
@@ -340,14 +366,6 @@ impl Brain {
                             .collect();
                         self.note_in_log(&j, format!("secrets given to this run: {}", list.join(", "))).await;
                     }
-                    // A requeued job keeps its log; this run's lines are numbered after it.
-                    let log_from = match self.store.log_extent(j.id).await {
-                        Ok((_, last)) => last as u64 + 1,
-                        Err(e) => {
-                            tracing::error!(job = j.id, error = %e, "could not read the job's log");
-                            continue;
-                        }
-                    };
                     // Its job token (`crate::brain::dynamic_steps`), stored as a hash with the
                     // assignment, and given as a secret: the job's log masks it.
                     let mut secrets = secrets;
@@ -370,12 +388,13 @@ impl Brain {
                         origin,
                         trusted,
                         repository,
-                        log_from,
+                        // Set below, for the whole pass at once.
+                        log_from: 1,
                         token_sha256,
                     });
                 }
                 Err(u) => {
-                    let mut reason = if unsandboxed && u.reason.contains(UNSANDBOXED_TAG) {
+                    let reason = if unsandboxed && u.reason.contains(UNSANDBOXED_TAG) {
                         "needs an agent that allows `sandbox: none`; every matching agent refuses it (start one with --allow-unsandboxed)"
                             .to_string()
                     } else if limited && u.reason.contains(RESOURCES_TAG) {
@@ -389,17 +408,28 @@ impl Brain {
                     };
                     // An agent that takes no jobs (no working sandbox, no disk quota) is named
                     // with its reason by placement itself (`HostView::refuses`), never "busy".
-                    if let Some(note) = self.fleet_notes.get(&j.id).cloned() {
-                        // A held job's placement reason names the stand-in tag; the budget is
-                        // the reason.
-                        reason = if self.budget_held(&j).await { note } else { format!("{reason}; {note}") };
-                    }
-                    unplaceable.insert(j.id);
+                    full.note(&Shape::of(&j, unsandboxed, limited, held), &reason);
+                    let reason = with_fleet_note(&reason, held, self.fleet_notes.get(&j.id));
+                    unplaceable.push(j.id);
                     note_reason(&mut reasons, &j, reason);
                 }
             }
         }
-        self.commit_placements(placed, &mut reasons).await;
+        // A requeued job keeps its log (and the lines noted above are in it): this run's lines
+        // are numbered after it. One read for the pass; if it fails, nothing is placed now.
+        let ids: Vec<JobId> = placed.iter().map(|p| p.job.id).collect();
+        let last = if ids.is_empty() { Ok(HashMap::new()) } else { self.store.last_log_lines(&ids).await };
+        match last {
+            Ok(last) => {
+                for p in &mut placed {
+                    p.log_from = last.get(&p.job.id).map_or(1, |l| *l as u64 + 1);
+                }
+                self.commit_placements(placed, &mut reasons).await;
+            }
+            Err(e) => {
+                tracing::error!(jobs = ids.len(), error = %e, "could not read the placed jobs' logs; they wait for the next pass")
+            }
+        }
         if !reasons.is_empty() {
             let rows: Vec<(JobId, String)> = reasons.iter().map(|(j, why)| (j.id, why.clone())).collect();
             match self.store.set_reasons(&rows).await {
@@ -412,8 +442,9 @@ impl Brain {
                 Err(e) => tracing::error!(jobs = rows.len(), error = %e, "could not record why jobs wait"),
             }
         }
+        let unplaceable: BTreeSet<JobId> = unplaceable.into_iter().collect();
         if let Some(wake) = &self.fleet_wake {
-            if unplaceable.iter().any(|j| !self.unplaceable.contains(j)) {
+            if !unplaceable.is_subset(&self.unplaceable) {
                 wake.notify_one();
             }
         }
@@ -626,5 +657,84 @@ pub(super) fn secret_source(
                 description,
             }
         }
+    }
+}
+
+/// What placement sees of a job: two jobs of one shape fit the same places. Borrowed from
+/// the job: looking one up allocates nothing.
+#[derive(Hash, PartialEq, Eq, Clone, Copy)]
+struct Shape<'a> {
+    agents: &'a BTreeMap<String, String>,
+    gpu: &'a gpuci_core::gpu::GpuRequirements,
+    container: bool,
+    timeout: Option<gpuci_core::duration::Duration>,
+    unsandboxed: bool,
+    limited: bool,
+    held: bool,
+}
+
+impl<'a> Shape<'a> {
+    fn of(j: &'a JobRecord, unsandboxed: bool, limited: bool, held: bool) -> Shape<'a> {
+        Shape {
+            agents: &j.step.agents,
+            gpu: &j.step.gpu,
+            container: j.step.image.is_some(),
+            timeout: j.step.timeout,
+            unsandboxed,
+            limited,
+            held,
+        }
+    }
+
+    fn key(&self) -> u64 {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(self)
+    }
+}
+
+/// A [`Shape`] kept past its job's borrow.
+struct OwnedShape {
+    agents: BTreeMap<String, String>,
+    gpu: gpuci_core::gpu::GpuRequirements,
+    rest: (bool, Option<gpuci_core::duration::Duration>, bool, bool, bool),
+}
+
+impl OwnedShape {
+    fn is(&self, s: &Shape<'_>) -> bool {
+        self.rest == (s.container, s.timeout, s.unsandboxed, s.limited, s.held)
+            && &self.agents == s.agents
+            && &self.gpu == s.gpu
+    }
+}
+
+/// The shapes a placement pass found no place for, with placement's reason (before the
+/// fleets' note, which is the job's own).
+#[derive(Default)]
+struct FullShapes(HashMap<u64, Vec<(OwnedShape, String)>>);
+
+impl FullShapes {
+    fn reason(&self, shape: &Shape<'_>) -> Option<&str> {
+        self.0.get(&shape.key())?.iter().find(|(s, _)| s.is(shape)).map(|(_, r)| r.as_str())
+    }
+
+    fn note(&mut self, shape: &Shape<'_>, reason: &str) {
+        if self.reason(shape).is_none() {
+            let owned = OwnedShape {
+                agents: shape.agents.clone(),
+                gpu: shape.gpu.clone(),
+                rest: (shape.container, shape.timeout, shape.unsandboxed, shape.limited, shape.held),
+            };
+            self.0.entry(shape.key()).or_default().push((owned, reason.to_string()));
+        }
+    }
+}
+
+/// A waiting job's reason with the fleets' word on it; a job held off fleet machines by its
+/// repository's budget is told only that (placement's reason names the stand-in tag).
+fn with_fleet_note(reason: &str, held: bool, note: Option<&String>) -> String {
+    match note {
+        Some(note) if held => note.clone(),
+        Some(note) => format!("{reason}; {note}"),
+        None => reason.to_string(),
     }
 }

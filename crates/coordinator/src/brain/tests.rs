@@ -39,15 +39,8 @@ async fn a_cancel_accepted_before_a_restart_is_still_under_way_after_it() {
         retry_of: None,
         created_at_ms: 1,
     };
-    let pipeline = gpuci_store::NewPipeline {
-        file_name: "x.yml".into(),
-        source: String::new(),
-        workspace_upload: None,
-        repository: None,
-        origin: None,
-        created_at_ms: 1,
-    };
-    let (_, jobs) = store.create_pipeline(pipeline, vec![job(JobState::Queued), job(JobState::Queued)]).await.unwrap();
+    let (_, jobs) =
+        store.create_pipeline(new_pipeline(), vec![job(JobState::Queued), job(JobState::Queued)]).await.unwrap();
     store.set_reason(jobs[0].id, &format!("{CANCELLING}cancelled by user")).await.unwrap();
     let (key, _) = gpuci_store::SecretsKey::generate();
     let brain = Brain::load(store, Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
@@ -104,4 +97,101 @@ fn an_agent_settles_its_jobs_by_what_its_journal_holds() {
     // lost, never handed out again.
     let plan = reconcile(&ours, &holds, true);
     assert_eq!(plan, Reconciled { keep: vec![3, 4], forget: vec![9], requeue: vec![], lost: vec![1, 2] });
+}
+
+/// A placement pass tells each job of a shape that found no place the same reason without
+/// trying it again, yet still checks what only the job can be refused for (a secret it may
+/// not have), and a job of another shape is judged on its own.
+#[tokio::test]
+async fn a_pass_judges_each_shape_once_and_still_checks_each_jobs_secrets() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let step = |key: &str, gpus: u32, secret: Option<&str>| {
+        let mut s = gpuci_core::pipeline::Step::new(key, "true");
+        s.gpu.count = gpus;
+        s.secrets = secret.map(|n| vec![n.to_string()]).unwrap_or_default();
+        gpuci_store::NewJob {
+            pipeline_id: 0,
+            step: s,
+            env: BTreeMap::new(),
+            state: JobState::Queued,
+            reason: "waiting".into(),
+            attempt: 1,
+            retry_of: None,
+            created_at_ms: 1,
+        }
+    };
+    let (_, jobs) = store
+        .create_pipeline(
+            new_pipeline(),
+            vec![
+                step("a", 1, None),
+                step("b", 1, None),
+                step("c", 1, None),
+                step("d", 2, None),
+                step("e", 1, Some("NOPE")),
+            ],
+        )
+        .await
+        .unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    let gpu: gpuci_core::gpu::GpuInfo = serde_json::from_value(serde_json::json!({
+        "uuid": "GPU-one", "index": 0, "name": "H100", "memory": 85899345920u64,
+        "compute_capability": {"major": 9, "minor": 0}, "driver_version": "550.54", "device_node": "/dev/nvidia0"
+    }))
+    .unwrap();
+    let (tx, _rx) = mpsc::unbounded_channel();
+    brain.agents.insert(
+        "agent-1".into(),
+        AgentState {
+            id: "agent-1".into(),
+            name: "box".into(),
+            hostname: "box".into(),
+            tags: BTreeMap::new(),
+            slots: 4,
+            gpus: vec![gpu],
+            health: BTreeMap::new(),
+            gpu_backend: "fake".into(),
+            isolation: "bubblewrap".into(),
+            refuses: None,
+            container_runtime: None,
+            link: Link::Connected,
+            conn: Some((1, tx)),
+            last_seen: Instant::now(),
+            last_seen_ms: 1,
+            reason: String::new(),
+            paused: None,
+            interrupted: None,
+            withdrawn: None,
+            first_job_at_ms: None,
+            ends_at_ms: None,
+        },
+    );
+    brain.place_now().await;
+    let got = |i: usize| {
+        let store = store.clone();
+        let id = jobs[i].id;
+        async move { store.get_job(id).await.unwrap().unwrap() }
+    };
+    assert_eq!(got(0).await.state, JobState::Assigned);
+    let (b, c, d, e) = (got(1).await, got(2).await, got(3).await, got(4).await);
+    assert_eq!((b.state, c.state), (JobState::Queued, JobState::Queued));
+    assert!(b.reason.contains("GPU"), "{}", b.reason);
+    assert_eq!(b.reason, c.reason, "one shape, one reason");
+    assert_eq!(d.state, JobState::Queued);
+    assert!(d.reason.contains('2'), "judged on its own needs: {}", d.reason);
+    assert_ne!(d.reason, b.reason);
+    assert_eq!(e.state, JobState::Failed, "a secret it may not have still ends it at once: {}", e.reason);
+    assert!(e.reason.contains("NOPE"), "{}", e.reason);
+}
+
+fn new_pipeline() -> gpuci_store::NewPipeline {
+    gpuci_store::NewPipeline {
+        file_name: "x.yml".into(),
+        source: String::new(),
+        workspace_upload: None,
+        repository: None,
+        origin: None,
+        created_at_ms: 1,
+    }
 }

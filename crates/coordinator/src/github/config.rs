@@ -112,6 +112,22 @@ pub struct GithubFile {
     /// Runner pools, tried in order; the first that serves all of a job's labels takes it.
     #[serde(default, rename = "pool")]
     pub pools: Vec<PoolFile>,
+    /// Webhook bodies read at the same time (each up to GitHub's 25 MB cap); one more waits
+    /// up to a second for room, then gets 503 with `Retry-After` (docs/github.md). Default 8.
+    #[serde(default = "default_webhook_max_bodies")]
+    pub webhook_max_bodies: u32,
+    /// How long a webhook body may take to arrive, whole; a slower one is cut off with 408.
+    /// Default 30s.
+    #[serde(default = "default_webhook_read_timeout")]
+    pub webhook_read_timeout: Parsed<Duration>,
+}
+
+fn default_webhook_max_bodies() -> u32 {
+    crate::api::webhook_intake::DEFAULT_MAX_BODIES
+}
+
+fn default_webhook_read_timeout() -> Parsed<Duration> {
+    Parsed(Duration(crate::api::webhook_intake::DEFAULT_READ_TIMEOUT))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -309,6 +325,12 @@ fn validate(file: &str, text: &str, g: &GithubFile) -> Result<(), ConfigError> {
             "{file}{gh}: github: give exactly one of webhook_secret_file, webhook_secret_env (every webhook is verified)"
         )));
     }
+    if g.webhook_max_bodies == 0 {
+        return Err(ConfigError(format!("{file}{gh}: github.webhook_max_bodies must be at least 1")));
+    }
+    if g.webhook_read_timeout.0.as_std().is_zero() {
+        return Err(ConfigError(format!("{file}{gh}: github.webhook_read_timeout must be longer than 0s")));
+    }
     if token && g.report == Some(Report::Checks) {
         return Err(ConfigError(format!("{file}{gh}: github.report: check runs need a GitHub App; use \"statuses\"")));
     }
@@ -350,6 +372,8 @@ pub struct GithubConfig {
     pub repositories: Vec<String>,
     pub pipeline_file: String,
     pub pools: Vec<Pool>,
+    /// What a webhook body may take: how many at once, how long (`api::webhook_intake`).
+    pub webhook_limits: crate::api::webhook_intake::Limits,
 }
 
 /// A runner pool, resolved.
@@ -500,6 +524,10 @@ impl GithubFile {
             repositories: self.repositories.iter().map(|r| r.0.clone()).collect(),
             pipeline_file: self.pipeline_file.clone(),
             pools,
+            webhook_limits: crate::api::webhook_intake::Limits {
+                max_bodies: self.webhook_max_bodies,
+                read_timeout: self.webhook_read_timeout.0.as_std(),
+            },
         })
     }
 }
@@ -537,6 +565,22 @@ queue_timeout = "20m"
         assert_eq!(p.queue_timeout.0.as_std(), std::time::Duration::from_secs(1200));
         assert_eq!(p.install_dir, "/opt/actions-runner");
         assert_eq!(p.runner_backoff.0.as_std(), std::time::Duration::from_secs(10));
+        assert_eq!(g.webhook_max_bodies, 8);
+        assert_eq!(g.webhook_read_timeout.0.as_std(), std::time::Duration::from_secs(30));
+    }
+
+    #[test]
+    fn webhook_limits_must_let_a_delivery_through() {
+        let with = |extra: &str| {
+            GOOD.replacen("repositories = [\"octo/gpu\"]", &format!("repositories = [\"octo/gpu\"]\n{extra}"), 1)
+        };
+        let e = parse("server.toml", &with("webhook_max_bodies = 0")).expect_err("no room").to_string();
+        assert!(e.starts_with("server.toml:2:1:") && e.contains("webhook_max_bodies must be at least 1"), "{e}");
+        let e = parse("server.toml", &with("webhook_read_timeout = \"0s\"")).expect_err("no time").to_string();
+        assert!(e.contains("webhook_read_timeout must be longer than 0s"), "{e}");
+        let g = parse("server.toml", &with("webhook_max_bodies = 2\nwebhook_read_timeout = \"4s\"")).expect("parses");
+        let g = g.github.expect("github");
+        assert_eq!((g.webhook_max_bodies, g.webhook_read_timeout.0.as_std()), (2, std::time::Duration::from_secs(4)));
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub struct Handle {
     pub(crate) inbound: InboundTx,
     /// For its rate-limit figures.
     pub(crate) client: Arc<Client>,
+    /// The gate webhook bodies pass before they are read (`api::webhook_intake`).
+    pub(crate) intake: crate::api::webhook_intake::Intake,
 }
 
 pub struct Deps {
@@ -69,6 +71,12 @@ pub struct Deps {
 /// How often the leader takes the webhook deliveries standbys queued, and how many at a time.
 const INBOX_EVERY: Duration = Duration::from_secs(1);
 const INBOX_BATCH: u32 = 100;
+/// How long delivery ids, the hashes of bodies acted on and workflow job tombstones are kept
+/// (docs/github.md): longer than GitHub lets anyone redeliver (3 days), so a redelivery is
+/// always known as one.
+pub const GITHUB_RECORDS_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often they are pruned, on the inbox's tick.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// Start the service and its reporter; returns what the webhook endpoint needs.
 pub fn start(cfg: Arc<GithubConfig>, client: Arc<Client>, deps: Deps, shutdown: CancellationToken) -> Handle {
@@ -81,7 +89,12 @@ pub fn start(cfg: Arc<GithubConfig>, client: Arc<Client>, deps: Deps, shutdown: 
         public_url: cfg.public_url.clone().unwrap_or_else(|| deps.public_url.clone()),
     };
     tokio::spawn(reporter.run(report_rx, shutdown.clone()));
-    let handle = Handle { webhook_secret: cfg.webhook_secret.clone(), inbound: tx, client: client.clone() };
+    let handle = Handle {
+        webhook_secret: cfg.webhook_secret.clone(),
+        inbound: tx,
+        client: client.clone(),
+        intake: crate::api::webhook_intake::Intake::new(cfg.webhook_limits),
+    };
     let events = deps.hub.subscribe();
     let service = Service {
         cfg,
@@ -94,6 +107,7 @@ pub fn start(cfg: Arc<GithubConfig>, client: Arc<Client>, deps: Deps, shutdown: 
         origins: HashMap::new(),
         reported: HashMap::new(),
         rate_warned: HashMap::new(),
+        pruned_at: None,
     };
     tokio::spawn(service.run(rx, events, shutdown));
     handle
@@ -113,6 +127,8 @@ struct Service {
     reported: HashMap<JobId, JobState>,
     /// (credential, resource) → the reset of the rate-limit window already warned about.
     rate_warned: HashMap<(String, String), i64>,
+    /// When the deliveries' records were last pruned (`upkeep::prune_records`).
+    pruned_at: Option<std::time::Instant>,
 }
 
 /// A queued workflow job, from a webhook or from reconciliation.
@@ -166,7 +182,10 @@ impl Service {
                 },
                 _ = tick.tick() => self.tick().await,
                 _ = reconcile.tick() => self.reconcile().await,
-                _ = inbox.tick() => self.take_inbox().await,
+                _ = inbox.tick() => {
+                    self.take_inbox().await;
+                    self.prune_records().await;
+                }
             }
         }
     }

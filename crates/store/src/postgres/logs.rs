@@ -77,6 +77,16 @@ impl PostgresStore {
             .collect())
     }
 
+    pub(super) async fn last_log_lines(&self, jobs: &[JobId]) -> Result<std::collections::HashMap<JobId, i64>> {
+        let rows = sqlx::query(
+            "SELECT job_id, MAX(seq)::BIGINT FROM job_logs WHERE job_id = ANY($1::bigint[]) GROUP BY job_id",
+        )
+        .bind(jobs)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| (r.get::<i64, _>(0), r.get::<i64, _>(1))).collect())
+    }
+
     pub(super) async fn log_extent(&self, job: JobId) -> Result<(u64, i64)> {
         let row = sqlx::query("SELECT COALESCE(SUM(octet_length(text) + $2), 0)::BIGINT, COALESCE(MAX(seq), 0)::BIGINT FROM job_logs WHERE job_id = $1")
             .bind(job)

@@ -76,6 +76,23 @@ impl SqliteStore {
             .collect())
     }
 
+    pub(super) async fn last_log_lines(&self, jobs: &[JobId]) -> Result<std::collections::HashMap<JobId, i64>> {
+        let mut last = std::collections::HashMap::new();
+        // SQLite's default limit is 32,766 bound values; chunks stay well under it.
+        for chunk in jobs.chunks(1000) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let sql = format!("SELECT job_id, MAX(seq) FROM job_logs WHERE job_id IN ({marks}) GROUP BY job_id");
+            let mut q = sqlx::query(&sql);
+            for id in chunk {
+                q = q.bind(*id);
+            }
+            for row in q.fetch_all(&self.read).await? {
+                last.insert(row.get::<i64, _>(0), row.get::<i64, _>(1));
+            }
+        }
+        Ok(last)
+    }
+
     pub(super) async fn log_extent(&self, job: JobId) -> Result<(u64, i64)> {
         let row = sqlx::query("SELECT COALESCE(SUM(LENGTH(CAST(text AS BLOB)) + ?), 0), COALESCE(MAX(seq), 0) FROM job_logs WHERE job_id = ?")
             .bind(gpuci_protocol::agent::LOG_LINE_COST as i64)

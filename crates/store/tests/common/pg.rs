@@ -4,6 +4,9 @@
 //! Postgres refuses to run as root, so as root the server runs as `nobody` (via `runuser`),
 //! owning its temp dir. Without Postgres installed, [`PgServer::start`] returns `None` and the
 //! test skips with a message, except under `CI=true`, where a skip would hide a gap: it panics.
+//!
+//! [`PgServer::start_tls`] starts one that speaks TLS (`ssl = on` with the certificate and key
+//! it is given) and lets TCP clients in over TLS only (`hostssl` in `pg_hba.conf`).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -17,6 +20,8 @@ pub struct PgServer {
     bin: PathBuf,
     as_root: bool,
     port: u16,
+    /// TCP only over TLS: the admin connection asks for it (`sslmode=require`).
+    tls: bool,
 }
 
 /// The directory holding `initdb`, `pg_ctl` and `postgres`: on PATH, or the newest
@@ -50,6 +55,18 @@ fn free_port() -> u16 {
 impl PgServer {
     /// Start a server, or `None` (after saying why) when Postgres is not installed.
     pub fn start() -> Option<PgServer> {
+        Self::start_with(None)
+    }
+
+    /// As [`start`](Self::start), with `ssl = on` using `cert_pem` (the server's certificate,
+    /// then any intermediates) and `key_pem`, and a `pg_hba.conf` that takes TCP connections
+    /// from 127.0.0.1 over TLS only (`hostssl`; a plain one finds no entry and is refused).
+    #[allow(dead_code)] // postgres_tls.rs
+    pub fn start_tls(cert_pem: &str, key_pem: &str) -> Option<PgServer> {
+        Self::start_with(Some((cert_pem, key_pem)))
+    }
+
+    fn start_with(tls: Option<(&str, &str)>) -> Option<PgServer> {
         let Some(bin) = find_bin() else {
             let msg = "Postgres (initdb, pg_ctl, postgres) not found on PATH or in /usr/lib/postgresql/*/bin";
             if std::env::var("CI").is_ok_and(|v| v == "true") {
@@ -64,13 +81,39 @@ impl PgServer {
             let st = Command::new("chown").arg(UNPRIVILEGED).arg(dir.path()).status().expect("chown");
             assert!(st.success(), "chown {UNPRIVILEGED} {}", dir.path().display());
         }
-        let server = PgServer { dir, bin, as_root, port: free_port() };
+        let server = PgServer { dir, bin, as_root, port: free_port(), tls: tls.is_some() };
         server.run(
             "initdb",
             &["-D", &server.data(), "-U", USER, "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
         );
+        if let Some((cert, key)) = tls {
+            server.configure_tls(cert, key);
+        }
         server.pg_ctl_start();
         Some(server)
+    }
+
+    /// Write the certificate and key into the data dir (the key 0600 and owned by the server's
+    /// user, or Postgres refuses it), turn `ssl` on and replace `pg_hba.conf`.
+    fn configure_tls(&self, cert: &str, key: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let data = self.dir.path().join("data");
+        let write = |name: &str, text: &str, mode: u32| {
+            let path = data.join(name);
+            std::fs::write(&path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            if self.as_root {
+                let st = Command::new("chown").arg(UNPRIVILEGED).arg(&path).status().expect("chown");
+                assert!(st.success(), "chown {UNPRIVILEGED} {}", path.display());
+            }
+        };
+        write("server.crt", cert, 0o644);
+        write("server.key", key, 0o600);
+        write("pg_hba.conf", "local all all trust\nhostssl all all 127.0.0.1/32 trust\n", 0o600);
+        let conf = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        text.push_str("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(&conf, text).expect("postgresql.conf");
     }
 
     fn data(&self) -> String {
@@ -122,7 +165,22 @@ impl PgServer {
     }
 
     fn url(&self, db: &str) -> String {
-        format!("postgres://{USER}@127.0.0.1:{}/{db}", self.port)
+        if self.tls {
+            self.url_with(db, "sslmode=require")
+        } else {
+            format!("postgres://{USER}@127.0.0.1:{}/{db}", self.port)
+        }
+    }
+
+    /// The URL of database `db` at `host` (an address or name that reaches 127.0.0.1) with
+    /// the query string `query` (`sslmode=...&sslrootcert=...`).
+    #[allow(dead_code)] // postgres_tls.rs
+    pub fn url_at(&self, host: &str, db: &str, query: &str) -> String {
+        format!("postgres://{USER}@{host}:{}/{db}?{query}", self.port)
+    }
+
+    fn url_with(&self, db: &str, query: &str) -> String {
+        self.url_at("127.0.0.1", db, query)
     }
 }
 

@@ -116,3 +116,71 @@ async fn postgres_store_passes_github_suite() {
     let s = PostgresStore::connect(&server.create_database("github").await).await.unwrap();
     github_suite(&s).await;
 }
+
+/// Replay protection (docs/github.md): a body that starts work is recorded once. The same
+/// delivery id again (GitHub's "Redeliver") is a redelivery; a new id with a body seen before
+/// is a replay and records nothing, under whatever event name it comes; queued deliveries
+/// (a standby's) are checked the same way, across both paths. Everything is pruned by age,
+/// deliveries included, and tombstones of workflow jobs round-trip.
+async fn replay_suite(s: &dyn Store) {
+    let d = |delivery: &'static str, event: &'static str, sha: Option<&'static str>, now_ms| NewDelivery {
+        delivery,
+        event,
+        body_sha256: sha,
+        now_ms,
+    };
+    assert_eq!(s.record_delivery_once(&d("r-1", "push", Some("aa"), 10)).await.unwrap(), DeliverySeen::New);
+    assert_eq!(
+        s.record_delivery_once(&d("r-1", "push", Some("aa"), 11)).await.unwrap(),
+        DeliverySeen::Redelivery,
+        "GitHub's redelivery reuses the id"
+    );
+    let replay = DeliverySeen::Replay { delivery: "r-1".into(), event: "push".into() };
+    assert_eq!(s.record_delivery_once(&d("r-2", "push", Some("aa"), 12)).await.unwrap(), replay);
+    assert_eq!(s.record_delivery_once(&d("r-3", "pull_request", Some("aa"), 12)).await.unwrap(), replay);
+    assert_eq!(
+        s.queue_delivery_once(&d("r-4", "push", Some("aa"), 13), b"{}").await.unwrap(),
+        replay,
+        "a standby refuses a replay of a body the leader acted on"
+    );
+    assert!(s.take_queued_deliveries(10).await.unwrap().is_empty(), "a replay is not queued");
+    assert!(s.record_delivery("r-2", "push", 14).await.unwrap(), "a replay records nothing, not even its id");
+    assert_eq!(s.queue_delivery_once(&d("r-5", "push", Some("bb"), 15), b"x").await.unwrap(), DeliverySeen::New);
+    assert_eq!(
+        s.record_delivery_once(&d("r-6", "push", Some("bb"), 16)).await.unwrap(),
+        DeliverySeen::Replay { delivery: "r-5".into(), event: "push".into() },
+        "the leader refuses a replay of a body a standby queued"
+    );
+    assert_eq!(s.take_queued_deliveries(10).await.unwrap().len(), 1);
+    assert_eq!(s.record_delivery_once(&d("r-7", "ping", None, 17)).await.unwrap(), DeliverySeen::New);
+
+    s.put_github_tombstone(501, "completed", 10).await.unwrap();
+    s.put_github_tombstone(501, "in_progress", 11).await.unwrap();
+    assert_eq!(s.github_tombstone(501).await.unwrap().as_deref(), Some("completed"), "the first word is kept");
+    assert_eq!(s.github_tombstone(502).await.unwrap(), None);
+    s.put_github_tombstone(503, "in_progress", 20).await.unwrap();
+
+    let pruned = s.prune_github_records(13).await.unwrap();
+    assert_eq!(pruned, Pruned { deliveries: 1, payloads: 1, tombstones: 1 }, "r-1, its body and job 501 are older");
+    assert_eq!(
+        s.record_delivery_once(&d("r-8", "push", Some("aa"), 30)).await.unwrap(),
+        DeliverySeen::New,
+        "forgotten after the retention"
+    );
+    assert_eq!(s.github_tombstone(501).await.unwrap(), None);
+    assert_eq!(s.github_tombstone(503).await.unwrap().as_deref(), Some("in_progress"));
+    assert!(!s.record_delivery("r-5", "push", 31).await.unwrap(), "younger deliveries are kept");
+}
+
+#[tokio::test]
+async fn sqlite_file_store_passes_replay_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    replay_suite(&SqliteStore::open(&dir.path().join("gpuci.db")).await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn postgres_store_passes_replay_suite() {
+    let Some(server) = pg::PgServer::start() else { return };
+    let s = PostgresStore::connect(&server.create_database("github_replay").await).await.unwrap();
+    replay_suite(&s).await;
+}

@@ -165,6 +165,13 @@ async fn suite(s: &dyn Store) {
     assert!(s.append_logs(b, Some(10), &lines(10, 12)).await.unwrap().is_empty(), "late agent lines are dropped");
     let all = s.read_logs(b, 0, 100).await.unwrap();
     assert_eq!(all.last().map(|l| (l.seq, l.text.as_str())), Some((10, "gpuci: lost")));
+    // Each job's last line number, read for many jobs at once; jobs without a log are left out.
+    let mut many: Vec<i64> = (1_000_000..1_002_500).collect();
+    many.extend([a, b]);
+    let last = s.last_log_lines(&many).await.unwrap();
+    assert_eq!(last.len(), 2, "{last:?}");
+    assert_eq!((last[&a], last[&b]), (151, 10));
+    assert!(s.last_log_lines(&[]).await.unwrap().is_empty());
 
     // Agents.
     let rec = AgentRecord {

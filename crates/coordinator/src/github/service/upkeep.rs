@@ -1,8 +1,9 @@
 //! The service's periodic work: the tick (queue and idle timeouts, retries whose pause is
-//! over, rate-limit warnings) and reconciliation with GitHub's list of queued jobs, so a
-//! webhook missed while gpuci was down is not lost. Each runs on the service's own task.
+//! over, rate-limit warnings), reconciliation with GitHub's list of queued jobs, so a
+//! webhook missed while gpuci was down is not lost, and pruning the deliveries' records.
+//! Each runs on the service's own task.
 
-use super::{fmt_duration, Queued, Service};
+use super::{fmt_duration, Queued, Service, GITHUB_RECORDS_KEPT, PRUNE_EVERY};
 use crate::brain;
 use crate::github::backoff;
 use crate::github::backoff::Exits;
@@ -85,6 +86,27 @@ impl Service {
             runner.updated_at_ms = now;
             let _ = self.store.put_runner(&runner).await;
             self.recheck_served(runner.job_id).await;
+        }
+    }
+
+    /// Forgets delivery ids, hashes of bodies acted on and workflow job tombstones older than
+    /// [`GITHUB_RECORDS_KEPT`], at most every [`PRUNE_EVERY`] (the first time at start).
+    pub(super) async fn prune_records(&mut self) {
+        if self.pruned_at.is_some_and(|at| at.elapsed() < PRUNE_EVERY) {
+            return;
+        }
+        self.pruned_at = Some(std::time::Instant::now());
+        let before = brain::now_ms() - GITHUB_RECORDS_KEPT.as_millis() as i64;
+        match self.store.prune_github_records(before).await {
+            Ok(p) if p == Default::default() => {}
+            Ok(p) => tracing::info!(
+                deliveries = p.deliveries,
+                payloads = p.payloads,
+                tombstones = p.tombstones,
+                "pruned GitHub delivery records older than 7 days"
+            ),
+            // The next prune tries again; nothing depends on it but the table's size.
+            Err(e) => tracing::warn!(error = %e, "could not prune GitHub delivery records"),
         }
     }
 

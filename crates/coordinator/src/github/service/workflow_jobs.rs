@@ -3,6 +3,12 @@
 //! and `completed` closes it. Pull requests from forks are checked here before a runner is
 //! queued. What to retry and when is [`backoff`](super::super::backoff)'s decision, not this
 //! module's.
+//!
+//! Deliveries can arrive out of order (GitHub does not promise an order, and one a standby
+//! queued is acted on after those sent to the leader directly): an `in_progress` or
+//! `completed` for a job of a pool gpuci has no record of leaves a tombstone in the store
+//! (kept as long as delivery ids, across a takeover), and a later `queued` for that job is
+//! ignored — else its record would wait in `queued`, holding a runner, until the queue timeout.
 
 use super::{unix_ms, Queued, Service};
 use crate::brain;
@@ -65,6 +71,14 @@ impl Service {
             Ok(Some(_)) => return,
             Ok(None) => {}
             Err(e) => return tracing::error!(error = %e, "could not read workflow job records"),
+        }
+        match self.store.github_tombstone(q.id as i64).await {
+            Ok(None) => {}
+            Ok(Some(action)) => {
+                return tracing::info!(job = q.id, repository = %q.repository, source, said = %action,
+                    "workflow job: GitHub said it was {action} before this queued delivery arrived; no runner queued")
+            }
+            Err(e) => return tracing::error!(error = %e, "could not read workflow job tombstones"),
         }
         let now = brain::now_ms();
         let mut record = GithubJobRecord {
@@ -297,19 +311,20 @@ impl Service {
                 }
             }
         }
-        if let Some(mut r) = record {
-            if r.state == "queued" || r.state == "in_progress" {
-                r.state = "in_progress".into();
-                r.runner_name = w.runner_name.clone();
-                if let Some(runner) = &runner {
-                    r.runner_job_id = Some(runner.job_id);
-                    r.reason = format!("running on gpuci runner {} (job {})", runner.name, runner.job_id);
-                } else {
-                    r.reason = format!("running on runner {}", w.runner_name.as_deref().unwrap_or("?"));
-                }
-                r.updated_at_ms = now;
-                let _ = self.store.put_github_job(&r).await;
+        let Some(mut r) = record else {
+            return self.tombstone_unknown(w, "in_progress").await;
+        };
+        if r.state == "queued" || r.state == "in_progress" {
+            r.state = "in_progress".into();
+            r.runner_name = w.runner_name.clone();
+            if let Some(runner) = &runner {
+                r.runner_job_id = Some(runner.job_id);
+                r.reason = format!("running on gpuci runner {} (job {})", runner.name, runner.job_id);
+            } else {
+                r.reason = format!("running on runner {}", w.runner_name.as_deref().unwrap_or("?"));
             }
+            r.updated_at_ms = now;
+            let _ = self.store.put_github_job(&r).await;
         }
     }
 
@@ -323,7 +338,11 @@ impl Service {
                 let _ = self.store.put_runner(&runner).await;
             }
         }
-        let Ok(Some(mut r)) = self.store.get_github_job(w.job_id as i64).await else { return };
+        let mut r = match self.store.get_github_job(w.job_id as i64).await {
+            Ok(Some(r)) => r,
+            Ok(None) => return self.tombstone_unknown(w, "completed").await,
+            Err(e) => return tracing::error!(error = %e, "could not read workflow job records"),
+        };
         if r.state == "completed" || r.state == "cancelled" {
             return;
         }
@@ -341,6 +360,20 @@ impl Service {
                 self.cancel_job(job, format!("workflow job {} ended ({conclusion}) before a runner took it", w.job_id))
                     .await;
             }
+        }
+    }
+
+    /// GitHub says a job gpuci has no record of started or ended: if it is one of a pool's
+    /// (else it is none of gpuci's business), remember that, so a `queued` delivery for it
+    /// that arrives later queues no runner.
+    async fn tombstone_unknown(&self, w: &WorkflowJobEvent, action: &str) {
+        if match_pool(&self.cfg.pools, &w.repository.full_name, &w.labels).is_err() {
+            return;
+        }
+        tracing::info!(job = w.job_id, repository = %w.repository.full_name, action,
+            "workflow job unknown to gpuci is {action}; a queued delivery for it arriving later will be ignored");
+        if let Err(e) = self.store.put_github_tombstone(w.job_id as i64, action, brain::now_ms()).await {
+            tracing::warn!(job = w.job_id, error = %e, "could not remember a workflow job that ended before it was queued");
         }
     }
 }
