@@ -77,8 +77,7 @@ impl Brain {
 
         // Settle what the agent holds against what we recorded (`reconcile`, pure). The
         // welcome, the first message on the connection, names what it holds that we ended.
-        let ours: Vec<(JobId, JobState)> =
-            self.active.values().filter(|j| j.agent_id.as_deref() == Some(agent_id)).map(|j| (j.id, j.state)).collect();
+        let ours: Vec<(JobId, JobState)> = self.jobs_on(agent_id).map(|j| (j.id, j.state)).collect();
         let holds: Vec<JobId> = hello.running.clone();
         let plan = reconcile(&ours, &holds, hello.journal_incomplete.is_some());
         // Applied before the welcome: an agent that was welcomed after saying its journal was
@@ -386,12 +385,7 @@ impl Brain {
         if first {
             tracing::warn!(agent = %name, %reason, "the agent's machine is being taken back");
         }
-        let jobs: BTreeMap<JobId, JobRecord> = self
-            .active
-            .values()
-            .filter(|j| j.agent_id.as_deref() == Some(agent_id))
-            .map(|j| (j.id, j.clone()))
-            .collect();
+        let jobs: BTreeMap<JobId, JobRecord> = self.jobs_on(agent_id).map(|j| (j.id, j.clone())).collect();
         let on: Vec<requeue::OnMachine> =
             jobs.values().map(|j| requeue::OnMachine { id: j.id, state: j.state, attempt: j.attempt }).collect();
         for (id, what) in requeue::on_interrupted(&name, &reason, &on) {

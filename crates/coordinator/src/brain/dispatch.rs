@@ -155,8 +155,7 @@ impl Brain {
             Command::Withdraw { agents, reason, reply } => {
                 let mut gone = Vec::new();
                 for id in agents {
-                    let busy =
-                        self.active.values().any(|j| j.agent_id.as_deref() == Some(&id) && j.state != JobState::Queued);
+                    let busy = self.jobs_on(&id).any(|j| j.state != JobState::Queued);
                     match self.agents.get_mut(&id) {
                         Some(_) if busy => {}
                         Some(a) => {
@@ -176,10 +175,7 @@ impl Brain {
                 self.schedule().await;
             }
             Command::MachineEnded { agent, reason } => {
-                let holds = self.active.values().any(|j| {
-                    j.agent_id.as_deref() == Some(agent.as_str())
-                        && matches!(j.state, JobState::Assigned | JobState::Running)
-                });
+                let holds = self.jobs_on(&agent).any(|j| matches!(j.state, JobState::Assigned | JobState::Running));
                 if holds && self.agents.contains_key(&agent) {
                     self.agent_interrupted(&agent, reason).await;
                     self.schedule().await;

@@ -439,6 +439,12 @@ pub struct Brain {
     agents: BTreeMap<String, AgentState>,
     /// Every job not in a terminal state.
     active: BTreeMap<JobId, JobRecord>,
+    /// The active jobs each agent was given, by id ([`Brain::jobs_on`]): kept with `active`
+    /// (only [`Brain::publish`] and [`Brain::load`] change either), so that an agent's jobs are
+    /// a look-up. Walking every active job per agent made a reconnect storm of 10,000 agents
+    /// with 40,000 running jobs take 37 s, two thirds of it comparing agent ids
+    /// (BENCHMARKS.md, "The coordinator under load").
+    on_agent: HashMap<String, BTreeSet<JobId>>,
     /// Latest attempt of each step: (pipeline, key) → (job, state, soft failed).
     steps: HashMap<(PipelineId, String), (JobId, JobState, bool)>,
     quarantine: BTreeMap<String, Quarantine>,
@@ -517,6 +523,7 @@ impl Brain {
             timing,
             agents: BTreeMap::new(),
             active: BTreeMap::new(),
+            on_agent: HashMap::new(),
             steps: HashMap::new(),
             quarantine: BTreeMap::new(),
             cancelling: HashMap::new(),
@@ -592,6 +599,9 @@ impl Brain {
             if let Some(reason) = j.reason.strip_prefix(CANCELLING) {
                 brain.cancelling.insert(j.id, reason.to_string());
             }
+            if let Some(agent) = &j.agent_id {
+                brain.on_agent.entry(agent.clone()).or_default().insert(j.id);
+            }
             brain.active.insert(j.id, j);
         }
         Ok(brain)
@@ -657,13 +667,30 @@ impl Brain {
 
     fn publish(&mut self, j: &JobRecord) {
         self.note_step(j);
-        if j.state.is_terminal() {
-            self.active.remove(&j.id);
-        } else {
-            self.active.insert(j.id, j.clone());
+        let was_on =
+            if j.state.is_terminal() { self.active.remove(&j.id) } else { self.active.insert(j.id, j.clone()) }
+                .and_then(|old| old.agent_id);
+        let now_on = j.agent_id.as_ref().filter(|_| !j.state.is_terminal());
+        if was_on.as_ref() != now_on {
+            if let Some(agent) = &was_on {
+                if let Some(ids) = self.on_agent.get_mut(agent) {
+                    ids.remove(&j.id);
+                    if ids.is_empty() {
+                        self.on_agent.remove(agent);
+                    }
+                }
+            }
+            if let Some(agent) = now_on {
+                self.on_agent.entry(agent.clone()).or_default().insert(j.id);
+            }
         }
         let agent_name = j.agent_id.as_ref().and_then(|id| self.agents.get(id)).map(|a| a.name.clone());
         self.hub.job_changed(crate::convert::job_summary(j, agent_name));
+    }
+
+    /// The active jobs given to `agent_id`, by id.
+    fn jobs_on<'a>(&'a self, agent_id: &str) -> impl Iterator<Item = &'a JobRecord> + 'a {
+        self.on_agent.get(agent_id).into_iter().flatten().filter_map(|id| self.active.get(id))
     }
 
     fn send(&self, agent_id: &str, msg: CoordinatorMessage) -> bool {

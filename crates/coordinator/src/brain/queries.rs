@@ -55,11 +55,7 @@ impl Brain {
             .filter(|a| a.link == Link::Connected)
             .filter_map(|a| {
                 let machine = a.tags.get(gpuci_providers::TAG_MACHINE)?.clone();
-                let jobs: Vec<&JobRecord> = self
-                    .active
-                    .values()
-                    .filter(|j| j.agent_id.as_deref() == Some(&a.id) && j.state != JobState::Queued)
-                    .collect();
+                let jobs: Vec<&JobRecord> = self.jobs_on(&a.id).filter(|j| j.state != JobState::Queued).collect();
                 let gpus_busy = jobs.iter().map(|j| j.gpus.len() as u32).sum();
                 Some(FleetAgent {
                     agent_id: a.id.clone(),
@@ -104,8 +100,7 @@ impl Brain {
         self.agents
             .values()
             .map(|a| {
-                let running: Vec<JobId> =
-                    self.active.values().filter(|j| j.agent_id.as_deref() == Some(&a.id)).map(|j| j.id).collect();
+                let running: Vec<JobId> = self.jobs_on(&a.id).map(|j| j.id).collect();
                 let gpus = a
                     .gpus
                     .iter()

@@ -195,3 +195,41 @@ fn new_pipeline() -> gpuci_store::NewPipeline {
         created_at_ms: 1,
     }
 }
+
+/// An agent's jobs are a look-up kept with the active jobs: a job moved to another agent, or
+/// ended, is no longer its former agent's.
+#[tokio::test]
+async fn an_agents_jobs_follow_the_job_from_agent_to_agent_and_to_its_end() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let new = gpuci_store::NewJob {
+        pipeline_id: 0,
+        step: gpuci_core::pipeline::Step::new("a", "true"),
+        env: BTreeMap::new(),
+        state: JobState::Queued,
+        reason: "waiting".into(),
+        attempt: 1,
+        retry_of: None,
+        created_at_ms: 1,
+    };
+    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![new.clone(), new]).await.unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store, Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    let on = |b: &Brain, agent: &str| b.jobs_on(agent).map(|j| j.id).collect::<Vec<_>>();
+    let (mut a, mut b) = (jobs[0].clone(), jobs[1].clone());
+    a.state = JobState::Running;
+    a.agent_id = Some("agent-1".into());
+    b.state = JobState::Assigned;
+    b.agent_id = Some("agent-1".into());
+    brain.publish(&a);
+    brain.publish(&b);
+    assert_eq!(on(&brain, "agent-1"), [a.id, b.id]);
+    b.agent_id = Some("agent-2".into());
+    brain.publish(&b);
+    assert_eq!((on(&brain, "agent-1"), on(&brain, "agent-2")), (vec![a.id], vec![b.id]));
+    a.state = JobState::Succeeded;
+    brain.publish(&a);
+    b.state = JobState::Lost;
+    brain.publish(&b);
+    assert!(on(&brain, "agent-1").is_empty() && on(&brain, "agent-2").is_empty());
+    assert!(brain.on_agent.is_empty(), "nothing left behind");
+}
