@@ -135,6 +135,10 @@ impl Proxy {
             )
             .into_response();
         };
+        // Two `Host` headers: which one the leader would read is not ours to guess (RFC 9112).
+        if req.headers().get_all(header::HOST).iter().count() > 1 {
+            return crate::error::ApiError::new(StatusCode::BAD_REQUEST, "a request names one Host").into_response();
+        }
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             return unavailable("it is passing on as many requests as it may");
         };
@@ -306,7 +310,6 @@ async fn prove(base: &str, key: &str) -> Result<SendRequest<Body>, String> {
     if url.scheme() != "http" {
         return Err(format!("a standby reaches the leader over http only, not {}", url.scheme()));
     }
-    let host = host_of(base).ok_or("not a URL with a host")?;
     let addr = (
         url.host_str().unwrap_or_default().trim_matches(|c| c == '[' || c == ']').to_string(),
         url.port_or_known_default().unwrap_or(80),
@@ -316,6 +319,13 @@ async fn prove(base: &str, key: &str) -> Result<SendRequest<Body>, String> {
         .map_err(|_| "no connection within 3 s".to_string())?
         .map_err(|e| format!("no connection: {e}"))?;
     let _ = stream.set_nodelay(true);
+    // The proof is asked for the address this connection reached, never a name: a
+    // coordinator signs an address literal only when it is the address the request came in
+    // on, so a relay (a name in the record that forwards to the real leader, which signs
+    // names when it was told none) cannot pass a proof on (outsider finding). Coordinators
+    // must reach each other directly: through NAT the leader sees another address, and the
+    // standby passes nothing on (503).
+    let host = stream.peer_addr().map(|a| a.to_string()).map_err(|e| format!("no peer address: {e}"))?;
     let (mut sender, connection) =
         hyper::client::conn::http1::handshake::<_, Body>(hyper_util::rt::TokioIo::new(stream))
             .await
@@ -429,6 +439,9 @@ mod tests {
     ) -> (SocketAddr, Seen) {
         let seen: Seen = Arc::default();
         let noted = seen.clone();
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let local = Some(addr);
         let app = axum::Router::new()
             .route(
                 "/api/v1/identity",
@@ -438,8 +451,13 @@ mod tests {
                         async move {
                             let host =
                                 h.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+                            // As a coordinator told no public names signs: any name, and its
+                            // own address only.
                             match identity {
-                                Some(i) => axum::Json(i.prove(&q["nonce"], &host).unwrap()).into_response(),
+                                Some(i) if identity::signs_for(&host, local, &[]) => {
+                                    axum::Json(i.prove(&q["nonce"], &host).unwrap()).into_response()
+                                }
+                                Some(_) => StatusCode::MISDIRECTED_REQUEST.into_response(),
                                 None => StatusCode::NOT_FOUND.into_response(),
                             }
                         }
@@ -459,8 +477,6 @@ mod tests {
                     "served"
                 }
             });
-        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-        let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             axum::serve(listener, app).with_graceful_shutdown(async move { stop.cancelled().await }).await.unwrap();
         });
@@ -538,6 +554,67 @@ mod tests {
         let answer = proxy.forward(get("/api/v1/jobs", "ci.example.org:8072")).await;
         assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(squatter_saw.lock().unwrap().is_empty(), "the squatter was sent {:?}", squatter_saw.lock().unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_relay_named_in_the_leaders_record_is_sent_nothing() {
+        // Someone with the database keeps the installation's key in the record and names a
+        // relay of theirs (a name: the leader, told no public names, signs any name), which
+        // passes bytes to and from the real leader.
+        let installation = key();
+        let stop = CancellationToken::new();
+        let (leader, leader_saw) =
+            server("127.0.0.1:0".parse().unwrap(), Some(installation.clone()), stop.clone()).await;
+        let relay = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay_at = relay.local_addr().unwrap();
+        let relayed: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let copy = relayed.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = relay.accept().await {
+                let copy = copy.clone();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                    let mut outbound = tokio::net::TcpStream::connect(leader).await.unwrap();
+                    let (mut ir, mut iw) = inbound.split();
+                    let (mut or, mut ow) = outbound.split();
+                    let up = async {
+                        let mut buf = [0u8; 4096];
+                        while let Ok(n @ 1..) = ir.read(&mut buf).await {
+                            copy.lock().unwrap().extend_from_slice(&buf[..n]);
+                            if ow.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                    };
+                    let _ = tokio::join!(up, tokio::io::copy(&mut or, &mut iw));
+                });
+            }
+        });
+        let dir = data_dir("relay");
+        std::fs::write(dir.join(crate::identity::SECRET_KEY_FILE), hex::encode(installation.secret())).unwrap();
+        let store = Arc::new(SqliteStore::in_memory().await.unwrap());
+        let record = LeaderRecord {
+            urls: vec![format!("http://localhost:{}", relay_at.port())],
+            key: installation.public_key(),
+            epoch: 1,
+        };
+        store.put_coordinator_state(LEADER_STATE, &serde_json::to_string(&record).unwrap(), 0).await.unwrap();
+        let proxy = Proxy::new(store, KeySource { secrets_key_file: dir.join("secrets.key"), data_dir: dir });
+        let answer = proxy.forward(get("/api/v1/jobs", "standby:8072")).await;
+        assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let relayed = String::from_utf8_lossy(&relayed.lock().unwrap()).to_string();
+        assert!(!relayed.contains("victim"), "the relay saw a token: {relayed}");
+        assert!(leader_saw.lock().unwrap().is_empty());
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_request_naming_two_hosts_is_refused() {
+        let installation = key();
+        let proxy = standby("hosts", &installation, &installation.public_key(), "127.0.0.1:9".parse().unwrap()).await;
+        let mut req = get("/api/v1/jobs", "a");
+        req.headers_mut().append(header::HOST, "b".parse().unwrap());
+        assert_eq!(proxy.forward(req).await.status(), StatusCode::BAD_REQUEST);
     }
 
     #[tokio::test]

@@ -173,8 +173,24 @@ impl SecretsAtRest {
     }
 }
 
+/// Whether `row` is named as `gpuci secret set` names rows: an environment variable name,
+/// then its scope after `@`. Names the coordinator seals its own values under (the identity
+/// key's `gpuci:coordinator-identity`) never are.
+fn is_user_secret_row(row: &str) -> bool {
+    let name = row.split_once('@').map_or(row, |(n, _)| n);
+    name.len() <= 128
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 /// Seal every row that still holds plain text, keeping its update time. Returns the names
 /// sealed. Idempotent; two coordinators doing it at once both write valid sealed values.
+///
+/// Only rows named as users' secrets are: a plain-text row under another name was not written
+/// by any gpuci (an older one stored users' secrets only) but by someone writing the database,
+/// and sealing it would make the coordinator a sealing oracle — a row named as the identity
+/// key's sealed secret, sealed here, would become a key of the writer's choosing (outsider
+/// finding). Such rows are left as they are and said loudly.
 pub async fn seal_plaintext_secrets(store: &dyn Store, key: &SecretsKey) -> Result<Vec<String>, StoreError> {
     let rows = store.secret_names().await?;
     let names: Vec<String> = rows.iter().map(|(n, _)| n.clone()).collect();
@@ -183,6 +199,11 @@ pub async fn seal_plaintext_secrets(store: &dyn Store, key: &SecretsKey) -> Resu
     for (name, updated_at_ms) in rows {
         let Some(stored) = values.get(&name) else { continue };
         if sealed_with(stored).is_none() {
+            if !is_user_secret_row(&name) {
+                tracing::error!(row = %name, "a plain-text row in the secrets table is not named as a secret; not sealed \
+                    (no gpuci writes such a row: someone wrote the database directly); delete it");
+                continue;
+            }
             store.set_secret(&name, &key.seal(&name, stored), updated_at_ms).await?;
             sealed.push(name);
         }

@@ -120,7 +120,8 @@ fn a_standby_accepts_webhooks_for_the_leader_and_keeps_one_sent_during_a_failove
     let deadline = std::time::Instant::now() + T;
     let all = loop {
         let all: Vec<gpuci_protocol::api::JobSummary> = api.get("/api/v1/jobs");
-        if all.iter().any(|j| j.step_key == "from-push") || std::time::Instant::now() > deadline {
+        // The runner jobs follow their records: wait for all three.
+        if (all.iter().any(|j| j.step_key == "from-push") && all.len() >= 3) || std::time::Instant::now() > deadline {
             break all;
         }
         std::thread::sleep(Duration::from_millis(100));

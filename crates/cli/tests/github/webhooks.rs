@@ -85,6 +85,9 @@ pub(crate) fn response_head(s: &mut TcpStream) -> String {
     String::from_utf8_lossy(&got).into_owned()
 }
 
+/// GitHub's cap on a webhook body, and the coordinator's.
+const MAX_BODY: usize = 25 << 20;
+
 /// Sends the rest of a body, 1 MiB at a time; whether all of it went.
 fn send_rest(s: &mut TcpStream, mut left: usize) -> bool {
     let chunk = vec![b' '; 1 << 20];
@@ -124,10 +127,26 @@ fn webhook_bodies_that_cannot_be_signed_deliveries_are_refused_unread_and_stalle
     let head = response_head(&mut start_post(&server, &no_event, big, &first));
     assert!(head.starts_with("HTTP/1.1 400"), "no X-GitHub-Event: {head:?}");
 
-    // Bodies that could be signed are read, two at a time here: two that stall hold the
-    // room, a third is told to come back later, and the stalled ones are cut off.
+    // Senders with made-up (well-formed) signatures that announce a body and send nothing
+    // hold no room: a real delivery still gets in (when room was counted per body, eight
+    // such connections kept every real delivery out: outsider finding).
     let signed_form = [("X-Hub-Signature-256", well_formed.as_str()), delivery[0], delivery[1]];
-    let mut stalled: Vec<TcpStream> = (0..2).map(|_| start_post(&server, &signed_form, 1 << 20, b"{")).collect();
+    let idle: Vec<TcpStream> = (0..12).map(|_| start_post(&server, &signed_form, 1000, b"")).collect();
+    let (code, text) = rt.block_on(gh.send_event("star", json!({"action": "created"})));
+    assert_eq!(code, 202, "a real delivery beside 12 silent ones: {text}");
+    drop(idle);
+
+    // Bodies that could be signed take room as they arrive, two bodies' worth (25 MB each)
+    // here: two that send almost all of theirs and stall hold it, a third is told to come back
+    // later, and the stalled ones are cut off.
+    let most = MAX_BODY - 1;
+    let mut stalled: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = start_post(&server, &signed_form, MAX_BODY, b"{");
+            assert!(send_rest(&mut s, most - 1), "the server took a body that could be signed");
+            s
+        })
+        .collect();
     let body = br#"{"zen":"third"}"#;
     let deadline = std::time::Instant::now() + T;
     let busy = loop {
@@ -252,6 +271,13 @@ fn a_workflow_job_that_ended_before_its_queued_delivery_arrived_gets_no_runner()
     };
     let ids: Vec<&Value> = records.iter().map(|r| &r["id"]).collect();
     assert_eq!(ids, vec![&json!(later.job_id)], "only the live job has a record: {records:#?}");
-    let jobs: Vec<gpuci_protocol::api::JobSummary> = api.get("/api/v1/jobs");
+    // The live job's runner job follows its record.
+    let jobs = loop {
+        let jobs: Vec<gpuci_protocol::api::JobSummary> = api.get("/api/v1/jobs");
+        if !jobs.is_empty() || std::time::Instant::now() > deadline {
+            break jobs;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     assert_eq!(jobs.len(), 1, "one runner job, for the live workflow job: {jobs:#?}");
 }

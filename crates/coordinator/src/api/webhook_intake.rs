@@ -5,15 +5,19 @@
 //! 1. the headers: no or a malformed `X-Hub-Signature-256` is 401, no `X-GitHub-Event` or
 //!    `X-GitHub-Delivery` 400, a `Content-Length` over 25 MB 413 — answered at once, the body
 //!    never read (the connection is closed after the answer);
-//! 2. room: at most [`Limits::max_bodies`] bodies are read, verified and handled at a time
-//!    per server (the leader's and a standby's each); one more waits up to [`WAIT_FOR_ROOM`],
-//!    then gets 503 with `Retry-After` (GitHub shows the failed delivery, which can be
-//!    redelivered);
+//! 2. room, counted in bytes as they arrive: the bodies being read, verified and handled at a
+//!    time per server (the leader's and a standby's each) hold at most
+//!    [`Limits::max_bodies`] × 25 MB together; a chunk that finds no room within
+//!    [`WAIT_FOR_ROOM`] ends its delivery with 503 and `Retry-After` (GitHub shows the failed
+//!    delivery, which can be redelivered). A body holds only what it has sent: a sender that
+//!    announces a body and sends nothing holds nothing (when room was counted per body, eight
+//!    such connections with made-up signatures kept every real delivery out: outsider finding);
 //! 3. the body, whole, within [`Limits::read_timeout`] (408 after it) and 25 MB (413).
 //!
-//! Memory held by webhook bodies is so at most `max_bodies` × 25 MB, whoever sends them, and a
-//! sender that stalls mid-body holds its room for `read_timeout` at most. The signature itself
-//! is checked by the caller (`webhook::verify`), on the bytes read here.
+//! Memory held by webhook bodies is so bounded whoever sends them, and a sender that stalls
+//! mid-body holds what it sent for `read_timeout` at most. To keep real deliveries out an
+//! attacker must keep `max_bodies` × 25 MB in flight, sent. The signature itself is checked by
+//! the caller (`webhook::verify`), on the bytes read here.
 
 use super::webhook::MAX_PAYLOAD_BYTES;
 use crate::error::ApiError;
@@ -26,7 +30,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Webhook bodies handled at a time by default (`github.webhook_max_bodies`).
+/// Room for this many whole bodies (25 MB each) at a time by default
+/// (`github.webhook_max_bodies`).
 pub const DEFAULT_MAX_BODIES: u32 = 8;
 /// How long a body may take to arrive, whole, by default (`github.webhook_read_timeout`).
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -60,7 +65,7 @@ pub struct Intake {
 /// A body read whole, and the room it holds until dropped (after it was handled).
 pub struct Admitted {
     pub body: Bytes,
-    _room: OwnedSemaphorePermit,
+    _room: Vec<OwnedSemaphorePermit>,
 }
 
 /// A delivery refused before or while its body was read: an [`ApiError`], with
@@ -117,40 +122,34 @@ fn too_large() -> ApiError {
 
 impl Intake {
     pub fn new(limits: Limits) -> Self {
-        let bodies = limits.max_bodies.max(1) as usize;
-        Intake { limits, room: Arc::new(Semaphore::new(bodies)) }
+        let bytes = limits.max_bodies.max(1) as usize * MAX_PAYLOAD_BYTES;
+        Intake { limits, room: Arc::new(Semaphore::new(bytes)) }
     }
 
-    /// The headers checked, room taken, the body read whole: or why not.
+    /// The headers checked, the body read whole, room taken for each chunk as it arrives: or
+    /// why not.
     pub async fn admit(&self, headers: &HeaderMap, body: Body) -> Result<Admitted, Refused> {
         check_headers(headers)?;
-        let room = match tokio::time::timeout(WAIT_FOR_ROOM, self.room.clone().acquire_owned()).await {
-            Ok(Ok(permit)) => permit,
-            // Timed out, or (never: it is not closed) closed.
-            _ => {
+        let read = read_capped(body, MAX_PAYLOAD_BYTES, &self.room);
+        match tokio::time::timeout(self.limits.read_timeout, read).await {
+            Ok(Ok((body, room))) => Ok(Admitted { body, _room: room }),
+            Ok(Err(Refusal::Error(e))) => Err(e.into()),
+            Ok(Err(Refusal::NoRoom)) => {
                 tracing::warn!(
                     max_bodies = self.limits.max_bodies,
-                    "webhook delivery refused: as many bodies as allowed are being read"
+                    "webhook delivery refused: as many body bytes as allowed are being read"
                 );
-                return Err(Refused {
+                Err(Refused {
                     error: ApiError::new(
                         StatusCode::SERVICE_UNAVAILABLE,
                         format!(
-                            "this coordinator is reading {} webhook bodies already (github.webhook_max_bodies); try again later",
+                            "this coordinator is reading {} webhook bodies' worth already (github.webhook_max_bodies); try again later",
                             self.limits.max_bodies
                         ),
                     ),
                     retry_after_s: Some(RETRY_AFTER_S),
-                });
+                })
             }
-        };
-        // Room for the announced length at once (checked against the cap above): no growing
-        // by doubling, which would hold up to twice the body.
-        let announced = header_str(headers, header::CONTENT_LENGTH.as_str()).and_then(|l| l.parse::<usize>().ok());
-        let read = read_capped(body, announced.unwrap_or(0).min(MAX_PAYLOAD_BYTES), MAX_PAYLOAD_BYTES);
-        match tokio::time::timeout(self.limits.read_timeout, read).await {
-            Ok(Ok(body)) => Ok(Admitted { body, _room: room }),
-            Ok(Err(e)) => Err(e.into()),
             Err(_) => {
                 tracing::warn!(timeout = ?self.limits.read_timeout, "webhook delivery cut off: its body did not arrive in time");
                 Err(ApiError::new(
@@ -166,17 +165,36 @@ impl Intake {
     }
 }
 
-/// The body, refused with 413 as soon as it passes `cap` (whatever `Content-Length` said).
-async fn read_capped(body: Body, expected: usize, cap: usize) -> Result<Bytes, ApiError> {
+enum Refusal {
+    Error(ApiError),
+    NoRoom,
+}
+
+/// The body, refused with 413 as soon as it passes `cap` (whatever `Content-Length` said),
+/// each chunk taking its room from `room` as it arrives. Nothing is set aside for what a
+/// `Content-Length` announces.
+async fn read_capped(
+    body: Body,
+    cap: usize,
+    room: &Arc<Semaphore>,
+) -> Result<(Bytes, Vec<OwnedSemaphorePermit>), Refusal> {
     let mut stream = body.into_data_stream();
-    let mut out = Vec::with_capacity(expected);
+    let mut out = Vec::new();
+    let mut held = Vec::new();
     while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("reading the webhook body: {e}")))?;
+        let chunk = chunk.map_err(|e| {
+            Refusal::Error(ApiError::new(StatusCode::BAD_REQUEST, format!("reading the webhook body: {e}")))
+        })?;
         if out.len() + chunk.len() > cap {
-            return Err(too_large());
+            return Err(Refusal::Error(too_large()));
+        }
+        let n = u32::try_from(chunk.len()).map_err(|_| Refusal::Error(too_large()))?;
+        match tokio::time::timeout(WAIT_FOR_ROOM, room.clone().acquire_many_owned(n)).await {
+            Ok(Ok(permit)) => held.push(permit),
+            // Timed out, or (never: it is not closed) closed.
+            _ => return Err(Refusal::NoRoom),
         }
         out.extend_from_slice(&chunk);
     }
-    Ok(out.into())
+    Ok((out.into(), held))
 }

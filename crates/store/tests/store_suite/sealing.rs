@@ -27,6 +27,16 @@ async fn sealing_suite(s: &dyn Store) {
         assert!(!stored[name].contains(value), "{name} is stored readable: {}", stored[name]);
         assert_eq!(key.open(name, &stored[name]).unwrap(), value);
     }
+    // A plain-text row not named as a secret (the name the identity key is sealed under,
+    // written by someone with the database) is not sealed: no sealing oracle.
+    s.set_secret("gpuci:coordinator-identity", "00ff", 10).await.unwrap();
+    s.set_secret("HF_TOKEN@repo:github.com/acme/x", "scoped-plain", 11).await.unwrap();
+    assert_eq!(seal_plaintext_secrets(s, &key).await.unwrap(), vec!["HF_TOKEN@repo:github.com/acme/x".to_string()]);
+    let left = s.secret_values(&["gpuci:coordinator-identity".into()]).await.unwrap();
+    assert_eq!(left["gpuci:coordinator-identity"], "00ff");
+    assert!(key.open("gpuci:coordinator-identity", &left["gpuci:coordinator-identity"]).is_err());
+    s.delete_secret("gpuci:coordinator-identity").await.unwrap();
+    s.delete_secret("HF_TOKEN@repo:github.com/acme/x").await.unwrap();
     // A row's value copied into another row does not open there.
     s.set_secret("OLD_PLAIN", &stored["NEW_SEALED"], 9).await.unwrap();
     let swapped = s.secret_values(&["OLD_PLAIN".into()]).await.unwrap();
