@@ -217,7 +217,12 @@ fn a_restarted_agent_sweeps_the_jobs_its_killed_predecessor_left_running() {
     api.wait_agents(1, T);
     let p = api.submit("steps:\n  - key: a\n    command: [\"setsid sleep 3005551 &\", sleep 3005552]\n");
     api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
-    wait_until("both processes", T, || processes_with("300555").len() >= 2);
+    // Each sleep itself, not the shell whose command line names both (under load the
+    // backgrounded `setsid sleep` may not have started yet when the shell already has).
+    let running = |sleep: &str| {
+        processes_with(sleep).iter().any(|p| p.split_once(": ").is_some_and(|(_, c)| c.starts_with(sleep)))
+    };
+    wait_until("both processes", T, || running("sleep 3005551") && running("sleep 3005552"));
     agent.kill9();
     std::thread::sleep(Duration::from_millis(300));
     assert!(!processes_with("300555").is_empty(), "without a sandbox the job outlives a killed agent");
