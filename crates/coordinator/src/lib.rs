@@ -361,7 +361,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                         let webhooks = config.github.as_ref().map(|gh| standby::Webhooks {
                             store: Arc::new(s.clone()) as Arc<dyn Store>,
                             secret: gh.webhook_secret.clone(),
-                            intake: api::webhook_intake::Intake::new(gh.webhook_limits),
+                            intake: crate::github::intake::Intake::new(gh.webhook_limits),
                         });
                         let source = match config.secrets_key_source() {
                             vault::KeySource::File(p) => p,

@@ -5,7 +5,7 @@
 //!
 //! With GitHub configured, it **accepts webhook deliveries**
 //! (`POST /api/v1/github/webhook`), admitted and checked as the leader does it
-//! (`api::webhook_intake`, `api::webhook::verify`; a replayed body is refused as there) and
+//! (`github::intake`, `api::webhook::verify`; a replayed body is refused as there) and
 //! queued in the database (`Store::queue_delivery_once`, recorded as a delivery, and its body's
 //! hash, in the same transaction), where
 //! the leader takes them (`github::service`) — GitHub does not send a failed delivery again by
@@ -21,8 +21,8 @@
 //! in between wait in its backlog), so its address never stops accepting.
 
 use crate::api::webhook::{reply, seen_before, verify, Verified, WebhookReply};
-use crate::api::webhook_intake::{Intake, Refused};
 use crate::error::ApiError;
+use crate::github::intake::{Intake, Refused};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

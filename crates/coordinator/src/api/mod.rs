@@ -108,7 +108,6 @@ pub mod schedules;
 pub mod secrets;
 pub mod uploads;
 pub mod webhook;
-pub mod webhook_intake;
 
 use crate::error::{client_or_server, json_rejection};
 pub use crate::error::{ApiError, ApiJson, ApiPath, ApiQuery, ApiResult};

@@ -9,8 +9,8 @@
 //! A standby accepts deliveries too (`crate::standby`): checked the same way here, then queued
 //! in the database for the leader.
 
-use super::webhook_intake::Refused;
 use crate::error::ApiError;
+use crate::github::intake::Refused;
 use crate::github::Inbound;
 use crate::state::AppState;
 use axum::body::{Body, Bytes};
@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// GitHub caps webhook payloads at 25 MB.
-pub const MAX_PAYLOAD_BYTES: usize = 25 << 20;
+pub use crate::github::intake::MAX_PAYLOAD_BYTES;
 
 #[derive(Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WebhookReply {

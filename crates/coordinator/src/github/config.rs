@@ -123,11 +123,11 @@ pub struct GithubFile {
 }
 
 fn default_webhook_max_bodies() -> u32 {
-    crate::api::webhook_intake::DEFAULT_MAX_BODIES
+    crate::github::intake::DEFAULT_MAX_BODIES
 }
 
 fn default_webhook_read_timeout() -> Parsed<Duration> {
-    Parsed(Duration(crate::api::webhook_intake::DEFAULT_READ_TIMEOUT))
+    Parsed(Duration(crate::github::intake::DEFAULT_READ_TIMEOUT))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -372,8 +372,8 @@ pub struct GithubConfig {
     pub repositories: Vec<String>,
     pub pipeline_file: String,
     pub pools: Vec<Pool>,
-    /// What a webhook body may take: how many at once, how long (`api::webhook_intake`).
-    pub webhook_limits: crate::api::webhook_intake::Limits,
+    /// What a webhook body may take: how many at once, how long (`github::intake`).
+    pub webhook_limits: crate::github::intake::Limits,
 }
 
 /// A runner pool, resolved.
@@ -524,7 +524,7 @@ impl GithubFile {
             repositories: self.repositories.iter().map(|r| r.0.clone()).collect(),
             pipeline_file: self.pipeline_file.clone(),
             pools,
-            webhook_limits: crate::api::webhook_intake::Limits {
+            webhook_limits: crate::github::intake::Limits {
                 max_bodies: self.webhook_max_bodies,
                 read_timeout: self.webhook_read_timeout.0.as_std(),
             },

@@ -9,6 +9,7 @@
 
 pub mod backoff;
 pub mod config;
+pub mod intake;
 mod report;
 pub mod service;
 

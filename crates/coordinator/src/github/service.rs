@@ -53,8 +53,8 @@ pub struct Handle {
     pub(crate) inbound: InboundTx,
     /// For its rate-limit figures.
     pub(crate) client: Arc<Client>,
-    /// The gate webhook bodies pass before they are read (`api::webhook_intake`).
-    pub(crate) intake: crate::api::webhook_intake::Intake,
+    /// The gate webhook bodies pass before they are read (`github::intake`).
+    pub(crate) intake: crate::github::intake::Intake,
 }
 
 pub struct Deps {
@@ -93,7 +93,7 @@ pub fn start(cfg: Arc<GithubConfig>, client: Arc<Client>, deps: Deps, shutdown: 
         webhook_secret: cfg.webhook_secret.clone(),
         inbound: tx,
         client: client.clone(),
-        intake: crate::api::webhook_intake::Intake::new(cfg.webhook_limits),
+        intake: crate::github::intake::Intake::new(cfg.webhook_limits),
     };
     let events = deps.hub.subscribe();
     let service = Service {

@@ -19,7 +19,6 @@
 //! attacker must keep `max_bodies` × 25 MB in flight, sent. The signature itself is checked by
 //! the caller (`webhook::verify`), on the bytes read here.
 
-use super::webhook::MAX_PAYLOAD_BYTES;
 use crate::error::ApiError;
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -29,6 +28,10 @@ use gpuci_github::{signature_digest, SIGNATURE_HEADER};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The most GitHub sends in one webhook delivery (its documented cap), and so the most a
+/// body may be here.
+pub const MAX_PAYLOAD_BYTES: usize = 25 << 20;
 
 /// Room for this many whole bodies (25 MB each) at a time by default
 /// (`github.webhook_max_bodies`).
