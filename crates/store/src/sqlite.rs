@@ -53,6 +53,11 @@ async fn migrate(pool: &SqlitePool, newest: i64) -> Result<()> {
 pub struct SqliteStore {
     pool: SqlitePool,
     read: SqlitePool,
+    /// In memory only: a connection that does nothing but keep the database alive. An
+    /// in-memory database lasts as long as its last connection, and the pool replaces its
+    /// connections (one found broken after an abandoned request; sqlx's idle and lifetime
+    /// limits): without this, a replaced connection meant a new, empty database.
+    _anchor: Option<std::sync::Arc<std::sync::Mutex<sqlx::SqliteConnection>>>,
 }
 
 impl SqliteStore {
@@ -115,16 +120,26 @@ impl SqliteStore {
             .await?;
         migrate(&pool, newest).await?;
         let read = SqlitePoolOptions::new().max_connections(4).connect_with(opts.read_only(true)).await?;
-        Ok(Self { pool, read })
+        Ok(Self { pool, read, _anchor: None })
     }
 
-    /// A private in-memory database (tests, `gpuci run`).
+    /// A private in-memory database (tests, `gpuci run`), alive as long as the store.
     pub async fn in_memory() -> Result<Self> {
+        use sqlx::ConnectOptions;
+        // sqlx names each `:memory:` database (shared cache), so connections made from these
+        // options reach the same one while any of them is open.
         let opts = SqliteConnectOptions::from_str("sqlite::memory:")?.foreign_keys(true);
-        // One connection: every connection to :memory: is a different database.
-        let pool = SqlitePoolOptions::new().max_connections(1).connect_with(opts).await?;
+        let anchor = opts.connect().await?;
+        // One connection for reads and writes: SQLite's shared cache locks whole tables, and
+        // a second connection would meet SQLITE_LOCKED where a file database waits.
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .connect_with(opts)
+            .await?;
         migrate(&pool, i64::MAX).await?;
-        Ok(Self { read: pool.clone(), pool })
+        Ok(Self { read: pool.clone(), pool, _anchor: Some(std::sync::Arc::new(std::sync::Mutex::new(anchor))) })
     }
 
     async fn job_in<'e, E: sqlx::SqliteExecutor<'e>>(exec: E, id: JobId) -> Result<Option<JobRecord>> {

@@ -252,7 +252,8 @@ impl Api {
 
     pub fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> T {
         let r = self.http.get(format!("{}{path}", self.url)).bearer_auth(&self.token).send().expect("get");
-        assert!(r.status().is_success(), "GET {path}: {}", r.status());
+        let status = r.status();
+        assert!(status.is_success(), "GET {path}: {status}: {}", r.text().unwrap_or_default());
         r.json().expect("json")
     }
 

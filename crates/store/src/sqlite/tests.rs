@@ -162,3 +162,40 @@ async fn a_damaged_file_is_refused_and_said_once() {
     assert_eq!(text.matches("file is not a database").count(), 1, "{text}");
     assert!(std::error::Error::source(&e).is_none(), "the chain would repeat it: {text}");
 }
+
+/// The in-memory database lives as long as the store, not as long as a connection: the pool
+/// replaces connections (one it found broken after an abandoned request, or one past sqlx's
+/// idle and lifetime limits, 10 and 30 minutes by default), and the last connection to an
+/// in-memory database closing destroys it, so a long `gpuci run` lost every job and the
+/// next request failed with "no such table".
+#[tokio::test]
+async fn the_in_memory_database_outlives_the_connections_of_its_pool() {
+    let s = SqliteStore::in_memory().await.unwrap();
+    let (_, jobs) = s
+        .create_pipeline(
+            NewPipeline {
+                file_name: "p.yml".into(),
+                source: String::new(),
+                workspace_upload: None,
+                repository: None,
+                origin: None,
+                created_at_ms: 1,
+            },
+            vec![NewJob {
+                pipeline_id: 0,
+                step: Step::new("k", "true"),
+                env: Default::default(),
+                state: gpuci_core::job::JobState::Queued,
+                reason: "queued".into(),
+                attempt: 1,
+                retry_of: None,
+                created_at_ms: 1,
+            }],
+        )
+        .await
+        .unwrap();
+    // The pool's connection closed, as the pool itself closes one it retires.
+    s.pool.acquire().await.unwrap().close().await.unwrap();
+    let job = s.get_job(jobs[0].id).await.expect("the database is still there");
+    assert_eq!(job.map(|j| j.id), Some(jobs[0].id));
+}
