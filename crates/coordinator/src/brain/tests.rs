@@ -135,38 +135,7 @@ async fn a_pass_judges_each_shape_once_and_still_checks_each_jobs_secrets() {
         .unwrap();
     let (key, _) = gpuci_store::SecretsKey::generate();
     let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
-    let gpu: gpuci_core::gpu::GpuInfo = serde_json::from_value(serde_json::json!({
-        "uuid": "GPU-one", "index": 0, "name": "H100", "memory": 85899345920u64,
-        "compute_capability": {"major": 9, "minor": 0}, "driver_version": "550.54", "device_node": "/dev/nvidia0"
-    }))
-    .unwrap();
-    let (tx, _rx) = mpsc::unbounded_channel();
-    brain.agents.insert(
-        "agent-1".into(),
-        AgentState {
-            id: "agent-1".into(),
-            name: "box".into(),
-            hostname: "box".into(),
-            tags: BTreeMap::new(),
-            slots: 4,
-            gpus: vec![gpu],
-            health: BTreeMap::new(),
-            gpu_backend: "fake".into(),
-            isolation: "bubblewrap".into(),
-            refuses: None,
-            container_runtime: None,
-            link: Link::Connected,
-            conn: Some((1, tx)),
-            last_seen: Instant::now(),
-            last_seen_ms: 1,
-            reason: String::new(),
-            paused: None,
-            interrupted: None,
-            withdrawn: None,
-            first_job_at_ms: None,
-            ends_at_ms: None,
-        },
-    );
+    connect_fake_agent(&mut brain, "agent-1", 1);
     brain.place_now().await;
     let got = |i: usize| {
         let store = store.clone();
@@ -232,4 +201,100 @@ async fn an_agents_jobs_follow_the_job_from_agent_to_agent_and_to_its_end() {
     brain.publish(&b);
     assert!(on(&brain, "agent-1").is_empty() && on(&brain, "agent-2").is_empty());
     assert!(brain.on_agent.is_empty(), "nothing left behind");
+}
+
+/// An agent named `id` with `gpus` H100s, connected (its messages go nowhere).
+fn connect_fake_agent(brain: &mut Brain, id: &str, gpus: u32) {
+    let gpus = (0..gpus)
+        .map(|i| {
+            serde_json::from_value::<gpuci_core::gpu::GpuInfo>(serde_json::json!({
+                "uuid": if gpus == 1 { "GPU-one".to_string() } else { format!("GPU-{id}-{i}") },
+                "index": i, "name": "H100", "memory": 85899345920u64,
+                "compute_capability": {"major": 9, "minor": 0}, "driver_version": "550.54",
+                "device_node": format!("/dev/nvidia{i}")
+            }))
+            .unwrap()
+        })
+        .collect();
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::mem::forget(rx);
+    brain.agents.insert(
+        id.into(),
+        AgentState {
+            id: id.into(),
+            name: id.into(),
+            hostname: id.into(),
+            tags: BTreeMap::new(),
+            slots: 4,
+            gpus,
+            health: BTreeMap::new(),
+            gpu_backend: "fake".into(),
+            isolation: "bubblewrap".into(),
+            refuses: None,
+            container_runtime: None,
+            link: Link::Connected,
+            conn: Some((1, tx)),
+            last_seen: Instant::now(),
+            last_seen_ms: 1,
+            reason: String::new(),
+            paused: None,
+            interrupted: None,
+            withdrawn: None,
+            first_job_at_ms: None,
+            ends_at_ms: None,
+        },
+    );
+}
+
+/// What one placement pass costs with a long queue behind full GPUs (run by hand:
+/// `cargo test --release -p gpuci-coordinator --lib a_placement_pass_with_a_long_queue -- --ignored --nocapture`;
+/// `GPUCI_BENCH_JOBS`, `GPUCI_BENCH_AGENTS` change its size). BENCHMARKS.md, "The placement
+/// pass with a long queue".
+#[tokio::test]
+#[ignore = "a benchmark, run by hand"]
+async fn a_placement_pass_with_a_long_queue() {
+    let n: usize = std::env::var("GPUCI_BENCH_JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let agents: usize = std::env::var("GPUCI_BENCH_AGENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let mut step = gpuci_core::pipeline::Step::new("a", "true");
+    step.gpu.count = 1;
+    let new = gpuci_store::NewJob {
+        pipeline_id: 0,
+        step,
+        env: BTreeMap::new(),
+        state: JobState::Queued,
+        reason: "waiting".into(),
+        attempt: 1,
+        retry_of: None,
+        created_at_ms: 1,
+    };
+    let t0 = Instant::now();
+    for _ in 0..n.div_ceil(1000) {
+        store.create_pipeline(new_pipeline(), vec![new.clone(); 1000]).await.unwrap();
+    }
+    eprintln!("{n} jobs stored in {:.1} s", t0.elapsed().as_secs_f64());
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    for i in 0..agents {
+        connect_fake_agent(&mut brain, &format!("agent-{i}"), 4);
+    }
+    let queued = |b: &Brain| b.active.values().filter(|j| j.state == JobState::Queued).count();
+    let t = Instant::now();
+    brain.place_now().await;
+    let first = t.elapsed();
+    let placed = n - queued(&brain);
+    eprintln!("first pass: {placed} placed in {:.3} s; {} left queued", first.as_secs_f64(), queued(&brain));
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        brain.place_now().await;
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    eprintln!(
+        "a pass with every GPU busy and {} queued: median {:.2} ms (of 5: {times:.2?})",
+        queued(&brain),
+        times[2]
+    );
+    assert_eq!(placed, (agents * 4).min(n));
 }
