@@ -16,6 +16,7 @@
 //! database never holds; the coordinator keeps the key, seals and opens.
 
 mod artifacts;
+mod assign_batch;
 pub mod compat;
 mod coordinator_identity;
 mod coordinator_state;

@@ -290,31 +290,7 @@ impl Store for SqliteStore {
 
     async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<JobRecord>>> {
         let mut tx = self.pool.begin().await?;
-        if batch.iter().any(|a| a.token_sha256.is_some()) {
-            crate::job_tokens::sqlite::sweep_ended(&mut tx).await?;
-        }
-        let mut out = Vec::with_capacity(batch.len());
-        for a in batch {
-            // A savepoint per item: a refused one leaves nothing behind and the others stand.
-            sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;
-            let assigned = match assign_in(&mut tx, a.job, &a.agent_id, &a.gpus, now_ms).await {
-                Ok(rec) => match &a.token_sha256 {
-                    Some(sha256) => {
-                        crate::job_tokens::sqlite::put_in(&mut tx, a.job, sha256, now_ms).await.map(|()| rec)
-                    }
-                    None => Ok(rec),
-                },
-                Err(e) => Err(e),
-            };
-            match assigned {
-                Err(e) if e.refuses_only_the_item() => {
-                    sqlx::query("ROLLBACK TO SAVEPOINT item").execute(&mut *tx).await?;
-                    out.push(Err(e));
-                }
-                r => out.push(Ok(r?)),
-            }
-            sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await?;
-        }
+        let out = assign::assign_set_based(&mut tx, batch, now_ms).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -323,26 +299,30 @@ impl Store for SqliteStore {
         let mut tx = self.pool.begin().await?;
         let mut out = Vec::with_capacity(batch.len());
         for u in batch {
-            sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;
+            // No savepoint per item: `update_job_in` refuses an item before its first write,
+            // and any other error ends the whole batch (the transaction is dropped).
             match update_job_in(&mut tx, u.job, &u.expect, u.change.clone()).await {
-                Err(e) if e.refuses_only_the_item() => {
-                    sqlx::query("ROLLBACK TO SAVEPOINT item").execute(&mut *tx).await?;
-                    out.push(Err(e));
-                }
+                Err(e) if e.refuses_only_the_item() => out.push(Err(e)),
                 r => out.push(Ok(r?)),
             }
-            sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(out)
     }
 
     async fn set_reasons(&self, reasons: &[(JobId, String)]) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
-        for (id, reason) in reasons {
-            sqlx::query("UPDATE jobs SET reason = ? WHERE id = ?").bind(reason).bind(id).execute(&mut *tx).await?;
+        if reasons.is_empty() {
+            return Ok(());
         }
-        tx.commit().await?;
+        // One statement for the lot: a pass may change the reasons of thousands of jobs.
+        let rows: Vec<serde_json::Value> = reasons.iter().map(|(id, why)| serde_json::json!([id, why])).collect();
+        sqlx::query(
+            "UPDATE jobs SET reason = u.reason \
+             FROM (SELECT value ->> 0 AS id, value ->> 1 AS reason FROM json_each(?)) AS u WHERE jobs.id = u.id",
+        )
+        .bind(serde_json::Value::Array(rows).to_string())
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

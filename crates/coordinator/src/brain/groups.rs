@@ -80,8 +80,8 @@ impl Brain {
     /// Reads the scope of every pipeline with unfinished jobs that has none yet (after a
     /// restart), and forgets those of pipelines that have finished.
     pub(super) async fn note_group_scopes(&mut self) {
-        let live: BTreeSet<PipelineId> = self.active.values().map(|j| j.pipeline_id).collect();
-        self.group_scopes.retain(|p, _| live.contains(p));
+        let live: Vec<PipelineId> = self.live_pipelines.keys().copied().collect();
+        self.group_scopes.retain(|p, _| self.live_pipelines.contains_key(p));
         for p in live {
             if self.group_scopes.contains_key(&p) {
                 continue;

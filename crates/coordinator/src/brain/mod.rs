@@ -445,6 +445,9 @@ pub struct Brain {
     /// with 40,000 running jobs take 37 s, two thirds of it comparing agent ids
     /// (BENCHMARKS.md, "The coordinator under load").
     on_agent: HashMap<String, BTreeSet<JobId>>,
+    /// How many active jobs each pipeline has, kept with `active` as `on_agent` is: the
+    /// pipelines a pass needs the concurrency scopes of, without walking every active job.
+    live_pipelines: BTreeMap<PipelineId, usize>,
     /// Latest attempt of each step: (pipeline, key) → (job, state, soft failed).
     steps: HashMap<(PipelineId, String), (JobId, JobState, bool)>,
     quarantine: BTreeMap<String, Quarantine>,
@@ -524,6 +527,7 @@ impl Brain {
             agents: BTreeMap::new(),
             active: BTreeMap::new(),
             on_agent: HashMap::new(),
+            live_pipelines: BTreeMap::new(),
             steps: HashMap::new(),
             quarantine: BTreeMap::new(),
             cancelling: HashMap::new(),
@@ -602,6 +606,7 @@ impl Brain {
             if let Some(agent) = &j.agent_id {
                 brain.on_agent.entry(agent.clone()).or_default().insert(j.id);
             }
+            *brain.live_pipelines.entry(j.pipeline_id).or_default() += 1;
             brain.active.insert(j.id, j);
         }
         Ok(brain)
@@ -667,9 +672,20 @@ impl Brain {
 
     fn publish(&mut self, j: &JobRecord) {
         self.note_step(j);
-        let was_on =
-            if j.state.is_terminal() { self.active.remove(&j.id) } else { self.active.insert(j.id, j.clone()) }
-                .and_then(|old| old.agent_id);
+        let old = if j.state.is_terminal() { self.active.remove(&j.id) } else { self.active.insert(j.id, j.clone()) };
+        match (&old, j.state.is_terminal()) {
+            (None, false) => *self.live_pipelines.entry(j.pipeline_id).or_default() += 1,
+            (Some(_), true) => {
+                if let Some(n) = self.live_pipelines.get_mut(&j.pipeline_id) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        self.live_pipelines.remove(&j.pipeline_id);
+                    }
+                }
+            }
+            _ => {}
+        }
+        let was_on = old.and_then(|old| old.agent_id);
         let now_on = j.agent_id.as_ref().filter(|_| !j.state.is_terminal());
         if was_on.as_ref() != now_on {
             if let Some(agent) = &was_on {

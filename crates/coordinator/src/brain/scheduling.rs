@@ -76,7 +76,7 @@ impl Brain {
     pub(super) async fn place_now(&mut self) {
         self.note_group_scopes().await;
         // Skips cascade through depends_on; repeat until nothing changes.
-        loop {
+        let groups = loop {
             let groups = self.group_index();
             let skips: Vec<(JobRecord, String)> = self
                 .active
@@ -88,14 +88,14 @@ impl Brain {
                 })
                 .collect();
             if skips.is_empty() {
-                break;
+                break groups;
             }
             for (j, why) in skips {
                 if let Err(e) = self.finish(&j, JobState::Skipped, why, None, None, Vec::new()).await {
                     tracing::error!(job = j.id, error = %e, "could not skip job");
                 }
             }
-        }
+        };
         let (hosts, ids) = self.hosts();
         // The indexed cluster answers each job without scanning every host; it is rebuilt per
         // pass from live state, so it can never drift from it.
@@ -103,7 +103,6 @@ impl Brain {
         // Ids, not records: a pass over 100,000 queued jobs cloned every record (BENCHMARKS.md,
         // "The coordinator under load"); a record is cloned only to be placed or to change.
         let queued: Vec<JobId> = self.active.values().filter(|j| j.state == JobState::Queued).map(|j| j.id).collect();
-        let groups = self.group_index();
         let now = now_ms();
         let mut placed_groups: BTreeSet<gpuci_core::concurrency::GroupKey> = BTreeSet::new();
         let mut unplaceable = Vec::new();
@@ -117,13 +116,16 @@ impl Brain {
         // Pipelines read this pass (a pipeline's steps are placed one after another).
         let mut pipelines: HashMap<PipelineId, PipelineRecord> = HashMap::new();
         for id in queued {
-            let held = match self.active.get(&id) {
-                Some(j) if !self.budgets_reached.is_empty() => {
-                    let j = j.clone();
-                    self.budget_held(&j).await
-                }
-                Some(_) => false,
-                None => continue,
+            // One look-up per job when no budget is reached (the common case).
+            let held = match self.budgets_reached.is_empty() {
+                true => false,
+                false => match self.active.get(&id) {
+                    Some(j) => {
+                        let j = j.clone();
+                        self.budget_held(&j).await
+                    }
+                    None => continue,
+                },
             };
             let Some(j) = self.active.get(&id) else { continue };
             let why = match self.blocked(j, &groups) {
@@ -151,9 +153,12 @@ impl Brain {
             // A job with secrets is still checked below: one it may not have ends it now.
             if j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty() {
                 if let Some(reason) = full.reason(&Shape::of(j, unsandboxed, limited, held)) {
-                    let reason = with_fleet_note(reason, held, self.fleet_notes.get(&id));
                     unplaceable.push(id);
-                    note_reason(&mut reasons, j, reason);
+                    match self.fleet_notes.get(&id) {
+                        // Told already (most of a long queue, pass after pass): nothing to make.
+                        None if j.reason == reason => {}
+                        note => note_reason(&mut reasons, j, with_fleet_note(reason, held, note)),
+                    }
                     continue;
                 }
             }

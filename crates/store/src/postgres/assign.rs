@@ -102,42 +102,18 @@ pub(super) async fn assign_set_based(
         state.insert(r.get(0), s);
     }
     let all_gpus: Vec<&str> = batch.iter().flat_map(|a| a.gpus.iter().map(String::as_str)).collect();
-    let mut held: HashMap<String, JobId> =
-        sqlx::query("SELECT gpu_uuid, job_id FROM gpu_leases WHERE gpu_uuid = ANY($1)")
-            .bind(&all_gpus)
-            .fetch_all(&mut *tx)
-            .await?
-            .into_iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect();
-    // Each answer: the index of its accepted assignment, or why it was refused.
-    let mut decided: Vec<std::result::Result<usize, StoreError>> = Vec::with_capacity(batch.len());
-    let mut accepted: Vec<&NewAssignment> = Vec::new();
-    for a in batch {
-        let refused = match state.get(&a.job) {
-            None => Some(StoreError::JobNotFound(a.job)),
-            Some(s) if *s != JobState::Queued => {
-                Some(StoreError::Conflict { job: a.job, expected: "queued".into(), found: *s })
-            }
-            Some(_) => {
-                a.gpus.iter().find_map(|g| held.get(g).map(|h| StoreError::GpuLeased { gpu: g.clone(), holder: *h }))
-            }
-        };
-        match refused {
-            Some(e) => decided.push(Err(e)),
-            None => {
-                for g in &a.gpus {
-                    held.insert(g.clone(), a.job);
-                }
-                state.insert(a.job, JobState::Assigned);
-                decided.push(Ok(accepted.len()));
-                accepted.push(a);
-            }
-        }
-    }
+    let held: HashMap<String, JobId> = sqlx::query("SELECT gpu_uuid, job_id FROM gpu_leases WHERE gpu_uuid = ANY($1)")
+        .bind(&all_gpus)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let decided = crate::assign_batch::decide(batch, state, held);
+    let accepted = &decided.accepted;
     if !accepted.is_empty() {
         let (mut gpu, mut agent, mut job) = (Vec::new(), Vec::new(), Vec::new());
-        for a in &accepted {
+        for a in accepted {
             for g in &a.gpus {
                 gpu.push(g.as_str());
                 agent.push(a.agent_id.as_str());
@@ -162,7 +138,7 @@ pub(super) async fn assign_set_based(
         }
         let mut ids = Vec::with_capacity(accepted.len());
         let (mut reasons, mut agents, mut gpus_json) = (Vec::new(), Vec::new(), Vec::new());
-        for a in &accepted {
+        for a in accepted {
             ids.push(a.job);
             reasons.push(format!("assigned to agent {}", a.agent_id));
             agents.push(a.agent_id.as_str());
@@ -199,14 +175,7 @@ pub(super) async fn assign_set_based(
         }
     }
     tx.commit().await?;
-    let out = decided
-        .into_iter()
-        .map(|d| match d {
-            Ok(i) => records.remove(&accepted[i].job).ok_or(StoreError::JobNotFound(accepted[i].job)),
-            Err(e) => Err(e),
-        })
-        .collect();
-    Ok(Some(out))
+    Ok(Some(crate::assign_batch::answer(decided, records)))
 }
 
 /// The change of [`Store::update_job`], inside the caller's transaction.

@@ -56,10 +56,16 @@ pub(super) async fn update_job_in(
     expect: &[JobState],
     c: JobChange,
 ) -> Result<JobRecord> {
-    let cur = SqliteStore::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?;
-    if !expect.is_empty() && !expect.contains(&cur.state) {
+    // Refused (if at all) before the first write: the caller's batch takes no savepoint.
+    let state: String = sqlx::query_scalar("SELECT state FROM jobs WHERE id = ?")
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(StoreError::JobNotFound(id))?;
+    let state: JobState = state.parse().map_err(|e| corrupt("state", e))?;
+    if !expect.is_empty() && !expect.contains(&state) {
         let expected = expect.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("|");
-        return Err(StoreError::Conflict { job: id, expected, found: cur.state });
+        return Err(StoreError::Conflict { job: id, expected, found: state });
     }
     let telemetry = c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
     let unenforced =
@@ -95,4 +101,101 @@ pub(super) async fn update_job_in(
         upsert_quarantine(&mut *tx, q).await?;
     }
     SqliteStore::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))
+}
+
+/// [`Store::assign_jobs`] inside the caller's transaction in a handful of statements whatever
+/// the batch's size: read the batch's jobs' states and its GPUs' leases, decide each
+/// assignment in order as [`assign_in`] would (`crate::assign_batch`), then write the accepted
+/// ones set-based (lists passed as JSON arrays, read back by `json_each`). One statement per
+/// job and GPU made the single writer's thread trade thousands of wake-ups a pass with the
+/// brain's (BENCHMARKS.md, "The placement pass with a long queue"). Nothing can lease a GPU
+/// between the read and the write: SQLite has one writer, and this transaction is it.
+pub(super) async fn assign_set_based(
+    conn: &mut sqlx::SqliteConnection,
+    batch: &[NewAssignment],
+    now_ms: i64,
+) -> Result<Vec<Result<JobRecord>>> {
+    use std::collections::HashMap;
+    let json = |v: &serde_json::Value| v.to_string();
+    let ids: Vec<JobId> = batch.iter().map(|a| a.job).collect();
+    let ids_json = json(&serde_json::json!(ids));
+    let mut state: HashMap<JobId, JobState> = HashMap::with_capacity(batch.len());
+    for r in sqlx::query("SELECT id, state FROM jobs WHERE id IN (SELECT value FROM json_each(?))")
+        .bind(&ids_json)
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let text: String = r.get(1);
+        state.insert(r.get(0), text.parse().map_err(|e| corrupt("state", e))?);
+    }
+    let all_gpus: Vec<&str> = batch.iter().flat_map(|a| a.gpus.iter().map(String::as_str)).collect();
+    let held: HashMap<String, JobId> =
+        sqlx::query("SELECT gpu_uuid, job_id FROM gpu_leases WHERE gpu_uuid IN (SELECT value FROM json_each(?))")
+            .bind(json(&serde_json::json!(all_gpus)))
+            .fetch_all(&mut *conn)
+            .await?
+            .into_iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+    let decided = crate::assign_batch::decide(batch, state, held);
+    let accepted = &decided.accepted;
+    let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(accepted.len());
+    if accepted.is_empty() {
+        return Ok(crate::assign_batch::answer(decided, records));
+    }
+    let leases: Vec<serde_json::Value> =
+        accepted.iter().flat_map(|a| a.gpus.iter().map(|g| serde_json::json!([g, a.agent_id, a.job]))).collect();
+    if !leases.is_empty() {
+        sqlx::query(
+            "INSERT INTO gpu_leases (gpu_uuid, agent_id, job_id, since_ms) \
+             SELECT value ->> 0, value ->> 1, value ->> 2, ? FROM json_each(?)",
+        )
+        .bind(now_ms)
+        .bind(json(&serde_json::Value::Array(leases)))
+        .execute(&mut *conn)
+        .await?;
+    }
+    let mut jobs = Vec::with_capacity(accepted.len());
+    for a in accepted {
+        let gpus_json = serde_json::to_string(&a.gpus).map_err(|e| corrupt("gpus", e))?;
+        jobs.push(serde_json::json!([a.job, format!("assigned to agent {}", a.agent_id), a.agent_id, gpus_json]));
+    }
+    sqlx::query(
+        "UPDATE jobs SET state = 'assigned', reason = u.reason, agent_id = u.agent, gpus_json = u.gpus, \
+         assigned_at_ms = ? \
+         FROM (SELECT value ->> 0 AS id, value ->> 1 AS reason, value ->> 2 AS agent, value ->> 3 AS gpus \
+               FROM json_each(?)) AS u \
+         WHERE jobs.id = u.id",
+    )
+    .bind(now_ms)
+    .bind(json(&serde_json::Value::Array(jobs)))
+    .execute(&mut *conn)
+    .await?;
+    // The job tokens of the accepted ones (each job at most once: a second assignment of a
+    // job in the batch was refused above).
+    let tokens: Vec<serde_json::Value> =
+        accepted.iter().filter_map(|a| a.token_sha256.as_deref().map(|h| serde_json::json!([a.job, h]))).collect();
+    if !tokens.is_empty() {
+        crate::job_tokens::sqlite::sweep_ended(&mut *conn).await?;
+        // `WHERE true`: SQLite's grammar needs it between a SELECT and ON CONFLICT.
+        sqlx::query(
+            "INSERT INTO job_tokens (job_id, token_sha256, uploads, created_at_ms) \
+             SELECT value ->> 0, value ->> 1, 0, ? FROM json_each(?) WHERE true \
+             ON CONFLICT (job_id) DO UPDATE SET token_sha256 = excluded.token_sha256, created_at_ms = excluded.created_at_ms",
+        )
+        .bind(now_ms)
+        .bind(json(&serde_json::Value::Array(tokens)))
+        .execute(&mut *conn)
+        .await?;
+    }
+    let accepted_ids: Vec<JobId> = accepted.iter().map(|a| a.job).collect();
+    for r in sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id IN (SELECT value FROM json_each(?))"))
+        .bind(json(&serde_json::json!(accepted_ids)))
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let rec = job_from_row(&r)?;
+        records.insert(rec.id, rec);
+    }
+    Ok(crate::assign_batch::answer(decided, records))
 }
