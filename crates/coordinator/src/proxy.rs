@@ -79,6 +79,11 @@ const PROOF_TIMEOUT: Duration = Duration::from_secs(5);
 const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
 /// Requests passed on at once; more are answered 503.
 const MAX_IN_FLIGHT: usize = 1024;
+/// Requests one client address may have passed on at once: a share of [`MAX_IN_FLIGHT`], so
+/// that one client holding requests open (a body that never arrives holds its slot until the
+/// head timeout) cannot take every slot (outsider finding). Behind a load balancer every
+/// client is the balancer's address: this is then the standby's whole share through it.
+const MAX_IN_FLIGHT_PER_CLIENT: usize = MAX_IN_FLIGHT / 8;
 /// A proof is a few hundred bytes.
 const MAX_PROOF_BYTES: usize = 4096;
 
@@ -106,6 +111,41 @@ pub struct Proxy {
     record: Mutex<Option<(LeaderRecord, Instant)>>,
     idle: Arc<Mutex<Vec<Proved>>>,
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// Requests in flight per client address (`None`: a request that came without one).
+    per_client: Arc<Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>>,
+}
+
+/// One of a client's [`MAX_IN_FLIGHT_PER_CLIENT`] slots, given back when dropped.
+struct ClientSlot {
+    counts: Arc<Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>>,
+    client: Option<std::net::IpAddr>,
+}
+
+impl ClientSlot {
+    fn take(
+        counts: &Arc<Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>>,
+        client: Option<std::net::IpAddr>,
+    ) -> Option<ClientSlot> {
+        let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
+        let n = c.entry(client).or_default();
+        if *n >= MAX_IN_FLIGHT_PER_CLIENT {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot { counts: counts.clone(), client })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = c.get_mut(&self.client) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                c.remove(&self.client);
+            }
+        }
+    }
 }
 
 impl Proxy {
@@ -117,6 +157,7 @@ impl Proxy {
             record: Mutex::new(None),
             idle: Arc::new(Mutex::new(Vec::new())),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+            per_client: Arc::default(),
         }
     }
 
@@ -139,6 +180,12 @@ impl Proxy {
         if req.headers().get_all(header::HOST).iter().count() > 1 {
             return crate::error::ApiError::new(StatusCode::BAD_REQUEST, "a request names one Host").into_response();
         }
+        let client = req.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
+        let Some(slot) = ClientSlot::take(&self.per_client, client) else {
+            return unavailable(&format!(
+                "it is passing on as many requests from this client as it may ({MAX_IN_FLIGHT_PER_CLIENT})"
+            ));
+        };
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             return unavailable("it is passing on as many requests as it may");
         };
@@ -191,8 +238,8 @@ impl Proxy {
         let (parts, body) = resp.into_parts();
         let mut answer =
             Response::new(Body::from_stream(http_body_util::BodyExt::into_data_stream(body).map(move |chunk| {
-                // Counted as in flight until its body ends.
-                let _ = &permit;
+                // Counted as in flight (and as its client's) until its body ends.
+                let _ = (&permit, &slot);
                 chunk
             })));
         *answer.status_mut() = parts.status;
@@ -655,5 +702,25 @@ mod tests {
         let out = without_hop_by_hop(&h);
         assert_eq!(out.len(), 1, "{out:?}");
         assert!(out.contains_key(header::AUTHORIZATION));
+    }
+
+    /// Regression (outsider attack, third round): 1,024 connections from one address, each
+    /// sending a request whose body never came, held every slot of the standby for the head
+    /// timeout, and everyone else was answered 503. One client gets a share.
+    #[test]
+    fn one_client_holds_at_most_its_share_of_the_requests_in_flight() {
+        let counts = Arc::default();
+        let attacker = Some(std::net::IpAddr::from([203, 0, 113, 9]));
+        let held: Vec<ClientSlot> =
+            std::iter::from_fn(|| ClientSlot::take(&counts, attacker)).take(MAX_IN_FLIGHT).collect();
+        assert_eq!(held.len(), MAX_IN_FLIGHT_PER_CLIENT);
+        assert!(MAX_IN_FLIGHT_PER_CLIENT * 2 <= MAX_IN_FLIGHT, "others keep most of the slots");
+        let other = ClientSlot::take(&counts, Some(std::net::IpAddr::from([198, 51, 100, 7])));
+        assert!(other.is_some(), "another client still gets through");
+        drop(held);
+        let again = ClientSlot::take(&counts, attacker);
+        assert!(again.is_some(), "slots come back");
+        drop(other);
+        assert_eq!(counts.lock().unwrap().values().sum::<usize>(), 1);
     }
 }

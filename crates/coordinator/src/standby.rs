@@ -83,6 +83,8 @@ pub fn listen(
     }
     let until = stop.clone();
     let task = tokio::spawn(async move {
+        // Each request knows its client's address: the proxy gives each client a share.
+        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
         let served = axum::serve(served, app).with_graceful_shutdown(async move { until.cancelled().await });
         if let Err(e) = served.await {
             tracing::warn!(error = %e, "the standby's server stopped");

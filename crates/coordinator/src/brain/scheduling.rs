@@ -186,11 +186,29 @@ impl Brain {
                 let mut source = secret_source(pipeline.as_ref(), &self.github_host);
                 source.environment = j.step.environment.clone();
                 let mut given: Vec<(String, SecretScope)> = Vec::new();
-                let mut refused: Option<String> = None;
+                // Checked again here, not only when the pipeline was parsed: the stored step is
+                // a plain row, and a name no pipeline may hold (`gpuci:coordinator-identity`,
+                // the identity key's sealing name) would open a row that is not a user's secret.
+                let mut refused: Option<String> = j
+                    .step
+                    .secrets
+                    .iter()
+                    .chain(j.step.encrypted_secrets.keys())
+                    .find(|n| !gpuci_core::pipeline::is_env_name(n))
+                    .map(|n| {
+                        let shown: String = n.chars().take(80).collect();
+                        format!(
+                            "secret {shown:?} is not a secret name a pipeline may hold (letters, digits, `_`); \
+                             the stored step was changed outside gpuci: refused"
+                        )
+                    });
                 // Values encrypted in the pipeline file open here, where the key lives, and
                 // only for the repository, ref and name they were encrypted for.
                 let mut from_file: BTreeMap<String, String> = BTreeMap::new();
                 for (name, text) in &j.step.encrypted_secrets {
+                    if refused.is_some() {
+                        break;
+                    }
                     let opened = match &self.repo_keys {
                         None => Err("this coordinator keeps no key for encrypted secrets".to_string()),
                         Some(ring) => {

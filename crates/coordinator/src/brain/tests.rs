@@ -299,3 +299,48 @@ async fn a_placement_pass_with_a_long_queue() {
     );
     assert_eq!(placed, (agents * 4).min(n));
 }
+
+/// Regression (outsider attack, third round): a database writer copied the coordinator
+/// identity key's sealed secret into the secrets table under its sealing name
+/// (`gpuci:coordinator-identity`) and named that "secret" in a queued job's stored step; the
+/// pass opened it (same key, same name) and gave the installation's private key to the job.
+/// Names a pipeline file cannot hold are refused at placement, whatever the stored step says.
+#[tokio::test]
+async fn a_stored_step_naming_a_secret_no_pipeline_may_name_gets_nothing() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    for name in ["gpuci:coordinator-identity", "gpuci:coordinator-identity@repo:octo/x"] {
+        store.set_secret(name, &key.seal(name, "the private key"), 1).await.unwrap();
+    }
+    let job = |secret: &str| {
+        let mut s = gpuci_core::pipeline::Step::new("a", "env");
+        s.secrets = vec![secret.to_string()];
+        gpuci_store::NewJob {
+            pipeline_id: 0,
+            step: s,
+            env: BTreeMap::new(),
+            state: JobState::Queued,
+            reason: "waiting".into(),
+            attempt: 1,
+            retry_of: None,
+            created_at_ms: 1,
+        }
+    };
+    let (_, jobs) = store
+        .create_pipeline(new_pipeline(), vec![job("gpuci:coordinator-identity"), job("gpuci:coordinator-identity")])
+        .await
+        .unwrap();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    brain.agents.get_mut("agent-1").unwrap().conn = Some((1, tx));
+    brain.place_now().await;
+    while let Ok(msg) = rx.try_recv() {
+        assert!(!format!("{msg:?}").contains("the private key"), "sent to the agent: {msg:?}");
+    }
+    for j in &jobs {
+        let got = store.get_job(j.id).await.unwrap().unwrap();
+        assert_eq!(got.state, JobState::Failed, "{}", got.reason);
+        assert!(got.reason.contains("gpuci:coordinator-identity"), "{}", got.reason);
+    }
+}
