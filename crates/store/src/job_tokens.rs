@@ -6,8 +6,9 @@
 //!
 //! A placed job's token is written by its assignment (`NewAssignment::token_sha256`), in the
 //! placement pass's one transaction: a refused assignment stores no token, and a pass costs
-//! one commit, not one for its tokens and one for its assignments. The rows of ended jobs are
-//! swept once per pass, in the same transaction ([`sqlite::sweep_ended`]).
+//! one commit, not one for its tokens and one for its assignments. A job's row is deleted by
+//! the update that ends the job, in its transaction; rows left by an older version are swept
+//! when tokens are stored outside a pass ([`sqlite::sweep_ended`]).
 
 use crate::Result;
 use gpuci_protocol::JobId;

@@ -86,9 +86,6 @@ pub(super) async fn assign_set_based(
 ) -> Result<Option<Vec<Result<JobRecord>>>> {
     use std::collections::HashMap;
     let mut tx = pool.begin().await?;
-    if batch.iter().any(|a| a.token_sha256.is_some()) {
-        crate::job_tokens::postgres::sweep_ended(&mut tx).await?;
-    }
     let ids: Vec<JobId> = batch.iter().map(|a| a.job).collect();
     // Locked in id order: two batches over the same jobs wait, never deadlock.
     let rows = sqlx::query("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
@@ -220,6 +217,11 @@ pub(super) async fn update_job_in(
     }
     if c.release_leases || c.clear_assignment {
         sqlx::query("DELETE FROM gpu_leases WHERE job_id = $1").bind(id).execute(&mut *tx).await?;
+    }
+    // An ended job's token opens nothing: gone with the end, in its transaction (a sweep of
+    // every token row per placement pass was a visible share of SQLite's time under load).
+    if c.state.is_some_and(JobState::is_terminal) {
+        sqlx::query("DELETE FROM job_tokens WHERE job_id = $1").bind(id).execute(&mut *tx).await?;
     }
     for q in &c.quarantine {
         upsert_quarantine(&mut *tx, q).await?;

@@ -97,6 +97,11 @@ pub(super) async fn update_job_in(
     if c.release_leases || c.clear_assignment {
         sqlx::query("DELETE FROM gpu_leases WHERE job_id = ?").bind(id).execute(&mut *tx).await?;
     }
+    // An ended job's token opens nothing: gone with the end, in its transaction (a sweep of
+    // every token row per placement pass was a visible share of SQLite's time under load).
+    if c.state.is_some_and(JobState::is_terminal) {
+        sqlx::query("DELETE FROM job_tokens WHERE job_id = ?").bind(id).execute(&mut *tx).await?;
+    }
     for q in &c.quarantine {
         upsert_quarantine(&mut *tx, q).await?;
     }
@@ -176,7 +181,6 @@ pub(super) async fn assign_set_based(
     let tokens: Vec<serde_json::Value> =
         accepted.iter().filter_map(|a| a.token_sha256.as_deref().map(|h| serde_json::json!([a.job, h]))).collect();
     if !tokens.is_empty() {
-        crate::job_tokens::sqlite::sweep_ended(&mut *conn).await?;
         // `WHERE true`: SQLite's grammar needs it between a SELECT and ON CONFLICT.
         sqlx::query(
             "INSERT INTO job_tokens (job_id, token_sha256, uploads, created_at_ms) \

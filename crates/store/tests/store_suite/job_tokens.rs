@@ -6,7 +6,7 @@ use gpuci_store::*;
 
 /// Dynamic steps: a job's token is stored as a hash, one row per job; each upload is counted
 /// in the commit that adds its jobs, and past the cap nothing is added; a new token resets the
-/// count; rows of ended jobs go when the next token is stored.
+/// count; an ended job's row goes with its end.
 async fn job_tokens_suite(s: &dyn Store) {
     let np = NewPipeline {
         origin: None,
@@ -47,12 +47,12 @@ async fn job_tokens_suite(s: &dyn Store) {
     let t = s.job_token(a).await.unwrap().unwrap();
     assert_eq!((t.token_sha256.as_str(), t.uploads), ("bb22", 2));
 
-    // Job a ends; storing b's token clears a's row.
+    // Job a ends: its row goes with the end, in its transaction.
     s.update_job(a, &[JobState::Queued], JobChange { state: Some(JobState::Cancelled), ..Default::default() })
         .await
         .unwrap();
-    s.put_job_tokens(&[(b, "cc33".into())], 7).await.unwrap();
     assert_eq!(s.job_token(a).await.unwrap(), None);
+    s.put_job_tokens(&[(b, "cc33".into())], 7).await.unwrap();
     assert!(s.job_token(b).await.unwrap().is_some());
     s.delete_job_token(b).await.unwrap();
     assert_eq!(s.job_token(b).await.unwrap(), None);
