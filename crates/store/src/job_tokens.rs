@@ -6,9 +6,10 @@
 //!
 //! A placed job's token is written by its assignment (`NewAssignment::token_sha256`), in the
 //! placement pass's one transaction: a refused assignment stores no token, and a pass costs
-//! one commit, not one for its tokens and one for its assignments. A job's row is deleted by
-//! the update that ends the job, in its transaction; rows left by an older version are swept
-//! when tokens are stored outside a pass ([`sqlite::sweep_ended`]).
+//! one commit, not one for its tokens and one for its assignments. A job's row is deleted in
+//! the transaction that ends the job (one statement per batch of ends:
+//! [`sqlite::delete_ended_in`]); rows left by an older version are swept when tokens are
+//! stored outside a pass ([`sqlite::sweep_ended`]).
 
 use crate::Result;
 use gpuci_protocol::JobId;
@@ -57,6 +58,18 @@ pub(crate) mod sqlite {
             put_in(&mut tx, *job, sha256, now_ms).await?;
         }
         tx.commit().await?;
+        Ok(())
+    }
+
+    /// Deletes the rows of `jobs`, which the caller's transaction ended: one statement for a
+    /// batch (an ended job's token opens nothing).
+    pub async fn delete_ended_in(conn: &mut sqlx::SqliteConnection, jobs: &[JobId]) -> Result<()> {
+        if !jobs.is_empty() {
+            sqlx::query("DELETE FROM job_tokens WHERE job_id IN (SELECT value FROM json_each(?))")
+                .bind(serde_json::json!(jobs).to_string())
+                .execute(conn)
+                .await?;
+        }
         Ok(())
     }
 
@@ -126,6 +139,15 @@ pub(crate) mod postgres {
     }
 
     /// Deletes the rows of ended jobs, inside the caller's transaction.
+    /// Deletes the rows of `jobs`, which the caller's transaction ended: one statement for a
+    /// batch (an ended job's token opens nothing).
+    pub async fn delete_ended_in(conn: &mut sqlx::PgConnection, jobs: &[JobId]) -> Result<()> {
+        if !jobs.is_empty() {
+            sqlx::query("DELETE FROM job_tokens WHERE job_id = ANY($1)").bind(jobs).execute(conn).await?;
+        }
+        Ok(())
+    }
+
     pub async fn sweep_ended(conn: &mut sqlx::PgConnection) -> Result<()> {
         sqlx::query(ENDED).execute(conn).await?;
         Ok(())

@@ -213,6 +213,8 @@ impl Store for PostgresStore {
             }
             sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await?;
         }
+        let ended: Vec<JobId> = out.iter().flatten().filter(|r| r.state.is_terminal()).map(|r| r.id).collect();
+        crate::job_tokens::postgres::delete_ended_in(&mut tx, &ended).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -233,6 +235,9 @@ impl Store for PostgresStore {
     async fn update_job(&self, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
         let mut tx = self.pool.begin().await?;
         let rec = update_job_in(&mut tx, id, expect, c).await?;
+        if rec.state.is_terminal() {
+            crate::job_tokens::postgres::delete_ended_in(&mut tx, &[rec.id]).await?;
+        }
         tx.commit().await?;
         Ok(rec)
     }
@@ -246,6 +251,9 @@ impl Store for PostgresStore {
     ) -> Result<(JobRecord, JobRecord)> {
         let mut tx = self.pool.begin().await?;
         let rec = update_job_in(&mut tx, id, expect, c).await?;
+        if rec.state.is_terminal() {
+            crate::job_tokens::postgres::delete_ended_in(&mut tx, &[rec.id]).await?;
+        }
         let next = insert_job_in(&mut tx, then.pipeline_id, &then).await?;
         let next = Self::job_in(&mut *tx, next).await?.ok_or(StoreError::JobNotFound(next))?;
         tx.commit().await?;

@@ -306,6 +306,8 @@ impl Store for SqliteStore {
                 r => out.push(Ok(r?)),
             }
         }
+        let ended: Vec<JobId> = out.iter().flatten().filter(|r| r.state.is_terminal()).map(|r| r.id).collect();
+        crate::job_tokens::sqlite::delete_ended_in(&mut tx, &ended).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -329,6 +331,9 @@ impl Store for SqliteStore {
     async fn update_job(&self, id: JobId, expect: &[JobState], c: JobChange) -> Result<JobRecord> {
         let mut tx = self.pool.begin().await?;
         let rec = update_job_in(&mut tx, id, expect, c).await?;
+        if rec.state.is_terminal() {
+            crate::job_tokens::sqlite::delete_ended_in(&mut tx, &[rec.id]).await?;
+        }
         tx.commit().await?;
         Ok(rec)
     }
@@ -342,6 +347,9 @@ impl Store for SqliteStore {
     ) -> Result<(JobRecord, JobRecord)> {
         let mut tx = self.pool.begin().await?;
         let rec = update_job_in(&mut tx, id, expect, c).await?;
+        if rec.state.is_terminal() {
+            crate::job_tokens::sqlite::delete_ended_in(&mut tx, &[rec.id]).await?;
+        }
         let next = insert_job_in(&mut tx, then.pipeline_id, &then).await?;
         let next = Self::job_in(&mut *tx, next).await?.ok_or(StoreError::JobNotFound(next))?;
         tx.commit().await?;

@@ -97,11 +97,6 @@ pub(super) async fn update_job_in(
     if c.release_leases || c.clear_assignment {
         sqlx::query("DELETE FROM gpu_leases WHERE job_id = ?").bind(id).execute(&mut *tx).await?;
     }
-    // An ended job's token opens nothing: gone with the end, in its transaction (a sweep of
-    // every token row per placement pass was a visible share of SQLite's time under load).
-    if c.state.is_some_and(JobState::is_terminal) {
-        sqlx::query("DELETE FROM job_tokens WHERE job_id = ?").bind(id).execute(&mut *tx).await?;
-    }
     for q in &c.quarantine {
         upsert_quarantine(&mut *tx, q).await?;
     }
