@@ -144,10 +144,14 @@ async fn queue_admitted(
         Verified::Answered(answer) => return Ok(answer),
         Verified::ToAct { event_name, delivery, body_sha256, .. } => (event_name, delivery, body_sha256),
     };
+    // Checked above; kept with the body so that the leader checks it again (the inbox is a
+    // table anyone who can write the database can write).
+    let signature = headers.get("x-hub-signature-256").and_then(|v| v.to_str().ok());
     let record = NewDelivery {
         delivery: &delivery,
         event: &event_name,
         body_sha256: Some(&body_sha256),
+        signature,
         now_ms: crate::brain::now_ms(),
     };
     if let Some(answer) = seen_before(w.store.queue_delivery_once(&record, body).await?, &delivery, &event_name) {

@@ -32,6 +32,9 @@ pub struct NewDelivery<'a> {
     pub delivery: &'a str,
     pub event: &'a str,
     pub body_sha256: Option<&'a str>,
+    /// Its `X-Hub-Signature-256`, kept with a queued body: the leader checks it again before
+    /// acting on the body (a row anything else wrote into the inbox is dropped).
+    pub signature: Option<&'a str>,
     pub now_ms: i64,
 }
 
@@ -100,13 +103,16 @@ pub(crate) mod sqlite {
         if seen != DeliverySeen::New {
             return Ok(seen);
         }
-        sqlx::query("INSERT INTO github_inbox (delivery, event, body, received_at_ms) VALUES (?, ?, ?, ?)")
-            .bind(d.delivery)
-            .bind(d.event)
-            .bind(body)
-            .bind(d.now_ms)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO github_inbox (delivery, event, body, received_at_ms, signature) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(d.delivery)
+        .bind(d.event)
+        .bind(body)
+        .bind(d.now_ms)
+        .bind(d.signature)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(seen)
     }
@@ -207,13 +213,16 @@ pub(crate) mod postgres {
         if seen != DeliverySeen::New {
             return Ok(seen);
         }
-        sqlx::query("INSERT INTO github_inbox (delivery, event, body, received_at_ms) VALUES ($1, $2, $3, $4)")
-            .bind(d.delivery)
-            .bind(d.event)
-            .bind(body)
-            .bind(d.now_ms)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO github_inbox (delivery, event, body, received_at_ms, signature) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(d.delivery)
+        .bind(d.event)
+        .bind(body)
+        .bind(d.now_ms)
+        .bind(d.signature)
+        .execute(&mut *tx)
+        .await?;
         tx.commit().await?;
         Ok(seen)
     }

@@ -166,6 +166,9 @@ pub struct QueuedDelivery {
     pub event: String,
     pub body: Vec<u8>,
     pub received_at_ms: i64,
+    /// The `X-Hub-Signature-256` it was received with (`None`: queued by an older
+    /// coordinator, or not by a coordinator at all).
+    pub signature: Option<String>,
 }
 
 /// A GitHub workflow job that matched a runner pool.

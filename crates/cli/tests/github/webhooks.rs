@@ -7,7 +7,9 @@
 //! - a signed body that starts work, sent again under a fresh delivery id (or another event
 //!   name), is not acted on again; GitHub's own redelivery (same id) is still known as one;
 //! - a `workflow_job` that GitHub says completed before its `queued` delivery arrives gets no
-//!   runner.
+//!   runner;
+//! - a delivery written into the standbys' inbox without GitHub's signature (by whoever can
+//!   write the database) is not acted on by the leader.
 //!
 //! Each runs a real `gpuci server` against the test GitHub, without an agent: what is asserted
 //! is what the coordinator answered and recorded, not what ran.
@@ -280,4 +282,57 @@ fn a_workflow_job_that_ended_before_its_queued_delivery_arrived_gets_no_runner()
         std::thread::sleep(Duration::from_millis(100));
     };
     assert_eq!(jobs.len(), 1, "one runner job, for the live workflow job: {jobs:#?}");
+}
+
+/// Regression (outsider attack, third round): a database writer inserted a made-up
+/// `workflow_job` delivery into `github_inbox` (the queue standbys fill for the leader) and the
+/// leader acted on it: a runner job for a workflow job GitHub never sent. The leader checks a
+/// queued body's signature again; a row without one, or with one the webhook secret did not
+/// make, is dropped.
+#[test]
+fn a_delivery_written_into_the_inbox_without_githubs_signature_is_not_acted_on() {
+    let rt = runtime();
+    let gh = test_github(&rt);
+    let dir = tempdir();
+    let server = server(&gh, &dir, "");
+    let db = dir.path().join("server").join("gpuci.db");
+    let zeros = format!("sha256={}", "0".repeat(64));
+    let forged = [(900301u64, None), (900302, Some(zeros.as_str()))];
+    rt.block_on(async {
+        let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).busy_timeout(Duration::from_secs(10));
+        let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.expect("database");
+        for (id, signature) in forged {
+            sqlx::query(
+                "INSERT INTO github_inbox (delivery, event, body, received_at_ms, signature) VALUES (?, 'workflow_job', ?, 1, ?)",
+            )
+            .bind(format!("forged-{id}"))
+            .bind(workflow_job("queued", id).to_string().into_bytes())
+            .bind(signature)
+            .execute(&mut conn)
+            .await
+            .expect("forged row");
+        }
+    });
+    let live = rt.block_on(gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "true", true));
+    assert_eq!(live.status, 202);
+    let api = server.api();
+    let inbox_empty = || {
+        rt.block_on(async {
+            let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&db).busy_timeout(Duration::from_secs(10));
+            let mut conn = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.expect("database");
+            let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM github_inbox").fetch_one(&mut conn).await.unwrap();
+            n == 0
+        })
+    };
+    wait_until("the leader to take the inbox", T, inbox_empty);
+    let deadline = std::time::Instant::now() + T;
+    let records = loop {
+        let records: Vec<Value> = api.get("/api/v1/github/jobs");
+        if records.iter().any(|r| r["id"] == json!(live.job_id)) || std::time::Instant::now() > deadline {
+            break records;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let ids: Vec<&Value> = records.iter().map(|r| &r["id"]).collect();
+    assert_eq!(ids, vec![&json!(live.job_id)], "only the job GitHub sent has a record: {records:#?}");
 }

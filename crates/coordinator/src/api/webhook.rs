@@ -113,6 +113,8 @@ async fn receive_inner(
         delivery: &delivery,
         event: &event_name,
         body_sha256: Some(&body_sha256),
+        // Acted on here, not queued: nothing to check again.
+        signature: None,
         now_ms: crate::brain::now_ms(),
     };
     if let Some(answer) = seen_before(st.store.record_delivery_once(&record).await?, &delivery, &event_name) {

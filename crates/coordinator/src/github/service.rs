@@ -205,6 +205,17 @@ impl Service {
             };
             let full = taken.len() == INBOX_BATCH as usize;
             for d in taken {
+                // Checked again: the standby checked it, but the inbox is a table, and a row
+                // anything else wrote there (whoever can write the database) is not a delivery
+                // from GitHub (outsider finding). Rows queued by an older coordinator kept no
+                // signature and are dropped too; GitHub's "Redeliver" sends them again.
+                let secret = self.cfg.webhook_secret.expose().as_bytes();
+                if let Err(e) = gpuci_github::verify_signature(secret, &d.body, d.signature.as_deref()) {
+                    tracing::error!(delivery = %d.delivery, event = %d.event, error = %e,
+                        "a queued webhook delivery's signature does not hold (it was not queued by a coordinator that \
+                         checked it, or by one older than this one, which kept none); dropped, not acted on");
+                    continue;
+                }
                 match gpuci_github::parse_event(&d.event, &d.delivery, &d.body) {
                     Ok(e) => {
                         tracing::info!(delivery = %d.delivery, event = %d.event, "acting on a webhook delivery a standby accepted");

@@ -68,7 +68,7 @@ impl PostgresStore {
         let rows = sqlx::query(
             "DELETE FROM github_inbox WHERE delivery IN \
              (SELECT delivery FROM github_inbox ORDER BY received_at_ms, delivery LIMIT $1) \
-             RETURNING delivery, event, body, received_at_ms",
+             RETURNING delivery, event, body, received_at_ms, signature",
         )
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
@@ -80,6 +80,7 @@ impl PostgresStore {
                 event: r.get("event"),
                 body: r.get("body"),
                 received_at_ms: r.get("received_at_ms"),
+                signature: r.get("signature"),
             })
             .collect();
         out.sort_by(|a, b| (a.received_at_ms, &a.delivery).cmp(&(b.received_at_ms, &b.delivery)));

@@ -127,6 +127,7 @@ async fn replay_suite(s: &dyn Store) {
         delivery,
         event,
         body_sha256: sha,
+        signature: None,
         now_ms,
     };
     assert_eq!(s.record_delivery_once(&d("r-1", "push", Some("aa"), 10)).await.unwrap(), DeliverySeen::New);
@@ -151,7 +152,14 @@ async fn replay_suite(s: &dyn Store) {
         DeliverySeen::Replay { delivery: "r-5".into(), event: "push".into() },
         "the leader refuses a replay of a body a standby queued"
     );
-    assert_eq!(s.take_queued_deliveries(10).await.unwrap().len(), 1);
+    let queued = s.take_queued_deliveries(10).await.unwrap();
+    assert_eq!(queued.len(), 1);
+    assert_eq!(queued[0].signature, None, "queued without one");
+    // A queued body keeps the signature it came with, for the leader to check again.
+    let signed = NewDelivery { signature: Some("sha256=00ff"), ..d("r-9", "push", Some("cc"), 16) };
+    assert_eq!(s.queue_delivery_once(&signed, b"y").await.unwrap(), DeliverySeen::New);
+    let taken = s.take_queued_deliveries(10).await.unwrap();
+    assert_eq!(taken.iter().map(|q| q.signature.as_deref()).collect::<Vec<_>>(), [Some("sha256=00ff")]);
     assert_eq!(s.record_delivery_once(&d("r-7", "ping", None, 17)).await.unwrap(), DeliverySeen::New);
 
     s.put_github_tombstone(501, "completed", 10).await.unwrap();
