@@ -29,16 +29,7 @@ fn a_pipeline_whose_origin_cannot_be_read_gets_no_secret() {
 #[tokio::test]
 async fn a_cancel_accepted_before_a_restart_is_still_under_way_after_it() {
     let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
-    let job = |state| gpuci_store::NewJob {
-        pipeline_id: 0,
-        step: gpuci_core::pipeline::Step::new("a", "sleep 60"),
-        env: BTreeMap::new(),
-        state,
-        reason: "waiting".into(),
-        attempt: 1,
-        retry_of: None,
-        created_at_ms: 1,
-    };
+    let job = |state| gpuci_store::NewJob { state, ..queued(gpuci_core::pipeline::Step::new("a", "sleep 60")) };
     let (_, jobs) =
         store.create_pipeline(new_pipeline(), vec![job(JobState::Queued), job(JobState::Queued)]).await.unwrap();
     store.set_reason(jobs[0].id, &format!("{CANCELLING}cancelled by user")).await.unwrap();
@@ -109,16 +100,7 @@ async fn a_pass_judges_each_shape_once_and_still_checks_each_jobs_secrets() {
         let mut s = gpuci_core::pipeline::Step::new(key, "true");
         s.gpu.count = gpus;
         s.secrets = secret.map(|n| vec![n.to_string()]).unwrap_or_default();
-        gpuci_store::NewJob {
-            pipeline_id: 0,
-            step: s,
-            env: BTreeMap::new(),
-            state: JobState::Queued,
-            reason: "waiting".into(),
-            attempt: 1,
-            retry_of: None,
-            created_at_ms: 1,
-        }
+        queued(s)
     };
     let (_, jobs) = store
         .create_pipeline(
@@ -154,6 +136,20 @@ async fn a_pass_judges_each_shape_once_and_still_checks_each_jobs_secrets() {
     assert!(e.reason.contains("NOPE"), "{}", e.reason);
 }
 
+/// A queued job of `step` (its pipeline is set when it is stored).
+fn queued(step: gpuci_core::pipeline::Step) -> gpuci_store::NewJob {
+    gpuci_store::NewJob {
+        pipeline_id: 0,
+        step,
+        env: BTreeMap::new(),
+        state: JobState::Queued,
+        reason: "waiting".into(),
+        attempt: 1,
+        retry_of: None,
+        created_at_ms: 1,
+    }
+}
+
 fn new_pipeline() -> gpuci_store::NewPipeline {
     gpuci_store::NewPipeline {
         file_name: "x.yml".into(),
@@ -170,16 +166,7 @@ fn new_pipeline() -> gpuci_store::NewPipeline {
 #[tokio::test]
 async fn an_agents_jobs_follow_the_job_from_agent_to_agent_and_to_its_end() {
     let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
-    let new = gpuci_store::NewJob {
-        pipeline_id: 0,
-        step: gpuci_core::pipeline::Step::new("a", "true"),
-        env: BTreeMap::new(),
-        state: JobState::Queued,
-        reason: "waiting".into(),
-        attempt: 1,
-        retry_of: None,
-        created_at_ms: 1,
-    };
+    let new = queued(gpuci_core::pipeline::Step::new("a", "true"));
     let (_, jobs) = store.create_pipeline(new_pipeline(), vec![new.clone(), new]).await.unwrap();
     let (key, _) = gpuci_store::SecretsKey::generate();
     let mut brain = Brain::load(store, Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
@@ -258,16 +245,7 @@ async fn a_placement_pass_with_a_long_queue() {
     let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
     let mut step = gpuci_core::pipeline::Step::new("a", "true");
     step.gpu.count = 1;
-    let new = gpuci_store::NewJob {
-        pipeline_id: 0,
-        step,
-        env: BTreeMap::new(),
-        state: JobState::Queued,
-        reason: "waiting".into(),
-        attempt: 1,
-        retry_of: None,
-        created_at_ms: 1,
-    };
+    let new = queued(step);
     let t0 = Instant::now();
     for _ in 0..n.div_ceil(1000) {
         store.create_pipeline(new_pipeline(), vec![new.clone(); 1000]).await.unwrap();
@@ -315,16 +293,7 @@ async fn a_stored_step_naming_a_secret_no_pipeline_may_name_gets_nothing() {
     let job = |secret: &str| {
         let mut s = gpuci_core::pipeline::Step::new("a", "env");
         s.secrets = vec![secret.to_string()];
-        gpuci_store::NewJob {
-            pipeline_id: 0,
-            step: s,
-            env: BTreeMap::new(),
-            state: JobState::Queued,
-            reason: "waiting".into(),
-            attempt: 1,
-            retry_of: None,
-            created_at_ms: 1,
-        }
+        queued(s)
     };
     let (_, jobs) = store
         .create_pipeline(new_pipeline(), vec![job("gpuci:coordinator-identity"), job("gpuci:coordinator-identity")])
