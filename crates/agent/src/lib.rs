@@ -26,6 +26,7 @@ pub mod leave;
 mod logmask;
 pub mod outbox;
 pub mod probe;
+pub mod reaper;
 mod registration;
 pub mod series;
 mod session;
@@ -140,6 +141,9 @@ pub struct Config {
     /// Once taken back, end as soon as no job runs and the coordinator has every result
     /// (an allocation the engine is ending: nothing is left to wait for).
     pub end_when_taken_back: bool,
+    /// The `gpuci` binary, which runs the agent's reaper (`reaper`); `None` (an agent inside
+    /// another program) runs none, and says so.
+    pub reaper: Option<PathBuf>,
 }
 
 /// How long before its machine's end ([`Config::ends_at_ms`]) an idle agent ends itself: by
@@ -183,6 +187,7 @@ impl Config {
             ends_at_ms: None,
             taken_back: None,
             end_when_taken_back: false,
+            reaper: None,
         }
     }
 }
@@ -639,6 +644,16 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
             "killed what an earlier run of this agent left behind"
         );
     }
+    // From now on whatever this agent starts is ended when it dies, however it dies.
+    let charge = reaper::Charge {
+        prefix: format!("{}-", ctx.sandbox_prefix),
+        uids: ctx.slots.as_ref().and_then(|s| s.lease()).map(|l| l.uids().to_vec()).unwrap_or_default(),
+    };
+    let locks = ctx.slots.as_ref().and_then(|s| s.lease()).map(|l| l.lock_fds()).unwrap_or_default();
+    // Stopped (and so sweeping) when this function returns, whyever it does.
+    let reaper_stop = shutdown.child_token();
+    let _reaper_stop = reaper_stop.clone().drop_guard();
+    tokio::spawn(reaper::keep(config.reaper.clone(), charge, locks, reaper_stop));
     // Each idle slot's first job can start warm (after the sweep: it would take them).
     if let Some(slots) = &ctx.slots {
         let idle: Vec<_> = std::iter::from_fn(|| slots.take()).collect();

@@ -34,6 +34,9 @@ pub const DEFAULT_JOB_UIDS: (u32, u32) = (1_500_000_000, 1_500_000_000 + BLOCK -
 pub const BLOCK: u32 = 256;
 /// Default blocks tried before giving up (agents on one host).
 const BLOCKS: u32 = 1024;
+/// How long an explicit range held by another lock waits: the reaper of the agent that had
+/// it (`crate::reaper`) keeps killing for up to 10 s.
+const REAPER_GRACE: std::time::Duration = std::time::Duration::from_secs(15);
 /// Where the uid locks live (see [`try_lock`]).
 const LOCK_DIR: &str = "/run/gpuci-sandbox/uids";
 
@@ -45,7 +48,22 @@ const LOCK_DIR: &str = "/run/gpuci-sandbox/uids";
 #[derive(Debug)]
 pub struct UidLease {
     pub range: (u32, u32),
+    /// The uids locked: each slot's job and network uid.
+    uids: Vec<u32>,
     _locks: Vec<nix::fcntl::Flock<std::fs::File>>,
+}
+
+impl UidLease {
+    /// Every uid the lease covers.
+    pub fn uids(&self) -> &[u32] {
+        &self.uids
+    }
+
+    /// The lock files' descriptors, for the agent's reaper to hold (see `reaper`).
+    pub fn lock_fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self._locks.iter().map(|l| l.as_raw_fd()).collect()
+    }
 }
 
 /// Lock files, one per job or network uid in use, held (`flock`) for the agent's life. A lock
@@ -103,7 +121,7 @@ fn take(range: (u32, u32), slots: u32) -> Result<UidLease, Refused> {
             )));
         }
     }
-    Ok(UidLease { range, _locks: locks })
+    Ok(UidLease { range, uids, _locks: locks })
 }
 
 /// Leases `explicit` (`--job-uids`), or else the first free default block.
@@ -130,7 +148,15 @@ pub fn lease(explicit: Option<(u32, u32)>, slots: u32) -> Result<UidLease, Strin
                 uid_map.split_whitespace().collect::<Vec<_>>().join(" ")
             ));
         }
-        return take(range, slots).map_err(|why| match why {
+        // The reaper of an agent that just ended on these uids holds them while it sweeps
+        // (seconds at most): wait for it rather than refuse a restart.
+        let deadline = std::time::Instant::now() + REAPER_GRACE;
+        let mut taken = take(range, slots);
+        while matches!(taken, Err(Refused::Held(_))) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            taken = take(range, slots);
+        }
+        return taken.map_err(|why| match why {
             Refused::Held(uid) => format!(
                 "--job-uids {}-{}: another agent on this host holds uid {uid} of these; give each agent its own range",
                 range.0, range.1
@@ -300,6 +326,11 @@ impl Slots {
         let free = (0..users.len()).rev().collect();
         let warm = users.iter().map(|_| Mutex::new(None)).collect();
         Arc::new(Slots { _lease: lease, users, networks, disks, warm, free: Mutex::new(free) })
+    }
+
+    /// The uid lease the slots hold, if any.
+    pub fn lease(&self) -> Option<&UidLease> {
+        self._lease.as_ref()
     }
 
     /// The first slot's job uid.

@@ -6,6 +6,12 @@ use clap::Parser;
 use gpuci::cli::Cli;
 
 fn main() -> std::process::ExitCode {
+    // The agent's reaper (`gpuci_agent::reaper`), started by the agent itself: no runtime, no
+    // logging set-up, nothing but its wait and its sweep.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(gpuci_agent::reaper::SUBCOMMAND) {
+        return std::process::ExitCode::from(gpuci_agent::reaper::main(&args[1..]));
+    }
     let cli = Cli::parse();
     if matches!(cli.command, gpuci::cli::Command::Agent(_)) && std::process::id() == 1 {
         if let Some(code) = gpuci::init::init_for_the_agent() {

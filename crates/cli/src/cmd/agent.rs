@@ -10,6 +10,7 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
     let data_dir = std::path::absolute(&data_dir)?;
     let servers = gpuci_agent::follow::parse_urls(&a.server).map_err(|e| CliError::Input(format!("--server: {e}")))?;
     let mut c = gpuci_agent::Config::new(servers.join(","), data_dir);
+    c.reaper = Some(reaper_program());
     // Jobs must not see the registration token file either, nor what the operator names.
     let mut hide = a.hide.clone();
     if let Some(f) = &a.registration_token_file {
@@ -124,6 +125,12 @@ pub async fn run(a: AgentArgs, shutdown: CancellationToken) -> CliResult {
             Ok(EXIT_LEFT)
         }
     }
+}
+
+/// The running `gpuci` binary, which runs the agent's reaper: `/proc/self/exe` names this
+/// very file even after an upgrade replaced it on disk.
+pub(crate) fn reaper_program() -> std::path::PathBuf {
+    std::path::PathBuf::from("/proc/self/exe")
 }
 
 /// The inventory the agent will serve from, detected as `gpuci_agent::run_until` does

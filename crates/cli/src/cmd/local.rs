@@ -47,6 +47,7 @@ pub async fn start_configured(
     let private = config.private_paths();
     let server = gpuci_coordinator::start(config, shutdown.clone()).await?;
     let mut ac = gpuci_agent::Config::new(server.url.clone(), data_dir.join("agent"));
+    ac.reaper = Some(super::agent::reaper_program());
     ac.registration_token = Some(server.registration_token.expose().to_string());
     ac.slots = agent.slots;
     ac.tags = agent.tags.iter().cloned().collect();

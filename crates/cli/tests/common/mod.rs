@@ -122,6 +122,17 @@ pub struct Agent {
 
 impl Agent {
     pub fn start(server: &Server, data_dir: &Path, name: &str, extra: &[&str]) -> Agent {
+        Agent::start_with_env(server, data_dir, name, extra, &[])
+    }
+
+    /// As [`Agent::start`], with `env` added to the agent's environment.
+    pub fn start_with_env(
+        server: &Server,
+        data_dir: &Path,
+        name: &str,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Agent {
         let child = Command::new(BIN)
             .arg("agent")
             .arg("--server")
@@ -137,6 +148,7 @@ impl Agent {
             // unsandboxed, which an agent does only when told.
             .args(extra.windows(2).any(|w| w == ["--isolation", "none"]).then_some("--allow-unsandboxed"))
             .env("GPUCI_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -147,6 +159,31 @@ impl Agent {
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// The agent's reaper (`gpuci_agent::reaper`), once it runs.
+    pub fn reaper_pid(&self) -> Option<u32> {
+        let agent = self.child.id();
+        proc_entries().find_map(|(pid, st)| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            (status_field(&st, "PPid:") == Some(agent) && cmd.split(|b| *b == 0).nth(1) == Some(b"agent-reaper"))
+                .then_some(pid)
+        })
+    }
+
+    /// SIGKILL to the agent and its reaper together (`systemctl kill -s KILL` of its unit):
+    /// what its jobs left is then ended only by its next start.
+    pub fn kill9_with_reaper(&mut self) {
+        let t0 = Instant::now();
+        let reaper = loop {
+            if let Some(pid) = self.reaper_pid() {
+                break pid;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "the agent's reaper never ran");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(reaper as i32), nix::sys::signal::Signal::SIGKILL);
+        self.kill9();
     }
 }
 

@@ -309,6 +309,71 @@ fn an_agent_killed_with_sigkill_leaves_no_process_of_its_slots_uids() {
         "every process of the slots' uids to be gone",
         Duration::from_secs(10),
         || ours().is_empty(),
+        || {
+            let detail = |pid: u32| {
+                let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                st.lines()
+                    .filter(|l| ["PPid:", "NSpid:", "State:", "Uid:"].iter().any(|k| l.starts_with(k)))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            format!("{:?}", ours().into_iter().map(|(p, c)| (p, c, detail(p))).collect::<Vec<_>>())
+        },
+    );
+}
+
+/// bubblewrap arms the parent-death signal of a sandbox's pid 1 only once it has set the
+/// sandbox up: an agent killed while a job's sandbox was starting left bwrap and the job
+/// running as the slot's uid (CI, under load). Made certain here with a `bwrap` that starts
+/// the real one from a process outside the agent's parent-death chain: the agent's reaper
+/// ends it all the same.
+#[test]
+fn a_sandbox_outside_the_parent_death_chain_ends_with_its_killed_agent() {
+    if isolation() != "bubblewrap" || !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true: system tests run as root with bubblewrap");
+        eprintln!("SKIP: slots need a root agent with bubblewrap");
+        return;
+    }
+    let real = std::env::split_paths(&std::env::var_os("PATH").unwrap())
+        .map(|d| d.join("bwrap"))
+        .find(|p| p.exists())
+        .unwrap();
+    let uid = 1_620_000_012 + (std::process::id() % 50_000) * 16;
+    let dir = tempdir();
+    let shim = dir.path().join("shim");
+    std::fs::create_dir(&shim).unwrap();
+    // The subshell is forked (no parent-death signal of its own) and stays (a command after
+    // bwrap): bwrap's own --die-with-parent ties it to the subshell, not to the agent.
+    std::fs::write(
+        shim.join("bwrap"),
+        format!("#!/bin/sh\nexec 3<&0\n( {} \"$@\" <&3 3<&-; exit $? ) &\nwait $!\n", real.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(shim.join("bwrap"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}", shim.display(), std::env::var("PATH").unwrap());
+    let server = Server::start(&dir.path().join("server"), "30s");
+    let uids = format!("{uid}-{}", uid + 1);
+    let mut agent = Agent::start_with_env(
+        &server,
+        &dir.path().join("agent"),
+        "a1",
+        &["--isolation", "bubblewrap", "--slots", "1", "--job-uids", &uids, "--job-disk", "none"],
+        &[("PATH", path)],
+    );
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: a\n    command: sleep 3007772\n");
+    api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+    let ours = || (uid..uid + 2).flat_map(live_processes_of_uid).collect::<Vec<_>>();
+    wait_until("the job", T, || ours().iter().any(|(_, c)| c.starts_with("sleep 3007772")));
+    let _ = agent.child.kill();
+    let _ = agent.child.wait();
+    // Outside the chain nothing takes the job along with the agent; its reaper ends it, and
+    // everything else of the slot's uids.
+    wait_until_or(
+        "every process of the slot's uids to be gone",
+        Duration::from_secs(20),
+        || ours().is_empty(),
         || format!("{:?}", ours()),
     );
 }

@@ -207,6 +207,31 @@ fn an_agent_that_was_frozen_past_lost_after_is_told_its_jobs_ended_and_kills_the
     assert_eq!(api.job(id).state, JobState::Lost, "a lost job stays lost");
 }
 
+/// A job's processes outside every parent-death chain (no sandbox, a `setsid` daemon) ran on
+/// after their agent was killed with SIGKILL, until the agent started again. The agent's
+/// reaper now ends them as soon as the agent is gone.
+#[test]
+fn what_a_killed_agents_job_left_running_is_ended_by_its_reaper() {
+    let dir = tempdir();
+    let server = Server::start(&dir.path().join("server"), "2s");
+    let mut agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", "none"]);
+    let api = server.api();
+    api.wait_agents(1, T);
+    let p = api.submit("steps:\n  - key: a\n    command: [\"setsid sleep 3006661 &\", sleep 3006662]\n");
+    api.wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+    let running = |sleep: &str| {
+        processes_with(sleep).iter().any(|p| p.split_once(": ").is_some_and(|(_, c)| c.starts_with(sleep)))
+    };
+    wait_until("both processes", T, || running("sleep 3006661") && running("sleep 3006662"));
+    agent.kill9();
+    wait_until_or(
+        "the reaper to end what the killed agent's job left",
+        Duration::from_secs(20),
+        || processes_with("300666").is_empty(),
+        || format!("{:#?}", processes_with("300666")),
+    );
+}
+
 #[test]
 fn a_restarted_agent_sweeps_the_jobs_its_killed_predecessor_left_running() {
     let dir = tempdir();
@@ -223,9 +248,10 @@ fn a_restarted_agent_sweeps_the_jobs_its_killed_predecessor_left_running() {
         processes_with(sleep).iter().any(|p| p.split_once(": ").is_some_and(|(_, c)| c.starts_with(sleep)))
     };
     wait_until("both processes", T, || running("sleep 3005551") && running("sleep 3005552"));
-    agent.kill9();
+    // The agent and its reaper, together (a unit killed with SIGKILL).
+    agent.kill9_with_reaper();
     std::thread::sleep(Duration::from_millis(300));
-    assert!(!processes_with("300555").is_empty(), "without a sandbox the job outlives a killed agent");
+    assert!(!processes_with("300555").is_empty(), "without a sandbox and a reaper the job outlives a killed agent");
     let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", "none"]);
     wait_until_or(
         "the sweep",
