@@ -633,7 +633,8 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
     });
     // Whatever an earlier run of this agent left (it may have died with SIGKILL) goes first.
     let prefix = format!("{}-", ctx.sandbox_prefix);
-    let swept = tokio::task::spawn_blocking(move || gpuci_sandbox::sweep(&prefix)).await.unwrap_or_default();
+    let job_uids = ctx.slots.as_ref().and_then(|s| s.lease()).map(|l| l.uids().to_vec()).unwrap_or_default();
+    let swept = tokio::task::spawn_blocking(move || gpuci_sandbox::sweep(&prefix, &job_uids)).await.unwrap_or_default();
     if swept.stale_warm_removed > 0 {
         tracing::info!(cgroups = swept.stale_warm_removed, "removed empty warm-start cgroups of agents that are gone");
     }
@@ -650,8 +651,9 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         uids: ctx.slots.as_ref().and_then(|s| s.lease()).map(|l| l.uids().to_vec()).unwrap_or_default(),
     };
     let locks = ctx.slots.as_ref().and_then(|s| s.lease()).map(|l| l.lock_fds()).unwrap_or_default();
-    // Stopped (and so sweeping) when this function returns, whyever it does.
-    let reaper_stop = shutdown.child_token();
+    // Stopped (and so sweeping) when this function returns, whyever it does; not before (a
+    // shutdown ends the jobs itself, and reports them, first).
+    let reaper_stop = CancellationToken::new();
     let _reaper_stop = reaper_stop.clone().drop_guard();
     tokio::spawn(reaper::keep(config.reaper.clone(), charge, locks, reaper_stop));
     // Each idle slot's first job can start warm (after the sweep: it would take them).

@@ -118,7 +118,7 @@ pub fn main(args: &[String]) -> u8 {
             Err(_) => break,
         }
     }
-    let swept = gpuci_sandbox::sweep(&charge.prefix);
+    let swept = gpuci_sandbox::sweep(&charge.prefix, &charge.uids);
     let ended = if charge.uids.is_empty() { Ok(0) } else { gpuci_sandbox::end_processes_of(&charge.uids, WITHIN) };
     // The agent's stderr may be gone (a terminal closed): a failed write is not an error here.
     let mut err = std::io::stderr();

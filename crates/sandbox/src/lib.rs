@@ -238,8 +238,9 @@ pub struct SweepReport {
 /// every process whose sandbox id starts with `prefix`. An agent killed with SIGKILL cleans up
 /// nothing itself; bwrap's `--die-with-parent` usually takes its jobs along, but not a job
 /// whose sandbox was still being set up, nor jobs run without bubblewrap. Call it at start-up,
-/// before running anything, with the agent's own prefix so other agents' jobs are untouched.
-pub fn sweep(prefix: &str) -> SweepReport {
+/// before running anything, with the agent's own prefix so other agents' jobs are untouched,
+/// and the uids its jobs run as (marked processes of other uids are not its own).
+pub fn sweep(prefix: &str, job_uids: &[u32]) -> SweepReport {
     let mut report = SweepReport::default();
     if prefix.is_empty() {
         return report;
@@ -266,7 +267,7 @@ pub fn sweep(prefix: &str) -> SweepReport {
             }
         }
     }
-    for pid in procscan::pids_with_marker_prefix(prefix) {
+    for pid in procscan::pids_with_marker_prefix(prefix, job_uids) {
         if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).is_ok() {
             report.processes_killed += 1;
         }

@@ -301,7 +301,7 @@ async fn any_agents_start_up_sweep_removes_warm_cgroups_left_empty_and_spares_li
     other.user = Some(test_user());
     let live = gpuci_sandbox::WarmStart::prepare(named(&other, 1)).await.expect("warm start");
     let live_dir = memory_dir(live.pid().expect("pid"));
-    let report = gpuci_sandbox::sweep("another-agent-");
+    let report = gpuci_sandbox::sweep("another-agent-", &[]);
     assert!(report.stale_warm_removed >= 1, "{report:?}");
     assert!(!dead_dir.exists(), "the dead agent's warm cgroup {} is left", dead_dir.display());
     assert!(live_dir.exists(), "a live agent's warm cgroup was removed");
