@@ -158,6 +158,21 @@ mod tests {
         }
         let uid = 1_620_999_000 + std::process::id() % 900;
         let mut other = sleeper("procscanother1-", Some(uid));
+        // Until setpriv has dropped to `uid` it is root, this process's own uid.
+        let dropped = || {
+            fs::read_to_string(format!("/proc/{}/status", other.id())).is_ok_and(|st| {
+                st.lines()
+                    .find_map(|l| l.strip_prefix("Uid:"))
+                    .is_some_and(|u| u.split_whitespace().all(|x| x == uid.to_string()))
+            })
+        };
+        for _ in 0..200 {
+            if dropped() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(dropped(), "setpriv never dropped to uid {uid}");
         assert!(found("procscanother1-", &[uid], other.id()), "one of the agent's job uids");
         assert!(!pids_with_marker_prefix("procscanother1-", &[]).contains(&(other.id() as i32)), "another uid's");
         let _ = other.kill();

@@ -214,7 +214,13 @@ fn an_agent_that_was_frozen_past_lost_after_is_told_its_jobs_ended_and_kills_the
 fn what_a_killed_agents_job_left_running_is_ended_by_its_reaper() {
     let dir = tempdir();
     let server = Server::start(&dir.path().join("server"), "2s");
-    let mut agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", "none"]);
+    let uids = own_job_uids(4);
+    let mut agent = Agent::start(
+        &server,
+        &dir.path().join("agent"),
+        "a1",
+        &["--isolation", "none", "--slots", "1", "--job-uids", &uids],
+    );
     let api = server.api();
     api.wait_agents(1, T);
     let p = api.submit("steps:\n  - key: a\n    command: [\"setsid sleep 3006661 &\", sleep 3006662]\n");
@@ -236,8 +242,12 @@ fn what_a_killed_agents_job_left_running_is_ended_by_its_reaper() {
 fn a_restarted_agent_sweeps_the_jobs_its_killed_predecessor_left_running() {
     let dir = tempdir();
     let server = Server::start(&dir.path().join("server"), "2s");
-    // No bubblewrap, so nothing dies with the agent: only the sweep can clean up.
-    let mut agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", "none"]);
+    // No bubblewrap, so nothing dies with the agent: only the sweep can clean up. Job uids of
+    // the test's own: a default block freed by the kill is another test's agent's to lease,
+    // and leasing ends what runs as it (this test's leftovers, before the restart came).
+    let uids = own_job_uids(2);
+    let args = ["--isolation", "none", "--slots", "1", "--job-uids", &uids];
+    let mut agent = Agent::start(&server, &dir.path().join("agent"), "a1", &args);
     let api = server.api();
     api.wait_agents(1, T);
     let p = api.submit("steps:\n  - key: a\n    command: [\"setsid sleep 3005551 &\", sleep 3005552]\n");
@@ -252,7 +262,7 @@ fn a_restarted_agent_sweeps_the_jobs_its_killed_predecessor_left_running() {
     agent.kill9_with_reaper();
     std::thread::sleep(Duration::from_millis(300));
     assert!(!processes_with("300555").is_empty(), "without a sandbox and a reaper the job outlives a killed agent");
-    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &["--isolation", "none"]);
+    let _agent = Agent::start(&server, &dir.path().join("agent"), "a1", &args);
     wait_until_or(
         "the sweep",
         T,
@@ -276,4 +286,11 @@ fn an_agent_never_runs_more_jobs_than_its_slots() {
         let at_once = spans.iter().filter(|(a, b)| a <= s && s < b).count();
         assert!(at_once <= 2, "{at_once} jobs ran at once on a 2-slot agent: {spans:?}");
     }
+}
+
+/// Two job uids (one slot) no other test of this binary uses: `offset` (even, below 16) into
+/// the block of 16 the binary takes by its pid (see `isolation.rs` for the offsets in use).
+fn own_job_uids(offset: u32) -> String {
+    let uid = 1_620_000_000 + (std::process::id() % 50_000) * 16 + offset;
+    format!("{uid}-{}", uid + 1)
 }

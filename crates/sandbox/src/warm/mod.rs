@@ -564,8 +564,8 @@ impl Memfds {
 /// Forks a waiting process named `name` into a fresh cgroup: the shell (`sandbox: None`), or
 /// bwrap with its filled `sandbox` inputs running `/bin/sh -s` inside. Another agent's
 /// start-up sweep removes empty warm-start cgroups, which this one is for a moment between its
-/// mkdir and the child's write into it: then the write fails with ENODEV or ENOENT, and a
-/// fresh cgroup is made.
+/// mkdir and the child's write into it: then the parent's open or the child's write fails with
+/// ENODEV or ENOENT, and a fresh cgroup is made.
 fn spawn_waiter(spec: &WarmSpec, name: &str, bwrap: &Path, sandbox: Option<Memfds>) -> Result<Waiter, SandboxError> {
     let mut memfds = sandbox;
     let mut attempts = 0;
@@ -592,7 +592,9 @@ fn spawn_waiter(spec: &WarmSpec, name: &str, bwrap: &Path, sandbox: Option<Memfd
                 if let Some(cg) = cgroup {
                     let _ = cg.remove();
                 }
-                let vanished = matches!(&e, SandboxError::Spawn { source, .. }
+                // Gone before the child's write (spawn fails) or before the parent opened its
+                // `cgroup.procs` (seen in CI when another agent started at that moment).
+                let vanished = matches!(&e, SandboxError::Spawn { source, .. } | SandboxError::Cgroup { source, .. }
                     if matches!(source.raw_os_error(), Some(libc::ENODEV) | Some(libc::ENOENT)));
                 if !(vanished && attempts < 3) {
                     return Err(e);
