@@ -645,17 +645,10 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
             "killed what an earlier run of this agent left behind"
         );
     }
-    // From now on whatever this agent starts is ended when it dies, however it dies.
-    let charge = reaper::Charge {
-        prefix: format!("{}-", ctx.sandbox_prefix),
-        uids: ctx.slots.as_ref().and_then(|s| s.lease()).map(|l| l.uids().to_vec()).unwrap_or_default(),
-    };
-    let locks = ctx.slots.as_ref().and_then(|s| s.lease()).map(|l| l.lock_fds()).unwrap_or_default();
-    // Stopped (and so sweeping) when this function returns, whyever it does; not before (a
-    // shutdown ends the jobs itself, and reports them, first).
-    let reaper_stop = CancellationToken::new();
-    let _reaper_stop = reaper_stop.clone().drop_guard();
-    tokio::spawn(reaper::keep(config.reaper.clone(), charge, locks, reaper_stop));
+    // From now on whatever this agent starts is ended when it dies, however it dies; a
+    // return sweeps too, once the guard drops (a shutdown ends and reports its jobs first).
+    let lease = ctx.slots.as_ref().and_then(|s| s.lease());
+    let _reaper = reaper::guard(config.reaper.clone(), &format!("{}-", ctx.sandbox_prefix), lease);
     // Each idle slot's first job can start warm (after the sweep: it would take them).
     if let Some(slots) = &ctx.slots {
         let idle: Vec<_> = std::iter::from_fn(|| slots.take()).collect();

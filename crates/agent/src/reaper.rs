@@ -188,16 +188,25 @@ fn start(program: &Path, charge: &Charge, locks: &[RawFd]) -> std::io::Result<Ru
     Ok(Running { child, _pipe: pipe })
 }
 
+/// Starts the agent's reaper for its sandbox `prefix` and uid `lease`; it sweeps when the
+/// returned guard drops, or when the agent dies.
+pub(crate) fn guard(
+    program: Option<std::path::PathBuf>,
+    prefix: &str,
+    lease: Option<&crate::slots::UidLease>,
+) -> tokio_util::sync::DropGuard {
+    let charge = Charge { prefix: prefix.to_string(), uids: lease.map(|l| l.uids().to_vec()).unwrap_or_default() };
+    let locks = lease.map(|l| l.lock_fds()).unwrap_or_default();
+    let stop = CancellationToken::new();
+    tokio::spawn(keep(program, charge, locks, stop.clone()));
+    stop.drop_guard()
+}
+
 /// Keeps a reaper running for the agent's life: starts it, starts it again if it ends while
 /// the agent runs (loudly), and lets it sweep when `shutdown` is cancelled. Without a
 /// `program` (an agent inside another binary) or when it cannot start, the agent says that a
 /// killed agent's jobs wait for its next start.
-pub(crate) async fn keep(
-    program: Option<std::path::PathBuf>,
-    charge: Charge,
-    locks: Vec<RawFd>,
-    shutdown: CancellationToken,
-) {
+async fn keep(program: Option<std::path::PathBuf>, charge: Charge, locks: Vec<RawFd>, shutdown: CancellationToken) {
     let Some(program) = program else {
         tracing::warn!(
             "no reaper (the agent runs inside another program): if this agent is killed, what its jobs left running is ended only by its next start"
