@@ -24,7 +24,9 @@
 //! - `results.rs`: agents' starts and results, their group commit, ending a job;
 //! - `agents.rs`: connecting ([`reconcile`]), links, GPUs, the reaper, machines taken back;
 //! - `groups.rs`: dependencies and concurrency groups that hold a queued job back;
-//! - `scheduling.rs`: the placement pass and its one commit, runner registrations, secrets' source;
+//! - `scheduling.rs`: the placement pass and its one commit, runner registrations;
+//! - `secrets.rs`: a queued job's secrets in the pass (vetted once per stored names, opened to
+//!   place) and which scopes a job's origin may read;
 //! - `budgets.rs`: whether a job's repository is past its budget (held off fleet machines);
 //! - `queries.rs`: read-only views for the API and the fleets ([`FleetView`]);
 //! - `tests.rs`: tests of the pure helpers and of what survives a restart.
@@ -60,6 +62,7 @@ mod pipelines;
 mod queries;
 mod results;
 mod scheduling;
+mod secrets;
 #[cfg(test)]
 mod tests;
 
@@ -490,6 +493,9 @@ pub struct Brain {
     fleet_wake: Option<Arc<tokio::sync::Notify>>,
     /// The fleets' word on jobs in `unplaceable` ([`Command::FleetNotes`]).
     fleet_notes: BTreeMap<JobId, String>,
+    /// Queued jobs whose secrets were vetted, with the stored names' fingerprint they were
+    /// vetted under and what they are given (`brain/secrets.rs`).
+    secrets_vetted: HashMap<JobId, (u64, Vec<(String, SecretScope)>)>,
     /// Repository budgets reached today ([`Command::FleetNotes`]): their jobs are held off
     /// fleet machines.
     budgets_reached: Vec<gpuci_core::fleet::RepoBudget>,
@@ -544,6 +550,7 @@ impl Brain {
             unplaceable: BTreeSet::new(),
             fleet_wake: None,
             fleet_notes: BTreeMap::new(),
+            secrets_vetted: HashMap::new(),
             budgets_reached: Vec::new(),
             repository_of: HashMap::new(),
             github_host: gpuci_core::repo::DEFAULT_GITHUB_HOST.to_string(),

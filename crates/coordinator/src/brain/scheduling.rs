@@ -1,7 +1,7 @@
 //! The placement pass: the hosts as placement sees them, one pass over the queue
 //! ([`Brain::place_now`]) whose assignments are stored in one transaction and sent only after
 //! it commits ([`Brain::commit_placements`]), repository budgets, and Actions runner
-//! registrations of placed runner jobs. Also which secrets a job's origin may have.
+//! registrations of placed runner jobs.
 
 use super::*;
 
@@ -115,6 +115,15 @@ impl Brain {
         let mut placed: Vec<Placed> = Vec::new();
         // Pipelines read this pass (a pipeline's steps are placed one after another).
         let mut pipelines: HashMap<PipelineId, PipelineRecord> = HashMap::new();
+        // Where the pipelines of jobs with secrets came from, and the stored secrets' names:
+        // read at most once a pass.
+        let mut sources: HashMap<PipelineId, gpuci_core::secret_scope::JobSource> = HashMap::new();
+        let mut stored_secrets: Option<secrets::StoredSecrets> = None;
+        // Vetted jobs that left the queue.
+        if self.secrets_vetted.len() > 2 * queued.len() + 1024 {
+            let active = &self.active;
+            self.secrets_vetted.retain(|id, _| active.get(id).is_some_and(|j| j.state == JobState::Queued));
+        }
         for id in queued {
             // One look-up per job when no budget is reached (the common case).
             let held = match self.budgets_reached.is_empty() {
@@ -150,162 +159,81 @@ impl Brain {
             // them unenforced (the job's log then says so): never silently without them.
             let r = &j.step.resources;
             let limited = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();
-            // A job with secrets is still checked below: one it may not have ends it now.
-            if j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty() {
-                if let Some(reason) = full.reason(&Shape::of(j, unsandboxed, limited, held)) {
-                    unplaceable.push(id);
-                    match self.fleet_notes.get(&id) {
-                        // Told already (most of a long queue, pass after pass): nothing to make.
-                        None if j.reason == reason => {}
-                        note => note_reason(&mut reasons, j, with_fleet_note(reason, held, note)),
+            // A job that names secrets is vetted even when it cannot be placed now: one that
+            // may not have them ends at once. The names are read once a pass, and a job
+            // vetted under the same names is not vetted again (`brain/secrets.rs`).
+            let with_secrets = !(j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty());
+            if with_secrets {
+                if stored_secrets.is_none() {
+                    match self.stored_secrets().await {
+                        Ok(s) => stored_secrets = Some(s),
+                        Err(e) => {
+                            tracing::error!(job = id, error = %e, "could not read secrets");
+                            continue;
+                        }
                     }
-                    continue;
                 }
-            }
-            let j = j.clone();
-            // Each secret the step names must exist in a scope that covers the job (the
-            // narrowest wins: `core::secret_scope`); otherwise the job could only fail later,
-            // on a GPU, after waiting its turn. Refusals end the job with the reason.
-            let (secrets, given) = if j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty() {
-                (BTreeMap::new(), Vec::new())
-            } else {
-                let pipeline = match self.store.get_pipeline(j.pipeline_id).await {
-                    Ok(p) => p,
-                    Err(e) => {
-                        tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
-                        continue;
-                    }
-                };
-                let stored = match self.store.secret_names().await {
-                    Ok(v) => v,
-                    Err(e) => {
-                        tracing::error!(job = j.id, error = %e, "could not read secrets");
-                        continue;
-                    }
-                };
-                let mut source = secret_source(pipeline.as_ref(), &self.github_host);
-                source.environment = j.step.environment.clone();
-                let mut given: Vec<(String, SecretScope)> = Vec::new();
-                // Checked again here, not only when the pipeline was parsed: the stored step is
-                // a plain row, and a name no pipeline may hold (`gpuci:coordinator-identity`,
-                // the identity key's sealing name) would open a row that is not a user's secret.
-                let mut refused: Option<String> = j
-                    .step
-                    .secrets
-                    .iter()
-                    .chain(j.step.encrypted_secrets.keys())
-                    .find(|n| !gpuci_core::pipeline::is_env_name(n))
-                    .map(|n| {
-                        let shown: String = n.chars().take(80).collect();
-                        format!(
-                            "secret {shown:?} is not a secret name a pipeline may hold (letters, digits, `_`); \
-                             the stored step was changed outside gpuci: refused"
-                        )
-                    });
-                // Values encrypted in the pipeline file open here, where the key lives, and
-                // only for the repository, ref and name they were encrypted for.
-                let mut from_file: BTreeMap<String, String> = BTreeMap::new();
-                for (name, text) in &j.step.encrypted_secrets {
-                    if refused.is_some() {
-                        break;
-                    }
-                    let opened = match &self.repo_keys {
-                        None => Err("this coordinator keeps no key for encrypted secrets".to_string()),
-                        Some(ring) => {
-                            let ring = ring.read().unwrap_or_else(|e| e.into_inner());
-                            ring.decrypt(text).map_err(|e| e.to_string())
+                let Some(stored) = stored_secrets.as_ref() else { continue };
+                let Some(j) = self.active.get(&id) else { continue };
+                if self.secrets_vetted.get(&id).is_none_or(|(fingerprint, _)| *fingerprint != stored.fingerprint) {
+                    let source = match self.job_source(&mut sources, j).await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::error!(job = id, error = %e, "could not read the job's pipeline");
+                            continue;
                         }
                     };
-                    let checked = opened
-                        .map_err(|why| format!("encrypted secret `{name}`: {why}"))
-                        .and_then(|sealed| Ok((sealed.scope(), sealed.check(name, &source)?.to_string())));
-                    match checked {
-                        Ok((scope, value)) => {
-                            from_file.insert(name.clone(), value);
-                            given.push((name.clone(), scope));
+                    match self.vet_secrets(j, &source, stored) {
+                        Ok(given) => {
+                            self.secrets_vetted.insert(id, (stored.fingerprint, given));
                         }
                         Err(why) => {
-                            refused = Some(why);
-                            break;
-                        }
-                    }
-                }
-                for name in &j.step.secrets {
-                    let scopes: Vec<SecretScope> = stored
-                        .iter()
-                        .filter_map(|(row, _)| SecretScope::parse_storage_name(row))
-                        .filter(|(n, _)| n == name)
-                        .map(|(_, scope)| scope)
-                        .collect();
-                    if refused.is_some() {
-                        break;
-                    }
-                    match gpuci_core::secret_scope::choose(name, &scopes, &source) {
-                        Ok(scope) => given.push((name.clone(), scope.clone())),
-                        Err(r) => {
-                            refused = Some(r.to_string());
-                            break;
-                        }
-                    }
-                }
-                if let Some(why) = refused {
-                    if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
-                        tracing::error!(job = j.id, error = %e, "could not fail job");
-                    }
-                    continue;
-                }
-                let stored_given: Vec<(String, SecretScope)> =
-                    given.iter().filter(|(n, _)| !from_file.contains_key(n)).cloned().collect();
-                let rows: Vec<String> = stored_given.iter().map(|(n, scope)| scope.storage_name(n)).collect();
-                let sealed = match self.store.secret_values(&rows).await {
-                    Ok(v) => v,
-                    Err(e) => {
-                        tracing::error!(job = j.id, error = %e, "could not read secrets");
-                        continue;
-                    }
-                };
-                let mut opened = Ok(from_file);
-                let mut unopenable: Option<String> = None;
-                for ((name, scope), row) in stored_given.iter().zip(&rows) {
-                    // Deleted since the names were read: the next pass decides again.
-                    let Some(text) = sealed.get(row) else {
-                        opened = Err(format!("waiting: secret `{name}` changed while the job was placed"));
-                        break;
-                    };
-                    match self.secrets_key.open(row, text) {
-                        Ok(v) => {
-                            if let Ok(m) = &mut opened {
-                                m.insert(name.clone(), v);
+                            let j = j.clone();
+                            if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
+                                tracing::error!(job = j.id, error = %e, "could not fail job");
                             }
+                            continue;
                         }
-                        // Start-up checked every row's key; a row written since by a
-                        // coordinator with another key, or altered, lands here. Waiting
-                        // mends nothing (issue 27: the job sat until its queue timeout):
-                        // the job fails now, naming the secret (never its value) and the fix.
+                    }
+                }
+            }
+            let Some(j) = self.active.get(&id) else { continue };
+            if let Some(reason) = full.reason(&Shape::of(j, unsandboxed, limited, held)) {
+                unplaceable.push(id);
+                match self.fleet_notes.get(&id) {
+                    // Told already (most of a long queue, pass after pass): nothing to make.
+                    None if j.reason == reason => {}
+                    note => note_reason(&mut reasons, j, with_fleet_note(reason, held, note)),
+                }
+                continue;
+            }
+            let j = j.clone();
+            let (secrets, given) = match self.secrets_vetted.get(&id) {
+                Some((_, given)) if with_secrets => {
+                    let given = given.clone();
+                    let source = match self.job_source(&mut sources, &j).await {
+                        Ok(s) => s,
                         Err(e) => {
-                            unopenable = Some(format!(
-                                "secret `{name}` (scope: {scope}) does not open with this coordinator's secrets key: {e}; \
-                                 set it again (`gpuci secret set {name}` in that scope) or start the coordinator \
-                                 with the key file it was sealed with (--secrets-key-file)"
-                            ));
-                            break;
+                            tracing::error!(job = id, error = %e, "could not read the job's pipeline");
+                            continue;
+                        }
+                    };
+                    match self.open_secrets(&j, &given, &source).await {
+                        Ok(values) => (values, given),
+                        Err(secrets::NotOpened::Wait(why)) => {
+                            note_reason(&mut reasons, &j, why);
+                            continue;
+                        }
+                        Err(secrets::NotOpened::Fail(why)) => {
+                            tracing::warn!(job = j.id, reason = %why, "job failed: a secret does not open");
+                            if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
+                                tracing::error!(job = j.id, error = %e, "could not fail job");
+                            }
+                            continue;
                         }
                     }
                 }
-                if let Some(why) = unopenable {
-                    tracing::warn!(job = j.id, reason = %why, "job failed: a secret does not open");
-                    if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
-                        tracing::error!(job = j.id, error = %e, "could not fail job");
-                    }
-                    continue;
-                }
-                match opened {
-                    Ok(v) => (v, given),
-                    Err(why) => {
-                        note_reason(&mut reasons, &j, why);
-                        continue;
-                    }
-                }
+                _ => (BTreeMap::new(), Vec::new()),
             };
             let tags = if unsandboxed || held || limited {
                 let mut t = j.step.agents.clone();
@@ -599,85 +527,6 @@ impl Brain {
                 if let Err(e) = self.finish(&job, JobState::Failed, why, None, None, Vec::new()).await {
                     tracing::error!(job = id, error = %e, "could not fail job");
                 }
-            }
-        }
-    }
-}
-
-/// Where a job came from, for choosing its secrets' scopes.
-pub(super) fn secret_source(
-    pipeline: Option<&gpuci_store::PipelineRecord>,
-    github_host: &str,
-) -> gpuci_core::secret_scope::JobSource {
-    use gpuci_core::secret_scope::JobSource;
-    let origin = pipeline.and_then(|p| Origin::parse(p.origin.as_deref()));
-    match origin {
-        Some(Origin::Github(g)) => {
-            let (git_ref, description) = match (g.event.as_str(), g.pr) {
-                ("pull_request", Some(n)) if !g.secrets => {
-                    let d = match &g.approved_by {
-                        Some(by) => {
-                            format!("an approved pull request from a fork ({} #{n}, approved by {by})", g.repository)
-                        }
-                        None => format!("a pull request from a fork ({} #{n})", g.repository),
-                    };
-                    (Some(format!("refs/pull/{n}/merge")), d)
-                }
-                ("pull_request", Some(n)) => {
-                    (Some(format!("refs/pull/{n}/merge")), format!("pull request {} #{n}", g.repository))
-                }
-                _ => {
-                    let r = g.git_ref.clone();
-                    let d = format!("a push to {} {}", g.repository, r.as_deref().unwrap_or("(ref unknown)"));
-                    (r, d)
-                }
-            };
-            JobSource {
-                // Approval policy: a fork's pull request that ran on a maintainer's approval
-                // may get values set for approved forks, and nothing else.
-                approved_fork: !g.secrets && g.approved_by.is_some(),
-                repository: Some(g.repository),
-                git_ref,
-                environment: None,
-                may_have_secrets: g.secrets,
-                description,
-            }
-        }
-        Some(Origin::ActionsRunner(r)) => JobSource {
-            description: format!("an Actions runner job for {}", r.repository),
-            repository: Some(r.repository),
-            git_ref: None,
-            environment: None,
-            may_have_secrets: true,
-            approved_fork: false,
-        },
-        // An origin that is stored but cannot be read (a newer coordinator's, a damaged row)
-        // is not "submitted through the API": whoever it was, it gets no secret.
-        None if pipeline.is_some_and(|p| p.origin.is_some()) => JobSource {
-            repository: None,
-            git_ref: None,
-            environment: None,
-            may_have_secrets: false,
-            approved_fork: false,
-            description: "a pipeline whose recorded origin cannot be read (no secrets)".to_string(),
-        },
-        None => {
-            // `gpuci submit` reports its work tree's origin URL (or path); scopes name
-            // repositories as `owner/name` on the GitHub host, `host/path` elsewhere.
-            let repository = pipeline
-                .and_then(|p| p.repository.as_deref())
-                .and_then(|r| gpuci_core::secret_scope::repository_of_remote(r, github_host));
-            let description = match &repository {
-                Some(r) => format!("a pipeline submitted through the API from a work tree of {r}"),
-                None => "a pipeline submitted through the API (no repository)".to_string(),
-            };
-            JobSource {
-                repository,
-                git_ref: None,
-                environment: None,
-                may_have_secrets: true,
-                approved_fork: false,
-                description,
             }
         }
     }

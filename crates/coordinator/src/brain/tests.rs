@@ -1,6 +1,6 @@
 //! Tests of the brain's pure helpers and of state that must survive a restart.
 
-use super::scheduling::secret_source;
+use super::secrets::secret_source;
 use super::*;
 
 /// Regression: a stored origin that does not parse fell into the "submitted through the
@@ -243,15 +243,20 @@ async fn a_placement_pass_with_a_long_queue() {
     let n: usize = std::env::var("GPUCI_BENCH_JOBS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
     let agents: usize = std::env::var("GPUCI_BENCH_AGENTS").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000);
     let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let (key, _) = gpuci_store::SecretsKey::generate();
     let mut step = gpuci_core::pipeline::Step::new("a", "true");
     step.gpu.count = 1;
+    // `GPUCI_BENCH_SECRETS=1`: every step names a secret (most real CI jobs do).
+    if std::env::var("GPUCI_BENCH_SECRETS").is_ok_and(|v| v == "1") {
+        store.set_secret("HF_TOKEN", &key.seal("HF_TOKEN", "hf_x"), 1).await.unwrap();
+        step.secrets = vec!["HF_TOKEN".to_string()];
+    }
     let new = queued(step);
     let t0 = Instant::now();
     for _ in 0..n.div_ceil(1000) {
         store.create_pipeline(new_pipeline(), vec![new.clone(); 1000]).await.unwrap();
     }
     eprintln!("{n} jobs stored in {:.1} s", t0.elapsed().as_secs_f64());
-    let (key, _) = gpuci_store::SecretsKey::generate();
     let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
     for i in 0..agents {
         connect_fake_agent(&mut brain, &format!("agent-{i}"), 4);
@@ -312,4 +317,62 @@ async fn a_stored_step_naming_a_secret_no_pipeline_may_name_gets_nothing() {
         assert_eq!(got.state, JobState::Failed, "{}", got.reason);
         assert!(got.reason.contains("gpuci:coordinator-identity"), "{}", got.reason);
     }
+}
+
+/// A waiting job's secrets are vetted once while the stored names stay the same (a pass
+/// read every queued job's pipeline and secrets: BENCHMARKS.md, "Queued jobs with
+/// secrets"); a secret deleted while jobs wait behind a busy GPU still ends them at the next
+/// pass, naming it, and one set again is given to the next job placed.
+#[tokio::test]
+async fn waiting_jobs_are_vetted_again_when_the_stored_secrets_change() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    store.set_secret("HF_TOKEN", &key.seal("HF_TOKEN", "hf_first"), 1).await.unwrap();
+    store.set_secret("WANDB_KEY", &key.seal("WANDB_KEY", "wb"), 1).await.unwrap();
+    let job = |secret: &str| {
+        let mut s = gpuci_core::pipeline::Step::new("a", "env");
+        s.gpu.count = 1;
+        s.secrets = vec![secret.to_string()];
+        queued(s)
+    };
+    let (_, jobs) = store
+        .create_pipeline(new_pipeline(), vec![job("WANDB_KEY"), job("HF_TOKEN"), job("HF_TOKEN"), job("WANDB_KEY")])
+        .await
+        .unwrap();
+    let mut brain =
+        Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key.clone())).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    brain.agents.get_mut("agent-1").unwrap().conn = Some((1, tx));
+    brain.place_now().await;
+    brain.place_now().await;
+    let state = |b: &Brain, i: usize| b.active.get(&jobs[i].id).map(|j| j.state);
+    assert_eq!(state(&brain, 0), Some(JobState::Assigned));
+    assert_eq!(state(&brain, 1), Some(JobState::Queued));
+    assert!(rx.try_recv().is_ok(), "the first job was sent");
+
+    store.delete_secret("HF_TOKEN").await.unwrap();
+    brain.place_now().await;
+    for i in [1, 2] {
+        let got = store.get_job(jobs[i].id).await.unwrap().unwrap();
+        assert_eq!(got.state, JobState::Failed, "job {i}: {}", got.reason);
+        assert!(got.reason.contains("HF_TOKEN"), "{}", got.reason);
+    }
+    assert_eq!(state(&brain, 3), Some(JobState::Queued), "a job whose secret stays keeps waiting");
+
+    // A new value under the same name (the names' fingerprint changes) is what the next
+    // job placed gets.
+    store.set_secret("WANDB_KEY", &key.seal("WANDB_KEY", "wb-second"), 2).await.unwrap();
+    brain.place_now().await;
+    let first = brain.active.get(&jobs[0].id).cloned().unwrap();
+    brain.finish(&first, JobState::Succeeded, "done".into(), None, None, Vec::new()).await.unwrap();
+    brain.place_now().await;
+    assert_eq!(state(&brain, 3), Some(JobState::Assigned));
+    let given: Vec<String> = std::iter::from_fn(|| rx.try_recv().ok())
+        .filter_map(|m| match m {
+            CoordinatorMessage::Assign(a) if a.job_id == jobs[3].id => a.secrets.0.get("WANDB_KEY").cloned(),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(given, ["wb-second"]);
 }
