@@ -130,6 +130,8 @@ impl Target {
 
     /// A reqwest client that sends requests for this target's base URL to its address.
     pub fn client(&self, builder: reqwest::ClientBuilder) -> reqwest::Result<reqwest::Client> {
+        // Idle connections are dropped before the coordinator closes them as idle.
+        let builder = builder.pool_idle_timeout(gpuci_protocol::CLIENT_POOL_IDLE);
         match (self.addr, host_name(&self.base)) {
             (Some(addr), Some(host)) => builder.resolve(&host, addr).build(),
             _ => builder.build(),

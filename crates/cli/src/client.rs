@@ -16,7 +16,10 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: &str, token: &str) -> CliResult<Self> {
-        let http = reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5)).build()?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .pool_idle_timeout(gpuci_protocol::CLIENT_POOL_IDLE)
+            .build()?;
         Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
     }
 

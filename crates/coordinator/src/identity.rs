@@ -128,32 +128,6 @@ fn parse_secret(text: &str) -> Option<SigningIdentity> {
 #[derive(Clone, Copy, Debug)]
 pub struct LocalAddr(pub std::net::SocketAddr);
 
-/// The coordinator's listener: TCP with Nagle off on every connection (an assignment is one
-/// small frame that must leave now, not after the peer's delayed ACK, 40 ms on Linux), whose
-/// connections know their local address ([`LocalAddr`]).
-pub struct Listener(pub tokio::net::TcpListener);
-
-impl axum::serve::Listener for Listener {
-    type Io = tokio::net::TcpStream;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (io, addr) = axum::serve::Listener::accept(&mut self.0).await;
-        let _ = io.set_nodelay(true);
-        (io, addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Listener>> for LocalAddr {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, Listener>) -> Self {
-        LocalAddr(stream.io().local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into()))
-    }
-}
-
 /// The state name the installation's coordinator id is kept under ([`coordinator_id`]).
 const COORDINATOR_ID_STATE: &str = "coordinator_id";
 /// The data dir's copy of it.

@@ -31,6 +31,7 @@ pub mod parsed;
 mod proxy;
 pub mod repos;
 pub mod schedules;
+mod serve;
 mod standby;
 pub mod state;
 pub mod test_reports;
@@ -558,12 +559,10 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let sd = shutdown.clone();
     let shutdown_on_loss = shutdown.clone();
     let task = tokio::spawn(async move {
-        // No Nagle, and each connection knows the address it came in on.
-        let listener = identity::Listener(listener);
-        let served = axum::serve(listener, app.into_make_service_with_connect_info::<identity::LocalAddr>())
-            .with_graceful_shutdown(async move { sd.cancelled().await });
+        // Each connection knows the address it came in on, and must send its requests in time.
+        let served = serve::serve(listener, app, sd);
         let result = tokio::select! {
-            r = served => r.map_err(anyhow::Error::from),
+            () = served => Ok(()),
             lost = async {
                 match renewal {
                     Some(task) => task.await.unwrap_or_else(|e| anyhow::anyhow!("the claim's renewal failed: {e}")),

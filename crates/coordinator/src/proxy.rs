@@ -68,7 +68,9 @@ pub fn leader_urls(addr: SocketAddr, public_names: &[String], hostname: Option<&
 
 /// A leader's connection is proved once and used while it stays open and busy at most this
 /// long idle: a proof holds for the TCP connection it was made on, never for an address.
-const IDLE_FOR: Duration = Duration::from_secs(30);
+/// Under the leader's own idle close (`serve.rs`), so no request goes out on a connection
+/// the leader is closing.
+const IDLE_FOR: Duration = gpuci_protocol::CLIENT_POOL_IDLE;
 /// Proved connections kept for later requests.
 const MAX_IDLE: usize = 32;
 /// The leader's record is read again after this long.

@@ -22,6 +22,16 @@ pub const PROTOCOL_VERSION: u32 = 4;
 /// read (4 added an outcome only agents send), and the coordinator sends it nothing new.
 pub const OLDEST_AGENT_PROTOCOL: u32 = 3;
 
+/// How long the coordinator keeps a connection open waiting for a request head: from the
+/// connection's start, and between two requests on a kept-alive connection. A client that
+/// finishes no request in that time is closed (a slow client cannot hold connections).
+pub const REQUEST_HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long gpuci's own clients keep an idle connection to the coordinator for reuse: well
+/// under [`REQUEST_HEAD_TIMEOUT`], so a request is never sent on a connection the
+/// coordinator is closing as idle at that moment.
+pub const CLIENT_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Whether a coordinator of this build takes an agent that speaks `version`.
 pub fn takes_agent(version: u32) -> bool {
     (OLDEST_AGENT_PROTOCOL..=PROTOCOL_VERSION).contains(&version)
