@@ -276,10 +276,6 @@ fn ended_by_a_stop_signal(outcome: &gpuci_core::job::Outcome) -> bool {
     matches!(outcome, Outcome::Signalled { signal: 1 | 2 | 9 | 15 } | Outcome::Exited { code: 129 | 130 | 137 | 143 })
 }
 
-/// The least time without any frame from the coordinator (pongs included) after which the
-/// agent drops the connection and connects again: three heartbeat intervals, at least this.
-const SILENCE_LIMIT_MIN: Duration = Duration::from_secs(10);
-
 /// How long a job's death by a signal waits for the engine's SIGTERM to this agent before its
 /// result is sent ([`Agent::suspect_signal`]).
 const SIGNAL_GRACE: Duration = Duration::from_millis(1500);

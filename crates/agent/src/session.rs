@@ -90,7 +90,7 @@ impl Agent {
             tokio::time::Instant::now() + left.saturating_sub(END_MARGIN)
         });
         let mut last_heard = tokio::time::Instant::now();
-        let silence_limit = (heartbeat * 3).max(SILENCE_LIMIT_MIN);
+        let silence_limit = gpuci_protocol::agent_silence_limit(heartbeat);
         loop {
             // A notice is told before anything else this turn: a cluster engine's SIGTERM
             // reaches the jobs too, and their ends must not reach the coordinator first (they

@@ -88,3 +88,21 @@ fn isolation_none_without_allow_unsandboxed_is_refused_at_once_naming_the_flag()
         assert!(!stderr.contains("did not connect"), "{args:?}: {stderr}");
     }
 }
+
+/// Regression (outsider attack): a standby with `--heartbeat 10s` and the default
+/// `--lost-after 30s` started without a word, took over from a frozen leader, and called its
+/// agents lost before they had left the frozen one: 12 running jobs ended `lost` and then ran
+/// to their end. Such a standby is refused at start, saying what would work.
+#[test]
+fn a_standby_whose_lost_after_is_shorter_than_its_agents_take_to_follow_a_takeover_is_refused() {
+    let dir = common::tempdir();
+    let data = dir.path().join("standby");
+    // The check comes before any connection: no database is needed to see it.
+    let base = ["server", "--listen", "127.0.0.1:0", "--standby", "--database", "postgres://gpuci@127.0.0.1:1/gpuci"];
+    let mut args = base.to_vec();
+    args.extend(["--data-dir", data.to_str().unwrap(), "--heartbeat", "10s"]);
+    let out = gpuci(&args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("--lost-after 30s is too short") && stderr.contains("45s or more"), "{stderr}");
+}

@@ -156,7 +156,7 @@ impl World {
                     .filter(|(_, j)| matches!(j.state, JobState::Assigned | JobState::Running))
                     .map(|(id, j)| (*id, j.state))
                     .collect();
-                let plan = reconcile(&ours, &holds, incomplete);
+                let plan = reconcile(&ours, &holds, incomplete, &[]);
                 for id in plan.requeue {
                     self.jobs.get_mut(&id).unwrap().state = JobState::Queued;
                 }

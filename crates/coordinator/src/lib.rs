@@ -290,6 +290,23 @@ async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
 /// Open the store, load state, bind the listener and start serving. Returns once the server
 /// accepts connections.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    if config.standby {
+        // A standby that takes over from a frozen leader counts its agents' silence from then,
+        // while they may still wait on the frozen one (outsider attack: `--heartbeat 10s` with
+        // the default `--lost-after 30s` ended 12 running jobs `lost` that then ran to the end).
+        let least = gpuci_protocol::least_lost_after_for_takeover(config.timing.heartbeat_interval);
+        anyhow::ensure!(
+            config.timing.lost_after >= least,
+            "--lost-after {}s is too short for a standby with --heartbeat {}s: an agent still attached to a frozen \
+             leader leaves it only after {}s of silence, and this coordinator would call it lost before it comes; \
+             use --lost-after {}s or more (or a shorter --heartbeat)",
+            config.timing.lost_after.as_secs_f64(),
+            config.timing.heartbeat_interval.as_secs_f64(),
+            (gpuci_protocol::agent_silence_limit(config.timing.heartbeat_interval) + config.timing.heartbeat_interval)
+                .as_secs_f64(),
+            least.as_secs_f64().ceil(),
+        );
+    }
     datadir::prepare(&config.data_dir, config.agent_inside)?;
     // One coordinator per data dir (and, below, per Postgres database), held for its life.
     let data_dir_lock = datadir::lock(&config.data_dir)?;

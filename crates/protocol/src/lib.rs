@@ -22,6 +22,21 @@ pub const PROTOCOL_VERSION: u32 = 4;
 /// read (4 added an outcome only agents send), and the coordinator sends it nothing new.
 pub const OLDEST_AGENT_PROTOCOL: u32 = 3;
 
+/// How long an agent waits without any frame from the coordinator (pongs included) before it
+/// drops the connection and looks for the leader again: three heartbeat intervals, at least
+/// 10 s. It checks once a heartbeat, so it leaves up to one interval later than this.
+pub fn agent_silence_limit(heartbeat: std::time::Duration) -> std::time::Duration {
+    (heartbeat * 3).max(std::time::Duration::from_secs(10))
+}
+
+/// How long a coordinator taking over must wait before it may call an agent lost, for
+/// `heartbeat`: an agent still attached to a frozen former leader leaves it after
+/// [`agent_silence_limit`] and one more interval, and reconnects within a few seconds. A
+/// shorter `lost_after` on a standby ends running jobs `lost` that then run to their end.
+pub fn least_lost_after_for_takeover(heartbeat: std::time::Duration) -> std::time::Duration {
+    agent_silence_limit(heartbeat) + heartbeat + std::time::Duration::from_secs(5)
+}
+
 /// How long the coordinator keeps a connection open waiting for a request head: from the
 /// connection's start, and between two requests on a kept-alive connection. A client that
 /// finishes no request in that time is closed (a slow client cannot hold connections).

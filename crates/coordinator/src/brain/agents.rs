@@ -79,7 +79,9 @@ impl Brain {
         // welcome, the first message on the connection, names what it holds that we ended.
         let ours: Vec<(JobId, JobState)> = self.jobs_on(agent_id).map(|j| (j.id, j.state)).collect();
         let holds: Vec<JobId> = hello.running.clone();
-        let plan = reconcile(&ours, &holds, hello.journal_incomplete.is_some());
+        let cancelling: Vec<JobId> =
+            ours.iter().map(|(id, _)| *id).filter(|id| self.cancelling.contains_key(id)).collect();
+        let plan = reconcile(&ours, &holds, hello.journal_incomplete.is_some(), &cancelling);
         // Applied before the welcome: an agent that was welcomed after saying its journal was
         // incomplete forgets that it was, so what it changes must be committed by then.
         for id in plan.requeue {
@@ -99,6 +101,11 @@ impl Brain {
                 )
                 .await?;
             self.publish(&rec);
+        }
+        for id in plan.cancelled {
+            let Some(j) = self.active.get(&id).cloned() else { continue };
+            let why = self.cancelling.get(&id).cloned().unwrap_or_else(|| "cancelled".to_string());
+            self.finish(&j, JobState::Cancelled, why, None, None, Vec::new()).await?;
         }
         for id in plan.lost {
             let Some(j) = self.active.get(&id).cloned() else { continue };

@@ -97,24 +97,22 @@ impl Brain {
                 Ok(j)
             }
             _ => {
+                // Stored first: a cancel the caller is told failed (503) is not sent, and one
+                // accepted survives a restart (`Brain::load` reads it back).
+                self.store.set_reason(id, &format!("{CANCELLING}{reason}")).await?;
+                self.cancelling.insert(id, reason.clone());
+                // The agent kills the process tree and reports; the job ends then. An agent
+                // that is away is told when it returns (`Brain::agent_connected`); one that
+                // never does is declared lost and the job ends cancelled (`reap::decide`).
+                // Until then the job keeps its GPUs: ending it now freed them, and a retry
+                // ran beside the attempt still running on the away agent (outsider attack:
+                // a leader frozen past its lease, agents away 11–15 s).
                 let agent = job.agent_id.clone().unwrap_or_default();
-                let connected = self.agents.get(&agent).is_some_and(|a| a.conn.is_some());
-                if connected {
-                    // Stored first: a cancel the caller is told failed (503) is not sent.
-                    self.store.set_reason(id, &format!("{CANCELLING}{reason}")).await?;
-                }
-                if connected && self.send(&agent, CoordinatorMessage::Cancel { job_id: id, reason: reason.clone() }) {
-                    // The agent kills the process tree and reports; the job ends then.
-                    self.cancelling.insert(id, reason.clone());
-                    let mut j = job.clone();
-                    j.reason = format!("{CANCELLING}{reason}");
-                    self.publish(&j);
-                    Ok(j)
-                } else {
-                    // The agent is away; it is told to kill the job when it returns.
-                    let j = self.finish(&job, JobState::Cancelled, reason, None, None, Vec::new()).await?;
-                    Ok(j)
-                }
+                self.send(&agent, CoordinatorMessage::Cancel { job_id: id, reason: reason.clone() });
+                let mut j = job.clone();
+                j.reason = format!("{CANCELLING}{reason}");
+                self.publish(&j);
+                Ok(j)
             }
         }
     }

@@ -82,12 +82,18 @@ fn a_dead_agent_is_lost_after_lost_after_of_running_time_however_often_the_coord
 fn an_agent_settles_its_jobs_by_what_its_journal_holds() {
     let ours = [(1, JobState::Assigned), (2, JobState::Running), (3, JobState::Assigned), (4, JobState::Running)];
     let holds = [3, 4, 9];
-    let plan = reconcile(&ours, &holds, false);
-    assert_eq!(plan, Reconciled { keep: vec![3, 4], forget: vec![9], requeue: vec![1], lost: vec![2] });
+    let plan = reconcile(&ours, &holds, false, &[]);
+    assert_eq!(
+        plan,
+        Reconciled { keep: vec![3, 4], forget: vec![9], requeue: vec![1], lost: vec![2], cancelled: vec![] }
+    );
     // An incomplete journal may have dropped job 1's arrival: it may have run, so it is
     // lost, never handed out again.
-    let plan = reconcile(&ours, &holds, true);
-    assert_eq!(plan, Reconciled { keep: vec![3, 4], forget: vec![9], requeue: vec![], lost: vec![1, 2] });
+    let plan = reconcile(&ours, &holds, true, &[]);
+    assert_eq!(
+        plan,
+        Reconciled { keep: vec![3, 4], forget: vec![9], requeue: vec![], lost: vec![1, 2], cancelled: vec![] }
+    );
 }
 
 /// A placement pass tells each job of a shape that found no place the same reason without
@@ -375,4 +381,91 @@ async fn waiting_jobs_are_vetted_again_when_the_stored_secrets_change() {
         })
         .collect();
     assert_eq!(given, ["wb-second"]);
+}
+
+/// Regression (outsider attack, a leader frozen past its lease): a cancel accepted while the
+/// job's agent was away ended the job at once and freed its GPU, so a retry started beside
+/// the attempt still running on that agent (both ran for 4.9 s). Now the job stays, keeping
+/// its GPU and refusing a retry, until its agent reports it ended or comes back without it;
+/// either way it ends `cancelled`, never queued again.
+#[tokio::test]
+async fn a_job_cancelled_while_its_agent_is_away_keeps_its_gpu_until_the_agent_settles_it() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let job = || {
+        let mut s = gpuci_core::pipeline::Step::new("a", "sleep 600");
+        s.gpu.count = 1;
+        queued(s)
+    };
+    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![job(), job()]).await.unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    store
+        .insert_agent(&gpuci_store::AgentRecord {
+            id: "agent-1".into(),
+            name: "agent-1".into(),
+            credential_hash: String::new(),
+            registered_at_ms: 1,
+            last_seen_ms: None,
+            state: "online".into(),
+            reason: String::new(),
+            hello_json: None,
+        })
+        .await
+        .unwrap();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    brain.place_now().await;
+    let (first, second) = (jobs[0].id, jobs[1].id);
+    assert_eq!(brain.active.get(&first).map(|j| j.state), Some(JobState::Assigned));
+
+    brain.agent_disconnected("agent-1", "connection closed", false).await;
+    let answer = brain.cancel(first, "cancelled by alice".into()).await.unwrap();
+    assert!(!answer.state.is_terminal(), "told {answer:?}");
+    assert!(answer.reason.starts_with(CANCELLING), "{}", answer.reason);
+    let stored = store.get_job(first).await.unwrap().unwrap();
+    assert!(!stored.state.is_terminal(), "ended while its agent is away: {stored:?}");
+    assert!(
+        matches!(brain.retry(first, "alice").await, Err(BrainError::Conflict(_))),
+        "a retry while the attempt may still run"
+    );
+
+    // The agent comes back holding the job: it is told to cancel it, and the GPU stays
+    // leased until it reports the end; the queued job is not placed on it meanwhile.
+    let gpus = brain.agents["agent-1"].gpus.clone();
+    let hello = |running: Vec<JobId>| Hello {
+        protocol: gpuci_protocol::PROTOCOL_VERSION,
+        agent_version: "test".into(),
+        name: "agent-1".into(),
+        hostname: "agent-1".into(),
+        slots: 4,
+        tags: BTreeMap::new(),
+        gpus: gpus.clone(),
+        gpu_backend: "fake".into(),
+        isolation: "bubblewrap".into(),
+        container_runtime: None,
+        running,
+        journal_incomplete: None,
+        paused: None,
+        interrupted: None,
+        ends_at_ms: None,
+        refuses: None,
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    brain.agent_connected("agent-1", 2, hello(vec![first]), tx).await.unwrap();
+    brain.place_now().await;
+    let sent: Vec<CoordinatorMessage> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+    assert!(
+        sent.iter().any(|m| matches!(m, CoordinatorMessage::Cancel { job_id, .. } if *job_id == first)),
+        "{sent:?}"
+    );
+    assert!(!sent.iter().any(|m| matches!(m, CoordinatorMessage::Assign(_))), "placed on a GPU still in use: {sent:?}");
+    assert_eq!(brain.active.get(&second).map(|j| j.state), Some(JobState::Queued));
+
+    // Gone again, and back without the job (it ended while away): cancelled, not requeued.
+    brain.agent_disconnected("agent-1", "connection closed", false).await;
+    let (tx, _rx) = mpsc::unbounded_channel();
+    brain.agent_connected("agent-1", 3, hello(vec![]), tx).await.unwrap();
+    let ended = store.get_job(first).await.unwrap().unwrap();
+    assert_eq!((ended.state, ended.reason.as_str()), (JobState::Cancelled, "cancelled by alice"));
+    brain.place_now().await;
+    assert_eq!(brain.active.get(&second).map(|j| j.state), Some(JobState::Assigned), "the GPU is free now");
 }
