@@ -43,6 +43,8 @@ pub struct Coordinators {
     current: Current,
     /// The installation's key every endpoint must prove (`None`: none pinned yet).
     pin: Option<String>,
+    /// One left because it went quiet while another led: not asked on the next look.
+    quiet: Option<Endpoint>,
 }
 
 /// The coordinator used now, shared with whoever makes requests beside the agent channel
@@ -191,7 +193,7 @@ pub fn parse_urls<S: AsRef<str>>(given: &[S]) -> Result<Vec<String>, UrlError> {
 impl Coordinators {
     pub fn new(urls: Vec<String>) -> Coordinators {
         let current = Current::new(urls.first().map(String::as_str).unwrap_or_default());
-        Coordinators { urls, last: None, current, pin: None }
+        Coordinators { urls, last: None, current, pin: None, quiet: None }
     }
 
     /// Only endpoints that prove `key` are used from now on (`None`: learn it at first use).
@@ -218,7 +220,30 @@ impl Coordinators {
     /// having proved the pinned key; empty when none leads (or none that leads proves it).
     /// The second value says what each endpoint answered, for the log.
     pub async fn candidates(&self) -> (Vec<Target>, String) {
-        let (targets, said) = self.leaders().await;
+        self.candidates_except(None).await
+    }
+
+    /// [`Coordinators::candidates`], without asking the one just left for being quiet
+    /// ([`Coordinators::left_quiet`]) when another still leads: a frozen coordinator answers
+    /// nothing, and its probe's timeout held the move 2 s.
+    pub async fn candidates_next(&mut self) -> (Vec<Target>, String) {
+        if let Some(quiet) = self.quiet.take() {
+            let found = self.candidates_except(Some(&quiet)).await;
+            if !found.0.is_empty() {
+                return found;
+            }
+        }
+        self.candidates().await
+    }
+
+    /// `target` is being left: it went quiet and another leads.
+    pub fn left_quiet(&mut self, target: &Target) {
+        self.quiet = Some(target.endpoint.clone());
+    }
+
+    /// [`Coordinators::candidates`] without asking `skip` (the one gone quiet).
+    async fn candidates_except(&self, skip: Option<&Endpoint>) -> (Vec<Target>, String) {
+        let (targets, said) = self.leaders(skip).await;
         let proved = futures::future::join_all(targets.iter().map(|t| prove(t, self.pin.as_deref()))).await;
         let mut kept = Vec::new();
         let mut refused = Vec::new();
@@ -256,13 +281,21 @@ impl Coordinators {
         (kept, said)
     }
 
-    /// The endpoints whose `/readyz` says they lead, the one used last first.
-    async fn leaders(&self) -> (Vec<Target>, String) {
+    /// The endpoints whose `/readyz` says they lead, the one used last first; `skip` is not
+    /// asked (nor counted).
+    async fn leaders(&self, skip: Option<&Endpoint>) -> (Vec<Target>, String) {
         let resolved = futures::future::join_all(self.urls.iter().map(|u| resolve(u))).await;
-        let endpoints = coordinators::endpoints(&resolved);
+        let mut endpoints = coordinators::endpoints(&resolved);
+        if let Some(skip) = skip {
+            endpoints.retain(|e| e != skip);
+            if endpoints.is_empty() {
+                return (Vec::new(), String::new());
+            }
+        }
         let target =
             |e: &Endpoint| Target { base: self.urls[e.url].clone(), addr: e.addr, endpoint: e.clone(), key: None };
-        if !coordinators::needs_probe(endpoints.len()) {
+        // With one left after `skip`, it is still asked: it must say it leads.
+        if skip.is_none() && !coordinators::needs_probe(endpoints.len()) {
             // One: used without asking /readyz, as before several were possible; at the
             // address its name resolved to now, so that the identity proof and every request
             // after it reach the same address (a name that resolves elsewhere a moment later
@@ -284,6 +317,25 @@ impl Coordinators {
             .collect::<Vec<_>>()
             .join(", ");
         (picked.into_iter().map(|i| targets[i].clone()).collect(), said)
+    }
+
+    /// Whether there can be another coordinator to go to: several URLs, or a name that may
+    /// resolve to several addresses (one address literal is the one coordinator, or a load
+    /// balancer that picks for the agent).
+    pub fn may_move(&self) -> bool {
+        self.urls.len() > 1 || self.urls.iter().any(|u| host_name(u).is_some())
+    }
+
+    /// Whether another coordinator than `current` leads now and proves the key (its URL):
+    /// asked while `current` has gone quiet, so that an agent leaves a frozen leader for the
+    /// one that took over as soon as there is one. `None` with a single endpoint (nothing
+    /// to ask), or while `current` still says it leads.
+    pub async fn another_leads(&self, current: &Target) -> Option<String> {
+        // The quiet one is not asked: a frozen coordinator answers nothing, and waiting out
+        // its probe's timeout held every agent 2 s longer. Another can say it leads only once
+        // the quiet one's claim lapsed and it took it.
+        let (targets, _) = self.candidates_except(Some(&current.endpoint)).await;
+        targets.first().map(|t| t.base.clone())
     }
 
     /// `target` is the one talked to now. With no key pinned yet, the one it proved is pinned

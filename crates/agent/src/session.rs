@@ -11,7 +11,7 @@ impl Agent {
         id: &identity::Identity,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<SessionEnd> {
-        let (targets, said) = self.coordinators.candidates().await;
+        let (targets, said) = self.coordinators.candidates_next().await;
         if targets.is_empty() {
             return Err(follow::NoLeader { said }.into());
         }
@@ -91,6 +91,14 @@ impl Agent {
         });
         let mut last_heard = tokio::time::Instant::now();
         let silence_limit = gpuci_protocol::agent_silence_limit(heartbeat);
+        // A coordinator quiet this long (two heartbeats, at least 2 s) may be frozen while a
+        // standby took over: the others are asked who leads, every 2 s while it stays quiet,
+        // and the agent goes to one that proves it does. Waiting for `silence_limit` alone kept
+        // agents on a frozen leader 15–19 s (outsider attack), though a standby led in 4–6 s.
+        let ask_after = (heartbeat * 2).max(Duration::from_secs(2));
+        let mut asked_at: Option<tokio::time::Instant> = None;
+        let mut asking: Option<tokio::task::JoinHandle<Option<String>>> = None;
+        let several = self.coordinators.may_move();
         loop {
             // A notice is told before anything else this turn: a cluster engine's SIGTERM
             // reaches the jobs too, and their ends must not reach the coordinator first (they
@@ -117,6 +125,25 @@ impl Agent {
                             self.hello_base.gpus = now.clone();
                             *self.ctx.inventory.write().unwrap_or_else(|e| e.into_inner()) = now.clone();
                             send(&mut sink, &AgentMessage::Gpus { gpus: now, health: BTreeMap::new() }).await?;
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(
+                    (last_heard + ask_after).max(asked_at.map_or(last_heard, |t| t + Duration::from_secs(2)))
+                ), if several && asking.is_none() => {
+                    let (others, now) = (self.coordinators.clone(), target.clone());
+                    asked_at = Some(tokio::time::Instant::now());
+                    asking = Some(tokio::spawn(async move { others.another_leads(&now).await }));
+                }
+                answer = async { asking.as_mut().expect("guarded").await }, if asking.is_some() => {
+                    asking = None;
+                    if let Ok(Some(leader)) = answer {
+                        if last_heard.elapsed() >= ask_after {
+                            self.coordinators.left_quiet(target);
+                            return Ok(SessionEnd::Disconnected(format!(
+                                "the coordinator did not answer for {}s, and {leader} leads now",
+                                last_heard.elapsed().as_secs()
+                            )));
                         }
                     }
                 }

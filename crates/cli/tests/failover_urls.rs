@@ -6,6 +6,8 @@
 //! - The leader killed (SIGKILL) with jobs running and queued: the agent moves to the new
 //!   leader by itself; every job ends once; the CLI, with the same arguments, works before
 //!   and after.
+//! - The leader frozen (SIGSTOP): the agent asks the others who leads once it is quiet for
+//!   two heartbeats and goes to the one that took over.
 //! - The leader cut off from Postgres (a TCP proxy between them that stops passing bytes, as
 //!   a partition that drops packets does): the standby, connected directly, takes over; the
 //!   former leader steps aside (`/readyz` 503) and, once the network heals, stops rather than
@@ -600,4 +602,60 @@ fn a_relay_at_a_listed_address_gets_no_proof_and_no_credential() {
     assert!(relay.identity_asks() >= 2, "the relay was asked to prove the key");
     assert_eq!(relay.given_credentials(&reg), Vec::<String>::new(), "the relay was sent a credential");
     assert_eq!(relay.given_credentials(&token), Vec::<String>::new());
+}
+
+/// Regression (outsider attack): a leader frozen (SIGSTOP) past its claim kept its agents
+/// until their silence limit (three heartbeats, at least 10 s), though a standby led within
+/// 4–6 s: 15–19 s with nothing started or settled. An agent given both URLs now asks the
+/// others who leads once its coordinator is quiet for two heartbeats (at least 2 s) and goes
+/// to the one that took over; the jobs settle once.
+#[test]
+fn given_both_urls_an_agent_leaves_a_frozen_leader_for_the_one_that_took_over() {
+    let Some((_pg, db)) = database("gpuci_failover_frozen") else { return };
+    let dir = tempdir();
+    let leader = Coord::start(&dir.path().join("a"), &free_address("127.0.0.1"), &args(&db));
+    leader.wait_leading(T);
+    let standby = leader.standby(dir.path().join("b"), &free_address("127.0.0.2"), &args(&db));
+    wait_until("the standby listens", T, || status(&standby.url(), "/healthz") == Some(200));
+    let urls = format!("{},{}", leader.url(), standby.url());
+    let token = leader.token();
+    let reg = std::fs::read_to_string(leader.data_dir.join("registration-token")).unwrap().trim().to_string();
+    let agent_log = dir.path().join("agent.log");
+    let iso = isolation();
+    let mut agent = Command::new(BIN)
+        .args(["agent", "--server", &urls, "--registration-token", &reg, "--data-dir"])
+        .arg(dir.path().join("agent"))
+        .args(["--name", "ha-agent", "--slots", "2", "--simulate-gpus", "2xH100-80GB", "--isolation", iso])
+        .args((iso == "none").then_some("--allow-unsandboxed"))
+        .env("GPUCI_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&agent_log).unwrap())
+        .spawn()
+        .expect("spawn gpuci agent");
+    leader.api().wait_agents(1, T);
+    let file = pipeline_file(dir.path(), "f", 4);
+    let id: i64 = cli(&urls, &token, &["submit", file.to_str().unwrap(), "--no-upload"]).trim().parse().unwrap();
+    let p = leader.api().pipeline(id);
+    leader.api().wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+
+    let pid = leader.child.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    let t0 = Instant::now();
+    standby.wait_leading(T);
+    let api = standby.api();
+    let connected = agent_connected(&api, t0);
+    eprintln!(
+        "BENCH failover-urls: leader paused (SIGSTOP) -> agent connected to the new leader: {:.2} s",
+        connected.as_secs_f64()
+    );
+    let log = std::fs::read_to_string(&agent_log).unwrap();
+    assert!(
+        log.contains("leads now"),
+        "the agent left the frozen leader by its silence limit, not for the one that took over:\n{log}"
+    );
+    settled_once(&api, id);
+    no_lease_held(&api);
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let _ = Command::new("kill").args(["-CONT", &pid]).status();
 }
