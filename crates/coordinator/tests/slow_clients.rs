@@ -79,3 +79,66 @@ async fn connections_that_never_finish_a_request_are_closed_and_the_api_still_an
     let _ = tokio::time::timeout(Duration::from_secs(30), running.task).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Regression (outsider attack): a body trickled a byte every few seconds never paused 30 s,
+/// so it kept its connection for as long as the client liked; 420 of them to the
+/// unauthenticated registration endpoint left a leader limited to 400 open files answering
+/// nothing for 70 s. A body must now come at 1 KiB a second on average once 30 s have passed,
+/// and the registration endpoint reads no body before its token holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickled_body_is_cut_off_and_registration_reads_no_body_without_its_token() {
+    let dir = std::env::temp_dir().join(format!("gpuci-slow-clients-{}", uuid::Uuid::new_v4()));
+    let config = gpuci_coordinator::Config::new("127.0.0.1:0".parse().unwrap(), dir.clone());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = gpuci_coordinator::start(config, shutdown.clone()).await.unwrap();
+    let addr = running.addr;
+    let token = running.api_token.expose().to_string();
+
+    // No token: answered at once, whatever the body does.
+    let mut anonymous = TcpStream::connect(addr).await.unwrap();
+    let head = "POST /api/v1/agents/register HTTP/1.1\r\nHost: gpuci\r\nContent-Type: application/json\r\n\
+                Content-Length: 1000000\r\n\r\n{";
+    anonymous.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), anonymous.read(&mut answer))
+        .await
+        .expect("registration without a token answered before its body came")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 401"),
+        "{:?}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+
+    // With a token, a submit whose body comes a byte every 5 s: cut off, not held.
+    let mut trickle = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /api/v1/pipelines HTTP/1.1\r\nHost: gpuci\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    );
+    trickle.write_all(head.as_bytes()).await.unwrap();
+    let (mut reader, mut writer) = trickle.into_split();
+    let sender = tokio::spawn(async move {
+        while writer.write_all(b" ").await.is_ok() {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+    });
+    let mut got = Vec::new();
+    let ended = tokio::time::timeout(ENDS_WITHIN, async {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    sender.abort();
+    let said = String::from_utf8_lossy(&got);
+    assert!(ended.is_ok(), "a trickled body still held its connection after {ENDS_WITHIN:?}: {said:?}");
+    assert!(said.is_empty() || said.starts_with("HTTP/1.1 4"), "{said}");
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(30), running.task).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -713,6 +713,9 @@ pub async fn list_fleets(State(st): State<AppState>) -> ApiResult<Json<Vec<crate
     Ok(Json(fleets))
 }
 
+/// The largest registration request read (a name and a few fields).
+const MAX_REGISTER_BYTES: usize = 64 * 1024;
+
 /// Register an agent with the registration token; returns its own credential, once.
 #[utoipa::path(post, path = "/api/v1/agents/register", request_body = RegisterRequest, security(("registration_token" = [])),
     responses((status = 201, body = RegisterResponse),
@@ -724,14 +727,25 @@ pub async fn list_fleets(State(st): State<AppState>) -> ApiResult<Json<Vec<crate
 pub async fn register_agent(
     State(st): State<AppState>,
     headers: HeaderMap,
-    body: Result<Json<RegisterRequest>, JsonRejection>,
+    body: axum::body::Body,
 ) -> ApiResult<(StatusCode, Json<RegisterResponse>)> {
     let offered = bearer(&headers).unwrap_or_default();
     let for_machine = auth::machine_of_token(&st.registration_token, offered);
     if !(st.registration_token.matches(offered) || for_machine.is_some()) {
         return Err(ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing registration token"));
     }
-    let Json(req) = body.map_err(json_rejection)?;
+    // The body is read only once the token holds: anyone can reach this endpoint, and a body
+    // read first let them hold the request (and its connection) while they sent it.
+    let bytes = axum::body::to_bytes(body, MAX_REGISTER_BYTES).await.map_err(|e| {
+        let e = e.into_inner();
+        match e.is::<http_body_util::LengthLimitError>() {
+            true => {
+                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("the body is over {MAX_REGISTER_BYTES} bytes"))
+            }
+            false => ApiError::new(StatusCode::BAD_REQUEST, format!("reading the request: {e}")),
+        }
+    })?;
+    let Json(req) = Json::<RegisterRequest>::from_bytes(&bytes).map_err(json_rejection)?;
     let mut name = req.name.trim().to_string();
     if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "agent name must be 1-128 printable characters"));
