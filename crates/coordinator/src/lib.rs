@@ -464,12 +464,26 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     };
     let addr = listener.local_addr()?;
     if let Some(epoch) = led_epoch {
+        // The former leader's agents follow its heartbeat, not ours: they get the time that
+        // needs before any is called lost (`Brain::with_takeover_from`).
+        let former = match store.coordinator_state(proxy::LEADER_STATE).await {
+            Ok(Some(text)) => serde_json::from_str::<proxy::LeaderRecord>(&text).ok(),
+            _ => None,
+        };
+        if let Some(record) = former.filter(|r| r.epoch < epoch) {
+            // A record without a heartbeat is an older coordinator's: the default one.
+            let heartbeat = record
+                .heartbeat_ms
+                .map_or(brain::Timing::default().heartbeat_interval, std::time::Duration::from_millis);
+            brain = brain.with_takeover_from(heartbeat);
+        }
         // Where a standby passes requests on to (`proxy`): written by the leader only (fenced).
         let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
         let record = proxy::LeaderRecord {
             urls: proxy::leader_urls(addr, &config.public_names, hostname.as_deref()),
             key: identity.public_key(),
             epoch,
+            heartbeat_ms: Some(config.timing.heartbeat_interval.as_millis() as u64),
         };
         store
             .put_coordinator_state(proxy::LEADER_STATE, &serde_json::to_string(&record)?, brain::now_ms())

@@ -41,6 +41,11 @@ pub struct LeaderRecord {
     /// The installation's identity key (`ed25519:<hex>`).
     pub key: String,
     pub epoch: i64,
+    /// The heartbeat interval this leader gives its agents (ms): how long they take to leave
+    /// it when it freezes, which whoever takes over must wait for. Absent in records of
+    /// older coordinators.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
 }
 
 /// The URLs a leader bound to `addr` is reached at: the address itself unless it is
@@ -547,7 +552,12 @@ mod tests {
         let dir = data_dir(name);
         std::fs::write(dir.join(crate::identity::SECRET_KEY_FILE), hex::encode(installation.secret())).unwrap();
         let store = Arc::new(SqliteStore::in_memory().await.unwrap());
-        let record = LeaderRecord { urls: vec![format!("http://{at}")], key: recorded_key.to_string(), epoch: 1 };
+        let record = LeaderRecord {
+            urls: vec![format!("http://{at}")],
+            key: recorded_key.to_string(),
+            epoch: 1,
+            heartbeat_ms: None,
+        };
         store.put_coordinator_state(LEADER_STATE, &serde_json::to_string(&record).unwrap(), 0).await.unwrap();
         Proxy::new(store, KeySource { secrets_key_file: dir.join("secrets.key"), data_dir: dir })
     }
@@ -648,6 +658,7 @@ mod tests {
             urls: vec![format!("http://localhost:{}", relay_at.port())],
             key: installation.public_key(),
             epoch: 1,
+            heartbeat_ms: None,
         };
         store.put_coordinator_state(LEADER_STATE, &serde_json::to_string(&record).unwrap(), 0).await.unwrap();
         let proxy = Proxy::new(store, KeySource { secrets_key_file: dir.join("secrets.key"), data_dir: dir });

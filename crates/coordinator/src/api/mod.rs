@@ -8,7 +8,7 @@ use crate::convert::{job_summary, pipeline_state};
 use crate::hub::Event;
 use crate::state::AppState;
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::{BytesRejection, JsonRejection};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;

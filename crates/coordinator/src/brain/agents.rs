@@ -297,7 +297,7 @@ impl Brain {
                     noted_lost: self.noted_lost.contains(&j.id),
                 })
                 .collect();
-            reap::decide(&agents, &jobs, now_wall, self.timing.lost_after)
+            reap::decide(&agents, &jobs, now_wall, self.lost_after_now(now))
         };
         for lost in &plan.lost {
             self.apply_lost(lost).await;

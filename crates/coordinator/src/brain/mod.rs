@@ -493,6 +493,9 @@ pub struct Brain {
     fleet_wake: Option<Arc<tokio::sync::Notify>>,
     /// The fleets' word on jobs in `unplaceable` ([`Command::FleetNotes`]).
     fleet_notes: BTreeMap<JobId, String>,
+    /// After a takeover: until when, and how long, agents may be silent before they are lost
+    /// ([`Brain::with_takeover_from`]).
+    takeover_grace: Option<(Instant, Duration)>,
     /// Queued jobs whose secrets were vetted, with the stored names' fingerprint they were
     /// vetted under and what they are given (`brain/secrets.rs`).
     secrets_vetted: HashMap<JobId, (u64, Vec<(String, SecretScope)>)>,
@@ -550,6 +553,7 @@ impl Brain {
             unplaceable: BTreeSet::new(),
             fleet_wake: None,
             fleet_notes: BTreeMap::new(),
+            takeover_grace: None,
             secrets_vetted: HashMap::new(),
             budgets_reached: Vec::new(),
             repository_of: HashMap::new(),
@@ -627,6 +631,34 @@ impl Brain {
 
     /// Wake the fleets' reconcile loop when a job newly finds no agent to take it: a machine
     /// is asked for at once, not at the loop's next tick.
+    /// This coordinator took over from a leader whose agents were told `heartbeat`: until
+    /// they have had time to leave it (frozen, their connections still open) and reach this
+    /// one, none is called lost, whatever this coordinator's own `lost_after`
+    /// (`gpuci_protocol::least_lost_after_for_takeover`). The start-up check judges only this
+    /// coordinator's own heartbeat; agents follow the former leader's (outsider attack: a
+    /// standby with a 1 s heartbeat and a 16 s `lost_after` under a leader with 5 s ended a
+    /// running job `lost`).
+    pub fn with_takeover_from(mut self, heartbeat: Duration) -> Self {
+        let least = gpuci_protocol::least_lost_after_for_takeover(heartbeat);
+        if least > self.timing.lost_after {
+            tracing::info!(
+                former_heartbeat = ?heartbeat,
+                lost_after = ?least,
+                "agents of the former leader get this long to reach this coordinator before any is called lost"
+            );
+            self.takeover_grace = Some((Instant::now() + least, least));
+        }
+        self
+    }
+
+    /// How long an agent may be silent now before it is lost.
+    fn lost_after_now(&self, now: Instant) -> Duration {
+        match self.takeover_grace {
+            Some((until, least)) if now < until => self.timing.lost_after.max(least),
+            _ => self.timing.lost_after,
+        }
+    }
+
     pub fn with_fleet_wake(mut self, wake: Arc<tokio::sync::Notify>) -> Self {
         self.fleet_wake = Some(wake);
         self

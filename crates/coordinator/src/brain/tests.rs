@@ -469,3 +469,50 @@ async fn a_job_cancelled_while_its_agent_is_away_keeps_its_gpu_until_the_agent_s
     brain.place_now().await;
     assert_eq!(brain.active.get(&second).map(|j| j.state), Some(JobState::Assigned), "the GPU is free now");
 }
+
+/// Regression (outsider attack): a standby with a 1 s heartbeat and a 16 s `lost_after` (its
+/// own start-up check passed) took over from a leader whose agents had a 5 s heartbeat, and
+/// called them lost 16 s after it led, before they had left the frozen leader: a running job
+/// ended `lost`. The former leader's heartbeat (in its leader record) now sets how long the
+/// agents get.
+#[tokio::test]
+async fn after_a_takeover_agents_get_the_time_the_former_leaders_heartbeat_needs() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    store
+        .insert_agent(&gpuci_store::AgentRecord {
+            id: "agent-1".into(),
+            name: "agent-1".into(),
+            credential_hash: String::new(),
+            registered_at_ms: 1,
+            last_seen_ms: Some(1),
+            state: "connected".into(),
+            reason: String::new(),
+            hello_json: None,
+        })
+        .await
+        .unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let timing =
+        Timing { lost_after: Duration::from_secs(16), heartbeat_interval: Duration::from_secs(1), ..Timing::default() };
+    let load = || async {
+        let mut b =
+            Brain::load(store.clone(), Arc::new(Hub::new()), timing.clone(), Arc::new(key.clone())).await.unwrap();
+        connect_fake_agent(&mut b, "agent-1", 1);
+        let a = b.agents.get_mut("agent-1").unwrap();
+        a.link = Link::Disconnected;
+        a.conn = None;
+        // Silent for 20 s: past this coordinator's own 16 s.
+        a.last_seen = Instant::now() - Duration::from_secs(20);
+        b
+    };
+    let mut plain = load().await;
+    plain.reap().await;
+    assert_eq!(plain.agents["agent-1"].link, Link::Lost, "without a takeover, 16 s is the limit");
+
+    let mut took_over = load().await.with_takeover_from(Duration::from_secs(5));
+    took_over.reap().await;
+    assert_ne!(took_over.agents["agent-1"].link, Link::Lost, "a 5 s heartbeat's agents need 25 s");
+    took_over.agents.get_mut("agent-1").unwrap().last_seen = Instant::now() - Duration::from_secs(26);
+    took_over.reap().await;
+    assert_eq!(took_over.agents["agent-1"].link, Link::Lost);
+}
