@@ -398,19 +398,7 @@ async fn a_job_cancelled_while_its_agent_is_away_keeps_its_gpu_until_the_agent_s
     };
     let (_, jobs) = store.create_pipeline(new_pipeline(), vec![job(), job()]).await.unwrap();
     let (key, _) = gpuci_store::SecretsKey::generate();
-    store
-        .insert_agent(&gpuci_store::AgentRecord {
-            id: "agent-1".into(),
-            name: "agent-1".into(),
-            credential_hash: String::new(),
-            registered_at_ms: 1,
-            last_seen_ms: None,
-            state: "online".into(),
-            reason: String::new(),
-            hello_json: None,
-        })
-        .await
-        .unwrap();
+    store.insert_agent(&stored_agent("agent-1")).await.unwrap();
     let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
     connect_fake_agent(&mut brain, "agent-1", 1);
     brain.place_now().await;
@@ -478,19 +466,7 @@ async fn a_job_cancelled_while_its_agent_is_away_keeps_its_gpu_until_the_agent_s
 #[tokio::test]
 async fn after_a_takeover_agents_get_the_time_the_former_leaders_heartbeat_needs() {
     let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
-    store
-        .insert_agent(&gpuci_store::AgentRecord {
-            id: "agent-1".into(),
-            name: "agent-1".into(),
-            credential_hash: String::new(),
-            registered_at_ms: 1,
-            last_seen_ms: Some(1),
-            state: "connected".into(),
-            reason: String::new(),
-            hello_json: None,
-        })
-        .await
-        .unwrap();
+    store.insert_agent(&stored_agent("agent-1")).await.unwrap();
     let (key, _) = gpuci_store::SecretsKey::generate();
     let timing =
         Timing { lost_after: Duration::from_secs(16), heartbeat_interval: Duration::from_secs(1), ..Timing::default() };
@@ -515,4 +491,18 @@ async fn after_a_takeover_agents_get_the_time_the_former_leaders_heartbeat_needs
     took_over.agents.get_mut("agent-1").unwrap().last_seen = Instant::now() - Duration::from_secs(26);
     took_over.reap().await;
     assert_eq!(took_over.agents["agent-1"].link, Link::Lost);
+}
+
+/// An agent as registered, for tests that connect it.
+fn stored_agent(id: &str) -> gpuci_store::AgentRecord {
+    gpuci_store::AgentRecord {
+        id: id.into(),
+        name: id.into(),
+        credential_hash: String::new(),
+        registered_at_ms: 1,
+        last_seen_ms: None,
+        state: "online".into(),
+        reason: String::new(),
+        hello_json: None,
+    }
 }
