@@ -110,6 +110,22 @@ async fn a_trickled_body_is_cut_off_and_registration_reads_no_body_without_its_t
         String::from_utf8_lossy(&answer[..n])
     );
 
+    // The dashboard's login form, open to anyone: a body far larger than a form is refused
+    // before it comes.
+    let mut login = TcpStream::connect(addr).await.unwrap();
+    let head = "POST /ui/login HTTP/1.1\r\nHost: gpuci\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+                Content-Length: 100000000\r\n\r\nuser=";
+    login.write_all(head.as_bytes()).await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(10), login.read(&mut answer))
+        .await
+        .expect("a login form of 100 MB answered before its body came")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 4"),
+        "{:?}",
+        String::from_utf8_lossy(&answer[..n])
+    );
+
     // With a token, a submit whose body comes a byte every 5 s: cut off, not held.
     let mut trickle = TcpStream::connect(addr).await.unwrap();
     let head = format!(
