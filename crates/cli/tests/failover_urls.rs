@@ -622,7 +622,8 @@ fn given_both_urls_an_agent_leaves_a_frozen_leader_for_the_one_that_took_over() 
     let reg = std::fs::read_to_string(leader.data_dir.join("registration-token")).unwrap().trim().to_string();
     let agent_log = dir.path().join("agent.log");
     let iso = isolation();
-    let mut agent = Command::new(BIN)
+    // Wrapped at once: a failing assertion below must not leave the agent running.
+    let child = Command::new(BIN)
         .args(["agent", "--server", &urls, "--registration-token", &reg, "--data-dir"])
         .arg(dir.path().join("agent"))
         .args(["--name", "ha-agent", "--slots", "2", "--simulate-gpus", "2xH100-80GB", "--isolation", iso])
@@ -632,6 +633,7 @@ fn given_both_urls_an_agent_leaves_a_frozen_leader_for_the_one_that_took_over() 
         .stderr(std::fs::File::create(&agent_log).unwrap())
         .spawn()
         .expect("spawn gpuci agent");
+    let agent = Agent { child, data_dir: dir.path().join("agent") };
     leader.api().wait_agents(1, T);
     let file = pipeline_file(dir.path(), "f", 4);
     let id: i64 = cli(&urls, &token, &["submit", file.to_str().unwrap(), "--no-upload"]).trim().parse().unwrap();
@@ -655,7 +657,6 @@ fn given_both_urls_an_agent_leaves_a_frozen_leader_for_the_one_that_took_over() 
     );
     settled_once(&api, id);
     no_lease_held(&api);
-    let _ = agent.kill();
-    let _ = agent.wait();
+    drop(agent);
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
 }
