@@ -125,6 +125,11 @@ fn agent(urls: &str, registration_token: &str, dir: &Path) -> Agent {
 }
 
 fn agent_with(urls: &str, registration_token: &str, dir: &Path, extra: &[&str]) -> Agent {
+    agent_logging(urls, registration_token, dir, extra, Stdio::inherit())
+}
+
+/// [`agent_with`], its log to `stderr`.
+fn agent_logging(urls: &str, registration_token: &str, dir: &Path, extra: &[&str], stderr: Stdio) -> Agent {
     let iso = isolation();
     let child = Command::new(BIN)
         .args(["agent", "--server", urls, "--registration-token", registration_token])
@@ -135,7 +140,7 @@ fn agent_with(urls: &str, registration_token: &str, dir: &Path, extra: &[&str]) 
         .args((iso == "none").then_some("--allow-unsandboxed"))
         .env("GPUCI_LOG", "info")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("spawn gpuci agent");
     Agent { child, data_dir: dir.to_path_buf() }
@@ -621,19 +626,8 @@ fn given_both_urls_an_agent_leaves_a_frozen_leader_for_the_one_that_took_over() 
     let token = leader.token();
     let reg = std::fs::read_to_string(leader.data_dir.join("registration-token")).unwrap().trim().to_string();
     let agent_log = dir.path().join("agent.log");
-    let iso = isolation();
-    // Wrapped at once: a failing assertion below must not leave the agent running.
-    let child = Command::new(BIN)
-        .args(["agent", "--server", &urls, "--registration-token", &reg, "--data-dir"])
-        .arg(dir.path().join("agent"))
-        .args(["--name", "ha-agent", "--slots", "2", "--simulate-gpus", "2xH100-80GB", "--isolation", iso])
-        .args((iso == "none").then_some("--allow-unsandboxed"))
-        .env("GPUCI_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&agent_log).unwrap())
-        .spawn()
-        .expect("spawn gpuci agent");
-    let agent = Agent { child, data_dir: dir.path().join("agent") };
+    let log = Stdio::from(std::fs::File::create(&agent_log).unwrap());
+    let agent = agent_logging(&urls, &reg, &dir.path().join("agent"), &[], log);
     leader.api().wait_agents(1, T);
     let file = pipeline_file(dir.path(), "f", 4);
     let id: i64 = cli(&urls, &token, &["submit", file.to_str().unwrap(), "--no-upload"]).trim().parse().unwrap();

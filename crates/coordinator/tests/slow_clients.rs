@@ -95,36 +95,17 @@ async fn a_trickled_body_is_cut_off_and_registration_reads_no_body_without_its_t
     let token = running.api_token.expose().to_string();
 
     // No token: answered at once, whatever the body does.
-    let mut anonymous = TcpStream::connect(addr).await.unwrap();
     let head = "POST /api/v1/agents/register HTTP/1.1\r\nHost: gpuci\r\nContent-Type: application/json\r\n\
                 Content-Length: 1000000\r\n\r\n{";
-    anonymous.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = [0u8; 64];
-    let n = tokio::time::timeout(Duration::from_secs(10), anonymous.read(&mut answer))
-        .await
-        .expect("registration without a token answered before its body came")
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 401"),
-        "{:?}",
-        String::from_utf8_lossy(&answer[..n])
-    );
+    let said = answer_before_the_body(addr, head).await;
+    assert!(said.starts_with("HTTP/1.1 401"), "registration without a token: {said:?}");
 
     // The dashboard's login form, open to anyone: a body far larger than a form is refused
     // before it comes.
-    let mut login = TcpStream::connect(addr).await.unwrap();
     let head = "POST /ui/login HTTP/1.1\r\nHost: gpuci\r\nContent-Type: application/x-www-form-urlencoded\r\n\
                 Content-Length: 100000000\r\n\r\nuser=";
-    login.write_all(head.as_bytes()).await.unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(10), login.read(&mut answer))
-        .await
-        .expect("a login form of 100 MB answered before its body came")
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 4"),
-        "{:?}",
-        String::from_utf8_lossy(&answer[..n])
-    );
+    let said = answer_before_the_body(addr, head).await;
+    assert!(said.starts_with("HTTP/1.1 4"), "a login form of 100 MB: {said:?}");
 
     // With a token, a submit whose body comes a byte every 5 s: cut off, not held.
     let mut trickle = TcpStream::connect(addr).await.unwrap();
@@ -157,4 +138,17 @@ async fn a_trickled_body_is_cut_off_and_registration_reads_no_body_without_its_t
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(30), running.task).await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Sends `head` (and the start of a body it never finishes); the first answer, which must
+/// come within 10 s, before the rest of the body.
+async fn answer_before_the_body(addr: std::net::SocketAddr, head: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut answer))
+        .await
+        .unwrap_or_else(|_| panic!("no answer within 10 s to {head:?}"))
+        .unwrap();
+    String::from_utf8_lossy(&answer[..n]).into_owned()
 }
