@@ -34,12 +34,18 @@ async fn until_closed(mut s: TcpStream) -> Result<String, String> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_that_never_finish_a_request_are_closed_and_the_api_still_answers() {
+/// A coordinator on its defaults in a data dir of its own.
+async fn coordinator() -> (std::path::PathBuf, tokio_util::sync::CancellationToken, gpuci_coordinator::Running) {
     let dir = std::env::temp_dir().join(format!("gpuci-slow-clients-{}", uuid::Uuid::new_v4()));
     let config = gpuci_coordinator::Config::new("127.0.0.1:0".parse().unwrap(), dir.clone());
     let shutdown = tokio_util::sync::CancellationToken::new();
     let running = gpuci_coordinator::start(config, shutdown.clone()).await.unwrap();
+    (dir, shutdown, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_never_finish_a_request_are_closed_and_the_api_still_answers() {
+    let (dir, shutdown, running) = coordinator().await;
     let addr = running.addr;
     let token = running.api_token.expose().to_string();
 
@@ -87,10 +93,7 @@ async fn connections_that_never_finish_a_request_are_closed_and_the_api_still_an
 /// and the registration endpoint reads no body before its token holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickled_body_is_cut_off_and_registration_reads_no_body_without_its_token() {
-    let dir = std::env::temp_dir().join(format!("gpuci-slow-clients-{}", uuid::Uuid::new_v4()));
-    let config = gpuci_coordinator::Config::new("127.0.0.1:0".parse().unwrap(), dir.clone());
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let running = gpuci_coordinator::start(config, shutdown.clone()).await.unwrap();
+    let (dir, shutdown, running) = coordinator().await;
     let addr = running.addr;
     let token = running.api_token.expose().to_string();
 
