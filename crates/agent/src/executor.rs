@@ -153,6 +153,8 @@ pub struct JobContext {
     /// Which repositories' jobs are on the host: one outside the sandbox shares it with no
     /// other repository (`tenancy.rs`).
     pub tenancy: Arc<crate::tenancy::Tenancy>,
+    /// Which job holds each GPU, from its pre-job check to its post-job check (`gpuhold.rs`).
+    pub gpu_holds: Arc<crate::gpuhold::GpuHolds>,
 }
 
 impl JobContext {}
@@ -168,6 +170,29 @@ pub async fn run_job(
     let mask = Arc::new(JobMask::new(Masker::new(a.secrets.0.values().map(String::as_str))));
     let out = Emitter::new(job_id, tx.clone(), mask, ctx.max_log_bytes);
     let mut gpu_health: BTreeMap<String, GpuHealth> = BTreeMap::new();
+    // Its GPUs, once the job that held them before on this agent has ended (its post-job
+    // check kills whatever runs on them); held until this job's own post-job check is done.
+    let claim = crate::gpuhold::GpuClaim { job_id, gpus: a.gpus.clone() };
+    let waiting = |by: &crate::gpuhold::GpuClaim| {
+        let gpus = crate::gpuhold::shared(&claim, by).join(", ");
+        tracing::warn!(job = job_id, former = by.job_id, gpus = %gpus, "waiting for the GPUs' former job to end");
+        out.system(format!(
+            "waiting for job {}, which held GPU {gpus} before this job, to end on this host",
+            by.job_id
+        ));
+    };
+    let Some(held) = ctx.gpu_holds.enter(claim.clone(), &cancel, waiting).await else {
+        let _ = tx.send(JobEvent::Finished(JobFinished {
+            job_id,
+            outcome: Outcome::Cancelled { reason: "cancelled before it started".into() },
+            finished_at_us: now_us(),
+            started_at_us: None,
+            lines: None,
+            telemetry: None,
+            gpu_health,
+        }));
+        return;
+    };
     let (outcome, telemetry) = execute(&a, &ctx, &out, &cancel, &mut gpu_health).await;
     // Post-job check of every leased GPU: leftovers killed, memory back to baseline.
     for uuid in &a.gpus {
@@ -177,11 +202,15 @@ pub async fn run_job(
         let h = post_check(&ctx, uuid, &out).await;
         gpu_health.insert(uuid.clone(), h);
     }
+    // Checked and cleared: the GPUs' next job may start (before the result is sent, so the
+    // job the coordinator places on them next never waits for this one).
+    let finished_at_us = now_us();
+    drop(held);
     // The start time is filled in by the agent loop, which saw the start.
     let _ = tx.send(JobEvent::Finished(JobFinished {
         job_id,
         outcome,
-        finished_at_us: now_us(),
+        finished_at_us,
         started_at_us: None,
         lines: None,
         telemetry,

@@ -15,6 +15,7 @@ pub mod disk;
 mod executor;
 pub mod follow;
 pub mod fstree;
+pub mod gpuhold;
 pub mod gpulock;
 pub mod grant;
 pub mod gres;
@@ -35,6 +36,7 @@ pub mod steps_proxy;
 pub mod tenancy;
 mod transfer_retry;
 pub mod unenforced;
+pub mod waitline;
 pub mod workspace;
 
 pub use executor::{IsolationPolicy, JobNetwork, SlotDefaults, DEFAULT_MAX_LOG_BYTES};
@@ -616,6 +618,7 @@ pub async fn run_until(config: Config, shutdown: CancellationToken) -> anyhow::R
         max_log_bytes: config.max_log_bytes,
         live: Default::default(),
         tenancy: Default::default(),
+        gpu_holds: Default::default(),
         caches: Arc::new(cache::CacheStore::open(config.data_dir.join("cache"), config.cache_limits)),
         uploads: Some(
             workspace::UploadSource::new(

@@ -11,19 +11,15 @@
 //!   and no job of another repository starts while it is there;
 //! - jobs inside the sandbox share the host as before, whatever their repository.
 //!
-//! Fairness, and why it cannot deadlock: jobs are taken in the order they arrive; a job
-//! waits only for jobs that arrived *before* it ([`blocker`]), so the earliest job never
-//! waits and every wait ends when an earlier job ends. A waiting unsandboxed job therefore
-//! holds back later jobs of other repositories (it is not starved by a stream of them).
+//! Jobs wait in the order they arrive ([`crate::waitline`], which says why that cannot
+//! deadlock): a waiting unsandboxed job holds back later jobs of other repositories (it is
+//! not starved by a stream of them).
 //!
 //! The tenant is the pipeline's repository as the coordinator names it. Pipelines without one
 //! (submitted through the API or `gpuci submit` outside a repository, by a token holder) are
 //! one tenant together: the operator's own work.
 
-use std::sync::{Arc, Mutex};
-
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
+use crate::waitline::{Entrant, Line, Place};
 
 /// One job on the host (running, or waiting to).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,74 +30,28 @@ pub struct Tenant {
     pub unsandboxed: bool,
 }
 
-/// The job in `earlier` that `job` must wait for, if any: one of another owner where either
-/// runs outside the sandbox. `earlier` are the jobs that arrived before `job`, oldest first.
-pub fn blocker<'a>(earlier: &'a [Tenant], job: &Tenant) -> Option<&'a Tenant> {
-    earlier.iter().find(|e| e.owner != job.owner && (e.unsandboxed || job.unsandboxed))
-}
-
 /// The jobs on this host, in the order they arrived. One per agent.
-#[derive(Default)]
-pub struct Tenancy {
-    jobs: Mutex<Vec<Tenant>>,
-    changed: Notify,
-}
+pub type Tenancy = Line<Tenant>;
 
 /// A job's place on the host; leaving it (drop) lets jobs waiting behind it go.
-pub struct Seat {
-    tenancy: Arc<Tenancy>,
-    job_id: i64,
-}
+pub type Seat = Place<Tenant>;
 
-impl Drop for Seat {
-    fn drop(&mut self) {
-        self.tenancy.lock().retain(|t| t.job_id != self.job_id);
-        self.tenancy.changed.notify_waiters();
-    }
-}
-
-impl Tenancy {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Tenant>> {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+impl Entrant for Tenant {
+    fn job_id(&self) -> i64 {
+        self.job_id
     }
 
-    /// Takes `job`'s place and waits until it may start; `waiting` hears once, with the job
-    /// it waits for, if it must. `None`: cancelled while waiting (the place is given up).
-    pub async fn enter(
-        self: &Arc<Self>,
-        job: Tenant,
-        cancel: &CancellationToken,
-        waiting: impl FnOnce(&Tenant),
-    ) -> Option<Seat> {
-        let job_id = job.job_id;
-        self.lock().push(job);
-        let seat = Seat { tenancy: self.clone(), job_id };
-        let mut told = Some(waiting);
-        loop {
-            // Registered before the check, so an end between the check and the wait is seen.
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let blocked = {
-                let jobs = self.lock();
-                let at = jobs.iter().position(|t| t.job_id == job_id).unwrap_or(0);
-                blocker(&jobs[..at], &jobs[at]).cloned()
-            };
-            let Some(by) = blocked else { return Some(seat) };
-            if let Some(tell) = told.take() {
-                tell(&by);
-            }
-            tokio::select! {
-                () = changed => {}
-                () = cancel.cancelled() => return None,
-            }
-        }
+    fn waits_for(&self, earlier: &Self) -> bool {
+        earlier.owner != self.owner && (earlier.unsandboxed || self.unsandboxed)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::waitline::blocker;
+    use std::sync::Arc;
+    use tokio_util::sync::CancellationToken;
 
     fn t(job_id: i64, owner: &str, unsandboxed: bool) -> Tenant {
         Tenant { job_id, owner: owner.into(), unsandboxed }
@@ -162,6 +112,6 @@ mod tests {
         tokio::task::yield_now().await;
         c2.cancel();
         assert!(waiting.await.unwrap(), "cancelled");
-        assert_eq!(tenancy.lock().len(), 1, "the cancelled job left the queue");
+        assert_eq!(tenancy.len(), 1, "the cancelled job left the queue");
     }
 }

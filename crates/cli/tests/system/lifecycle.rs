@@ -207,6 +207,42 @@ fn an_agent_that_was_frozen_past_lost_after_is_told_its_jobs_ended_and_kills_the
     assert_eq!(api.job(id).state, JobState::Lost, "a lost job stays lost");
 }
 
+/// The coordinator ended a GPU job while its agent was frozen (lost) and, when the agent came
+/// back, told it to kill that job and gave the same GPU to the next job in one breath. The
+/// next job starts only once the former one has ended on the agent (its post-job check kills
+/// whatever runs on the GPU, the new job's processes too): the agent's journal orders them.
+#[test]
+fn a_gpu_handed_out_again_while_its_former_job_still_ends_waits_for_that_end() {
+    let (_dir, _server, agent, api) =
+        one_agent("2s", "one-gpu", &["--simulate-gpus", "1xL4", "--slots", "2", "--isolation", isolation()]);
+    let gpu_job = |n: &str| format!("steps:\n  - key: a\n    gpus: 1\n    command: {n}\n");
+    let first = api.submit(&gpu_job("sleep 3007771")).jobs[0].id;
+    api.wait_job(first, "running", T, |j| j.state == JobState::Running);
+    let pid = nix::unistd::Pid::from_raw(agent.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    api.wait_job(first, "lost", T, |j| j.state.is_terminal());
+    let second = api.submit(&gpu_job("echo next")).jobs[0].id;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let j = api.wait_job(second, "done", T, |j| j.state.is_terminal());
+    assert_eq!(j.state, JobState::Succeeded, "{j:?}");
+    let journal = std::fs::read_to_string(agent.data_dir.join("journal")).unwrap();
+    let at = |kind: &str, job: i64, field: &str| {
+        journal
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|r| r["record"] == kind && r["job_id"] == job)
+            .and_then(|r| r[field].as_i64())
+            .unwrap_or_else(|| panic!("no {kind} record of job {job} in the journal:\n{journal}"))
+    };
+    let (former_ended, next_started) =
+        (at("finished", first, "finished_at_us"), at("started", second, "started_at_us"));
+    assert!(
+        next_started >= former_ended,
+        "job {second} started {} µs before job {first}, which held the GPU, had ended",
+        former_ended - next_started
+    );
+}
+
 /// A job's processes outside every parent-death chain (no sandbox, a `setsid` daemon) ran on
 /// after their agent was killed with SIGKILL, until the agent started again. The agent's
 /// reaper now ends them as soon as the agent is gone.
