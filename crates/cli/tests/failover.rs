@@ -177,7 +177,31 @@ fn a_paused_leader_loses_its_claim_and_stops_when_resumed() {
     let t0 = Instant::now();
     let standby = standby.join().expect("the standby took over");
     eprintln!("BENCH failover: leader paused (SIGSTOP) -> standby serving: {:.2} s", t0.elapsed().as_secs_f64());
+    // Asked while it is frozen, answered the moment it resumes: before its renewal task has
+    // run. It answered `/readyz` 200 then, and a submit 500 (outsider attack); neither may
+    // say it leads, and a refused write is a 503 to send again, not a failure.
+    let asked = |method: reqwest::Method, path: &str| {
+        let (url, token) = (format!("{}{path}", leader.url), leader.token.clone());
+        std::thread::spawn(move || {
+            let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+            let req = http.request(method, url).bearer_auth(token);
+            let req = req
+                .json(&serde_json::json!({"file_name": "x.yml", "source": "steps:\n  - key: x\n    command: echo\n"}));
+            req.send().map(|r| r.status().as_u16())
+        })
+    };
+    let ready = asked(reqwest::Method::GET, "/readyz");
+    let submit = asked(reqwest::Method::POST, "/api/v1/pipelines");
+    std::thread::sleep(Duration::from_millis(300));
     assert!(std::process::Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    match ready.join().unwrap() {
+        Ok(status) => assert_eq!(status, 503, "a resumed former leader's /readyz"),
+        Err(e) => eprintln!("the resumed former leader closed /readyz: {e}"),
+    }
+    match submit.join().unwrap() {
+        Ok(status) => assert_eq!(status, 503, "a resumed former leader's answer to a submit"),
+        Err(e) => eprintln!("the resumed former leader closed the submit: {e}"),
+    }
     let t1 = Instant::now();
     let status = loop {
         if let Some(s) = leader.child.try_wait().unwrap() {
@@ -192,4 +216,31 @@ fn a_paused_leader_loses_its_claim_and_stops_when_resumed() {
     assert_eq!(api.job(p.jobs[0].id).state, JobState::Queued);
     let after = api.submit("steps:\n  - key: after\n    command: echo after\n");
     assert_eq!(api.job(after.jobs[0].id).state, JobState::Queued);
+}
+
+/// `/readyz` of a Postgres leader answers from its claim, renewed every second, not from a
+/// query: behind a slow database link the query took 2.47 s, past the clients' 2 s probe, and
+/// the CLI found no coordinator that leads (outsider attack). Here the table it read is held
+/// by another session's lock: the leader still says at once that it is ready.
+#[test]
+fn readyz_answers_from_the_claim_while_a_table_it_once_queried_is_locked() {
+    let Some((_pg, url)) = database("gpuci_readyz") else { return };
+    let dir = tempdir();
+    let args: Vec<String> = ["--database", &url, "--heartbeat", "200ms"].iter().map(|s| s.to_string()).collect();
+    let leader = Server::start_on(&dir.path().join("a"), &free_address(), args);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut locker = rt.block_on(async {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(&url).await.unwrap();
+        sqlx::query("BEGIN").execute(&mut c).await.unwrap();
+        sqlx::query("LOCK TABLE pipelines IN ACCESS EXCLUSIVE MODE").execute(&mut c).await.unwrap();
+        c
+    });
+    let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(2)).build().unwrap();
+    // Past a renewal or two with the lock held.
+    std::thread::sleep(Duration::from_millis(2500));
+    let r = http.get(format!("{}/readyz", leader.url)).send();
+    let answer = r.as_ref().map(|r| r.status().as_u16()).map_err(|e| e.to_string());
+    rt.block_on(async { sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap() });
+    assert_eq!(answer, Ok(200), "the leader must say within the 2 s probe that it leads");
 }

@@ -42,9 +42,8 @@ pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSock
     };
     // Out of contact with its database past its claim, another coordinator may lead: the
     // agent goes to it (through the load balancer or DNS name it uses) rather than here.
-    if !*st.leading.borrow() {
-        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "this coordinator does not lead now; try again")
-            .into_response();
+    if let Some(why) = st.not_leading() {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("{why}; try again")).into_response();
     }
     let known = match st.store.get_agent(&agent_id).await {
         Ok(a) => a,

@@ -137,10 +137,22 @@ impl From<gpuci_store::StoreError> for ApiError {
 
 impl ApiError {
     /// A store error: 503 with the database's reason when the database cannot do it now (a
-    /// full disk, an I/O error, a lost connection): nothing was stored and the same request
-    /// may succeed later; anything else is a 500. `doing`: what the coordinator could not
+    /// full disk, an I/O error, a lost connection) or another coordinator leads it (a fenced
+    /// write): nothing was stored and the same request may succeed later; anything else is a
+    /// 500. `doing`: what the coordinator could not
     /// do, after "the coordinator".
     pub fn store(e: &gpuci_store::StoreError, doing: &str) -> Self {
+        if e.is_fenced() {
+            // A former leader: nothing was written, and the leader now would take it.
+            tracing::warn!("request refused: another coordinator leads the database now");
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the coordinator {doing}: another coordinator leads its database now, and nothing was stored; \
+                     send it again to the coordinator that leads"
+                ),
+            );
+        }
         if e.is_unavailable() {
             tracing::warn!(error = %e, "request refused: the database cannot take it now");
             ApiError::new(

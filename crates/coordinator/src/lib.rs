@@ -319,6 +319,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     // Whether this coordinator may act as the database's leader now: false while its claim
     // could not be renewed for longer than it lasts (it may have passed to a standby).
     let (leading_tx, leading) = tokio::sync::watch::channel(true);
+    let mut claim_renewed: Option<Arc<state::ClaimClock>> = None;
     let mut must_be_gpuci = false;
     if let Database::Sqlite(db) = &config.database {
         // Before anything new is written: the tokens made below would hide that this dir
@@ -399,7 +400,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     })?;
                     // Renewed from now on, not once start-up is done: loading a large
                     // database may take longer than the claim lasts.
-                    renewal = Some(tokio::spawn(keep_sole_use(s.clone(), holder, process, leading_tx.clone())));
+                    let clock = Arc::new(state::ClaimClock::new());
+                    claim_renewed = Some(clock.clone());
+                    renewal = Some(tokio::spawn(keep_sole_use(s.clone(), holder, process, leading_tx.clone(), clock)));
                     Arc::new(s)
                 }
                 Err(e @ gpuci_store::StoreError::NotGpuci(_)) => anyhow::bail!(
@@ -545,6 +548,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     .context("arming the schedules")?;
     let st = AppState {
         leading,
+        claim_renewed,
         store,
         brain: tx,
         hub,
@@ -722,6 +726,7 @@ async fn keep_sole_use(
     holder: String,
     process: String,
     leading: tokio::sync::watch::Sender<bool>,
+    clock: Arc<state::ClaimClock>,
 ) -> anyhow::Error {
     let mut last_renewed = std::time::Instant::now();
     let mut failing = false;
@@ -743,7 +748,9 @@ async fn keep_sole_use(
                 if !*leading.borrow() {
                     tracing::warn!("leading again: nobody took the claim while the database could not be reached");
                 }
-                leading.send_replace(true);
+                clock.renewed();
+                // Only a change is sent: every agent connection's task waits on this.
+                leading.send_if_modified(|l| !std::mem::replace(l, true));
                 failing = false;
                 last_renewed = std::time::Instant::now();
             }

@@ -15,6 +15,8 @@ pub struct AppState {
     /// Whether this coordinator leads its database now (always, with SQLite): while false it
     /// answers `/readyz` with 503 and takes no agent (`keep_sole_use` in the crate root).
     pub leading: tokio::sync::watch::Receiver<bool>,
+    /// When its claim on a Postgres database was last renewed; `None` with SQLite (no claim).
+    pub claim_renewed: Option<Arc<ClaimClock>>,
     pub store: Arc<dyn Store>,
     pub brain: mpsc::Sender<brain::Command>,
     pub hub: Arc<hub::Hub>,
@@ -64,7 +66,49 @@ pub struct AppState {
     pub schedules: schedules::Handle,
 }
 
+/// When this coordinator's claim on its database was last renewed (by `keep_sole_use` in the
+/// crate root, every second).
+pub struct ClaimClock(std::sync::Mutex<std::time::Instant>);
+
+impl ClaimClock {
+    pub fn new() -> ClaimClock {
+        ClaimClock(std::sync::Mutex::new(std::time::Instant::now()))
+    }
+
+    pub fn renewed(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+    }
+
+    pub fn age(&self) -> std::time::Duration {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+    }
+}
+
 impl AppState {
+    /// Why this coordinator may not act as its database's leader now, if it may not: it
+    /// stepped aside, or its claim was last renewed longer ago than a claim lasts. The second
+    /// is seen before the renewal task says so: a former leader resumed after a freeze
+    /// answered `/readyz` 200 for about 20 ms (outsider attack), until that task ran.
+    pub fn not_leading(&self) -> Option<String> {
+        let lease = crate::SOLE_USE_LEASE;
+        if !*self.leading.borrow() {
+            return Some(format!(
+                "not leading: this coordinator's claim on the database could not be renewed for longer than it \
+                 lasts ({}s), and a standby may lead now",
+                lease.as_secs()
+            ));
+        }
+        let age = self.claim_renewed.as_ref()?.age();
+        (age > lease).then(|| {
+            format!(
+                "not leading: this coordinator's claim on the database was last renewed {:.1}s ago, longer than it \
+                 lasts ({}s); a standby may lead now",
+                age.as_secs_f64(),
+                lease.as_secs()
+            )
+        })
+    }
+
     /// Send a command to the scheduler and wait for its answer.
     pub async fn ask<T>(
         &self,
