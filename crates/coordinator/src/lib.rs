@@ -400,7 +400,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                     })?;
                     // Renewed from now on, not once start-up is done: loading a large
                     // database may take longer than the claim lasts.
-                    let clock = Arc::new(state::ClaimClock::new());
+                    let clock = Arc::new(state::ClaimClock::default());
                     claim_renewed = Some(clock.clone());
                     renewal = Some(tokio::spawn(keep_sole_use(s.clone(), holder, process, leading_tx.clone(), clock)));
                     Arc::new(s)

@@ -70,11 +70,14 @@ pub struct AppState {
 /// crate root, every second).
 pub struct ClaimClock(std::sync::Mutex<std::time::Instant>);
 
-impl ClaimClock {
-    pub fn new() -> ClaimClock {
+impl Default for ClaimClock {
+    /// Renewed now.
+    fn default() -> ClaimClock {
         ClaimClock(std::sync::Mutex::new(std::time::Instant::now()))
     }
+}
 
+impl ClaimClock {
     pub fn renewed(&self) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
     }

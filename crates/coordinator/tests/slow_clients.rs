@@ -5,6 +5,7 @@
 //! Before, the leader served with no timer at all: each such connection stayed open (with its
 //! file descriptor) for as long as the client kept it, so enough of them left the coordinator
 //! unable to accept an agent.
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
 
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
