@@ -355,6 +355,13 @@ pub struct ServerArgs {
     /// (docs/ha.md).
     #[arg(long, env = "GPUCI_STANDBY")]
     pub standby: bool,
+    /// The most connections one client address may hold open, agents' channels not counted
+    /// (requests, followed logs, live pages); over it a connection is answered 503. Default:
+    /// an eighth of what the open-file limit leaves for clients (at least 32). 0: no limit per
+    /// address, for a coordinator behind a load balancer or reverse proxy (one address for all
+    /// its clients: limit per client there). docs/ha.md, "Slow clients".
+    #[arg(long, env = "GPUCI_MAX_CONNECTIONS_PER_ADDRESS")]
+    pub max_connections_per_address: Option<usize>,
     /// A name (or address) agents and the CLI reach this coordinator by, repeated or
     /// comma-separated: it proves its identity key only for these and for the address a
     /// request comes in on, so a relay at another address gets no proof (docs/ha.md). Give the

@@ -83,6 +83,10 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Holds tokens, the secrets key and, by default, the database: 0700, files 0600.
     pub data_dir: PathBuf,
+    /// The most connections one client address may hold open that are not an agent's
+    /// channel (`serve::ConnLimits`): `None` computes it from the open-file limit, `Some(0)`
+    /// sets none (behind a load balancer or reverse proxy, which is one address for all).
+    pub max_connections_per_address: Option<usize>,
     pub database: Database,
     pub timing: Timing,
     /// Upload garbage collection: uploads unused for `retention` and needed by no job that
@@ -174,6 +178,7 @@ impl Config {
         Config {
             listen,
             data_dir,
+            max_connections_per_address: None,
             database,
             timing: Timing::default(),
             uploads_gc: uploads_gc::GcConfig::default(),
@@ -290,6 +295,7 @@ async fn openapi_json() -> axum::Json<utoipa::openapi::OpenApi> {
 /// Open the store, load state, bind the listener and start serving. Returns once the server
 /// accepts connections.
 pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let limits = connection_limits(config.max_connections_per_address);
     if config.standby {
         // A standby that takes over from a frozen leader counts its agents' silence from then,
         // while they may still wait on the frozen one (outsider attack: `--heartbeat 10s` with
@@ -390,7 +396,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                             Arc::new(s.clone()) as Arc<dyn Store>,
                             proxy::KeySource { secrets_key_file: source, data_dir: config.data_dir.clone() },
                         );
-                        standing_by = standby::listen(config.listen, webhooks, Some(proxy))?;
+                        standing_by = standby::listen(config.listen, webhooks, Some(proxy), limits)?;
                     }
                     let claim = lead_or_stand_by(&s, &holder, &process, url, config.standby, &shutdown).await?;
                     tracing::info!(epoch = claim.epoch, "this coordinator leads the database");
@@ -595,7 +601,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
     let shutdown_on_loss = shutdown.clone();
     let task = tokio::spawn(async move {
         // Each connection knows the address it came in on, and must send its requests in time.
-        let served = serve::serve(listener, app, sd);
+        let served = serve::serve(listener, app, limits, sd);
         let result = tokio::select! {
             () = served => Ok(()),
             lost = async {
@@ -708,6 +714,25 @@ async fn lead_or_stand_by(
             _ = tokio::time::sleep(STANDBY_RETRY) => {}
         }
     }
+}
+
+/// What clients may hold open (`serve::ConnLimits`), from the open-file limit (raised to
+/// its most first) and `--max-connections-per-address`.
+pub fn connection_limits(per_address: Option<usize>) -> serve::ConnLimits {
+    let files = serve::raise_open_files();
+    let mut limits = serve::ConnLimits::for_open_files(files.unwrap_or(1024));
+    match per_address {
+        Some(0) => limits.per_address = None,
+        Some(n) => limits.per_address = Some(n),
+        None => {}
+    }
+    tracing::info!(
+        open_files = files,
+        connections = limits.total,
+        per_address = limits.per_address,
+        "client connections limited (agents' channels are not counted)"
+    );
+    limits
 }
 
 /// How often a standby coordinator tries to claim the database.

@@ -9,16 +9,24 @@
 //! requests), and a request body may pause at most [`BODY_IDLE_TIMEOUT`] between two
 //! pieces and must come at [`BODY_MIN_BYTES_PER_SEC`] on average once that much time passed. An agent's WebSocket, once upgraded, is the channel's (its own heartbeats bound it).
 //!
+//! A slow client still holds a connection (and a file descriptor) while its body comes at the
+//! floor: so connections are counted, in all and by client address, from accept until they
+//! end or become a WebSocket ([`ConnLimits`], decided by [`admit`]); one over either limit is
+//! answered 503 and closed at once. Agents' channels, once upgraded, are not counted: they are
+//! bounded by the agents registered.
+//!
 //! Each request carries the connection's local address ([`LocalAddr`]) and peer address as
 //! `ConnectInfo`. Must not: decide anything about a request (that is the router's).
 
 use crate::identity::LocalAddr;
 use axum::extract::ConnectInfo;
 use hyper::body::{Body, Frame, SizeHint};
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::pin;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -37,9 +45,101 @@ pub const BODY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// with 400 open files answering nothing for 70 s, while it kept its claim).
 pub const BODY_MIN_BYTES_PER_SEC: u64 = 1024;
 
+/// How many connections clients may hold open that are not (yet) a WebSocket: requests,
+/// kept-alive connections between requests, followed logs and live pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// From every client together.
+    pub total: usize,
+    /// From one client address; `None`: no limit per address (a load balancer or reverse
+    /// proxy in front is one address for all its clients: limit per client there).
+    pub per_address: Option<usize>,
+}
+
+impl ConnLimits {
+    /// For a process allowed `open_files` file descriptors: a quarter of them (at least 64)
+    /// stays for the database's connections, the agents' channels and files; one client
+    /// address may hold an eighth of the rest (at least 32). With 1,024 open files: 768 and
+    /// 96; with 65,536: 49,152 and 6,144.
+    pub fn for_open_files(open_files: u64) -> ConnLimits {
+        let open_files = usize::try_from(open_files).unwrap_or(usize::MAX);
+        let total = open_files.saturating_sub((open_files / 4).max(64)).max(16);
+        ConnLimits { total, per_address: Some((total / 8).max(32)) }
+    }
+}
+
+/// The open files this process may have, raised first to the most it is allowed (its hard
+/// limit): each connection is one, and a soft limit of 1,024 (many systems' default) would
+/// hold a coordinator to fewer than a thousand agents whatever its hard limit. `None`: the
+/// limit is unknown.
+pub fn raise_open_files() -> Option<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return Some(hard);
+    }
+    Some(soft)
+}
+
+/// Whether a new connection is taken, with `total` open already and `from_address` of them
+/// from its client's address; the refusal says which limit it met.
+pub fn admit(limits: ConnLimits, total: usize, from_address: usize) -> Result<(), String> {
+    if total >= limits.total {
+        return Err(format!("this coordinator holds {total} client connections, its most; try again shortly"));
+    }
+    match limits.per_address {
+        Some(most) if from_address >= most => Err(format!(
+            "{from_address} connections are open from your address, the most one address may hold; close some"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The connections counted now. One owner: the accept loop adds, [`Counted`] gives back.
+#[derive(Default)]
+struct Open {
+    total: usize,
+    by_address: HashMap<IpAddr, usize>,
+}
+
+/// One counted connection; dropped when it ends or becomes a WebSocket.
+struct Counted {
+    open: Arc<Mutex<Open>>,
+    address: IpAddr,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.total = open.total.saturating_sub(1);
+        if let Some(n) = open.by_address.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                open.by_address.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// Count a connection from `address`, or say why it is refused.
+fn count(open: &Arc<Mutex<Open>>, limits: ConnLimits, address: IpAddr) -> Result<Counted, String> {
+    let mut o = open.lock().unwrap_or_else(|e| e.into_inner());
+    admit(limits, o.total, o.by_address.get(&address).copied().unwrap_or(0))?;
+    o.total += 1;
+    *o.by_address.entry(address).or_insert(0) += 1;
+    Ok(Counted { open: open.clone(), address })
+}
+
 /// Serves `app` on `listener` until `shutdown`, then waits for the requests in flight.
-pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router, shutdown: CancellationToken) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: ConnLimits,
+    shutdown: CancellationToken,
+) {
     let (closed_tx, closed_rx) = tokio::sync::watch::channel(());
+    let open = Arc::new(Mutex::new(Open::default()));
+    let mut last_warned: Option<tokio::time::Instant> = None;
     loop {
         let (io, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -53,6 +153,18 @@ pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router, shutdow
                     continue;
                 }
             },
+        };
+        // An IPv4 client on a dual-stack socket is one address, however it is written.
+        let counted = match count(&open, limits, peer.ip().to_canonical()) {
+            Ok(c) => c,
+            Err(why) => {
+                if last_warned.is_none_or(|t| t.elapsed() >= REFUSAL_WARN_EVERY) {
+                    tracing::warn!(%peer, reason = %why, "connection refused (503); said at most every {}s", REFUSAL_WARN_EVERY.as_secs());
+                    last_warned = Some(tokio::time::Instant::now());
+                }
+                refuse(io, &why);
+                continue;
+            }
         };
         // No Nagle: an assignment is one small frame that must leave now, not after the
         // peer's delayed ACK (40 ms on Linux).
@@ -81,12 +193,28 @@ pub async fn serve(listener: tokio::net::TcpListener, app: axum::Router, shutdow
                     let _ = conn.await;
                 }
             }
+            drop(counted);
             drop(closed);
         });
     }
     drop(listener);
     drop(closed_rx);
     closed_tx.closed().await;
+}
+
+/// How often a refused connection is logged (a flood would otherwise flood the log too).
+const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Answer a refused connection with 503 and close it, without waiting on the client: what the
+/// socket's buffer does not take now is not sent.
+fn refuse(io: tokio::net::TcpStream, why: &str) {
+    let body = format!("{{\"error\":{}}}\n", serde_json::Value::String(why.to_string()));
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\nretry-after: 1\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = io.try_write(answer.as_bytes());
 }
 
 /// A request body that must keep coming: no pause over [`BODY_IDLE_TIMEOUT`], and at least
@@ -159,6 +287,36 @@ impl Body for Paced {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_are_limited_in_all_and_per_address() {
+        let l = ConnLimits::for_open_files(1024);
+        assert_eq!(l, ConnLimits { total: 768, per_address: Some(96) });
+        assert_eq!(ConnLimits::for_open_files(65_536), ConnLimits { total: 49_152, per_address: Some(6_144) });
+        assert_eq!(ConnLimits::for_open_files(100), ConnLimits { total: 36, per_address: Some(32) });
+        assert_eq!(ConnLimits::for_open_files(10).total, 16, "never none");
+        assert_eq!(admit(l, 0, 0), Ok(()));
+        assert_eq!(admit(l, 767, 95), Ok(()));
+        assert!(admit(l, 768, 0).unwrap_err().contains("its most"));
+        assert!(admit(l, 100, 96).unwrap_err().contains("from your address"));
+        assert_eq!(admit(ConnLimits { per_address: None, ..l }, 100, 500), Ok(()), "behind a load balancer");
+    }
+
+    #[test]
+    fn a_counted_connection_is_given_back_when_it_ends() {
+        let open = Arc::new(Mutex::new(Open::default()));
+        let limits = ConnLimits { total: 3, per_address: Some(2) };
+        let (a, b): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+        let a1 = count(&open, limits, a).unwrap();
+        let _a2 = count(&open, limits, a).unwrap();
+        assert!(count(&open, limits, a).is_err(), "a third from one address");
+        let b1 = count(&open, limits, b).unwrap();
+        assert!(count(&open, limits, b).is_err(), "a fourth in all");
+        drop(a1);
+        assert!(count(&open, limits, b).is_ok(), "room again");
+        drop(b1);
+        assert_eq!(open.lock().unwrap().by_address.keys().collect::<Vec<_>>(), [&a], "only a's second is left");
+    }
 
     #[test]
     fn a_body_must_keep_its_pace_once_the_idle_time_has_passed() {

@@ -48,6 +48,7 @@ pub fn listen(
     listen: SocketAddr,
     webhooks: Option<Webhooks>,
     proxy: Option<crate::proxy::Proxy>,
+    limits: crate::serve::ConnLimits,
 ) -> anyhow::Result<Option<StandingBy>> {
     let listener = match std::net::TcpListener::bind(listen) {
         Ok(l) => l,
@@ -82,14 +83,10 @@ pub fn listen(
         );
     }
     let until = stop.clone();
-    let task = tokio::spawn(async move {
-        // Each request knows its client's address: the proxy gives each client a share.
-        let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-        let served = axum::serve(served, app).with_graceful_shutdown(async move { until.cancelled().await });
-        if let Err(e) = served.await {
-            tracing::warn!(error = %e, "the standby's server stopped");
-        }
-    });
+    // Each request knows its client's address (the proxy gives each client a share), and
+    // must come in time, as the leader's do: a standby whose files slow clients hold could not
+    // open what it needs to take over.
+    let task = tokio::spawn(crate::serve::serve(served, app, limits, until));
     tracing::info!(address = %listener.local_addr()?, "standing by: /healthz 200, /readyz 503 until this coordinator leads");
     Ok(Some(StandingBy { listener, stop, task }))
 }

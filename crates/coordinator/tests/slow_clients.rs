@@ -37,8 +37,16 @@ async fn until_closed(mut s: TcpStream) -> Result<String, String> {
 
 /// A coordinator on its defaults in a data dir of its own.
 async fn coordinator() -> (std::path::PathBuf, tokio_util::sync::CancellationToken, gpuci_coordinator::Running) {
+    coordinator_with(None).await
+}
+
+/// A coordinator with `--max-connections-per-address` `per_address`.
+async fn coordinator_with(
+    per_address: Option<usize>,
+) -> (std::path::PathBuf, tokio_util::sync::CancellationToken, gpuci_coordinator::Running) {
     let dir = std::env::temp_dir().join(format!("gpuci-slow-clients-{}", uuid::Uuid::new_v4()));
-    let config = gpuci_coordinator::Config::new("127.0.0.1:0".parse().unwrap(), dir.clone());
+    let mut config = gpuci_coordinator::Config::new("127.0.0.1:0".parse().unwrap(), dir.clone());
+    config.max_connections_per_address = per_address;
     let shutdown = tokio_util::sync::CancellationToken::new();
     let running = gpuci_coordinator::start(config, shutdown.clone()).await.unwrap();
     (dir, shutdown, running)
@@ -155,4 +163,51 @@ async fn answer_before_the_body(addr: std::net::SocketAddr, head: &str) -> Strin
         .unwrap_or_else(|_| panic!("no answer within 10 s to {head:?}"))
         .unwrap();
     String::from_utf8_lossy(&answer[..n]).into_owned()
+}
+
+/// One address cannot take every connection: a client holding slow requests at the body floor
+/// held each connection (and a file descriptor) for hours, and 450 of them left a leader with
+/// 400 open files answering nobody (outsider attack). Over its share, a connection is answered
+/// 503 at once and closed; other addresses are served; a connection given back makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_gets_its_share_of_connections_and_others_are_still_served() {
+    const SHARE: usize = 8;
+    let (dir, shutdown, running) = coordinator_with(Some(SHARE)).await;
+    let addr = running.addr;
+    let mut held = Vec::new();
+    for _ in 0..SHARE {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // Half a head: a connection in its request, as a slow client's is.
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: gpuci\r\n").await.unwrap();
+        held.push(s);
+    }
+    let over = TcpStream::connect(addr).await.unwrap();
+    let said = until_closed(over).await.expect("the connection over the share is closed");
+    assert!(said.starts_with("HTTP/1.1 503"), "{said}");
+    assert!(said.contains("from your address"), "{said}");
+
+    // Another address is served meanwhile.
+    let other = reqwest::Client::builder().local_address("127.0.0.2".parse::<std::net::IpAddr>().ok()).build().unwrap();
+    let r = other.get(format!("{}/healthz", running.url)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    // Given back, the share is there again.
+    drop(held);
+    let http = reqwest::Client::new();
+    let mut status = None;
+    for _ in 0..100 {
+        match http.get(format!("{}/healthz", running.url)).send().await {
+            Ok(r) if r.status() == 200 => {
+                status = Some(200);
+                break;
+            }
+            Ok(r) => status = Some(r.status().as_u16()),
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, Some(200), "connections closed by the client are given back");
+    shutdown.cancel();
+    let _ = running.task.await;
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -22,6 +22,7 @@ pub async fn run(a: ServerArgs, shutdown: CancellationToken) -> CliResult {
     config.max_log_bytes = a.max_log_bytes;
     config.new_database = a.new_database;
     config.standby = a.standby;
+    config.max_connections_per_address = a.max_connections_per_address;
     config.public_names = a.public_names.iter().map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect();
     config.fleet_interval = a.fleet_interval;
     config.uploads_gc.interval = a.upload_collect_interval;
