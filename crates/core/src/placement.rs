@@ -37,6 +37,8 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 // The indexed implementation; the rules, the keys and the reasons it must agree with are here.
 mod cluster;
 pub use cluster::Cluster;
+// A pass over the queue, on a cluster: what the scheduler applies.
+pub mod pass;
 
 /// Whether a GPU can take a lease.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -453,3 +453,97 @@ fn an_agent_that_takes_no_jobs_is_never_called_busy() {
     // Only busy: as before.
     assert_eq!(reason(&needs, &[full]), "the only matching agent is busy (no free job slot)");
 }
+
+// A pass over a queue (`placement::pass`): what the scheduler applies.
+
+mod a_pass {
+    use super::*;
+    use gpuci_core::placement::pass::{pass, Candidate, Decision};
+
+    fn ready<'a>(id: i64, t: &'a BTreeMap<String, String>, g: &'a GpuRequirements, told: &'a str) -> Candidate<'a> {
+        Candidate {
+            id,
+            needs: Needs { tags: t, gpu: g, container: false, deadline: None },
+            blocked: None,
+            group: None,
+            told,
+            fleet_note: None,
+            held: false,
+        }
+    }
+
+    fn placed(d: &[Decision]) -> Vec<i64> {
+        d.iter().filter_map(|d| if let Decision::Placed { id, .. } = d { Some(*id) } else { None }).collect()
+    }
+
+    #[test]
+    fn jobs_take_capacity_in_queue_order_and_the_rest_are_told_why_once() {
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
+        let (t, one) = (tags(&[]), gpus(1));
+        let jobs = (1..=5).map(|id| ready(id, &t, &one, ""));
+        let d = pass(&mut cluster, jobs, |_, r| r);
+        assert_eq!(placed(&d), [1, 2]);
+        let Decision::Unplaced { id: 3, reason: Some(why) } = &d[2] else { panic!("{:?}", d[2]) };
+        assert!(why.contains("leased"), "{why}");
+        // A job already told that reason is not told again.
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
+        let told = why.clone();
+        let d = pass(&mut cluster, (1..=4).map(|id| ready(id, &t, &one, if id > 2 { &told } else { "" })), |_, r| r);
+        assert_eq!(&d[2..], [Decision::Unplaced { id: 3, reason: None }, Decision::Unplaced { id: 4, reason: None }]);
+    }
+
+    #[test]
+    fn a_full_shape_is_not_asked_again_and_another_shape_still_fits() {
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 1)), host("b", &[("cpu", "y")], 4, vec![])]);
+        let (none, cpu, one, zero) = (tags(&[]), tags(&[("cpu", "y")]), gpus(1), gpus(0));
+        let asked = std::cell::Cell::new(0);
+        let jobs = vec![
+            ready(1, &none, &one, ""),
+            ready(2, &none, &one, ""),
+            ready(3, &none, &one, ""),
+            ready(4, &cpu, &zero, ""),
+        ];
+        let d = pass(&mut cluster, jobs, |_, r| {
+            asked.set(asked.get() + 1);
+            format!("reworded: {r}")
+        });
+        assert_eq!(placed(&d), [1, 4]);
+        assert_eq!(asked.get(), 1, "one shape found full, reworded once");
+        for i in [1, 2] {
+            let Decision::Unplaced { reason: Some(r), .. } = &d[i] else { panic!("{:?}", d[i]) };
+            assert!(r.starts_with("reworded: "), "{r}");
+        }
+    }
+
+    #[test]
+    fn blocked_jobs_wait_and_one_job_of_a_concurrency_group_is_placed_per_pass() {
+        use gpuci_core::concurrency::{group_key, TrustClass};
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 4))]);
+        let (t, one) = (tags(&[]), gpus(1));
+        let repo = gpuci_core::repo::RepoId::parse("o/r", "github.com").unwrap();
+        let key = group_key("deploy", Some(&repo), TrustClass::Trusted, &[]);
+        let mut jobs = vec![ready(1, &t, &one, ""), ready(2, &t, &one, ""), ready(3, &t, &one, "")];
+        jobs[0].blocked = Some("waiting for `build`".into());
+        jobs[1].group = Some(key.clone());
+        jobs[2].group = Some(key);
+        let d = pass(&mut cluster, jobs, |_, r| r);
+        assert_eq!(d[0], Decision::Waits { id: 1, reason: Some("waiting for `build`".into()) });
+        assert_eq!(placed(&d), [2]);
+        let Decision::Waits { id: 3, reason: Some(r) } = &d[2] else { panic!("{:?}", d[2]) };
+        assert!(r.contains("concurrency group"), "{r}");
+    }
+
+    #[test]
+    fn the_fleets_word_is_added_and_a_job_held_by_its_budget_hears_only_that() {
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 1))]);
+        let (t, two) = (tags(&[]), gpus(2));
+        let mut jobs = vec![ready(1, &t, &two, ""), ready(2, &t, &two, "")];
+        jobs[0].fleet_note = Some("a machine is on its way");
+        jobs[1].fleet_note = Some("the repository's budget is reached");
+        jobs[1].held = true;
+        let d = pass(&mut cluster, jobs, |_, r| r);
+        let Decision::Unplaced { reason: Some(r1), .. } = &d[0] else { panic!("{:?}", d[0]) };
+        assert!(r1.ends_with("; a machine is on its way"), "{r1}");
+        assert_eq!(d[1], Decision::Unplaced { id: 2, reason: Some("the repository's budget is reached".into()) });
+    }
+}

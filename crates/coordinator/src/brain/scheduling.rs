@@ -104,11 +104,6 @@ impl Brain {
         // "The coordinator under load"); a record is cloned only to be placed or to change.
         let queued: Vec<JobId> = self.active.values().filter(|j| j.state == JobState::Queued).map(|j| j.id).collect();
         let now = now_ms();
-        let mut placed_groups: BTreeSet<gpuci_core::concurrency::GroupKey> = BTreeSet::new();
-        let mut unplaceable = Vec::new();
-        // Needs that found no place this pass, and why: a pass only takes capacity, so a
-        // later job with the same needs finds none either and is told the same.
-        let mut full = FullShapes::default();
         // Why each job waits, written in one transaction at the end of the pass.
         let mut reasons: Vec<(JobRecord, String)> = Vec::new();
         // This pass's assignments, stored in one transaction before any is sent.
@@ -124,6 +119,10 @@ impl Brain {
             let active = &self.active;
             self.secrets_vetted.retain(|id, _| active.get(id).is_some_and(|j| j.state == JobState::Queued));
         }
+        // What the pass needs to know of each job that takes the store to learn: whether its
+        // repository's budget holds it off fleet machines, what blocks it, and whether it may
+        // have the secrets it names (one that may not ends now).
+        let mut ready: Vec<Ready> = Vec::with_capacity(queued.len());
         for id in queued {
             // One look-up per job when no budget is reached (the common case).
             let held = match self.budgets_reached.is_empty() {
@@ -137,33 +136,15 @@ impl Brain {
                 },
             };
             let Some(j) = self.active.get(&id) else { continue };
-            let why = match self.blocked(j, &groups) {
+            let blocked = match self.blocked(j, &groups) {
                 Some(Ok(why)) | Some(Err(why)) => Some(why),
                 None => None,
             };
-            let why = match (why, self.group_of(j)) {
-                (None, Some(key)) if placed_groups.contains(&key) => {
-                    Some(format!("waiting for another job in concurrency group {key}"))
-                }
-                (w, _) => w,
-            };
-            if let Some(why) = why {
-                self.ready_since.remove(&id);
-                note_reason(&mut reasons, j, why);
-                continue;
-            }
-            self.ready_since.entry(id).or_insert(now);
-            // `sandbox: none` runs only where the agent allows it.
-            let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
-            // Limits a step asks for run only where they hold, or where the operator allowed
-            // them unenforced (the job's log then says so): never silently without them.
-            let r = &j.step.resources;
-            let limited = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();
+            let stand_in = stand_in_tags(j, held);
             // A job that names secrets is vetted even when it cannot be placed now: one that
             // may not have them ends at once. The names are read once a pass, and a job
             // vetted under the same names is not vetted again (`brain/secrets.rs`).
-            let with_secrets = !(j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty());
-            if with_secrets {
+            if blocked.is_none() && names_secrets(j) {
                 if stored_secrets.is_none() {
                     match self.stored_secrets().await {
                         Ok(s) => stored_secrets = Some(s),
@@ -197,19 +178,60 @@ impl Brain {
                     }
                 }
             }
-            let Some(j) = self.active.get(&id) else { continue };
-            if let Some(reason) = full.reason(&Shape::of(j, unsandboxed, limited, held)) {
-                unplaceable.push(id);
-                match self.fleet_notes.get(&id) {
-                    // Told already (most of a long queue, pass after pass): nothing to make.
-                    None if j.reason == reason => {}
-                    note => note_reason(&mut reasons, j, with_fleet_note(reason, held, note)),
+            ready.push((id, held, blocked, stand_in));
+        }
+        // The pass itself decides (`gpuci_core::placement::pass`, pure); what follows applies.
+        let decisions = {
+            // `ready` is in id order, as `active` is: walked together, not looked up.
+            let mut active = self.active.iter().peekable();
+            let candidates = ready.iter_mut().filter_map(|(id, held, blocked, stand_in)| {
+                let (id, held) = (*id, *held);
+                while active.next_if(|(k, _)| **k < id).is_some() {}
+                let (_, j) = active.next_if(|(k, _)| **k == id)?;
+                Some(placement::pass::Candidate {
+                    id,
+                    needs: Needs {
+                        tags: stand_in.as_ref().unwrap_or(&j.step.agents),
+                        gpu: &j.step.gpu,
+                        container: j.step.image.is_some(),
+                        deadline: job_deadline(j.step.timeout, now),
+                    },
+                    blocked: blocked.take(),
+                    group: self.group_of(j),
+                    told: &j.reason,
+                    fleet_note: self.fleet_notes.get(&id).map(String::as_str),
+                    held,
+                })
+            });
+            placement::pass::pass(&mut cluster, candidates, explain_unplaced)
+        };
+        let mut unplaceable = Vec::new();
+        for decision in decisions {
+            let (id, placement) = match decision {
+                placement::pass::Decision::Waits { id, reason } => {
+                    self.ready_since.remove(&id);
+                    if let (Some(why), Some(j)) = (reason, self.active.get(&id)) {
+                        reasons.push((j.clone(), why));
+                    }
+                    continue;
                 }
-                continue;
-            }
-            let j = j.clone();
+                placement::pass::Decision::Unplaced { id, reason } => {
+                    self.ready_since.entry(id).or_insert(now);
+                    unplaceable.push(id);
+                    if let (Some(why), Some(j)) = (reason, self.active.get(&id)) {
+                        reasons.push((j.clone(), why));
+                    }
+                    continue;
+                }
+                placement::pass::Decision::Placed { id, placement } => (id, placement),
+            };
+            self.ready_since.entry(id).or_insert(now);
+            let Some(j) = self.active.get(&id).cloned() else { continue };
+            let agent_id = ids[placement.host].clone();
+            tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[placement.host].free_slots, "placed");
+            // Its secrets are opened now that it has a place, not while it waits.
             let (secrets, given) = match self.secrets_vetted.get(&id) {
-                Some((_, given)) if with_secrets => {
+                Some((_, given)) if names_secrets(&j) => {
                     let given = given.clone();
                     let source = match self.job_source(&mut sources, &j).await {
                         Ok(s) => s,
@@ -221,6 +243,9 @@ impl Brain {
                     match self.open_secrets(&j, &given, &source).await {
                         Ok(values) => (values, given),
                         Err(secrets::NotOpened::Wait(why)) => {
+                            // The place it was given goes to another job at the next pass,
+                            // which comes at once.
+                            self.schedule_due = true;
                             note_reason(&mut reasons, &j, why);
                             continue;
                         }
@@ -229,142 +254,86 @@ impl Brain {
                             if let Err(e) = self.finish(&j, JobState::Failed, why, None, None, Vec::new()).await {
                                 tracing::error!(job = j.id, error = %e, "could not fail job");
                             }
+                            self.schedule_due = true;
                             continue;
                         }
                     }
                 }
                 _ => (BTreeMap::new(), Vec::new()),
             };
-            let tags = if unsandboxed || held || limited {
-                let mut t = j.step.agents.clone();
-                if unsandboxed {
-                    t.insert(UNSANDBOXED_TAG.to_string(), "allowed".to_string());
-                }
-                if limited {
-                    t.insert(RESOURCES_TAG.to_string(), "taken".to_string());
-                }
-                if held {
-                    t.insert(gpuci_providers::TAG_FLEET.to_string(), NOT_A_FLEET_MACHINE.to_string());
-                }
-                std::borrow::Cow::Owned(t)
-            } else {
-                std::borrow::Cow::Borrowed(&j.step.agents)
+            let pipeline = match pipelines.get(&j.pipeline_id) {
+                Some(p) => Ok(Some(p.clone())),
+                None => self.store.get_pipeline(j.pipeline_id).await.inspect(|p| {
+                    if let Some(p) = p {
+                        pipelines.insert(p.id, p.clone());
+                    }
+                }),
             };
-            let needs = Needs {
-                tags: &tags,
-                gpu: &j.step.gpu,
-                container: j.step.image.is_some(),
-                deadline: job_deadline(j.step.timeout, now),
+            let (workspace_upload, cache, origin, trusted, repository) = match pipeline {
+                Ok(Some(p)) => {
+                    let origin = Origin::parse(p.origin.as_deref());
+                    // Caches by repository and trust class: what may be restored and where
+                    // the job saves is the core's rule (`cache::scope`). Keyed by the
+                    // repository's identity with its host: two spellings of one remote share
+                    // a cache, two hosts never do, and a remote that names no repository
+                    // unambiguously gets none.
+                    let repository =
+                        crate::repos::name_of_pipeline(p.repository.as_deref(), p.origin.as_deref(), &self.github_host);
+                    let cache = match (&repository, Origin::cache_origin(p.origin.as_deref())) {
+                        (Some(repository), Some(o)) if !j.step.cache.is_empty() => {
+                            gpuci_core::cache::scope(repository, &o)
+                        }
+                        _ => gpuci_core::cache::CacheScope::none(),
+                    };
+                    let trusted =
+                        gpuci_core::trust::may_run_unsandboxed(Origin::cache_origin(p.origin.as_deref()).as_ref());
+                    // The agent's tenant (who may share a host with a job outside the
+                    // sandbox): the identity, else the remote as given, never merged with
+                    // pipelines that name no repository.
+                    let tenant = repository.or(p.repository);
+                    (p.workspace_upload, cache, origin, trusted, tenant)
+                }
+                Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false, None),
+                Err(e) => {
+                    tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
+                    continue;
+                }
             };
-            // Applied to this pass's view at once; if the commit below fails the GPUs only
-            // look taken until the next pass.
-            match cluster.place_and_apply(&j.id.to_string(), &needs) {
-                Ok(p) => {
-                    let agent_id = ids[p.host].clone();
-                    tracing::debug!(job = j.id, agent = %agent_id, free_slots = cluster.hosts()[p.host].free_slots, "placed");
-                    let pipeline = match pipelines.get(&j.pipeline_id) {
-                        Some(p) => Ok(Some(p.clone())),
-                        None => self.store.get_pipeline(j.pipeline_id).await.inspect(|p| {
-                            if let Some(p) = p {
-                                pipelines.insert(p.id, p.clone());
-                            }
-                        }),
-                    };
-                    let (workspace_upload, cache, origin, trusted, repository) = match pipeline {
-                        Ok(Some(p)) => {
-                            let origin = Origin::parse(p.origin.as_deref());
-                            // Caches by repository and trust class: what may be restored and
-                            // where the job saves is the core's rule (`cache::scope`).
-                            // Keyed by the repository's identity with its host: two spellings
-                            // of one remote share a cache, two hosts never do, and a remote
-                            // that names no repository unambiguously gets none.
-                            let repository = crate::repos::name_of_pipeline(
-                                p.repository.as_deref(),
-                                p.origin.as_deref(),
-                                &self.github_host,
-                            );
-                            let cache = match (&repository, Origin::cache_origin(p.origin.as_deref())) {
-                                (Some(repository), Some(o)) if !j.step.cache.is_empty() => {
-                                    gpuci_core::cache::scope(repository, &o)
-                                }
-                                _ => gpuci_core::cache::CacheScope::none(),
-                            };
-                            let trusted = gpuci_core::trust::may_run_unsandboxed(
-                                Origin::cache_origin(p.origin.as_deref()).as_ref(),
-                            );
-                            // The agent's tenant (who may share a host with a job outside the
-                            // sandbox): the identity, else the remote as given, never merged
-                            // with pipelines that name no repository.
-                            let tenant = repository.or(p.repository);
-                            (p.workspace_upload, cache, origin, trusted, tenant)
-                        }
-                        Ok(None) => (None, gpuci_core::cache::CacheScope::none(), None, false, None),
-                        Err(e) => {
-                            tracing::error!(job = j.id, error = %e, "could not read the job's pipeline");
-                            continue;
-                        }
-                    };
-
-                    // The audit record of which secrets (names and scopes, never values) this
-                    // run is given, in the job's log, before the agent's lines.
-                    if !given.is_empty() {
-                        let list: Vec<String> = given
-                            .iter()
-                            .map(|(n, scope)| match j.step.encrypted_secrets.contains_key(n) {
-                                true => format!("{n} (encrypted in the pipeline for {scope})"),
-                                false => format!("{n} (scope: {scope})"),
-                            })
-                            .collect();
-                        self.note_in_log(&j, format!("secrets given to this run: {}", list.join(", "))).await;
-                    }
-                    // Its job token (`crate::brain::dynamic_steps`), stored as a hash with the
-                    // assignment, and given as a secret: the job's log masks it.
-                    let mut secrets = secrets;
-                    let mut token_sha256 = None;
-                    if !matches!(origin, Some(Origin::ActionsRunner(_))) {
-                        let (token, sha256) = crate::brain::dynamic_steps::new_token();
-                        secrets.insert(crate::brain::dynamic_steps::JOB_TOKEN_ENV.to_string(), token);
-                        token_sha256 = Some(sha256);
-                    }
-                    if let Some(key) = self.group_of(&j) {
-                        placed_groups.insert(key);
-                    }
-                    placed.push(Placed {
-                        agent_id,
-                        gpus: p.gpus,
-                        job: j,
-                        secrets,
-                        workspace_upload,
-                        cache,
-                        origin,
-                        trusted,
-                        repository,
-                        // Set below, for the whole pass at once.
-                        log_from: 1,
-                        token_sha256,
-                    });
-                }
-                Err(u) => {
-                    let reason = if unsandboxed && u.reason.contains(UNSANDBOXED_TAG) {
-                        "needs an agent that allows `sandbox: none`; every matching agent refuses it (start one with --allow-unsandboxed)"
-                            .to_string()
-                    } else if limited && u.reason.contains(RESOURCES_TAG) {
-                        "sets resources: (memory, cpus or pids), and no matching agent can enforce them (an agent needs \
-                         job cgroups of its own: a systemd unit with Delegate=yes for one that is not root, a delegated \
-                         cgroup in a container, where only the container's own limits apply otherwise; or start it with \
-                         --allow-unenforced-limits to run such steps with their limits unenforced, said in their logs)"
-                            .to_string()
-                    } else {
-                        u.reason
-                    };
-                    // An agent that takes no jobs (no working sandbox, no disk quota) is named
-                    // with its reason by placement itself (`HostView::refuses`), never "busy".
-                    full.note(&Shape::of(&j, unsandboxed, limited, held), &reason);
-                    let reason = with_fleet_note(&reason, held, self.fleet_notes.get(&j.id));
-                    unplaceable.push(j.id);
-                    note_reason(&mut reasons, &j, reason);
-                }
+            // The audit record of which secrets (names and scopes, never values) this run is
+            // given, in the job's log, before the agent's lines.
+            if !given.is_empty() {
+                let list: Vec<String> = given
+                    .iter()
+                    .map(|(n, scope)| match j.step.encrypted_secrets.contains_key(n) {
+                        true => format!("{n} (encrypted in the pipeline for {scope})"),
+                        false => format!("{n} (scope: {scope})"),
+                    })
+                    .collect();
+                self.note_in_log(&j, format!("secrets given to this run: {}", list.join(", "))).await;
             }
+            // Its job token (`crate::brain::dynamic_steps`), stored as a hash with the
+            // assignment, and given as a secret: the job's log masks it.
+            let mut secrets = secrets;
+            let mut token_sha256 = None;
+            if !matches!(origin, Some(Origin::ActionsRunner(_))) {
+                let (token, sha256) = crate::brain::dynamic_steps::new_token();
+                secrets.insert(crate::brain::dynamic_steps::JOB_TOKEN_ENV.to_string(), token);
+                token_sha256 = Some(sha256);
+            }
+            placed.push(Placed {
+                agent_id,
+                gpus: placement.gpus,
+                job: j,
+                secrets,
+                workspace_upload,
+                cache,
+                origin,
+                trusted,
+                repository,
+                // Set below, for the whole pass at once.
+                log_from: 1,
+                token_sha256,
+            });
         }
         // A requeued job keeps its log (and the lines noted above are in it): this run's lines
         // are numbered after it. One read for the pass; if it fails, nothing is placed now.
@@ -532,81 +501,54 @@ impl Brain {
     }
 }
 
-/// What placement sees of a job: two jobs of one shape fit the same places. Borrowed from
-/// the job: looking one up allocates nothing.
-#[derive(Hash, PartialEq, Eq, Clone, Copy)]
-struct Shape<'a> {
-    agents: &'a BTreeMap<String, String>,
-    gpu: &'a gpuci_core::gpu::GpuRequirements,
-    container: bool,
-    timeout: Option<gpuci_core::duration::Duration>,
-    unsandboxed: bool,
-    limited: bool,
-    held: bool,
+/// A queued job as the pass is told of it: its id, whether its budget holds it, what blocks
+/// it, its stand-in tags ([`stand_in_tags`]).
+type Ready = (JobId, bool, Option<String>, Option<BTreeMap<String, String>>);
+
+/// Whether the job names secrets (stored or encrypted in its pipeline).
+fn names_secrets(j: &JobRecord) -> bool {
+    !(j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty())
 }
 
-impl<'a> Shape<'a> {
-    fn of(j: &'a JobRecord, unsandboxed: bool, limited: bool, held: bool) -> Shape<'a> {
-        Shape {
-            agents: &j.step.agents,
-            gpu: &j.step.gpu,
-            container: j.step.image.is_some(),
-            timeout: j.step.timeout,
-            unsandboxed,
-            limited,
-            held,
-        }
+/// The tags a job asks for plus the scheduler's stand-ins for what is not a tag: `sandbox:
+/// none` runs only where the agent allows it, limits only where they hold (or where the
+/// operator allowed them unenforced: the job's log then says so), never silently without
+/// them; a job its repository's budget holds goes only to machines no fleet made. `None`:
+/// the job's own tags are all.
+fn stand_in_tags(j: &JobRecord, held: bool) -> Option<BTreeMap<String, String>> {
+    let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
+    let r = &j.step.resources;
+    let limited = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();
+    if !(unsandboxed || held || limited) {
+        return None;
     }
-
-    fn key(&self) -> u64 {
-        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        BuildHasherDefault::<DefaultHasher>::default().hash_one(self)
+    let mut t = j.step.agents.clone();
+    if unsandboxed {
+        t.insert(UNSANDBOXED_TAG.to_string(), "allowed".to_string());
     }
+    if limited {
+        t.insert(RESOURCES_TAG.to_string(), "taken".to_string());
+    }
+    if held {
+        t.insert(gpuci_providers::TAG_FLEET.to_string(), NOT_A_FLEET_MACHINE.to_string());
+    }
+    Some(t)
 }
 
-/// A [`Shape`] kept past its job's borrow.
-struct OwnedShape {
-    agents: BTreeMap<String, String>,
-    gpu: gpuci_core::gpu::GpuRequirements,
-    rest: (bool, Option<gpuci_core::duration::Duration>, bool, bool, bool),
-}
-
-impl OwnedShape {
-    fn is(&self, s: &Shape<'_>) -> bool {
-        self.rest == (s.container, s.timeout, s.unsandboxed, s.limited, s.held)
-            && &self.agents == s.agents
-            && &self.gpu == s.gpu
-    }
-}
-
-/// The shapes a placement pass found no place for, with placement's reason (before the
-/// fleets' note, which is the job's own).
-#[derive(Default)]
-struct FullShapes(HashMap<u64, Vec<(OwnedShape, String)>>);
-
-impl FullShapes {
-    fn reason(&self, shape: &Shape<'_>) -> Option<&str> {
-        self.0.get(&shape.key())?.iter().find(|(s, _)| s.is(shape)).map(|(_, r)| r.as_str())
-    }
-
-    fn note(&mut self, shape: &Shape<'_>, reason: &str) {
-        if self.reason(shape).is_none() {
-            let owned = OwnedShape {
-                agents: shape.agents.clone(),
-                gpu: shape.gpu.clone(),
-                rest: (shape.container, shape.timeout, shape.unsandboxed, shape.limited, shape.held),
-            };
-            self.0.entry(shape.key()).or_default().push((owned, reason.to_string()));
-        }
-    }
-}
-
-/// A waiting job's reason with the fleets' word on it; a job held off fleet machines by its
-/// repository's budget is told only that (placement's reason names the stand-in tag).
-fn with_fleet_note(reason: &str, held: bool, note: Option<&String>) -> String {
-    match note {
-        Some(note) if held => note.clone(),
-        Some(note) => format!("{reason}; {note}"),
-        None => reason.to_string(),
+/// Placement's reason for a job nothing takes, with a stand-in tag it names said in words.
+/// An agent that takes no jobs (no working sandbox, no disk quota) is named with its reason
+/// by placement itself (`HostView::refuses`), never "busy".
+fn explain_unplaced(needs: &Needs<'_>, reason: String) -> String {
+    if needs.tags.contains_key(UNSANDBOXED_TAG) && reason.contains(UNSANDBOXED_TAG) {
+        "needs an agent that allows `sandbox: none`; every matching agent refuses it (start one with --allow-unsandboxed)"
+            .to_string()
+    } else if needs.tags.contains_key(RESOURCES_TAG) && reason.contains(RESOURCES_TAG) {
+        "sets resources: (memory, cpus or pids), and no matching agent can enforce them (an agent needs job cgroups of \
+         its own: a systemd unit with Delegate=yes for one that is not root, a delegated cgroup in a container, where \
+         only the container's own limits apply otherwise; or start it with --allow-unenforced-limits to run such steps \
+         with their limits unenforced, said in their logs)"
+            .to_string()
+    } else {
+        reason
     }
 }

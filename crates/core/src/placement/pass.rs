@@ -1,0 +1,170 @@
+//! A placement pass: the queue, in order, against the cluster's free capacity. Pure: the
+//! scheduler builds a [`Candidate`] per queued job from its state (what blocks it, which
+//! concurrency group it is in, what it needs), hands them here with the cluster, and applies
+//! the [`Decision`]s: stores the placements, sends the assignments, writes the reasons.
+//!
+//! Rules, besides [`Cluster`]'s for one job:
+//! - a job that is blocked waits with its reason; of a concurrency group at most one job is
+//!   placed per pass (the scheduler's view of the group's running jobs is in `blocked`);
+//! - a pass only takes capacity, so once a job with given needs found no place, a later job
+//!   with the same needs ([`Shape`]) is told the same without asking the cluster again: a
+//!   queue of 100,000 jobs of a few shapes costs a few placements, not 100,000;
+//! - a reason is given only when it differs from what the job was last told (a long queue is
+//!   not rewritten pass after pass); the fleets' note on a job is added to placement's reason,
+//!   and a job its repository's budget holds off fleet machines is told only the fleets' note.
+
+use super::{Cluster, Needs, Placement};
+use crate::concurrency::GroupKey;
+use std::collections::{BTreeSet, HashMap};
+
+/// One queued job as a pass sees it.
+pub struct Candidate<'a> {
+    pub id: i64,
+    /// What it needs of a host (the scheduler's stand-in tags included).
+    pub needs: Needs<'a>,
+    /// Why it may not start now, decided before the pass (dependencies, a concurrency group's
+    /// running job); `None`: it is ready.
+    pub blocked: Option<String>,
+    /// Its concurrency group, if it is in one.
+    pub group: Option<GroupKey>,
+    /// What it was last told (its stored reason).
+    pub told: &'a str,
+    /// The fleets' word on it (a machine on its way, a budget reached).
+    pub fleet_note: Option<&'a str>,
+    /// Its repository's budget holds it off fleet machines.
+    pub held: bool,
+}
+
+/// What a pass decided for one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Not ready; its new reason, if it changed.
+    Waits { id: i64, reason: Option<String> },
+    /// Ready, and no host takes it now (the fleets may make one); its new reason, if it changed.
+    Unplaced { id: i64, reason: Option<String> },
+    /// Placed, and applied to the cluster (its GPUs leased to it, a slot taken).
+    Placed { id: i64, placement: Placement },
+}
+
+/// Run a pass over `jobs` (queue order). `explain` may reword placement's reason for a job's
+/// needs (the scheduler names its stand-in tags in words); it is asked once per shape.
+pub fn pass<'a>(
+    cluster: &mut Cluster,
+    jobs: impl IntoIterator<Item = Candidate<'a>>,
+    explain: impl Fn(&Needs<'_>, String) -> String,
+) -> Vec<Decision> {
+    let mut decisions = Vec::new();
+    let mut placed_groups: BTreeSet<GroupKey> = BTreeSet::new();
+    let mut full = FullShapes::default();
+    let changed = |told: &str, why: String| (told != why).then_some(why);
+    for job in jobs {
+        let why = match (job.blocked, &job.group) {
+            (Some(why), _) => Some(why),
+            (None, Some(key)) if placed_groups.contains(key) => {
+                Some(format!("waiting for another job in concurrency group {key}"))
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            decisions.push(Decision::Waits { id: job.id, reason: changed(job.told, why) });
+            continue;
+        }
+        let shape = Shape::of(&job.needs);
+        if let Some(reason) = full.reason(&shape) {
+            let reason = match job.fleet_note {
+                // Told already (most of a long queue, pass after pass): nothing to write.
+                None if job.told == reason => None,
+                note => changed(job.told, with_fleet_note(reason, job.held, note)),
+            };
+            decisions.push(Decision::Unplaced { id: job.id, reason });
+            continue;
+        }
+        match cluster.place_and_apply(&job.id.to_string(), &job.needs) {
+            Ok(placement) => {
+                if let Some(key) = job.group {
+                    placed_groups.insert(key);
+                }
+                decisions.push(Decision::Placed { id: job.id, placement });
+            }
+            Err(u) => {
+                let reason = explain(&job.needs, u.reason);
+                full.note(&shape, &reason);
+                let reason = changed(job.told, with_fleet_note(&reason, job.held, job.fleet_note));
+                decisions.push(Decision::Unplaced { id: job.id, reason });
+            }
+        }
+    }
+    decisions
+}
+
+/// A waiting job's reason with the fleets' word on it; a job held off fleet machines by its
+/// repository's budget is told only that (placement's reason names the stand-in tag).
+pub fn with_fleet_note(reason: &str, held: bool, note: Option<&str>) -> String {
+    match note {
+        Some(note) if held => note.to_string(),
+        Some(note) => format!("{reason}; {note}"),
+        None => reason.to_string(),
+    }
+}
+
+/// What placement sees of a job: two jobs of one shape fit the same places. Borrowed from
+/// the job's needs: looking one up allocates nothing.
+#[derive(Hash, PartialEq, Eq, Clone, Copy)]
+struct Shape<'a> {
+    tags: &'a std::collections::BTreeMap<String, String>,
+    gpu: &'a crate::gpu::GpuRequirements,
+    container: bool,
+    runs_for_ms: Option<u64>,
+}
+
+impl<'a> Shape<'a> {
+    fn of(needs: &Needs<'a>) -> Shape<'a> {
+        Shape {
+            tags: needs.tags,
+            gpu: needs.gpu,
+            container: needs.container,
+            runs_for_ms: needs.deadline.map(|d| d.runs_for_ms),
+        }
+    }
+
+    fn key(&self) -> u64 {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(self)
+    }
+}
+
+/// A [`Shape`] kept past its job's borrow.
+struct OwnedShape {
+    tags: std::collections::BTreeMap<String, String>,
+    gpu: crate::gpu::GpuRequirements,
+    container: bool,
+    runs_for_ms: Option<u64>,
+}
+
+impl OwnedShape {
+    fn is(&self, s: &Shape<'_>) -> bool {
+        (self.container, self.runs_for_ms) == (s.container, s.runs_for_ms) && &self.tags == s.tags && &self.gpu == s.gpu
+    }
+}
+
+/// The shapes this pass found no place for, with the reason (before the fleets' note).
+#[derive(Default)]
+struct FullShapes(HashMap<u64, Vec<(OwnedShape, String)>>);
+
+impl FullShapes {
+    fn reason(&self, shape: &Shape<'_>) -> Option<&str> {
+        self.0.get(&shape.key())?.iter().find(|(s, _)| s.is(shape)).map(|(_, r)| r.as_str())
+    }
+
+    fn note(&mut self, shape: &Shape<'_>, reason: &str) {
+        if self.reason(shape).is_none() {
+            let owned = OwnedShape {
+                tags: shape.tags.clone(),
+                gpu: shape.gpu.clone(),
+                container: shape.container,
+                runs_for_ms: shape.runs_for_ms,
+            };
+            self.0.entry(shape.key()).or_default().push((owned, reason.to_string()));
+        }
+    }
+}
