@@ -33,7 +33,12 @@ pub use crate::auth::AGENT_ID_HEADER;
 /// Read and write buffer of each agent's WebSocket.
 const LINK_BUFFER_BYTES: usize = 16 << 10;
 
-pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSocketUpgrade) -> Response {
+pub async fn connect(
+    State(st): State<AppState>,
+    counted: Option<axum::Extension<crate::serve::ConnCount>>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
     let Some(agent_id) = headers.get(AGENT_ID_HEADER).and_then(|v| v.to_str().ok()).map(str::to_string) else {
         return ApiError::new(StatusCode::BAD_REQUEST, format!("missing {AGENT_ID_HEADER} header")).into_response();
     };
@@ -61,7 +66,7 @@ pub async fn connect(State(st): State<AppState>, headers: HeaderMap, ws: WebSock
     ws.max_message_size(64 << 20)
         .read_buffer_size(LINK_BUFFER_BYTES)
         .write_buffer_size(LINK_BUFFER_BYTES)
-        .on_upgrade(move |socket| serve(st, agent_id, known.name, socket))
+        .on_upgrade(move |socket| serve(st, agent_id, known.name, socket, counted))
 }
 
 /// Why an agent registered as `name` may not claim the fleet machine its hello's tags name: a
@@ -74,7 +79,15 @@ fn machine_claim_refused(name: &str, tags: &std::collections::BTreeMap<String, S
         .then(|| format!("this agent was registered as {name:?}, not as fleet {fleet:?}'s machine {machine:?}"))
 }
 
-async fn serve(st: AppState, agent_id: String, registered_as: String, socket: WebSocket) {
+/// `counted`: the connection's place among client connections, held until the hello is
+/// accepted (`crate::serve::ConnCount`).
+async fn serve(
+    st: AppState,
+    agent_id: String,
+    registered_as: String,
+    socket: WebSocket,
+    counted: Option<axum::Extension<crate::serve::ConnCount>>,
+) {
     let conn = st.conn_seq.fetch_add(1, Ordering::Relaxed);
     let (mut sink, mut stream) = socket.split();
 
@@ -100,6 +113,7 @@ async fn serve(st: AppState, agent_id: String, registered_as: String, socket: We
         return;
     }
     let accepted = matches!(answer.await, Ok(Ok(())));
+    drop(counted);
 
     let writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {

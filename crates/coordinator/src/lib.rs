@@ -761,6 +761,11 @@ async fn keep_sole_use(
         // drops packets) would hold a renewal forever, and with it the stepping aside below:
         // a renewal that takes longer than what is left of the claim counts as failed.
         let left = SOLE_USE_LEASE.saturating_sub(last_renewed.elapsed()).max(SOLE_USE_RENEW);
+        // The claim runs from when the database stamped it, which is no later than this: an
+        // answer that comes late (a slow link, a freeze just after the stamp) must not make
+        // the claim look younger than it is (outsider attack: a former leader answered
+        // `/readyz` 200 for 3.4–4.0 s after a standby had taken over).
+        let asked_at = std::time::Instant::now();
         let renewed = match tokio::time::timeout(left, store.renew_sole_use(&holder, &process)).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!("no answer from the database within {}ms", left.as_millis())),
@@ -773,11 +778,11 @@ async fn keep_sole_use(
                 if !*leading.borrow() {
                     tracing::warn!("leading again: nobody took the claim while the database could not be reached");
                 }
-                clock.renewed();
+                clock.renewed_at(asked_at);
                 // Only a change is sent: every agent connection's task waits on this.
                 leading.send_if_modified(|l| !std::mem::replace(l, true));
                 failing = false;
-                last_renewed = std::time::Instant::now();
+                last_renewed = asked_at;
             }
             Ok(false) => {
                 leading.send_replace(false);

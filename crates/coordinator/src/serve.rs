@@ -102,7 +102,15 @@ struct Open {
     by_address: HashMap<IpAddr, usize>,
 }
 
-/// One counted connection; dropped when it ends or becomes a WebSocket.
+/// A request's hold on its connection's place in the count: the agents' channel keeps it
+/// past the upgrade until the agent's hello is accepted, so sockets upgraded and then left
+/// silent count like any other (outsider attack: one agent's credential held 370 of them from
+/// one address, ten times its share, until the coordinator ran out of files).
+#[derive(Clone)]
+pub struct ConnCount(#[allow(dead_code)] Arc<Counted>);
+
+/// One counted connection; given back when it ends (or becomes a WebSocket) and no request
+/// holds it ([`ConnCount`]).
 struct Counted {
     open: Arc<Mutex<Open>>,
     address: IpAddr,
@@ -171,7 +179,10 @@ pub async fn serve(
         let _ = io.set_nodelay(true);
         let local = io.local_addr().unwrap_or_else(|_| ([0, 0, 0, 0], 0).into());
         let app = app.clone();
+        let counted = ConnCount(Arc::new(counted));
+        let held = counted.clone();
         let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(held.clone());
             req.extensions_mut().insert(ConnectInfo(LocalAddr(local)));
             req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
             let req = req.map(|body| axum::body::Body::new(Paced::new(body)));

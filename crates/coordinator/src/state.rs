@@ -78,8 +78,9 @@ impl Default for ClaimClock {
 }
 
 impl ClaimClock {
-    pub fn renewed(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+    /// Renewed by a statement sent at `asked_at` (the database's stamp is no earlier).
+    pub fn renewed_at(&self, asked_at: std::time::Instant) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = asked_at;
     }
 
     pub fn age(&self) -> std::time::Duration {

@@ -211,3 +211,46 @@ async fn one_address_gets_its_share_of_connections_and_others_are_still_served()
     let _ = running.task.await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// An agent's channel counts as a client connection until its hello is accepted: sockets
+/// upgraded with one agent's credential and then left silent held 370 connections from one
+/// address (ten times its share) until the coordinator ran out of files (outsider attack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgraded_channels_without_a_hello_count_against_their_address() {
+    const SHARE: usize = 8;
+    let (dir, shutdown, running) = coordinator_with(Some(SHARE)).await;
+    let addr = running.addr;
+    let registered: gpuci_protocol::agent::RegisterResponse = reqwest::Client::new()
+        .post(format!("{}/api/v1/agents/register", running.url))
+        .bearer_auth(running.registration_token.expose())
+        .json(&serde_json::json!({"name": "silent"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let upgrade = format!(
+        "GET /api/v1/agents/connect HTTP/1.1\r\nHost: gpuci\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         x-gpuci-agent-id: {}\r\nAuthorization: Bearer {}\r\n\r\n",
+        registered.agent_id, registered.credential
+    );
+    let mut silent = Vec::new();
+    for _ in 0..SHARE {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(upgrade.as_bytes()).await.unwrap();
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await.unwrap().unwrap();
+        let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        silent.push(s);
+    }
+    let over = TcpStream::connect(addr).await.unwrap();
+    let said = until_closed(over).await.expect("the connection over the share is closed");
+    assert!(said.starts_with("HTTP/1.1 503"), "upgraded silent channels must count: {said}");
+    drop(silent);
+    shutdown.cancel();
+    let _ = running.task.await;
+    let _ = std::fs::remove_dir_all(dir);
+}
