@@ -120,6 +120,8 @@ pub struct Proxy {
     record: Mutex<Option<(LeaderRecord, Instant)>>,
     idle: Arc<Mutex<Vec<Proved>>>,
     in_flight: Arc<tokio::sync::Semaphore>,
+    /// How many requests it passes on at once, and from one client address.
+    most: (usize, usize),
     /// Requests in flight per client address (`None`: a request that came without one).
     per_client: Arc<Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>>,
 }
@@ -134,10 +136,11 @@ impl ClientSlot {
     fn take(
         counts: &Arc<Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>>,
         client: Option<std::net::IpAddr>,
+        most: usize,
     ) -> Option<ClientSlot> {
         let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
         let n = c.entry(client).or_default();
-        if *n >= MAX_IN_FLIGHT_PER_CLIENT {
+        if *n >= most {
             return None;
         }
         *n += 1;
@@ -166,8 +169,21 @@ impl Proxy {
             record: Mutex::new(None),
             idle: Arc::new(Mutex::new(Vec::new())),
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
+            most: (MAX_IN_FLIGHT, MAX_IN_FLIGHT_PER_CLIENT),
             per_client: Arc::default(),
         }
+    }
+
+    /// Passes on at most half of what one address may hold open at the leader, which counts
+    /// this standby as one client address (`crate::serve::ConnLimits`; both coordinators are
+    /// started alike): relayed requests held open by slow clients filled the leader's share
+    /// for the standby's address, and every request through the standby, and every client on
+    /// its host, got 503 (outsider attack). One client gets an eighth of that.
+    pub fn within(mut self, limits: crate::serve::ConnLimits) -> Proxy {
+        let most = limits.per_address.map_or(MAX_IN_FLIGHT, |p| (p / 2).clamp(2, MAX_IN_FLIGHT));
+        self.in_flight = Arc::new(tokio::sync::Semaphore::new(most));
+        self.most = (most, (most / 8).max(1));
+        self
     }
 
     /// Passes `req` on to the leader and its answer back; 503 when there is no leader this
@@ -190,9 +206,10 @@ impl Proxy {
             return crate::error::ApiError::new(StatusCode::BAD_REQUEST, "a request names one Host").into_response();
         }
         let client = req.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-        let Some(slot) = ClientSlot::take(&self.per_client, client) else {
+        let Some(slot) = ClientSlot::take(&self.per_client, client, self.most.1) else {
             return unavailable(&format!(
-                "it is passing on as many requests from this client as it may ({MAX_IN_FLIGHT_PER_CLIENT})"
+                "it is passing on as many requests from this client as it may ({})",
+                self.most.1
             ));
         };
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
@@ -727,14 +744,33 @@ mod tests {
         let counts = Arc::default();
         let attacker = Some(std::net::IpAddr::from([203, 0, 113, 9]));
         let held: Vec<ClientSlot> =
-            std::iter::from_fn(|| ClientSlot::take(&counts, attacker)).take(MAX_IN_FLIGHT).collect();
+            std::iter::from_fn(|| ClientSlot::take(&counts, attacker, MAX_IN_FLIGHT_PER_CLIENT))
+                .take(MAX_IN_FLIGHT)
+                .collect();
         assert_eq!(held.len(), MAX_IN_FLIGHT_PER_CLIENT);
-        let other = ClientSlot::take(&counts, Some(std::net::IpAddr::from([198, 51, 100, 7])));
+        let other =
+            ClientSlot::take(&counts, Some(std::net::IpAddr::from([198, 51, 100, 7])), MAX_IN_FLIGHT_PER_CLIENT);
         assert!(other.is_some(), "another client still gets through");
         drop(held);
-        let again = ClientSlot::take(&counts, attacker);
+        let again = ClientSlot::take(&counts, attacker, MAX_IN_FLIGHT_PER_CLIENT);
         assert!(again.is_some(), "slots come back");
         drop(other);
         assert_eq!(counts.lock().unwrap().values().sum::<usize>(), 1);
+    }
+
+    /// Relayed requests stay within half of what the leader lets the standby's address hold
+    /// (outsider attack: slow clients through the standby filled that share at the leader).
+    #[tokio::test]
+    async fn a_standby_passes_on_at_most_half_the_leaders_share_for_its_address() {
+        let dir = std::env::temp_dir();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::in_memory().await.unwrap());
+        let limits = crate::serve::ConnLimits::for_open_files(400);
+        let p = Proxy::new(store.clone(), KeySource { secrets_key_file: dir.join("k"), data_dir: dir.clone() })
+            .within(limits);
+        assert_eq!(p.most, (limits.per_address.unwrap() / 2, 2));
+        assert_eq!(p.in_flight.available_permits(), limits.per_address.unwrap() / 2);
+        let lb = crate::serve::ConnLimits { per_address: None, ..limits };
+        let p = Proxy::new(store, KeySource { secrets_key_file: dir.join("k"), data_dir: dir }).within(lb);
+        assert_eq!(p.most, (MAX_IN_FLIGHT, MAX_IN_FLIGHT_PER_CLIENT), "no limit per address at the leader");
     }
 }
