@@ -218,3 +218,38 @@ fn gpuci_logs_into_a_reader_that_stops_early_ends_quietly() {
         assert!(out.status.success() || out.status.signal() == Some(13), "{:?}: {err}", out.status);
     }
 }
+
+/// `gpuci logs --follow` (and every other command that only talks to the coordinator) ends at
+/// SIGINT or SIGTERM, with the shell's code for it: the handler the long-running commands
+/// need was installed for all of them, and a followed log or a pending upload went on through
+/// both signals (outsider finding: still running 30 s after `timeout 10`).
+#[test]
+fn a_followed_log_ends_at_sigint_and_sigterm() {
+    let (_dir, server, _agent, api) = setup(&[]);
+    let p = api.submit("steps:\n  - key: long\n    command: echo started; sleep 3009991\n");
+    let id = p.jobs[0].id;
+    api.wait_job(id, "running", T, |j| j.state == JobState::Running);
+    for (signal, code) in [(nix::sys::signal::Signal::SIGINT, 130), (nix::sys::signal::Signal::SIGTERM, 143)] {
+        let mut child = std::process::Command::new(BIN)
+            .args(["logs", &id.to_string(), "--follow", "--server", &server.url, "--token", &server.token])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Following once its first line is out.
+        let mut first = String::new();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        std::io::BufRead::read_line(&mut out, &mut first).unwrap();
+        assert!(!first.is_empty(), "a first line");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+        let t0 = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "`gpuci logs --follow` still runs after {signal}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert_eq!(status.code(), Some(code), "{signal}");
+    }
+}

@@ -24,14 +24,41 @@ use tokio_util::sync::CancellationToken;
 
 pub async fn dispatch(cli: Cli) -> u8 {
     let shutdown = CancellationToken::new();
-    match &cli.command {
+    // What a signal does: the long-running commands stop taking work and return; any other
+    // command ends at once, as if it had no handler (an upload or a followed log that was
+    // waiting went on through SIGINT and SIGTERM: outsider finding).
+    let stops = matches!(cli.command, Command::Up(_) | Command::Run(_) | Command::Server(_) | Command::Agent(_));
+    let signalled = match &cli.command {
         // Inside a Slurm job or a pod, SIGTERM is the engine taking the machine back.
-        Command::Agent(a) if a.allocation.is_some() => {}
+        Command::Agent(a) if a.allocation.is_some() => None,
         _ => {
-            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            tokio::spawn(cancel_on_signal(shutdown.clone(), tx));
+            Some(rx)
+        }
+    };
+    let run = run_command(cli, shutdown);
+    let r = match signalled {
+        Some(signal) if !stops => tokio::select! {
+            r = run => r,
+            Ok(code) = signal => {
+                eprintln!("interrupted");
+                return code;
+            }
+        },
+        _ => run.await,
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", format_error(&e));
+            e.exit_code()
         }
     }
-    let r = match cli.command {
+}
+
+async fn run_command(cli: Cli, shutdown: CancellationToken) -> CliResult {
+    match cli.command {
         Command::Up(a) => up::run(a, shutdown).await,
         Command::Run(a) => run::run(a, shutdown).await,
         Command::Server(a) => server::run(a, shutdown).await,
@@ -64,13 +91,6 @@ pub async fn dispatch(cli: Cli) -> u8 {
         }
         Command::Simulate(a) => simulate(a),
         Command::Bench(a) => bench::run(a).await,
-    };
-    match r {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {}", format_error(&e));
-            e.exit_code()
-        }
     }
 }
 
@@ -81,18 +101,20 @@ fn format_error(e: &CliError) -> String {
     }
 }
 
-/// SIGINT or SIGTERM: cancel, so every task stops taking work and returns.
-async fn cancel_on_signal(token: CancellationToken) {
+/// SIGINT or SIGTERM: cancel, so every task stops taking work and returns; `signalled` hears
+/// the exit code a shell gives a process that signal ended (130, 143).
+async fn cancel_on_signal(token: CancellationToken, signalled: tokio::sync::oneshot::Sender<u8>) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
         return;
     };
-    tokio::select! {
-        _ = int.recv() => {}
-        _ = term.recv() => {}
-    }
+    let code = tokio::select! {
+        _ = int.recv() => 130,
+        _ = term.recv() => 143,
+    };
     tracing::info!("shutting down");
     token.cancel();
+    let _ = signalled.send(code);
 }
 
 /// Follow a pipeline until it ends: human progress, or `--json` events on stdout. Returns
