@@ -261,13 +261,25 @@ async fn serve(
             }
         }
     };
+    let mut writer = writer;
     tokio::select! {
         _ = session => {}
         Ok(_) = aside.wait_for(|l| !*l) => {}
+        // The scheduler let this connection go (the agent connected again, or went silent):
+        // its writer sent a close and ended. A peer that never answers the close does not
+        // keep the socket: an outsider piled up 379 replaced channels of one agent, each
+        // holding a file, until the coordinator could answer no one.
+        () = async {
+            let _ = (&mut writer).await;
+            tokio::time::sleep(CLOSE_GRACE).await;
+        } => {}
     }
     let _ = st.brain.send(Command::AgentDisconnected { agent_id: agent_id.clone(), conn }).await;
     writer.abort();
 }
+
+/// How long a connection the scheduler let go waits for its peer's answer to the close.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 /// Ask the scheduler to apply an event; `Err` when it could not commit it (or is gone).
 async fn ask(st: &AppState, cmd: Command, answer: oneshot::Receiver<Result<(), String>>) -> Result<(), String> {

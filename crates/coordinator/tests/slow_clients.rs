@@ -254,3 +254,71 @@ async fn upgraded_channels_without_a_hello_count_against_their_address() {
     let _ = running.task.await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A channel the agent replaced by connecting again is closed by the coordinator, even when
+/// its peer never answers the close: one agent's credential piled up 379 replaced channels
+/// from one address, and the coordinator ran out of files (outsider attack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_channel_is_closed_even_when_its_peer_never_answers() {
+    let (dir, shutdown, running) = coordinator().await;
+    let registered: gpuci_protocol::agent::RegisterResponse = reqwest::Client::new()
+        .post(format!("{}/api/v1/agents/register", running.url))
+        .bearer_auth(running.registration_token.expose())
+        .json(&serde_json::json!({"name": "twice"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let hello = gpuci_protocol::agent::AgentMessage::Hello(Box::new(gpuci_protocol::agent::Hello {
+        protocol: gpuci_protocol::PROTOCOL_VERSION,
+        agent_version: "test".into(),
+        name: "twice".into(),
+        hostname: "twice".into(),
+        slots: 1,
+        tags: Default::default(),
+        gpus: Vec::new(),
+        gpu_backend: "simulated".into(),
+        isolation: "none".into(),
+        container_runtime: None,
+        running: Vec::new(),
+        journal_incomplete: None,
+        paused: None,
+        interrupted: None,
+        ends_at_ms: None,
+        refuses: None,
+    }));
+    let payload = serde_json::to_vec(&hello).unwrap();
+    // A masked text frame (a zero mask leaves the payload as it is), as a client sends.
+    let mut frame = vec![0x81, 0x80 | 126, (payload.len() >> 8) as u8, payload.len() as u8, 0, 0, 0, 0];
+    frame.extend_from_slice(&payload);
+    let open = || async {
+        let mut s = TcpStream::connect(running.addr).await.unwrap();
+        let upgrade = format!(
+            "GET /api/v1/agents/connect HTTP/1.1\r\nHost: gpuci\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             x-gpuci-agent-id: {}\r\nAuthorization: Bearer {}\r\n\r\n",
+            registered.agent_id, registered.credential
+        );
+        s.write_all(upgrade.as_bytes()).await.unwrap();
+        s.write_all(&frame).await.unwrap();
+        // The switch and the welcome.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains("welcome") {
+            let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await.unwrap().unwrap();
+            assert!(n > 0, "closed before the welcome: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        s
+    };
+    let first = open().await;
+    let _second = open().await;
+    // The first never answers the close it is sent; it must still be closed.
+    let ended = until_closed(first).await;
+    assert!(ended.is_ok(), "the replaced channel is still open: {ended:?}");
+    shutdown.cancel();
+    let _ = running.task.await;
+    let _ = std::fs::remove_dir_all(dir);
+}
