@@ -52,6 +52,30 @@ async fn coordinator_with(
     (dir, shutdown, running)
 }
 
+/// An agent registered with the coordinator's registration token.
+async fn register(running: &gpuci_coordinator::Running, name: &str) -> gpuci_protocol::agent::RegisterResponse {
+    reqwest::Client::new()
+        .post(format!("{}/api/v1/agents/register", running.url))
+        .bearer_auth(running.registration_token.expose())
+        .json(&serde_json::json!({ "name": name }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// The request head that opens `agent`'s channel (a WebSocket upgrade).
+fn channel_request(agent: &gpuci_protocol::agent::RegisterResponse) -> String {
+    format!(
+        "GET /api/v1/agents/connect HTTP/1.1\r\nHost: gpuci\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         x-gpuci-agent-id: {}\r\nAuthorization: Bearer {}\r\n\r\n",
+        agent.agent_id, agent.credential
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_never_finish_a_request_are_closed_and_the_api_still_answers() {
     let (dir, shutdown, running) = coordinator().await;
@@ -220,22 +244,7 @@ async fn upgraded_channels_without_a_hello_count_against_their_address() {
     const SHARE: usize = 8;
     let (dir, shutdown, running) = coordinator_with(Some(SHARE)).await;
     let addr = running.addr;
-    let registered: gpuci_protocol::agent::RegisterResponse = reqwest::Client::new()
-        .post(format!("{}/api/v1/agents/register", running.url))
-        .bearer_auth(running.registration_token.expose())
-        .json(&serde_json::json!({"name": "silent"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let upgrade = format!(
-        "GET /api/v1/agents/connect HTTP/1.1\r\nHost: gpuci\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-         x-gpuci-agent-id: {}\r\nAuthorization: Bearer {}\r\n\r\n",
-        registered.agent_id, registered.credential
-    );
+    let upgrade = channel_request(&register(&running, "silent").await);
     let mut silent = Vec::new();
     for _ in 0..SHARE {
         let mut s = TcpStream::connect(addr).await.unwrap();
@@ -261,16 +270,7 @@ async fn upgraded_channels_without_a_hello_count_against_their_address() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_channel_is_closed_even_when_its_peer_never_answers() {
     let (dir, shutdown, running) = coordinator().await;
-    let registered: gpuci_protocol::agent::RegisterResponse = reqwest::Client::new()
-        .post(format!("{}/api/v1/agents/register", running.url))
-        .bearer_auth(running.registration_token.expose())
-        .json(&serde_json::json!({"name": "twice"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let upgrade = channel_request(&register(&running, "twice").await);
     let hello = gpuci_protocol::agent::AgentMessage::Hello(Box::new(gpuci_protocol::agent::Hello {
         protocol: gpuci_protocol::PROTOCOL_VERSION,
         agent_version: "test".into(),
@@ -295,12 +295,6 @@ async fn a_replaced_channel_is_closed_even_when_its_peer_never_answers() {
     frame.extend_from_slice(&payload);
     let open = || async {
         let mut s = TcpStream::connect(running.addr).await.unwrap();
-        let upgrade = format!(
-            "GET /api/v1/agents/connect HTTP/1.1\r\nHost: gpuci\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-             x-gpuci-agent-id: {}\r\nAuthorization: Bearer {}\r\n\r\n",
-            registered.agent_id, registered.credential
-        );
         s.write_all(upgrade.as_bytes()).await.unwrap();
         s.write_all(&frame).await.unwrap();
         // The switch and the welcome.
