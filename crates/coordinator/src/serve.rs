@@ -7,13 +7,14 @@
 //! every connection has a timer: a request head must arrive within
 //! [`HEADER_READ_TIMEOUT`] (also how long a kept-alive connection may sit idle between
 //! requests), and a request body may pause at most [`BODY_IDLE_TIMEOUT`] between two
-//! pieces and must come at [`BODY_MIN_BYTES_PER_SEC`] on average once that much time passed. An agent's WebSocket, once upgraded, is the channel's (its own heartbeats bound it).
+//! pieces and must come at [`BODY_MIN_BYTES_PER_SEC`] on average once that much time passed.
+//! An agent's WebSocket, once upgraded, is the channel's (its own heartbeats bound it).
 //!
 //! A slow client still holds a connection (and a file descriptor) while its body comes at the
 //! floor: so connections are counted, in all and by client address, from accept until they
-//! end or become a WebSocket ([`ConnLimits`], decided by [`admit`]); one over either limit is
-//! answered 503 and closed at once. Agents' channels, once upgraded, are not counted: they are
-//! bounded by the agents registered.
+//! end, or until an agent's channel has had its hello accepted ([`ConnCount`]); one over
+//! either limit ([`ConnLimits`], decided by [`admit`]) is answered 503 and closed at once.
+//! Accepted channels are not counted: they are bounded by the agents registered.
 //!
 //! Each request carries the connection's local address ([`LocalAddr`]) and peer address as
 //! `ConnectInfo`. Must not: decide anything about a request (that is the router's).
