@@ -31,7 +31,7 @@
 //! next start-up sweep, as before; the agent says so in its log if the reaper cannot start.
 
 use std::io::Read;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -153,7 +153,7 @@ struct Running {
 
 /// Starts the reaper: `program` is the `gpuci` binary, `locks` the uid lock descriptors it
 /// inherits.
-fn start(program: &Path, charge: &Charge, locks: &[RawFd]) -> std::io::Result<Running> {
+fn start(program: &Path, charge: &Charge, locks: &[OwnedFd]) -> std::io::Result<Running> {
     let mut cmd = Command::new(program);
     cmd.arg(SUBCOMMAND)
         .args(charge.args())
@@ -164,9 +164,9 @@ fn start(program: &Path, charge: &Charge, locks: &[RawFd]) -> std::io::Result<Ru
         .stderr(Stdio::inherit())
         .process_group(0)
         .kill_on_drop(false);
-    let locks = locks.to_vec();
+    let locks: Vec<RawFd> = locks.iter().map(AsRawFd::as_raw_fd).collect();
     // SAFETY: runs in the forked child before exec: fcntl and signal, plain system calls, on
-    // descriptors the parent holds open until `spawn` returns; the Vec was built before the fork.
+    // descriptors the caller owns (open until `spawn` returns); the Vec was built before the fork.
     #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
@@ -196,9 +196,11 @@ pub(crate) fn guard(
     lease: Option<&crate::slots::UidLease>,
 ) -> tokio_util::sync::DropGuard {
     let charge = Charge { prefix: prefix.to_string(), uids: lease.map(|l| l.uids().to_vec()).unwrap_or_default() };
-    let locks = lease.map(|l| l.lock_fds()).unwrap_or_default();
+    // Copies the task owns: the agent may drop its lease (an early return) before the task
+    // starts the reaper, and a number of a closed descriptor is no lock (or another file's).
+    let locks = lease.map(|l| l.lock_fds()).transpose();
     let stop = CancellationToken::new();
-    tokio::spawn(keep(program, charge, locks, stop.clone()));
+    tokio::spawn(keep(program, charge, locks.map(Option::unwrap_or_default), stop.clone()));
     stop.drop_guard()
 }
 
@@ -206,12 +208,27 @@ pub(crate) fn guard(
 /// the agent runs (loudly), and lets it sweep when `shutdown` is cancelled. Without a
 /// `program` (an agent inside another binary) or when it cannot start, the agent says that a
 /// killed agent's jobs wait for its next start.
-async fn keep(program: Option<std::path::PathBuf>, charge: Charge, locks: Vec<RawFd>, shutdown: CancellationToken) {
+async fn keep(
+    program: Option<std::path::PathBuf>,
+    charge: Charge,
+    locks: std::io::Result<Vec<OwnedFd>>,
+    shutdown: CancellationToken,
+) {
     let Some(program) = program else {
         tracing::warn!(
             "no reaper (the agent runs inside another program): if this agent is killed, what its jobs left running is ended only by its next start"
         );
         return;
+    };
+    let locks = match locks {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(
+                error = %e,
+                "cannot start the agent's reaper (its uid locks cannot be copied): if this agent is killed, what its jobs left running is ended only by its next start"
+            );
+            return;
+        }
     };
     loop {
         let mut running = match start(&program, &charge, &locks) {
@@ -251,6 +268,48 @@ mod tests {
         assert_eq!(Charge::parse(&c.args()), Ok(c));
         let bare = Charge { prefix: "x1-".into(), uids: vec![] };
         assert_eq!(Charge::parse(&bare.args()), Ok(bare));
+    }
+
+    /// The agent may drop its uid lease (an early return at start) before the reaper's task
+    /// runs: the reaper still starts, holding the locks. It used to get the numbers of closed
+    /// descriptors and fail with EBADF (or hand on whatever file reused a number).
+    #[tokio::test]
+    async fn the_reaper_holds_the_uid_locks_even_when_the_lease_is_dropped_before_it_starts() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI=true: this test needs root (uid locks live in /run)");
+            eprintln!("SKIP: uid locks live in /run (root)");
+            return;
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("fds");
+        // Stands in for `gpuci agent-reaper`: says which files it was handed, then waits.
+        let program = dir.path().join("reaper");
+        std::fs::write(
+            &program,
+            format!(
+                "#!/bin/sh\nfor f in /proc/$$/fd/*; do readlink \"$f\"; done > {out}.tmp\nmv {out}.tmp {out}\nexec cat > /dev/null\n",
+                out = out.display()
+            ),
+        )
+        .expect("write the program");
+        std::fs::set_permissions(&program, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+        let start = 3_000_000_000 + (std::process::id() % 10_000) * 1_024 + 5 * 128;
+        let lease = crate::slots::lease(Some((start, start + 3)), 2).expect("a free uid range");
+        let uids = lease.uids().to_vec();
+        let guard = guard(Some(program), "ab12cd34ef56-", Some(&lease));
+        drop(lease);
+        let t0 = std::time::Instant::now();
+        while !out.exists() && t0.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let fds = std::fs::read_to_string(&out).expect("the reaper never started");
+        for uid in uids {
+            assert!(
+                fds.lines().any(|l| l.ends_with(&format!("/{uid}.lock"))),
+                "uid {uid}'s lock not handed on:\n{fds}"
+            );
+        }
+        drop(guard);
     }
 
     #[test]

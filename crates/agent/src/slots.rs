@@ -59,10 +59,11 @@ impl UidLease {
         &self.uids
     }
 
-    /// The lock files' descriptors, for the agent's reaper to hold (see `reaper`).
-    pub fn lock_fds(&self) -> Vec<std::os::fd::RawFd> {
-        use std::os::fd::AsRawFd;
-        self._locks.iter().map(|l| l.as_raw_fd()).collect()
+    /// Copies of the lock files' descriptors, for the agent's reaper to hold and hand on (see
+    /// `reaper`): open for as long as it keeps them, whenever this lease drops.
+    pub fn lock_fds(&self) -> std::io::Result<Vec<std::os::fd::OwnedFd>> {
+        use std::os::fd::AsFd;
+        self._locks.iter().map(|l| l.as_fd().try_clone_to_owned()).collect()
     }
 }
 

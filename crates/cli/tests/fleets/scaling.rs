@@ -199,6 +199,30 @@ fn idle_machines_are_stopped_and_started_again_for_the_next_job() {
     assert!(f.machines().iter().any(|m| m["id"] == stopped.as_str()), "{:#}", f.status());
 }
 
+/// A provider slow to answer (a program that waits for the instance's new state): a pass that
+/// read the machines before a start was recorded sees the machine listed running, its agent
+/// from before the stop not back yet. Still one machine: the stopped one, started again, takes
+/// the job, and no pass's older view is written over the start's record.
+#[test]
+fn a_start_answered_after_the_machine_runs_makes_no_second_machine() {
+    let f = start("idle_action = \"stop\"", "stop = true\nanswer_delay_s = 1.5\nboot_delay_s = 3");
+    let api = f.server.api();
+    let p = api.submit("steps:\n  - key: a\n    gpus: 1\n    command: echo first\n");
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", f.status());
+    wait_until_or(
+        "the idle machine stopped",
+        T,
+        || f.machines().iter().any(|m| m["state"] == "stopped"),
+        || format!("{:#}", f.status()),
+    );
+    let p = api.submit("steps:\n  - key: b\n    gpus: 1\n    command: echo second\n");
+    let done = api.wait_pipeline(p.id, T);
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{:#}", f.status());
+    // Passes go on while the start is answered: a second machine would be made by now.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(f.made().len(), 1, "started again, not made anew: {:#?}\n{:#}", f.made(), f.status());
+}
+
 /// A provider program that echoes what it was given (a cloud API quoting the user data back in
 /// an error): the registration token never reaches the fleet's status, `gpuci fleets` or the
 /// coordinator's log, and the program's control characters are shown escaped.

@@ -22,6 +22,12 @@ impl Loop {
     /// One reconcile pass over every fleet.
     pub(super) async fn pass(&mut self) {
         self.collect_workers().await;
+        // A fleet whose provider still carries out the last pass's actions: its rows change
+        // under this pass (a start recorded after they were read, a create's new row), so this
+        // pass only looks at it. Nothing it saw of that fleet is written or acted on (an older
+        // row written over the start's made a machine whose agent was on its way back look
+        // lost, and a second machine was made); its actions wait for the worker anyway.
+        let busy: Vec<bool> = self.fleets.iter().map(|r| r.worker.is_some()).collect();
         let now = now_s();
         let now_ms = now as i64 * 1000;
         self.unavailable.retain(|u| u.until > now);
@@ -137,6 +143,10 @@ impl Loop {
             .collect();
         let mut stray_deletes: Vec<MachineRecord> = Vec::new();
         for (fi, m) in strays {
+            // Perhaps its worker's create, listed before its row was read.
+            if busy[fi] {
+                continue;
+            }
             let fleet = &self.fleets[fi].spec;
             let stopped = matches!(m.state, ProviderState::Stopped | ProviderState::Stopping);
             let rec = adopted(fleet, &m, now_ms);
@@ -207,6 +217,9 @@ impl Loop {
                 }
                 Some(pm) => pm.state == ProviderState::Terminated,
             };
+            if gone && busy[fi] {
+                continue;
+            }
             if gone {
                 let busy = agents.get(rec.id.as_str()).is_some_and(|a| a.running > 0);
                 // Judged by the agent's registration, never by what the last pass saw: an
@@ -281,7 +294,7 @@ impl Loop {
                     rec.running_at_ms = Some(now_ms);
                 }
             }
-            if let Some(a) = agent {
+            if let Some(a) = agent.filter(|_| !busy[fi]) {
                 if rec.connected_at_ms.is_none() {
                     // Booted: its offer's boot failures in a row are over (a create the
                     // provider took does not end them, `Backoffs::success`).
@@ -310,14 +323,14 @@ impl Loop {
                 // network blip): held, neither booting nor idle, until it comes back; once the
                 // scheduler counts it lost (its jobs ended so), the machine is of no use.
                 (Some(_), None) if rec.connected_at_ms.is_some() => {
-                    if absent.get(rec.id.as_str()) == Some(&true) {
+                    if absent.get(rec.id.as_str()) == Some(&true) && !busy[fi] {
                         lost_machines.push(rec.id.clone());
                     }
                     MachineState::Draining
                 }
                 (Some(_), None) => MachineState::Booting,
             };
-            if let (MachineState::Draining, Some(a)) = (state, agent) {
+            if let (MachineState::Draining, Some(a), false) = (state, agent, busy[fi]) {
                 // Counted once per machine, for the fleet's spot breaker; deleted once its
                 // jobs are back in the queue (the provider takes it anyway).
                 if self.interrupted_seen.insert(rec.id.clone()) {
@@ -367,7 +380,7 @@ impl Loop {
                 .position(|o| o.instance_type == rec.instance_type && o.zone == rec.zone)
                 .unwrap_or(0);
             let capacity = capacity_of(rec);
-            if matches!(state, MachineState::Booting | MachineState::Idle | MachineState::Busy) {
+            if matches!(state, MachineState::Booting | MachineState::Idle | MachineState::Busy) && !busy[fi] {
                 bill_open.push((rec.id.clone(), pm.and_then(|p| p.launched_at).map_or(now_ms, |t| t as i64 * 1000)));
             }
             machines.push(Machine {
@@ -390,7 +403,7 @@ impl Loop {
                     self.provider_notes.remove(&rec.id);
                 }
             }
-            if *rec != before {
+            if *rec != before && !busy[fi] {
                 writes.push(rec.clone());
             }
         }

@@ -121,6 +121,12 @@ impl Loop {
                 continue;
             }
             let Some(worker) = self.fleets[fi].worker.take() else { continue };
+            // A list begun while the worker ran may show the machines as they were before its
+            // actions (a started machine still stopped, a deleted one still there): dropped,
+            // and the next pass lists again.
+            if let Some(listing) = self.fleets[fi].listing.take() {
+                listing.abort();
+            }
             let effects = match worker.await {
                 Ok(e) => e,
                 Err(e) => vec![Effect::Error(format!("carrying out the autoscaler's actions failed: {e}"))],
