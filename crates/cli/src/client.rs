@@ -12,6 +12,9 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: String,
+    /// Every coordinator's URL and the key to pin, when the leader was found among them: a
+    /// command that outlives a failover finds the new leader ([`Client::again`]).
+    among: Option<(Vec<String>, Option<String>)>,
 }
 
 impl Client {
@@ -20,16 +23,39 @@ impl Client {
             .connect_timeout(std::time::Duration::from_secs(5))
             .pool_idle_timeout(gpuci_protocol::CLIENT_POOL_IDLE)
             .build()?;
-        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: token.to_string() })
+        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: token.to_string(), among: None })
     }
 
     /// A client of the coordinator that leads among `servers` (see [`leader`]) and proves the
     /// identity key `pin` (when one is given).
     pub fn of_leader(servers: &[String], token: &str, pin: Option<String>) -> CliResult<Self> {
         let urls = gpuci_agent::follow::parse_urls(servers).map_err(|e| CliError::Input(format!("--server: {e}")))?;
-        let target = leader(urls, pin)?;
+        let target = leader(urls.clone(), pin.clone())?;
         let http = target.client(reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5)))?;
-        Ok(Client { http, base: target.base, token: token.to_string() })
+        Ok(Client { http, base: target.base, token: token.to_string(), among: Some((urls, pin)) })
+    }
+
+    /// A client of whichever coordinator leads now (the same one when only one was given):
+    /// for a command that lost its coordinator midway (a failover, a restart).
+    pub async fn again(&self) -> CliResult<Client> {
+        let Some((urls, pin)) = self.among.clone() else {
+            return Ok(Client {
+                http: self.http.clone(),
+                base: self.base.clone(),
+                token: self.token.clone(),
+                among: None,
+            });
+        };
+        let target = tokio::task::spawn_blocking(move || leader(urls, pin))
+            .await
+            .map_err(|e| CliError::Other(anyhow::anyhow!("finding the leading coordinator failed: {e}")))??;
+        let http = target.client(reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5)))?;
+        Ok(Client { http, base: target.base, token: self.token.clone(), among: self.among.clone() })
+    }
+
+    /// The coordinator this client talks to.
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// From `--server`/`--token`/`--coordinator-key`, or the token and key files in the data dir.

@@ -237,13 +237,39 @@ fn given_both_urls_the_agent_and_the_cli_follow_the_leader_through_a_kill() {
     let reg = std::fs::read_to_string(leader.data_dir.join("registration-token")).unwrap().trim().to_string();
     let _agent = agent(&urls, &reg, &dir.path().join("agent"));
     leader.api().wait_agents(1, T);
-    let file = pipeline_file(dir.path(), "k", 3);
-    let id: i64 = cli(&urls, &token, &["submit", file.to_str().unwrap(), "--no-upload"]).trim().parse().unwrap();
+    let file = pipeline_file(dir.path(), "k", 6);
+    // A user's `gpuci submit --wait`, which outlives the leader.
+    let mut waiting = Command::new(BIN)
+        .args(["submit", file.to_str().unwrap(), "--no-upload", "--wait", "--server", &urls, "--token", &token])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run gpuci submit --wait");
+    let mut said = BufReader::new(waiting.stderr.take().unwrap());
+    // "pipeline N submitted (4 jobs)", after notes.
+    let mut first = String::new();
+    while !first.starts_with("pipeline ") {
+        first.clear();
+        assert!(said.read_line(&mut first).unwrap() > 0, "gpuci submit --wait said no pipeline");
+    }
+    let id: i64 = first.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{first}"));
+    let said = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut said, &mut rest);
+        rest
+    });
     let p = leader.api().pipeline(id);
     for j in &p.jobs[..2] {
         leader.api().wait_job(j.id, "running", T, |j| j.state == JobState::Running);
     }
     assert!(cli_job_ids(&urls, &token).contains(&p.jobs[0].id));
+    // And a `gpuci logs --follow` of a running job.
+    let following = Command::new(BIN)
+        .args(["logs", &p.jobs[0].id.to_string(), "--follow", "--server", &urls, "--token", &token])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run gpuci logs --follow");
     assert!(!standby.leads_now(), "the standby led while the leader led");
 
     let registered = leader.api().agents();
@@ -265,6 +291,32 @@ fn given_both_urls_the_agent_and_the_cli_follow_the_leader_through_a_kill() {
     );
     settled_once(&api, id);
     no_lease_held(&api);
+    // The waiting CLI followed the pipeline to its end through the takeover: it says it
+    // succeeded, and showed each line once (the stream opened again starts from the top).
+    let out = waiting.wait_with_output().unwrap();
+    let said = said.join().unwrap();
+    assert!(out.status.success(), "gpuci submit --wait: {}\n{said}", out.status);
+    assert!(said.contains("pipeline succeeded"), "{said}");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    for k in 0..4 {
+        for what in [format!("start k{k} attempt 1"), format!("done k{k}")] {
+            assert_eq!(
+                shown.lines().filter(|l| l.ends_with(&what)).count(),
+                1,
+                "{what:?} shown once:\n{shown}\n{said}"
+            );
+        }
+    }
+
+    let out = following.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "gpuci logs --follow: {}\n{said}", out.status);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let k0 = p.jobs[0].step_key.clone();
+    for what in [format!("start {k0} attempt 1"), format!("done {k0}")] {
+        assert_eq!(shown.lines().filter(|l| l.ends_with(&what)).count(), 1, "{what:?} shown once:\n{shown}\n{said}");
+    }
+    assert!(said.contains("succeeded"), "{said}");
 
     // The CLI, with the same arguments: the dead leader is skipped.
     let jobs = cli_job_ids(&urls, &token);

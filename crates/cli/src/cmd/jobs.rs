@@ -55,27 +55,69 @@ pub async fn logs(a: LogsArgs) -> CliResult {
     let c = Client::from_args(&a.client)?;
     let mut end = None;
     let json = a.client.json;
-    c.stream::<LogEvent>(&format!("/api/v1/jobs/{}/logs?follow={}", a.job, a.follow), |ev| {
-        if json {
-            if let Ok(s) = serde_json::to_string(&ev) {
-                println!("{s}");
-            }
+    // The last line shown: a stream opened again (`--follow` through a failover) goes on after it.
+    let mut last = 0i64;
+    let mut again: Option<Client> = None;
+    let mut lost_since: Option<std::time::Instant> = None;
+    loop {
+        let c = again.as_ref().unwrap_or(&c);
+        let mut heard = false;
+        let path = format!("/api/v1/jobs/{}/logs?follow={}&after={last}", a.job, a.follow);
+        let ended = c
+            .stream::<LogEvent>(&path, |ev| {
+                heard = true;
+                if let LogEvent::Line(l) = &ev {
+                    if l.seq <= last {
+                        return true;
+                    }
+                    last = l.seq;
+                }
+                if json {
+                    if let Ok(s) = serde_json::to_string(&ev) {
+                        println!("{s}");
+                    }
+                }
+                match ev {
+                    // Escaped, after a column only gpuci writes (see `gpuci logs --help`).
+                    LogEvent::Line(l) if !json => {
+                        let text = log_line(l.stream, &l.text);
+                        let _ = match l.stream {
+                            Stream::Stderr | Stream::System => writeln!(std::io::stderr(), "{text}"),
+                            Stream::Stdout => writeln!(std::io::stdout(), "{text}"),
+                        };
+                    }
+                    LogEvent::End { state, reason } => end = Some((state, reason)),
+                    _ => {}
+                }
+                true
+            })
+            .await;
+        // Without --follow a stream ends when the lines stored so far are sent; with it, at
+        // the job's end. One that broke before (a failover, a restart) is opened again.
+        let why = match ended {
+            Ok(()) if !a.follow || end.is_some() => break,
+            Err(e) if !a.follow || matches!(e, crate::CliError::Input(_)) => return Err(e),
+            Err(e) => format!("{e:#}"),
+            Ok(()) => "the stream ended".to_string(),
+        };
+        if heard {
+            lost_since = None;
         }
-        match ev {
-            // Escaped, after a column only gpuci writes (see `gpuci logs --help`).
-            LogEvent::Line(l) if !json => {
-                let text = log_line(l.stream, &l.text);
-                let _ = match l.stream {
-                    Stream::Stderr | Stream::System => writeln!(std::io::stderr(), "{text}"),
-                    Stream::Stdout => writeln!(std::io::stdout(), "{text}"),
-                };
-            }
-            LogEvent::End { state, reason } => end = Some((state, reason)),
-            _ => {}
+        let since = *lost_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= super::FOLLOW_AGAIN_FOR {
+            return Err(crate::CliError::Other(anyhow::anyhow!(
+                "lost job {}'s log ({why}) and found no coordinator to follow it from for {} s",
+                a.job,
+                super::FOLLOW_AGAIN_FOR.as_secs()
+            )));
         }
-        true
-    })
-    .await?;
+        eprintln!("lost job {}'s log from {} ({why}); following it again after line {last}", a.job, c.base());
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        match c.again().await {
+            Ok(next) => again = Some(next),
+            Err(e) => eprintln!("{e}"),
+        }
+    }
     if let (Some((state, reason)), false) = (&end, json) {
         eprintln!("job {} {state}: {}", a.job, gpuci_core::text::escape(reason));
     }

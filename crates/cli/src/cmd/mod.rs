@@ -121,24 +121,84 @@ async fn cancel_on_signal(token: CancellationToken, signalled: tokio::sync::ones
 /// the exit code its result gives.
 pub async fn follow(client: &Client, p: &gpuci_protocol::api::PipelineSummary, json: bool) -> CliResult {
     use gpuci_protocol::api::WatchEvent;
+    use std::collections::HashMap;
     let mut progress = render::Progress::new(&p.jobs);
-    client
-        .stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
-            if json {
-                if let Ok(s) = serde_json::to_string(&ev) {
-                    println!("{s}");
+    // A stream opened again starts from the beginning: what was shown already is not again.
+    let mut shown_seq: HashMap<i64, i64> = HashMap::new();
+    let mut shown_job: HashMap<i64, String> = HashMap::new();
+    let mut again: Option<Client> = None;
+    let mut lost_since: Option<std::time::Instant> = None;
+    loop {
+        let c = again.as_ref().unwrap_or(client);
+        let mut heard = false;
+        let ended = c
+            .stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
+                heard = true;
+                match &ev {
+                    WatchEvent::Log { job_id, line } => {
+                        if shown_seq.get(job_id).is_some_and(|&s| line.seq <= s) {
+                            return true;
+                        }
+                        shown_seq.insert(*job_id, line.seq);
+                    }
+                    // The text view shows a job's changes of state only; JSON shows each change.
+                    WatchEvent::Job(j) if json => {
+                        let now = serde_json::to_string(j).unwrap_or_default();
+                        if shown_job.get(&j.id) == Some(&now) {
+                            return true;
+                        }
+                        shown_job.insert(j.id, now);
+                    }
+                    _ => {}
                 }
-                if let WatchEvent::Done { state } = &ev {
-                    progress.final_state = Some(state.clone());
+                if json {
+                    if let Ok(s) = serde_json::to_string(&ev) {
+                        println!("{s}");
+                    }
+                    if let WatchEvent::Done { state } = &ev {
+                        progress.final_state = Some(state.clone());
+                    }
+                } else {
+                    progress.on(ev);
                 }
-            } else {
-                progress.on(ev);
-            }
-            progress.final_state.is_none()
-        })
-        .await?;
-    Ok(progress.exit_code())
+                progress.final_state.is_none()
+            })
+            .await;
+        if progress.final_state.is_some() {
+            return Ok(progress.exit_code());
+        }
+        // The stream broke or ended before the pipeline did: its coordinator went away (a
+        // failover, a restart). The pipeline goes on without us: follow it again, from
+        // whichever coordinator leads, for a while.
+        let why = match ended {
+            Err(CliError::Input(e)) => return Err(CliError::Input(e)),
+            Err(e) => format!("{e:#}"),
+            Ok(()) => "the stream ended".to_string(),
+        };
+        if heard {
+            lost_since = None;
+        }
+        let since = *lost_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= FOLLOW_AGAIN_FOR {
+            return Err(CliError::Other(anyhow::anyhow!(
+                "lost pipeline {}'s progress ({why}) and found no coordinator to follow it from for {} s; it may still run: gpuci pipeline {}",
+                p.id,
+                FOLLOW_AGAIN_FOR.as_secs(),
+                p.id
+            )));
+        }
+        eprintln!("lost pipeline {}'s progress from {} ({why}); following it again", p.id, c.base());
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        match c.again().await {
+            Ok(next) => again = Some(next),
+            Err(e) => eprintln!("{e}"),
+        }
+    }
 }
+
+/// How long `--wait` keeps trying to follow a pipeline whose coordinator went away: a
+/// takeover takes seconds (docs/ha.md).
+pub(crate) const FOLLOW_AGAIN_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Read and validate a pipeline file; errors name file:line:column.
 pub fn read_pipeline(path: &Path) -> CliResult<(String, Pipeline)> {

@@ -357,6 +357,11 @@ impl Loop {
             if state != MachineState::Stopped {
                 self.stopped_since.remove(&rec.id);
             }
+            // Seen stopped by this pass: its bill ends, whoever stopped it (a stop the
+            // provider carried out but did not answer, a coordinator killed after asking).
+            if state == MachineState::Stopped && before.state != "stopped" && !busy[fi] {
+                bill_close.push((rec.id.clone(), now_ms));
+            }
             let since = match state {
                 MachineState::Idle => *self.idle_since.entry(rec.id.clone()).or_insert(now),
                 MachineState::Stopped => {

@@ -167,6 +167,28 @@ impl Loop {
         records: &BTreeMap<String, MachineRecord>,
         now_ms: i64,
     ) {
+        // A fleet whose provider is still busy with the last pass's actions gets none now, and
+        // its agents are not withdrawn for them either (a withdrawn agent whose stop was then
+        // dropped took no job and was never stopped: its machine billed on, the job waited).
+        let fleet_of = |a: &Action| match a {
+            Action::Create { fleet, .. } => Some(fleet.clone()),
+            Action::Delete { machine, .. }
+            | Action::BootFailed { machine, .. }
+            | Action::Stop { machine, .. }
+            | Action::Start { machine, .. } => records.get(machine).map(|r| r.fleet.clone()),
+        };
+        let actions: Vec<Action> = actions
+            .into_iter()
+            .filter(|a| {
+                let busy = fleet_of(a)
+                    .and_then(|f| self.fleets.iter().find(|r| r.spec.name == f))
+                    .is_some_and(|r| r.worker.is_some());
+                if busy {
+                    tracing::debug!(action = ?a, "its fleet's provider is still busy with the last pass's actions");
+                }
+                !busy
+            })
+            .collect();
         // A machine to delete or stop whose agent is connected: the scheduler first stops
         // placing jobs on it, and only a machine still running nothing goes (a job placed since
         // this pass's view keeps its machine).
@@ -201,24 +223,13 @@ impl Loop {
             .collect();
         let mut by_fleet: BTreeMap<usize, Vec<Action>> = BTreeMap::new();
         for a in actions {
-            let fleet = match &a {
-                Action::Create { fleet, .. } => Some(fleet.as_str()),
-                Action::Delete { machine, .. }
-                | Action::BootFailed { machine, .. }
-                | Action::Stop { machine, .. }
-                | Action::Start { machine, .. } => records.get(machine).map(|r| r.fleet.as_str()),
-            };
-            if let Some(fi) = fleet.and_then(|f| self.fleets.iter().position(|r| r.spec.name == f)) {
+            if let Some(fi) = fleet_of(&a).and_then(|f| self.fleets.iter().position(|r| r.spec.name == f)) {
                 by_fleet.entry(fi).or_default().push(a);
             }
         }
         for (fi, actions) in by_fleet {
             let run = &mut self.fleets[fi];
             let Some(provider) = run.provider.clone() else { continue };
-            if run.worker.is_some() {
-                tracing::debug!(fleet = %run.spec.name, "its provider is still busy with the last pass's actions");
-                continue;
-            }
             let worker = Worker {
                 brain: self.deps.brain.clone(),
                 spec: run.spec.clone(),
@@ -235,6 +246,10 @@ impl Loop {
             run.worker = Some(tokio::spawn(async move {
                 let mut effects = Vec::new();
                 for a in &actions {
+                    // Each action's own time: a worker's actions run one after another (a
+                    // slow provider's creates minutes apart), and a new row's age counts from
+                    // when it was asked for, not from the pass that decided it.
+                    let now_ms = (super::now_s() as i64 * 1000).max(now_ms);
                     worker.apply(a, &records, now_ms, &mut effects).await;
                 }
                 // Woken after this returns: the loop takes the effects in (a finished

@@ -80,27 +80,42 @@ impl Worker {
             Action::Start { machine, reason } => {
                 let Some(rec) = records.get(machine) else { return };
                 tracing::info!(fleet = %rec.fleet, machine = %machine, "starting: {reason}");
+                // Recorded as booting before it is asked for, as a create is: a start the
+                // provider carried out but did not answer (a timeout, a coordinator killed in
+                // between) leaves a row whose agent from before the stop does not count (else
+                // the running machine read as one whose agent had gone, was deleted, and
+                // another made). A start that did not happen is seen stopped by the next pass.
+                let started = MachineRecord {
+                    state: "booting".into(),
+                    reason: Some(reason.clone()),
+                    // Boot stages count again from this start.
+                    requested_at_ms: now_ms,
+                    running_at_ms: None,
+                    connected_at_ms: None,
+                    first_job_at_ms: None,
+                    agent_id: None,
+                    ..rec.clone()
+                };
+                if let Err(e) = self.store.put_machine(&started).await {
+                    out.push(Effect::Error(format!("cannot record the start of machine {machine}: {e}")));
+                    return;
+                }
                 match p.start(machine).await {
                     Ok(pm) => {
                         if let Some(o) = self.offer_of(rec) {
                             out.push(Effect::Took { fleet: rec.fleet.clone(), offer: o, capacity: capacity_of(rec) });
                         }
-                        let started = MachineRecord {
-                            state: "booting".into(),
-                            reason: Some(reason.clone()),
-                            // Boot stages count again from this start.
-                            requested_at_ms: now_ms,
-                            running_at_ms: None,
-                            connected_at_ms: None,
-                            first_job_at_ms: None,
-                            agent_id: None,
-                            ..rec.clone()
-                        };
-                        let _ = self.store.put_machine(&started).await;
                         let from = pm.launched_at.map_or(now_ms, |t| (t as i64 * 1000).max(now_ms));
                         let _ = self.store.open_billing(machine, from).await;
                     }
                     Err(e) => {
+                        // A start refused for want of capacity did not happen: the row is as it
+                        // was (its agent, whose jobs its cost report counts). Any other error
+                        // leaves the outcome unknown, and the booting row stands for the next
+                        // pass to judge by what the provider lists.
+                        if e.is_capacity() {
+                            let _ = self.store.put_machine(rec).await;
+                        }
                         // A stopped machine is pinned to its offer: a start refused for want of
                         // capacity skips the offer as a failed create does, so the autoscaler
                         // creates on another offer instead of starting this one every pass.
