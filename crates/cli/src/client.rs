@@ -8,6 +8,7 @@ use futures::StreamExt;
 use gpuci_protocol::api::*;
 use serde::de::DeserializeOwned;
 
+#[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base: String,
@@ -39,16 +40,9 @@ impl Client {
     /// for a command that lost its coordinator midway (a failover, a restart).
     pub async fn again(&self) -> CliResult<Client> {
         let Some((urls, pin)) = self.among.clone() else {
-            return Ok(Client {
-                http: self.http.clone(),
-                base: self.base.clone(),
-                token: self.token.clone(),
-                among: None,
-            });
+            return Ok(self.clone());
         };
-        let target = tokio::task::spawn_blocking(move || leader(urls, pin))
-            .await
-            .map_err(|e| CliError::Other(anyhow::anyhow!("finding the leading coordinator failed: {e}")))??;
+        let target = find_leader(urls, pin).await?;
         let http = target.client(reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5)))?;
         Ok(Client { http, base: target.base, token: self.token.clone(), among: self.among.clone() })
     }
@@ -267,7 +261,17 @@ impl Client {
             .with_context(|| format!("reaching {}", self.base))?;
         let mut body = Self::check(resp).await?.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
-        while let Some(chunk) = body.next().await {
+        loop {
+            let chunk = tokio::select! {
+                chunk = body.next() => chunk,
+                // Quiet: a job that prints nothing, or a coordinator that froze or no longer
+                // leads (its stream stays open and says nothing for ever). Asked which.
+                () = tokio::time::sleep(STREAM_QUIET) => {
+                    self.still_there().await?;
+                    continue;
+                }
+            };
+            let Some(chunk) = chunk else { break };
             buf.extend_from_slice(&chunk?);
             while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = buf.drain(..=pos).collect();
@@ -279,7 +283,29 @@ impl Client {
         }
         Ok(())
     }
+
+    /// Whether the coordinator of a quiet stream still answers, and still leads when it was
+    /// found among several (a standby serves only what it passes on to the leader).
+    async fn still_there(&self) -> CliResult<()> {
+        let several = self.among.as_ref().is_some_and(|(urls, _)| urls.len() > 1);
+        let path = if several { "/readyz" } else { "/healthz" };
+        let asked = self.http.get(self.url(path)).timeout(STILL_THERE_WAIT).send().await;
+        match asked {
+            Ok(r) if r.status().is_success() => Ok(()),
+            Ok(r) => Err(CliError::Other(anyhow::anyhow!("{} answers {path} {} now", self.base, r.status()))),
+            Err(e) => Err(CliError::Other(anyhow::anyhow!(
+                "{} did not answer {path} within {} s: {e}",
+                self.base,
+                STILL_THERE_WAIT.as_secs()
+            ))),
+        }
+    }
 }
+
+/// A stream quiet this long asks whether its coordinator is still there.
+const STREAM_QUIET: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long that question waits for an answer.
+const STILL_THERE_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// The largest upload the coordinator accepts.
 pub const MAX_UPLOAD_BYTES: u64 = 512 << 20;
@@ -440,42 +466,43 @@ const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
 /// commands on a current-thread runtime, where it cannot wait on a future, and making it
 /// async would change every command for a moment's wait at start.
 fn leader(urls: Vec<String>, pin: Option<String>) -> CliResult<gpuci_agent::follow::Target> {
-    let coordinators = gpuci_agent::follow::Coordinators::new(urls).with_pin(pin);
     let asked = std::thread::scope(|scope| {
         scope
             .spawn(|| {
                 let rt =
                     tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(anyhow::Error::from)?;
-                rt.block_on(async {
-                    let t0 = std::time::Instant::now();
-                    let mut failures = 0;
-                    loop {
-                        let (targets, said) = coordinators.candidates().await;
-                        if let Some(t) = targets.into_iter().next() {
-                            return Ok(t);
-                        }
-                        if t0.elapsed() >= LEADER_WAIT {
-                            return Err(CliError::Other(anyhow::anyhow!(
-                                "none of the coordinators leads now ({said}); waited {}s",
-                                LEADER_WAIT.as_secs()
-                            )));
-                        }
-                        if failures == 0 {
-                            eprintln!("no coordinator leads now ({said}); waiting up to {}s", LEADER_WAIT.as_secs());
-                        }
-                        // Jitter from the clock: a CLI has no need of a better random source here.
-                        let nanos = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.subsec_nanos());
-                        tokio::time::sleep(gpuci_core::coordinators::backoff(failures, true, f64::from(nanos) / 1e9))
-                            .await;
-                        failures += 1;
-                    }
-                })
+                rt.block_on(find_leader(urls, pin))
             })
             .join()
     });
     asked.unwrap_or_else(|_| Err(CliError::Other(anyhow::anyhow!("finding the leading coordinator failed"))))
+}
+
+/// Asks `urls` which coordinator leads (each proving the key `pin`, when one is given), for up
+/// to [`LEADER_WAIT`]. A future a command can drop at Ctrl-C.
+async fn find_leader(urls: Vec<String>, pin: Option<String>) -> CliResult<gpuci_agent::follow::Target> {
+    let coordinators = gpuci_agent::follow::Coordinators::new(urls).with_pin(pin);
+    let t0 = std::time::Instant::now();
+    let mut failures = 0;
+    loop {
+        let (targets, said) = coordinators.candidates().await;
+        if let Some(t) = targets.into_iter().next() {
+            return Ok(t);
+        }
+        if t0.elapsed() >= LEADER_WAIT {
+            return Err(CliError::Other(anyhow::anyhow!(
+                "none of the coordinators leads now ({said}); waited {}s",
+                LEADER_WAIT.as_secs()
+            )));
+        }
+        if failures == 0 {
+            eprintln!("no coordinator leads now ({said}); waiting up to {}s", LEADER_WAIT.as_secs());
+        }
+        // Jitter from the clock: a CLI has no need of a better random source here.
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        tokio::time::sleep(gpuci_core::coordinators::backoff(failures, true, f64::from(nanos) / 1e9)).await;
+        failures += 1;
+    }
 }
 
 fn scope_query(scope: &crate::cli::SecretScopeArgs) -> Vec<(&'static str, String)> {

@@ -685,6 +685,13 @@ fn given_both_urls_an_agent_leaves_a_frozen_leader_for_the_one_that_took_over() 
     let id: i64 = cli(&urls, &token, &["submit", file.to_str().unwrap(), "--no-upload"]).trim().parse().unwrap();
     let p = leader.api().pipeline(id);
     leader.api().wait_job(p.jobs[0].id, "running", T, |j| j.state == JobState::Running);
+    // A `gpuci logs --follow` whose stream the frozen leader holds open and silent.
+    let following = Command::new(BIN)
+        .args(["logs", &p.jobs[0].id.to_string(), "--follow", "--server", &urls, "--token", &token])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run gpuci logs --follow");
 
     let pid = leader.child.id().to_string();
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
@@ -703,6 +710,16 @@ fn given_both_urls_an_agent_leaves_a_frozen_leader_for_the_one_that_took_over() 
     );
     settled_once(&api, id);
     no_lease_held(&api);
+    // It noticed the silence, found the new leader and showed the job to its end, each line once.
+    let out = following.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "gpuci logs --follow: {}\n{said}", out.status);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let f0 = p.jobs[0].step_key.clone();
+    for what in [format!("start {f0} attempt 1"), format!("done {f0}")] {
+        assert_eq!(shown.lines().filter(|l| l.ends_with(&what)).count(), 1, "{what:?} shown once:\n{shown}\n{said}");
+    }
+    assert!(said.contains("succeeded"), "{said}");
     drop(agent);
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
 }

@@ -122,40 +122,79 @@ pub struct Proxy {
     in_flight: Arc<tokio::sync::Semaphore>,
     /// How many requests it passes on at once, and from one client address.
     most: (usize, usize),
-    /// Requests in flight per client address (`None`: a request that came without one).
-    per_client: Arc<Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>>,
+    /// Requests in flight per client address.
+    per_client: Arc<Mutex<Shares>>,
 }
 
-/// One of a client's [`MAX_IN_FLIGHT_PER_CLIENT`] slots, given back when dropped.
+/// Requests in flight per client address (`None`: a request that came without one), and how
+/// many of them are a client's second or later (its *repeats*).
+///
+/// A client's repeats share at most three quarters of the requests a standby passes on at
+/// once; the last quarter is for clients' first requests. Nine addresses, each holding its
+/// share (an eighth) with bodies sent at the floor rate, took every slot, and everyone else
+/// got 503 (outsider attack); now that takes about as many addresses as a quarter of the
+/// slots (768 at 65,536 open files, 12 at 1,024; no better at a few hundred, where a share is
+/// two slots).
+#[derive(Default)]
+struct Shares {
+    per: std::collections::HashMap<Option<std::net::IpAddr>, usize>,
+    repeats: usize,
+}
+
+/// How many of `pool` slots clients' repeats may hold together.
+fn repeats_limit(pool: usize) -> usize {
+    pool - pool / 4
+}
+
+/// One of a client's slots, given back when dropped.
 struct ClientSlot {
-    counts: Arc<Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>>,
+    shares: Arc<Mutex<Shares>>,
     client: Option<std::net::IpAddr>,
 }
 
+/// Why a client's request is not passed on.
+#[derive(Debug, PartialEq, Eq)]
+enum NoSlot {
+    /// The client has its share in flight.
+    Client,
+    /// Clients' repeats hold all they may: only a first request gets through.
+    Repeats,
+}
+
 impl ClientSlot {
+    /// A slot for `client`, with `most` = (slots in all, one client's share).
     fn take(
-        counts: &Arc<Mutex<std::collections::HashMap<Option<std::net::IpAddr>, usize>>>,
+        shares: &Arc<Mutex<Shares>>,
         client: Option<std::net::IpAddr>,
-        most: usize,
-    ) -> Option<ClientSlot> {
-        let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
-        let n = c.entry(client).or_default();
-        if *n >= most {
-            return None;
+        most: (usize, usize),
+    ) -> Result<ClientSlot, NoSlot> {
+        let mut s = shares.lock().unwrap_or_else(|e| e.into_inner());
+        let n = s.per.get(&client).copied().unwrap_or(0);
+        if n >= most.1 {
+            return Err(NoSlot::Client);
         }
-        *n += 1;
-        Some(ClientSlot { counts: counts.clone(), client })
+        if n >= 1 {
+            if s.repeats >= repeats_limit(most.0) {
+                return Err(NoSlot::Repeats);
+            }
+            s.repeats += 1;
+        }
+        s.per.insert(client, n + 1);
+        Ok(ClientSlot { shares: shares.clone(), client })
     }
 }
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
-        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = c.get_mut(&self.client) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                c.remove(&self.client);
-            }
+        let mut s = self.shares.lock().unwrap_or_else(|e| e.into_inner());
+        let n = s.per.get(&self.client).copied().unwrap_or(0);
+        if n >= 2 {
+            s.repeats = s.repeats.saturating_sub(1);
+        }
+        if n <= 1 {
+            s.per.remove(&self.client);
+        } else {
+            s.per.insert(self.client, n - 1);
         }
     }
 }
@@ -206,11 +245,20 @@ impl Proxy {
             return crate::error::ApiError::new(StatusCode::BAD_REQUEST, "a request names one Host").into_response();
         }
         let client = req.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>().map(|c| c.0.ip());
-        let Some(slot) = ClientSlot::take(&self.per_client, client, self.most.1) else {
-            return unavailable(&format!(
-                "it is passing on as many requests from this client as it may ({})",
-                self.most.1
-            ));
+        let slot = match ClientSlot::take(&self.per_client, client, self.most) {
+            Ok(slot) => slot,
+            Err(NoSlot::Client) => {
+                return unavailable(&format!(
+                    "it is passing on as many requests from this client as it may ({})",
+                    self.most.1
+                ))
+            }
+            Err(NoSlot::Repeats) => {
+                return unavailable(&format!(
+                    "it is passing on as many requests from clients with another in flight as it may ({}); a client's first still gets through",
+                    repeats_limit(self.most.0)
+                ))
+            }
         };
         let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             return unavailable("it is passing on as many requests as it may");
@@ -741,21 +789,52 @@ mod tests {
     /// timeout, and everyone else was answered 503. One client gets a share.
     #[test]
     fn one_client_holds_at_most_its_share_of_the_requests_in_flight() {
-        let counts = Arc::default();
+        let shares = Arc::default();
+        let most = (MAX_IN_FLIGHT, MAX_IN_FLIGHT_PER_CLIENT);
         let attacker = Some(std::net::IpAddr::from([203, 0, 113, 9]));
         let held: Vec<ClientSlot> =
-            std::iter::from_fn(|| ClientSlot::take(&counts, attacker, MAX_IN_FLIGHT_PER_CLIENT))
-                .take(MAX_IN_FLIGHT)
-                .collect();
+            std::iter::from_fn(|| ClientSlot::take(&shares, attacker, most).ok()).take(MAX_IN_FLIGHT).collect();
         assert_eq!(held.len(), MAX_IN_FLIGHT_PER_CLIENT);
-        let other =
-            ClientSlot::take(&counts, Some(std::net::IpAddr::from([198, 51, 100, 7])), MAX_IN_FLIGHT_PER_CLIENT);
-        assert!(other.is_some(), "another client still gets through");
+        let other = ClientSlot::take(&shares, Some(std::net::IpAddr::from([198, 51, 100, 7])), most);
+        assert!(other.is_ok(), "another client still gets through");
         drop(held);
-        let again = ClientSlot::take(&counts, attacker, MAX_IN_FLIGHT_PER_CLIENT);
-        assert!(again.is_some(), "slots come back");
+        let again = ClientSlot::take(&shares, attacker, most);
+        assert!(again.is_ok(), "slots come back");
         drop(other);
-        assert_eq!(counts.lock().unwrap().values().sum::<usize>(), 1);
+        let s = shares.lock().unwrap();
+        assert_eq!((s.per.values().sum::<usize>(), s.repeats), (1, 0));
+    }
+
+    /// Regression (outsider attack, fifth round): nine addresses, each holding its eighth of
+    /// the slots with slow bodies, held them all. Clients' repeats now share three quarters:
+    /// any number of addresses holding all they may leave a quarter for first requests.
+    #[test]
+    fn clients_holding_all_they_may_leave_a_quarter_of_the_slots_for_first_requests() {
+        for pool in [2, 18, 48, MAX_IN_FLIGHT] {
+            let shares = Arc::default();
+            let most = (pool, (pool / 8).max(1));
+            let mut held = Vec::new();
+            // Attackers, each taking all it may, as long as any gets more.
+            for a in 0..64u8 {
+                let ip = Some(std::net::IpAddr::from([203, 0, 113, a]));
+                held.extend(std::iter::from_fn(|| ClientSlot::take(&shares, ip, most).ok()).take(pool));
+            }
+            let repeats = shares.lock().unwrap().repeats;
+            assert!(repeats <= repeats_limit(pool), "pool {pool}: repeats {repeats}");
+            // Each of 64 addresses holds a first; the repeats stop at three quarters.
+            assert_eq!(held.len(), (64 + repeats_limit(pool)).min(64 * most.1), "pool {pool}");
+            // A newcomer's first request is never refused for others' repeats.
+            let newcomer = Some(std::net::IpAddr::from([198, 51, 100, 7]));
+            let first = ClientSlot::take(&shares, newcomer, most);
+            assert!(first.is_ok(), "pool {pool}");
+            if most.1 > 1 {
+                assert_eq!(ClientSlot::take(&shares, newcomer, most).err(), Some(NoSlot::Repeats), "pool {pool}");
+            }
+            drop(first);
+            drop(held);
+            let s = shares.lock().unwrap();
+            assert!(s.per.is_empty() && s.repeats == 0, "pool {pool}: every slot back");
+        }
     }
 
     /// Relayed requests stay within half of what the leader lets the standby's address hold

@@ -52,15 +52,32 @@ pub async fn jobs(a: JobsArgs) -> CliResult {
 }
 
 pub async fn logs(a: LogsArgs) -> CliResult {
-    let c = Client::from_args(&a.client)?;
+    let client = Client::from_args(&a.client)?;
     let mut end = None;
     let json = a.client.json;
     // The last line shown: a stream opened again (`--follow` through a failover) goes on after it.
     let mut last = 0i64;
-    let mut again: Option<Client> = None;
+    // As `super::follow`: after a loss nothing is sent until a coordinator leads and proves
+    // the key again.
+    let mut current: Option<Client> = Some(client.clone());
     let mut lost_since: Option<std::time::Instant> = None;
     loop {
-        let c = again.as_ref().unwrap_or(&c);
+        let Some(c) = current.take() else {
+            let since = *lost_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= super::FOLLOW_AGAIN_FOR {
+                return Err(crate::CliError::Other(anyhow::anyhow!(
+                    "lost job {}'s log and found no coordinator to follow it from for {} s",
+                    a.job,
+                    super::FOLLOW_AGAIN_FOR.as_secs()
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            match client.again().await {
+                Ok(next) => current = Some(next),
+                Err(e) => eprintln!("{e}"),
+            }
+            continue;
+        };
         let mut heard = false;
         let path = format!("/api/v1/jobs/{}/logs?follow={}&after={last}", a.job, a.follow);
         let ended = c
@@ -103,20 +120,7 @@ pub async fn logs(a: LogsArgs) -> CliResult {
         if heard {
             lost_since = None;
         }
-        let since = *lost_since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() >= super::FOLLOW_AGAIN_FOR {
-            return Err(crate::CliError::Other(anyhow::anyhow!(
-                "lost job {}'s log ({why}) and found no coordinator to follow it from for {} s",
-                a.job,
-                super::FOLLOW_AGAIN_FOR.as_secs()
-            )));
-        }
         eprintln!("lost job {}'s log from {} ({why}); following it again after line {last}", a.job, c.base());
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        match c.again().await {
-            Ok(next) => again = Some(next),
-            Err(e) => eprintln!("{e}"),
-        }
     }
     if let (Some((state, reason)), false) = (&end, json) {
         eprintln!("job {} {state}: {}", a.job, gpuci_core::text::escape(reason));

@@ -126,10 +126,28 @@ pub async fn follow(client: &Client, p: &gpuci_protocol::api::PipelineSummary, j
     // A stream opened again starts from the beginning: what was shown already is not again.
     let mut shown_seq: HashMap<i64, i64> = HashMap::new();
     let mut shown_job: HashMap<i64, String> = HashMap::new();
-    let mut again: Option<Client> = None;
+    // The coordinator followed now; `None` after a loss until one leads and proves the key
+    // again (the old address may be anyone's by then: nothing is sent to it unasked).
+    let mut current: Option<Client> = Some(client.clone());
     let mut lost_since: Option<std::time::Instant> = None;
     loop {
-        let c = again.as_ref().unwrap_or(client);
+        let Some(c) = current.take() else {
+            let since = *lost_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= FOLLOW_AGAIN_FOR {
+                return Err(CliError::Other(anyhow::anyhow!(
+                    "lost pipeline {}'s progress and found no coordinator to follow it from for {} s; it may still run: gpuci pipeline {}",
+                    p.id,
+                    FOLLOW_AGAIN_FOR.as_secs(),
+                    p.id
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            match client.again().await {
+                Ok(next) => current = Some(next),
+                Err(e) => eprintln!("{e}"),
+            }
+            continue;
+        };
         let mut heard = false;
         let ended = c
             .stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
@@ -178,21 +196,7 @@ pub async fn follow(client: &Client, p: &gpuci_protocol::api::PipelineSummary, j
         if heard {
             lost_since = None;
         }
-        let since = *lost_since.get_or_insert_with(std::time::Instant::now);
-        if since.elapsed() >= FOLLOW_AGAIN_FOR {
-            return Err(CliError::Other(anyhow::anyhow!(
-                "lost pipeline {}'s progress ({why}) and found no coordinator to follow it from for {} s; it may still run: gpuci pipeline {}",
-                p.id,
-                FOLLOW_AGAIN_FOR.as_secs(),
-                p.id
-            )));
-        }
         eprintln!("lost pipeline {}'s progress from {} ({why}); following it again", p.id, c.base());
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        match c.again().await {
-            Ok(next) => again = Some(next),
-            Err(e) => eprintln!("{e}"),
-        }
     }
 }
 
