@@ -210,6 +210,45 @@ fn a_coordinator_killed_while_a_runner_works_settles_everything_after_restart() 
     s.assert_spec_clean();
 }
 
+/// A coordinator killed between queuing a runner job and recording it on its workflow job (a
+/// leader's `kill -9` in a failover): the one that leads next takes that runner job instead of
+/// queuing a second for the same workflow job (seen once in CI: three runner jobs for two).
+#[test]
+fn a_runner_job_queued_but_not_recorded_before_a_kill_is_taken_not_queued_again() {
+    // No agent fits the pool: the runner job stays queued.
+    let mut s = Setup::new("agents = { rack = \"nowhere\" }", "1s", |_, _| {});
+    let q = s.rt.block_on(s.gh.queue_workflow_job(REPO, &["self-hosted", "gpu"], "true", true));
+    wait_until_or(
+        "the runner job recorded",
+        T,
+        || s.github_jobs().first().is_some_and(|r| !r["runner_job_id"].is_null()),
+        || format!("{:#?}", s.github_jobs()),
+    );
+    let runner = s.jobs()[0].id;
+    // The crash's window, made: the runner job queued, its workflow job's record without it.
+    s.server.kill9();
+    let db = s.server.data_dir.join("gpuci.db");
+    let out = std::process::Command::new("sqlite3")
+        .arg(&db)
+        .arg(format!("UPDATE github_jobs SET runner_job_id = NULL WHERE id = {}", q.job_id))
+        .output()
+        .expect("run sqlite3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    s.server.restart_hard();
+    let api = s.server.api();
+    wait_until_or(
+        "the runner job recorded again",
+        T,
+        || s.github_jobs().first().is_some_and(|r| !r["runner_job_id"].is_null()),
+        || format!("{:#?}", s.github_jobs()),
+    );
+    // A few ticks more: nothing else is queued.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let jobs: Vec<gpuci_protocol::api::JobSummary> = api.get("/api/v1/jobs");
+    assert_eq!(jobs.iter().filter(|j| j.step_key == "runner").count(), 1, "one runner job: {jobs:#?}");
+    assert_eq!(s.github_jobs()[0]["runner_job_id"], serde_json::json!(runner), "{:#?}", s.github_jobs());
+}
+
 /// Issue 10, item 4: GitHub revoked the installation token gpuci had cached. The call that
 /// got 401 was never retried with a new token, the queued job whose fork check failed was
 /// dropped, and every call failed until the cache thought the token expired (up to an hour).

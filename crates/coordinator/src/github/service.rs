@@ -105,6 +105,8 @@ pub fn start(cfg: Arc<GithubConfig>, client: Arc<Client>, deps: Deps, shutdown: 
         tick: deps.tick,
         report: report_tx,
         origins: HashMap::new(),
+        unrecorded: None,
+        filled_once: false,
         reported: HashMap::new(),
         rate_warned: HashMap::new(),
         pruned_at: None,
@@ -123,6 +125,14 @@ struct Service {
     report: mpsc::UnboundedSender<Item>,
     /// Pipeline → where it came from (`None`: not from GitHub). Filled as jobs are seen.
     origins: HashMap<PipelineId, Option<Origin>>,
+    /// Runner jobs still queued or running, by the workflow job they were queued for, read
+    /// once when this coordinator starts to lead (`None` until then): one queued by a
+    /// coordinator that died before recording it on its workflow job is taken, not queued twice.
+    unrecorded: Option<HashMap<i64, JobId>>,
+    /// Whether every pool was filled since this coordinator started to lead: a workflow job
+    /// recorded without its runner job (a coordinator killed in between) waits for nothing
+    /// else to look at it.
+    filled_once: bool,
     /// The last state reported per job, so GitHub hears of changes only.
     reported: HashMap<JobId, JobState>,
     /// (credential, resource) → the reset of the rate-limit window already warned about.

@@ -58,6 +58,10 @@ impl Service {
                 due_pools.push(pool.name.clone());
             }
         }
+        if !self.filled_once {
+            self.filled_once = true;
+            due_pools.extend(self.cfg.pools.iter().map(|p| p.name.clone()));
+        }
         due_pools.sort();
         due_pools.dedup();
         for name in due_pools {

@@ -22,6 +22,7 @@ use gpuci_github::{Repo, WorkflowJobAction, WorkflowJobEvent};
 use gpuci_protocol::JobId;
 use gpuci_store::GithubJobRecord;
 use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 /// Why the fork check could not answer.
 #[derive(Debug, thiserror::Error)]
@@ -224,7 +225,14 @@ impl Service {
                 }
                 continue;
             }
-            match self.submit_runner(&r, pool).await {
+            let queued = match self.unrecorded_runner(r.id).await {
+                Some(job) => {
+                    tracing::info!(workflow_job = r.id, job, "a runner job queued before a restart or takeover, not recorded on its workflow job: taken instead of queuing another");
+                    Ok(job)
+                }
+                None => self.submit_runner(&r, pool).await,
+            };
+            match queued {
                 Ok(job) => {
                     live += 1;
                     r.runner_job_id = Some(job);
@@ -239,6 +247,35 @@ impl Service {
                 Err(e) => tracing::error!(job = r.id, error = %e, "could not queue a runner job"),
             }
         }
+    }
+
+    /// A live runner job queued for workflow job `id` that no record names (its coordinator
+    /// died between queuing it and recording it), if there is one.
+    async fn unrecorded_runner(&mut self, id: i64) -> Option<JobId> {
+        if self.unrecorded.is_none() {
+            let mut found = HashMap::new();
+            let named: std::collections::HashSet<JobId> = match self.store.github_jobs(true, 100_000).await {
+                Ok(records) => records.iter().filter_map(|r| r.runner_job_id).collect(),
+                Err(e) => {
+                    tracing::error!(error = %e, "could not read workflow job records");
+                    return None;
+                }
+            };
+            let active = match self.store.active_jobs().await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::error!(error = %e, "could not read the active jobs");
+                    return None;
+                }
+            };
+            for j in active.iter().filter(|j| j.step.key == "runner" && !named.contains(&j.id)) {
+                if let Some(Origin::ActionsRunner(o)) = self.origin(j.pipeline_id).await {
+                    found.entry(o.github_job_id).or_insert(j.id);
+                }
+            }
+            self.unrecorded = Some(found);
+        }
+        self.unrecorded.as_mut().and_then(|u| u.remove(&id))
     }
 
     pub(super) async fn submit_runner(&mut self, r: &GithubJobRecord, pool: &Pool) -> Result<JobId, BrainError> {
