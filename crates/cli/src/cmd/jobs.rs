@@ -82,13 +82,13 @@ pub async fn logs(a: LogsArgs) -> CliResult {
         let path = format!("/api/v1/jobs/{}/logs?follow={}&after={last}", a.job, a.follow);
         let ended = c
             .stream::<LogEvent>(&path, |ev| {
-                heard = true;
                 if let LogEvent::Line(l) = &ev {
                     if l.seq <= last {
                         return true;
                     }
                     last = l.seq;
                 }
+                heard = true;
                 if json {
                     if let Ok(s) = serde_json::to_string(&ev) {
                         println!("{s}");

@@ -151,7 +151,6 @@ pub async fn follow(client: &Client, p: &gpuci_protocol::api::PipelineSummary, j
         let mut heard = false;
         let ended = c
             .stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
-                heard = true;
                 match &ev {
                     WatchEvent::Log { job_id, line } => {
                         if shown_seq.get(job_id).is_some_and(|&s| line.seq <= s) {
@@ -160,15 +159,18 @@ pub async fn follow(client: &Client, p: &gpuci_protocol::api::PipelineSummary, j
                         shown_seq.insert(*job_id, line.seq);
                     }
                     // The text view shows a job's changes of state only; JSON shows each change.
-                    WatchEvent::Job(j) if json => {
+                    WatchEvent::Job(j) => {
                         let now = serde_json::to_string(j).unwrap_or_default();
                         if shown_job.get(&j.id) == Some(&now) {
                             return true;
                         }
                         shown_job.insert(j.id, now);
                     }
-                    _ => {}
+                    WatchEvent::Done { .. } => {}
                 }
+                // Only what is new counts as hearing from it: a coordinator that sends its
+                // snapshot again and again and breaks does not put off giving up.
+                heard = true;
                 if json {
                     if let Ok(s) = serde_json::to_string(&ev) {
                         println!("{s}");

@@ -330,3 +330,31 @@ fn own_job_uids(offset: u32) -> String {
     let uid = 1_620_000_000 + (std::process::id() % 50_000) * 16 + offset;
     format!("{uid}-{}", uid + 1)
 }
+
+/// A watch opened on a pipeline with a long log sends every stored line: it sent the first
+/// 100,000 of each job's only, and a `gpuci submit --wait` that follows a pipeline again after
+/// a failover (it goes on after the last line it showed) never saw the rest.
+#[test]
+fn a_watch_sends_every_stored_line_of_a_long_log() {
+    let (_dir, server, _agent, api) = one_agent("30s", "a1", &["--isolation", isolation()]);
+    let p = api.submit("steps:\n  - key: long\n    command: seq 1 120000\n");
+    assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded");
+    let body = api
+        .raw()
+        .get(format!("{}/api/v1/pipelines/{}/watch", api.url, p.id))
+        .bearer_auth(&server.token)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let seqs: Vec<i64> = body
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["type"] == "log")
+        .filter_map(|v| v["line"]["seq"].as_i64())
+        .collect();
+    let printed = api.log_text(p.jobs[0].id).lines().filter(|l| l.parse::<u32>().is_ok()).count();
+    assert_eq!(printed, 120_000, "the job's own lines stored");
+    assert!(seqs.len() >= 120_000, "{} lines sent, the last {:?}", seqs.len(), seqs.last());
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "each line once, in order");
+}

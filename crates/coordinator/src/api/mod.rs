@@ -590,13 +590,11 @@ pub async fn watch_pipeline(State(st): State<AppState>, ApiPath(id): ApiPath<Pip
                 return;
             }
         }
-        // Lines already written before we subscribed.
+        // Lines already written before we subscribed, every one (a watch opened again after a
+        // failover goes on from the last line its client showed: none may be missing).
         for j in &first.jobs {
-            if let Ok(lines) = st.store.read_logs(j.id, 0, 100_000).await {
-                for l in lines {
-                    last_seq.insert(j.id, l.seq);
-                    let _ = tx.send(line(&WatchEvent::Log { job_id: j.id, line: l })).await;
-                }
+            if !send_stored_lines(&st, &tx, j.id, &mut last_seq).await {
+                return;
             }
         }
         loop {
@@ -631,12 +629,8 @@ pub async fn watch_pipeline(State(st): State<AppState>, ApiPath(id): ApiPath<Pip
                     // Resynchronise from the store.
                     if let Ok(fresh) = pipeline_summary(&st, id).await {
                         for j in fresh.jobs {
-                            let since = last_seq.get(&j.id).copied().unwrap_or(0);
-                            if let Ok(lines) = st.store.read_logs(j.id, since, 100_000).await {
-                                for l in lines {
-                                    last_seq.insert(j.id, l.seq);
-                                    let _ = tx.send(line(&WatchEvent::Log { job_id: j.id, line: l })).await;
-                                }
+                            if !send_stored_lines(&st, &tx, j.id, &mut last_seq).await {
+                                return;
                             }
                             let _ = tx.send(line(&WatchEvent::Job(j.clone()))).await;
                             jobs.insert(j.id, j);
@@ -648,6 +642,31 @@ pub async fn watch_pipeline(State(st): State<AppState>, ApiPath(id): ApiPath<Pip
         }
     });
     Ok(ndjson(rx))
+}
+
+/// Sends job `job`'s stored lines after the last one sent (`last_seq`), page by page; `false`
+/// when the watcher is gone.
+async fn send_stored_lines(
+    st: &AppState,
+    tx: &mpsc::Sender<Bytes>,
+    job: JobId,
+    last_seq: &mut HashMap<JobId, i64>,
+) -> bool {
+    const PAGE: u32 = 10_000;
+    loop {
+        let since = last_seq.get(&job).copied().unwrap_or(0);
+        let Ok(lines) = st.store.read_logs(job, since, PAGE).await else { return true };
+        let n = lines.len();
+        for l in lines {
+            last_seq.insert(job, l.seq);
+            if tx.send(line(&WatchEvent::Log { job_id: job, line: l })).await.is_err() {
+                return false;
+            }
+        }
+        if n < PAGE as usize {
+            return true;
+        }
+    }
 }
 
 /// Agents with their GPUs, leases and quarantines.
