@@ -111,6 +111,25 @@ pub(crate) fn made_in(state: &Path) -> Vec<Value> {
     out
 }
 
+/// The last lines of every machine's agent output under `state` (the reference program's
+/// `<machine>.log`), for a failure's report: what the agents said is otherwise lost with the
+/// temporary dir.
+pub(crate) fn machine_logs(state: &Path) -> String {
+    let mut out = String::new();
+    for e in walk(state) {
+        if e.extension().is_some_and(|x| x == "log") {
+            let text = std::fs::read_to_string(&e).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!("--- {} (last 60 lines)\n", e.display()));
+            for l in &lines[lines.len().saturating_sub(60)..] {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
 pub(crate) const TWO_L4_JOBS: &str = "steps:\n  - key: a\n    gpus: 1\n    gpu: {model: \"*L4\"}\n    command: echo on $GPUCI_GPUS && sleep 1\n  - key: b\n    gpus: 1\n    gpu: {model: \"*L4\"}\n    command: echo on $GPUCI_GPUS && sleep 1\n";
 
 /// An instance metadata service of our own: answers the spot interruption notice while `on`.

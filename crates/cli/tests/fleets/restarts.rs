@@ -70,8 +70,9 @@ fn a_restart_keeps_busy_machines_older_than_boot_timeout() {
     server.restart_hard();
     let api = server.api();
     let done = api.wait_pipeline(p.id, T);
-    assert_eq!(done.state, "succeeded", "{done:#?}");
-    assert_eq!(done.jobs.len(), 1, "ran once, not lost and retried: {done:#?}");
+    let logs = || machine_logs(&dir.path().join("machines"));
+    assert_eq!(done.state, "succeeded", "{done:#?}\n{}", logs());
+    assert_eq!(done.jobs.len(), 1, "ran once, not lost and retried: {done:#?}\n{}", logs());
     let fleets: Vec<Value> = api.get("/api/v1/fleets");
     assert!(!fleets[0]["recent_errors"].to_string().contains("boot_timeout"), "{:#}", fleets[0]);
 }

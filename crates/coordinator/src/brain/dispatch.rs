@@ -9,6 +9,7 @@ use super::*;
 impl Brain {
     /// Run until `shutdown`; then return, leaving durable state as it is.
     pub async fn run(mut self, mut rx: mpsc::Receiver<Command>, shutdown: CancellationToken) {
+        self.hearing_from_now(Instant::now());
         let mut tick = tokio::time::interval(self.timing.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.place_now().await;
@@ -34,6 +35,21 @@ impl Brain {
             }
         }
         tracing::debug!("scheduler stopped");
+    }
+
+    /// From `now` on this coordinator can hear its agents: each one not connected gets its
+    /// whole `lost_after` (and a takeover's longer grace) from here, not from when the state was
+    /// loaded. A start-up that took long (a slow database, a starved machine) would otherwise
+    /// have spent their grace before any could reconnect, and the first reap would end their
+    /// running jobs `lost` (CI: a restart whose agent's reconnect waited behind that reap).
+    fn hearing_from_now(&mut self, now: Instant) {
+        for a in self.agents.values_mut().filter(|a| a.link != Link::Connected) {
+            a.last_seen = a.last_seen.max(now);
+        }
+        if let Some((until, least)) = self.takeover_grace {
+            self.takeover_grace = Some((until.max(now + least), least));
+        }
+        self.last_tick = Some(now);
     }
 
     async fn handle(&mut self, cmd: Command) {

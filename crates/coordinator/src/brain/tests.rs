@@ -506,3 +506,29 @@ fn stored_agent(id: &str) -> gpuci_store::AgentRecord {
         hello_json: None,
     }
 }
+
+/// Regression (CI: `a_restart_keeps_busy_machines_older_than_boot_timeout`): a restarted
+/// coordinator gave its agents `lost_after` from when it loaded its state, not from when it
+/// could hear them. A start-up that took long (a slow database, a starved machine) left them
+/// nothing, and its first reap ended a running job `lost` before its agent's reconnect, already
+/// waiting in the queue, was read.
+#[tokio::test]
+async fn agents_get_lost_after_from_when_the_scheduler_runs_not_from_when_it_loaded() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    store.insert_agent(&stored_agent("agent-1")).await.unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let timing = Timing { lost_after: Duration::from_secs(30), tick: Duration::from_millis(100), ..Timing::default() };
+    let mut b = Brain::load(store.clone(), Arc::new(Hub::new()), timing, Arc::new(key)).await.unwrap();
+    assert_eq!(b.agents["agent-1"].link, Link::Disconnected);
+    // As if loading took 40 s: the agent's grace, counted from then, is spent.
+    b.agents.get_mut("agent-1").unwrap().last_seen = Instant::now() - Duration::from_secs(40);
+    let (_tx, rx) = tokio::sync::mpsc::channel(8);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(b.run(rx, shutdown.clone()));
+    // Several ticks: the first reap and those after it.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    shutdown.cancel();
+    running.await.unwrap();
+    let a = store.get_agent("agent-1").await.unwrap().unwrap();
+    assert_ne!(a.state, "lost", "{a:?}");
+}
