@@ -410,8 +410,13 @@ async fn prove(target: &Target, pinned: Option<&str>) -> Result<Option<String>, 
     prove_with(&http, target, pinned).await
 }
 
-/// [`prove`] with a client of the caller's (bound to the target's address).
-async fn prove_with(http: &reqwest::Client, target: &Target, pinned: Option<&str>) -> Result<Option<String>, String> {
+/// [`prove`] with a client of the caller's (bound to the target's address): the caller's
+/// next request reuses the connection the proof came back on.
+pub async fn prove_with(
+    http: &reqwest::Client,
+    target: &Target,
+    pinned: Option<&str>,
+) -> Result<Option<String>, String> {
     let host = asked_host(&target.base).ok_or("not a URL with a host")?;
     let nonce = identity::nonce(rand::random());
     let asked = http.get(format!("{}/api/v1/identity", target.base)).query(&[("nonce", &nonce)]).timeout(PROBE_TIMEOUT);

@@ -13,8 +13,14 @@ pub struct Client {
     http: reqwest::Client,
     base: String,
     token: String,
+    /// The coordinator's endpoint and the installation's key it proves before every request
+    /// that carries the token (given with `--coordinator-key`, read beside the token, or the
+    /// one it proved when the command started); `None`: nothing to prove (no key known, or a
+    /// coordinator too old to prove one).
+    proof: Option<(gpuci_agent::follow::Target, String)>,
     /// Every coordinator's URL and the key to pin, when the leader was found among them: a
-    /// command that outlives a failover finds the new leader ([`Client::again`]).
+    /// command that outlives a failover finds the new leader ([`Client::again`]). The key is
+    /// the one the first leader proved when none was given: the next must prove the same.
     among: Option<(Vec<String>, Option<String>)>,
 }
 
@@ -24,7 +30,13 @@ impl Client {
             .connect_timeout(std::time::Duration::from_secs(5))
             .pool_idle_timeout(gpuci_protocol::CLIENT_POOL_IDLE)
             .build()?;
-        Ok(Client { http, base: base.trim_end_matches('/').to_string(), token: token.to_string(), among: None })
+        Ok(Client {
+            http,
+            base: base.trim_end_matches('/').to_string(),
+            token: token.to_string(),
+            proof: None,
+            among: None,
+        })
     }
 
     /// A client of the coordinator that leads among `servers` (see [`leader`]) and proves the
@@ -32,8 +44,26 @@ impl Client {
     pub fn of_leader(servers: &[String], token: &str, pin: Option<String>) -> CliResult<Self> {
         let urls = gpuci_agent::follow::parse_urls(servers).map_err(|e| CliError::Input(format!("--server: {e}")))?;
         let target = leader(urls.clone(), pin.clone())?;
+        Self::of_target(target, urls, token.to_string(), pin)
+    }
+
+    /// A client of `target`, found among `urls`; it proves `pin`, or the key it proved when
+    /// found, before each request.
+    fn of_target(
+        target: gpuci_agent::follow::Target,
+        urls: Vec<String>,
+        token: String,
+        pin: Option<String>,
+    ) -> CliResult<Self> {
         let http = target.client(reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5)))?;
-        Ok(Client { http, base: target.base, token: token.to_string(), among: Some((urls, pin)) })
+        let key = pin.or_else(|| target.key.clone());
+        Ok(Client {
+            http,
+            base: target.base.clone(),
+            token,
+            proof: key.clone().map(|k| (target, k)),
+            among: Some((urls, key)),
+        })
     }
 
     /// A client of whichever coordinator leads now (the same one when only one was given):
@@ -42,9 +72,8 @@ impl Client {
         let Some((urls, pin)) = self.among.clone() else {
             return Ok(self.clone());
         };
-        let target = find_leader(urls, pin).await?;
-        let http = target.client(reqwest::Client::builder().connect_timeout(std::time::Duration::from_secs(5)))?;
-        Ok(Client { http, base: target.base, token: self.token.clone(), among: self.among.clone() })
+        let target = find_leader(urls.clone(), pin.clone()).await?;
+        Self::of_target(target, urls, self.token.clone(), pin)
     }
 
     /// The coordinator this client talks to.
@@ -99,6 +128,23 @@ impl Client {
         format!("{}{path}", self.base)
     }
 
+    /// Sends `req` with the API token. With a key to prove, the coordinator proves it first on
+    /// this client, whose kept-alive connection the request then goes over: the token is not
+    /// sent on a new connection to an address that proved the key a moment ago on another
+    /// (one that changed hands in between, a killed leader's port taken during a failover,
+    /// got it before).
+    async fn send(&self, req: reqwest::RequestBuilder) -> CliResult<reqwest::Response> {
+        if let Some((target, key)) = &self.proof {
+            gpuci_agent::follow::prove_with(&self.http, target, Some(key)).await.map_err(|why| {
+                CliError::Other(anyhow::anyhow!(
+                    "{} did not prove the coordinators' identity key: {why}; the API token was not sent",
+                    self.base
+                ))
+            })?;
+        }
+        Ok(req.bearer_auth(&self.token).send().await.with_context(|| format!("reaching {}", self.base))?)
+    }
+
     async fn check(resp: reqwest::Response) -> CliResult<reqwest::Response> {
         if resp.status().is_success() {
             return Ok(resp);
@@ -125,25 +171,12 @@ impl Client {
     }
 
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> CliResult<T> {
-        let resp = self
-            .http
-            .get(self.url(path))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
+        let resp = self.send(self.http.get(self.url(path))).await?;
         Ok(Self::check(resp).await?.json().await?)
     }
 
     async fn post<B: serde::Serialize, T: DeserializeOwned>(&self, path: &str, body: &B) -> CliResult<T> {
-        let resp = self
-            .http
-            .post(self.url(path))
-            .bearer_auth(&self.token)
-            .json(body)
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
+        let resp = self.send(self.http.post(self.url(path)).json(body)).await?;
         Ok(Self::check(resp).await?.json().await?)
     }
 
@@ -167,7 +200,7 @@ impl Client {
     }
     /// Send a request that answers with no body; a non-2xx becomes the server's error message.
     async fn send_no_content(&self, req: reqwest::RequestBuilder) -> CliResult<()> {
-        let resp = req.bearer_auth(&self.token).send().await.with_context(|| format!("reaching {}", self.base))?;
+        let resp = self.send(req).await?;
         Self::check(resp).await?;
         Ok(())
     }
@@ -197,14 +230,7 @@ impl Client {
     }
     /// `GET /api/v1/audit` with these filters (encoded here).
     pub async fn audit(&self, query: &[(&str, String)]) -> CliResult<Vec<gpuci_protocol::api::AuditEntry>> {
-        let resp = self
-            .http
-            .get(self.url("/api/v1/audit"))
-            .query(query)
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
+        let resp = self.send(self.http.get(self.url("/api/v1/audit")).query(query)).await?;
         Ok(Self::check(resp).await?.json().await?)
     }
     pub async fn create_token(&self, name: &str) -> CliResult<gpuci_protocol::api::CreatedToken> {
@@ -221,13 +247,7 @@ impl Client {
     pub async fn run_schedule(&self, name: &str) -> CliResult<gpuci_protocol::api::ScheduleFire> {
         let mut url = reqwest::Url::parse(&self.url("/api/v1/schedules")).map_err(anyhow::Error::from)?;
         url.path_segments_mut().map_err(|()| anyhow::anyhow!("bad server URL {}", self.base))?.push(name).push("run");
-        let resp = self
-            .http
-            .post(url)
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
+        let resp = self.send(self.http.post(url)).await?;
         Ok(Self::check(resp).await?.json().await?)
     }
 
@@ -240,25 +260,13 @@ impl Client {
             .pop_if_empty()
             .extend(segments);
         url.query_pairs_mut().extend_pairs(query);
-        let resp = self
-            .http
-            .get(url)
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
+        let resp = self.send(self.http.get(url)).await?;
         Self::check(resp).await
     }
 
     /// Stream an NDJSON endpoint, calling `each` per item until it returns false or the stream ends.
     pub async fn stream<T: DeserializeOwned>(&self, path: &str, mut each: impl FnMut(T) -> bool) -> CliResult<()> {
-        let resp = self
-            .http
-            .get(self.url(path))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
+        let resp = self.send(self.http.get(self.url(path))).await?;
         let mut body = Self::check(resp).await?.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         loop {
@@ -354,15 +362,14 @@ impl Client {
         let file = tokio::fs::File::open(w.archive.path()).await?;
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
         let resp = self
-            .http
-            .post(self.url("/api/v1/uploads"))
-            .bearer_auth(&self.token)
-            .header(reqwest::header::CONTENT_TYPE, "application/gzip")
-            .header(reqwest::header::CONTENT_LENGTH, w.bytes)
-            .body(body)
-            .send()
-            .await
-            .with_context(|| format!("reaching {}", self.base))?;
+            .send(
+                self.http
+                    .post(self.url("/api/v1/uploads"))
+                    .header(reqwest::header::CONTENT_TYPE, "application/gzip")
+                    .header(reqwest::header::CONTENT_LENGTH, w.bytes)
+                    .body(body),
+            )
+            .await?;
         Ok(Self::check(resp).await?.json().await?)
     }
 

@@ -723,3 +723,49 @@ fn given_both_urls_an_agent_leaves_a_frozen_leader_for_the_one_that_took_over() 
     drop(agent);
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
 }
+
+/// Passes the first connection it takes on to `first` and every later one to `then` (both
+/// `host:port`): an address that changed hands right after a coordinator proved its key on it.
+fn address_changing_hands(ip: &str, first: String, then: String) -> String {
+    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for (n, down) in listener.incoming().flatten().enumerate() {
+            let Ok(up) = std::net::TcpStream::connect(if n == 0 { &first } else { &then }) else { continue };
+            for (mut from, mut to) in [(down.try_clone().unwrap(), up.try_clone().unwrap()), (up, down)] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    let _ = to.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+    addr
+}
+
+/// Regression (review finding): the CLI had the coordinator prove the installation's key on
+/// one connection and sent the API token on a new one, so whoever held the address by then (a
+/// killed leader's port taken during a failover) got the token, the key pinned or not. Each
+/// request now goes over the connection the proof just came back on: here the address changes
+/// hands after the first connection, and the CLI refuses, having sent nothing.
+#[test]
+fn the_cli_sends_its_token_only_over_the_connection_that_proved_the_key() {
+    let dir = tempdir();
+    let listen = free_address("127.0.0.1");
+    let impostor = Impostor::start("127.0.0.2");
+    let address = address_changing_hands("127.0.0.3", listen.clone(), impostor.url.replace("http://", ""));
+    let real = Coord::start(&dir.path().join("a"), &listen, &["--public-name".into(), address.clone()]);
+    real.wait_leading(T);
+    let key = std::fs::read_to_string(real.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
+    let token = real.token();
+    let url = format!("http://{address}");
+    let out = Command::new(BIN)
+        .args(["jobs", "--json", "--server", &url, "--token", &token, "--coordinator-key", &key])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(impostor.given_credentials(&token), Vec::<String>::new(), "the address's new holder got the token");
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("did not prove the coordinators' identity key"), "{stderr}");
+    assert!(impostor.identity_asks() >= 1, "the new holder was asked to prove the key");
+}
