@@ -124,6 +124,12 @@ pub struct Proxy {
     most: (usize, usize),
     /// Requests in flight per client address.
     per_client: Arc<Mutex<Shares>>,
+    /// The leader's epoch as the database says now: a relayed answer from the leader of
+    /// another epoch ends, with an error, when it changes ([`Proxy::forward`]).
+    leader_epoch: tokio::sync::watch::Receiver<Option<i64>>,
+    /// Its writer, until the first request passed on starts the task that reads it
+    /// ([`watch_epoch`]).
+    epoch_writer: Mutex<Option<tokio::sync::watch::Sender<Option<i64>>>>,
 }
 
 /// Requests in flight per client address (`None`: a request that came without one), and how
@@ -201,7 +207,10 @@ impl Drop for ClientSlot {
 
 impl Proxy {
     pub fn new(store: Arc<dyn Store>, source: KeySource) -> Proxy {
+        let (writer, leader_epoch) = tokio::sync::watch::channel(None);
         Proxy {
+            leader_epoch,
+            epoch_writer: Mutex::new(Some(writer)),
             store,
             source,
             pinned: tokio::sync::OnceCell::new(),
@@ -309,13 +318,17 @@ impl Proxy {
             Ok(Ok(resp)) => resp,
         };
         self.keep_when_free(conn);
+        if let Some(writer) = self.epoch_writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            tokio::spawn(watch_epoch(self.store.clone(), writer));
+        }
         let (parts, body) = resp.into_parts();
+        let data = http_body_util::BodyExt::into_data_stream(body).map(move |chunk| {
+            // Counted as in flight (and as its client's) until its body ends.
+            let _ = (&permit, &slot);
+            chunk
+        });
         let mut answer =
-            Response::new(Body::from_stream(http_body_util::BodyExt::into_data_stream(body).map(move |chunk| {
-                // Counted as in flight (and as its client's) until its body ends.
-                let _ = (&permit, &slot);
-                chunk
-            })));
+            Response::new(Body::from_stream(until_another_leads(data, self.leader_epoch.clone(), record.epoch)));
         *answer.status_mut() = parts.status;
         *answer.headers_mut() = without_hop_by_hop(&parts.headers);
         answer
@@ -412,6 +425,61 @@ impl Proxy {
             }
         });
     }
+}
+
+/// Reads the leader's epoch from the database every [`RECORD_FOR`] into `writer`, while
+/// anyone reads it (the proxy, or an answer it is still passing on after the standby took
+/// over). A database that does not answer changes nothing.
+async fn watch_epoch(store: Arc<dyn Store>, writer: tokio::sync::watch::Sender<Option<i64>>) {
+    while writer.receiver_count() > 0 {
+        if let Ok(Some(json)) = store.coordinator_state(LEADER_STATE).await {
+            if let Ok(r) = serde_json::from_str::<LeaderRecord>(&json) {
+                writer.send_if_modified(|e| e.replace(r.epoch) != Some(r.epoch));
+            }
+        }
+        tokio::time::sleep(RECORD_FOR).await;
+    }
+}
+
+/// The answer `data` of the leader of `epoch`, until the database names a leader of another
+/// epoch: then an error, so that the client's connection is cut, not ended as if the answer
+/// were whole. A frozen leader's stream (a followed log, a watched pipeline) stays open and
+/// silent, and a client given only this standby's address, whose `/healthz` answers 200, was
+/// never told: it waited for ever after another took over (review finding).
+fn until_another_leads<S>(
+    data: S,
+    epoch_now: tokio::sync::watch::Receiver<Option<i64>>,
+    epoch: i64,
+) -> impl futures::Stream<Item = Result<axum::body::Bytes, axum::BoxError>>
+where
+    S: futures::Stream<Item = Result<axum::body::Bytes, hyper::Error>> + Send + 'static,
+{
+    let changed = async move {
+        let mut now = epoch_now;
+        loop {
+            if now.borrow_and_update().is_some_and(|e| e != epoch) {
+                return;
+            }
+            if now.changed().await.is_err() {
+                // Nobody reads the epoch any more: nothing will cut this answer.
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    let state = (Box::pin(data), Box::pin(changed), false);
+    futures::stream::unfold(state, |(mut data, mut changed, cut)| async move {
+        if cut {
+            return None;
+        }
+        tokio::select! {
+            biased;
+            item = data.next() => item.map(|i| (i.map_err(axum::BoxError::from), (data, changed, false))),
+            () = &mut changed => {
+                let why: axum::BoxError = "another coordinator leads now: this answer of the former leader ends here".into();
+                Some((Err(why), (data, changed, true)))
+            }
+        }
+    })
 }
 
 /// `HOST:PORT` of a base URL.
@@ -552,7 +620,7 @@ mod tests {
     type Seen = Arc<Mutex<Vec<(String, Option<String>, Option<String>)>>>;
 
     /// A server on `addr` that proves `identity` (if given) and answers every other request
-    /// 200, noting it. Stopped (its connections closed) when `stop` is cancelled.
+    /// 200, noting it (`/forever`: one line, then nothing, never ending, as a followed log). Stopped (its connections closed) when `stop` is cancelled.
     async fn server(
         addr: SocketAddr,
         identity: Option<SigningIdentity>,
@@ -584,6 +652,15 @@ mod tests {
                         }
                     },
                 ),
+            )
+            .route(
+                "/forever",
+                axum::routing::get(|| async {
+                    let first = futures::stream::once(async {
+                        Ok::<_, std::convert::Infallible>(axum::body::Bytes::from("first\n"))
+                    });
+                    Body::from_stream(first.chain(futures::stream::pending()))
+                }),
             )
             .fallback(move |req: Request| {
                 let noted = noted.clone();
@@ -851,5 +928,35 @@ mod tests {
         let lb = crate::serve::ConnLimits { per_address: None, ..limits };
         let p = Proxy::new(store, KeySource { secrets_key_file: dir.join("k"), data_dir: dir }).within(lb);
         assert_eq!(p.most, (MAX_IN_FLIGHT, MAX_IN_FLIGHT_PER_CLIENT), "no limit per address at the leader");
+    }
+
+    /// Regression (review finding): an answer passed on from a leader that then froze (a
+    /// followed log) stayed open and silent after another coordinator took over, and a client
+    /// given only this standby's address (whose `/healthz` still answers) waited for ever. It
+    /// now ends, as an error, once the database names a leader of another epoch.
+    #[tokio::test]
+    async fn an_answer_from_a_leader_that_no_longer_leads_is_cut() {
+        let installation = key();
+        let stop = CancellationToken::new();
+        let (at, _) = server("127.0.0.1:0".parse().unwrap(), Some(installation.clone()), stop.clone()).await;
+        let proxy = standby("cut", &installation, &installation.public_key(), at).await;
+        let answer = proxy.forward(get("/forever", "ci.example.org:8072")).await;
+        assert_eq!(answer.status(), StatusCode::OK);
+        let mut body = http_body_util::BodyExt::into_data_stream(answer.into_body());
+        let first = body.next().await.unwrap().unwrap();
+        assert_eq!(&first[..], b"first\n");
+        // The same leader still leads: nothing more, and no end.
+        assert!(tokio::time::timeout(RECORD_FOR * 3, body.next()).await.is_err(), "ended while its leader led");
+        // Another takes over (the frozen leader's process is still there, its stream open).
+        let next = LeaderRecord {
+            urls: vec!["http://127.0.0.1:9".into()],
+            key: installation.public_key(),
+            epoch: 2,
+            heartbeat_ms: None,
+        };
+        proxy.store.put_coordinator_state(LEADER_STATE, &serde_json::to_string(&next).unwrap(), 0).await.unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(30), body.next()).await.expect("still open");
+        assert!(matches!(ended, Some(Err(_))), "cut as an error, not ended as whole: {ended:?}");
+        stop.cancel();
     }
 }
