@@ -180,8 +180,53 @@ impl Client {
         Ok(Self::check(resp).await?.json().await?)
     }
 
+    /// Submits `req`. With a submission key, sent again while no answer comes (the
+    /// connection fails, or the coordinator answers 502, 503 or 504: a failover, a restart),
+    /// to whichever coordinator leads then, for up to [`RESEND_FOR`]: the key makes the
+    /// pipeline once however often it arrives. A coordinator too old to take a key is sent
+    /// the request without one, and the CLI says what that risks.
     pub async fn submit(&self, req: &SubmitPipeline) -> CliResult<PipelineSummary> {
-        self.post("/api/v1/pipelines", req).await
+        if req.submission.is_none() {
+            return self.post("/api/v1/pipelines", req).await;
+        }
+        let t0 = std::time::Instant::now();
+        let mut client = self.clone();
+        let mut req = std::borrow::Cow::Borrowed(req);
+        loop {
+            let sent = client.send(client.http.post(client.url("/api/v1/pipelines")).json(&*req)).await;
+            let why = match sent {
+                Ok(resp) if matches!(resp.status().as_u16(), 502..=504) => {
+                    let status = resp.status();
+                    let text = resp.text().await.unwrap_or_default();
+                    let said: Option<ErrorBody> = serde_json::from_str(&text).ok();
+                    format!("{} answered {status}: {}", client.base, said.map_or(text, |b| b.error))
+                }
+                Ok(resp) => match Self::check(resp).await {
+                    Err(CliError::Input(e)) if e.contains("unknown field `submission`") && req.submission.is_some() => {
+                        eprintln!(
+                            "note: {} is too old to take a submission key: sent without one (if this answer is                              lost, sending it again could make the pipeline twice)",
+                            client.base
+                        );
+                        req.to_mut().submission = None;
+                        continue;
+                    }
+                    checked => return Ok(checked?.json().await?),
+                },
+                Err(e) => format!("{e}"),
+            };
+            if t0.elapsed() >= RESEND_FOR {
+                return Err(CliError::Other(anyhow::anyhow!(
+                    "submitting: {why}; no coordinator answered for {} s (the pipeline is made at most once:                      `gpuci pipelines` shows whether it was)",
+                    RESEND_FOR.as_secs()
+                )));
+            }
+            eprintln!("submitting: {why}; sending it again (with its key: the pipeline is made once)");
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            match client.again().await {
+                Ok(c) => client = c,
+                Err(e) => eprintln!("submitting: {e}"),
+            }
+        }
     }
     pub async fn pipeline(&self, id: i64) -> CliResult<PipelineSummary> {
         self.get(&format!("/api/v1/pipelines/{id}")).await
@@ -416,6 +461,7 @@ impl Client {
         };
         let p = self
             .submit(&SubmitPipeline {
+                submission: Some(uuid::Uuid::new_v4().simple().to_string()),
                 build: Some(build),
                 file_name: file.display().to_string(),
                 source,
@@ -461,6 +507,9 @@ enum Workspace {
     /// Small: sent with the pipeline (base64 of the archive).
     Inline(String),
 }
+
+/// How long a submission is sent again while no coordinator answers it ([`Client::submit`]).
+const RESEND_FOR: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long the CLI waits for one of several coordinators to lead (a takeover takes seconds,
 /// docs/ha.md) before it gives up.

@@ -422,6 +422,7 @@ impl Rig {
     /// was lost may have been committed anyway; its jobs are then simply more jobs to check.
     fn submit(&mut self, yaml: &str) -> PipelineSummary {
         let body = SubmitPipeline {
+            submission: None,
             build: None,
             file_name: "chaos.yml".into(),
             source: yaml.into(),

@@ -29,6 +29,7 @@ fn try_submit(api: &Api, token: &str, yaml: &str) -> (u16, serde_json::Value) {
         .post(format!("{}/api/v1/pipelines", api.url))
         .bearer_auth(token)
         .json(&SubmitPipeline {
+            submission: None,
             build: None,
             file_name: "test.yml".into(),
             source: yaml.into(),

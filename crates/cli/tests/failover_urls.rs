@@ -769,3 +769,117 @@ fn the_cli_sends_its_token_only_over_the_connection_that_proved_the_key() {
     assert!(stderr.contains("did not prove the coordinators' identity key"), "{stderr}");
     assert!(impostor.identity_asks() >= 1, "the new holder was asked to prove the key");
 }
+
+/// Passes every connection on to `to` (`host:port`), but the answer to the first
+/// `POST /api/v1/pipelines` is never passed back: the connection closes once the coordinator
+/// has answered it (a leader killed after it committed the pipeline, before its answer left).
+fn losing_the_first_submit_answer(ip: &str, to: String) -> String {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let lost_one = std::sync::Arc::new(AtomicBool::new(false));
+    std::thread::spawn(move || {
+        for down in listener.incoming().flatten() {
+            let Ok(up) = std::net::TcpStream::connect(&to) else { continue };
+            let losing = std::sync::Arc::new(AtomicBool::new(false));
+            let (mut from, mut to_up, lost, this) =
+                (down.try_clone().unwrap(), up.try_clone().unwrap(), lost_one.clone(), losing.clone());
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = from.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    // Marked before the request goes on: its answer cannot come back first.
+                    if buf[..n].starts_with(b"POST /api/v1/pipelines ") && !lost.swap(true, Ordering::SeqCst) {
+                        this.store(true, Ordering::SeqCst);
+                    }
+                    if to_up.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to_up.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut from, mut to_down) = (up, down);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = from.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if losing.load(Ordering::SeqCst) {
+                        let _ = to_down.shutdown(std::net::Shutdown::Both);
+                        let _ = from.shutdown(std::net::Shutdown::Both);
+                        return;
+                    }
+                    if to_down.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to_down.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    addr
+}
+
+/// Regression: a submission whose answer was lost (the leader killed after it committed the
+/// pipeline, a connection dropped) failed `gpuci submit`, and running it again made the
+/// pipeline twice. The CLI now sends each submission with a key of its own and sends it again
+/// until it has an answer; the coordinator makes one pipeline per key and answers the same
+/// request with it. A key reused for another request is refused (409), a malformed one 422.
+#[test]
+fn a_submission_whose_answer_was_lost_is_sent_again_and_made_once() {
+    let dir = tempdir();
+    let listen = free_address("127.0.0.1");
+    let address = losing_the_first_submit_answer("127.0.0.3", listen.clone());
+    let real = Coord::start(&dir.path().join("a"), &listen, &["--public-name".into(), address.clone()]);
+    real.wait_leading(T);
+    let key = std::fs::read_to_string(real.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
+    let token = real.token();
+    let file = dir.path().join("once.yml");
+    std::fs::write(&file, "steps:\n  - key: a\n    command: echo once\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["submit", file.to_str().unwrap(), "--no-upload", "--server", &format!("http://{address}")])
+        .args(["--token", &token, "--coordinator-key", &key])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("sending it again"), "the first answer was lost: {stderr}");
+    let id: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    // Every pipeline made, by its jobs (one each).
+    let pipelines = || {
+        let jobs: Vec<serde_json::Value> = real.api().get("/api/v1/jobs");
+        let mut ids: Vec<i64> = jobs.iter().map(|j| j["pipeline_id"].as_i64().unwrap()).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(pipelines(), [id], "made once");
+
+    // The API itself: the same request with the same key answers the same pipeline; another
+    // request with it is refused; a key that is no key is refused.
+    let submit = |source: &str, submission: &str| {
+        let r = real
+            .api()
+            .raw()
+            .post(format!("{}/api/v1/pipelines", real.url()))
+            .bearer_auth(&token)
+            .json(&serde_json::json!({ "file_name": "k.yml", "source": source, "submission": submission }))
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.json::<serde_json::Value>().unwrap_or_default())
+    };
+    let once = "0123456789abcdef-once";
+    let (status, first) = submit("steps:\n  - key: k\n    command: echo k\n", once);
+    assert_eq!(status, 201, "{first}");
+    let (status, again) = submit("steps:\n  - key: k\n    command: echo k\n", once);
+    assert_eq!((status, &again["id"]), (201, &first["id"]), "{again}");
+    let (status, other) = submit("steps:\n  - key: k\n    command: echo other\n", once);
+    assert_eq!(status, 409, "{other}");
+    assert!(other["error"].as_str().unwrap().contains("was used for another request"), "{other}");
+    let (status, bad) = submit("steps:\n  - key: k\n    command: echo k\n", "short");
+    assert_eq!(status, 422, "{bad}");
+    assert_eq!(pipelines().len(), 2, "{:?}", pipelines());
+}

@@ -130,6 +130,10 @@ pub struct Proxy {
     /// Its writer, until the first request passed on starts the task that reads it
     /// ([`watch_epoch`]).
     epoch_writer: Mutex<Option<tokio::sync::watch::Sender<Option<i64>>>>,
+    /// Cancelled when this standby stops standing by (it took over, or it is shutting down):
+    /// every answer it is still passing on is cut then. Its database connections are closed
+    /// at a takeover, so the epoch could no longer be read to tell.
+    standing_down: tokio_util::sync::CancellationToken,
 }
 
 /// Requests in flight per client address (`None`: a request that came without one), and how
@@ -211,6 +215,7 @@ impl Proxy {
         Proxy {
             leader_epoch,
             epoch_writer: Mutex::new(Some(writer)),
+            standing_down: tokio_util::sync::CancellationToken::new(),
             store,
             source,
             pinned: tokio::sync::OnceCell::new(),
@@ -220,6 +225,13 @@ impl Proxy {
             most: (MAX_IN_FLIGHT, MAX_IN_FLIGHT_PER_CLIENT),
             per_client: Arc::default(),
         }
+    }
+
+    /// Cut every answer still being passed on once `stop` is cancelled (the standby took over
+    /// or is shutting down).
+    pub fn until(mut self, stop: tokio_util::sync::CancellationToken) -> Proxy {
+        self.standing_down = stop;
+        self
     }
 
     /// Passes on at most half of what one address may hold open at the leader, which counts
@@ -327,8 +339,12 @@ impl Proxy {
             let _ = (&permit, &slot);
             chunk
         });
-        let mut answer =
-            Response::new(Body::from_stream(until_another_leads(data, self.leader_epoch.clone(), record.epoch)));
+        let mut answer = Response::new(Body::from_stream(until_another_leads(
+            data,
+            self.leader_epoch.clone(),
+            record.epoch,
+            self.standing_down.clone(),
+        )));
         *answer.status_mut() = parts.status;
         *answer.headers_mut() = without_hop_by_hop(&parts.headers);
         answer
@@ -450,20 +466,28 @@ fn until_another_leads<S>(
     data: S,
     epoch_now: tokio::sync::watch::Receiver<Option<i64>>,
     epoch: i64,
+    standing_down: tokio_util::sync::CancellationToken,
 ) -> impl futures::Stream<Item = Result<axum::body::Bytes, axum::BoxError>>
 where
     S: futures::Stream<Item = Result<axum::body::Bytes, hyper::Error>> + Send + 'static,
 {
-    let changed = async move {
+    let another = async move {
         let mut now = epoch_now;
         loop {
             if now.borrow_and_update().is_some_and(|e| e != epoch) {
                 return;
             }
             if now.changed().await.is_err() {
-                // Nobody reads the epoch any more: nothing will cut this answer.
+                // Nobody reads the epoch any more: only standing down cuts this answer.
                 std::future::pending::<()>().await;
             }
+        }
+    };
+    // This standby leads now (or stops): whoever it passed this on from does not.
+    let changed = async move {
+        tokio::select! {
+            () = another => {}
+            () = standing_down.cancelled() => {}
         }
     };
     let state = (Box::pin(data), Box::pin(changed), false);
@@ -957,6 +981,26 @@ mod tests {
         proxy.store.put_coordinator_state(LEADER_STATE, &serde_json::to_string(&next).unwrap(), 0).await.unwrap();
         let ended = tokio::time::timeout(Duration::from_secs(30), body.next()).await.expect("still open");
         assert!(matches!(ended, Some(Err(_))), "cut as an error, not ended as whole: {ended:?}");
+        stop.cancel();
+    }
+
+    /// Regression (outsider attack): with one leader and one standby, the standby that passes
+    /// a followed log on is the one that takes over; its database connections are closed then,
+    /// so it could not read the new epoch, and the frozen leader's stream stayed open 50–68 s.
+    /// What it passes on is cut when it stops standing by.
+    #[tokio::test]
+    async fn what_a_standby_passes_on_is_cut_when_it_takes_over() {
+        let installation = key();
+        let stop = CancellationToken::new();
+        let (at, _) = server("127.0.0.1:0".parse().unwrap(), Some(installation.clone()), stop.clone()).await;
+        let taking_over = CancellationToken::new();
+        let proxy = standby("takeover", &installation, &installation.public_key(), at).await.until(taking_over.clone());
+        let answer = proxy.forward(get("/forever", "ci.example.org:8072")).await;
+        let mut body = http_body_util::BodyExt::into_data_stream(answer.into_body());
+        assert_eq!(&body.next().await.unwrap().unwrap()[..], b"first\n");
+        taking_over.cancel();
+        let ended = tokio::time::timeout(Duration::from_secs(10), body.next()).await.expect("still open");
+        assert!(matches!(ended, Some(Err(_))), "cut as an error: {ended:?}");
         stop.cancel();
     }
 }

@@ -359,6 +359,7 @@ async fn fetch_and_submit(deps: &Deps, spec: &ScheduleSpec, at: Timestamp) -> Re
             subject: None,
             author: None,
         },
+        once: None,
     };
     let (p, _) = crate::brain::ask(&deps.brain, |reply| Command::Submit { sub: Box::new(sub), reply })
         .await

@@ -64,9 +64,10 @@ pub fn listen(
     let mut app =
         axum::Router::new().route("/healthz", get(crate::api::server_info)).route("/readyz", get(not_leading));
     app = match proxy {
-        // Everything else to the leader, when this standby can prove one (`crate::proxy`).
+        // Everything else to the leader, when this standby can prove one (`crate::proxy`);
+        // what it is still passing on when it stops standing by is cut then.
         Some(p) => {
-            let p = Arc::new(p);
+            let p = Arc::new(p.until(stop.clone()));
             app.fallback(move |req: axum::extract::Request| {
                 let p = p.clone();
                 async move { p.forward(req).await }

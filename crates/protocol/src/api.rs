@@ -36,7 +36,17 @@ pub struct SubmitPipeline {
     /// `gpuci submit` fills it from the work tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub build: Option<gpuci_core::condition::BuildFacts>,
+    /// The client's key for this submission ([`SUBMISSION_KEY_CHARS`], 16 to 128 of them; a
+    /// random UUID does): the pipeline is made once per key. The same request sent again with
+    /// it (its answer lost: a failover, a dropped connection) is answered with the pipeline the
+    /// first made; another request with a key used before is refused (409). `gpuci submit`
+    /// makes one per command and sends it again until it has an answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission: Option<String>,
 }
+
+/// What a [`SubmitPipeline::submission`] key may be made of.
+pub const SUBMISSION_KEY_CHARS: &str = "ASCII letters, digits, '-' and '_'";
 
 /// The largest workspace a `SubmitPipeline` may carry itself (`workspace_archive`, decoded);
 /// a larger one is uploaded first (`POST /api/v1/uploads`). Saves a round trip and a request on

@@ -27,6 +27,7 @@ mod records;
 mod rows;
 mod sealing;
 mod sqlite;
+mod submissions;
 
 pub use artifacts::{ArtifactRecord, TestReportRecord};
 pub use coordinator_identity::StoredIdentity;
@@ -36,6 +37,7 @@ pub use postgres::{redact_url, Claim, DbTls, DbTlsVerdict, PostgresStore, SoleUs
 pub use records::*;
 pub use sealing::{seal_plaintext_secrets, sealed_with, SealError, SecretsAtRest, SecretsKey, KEY_LEN};
 pub use sqlite::SqliteStore;
+pub use submissions::{Created, Submission};
 
 use async_trait::async_trait;
 use gpuci_core::job::JobState;
@@ -231,6 +233,9 @@ impl StoreError {
 pub trait Store: Send + Sync + 'static {
     /// Create a pipeline and all its jobs (queued) in one transaction.
     async fn create_pipeline(&self, p: NewPipeline, jobs: Vec<NewJob>) -> Result<(PipelineRecord, Vec<JobRecord>)>;
+    /// [`Store::create_pipeline`], once per `once.key`: a key recorded before (with the
+    /// pipeline, in the same transaction) creates nothing and answers the pipeline it made.
+    async fn create_pipeline_once(&self, p: NewPipeline, jobs: Vec<NewJob>, once: &Submission) -> Result<Created>;
     /// Add one job to an existing pipeline (a retry).
     async fn insert_job(&self, job: NewJob) -> Result<JobRecord>;
     /// queued → assigned, taking the GPU leases in the same transaction.

@@ -50,6 +50,47 @@ pub struct PostgresStore {
 }
 
 impl PostgresStore {
+    /// A pipeline and its jobs, in `tx`.
+    async fn create_in(
+        tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+        p: NewPipeline,
+        jobs: Vec<NewJob>,
+    ) -> Result<(PipelineRecord, Vec<JobRecord>)> {
+        let pid: i64 = sqlx::query(
+            "INSERT INTO pipelines (file_name, source, workspace_upload, repository, origin, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        )
+        .bind(&p.file_name)
+        .bind(&p.source)
+        .bind(&p.workspace_upload)
+        .bind(&p.repository)
+        .bind(&p.origin)
+        .bind(p.created_at_ms)
+        .fetch_one(&mut **tx)
+        .await?
+        .get(0);
+        let mut ids = Vec::with_capacity(jobs.len());
+        for j in &jobs {
+            ids.push(insert_job_in(&mut **tx, pid, j).await?);
+        }
+        let mut records = Vec::with_capacity(ids.len());
+        for id in ids {
+            records.push(Self::job_in(&mut **tx, id).await?.ok_or(StoreError::JobNotFound(id))?);
+        }
+        Ok((
+            PipelineRecord {
+                id: pid,
+                file_name: p.file_name,
+                source: p.source,
+                workspace_upload: p.workspace_upload,
+                repository: p.repository,
+                origin: p.origin,
+                created_at_ms: p.created_at_ms,
+            },
+            records,
+        ))
+    }
+
     async fn job_in<'e, E: sqlx::PgExecutor<'e>>(exec: E, id: JobId) -> Result<Option<JobRecord>> {
         let row =
             sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = $1")).bind(id).fetch_optional(exec).await?;
@@ -111,40 +152,22 @@ async fn upsert_quarantine<'e, E: sqlx::PgExecutor<'e>>(exec: E, q: &Quarantine)
 impl Store for PostgresStore {
     async fn create_pipeline(&self, p: NewPipeline, jobs: Vec<NewJob>) -> Result<(PipelineRecord, Vec<JobRecord>)> {
         let mut tx = self.pool.begin().await?;
-        let pid: i64 = sqlx::query(
-            "INSERT INTO pipelines (file_name, source, workspace_upload, repository, origin, created_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
-        )
-        .bind(&p.file_name)
-        .bind(&p.source)
-        .bind(&p.workspace_upload)
-        .bind(&p.repository)
-        .bind(&p.origin)
-        .bind(p.created_at_ms)
-        .fetch_one(&mut *tx)
-        .await?
-        .get(0);
-        let mut ids = Vec::with_capacity(jobs.len());
-        for j in &jobs {
-            ids.push(insert_job_in(&mut tx, pid, j).await?);
-        }
-        let mut records = Vec::with_capacity(ids.len());
-        for id in ids {
-            records.push(Self::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))?);
-        }
+        let made = Self::create_in(&mut tx, p, jobs).await?;
         tx.commit().await?;
-        Ok((
-            PipelineRecord {
-                id: pid,
-                file_name: p.file_name,
-                source: p.source,
-                workspace_upload: p.workspace_upload,
-                repository: p.repository,
-                origin: p.origin,
-                created_at_ms: p.created_at_ms,
-            },
-            records,
-        ))
+        Ok(made)
+    }
+
+    async fn create_pipeline_once(&self, p: NewPipeline, jobs: Vec<NewJob>, once: &Submission) -> Result<Created> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(before) = crate::submissions::postgres::seen(&mut tx, once).await? {
+            tx.rollback().await?;
+            return Ok(before);
+        }
+        let now_ms = p.created_at_ms;
+        let (pipeline, jobs) = Self::create_in(&mut tx, p, jobs).await?;
+        crate::submissions::postgres::record(&mut tx, once, pipeline.id, now_ms).await?;
+        tx.commit().await?;
+        Ok(Created::New(pipeline, jobs))
     }
 
     async fn insert_job(&self, job: NewJob) -> Result<JobRecord> {

@@ -214,6 +214,7 @@ async fn dispatch_once(c: &Client) -> CliResult<Option<i64>> {
     let t0 = now_us();
     let p = c
         .submit(&SubmitPipeline {
+            submission: None,
             build: None,
             file_name: "bench.yml".into(),
             source: PROBE.into(),
@@ -276,6 +277,7 @@ async fn dispatch(n: u32, slots: u32, isolation: IsolationArg, job_disk: u64) ->
     let t0 = std::time::Instant::now();
     let p = c
         .submit(&SubmitPipeline {
+            submission: None,
             build: None,
             file_name: "throughput.yml".into(),
             source: yaml,
@@ -321,6 +323,7 @@ async fn dashboard(n: u32, requests: u32, isolation: IsolationArg) -> CliResult 
         }
         let sub = c
             .submit(&SubmitPipeline {
+                submission: None,
                 build: None,
                 file_name: format!("bench-{p}.yml"),
                 source: yaml,

@@ -261,6 +261,7 @@ impl Api {
             .post(format!("{}/api/v1/pipelines", self.url))
             .bearer_auth(&self.token)
             .json(&SubmitPipeline {
+                submission: None,
                 build: None,
                 file_name: "test.yml".into(),
                 source: yaml.into(),

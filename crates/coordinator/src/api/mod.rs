@@ -224,6 +224,7 @@ pub async fn submit_pipeline(
         ));
     }
     check_extra_env(&req.env)?;
+    let once = req.submission.as_deref().map(|key| submission_once(key, &req)).transpose()?;
     let build = check_build_facts(req.build.clone().unwrap_or_default())?;
     if let Some(r) = &req.repository {
         if r.is_empty() || r.len() > 1024 || r.chars().any(char::is_control) {
@@ -314,12 +315,29 @@ pub async fn submit_pipeline(
                 repository: req.repository,
                 origin: None,
                 build,
+                once,
             }),
             reply,
         })
         .await?;
     drop(pin);
     Ok((StatusCode::CREATED, Json(pipeline_summary(&st, p.id).await?)))
+}
+
+/// A submission key, checked, with the digest of the request it came with (the request as
+/// sent, less the key): the same request sent again has the same digest.
+fn submission_once(key: &str, req: &SubmitPipeline) -> ApiResult<gpuci_store::Submission> {
+    if !(16..=128).contains(&key.len()) || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("submission must be 16 to 128 of {}", gpuci_protocol::api::SUBMISSION_KEY_CHARS),
+        ));
+    }
+    use sha2::Digest;
+    let unkeyed = SubmitPipeline { submission: None, ..req.clone() };
+    let json =
+        serde_json::to_vec(&unkeyed).map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(gpuci_store::Submission { key: key.to_string(), digest: hex::encode(sha2::Sha256::digest(json)) })
 }
 
 /// A submission's build facts: bounded, printable text (they end up in skip reasons), paths

@@ -145,6 +145,9 @@ pub struct Submission {
     pub origin: Option<String>,
     /// What the build is, for steps' `if:` (unknown facts: `None`).
     pub build: gpuci_core::condition::BuildFacts,
+    /// The client's key for this submission: the pipeline is made once per key
+    /// (`Store::create_pipeline_once`); sent again, the first one is answered.
+    pub once: Option<gpuci_store::Submission>,
 }
 
 /// How a stored job reason begins while a cancel is under way: the persisted record of a

@@ -5,7 +5,8 @@ use super::*;
 
 impl Brain {
     pub(super) async fn submit(&mut self, sub: Submission) -> Result<(PipelineRecord, Vec<JobRecord>), BrainError> {
-        let Submission { file_name, source, pipeline, extra_env, workspace_upload, repository, origin, build } = sub;
+        let Submission { file_name, source, pipeline, extra_env, workspace_upload, repository, origin, build, once } =
+            sub;
         let now = now_ms();
         // Conditions are decided now, once: the facts are the submission's and do not change.
         let mut pipeline_env = extra_env.clone();
@@ -30,13 +31,27 @@ impl Brain {
                 NewJob { pipeline_id: 0, step, env, state, reason, attempt: 1, retry_of: None, created_at_ms: now }
             })
             .collect();
-        let (p, jobs) = self
-            .store
-            .create_pipeline(
-                NewPipeline { file_name, source, workspace_upload, repository, origin, created_at_ms: now },
-                jobs,
-            )
-            .await?;
+        let new = NewPipeline { file_name, source, workspace_upload, repository, origin, created_at_ms: now };
+        let (p, jobs) = match once {
+            None => self.store.create_pipeline(new, jobs).await?,
+            Some(once) => match self.store.create_pipeline_once(new, jobs, &once).await? {
+                gpuci_store::Created::New(p, jobs) => (p, jobs),
+                // Made before (its answer lost on the way: a failover, a dropped connection):
+                // that pipeline, and nothing new.
+                gpuci_store::Created::Before { pipeline, same: true } => {
+                    tracing::info!(pipeline, key = %once.key, "a submission sent again: answered with the pipeline it made");
+                    let p = self.store.get_pipeline(pipeline).await?.ok_or(BrainError::PipelineNotFound(pipeline))?;
+                    let jobs = self.store.pipeline_jobs(pipeline).await?;
+                    return Ok((p, jobs));
+                }
+                gpuci_store::Created::Before { pipeline, same: false } => {
+                    return Err(BrainError::Conflict(format!(
+                        "submission key {:?} was used for another request (pipeline {pipeline}); each submission needs a key of its own",
+                        once.key
+                    )))
+                }
+            },
+        };
         self.group_scopes.insert(p.id, self.group_scope(p.repository.as_deref(), p.origin.as_deref()));
         // What the builds list shows (branch, commit, subject, author, trigger). Display
         // only: a pipeline whose facts cannot be stored runs all the same, listed without them.

@@ -51,6 +51,35 @@ async fn suite(s: &dyn Store) {
     let read = s.get_pipeline(with_upload.id).await.unwrap().unwrap();
     assert_eq!(read.workspace_upload.as_deref(), Some(upload.as_str()));
 
+    // A submission key creates its pipeline once: sent again, it answers the first pipeline
+    // and creates nothing; reused for another request, it says so and creates nothing.
+    let once = Submission { key: format!("k-{}", crate::rand_suffix()), digest: "d1".into() };
+    let submitted = || NewPipeline {
+        origin: None,
+        file_name: "once.yml".into(),
+        source: "steps: []".into(),
+        workspace_upload: None,
+        repository: None,
+        created_at_ms: 2,
+    };
+    let made = match s.create_pipeline_once(submitted(), vec![], &once).await.unwrap() {
+        Created::New(p, jobs) => {
+            assert!(jobs.is_empty());
+            p.id
+        }
+        other => panic!("{other:?}"),
+    };
+    match s.create_pipeline_once(submitted(), vec![], &once).await.unwrap() {
+        Created::Before { pipeline, same } => assert!(pipeline == made && same),
+        other => panic!("created again: {other:?}"),
+    }
+    let reused = Submission { digest: "d2".into(), ..once.clone() };
+    match s.create_pipeline_once(submitted(), vec![], &reused).await.unwrap() {
+        Created::Before { pipeline, same } => assert!(pipeline == made && !same),
+        other => panic!("created again: {other:?}"),
+    }
+    assert_eq!(s.get_pipeline(made + 1).await.unwrap().map(|p| p.file_name), None, "no second pipeline");
+
     // Assignment takes leases atomically; a leased GPU cannot be leased again.
     let ja = s.assign_job(a, "agent-1", &["GPU-1".into(), "GPU-2".into()], 5).await.unwrap();
     assert_eq!(ja.state, JobState::Assigned);

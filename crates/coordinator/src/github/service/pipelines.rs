@@ -234,6 +234,7 @@ impl Service {
                     repository: Some(format!("github.com/{}", origin.repository.to_ascii_lowercase())),
                     origin: Some(json),
                     build,
+                    once: None,
                 }),
                 reply,
             })

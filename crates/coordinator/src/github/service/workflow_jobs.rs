@@ -316,6 +316,7 @@ impl Service {
                     repository: Some(r.repository.clone()),
                     origin: Some(origin.to_json()),
                     build: Default::default(),
+                    once: None,
                 }),
                 reply,
             })
