@@ -230,10 +230,17 @@ fn given_both_urls_the_agent_and_the_cli_follow_the_leader_through_a_kill() {
     // The API is passed on to the leader (`proxy.rs`), which judges the (missing) token.
     assert_eq!(status(&standby.url(), "/api/v1/jobs"), Some(401), "a standby passes the API on to the leader");
     assert_eq!(status(&leader.url(), "/readyz"), Some(200));
+    // The CLI given only the standby's address, the key pinned: the standby proves the key
+    // itself and passes the request on (it answered the proof 503, and the CLI could not use
+    // its address at all: outsider attack).
+    let token = leader.token();
+    let key = std::fs::read_to_string(leader.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
+    let listed: Vec<serde_json::Value> =
+        serde_json::from_str(&cli(&standby.url(), &token, &["jobs", "--json", "--coordinator-key", &key])).unwrap();
+    assert!(listed.is_empty(), "{listed:?}");
 
     // The standby first: the agent and the CLI pick the leader wherever it is in the list.
     let urls = format!("{},{}", standby.url(), leader.url());
-    let token = leader.token();
     let reg = std::fs::read_to_string(leader.data_dir.join("registration-token")).unwrap().trim().to_string();
     let _agent = agent(&urls, &reg, &dir.path().join("agent"));
     leader.api().wait_agents(1, T);

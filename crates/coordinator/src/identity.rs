@@ -89,12 +89,23 @@ pub async fn load_or_create(store: &dyn Store, key: &SecretsKey, data_dir: &Path
 /// beside it (someone who can write the database but lacks the secrets key cannot make a
 /// sealed key that opens). `None` while no coordinator has made the key. Writes nothing.
 pub async fn installation_key(store: &dyn Store, key_file: &Path, data_dir: &Path) -> anyhow::Result<Option<String>> {
+    Ok(installation_identity(store, key_file, data_dir).await?.map(|i| i.public_key()))
+}
+
+/// The installation's key to sign with, found as [`installation_key`] finds its public half:
+/// a standby proves it too (it holds the secret as any coordinator of the installation does),
+/// so that a client given only the standby's address can send it a credential to pass on.
+pub async fn installation_identity(
+    store: &dyn Store,
+    key_file: &Path,
+    data_dir: &Path,
+) -> anyhow::Result<Option<SigningIdentity>> {
     let file = data_dir.join(SECRET_KEY_FILE);
     match std::fs::read_to_string(&file) {
         Ok(text) => {
             let mine =
                 parse_secret(&text).ok_or_else(|| anyhow::anyhow!("{}: not a coordinator key", file.display()))?;
-            return Ok(Some(mine.public_key()));
+            return Ok(Some(mine));
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => anyhow::bail!("reading {}: {e}", file.display()),
@@ -115,7 +126,7 @@ pub async fn installation_key(store: &dyn Store, key_file: &Path, data_dir: &Pat
     if identity.public_key() != stored.public_key {
         anyhow::bail!("the identity key in the database does not match its public key {}", stored.public_key);
     }
-    Ok(Some(identity.public_key()))
+    Ok(Some(identity))
 }
 
 fn parse_secret(text: &str) -> Option<SigningIdentity> {

@@ -396,7 +396,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> anyhow::Resul
                             Arc::new(s.clone()) as Arc<dyn Store>,
                             proxy::KeySource { secrets_key_file: source, data_dir: config.data_dir.clone() },
                         )
-                        .within(limits);
+                        .within(limits)
+                        .named(config.public_names.clone());
                         standing_by = standby::listen(config.listen, webhooks, Some(proxy), limits)?;
                     }
                     let claim = lead_or_stand_by(&s, &holder, &process, url, config.standby, &shutdown).await?;

@@ -12,9 +12,12 @@
 //! itself, so one sent to a standby, or during a failover, must not be refused. Its database
 //! connections are not fenced (it holds no claim), which the fence allows.
 //!
-//! Everything else (the API, the dashboard) it passes on to the leader, once the leader has
-//! proved the installation's identity key at the address it recorded (`crate::proxy`); 503
-//! when it cannot. It has loaded no state and holds no claim.
+//! It proves the installation's identity key itself (`GET /api/v1/identity`, as the leader
+//! does: a client given only this address proves it before it sends a credential). Everything
+//! else (the API, the dashboard) it passes on to the leader, once the leader has proved the
+//! installation's identity key at the address it recorded (`crate::proxy`); 503 when it
+//! cannot. What it is passing on when it stops standing by is cut. It has loaded no state and
+//! holds no claim.
 //!
 //! The socket is bound once, at start, and kept: when the standby takes over, this small
 //! server stops and the coordinator serves on the very same socket (connections that arrive
@@ -68,7 +71,23 @@ pub fn listen(
         // what it is still passing on when it stops standing by is cut then.
         Some(p) => {
             let p = Arc::new(p.until(stop.clone()));
-            app.fallback(move |req: axum::extract::Request| {
+            let proves = p.clone();
+            app.route(
+                "/api/v1/identity",
+                get(
+                    move |headers: HeaderMap,
+                          uri: axum::http::Uri,
+                          local: Option<axum::Extension<axum::extract::ConnectInfo<crate::identity::LocalAddr>>>,
+                          q: axum::extract::Query<std::collections::HashMap<String, String>>| {
+                        let p = proves.clone();
+                        async move {
+                            let local = local.map(|axum::Extension(axum::extract::ConnectInfo(l))| l.0);
+                            p.prove(&headers, &uri, q.get("nonce").map_or("", String::as_str), local).await
+                        }
+                    },
+                ),
+            )
+            .fallback(move |req: axum::extract::Request| {
                 let p = p.clone();
                 async move { p.forward(req).await }
             })

@@ -71,7 +71,7 @@ impl PostgresStore {
         .get(0);
         let mut ids = Vec::with_capacity(jobs.len());
         for j in &jobs {
-            ids.push(insert_job_in(&mut **tx, pid, j).await?);
+            ids.push(insert_job_in(tx, pid, j).await?);
         }
         let mut records = Vec::with_capacity(ids.len());
         for id in ids {
