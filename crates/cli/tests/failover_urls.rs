@@ -890,3 +890,89 @@ fn a_submission_whose_answer_was_lost_is_sent_again_and_made_once() {
     assert_eq!(status, 422, "{bad}");
     assert_eq!(pipelines().len(), 2, "{:?}", pipelines());
 }
+
+/// Passes every connection on to `to`, and closes each one once it has passed back the answer
+/// to an identity proof (a coordinator killed right after it proved its key). Notes each
+/// connection on which a credential came before any proof was asked.
+fn closing_after_each_proof(ip: &str, to: String) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let unproved: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let noted = unproved.clone();
+    std::thread::spawn(move || {
+        for down in listener.incoming().flatten() {
+            let Ok(up) = std::net::TcpStream::connect(&to) else { continue };
+            let asked = std::sync::Arc::new(AtomicBool::new(false));
+            let (mut from, mut to_up, asked_up, noted) =
+                (down.try_clone().unwrap(), up.try_clone().unwrap(), asked.clone(), noted.clone());
+            std::thread::spawn(move || {
+                let mut seen = String::new();
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = from.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.push_str(&String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase());
+                    if seen.starts_with("get /api/v1/identity") {
+                        asked_up.store(true, Ordering::SeqCst);
+                    } else if seen.contains("\nauthorization:") {
+                        noted.lock().unwrap().push(seen.lines().next().unwrap_or_default().to_string());
+                    }
+                    if to_up.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to_up.shutdown(std::net::Shutdown::Write);
+            });
+            let (mut from, mut to_down) = (up, down);
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = from.read(&mut buf) {
+                    if n == 0 || to_down.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                    if asked.load(Ordering::SeqCst) {
+                        break;
+                    }
+                }
+                let _ = to_down.shutdown(std::net::Shutdown::Both);
+                let _ = from.shutdown(std::net::Shutdown::Both);
+            });
+        }
+    });
+    (addr, unproved)
+}
+
+/// Regression (outsider attack): when the connection a coordinator had just proved its key on
+/// closed before the request went out, the CLI's pooled client sent the token on a new
+/// connection that proved nothing (11–13 of 30 runs through a relay that closed after each
+/// proof), key pinned or not. A token-bearing request now goes over a connection of its own,
+/// right after the proof on it: with the proved connection gone, the request fails instead.
+#[test]
+fn the_cli_never_sends_its_token_on_a_connection_that_proved_nothing() {
+    let dir = tempdir();
+    let listen = free_address("127.0.0.1");
+    let (address, unproved) = closing_after_each_proof("127.0.0.3", listen.clone());
+    let real = Coord::start(&dir.path().join("a"), &listen, &["--public-name".into(), address.clone()]);
+    real.wait_leading(T);
+    let key = std::fs::read_to_string(real.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
+    let token = real.token();
+    for pinned in [true, false] {
+        for _ in 0..5 {
+            let mut cmd = Command::new(BIN);
+            cmd.args(["jobs", "--json", "--server", &format!("http://{address}"), "--token", &token]);
+            if pinned {
+                cmd.args(["--coordinator-key", &key]);
+            }
+            let out = cmd.output().unwrap();
+            assert!(!out.status.success(), "the request had no proved connection to go on");
+        }
+    }
+    assert_eq!(
+        *unproved.lock().unwrap(),
+        Vec::<String>::new(),
+        "a credential went on a connection that proved nothing"
+    );
+}
