@@ -253,3 +253,39 @@ fn a_followed_log_ends_at_sigint_and_sigterm() {
         assert_eq!(status.code(), Some(code), "{signal}");
     }
 }
+
+/// Regression (outsider finding): a coordinator that stopped (SIGTERM, or a leader that found
+/// its claim taken) ended the log and watch streams it served as if they were whole, with no
+/// `end` record, so a client reading them raw took a stream cut short for a finished one. They
+/// are cut now (the connection closes mid-answer); a read without `follow` still ends whole.
+#[test]
+fn a_stopping_coordinator_cuts_its_open_streams_instead_of_ending_them() {
+    let dir = tempdir();
+    let mut server = Server::start(&dir.path().join("server"), "30s");
+    let api = server.api();
+    // No agent: the job stays queued, and its followed log and watch stay open.
+    let p = api.submit("steps:\n  - key: a\n    command: echo never\n");
+    let id = p.jobs[0].id;
+    let whole = api.raw().get(format!("{}/api/v1/jobs/{id}/logs", server.url)).bearer_auth(&server.token).send();
+    assert!(whole.unwrap().text().is_ok(), "a read without follow ends whole");
+    let open = |path: String| {
+        let http = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+        let resp = http.get(format!("{}{path}", server.url)).bearer_auth(&server.token).send().unwrap();
+        assert_eq!(resp.status(), 200);
+        std::thread::spawn(move || {
+            let mut resp = resp;
+            let mut body = Vec::new();
+            std::io::Read::read_to_end(&mut resp, &mut body).map(|_| String::from_utf8_lossy(&body).to_string())
+        })
+    };
+    let log = open(format!("/api/v1/jobs/{id}/logs?follow=true"));
+    let watch = open(format!("/api/v1/pipelines/{}/watch", p.id));
+    std::thread::sleep(Duration::from_millis(500));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(server.child.id() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    for (what, read) in [("log", log), ("watch", watch)] {
+        let read = read.join().unwrap();
+        assert!(read.is_err(), "the {what} stream ended as if whole: {read:?}");
+    }
+    let _ = server.child.wait();
+}

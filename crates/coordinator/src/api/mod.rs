@@ -507,8 +507,26 @@ pub struct LogsQuery {
     pub after: i64,
 }
 
+/// What a stream's producer sends last when its answer is whole ([`ndjson`]).
+const WHOLE: Bytes = Bytes::new();
+
+/// An NDJSON answer of what `rx` carries. It ends as an answer ends only when its producer
+/// said it is whole ([`WHOLE`], after the job's `end` or the pipeline's `done`, or the lines a
+/// read without `follow` asked for); a producer that stops otherwise (this coordinator shutting
+/// down or losing its claim, the store failing) cuts the connection, so that no client takes a
+/// stream cut short for a finished one (outsider finding: a stopping leader's streams ended
+/// cleanly, with no `end` record).
 fn ndjson(rx: mpsc::Receiver<Bytes>) -> Response {
-    let stream = tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::convert::Infallible>);
+    let stream = futures::stream::unfold((rx, false), |(mut rx, cut)| async move {
+        if cut {
+            return None;
+        }
+        match rx.recv().await {
+            Some(b) if b.is_empty() => None,
+            Some(b) => Some((Ok(b), (rx, false))),
+            None => Some((Err(std::io::Error::other("the stream was cut short")), (rx, true))),
+        }
+    });
     Response::builder()
         .header(header::CONTENT_TYPE, "application/x-ndjson")
         .header(header::CACHE_CONTROL, "no-cache")
@@ -522,11 +540,9 @@ fn line<T: serde::Serialize>(v: &T) -> Bytes {
     Bytes::from(s)
 }
 
-use futures::StreamExt;
-
 /// A job's log as NDJSON `LogEvent`s; with `follow`, live until the job ends.
 #[utoipa::path(get, path = "/api/v1/jobs/{id}/logs", params(("id" = i64, Path, description = "job id"), LogsQuery),
-    responses((status = 200, description = "one `LogEvent` per line", content_type = "application/x-ndjson", body = LogEvent),
+    responses((status = 200, description = "one `LogEvent` per line (an ended job's last is `end`); a stream the coordinator could not finish (it stopped, lost its database or its lead) is cut, never ended as if whole", content_type = "application/x-ndjson", body = LogEvent),
         (status = 400, description = "the id is not an integer, or a malformed query", body = ErrorBody),
         (status = 404, description = "no such job", body = ErrorBody)))]
 pub async fn job_logs(
@@ -566,6 +582,7 @@ pub async fn job_logs(
                 if job.state.is_terminal() {
                     let _ = tx.send(line(&LogEvent::End { state: job.state, reason: job.reason })).await;
                 }
+                let _ = tx.send(WHOLE).await;
                 return;
             }
             // Live: lines as they come; on the job's end or a lag, go back to the store.
@@ -593,7 +610,7 @@ pub async fn job_logs(
 
 /// Follow a pipeline: its jobs' changes and log lines as NDJSON `WatchEvent`s, until it ends.
 #[utoipa::path(get, path = "/api/v1/pipelines/{id}/watch", params(("id" = i64, Path, description = "pipeline id")),
-    responses((status = 200, description = "one `WatchEvent` per line; the last is `done`", content_type = "application/x-ndjson", body = WatchEvent),
+    responses((status = 200, description = "one `WatchEvent` per line; the last is `done`; a stream the coordinator could not finish is cut, never ended as if whole", content_type = "application/x-ndjson", body = WatchEvent),
         (status = 400, description = "the id is not an integer", body = ErrorBody),
         (status = 404, description = "no such pipeline", body = ErrorBody)))]
 pub async fn watch_pipeline(State(st): State<AppState>, ApiPath(id): ApiPath<PipelineId>) -> ApiResult<Response> {
@@ -620,6 +637,7 @@ pub async fn watch_pipeline(State(st): State<AppState>, ApiPath(id): ApiPath<Pip
             let state = pipeline_state(&all);
             if state != "running" {
                 let _ = tx.send(line(&WatchEvent::Done { state })).await;
+                let _ = tx.send(WHOLE).await;
                 return;
             }
             let ev = tokio::select! {
