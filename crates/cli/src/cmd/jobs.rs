@@ -57,27 +57,11 @@ pub async fn logs(a: LogsArgs) -> CliResult {
     let json = a.client.json;
     // The last line shown: a stream opened again (`--follow` through a failover) goes on after it.
     let mut last = 0i64;
-    // As `super::follow`: after a loss nothing is sent until a coordinator leads and proves
-    // the key again.
-    let mut current: Option<Client> = Some(client.clone());
-    let mut lost_since: Option<std::time::Instant> = None;
+    let mut following = super::Following::new(&client);
     loop {
-        let Some(c) = current.take() else {
-            let since = *lost_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() >= super::FOLLOW_AGAIN_FOR {
-                return Err(crate::CliError::Other(anyhow::anyhow!(
-                    "lost job {}'s log and found no coordinator to follow it from for {} s",
-                    a.job,
-                    super::FOLLOW_AGAIN_FOR.as_secs()
-                )));
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            match client.again().await {
-                Ok(next) => current = Some(next),
-                Err(e) => eprintln!("{e}"),
-            }
-            continue;
-        };
+        let c = following
+            .next(|secs| format!("lost job {}'s log and found no coordinator to follow it from for {secs} s", a.job))
+            .await?;
         let mut heard = false;
         let path = format!("/api/v1/jobs/{}/logs?follow={}&after={last}", a.job, a.follow);
         let ended = c
@@ -117,9 +101,7 @@ pub async fn logs(a: LogsArgs) -> CliResult {
             Err(e) => format!("{e:#}"),
             Ok(()) => "the stream ended".to_string(),
         };
-        if heard {
-            lost_since = None;
-        }
+        following.lost(heard);
         eprintln!("lost job {}'s log from {} ({why}); following it again after line {last}", a.job, c.base());
     }
     if let (Some((state, reason)), false) = (&end, json) {

@@ -126,28 +126,16 @@ pub async fn follow(client: &Client, p: &gpuci_protocol::api::PipelineSummary, j
     // A stream opened again starts from the beginning: what was shown already is not again.
     let mut shown_seq: HashMap<i64, i64> = HashMap::new();
     let mut shown_job: HashMap<i64, String> = HashMap::new();
-    // The coordinator followed now; `None` after a loss until one leads and proves the key
-    // again (the old address may be anyone's by then: nothing is sent to it unasked).
-    let mut current: Option<Client> = Some(client.clone());
-    let mut lost_since: Option<std::time::Instant> = None;
+    let mut following = Following::new(client);
     loop {
-        let Some(c) = current.take() else {
-            let since = *lost_since.get_or_insert_with(std::time::Instant::now);
-            if since.elapsed() >= FOLLOW_AGAIN_FOR {
-                return Err(CliError::Other(anyhow::anyhow!(
-                    "lost pipeline {}'s progress and found no coordinator to follow it from for {} s; it may still run: gpuci pipeline {}",
-                    p.id,
-                    FOLLOW_AGAIN_FOR.as_secs(),
-                    p.id
-                )));
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            match client.again().await {
-                Ok(next) => current = Some(next),
-                Err(e) => eprintln!("{e}"),
-            }
-            continue;
-        };
+        let c = following
+            .next(|secs| {
+                format!(
+                    "lost pipeline {}'s progress and found no coordinator to follow it from for {secs} s; it may still run: gpuci pipeline {}",
+                    p.id, p.id
+                )
+            })
+            .await?;
         let mut heard = false;
         let ended = c
             .stream::<WatchEvent>(&format!("/api/v1/pipelines/{}/watch", p.id), |ev| {
@@ -195,10 +183,54 @@ pub async fn follow(client: &Client, p: &gpuci_protocol::api::PipelineSummary, j
             Err(e) => format!("{e:#}"),
             Ok(()) => "the stream ended".to_string(),
         };
-        if heard {
-            lost_since = None;
-        }
+        following.lost(heard);
         eprintln!("lost pipeline {}'s progress from {} ({why}); following it again", p.id, c.base());
+    }
+}
+
+/// A stream followed through failovers (`submit --wait`, `logs --follow`): the coordinator to
+/// open it from next. After a loss nothing is sent until a coordinator leads and proves the
+/// key again ([`Client::again`]; the old address may be anyone's by then), and the command
+/// gives up after [`FOLLOW_AGAIN_FOR`] without hearing anything new from any.
+pub(crate) struct Following<'a> {
+    client: &'a Client,
+    /// The first stream's coordinator, until it is used.
+    first: Option<Client>,
+    /// Since when nothing new was heard, after a loss.
+    lost_since: Option<std::time::Instant>,
+}
+
+impl<'a> Following<'a> {
+    pub(crate) fn new(client: &'a Client) -> Following<'a> {
+        Following { client, first: Some(client.clone()), lost_since: None }
+    }
+
+    /// The coordinator to open the stream from: the command's own at first, then whichever
+    /// leads, asked every second; `Err` with `gave_up(seconds)` once none was found for
+    /// [`FOLLOW_AGAIN_FOR`].
+    pub(crate) async fn next(&mut self, gave_up: impl Fn(u64) -> String) -> CliResult<Client> {
+        if let Some(c) = self.first.take() {
+            return Ok(c);
+        }
+        loop {
+            let since = *self.lost_since.get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= FOLLOW_AGAIN_FOR {
+                return Err(CliError::Other(anyhow::anyhow!(gave_up(FOLLOW_AGAIN_FOR.as_secs()))));
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            match self.client.again().await {
+                Ok(next) => return Ok(next),
+                Err(e) => eprintln!("{e}"),
+            }
+        }
+    }
+
+    /// The stream was lost; `heard`: it brought something new first (only that starts the
+    /// give-up clock again: a coordinator that sends its snapshot again and breaks does not).
+    pub(crate) fn lost(&mut self, heard: bool) {
+        if heard {
+            self.lost_since = None;
+        }
     }
 }
 
