@@ -401,6 +401,107 @@ fn asked_host(base: &str) -> Option<String> {
     })
 }
 
+/// A TCP connection to `target` (plain HTTP) on which it has just proved `pinned`: an HTTP/1.1
+/// identity exchange, then the connection handed back whole for what the caller sends next
+/// (the agent channel's WebSocket handshake), so that no credential goes on a connection that
+/// proved nothing. `Err`: why not (nothing was sent but the challenge).
+pub async fn proved_stream(target: &Target, pinned: &str) -> Result<tokio::net::TcpStream, String> {
+    let host = asked_host(&target.base).ok_or("not a URL with a host")?;
+    let addr = match target.addr {
+        Some(a) => a,
+        None => {
+            let u = reqwest::Url::parse(&target.base).map_err(|e| e.to_string())?;
+            let name = u.host_str().ok_or("not a URL with a host")?.trim_matches(|c| c == '[' || c == ']').to_string();
+            let port = u.port_or_known_default().unwrap_or(80);
+            let found = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host((name.as_str(), port)))
+                .await
+                .map_err(|_| format!("{name} did not resolve in time"))?
+                .map_err(|e| format!("{name}: {e}"))?
+                .next();
+            found.ok_or_else(|| format!("{name} resolves to no address"))?
+        }
+    };
+    let tcp = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| format!("no connection to {addr} in time"))?
+        .map_err(|e| format!("no connection to {addr}: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake::<_, http_body_util::Empty<hyper::body::Bytes>>(
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .map_err(|e| format!("no HTTP: {e}"))?;
+    // The connection is driven until the exchange is done, then handed back unclosed.
+    let driven = tokio::spawn(connection.without_shutdown());
+    let nonce = identity::nonce(rand::random());
+    let exchange = async {
+        let asked = hyper::Request::get(format!("/api/v1/identity?nonce={nonce}"))
+            .header(hyper::header::HOST, &host)
+            .body(http_body_util::Empty::new())
+            .map_err(|e| e.to_string())?;
+        let resp = sender.send_request(asked).await.map_err(|e| format!("no answer: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("it answered {}", resp.status()));
+        }
+        let body = http_body_util::BodyExt::collect(http_body_util::Limited::new(resp.into_body(), MAX_PROOF_BYTES))
+            .await
+            .map_err(|e| format!("its answer is not a proof: {e}"))?
+            .to_bytes();
+        let proof: IdentityProof =
+            serde_json::from_slice(&body).map_err(|e| format!("its answer is not a proof: {e}"))?;
+        identity::verify(&proof, &nonce, &host, Some(pinned)).map_err(|e| e.to_string())
+    };
+    let proved = tokio::time::timeout(PROBE_TIMEOUT, exchange).await.map_err(|_| "no proof in time".to_string());
+    drop(sender);
+    if let Err(why) = proved.and_then(|p| p) {
+        driven.abort();
+        return Err(why);
+    }
+    let parts = driven.await.map_err(|e| e.to_string())?.map_err(|e| format!("the connection failed: {e}"))?;
+    if !parts.read_buf.is_empty() {
+        return Err("it sent more than its proof".into());
+    }
+    Ok(parts.io.into_inner())
+}
+
+/// `POST path` with `bearer` and the JSON `body`, over a connection on which `target` has just
+/// proved `pinned` ([`proved_stream`]); its status and body (at most 1 MiB). `Err`: no answer,
+/// or no proof (then nothing but the challenge was sent).
+pub async fn post_proved(
+    target: &Target,
+    pinned: &str,
+    path: &str,
+    bearer: &str,
+    body: Vec<u8>,
+) -> Result<(u16, Vec<u8>), String> {
+    let tcp = proved_stream(target, pinned).await?;
+    let host = asked_host(&target.base).ok_or("not a URL with a host")?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake::<_, http_body_util::Full<hyper::body::Bytes>>(
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .map_err(|e| format!("no HTTP: {e}"))?;
+    tokio::spawn(connection);
+    let req = hyper::Request::post(path)
+        .header(hyper::header::HOST, &host)
+        .header(hyper::header::AUTHORIZATION, format!("Bearer {bearer}"))
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
+    let answered = async {
+        let resp = sender.send_request(req).await.map_err(|e| format!("no answer: {e}"))?;
+        let status = resp.status().as_u16();
+        let body = http_body_util::BodyExt::collect(http_body_util::Limited::new(resp.into_body(), 1 << 20))
+            .await
+            .map_err(|e| format!("its answer broke off: {e}"))?
+            .to_bytes();
+        Ok::<_, String>((status, body.to_vec()))
+    };
+    tokio::time::timeout(Duration::from_secs(30), answered).await.map_err(|_| "no answer within 30 s".to_string())?
+}
+
 /// Asks `target` to prove the installation's key with a fresh nonce: `Ok(Some(key))` proved;
 /// `Ok(None)`: no key pinned, and the coordinator predates the proof (404), does not know
 /// itself by the address used (421) or did not answer: used as before; `Err`: why it is not

@@ -89,6 +89,29 @@ pub async fn register(
     };
     let mut unreachable = Unreachable { server: server.to_string(), why: "no coordinator leads now".into() };
     for t in targets {
+        // A target that proved the key, over plain HTTP: the token goes over the connection
+        // it proved it on (a new one, opened after the proof, went to whoever held the address
+        // by then).
+        if let (Some(key), true) = (t.key.as_deref(), t.base.starts_with("http://")) {
+            let body = serde_json::to_vec(&RegisterRequest { name: name.to_string() })?;
+            let (status, answer) =
+                match crate::follow::post_proved(t, key, "/api/v1/agents/register", token, body).await {
+                    Ok(a) => a,
+                    Err(why) => {
+                        unreachable = Unreachable { server: t.base.clone(), why };
+                        continue;
+                    }
+                };
+            if status >= 500 {
+                unreachable = Unreachable { server: t.base.clone(), why: format!("answered {status}") };
+                continue;
+            }
+            if !(200..300).contains(&status) {
+                bail!("registration with {} refused ({status}): {}", t.base, String::from_utf8_lossy(&answer));
+            }
+            let r: RegisterResponse = serde_json::from_slice(&answer).context("reading registration answer")?;
+            return registered(&path, server, t, r);
+        }
         let http = t.client(reqwest::Client::builder().timeout(std::time::Duration::from_secs(30)))?;
         let resp = match http
             .post(format!("{}/api/v1/agents/register", t.base))
@@ -115,17 +138,22 @@ pub async fn register(
             bail!("registration with {} refused ({status}): {body}", t.base);
         }
         let r: RegisterResponse = resp.json().await.context("reading registration answer")?;
-        let id = Identity {
-            agent_id: r.agent_id,
-            credential: r.credential,
-            server: server.to_string(),
-            coordinator_key: t.key.clone(),
-        };
-        write_private(&path, &serde_json::to_string_pretty(&id)?)?;
-        tracing::info!(agent = %id.agent_id, coordinator = %t.base, key = ?id.coordinator_key, "registered");
-        return Ok(id);
+        return registered(&path, server, t, r);
     }
     Err(unreachable.into())
+}
+
+/// The identity `t` answered a registration with, kept at `path`.
+fn registered(path: &Path, server: &str, t: &crate::follow::Target, r: RegisterResponse) -> anyhow::Result<Identity> {
+    let id = Identity {
+        agent_id: r.agent_id,
+        credential: r.credential,
+        server: server.to_string(),
+        coordinator_key: t.key.clone(),
+    };
+    write_private(path, &serde_json::to_string_pretty(&id)?)?;
+    tracing::info!(agent = %id.agent_id, coordinator = %t.base, key = ?id.coordinator_key, "registered");
+    Ok(id)
 }
 
 /// Keeps `key` as the coordinators' identity key of the stored identity (first met by an

@@ -18,7 +18,7 @@ impl Agent {
         let mut failed = Vec::new();
         let mut connected = None;
         for t in &targets {
-            match connect(t, id).await {
+            match connect(t, id, self.coordinators.pinned().or(t.key.as_deref())).await {
                 Ok(ws) => {
                     connected = Some((ws, t));
                     break;
@@ -295,15 +295,29 @@ pub(crate) struct Unknown {
 pub(crate) type Channel = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// Open the agent channel to `target` (at its address, when it has one: one of several a name
-/// resolved to).
-pub(crate) async fn connect(target: &follow::Target, id: &identity::Identity) -> anyhow::Result<Channel> {
+/// resolved to). With a key to prove (`key`) on a plain `ws://` URL, the coordinator proves it
+/// first on the very TCP connection the handshake, which carries the credential, then goes
+/// over (a new connection opened after a proof on another went to whoever held the address
+/// by then: a killed coordinator's port taken in that moment got the agent's credential).
+pub(crate) async fn connect(
+    target: &follow::Target,
+    id: &identity::Identity,
+    key: Option<&str>,
+) -> anyhow::Result<Channel> {
     let url = format!("{}/api/v1/agents/connect", target.base.replacen("http", "ws", 1));
     let mut req = url.as_str().into_client_request()?;
     req.headers_mut().insert("authorization", format!("Bearer {}", id.credential).parse()?);
     req.headers_mut().insert("x-gpuci-agent-id", id.agent_id.parse()?);
+    let plain = target.base.starts_with("http://");
     let opened = tokio::time::timeout(Duration::from_secs(10), async {
-        match target.addr {
-            Some(addr) => {
+        match (target.addr, key.filter(|_| plain)) {
+            (_, Some(key)) => {
+                let tcp = follow::proved_stream(target, key)
+                    .await
+                    .map_err(|why| tokio_tungstenite::tungstenite::Error::Io(std::io::Error::other(why)))?;
+                tokio_tungstenite::client_async_tls_with_config(req, tcp, None, None).await
+            }
+            (Some(addr), None) => {
                 let tcp =
                     tokio::net::TcpStream::connect(addr).await.map_err(tokio_tungstenite::tungstenite::Error::Io)?;
                 let _ = tcp.set_nodelay(true);
@@ -312,7 +326,7 @@ pub(crate) async fn connect(target: &follow::Target, id: &identity::Identity) ->
                 // credential, in the clear to a TLS port (outsider finding).
                 tokio_tungstenite::client_async_tls_with_config(req, tcp, None, None).await
             }
-            None => tokio_tungstenite::connect_async_with_config(req, None, true).await,
+            (None, None) => tokio_tungstenite::connect_async_with_config(req, None, true).await,
         }
     })
     .await
@@ -363,7 +377,7 @@ mod tests {
             server: target.base.clone(),
             coordinator_key: None,
         };
-        let _ = connect(&target, &id).await;
+        let _ = connect(&target, &id, None).await;
         let first = heard.await.unwrap();
         assert!(!first.is_empty(), "nothing was sent");
         assert_eq!(first[0], 0x16, "not a TLS handshake record: {:?}", String::from_utf8_lossy(&first));

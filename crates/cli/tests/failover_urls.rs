@@ -20,9 +20,12 @@ mod common;
 #[path = "../../store/tests/common/pg.rs"]
 #[allow(dead_code)] // the store suite uses more of it than these tests
 mod pg;
+#[path = "common/relays.rs"]
+mod relays;
 
 use common::*;
 use gpuci_core::job::JobState;
+use relays::*;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -731,25 +734,6 @@ fn given_both_urls_an_agent_leaves_a_frozen_leader_for_the_one_that_took_over() 
     let _ = Command::new("kill").args(["-CONT", &pid]).status();
 }
 
-/// Passes the first connection it takes on to `first` and every later one to `then` (both
-/// `host:port`): an address that changed hands right after a coordinator proved its key on it.
-fn address_changing_hands(ip: &str, first: String, then: String) -> String {
-    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        for (n, down) in listener.incoming().flatten().enumerate() {
-            let Ok(up) = std::net::TcpStream::connect(if n == 0 { &first } else { &then }) else { continue };
-            for (mut from, mut to) in [(down.try_clone().unwrap(), up.try_clone().unwrap()), (up, down)] {
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut from, &mut to);
-                    let _ = to.shutdown(std::net::Shutdown::Write);
-                });
-            }
-        }
-    });
-    addr
-}
-
 /// Regression (review finding): the CLI had the coordinator prove the installation's key on
 /// one connection and sent the API token on a new one, so whoever held the address by then (a
 /// killed leader's port taken during a failover) got the token, the key pinned or not. Each
@@ -775,60 +759,6 @@ fn the_cli_sends_its_token_only_over_the_connection_that_proved_the_key() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("did not prove the coordinators' identity key"), "{stderr}");
     assert!(impostor.identity_asks() >= 1, "the new holder was asked to prove the key");
-}
-
-/// Passes every connection on to `to` (`host:port`), but the answer to the first
-/// `POST /api/v1/pipelines` is never passed back: the connection closes once the coordinator
-/// has answered it (a leader killed after it committed the pipeline, before its answer left).
-fn losing_the_first_submit_answer(ip: &str, to: String) -> String {
-    use std::io::{Read, Write};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let lost_one = std::sync::Arc::new(AtomicBool::new(false));
-    std::thread::spawn(move || {
-        for down in listener.incoming().flatten() {
-            let Ok(up) = std::net::TcpStream::connect(&to) else { continue };
-            let losing = std::sync::Arc::new(AtomicBool::new(false));
-            let (mut from, mut to_up, lost, this) =
-                (down.try_clone().unwrap(), up.try_clone().unwrap(), lost_one.clone(), losing.clone());
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 64 << 10];
-                while let Ok(n) = from.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    // Marked before the request goes on: its answer cannot come back first.
-                    if buf[..n].starts_with(b"POST /api/v1/pipelines ") && !lost.swap(true, Ordering::SeqCst) {
-                        this.store(true, Ordering::SeqCst);
-                    }
-                    if to_up.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let _ = to_up.shutdown(std::net::Shutdown::Write);
-            });
-            let (mut from, mut to_down) = (up, down);
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 64 << 10];
-                while let Ok(n) = from.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    if losing.load(Ordering::SeqCst) {
-                        let _ = to_down.shutdown(std::net::Shutdown::Both);
-                        let _ = from.shutdown(std::net::Shutdown::Both);
-                        return;
-                    }
-                    if to_down.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let _ = to_down.shutdown(std::net::Shutdown::Write);
-            });
-        }
-    });
-    addr
 }
 
 /// Regression: a submission whose answer was lost (the leader killed after it committed the
@@ -891,60 +821,6 @@ fn a_submission_whose_answer_was_lost_is_sent_again_and_made_once() {
     assert_eq!(pipelines().len(), 2, "{:?}", pipelines());
 }
 
-/// Passes every connection on to `to`, and closes each one once it has passed back the answer
-/// to an identity proof (a coordinator killed right after it proved its key). Notes each
-/// connection on which a credential came before any proof was asked.
-fn closing_after_each_proof(ip: &str, to: String) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
-    use std::io::{Read, Write};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let unproved: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
-    let noted = unproved.clone();
-    std::thread::spawn(move || {
-        for down in listener.incoming().flatten() {
-            let Ok(up) = std::net::TcpStream::connect(&to) else { continue };
-            let asked = std::sync::Arc::new(AtomicBool::new(false));
-            let (mut from, mut to_up, asked_up, noted) =
-                (down.try_clone().unwrap(), up.try_clone().unwrap(), asked.clone(), noted.clone());
-            std::thread::spawn(move || {
-                let mut seen = String::new();
-                let mut buf = vec![0u8; 64 << 10];
-                while let Ok(n) = from.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    seen.push_str(&String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase());
-                    if seen.starts_with("get /api/v1/identity") {
-                        asked_up.store(true, Ordering::SeqCst);
-                    } else if seen.contains("\nauthorization:") {
-                        noted.lock().unwrap().push(seen.lines().next().unwrap_or_default().to_string());
-                    }
-                    if to_up.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-                let _ = to_up.shutdown(std::net::Shutdown::Write);
-            });
-            let (mut from, mut to_down) = (up, down);
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 64 << 10];
-                while let Ok(n) = from.read(&mut buf) {
-                    if n == 0 || to_down.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                    if asked.load(Ordering::SeqCst) {
-                        break;
-                    }
-                }
-                let _ = to_down.shutdown(std::net::Shutdown::Both);
-                let _ = from.shutdown(std::net::Shutdown::Both);
-            });
-        }
-    });
-    (addr, unproved)
-}
-
 /// Regression (outsider attack): when the connection a coordinator had just proved its key on
 /// closed before the request went out, the CLI's pooled client sent the token on a new
 /// connection that proved nothing (11–13 of 30 runs through a relay that closed after each
@@ -954,7 +830,7 @@ fn closing_after_each_proof(ip: &str, to: String) -> (String, std::sync::Arc<std
 fn the_cli_never_sends_its_token_on_a_connection_that_proved_nothing() {
     let dir = tempdir();
     let listen = free_address("127.0.0.1");
-    let (address, unproved) = closing_after_each_proof("127.0.0.3", listen.clone());
+    let (address, unproved) = closing_after_each_proof("127.0.0.3", listen.clone(), true);
     let real = Coord::start(&dir.path().join("a"), &listen, &["--public-name".into(), address.clone()]);
     real.wait_leading(T);
     let key = std::fs::read_to_string(real.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
@@ -970,6 +846,30 @@ fn the_cli_never_sends_its_token_on_a_connection_that_proved_nothing() {
             assert!(!out.status.success(), "the request had no proved connection to go on");
         }
     }
+    assert_eq!(
+        *unproved.lock().unwrap(),
+        Vec::<String>::new(),
+        "a credential went on a connection that proved nothing"
+    );
+}
+
+/// Regression (the agent's side of the CLI's finding): an agent proved the coordinators' key on
+/// one connection and sent its registration token, then its credential (the channel's
+/// handshake), on new ones; whoever held the address by then got them. Both now go over the
+/// connection the key was just proved on: through a relay that notes every connection on
+/// which a credential came before a proof, the agent registers and connects, and none is noted.
+#[test]
+fn an_agent_sends_its_tokens_only_over_connections_that_proved_the_key() {
+    let dir = tempdir();
+    let listen = free_address("127.0.0.1");
+    let (address, unproved) = closing_after_each_proof("127.0.0.3", listen.clone(), false);
+    let real = Coord::start(&dir.path().join("a"), &listen, &["--public-name".into(), address.clone()]);
+    real.wait_leading(T);
+    let key = std::fs::read_to_string(real.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
+    let reg = std::fs::read_to_string(real.data_dir.join("registration-token")).unwrap().trim().to_string();
+    let _agent =
+        agent_with(&format!("http://{address}"), &reg, &dir.path().join("agent"), &["--coordinator-key", &key]);
+    real.api().wait_agents(1, T);
     assert_eq!(
         *unproved.lock().unwrap(),
         Vec::<String>::new(),
