@@ -189,7 +189,8 @@ impl Client {
     }
 
     /// Submits `req`. With a submission key, sent again while no answer comes (the
-    /// connection fails, or the coordinator answers 502, 503 or 504: a failover, a restart),
+    /// connection fails, no answer within [`SUBMIT_ANSWER_WAIT`], or the coordinator answers
+    /// with a server error: a failover, a restart, a frozen leader),
     /// to whichever coordinator leads then, for up to [`RESEND_FOR`]: the key makes the
     /// pipeline once however often it arrives. A coordinator too old to take a key is sent
     /// the request without one, and the CLI says what that risks.
@@ -201,9 +202,22 @@ impl Client {
         let mut client = self.clone();
         let mut req = std::borrow::Cow::Borrowed(req);
         loop {
-            let sent = client.send(client.http.post(client.url("/api/v1/pipelines")).json(&*req)).await;
+            // A frozen coordinator never answers: the request is given up after a while and
+            // sent again (its key makes that safe), not waited on for ever (outsider attack:
+            // a leader SIGSTOPped just after the request left held `gpuci submit` 396 s).
+            let sent = tokio::time::timeout(
+                SUBMIT_ANSWER_WAIT,
+                client.send(client.http.post(client.url("/api/v1/pipelines")).json(&*req)),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(CliError::Other(anyhow::anyhow!("no answer within {} s", SUBMIT_ANSWER_WAIT.as_secs())))
+            });
             let why = match sent {
-                Ok(resp) if matches!(resp.status().as_u16(), 502..=504) => {
+                // Any server error: with the key, sending it again cannot make the pipeline
+                // twice (a leader resumed after a freeze answered 500 for a write its database
+                // had ended, while another led).
+                Ok(resp) if resp.status().is_server_error() => {
                     let status = resp.status();
                     let text = resp.text().await.unwrap_or_default();
                     let said: Option<ErrorBody> = serde_json::from_str(&text).ok();
@@ -590,6 +604,9 @@ enum Workspace {
     /// Small: sent with the pipeline (base64 of the archive).
     Inline(String),
 }
+
+/// How long one sending of a submission waits for its answer ([`Client::submit`]).
+const SUBMIT_ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// How long a submission is sent again while no coordinator answers it ([`Client::submit`]).
 const RESEND_FOR: std::time::Duration = std::time::Duration::from_secs(60);

@@ -309,7 +309,23 @@ impl Proxy {
                 out.headers_mut().insert(header::HOST, v);
             }
         }
-        let mut sent = tokio::time::timeout(HEAD_TIMEOUT, conn.sender.try_send_request(out)).await;
+        if let Some(writer) = self.epoch_writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            tokio::spawn(watch_epoch(self.store.clone(), writer));
+        }
+        // The answer's head is waited for until another leads, too: a request to a leader
+        // that froze is answered 503 when the next one leads (or this standby takes over), not
+        // after the whole head timeout (outsider attack: 60 s, as long as the CLI resends).
+        let superseded = || {
+            let (now, down) = (self.leader_epoch.clone(), self.standing_down.clone());
+            async move {
+                another_leads(now, record.epoch, down).await;
+                Err::<(), _>("another coordinator leads now; send it again")
+            }
+        };
+        let mut sent = tokio::select! {
+            s = tokio::time::timeout(HEAD_TIMEOUT, conn.sender.try_send_request(out)) => s,
+            Err(why) = superseded() => return unavailable(why),
+        };
         // A kept connection the leader closed before the request went out: once more, on a
         // connection proved now.
         if let Ok(Err(e)) = &mut sent {
@@ -318,7 +334,10 @@ impl Proxy {
                     Ok(c) => c,
                     Err(why) => return unavailable(&why),
                 };
-                sent = tokio::time::timeout(HEAD_TIMEOUT, conn.sender.try_send_request(again)).await;
+                sent = tokio::select! {
+                    s = tokio::time::timeout(HEAD_TIMEOUT, conn.sender.try_send_request(again)) => s,
+                    Err(why) = superseded() => return unavailable(why),
+                };
             }
         }
         let resp = match sent {
@@ -333,9 +352,6 @@ impl Proxy {
             Ok(Ok(resp)) => resp,
         };
         self.keep_when_free(conn);
-        if let Some(writer) = self.epoch_writer.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            tokio::spawn(watch_epoch(self.store.clone(), writer));
-        }
         let (parts, body) = resp.into_parts();
         let data = http_body_util::BodyExt::into_data_stream(body).map(move |chunk| {
             // Counted as in flight (and as its client's) until its body ends.
@@ -507,6 +523,31 @@ async fn watch_epoch(store: Arc<dyn Store>, writer: tokio::sync::watch::Sender<O
     }
 }
 
+/// Ends once the database names a leader of another epoch than `epoch`, or this standby stops
+/// standing by (`standing_down`: it leads now, or it stops): whoever it passes requests on to
+/// under `epoch` no longer leads.
+async fn another_leads(
+    mut epoch_now: tokio::sync::watch::Receiver<Option<i64>>,
+    epoch: i64,
+    standing_down: tokio_util::sync::CancellationToken,
+) {
+    let another = async move {
+        loop {
+            if epoch_now.borrow_and_update().is_some_and(|e| e != epoch) {
+                return;
+            }
+            if epoch_now.changed().await.is_err() {
+                // Nobody reads the epoch any more: only standing down tells.
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = another => {}
+        () = standing_down.cancelled() => {}
+    }
+}
+
 /// The answer `data` of the leader of `epoch`, until the database names a leader of another
 /// epoch: then an error, so that the client's connection is cut, not ended as if the answer
 /// were whole. A frozen leader's stream (a followed log, a watched pipeline) stays open and
@@ -521,25 +562,7 @@ fn until_another_leads<S>(
 where
     S: futures::Stream<Item = Result<axum::body::Bytes, hyper::Error>> + Send + 'static,
 {
-    let another = async move {
-        let mut now = epoch_now;
-        loop {
-            if now.borrow_and_update().is_some_and(|e| e != epoch) {
-                return;
-            }
-            if now.changed().await.is_err() {
-                // Nobody reads the epoch any more: only standing down cuts this answer.
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    // This standby leads now (or stops): whoever it passed this on from does not.
-    let changed = async move {
-        tokio::select! {
-            () = another => {}
-            () = standing_down.cancelled() => {}
-        }
-    };
+    let changed = another_leads(epoch_now, epoch, standing_down);
     let state = (Box::pin(data), Box::pin(changed), false);
     futures::stream::unfold(state, |(mut data, mut changed, cut)| async move {
         if cut {

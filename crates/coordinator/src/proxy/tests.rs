@@ -53,6 +53,7 @@ async fn server(addr: SocketAddr, identity: Option<SigningIdentity>, stop: Cance
                 },
             ),
         )
+        .route("/hang", axum::routing::get(std::future::pending::<&'static str>))
         .route(
             "/forever",
             axum::routing::get(|| async {
@@ -397,4 +398,28 @@ async fn a_standby_proves_the_installations_key_for_its_own_address_only() {
     assert_eq!(identity::verify(&proof, &nonce, "127.0.0.2:8072", Some(pinned.as_str())), Ok(pinned.clone()));
     let relayed = proxy.prove(&ask("127.0.0.3:8072"), &uri, &nonce, Some(own)).await;
     assert_eq!(relayed.status(), StatusCode::MISDIRECTED_REQUEST);
+}
+
+/// Regression (outsider attack): a request passed on to a leader that froze before answering
+/// waited out the whole head timeout (60 s, as long as the CLI sends a submission again), though
+/// the standby took over 5 s in. It is answered 503 ("send it again") once another leads.
+#[tokio::test]
+async fn a_request_waiting_on_a_leader_that_no_longer_leads_is_answered_503() {
+    let installation = key();
+    let stop = CancellationToken::new();
+    let (at, _) = server("127.0.0.1:0".parse().unwrap(), Some(installation.clone()), stop.clone()).await;
+    let taking_over = CancellationToken::new();
+    let proxy = standby("hang", &installation, &installation.public_key(), at).await.until(taking_over.clone());
+    let cancel = taking_over.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cancel.cancel();
+    });
+    let answer = tokio::time::timeout(Duration::from_secs(10), proxy.forward(get("/hang", "ci.example.org:8072")))
+        .await
+        .expect("still waiting on the leader");
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = http_body_util::BodyExt::collect(answer.into_body()).await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains("another coordinator leads now"), "{body:?}");
+    stop.cancel();
 }
