@@ -533,57 +533,23 @@ async fn send_proved(
     use anyhow::Context;
     let url = req.url().clone();
     let host_name = url.host_str().context("a URL with no host")?.to_string();
-    let port = url.port_or_known_default().unwrap_or(80);
-    // What `Host` says, and what the proof is for: the URL's host, and its port unless it is
-    // the scheme's default.
+    // What `Host` says (the proof was for it): the URL's host, and its port unless it is the
+    // scheme's default.
     let host = match url.port() {
         Some(p) => format!("{host_name}:{p}"),
         None => host_name.clone(),
     };
-    let addr = match target.addr {
-        Some(a) => a,
-        None => tokio::net::lookup_host((host_name.trim_matches(|c| c == '[' || c == ']'), port))
-            .await?
-            .next()
-            .with_context(|| format!("{host_name} resolves to no address"))?,
-    };
-    let stream = tokio::time::timeout(std::time::Duration::from_secs(5), tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| anyhow::anyhow!("no connection to {addr} within 5 s"))??;
-    let _ = stream.set_nodelay(true);
+    let tcp = gpuci_agent::follow::proved_stream(target, key).await.map_err(|why| {
+        anyhow::anyhow!(
+            "{} did not prove the coordinators' identity key: {why}; the API token was not sent",
+            target.base
+        )
+    })?;
     let (mut sender, connection) =
-        hyper::client::conn::http1::handshake::<_, reqwest::Body>(hyper_util::rt::TokioIo::new(stream)).await?;
+        hyper::client::conn::http1::handshake::<_, reqwest::Body>(hyper_util::rt::TokioIo::new(tcp)).await?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
-    let nonce = gpuci_core::coordinator_identity::nonce(rand::random());
-    let asked = hyper::Request::get(format!("/api/v1/identity?nonce={nonce}"))
-        .header(hyper::header::HOST, &host)
-        .body(reqwest::Body::from(Vec::new()))?;
-    let proof = async {
-        let resp = sender.send_request(asked).await.map_err(|e| format!("no answer: {e}"))?;
-        if !resp.status().is_success() {
-            return Err(format!("it answered {}", resp.status()));
-        }
-        let body = http_body_util::BodyExt::collect(http_body_util::Limited::new(resp.into_body(), 4096))
-            .await
-            .map_err(|e| format!("its answer is not a proof: {e}"))?
-            .to_bytes();
-        serde_json::from_slice::<gpuci_core::coordinator_identity::IdentityProof>(&body)
-            .map_err(|e| format!("its answer is not a proof: {e}"))
-    };
-    let proved = match tokio::time::timeout(std::time::Duration::from_secs(5), proof).await {
-        Err(_) => Err("no proof within 5 s".to_string()),
-        Ok(p) => p.and_then(|p| {
-            gpuci_core::coordinator_identity::verify(&p, &nonce, &host, Some(key)).map_err(|e| e.to_string())
-        }),
-    };
-    if let Err(why) = proved {
-        anyhow::bail!(
-            "{} did not prove the coordinators' identity key: {why}; the API token was not sent",
-            target.base
-        );
-    }
     let mut sent: hyper::Request<reqwest::Body> = req.try_into()?;
     let path = match url.query() {
         Some(q) => format!("{}?{q}", url.path()),
