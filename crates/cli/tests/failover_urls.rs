@@ -770,7 +770,7 @@ fn the_cli_sends_its_token_only_over_the_connection_that_proved_the_key() {
 fn a_submission_whose_answer_was_lost_is_sent_again_and_made_once() {
     let dir = tempdir();
     let listen = free_address("127.0.0.1");
-    let address = losing_the_first_submit_answer("127.0.0.3", listen.clone());
+    let address = losing_the_first_submit_answer("127.0.0.3", listen.clone(), false);
     let real = Coord::start(&dir.path().join("a"), &listen, &["--public-name".into(), address.clone()]);
     real.wait_leading(T);
     let key = std::fs::read_to_string(real.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
@@ -875,4 +875,32 @@ fn an_agent_sends_its_tokens_only_over_connections_that_proved_the_key() {
         Vec::<String>::new(),
         "a credential went on a connection that proved nothing"
     );
+}
+
+/// Regression (outsider attack): a leader frozen just after a submission reached it held
+/// `gpuci submit` for as long as it stayed frozen (396 s). Each sending now waits 20 s for its
+/// answer, then goes again (its key makes that safe): here the first answer never comes, and
+/// the command ends with the one pipeline.
+#[test]
+fn a_submission_whose_answer_never_comes_is_sent_again_and_made_once() {
+    let dir = tempdir();
+    let listen = free_address("127.0.0.1");
+    let address = losing_the_first_submit_answer("127.0.0.4", listen.clone(), true);
+    let real = Coord::start(&dir.path().join("a"), &listen, &["--public-name".into(), address.clone()]);
+    real.wait_leading(T);
+    let key = std::fs::read_to_string(real.data_dir.join("coordinator-key.pub")).unwrap().trim().to_string();
+    let file = dir.path().join("held.yml");
+    std::fs::write(&file, "steps:\n  - key: a\n    command: echo once\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["submit", file.to_str().unwrap(), "--no-upload", "--server", &format!("http://{address}")])
+        .args(["--token", &real.token(), "--coordinator-key", &key])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("no answer within 20 s"), "{stderr}");
+    let id: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let jobs: Vec<serde_json::Value> = real.api().get("/api/v1/jobs");
+    let pipelines: Vec<i64> = jobs.iter().map(|j| j["pipeline_id"].as_i64().unwrap()).collect();
+    assert_eq!(pipelines, [id], "made once");
 }

@@ -24,8 +24,9 @@ pub fn address_changing_hands(ip: &str, first: String, then: String) -> String {
 
 /// Passes every connection on to `to` (`host:port`), but the answer to the first
 /// `POST /api/v1/pipelines` is never passed back: the connection closes once the coordinator
-/// has answered it (a leader killed after it committed the pipeline, before its answer left).
-pub fn losing_the_first_submit_answer(ip: &str, to: String) -> String {
+/// has answered it (a leader killed after it committed the pipeline, before its answer left),
+/// or with `hold`, stays open and silent (a leader frozen just then).
+pub fn losing_the_first_submit_answer(ip: &str, to: String, hold: bool) -> String {
     use std::io::{Read, Write};
     use std::sync::atomic::{AtomicBool, Ordering};
     let listener = std::net::TcpListener::bind((ip, 0)).unwrap();
@@ -59,6 +60,12 @@ pub fn losing_the_first_submit_answer(ip: &str, to: String) -> String {
                 while let Ok(n) = from.read(&mut buf) {
                     if n == 0 {
                         break;
+                    }
+                    if losing.load(Ordering::SeqCst) && hold {
+                        // Silent for good: the client's connection stays open, nothing comes.
+                        let _ = std::io::copy(&mut from, &mut std::io::sink());
+                        std::thread::sleep(std::time::Duration::from_secs(600));
+                        return;
                     }
                     if losing.load(Ordering::SeqCst) {
                         let _ = to_down.shutdown(std::net::Shutdown::Both);
