@@ -28,6 +28,7 @@ mod rows;
 mod sealing;
 mod sqlite;
 mod submissions;
+mod update_batch;
 
 pub use artifacts::{ArtifactRecord, TestReportRecord};
 pub use coordinator_identity::StoredIdentity;

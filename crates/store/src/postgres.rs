@@ -224,6 +224,12 @@ impl Store for PostgresStore {
 
     async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>> {
         let mut tx = self.pool.begin().await?;
+        if let Some(out) = assign::update_set_based(&mut tx, batch).await? {
+            let ended: Vec<JobId> = out.iter().flatten().filter(|r| r.state.is_terminal()).map(|r| r.id).collect();
+            crate::job_tokens::postgres::delete_ended_in(&mut tx, &ended).await?;
+            tx.commit().await?;
+            return Ok(out);
+        }
         let mut out = Vec::with_capacity(batch.len());
         for u in batch {
             sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;

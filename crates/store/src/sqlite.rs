@@ -188,6 +188,20 @@ impl SqliteStore {
             sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?")).bind(id).fetch_optional(exec).await?;
         row.map(|r| job_from_row(&r)).transpose()
     }
+
+    /// [`Store::update_jobs`]'s changes one at a time (a batch that changes a job twice).
+    async fn update_one_by_one(tx: &mut sqlx::SqliteConnection, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>> {
+        let mut out = Vec::with_capacity(batch.len());
+        for u in batch {
+            // No savepoint per item: `update_job_in` refuses an item before its first write,
+            // and any other error ends the whole batch (the transaction is dropped).
+            match update_job_in(&mut *tx, u.job, &u.expect, u.change.clone()).await {
+                Err(e) if e.refuses_only_the_item() => out.push(Err(e)),
+                r => out.push(Ok(r?)),
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Whether the writer connection, back from a write, may take the next one; if not, the pool
@@ -320,15 +334,10 @@ impl Store for SqliteStore {
 
     async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>> {
         let mut tx = self.pool.begin().await?;
-        let mut out = Vec::with_capacity(batch.len());
-        for u in batch {
-            // No savepoint per item: `update_job_in` refuses an item before its first write,
-            // and any other error ends the whole batch (the transaction is dropped).
-            match update_job_in(&mut tx, u.job, &u.expect, u.change.clone()).await {
-                Err(e) if e.refuses_only_the_item() => out.push(Err(e)),
-                r => out.push(Ok(r?)),
-            }
-        }
+        let out = match assign::update_set_based(&mut tx, batch).await? {
+            Some(out) => out,
+            None => Self::update_one_by_one(&mut tx, batch).await?,
+        };
         let ended: Vec<JobId> = out.iter().flatten().filter(|r| r.state.is_terminal()).map(|r| r.id).collect();
         crate::job_tokens::sqlite::delete_ended_in(&mut tx, &ended).await?;
         tx.commit().await?;

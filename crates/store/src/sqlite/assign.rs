@@ -198,3 +198,100 @@ pub(super) async fn assign_set_based(
     }
     Ok(crate::assign_batch::answer(decided, records))
 }
+
+/// [`Store::update_jobs`] inside the caller's transaction in a handful of statements whatever
+/// the batch's size (agents' starts and ends, group-committed by the brain): read the batch's
+/// jobs' states, decide each change in order as [`update_job_in`] would
+/// (`crate::update_batch`), write the accepted ones set-based, read their records back in one
+/// statement. Three statements per job before: at thousands of starts a second, each a
+/// hand-over to the writer's thread (BENCHMARKS.md, "The coordinator under load"). `None`: a
+/// job is changed twice in the batch; the caller writes it change by change.
+pub(super) async fn update_set_based(
+    conn: &mut sqlx::SqliteConnection,
+    batch: &[JobUpdate],
+) -> Result<Option<Vec<Result<JobRecord>>>> {
+    use std::collections::HashMap;
+    if !crate::update_batch::each_job_once(batch) {
+        return Ok(None);
+    }
+    let ids: Vec<JobId> = batch.iter().map(|u| u.job).collect();
+    let ids_json = serde_json::json!(ids).to_string();
+    let mut state: HashMap<JobId, JobState> = HashMap::with_capacity(batch.len());
+    for r in sqlx::query("SELECT id, state FROM jobs WHERE id IN (SELECT value FROM json_each(?))")
+        .bind(&ids_json)
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let text: String = r.get(1);
+        state.insert(r.get(0), text.parse().map_err(|e| corrupt("state", e))?);
+    }
+    let decided = crate::update_batch::decide(batch, state);
+    let accepted = &decided.accepted;
+    let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(accepted.len());
+    if accepted.is_empty() {
+        return Ok(Some(crate::update_batch::answer(decided, records)));
+    }
+    let mut rows = Vec::with_capacity(accepted.len());
+    for u in accepted {
+        let c = &u.change;
+        let telemetry =
+            c.telemetry.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("telemetry", e))?;
+        let unenforced =
+            c.unenforced.as_ref().map(serde_json::to_string).transpose().map_err(|e| corrupt("unenforced", e))?;
+        rows.push(serde_json::json!([
+            u.job,
+            c.state.map(JobState::as_str),
+            c.reason,
+            c.started_at_ms,
+            c.finished_at_ms,
+            c.exit_code,
+            telemetry,
+            unenforced,
+        ]));
+    }
+    // A JSON null reads as SQL NULL: a field the change leaves `None` keeps its value.
+    sqlx::query(
+        "UPDATE jobs SET state = COALESCE(u.state, jobs.state), reason = COALESCE(u.reason, jobs.reason), \
+         started_at_ms = COALESCE(u.started, jobs.started_at_ms), finished_at_ms = COALESCE(u.finished, jobs.finished_at_ms), \
+         exit_code = COALESCE(u.exit_code, jobs.exit_code), telemetry_json = COALESCE(u.telemetry, jobs.telemetry_json), \
+         unenforced_json = COALESCE(u.unenforced, jobs.unenforced_json) \
+         FROM (SELECT value ->> 0 AS id, value ->> 1 AS state, value ->> 2 AS reason, value ->> 3 AS started, \
+                      value ->> 4 AS finished, value ->> 5 AS exit_code, value ->> 6 AS telemetry, value ->> 7 AS unenforced \
+               FROM json_each(?)) AS u \
+         WHERE jobs.id = u.id",
+    )
+    .bind(serde_json::Value::Array(rows).to_string())
+    .execute(&mut *conn)
+    .await?;
+    let cleared: Vec<JobId> = accepted.iter().filter(|u| u.change.clear_assignment).map(|u| u.job).collect();
+    if !cleared.is_empty() {
+        sqlx::query(
+            "UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL, unenforced_json = NULL \
+             WHERE id IN (SELECT value FROM json_each(?))",
+        )
+        .bind(serde_json::json!(cleared).to_string())
+        .execute(&mut *conn)
+        .await?;
+    }
+    let released: Vec<JobId> =
+        accepted.iter().filter(|u| u.change.release_leases || u.change.clear_assignment).map(|u| u.job).collect();
+    if !released.is_empty() {
+        sqlx::query("DELETE FROM gpu_leases WHERE job_id IN (SELECT value FROM json_each(?))")
+            .bind(serde_json::json!(released).to_string())
+            .execute(&mut *conn)
+            .await?;
+    }
+    for q in accepted.iter().flat_map(|u| &u.change.quarantine) {
+        upsert_quarantine(&mut *conn, q).await?;
+    }
+    let accepted_ids: Vec<JobId> = accepted.iter().map(|u| u.job).collect();
+    for r in sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id IN (SELECT value FROM json_each(?))"))
+        .bind(serde_json::json!(accepted_ids).to_string())
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let rec = job_from_row(&r)?;
+        records.insert(rec.id, rec);
+    }
+    Ok(Some(crate::update_batch::answer(decided, records)))
+}

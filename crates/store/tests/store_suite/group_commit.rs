@@ -345,3 +345,208 @@ async fn postgres_store_stores_job_tokens_with_their_assignments() {
     let s = PostgresStore::connect(&url).await.unwrap();
     tokens_with_assignments_suite(&s, refuse_assignments_pg(&url)).await;
 }
+
+/// A batch of agents' events (`update_jobs`) writes exactly what the same changes written one
+/// at a time (`update_job`) write, whatever the backend does to write them together (SQLite's
+/// is set-based): every field of a change, `None` fields left as they were, leases released,
+/// assignments cleared, GPUs quarantined, job tokens of ended jobs deleted, refused items
+/// leaving nothing, and a job changed twice in one batch.
+async fn batch_writes_what_one_at_a_time_writes(batched: &dyn Store, single: &dyn Store) {
+    use gpuci_protocol::agent::{JobTelemetry, Protection, Unenforced};
+    let mut ids = Vec::new();
+    for s in [batched, single] {
+        let pipeline = NewPipeline {
+            origin: None,
+            file_name: "e.yml".into(),
+            source: "steps: []".into(),
+            workspace_upload: None,
+            repository: None,
+            created_at_ms: 1,
+        };
+        let keys = ["start", "end", "requeue", "twice", "refused", "reason", "lost"];
+        let (_, jobs) = s.create_pipeline(pipeline, keys.iter().map(|k| new_job(k)).collect()).await.unwrap();
+        let id: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+        let batch: Vec<NewAssignment> = id
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 5)
+            .map(|(i, j)| NewAssignment {
+                job: *j,
+                agent_id: "agent-1".into(),
+                gpus: vec![format!("GPU-{i}")],
+                token_sha256: Some(format!("{i:064}")),
+            })
+            .collect();
+        assert!(s.assign_jobs(&batch, 5).await.unwrap().iter().all(|r| r.is_ok()));
+        let running = |job| JobUpdate {
+            job,
+            expect: vec![JobState::Assigned],
+            change: JobChange { state: Some(JobState::Running), started_at_ms: Some(6), ..Default::default() },
+        };
+        assert!(s.update_jobs(&[running(id[1]), running(id[6])]).await.unwrap().iter().all(|r| r.is_ok()));
+        ids.push(id);
+    }
+    assert_eq!(ids[0], ids[1], "both stores numbered the jobs alike");
+    let id = &ids[0];
+    let telemetry = JobTelemetry {
+        peak_memory_bytes: 7 << 30,
+        mean_utilization_pct: 81.5,
+        gpu_seconds: 12.25,
+        samples: 3,
+        series: Vec::new(),
+    };
+    let quarantine =
+        Quarantine { gpu_uuid: "GPU-1".into(), agent_id: "agent-1".into(), reason: "job: XID 79".into(), since_ms: 9 };
+    let batch = vec![
+        // A start with what its agent did not enforce.
+        JobUpdate {
+            job: id[0],
+            expect: vec![JobState::Assigned],
+            change: JobChange {
+                state: Some(JobState::Running),
+                started_at_ms: Some(7),
+                unenforced: Some(vec![Unenforced { key: Protection::Limits, detail: "no cgroup".into() }]),
+                ..Default::default()
+            },
+        },
+        // A plain end: exit code, telemetry, leases released, a GPU quarantined.
+        JobUpdate {
+            job: id[1],
+            expect: vec![JobState::Queued, JobState::Assigned, JobState::Running],
+            change: JobChange {
+                state: Some(JobState::Failed),
+                reason: Some("exited with 3".into()),
+                finished_at_ms: Some(8),
+                exit_code: Some(3),
+                telemetry: Some(telemetry),
+                release_leases: true,
+                quarantine: vec![quarantine],
+                ..Default::default()
+            },
+        },
+        // Back to the queue: the assignment and its leases forgotten.
+        JobUpdate {
+            job: id[2],
+            expect: vec![JobState::Assigned],
+            change: JobChange {
+                state: Some(JobState::Queued),
+                reason: Some("its GPU failed a check".into()),
+                clear_assignment: true,
+                ..Default::default()
+            },
+        },
+        // Refused: it is not running.
+        JobUpdate {
+            job: id[4],
+            expect: vec![JobState::Running],
+            change: JobChange { state: Some(JobState::Succeeded), release_leases: true, ..Default::default() },
+        },
+        // Only a reason, from any state.
+        JobUpdate {
+            job: id[5],
+            expect: vec![],
+            change: JobChange { reason: Some("noted".into()), ..Default::default() },
+        },
+        // Ends as lost, leases released, no exit code.
+        JobUpdate {
+            job: id[6],
+            expect: vec![JobState::Running],
+            change: JobChange {
+                state: Some(JobState::Lost),
+                reason: Some("agent gone".into()),
+                finished_at_ms: Some(9),
+                release_leases: true,
+                ..Default::default()
+            },
+        },
+        JobUpdate {
+            job: 999_999,
+            expect: vec![],
+            change: JobChange { reason: Some("none".into()), ..Default::default() },
+        },
+    ];
+    let twice = vec![
+        JobUpdate {
+            job: id[3],
+            expect: vec![JobState::Assigned],
+            change: JobChange { state: Some(JobState::Running), started_at_ms: Some(10), ..Default::default() },
+        },
+        JobUpdate {
+            job: id[3],
+            expect: vec![JobState::Running],
+            change: JobChange {
+                state: Some(JobState::Succeeded),
+                finished_at_ms: Some(11),
+                exit_code: Some(0),
+                release_leases: true,
+                ..Default::default()
+            },
+        },
+        // A second start of the same job: refused, as the first took it.
+        JobUpdate {
+            job: id[3],
+            expect: vec![JobState::Assigned],
+            change: JobChange { state: Some(JobState::Running), started_at_ms: Some(12), ..Default::default() },
+        },
+    ];
+    // Only reasons, on jobs whose every other field is set: each keeps its values.
+    let noted = |job| JobUpdate {
+        job,
+        expect: vec![],
+        change: JobChange { reason: Some("later".into()), ..Default::default() },
+    };
+    let after = vec![noted(id[1]), noted(id[3]), noted(id[0])];
+    let mut answers = Vec::new();
+    for b in [&batch, &twice, &after] {
+        let together = batched.update_jobs(b).await.unwrap();
+        let mut alone = Vec::new();
+        for u in b.iter() {
+            alone.push(single.update_job(u.job, &u.expect, u.change.clone()).await);
+        }
+        answers.push((together, alone));
+    }
+    for (together, alone) in answers {
+        assert_eq!(together.len(), alone.len());
+        for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
+            match (t, a) {
+                (Ok(t), Ok(a)) => assert_eq!(t, a, "change {i}"),
+                (Err(t), Err(a)) => assert_eq!(format!("{t}"), format!("{a}"), "change {i}"),
+                _ => panic!("change {i}: batched {t:?}, alone {a:?}"),
+            }
+        }
+    }
+    assert!(batched.update_jobs(&[]).await.unwrap().is_empty());
+    for j in id {
+        assert_eq!(batched.get_job(*j).await.unwrap(), single.get_job(*j).await.unwrap(), "job {j}");
+    }
+    let leases = |mut l: Vec<Lease>| {
+        l.sort_by(|a, b| a.gpu_uuid.cmp(&b.gpu_uuid));
+        l.into_iter().map(|l| (l.gpu_uuid, l.job_id)).collect::<Vec<_>>()
+    };
+    let (b, s) = (leases(batched.leases().await.unwrap()), leases(single.leases().await.unwrap()));
+    assert_eq!(b, s);
+    assert_eq!(b.iter().map(|(g, _)| g.as_str()).collect::<Vec<_>>(), ["GPU-0", "GPU-4"], "leases left");
+    assert_eq!(batched.quarantined().await.unwrap(), single.quarantined().await.unwrap());
+    assert_eq!(batched.quarantined().await.unwrap().len(), 1);
+    for j in id {
+        let (b, s) = (batched.job_token(*j).await.unwrap(), single.job_token(*j).await.unwrap());
+        assert_eq!(b.map(|t| t.token_sha256), s.map(|t| t.token_sha256), "job {j}'s token");
+    }
+    assert!(batched.job_token(id[1]).await.unwrap().is_none(), "an ended job's token is deleted with its end");
+}
+
+#[tokio::test]
+async fn sqlite_update_jobs_writes_what_one_at_a_time_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let batched = SqliteStore::open(&dir.path().join("batched.db")).await.unwrap();
+    let single = SqliteStore::open(&dir.path().join("single.db")).await.unwrap();
+    batch_writes_what_one_at_a_time_writes(&batched, &single).await;
+}
+
+#[tokio::test]
+async fn postgres_update_jobs_writes_what_one_at_a_time_writes() {
+    let Some(server) = pg::PgServer::start() else { return };
+    let batched = PostgresStore::connect(&server.create_database("batched_updates").await).await.unwrap();
+    let single = PostgresStore::connect(&server.create_database("single_updates").await).await.unwrap();
+    batch_writes_what_one_at_a_time_writes(&batched, &single).await;
+}
