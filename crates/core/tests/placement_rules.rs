@@ -458,7 +458,7 @@ fn an_agent_that_takes_no_jobs_is_never_called_busy() {
 
 mod a_pass {
     use super::*;
-    use gpuci_core::placement::pass::{pass, Candidate, Decision};
+    use gpuci_core::placement::pass::{pass, same_but_numbers, Candidate, Counts, Decision};
 
     fn ready<'a>(id: i64, t: &'a BTreeMap<String, String>, g: &'a GpuRequirements, told: &'a str) -> Candidate<'a> {
         Candidate {
@@ -481,15 +481,66 @@ mod a_pass {
         let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
         let (t, one) = (tags(&[]), gpus(1));
         let jobs = (1..=5).map(|id| ready(id, &t, &one, ""));
-        let d = pass(&mut cluster, jobs, |_, r| r);
+        let d = pass(&mut cluster, jobs, |_, r| r, Counts::Refresh);
         assert_eq!(placed(&d), [1, 2]);
         let Decision::Unplaced { id: 3, reason: Some(why) } = &d[2] else { panic!("{:?}", d[2]) };
         assert!(why.contains("leased"), "{why}");
         // A job already told that reason is not told again.
         let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
         let told = why.clone();
-        let d = pass(&mut cluster, (1..=4).map(|id| ready(id, &t, &one, if id > 2 { &told } else { "" })), |_, r| r);
+        let d = pass(
+            &mut cluster,
+            (1..=4).map(|id| ready(id, &t, &one, if id > 2 { &told } else { "" })),
+            |_, r| r,
+            Counts::Refresh,
+        );
         assert_eq!(&d[2..], [Decision::Unplaced { id: 3, reason: None }, Decision::Unplaced { id: 4, reason: None }]);
+    }
+
+    #[test]
+    fn a_reason_whose_counts_alone_changed_is_given_again_only_when_counts_are_refreshed() {
+        // Told when one of the host's two GPUs was leased; now both are (a job placed
+        // elsewhere in the meantime): the same words, another count.
+        let (t, one) = (tags(&[]), gpus(1));
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
+        let d = pass(&mut cluster, (1..=3).map(|id| ready(id, &t, &one, "")), |_, r| r, Counts::Refresh);
+        let Decision::Unplaced { id: 3, reason: Some(now) } = &d[2] else { panic!("{:?}", d[2]) };
+        let told = now.replacen('2', "1", 1);
+        assert_ne!(&told, now);
+        assert!(same_but_numbers(&told, now), "{told} / {now}");
+        let (tr, or) = (&t, &one);
+        let queue = |told: &'static str| (1..=4).map(move |id| ready(id, tr, or, if id > 2 { told } else { "" }));
+        let told: &'static str = Box::leak(told.into_boxed_str());
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
+        let d = pass(&mut cluster, queue(told), |_, r| r, Counts::Keep);
+        assert_eq!(&d[2..], [Decision::Unplaced { id: 3, reason: None }, Decision::Unplaced { id: 4, reason: None }]);
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
+        let d = pass(&mut cluster, queue(told), |_, r| r, Counts::Refresh);
+        assert_eq!(d[2], Decision::Unplaced { id: 3, reason: Some(now.clone()) });
+        // Other words are given at once, counts kept or not.
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
+        let d = pass(&mut cluster, queue("needs 1 GPU; no GPU matches: 3 of them are A100"), |_, r| r, Counts::Keep);
+        assert_eq!(d[3], Decision::Unplaced { id: 4, reason: Some(now.clone()) });
+        // And so are reasons a job waits for (a dependency, a group), numbers or not.
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
+        let mut job = ready(5, &t, &one, "waiting for job 17");
+        job.blocked = Some("waiting for job 18".into());
+        let d = pass(&mut cluster, [job], |_, r| r, Counts::Keep);
+        assert_eq!(d[0], Decision::Waits { id: 5, reason: Some("waiting for job 18".into()) });
+    }
+
+    #[test]
+    fn words_are_compared_with_every_number_taken_as_one() {
+        assert!(same_but_numbers(
+            "needs 1 GPU; 7 matching GPUs are leased",
+            "needs 1 GPU; 12 matching GPUs are leased"
+        ));
+        assert!(same_but_numbers("all 2 matching agents are busy", "all 2000 matching agents are busy"));
+        assert!(same_but_numbers("", ""));
+        assert!(!same_but_numbers("needs 1 GPU; 7 leased", "needs 1 GPU; 7 leased, 1 quarantined"));
+        assert!(!same_but_numbers("needs 2 GPUs", "needs 2 GPU"));
+        assert!(!same_but_numbers("best host has 1 free", "best host has free"));
+        assert!(!same_but_numbers("x7", "x"));
     }
 
     #[test]
@@ -503,10 +554,15 @@ mod a_pass {
             ready(3, &none, &one, ""),
             ready(4, &cpu, &zero, ""),
         ];
-        let d = pass(&mut cluster, jobs, |_, r| {
-            asked.set(asked.get() + 1);
-            format!("reworded: {r}")
-        });
+        let d = pass(
+            &mut cluster,
+            jobs,
+            |_, r| {
+                asked.set(asked.get() + 1);
+                format!("reworded: {r}")
+            },
+            Counts::Refresh,
+        );
         assert_eq!(placed(&d), [1, 4]);
         assert_eq!(asked.get(), 1, "one shape found full, reworded once");
         for i in [1, 2] {
@@ -526,7 +582,7 @@ mod a_pass {
         jobs[0].blocked = Some("waiting for `build`".into());
         jobs[1].group = Some(key.clone());
         jobs[2].group = Some(key);
-        let d = pass(&mut cluster, jobs, |_, r| r);
+        let d = pass(&mut cluster, jobs, |_, r| r, Counts::Refresh);
         assert_eq!(d[0], Decision::Waits { id: 1, reason: Some("waiting for `build`".into()) });
         assert_eq!(placed(&d), [2]);
         let Decision::Waits { id: 3, reason: Some(r) } = &d[2] else { panic!("{:?}", d[2]) };
@@ -541,7 +597,7 @@ mod a_pass {
         jobs[0].fleet_note = Some("a machine is on its way");
         jobs[1].fleet_note = Some("the repository's budget is reached");
         jobs[1].held = true;
-        let d = pass(&mut cluster, jobs, |_, r| r);
+        let d = pass(&mut cluster, jobs, |_, r| r, Counts::Refresh);
         let Decision::Unplaced { reason: Some(r1), .. } = &d[0] else { panic!("{:?}", d[0]) };
         assert!(r1.ends_with("; a machine is on its way"), "{r1}");
         assert_eq!(d[1], Decision::Unplaced { id: 2, reason: Some("the repository's budget is reached".into()) });

@@ -404,9 +404,9 @@ struct Placed {
 }
 
 /// Records why `j` waits unless that is already what it says.
-fn note_reason(reasons: &mut Vec<(JobRecord, String)>, j: &JobRecord, why: String) {
+fn note_reason(reasons: &mut Vec<(JobId, String)>, j: &JobRecord, why: String) {
     if j.reason != why {
-        reasons.push((j.clone(), why));
+        reasons.push((j.id, why));
     }
 }
 
@@ -492,6 +492,8 @@ pub struct Brain {
     /// Queued jobs the last scheduling pass found no agent for (not blocked by a dependency
     /// or a concurrency group): what fleets may create machines for.
     unplaceable: BTreeSet<JobId>,
+    /// When a pass last gave waiting jobs their reasons' changed counts (`scheduling.rs`).
+    counts_refreshed_ms: i64,
     /// [`Brain::with_fleet_wake`].
     fleet_wake: Option<Arc<tokio::sync::Notify>>,
     /// The fleets' word on jobs in `unplaceable` ([`Command::FleetNotes`]).
@@ -554,6 +556,7 @@ impl Brain {
             noted_lost: BTreeSet::new(),
             store_deaf: false,
             unplaceable: BTreeSet::new(),
+            counts_refreshed_ms: 0,
             fleet_wake: None,
             fleet_notes: BTreeMap::new(),
             takeover_grace: None,
@@ -744,6 +747,17 @@ impl Brain {
         }
         let agent_name = j.agent_id.as_ref().and_then(|id| self.agents.get(id)).map(|a| a.name.clone());
         self.hub.job_changed(crate::convert::job_summary(j, agent_name));
+    }
+
+    /// Waiting jobs' new reasons, stored: each record changed where it is (a pass may tell
+    /// 100,000 jobs; cloning each record to publish it was most of such a pass) and watchers told.
+    fn told(&mut self, reasons: Vec<(JobId, String)>) {
+        for (id, why) in reasons {
+            let Some(j) = self.active.get_mut(&id) else { continue };
+            j.reason = why;
+            let agent_name = j.agent_id.as_ref().and_then(|a| self.agents.get(a)).map(|a| a.name.clone());
+            self.hub.job_changed(crate::convert::job_summary(j, agent_name));
+        }
     }
 
     /// The active jobs given to `agent_id`, by id.

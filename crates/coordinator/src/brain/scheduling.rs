@@ -105,7 +105,7 @@ impl Brain {
         let queued: Vec<JobId> = self.active.values().filter(|j| j.state == JobState::Queued).map(|j| j.id).collect();
         let now = now_ms();
         // Why each job waits, written in one transaction at the end of the pass.
-        let mut reasons: Vec<(JobRecord, String)> = Vec::new();
+        let mut reasons: Vec<(JobId, String)> = Vec::new();
         // This pass's assignments, stored in one transaction before any is sent.
         let mut placed: Vec<Placed> = Vec::new();
         // Pipelines read this pass (a pipeline's steps are placed one after another).
@@ -180,6 +180,15 @@ impl Brain {
             }
             ready.push((id, held, blocked, stand_in));
         }
+        // A waiting job's counts ("7 matching GPUs are leased") are given again at most every
+        // `REASON_COUNTS_EVERY_MS`; changed words at once (`placement::pass::Counts`).
+        let counts = match now.saturating_sub(self.counts_refreshed_ms) >= REASON_COUNTS_EVERY_MS {
+            true => {
+                self.counts_refreshed_ms = now;
+                placement::pass::Counts::Refresh
+            }
+            false => placement::pass::Counts::Keep,
+        };
         // The pass itself decides (`gpuci_core::placement::pass`, pure); what follows applies.
         let decisions = {
             // `ready` is in id order, as `active` is: walked together, not looked up.
@@ -203,23 +212,23 @@ impl Brain {
                     held,
                 })
             });
-            placement::pass::pass(&mut cluster, candidates, explain_unplaced)
+            placement::pass::pass(&mut cluster, candidates, explain_unplaced, counts)
         };
         let mut unplaceable = Vec::new();
         for decision in decisions {
             let (id, placement) = match decision {
                 placement::pass::Decision::Waits { id, reason } => {
                     self.ready_since.remove(&id);
-                    if let (Some(why), Some(j)) = (reason, self.active.get(&id)) {
-                        reasons.push((j.clone(), why));
+                    if let Some(why) = reason {
+                        reasons.push((id, why));
                     }
                     continue;
                 }
                 placement::pass::Decision::Unplaced { id, reason } => {
                     self.ready_since.entry(id).or_insert(now);
                     unplaceable.push(id);
-                    if let (Some(why), Some(j)) = (reason, self.active.get(&id)) {
-                        reasons.push((j.clone(), why));
+                    if let Some(why) = reason {
+                        reasons.push((id, why));
                     }
                     continue;
                 }
@@ -351,15 +360,9 @@ impl Brain {
             }
         }
         if !reasons.is_empty() {
-            let rows: Vec<(JobId, String)> = reasons.iter().map(|(j, why)| (j.id, why.clone())).collect();
-            match self.store.set_reasons(&rows).await {
-                Ok(()) => {
-                    for (mut rec, why) in reasons {
-                        rec.reason = why;
-                        self.publish(&rec);
-                    }
-                }
-                Err(e) => tracing::error!(jobs = rows.len(), error = %e, "could not record why jobs wait"),
+            match self.store.set_reasons(&reasons).await {
+                Ok(()) => self.told(reasons),
+                Err(e) => tracing::error!(jobs = reasons.len(), error = %e, "could not record why jobs wait"),
             }
         }
         let unplaceable: BTreeSet<JobId> = unplaceable.into_iter().collect();
@@ -376,7 +379,7 @@ impl Brain {
     /// sent before it is durable, and a job never holds a token the store does not know).
     /// If the commit fails, nothing is sent, the jobs stay queued (saying why) and the next
     /// pass places them again.
-    async fn commit_placements(&mut self, placed: Vec<Placed>, reasons: &mut Vec<(JobRecord, String)>) {
+    async fn commit_placements(&mut self, placed: Vec<Placed>, reasons: &mut Vec<(JobId, String)>) {
         if placed.is_empty() {
             return;
         }
@@ -500,6 +503,10 @@ impl Brain {
         }
     }
 }
+
+/// How often a waiting job's reason is given again when only its counts changed (the words
+/// at once): a long queue's reasons are rewritten at most this often on a busy cluster.
+pub(super) const REASON_COUNTS_EVERY_MS: i64 = 30_000;
 
 /// A queued job as the pass is told of it: its id, whether its budget holds it, what blocks
 /// it, its stand-in tags ([`stand_in_tags`]).

@@ -532,3 +532,53 @@ async fn agents_get_lost_after_from_when_the_scheduler_runs_not_from_when_it_loa
     let a = store.get_agent("agent-1").await.unwrap().unwrap();
     assert_ne!(a.state, "lost", "{a:?}");
 }
+
+/// A long queue on a busy cluster is not rewritten at every pass (issue 29, item 5): a waiting
+/// job's reason is given again when only its counts changed ("2 matching GPUs are leased" →
+/// "4 …") at most every `REASON_COUNTS_EVERY_MS`, in memory and in the store alike; changed
+/// words are given at once. Every job's reason was rewritten (a clone, a store row and a
+/// watcher's message each) at every pass whose counts moved: most of a pass with 100,000
+/// queued jobs.
+#[tokio::test]
+async fn a_waiting_jobs_counts_are_refreshed_now_and_then_and_its_words_at_once() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let one = || {
+        let mut s = gpuci_core::pipeline::Step::new("a", "true");
+        s.gpu.count = 1;
+        queued(s)
+    };
+    let (_, jobs) = store.create_pipeline(new_pipeline(), (0..8).map(|_| one()).collect()).await.unwrap();
+    let last = jobs[7].id;
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    connect_fake_agent(&mut brain, "agent-1", 2);
+    brain.place_now().await;
+    let told = |brain: &Brain| brain.active[&last].reason.clone();
+    let stored = || {
+        let store = store.clone();
+        async move { store.get_job(last).await.unwrap().unwrap().reason }
+    };
+    let first = told(&brain);
+    assert!(first.contains("2 matching GPUs are leased"), "{first}");
+    assert_eq!(stored().await, first);
+    // Two more GPUs, taken by the next two jobs: the same words, other counts. Not given yet.
+    connect_fake_agent(&mut brain, "agent-2", 2);
+    brain.place_now().await;
+    assert_eq!(brain.active.values().filter(|j| j.state == JobState::Assigned).count(), 4);
+    assert_eq!((told(&brain), stored().await), (first.clone(), first.clone()), "counts alone rewrote the queue");
+    // Once the counts are due, given.
+    brain.counts_refreshed_ms -= super::scheduling::REASON_COUNTS_EVERY_MS;
+    brain.place_now().await;
+    let now = told(&brain);
+    assert!(now.contains("4 matching GPUs are leased"), "{now}");
+    assert_eq!(stored().await, now);
+    // Other words at once: with no agent connected, the reason says so.
+    for a in brain.agents.values_mut() {
+        a.link = Link::Disconnected;
+    }
+    brain.place_now().await;
+    assert_eq!(
+        (told(&brain), stored().await),
+        ("no agent is connected".to_string(), "no agent is connected".to_string())
+    );
+}

@@ -11,7 +11,13 @@
 //!   queue of 100,000 jobs of a few shapes costs a few placements, not 100,000;
 //! - a reason is given only when it differs from what the job was last told (a long queue is
 //!   not rewritten pass after pass); the fleets' note on a job is added to placement's reason,
-//!   and a job its repository's budget holds off fleet machines is told only the fleets' note.
+//!   and a job its repository's budget holds off fleet machines is told only the fleets' note;
+//! - placement's reason for a job no host takes is given again when only its counts changed
+//!   ("7 matching GPUs are leased" → "8 …") only in a pass that refreshes counts
+//!   ([`Counts::Refresh`]): on a busy cluster the counts change at every placement and every
+//!   end, and rewriting every queued job's reason at every pass was most of a pass's cost with
+//!   100,000 queued (BENCHMARKS.md, "The coordinator under load"). A changed word is given at
+//!   once.
 
 use super::{Cluster, Needs, Placement};
 use crate::concurrency::GroupKey;
@@ -46,17 +52,33 @@ pub enum Decision {
     Placed { id: i64, placement: Placement },
 }
 
+/// Whether a pass gives a job no host takes its reason again when only the reason's counts
+/// changed (the scheduler refreshes them now and then, [`Counts::Refresh`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counts {
+    /// Any change is given, counts included.
+    Refresh,
+    /// A reason whose words are what the job was told, its numbers aside, is not given again.
+    Keep,
+}
+
 /// Run a pass over `jobs` (queue order). `explain` may reword placement's reason for a job's
 /// needs (the scheduler names its stand-in tags in words); it is asked once per shape.
 pub fn pass<'a>(
     cluster: &mut Cluster,
     jobs: impl IntoIterator<Item = Candidate<'a>>,
     explain: impl Fn(&Needs<'_>, String) -> String,
+    counts: Counts,
 ) -> Vec<Decision> {
     let mut decisions = Vec::new();
     let mut placed_groups: BTreeSet<GroupKey> = BTreeSet::new();
     let mut full = FullShapes::default();
     let changed = |told: &str, why: String| (told != why).then_some(why);
+    // Placement's reason for a job no host takes: its counts are given again only when asked.
+    let unplaced = |told: &str, why: String| match counts {
+        Counts::Keep if same_but_numbers(told, &why) => None,
+        _ => changed(told, why),
+    };
     for job in jobs {
         let why = match (job.blocked, &job.group) {
             (Some(why), _) => Some(why),
@@ -74,7 +96,7 @@ pub fn pass<'a>(
             let reason = match job.fleet_note {
                 // Told already (most of a long queue, pass after pass): nothing to write.
                 None if job.told == reason => None,
-                note => changed(job.told, with_fleet_note(reason, job.held, note)),
+                note => unplaced(job.told, with_fleet_note(reason, job.held, note)),
             };
             decisions.push(Decision::Unplaced { id: job.id, reason });
             continue;
@@ -89,12 +111,29 @@ pub fn pass<'a>(
             Err(u) => {
                 let reason = explain(&job.needs, u.reason);
                 full.note(&shape, &reason);
-                let reason = changed(job.told, with_fleet_note(&reason, job.held, job.fleet_note));
+                let reason = unplaced(job.told, with_fleet_note(&reason, job.held, job.fleet_note));
                 decisions.push(Decision::Unplaced { id: job.id, reason });
             }
         }
     }
     decisions
+}
+
+/// Whether `a` and `b` say the same in words: equal once every run of digits is taken as one
+/// and the same number.
+pub fn same_but_numbers(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.chars().peekable(), b.chars().peekable());
+    loop {
+        match (a.next(), b.next()) {
+            (None, None) => return true,
+            (Some(x), Some(y)) if x.is_ascii_digit() && y.is_ascii_digit() => {
+                while a.next_if(char::is_ascii_digit).is_some() {}
+                while b.next_if(char::is_ascii_digit).is_some() {}
+            }
+            (Some(x), Some(y)) if x == y => {}
+            _ => return false,
+        }
+    }
 }
 
 /// A waiting job's reason with the fleets' word on it; a job held off fleet machines by its
