@@ -74,6 +74,7 @@ impl Brain {
 
     /// A placement pass: every queued job placed where it fits, or told why it waits.
     pub(super) async fn place_now(&mut self) {
+        let began = std::time::Instant::now();
         self.note_group_scopes().await;
         // Skips cascade through depends_on; repeat until nothing changes.
         let groups = loop {
@@ -347,6 +348,7 @@ impl Brain {
         // A requeued job keeps its log (and the lines noted above are in it): this run's lines
         // are numbered after it. One read for the pass; if it fails, nothing is placed now.
         let ids: Vec<JobId> = placed.iter().map(|p| p.job.id).collect();
+        let decided = began.elapsed();
         let last = if ids.is_empty() { Ok(HashMap::new()) } else { self.store.last_log_lines(&ids).await };
         match last {
             Ok(last) => {
@@ -359,6 +361,7 @@ impl Brain {
                 tracing::error!(jobs = ids.len(), error = %e, "could not read the placed jobs' logs; they wait for the next pass")
             }
         }
+        let told = reasons.len();
         if !reasons.is_empty() {
             match self.store.set_reasons(&reasons).await {
                 Ok(()) => self.told(reasons),
@@ -371,6 +374,15 @@ impl Brain {
                 wake.notify_one();
             }
         }
+        tracing::debug!(
+            target: "gpuci::pass",
+            unplaced = unplaceable.len(),
+            placed = ids.len(),
+            told,
+            decided_ms = decided.as_secs_f64() * 1e3,
+            total_ms = began.elapsed().as_secs_f64() * 1e3,
+            "placement pass"
+        );
         self.unplaceable = unplaceable;
     }
 
