@@ -48,13 +48,8 @@ pub(crate) fn answer(
     mut records: HashMap<JobId, crate::JobRecord>,
 ) -> Vec<crate::Result<crate::JobRecord>> {
     let Decided { answers, accepted } = decided;
-    answers
-        .into_iter()
-        .map(|d| match d {
-            Ok(i) => records.remove(&accepted[i].job).ok_or(StoreError::JobNotFound(accepted[i].job)),
-            Err(e) => Err(e),
-        })
-        .collect()
+    let jobs: Vec<JobId> = accepted.iter().map(|u| u.job).collect();
+    crate::assign_batch::answers_in_order(answers, &jobs, &mut records)
 }
 
 #[cfg(test)]
