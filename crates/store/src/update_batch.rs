@@ -12,6 +12,18 @@ pub(crate) struct Decided<'a> {
     pub accepted: Vec<&'a JobUpdate>,
 }
 
+impl Decided<'_> {
+    /// The accepted changes' jobs whose assignment is forgotten (back to the queue).
+    pub fn cleared(&self) -> Vec<JobId> {
+        self.accepted.iter().filter(|u| u.change.clear_assignment).map(|u| u.job).collect()
+    }
+
+    /// The accepted changes' jobs whose GPU leases are released (ended, or back to the queue).
+    pub fn released(&self) -> Vec<JobId> {
+        self.accepted.iter().filter(|u| u.change.release_leases || u.change.clear_assignment).map(|u| u.job).collect()
+    }
+}
+
 /// Whether a set-based write can apply the batch: no job in it twice (one row of a set-based
 /// `UPDATE … FROM` per job; a job changed twice in one batch is written change by change).
 pub(crate) fn each_job_once(batch: &[JobUpdate]) -> bool {

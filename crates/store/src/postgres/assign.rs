@@ -74,6 +74,24 @@ pub(super) async fn assign_in(
     PostgresStore::job_in(&mut *conn, id).await?.ok_or(StoreError::JobNotFound(id))
 }
 
+/// The stored states of `ids` (absent: no such job), their rows locked until the caller's
+/// transaction ends. Locked in id order: two batches over the same jobs wait, never deadlock.
+async fn locked_states_of(
+    conn: &mut sqlx::PgConnection,
+    ids: &[JobId],
+) -> Result<std::collections::HashMap<JobId, JobState>> {
+    let mut state = std::collections::HashMap::with_capacity(ids.len());
+    for r in sqlx::query("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(ids)
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let text: String = r.get(1);
+        state.insert(r.get(0), text.parse().map_err(|e| corrupt("state", e))?);
+    }
+    Ok(state)
+}
+
 /// [`Store::assign_jobs`] in a handful of statements whatever the batch's size (one round
 /// trip per job and GPU made a pass of 1,000 cost thousands): lock the batch's jobs, read the
 /// leases of its GPUs, decide each assignment in order as [`assign_in`] would, then write the
@@ -87,17 +105,7 @@ pub(super) async fn assign_set_based(
     use std::collections::HashMap;
     let mut tx = pool.begin().await?;
     let ids: Vec<JobId> = batch.iter().map(|a| a.job).collect();
-    // Locked in id order: two batches over the same jobs wait, never deadlock.
-    let rows = sqlx::query("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-        .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await?;
-    let mut state: HashMap<JobId, JobState> = HashMap::with_capacity(rows.len());
-    for r in &rows {
-        let text: String = r.get(1);
-        let s: JobState = text.parse().map_err(|e| corrupt("state", e))?;
-        state.insert(r.get(0), s);
-    }
+    let state = locked_states_of(&mut tx, &ids).await?;
     let all_gpus: Vec<&str> = batch.iter().flat_map(|a| a.gpus.iter().map(String::as_str)).collect();
     let held: HashMap<String, JobId> = sqlx::query("SELECT gpu_uuid, job_id FROM gpu_leases WHERE gpu_uuid = ANY($1)")
         .bind(&all_gpus)
@@ -240,15 +248,7 @@ pub(super) async fn update_set_based(
         return Ok(None);
     }
     let ids: Vec<JobId> = batch.iter().map(|u| u.job).collect();
-    let mut state: HashMap<JobId, JobState> = HashMap::with_capacity(batch.len());
-    for r in sqlx::query("SELECT id, state FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await?
-    {
-        let text: String = r.get(1);
-        state.insert(r.get(0), text.parse().map_err(|e| corrupt("state", e))?);
-    }
+    let state = locked_states_of(&mut *conn, &ids).await?;
     let decided = crate::update_batch::decide(batch, state);
     let accepted = &decided.accepted;
     let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(accepted.len());
@@ -291,7 +291,7 @@ pub(super) async fn update_set_based(
     .bind(&unenforced)
     .execute(&mut *conn)
     .await?;
-    let cleared: Vec<JobId> = accepted.iter().filter(|u| u.change.clear_assignment).map(|u| u.job).collect();
+    let cleared = decided.cleared();
     if !cleared.is_empty() {
         sqlx::query(
             "UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL, unenforced_json = NULL \
@@ -301,8 +301,7 @@ pub(super) async fn update_set_based(
         .execute(&mut *conn)
         .await?;
     }
-    let released: Vec<JobId> =
-        accepted.iter().filter(|u| u.change.release_leases || u.change.clear_assignment).map(|u| u.job).collect();
+    let released = decided.released();
     if !released.is_empty() {
         sqlx::query("DELETE FROM gpu_leases WHERE job_id = ANY($1)").bind(&released).execute(&mut *conn).await?;
     }

@@ -103,6 +103,23 @@ pub(super) async fn update_job_in(
     SqliteStore::job_in(&mut *tx, id).await?.ok_or(StoreError::JobNotFound(id))
 }
 
+/// The stored states of `ids` (absent: no such job), in one statement.
+async fn states_of(
+    conn: &mut sqlx::SqliteConnection,
+    ids: &[JobId],
+) -> Result<std::collections::HashMap<JobId, JobState>> {
+    let mut state = std::collections::HashMap::with_capacity(ids.len());
+    for r in sqlx::query("SELECT id, state FROM jobs WHERE id IN (SELECT value FROM json_each(?))")
+        .bind(serde_json::json!(ids).to_string())
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        let text: String = r.get(1);
+        state.insert(r.get(0), text.parse().map_err(|e| corrupt("state", e))?);
+    }
+    Ok(state)
+}
+
 /// [`Store::assign_jobs`] inside the caller's transaction in a handful of statements whatever
 /// the batch's size: read the batch's jobs' states and its GPUs' leases, decide each
 /// assignment in order as [`assign_in`] would (`crate::assign_batch`), then write the accepted
@@ -118,16 +135,7 @@ pub(super) async fn assign_set_based(
     use std::collections::HashMap;
     let json = |v: &serde_json::Value| v.to_string();
     let ids: Vec<JobId> = batch.iter().map(|a| a.job).collect();
-    let ids_json = json(&serde_json::json!(ids));
-    let mut state: HashMap<JobId, JobState> = HashMap::with_capacity(batch.len());
-    for r in sqlx::query("SELECT id, state FROM jobs WHERE id IN (SELECT value FROM json_each(?))")
-        .bind(&ids_json)
-        .fetch_all(&mut *conn)
-        .await?
-    {
-        let text: String = r.get(1);
-        state.insert(r.get(0), text.parse().map_err(|e| corrupt("state", e))?);
-    }
+    let state = states_of(&mut *conn, &ids).await?;
     let all_gpus: Vec<&str> = batch.iter().flat_map(|a| a.gpus.iter().map(String::as_str)).collect();
     let held: HashMap<String, JobId> =
         sqlx::query("SELECT gpu_uuid, job_id FROM gpu_leases WHERE gpu_uuid IN (SELECT value FROM json_each(?))")
@@ -215,16 +223,7 @@ pub(super) async fn update_set_based(
         return Ok(None);
     }
     let ids: Vec<JobId> = batch.iter().map(|u| u.job).collect();
-    let ids_json = serde_json::json!(ids).to_string();
-    let mut state: HashMap<JobId, JobState> = HashMap::with_capacity(batch.len());
-    for r in sqlx::query("SELECT id, state FROM jobs WHERE id IN (SELECT value FROM json_each(?))")
-        .bind(&ids_json)
-        .fetch_all(&mut *conn)
-        .await?
-    {
-        let text: String = r.get(1);
-        state.insert(r.get(0), text.parse().map_err(|e| corrupt("state", e))?);
-    }
+    let state = states_of(&mut *conn, &ids).await?;
     let decided = crate::update_batch::decide(batch, state);
     let accepted = &decided.accepted;
     let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(accepted.len());
@@ -263,7 +262,7 @@ pub(super) async fn update_set_based(
     .bind(serde_json::Value::Array(rows).to_string())
     .execute(&mut *conn)
     .await?;
-    let cleared: Vec<JobId> = accepted.iter().filter(|u| u.change.clear_assignment).map(|u| u.job).collect();
+    let cleared = decided.cleared();
     if !cleared.is_empty() {
         sqlx::query(
             "UPDATE jobs SET agent_id = NULL, gpus_json = '[]', assigned_at_ms = NULL, unenforced_json = NULL \
@@ -273,8 +272,7 @@ pub(super) async fn update_set_based(
         .execute(&mut *conn)
         .await?;
     }
-    let released: Vec<JobId> =
-        accepted.iter().filter(|u| u.change.release_leases || u.change.clear_assignment).map(|u| u.job).collect();
+    let released = decided.released();
     if !released.is_empty() {
         sqlx::query("DELETE FROM gpu_leases WHERE job_id IN (SELECT value FROM json_each(?))")
             .bind(serde_json::json!(released).to_string())
