@@ -629,16 +629,7 @@ async fn execute_in(
             None => std::future::pending().await,
         }
     };
-    enum End {
-        Exited(Result<gpuci_sandbox::ExitInfo, gpuci_sandbox::SandboxError>),
-        TimedOut,
-        Cancelled,
-    }
-    let end = tokio::select! {
-        r = sandbox.wait() => End::Exited(r),
-        _ = sleep => End::TimedOut,
-        _ = cancel.cancelled() => End::Cancelled,
-    };
+    let end = first_end(sandbox.wait(), sleep, cancel.cancelled()).await;
     let outcome = match end {
         End::Exited(Ok(info)) if info.oom_killed => Outcome::OutOfMemory { limit: info.memory_limit },
         End::Exited(Ok(info)) => match (info.code, info.signal) {
@@ -694,6 +685,31 @@ async fn execute_in(
     (outcome, telemetry)
 }
 
+/// How a job's run ended, as the executor first saw it.
+enum End {
+    Exited(Result<gpuci_sandbox::ExitInfo, gpuci_sandbox::SandboxError>),
+    TimedOut,
+    Cancelled,
+}
+
+/// The first of the job's exit, its timeout and a cancel; an exit that is already there
+/// wins over both. When the agent did not run for a while (stopped, swapped out, a loaded
+/// host), the job can have exited within its timeout and the timer be due as well on
+/// waking: a random pick between the two recorded such a job as timed out, its process
+/// tree "killed", its exit code lost (outsider attack).
+async fn first_end<T>(
+    exited: impl std::future::Future<Output = Result<gpuci_sandbox::ExitInfo, gpuci_sandbox::SandboxError>>,
+    timeout: impl std::future::Future<Output = T>,
+    cancelled: impl std::future::Future<Output = ()>,
+) -> End {
+    tokio::select! {
+        biased;
+        r = exited => End::Exited(r),
+        _ = timeout => End::TimedOut,
+        _ = cancelled => End::Cancelled,
+    }
+}
+
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
@@ -738,6 +754,26 @@ mod isolation_tests {
 #[cfg(test)]
 mod tests {
     use crate::cache::plain_path;
+
+    #[tokio::test]
+    async fn an_exit_that_is_there_wins_over_a_timeout_and_a_cancel_due_at_once() {
+        use super::{first_end, End};
+        for _ in 0..64 {
+            let info = gpuci_sandbox::ExitInfo {
+                code: Some(2),
+                signal: None,
+                oom_killed: false,
+                pids_limit_hit: false,
+                memory_peak: None,
+                memory_limit: None,
+            };
+            let exited = std::future::ready(Ok(info));
+            let end = first_end(exited, std::future::ready(()), std::future::ready(())).await;
+            assert!(matches!(end, End::Exited(Ok(_))), "a job that exited was recorded as timed out or cancelled");
+        }
+        let end = first_end(std::future::pending(), std::future::ready(()), std::future::pending()).await;
+        assert!(matches!(end, End::TimedOut));
+    }
 
     #[test]
     fn cache_paths_through_a_symlink_are_refused() {

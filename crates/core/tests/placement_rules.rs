@@ -458,7 +458,7 @@ fn an_agent_that_takes_no_jobs_is_never_called_busy() {
 
 mod a_pass {
     use super::*;
-    use gpuci_core::placement::pass::{pass, same_but_numbers, Candidate, Counts, Decision};
+    use gpuci_core::placement::pass::{pass, pass_batched, same_but_numbers, tell, Batch, Candidate, Counts, Decision};
 
     fn ready<'a>(id: i64, t: &'a BTreeMap<String, String>, g: &'a GpuRequirements, told: &'a str) -> Candidate<'a> {
         Candidate {
@@ -587,6 +587,109 @@ mod a_pass {
         assert_eq!(placed(&d), [2]);
         let Decision::Waits { id: 3, reason: Some(r) } = &d[2] else { panic!("{:?}", d[2]) };
         assert!(r.contains("concurrency group"), "{r}");
+    }
+
+    /// What a pass decided for each job, a batch's waiting jobs each on its own.
+    fn per_job(d: &[Decision], batches: &[(usize, Vec<i64>)]) -> BTreeMap<i64, String> {
+        let mut out = BTreeMap::new();
+        for d in d {
+            match d {
+                Decision::Placed { id, placement } => {
+                    out.insert(*id, format!("placed on {} {:?}", placement.host, placement.gpus))
+                }
+                Decision::Unplaced { id, reason } => out.insert(*id, format!("waits: {reason:?}")),
+                Decision::Waits { id, reason } => out.insert(*id, format!("blocked: {reason:?}")),
+                Decision::BatchWaits { batch, from, reason } => {
+                    for id in &batches[*batch].1[*from..] {
+                        out.insert(*id, format!("waits: {:?}", Some(reason.clone())));
+                    }
+                    None
+                }
+            };
+        }
+        out
+    }
+
+    proptest::proptest! {
+        /// Jobs given as batches (by shape) are decided as the same jobs one by one: the same
+        /// places in queue order, the same reasons, whatever the mix of shapes, blocked and
+        /// grouped jobs around them.
+        #[test]
+        fn batches_are_decided_as_their_jobs_one_by_one(
+            hosts in proptest::collection::vec((0u32..4, 0u32..5, proptest::bool::ANY), 0..5),
+            queue in proptest::collection::vec((0usize..4, 0u8..6), 0..60),
+        ) {
+            use gpuci_core::concurrency::{group_key, TrustClass};
+            let hosts: Vec<HostView> = hosts
+                .iter()
+                .enumerate()
+                .map(|(i, (n, slots, cpu))| {
+                    let name = format!("h{i}");
+                    let t: &[(&str, &str)] = if *cpu { &[("cpu", "y")] } else { &[] };
+                    host(&name, t, *slots, h100(&name, *n))
+                })
+                .collect();
+            let shapes = [(tags(&[]), gpus(1)), (tags(&[]), gpus(2)), (tags(&[("cpu", "y")]), gpus(0)), (tags(&[]), gpus(0))];
+            let key = group_key("g", None, TrustClass::Untrusted, &[]);
+            // Kind 0: blocked; 1: in a group; otherwise plain (batched in the second pass).
+            let one_by_one = queue.iter().enumerate().map(|(i, (shape, kind))| {
+                let mut c = ready(i as i64 + 1, &shapes[*shape].0, &shapes[*shape].1, "");
+                match kind {
+                    0 => c.blocked = Some("waiting for `build`".into()),
+                    1 => c.group = Some(key.clone()),
+                    _ => {}
+                }
+                c
+            });
+            let expected = pass(&mut Cluster::new(hosts.clone()), one_by_one, |_, r| format!("said: {r}"), Counts::Keep);
+            let singles = queue.iter().enumerate().filter(|(_, (_, k))| *k < 2).map(|(i, (shape, kind))| {
+                let mut c = ready(i as i64 + 1, &shapes[*shape].0, &shapes[*shape].1, "");
+                match kind {
+                    0 => c.blocked = Some("waiting for `build`".into()),
+                    _ => c.group = Some(key.clone()),
+                }
+                c
+            });
+            let ids: Vec<(usize, Vec<i64>)> = (0..shapes.len())
+                .map(|s| (s, queue.iter().enumerate().filter(|(_, (sh, k))| *k >= 2 && *sh == s).map(|(i, _)| i as i64 + 1).collect()))
+                .filter(|(_, ids): &(usize, Vec<i64>)| !ids.is_empty())
+                .collect();
+            let batches: Vec<Batch<'_>> = ids
+                .iter()
+                .map(|(s, ids)| Batch { needs: Needs { tags: &shapes[*s].0, gpu: &shapes[*s].1, container: false, deadline: None }, ids })
+                .collect();
+            let mut cluster = Cluster::new(hosts.clone());
+            let got = pass_batched(&mut cluster, singles, &batches, |_, r| format!("said: {r}"), Counts::Keep);
+            proptest::prop_assert_eq!(per_job(&got, &ids), per_job(&expected, &[]));
+            // Decided in queue order: the placements come in the order the one-by-one pass made them.
+            proptest::prop_assert_eq!(placed(&got), placed(&expected));
+        }
+    }
+
+    #[test]
+    fn a_batch_whose_shape_is_full_is_decided_at_once() {
+        let mut cluster = Cluster::new(vec![host("a", &[], 8, h100("a", 2))]);
+        let (t, one) = (tags(&[]), gpus(1));
+        let ids: Vec<i64> = (1..=100_000).collect();
+        let batch = Batch { needs: Needs { tags: &t, gpu: &one, container: false, deadline: None }, ids: &ids };
+        let asked = std::cell::Cell::new(0);
+        let d = pass_batched(
+            &mut cluster,
+            std::iter::empty(),
+            &[batch],
+            |_, r| {
+                asked.set(asked.get() + 1);
+                r
+            },
+            Counts::Keep,
+        );
+        assert_eq!(placed(&d), [1, 2]);
+        let [_, _, Decision::BatchWaits { batch: 0, from: 2, reason }] = &d[..] else { panic!("{d:?}") };
+        assert!(reason.contains("leased"), "{reason}");
+        assert_eq!(asked.get(), 1);
+        assert!(tell("", reason, Counts::Keep));
+        assert!(!tell(&reason.replacen('2', "7", 1), reason, Counts::Keep));
+        assert!(tell(&reason.replacen('2', "7", 1), reason, Counts::Refresh));
     }
 
     #[test]

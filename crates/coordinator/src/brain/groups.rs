@@ -41,7 +41,7 @@ impl Brain {
     /// quadratic in the queue).
     pub(super) fn group_index(&self) -> GroupIndex {
         let mut index: BTreeMap<gpuci_core::concurrency::GroupKey, (Option<JobId>, Option<JobId>)> = BTreeMap::new();
-        for o in self.active.values() {
+        for o in self.queue.grouped().filter_map(|id| self.active.get(&id)) {
             if let Some(key) = self.group_of(o) {
                 let (holder, first_queued) = index.entry(key).or_default();
                 match o.state {
@@ -77,15 +77,22 @@ impl Brain {
         )
     }
 
-    /// Reads the scope of every pipeline with unfinished jobs that has none yet (after a
-    /// restart), and forgets those of pipelines that have finished.
+    /// Reads the scope of every pipeline with unfinished jobs in concurrency groups (the only
+    /// jobs a scope is asked for) that has none yet (after a restart), and now and then
+    /// forgets those of pipelines that have finished. Linear in the grouped jobs, not in the
+    /// queue: it runs at every pass and every submission.
     pub(super) async fn note_group_scopes(&mut self) {
-        let live: Vec<PipelineId> = self.live_pipelines.keys().copied().collect();
-        self.group_scopes.retain(|p, _| self.live_pipelines.contains_key(p));
-        for p in live {
-            if self.group_scopes.contains_key(&p) {
-                continue;
-            }
+        if self.group_scopes.len() > 2 * self.live_pipelines.len() + 1024 {
+            self.group_scopes.retain(|p, _| self.live_pipelines.contains_key(p));
+        }
+        let wanted: BTreeSet<PipelineId> = self
+            .queue
+            .grouped()
+            .filter_map(|id| self.active.get(&id))
+            .map(|j| j.pipeline_id)
+            .filter(|p| !self.group_scopes.contains_key(p))
+            .collect();
+        for p in wanted {
             match self.store.get_pipeline(p).await {
                 Ok(Some(rec)) => {
                     let scope = self.group_scope(rec.repository.as_deref(), rec.origin.as_deref());

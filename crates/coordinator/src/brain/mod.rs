@@ -60,6 +60,7 @@ pub mod dynamic_steps;
 mod groups;
 mod pipelines;
 mod queries;
+mod queue;
 mod results;
 mod scheduling;
 mod secrets;
@@ -489,9 +490,12 @@ pub struct Brain {
     /// The store took no writes when an agent was to be declared lost: until it does again
     /// ([`Brain::store_hears_again`]) no agent is.
     store_deaf: bool,
+    /// The queued jobs as a pass takes them, and the active jobs in concurrency groups: kept
+    /// with `active` as `on_agent` is (`brain/queue.rs`).
+    queue: queue::Queue,
     /// Queued jobs the last scheduling pass found no agent for (not blocked by a dependency
     /// or a concurrency group): what fleets may create machines for.
-    unplaceable: BTreeSet<JobId>,
+    unplaceable: queue::Waiting,
     /// When a pass last gave waiting jobs their reasons' changed counts (`scheduling.rs`).
     counts_refreshed_ms: i64,
     /// [`Brain::with_fleet_wake`].
@@ -555,7 +559,8 @@ impl Brain {
             events: EventBatch::default(),
             noted_lost: BTreeSet::new(),
             store_deaf: false,
-            unplaceable: BTreeSet::new(),
+            queue: queue::Queue::default(),
+            unplaceable: queue::Waiting::default(),
             counts_refreshed_ms: 0,
             fleet_wake: None,
             fleet_notes: BTreeMap::new(),
@@ -624,6 +629,7 @@ impl Brain {
                 brain.on_agent.entry(agent.clone()).or_default().insert(j.id);
             }
             *brain.live_pipelines.entry(j.pipeline_id).or_default() += 1;
+            brain.queue.note(&j);
             brain.active.insert(j.id, j);
         }
         Ok(brain)
@@ -717,6 +723,7 @@ impl Brain {
 
     fn publish(&mut self, j: &JobRecord) {
         self.note_step(j);
+        self.queue.note(j);
         let old = if j.state.is_terminal() { self.active.remove(&j.id) } else { self.active.insert(j.id, j.clone()) };
         match (&old, j.state.is_terminal()) {
             (None, false) => *self.live_pipelines.entry(j.pipeline_id).or_default() += 1,
@@ -754,6 +761,7 @@ impl Brain {
     fn told(&mut self, reasons: Vec<(JobId, String)>) {
         for (id, why) in reasons {
             let Some(j) = self.active.get_mut(&id) else { continue };
+            self.queue.told(id, &why);
             j.reason = why;
             let agent_name = j.agent_id.as_ref().and_then(|a| self.agents.get(a)).map(|a| a.name.clone());
             self.hub.job_changed(crate::convert::job_summary(j, agent_name));

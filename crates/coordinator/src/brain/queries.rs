@@ -69,8 +69,8 @@ impl Brain {
             .collect();
         let waiting = self
             .unplaceable
-            .iter()
-            .filter_map(|id| self.active.get(id))
+            .ids(&self.queue)
+            .filter_map(|id| self.active.get(&id))
             .filter(|j| j.state == JobState::Queued)
             .map(|j| WaitingJob {
                 id: j.id,

@@ -124,7 +124,7 @@ impl Brain {
                 self.started(&rec, started_at_ms);
                 Ok(())
             }
-            Err(e) if self.ended_in_store(id, &e).await => Ok(()),
+            Err(e) if self.caught_up(id, &e, true).await => Ok(()),
             Err(e) => {
                 tracing::error!(job = id, error = %e, "could not record job start; the agent will send it again");
                 Err(format!("recording the start of job {id}: {e}"))
@@ -248,7 +248,9 @@ impl Brain {
                                 }
                                 Ok(())
                             }
-                            Err(e) if self.ended_in_store(u.job, &e).await => Ok(()),
+                            Err(e) if self.caught_up(u.job, &e, matches!(after, AfterCommit::Started { .. })).await => {
+                                Ok(())
+                            }
                             Err(e) => {
                                 tracing::error!(job = u.job, error = %e, "could not record an agent's event; it will send it again");
                                 Err(format!("recording an event of job {}: {e}", u.job))
@@ -347,6 +349,31 @@ impl Brain {
     /// and the agent's event is acknowledged. Sending it again could never succeed: refusing
     /// it kept the agent reconnecting for ever, its later events stuck behind it (outsider
     /// attack).
+    /// The store refused an agent's event because the job is not in the state this
+    /// coordinator held: an earlier commit went through though its answer was lost (the
+    /// connection dropped during COMMIT), or the job ended meanwhile. The stored record is
+    /// read and taken, so that memory follows the store again (a start refused for ever,
+    /// closing its agent's connection at each resend, wedged that agent: outsider attack),
+    /// and the event counts as applied when it has nothing left to change: the job ended,
+    /// or, for a start (`start`), it is no longer waiting to start.
+    pub(super) async fn caught_up(&mut self, id: JobId, e: &StoreError, start: bool) -> bool {
+        let StoreError::Conflict { found, .. } = e else { return false };
+        if found.is_terminal() {
+            return self.ended_in_store(id, e).await;
+        }
+        match self.store.get_job(id).await {
+            Ok(Some(stored)) => {
+                let held = self.active.get(&id).map(|j| (j.state, j.agent_id.clone()));
+                if held != Some((stored.state, stored.agent_id.clone())) {
+                    tracing::warn!(job = id, state = %stored.state, "the store had moved on (a commit whose answer was lost); taking its record");
+                    self.publish(&stored);
+                }
+                stored.state.is_terminal() || (start && stored.state != JobState::Assigned)
+            }
+            _ => false,
+        }
+    }
+
     pub(super) async fn ended_in_store(&mut self, id: JobId, e: &StoreError) -> bool {
         let StoreError::Conflict { found, .. } = e else { return false };
         if !found.is_terminal() {

@@ -8,16 +8,16 @@ use super::*;
 impl Brain {
     /// Host views of connected agents, with GPU lease and quarantine state.
     fn hosts(&self) -> (Vec<HostView>, Vec<String>) {
-        let leased: HashMap<&str, JobId> =
-            self.active.values().flat_map(|j| j.gpus.iter().map(move |g| (g.as_str(), j.id))).collect();
-        // Each agent's slots in use, counted in one walk over the active jobs: counting them
-        // agent by agent walked every active job once per agent, and at 2,000 agents and
-        // 10,000 jobs that was most of a placement pass (BENCHMARKS.md, "The coordinator
-        // under load").
+        // The GPUs leased and each agent's slots in use, from the jobs given to agents
+        // (`on_agent`): a queued job holds neither. Walking every active job instead (twice)
+        // was most of a pass with 100,000 queued; counting agent by agent over every active
+        // job, most of one at 2,000 agents (BENCHMARKS.md, "The coordinator under load").
+        let mut leased: HashMap<&str, JobId> = HashMap::new();
         let mut busy: HashMap<&str, u32> = HashMap::new();
-        for j in self.active.values().filter(|j| j.state != JobState::Queued) {
-            if let Some(agent) = j.agent_id.as_deref() {
-                *busy.entry(agent).or_default() += 1;
+        for (agent, ids) in &self.on_agent {
+            for j in ids.iter().filter_map(|id| self.active.get(id)).filter(|j| j.state != JobState::Queued) {
+                *busy.entry(agent.as_str()).or_default() += 1;
+                leased.extend(j.gpus.iter().map(|g| (g.as_str(), j.id)));
             }
         }
         let mut ids = Vec::new();
@@ -79,10 +79,11 @@ impl Brain {
         // Skips cascade through depends_on; repeat until nothing changes.
         let groups = loop {
             let groups = self.group_index();
+            // Only jobs looked at one by one can be blocked (`brain/queue.rs`).
             let skips: Vec<(JobRecord, String)> = self
-                .active
-                .values()
-                .filter(|j| j.state == JobState::Queued)
+                .queue
+                .each()
+                .filter_map(|id| self.active.get(&id))
                 .filter_map(|j| match self.blocked(j, &groups) {
                     Some(Err(why)) => Some((j.clone(), why)),
                     _ => None,
@@ -97,13 +98,38 @@ impl Brain {
                 }
             }
         };
+        let skipped_at = began.elapsed();
         let (hosts, ids) = self.hosts();
         // The indexed cluster answers each job without scanning every host; it is rebuilt per
         // pass from live state, so it can never drift from it.
         let mut cluster = placement::Cluster::new(hosts);
         // Ids, not records: a pass over 100,000 queued jobs cloned every record (BENCHMARKS.md,
         // "The coordinator under load"); a record is cloned only to be placed or to change.
-        let queued: Vec<JobId> = self.active.values().filter(|j| j.state == JobState::Queued).map(|j| j.id).collect();
+        // The jobs taken one by one: those the queue keeps so, those with a fleets' note, and
+        // every job while a repository's budget is reached (what a job may use then depends on
+        // its repository). The others are taken by shape, as batches.
+        let batched = self.budgets_reached.is_empty();
+        let mut queued: Vec<JobId> = self.queue.each().collect();
+        let notes_before = queued.len();
+        match batched {
+            true => queued.extend(self.fleet_notes.keys().copied().filter(|id| self.queue.bucketed(*id))),
+            false => queued.extend(self.queue.buckets().flat_map(|(_, b)| b.jobs.iter().copied())),
+        }
+        if queued.len() > notes_before {
+            queued.sort_unstable();
+        }
+        let batch_ids: Vec<(u64, Vec<JobId>)> = match batched {
+            true => self
+                .queue
+                .buckets()
+                .map(|(b, bucket)| {
+                    let ids = bucket.jobs.iter().copied().filter(|id| !self.fleet_notes.contains_key(id)).collect();
+                    (b, ids)
+                })
+                .filter(|(_, ids): &(u64, Vec<JobId>)| !ids.is_empty())
+                .collect(),
+            false => Vec::new(),
+        };
         let now = now_ms();
         // Why each job waits, written in one transaction at the end of the pass.
         let mut reasons: Vec<(JobId, String)> = Vec::new();
@@ -116,7 +142,7 @@ impl Brain {
         let mut sources: HashMap<PipelineId, gpuci_core::secret_scope::JobSource> = HashMap::new();
         let mut stored_secrets: Option<secrets::StoredSecrets> = None;
         // Vetted jobs that left the queue.
-        if self.secrets_vetted.len() > 2 * queued.len() + 1024 {
+        if self.secrets_vetted.len() > 2 * self.queue.len() + 1024 {
             let active = &self.active;
             self.secrets_vetted.retain(|id, _| active.get(id).is_some_and(|j| j.state == JobState::Queued));
         }
@@ -181,6 +207,7 @@ impl Brain {
             }
             ready.push((id, held, blocked, stand_in));
         }
+        let ready_at = began.elapsed();
         // A waiting job's counts ("7 matching GPUs are leased") are given again at most every
         // `REASON_COUNTS_EVERY_MS`; changed words at once (`placement::pass::Counts`).
         let counts = match now.saturating_sub(self.counts_refreshed_ms) >= REASON_COUNTS_EVERY_MS {
@@ -192,12 +219,9 @@ impl Brain {
         };
         // The pass itself decides (`gpuci_core::placement::pass`, pure); what follows applies.
         let decisions = {
-            // `ready` is in id order, as `active` is: walked together, not looked up.
-            let mut active = self.active.iter().peekable();
             let candidates = ready.iter_mut().filter_map(|(id, held, blocked, stand_in)| {
                 let (id, held) = (*id, *held);
-                while active.next_if(|(k, _)| **k < id).is_some() {}
-                let (_, j) = active.next_if(|(k, _)| **k == id)?;
+                let j = self.active.get(&id)?;
                 Some(placement::pass::Candidate {
                     id,
                     needs: Needs {
@@ -213,11 +237,32 @@ impl Brain {
                     held,
                 })
             });
-            placement::pass::pass(&mut cluster, candidates, explain_unplaced, counts)
+            let batches: Vec<placement::pass::Batch<'_>> = batch_ids
+                .iter()
+                .filter_map(|(b, ids)| {
+                    let shape = &self.queue.bucket(*b)?.shape;
+                    let needs = Needs {
+                        tags: &shape.tags,
+                        gpu: &shape.gpu,
+                        container: shape.container,
+                        deadline: job_deadline(shape.timeout, now),
+                    };
+                    Some(placement::pass::Batch { needs, ids })
+                })
+                .collect();
+            // `batches` and `batch_ids` agree index for index: a bucket is never gone mid-pass.
+            debug_assert_eq!(batches.len(), batch_ids.len());
+            placement::pass::pass_batched(&mut cluster, candidates, &batches, explain_unplaced, counts)
         };
-        let mut unplaceable = Vec::new();
+        let passed_at = began.elapsed();
+        let mut unplaceable = queue::Waiting::default();
         for decision in decisions {
             let (id, placement) = match decision {
+                placement::pass::Decision::BatchWaits { batch, from, reason } => {
+                    let (b, ids) = &batch_ids[batch];
+                    unplaceable.batches.push(self.batch_waits(*b, &ids[from..], reason, counts, now, &mut reasons));
+                    continue;
+                }
                 placement::pass::Decision::Waits { id, reason } => {
                     self.ready_since.remove(&id);
                     if let Some(why) = reason {
@@ -227,7 +272,7 @@ impl Brain {
                 }
                 placement::pass::Decision::Unplaced { id, reason } => {
                     self.ready_since.entry(id).or_insert(now);
-                    unplaceable.push(id);
+                    unplaceable.each.insert(id);
                     if let Some(why) = reason {
                         reasons.push((id, why));
                     }
@@ -368,22 +413,96 @@ impl Brain {
                 Err(e) => tracing::error!(jobs = reasons.len(), error = %e, "could not record why jobs wait"),
             }
         }
-        let unplaceable: BTreeSet<JobId> = unplaceable.into_iter().collect();
         if let Some(wake) = &self.fleet_wake {
-            if !unplaceable.is_subset(&self.unplaceable) {
+            if unplaceable.grew_from(&self.unplaceable) {
                 wake.notify_one();
             }
         }
         tracing::debug!(
             target: "gpuci::pass",
-            unplaced = unplaceable.len(),
+            unplaced = unplaceable.each.len(),
+            batches_waiting = unplaceable.batches.len(),
             placed = ids.len(),
             told,
+            skips_ms = skipped_at.as_secs_f64() * 1e3,
+            ready_ms = ready_at.as_secs_f64() * 1e3,
+            pass_ms = passed_at.as_secs_f64() * 1e3,
             decided_ms = decided.as_secs_f64() * 1e3,
             total_ms = began.elapsed().as_secs_f64() * 1e3,
             "placement pass"
         );
         self.unplaceable = unplaceable;
+    }
+
+    /// A bucket's jobs from `ids[0]` on wait for `reason` (a pass found no place for their
+    /// shape): the jobs that must hear it are told (all of them when the words changed or
+    /// counts are refreshed, else only those not told yet: `brain/queue.rs`). Returns what
+    /// the fleets see of them.
+    fn batch_waits(
+        &mut self,
+        b: u64,
+        ids: &[JobId],
+        reason: String,
+        counts: placement::pass::Counts,
+        now: i64,
+        reasons: &mut Vec<(JobId, String)>,
+    ) -> (u64, JobId, u64) {
+        let Some(bucket) = self.queue.bucket_mut(b) else { return (b, JobId::MAX, 0) };
+        let from = ids.first().copied().unwrap_or(JobId::MAX);
+        let all = counts == placement::pass::Counts::Refresh
+            || !bucket.said.as_deref().is_some_and(|s| placement::pass::same_but_numbers(s, &reason));
+        let visit: Vec<JobId> = match all {
+            true => ids.to_vec(),
+            false => bucket.fresh.range(from..).copied().filter(|id| ids.binary_search(id).is_ok()).collect(),
+        };
+        for id in &visit {
+            bucket.fresh.remove(id);
+        }
+        bucket.said = Some(reason.clone());
+        let added = bucket.added;
+        for id in visit {
+            let Some(j) = self.active.get(&id) else { continue };
+            self.ready_since.entry(id).or_insert(now);
+            if placement::pass::tell(&j.reason, &reason, counts) {
+                reasons.push((id, reason.clone()));
+            }
+        }
+        (b, from, added)
+    }
+
+    /// The store refused an assignment because the job is assigned there while this
+    /// coordinator holds it queued: an earlier pass's commit went through though its answer
+    /// was lost (the connection dropped during COMMIT), so that assignment was never sent and
+    /// the job never ran. It goes back to the queue in the store, its leases released, to be
+    /// placed again; before, every later pass was refused and the job never ran (outsider
+    /// attack).
+    async fn assigned_unconfirmed(&mut self, id: JobId, e: &StoreError) {
+        let StoreError::Conflict { found: JobState::Assigned, .. } = e else { return };
+        if self.active.get(&id).is_none_or(|j| j.state != JobState::Queued) {
+            return;
+        }
+        let change = JobChange {
+            state: Some(JobState::Queued),
+            reason: Some(
+                "queued again: an earlier assignment was stored but its commit was never confirmed, so it was never sent"
+                    .to_string(),
+            ),
+            clear_assignment: true,
+            ..Default::default()
+        };
+        match self.store.update_job(id, &[JobState::Assigned], change).await {
+            Ok(rec) => {
+                tracing::warn!(
+                    job = id,
+                    "an assignment stored without confirmation was never sent; the job is queued again"
+                );
+                self.publish(&rec);
+                self.schedule_due = true;
+            }
+            Err(e) => {
+                tracing::error!(job = id, error = %e, "could not queue again a job whose assignment was never sent")
+            }
+        }
     }
 
     /// Group commit of a placement pass: every assignment is stored in one transaction, with
@@ -429,6 +548,7 @@ impl Brain {
                 Ok(rec) => rec,
                 Err(e) => {
                     tracing::error!(job = job.id, error = %e, "could not assign job");
+                    self.assigned_unconfirmed(job.id, &e).await;
                     continue;
                 }
             };
@@ -525,7 +645,7 @@ pub(super) const REASON_COUNTS_EVERY_MS: i64 = 30_000;
 type Ready = (JobId, bool, Option<String>, Option<BTreeMap<String, String>>);
 
 /// Whether the job names secrets (stored or encrypted in its pipeline).
-fn names_secrets(j: &JobRecord) -> bool {
+pub(super) fn names_secrets(j: &JobRecord) -> bool {
     !(j.step.secrets.is_empty() && j.step.encrypted_secrets.is_empty())
 }
 
@@ -534,7 +654,7 @@ fn names_secrets(j: &JobRecord) -> bool {
 /// operator allowed them unenforced: the job's log then says so), never silently without
 /// them; a job its repository's budget holds goes only to machines no fleet made. `None`:
 /// the job's own tags are all.
-fn stand_in_tags(j: &JobRecord, held: bool) -> Option<BTreeMap<String, String>> {
+pub(super) fn stand_in_tags(j: &JobRecord, held: bool) -> Option<BTreeMap<String, String>> {
     let unsandboxed = j.step.sandbox == gpuci_core::pipeline::SandboxMode::None;
     let r = &j.step.resources;
     let limited = r.memory.is_some() || r.cpu_millis.is_some() || r.pids.is_some();

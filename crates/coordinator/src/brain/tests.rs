@@ -582,3 +582,106 @@ async fn a_waiting_jobs_counts_are_refreshed_now_and_then_and_its_words_at_once(
         ("no agent is connected".to_string(), "no agent is connected".to_string())
     );
 }
+
+/// Jobs that need only a place wait by shape (`brain/queue.rs`) and are still placed in queue
+/// order among the jobs looked at one by one; one queued later behind a full shape is told
+/// why at once, and the fleets see every waiting job, batched or not.
+#[tokio::test]
+async fn jobs_waiting_by_shape_keep_queue_order_and_are_told_and_seen_by_the_fleets() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let step = |key: &str, grouped: bool| {
+        let mut s = gpuci_core::pipeline::Step::new(key, "true");
+        s.gpu.count = 1;
+        if grouped {
+            s.concurrency =
+                Some(gpuci_core::pipeline::Concurrency { group: format!("g-{key}"), cancel_in_progress: false });
+        }
+        queued(s)
+    };
+    // Plain, grouped, plain, grouped, plain, plain: ids in that order.
+    let kinds = [false, true, false, true, false, false];
+    let steps = kinds.iter().enumerate().map(|(i, g)| step(&format!("s{i}"), *g)).collect();
+    let (_, jobs) = store.create_pipeline(new_pipeline(), steps).await.unwrap();
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    assert_eq!(brain.queue.each().collect::<Vec<_>>(), [ids[1], ids[3]], "the grouped jobs are taken one by one");
+    connect_fake_agent(&mut brain, "agent-1", 3);
+    brain.place_now().await;
+    let assigned: Vec<JobId> = brain.active.values().filter(|j| j.state == JobState::Assigned).map(|j| j.id).collect();
+    assert_eq!(assigned, ids[..3], "the first three in queue order, batched or not");
+    for id in &ids[3..] {
+        assert!(brain.active[id].reason.contains("leased"), "job {id}: {}", brain.active[id].reason);
+    }
+    // One more of the full shape, queued later: told at once, stored, and seen by the fleets.
+    let (_, more) = store.create_pipeline(new_pipeline(), vec![step("late", false)]).await.unwrap();
+    let late = more[0].id;
+    brain.publish(&more[0]);
+    brain.place_now().await;
+    let why = brain.active[&late].reason.clone();
+    assert!(why.contains("leased"), "{why}");
+    assert_eq!(store.get_job(late).await.unwrap().unwrap().reason, why);
+    let mut waiting: Vec<JobId> = brain.fleet_view().waiting.iter().map(|w| w.id).collect();
+    waiting.sort_unstable();
+    assert_eq!(waiting, [ids[3], ids[4], ids[5], late]);
+    // A GPU frees up: the first waiting job in queue order takes it, the grouped one.
+    connect_fake_agent(&mut brain, "agent-2", 1);
+    brain.place_now().await;
+    assert_eq!(brain.active[&ids[3]].state, JobState::Assigned);
+    assert_eq!(brain.active[&ids[4]].state, JobState::Queued);
+}
+
+/// An assignment the store took though its answer was lost (the connection dropped during
+/// COMMIT) was never sent: the next pass, refused by the store ("found assigned"), queues the
+/// job again and places it, instead of being refused at every pass for ever (outsider attack).
+#[tokio::test]
+async fn an_assignment_stored_without_an_answer_is_queued_again_and_placed() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let mut s = gpuci_core::pipeline::Step::new("a", "true");
+    s.gpu.count = 1;
+    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![queued(s)]).await.unwrap();
+    let id = jobs[0].id;
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    // The commit the coordinator never heard back from.
+    let lost = NewAssignment { job: id, agent_id: "agent-1".into(), gpus: vec!["GPU-one".into()], token_sha256: None };
+    store.assign_jobs(&[lost], now_ms()).await.unwrap().remove(0).unwrap();
+    brain.place_now().await;
+    assert_eq!(brain.active[&id].state, JobState::Queued);
+    assert!(brain.active[&id].reason.contains("never sent"), "{}", brain.active[&id].reason);
+    brain.place_now().await;
+    let stored = store.get_job(id).await.unwrap().unwrap();
+    assert_eq!((brain.active[&id].state, stored.state), (JobState::Assigned, JobState::Assigned));
+    assert_eq!(stored.gpus, ["GPU-one"]);
+    assert_eq!(store.get_job(id).await.unwrap().unwrap().attempt, jobs[0].attempt, "the same attempt: it never ran");
+}
+
+/// A start the store took though its answer was lost: the agent's resend is answered as
+/// applied and the coordinator takes the stored record, instead of refusing the resend for
+/// ever (each refusal closed the agent's connection: outsider attack).
+#[tokio::test]
+async fn a_start_stored_without_an_answer_is_taken_when_the_agent_sends_it_again() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let mut s = gpuci_core::pipeline::Step::new("a", "true");
+    s.gpu.count = 1;
+    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![queued(s)]).await.unwrap();
+    let id = jobs[0].id;
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    brain.place_now().await;
+    assert_eq!(brain.active[&id].state, JobState::Assigned);
+    let started = JobChange {
+        state: Some(JobState::Running),
+        reason: Some("running on agent-1".into()),
+        started_at_ms: Some(now_ms()),
+        ..Default::default()
+    };
+    store.update_job(id, &[JobState::Assigned], started).await.unwrap();
+    let (reply, answer) = oneshot::channel();
+    brain.batch_start("agent-1", id, now_ms(), Vec::new(), reply);
+    brain.flush_events().await;
+    assert_eq!(answer.await.unwrap(), Ok(()));
+    assert_eq!(brain.active[&id].state, JobState::Running);
+}

@@ -50,6 +50,9 @@ pub enum Decision {
     Unplaced { id: i64, reason: Option<String> },
     /// Placed, and applied to the cluster (its GPUs leased to it, a slot taken).
     Placed { id: i64, placement: Placement },
+    /// Of batch `batch` ([`Batch`]), the jobs from `ids[from]` on wait: no host takes their
+    /// shape now, for `reason` (placement's, reworded by `explain`).
+    BatchWaits { batch: usize, from: usize, reason: String },
 }
 
 /// Whether a pass gives a job no host takes its reason again when only the reason's counts
@@ -62,6 +65,17 @@ pub enum Counts {
     Keep,
 }
 
+/// Queued jobs that differ in nothing a pass looks at but their ids: ready, in no
+/// concurrency group, with no fleets' note, not held by a budget, all with the same needs.
+/// A pass takes them in queue order among the other jobs, and once their shape finds no
+/// place it decides the rest of them at once ([`Decision::BatchWaits`]): a queue of 100,000
+/// such jobs costs a pass the jobs it places, not 100,000 visits.
+pub struct Batch<'a> {
+    pub needs: Needs<'a>,
+    /// In queue order (ascending).
+    pub ids: &'a [i64],
+}
+
 /// Run a pass over `jobs` (queue order). `explain` may reword placement's reason for a job's
 /// needs (the scheduler names its stand-in tags in words); it is asked once per shape.
 pub fn pass<'a>(
@@ -70,53 +84,142 @@ pub fn pass<'a>(
     explain: impl Fn(&Needs<'_>, String) -> String,
     counts: Counts,
 ) -> Vec<Decision> {
-    let mut decisions = Vec::new();
-    let mut placed_groups: BTreeSet<GroupKey> = BTreeSet::new();
-    let mut full = FullShapes::default();
-    let changed = |told: &str, why: String| (told != why).then_some(why);
-    // Placement's reason for a job no host takes: its counts are given again only when asked.
-    let unplaced = |told: &str, why: String| match counts {
-        Counts::Keep if same_but_numbers(told, &why) => None,
-        _ => changed(told, why),
+    pass_batched(cluster, jobs, &[], explain, counts)
+}
+
+/// [`pass`] over `jobs` and `batches` together, in queue order (each job's id is its place):
+/// decides what [`pass`] decides for the same jobs one by one, a batch's waiting jobs as one
+/// [`Decision::BatchWaits`] (whose reasons to give are the caller's to work out with
+/// [`tell`], as it keeps what each was told).
+pub fn pass_batched<'a>(
+    cluster: &mut Cluster,
+    jobs: impl IntoIterator<Item = Candidate<'a>>,
+    batches: &[Batch<'_>],
+    explain: impl Fn(&Needs<'_>, String) -> String,
+    counts: Counts,
+) -> Vec<Decision> {
+    use std::cmp::Reverse;
+    let mut p = Pass {
+        cluster,
+        explain,
+        counts,
+        decisions: Vec::new(),
+        placed_groups: BTreeSet::new(),
+        full: FullShapes::default(),
     };
-    for job in jobs {
+    let mut jobs = jobs.into_iter().peekable();
+    // Each batch's next job, first in queue order first.
+    let mut heads: std::collections::BinaryHeap<Reverse<(i64, usize)>> =
+        batches.iter().enumerate().filter_map(|(b, batch)| Some(Reverse((*batch.ids.first()?, b)))).collect();
+    let mut next = vec![0usize; batches.len()];
+    loop {
+        let head = heads.peek().map(|Reverse(h)| *h);
+        match (jobs.peek(), head) {
+            (Some(job), Some((id, _))) if job.id < id => {}
+            (Some(_), None) => {}
+            (_, Some((id, b))) => {
+                heads.pop();
+                if p.batch_head(id, &batches[b].needs) {
+                    next[b] += 1;
+                    if let Some(id) = batches[b].ids.get(next[b]) {
+                        heads.push(Reverse((*id, b)));
+                    }
+                } else {
+                    let reason = p.full.reason(&Shape::of(&batches[b].needs)).unwrap_or_default().to_string();
+                    p.decisions.push(Decision::BatchWaits { batch: b, from: next[b], reason });
+                }
+                continue;
+            }
+            (None, None) => break,
+        }
+        if let Some(job) = jobs.next() {
+            p.one(job);
+        }
+    }
+    p.decisions
+}
+
+/// Whether a job no host takes is given `why` when it was last told `told`: not when it is
+/// what it was told, nor, unless counts are refreshed, when only the numbers differ.
+pub fn tell(told: &str, why: &str, counts: Counts) -> bool {
+    match counts {
+        Counts::Keep if same_but_numbers(told, why) => false,
+        _ => told != why,
+    }
+}
+
+/// A pass under way.
+struct Pass<'c, E> {
+    cluster: &'c mut Cluster,
+    explain: E,
+    counts: Counts,
+    decisions: Vec<Decision>,
+    placed_groups: BTreeSet<GroupKey>,
+    full: FullShapes,
+}
+
+impl<E: Fn(&Needs<'_>, String) -> String> Pass<'_, E> {
+    /// One job, on its own.
+    fn one(&mut self, job: Candidate<'_>) {
+        let changed = |told: &str, why: String| (told != why).then_some(why);
+        let counts = self.counts;
+        // Placement's reason for a job no host takes: its counts are given again only when asked.
+        let unplaced = |told: &str, why: String| tell(told, &why, counts).then_some(why);
         let why = match (job.blocked, &job.group) {
             (Some(why), _) => Some(why),
-            (None, Some(key)) if placed_groups.contains(key) => {
+            (None, Some(key)) if self.placed_groups.contains(key) => {
                 Some(format!("waiting for another job in concurrency group {key}"))
             }
             _ => None,
         };
         if let Some(why) = why {
-            decisions.push(Decision::Waits { id: job.id, reason: changed(job.told, why) });
-            continue;
+            self.decisions.push(Decision::Waits { id: job.id, reason: changed(job.told, why) });
+            return;
         }
         let shape = Shape::of(&job.needs);
-        if let Some(reason) = full.reason(&shape) {
+        if let Some(reason) = self.full.reason(&shape) {
             let reason = match job.fleet_note {
                 // Told already (most of a long queue, pass after pass): nothing to write.
                 None if job.told == reason => None,
                 note => unplaced(job.told, with_fleet_note(reason, job.held, note)),
             };
-            decisions.push(Decision::Unplaced { id: job.id, reason });
-            continue;
+            self.decisions.push(Decision::Unplaced { id: job.id, reason });
+            return;
         }
-        match cluster.place_and_apply(&job.id.to_string(), &job.needs) {
+        match self.cluster.place_and_apply(&job.id.to_string(), &job.needs) {
             Ok(placement) => {
                 if let Some(key) = job.group {
-                    placed_groups.insert(key);
+                    self.placed_groups.insert(key);
                 }
-                decisions.push(Decision::Placed { id: job.id, placement });
+                self.decisions.push(Decision::Placed { id: job.id, placement });
             }
             Err(u) => {
-                let reason = explain(&job.needs, u.reason);
-                full.note(&shape, &reason);
+                let reason = (self.explain)(&job.needs, u.reason);
+                self.full.note(&shape, &reason);
                 let reason = unplaced(job.told, with_fleet_note(&reason, job.held, job.fleet_note));
-                decisions.push(Decision::Unplaced { id: job.id, reason });
+                self.decisions.push(Decision::Unplaced { id: job.id, reason });
             }
         }
     }
-    decisions
+
+    /// A batch's next job: placed (true), or its shape has no place (false; noted in `full`).
+    fn batch_head(&mut self, id: i64, needs: &Needs<'_>) -> bool {
+        let shape = Shape::of(needs);
+        if self.full.reason(&shape).is_some() {
+            return false;
+        }
+        match self.cluster.place_and_apply(&id.to_string(), needs) {
+            Ok(placement) => {
+                self.decisions.push(Decision::Placed { id, placement });
+                true
+            }
+            Err(u) => {
+                let reason = (self.explain)(needs, u.reason);
+                self.full.note(&shape, &reason);
+                false
+            }
+        }
+    }
 }
 
 /// Whether `a` and `b` say the same in words: equal once every run of digits is taken as one
