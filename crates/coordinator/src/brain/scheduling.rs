@@ -523,6 +523,7 @@ impl Brain {
                 token_sha256: p.token_sha256.clone(),
             })
             .collect();
+        let began = std::time::Instant::now();
         let results = match self.store.assign_jobs(&batch, now_ms()).await {
             Ok(results) => results,
             Err(e) => {
@@ -540,6 +541,8 @@ impl Brain {
                 return;
             }
         };
+        let stored = began.elapsed();
+        let count = placed.len();
         for (placed, result) in placed.into_iter().zip(results) {
             let Placed {
                 agent_id, secrets, workspace_upload, cache, origin, trusted, repository, log_from, job, ..
@@ -604,6 +607,13 @@ impl Brain {
                 }
             }
         }
+        tracing::debug!(
+            target: "gpuci::pass",
+            placed = count,
+            stored_ms = stored.as_secs_f64() * 1e3,
+            sent_ms = (began.elapsed() - stored).as_secs_f64() * 1e3,
+            "assignments committed and sent"
+        );
     }
 
     pub(super) async fn runner_registered(&mut self, id: JobId, placement: u64, result: Result<RunnerGrant, String>) {
