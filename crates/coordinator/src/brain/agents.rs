@@ -84,34 +84,34 @@ impl Brain {
         let plan = reconcile(&ours, &holds, hello.journal_incomplete.is_some(), &cancelling);
         // Applied before the welcome: an agent that was welcomed after saying its journal was
         // incomplete forgets that it was, so what it changes must be committed by then.
+        // A change the store refuses because the job moved on there (a commit whose answer was
+        // lost) takes the stored record and goes on: failing the connect closed it, the agent
+        // came back, and the same refusal closed it again, for ever (outsider attack).
         for id in plan.requeue {
             // Never received (the agent journals an assignment before starting it), so it never
             // ran: safe to hand out again.
-            let rec = self
-                .store
-                .update_job(
-                    id,
-                    &[JobState::Assigned],
-                    JobChange {
-                        state: Some(JobState::Queued),
-                        reason: Some(gpuci_core::reconnect::requeue_reason(&hello.name)),
-                        clear_assignment: true,
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            self.publish(&rec);
+            let change = JobChange {
+                state: Some(JobState::Queued),
+                reason: Some(gpuci_core::reconnect::requeue_reason(&hello.name)),
+                clear_assignment: true,
+                ..Default::default()
+            };
+            match self.store.update_job(id, &[JobState::Assigned], change).await {
+                Ok(rec) => self.publish(&rec),
+                Err(e) if self.take_stored(id, &e).await.is_some() => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         for id in plan.cancelled {
             let Some(j) = self.active.get(&id).cloned() else { continue };
             let why = self.cancelling.get(&id).cloned().unwrap_or_else(|| "cancelled".to_string());
-            self.finish(&j, JobState::Cancelled, why, None, None, Vec::new()).await?;
+            self.settle(&j, JobState::Cancelled, why).await?;
         }
         for id in plan.lost {
             let Some(j) = self.active.get(&id).cloned() else { continue };
             let why = gpuci_core::reconnect::lost_reason(&hello.name, hello.journal_incomplete.as_deref());
             self.note_in_log(&j, format!("output may be missing from here on: {why}")).await;
-            self.finish(&j, JobState::Lost, why, None, None, Vec::new()).await?;
+            self.settle(&j, JobState::Lost, why).await?;
         }
         let mut forget = Vec::new();
         for id in &plan.forget {
@@ -140,6 +140,16 @@ impl Brain {
             self.agent_interrupted(agent_id, reason.clone()).await;
         }
         Ok(())
+    }
+
+    /// Ends `j` as an agent's connect found it ([`Brain::finish`]); a refusal because the job
+    /// moved on in the store takes the stored record instead ([`Brain::take_stored`]).
+    async fn settle(&mut self, j: &JobRecord, state: JobState, why: String) -> Result<(), BrainError> {
+        match self.finish(j, state, why, None, None, Vec::new()).await {
+            Ok(_) => Ok(()),
+            Err(BrainError::Store(e)) if self.take_stored(j.id, &e).await.is_some() => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     pub(super) async fn apply_gpus(

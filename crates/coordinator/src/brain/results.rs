@@ -361,17 +361,27 @@ impl Brain {
         if found.is_terminal() {
             return self.ended_in_store(id, e).await;
         }
-        match self.store.get_job(id).await {
-            Ok(Some(stored)) => {
-                let held = self.active.get(&id).map(|j| (j.state, j.agent_id.clone()));
-                if held != Some((stored.state, stored.agent_id.clone())) {
-                    tracing::warn!(job = id, state = %stored.state, "the store had moved on (a commit whose answer was lost); taking its record");
-                    self.publish(&stored);
-                }
-                stored.state.is_terminal() || (start && stored.state != JobState::Assigned)
-            }
-            _ => false,
+        match self.take_stored(id, e).await {
+            Some(state) => state.is_terminal() || (start && state != JobState::Assigned),
+            None => false,
         }
+    }
+
+    /// The store refused a change of job `id` because the job is not in the state this
+    /// coordinator held (`e`, a [`StoreError::Conflict`]): a commit whose answer was lost
+    /// went through after all (a cancel, a requeue, an assignment, a start). The stored record
+    /// is read and taken, so that memory follows the store again; refused again and again
+    /// otherwise, such a job never ran (or kept a GPU) until a restart (outsider attacks).
+    /// Returns the stored state, `None` when `e` is no conflict or the record cannot be read.
+    pub(super) async fn take_stored(&mut self, id: JobId, e: &StoreError) -> Option<JobState> {
+        let StoreError::Conflict { .. } = e else { return None };
+        let stored = self.store.get_job(id).await.ok()??;
+        let held = self.active.get(&id).map(|j| (j.state, j.agent_id.clone()));
+        if held != Some((stored.state, stored.agent_id.clone())) {
+            tracing::warn!(job = id, state = %stored.state, "the store had moved on (a commit whose answer was lost); taking its record");
+            self.publish(&stored);
+        }
+        Some(stored.state)
     }
 
     pub(super) async fn ended_in_store(&mut self, id: JobId, e: &StoreError) -> bool {

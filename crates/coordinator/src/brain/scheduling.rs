@@ -57,9 +57,14 @@ impl Brain {
                 gpus,
                 ends_at_ms: a.ends_at_ms,
                 // No slot at all is never "busy": placement names the agent and why. An agent
-                // older than the `refuses` field is described by its isolation line.
+                // older than the `refuses` field is described by its isolation line. Nor is
+                // an agent that takes no jobs for now (paused by itself, its machine
+                // interrupted or withdrawn): waiting for its jobs to end frees nothing.
                 refuses: (a.slots == 0)
-                    .then(|| a.refuses.clone().unwrap_or_else(|| format!("it offers no job slots ({})", a.isolation))),
+                    .then(|| a.refuses.clone().unwrap_or_else(|| format!("it offers no job slots ({})", a.isolation)))
+                    .or_else(|| a.paused.as_ref().map(|why| format!("it is paused ({why})")))
+                    .or_else(|| a.interrupted.as_ref().map(|why| format!("its machine is being interrupted ({why})")))
+                    .or_else(|| a.withdrawn.as_ref().map(|why| format!("its machine is being withdrawn ({why})"))),
             });
             ids.push(a.id.clone());
         }
@@ -476,11 +481,17 @@ impl Brain {
     /// the job never ran. It goes back to the queue in the store, its leases released, to be
     /// placed again; before, every later pass was refused and the job never ran (outsider
     /// attack).
+    /// Found in another state (cancelled or timed out in the queue by a commit whose answer
+    /// was lost), the stored record is taken ([`Brain::take_stored`]).
     async fn assigned_unconfirmed(&mut self, id: JobId, e: &StoreError) {
-        let StoreError::Conflict { found: JobState::Assigned, .. } = e else { return };
-        if self.active.get(&id).is_none_or(|j| j.state != JobState::Queued) {
+        let (StoreError::Conflict { found: JobState::Assigned, .. }, Some(JobState::Queued)) =
+            (e, self.active.get(&id).map(|j| j.state))
+        else {
+            // The place it was given goes to another job at the next pass.
+            self.schedule_due = true;
+            self.take_stored(id, e).await;
             return;
-        }
+        };
         let change = JobChange {
             state: Some(JobState::Queued),
             reason: Some(

@@ -685,3 +685,100 @@ async fn a_start_stored_without_an_answer_is_taken_when_the_agent_sends_it_again
     assert_eq!(answer.await.unwrap(), Ok(()));
     assert_eq!(brain.active[&id].state, JobState::Running);
 }
+
+/// A cancel the store took though its answer was lost (the API answered 503): the job is
+/// still queued in memory, and a pass that gives it a GPU is refused ("found cancelled").
+/// The coordinator takes the stored record and the GPU goes to the next job, instead of to
+/// the cancelled one at every pass for ever (outsider attack).
+#[tokio::test]
+async fn a_job_ended_in_the_store_behind_the_scheduler_gives_its_place_to_the_next() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let step = || {
+        let mut s = gpuci_core::pipeline::Step::new("a", "true");
+        s.gpu.count = 1;
+        queued(s)
+    };
+    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![step(), step()]).await.unwrap();
+    let (first, second) = (jobs[0].id, jobs[1].id);
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    let cancelled =
+        JobChange { state: Some(JobState::Cancelled), reason: Some("cancelled by alice".into()), ..Default::default() };
+    store.update_job(first, &[JobState::Queued], cancelled).await.unwrap();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    brain.place_now().await;
+    assert!(!brain.active.contains_key(&first), "the stored end was taken");
+    assert!(brain.schedule_due, "the place goes to another job at once");
+    brain.place_now().await;
+    assert_eq!(brain.active.get(&second).map(|j| j.state), Some(JobState::Assigned));
+    assert_eq!(store.get_job(first).await.unwrap().unwrap().state, JobState::Cancelled);
+}
+
+/// An agent's connect whose requeue of a job it never received is refused because the
+/// requeue already went through (its commit's answer was lost): the connect takes the stored
+/// record and succeeds, instead of failing, closing the connection, and failing again at
+/// every reconnect (outsider attack).
+#[tokio::test]
+async fn a_connect_whose_requeue_went_through_already_takes_the_stored_job() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let mut s = gpuci_core::pipeline::Step::new("a", "sleep 600");
+    s.gpu.count = 1;
+    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![queued(s)]).await.unwrap();
+    let id = jobs[0].id;
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    store.insert_agent(&stored_agent("agent-1")).await.unwrap();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    brain.place_now().await;
+    assert_eq!(brain.active[&id].state, JobState::Assigned);
+    brain.agent_disconnected("agent-1", "connection closed", false).await;
+    let requeued = JobChange {
+        state: Some(JobState::Queued),
+        reason: Some("requeued: agent agent-1 reconnected without it".into()),
+        clear_assignment: true,
+        ..Default::default()
+    };
+    store.update_job(id, &[JobState::Assigned], requeued).await.unwrap();
+    let hello = Hello {
+        protocol: gpuci_protocol::PROTOCOL_VERSION,
+        agent_version: "test".into(),
+        name: "agent-1".into(),
+        hostname: "agent-1".into(),
+        slots: 4,
+        tags: BTreeMap::new(),
+        gpus: brain.agents["agent-1"].gpus.clone(),
+        gpu_backend: "fake".into(),
+        isolation: "bubblewrap".into(),
+        container_runtime: None,
+        running: vec![],
+        journal_incomplete: None,
+        paused: None,
+        interrupted: None,
+        ends_at_ms: None,
+        refuses: None,
+    };
+    let (tx, _rx) = mpsc::unbounded_channel();
+    brain.agent_connected("agent-1", 2, hello, tx).await.expect("the connect goes through");
+    assert_eq!(brain.active[&id].state, JobState::Queued);
+    brain.place_now().await;
+    assert_eq!(brain.active[&id].state, JobState::Assigned, "placed again");
+}
+
+/// An agent that paused itself (low disk) is named with its reason, never called busy: its
+/// slots are free, and waiting for its jobs to end frees nothing (outsider attack).
+#[tokio::test]
+async fn a_paused_agent_is_named_with_its_reason_not_called_busy() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let (_, jobs) = store
+        .create_pipeline(new_pipeline(), vec![queued(gpuci_core::pipeline::Step::new("a", "true"))])
+        .await
+        .unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    brain.agents.get_mut("agent-1").unwrap().paused = Some("free disk is below --min-free-disk".into());
+    brain.place_now().await;
+    let why = &brain.active[&jobs[0].id].reason;
+    assert!(why.contains("agent agent-1 takes no jobs: it is paused (free disk is below --min-free-disk)"), "{why}");
+    assert!(!why.contains("busy"), "{why}");
+}
