@@ -631,19 +631,30 @@ async fn jobs_waiting_by_shape_keep_queue_order_and_are_told_and_seen_by_the_fle
     assert_eq!(brain.active[&ids[4]].state, JobState::Queued);
 }
 
+/// A store with `n` queued 1-GPU jobs of one pipeline, agent-1 registered, and a brain
+/// loaded from it with agent-1 connected (one GPU).
+async fn one_gpu_jobs(n: usize) -> (Arc<gpuci_store::SqliteStore>, Vec<JobRecord>, Brain) {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let step = || {
+        let mut s = gpuci_core::pipeline::Step::new("a", "true");
+        s.gpu.count = 1;
+        queued(s)
+    };
+    let (_, jobs) = store.create_pipeline(new_pipeline(), (0..n).map(|_| step()).collect()).await.unwrap();
+    store.insert_agent(&stored_agent("agent-1")).await.unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    (store, jobs, brain)
+}
+
 /// An assignment the store took though its answer was lost (the connection dropped during
 /// COMMIT) was never sent: the next pass, refused by the store ("found assigned"), queues the
 /// job again and places it, instead of being refused at every pass for ever (outsider attack).
 #[tokio::test]
 async fn an_assignment_stored_without_an_answer_is_queued_again_and_placed() {
-    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
-    let mut s = gpuci_core::pipeline::Step::new("a", "true");
-    s.gpu.count = 1;
-    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![queued(s)]).await.unwrap();
+    let (store, jobs, mut brain) = one_gpu_jobs(1).await;
     let id = jobs[0].id;
-    let (key, _) = gpuci_store::SecretsKey::generate();
-    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
-    connect_fake_agent(&mut brain, "agent-1", 1);
     // The commit the coordinator never heard back from.
     let lost = NewAssignment { job: id, agent_id: "agent-1".into(), gpus: vec!["GPU-one".into()], token_sha256: None };
     store.assign_jobs(&[lost], now_ms()).await.unwrap().remove(0).unwrap();
@@ -662,14 +673,8 @@ async fn an_assignment_stored_without_an_answer_is_queued_again_and_placed() {
 /// ever (each refusal closed the agent's connection: outsider attack).
 #[tokio::test]
 async fn a_start_stored_without_an_answer_is_taken_when_the_agent_sends_it_again() {
-    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
-    let mut s = gpuci_core::pipeline::Step::new("a", "true");
-    s.gpu.count = 1;
-    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![queued(s)]).await.unwrap();
+    let (store, jobs, mut brain) = one_gpu_jobs(1).await;
     let id = jobs[0].id;
-    let (key, _) = gpuci_store::SecretsKey::generate();
-    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
-    connect_fake_agent(&mut brain, "agent-1", 1);
     brain.place_now().await;
     assert_eq!(brain.active[&id].state, JobState::Assigned);
     let started = JobChange {
@@ -692,20 +697,11 @@ async fn a_start_stored_without_an_answer_is_taken_when_the_agent_sends_it_again
 /// the cancelled one at every pass for ever (outsider attack).
 #[tokio::test]
 async fn a_job_ended_in_the_store_behind_the_scheduler_gives_its_place_to_the_next() {
-    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
-    let step = || {
-        let mut s = gpuci_core::pipeline::Step::new("a", "true");
-        s.gpu.count = 1;
-        queued(s)
-    };
-    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![step(), step()]).await.unwrap();
+    let (store, jobs, mut brain) = one_gpu_jobs(2).await;
     let (first, second) = (jobs[0].id, jobs[1].id);
-    let (key, _) = gpuci_store::SecretsKey::generate();
-    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
     let cancelled =
         JobChange { state: Some(JobState::Cancelled), reason: Some("cancelled by alice".into()), ..Default::default() };
     store.update_job(first, &[JobState::Queued], cancelled).await.unwrap();
-    connect_fake_agent(&mut brain, "agent-1", 1);
     brain.place_now().await;
     assert!(!brain.active.contains_key(&first), "the stored end was taken");
     assert!(brain.schedule_due, "the place goes to another job at once");
@@ -720,15 +716,8 @@ async fn a_job_ended_in_the_store_behind_the_scheduler_gives_its_place_to_the_ne
 /// every reconnect (outsider attack).
 #[tokio::test]
 async fn a_connect_whose_requeue_went_through_already_takes_the_stored_job() {
-    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
-    let mut s = gpuci_core::pipeline::Step::new("a", "sleep 600");
-    s.gpu.count = 1;
-    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![queued(s)]).await.unwrap();
+    let (store, jobs, mut brain) = one_gpu_jobs(1).await;
     let id = jobs[0].id;
-    let (key, _) = gpuci_store::SecretsKey::generate();
-    store.insert_agent(&stored_agent("agent-1")).await.unwrap();
-    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
-    connect_fake_agent(&mut brain, "agent-1", 1);
     brain.place_now().await;
     assert_eq!(brain.active[&id].state, JobState::Assigned);
     brain.agent_disconnected("agent-1", "connection closed", false).await;
@@ -768,14 +757,7 @@ async fn a_connect_whose_requeue_went_through_already_takes_the_stored_job() {
 /// slots are free, and waiting for its jobs to end frees nothing (outsider attack).
 #[tokio::test]
 async fn a_paused_agent_is_named_with_its_reason_not_called_busy() {
-    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
-    let (_, jobs) = store
-        .create_pipeline(new_pipeline(), vec![queued(gpuci_core::pipeline::Step::new("a", "true"))])
-        .await
-        .unwrap();
-    let (key, _) = gpuci_store::SecretsKey::generate();
-    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
-    connect_fake_agent(&mut brain, "agent-1", 1);
+    let (_, jobs, mut brain) = one_gpu_jobs(1).await;
     brain.agents.get_mut("agent-1").unwrap().paused = Some("free disk is below --min-free-disk".into());
     brain.place_now().await;
     let why = &brain.active[&jobs[0].id].reason;
