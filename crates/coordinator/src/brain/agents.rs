@@ -34,6 +34,24 @@ impl Brain {
             let _ = tx.send(CoordinatorMessage::Refused { reason: why.clone() });
             return Err(BrainError::AgentRefused(why));
         }
+        // Two machines with one identity (a data dir copied into an image after registration)
+        // each took the other's connection in turn, and each connect reconciled the other's
+        // jobs as never received or lost: jobs ran twice (outsider attack). A connection from
+        // another host while one is live is refused, loudly; the same host connecting again
+        // (its old connection not yet seen closed) replaces the old one.
+        if let Some(live) = self.agents.get(agent_id).filter(|a| a.link == Link::Connected && a.conn.is_some()) {
+            if live.hostname != hello.hostname {
+                let why = format!(
+                    "agent {} is connected from host {} already, and this connection is from host {}: two machines \
+                     share one agent identity (a data dir copied after registration?); register each machine as an \
+                     agent of its own",
+                    live.name, live.hostname, hello.hostname
+                );
+                tracing::error!(agent = agent_id, reason = %why, "agent refused");
+                let _ = tx.send(CoordinatorMessage::Refused { reason: why.clone() });
+                return Err(BrainError::AgentRefused(why));
+            }
+        }
         let now = now_ms();
         let hello_json = serde_json::to_string(&hello).ok();
         let was_lost = self.agents.get(agent_id).is_some_and(|a| a.link == Link::Lost);

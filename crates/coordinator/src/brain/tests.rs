@@ -764,3 +764,43 @@ async fn a_paused_agent_is_named_with_its_reason_not_called_busy() {
     assert!(why.contains("agent agent-1 takes no jobs: it is paused (free disk is below --min-free-disk)"), "{why}");
     assert!(!why.contains("busy"), "{why}");
 }
+
+/// Two machines with one agent identity (a data dir copied after registration): while one
+/// is connected, the other is refused with why, instead of each taking the other's
+/// connection and reconciling its jobs away (jobs ran twice: outsider attack). The same host
+/// connecting again replaces its old connection, as before.
+#[tokio::test]
+async fn a_second_machine_with_a_connected_agents_identity_is_refused() {
+    let (_, _, mut brain) = one_gpu_jobs(0).await;
+    let hello = |hostname: &str| Hello {
+        protocol: gpuci_protocol::PROTOCOL_VERSION,
+        agent_version: "test".into(),
+        name: "agent-1".into(),
+        hostname: hostname.into(),
+        slots: 4,
+        tags: BTreeMap::new(),
+        gpus: vec![],
+        gpu_backend: "fake".into(),
+        isolation: "bubblewrap".into(),
+        container_runtime: None,
+        running: vec![],
+        journal_incomplete: None,
+        paused: None,
+        interrupted: None,
+        ends_at_ms: None,
+        refuses: None,
+    };
+    let (tx, _rx) = mpsc::unbounded_channel();
+    brain.agent_connected("agent-1", 2, hello("agent-1"), tx).await.unwrap();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let refused = brain.agent_connected("agent-1", 3, hello("copy-of-agent-1"), tx).await;
+    assert!(
+        matches!(&refused, Err(BrainError::AgentRefused(why)) if why.contains("share one agent identity")),
+        "{refused:?}"
+    );
+    assert!(matches!(rx.try_recv(), Ok(CoordinatorMessage::Refused { .. })));
+    assert_eq!(brain.agents["agent-1"].conn.as_ref().map(|c| c.0), Some(2), "the live connection is kept");
+    let (tx, _rx) = mpsc::unbounded_channel();
+    brain.agent_connected("agent-1", 4, hello("agent-1"), tx).await.expect("the same host again");
+    assert_eq!(brain.agents["agent-1"].conn.as_ref().map(|c| c.0), Some(4));
+}
