@@ -333,7 +333,9 @@ impl Brain {
         for t in &plan.timed_out {
             // Still queued: nothing above ends a queued job, but the answer is applied to what is.
             let Some(j) = self.active.get(&t.job).filter(|j| j.state == JobState::Queued).cloned() else { continue };
-            if let Err(e) = self.finish(&j, JobState::TimedOut, t.reason.clone(), None, None, Vec::new()).await {
+            // `settle`: a timeout the store took though its answer was lost is taken from the
+            // store, not tried again every second (outsider attack).
+            if let Err(e) = self.settle(&j, JobState::TimedOut, t.reason.clone()).await {
                 tracing::error!(job = j.id, error = %e, "could not time out job");
             }
         }

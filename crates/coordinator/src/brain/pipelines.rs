@@ -139,9 +139,13 @@ impl Brain {
         if !job.state.is_terminal() {
             return Err(BrainError::Conflict(format!("job {id} is {}; only a finished job can be retried", job.state)));
         }
-        if let Some(newer) =
-            self.store.pipeline_jobs(job.pipeline_id).await?.iter().find(|j| j.step.key == job.step.key && j.id > id)
-        {
+        let jobs = self.store.pipeline_jobs(job.pipeline_id).await?;
+        let unseen = self.take_unseen(&jobs);
+        if let Some(newer) = jobs.iter().find(|j| j.step.key == job.step.key && j.id > id) {
+            // A retry whose answer was lost (the caller was told 503) asked again: its job.
+            if let Some(rec) = unseen.into_iter().find(|j| j.id == newer.id) {
+                return Ok(rec);
+            }
             return Err(BrainError::Conflict(format!("job {id} was already retried as job {}", newer.id)));
         }
         let pipeline = self.store.get_pipeline(job.pipeline_id).await?;
@@ -158,6 +162,21 @@ impl Brain {
         Ok(rec)
     }
 
+    /// The unfinished jobs of `jobs` (a pipeline's, as stored) that the scheduler does not
+    /// hold, taken: a write that added them went through though its answer was lost (a retry
+    /// answered 503), and they waited unseen, never placed nor cancellable, until a restart
+    /// (outsider attack). Every unfinished job is in `Brain::active` otherwise.
+    fn take_unseen(&mut self, jobs: &[JobRecord]) -> Vec<JobRecord> {
+        let unseen: Vec<JobRecord> =
+            jobs.iter().filter(|j| !j.state.is_terminal() && !self.active.contains_key(&j.id)).cloned().collect();
+        for j in &unseen {
+            tracing::warn!(job = j.id, state = %j.state, "a job the store holds and the scheduler did not (a write whose answer was lost); taking it");
+            self.publish(j);
+            self.schedule_due = true;
+        }
+        unseen
+    }
+
     /// A new attempt of each job of the pipeline that `gpuci_core::rerun::retry_failed`
     /// names. All are stored before the scheduler runs (one command), so no new dependent is
     /// gated on its dependency's old, failed attempt.
@@ -169,6 +188,7 @@ impl Brain {
             )));
         }
         let jobs = self.store.pipeline_jobs(pipeline).await?;
+        let unseen = self.take_unseen(&jobs);
         let plan = gpuci_core::rerun::retry_failed(jobs.iter().map(|j| gpuci_core::rerun::PipelineJob {
             job_id: j.id,
             step_key: &j.step.key,
@@ -178,6 +198,10 @@ impl Brain {
             skipped_by_condition: gpuci_core::progress::is_skipped_by_condition(&j.step, j.state),
         }));
         if plan.is_empty() {
+            // A retry whose answer was lost (the caller was told 503) asked again: its jobs.
+            if !unseen.is_empty() {
+                return Ok(unseen);
+            }
             return Err(BrainError::Conflict(format!("pipeline {pipeline} has no failed job to retry")));
         }
         let now = now_ms();

@@ -804,3 +804,43 @@ async fn a_second_machine_with_a_connected_agents_identity_is_refused() {
     brain.agent_connected("agent-1", 4, hello("agent-1"), tx).await.expect("the same host again");
     assert_eq!(brain.agents["agent-1"].conn.as_ref().map(|c| c.0), Some(4));
 }
+
+/// A retry the store took though its answer was lost (the caller was told 503): the new
+/// attempt waited unseen, never placed and not cancellable, and asking again was refused
+/// ("already retried"). Asking again now answers with that attempt, which is placed.
+#[tokio::test]
+async fn a_retry_stored_without_an_answer_is_taken_when_asked_again() {
+    let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
+    let mut s = gpuci_core::pipeline::Step::new("a", "false");
+    s.gpu.count = 1;
+    let (p, jobs) = store.create_pipeline(new_pipeline(), vec![queued(s)]).await.unwrap();
+    let failed =
+        JobChange { state: Some(JobState::Failed), reason: Some("exited with code 1".into()), ..Default::default() };
+    let failed = store.update_job(jobs[0].id, &[JobState::Queued], failed).await.unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    connect_fake_agent(&mut brain, "agent-1", 1);
+    // The insert whose answer was lost.
+    let unseen = store.insert_job(next_attempt(&failed, "retry".into(), now_ms())).await.unwrap();
+    let again = brain.retry(failed.id, "alice").await.expect("the retry that went through");
+    assert_eq!(again.id, unseen.id);
+    assert!(brain.retry_failed(p.id, "alice").await.is_err(), "nothing left to retry, and nothing unseen");
+    brain.place_now().await;
+    assert_eq!(brain.active.get(&unseen.id).map(|j| j.state), Some(JobState::Assigned));
+}
+
+/// A queue timeout the store took though its answer was lost: the reaper takes the stored
+/// end instead of failing to time the job out again every second (outsider attack).
+#[tokio::test]
+async fn a_queue_timeout_stored_without_an_answer_is_taken_by_the_reaper() {
+    let (store, jobs, mut brain) = one_gpu_jobs(1).await;
+    let id = jobs[0].id;
+    brain.agents.get_mut("agent-1").unwrap().paused = Some("paused".into());
+    brain.ready_since.insert(id, 0);
+    let timed_out =
+        JobChange { state: Some(JobState::TimedOut), reason: Some("still queued".into()), ..Default::default() };
+    store.update_job(id, &[JobState::Queued], timed_out).await.unwrap();
+    brain.reap().await;
+    assert!(!brain.active.contains_key(&id), "the stored end was taken");
+    assert_eq!(store.get_job(id).await.unwrap().unwrap().reason, "still queued");
+}
