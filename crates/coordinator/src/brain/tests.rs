@@ -419,24 +419,7 @@ async fn a_job_cancelled_while_its_agent_is_away_keeps_its_gpu_until_the_agent_s
     // The agent comes back holding the job: it is told to cancel it, and the GPU stays
     // leased until it reports the end; the queued job is not placed on it meanwhile.
     let gpus = brain.agents["agent-1"].gpus.clone();
-    let hello = |running: Vec<JobId>| Hello {
-        protocol: gpuci_protocol::PROTOCOL_VERSION,
-        agent_version: "test".into(),
-        name: "agent-1".into(),
-        hostname: "agent-1".into(),
-        slots: 4,
-        tags: BTreeMap::new(),
-        gpus: gpus.clone(),
-        gpu_backend: "fake".into(),
-        isolation: "bubblewrap".into(),
-        container_runtime: None,
-        running,
-        journal_incomplete: None,
-        paused: None,
-        interrupted: None,
-        ends_at_ms: None,
-        refuses: None,
-    };
+    let hello = |running: Vec<JobId>| agent_1_hello("agent-1", gpus.clone(), running);
     let (tx, mut rx) = mpsc::unbounded_channel();
     brain.agent_connected("agent-1", 2, hello(vec![first]), tx).await.unwrap();
     brain.place_now().await;
@@ -494,6 +477,28 @@ async fn after_a_takeover_agents_get_the_time_the_former_leaders_heartbeat_needs
 }
 
 /// An agent as registered, for tests that connect it.
+/// What agent-1 says when it connects from `hostname` with `gpus`, holding `running`.
+fn agent_1_hello(hostname: &str, gpus: Vec<gpuci_core::gpu::GpuInfo>, running: Vec<JobId>) -> Hello {
+    Hello {
+        protocol: gpuci_protocol::PROTOCOL_VERSION,
+        agent_version: "test".into(),
+        name: "agent-1".into(),
+        hostname: hostname.into(),
+        slots: 4,
+        tags: BTreeMap::new(),
+        gpus: gpus,
+        gpu_backend: "fake".into(),
+        isolation: "bubblewrap".into(),
+        container_runtime: None,
+        running,
+        journal_incomplete: None,
+        paused: None,
+        interrupted: None,
+        ends_at_ms: None,
+        refuses: None,
+    }
+}
+
 fn stored_agent(id: &str) -> gpuci_store::AgentRecord {
     gpuci_store::AgentRecord {
         id: id.into(),
@@ -728,24 +733,7 @@ async fn a_connect_whose_requeue_went_through_already_takes_the_stored_job() {
         ..Default::default()
     };
     store.update_job(id, &[JobState::Assigned], requeued).await.unwrap();
-    let hello = Hello {
-        protocol: gpuci_protocol::PROTOCOL_VERSION,
-        agent_version: "test".into(),
-        name: "agent-1".into(),
-        hostname: "agent-1".into(),
-        slots: 4,
-        tags: BTreeMap::new(),
-        gpus: brain.agents["agent-1"].gpus.clone(),
-        gpu_backend: "fake".into(),
-        isolation: "bubblewrap".into(),
-        container_runtime: None,
-        running: vec![],
-        journal_incomplete: None,
-        paused: None,
-        interrupted: None,
-        ends_at_ms: None,
-        refuses: None,
-    };
+    let hello = agent_1_hello("agent-1", brain.agents["agent-1"].gpus.clone(), vec![]);
     let (tx, _rx) = mpsc::unbounded_channel();
     brain.agent_connected("agent-1", 2, hello, tx).await.expect("the connect goes through");
     assert_eq!(brain.active[&id].state, JobState::Queued);
@@ -772,24 +760,7 @@ async fn a_paused_agent_is_named_with_its_reason_not_called_busy() {
 #[tokio::test]
 async fn a_second_machine_with_a_connected_agents_identity_is_refused() {
     let (_, _, mut brain) = one_gpu_jobs(0).await;
-    let hello = |hostname: &str| Hello {
-        protocol: gpuci_protocol::PROTOCOL_VERSION,
-        agent_version: "test".into(),
-        name: "agent-1".into(),
-        hostname: hostname.into(),
-        slots: 4,
-        tags: BTreeMap::new(),
-        gpus: vec![],
-        gpu_backend: "fake".into(),
-        isolation: "bubblewrap".into(),
-        container_runtime: None,
-        running: vec![],
-        journal_incomplete: None,
-        paused: None,
-        interrupted: None,
-        ends_at_ms: None,
-        refuses: None,
-    };
+    let hello = |hostname: &str| agent_1_hello(hostname, vec![], vec![]);
     let (tx, _rx) = mpsc::unbounded_channel();
     brain.agent_connected("agent-1", 2, hello("agent-1"), tx).await.unwrap();
     let (tx, mut rx) = mpsc::unbounded_channel();
