@@ -486,7 +486,7 @@ fn agent_1_hello(hostname: &str, gpus: Vec<gpuci_core::gpu::GpuInfo>, running: V
         hostname: hostname.into(),
         slots: 4,
         tags: BTreeMap::new(),
-        gpus: gpus,
+        gpus,
         gpu_backend: "fake".into(),
         isolation: "bubblewrap".into(),
         container_runtime: None,
