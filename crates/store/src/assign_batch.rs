@@ -47,31 +47,10 @@ pub(crate) fn decide<'a>(
     Decided { answers, accepted }
 }
 
-/// The answers of a decided batch, given the accepted jobs' records as written.
-pub(crate) fn answer(
-    decided: Decided<'_>,
-    mut records: HashMap<JobId, crate::JobRecord>,
-) -> Vec<crate::Result<crate::JobRecord>> {
-    let Decided { answers, accepted } = decided;
-    let jobs: Vec<JobId> = accepted.iter().map(|a| a.job).collect();
-    answers_in_order(answers, &jobs, &mut records)
-}
-
-/// Each item's answer of a batch decided in order (this module's and `crate::update_batch`'s):
-/// `answers[i]` is the index in `accepted` of the item's job, whose record is taken from
-/// `records`, or why it was refused.
-pub(crate) fn answers_in_order(
-    answers: Vec<Result<usize, StoreError>>,
-    accepted: &[JobId],
-    records: &mut HashMap<JobId, crate::JobRecord>,
-) -> Vec<crate::Result<crate::JobRecord>> {
-    answers
-        .into_iter()
-        .map(|d| match d {
-            Ok(i) => records.remove(&accepted[i]).ok_or(StoreError::JobNotFound(accepted[i])),
-            Err(e) => Err(e),
-        })
-        .collect()
+/// The answers of a decided batch: `Ok(())` for an accepted one (its record is now
+/// [`NewAssignment::applied_to`] the one before), or why it was refused.
+pub(crate) fn answer(decided: Decided<'_>) -> Vec<crate::Result<()>> {
+    decided.answers.into_iter().map(|d| d.map(|_| ())).collect()
 }
 
 #[cfg(test)]

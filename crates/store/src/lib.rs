@@ -244,17 +244,19 @@ pub trait Store: Send + Sync + 'static {
     /// Group commit of a placement pass: [`Store::assign_job`] for each of `batch`, all in ONE
     /// transaction (one fsync for the pass, not one per job). `Err`: nothing was stored (the
     /// database failed, or this store was fenced); the caller sends no assignment and the jobs
-    /// stay queued. `Ok`: one answer per assignment, in order: the job as assigned, or why that
+    /// stay queued. `Ok`: one answer per assignment, in order: `Ok(())`, the job's record now
+    /// [`NewAssignment::applied_to`] the queued one (no record is read back), or why that
     /// one was refused ([`StoreError::Conflict`]: no longer queued; [`StoreError::GpuLeased`];
     /// [`StoreError::JobNotFound`]), which stored nothing of it and did not hold back the others.
     /// An assignment's `token_sha256` is stored with it (as [`Store::put_job_tokens`] would),
     /// so exactly when it is; a batch with tokens also deletes ended jobs' token rows.
-    async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<JobRecord>>>;
+    async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<()>>>;
     /// Group commit of agents' events: [`Store::update_job`] for each of `batch` in ONE
     /// transaction, with the same all-or-nothing and per-item answers as
     /// [`Store::assign_jobs`] (a [`StoreError::Conflict`] or [`StoreError::JobNotFound`]
-    /// refuses only its own change).
-    async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>>;
+    /// refuses only its own change). An accepted change's job is now
+    /// [`JobChange::applied_to`] its record before (no record is read back).
+    async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<()>>>;
     /// [`Store::set_reason`] for many jobs in one transaction (why each queued job waits,
     /// written once per placement pass rather than once per job).
     async fn set_reasons(&self, reasons: &[(JobId, String)]) -> Result<()>;

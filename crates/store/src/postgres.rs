@@ -185,7 +185,7 @@ impl Store for PostgresStore {
         Ok(rec)
     }
 
-    async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<JobRecord>>> {
+    async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<()>>> {
         // The pool's connections carry the fencing epoch: a former leader's batch is refused
         // by the database as a whole (`StoreError::is_fenced`).
         if let Some(out) = assign_set_based(&self.pool, batch, now_ms).await? {
@@ -201,11 +201,9 @@ impl Store for PostgresStore {
         for a in batch {
             sqlx::query("SAVEPOINT item").execute(&mut *tx).await?;
             let assigned = match assign_in(&mut tx, a.job, &a.agent_id, &a.gpus, now_ms).await {
-                Ok(rec) => match &a.token_sha256 {
-                    Some(h) => crate::job_tokens::postgres::put_all_in(&mut tx, &[a.job], &[h.as_str()], now_ms)
-                        .await
-                        .map(|()| rec),
-                    None => Ok(rec),
+                Ok(_) => match &a.token_sha256 {
+                    Some(h) => crate::job_tokens::postgres::put_all_in(&mut tx, &[a.job], &[h.as_str()], now_ms).await,
+                    None => Ok(()),
                 },
                 Err(e) => Err(e),
             };
@@ -222,10 +220,10 @@ impl Store for PostgresStore {
         Ok(out)
     }
 
-    async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>> {
+    async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<()>>> {
         let mut tx = self.pool.begin().await?;
         if let Some(out) = assign::update_set_based(&mut tx, batch).await? {
-            let ended: Vec<JobId> = out.iter().flatten().filter(|r| r.state.is_terminal()).map(|r| r.id).collect();
+            let ended = crate::update_batch::ended(batch, &out);
             crate::job_tokens::postgres::delete_ended_in(&mut tx, &ended).await?;
             tx.commit().await?;
             return Ok(out);
@@ -238,11 +236,14 @@ impl Store for PostgresStore {
                     sqlx::query("ROLLBACK TO SAVEPOINT item").execute(&mut *tx).await?;
                     out.push(Err(e));
                 }
-                r => out.push(Ok(r?)),
+                r => {
+                    r?;
+                    out.push(Ok(()))
+                }
             }
             sqlx::query("RELEASE SAVEPOINT item").execute(&mut *tx).await?;
         }
-        let ended: Vec<JobId> = out.iter().flatten().filter(|r| r.state.is_terminal()).map(|r| r.id).collect();
+        let ended = crate::update_batch::ended(batch, &out);
         crate::job_tokens::postgres::delete_ended_in(&mut tx, &ended).await?;
         tx.commit().await?;
         Ok(out)

@@ -84,6 +84,33 @@ pub struct NewAssignment {
     pub token_sha256: Option<String>,
 }
 
+/// What a job assigned to `agent_id` says instead of why it waited.
+pub fn assigned_reason(agent_id: &str) -> String {
+    format!("assigned to agent {agent_id}")
+}
+
+impl NewAssignment {
+    /// What an assigned job's record says instead of why it waited.
+    pub fn reason(&self) -> String {
+        assigned_reason(&self.agent_id)
+    }
+
+    /// `job`, queued, as [`Store::assign_jobs`](crate::Store::assign_jobs) stores it when
+    /// this assignment is accepted at `now_ms`: the backends write exactly these fields, so
+    /// the scheduler builds its copy of an assigned job with this instead of reading the
+    /// batch's records back (a parse of each job's step, 4,000 a pass at full load).
+    pub fn applied_to(&self, job: &JobRecord, now_ms: i64) -> JobRecord {
+        JobRecord {
+            state: JobState::Assigned,
+            reason: self.reason(),
+            agent_id: Some(self.agent_id.clone()),
+            gpus: self.gpus.clone(),
+            assigned_at_ms: Some(now_ms),
+            ..job.clone()
+        }
+    }
+}
+
 /// A job's stored state changes of a batch ([`Store::update_jobs`](crate::Store::update_jobs)):
 /// [`Store::update_job`](crate::Store::update_job)'s arguments.
 #[derive(Clone, Debug)]
@@ -110,6 +137,32 @@ pub struct JobChange {
     pub release_leases: bool,
     /// GPUs that failed their post-job check.
     pub quarantine: Vec<Quarantine>,
+}
+
+impl JobChange {
+    /// `job` as [`Store::update_jobs`](crate::Store::update_jobs) stores it once this change
+    /// is accepted: the backends write exactly these fields (a field left `None` keeps its
+    /// value; a cleared assignment forgets the agent, its GPUs and what it did not enforce).
+    /// The scheduler builds its copy with this instead of reading the batch's records back.
+    pub fn applied_to(&self, job: &JobRecord) -> JobRecord {
+        let mut rec = JobRecord {
+            state: self.state.unwrap_or(job.state),
+            reason: self.reason.clone().unwrap_or_else(|| job.reason.clone()),
+            started_at_ms: self.started_at_ms.or(job.started_at_ms),
+            finished_at_ms: self.finished_at_ms.or(job.finished_at_ms),
+            exit_code: self.exit_code.or(job.exit_code),
+            telemetry: self.telemetry.clone().or_else(|| job.telemetry.clone()),
+            unenforced: self.unenforced.clone().unwrap_or_else(|| job.unenforced.clone()),
+            ..job.clone()
+        };
+        if self.clear_assignment {
+            rec.agent_id = None;
+            rec.gpus = Vec::new();
+            rec.assigned_at_ms = None;
+            rec.unenforced = Vec::new();
+        }
+        rec
+    }
 }
 
 #[derive(Clone, Debug, Default)]

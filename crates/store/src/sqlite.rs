@@ -190,14 +190,17 @@ impl SqliteStore {
     }
 
     /// [`Store::update_jobs`]'s changes one at a time (a batch that changes a job twice).
-    async fn update_one_by_one(tx: &mut sqlx::SqliteConnection, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>> {
+    async fn update_one_by_one(tx: &mut sqlx::SqliteConnection, batch: &[JobUpdate]) -> Result<Vec<Result<()>>> {
         let mut out = Vec::with_capacity(batch.len());
         for u in batch {
             // No savepoint per item: `update_job_in` refuses an item before its first write,
             // and any other error ends the whole batch (the transaction is dropped).
             match update_job_in(&mut *tx, u.job, &u.expect, u.change.clone()).await {
                 Err(e) if e.refuses_only_the_item() => out.push(Err(e)),
-                r => out.push(Ok(r?)),
+                r => {
+                    r?;
+                    out.push(Ok(()))
+                }
             }
         }
         Ok(out)
@@ -325,20 +328,20 @@ impl Store for SqliteStore {
         Ok(rec)
     }
 
-    async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<JobRecord>>> {
+    async fn assign_jobs(&self, batch: &[NewAssignment], now_ms: i64) -> Result<Vec<Result<()>>> {
         let mut tx = self.pool.begin().await?;
         let out = assign::assign_set_based(&mut tx, batch, now_ms).await?;
         tx.commit().await?;
         Ok(out)
     }
 
-    async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<JobRecord>>> {
+    async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<()>>> {
         let mut tx = self.pool.begin().await?;
         let out = match assign::update_set_based(&mut tx, batch).await? {
             Some(out) => out,
             None => Self::update_one_by_one(&mut tx, batch).await?,
         };
-        let ended: Vec<JobId> = out.iter().flatten().filter(|r| r.state.is_terminal()).map(|r| r.id).collect();
+        let ended = crate::update_batch::ended(batch, &out);
         crate::job_tokens::sqlite::delete_ended_in(&mut tx, &ended).await?;
         tx.commit().await?;
         Ok(out)

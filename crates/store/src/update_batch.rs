@@ -54,14 +54,21 @@ pub(crate) fn decide(batch: &[JobUpdate], mut state: HashMap<JobId, JobState>) -
     Decided { answers, accepted }
 }
 
-/// The answers of a decided batch, given the accepted jobs' records as written.
-pub(crate) fn answer(
-    decided: Decided<'_>,
-    mut records: HashMap<JobId, crate::JobRecord>,
-) -> Vec<crate::Result<crate::JobRecord>> {
-    let Decided { answers, accepted } = decided;
-    let jobs: Vec<JobId> = accepted.iter().map(|u| u.job).collect();
-    crate::assign_batch::answers_in_order(answers, &jobs, &mut records)
+/// The answers of a decided batch: `Ok(())` for an accepted change (its job's record is now
+/// [`JobChange::applied_to`](crate::JobChange::applied_to) the one before), or why it was
+/// refused.
+pub(crate) fn answer(decided: Decided<'_>) -> Vec<crate::Result<()>> {
+    decided.answers.into_iter().map(|d| d.map(|_| ())).collect()
+}
+
+/// The jobs a batch's accepted changes ended (their token rows go with them).
+pub(crate) fn ended(batch: &[JobUpdate], out: &[crate::Result<()>]) -> Vec<JobId> {
+    batch
+        .iter()
+        .zip(out)
+        .filter(|(u, r)| r.is_ok() && u.change.state.is_some_and(JobState::is_terminal))
+        .map(|(u, _)| u.job)
+        .collect()
 }
 
 #[cfg(test)]

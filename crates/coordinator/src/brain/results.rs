@@ -239,7 +239,13 @@ impl Brain {
                 }
                 Ok(results) => {
                     let mut outcome = Vec::with_capacity(results.len());
+                    // Each job as the batch's earlier changes left it (a job changed twice).
+                    let mut changed: HashMap<JobId, JobRecord> = HashMap::new();
                     for ((u, r), after) in updates.iter().zip(results).zip(after) {
+                        let r = match r {
+                            Ok(()) => self.as_changed(&mut changed, u).await,
+                            Err(e) => Err(e),
+                        };
                         outcome.push(match r {
                             Ok(rec) => {
                                 match after {
@@ -264,6 +270,22 @@ impl Brain {
         for (reply, item) in answers {
             let _ = reply.send(item.map_or(Ok(()), |i| outcome[i].clone()));
         }
+    }
+
+    /// `u`'s job as the store holds it once `u` (accepted) is written: built from this
+    /// coordinator's copy (`JobChange::applied_to`, exactly what the store wrote), read back
+    /// only for a job it does not hold.
+    async fn as_changed(
+        &self,
+        changed: &mut HashMap<JobId, JobRecord>,
+        u: &JobUpdate,
+    ) -> Result<JobRecord, StoreError> {
+        let rec = match changed.get(&u.job).or_else(|| self.active.get(&u.job)) {
+            Some(held) => u.change.applied_to(held),
+            None => self.store.get_job(u.job).await?.ok_or(StoreError::JobNotFound(u.job))?,
+        };
+        changed.insert(u.job, rec.clone());
+        Ok(rec)
     }
 
     /// Record a result. Idempotent: a result for a job already ended (cancelled while the

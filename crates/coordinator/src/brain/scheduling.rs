@@ -535,7 +535,8 @@ impl Brain {
             })
             .collect();
         let began = std::time::Instant::now();
-        let results = match self.store.assign_jobs(&batch, now_ms()).await {
+        let at = now_ms();
+        let results = match self.store.assign_jobs(&batch, at).await {
             Ok(results) => results,
             Err(e) => {
                 tracing::error!(jobs = batch.len(), error = %e, "could not store a placement pass's assignments; none sent");
@@ -554,12 +555,13 @@ impl Brain {
         };
         let stored = began.elapsed();
         let count = placed.len();
-        for (placed, result) in placed.into_iter().zip(results) {
+        for ((placed, result), assigned) in placed.into_iter().zip(results).zip(&batch) {
             let Placed {
                 agent_id, secrets, workspace_upload, cache, origin, trusted, repository, log_from, job, ..
             } = placed;
             let rec = match result {
-                Ok(rec) => rec,
+                // The store wrote exactly this (`NewAssignment::applied_to`): nothing to read back.
+                Ok(()) => assigned.applied_to(&job, at),
                 Err(e) => {
                     tracing::error!(job = job.id, error = %e, "could not assign job");
                     self.assigned_unconfirmed(job.id, &e).await;

@@ -64,7 +64,7 @@ pub(super) async fn assign_in(
         "UPDATE jobs SET state = 'assigned', reason = $1, agent_id = $2, gpus_json = $3, assigned_at_ms = $4 \
          WHERE id = $5",
     )
-    .bind(format!("assigned to agent {agent_id}"))
+    .bind(crate::records::assigned_reason(agent_id))
     .bind(agent_id)
     .bind(gpus_json)
     .bind(now_ms)
@@ -101,7 +101,7 @@ pub(super) async fn assign_set_based(
     pool: &PgPool,
     batch: &[NewAssignment],
     now_ms: i64,
-) -> Result<Option<Vec<Result<JobRecord>>>> {
+) -> Result<Option<Vec<Result<()>>>> {
     use std::collections::HashMap;
     let mut tx = pool.begin().await?;
     let ids: Vec<JobId> = batch.iter().map(|a| a.job).collect();
@@ -145,7 +145,7 @@ pub(super) async fn assign_set_based(
         let (mut reasons, mut agents, mut gpus_json) = (Vec::new(), Vec::new(), Vec::new());
         for a in accepted {
             ids.push(a.job);
-            reasons.push(format!("assigned to agent {}", a.agent_id));
+            reasons.push(a.reason());
             agents.push(a.agent_id.as_str());
             gpus_json.push(serde_json::to_string(&a.gpus).map_err(|e| corrupt("gpus", e))?);
         }
@@ -167,20 +167,8 @@ pub(super) async fn assign_set_based(
             accepted.iter().filter_map(|a| a.token_sha256.as_deref().map(|h| (a.job, h))).unzip();
         crate::job_tokens::postgres::put_all_in(&mut tx, &tokened, &hashes, now_ms).await?;
     }
-    let ids: Vec<JobId> = accepted.iter().map(|a| a.job).collect();
-    let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(ids.len());
-    if !ids.is_empty() {
-        for r in sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ANY($1)"))
-            .bind(&ids)
-            .fetch_all(&mut *tx)
-            .await?
-        {
-            let rec = job_from_row(&r)?;
-            records.insert(rec.id, rec);
-        }
-    }
     tx.commit().await?;
-    Ok(Some(crate::assign_batch::answer(decided, records)))
+    Ok(Some(crate::assign_batch::answer(decided)))
 }
 
 /// The change of [`Store::update_job`], inside the caller's transaction.
@@ -242,8 +230,7 @@ pub(super) async fn update_job_in(
 pub(super) async fn update_set_based(
     conn: &mut sqlx::PgConnection,
     batch: &[JobUpdate],
-) -> Result<Option<Vec<Result<JobRecord>>>> {
-    use std::collections::HashMap;
+) -> Result<Option<Vec<Result<()>>>> {
     if !crate::update_batch::each_job_once(batch) {
         return Ok(None);
     }
@@ -251,9 +238,8 @@ pub(super) async fn update_set_based(
     let state = locked_states_of(&mut *conn, &ids).await?;
     let decided = crate::update_batch::decide(batch, state);
     let accepted = &decided.accepted;
-    let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(accepted.len());
     if accepted.is_empty() {
-        return Ok(Some(crate::update_batch::answer(decided, records)));
+        return Ok(Some(crate::update_batch::answer(decided)));
     }
     let n = accepted.len();
     let (mut id, mut states, mut reasons) = (Vec::with_capacity(n), Vec::with_capacity(n), Vec::with_capacity(n));
@@ -308,13 +294,5 @@ pub(super) async fn update_set_based(
     for q in accepted.iter().flat_map(|u| &u.change.quarantine) {
         upsert_quarantine(&mut *conn, q).await?;
     }
-    for r in sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ANY($1)"))
-        .bind(&id)
-        .fetch_all(&mut *conn)
-        .await?
-    {
-        let rec = job_from_row(&r)?;
-        records.insert(rec.id, rec);
-    }
-    Ok(Some(crate::update_batch::answer(decided, records)))
+    Ok(Some(crate::update_batch::answer(decided)))
 }

@@ -39,7 +39,7 @@ pub(super) async fn assign_in(
     sqlx::query(
         "UPDATE jobs SET state = 'assigned', reason = ?, agent_id = ?, gpus_json = ?, assigned_at_ms = ? WHERE id = ?",
     )
-    .bind(format!("assigned to agent {agent_id}"))
+    .bind(crate::records::assigned_reason(agent_id))
     .bind(agent_id)
     .bind(gpus_json)
     .bind(now_ms)
@@ -131,7 +131,7 @@ pub(super) async fn assign_set_based(
     conn: &mut sqlx::SqliteConnection,
     batch: &[NewAssignment],
     now_ms: i64,
-) -> Result<Vec<Result<JobRecord>>> {
+) -> Result<Vec<Result<()>>> {
     use std::collections::HashMap;
     let json = |v: &serde_json::Value| v.to_string();
     let ids: Vec<JobId> = batch.iter().map(|a| a.job).collect();
@@ -147,9 +147,8 @@ pub(super) async fn assign_set_based(
             .collect();
     let decided = crate::assign_batch::decide(batch, state, held);
     let accepted = &decided.accepted;
-    let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(accepted.len());
     if accepted.is_empty() {
-        return Ok(crate::assign_batch::answer(decided, records));
+        return Ok(crate::assign_batch::answer(decided));
     }
     let leases: Vec<serde_json::Value> =
         accepted.iter().flat_map(|a| a.gpus.iter().map(|g| serde_json::json!([g, a.agent_id, a.job]))).collect();
@@ -166,7 +165,7 @@ pub(super) async fn assign_set_based(
     let mut jobs = Vec::with_capacity(accepted.len());
     for a in accepted {
         let gpus_json = serde_json::to_string(&a.gpus).map_err(|e| corrupt("gpus", e))?;
-        jobs.push(serde_json::json!([a.job, format!("assigned to agent {}", a.agent_id), a.agent_id, gpus_json]));
+        jobs.push(serde_json::json!([a.job, a.reason(), a.agent_id, gpus_json]));
     }
     sqlx::query(
         "UPDATE jobs SET state = 'assigned', reason = u.reason, agent_id = u.agent, gpus_json = u.gpus, \
@@ -195,16 +194,7 @@ pub(super) async fn assign_set_based(
         .execute(&mut *conn)
         .await?;
     }
-    let accepted_ids: Vec<JobId> = accepted.iter().map(|a| a.job).collect();
-    for r in sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id IN (SELECT value FROM json_each(?))"))
-        .bind(json(&serde_json::json!(accepted_ids)))
-        .fetch_all(&mut *conn)
-        .await?
-    {
-        let rec = job_from_row(&r)?;
-        records.insert(rec.id, rec);
-    }
-    Ok(crate::assign_batch::answer(decided, records))
+    Ok(crate::assign_batch::answer(decided))
 }
 
 /// [`Store::update_jobs`] inside the caller's transaction in a handful of statements whatever
@@ -217,8 +207,7 @@ pub(super) async fn assign_set_based(
 pub(super) async fn update_set_based(
     conn: &mut sqlx::SqliteConnection,
     batch: &[JobUpdate],
-) -> Result<Option<Vec<Result<JobRecord>>>> {
-    use std::collections::HashMap;
+) -> Result<Option<Vec<Result<()>>>> {
     if !crate::update_batch::each_job_once(batch) {
         return Ok(None);
     }
@@ -226,9 +215,8 @@ pub(super) async fn update_set_based(
     let state = states_of(&mut *conn, &ids).await?;
     let decided = crate::update_batch::decide(batch, state);
     let accepted = &decided.accepted;
-    let mut records: HashMap<JobId, JobRecord> = HashMap::with_capacity(accepted.len());
     if accepted.is_empty() {
-        return Ok(Some(crate::update_batch::answer(decided, records)));
+        return Ok(Some(crate::update_batch::answer(decided)));
     }
     let mut rows = Vec::with_capacity(accepted.len());
     for u in accepted {
@@ -282,14 +270,5 @@ pub(super) async fn update_set_based(
     for q in accepted.iter().flat_map(|u| &u.change.quarantine) {
         upsert_quarantine(&mut *conn, q).await?;
     }
-    let accepted_ids: Vec<JobId> = accepted.iter().map(|u| u.job).collect();
-    for r in sqlx::query(&format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id IN (SELECT value FROM json_each(?))"))
-        .bind(serde_json::json!(accepted_ids).to_string())
-        .fetch_all(&mut *conn)
-        .await?
-    {
-        let rec = job_from_row(&r)?;
-        records.insert(rec.id, rec);
-    }
-    Ok(Some(crate::update_batch::answer(decided, records)))
+    Ok(Some(crate::update_batch::answer(decided)))
 }

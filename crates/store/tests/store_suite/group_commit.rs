@@ -40,13 +40,23 @@ async fn group_commit_suite(s: &dyn Store, fail_assignments: impl std::future::F
         assign(id[3], &[]),
         assign(999_999, &["GPU-6"]),
     ];
+    let before = [s.get_job(id[0]).await.unwrap().unwrap(), s.get_job(id[3]).await.unwrap().unwrap()];
     let out = s.assign_jobs(&batch, 7).await.unwrap();
     assert_eq!(out.len(), batch.len());
-    let a = out[0].as_ref().unwrap();
+    out[0].as_ref().unwrap();
+    // What is stored is what the scheduler builds from its own copy (no record is read back).
+    let a = s.get_job(id[0]).await.unwrap().unwrap();
     assert_eq!(
-        (a.state, a.gpus.clone(), a.agent_id.as_deref()),
-        (JobState::Assigned, vec!["GPU-0".into(), "GPU-1".into()], Some("agent-1"))
+        (a.state, a.gpus.clone(), a.agent_id.as_deref(), a.assigned_at_ms, a.reason.as_str()),
+        (
+            JobState::Assigned,
+            vec!["GPU-0".into(), "GPU-1".into()],
+            Some("agent-1"),
+            Some(7),
+            "assigned to agent agent-1"
+        )
     );
+    assert_eq!(a, batch[0].applied_to(&before[0], 7));
     assert!(
         matches!(&out[1], Err(StoreError::GpuLeased { gpu, holder }) if gpu == "GPU-1" && *holder == id[0]),
         "{:?}",
@@ -58,7 +68,8 @@ async fn group_commit_suite(s: &dyn Store, fail_assignments: impl std::future::F
         out[2]
     );
     assert!(matches!(&out[3], Err(StoreError::Conflict { found: JobState::Assigned, .. })), "{:?}", out[3]);
-    assert_eq!(out[4].as_ref().unwrap().state, JobState::Assigned);
+    out[4].as_ref().unwrap();
+    assert_eq!(s.get_job(id[3]).await.unwrap().unwrap(), batch[4].applied_to(&before[1], 7));
     assert!(matches!(&out[5], Err(StoreError::JobNotFound(999_999))), "{:?}", out[5]);
     // The refused ones left nothing behind: no lease of GPU-2 or GPU-3, still queued.
     let mut leased: Vec<(String, JobId)> =
@@ -77,8 +88,11 @@ async fn group_commit_suite(s: &dyn Store, fail_assignments: impl std::future::F
         change: JobChange { state: Some(JobState::Running), started_at_ms: Some(9), ..Default::default() },
     };
     // The same job twice in one batch: the second finds it assigned.
-    let out = s.assign_jobs(&[assign(id[1], &["GPU-8"]), assign(id[1], &["GPU-9"])], 8).await.unwrap();
-    assert_eq!(out[0].as_ref().unwrap().gpus, vec!["GPU-8".to_string()]);
+    let again = [assign(id[1], &["GPU-8"]), assign(id[1], &["GPU-9"])];
+    let queued = s.get_job(id[1]).await.unwrap().unwrap();
+    let out = s.assign_jobs(&again, 8).await.unwrap();
+    out[0].as_ref().unwrap();
+    assert_eq!(s.get_job(id[1]).await.unwrap().unwrap(), again[0].applied_to(&queued, 8));
     assert!(matches!(&out[1], Err(StoreError::Conflict { found: JobState::Assigned, .. })), "{:?}", out[1]);
     s.update_job(
         id[1],
@@ -88,9 +102,11 @@ async fn group_commit_suite(s: &dyn Store, fail_assignments: impl std::future::F
     .await
     .unwrap();
     let out = s.update_jobs(&[start(id[0]), start(id[1]), start(id[3])]).await.unwrap();
-    assert_eq!(out[0].as_ref().unwrap().state, JobState::Running);
+    out[0].as_ref().unwrap();
+    assert_eq!(s.get_job(id[0]).await.unwrap().unwrap().state, JobState::Running);
     assert!(matches!(&out[1], Err(StoreError::Conflict { found: JobState::Queued, .. })), "{:?}", out[1]);
-    assert_eq!(out[2].as_ref().unwrap().started_at_ms, Some(9));
+    out[2].as_ref().unwrap();
+    assert_eq!(s.get_job(id[3]).await.unwrap().unwrap().started_at_ms, Some(9));
     assert_eq!(s.get_job(id[1]).await.unwrap().unwrap().state, JobState::Queued);
 
     // Reasons of a pass.
@@ -498,18 +514,30 @@ async fn batch_writes_what_one_at_a_time_writes(batched: &dyn Store, single: &dy
     let after = vec![noted(id[1]), noted(id[3]), noted(id[0])];
     let mut answers = Vec::new();
     for b in [&batch, &twice, &after] {
+        // What the scheduler holds of each job before the batch: an accepted change's record
+        // is built from it (`JobChange::applied_to`), not read back.
+        let mut held = std::collections::HashMap::new();
+        for u in b.iter() {
+            if let Some(j) = batched.get_job(u.job).await.unwrap() {
+                held.insert(u.job, j);
+            }
+        }
         let together = batched.update_jobs(b).await.unwrap();
         let mut alone = Vec::new();
         for u in b.iter() {
             alone.push(single.update_job(u.job, &u.expect, u.change.clone()).await);
         }
-        answers.push((together, alone));
+        answers.push((b, held, together, alone));
     }
-    for (together, alone) in answers {
+    for (b, mut held, together, alone) in answers {
         assert_eq!(together.len(), alone.len());
         for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
             match (t, a) {
-                (Ok(t), Ok(a)) => assert_eq!(t, a, "change {i}"),
+                (Ok(()), Ok(a)) => {
+                    let built = b[i].change.applied_to(&held[&b[i].job]);
+                    assert_eq!(&built, a, "change {i}");
+                    held.insert(b[i].job, built);
+                }
                 (Err(t), Err(a)) => assert_eq!(format!("{t}"), format!("{a}"), "change {i}"),
                 _ => panic!("change {i}: batched {t:?}, alone {a:?}"),
             }
