@@ -257,8 +257,9 @@ pub trait Store: Send + Sync + 'static {
     /// refuses only its own change). An accepted change's job is now
     /// [`JobChange::applied_to`] its record before (no record is read back).
     async fn update_jobs(&self, batch: &[JobUpdate]) -> Result<Vec<Result<()>>>;
-    /// [`Store::set_reason`] for many jobs in one transaction (why each queued job waits,
-    /// written once per placement pass rather than once per job).
+    /// [`Store::set_reason`] for many queued jobs in one transaction (why each waits,
+    /// written once per placement pass rather than once per job). A job no longer queued
+    /// keeps its reason: a reason decided before its assignment or end never overwrites it.
     async fn set_reasons(&self, reasons: &[(JobId, String)]) -> Result<()>;
     /// Move a job to another state if it is currently in one of `expect`; optionally release
     /// its GPU leases and quarantine GPUs, all in one transaction.

@@ -254,11 +254,14 @@ impl Store for PostgresStore {
             return Ok(());
         }
         let (ids, texts): (Vec<JobId>, Vec<&str>) = reasons.iter().map(|(id, r)| (*id, r.as_str())).unzip();
-        sqlx::query("UPDATE jobs SET reason = r.reason FROM UNNEST($1::bigint[], $2::text[]) AS r(id, reason) WHERE jobs.id = r.id")
-            .bind(ids)
-            .bind(texts)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(
+            "UPDATE jobs SET reason = r.reason FROM UNNEST($1::bigint[], $2::text[]) AS r(id, reason) \
+             WHERE jobs.id = r.id AND jobs.state = 'queued'",
+        )
+        .bind(ids)
+        .bind(texts)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

@@ -355,7 +355,8 @@ impl Store for SqliteStore {
         let rows: Vec<serde_json::Value> = reasons.iter().map(|(id, why)| serde_json::json!([id, why])).collect();
         sqlx::query(
             "UPDATE jobs SET reason = u.reason \
-             FROM (SELECT value ->> 0 AS id, value ->> 1 AS reason FROM json_each(?)) AS u WHERE jobs.id = u.id",
+             FROM (SELECT value ->> 0 AS id, value ->> 1 AS reason FROM json_each(?)) AS u \
+             WHERE jobs.id = u.id AND jobs.state = 'queued'",
         )
         .bind(serde_json::Value::Array(rows).to_string())
         .execute(&self.pool)

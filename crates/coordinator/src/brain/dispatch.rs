@@ -15,9 +15,15 @@ impl Brain {
         self.place_now().await;
         loop {
             let cmd = tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => Command::Tick,
                 c = rx.recv() => match c { Some(c) => c, None => break },
+                // Nothing else to do: the reasons the last passes left unwritten.
+                () = std::future::ready(()), if !self.untold.is_empty() => {
+                    self.tell_waiting(Vec::new()).await;
+                    continue;
+                }
             };
             self.handle(cmd).await;
             // Everything already waiting first (heartbeats, results), in arrival order, at

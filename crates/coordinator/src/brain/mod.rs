@@ -498,6 +498,12 @@ pub struct Brain {
     unplaceable: queue::Waiting,
     /// When a pass last gave waiting jobs their reasons' changed counts (`scheduling.rs`).
     counts_refreshed_ms: i64,
+    /// Why queued jobs wait, decided and not yet written: written at most
+    /// `reasons_per_write` a time, oldest job first ([`Brain::tell_waiting`]), so that telling
+    /// a long queue never holds a placement back longer than one such write.
+    untold: BTreeMap<JobId, String>,
+    /// [`scheduling::REASONS_PER_WRITE`] (a test makes it small).
+    reasons_per_write: usize,
     /// [`Brain::with_fleet_wake`].
     fleet_wake: Option<Arc<tokio::sync::Notify>>,
     /// The fleets' word on jobs in `unplaceable` ([`Command::FleetNotes`]).
@@ -562,6 +568,8 @@ impl Brain {
             queue: queue::Queue::default(),
             unplaceable: queue::Waiting::default(),
             counts_refreshed_ms: 0,
+            untold: BTreeMap::new(),
+            reasons_per_write: scheduling::REASONS_PER_WRITE,
             fleet_wake: None,
             fleet_notes: BTreeMap::new(),
             takeover_grace: None,

@@ -411,13 +411,7 @@ impl Brain {
                 tracing::error!(jobs = ids.len(), error = %e, "could not read the placed jobs' logs; they wait for the next pass")
             }
         }
-        let told = reasons.len();
-        if !reasons.is_empty() {
-            match self.store.set_reasons(&reasons).await {
-                Ok(()) => self.told(reasons),
-                Err(e) => tracing::error!(jobs = reasons.len(), error = %e, "could not record why jobs wait"),
-            }
-        }
+        let told = self.tell_waiting(reasons).await;
         if let Some(wake) = &self.fleet_wake {
             if unplaceable.grew_from(&self.unplaceable) {
                 wake.notify_one();
@@ -473,6 +467,34 @@ impl Brain {
             }
         }
         (b, from, added)
+    }
+
+    /// Why jobs wait: `reasons` join those not yet written (a job's newer reason replaces its
+    /// older one), and at most `reasons_per_write` of them, oldest job first, are written now
+    /// in one statement; the rest are written by the next passes, or by the command loop when
+    /// it has nothing else to do (`dispatch.rs`). A pass that must tell 92,000 jobs new
+    /// counts held every placement back 0.5–1.2 s while it wrote them all (BENCHMARKS.md,
+    /// "Queued jobs by shape"). A job placed, cancelled or ended meanwhile is not told: the
+    /// store, too, writes a reason only over a queued job's. Returns how many were written.
+    pub(super) async fn tell_waiting(&mut self, reasons: Vec<(JobId, String)>) -> usize {
+        self.untold.extend(reasons);
+        let mut chunk = Vec::with_capacity(self.untold.len().min(self.reasons_per_write));
+        while chunk.len() < self.reasons_per_write {
+            let Some((id, why)) = self.untold.pop_first() else { break };
+            if self.active.get(&id).is_some_and(|j| j.state == JobState::Queued && j.reason != why) {
+                chunk.push((id, why));
+            }
+        }
+        let told = chunk.len();
+        if !chunk.is_empty() {
+            match self.store.set_reasons(&chunk).await {
+                Ok(()) => self.told(chunk),
+                // Not written again until its words change or counts are refreshed: a store
+                // that is down is not asked again for each of them.
+                Err(e) => tracing::error!(jobs = told, error = %e, "could not record why jobs wait"),
+            }
+        }
+        told
     }
 
     /// The store refused an assignment because the job is assigned there while this
@@ -662,6 +684,10 @@ impl Brain {
 /// How often a waiting job's reason is given again when only its counts changed (the words
 /// at once): a long queue's reasons are rewritten at most this often on a busy cluster.
 pub(super) const REASON_COUNTS_EVERY_MS: i64 = 30_000;
+
+/// At most this many waiting jobs' reasons are written at once ([`Brain::tell_waiting`]):
+/// about 50 ms of SQLite on the 2-core VM, the longest a placement waits behind telling.
+pub(super) const REASONS_PER_WRITE: usize = 4096;
 
 /// A queued job as the pass is told of it: its id, whether its budget holds it, what blocks
 /// it, its stand-in tags ([`stand_in_tags`]).

@@ -114,6 +114,10 @@ async fn group_commit_suite(s: &dyn Store, fail_assignments: impl std::future::F
     assert_eq!(s.get_job(id[1]).await.unwrap().unwrap().reason, "waiting for GPUs");
     assert_eq!(s.get_job(id[2]).await.unwrap().unwrap().reason, "waiting for agent-3");
     s.set_reasons(&[]).await.unwrap();
+    // Not over a job no longer queued: its reason says what became of it.
+    let running = s.get_job(id[0]).await.unwrap().unwrap().reason;
+    s.set_reasons(&[(id[0], "waiting for GPUs".into())]).await.unwrap();
+    assert_eq!(s.get_job(id[0]).await.unwrap().unwrap().reason, running);
 
     // A batch the database refuses (here a trigger refuses any assignment) stores nothing.
     fail_assignments.await;
