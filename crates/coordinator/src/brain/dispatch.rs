@@ -21,7 +21,7 @@ impl Brain {
                 c = rx.recv() => match c { Some(c) => c, None => break },
                 // Nothing else to do: the reasons the last passes left unwritten.
                 () = std::future::ready(()), if !self.untold.is_empty() => {
-                    self.tell_waiting(Vec::new()).await;
+                    self.tell_waiting(Vec::new(), self.reasons_per_write).await;
                     continue;
                 }
             };

@@ -411,7 +411,12 @@ impl Brain {
                 tracing::error!(jobs = ids.len(), error = %e, "could not read the placed jobs' logs; they wait for the next pass")
             }
         }
-        let told = self.tell_waiting(reasons).await;
+        // A pass that placed jobs tells few: its placements' agents wait for the next pass.
+        let limit = match ids.is_empty() {
+            true => self.reasons_per_write,
+            false => (self.reasons_per_write / PLACING_PASS_TELLS_LESS).max(1),
+        };
+        let told = self.tell_waiting(reasons, limit).await;
         if let Some(wake) = &self.fleet_wake {
             if unplaceable.grew_from(&self.unplaceable) {
                 wake.notify_one();
@@ -470,16 +475,16 @@ impl Brain {
     }
 
     /// Why jobs wait: `reasons` join those not yet written (a job's newer reason replaces its
-    /// older one), and at most `reasons_per_write` of them, oldest job first, are written now
-    /// in one statement; the rest are written by the next passes, or by the command loop when
+    /// older one), and at most `limit` of them, oldest job first, are written now in one
+    /// statement; the rest are written by the next passes, or by the command loop when
     /// it has nothing else to do (`dispatch.rs`). A pass that must tell 92,000 jobs new
     /// counts held every placement back 0.5–1.2 s while it wrote them all (BENCHMARKS.md,
     /// "Queued jobs by shape"). A job placed, cancelled or ended meanwhile is not told: the
     /// store, too, writes a reason only over a queued job's. Returns how many were written.
-    pub(super) async fn tell_waiting(&mut self, reasons: Vec<(JobId, String)>) -> usize {
+    pub(super) async fn tell_waiting(&mut self, reasons: Vec<(JobId, String)>, limit: usize) -> usize {
         self.untold.extend(reasons);
-        let mut chunk = Vec::with_capacity(self.untold.len().min(self.reasons_per_write));
-        while chunk.len() < self.reasons_per_write {
+        let mut chunk = Vec::with_capacity(self.untold.len().min(limit));
+        while chunk.len() < limit {
             let Some((id, why)) = self.untold.pop_first() else { break };
             if self.active.get(&id).is_some_and(|j| j.state == JobState::Queued && j.reason != why) {
                 chunk.push((id, why));
@@ -688,6 +693,11 @@ pub(super) const REASON_COUNTS_EVERY_MS: i64 = 30_000;
 /// At most this many waiting jobs' reasons are written at once ([`Brain::tell_waiting`]):
 /// about 50 ms of SQLite on the 2-core VM, the longest a placement waits behind telling.
 pub(super) const REASONS_PER_WRITE: usize = 4096;
+
+/// A pass that placed jobs writes at most `REASONS_PER_WRITE / this` reasons: enough that a
+/// cluster placing at every pass still tells its queue, little enough that the next pass,
+/// and the agents it places on, are not held back by it.
+const PLACING_PASS_TELLS_LESS: usize = 8;
 
 /// A queued job as the pass is told of it: its id, whether its budget holds it, what blocks
 /// it, its stand-in tags ([`stand_in_tags`]).
