@@ -96,7 +96,7 @@ pub async fn add_steps(
     let audited = crate::api::audit::record(&st, &actor, AuditAction::PipelineUpload, object, &outcome).await;
     let jobs = r.map_err(into_api_error)?;
     audited?;
-    let known = crate::api::agent_names(st.store.as_ref()).await;
+    let known = crate::api::agent_names(st.store.as_ref(), &jobs).await;
     Ok((
         StatusCode::CREATED,
         Json(StepsAdded { pipeline_id: job.pipeline_id, jobs: crate::api::summarize(&jobs, &known) }),

@@ -146,14 +146,40 @@ pub async fn require_api_token(State(st): State<AppState>, mut req: Request, nex
 
 /// What job summaries name besides the job: its agent's name, and the fleet machine it ran on
 /// (for its cost).
+#[derive(Default)]
 pub(crate) struct Known {
     pub(crate) names: HashMap<String, String>,
     /// Fleet machines by the agent that registered from them.
     pub(crate) machines: HashMap<String, gpuci_store::MachineRecord>,
 }
 
-pub(crate) async fn agent_names(store: &dyn Store) -> Known {
-    let names = store.list_agents().await.map(|v| v.into_iter().map(|a| (a.id, a.name)).collect()).unwrap_or_default();
+/// [`Known`] of the agents `jobs` were given to, read for those agents only: one row each,
+/// or every agent's when they are many. Every answer naming jobs read every agent's row
+/// before, a submission's too (a fifth of the coordinator's CPU while 100,000 jobs were
+/// submitted with 5,000 agents connected: BENCHMARKS.md, "Queued jobs by shape").
+pub(crate) async fn agent_names(store: &dyn Store, jobs: &[gpuci_store::JobRecord]) -> Known {
+    /// Up to this many agents are read one by one (an index look-up each).
+    const ONE_BY_ONE: usize = 64;
+    let ids: std::collections::BTreeSet<&str> = jobs.iter().filter_map(|j| j.agent_id.as_deref()).collect();
+    if ids.is_empty() {
+        return Known::default();
+    }
+    let names = match ids.len() <= ONE_BY_ONE {
+        true => {
+            let mut names = HashMap::new();
+            for id in ids {
+                if let Ok(Some(a)) = store.get_agent(id).await {
+                    names.insert(a.id, a.name);
+                }
+            }
+            names
+        }
+        false => store
+            .list_agents()
+            .await
+            .map(|v| v.into_iter().filter(|a| ids.contains(a.id.as_str())).map(|a| (a.id, a.name)).collect())
+            .unwrap_or_default(),
+    };
     let machines = store
         .machines(false)
         .await
@@ -192,7 +218,8 @@ async fn pipeline_summary(st: &AppState, id: PipelineId) -> ApiResult<PipelineSu
         .get_pipeline(id)
         .await?
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("pipeline {id} not found")))?;
-    let jobs = summarize(&st.store.pipeline_jobs(id).await?, &agent_names(st.store.as_ref()).await);
+    let jobs = st.store.pipeline_jobs(id).await?;
+    let jobs = summarize(&jobs, &agent_names(st.store.as_ref(), &jobs).await);
     Ok(PipelineSummary {
         id: p.id,
         file_name: p.file_name,
@@ -429,7 +456,7 @@ pub async fn list_jobs(
     let filter =
         JobFilter { states, pipeline: q.pipeline, limit: Some(q.limit.unwrap_or(100).min(10_000)), before: None };
     let jobs = st.store.list_jobs(&filter).await?;
-    Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref()).await)))
+    Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref(), &jobs).await)))
 }
 
 pub(crate) async fn load_job(st: &AppState, id: JobId) -> ApiResult<gpuci_store::JobRecord> {
@@ -443,7 +470,8 @@ pub(crate) async fn load_job(st: &AppState, id: JobId) -> ApiResult<gpuci_store:
         (status = 404, description = "no such job", body = ErrorBody)))]
 pub async fn get_job(State(st): State<AppState>, ApiPath(id): ApiPath<JobId>) -> ApiResult<Json<JobSummary>> {
     let j = load_job(&st, id).await?;
-    let mut s = summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0);
+    let known = agent_names(st.store.as_ref(), std::slice::from_ref(&j)).await;
+    let mut s = summarize(&[j], &known).remove(0);
     crate::job_cost::add_overhead(st.store.as_ref(), &mut s).await;
     Ok(Json(s))
 }
@@ -487,7 +515,8 @@ pub async fn cancel_job(
     // that took effect but could not be recorded says so.
     let j = j?;
     audited?;
-    Ok(Json(summarize(&[j], &agent_names(st.store.as_ref()).await).remove(0)))
+    let known = agent_names(st.store.as_ref(), std::slice::from_ref(&j)).await;
+    Ok(Json(summarize(&[j], &known).remove(0)))
 }
 
 /// `application/json`, or `application/<anything>+json`, with any parameters.
@@ -897,3 +926,6 @@ pub async fn ready(State(st): State<AppState>) -> ApiResult<&'static str> {
 pub async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
 }
+
+#[cfg(test)]
+mod known_tests;

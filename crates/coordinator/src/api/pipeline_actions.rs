@@ -33,7 +33,7 @@ pub async fn retry_failed(
         crate::api::audit::record(&st, &actor, AuditAction::JobRetry, format!("pipeline {id} (failed jobs)"), &r).await;
     let jobs = r?;
     audited?;
-    Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref()).await)))
+    Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref(), &jobs).await)))
 }
 
 /// Cancels every unfinished job of the pipeline.
@@ -54,5 +54,5 @@ pub async fn cancel_pipeline(
         crate::api::audit::record(&st, &actor, AuditAction::JobCancel, format!("pipeline {id} (all jobs)"), &r).await;
     let jobs = r?;
     audited?;
-    Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref()).await)))
+    Ok(Json(summarize(&jobs, &agent_names(st.store.as_ref(), &jobs).await)))
 }

@@ -39,7 +39,7 @@ pub(super) async fn jobs_inner(st: &AppState, v: &Viewer, q: JobsQuery) -> Resul
     };
     let jobs = st.store.list_jobs(&JobFilter { states, pipeline: None, limit: Some(window), before: q.before }).await?;
     // Filter on the records (cheap), then make rows of what is shown only.
-    let known = agent_names(st.store.as_ref()).await;
+    let known = agent_names(st.store.as_ref(), &jobs).await;
     let origins = origins(st, jobs.iter().map(|j| j.pipeline_id).collect()).await?;
     let want_repo = (!q.repo.is_empty()).then(|| repo_key(st, &q.repo));
     let fleet_of =
@@ -131,7 +131,7 @@ async fn builds_inner(st: &AppState, v: &Viewer, q: BuildsQuery) -> Result<Marku
     let ids: Vec<i64> = shown.iter().map(|p| p.id).collect();
     let jobs = st.store.jobs_of_pipelines(&ids).await?;
     let facts = st.store.pipeline_builds(&ids).await?;
-    let known = agent_names(st.store.as_ref()).await;
+    let known = agent_names(st.store.as_ref(), &jobs).await;
     let now = now_ms();
     // Jobs by pipeline, once (a page holds up to 50 pipelines of any number of jobs).
     let mut by_pipeline: HashMap<i64, Vec<&gpuci_store::JobRecord>> = HashMap::new();

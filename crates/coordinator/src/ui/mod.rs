@@ -431,7 +431,7 @@ async fn origins(st: &AppState, pipelines: BTreeSet<i64>) -> Result<HashMap<i64,
 }
 
 async fn rows(st: &AppState, jobs: &[gpuci_store::JobRecord]) -> Result<Vec<JobRow>, ApiError> {
-    let summaries = summarize(jobs, &agent_names(st.store.as_ref()).await);
+    let summaries = summarize(jobs, &agent_names(st.store.as_ref(), jobs).await);
     let origins = origins(st, jobs.iter().map(|j| j.pipeline_id).collect()).await?;
     Ok(summaries
         .into_iter()
