@@ -33,7 +33,7 @@ async fn jobs_name_the_agents_they_were_given_to_and_no_other() {
     };
     let step = |i: usize| gpuci_store::NewJob {
         pipeline_id: 0,
-        step: gpuci_core::pipeline::Step::new(&format!("s{i}"), "true"),
+        step: gpuci_core::pipeline::Step::new(format!("s{i}"), "true"),
         env: Default::default(),
         state: gpuci_core::job::JobState::Queued,
         reason: "queued".into(),

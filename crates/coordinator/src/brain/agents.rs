@@ -295,6 +295,7 @@ impl Brain {
                 self.record_link(&id, update).await;
             }
         }
+        self.settle_cancels().await;
         if self.store_deaf && !self.store_hears_again().await {
             // Still no writes: nobody's silence counts (queue timeouts wait too: they are writes).
             return;

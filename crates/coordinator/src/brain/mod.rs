@@ -460,6 +460,9 @@ pub struct Brain {
     quarantine: BTreeMap<String, Quarantine>,
     /// Reasons of cancels sent to agents and not yet confirmed.
     cancelling: HashMap<JobId, String>,
+    /// Cancels of running jobs whose store write failed: perhaps after it committed (its
+    /// answer lost), so the reaper reads each job again ([`Brain::settle_cancels`]).
+    cancels_in_doubt: BTreeMap<JobId, String>,
     /// When each queued job became ready to place (dependencies done, its concurrency group
     /// free). The queue timeout counts from here: waiting for a dependency is not waiting
     /// for capacity. In memory only: after a restart the clock starts again.
@@ -555,6 +558,7 @@ impl Brain {
             steps: HashMap::new(),
             quarantine: BTreeMap::new(),
             cancelling: HashMap::new(),
+            cancels_in_doubt: BTreeMap::new(),
             ready_since: HashMap::new(),
             registrar: None,
             unsaved_links: BTreeMap::new(),

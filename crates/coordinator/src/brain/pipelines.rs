@@ -114,20 +114,59 @@ impl Brain {
             _ => {
                 // Stored first: a cancel the caller is told failed (503) is not sent, and one
                 // accepted survives a restart (`Brain::load` reads it back).
-                self.store.set_reason(id, &format!("{CANCELLING}{reason}")).await?;
-                self.cancelling.insert(id, reason.clone());
-                // The agent kills the process tree and reports; the job ends then. An agent
-                // that is away is told when it returns (`Brain::agent_connected`); one that
-                // never does is declared lost and the job ends cancelled (`reap::decide`).
-                // Until then the job keeps its GPUs: ending it now freed them, and a retry
-                // ran beside the attempt still running on the away agent (outsider attack:
-                // a leader frozen past its lease, agents away 11–15 s).
-                let agent = job.agent_id.clone().unwrap_or_default();
-                self.send(&agent, CoordinatorMessage::Cancel { job_id: id, reason: reason.clone() });
-                let mut j = job.clone();
-                j.reason = format!("{CANCELLING}{reason}");
-                self.publish(&j);
-                Ok(j)
+                if let Err(e) = self.store.set_reason(id, &format!("{CANCELLING}{reason}")).await {
+                    // Perhaps stored all the same (a COMMIT whose answer was lost): the
+                    // reaper reads the job again and sends the cancel if the store has it.
+                    self.cancels_in_doubt.insert(id, reason);
+                    return Err(e.into());
+                }
+                Ok(self.cancel_running(job, reason))
+            }
+        }
+    }
+
+    /// Sends the cancel of `job` (assigned or running), stored as being cancelled, to its
+    /// agent. The agent kills the process tree and reports; the job ends then. An agent
+    /// that is away is told when it returns (`Brain::agent_connected`); one that never does
+    /// is declared lost and the job ends cancelled (`reap::decide`). Until then the job keeps
+    /// its GPUs: ending it now freed them, and a retry ran beside the attempt still running
+    /// on the away agent (outsider attack: a leader frozen past its lease, agents away
+    /// 11–15 s).
+    fn cancel_running(&mut self, job: JobRecord, reason: String) -> JobRecord {
+        self.cancels_in_doubt.remove(&job.id);
+        self.cancelling.insert(job.id, reason.clone());
+        let agent = job.agent_id.clone().unwrap_or_default();
+        self.send(&agent, CoordinatorMessage::Cancel { job_id: job.id, reason: reason.clone() });
+        let mut j = job;
+        j.reason = format!("{CANCELLING}{reason}");
+        self.publish(&j);
+        j
+    }
+
+    /// Cancels whose store write failed ([`Brain::cancel`]), read again (each tick): one the
+    /// store has after all (its COMMIT went through, its answer was lost, the caller was told
+    /// 503) is sent to the agent now; before, the store said "cancelling" while the job ran
+    /// on, until a restart read it back (outsider attack). One the store does not have was
+    /// not made, as the caller was told; one that cannot be read yet is read at the next tick.
+    pub(super) async fn settle_cancels(&mut self) {
+        for (id, reason) in std::mem::take(&mut self.cancels_in_doubt) {
+            let Some(job) = self.active.get(&id).filter(|j| !self.cancelling.contains_key(&j.id)).cloned() else {
+                continue;
+            };
+            if job.state == JobState::Queued {
+                continue;
+            }
+            match self.store.get_job(id).await {
+                Ok(Some(stored)) if stored.reason.starts_with(CANCELLING) => {
+                    let reason = stored.reason.strip_prefix(CANCELLING).unwrap_or(&reason).to_string();
+                    tracing::warn!(job = id, "a cancel stored without an answer is sent now");
+                    self.cancel_running(job, reason);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(job = id, error = %e, "could not read whether a cancel was stored; reading it again");
+                    self.cancels_in_doubt.insert(id, reason);
+                }
             }
         }
     }

@@ -198,6 +198,11 @@ async fn an_agents_jobs_follow_the_job_from_agent_to_agent_and_to_its_end() {
 
 /// An agent named `id` with `gpus` H100s, connected (its messages go nowhere).
 fn connect_fake_agent(brain: &mut Brain, id: &str, gpus: u32) {
+    std::mem::forget(connect_fake_agent_rx(brain, id, gpus));
+}
+
+/// [`connect_fake_agent`], with what is sent to the agent.
+fn connect_fake_agent_rx(brain: &mut Brain, id: &str, gpus: u32) -> mpsc::UnboundedReceiver<CoordinatorMessage> {
     let gpus = (0..gpus)
         .map(|i| {
             serde_json::from_value::<gpuci_core::gpu::GpuInfo>(serde_json::json!({
@@ -210,7 +215,6 @@ fn connect_fake_agent(brain: &mut Brain, id: &str, gpus: u32) {
         })
         .collect();
     let (tx, rx) = mpsc::unbounded_channel();
-    std::mem::forget(rx);
     brain.agents.insert(
         id.into(),
         AgentState {
@@ -237,6 +241,7 @@ fn connect_fake_agent(brain: &mut Brain, id: &str, gpus: u32) {
             ends_at_ms: None,
         },
     );
+    rx
 }
 
 /// What one placement pass costs with a long queue behind full GPUs (run by hand:
@@ -852,4 +857,61 @@ async fn a_long_queue_is_told_a_chunk_at_a_time_and_never_over_a_placed_job() {
         }
         assert_eq!(brain.active[id].reason, j.reason, "job {i}");
     }
+}
+
+/// A cancel of a running job whose store write failed, though perhaps after it committed (the
+/// API answered 503): the reaper reads the job again. Stored after all, the cancel is sent
+/// to the agent; before, the store said "cancelling" while the job ran on (it could end
+/// `succeeded`) until a restart. Not stored, nothing is sent: the caller was told it failed.
+#[tokio::test]
+async fn a_cancel_stored_without_an_answer_is_sent_to_the_agent_by_the_reaper() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpuci.db");
+    let store = Arc::new(gpuci_store::SqliteStore::open(&path).await.unwrap());
+    let step = |key: &str| {
+        let mut s = gpuci_core::pipeline::Step::new(key, "sleep 600");
+        s.gpu.count = 1;
+        queued(s)
+    };
+    let (_, jobs) = store.create_pipeline(new_pipeline(), vec![step("a"), step("b")]).await.unwrap();
+    let (stored_after_all, never_stored) = (jobs[0].id, jobs[1].id);
+    store.insert_agent(&stored_agent("agent-1")).await.unwrap();
+    let (key, _) = gpuci_store::SecretsKey::generate();
+    let mut brain = Brain::load(store.clone(), Arc::new(Hub::new()), Timing::default(), Arc::new(key)).await.unwrap();
+    let mut sent = connect_fake_agent_rx(&mut brain, "agent-1", 2);
+    brain.place_now().await;
+    for id in [stored_after_all, never_stored] {
+        let (reply, answer) = oneshot::channel();
+        brain.batch_start("agent-1", id, now_ms(), Vec::new(), reply);
+        brain.flush_events().await;
+        assert_eq!(answer.await.unwrap(), Ok(()));
+    }
+    let opts = sqlx::sqlite::SqliteConnectOptions::new().filename(&path);
+    let mut db = <sqlx::SqliteConnection as sqlx::Connection>::connect_with(&opts).await.unwrap();
+    sqlx::query(
+        "CREATE TRIGGER no_cancels BEFORE UPDATE OF reason ON jobs WHEN NEW.reason LIKE 'cancelling:%' \
+         BEGIN SELECT RAISE(ABORT, 'injected: disk I/O error'); END",
+    )
+    .execute(&mut db)
+    .await
+    .unwrap();
+    for id in [stored_after_all, never_stored] {
+        assert!(brain.cancel(id, "cancelled by alice".into()).await.is_err());
+    }
+    sqlx::query("DROP TRIGGER no_cancels").execute(&mut db).await.unwrap();
+    // The one commit that went through, though its answer never came.
+    store.set_reason(stored_after_all, &format!("{CANCELLING}cancelled by alice")).await.unwrap();
+    while sent.try_recv().is_ok() {}
+    brain.reap().await;
+    let mut cancels = Vec::new();
+    while let Ok(m) = sent.try_recv() {
+        if let CoordinatorMessage::Cancel { job_id, reason } = m {
+            cancels.push((job_id, reason));
+        }
+    }
+    assert_eq!(cancels, [(stored_after_all, "cancelled by alice".to_string())]);
+    assert!(brain.active[&stored_after_all].reason.starts_with(CANCELLING));
+    assert_eq!(brain.active[&never_stored].state, JobState::Running);
+    assert!(!brain.active[&never_stored].reason.starts_with(CANCELLING));
+    assert!(brain.cancels_in_doubt.is_empty(), "each was read again once");
 }
