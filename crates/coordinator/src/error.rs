@@ -153,6 +153,15 @@ impl ApiError {
                 ),
             );
         }
+        if let gpuci_store::StoreError::Conflict { job, found, .. } = e {
+            // A compare-and-set the store refused: the job moved on meanwhile (another
+            // request, an agent's event, a commit whose answer was lost). Not a server fault.
+            tracing::warn!(error = %e, "request refused: the job changed meanwhile");
+            return ApiError::new(
+                StatusCode::CONFLICT,
+                format!("the coordinator {doing}: job {job} is {found} now; look at it again before asking"),
+            );
+        }
         if e.is_unavailable() {
             tracing::warn!(error = %e, "request refused: the database cannot take it now");
             ApiError::new(
@@ -167,3 +176,22 @@ impl ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A compare-and-set the store refused reaches a caller as 409 with the job's state, not
+    /// as a 500: the job moved on meanwhile, which is no fault of the server.
+    #[test]
+    fn a_refused_compare_and_set_is_a_conflict_not_a_server_error() {
+        let e = gpuci_store::StoreError::Conflict {
+            job: 7,
+            expected: "queued".into(),
+            found: gpuci_core::job::JobState::Cancelled,
+        };
+        let a = ApiError::from(BrainError::Store(e));
+        assert_eq!(a.status, StatusCode::CONFLICT);
+        assert!(a.body.error.contains("job 7 is cancelled"), "{}", a.body.error);
+    }
+}

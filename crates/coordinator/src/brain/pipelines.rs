@@ -94,6 +94,19 @@ impl Brain {
     }
 
     pub(super) async fn cancel(&mut self, id: JobId, reason: String) -> Result<JobRecord, BrainError> {
+        match self.cancel_as_held(id, reason.clone()).await {
+            // The store had moved on (a commit whose answer was lost, an earlier cancel's
+            // among them): its record is taken and the cancel applies to that. Answered 500
+            // before (outsider attack on Postgres).
+            Err(BrainError::Store(e)) if self.take_stored(id, &e).await.is_some() => {
+                self.cancel_as_held(id, reason).await
+            }
+            r => r,
+        }
+    }
+
+    /// [`Brain::cancel`] of the job as this coordinator holds it.
+    async fn cancel_as_held(&mut self, id: JobId, reason: String) -> Result<JobRecord, BrainError> {
         let Some(job) = self.active.get(&id).cloned() else {
             return match self.store.get_job(id).await? {
                 Some(j) => Err(BrainError::AlreadyFinished { job: id, state: j.state }),

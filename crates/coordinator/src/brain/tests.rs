@@ -915,3 +915,19 @@ async fn a_cancel_stored_without_an_answer_is_sent_to_the_agent_by_the_reaper() 
     assert!(!brain.active[&never_stored].reason.starts_with(CANCELLING));
     assert!(brain.cancels_in_doubt.is_empty(), "each was read again once");
 }
+
+/// A cancel of a job the store had ended behind the scheduler (an earlier cancel or queue
+/// timeout whose answer was lost): the stored record is taken and the caller told the job
+/// has finished (409), not a 500 from the store's refusal (outsider attack on Postgres).
+#[tokio::test]
+async fn a_cancel_of_a_job_ended_behind_the_scheduler_says_it_has_finished() {
+    let (store, jobs, mut brain) = one_gpu_jobs(1).await;
+    let id = jobs[0].id;
+    let cancelled =
+        JobChange { state: Some(JobState::Cancelled), reason: Some("cancelled by alice".into()), ..Default::default() };
+    store.update_job(id, &[JobState::Queued], cancelled).await.unwrap();
+    let e = brain.cancel(id, "cancelled by bob".into()).await.unwrap_err();
+    assert!(matches!(e, BrainError::AlreadyFinished { state: JobState::Cancelled, .. }), "{e:?}");
+    assert!(!brain.active.contains_key(&id), "the stored end was taken");
+    assert_eq!(store.get_job(id).await.unwrap().unwrap().reason, "cancelled by alice");
+}
