@@ -10,7 +10,8 @@ use super::*;
 use gpuci_core::requeue;
 
 impl Brain {
-    /// End a job, release its GPUs, quarantine failed ones, and queue a retry if the policy says so.
+    /// End a job now, release its GPUs, quarantine failed ones, and queue a retry if the
+    /// policy says so.
     pub(super) async fn finish(
         &mut self,
         job: &JobRecord,
@@ -20,7 +21,23 @@ impl Brain {
         telemetry: Option<gpuci_protocol::agent::JobTelemetry>,
         quarantine: Vec<Quarantine>,
     ) -> Result<JobRecord, BrainError> {
+        self.finish_at(job, state, reason, exit_code, telemetry, quarantine, None).await
+    }
+
+    /// [`Brain::finish`], ended when its agent says (`reported_ms`, [`ended_at`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_at(
+        &mut self,
+        job: &JobRecord,
+        state: JobState,
+        reason: String,
+        exit_code: Option<i32>,
+        telemetry: Option<gpuci_protocol::agent::JobTelemetry>,
+        quarantine: Vec<Quarantine>,
+        reported_ms: Option<i64>,
+    ) -> Result<JobRecord, BrainError> {
         let now = now_ms();
+        let finished_at_ms = reported_ms.map_or(now, |r| ended_at(job, r, now));
         // Whether it runs again, and the reasons: `requeue::on_end` (a job that never left
         // the queue is never retried).
         let ending = requeue::on_end(job.id, &job.step, job.state, job.attempt, state, reason);
@@ -28,7 +45,7 @@ impl Brain {
         let change = JobChange {
             state: Some(state),
             reason: Some(ending.reason),
-            finished_at_ms: Some(now),
+            finished_at_ms: Some(finished_at_ms),
             exit_code,
             telemetry,
             release_leases: true,
@@ -199,7 +216,7 @@ impl Brain {
         let change = JobChange {
             state: Some(state),
             reason: Some(reason),
-            finished_at_ms: Some(now),
+            finished_at_ms: Some(ended_at(job, f.finished_at_us / 1000, now)),
             exit_code,
             telemetry: f.telemetry,
             release_leases: true,
@@ -356,7 +373,8 @@ impl Brain {
             // The log says where its output may stop short, not just the job's reason.
             self.note_in_log(&job, format!("output may be missing from here on: {reason}")).await;
         }
-        match self.finish(&job, state, reason, exit_code, f.telemetry, quarantine).await {
+        let reported = Some(f.finished_at_us / 1000);
+        match self.finish_at(&job, state, reason, exit_code, f.telemetry, quarantine, reported).await {
             Ok(_) => Ok(()),
             Err(BrainError::Store(e)) if self.ended_in_store(id, &e).await => Ok(()),
             Err(e) => {
@@ -437,4 +455,15 @@ impl Brain {
             Err(e) => tracing::warn!(job = job.id, error = %e, "could not add a line to the job's log"),
         }
     }
+}
+
+/// When a job its agent reports ended at `reported_ms` (the agent's clock) is recorded as
+/// ended: that time, but never before the job started (or was assigned) nor after `now_ms`
+/// (the coordinator's clock: an agent's clock may be off). A result that reached the
+/// coordinator late (it was down, the agent away) was recorded as ending when it arrived: a
+/// 2 s job whose result waited 8 s for a restart ran 10.9 s by its record and its cost
+/// (outsider check).
+pub(super) fn ended_at(job: &JobRecord, reported_ms: i64, now_ms: i64) -> i64 {
+    let floor = job.started_at_ms.or(job.assigned_at_ms).unwrap_or(i64::MIN).min(now_ms);
+    reported_ms.clamp(floor, now_ms)
 }

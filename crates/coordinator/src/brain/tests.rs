@@ -931,3 +931,36 @@ async fn a_cancel_of_a_job_ended_behind_the_scheduler_says_it_has_finished() {
     assert!(!brain.active.contains_key(&id), "the stored end was taken");
     assert_eq!(store.get_job(id).await.unwrap().unwrap().reason, "cancelled by alice");
 }
+
+/// A result that reaches the coordinator late (it was down, its agent away) is recorded as
+/// ending when its agent says, within the job's start and now: a 2 s job whose result
+/// waited 8 s for a restart ran 10.9 s by its record and its cost (outsider check).
+#[tokio::test]
+async fn a_late_result_is_recorded_as_ending_when_its_agent_says() {
+    let (store, jobs, mut brain) = one_gpu_jobs(1).await;
+    let id = jobs[0].id;
+    brain.place_now().await;
+    let now = now_ms();
+    let (reply, answer) = oneshot::channel();
+    brain.batch_start("agent-1", id, now - 60_000, Vec::new(), reply);
+    brain.flush_events().await;
+    assert_eq!(answer.await.unwrap(), Ok(()));
+    let ended = JobFinished {
+        job_id: id,
+        outcome: Outcome::Exited { code: 0 },
+        finished_at_us: (now - 58_000) * 1000,
+        started_at_us: None,
+        lines: None,
+        telemetry: None,
+        gpu_health: BTreeMap::new(),
+    };
+    let (reply, answer) = oneshot::channel();
+    assert!(brain.batch_finish("agent-1", ended, reply).is_none(), "a plain end");
+    brain.flush_events().await;
+    assert_eq!(answer.await.unwrap(), Ok(()));
+    let j = store.get_job(id).await.unwrap().unwrap();
+    assert_eq!((j.state, j.finished_at_ms.unwrap() - j.started_at_ms.unwrap()), (JobState::Succeeded, 2_000));
+    // An agent's clock that is off: never before the start, never after now.
+    assert_eq!(super::results::ended_at(&j, j.started_at_ms.unwrap() - 5_000, now), j.started_at_ms.unwrap());
+    assert_eq!(super::results::ended_at(&j, now + 3_600_000, now), now);
+}
