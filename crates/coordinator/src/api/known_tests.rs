@@ -2,46 +2,19 @@
 //! one scan when many, and nothing is read for jobs no agent has.
 
 use super::*;
-use gpuci_store::{AgentRecord, NewAssignment, SqliteStore};
-
-fn agent(i: usize) -> AgentRecord {
-    AgentRecord {
-        id: format!("agent-{i}"),
-        name: format!("host-{i}"),
-        credential_hash: String::new(),
-        registered_at_ms: 1,
-        last_seen_ms: None,
-        state: "online".into(),
-        reason: String::new(),
-        hello_json: None,
-    }
-}
+use crate::brain::tests::{new_pipeline, queued, stored_agent};
+use gpuci_store::{NewAssignment, SqliteStore};
 
 #[tokio::test]
 async fn jobs_name_the_agents_they_were_given_to_and_no_other() {
     let store = SqliteStore::in_memory().await.unwrap();
     for i in 0..100 {
-        store.insert_agent(&agent(i)).await.unwrap();
+        let mut a = stored_agent(&format!("agent-{i}"));
+        a.name = format!("host-{i}");
+        store.insert_agent(&a).await.unwrap();
     }
-    let pipeline = gpuci_store::NewPipeline {
-        origin: None,
-        file_name: "p.yml".into(),
-        source: "steps: []".into(),
-        workspace_upload: None,
-        repository: None,
-        created_at_ms: 1,
-    };
-    let step = |i: usize| gpuci_store::NewJob {
-        pipeline_id: 0,
-        step: gpuci_core::pipeline::Step::new(format!("s{i}"), "true"),
-        env: Default::default(),
-        state: gpuci_core::job::JobState::Queued,
-        reason: "queued".into(),
-        attempt: 1,
-        retry_of: None,
-        created_at_ms: 1,
-    };
-    let (_, jobs) = store.create_pipeline(pipeline, (0..80).map(step).collect()).await.unwrap();
+    let step = |i: usize| queued(gpuci_core::pipeline::Step::new(format!("s{i}"), "true"));
+    let (_, jobs) = store.create_pipeline(new_pipeline(), (0..80).map(step).collect()).await.unwrap();
     assert!(agent_names(&store, &jobs).await.names.is_empty(), "queued jobs name no agent");
     // Each of the first 70 jobs on an agent of its own, past the one-by-one reads.
     let batch: Vec<NewAssignment> = jobs[..70]

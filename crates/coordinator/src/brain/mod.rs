@@ -65,7 +65,7 @@ mod results;
 mod scheduling;
 mod secrets;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 pub use agents::{heard_after_stall, reconcile, stalled, Reconciled};
 pub use queries::{FleetAgent, FleetView, WaitingJob};

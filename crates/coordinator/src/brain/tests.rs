@@ -143,7 +143,7 @@ async fn a_pass_judges_each_shape_once_and_still_checks_each_jobs_secrets() {
 }
 
 /// A queued job of `step` (its pipeline is set when it is stored).
-fn queued(step: gpuci_core::pipeline::Step) -> gpuci_store::NewJob {
+pub(crate) fn queued(step: gpuci_core::pipeline::Step) -> gpuci_store::NewJob {
     gpuci_store::NewJob {
         pipeline_id: 0,
         step,
@@ -156,7 +156,7 @@ fn queued(step: gpuci_core::pipeline::Step) -> gpuci_store::NewJob {
     }
 }
 
-fn new_pipeline() -> gpuci_store::NewPipeline {
+pub(crate) fn new_pipeline() -> gpuci_store::NewPipeline {
     gpuci_store::NewPipeline {
         file_name: "x.yml".into(),
         source: String::new(),
@@ -504,7 +504,7 @@ fn agent_1_hello(hostname: &str, gpus: Vec<gpuci_core::gpu::GpuInfo>, running: V
     }
 }
 
-fn stored_agent(id: &str) -> gpuci_store::AgentRecord {
+pub(crate) fn stored_agent(id: &str) -> gpuci_store::AgentRecord {
     gpuci_store::AgentRecord {
         id: id.into(),
         name: id.into(),
