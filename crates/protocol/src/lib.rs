@@ -52,6 +52,10 @@ pub fn takes_agent(version: u32) -> bool {
     (OLDEST_AGENT_PROTOCOL..=PROTOCOL_VERSION).contains(&version)
 }
 
+/// Job ids are small integers people can type (`gpuci logs 42`).
+pub type JobId = i64;
+pub type PipelineId = i64;
+
 #[cfg(test)]
 mod tests {
     /// Coordinators upgraded before their agents keep them: the version before is taken, a
@@ -64,7 +68,3 @@ mod tests {
         assert!(!super::takes_agent(2));
     }
 }
-
-/// Job ids are small integers people can type (`gpuci logs 42`).
-pub type JobId = i64;
-pub type PipelineId = i64;
