@@ -61,6 +61,7 @@ mod tests {
         NewAssignment {
             job,
             agent_id: "agent".into(),
+            agent_name: "agent".into(),
             gpus: gpus.iter().map(|g| g.to_string()).collect(),
             token_sha256: None,
         }

@@ -77,6 +77,9 @@ pub struct JobRecord {
 pub struct NewAssignment {
     pub job: JobId,
     pub agent_id: String,
+    /// The agent's name, as the assigned job's reason gives it (an id means nothing to a
+    /// person reading why a job is not running yet).
+    pub agent_name: String,
     pub gpus: Vec<String>,
     /// The sha256 (lowercase hex) of the job token this run is given (dynamic steps,
     /// `job_tokens`), stored with the assignment in its transaction, replacing an earlier one
@@ -84,15 +87,15 @@ pub struct NewAssignment {
     pub token_sha256: Option<String>,
 }
 
-/// What a job assigned to `agent_id` says instead of why it waited.
-pub fn assigned_reason(agent_id: &str) -> String {
-    format!("assigned to agent {agent_id}")
+/// What a job assigned to the agent named `agent` says instead of why it waited.
+pub fn assigned_reason(agent: &str) -> String {
+    format!("assigned to agent {agent}")
 }
 
 impl NewAssignment {
     /// What an assigned job's record says instead of why it waited.
     pub fn reason(&self) -> String {
-        assigned_reason(&self.agent_id)
+        assigned_reason(&self.agent_name)
     }
 
     /// `job`, queued, as [`Store::assign_jobs`](crate::Store::assign_jobs) stores it when

@@ -20,7 +20,13 @@ async fn jobs_name_the_agents_they_were_given_to_and_no_other() {
     let batch: Vec<NewAssignment> = jobs[..70]
         .iter()
         .enumerate()
-        .map(|(i, j)| NewAssignment { job: j.id, agent_id: format!("agent-{i}"), gpus: Vec::new(), token_sha256: None })
+        .map(|(i, j)| NewAssignment {
+            job: j.id,
+            agent_id: format!("agent-{i}"),
+            agent_name: format!("agent-{i}"),
+            gpus: Vec::new(),
+            token_sha256: None,
+        })
         .collect();
     assert!(store.assign_jobs(&batch, 2).await.unwrap().iter().all(|r| r.is_ok()));
     let jobs = store.pipeline_jobs(jobs[0].pipeline_id).await.unwrap();

@@ -557,6 +557,7 @@ impl Brain {
             .map(|p| NewAssignment {
                 job: p.job.id,
                 agent_id: p.agent_id.clone(),
+                agent_name: self.agents.get(&p.agent_id).map_or_else(|| p.agent_id.clone(), |a| a.name.clone()),
                 gpus: p.gpus.clone(),
                 token_sha256: p.token_sha256.clone(),
             })

@@ -666,7 +666,13 @@ async fn an_assignment_stored_without_an_answer_is_queued_again_and_placed() {
     let (store, jobs, mut brain) = one_gpu_jobs(1).await;
     let id = jobs[0].id;
     // The commit the coordinator never heard back from.
-    let lost = NewAssignment { job: id, agent_id: "agent-1".into(), gpus: vec!["GPU-one".into()], token_sha256: None };
+    let lost = NewAssignment {
+        job: id,
+        agent_id: "agent-1".into(),
+        agent_name: "agent-1".into(),
+        gpus: vec!["GPU-one".into()],
+        token_sha256: None,
+    };
     store.assign_jobs(&[lost], now_ms()).await.unwrap().remove(0).unwrap();
     brain.place_now().await;
     assert_eq!(brain.active[&id].state, JobState::Queued);
@@ -840,6 +846,7 @@ async fn a_long_queue_is_told_a_chunk_at_a_time_and_never_over_a_placed_job() {
     // GPUs free up before the rest is written: the next four in queue order are placed, three
     // of them before they were told why they waited.
     connect_fake_agent(&mut brain, "agent-2", 4);
+    brain.agents.get_mut("agent-2").unwrap().name = "host-2".into();
     brain.place_now().await;
     while !brain.untold.is_empty() {
         brain.tell_waiting(Vec::new(), brain.reasons_per_write).await;
@@ -847,8 +854,10 @@ async fn a_long_queue_is_told_a_chunk_at_a_time_and_never_over_a_placed_job() {
     for (i, id) in ids.iter().enumerate() {
         let j = store.get_job(*id).await.unwrap().unwrap();
         match i {
-            0..=4 => assert!(
-                j.state == JobState::Assigned && j.reason.starts_with("assigned to agent"),
+            // Named by the agent's name, not its id.
+            0 => assert_eq!(j.reason, "assigned to agent agent-1"),
+            1..=4 => assert!(
+                j.state == JobState::Assigned && j.reason == "assigned to agent host-2",
                 "job {i}: {:?} {}",
                 j.state,
                 j.reason

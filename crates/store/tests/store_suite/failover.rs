@@ -87,6 +87,7 @@ async fn postgres_a_former_leaders_writes_are_refused_by_the_database_after_a_ta
     let batch = [NewAssignment {
         job: jobs[0].id,
         agent_id: "agent-1".into(),
+        agent_name: "agent-1".into(),
         gpus: vec!["GPU-F".into()],
         token_sha256: Some("f00d".into()),
     }];

@@ -26,6 +26,7 @@ async fn group_commit_suite(s: &dyn Store, fail_assignments: impl std::future::F
     let assign = |job: JobId, gpus: &[&str]| NewAssignment {
         job,
         agent_id: "agent-1".into(),
+        agent_name: "host-1".into(),
         gpus: gpus.iter().map(|g| g.to_string()).collect(),
         token_sha256: None,
     };
@@ -53,7 +54,7 @@ async fn group_commit_suite(s: &dyn Store, fail_assignments: impl std::future::F
             vec!["GPU-0".into(), "GPU-1".into()],
             Some("agent-1"),
             Some(7),
-            "assigned to agent agent-1"
+            "assigned to agent host-1"
         )
     );
     assert_eq!(a, batch[0].applied_to(&before[0], 7));
@@ -201,6 +202,7 @@ async fn bench_group_commit() {
                 .map(|(i, j)| NewAssignment {
                     job: j.id,
                     agent_id: "agent".into(),
+                    agent_name: "agent".into(),
                     gpus: vec![format!("GPU-{tag}{i}")],
                     token_sha256: None,
                 })
@@ -271,6 +273,7 @@ async fn tokens_with_assignments_suite(s: &dyn Store, fail_assignments: impl std
     let assign = |job: JobId, gpu: &str, token: Option<&str>| NewAssignment {
         job,
         agent_id: "agent-1".into(),
+        agent_name: "agent-1".into(),
         gpus: vec![gpu.to_string()],
         token_sha256: token.map(str::to_string),
     };
@@ -393,6 +396,7 @@ async fn batch_writes_what_one_at_a_time_writes(batched: &dyn Store, single: &dy
             .map(|(i, j)| NewAssignment {
                 job: *j,
                 agent_id: "agent-1".into(),
+                agent_name: "agent-1".into(),
                 gpus: vec![format!("GPU-{i}")],
                 token_sha256: Some(format!("{i:064}")),
             })
