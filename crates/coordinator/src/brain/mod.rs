@@ -58,6 +58,8 @@ mod budgets;
 mod dispatch;
 pub mod dynamic_steps;
 mod groups;
+#[cfg(test)]
+mod loop_tests;
 mod pipelines;
 mod queries;
 mod queue;

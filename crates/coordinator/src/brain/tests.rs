@@ -643,7 +643,7 @@ async fn jobs_waiting_by_shape_keep_queue_order_and_are_told_and_seen_by_the_fle
 
 /// A store with `n` queued 1-GPU jobs of one pipeline, agent-1 registered, and a brain
 /// loaded from it with agent-1 connected (one GPU).
-async fn one_gpu_jobs(n: usize) -> (Arc<gpuci_store::SqliteStore>, Vec<JobRecord>, Brain) {
+pub(crate) async fn one_gpu_jobs(n: usize) -> (Arc<gpuci_store::SqliteStore>, Vec<JobRecord>, Brain) {
     let store = Arc::new(gpuci_store::SqliteStore::in_memory().await.unwrap());
     let step = || {
         let mut s = gpuci_core::pipeline::Step::new("a", "true");
