@@ -333,7 +333,17 @@ impl Client {
 
     /// Stream an NDJSON endpoint, calling `each` per item until it returns false or the stream ends.
     pub async fn stream<T: DeserializeOwned>(&self, path: &str, mut each: impl FnMut(T) -> bool) -> CliResult<()> {
-        let resp = self.send(self.http.get(self.url(path))).await?;
+        // The answer's head is waited for as its body is: a coordinator that froze after
+        // taking the connection never answers, and waiting on it without asking held
+        // `gpuci logs --follow` for ever (a failover test, the leader stopped mid-request).
+        let sent = self.send(self.http.get(self.url(path)));
+        tokio::pin!(sent);
+        let resp = loop {
+            tokio::select! {
+                resp = &mut sent => break resp?,
+                () = tokio::time::sleep(STREAM_QUIET) => self.still_there().await?,
+            }
+        };
         let mut body = Self::check(resp).await?.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         loop {
