@@ -754,7 +754,8 @@ pub struct SimulateArgs {
     /// Seed of the simulated boot times, interruptions and capacity errors.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Only this policy (repeatable): gpuci, always-on, fixed-idle-5m, best-fixed-idle. Default: all four.
+    /// Only this policy (repeatable): gpuci, always-on, fixed-idle-5m, best-fixed-idle,
+    /// best-fixed-stop. Default: all five.
     #[arg(long = "policy", value_parser = parse_policy)]
     pub policies: Vec<gpuci_simulate::Policy>,
     /// The figures as JSON on stdout.
@@ -764,7 +765,7 @@ pub struct SimulateArgs {
 
 fn parse_policy(s: &str) -> Result<gpuci_simulate::Policy, String> {
     gpuci_simulate::Policy::parse(s)
-        .ok_or_else(|| format!("{s:?}: expected gpuci, always-on, fixed-idle-5m or best-fixed-idle"))
+        .ok_or_else(|| format!("{s:?}: expected gpuci, always-on, fixed-idle-5m, best-fixed-idle or best-fixed-stop"))
 }
 
 #[derive(Args, Debug)]

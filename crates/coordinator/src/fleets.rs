@@ -144,6 +144,7 @@ struct Loop {
     /// What the idle rules remember per fleet (`gpuci_core::fleet::idle`): arrivals are the
     /// waiting jobs first seen, each on the first fleet it fits (a job placed on an idle
     /// machine between two passes is not seen: the rule then errs toward letting machines go);
+    /// ends are those jobs seen no longer active (`in_demand`), for the idle spells;
     /// boot and start times are the rule's defaults. Rebuilt within a day after a restart,
     /// except the capacity outages met (creates and starts refused for want of capacity, until
     /// one is taken: `reconcile`), which are kept in the store with the back-off ([`remember`]).
@@ -151,6 +152,9 @@ struct Loop {
     /// Arrival profiles, step run times and upcoming fan-out, learned from the store.
     inputs: crate::fleet_inputs::FleetInputs,
     seen_waiting: HashMap<i64, UnixSecs>,
+    /// Jobs counted as arrivals of a fleet (`history`) that are still active: when one is no
+    /// longer, its end is counted (the idle spells, `gpuci_core::fleet::idle`).
+    in_demand: HashMap<i64, String>,
     /// What each machine's provider said of it in the last listing (shown with it).
     provider_notes: HashMap<String, String>,
     interruptions: BTreeMap<String, Vec<UnixSecs>>,
@@ -234,6 +238,7 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         history: BTreeMap::new(),
         inputs: crate::fleet_inputs::FleetInputs::default(),
         seen_waiting: HashMap::new(),
+        in_demand: HashMap::new(),
         provider_notes: HashMap::new(),
         interruptions: BTreeMap::new(),
         interrupted_seen: std::collections::HashSet::new(),

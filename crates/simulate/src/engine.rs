@@ -56,10 +56,16 @@ pub enum Policy {
     /// (delete after idle, no warm pool), and each fleet takes the cheapest that meets the wait
     /// goal (else the one with the lowest p95 wait). What a user could tune, knowing the trace.
     BestFixedIdle,
+    /// Per fleet, the best fixed pair of timeouts in hindsight for the stopped tier: stop after
+    /// an idle timeout, delete after a stopped timeout (every pair of a grid, no warm pool;
+    /// fleets that cannot stop delete after the idle timeout). Chosen as best-fixed-idle is.
+    /// What a user who knows the stopped tier could tune, knowing the trace.
+    BestFixedStop,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 4] = [Policy::Gpuci, Policy::AlwaysOn, Policy::FixedIdle5m, Policy::BestFixedIdle];
+    pub const ALL: [Policy; 5] =
+        [Policy::Gpuci, Policy::AlwaysOn, Policy::FixedIdle5m, Policy::BestFixedIdle, Policy::BestFixedStop];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -67,6 +73,7 @@ impl Policy {
             Policy::AlwaysOn => "always-on",
             Policy::FixedIdle5m => "fixed-idle-5m",
             Policy::BestFixedIdle => "best-fixed-idle",
+            Policy::BestFixedStop => "best-fixed-stop",
         }
     }
 
@@ -84,6 +91,9 @@ pub enum Mode {
     AlwaysOn,
     /// `decide` with no warm pool, no schedules, delete after this many seconds idle.
     FixedIdle(u64),
+    /// `decide` with no warm pool and no schedules: stop after `idle_s` idle and delete after
+    /// `stopped_s` stopped, on fleets whose provider can stop (else delete after `idle_s`).
+    FixedStop { idle_s: u64, stopped_s: u64 },
 }
 
 /// A run stops this long after the trace's last job would have ended with no wait, whatever
@@ -548,6 +558,7 @@ impl<'a> Engine<'a> {
                         self.queue_jobs.remove(pos);
                         self.queue.remove(pos);
                     }
+                    self.left_fleet(job);
                     self.cancelled(job);
                     self.ended(job, false);
                 }
@@ -640,7 +651,17 @@ impl<'a> Engine<'a> {
     }
 
     /// The job's run ends now (finished or cancelled): count its GPU time, free its GPUs.
+    /// A job that arrived left its fleet's demand (ended, or cancelled before it ran): the
+    /// idle rule's history, as the coordinator keeps it.
+    fn left_fleet(&mut self, job: usize) {
+        let now = self.now;
+        if let Some(h) = self.job_fleet[job].and_then(|f| self.history.get_mut(&self.fleets[f].name)) {
+            h.ends.push(now);
+        }
+    }
+
     fn end_job(&mut self, job: usize, machine: u64, start: UnixSecs) {
+        self.left_fleet(job);
         let gpus = self.trace[job].gpus;
         self.jobs[job].state = JobState::Done;
         self.jobs[job].attempt += 1;
@@ -850,14 +871,32 @@ impl<'a> Engine<'a> {
 
 /// The fleet settings a run uses.
 fn adjust(f: &FleetSpec, mode: Mode) -> FleetSpec {
+    use gpuci_core::fleet::IdleAction;
     let mut f = f.clone();
-    if let Mode::FixedIdle(idle_s) = mode {
-        f.min_idle = 0;
-        f.warm.clear();
-        f.idle_timeout_s = Some(idle_s);
-        f.idle_action = gpuci_core::fleet::IdleAction::Delete;
+    match mode {
+        Mode::FixedIdle(idle_s) => {
+            f.min_idle = 0;
+            f.warm.clear();
+            f.idle_timeout_s = Some(idle_s);
+            f.idle_action = IdleAction::Delete;
+        }
+        Mode::FixedStop { idle_s, stopped_s } => {
+            f.min_idle = 0;
+            f.warm.clear();
+            f.idle_timeout_s = Some(idle_s);
+            f.idle_action = if can_stop(&f) { IdleAction::Stop } else { IdleAction::Delete };
+            f.stopped_timeout_s = Some(stopped_s);
+        }
+        Mode::Decide | Mode::AlwaysOn => {}
     }
     f
+}
+
+/// Whether a fleet's provider can stop its machines and start them again, as the config's
+/// default idle action says: what best-fixed-stop stops (it deletes the others' idle machines).
+pub(crate) fn can_stop(f: &FleetSpec) -> bool {
+    use gpuci_core::fleet::{idle::default_idle_action, CapacityPolicy, IdleAction};
+    default_idle_action(f.provider, f.capacity == CapacityPolicy::OnDemand, &f.settings) == IdleAction::Stop
 }
 
 #[cfg(test)]

@@ -66,6 +66,14 @@ impl SimSettings {
 /// moment it is idle to keeping it an hour.
 pub const IDLE_GRID_S: [u64; 11] = [0, 30, 60, 120, 180, 300, 600, 900, 1200, 1800, 3600];
 
+/// The idle timeouts (seconds) before a stop that best-fixed-stop tries, each with every
+/// stopped timeout of [`STOPPED_GRID_S`].
+pub const STOP_IDLE_GRID_S: [u64; 6] = [0, 30, 60, 120, 300, 600];
+
+/// The stopped timeouts (seconds) before a delete that best-fixed-stop tries: from a quarter
+/// of an hour to a day.
+pub const STOPPED_GRID_S: [u64; 7] = [900, 1800, 3600, 7200, 14_400, 28_800, 86_400];
+
 /// The figures of one fleet (or of all, `fleet = "total"`) under one policy.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Figures {
@@ -134,20 +142,32 @@ pub struct Figures {
     pub capacity_errors: u32,
     /// Starts of stopped machines refused for want of capacity.
     pub start_capacity_errors: u32,
-    /// best-fixed-idle only: the idle timeout this fleet's figures come from.
+    /// best-fixed-idle and best-fixed-stop only: the idle timeout this fleet's figures come
+    /// from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idle_timeout_s: Option<u64>,
+    /// best-fixed-stop only: the stopped timeout this fleet's figures come from (absent where
+    /// the fleet cannot stop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_timeout_s: Option<u64>,
     /// Other policies, per fleet, when the sweep ran: the cheapest swept fixed idle timeout
     /// whose p95 wait is no worse than this policy's. A policy beats the tuned baseline only
     /// where it costs less than this. Absent: no swept timeout waits this little (or no sweep).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fixed_idle_at_same_wait: Option<SweptMatch>,
+    /// The same against the best-fixed-stop sweep: the cheapest swept pair of timeouts (stop,
+    /// then delete) whose p95 wait is no worse than this policy's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fixed_stop_at_same_wait: Option<SweptMatch>,
 }
 
-/// A point of the sweep that a policy is held against.
+/// A point of a sweep that a policy is held against.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SweptMatch {
     pub idle_timeout_s: u64,
+    /// best-fixed-stop's points: the stopped timeout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_timeout_s: Option<u64>,
     pub total_usd: f64,
     pub wait_p95_s: u64,
 }
@@ -162,10 +182,13 @@ pub struct PolicyRun {
     pub horizon_s: u64,
 }
 
-/// One idle timeout of the best-fixed-idle sweep.
+/// One idle timeout of the best-fixed-idle sweep, or one pair of timeouts of best-fixed-stop's.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SweepPoint {
     pub idle_timeout_s: u64,
+    /// best-fixed-stop: stopped this long → delete (on fleets that can stop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_timeout_s: Option<u64>,
     pub fleets: Vec<SweepFleet>,
 }
 
@@ -174,10 +197,13 @@ pub struct SweepPoint {
 pub struct SweepFleet {
     pub fleet: String,
     pub charged_gpu_hours: f64,
+    /// `charged / floor`, as [`Figures::floor_ratio`].
+    pub floor_ratio: f64,
+    pub cost_goal_met: bool,
     pub total_usd: f64,
     pub wait_p95_s: u64,
     pub wait_goal_met: bool,
-    /// The timeout best-fixed-idle took for this fleet.
+    /// The timeout (or pair) the policy took for this fleet.
     pub chosen: bool,
 }
 
@@ -191,6 +217,8 @@ pub struct Report {
     pub runs: Vec<PolicyRun>,
     /// The best-fixed-idle sweep, every timeout (empty when that policy did not run).
     pub sweep: Vec<SweepPoint>,
+    /// The best-fixed-stop sweep, every pair of timeouts (empty when that policy did not run).
+    pub stop_sweep: Vec<SweepPoint>,
 }
 
 /// Run one policy.
@@ -199,9 +227,14 @@ pub fn simulate(fleets: &[FleetSpec], sim: &SimSettings, trace: &[TraceJob], pol
 }
 
 /// Run several policies over the same trace, side by side (best-fixed-idle over
-/// [`IDLE_GRID_S`]).
+/// [`IDLE_GRID_S`], best-fixed-stop over [`STOP_IDLE_GRID_S`] × [`STOPPED_GRID_S`]).
 pub fn simulate_all(fleets: &[FleetSpec], sim: &SimSettings, trace: &[TraceJob], policies: &[Policy]) -> Report {
     simulate_with_grid(fleets, sim, trace, policies, &IDLE_GRID_S)
+}
+
+/// Every pair of best-fixed-stop's default grid: (idle timeout, stopped timeout).
+pub fn stop_grid() -> Vec<(u64, u64)> {
+    STOP_IDLE_GRID_S.iter().flat_map(|&i| STOPPED_GRID_S.iter().map(move |&s| (i, s))).collect()
 }
 
 /// [`simulate_all`] with the idle timeouts best-fixed-idle sweeps.
@@ -232,18 +265,33 @@ pub fn simulate_with_grid(
     let boots: Vec<f64> = profiles.iter().map(|p| p.boot.mean()).collect();
     let run = |mode: Mode| engine::Engine::new(fleets, profiles.clone(), trace, mode, sim.seed, sim.epoch).run(&peaks);
     let mut runs = Vec::new();
-    let mut sweep = Vec::new();
+    let (mut sweep, mut stop_sweep) = (Vec::new(), Vec::new());
     let mut unserved = 0;
     for &policy in policies {
         let mode = match policy {
             Policy::Gpuci => Mode::Decide,
             Policy::AlwaysOn => Mode::AlwaysOn,
             Policy::FixedIdle5m => Mode::FixedIdle(300),
-            Policy::BestFixedIdle => {
-                let (best, points, unserved_here) = best_fixed_idle(fleets, &bound, &boots, idle_grid_s, &run);
+            Policy::BestFixedIdle | Policy::BestFixedStop => {
+                let knobs: Vec<(u64, Option<u64>)> = if policy == Policy::BestFixedIdle {
+                    let mut grid = idle_grid_s.to_vec();
+                    grid.sort_unstable();
+                    grid.dedup();
+                    if grid.is_empty() {
+                        grid.push(300);
+                    }
+                    grid.into_iter().map(|t| (t, None)).collect()
+                } else {
+                    stop_grid().into_iter().map(|(i, s)| (i, Some(s))).collect()
+                };
+                let (best, points, unserved_here) = best_fixed(policy, fleets, &bound, &boots, &knobs, &run);
                 unserved = unserved_here;
                 runs.push(best);
-                sweep = points;
+                if policy == Policy::BestFixedIdle {
+                    sweep = points;
+                } else {
+                    stop_sweep = points;
+                }
                 continue;
             }
         };
@@ -260,17 +308,32 @@ pub fn simulate_with_grid(
         total.wait_goal_met = per_fleet.iter().all(|f| f.wait_goal_met);
         runs.push(PolicyRun { policy, total, fleets: per_fleet, horizon_s: out.horizon_s });
     }
-    for run in runs.iter_mut().filter(|r| r.policy != Policy::BestFixedIdle) {
+    for run in runs.iter_mut() {
         for (f, fig) in run.fleets.iter_mut().enumerate() {
-            fig.fixed_idle_at_same_wait = sweep
-                .iter()
-                .filter_map(|p| p.fleets.get(f).map(|g| (p.idle_timeout_s, g)))
-                .filter(|(_, g)| g.wait_p95_s <= fig.wait_p95_s)
-                .min_by(|a, b| a.1.total_usd.total_cmp(&b.1.total_usd))
-                .map(|(t, g)| SweptMatch { idle_timeout_s: t, total_usd: g.total_usd, wait_p95_s: g.wait_p95_s });
+            if run.policy != Policy::BestFixedIdle {
+                fig.fixed_idle_at_same_wait = at_same_wait(&sweep, f, fig.wait_p95_s);
+            }
+            if run.policy != Policy::BestFixedStop {
+                fig.fixed_stop_at_same_wait = at_same_wait(&stop_sweep, f, fig.wait_p95_s);
+            }
         }
     }
-    Report { seed: sim.seed, jobs: trace.len(), unserved_jobs: unserved, runs, sweep }
+    Report { seed: sim.seed, jobs: trace.len(), unserved_jobs: unserved, runs, sweep, stop_sweep }
+}
+
+/// The cheapest point of a sweep whose p95 wait for fleet `f` is at most `p95`.
+fn at_same_wait(sweep: &[SweepPoint], f: usize, p95: u64) -> Option<SweptMatch> {
+    sweep
+        .iter()
+        .filter_map(|p| p.fleets.get(f).map(|g| (p, g)))
+        .filter(|(_, g)| g.wait_p95_s <= p95)
+        .min_by(|a, b| a.1.total_usd.total_cmp(&b.1.total_usd))
+        .map(|(p, g)| SweptMatch {
+            idle_timeout_s: p.idle_timeout_s,
+            stopped_timeout_s: p.stopped_timeout_s,
+            total_usd: g.total_usd,
+            wait_p95_s: g.wait_p95_s,
+        })
 }
 
 /// What a boot and a stop-and-start cost on a fleet's machines, for the floor.
@@ -286,23 +349,27 @@ fn machine_costs(f: &FleetSpec, p: &SimProfile) -> bounds::MachineCosts {
     bounds::MachineCosts { boot_s: p.boot.mean(), restart }
 }
 
-/// Run every idle timeout of the grid; per fleet take the cheapest (total USD) that meets the
-/// wait goal, else the one with the lowest p95 wait (then the cheapest). Fleets do not share
+/// Run every setting of the grid (an idle timeout to delete after, or with a stopped timeout,
+/// a pair: stop, then delete); per fleet take the cheapest (total USD) that meets the wait
+/// goal, else the one with the lowest p95 wait (then the cheapest). Fleets do not share
 /// machines, jobs or random streams, so one fleet's choice does not change another's figures.
-fn best_fixed_idle(
+fn best_fixed(
+    policy: Policy,
     fleets: &[FleetSpec],
     bound: &[bounds::Bound],
     boots: &[f64],
-    grid: &[u64],
+    grid: &[(u64, Option<u64>)],
     run: &dyn Fn(Mode) -> engine::Outcome,
 ) -> (PolicyRun, Vec<SweepPoint>, usize) {
-    let mut grid: Vec<u64> = grid.to_vec();
-    grid.sort_unstable();
-    grid.dedup();
-    if grid.is_empty() {
-        grid.push(300);
-    }
-    let outs: Vec<engine::Outcome> = grid.iter().map(|&t| run(Mode::FixedIdle(t))).collect();
+    let outs: Vec<engine::Outcome> = grid
+        .iter()
+        .map(|&(idle_s, stopped)| {
+            run(match stopped {
+                None => Mode::FixedIdle(idle_s),
+                Some(stopped_s) => Mode::FixedStop { idle_s, stopped_s },
+            })
+        })
+        .collect();
     let per: Vec<Vec<Figures>> = outs
         .iter()
         .map(|out| {
@@ -336,14 +403,17 @@ fn best_fixed_idle(
     let points = grid
         .iter()
         .enumerate()
-        .map(|(i, &t)| SweepPoint {
+        .map(|(i, &(t, stopped))| SweepPoint {
             idle_timeout_s: t,
+            stopped_timeout_s: stopped,
             fleets: per[i]
                 .iter()
                 .enumerate()
                 .map(|(f, fig)| SweepFleet {
                     fleet: fig.fleet.clone(),
                     charged_gpu_hours: fig.charged_gpu_hours,
+                    floor_ratio: fig.floor_ratio,
+                    cost_goal_met: fig.cost_goal_met,
                     total_usd: fig.total_usd,
                     wait_p95_s: fig.wait_p95_s,
                     wait_goal_met: fig.wait_goal_met,
@@ -355,14 +425,18 @@ fn best_fixed_idle(
     let fleet_figures: Vec<Figures> = chosen
         .iter()
         .enumerate()
-        .map(|(f, &i)| Figures { idle_timeout_s: Some(grid[i]), ..per[i][f].clone() })
+        .map(|(f, &i)| Figures {
+            idle_timeout_s: Some(grid[i].0),
+            stopped_timeout_s: grid[i].1.filter(|_| engine::can_stop(&fleets[f])),
+            ..per[i][f].clone()
+        })
         .collect();
     let tallies: Vec<engine::Tally> = chosen.iter().enumerate().map(|(f, &i)| outs[i].tallies[f].clone()).collect();
     let mut total = figures("total", &tallies, bound, boots);
     total.wait_goal_met = fleet_figures.iter().all(|f| f.wait_goal_met);
     let horizon_s = chosen.iter().map(|&i| outs[i].horizon_s).max().unwrap_or(0);
     let unserved = outs.first().map_or(0, |o| o.unserved);
-    (PolicyRun { policy: Policy::BestFixedIdle, total, fleets: fleet_figures, horizon_s }, points, unserved)
+    (PolicyRun { policy, total, fleets: fleet_figures, horizon_s }, points, unserved)
 }
 
 fn figures(name: &str, tallies: &[engine::Tally], bounds: &[bounds::Bound], boot_means: &[f64]) -> Figures {
@@ -421,7 +495,9 @@ fn figures(name: &str, tallies: &[engine::Tally], bounds: &[bounds::Bound], boot
         capacity_errors: sum(&|t| t.capacity_errors),
         start_capacity_errors: sum(&|t| t.start_capacity_errors),
         idle_timeout_s: None,
+        stopped_timeout_s: None,
         fixed_idle_at_same_wait: None,
+        fixed_stop_at_same_wait: None,
     }
 }
 
@@ -502,6 +578,56 @@ fn short_secs(s: u64) -> String {
     }
 }
 
+impl Report {
+    /// best-fixed-stop's sweep, one table per fleet: a row per idle timeout (then stop), a
+    /// column per stopped timeout (then delete); each cell `× floor / p95 s` and the goals met.
+    fn fmt_stop_sweep(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(first) = self.stop_sweep.first() else { return Ok(()) };
+        let mut stopped: Vec<u64> = self.stop_sweep.iter().filter_map(|p| p.stopped_timeout_s).collect();
+        stopped.sort_unstable();
+        stopped.dedup();
+        let mut idle: Vec<u64> = self.stop_sweep.iter().map(|p| p.idle_timeout_s).collect();
+        idle.sort_unstable();
+        idle.dedup();
+        writeln!(f)?;
+        writeln!(
+            f,
+            "best-fixed-stop sweep (stop after idle, delete after stopped, no warm pool): x floor / p95 wait s, \
+             $ w = goals met; * = taken"
+        )?;
+        for (i, g) in first.fleets.iter().enumerate() {
+            write!(f, "  {:<10}", format!("{} idle", g.fleet))?;
+            for s in &stopped {
+                write!(f, " {:>13}", format!("stopped {}", short_secs(*s)))?;
+            }
+            writeln!(f)?;
+            for t in &idle {
+                write!(f, "  {:<10}", short_secs(*t))?;
+                for s in &stopped {
+                    let cell = self
+                        .stop_sweep
+                        .iter()
+                        .find(|p| p.idle_timeout_s == *t && p.stopped_timeout_s == Some(*s))
+                        .and_then(|p| p.fleets.get(i))
+                        .map_or_else(String::new, |c| {
+                            format!(
+                                "{:.3}/{}{}{}{}",
+                                c.floor_ratio,
+                                c.wait_p95_s,
+                                if c.cost_goal_met { "$" } else { " " },
+                                if c.wait_goal_met { "w" } else { " " },
+                                if c.chosen { "*" } else { " " }
+                            )
+                        });
+                    write!(f, " {cell:>13}")?;
+                }
+                writeln!(f)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{} jobs, seed {} (simulated machines and clock)", self.jobs, self.seed)?;
@@ -516,7 +642,12 @@ impl fmt::Display for Report {
             let timeouts: Vec<String> = run
                 .fleets
                 .iter()
-                .filter_map(|g| g.idle_timeout_s.map(|t| format!("{} {}", g.fleet, short_secs(t))))
+                .filter_map(|g| {
+                    g.idle_timeout_s.map(|t| match g.stopped_timeout_s {
+                        Some(s) => format!("{} {} + stopped {}", g.fleet, short_secs(t), short_secs(s)),
+                        None => format!("{} {}", g.fleet, short_secs(t)),
+                    })
+                })
                 .collect();
             let chosen =
                 if timeouts.is_empty() { String::new() } else { format!("idle timeout {}; ", timeouts.join(", ")) };
@@ -598,40 +729,57 @@ impl fmt::Display for Report {
                 writeln!(f)?;
             }
         }
-        let matched: Vec<(&PolicyRun, &Figures)> = self
-            .runs
-            .iter()
-            .flat_map(|r| r.fleets.iter().map(move |g| (r, g)))
-            .filter(|(r, _)| r.policy != Policy::BestFixedIdle)
-            .collect();
-        if !self.sweep.is_empty() && !matched.is_empty() {
+        self.fmt_stop_sweep(f)?;
+        for (swept, name, of) in [
+            (Policy::BestFixedIdle, "the best-fixed-idle sweep", "fixed timeout"),
+            (Policy::BestFixedStop, "the best-fixed-stop sweep", "fixed pair of timeouts"),
+        ] {
+            let matched: Vec<(&PolicyRun, &Figures, Option<&SweptMatch>)> = self
+                .runs
+                .iter()
+                .filter(|r| r.policy != swept)
+                .flat_map(|r| {
+                    r.fleets.iter().map(move |g| {
+                        let m = if swept == Policy::BestFixedIdle {
+                            &g.fixed_idle_at_same_wait
+                        } else {
+                            &g.fixed_stop_at_same_wait
+                        };
+                        (r, g, m.as_ref())
+                    })
+                })
+                .collect();
+            let points = if swept == Policy::BestFixedIdle { &self.sweep } else { &self.stop_sweep };
+            if points.is_empty() || matched.is_empty() {
+                continue;
+            }
             writeln!(f)?;
+            writeln!(f, "against {name} at equal or better p95 wait (the cheapest {of} that waits no longer):")?;
             writeln!(
                 f,
-                "against the sweep at equal or better p95 wait (the cheapest fixed timeout that waits no longer):"
-            )?;
-            writeln!(
-                f,
-                "  {:<14} {:<10} {:>10} {:>5}   {:>6} {:>10} {:>5}  policy costs",
+                "  {:<15} {:<10} {:>10} {:>5}   {:>9} {:>10} {:>5}  policy costs",
                 "policy", "fleet", "total $", "p95 s", "fixed", "total $", "p95 s"
             )?;
-            for (r, g) in matched {
-                match &g.fixed_idle_at_same_wait {
+            for (r, g, m) in matched {
+                match m {
                     Some(m) => writeln!(
                         f,
-                        "  {:<14} {:<10} {:>10.2} {:>5}   {:>6} {:>10.2} {:>5}  {:+.1} %",
+                        "  {:<15} {:<10} {:>10.2} {:>5}   {:>9} {:>10.2} {:>5}  {:+.1} %",
                         r.policy.as_str(),
                         g.fleet,
                         g.total_usd,
                         g.wait_p95_s,
-                        short_secs(m.idle_timeout_s),
+                        match m.stopped_timeout_s {
+                            Some(s) => format!("{}+{}", short_secs(m.idle_timeout_s), short_secs(s)),
+                            None => short_secs(m.idle_timeout_s),
+                        },
                         m.total_usd,
                         m.wait_p95_s,
                         if m.total_usd > 0.0 { (g.total_usd / m.total_usd - 1.0) * 100.0 } else { 0.0 }
                     )?,
                     None => writeln!(
                         f,
-                        "  {:<14} {:<10} {:>10.2} {:>5}   no swept timeout waits this little",
+                        "  {:<15} {:<10} {:>10.2} {:>5}   no swept setting waits this little",
                         r.policy.as_str(),
                         g.fleet,
                         g.total_usd,

@@ -64,7 +64,7 @@ c,400,50,t4,1,g,1\n";
 fn three_jobs_by_hand() {
     let report = run_cli(CONFIG, "server.toml", TRACE, "trace.csv", &CliOptions::default()).expect("runs");
     assert_eq!(report.jobs, 3);
-    assert_eq!(report.runs.len(), 4);
+    assert_eq!(report.runs.len(), 5);
     let gpuci = &report.runs[0];
     assert_eq!(gpuci.policy, Policy::Gpuci);
     let t = &gpuci.total;
@@ -369,7 +369,7 @@ fn best_fixed_idle_is_the_cheapest_timeout_that_meets_the_wait_goal() {
     assert_eq!((m.idle_timeout_s, m.wait_p95_s), (60, 60));
     assert!(close(m.total_usd, report.runs[0].fleets[0].total_usd));
     assert_eq!(report.runs[1].fleets[0].fixed_idle_at_same_wait, None);
-    assert!(report.to_string().contains("against the sweep at equal or better p95 wait"));
+    assert!(report.to_string().contains("against the best-fixed-idle sweep at equal or better p95 wait"));
 
     // None meets the wait goal (max 1: b waits 150 s behind a, whatever the timeout): the
     // lowest p95 wins, then the cheapest, then the shortest timeout.
@@ -379,6 +379,49 @@ fn best_fixed_idle_is_the_cheapest_timeout_that_meets_the_wait_goal() {
     let report = run_cli(&config, "server.toml", &trace, "trace.csv", &opts).expect("runs");
     let best = &report.runs[0];
     assert_eq!((best.fleets[0].idle_timeout_s, best.total.wait_p95_s, best.total.wait_goal_met), (Some(0), 150, false));
+}
+
+// best-fixed-stop on a fleet that stops (start 20 s, stop 30 s), a at 0 (100 s), b at 1000:
+// idle 0 + stopped 15m (the first pair of the grid; every pair with idle 0 costs the same):
+//   m1 created at 0, ready 60, a runs 60–160, stopped at once: billed 0–190 (the stop bills);
+//   stopped 190–1000 (its delete would come at 1090); b starts it at 1000: billed 1000–1120,
+//   ready 1020, b runs to 1120, the end. Paid 310 GPU-s = $0.31; disk 0–1120 at $0.036/h =
+//   $0.0112; stopped 810 s of it = 8.1 GPU-s. Waits 60 (the boot) and 20 (the start).
+// Longer idle timeouts pay their idle seconds too. On the fleet that cannot stop (CONFIG),
+// the same pairs delete after the idle timeout: b boots (paid 160 + 160 = 320 GPU-s).
+#[test]
+fn best_fixed_stop_is_the_cheapest_pair_of_timeouts_that_meets_the_wait_goal() {
+    let config = CONFIG
+        .replace("[fleet.machine]", "[fleet.settings]\nstop = true\n[fleet.machine]")
+        .replace("start = \"fixed 60s\"", "start = \"fixed 20s\"");
+    let trace = format!("{HEADER}a,0,100,t4,1\nb,1000,100,t4,1\n");
+    let opts = CliOptions { policies: vec![Policy::BestFixedStop], ..CliOptions::default() };
+    let report = run_cli(&config, "server.toml", &trace, "trace.csv", &opts).expect("runs");
+    let best = &report.runs[0];
+    assert_eq!(best.policy, Policy::BestFixedStop);
+    let t = &best.fleets[0];
+    assert_eq!((t.idle_timeout_s, t.stopped_timeout_s), (Some(0), Some(900)));
+    assert_eq!((t.machines_launched, t.starts, t.wait_p50_s, t.wait_p95_s), (1, 1, 20, 60));
+    assert!(close(secs(t.paid_gpu_hours), 310.0), "{}", secs(t.paid_gpu_hours));
+    assert!((secs(t.stopped_disk_gpu_hours) - 8.1).abs() < 1e-9, "{}", secs(t.stopped_disk_gpu_hours));
+    assert!((t.total_usd - 0.3212).abs() < 1e-9, "{}", t.total_usd);
+    assert_eq!(report.stop_sweep.len(), gpuci_simulate::stop_grid().len());
+    let chosen: Vec<(u64, Option<u64>)> = report
+        .stop_sweep
+        .iter()
+        .filter(|p| p.fleets[0].chosen)
+        .map(|p| (p.idle_timeout_s, p.stopped_timeout_s))
+        .collect();
+    assert_eq!(chosen, [(0, Some(900))]);
+    let text = report.to_string();
+    assert!(text.contains("policy best-fixed-stop (idle timeout t4 0s + stopped 15m;"), "{text}");
+    assert!(text.contains("best-fixed-stop sweep (stop after idle, delete after stopped"), "{text}");
+
+    // The fleet that cannot stop deletes after the idle timeout: b boots.
+    let report = run_cli(CONFIG, "server.toml", &trace, "trace.csv", &opts).expect("runs");
+    let t = &report.runs[0].fleets[0];
+    assert_eq!((t.idle_timeout_s, t.stopped_timeout_s, t.starts, t.machines_launched), (Some(0), None, 0, 2));
+    assert!(close(secs(t.paid_gpu_hours), 320.0), "{}", secs(t.paid_gpu_hours));
 }
 
 // Two spot fleets on one config: `fast` has an offer whose own rate (1 an hour) overrides the

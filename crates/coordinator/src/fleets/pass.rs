@@ -477,6 +477,7 @@ impl Loop {
                 let k = h.arrivals.partition_point(|&t| t <= at);
                 h.arrivals.insert(k, at);
                 h.trim(now, gpuci_core::fleet::idle::STOPPED_WINDOW_S);
+                self.in_demand.insert(w.id, fleets[0].clone());
             }
             queued.push(QueuedJob {
                 id: w.id.to_string(),
@@ -494,7 +495,30 @@ impl Loop {
         for s in &specs {
             self.history.entry(s.name.clone()).or_default().profile = self.inputs.profile(&s.name);
         }
-        let active = self.deps.store.active_jobs().await.unwrap_or_default();
+        let active = self.deps.store.active_jobs().await;
+        // A job counted as an arrival that is no longer active has left its fleet's demand
+        // (ended wherever it ran, or cancelled): an end, for the idle spells. Not when the
+        // store did not answer: that is not every job ending.
+        if let Ok(active) = &active {
+            let live: std::collections::HashSet<i64> = active.iter().map(|j| j.id).collect();
+            let history = &mut self.history;
+            self.in_demand.retain(|id, fleet| {
+                if live.contains(id) {
+                    return true;
+                }
+                if let Some(h) = history.get_mut(fleet) {
+                    let k = h.ends.partition_point(|&t| t <= now);
+                    h.ends.insert(k, now);
+                }
+                false
+            });
+        }
+        for s in &specs {
+            if let Some(h) = self.history.get_mut(&s.name) {
+                h.learn_idle_hold(s, now);
+            }
+        }
+        let active = active.unwrap_or_default();
         let upcoming = self.inputs.upcoming(&active, &specs, now);
         // Each waiting job's expected run, from its step's recent runs: a fleet or repository
         // under a budget counts it before a machine is made for it.

@@ -76,6 +76,11 @@ pub struct FleetHistory {
     /// When jobs for this fleet arrived (queued), ascending; at least the last
     /// [`STOPPED_WINDOW_S`] of them.
     pub arrivals: Vec<UnixSecs>,
+    /// When jobs that arrived left the fleet (ended on a machine, or were cancelled before
+    /// one), ascending, kept as long as `arrivals`: with them, the fleet's idle spells
+    /// ([`FleetHistory::idle_spells`]). Empty: the caller does not keep them, and the idle
+    /// rule predicts from the arrival rate alone.
+    pub ends: Vec<UnixSecs>,
     /// Mean seconds from create to connected of the fleet's recent boots; `None`: none seen.
     pub boot_s: Option<u64>,
     /// Mean seconds from start (of a stopped machine) to connected; `None`: none seen.
@@ -88,7 +93,26 @@ pub struct FleetHistory {
     /// a create or a start of that offer closes it ([`FleetHistory::took`]). The caller keeps
     /// it beside the offers' back-off.
     pub outages: Vec<OutageSeen>,
+    /// The hold learned from the idle spells, as [`FleetHistory::learn_idle_hold`] last found
+    /// it (the caller refreshes it: finding the spells reads a day of arrivals and ends).
+    pub learned_idle: Option<LearnedIdle>,
 }
+
+/// The idle hold that would have paid least over the fleet's last day ([`hindsight_hold`]),
+/// when last worked out.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LearnedIdle {
+    pub at: UnixSecs,
+    /// The price it was worked out for ([`idle_buy_s`]).
+    pub buy_s: f64,
+    pub after_s: u64,
+    /// Spells it was judged on, and how many of them were no longer than `after_s`.
+    pub spells: usize,
+    pub shorter: usize,
+}
+
+/// How long a [`LearnedIdle`] is used after it was worked out.
+pub const LEARNED_IDLE_FRESH_S: u64 = 600;
 
 /// One capacity outage of one offer and capacity type, as the fleet met it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -118,9 +142,11 @@ impl FleetHistory {
     /// Drop arrivals older than `now - keep` (amortized: only when they are many), and
     /// outages over for longer than [`OUTAGES_KEPT_S`].
     pub fn trim(&mut self, now: UnixSecs, keep: u64) {
-        let old = self.arrivals.partition_point(|&t| t + keep < now);
-        if old > 64 && old * 2 > self.arrivals.len() {
-            self.arrivals.drain(..old);
+        for times in [&mut self.arrivals, &mut self.ends] {
+            let old = times.partition_point(|&t| t + keep < now);
+            if old > 64 && old * 2 > times.len() {
+                times.drain(..old);
+            }
         }
         self.outages.retain(|o| o.over.unwrap_or(o.last).saturating_add(OUTAGES_KEPT_S) > now);
     }
@@ -226,6 +252,25 @@ pub fn idle_hold(spec: &FleetSpec, h: Option<&FleetHistory>, idle: u32, now: Uni
             secs(rest)
         );
     }
+    let learned = h.and_then(|h| match &h.learned_idle {
+        // Learned for about this price (the start and boot times it reads move a little
+        // with each one seen; an outage's rest moves it far).
+        Some(l) if (l.buy_s - buy).abs() <= 0.1 * buy && l.at <= now && now < l.at + LEARNED_IDLE_FRESH_S => {
+            Some((l.after_s, l.spells, l.shorter))
+        }
+        _ => h.hindsight_idle(buy, now).map(|l| (l.after_s, l.spells, l.shorter)),
+    });
+    if let Some((t, spells, shorter)) = learned {
+        return Hold {
+            after_s: Some(t),
+            why: format!(
+                "idle → {verb} after {} (the hold that would have paid least over the last day's {spells} idle \
+                 spells, {shorter} of them no longer; a {verb} pays back in {} of its price: {parts})",
+                secs(t),
+                secs(buy as u64)
+            ),
+        };
+    }
     let n = h.map_or(0, |h| h.arrivals_within(now, IDLE_WINDOW_S));
     let gap = if n == 0 { f64::INFINITY } else { IDLE_WINDOW_S as f64 * f64::from(idle.max(1)) / n as f64 };
     let (t, early) = threshold(buy, gap);
@@ -239,6 +284,47 @@ pub fn idle_hold(spec: &FleetSpec, h: Option<&FleetHistory>, idle: u32, now: Uni
             secs(buy as u64)
         ),
     }
+}
+
+/// The idle spells the learned hold reads: the last day's.
+pub const SPELLS_WINDOW_S: u64 = STOPPED_WINDOW_S;
+/// Fewer spells than this in [`SPELLS_WINDOW_S`]: too few to learn from, the prediction
+/// rule decides.
+pub const MIN_SPELLS: usize = 20;
+
+/// The hold, in seconds, that would have paid least over the idle spells `done` (lengths)
+/// and `open` (still idle at the time: lengths so far), and how many spells it was judged
+/// on: rent or buy per spell, `min(spell, hold)` of rent and `buy` more when the spell
+/// outlasts the hold. Holds tried: 0 and each spell's length up to `2 × buy` (the longest
+/// hold the prediction rule makes); the best is one of them. Spells longer than that, and
+/// open ones already so long, cost `hold + buy` whatever the hold; shorter open spells are
+/// left out (how they end is not known). Of equal costs, the longer hold (fewer restarts for
+/// jobs to wait). `None` with fewer than [`MIN_SPELLS`].
+pub fn hindsight_hold(buy: f64, done: &[u64], open: &[u64]) -> Option<(u64, usize)> {
+    let cap = (2.0 * buy).max(0.0);
+    let mut short: Vec<u64> = done.iter().copied().filter(|&g| (g as f64) <= cap).collect();
+    short.sort_unstable();
+    let long = done.len() - short.len() + open.iter().filter(|&&g| g as f64 > cap).count();
+    let n = short.len() + long;
+    if n < MIN_SPELLS {
+        return None;
+    }
+    // Hold 0: every spell longer than 0 buys.
+    let zero = short.iter().filter(|&&g| g == 0).count();
+    let (mut best_t, mut best) = (0u64, (n - zero) as f64 * buy);
+    let mut rented = 0.0;
+    for (k, &g) in short.iter().enumerate() {
+        rented += g as f64;
+        if short.get(k + 1) == Some(&g) {
+            continue;
+        }
+        let outlasting = (n - k - 1) as f64;
+        let cost = rented + outlasting * (g as f64 + buy);
+        if cost <= best + 1e-9 {
+            (best_t, best) = (g, cost);
+        }
+    }
+    Some((best_t, n))
 }
 
 /// How much longer an outage seen since `since` is expected to last at `now`: as long as it
@@ -372,6 +458,69 @@ pub fn stopped_hold_in_line(
 }
 
 impl FleetHistory {
+    /// The fleet's idle spells that began in the last `window`: the fleet's jobs are its
+    /// demand (an arrival one more, an end one fewer); a job that ends with `n` jobs in the
+    /// fleet frees a machine that is needed again when `n` are next in it (the machine freed
+    /// last is the first needed again). Returns the spells that ended (seconds) and those
+    /// still open at `now` (seconds so far). Jobs are counted as machines (a machine running
+    /// two one-GPU jobs counts twice). Pure: arrivals and ends alone. Empty without ends.
+    pub fn idle_spells(&self, now: UnixSecs, window: u64) -> (Vec<u64>, Vec<u64>) {
+        let (mut done, mut open) = (Vec::new(), Vec::new());
+        if self.ends.is_empty() {
+            return (done, open);
+        }
+        let from = now.saturating_sub(window);
+        let upto = |v: &[UnixSecs]| v.partition_point(|&t| t <= now);
+        let (arrivals, ends) = (&self.arrivals[..upto(&self.arrivals)], &self.ends[..upto(&self.ends)]);
+        // Spells open, lowest level on top: (level the end left, when).
+        let mut stack: Vec<(usize, UnixSecs)> = Vec::new();
+        let (mut i, mut j, mut level) = (0, 0, 0usize);
+        while i < arrivals.len() || j < ends.len() {
+            // At the same second an end comes first: a machine freed and taken at once.
+            if j < ends.len() && (i == arrivals.len() || ends[j] <= arrivals[i]) {
+                let t = ends[j];
+                j += 1;
+                // An end of a job that arrived before the arrivals kept: nothing to free.
+                if level == 0 {
+                    continue;
+                }
+                level -= 1;
+                stack.push((level, t));
+            } else {
+                let t = arrivals[i];
+                i += 1;
+                if let Some(&(l, since)) = stack.last() {
+                    if l == level {
+                        stack.pop();
+                        if since >= from {
+                            done.push(t - since);
+                        }
+                    }
+                }
+                level += 1;
+            }
+        }
+        open.extend(stack.iter().filter(|(_, since)| *since >= from).map(|(_, since)| now - since));
+        (done, open)
+    }
+
+    /// The idle hold that would have paid least over the last day's idle spells at `buy`
+    /// ([`hindsight_hold`]); `None` with too few spells (or no ends kept).
+    pub fn hindsight_idle(&self, buy: f64, now: UnixSecs) -> Option<LearnedIdle> {
+        let (done, open) = self.idle_spells(now, SPELLS_WINDOW_S);
+        let (after_s, spells) = hindsight_hold(buy, &done, &open)?;
+        let shorter = done.iter().filter(|&&g| g <= after_s).count();
+        Some(LearnedIdle { at: now, buy_s: buy, after_s, spells, shorter })
+    }
+
+    /// Work out the learned idle hold again (see [`FleetHistory::learned_idle`]), at the
+    /// fleet's price of letting a machine go outside an outage ([`idle_buy_s`]); during one,
+    /// [`idle_hold`] works it out for its higher price itself.
+    pub fn learn_idle_hold(&mut self, spec: &FleetSpec, now: UnixSecs) {
+        let (buy, _) = idle_buy_s(spec, Some(self));
+        self.learned_idle = self.hindsight_idle(buy, now);
+    }
+
     /// Over the last [`STOPPED_WINDOW_S`], how many times the machines kept busy by the
     /// arrivals (each for the fleet's mean run time, from its profile) went up to `n` at once,
     /// for `n` = 1, 2, … (index `n − 1`). Empty without a profile. Pure: arrivals alone.

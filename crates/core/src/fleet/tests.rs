@@ -729,3 +729,6 @@ mod learned;
 
 /// Idle machines through capacity outages of the fleet's offers (issue 28).
 mod outage;
+
+/// The idle hold learned from the fleet's idle spells (issue 28).
+mod spells;

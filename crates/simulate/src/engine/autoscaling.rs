@@ -23,6 +23,17 @@ impl Engine<'_> {
         if self.any_budget {
             self.update_spend();
         }
+        // The learned idle hold reads a day of arrivals and ends: worked out again once a
+        // simulated minute (the coordinator does it every pass).
+        if self.mode == Mode::Decide {
+            for spec in &self.fleets {
+                if let Some(h) = self.history.get_mut(&spec.name) {
+                    if h.learned_idle.as_ref().is_none_or(|l| now >= l.at + 60) {
+                        h.learn_idle_hold(spec, now);
+                    }
+                }
+            }
+        }
         for h in self.history.values_mut() {
             if let Some(p) = h.profile.as_mut() {
                 p.observe_until(now);
