@@ -73,9 +73,10 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Print the JSON Schema of the pipeline format.
     Schema,
-    /// Replay a job trace through the autoscaler on a simulated clock, beside three baseline
-    /// policies (always-on, a fixed 5-minute idle timeout, the best fixed timeout in hindsight):
-    /// paid GPU-hours and cost against the floor any policy pays, queue waits, machines.
+    /// Replay a job trace through the autoscaler on a simulated clock, beside four baseline
+    /// policies (always-on, a fixed 5-minute idle timeout, the best fixed idle timeout and the
+    /// best fixed pair of stop and delete timeouts in hindsight): paid GPU-hours and cost
+    /// against the floor any policy pays, queue waits, machines.
     Simulate(SimulateArgs),
     /// Benchmarks (see BENCHMARKS.md).
     Bench(BenchArgs),

@@ -279,6 +279,12 @@ pub struct Engine<'a> {
     next_machine: u64,
     now: UnixSecs,
     remaining: usize,
+    /// By fleet: its jobs not yet done. A fleet whose jobs are all done has its machines
+    /// closed then (billed to its own last job's end, as the floor is) and makes no more:
+    /// one fleet's figures do not depend on another fleet's jobs.
+    left: Vec<usize>,
+    /// By fleet: closed, as `left` says.
+    closed: Vec<bool>,
     mode: Mode,
     /// Jobs that wait on others, and the steps' run times.
     pipelines: crate::pipelines::Deps,
@@ -384,10 +390,15 @@ impl<'a> Engine<'a> {
             next_machine: 1,
             now: epoch,
             remaining: trace.len(),
+            left: vec![0; n as usize],
+            closed: vec![false; n as usize],
             mode,
             pipelines: crate::pipelines::Deps::new(trace),
             unserved: 0,
         };
+        for f in e.job_fleet.iter().flatten() {
+            e.left[*f] += 1;
+        }
         for (i, (j, cancel)) in trace.iter().zip(cancel_times(trace)).enumerate() {
             e.push(epoch + j.submit_s, Ev::Submit { job: i });
             if let Some(c) = cancel {
@@ -427,6 +438,7 @@ impl<'a> Engine<'a> {
             if self.mode != Mode::AlwaysOn && self.remaining > 0 {
                 self.autoscale();
             }
+            self.close_done_fleets();
             self.note_at_max();
         }
         // Jobs a policy never ran (it got no machine before the events ran out or it gave up):
@@ -448,6 +460,28 @@ impl<'a> Engine<'a> {
             self.close_disk(k);
         }
         Outcome { tallies: self.tally, horizon_s: self.now - start, unserved: self.unserved }
+    }
+
+    /// Close every machine of a fleet whose jobs are all done (see `left`).
+    fn close_done_fleets(&mut self) {
+        for f in 0..self.fleets.len() {
+            if self.left[f] > 0 || self.closed[f] {
+                continue;
+            }
+            self.closed[f] = true;
+            while let Some(k) = self.extra.iter().position(|x| x.fleet == f) {
+                self.close_billing(k);
+                self.close_disk(k);
+                self.remove(k);
+            }
+        }
+    }
+
+    /// One of a fleet's jobs is done (ended, cancelled, given up on).
+    fn fleet_job_done(&mut self, job: usize) {
+        if let Some(f) = self.job_fleet[job] {
+            self.left[f] = self.left[f].saturating_sub(1);
+        }
     }
 
     /// Which fleets have every machine their `max` allows busy with jobs now (state holds until
@@ -647,6 +681,7 @@ impl<'a> Engine<'a> {
         if self.jobs[job].state != JobState::Done {
             self.jobs[job].state = JobState::Done;
             self.remaining -= 1;
+            self.fleet_job_done(job);
         }
     }
 
@@ -666,6 +701,7 @@ impl<'a> Engine<'a> {
         self.jobs[job].state = JobState::Done;
         self.jobs[job].attempt += 1;
         self.remaining -= 1;
+        self.fleet_job_done(job);
         if let Some(f) = self.job_fleet[job] {
             self.tally[f].ran_gpu_s += ((self.now - start) * u64::from(gpus)) as f64;
         }
@@ -832,6 +868,10 @@ impl<'a> Engine<'a> {
     /// connected from the start (bought ahead: no capacity error, no boot counted in waits).
     fn launch_always_on(&mut self, peak_machines: &[u32]) {
         for f in 0..self.fleets.len() {
+            // A fleet with no job gets no machine; one with jobs at least one.
+            if self.left[f] == 0 {
+                continue;
+            }
             let n = peak_machines.get(f).copied().unwrap_or(0).min(self.fleets[f].max).max(1);
             for _ in 0..n {
                 let num = self.next_machine;

@@ -537,12 +537,23 @@ pub fn run_cli(
     trace_name: &str,
     opts: &CliOptions,
 ) -> Result<Report, String> {
-    let fleets = parse_fleets(config_name, config_text).map_err(|e| e.to_string())?;
+    let mut fleets = parse_fleets(config_name, config_text).map_err(|e| e.to_string())?;
     if fleets.is_empty() {
         return Err(format!("{config_name}: no [[fleet]] to simulate"));
     }
     let profiles = profile::parse_profiles(config_name, config_text)?;
     profile::check_offers(config_name, &fleets, &profiles)?;
+    // The policy prices a stopped machine at the fleet's `stopped_price_per_hour`; where the
+    // config leaves it to the default, it is told the disk the simulated world bills (its
+    // first offer's), as an operator who knows the bill would set it. A price the config
+    // names is kept: what the policy believes is then the operator's.
+    let named = named_stopped_prices(config_text);
+    for (f, spec) in fleets.iter_mut().enumerate() {
+        if !named.get(f).copied().unwrap_or(false) && !spec.offers.is_empty() {
+            let p = profiles.get(&spec.name).cloned().unwrap_or_default();
+            spec.stopped_price_per_hour = p.offer(spec, 0).disk_usd_per_hour;
+        }
+    }
     let trace = parse_trace(trace_name, trace_text).map_err(|e| e.to_string())?;
     let names: Vec<&str> = fleets.iter().map(|f| f.name.as_str()).collect();
     // A job with no GPU runs off the fleets: its pool names none.
@@ -560,6 +571,16 @@ pub fn run_cli(
     let sim = SimSettings { seed: opts.seed, epoch: opts.epoch, profiles, ..SimSettings::default() };
     let policies = if opts.policies.is_empty() { Policy::ALL.to_vec() } else { opts.policies.clone() };
     Ok(simulate_with_grid(&fleets, &sim, &trace, &policies, &opts.idle_grid_s))
+}
+
+/// Per `[[fleet]]` in order: whether it names `stopped_price_per_hour`.
+fn named_stopped_prices(config_text: &str) -> Vec<bool> {
+    let table: toml::Table = config_text.parse().unwrap_or_default();
+    table
+        .get("fleet")
+        .and_then(toml::Value::as_array)
+        .map(|a| a.iter().map(|f| f.get("stopped_price_per_hour").is_some()).collect())
+        .unwrap_or_default()
 }
 
 impl fmt::Display for Policy {

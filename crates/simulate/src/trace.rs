@@ -52,6 +52,10 @@ pub struct TraceError {
 
 const REQUIRED: [&str; 5] = ["job_id", "submit_s", "duration_s", "pool", "gpus"];
 
+/// The most seconds a `submit_s` or `duration_s` may say: ten years (a trace is days or weeks;
+/// more is a mistake, and sums of such times must not overflow).
+pub const MAX_TRACE_S: u64 = 10 * 365 * 86_400;
+
 /// Parse a trace's text; `file` names it in errors. Jobs come back in submit order (ties
 /// keep the file's order).
 pub fn parse_trace(file: &str, text: &str) -> Result<Vec<TraceJob>, TraceError> {
@@ -73,6 +77,12 @@ pub fn parse_trace(file: &str, text: &str) -> Result<Vec<TraceJob>, TraceError> 
     let mut ids = BTreeMap::new();
     for (n, line) in lines {
         let line_no = n + 1;
+        if let Some(col) = line.find('"') {
+            return Err(err(
+                line_no,
+                format!("column {}: a quoted field; write each field without quotes or commas", col + 1),
+            ));
+        }
         let cells: Vec<&str> = line.split(',').map(str::trim).collect();
         let cell = |k: usize, name: &str| -> Result<&str, TraceError> {
             cells
@@ -107,7 +117,14 @@ pub fn parse_trace(file: &str, text: &str) -> Result<Vec<TraceJob>, TraceError> 
             "1" | "true" => true,
             other => return Err(err(line_no, format!("cancel_in_progress: expected 0 or 1, got {other:?}"))),
         };
-        let submit_s = int(idx[1], "submit_s")?;
+        let seconds = |k: usize, name: &str| -> Result<u64, TraceError> {
+            let v = int(k, name)?;
+            if v > MAX_TRACE_S {
+                return Err(err(line_no, format!("{name}: {v} is more than ten years ({MAX_TRACE_S} s)")));
+            }
+            Ok(v)
+        };
+        let submit_s = seconds(idx[1], "submit_s")?;
         let after: Vec<String> = match after_col.and_then(|k| cells.get(k).copied()) {
             None | Some("") => Vec::new(),
             Some(list) => list.split(';').map(|d| d.trim().to_string()).collect(),
@@ -135,7 +152,7 @@ pub fn parse_trace(file: &str, text: &str) -> Result<Vec<TraceJob>, TraceError> 
         jobs.push(TraceJob {
             id: id.to_string(),
             submit_s,
-            duration_s: int(idx[2], "duration_s")?,
+            duration_s: seconds(idx[2], "duration_s")?,
             pool: pool.to_string(),
             gpus,
             group: group.to_string(),
@@ -215,6 +232,19 @@ mod tests {
         assert_eq!(e("a,10,5,t4,-1\n"), "trace.csv:2: gpus: expected a whole number ≥ 0, got \"-1\"");
         assert_eq!(e("a,10,5\n"), "trace.csv:2: pool: missing (the row has 3 cells)");
         assert_eq!(e("a,1,1,t4,1\na,2,1,t4,1\n"), "trace.csv:3: job_id: \"a\" appears twice");
+        // Times that would overflow the simulation's sums, or that no trace means.
+        assert_eq!(
+            e("a,18446744073709551615,100,t4,1\n"),
+            "trace.csv:2: submit_s: 18446744073709551615 is more than ten years (315360000 s)"
+        );
+        assert_eq!(
+            e("a,0,315360001,t4,1\n"),
+            "trace.csv:2: duration_s: 315360001 is more than ten years (315360000 s)"
+        );
+        assert_eq!(
+            e("\"b,c\",5,1,t4,1\n"),
+            "trace.csv:2: column 1: a quoted field; write each field without quotes or commas"
+        );
         let e = parse_trace("trace.csv", "id,submit_s\n").map(|_| ()).unwrap_err().to_string();
         assert!(e.starts_with("trace.csv:1: header: no column \"job_id\""), "{e}");
         let e = parse_trace("trace.csv", "").map(|_| ()).unwrap_err().to_string();

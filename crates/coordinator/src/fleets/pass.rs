@@ -515,7 +515,7 @@ impl Loop {
         }
         for s in &specs {
             if let Some(h) = self.history.get_mut(&s.name) {
-                h.learn_idle_hold(s, now);
+                h.relearn(s, now);
             }
         }
         let active = active.unwrap_or_default();

@@ -93,9 +93,12 @@ pub struct FleetHistory {
     /// a create or a start of that offer closes it ([`FleetHistory::took`]). The caller keeps
     /// it beside the offers' back-off.
     pub outages: Vec<OutageSeen>,
-    /// The hold learned from the idle spells, as [`FleetHistory::learn_idle_hold`] last found
-    /// it (the caller refreshes it: finding the spells reads a day of arrivals and ends).
+    /// The hold learned from the idle spells, as [`FleetHistory::relearn`] last found it (the
+    /// caller refreshes it: finding the spells reads a day of arrivals and ends).
     pub learned_idle: Option<LearnedIdle>,
+    /// [`FleetHistory::level_ups`] as [`FleetHistory::relearn`] last found it, and when (it
+    /// replays a day of arrivals).
+    pub learned_ups: Option<(UnixSecs, Vec<u32>)>,
 }
 
 /// The idle hold that would have paid least over the fleet's last day ([`hindsight_hold`]),
@@ -105,7 +108,8 @@ pub struct LearnedIdle {
     pub at: UnixSecs,
     /// The price it was worked out for ([`idle_buy_s`]).
     pub buy_s: f64,
-    pub after_s: u64,
+    /// `None`: too few spells to learn from (the prediction rule decides).
+    pub after_s: Option<u64>,
     /// Spells it was judged on, and how many of them were no longer than `after_s`.
     pub spells: usize,
     pub shorter: usize,
@@ -256,9 +260,12 @@ pub fn idle_hold(spec: &FleetSpec, h: Option<&FleetHistory>, idle: u32, now: Uni
         // Learned for about this price (the start and boot times it reads move a little
         // with each one seen; an outage's rest moves it far).
         Some(l) if (l.buy_s - buy).abs() <= 0.1 * buy && l.at <= now && now < l.at + LEARNED_IDLE_FRESH_S => {
-            Some((l.after_s, l.spells, l.shorter))
+            l.after_s.map(|t| (t, l.spells, l.shorter))
         }
-        _ => h.hindsight_idle(buy, now).map(|l| (l.after_s, l.spells, l.shorter)),
+        _ => {
+            let l = h.hindsight_idle(buy, now);
+            l.after_s.map(|t| (t, l.spells, l.shorter))
+        }
     });
     if let Some((t, spells, shorter)) = learned {
         return Hold {
@@ -505,20 +512,34 @@ impl FleetHistory {
     }
 
     /// The idle hold that would have paid least over the last day's idle spells at `buy`
-    /// ([`hindsight_hold`]); `None` with too few spells (or no ends kept).
-    pub fn hindsight_idle(&self, buy: f64, now: UnixSecs) -> Option<LearnedIdle> {
+    /// ([`hindsight_hold`]); no hold with too few spells (or no ends kept).
+    pub fn hindsight_idle(&self, buy: f64, now: UnixSecs) -> LearnedIdle {
         let (done, open) = self.idle_spells(now, SPELLS_WINDOW_S);
-        let (after_s, spells) = hindsight_hold(buy, &done, &open)?;
-        let shorter = done.iter().filter(|&&g| g <= after_s).count();
-        Some(LearnedIdle { at: now, buy_s: buy, after_s, spells, shorter })
+        let (after_s, spells, shorter) = match hindsight_hold(buy, &done, &open) {
+            Some((t, n)) => (Some(t), n, done.iter().filter(|&&g| g <= t).count()),
+            None => (None, done.len() + open.len(), 0),
+        };
+        LearnedIdle { at: now, buy_s: buy, after_s, spells, shorter }
     }
 
-    /// Work out the learned idle hold again (see [`FleetHistory::learned_idle`]), at the
-    /// fleet's price of letting a machine go outside an outage ([`idle_buy_s`]); during one,
-    /// [`idle_hold`] works it out for its higher price itself.
-    pub fn learn_idle_hold(&mut self, spec: &FleetSpec, now: UnixSecs) {
+    /// Work out again what the rules learn from a day of history: the learned idle hold
+    /// ([`FleetHistory::learned_idle`], at the fleet's price of letting a machine go outside
+    /// an outage, [`idle_buy_s`]; during one, [`idle_hold`] works it out for its higher price
+    /// itself) and the level ups ([`FleetHistory::learned_ups`]). Each is used for
+    /// [`LEARNED_IDLE_FRESH_S`] after; the coordinator calls this every pass, the simulator
+    /// once a simulated minute.
+    pub fn relearn(&mut self, spec: &FleetSpec, now: UnixSecs) {
         let (buy, _) = idle_buy_s(spec, Some(self));
-        self.learned_idle = self.hindsight_idle(buy, now);
+        self.learned_idle = Some(self.hindsight_idle(buy, now));
+        self.learned_ups = Some((now, self.level_ups(now)));
+    }
+
+    /// [`FleetHistory::level_ups`], as last worked out if that is fresh, else now.
+    pub fn level_ups_fresh(&self, now: UnixSecs) -> Vec<u32> {
+        match &self.learned_ups {
+            Some((at, ups)) if *at <= now && now < at + LEARNED_IDLE_FRESH_S => ups.clone(),
+            _ => self.level_ups(now),
+        }
     }
 
     /// Over the last [`STOPPED_WINDOW_S`], how many times the machines kept busy by the

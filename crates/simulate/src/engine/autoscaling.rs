@@ -23,13 +23,13 @@ impl Engine<'_> {
         if self.any_budget {
             self.update_spend();
         }
-        // The learned idle hold reads a day of arrivals and ends: worked out again once a
-        // simulated minute (the coordinator does it every pass).
+        // The learned idle hold and level ups read a day of arrivals and ends: worked out
+        // again once a simulated minute (the coordinator does it every pass).
         if self.mode == Mode::Decide {
             for spec in &self.fleets {
                 if let Some(h) = self.history.get_mut(&spec.name) {
-                    if h.learned_idle.as_ref().is_none_or(|l| now >= l.at + 60) {
-                        h.learn_idle_hold(spec, now);
+                    if h.learned_ups.as_ref().is_none_or(|(at, _)| now >= at + 60) {
+                        h.relearn(spec, now);
                     }
                 }
             }
@@ -123,6 +123,10 @@ impl Engine<'_> {
         match action {
             Action::Create { fleet, offer, capacity, .. } => {
                 let Some(f) = self.fleets.iter().position(|s| s.name == fleet) else { return };
+                // A fleet whose jobs are all done makes nothing more (`Engine::left`).
+                if self.closed[f] {
+                    return;
+                }
                 if self.refused(f, offer, capacity, false) {
                     self.tally[f].capacity_errors += 1;
                     let skip = self.backoffs.error(offer_unavailable_after_error(&fleet, offer, capacity, now), now);

@@ -249,7 +249,7 @@ pub(super) fn grow_and_shrink(
     let mut deleted_stopped = 0u32;
     // Each by its place in line when the fleet's work is known (`stopped_hold_in_line`).
     let in_use = (alive as usize).saturating_sub(idle.len()) + started_now;
-    let ups = if left.is_empty() { Vec::new() } else { history.map(|h| h.level_ups(now)).unwrap_or_default() };
+    let ups = if left.is_empty() { Vec::new() } else { history.map(|h| h.level_ups_fresh(now)).unwrap_or_default() };
     for (k, m) in left.iter().enumerate() {
         let place = (idle.len() + k + 1) as u32;
         let rule = stopped_hold_in_line(spec, history, in_use as u32, place, &ups, now);

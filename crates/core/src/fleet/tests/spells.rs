@@ -103,10 +103,10 @@ fn an_idle_machine_is_held_as_long_as_the_last_days_spells_paid_best() {
     w.machines[0].since = NOW - 60;
     assert_eq!(short(&w.decide()), ["stop m-1"]);
 
-    // Worked out by the caller (`learn_idle_hold`) and used while fresh: the same.
+    // Worked out by the caller (`relearn`) and used while fresh: the same.
     let h = w.history.get_mut("t4").expect("kept");
-    h.learn_idle_hold(&stopping("t4"), NOW);
-    assert_eq!(h.learned_idle.as_ref().map(|l| (l.after_s, l.spells)), Some((60, 39)));
+    h.relearn(&stopping("t4"), NOW);
+    assert_eq!(h.learned_idle.as_ref().map(|l| (l.after_s, l.spells)), Some((Some(60), 39)));
     assert_eq!(short(&w.decide()), ["stop m-1"]);
 
     // Ten spells: too few; the prediction rule (38 s with no arrival in the last hour).
