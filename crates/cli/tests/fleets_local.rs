@@ -29,6 +29,11 @@ fn start_with(extra: &str, top: &str) -> Fleet {
 
 /// `pool`: the host's GPUs the fleet shares out (of a simulated 4×L4 host).
 fn start_full(extra: &str, top: &str, pool: &str) -> Fleet {
+    start_config("idle_timeout = \"2s\"", extra, top, pool)
+}
+
+/// `idle`: the fleet's idle setting line (empty: the idle hold the coordinator works out).
+fn start_config(idle: &str, extra: &str, top: &str, pool: &str) -> Fleet {
     let dir = tempdir();
     let data = dir.path().join("server");
     let config = dir.path().join("server.toml");
@@ -41,7 +46,7 @@ fn start_full(extra: &str, top: &str, pool: &str) -> Fleet {
 name = "ws"
 provider = "local"
 max = 2
-idle_timeout = "2s"
+{idle}
 boot_timeout = "90s"
 {extra}
 [fleet.machine]
@@ -373,4 +378,29 @@ fn an_agent_that_takes_no_jobs_is_named_with_its_reason_not_busy() {
         std::thread::sleep(Duration::from_millis(100));
     }
     api.cancel(p.jobs[0].id);
+}
+
+/// The idle hold learned from the fleet's idle spells (issue 28): the coordinator counts each
+/// GPU job a pass sees (waiting, placed or running) as an arrival, and its end when it is no
+/// longer active. Jobs one after another on the fleet's one machine make a spell each (the
+/// gap from one's end to the next one's arrival); once the last day holds 20, the fleet's
+/// idle rule says it learned from them. Jobs run 2 s, so a pass (every 300 ms) sees each.
+#[test]
+fn the_coordinator_learns_the_idle_hold_from_the_jobs_it_saw() {
+    let f = start_config("", "", "", r#"["1", "3"]"#);
+    let api = f.server.api();
+    let why = |f: &Fleet| f.status()["why"].as_str().unwrap_or("").to_string();
+    for k in 0..23 {
+        let p = api.submit(&format!("steps:\n  - key: s{k}\n    gpus: 1\n    command: sleep 2\n"));
+        assert_eq!(api.wait_pipeline(p.id, T).state, "succeeded", "{:#}", f.status());
+        if k < 19 {
+            assert!(!why(&f).contains("idle spells"), "learned from fewer than 20 spells after {k} jobs: {}", why(&f));
+        }
+    }
+    wait_until_or(
+        "the idle rule learned from the spells",
+        T,
+        || why(&f).contains("over the last day's 2") && why(&f).contains(" idle spells"),
+        || why(&f),
+    );
 }

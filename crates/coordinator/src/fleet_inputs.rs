@@ -73,7 +73,7 @@ impl FleetInputs {
 }
 
 /// The first fleet whose machines the job fits, for a GPU job.
-fn fleet_of(job: &JobRecord, specs: &[FleetSpec], now_ms: i64) -> Option<usize> {
+pub fn fleet_of(job: &JobRecord, specs: &[FleetSpec], now_ms: i64) -> Option<usize> {
     if job.step.gpu.count == 0 {
         return None;
     }

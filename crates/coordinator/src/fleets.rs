@@ -142,16 +142,15 @@ struct Loop {
     /// deleted sooner).
     stopped_since: HashMap<String, UnixSecs>,
     /// What the idle rules remember per fleet (`gpuci_core::fleet::idle`): arrivals are the
-    /// waiting jobs first seen, each on the first fleet it fits (a job placed on an idle
-    /// machine between two passes is not seen: the rule then errs toward letting machines go);
-    /// ends are those jobs seen no longer active (`in_demand`), for the idle spells;
-    /// boot and start times are the rule's defaults. Rebuilt within a day after a restart,
+    /// active GPU jobs first seen by a pass (waiting, placed or running), each on the first
+    /// fleet it fits, at when it was queued (a job that starts and ends between two passes is
+    /// not seen); ends are those jobs seen no longer active (`in_demand`), for the idle
+    /// spells; boot and start times are the rule's defaults. Rebuilt within a day after a restart,
     /// except the capacity outages met (creates and starts refused for want of capacity, until
     /// one is taken: `reconcile`), which are kept in the store with the back-off ([`remember`]).
     history: BTreeMap<String, FleetHistory>,
     /// Arrival profiles, step run times and upcoming fan-out, learned from the store.
     inputs: crate::fleet_inputs::FleetInputs,
-    seen_waiting: HashMap<i64, UnixSecs>,
     /// Jobs counted as arrivals of a fleet (`history`) that are still active: when one is no
     /// longer, its end is counted (the idle spells, `gpuci_core::fleet::idle`).
     in_demand: HashMap<i64, String>,
@@ -237,7 +236,6 @@ pub fn start(fleets: Vec<FleetSpec>, deps: Deps, shutdown: CancellationToken) ->
         stopped_since: HashMap::new(),
         history: BTreeMap::new(),
         inputs: crate::fleet_inputs::FleetInputs::default(),
-        seen_waiting: HashMap::new(),
         in_demand: HashMap::new(),
         provider_notes: HashMap::new(),
         interruptions: BTreeMap::new(),

@@ -469,16 +469,6 @@ impl Loop {
                 }
                 repos.get(&w.pipeline_id).cloned().flatten()
             };
-            // First seen waiting: an arrival for the fleet it would make demand for.
-            if let std::collections::hash_map::Entry::Vacant(e) = self.seen_waiting.entry(w.id) {
-                let at = ((w.since_ms / 1000) as u64).min(now);
-                e.insert(now);
-                let h = self.history.entry(fleets[0].clone()).or_default();
-                let k = h.arrivals.partition_point(|&t| t <= at);
-                h.arrivals.insert(k, at);
-                h.trim(now, gpuci_core::fleet::idle::STOPPED_WINDOW_S);
-                self.in_demand.insert(w.id, fleets[0].clone());
-            }
             queued.push(QueuedJob {
                 id: w.id.to_string(),
                 queued_since: (w.since_ms / 1000) as u64,
@@ -496,10 +486,25 @@ impl Loop {
             self.history.entry(s.name.clone()).or_default().profile = self.inputs.profile(&s.name);
         }
         let active = self.deps.store.active_jobs().await;
-        // A job counted as an arrival that is no longer active has left its fleet's demand
-        // (ended wherever it ran, or cancelled): an end, for the idle spells. Not when the
-        // store did not answer: that is not every job ending.
+        // Each active GPU job first seen (waiting, placed or running) is an arrival of the
+        // first fleet it fits, at when it was queued; one counted that is no longer active has
+        // left its fleet's demand (ended wherever it ran, or cancelled): an end, for the idle
+        // spells. Not when the store did not answer: that is not every job ending.
         if let Ok(active) = &active {
+            let now_ms = now as i64 * 1000;
+            for j in active {
+                if self.in_demand.contains_key(&j.id) {
+                    continue;
+                }
+                let Some(f) = crate::fleet_inputs::fleet_of(j, &specs, now_ms) else { continue };
+                let queued_ms = if j.step.depends_on.is_empty() { Some(j.created_at_ms) } else { j.started_at_ms };
+                let at = queued_ms.map_or(now, |ms| ((ms.max(0) / 1000) as u64).min(now));
+                let h = self.history.entry(specs[f].name.clone()).or_default();
+                let k = h.arrivals.partition_point(|&t| t <= at);
+                h.arrivals.insert(k, at);
+                h.trim(now, gpuci_core::fleet::idle::STOPPED_WINDOW_S);
+                self.in_demand.insert(j.id, specs[f].name.clone());
+            }
             let live: std::collections::HashSet<i64> = active.iter().map(|j| j.id).collect();
             let history = &mut self.history;
             self.in_demand.retain(|id, fleet| {
@@ -539,8 +544,6 @@ impl Loop {
             history: &self.history,
             upcoming: &upcoming,
         });
-        // Jobs seen waiting are remembered for a day (a job waits longer only when stuck).
-        self.seen_waiting.retain(|_, seen| now.saturating_sub(*seen) < gpuci_core::fleet::idle::STOPPED_WINDOW_S);
         // A job waiting on a fleet whose provider is in trouble (its list did not come back
         // this pass, or it failed within the last minute) is told so, not only the fleet.
         let trouble: BTreeMap<&str, String> = self
