@@ -39,8 +39,18 @@
 //! at most `1 + λ = 1.5×` when the prediction is on the right side of `B`. The cost model
 //! prices waiting; the bill alone is at most that, plus nothing for waits.
 //!
-//! What the rule needs is plain data the caller keeps ([`FleetHistory`]): arrival times, and
-//! the boot and start times it has seen (defaults until it has seen some).
+//! **Learned from the fleet's idle spells** (issue 28, session 30). With at least
+//! [`MIN_SPELLS`] idle spells in the last day ([`FleetHistory::idle_spells`]: the fleet's
+//! jobs as its demand, arrivals up and ends down), the idle hold is the one that would have
+//! paid least over them in the same cost model ([`hindsight_hold`]): the best fixed hold of
+//! the last day, which the prediction's `B/2` is not. It gives up the 3× bound (a hold of 0
+//! pays `B` for a spell of a second). And stopped machines are kept at least the shortest
+//! hold with which one job in twenty of the last day's at most would have waited a boot
+//! ([`stopped_floor`]): the wait goal is a percentile, which a price per second of waiting
+//! does not keep.
+//!
+//! What the rule needs is plain data the caller keeps ([`FleetHistory`]): arrival and end
+//! times, and the boot and start times it has seen (defaults until it has seen some).
 
 use super::{secs, Capacity, FleetSpec, IdleAction, ProviderKind, UnixSecs};
 use serde::Serialize;
@@ -110,9 +120,54 @@ pub struct LearnedIdle {
     pub buy_s: f64,
     /// `None`: too few spells to learn from (the prediction rule decides).
     pub after_s: Option<u64>,
+    /// [`stopped_floor`] for the learned idle hold, where the stopped rule decides.
+    pub stopped_floor: Option<(u64, String)>,
     /// Spells it was judged on, and how many of them were no longer than `after_s`.
     pub spells: usize,
     pub shorter: usize,
+}
+
+/// What [`FleetHistory::spell_walk`] finds.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SpellWalk {
+    pub done: Vec<u64>,
+    pub open: Vec<u64>,
+    pub arrived: usize,
+    pub fresh: usize,
+}
+
+/// Of a fleet's jobs, the share that may wait a boot: the wait goal is p95 ≤ one boot, and a
+/// job that waits a boot waits about one (more or less); one in twenty keeps the 95th
+/// percentile at a start or less whatever the boot times.
+pub const BOOT_WAIT_SHARE: f64 = 0.05;
+
+/// The least a stopped machine is kept so that at most [`BOOT_WAIT_SHARE`] of the last day's
+/// jobs would have waited a boot, in seconds, and its words; `None` when no hold is needed
+/// (the day's spells fit) or none can do it (the day's unavoidable boots spend the share).
+pub fn stopped_floor(walk: &SpellWalk, idle_after_s: u64) -> Option<(u64, String)> {
+    let allowed = (BOOT_WAIT_SHARE * walk.arrived as f64).floor() as usize;
+    let left = allowed.checked_sub(walk.fresh)?;
+    let mut rests: Vec<u64> = walk
+        .done
+        .iter()
+        .filter(|&&g| g > idle_after_s)
+        .map(|&g| (g - idle_after_s).saturating_sub(DEFAULT_STOP_S))
+        .collect();
+    if rests.len() <= left {
+        return None;
+    }
+    rests.sort_unstable_by(|a, b| b.cmp(a));
+    let hold = rests[left] + 1;
+    Some((
+        hold,
+        format!(
+            "stopped machines kept at least {} so that at most {left} more of the last day's {} jobs would have waited \
+             a boot ({} did whatever was kept; p95 ≤ one boot allows {allowed})",
+            secs(hold),
+            walk.arrived,
+            walk.fresh
+        ),
+    ))
 }
 
 /// How long a [`LearnedIdle`] is used after it was worked out.
@@ -472,9 +527,18 @@ impl FleetHistory {
     /// still open at `now` (seconds so far). Jobs are counted as machines (a machine running
     /// two one-GPU jobs counts twice). Pure: arrivals and ends alone. Empty without ends.
     pub fn idle_spells(&self, now: UnixSecs, window: u64) -> (Vec<u64>, Vec<u64>) {
+        let w = self.spell_walk(now, window);
+        (w.done, w.open)
+    }
+
+    /// [`FleetHistory::idle_spells`], and of the arrivals in the window, how many there were
+    /// and how many found no spell to end (the fleet's jobs went above any level a machine
+    /// was freed at: a machine had to be made or started for them whatever was kept).
+    pub fn spell_walk(&self, now: UnixSecs, window: u64) -> SpellWalk {
         let (mut done, mut open) = (Vec::new(), Vec::new());
+        let (mut arrived, mut fresh) = (0usize, 0usize);
         if self.ends.is_empty() {
-            return (done, open);
+            return SpellWalk { done, open, arrived, fresh };
         }
         let from = now.saturating_sub(window);
         let upto = |v: &[UnixSecs]| v.partition_point(|&t| t <= now);
@@ -496,19 +560,25 @@ impl FleetHistory {
             } else {
                 let t = arrivals[i];
                 i += 1;
+                let mut ended = false;
                 if let Some(&(l, since)) = stack.last() {
                     if l == level {
                         stack.pop();
+                        ended = true;
                         if since >= from {
                             done.push(t - since);
                         }
                     }
                 }
+                if t >= from {
+                    arrived += 1;
+                    fresh += usize::from(!ended);
+                }
                 level += 1;
             }
         }
         open.extend(stack.iter().filter(|(_, since)| *since >= from).map(|(_, since)| now - since));
-        (done, open)
+        SpellWalk { done, open, arrived, fresh }
     }
 
     /// The idle hold that would have paid least over the last day's idle spells at `buy`
@@ -519,7 +589,7 @@ impl FleetHistory {
             Some((t, n)) => (Some(t), n, done.iter().filter(|&&g| g <= t).count()),
             None => (None, done.len() + open.len(), 0),
         };
-        LearnedIdle { at: now, buy_s: buy, after_s, spells, shorter }
+        LearnedIdle { at: now, buy_s: buy, after_s, spells, shorter, stopped_floor: None }
     }
 
     /// Work out again what the rules learn from a day of history: the learned idle hold
@@ -530,7 +600,15 @@ impl FleetHistory {
     /// once a simulated minute.
     pub fn relearn(&mut self, spec: &FleetSpec, now: UnixSecs) {
         let (buy, _) = idle_buy_s(spec, Some(self));
-        self.learned_idle = Some(self.hindsight_idle(buy, now));
+        let mut learned = self.hindsight_idle(buy, now);
+        if let Some(idle_after) = learned.after_s.filter(|_| {
+            spec.idle_action == IdleAction::Stop
+                && spec.stopped_timeout_s.is_none()
+                && spec.stopped_price_per_hour > 0.0
+        }) {
+            learned.stopped_floor = stopped_floor(&self.spell_walk(now, SPELLS_WINDOW_S), idle_after);
+        }
+        self.learned_idle = Some(learned);
         self.learned_ups = Some((now, self.level_ups(now)));
     }
 

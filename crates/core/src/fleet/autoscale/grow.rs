@@ -250,17 +250,27 @@ pub(super) fn grow_and_shrink(
     // Each by its place in line when the fleet's work is known (`stopped_hold_in_line`).
     let in_use = (alive as usize).saturating_sub(idle.len()) + started_now;
     let ups = if left.is_empty() { Vec::new() } else { history.map(|h| h.level_ups_fresh(now)).unwrap_or_default() };
+    // The least a stopped machine is kept for the wait goal, learned with the idle hold.
+    let floor = history
+        .and_then(|h| h.learned_idle.as_ref())
+        .filter(|l| l.at <= now && now < l.at + crate::fleet::idle::LEARNED_IDLE_FRESH_S)
+        .and_then(|l| l.stopped_floor.as_ref());
     for (k, m) in left.iter().enumerate() {
         let place = (idle.len() + k + 1) as u32;
         let rule = stopped_hold_in_line(spec, history, in_use as u32, place, &ups, now);
         let rule = rule.as_ref().unwrap_or(&stopped_rule);
-        let Some(after) = rule.after_s else { continue };
+        let Some(mut after) = rule.after_s else { continue };
+        let mut why = rule.why.clone();
+        if let Some((floor, words)) = floor.filter(|(f, _)| *f > after) {
+            after = *floor;
+            why = format!("{why}; {words}");
+        }
         let expires = m.since.saturating_add(after);
         if now < expires {
             wake.at(expires);
             continue;
         }
-        let reason = format!("stopped {}: {}", secs(now.saturating_sub(m.since)), rule.why);
+        let reason = format!("stopped {}: {}", secs(now.saturating_sub(m.since)), why);
         out.actions.push(Action::Delete { machine: m.id.clone(), reason });
         deleted_stopped += 1;
     }

@@ -118,3 +118,50 @@ fn an_idle_machine_is_held_as_long_as_the_last_days_spells_paid_best() {
     assert!(short(&d).is_empty());
     assert!(d.fleets[0].rules[0].starts_with("idle → stop after 38 s (rent or buy"), "{}", d.fleets[0].rules[0]);
 }
+
+#[test]
+fn stopped_machines_are_kept_so_that_one_job_in_twenty_at_most_waits_a_boot() {
+    use crate::fleet::idle::{stopped_floor, SpellWalk};
+    // 100 jobs, 2 of which found no spell to end (boots whatever was kept): 5 may wait a boot,
+    // 3 more. Rests after a 0 s idle hold and the 30 s stop: 4,970, 3,970, 2,970, 1,970 … s;
+    // keeping 1,971 s leaves the three longest to boot.
+    let walk =
+        |fresh| SpellWalk { done: vec![1000, 2000, 3000, 4000, 5000, 60, 10], open: vec![], arrived: 100, fresh };
+    let (hold, words) = stopped_floor(&walk(2), 0).expect("a floor");
+    assert_eq!(hold, 1971);
+    assert!(
+        words.starts_with("stopped machines kept at least 32m51s so that at most 3 more of the last day's 100 jobs")
+    );
+    // A longer idle hold leaves shorter rests: 4,000 − 600 − 30 + 1.
+    assert_eq!(stopped_floor(&walk(2), 600).map(|f| f.0), Some(1371));
+    // The unavoidable boots spend the share: nothing to keep for.
+    assert_eq!(stopped_floor(&walk(6), 0), None);
+    // Few enough long spells: no floor needed.
+    assert_eq!(stopped_floor(&SpellWalk { done: vec![5000, 4000], open: vec![], arrived: 100, fresh: 0 }, 0), None);
+}
+
+/// Through `decide`: one job an hour for a day, each running a minute, leaves spells of 59
+/// minutes; the learned idle hold is 0 (stop at once), and with 24 jobs one may wait a boot,
+/// which the day's first took: every stopped machine is kept at least 3,540 − 30 + 1 =
+/// 3,511 s, longer than the stopped rule's own 3,409 s (four machines waiting: a gap longer
+/// than its price, let go early, `stopped_machines_are_deleted_when_their_disk_costs_more_than_a_boot_saves`).
+#[test]
+fn the_wait_goal_keeps_stopped_machines_past_the_stopped_rule() {
+    let arrivals: Vec<UnixSecs> = (0..24).map(|k| NOW - 86_400 + 3600 * k + 60).collect();
+    let ends: Vec<UnixSecs> = arrivals.iter().map(|a| a + 60).collect();
+    let mut h = FleetHistory { arrivals, ends, ..FleetHistory::default() };
+    h.relearn(&stopping("t4"), NOW);
+    let mut w = World::new(vec![stopping("t4")]);
+    w.history.insert("t4".into(), h);
+    w.machines = (1..=4).map(|k| machine(&format!("m-{k}"), "t4", MachineState::Stopped, NOW - 3000 - k)).collect();
+    w.machines[3].since = NOW - 3500;
+    assert!(short(&w.decide()).is_empty(), "kept past 3,409 s: {:?}", short(&w.decide()));
+    w.machines[3].since = NOW - 3511;
+    let d = w.decide();
+    assert_eq!(short(&d), ["delete m-4"]);
+    let Action::Delete { reason, .. } = &d.actions[0] else { unreachable!() };
+    assert!(
+        reason.contains("; stopped machines kept at least 58m31s so that at most 0 more of the last day's 24 jobs"),
+        "{reason}"
+    );
+}
