@@ -173,6 +173,11 @@ pub fn stopped_floor(walk: &SpellWalk, idle_after_s: u64) -> Option<(u64, String
 /// How long a [`LearnedIdle`] is used after it was worked out.
 pub const LEARNED_IDLE_FRESH_S: u64 = 600;
 
+/// Whether something [`FleetHistory::relearn`] worked out at `at` is still used at `now`.
+pub fn fresh(at: UnixSecs, now: UnixSecs) -> bool {
+    at <= now && now < at.saturating_add(LEARNED_IDLE_FRESH_S)
+}
+
 /// One capacity outage of one offer and capacity type, as the fleet met it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct OutageSeen {
@@ -314,11 +319,11 @@ pub fn idle_hold(spec: &FleetSpec, h: Option<&FleetHistory>, idle: u32, now: Uni
     let learned = h.and_then(|h| match &h.learned_idle {
         // Learned for about this price (the start and boot times it reads move a little
         // with each one seen; an outage's rest moves it far).
-        Some(l) if (l.buy_s - buy).abs() <= 0.1 * buy && l.at <= now && now < l.at + LEARNED_IDLE_FRESH_S => {
+        Some(l) if (l.buy_s - buy).abs() <= 0.1 * buy && fresh(l.at, now) => {
             l.after_s.map(|t| (t, l.spells, l.shorter))
         }
         _ => {
-            let l = h.hindsight_idle(buy, now);
+            let l = hindsight_idle(&h.spell_walk(now, SPELLS_WINDOW_S), buy, now);
             l.after_s.map(|t| (t, l.spells, l.shorter))
         }
     });
@@ -387,6 +392,16 @@ pub fn hindsight_hold(buy: f64, done: &[u64], open: &[u64]) -> Option<(u64, usiz
         }
     }
     Some((best_t, n))
+}
+
+/// The idle hold that would have paid least over the spells of `walk` at `buy`
+/// ([`hindsight_hold`]); no hold with too few spells (or no ends kept).
+fn hindsight_idle(walk: &SpellWalk, buy: f64, now: UnixSecs) -> LearnedIdle {
+    let (after_s, spells, shorter) = match hindsight_hold(buy, &walk.done, &walk.open) {
+        Some((t, n)) => (Some(t), n, walk.done.iter().filter(|&&g| g <= t).count()),
+        None => (None, walk.done.len() + walk.open.len(), 0),
+    };
+    LearnedIdle { at: now, buy_s: buy, after_s, spells, shorter, stopped_floor: None }
 }
 
 /// How much longer an outage seen since `since` is expected to last at `now`: as long as it
@@ -581,17 +596,6 @@ impl FleetHistory {
         SpellWalk { done, open, arrived, fresh }
     }
 
-    /// The idle hold that would have paid least over the last day's idle spells at `buy`
-    /// ([`hindsight_hold`]); no hold with too few spells (or no ends kept).
-    pub fn hindsight_idle(&self, buy: f64, now: UnixSecs) -> LearnedIdle {
-        let (done, open) = self.idle_spells(now, SPELLS_WINDOW_S);
-        let (after_s, spells, shorter) = match hindsight_hold(buy, &done, &open) {
-            Some((t, n)) => (Some(t), n, done.iter().filter(|&&g| g <= t).count()),
-            None => (None, done.len() + open.len(), 0),
-        };
-        LearnedIdle { at: now, buy_s: buy, after_s, spells, shorter, stopped_floor: None }
-    }
-
     /// Work out again what the rules learn from a day of history: the learned idle hold
     /// ([`FleetHistory::learned_idle`], at the fleet's price of letting a machine go outside
     /// an outage, [`idle_buy_s`]; during one, [`idle_hold`] works it out for its higher price
@@ -600,13 +604,14 @@ impl FleetHistory {
     /// once a simulated minute.
     pub fn relearn(&mut self, spec: &FleetSpec, now: UnixSecs) {
         let (buy, _) = idle_buy_s(spec, Some(self));
-        let mut learned = self.hindsight_idle(buy, now);
+        let walk = self.spell_walk(now, SPELLS_WINDOW_S);
+        let mut learned = hindsight_idle(&walk, buy, now);
         if let Some(idle_after) = learned.after_s.filter(|_| {
             spec.idle_action == IdleAction::Stop
                 && spec.stopped_timeout_s.is_none()
                 && spec.stopped_price_per_hour > 0.0
         }) {
-            learned.stopped_floor = stopped_floor(&self.spell_walk(now, SPELLS_WINDOW_S), idle_after);
+            learned.stopped_floor = stopped_floor(&walk, idle_after);
         }
         self.learned_idle = Some(learned);
         self.learned_ups = Some((now, self.level_ups(now)));
@@ -615,7 +620,7 @@ impl FleetHistory {
     /// [`FleetHistory::level_ups`], as last worked out if that is fresh, else now.
     pub fn level_ups_fresh(&self, now: UnixSecs) -> Vec<u32> {
         match &self.learned_ups {
-            Some((at, ups)) if *at <= now && now < at + LEARNED_IDLE_FRESH_S => ups.clone(),
+            Some((at, ups)) if fresh(*at, now) => ups.clone(),
             _ => self.level_ups(now),
         }
     }

@@ -253,7 +253,7 @@ pub(super) fn grow_and_shrink(
     // The least a stopped machine is kept for the wait goal, learned with the idle hold.
     let floor = history
         .and_then(|h| h.learned_idle.as_ref())
-        .filter(|l| l.at <= now && now < l.at + crate::fleet::idle::LEARNED_IDLE_FRESH_S)
+        .filter(|l| crate::fleet::idle::fresh(l.at, now))
         .and_then(|l| l.stopped_floor.as_ref());
     for (k, m) in left.iter().enumerate() {
         let place = (idle.len() + k + 1) as u32;
